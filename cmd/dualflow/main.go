@@ -1,0 +1,86 @@
+// Command dualflow is the single binary of dualflow: exporter, collector,
+// lab, traceflow and web UI are subcommands. Run `dualflow --help`.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// command is one subcommand. run gets the arguments after the subcommand
+// name and a context cancelled on SIGINT/SIGTERM.
+type command struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, args []string) error
+}
+
+func commands() []command {
+	return []command{
+		{"collector", "receive flows, enrich them and write them to ClickHouse", runCollector},
+		{"migrate", "apply the ClickHouse schema migrations (or print them)", runMigrate},
+		{"sql", "run a SQL query against the flow store and print the result", runSQL},
+		{"version", "print version and commit", runVersion},
+	}
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintf(w, `dualflow: flow observability and NetworkPolicy auditing for IPv4, IPv6 and dual-stack Kubernetes.
+
+Usage:
+  dualflow <command> [flags]
+
+Commands:
+`)
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(w, "\nRun 'dualflow <command> --help' for the flags of a command.\n")
+}
+
+func main() {
+	if len(os.Args) < 2 {
+		usage(os.Stderr)
+		os.Exit(2)
+	}
+	name := os.Args[1]
+	if name == "-h" || name == "--help" || name == "help" {
+		usage(os.Stdout)
+		return
+	}
+	for _, c := range commands() {
+		if c.name != name {
+			continue
+		}
+		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+		err := c.run(ctx, os.Args[2:])
+		stop()
+		if err == nil || errors.Is(err, flag.ErrHelp) {
+			return
+		}
+		slog.Error("dualflow "+name+" failed", "err", err)
+		os.Exit(1)
+	}
+	fmt.Fprintf(os.Stderr, "dualflow: unknown command %q\n\n", name)
+	usage(os.Stderr)
+	os.Exit(2)
+}
+
+// newFlagSet returns a flag set for a subcommand whose --help prints the
+// summary, the usage line and every flag with its default.
+func newFlagSet(name, synopsis, help string) *flag.FlagSet {
+	fs := flag.NewFlagSet("dualflow "+name, flag.ContinueOnError)
+	fs.Usage = func() {
+		out := fs.Output()
+		fmt.Fprintf(out, "Usage: dualflow %s %s\n\n%s\n\nFlags:\n", name, synopsis, help)
+		fs.PrintDefaults()
+	}
+	return fs
+}

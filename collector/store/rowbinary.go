@@ -1,0 +1,304 @@
+package store
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"net/netip"
+	"time"
+
+	"github.com/dualflow/dualflow/flow"
+)
+
+// FlowsTable is the table flow records are inserted into.
+const FlowsTable = "flows"
+
+// FlowColumns lists, in RowBinary order, the columns of the flows table that
+// AppendFlowRow encodes. MATERIALIZED columns (protocol_name, src_ip_bin,
+// dst_ip_bin) are computed by ClickHouse and are not listed.
+var FlowColumns = []string{
+	"flow_start", "flow_end", "time_received",
+	"ip_version", "src_ip", "dst_ip", "src_port", "dst_port", "protocol",
+	"service_ip", "service_port", "snat_ip", "snat_port",
+	"packets", "bytes", "reverse_packets", "reverse_bytes",
+	"packets_total", "bytes_total", "reverse_packets_total", "reverse_bytes_total",
+	"end_reason", "tcp_state", "ct_zone", "ct_mark",
+	"exporter_ip", "observation_domain_id", "exporter_node", "source",
+	"src_pod_namespace", "src_pod_name", "src_pod_labels", "src_workload_kind", "src_workload_name", "src_node", "src_zone",
+	"dst_pod_namespace", "dst_pod_name", "dst_pod_labels", "dst_workload_kind", "dst_workload_name", "dst_node", "dst_zone",
+	"dst_service_namespace", "dst_service_name", "dst_service_port_name",
+	"flow_type", "correlation",
+	"ingress_policy_namespace", "ingress_policy_name", "ingress_policy_rule", "ingress_verdict", "ingress_reported_verdict", "ingress_reported_policy",
+	"egress_policy_namespace", "egress_policy_name", "egress_policy_rule", "egress_verdict", "egress_reported_verdict", "egress_reported_policy",
+	"verdict_mismatch",
+}
+
+// AppendFlowRow appends r encoded as one RowBinary row of FlowColumns to b
+// and returns the extended buffer. It does not allocate when b has room.
+func AppendFlowRow(b []byte, r *flow.Record) []byte {
+	b = appendTime(b, r.FlowStart)
+	b = appendTime(b, r.FlowEnd)
+	b = appendTime(b, r.TimeReceived)
+	ipv := r.IPVersion
+	if ipv == 0 {
+		ipv = flow.Version(r.SrcAddr)
+	}
+	b = append(b, ipv)
+	b = appendAddr(b, r.SrcAddr)
+	b = appendAddr(b, r.DstAddr)
+	b = binary.LittleEndian.AppendUint16(b, r.SrcPort)
+	b = binary.LittleEndian.AppendUint16(b, r.DstPort)
+	b = append(b, r.Proto)
+	b = appendAddr(b, r.ServiceAddr)
+	b = binary.LittleEndian.AppendUint16(b, r.ServicePort)
+	b = appendAddr(b, r.SNATAddr)
+	b = binary.LittleEndian.AppendUint16(b, r.SNATPort)
+	b = binary.LittleEndian.AppendUint64(b, r.PacketsDelta)
+	b = binary.LittleEndian.AppendUint64(b, r.BytesDelta)
+	b = binary.LittleEndian.AppendUint64(b, r.ReversePacketsDelta)
+	b = binary.LittleEndian.AppendUint64(b, r.ReverseBytesDelta)
+	b = binary.LittleEndian.AppendUint64(b, r.Packets)
+	b = binary.LittleEndian.AppendUint64(b, r.Bytes)
+	b = binary.LittleEndian.AppendUint64(b, r.ReversePackets)
+	b = binary.LittleEndian.AppendUint64(b, r.ReverseBytes)
+	b = append(b, byte(r.EndReason))
+	b = appendString(b, r.TCPState)
+	b = binary.LittleEndian.AppendUint16(b, r.Zone)
+	b = binary.LittleEndian.AppendUint32(b, r.Mark)
+	b = appendAddr(b, r.ExporterAddr)
+	b = binary.LittleEndian.AppendUint32(b, r.ObservationDomainID)
+	b = appendString(b, r.ExporterNode)
+	b = appendString(b, r.Source)
+	b = appendEndpoint(b, &r.Src)
+	b = appendEndpoint(b, &r.Dst)
+	b = appendString(b, r.Service.Namespace)
+	b = appendString(b, r.Service.Name)
+	b = appendString(b, r.Service.PortName)
+	b = append(b, byte(r.Type), byte(r.Correlation))
+	b = appendPolicy(b, &r.Ingress)
+	b = appendPolicy(b, &r.Egress)
+	if r.VerdictMismatch() {
+		return append(b, 1)
+	}
+	return append(b, 0)
+}
+
+func appendEndpoint(b []byte, e *flow.Endpoint) []byte {
+	b = appendString(b, e.PodNamespace)
+	b = appendString(b, e.PodName)
+	b = binary.AppendUvarint(b, uint64(len(e.Labels)))
+	for k, v := range e.Labels {
+		b = appendString(b, k)
+		b = appendString(b, v)
+	}
+	b = appendString(b, e.WorkloadKind)
+	b = appendString(b, e.WorkloadName)
+	b = appendString(b, e.NodeName)
+	return appendString(b, e.Zone)
+}
+
+func appendPolicy(b []byte, p *flow.Policy) []byte {
+	b = appendString(b, p.Namespace)
+	b = appendString(b, p.Name)
+	b = binary.LittleEndian.AppendUint32(b, uint32(p.Rule))
+	b = append(b, byte(p.Verdict), byte(p.ReportedVerdict))
+	return appendString(b, p.ReportedName)
+}
+
+// appendTime encodes DateTime64(3): milliseconds since the epoch. The zero
+// time encodes as 0 (1970-01-01).
+func appendTime(b []byte, t time.Time) []byte {
+	var ms int64
+	if !t.IsZero() {
+		ms = t.UnixMilli()
+	}
+	return binary.LittleEndian.AppendUint64(b, uint64(ms))
+}
+
+func appendString(b []byte, s string) []byte {
+	b = binary.AppendUvarint(b, uint64(len(s)))
+	return append(b, s...)
+}
+
+// appendAddr encodes an address as its text (dotted quad for IPv4, RFC 5952
+// for IPv6), or "" for the zero Addr, without allocating. The longest
+// address text is 45 bytes, so the length prefix is a single varint byte.
+func appendAddr(b []byte, a netip.Addr) []byte {
+	if !a.IsValid() {
+		return append(b, 0)
+	}
+	a = a.Unmap()
+	n := len(b)
+	b = append(b, 0)
+	b = a.WithZone("").AppendTo(b)
+	b[n] = byte(len(b) - n - 1)
+	return b
+}
+
+// ErrShortRow is returned when a RowBinary buffer ends inside a row.
+var ErrShortRow = errors.New("rowbinary: truncated row")
+
+// rowReader decodes RowBinary values written by AppendFlowRow.
+type rowReader struct {
+	b   []byte
+	err error
+}
+
+func (r *rowReader) take(n int) []byte {
+	if r.err != nil || n < 0 || len(r.b) < n {
+		r.err = ErrShortRow
+		return nil
+	}
+	v := r.b[:n]
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *rowReader) u8() uint8 {
+	if v := r.take(1); v != nil {
+		return v[0]
+	}
+	return 0
+}
+
+func (r *rowReader) u16() uint16 {
+	if v := r.take(2); v != nil {
+		return binary.LittleEndian.Uint16(v)
+	}
+	return 0
+}
+
+func (r *rowReader) u32() uint32 {
+	if v := r.take(4); v != nil {
+		return binary.LittleEndian.Uint32(v)
+	}
+	return 0
+}
+
+func (r *rowReader) u64() uint64 {
+	if v := r.take(8); v != nil {
+		return binary.LittleEndian.Uint64(v)
+	}
+	return 0
+}
+
+func (r *rowReader) uvarint() uint64 {
+	if r.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(r.b)
+	if n <= 0 {
+		r.err = ErrShortRow
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *rowReader) str() string {
+	n := r.uvarint()
+	if n > math.MaxInt32 {
+		r.err = ErrShortRow
+		return ""
+	}
+	return string(r.take(int(n)))
+}
+
+func (r *rowReader) time() time.Time {
+	ms := int64(r.u64())
+	if ms == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(ms).UTC()
+}
+
+func (r *rowReader) addr() netip.Addr {
+	s := r.str()
+	if s == "" || r.err != nil {
+		return netip.Addr{}
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		r.err = fmt.Errorf("rowbinary: bad address %q: %w", s, err)
+	}
+	return a
+}
+
+func (r *rowReader) endpoint(e *flow.Endpoint) {
+	e.PodNamespace = r.str()
+	e.PodName = r.str()
+	n := r.uvarint()
+	if n > uint64(len(r.b)) { // each entry takes at least 2 bytes
+		r.err = ErrShortRow
+		return
+	}
+	if n > 0 {
+		e.Labels = make(map[string]string, n)
+		for i := uint64(0); i < n && r.err == nil; i++ {
+			k := r.str()
+			e.Labels[k] = r.str()
+		}
+	}
+	e.WorkloadKind = r.str()
+	e.WorkloadName = r.str()
+	e.NodeName = r.str()
+	e.Zone = r.str()
+}
+
+func (r *rowReader) policy(p *flow.Policy) {
+	p.Namespace = r.str()
+	p.Name = r.str()
+	p.Rule = int32(r.u32())
+	p.Verdict = flow.Verdict(r.u8())
+	p.ReportedVerdict = flow.Verdict(r.u8())
+	p.ReportedName = r.str()
+}
+
+// DecodeFlowRow decodes one row written by AppendFlowRow from b into rec and
+// returns the rest of b. It is the inverse of AppendFlowRow and is used to
+// replay spooled batches into backends that take typed values.
+func DecodeFlowRow(b []byte, rec *flow.Record) ([]byte, error) {
+	r := rowReader{b: b}
+	*rec = flow.Record{}
+	rec.FlowStart = r.time()
+	rec.FlowEnd = r.time()
+	rec.TimeReceived = r.time()
+	rec.IPVersion = r.u8()
+	rec.SrcAddr = r.addr()
+	rec.DstAddr = r.addr()
+	rec.SrcPort = r.u16()
+	rec.DstPort = r.u16()
+	rec.Proto = r.u8()
+	rec.ServiceAddr = r.addr()
+	rec.ServicePort = r.u16()
+	rec.SNATAddr = r.addr()
+	rec.SNATPort = r.u16()
+	rec.PacketsDelta = r.u64()
+	rec.BytesDelta = r.u64()
+	rec.ReversePacketsDelta = r.u64()
+	rec.ReverseBytesDelta = r.u64()
+	rec.Packets = r.u64()
+	rec.Bytes = r.u64()
+	rec.ReversePackets = r.u64()
+	rec.ReverseBytes = r.u64()
+	rec.EndReason = flow.EndReason(r.u8())
+	rec.TCPState = r.str()
+	rec.Zone = r.u16()
+	rec.Mark = r.u32()
+	rec.ExporterAddr = r.addr()
+	rec.ObservationDomainID = r.u32()
+	rec.ExporterNode = r.str()
+	rec.Source = r.str()
+	r.endpoint(&rec.Src)
+	r.endpoint(&rec.Dst)
+	rec.Service.Namespace = r.str()
+	rec.Service.Name = r.str()
+	rec.Service.PortName = r.str()
+	rec.Type = flow.FlowType(r.u8())
+	rec.Correlation = flow.Correlation(r.u8())
+	r.policy(&rec.Ingress)
+	r.policy(&rec.Egress)
+	r.u8() // verdict_mismatch is derived
+	return r.b, r.err
+}

@@ -1,0 +1,260 @@
+package store
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"reflect"
+	"strings"
+	"time"
+
+	"github.com/ClickHouse/clickhouse-go/v2"
+	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+
+	"github.com/dualflow/dualflow/flow"
+)
+
+// ServerConfig configures a connection to a ClickHouse server.
+type ServerConfig struct {
+	// DSN is a clickhouse-go DSN: clickhouse://host:9000/db for the native
+	// protocol (default), http://host:8123/db or https://… for HTTP.
+	// Parameters such as ?secure=true&skip_verify=false select TLS.
+	// Never put a password in it: use PasswordFile or the
+	// DUALFLOW_CLICKHOUSE_PASSWORD environment variable.
+	DSN string
+	// Username overrides the DSN user (env DUALFLOW_CLICKHOUSE_USER).
+	Username string
+	// PasswordFile is read for the password (trailing newline trimmed).
+	PasswordFile string
+	// CAFile, CertFile and KeyFile configure TLS (server CA and client certificate).
+	CAFile, CertFile, KeyFile string
+	// Database qualifies unqualified table names. Default "dualflow".
+	Database string
+	// DialTimeout bounds connection attempts. Default 5s.
+	DialTimeout time.Duration
+}
+
+// Server is a Conn to a ClickHouse server through clickhouse-go/v2.
+type Server struct {
+	conn driver.Conn
+	db   string
+}
+
+var _ Conn = (*Server)(nil)
+
+// NewServer opens a connection pool to a ClickHouse server. It does not fail
+// when the server is down: the first operation does, with ErrUnavailable.
+func NewServer(cfg ServerConfig) (*Server, error) {
+	opt, err := clickhouse.ParseDSN(cfg.DSN)
+	if err != nil {
+		return nil, fmt.Errorf("clickhouse dsn: %w", err)
+	}
+	if opt.Auth.Password != "" {
+		return nil, errors.New("clickhouse dsn: contains a password; use --clickhouse.password-file or DUALFLOW_CLICKHOUSE_PASSWORD")
+	}
+	if u := os.Getenv("DUALFLOW_CLICKHOUSE_USER"); u != "" {
+		opt.Auth.Username = u
+	}
+	if cfg.Username != "" {
+		opt.Auth.Username = cfg.Username
+	}
+	if p := os.Getenv("DUALFLOW_CLICKHOUSE_PASSWORD"); p != "" {
+		opt.Auth.Password = p
+	}
+	if cfg.PasswordFile != "" {
+		b, err := os.ReadFile(cfg.PasswordFile)
+		if err != nil {
+			return nil, fmt.Errorf("clickhouse password file: %w", err)
+		}
+		opt.Auth.Password = strings.TrimRight(string(b), "\r\n")
+	}
+	if cfg.CAFile != "" || cfg.CertFile != "" {
+		if opt.TLS == nil {
+			opt.TLS = &tls.Config{}
+		}
+		if cfg.CAFile != "" {
+			pem, err := os.ReadFile(cfg.CAFile)
+			if err != nil {
+				return nil, fmt.Errorf("clickhouse ca file: %w", err)
+			}
+			pool := x509.NewCertPool()
+			if !pool.AppendCertsFromPEM(pem) {
+				return nil, fmt.Errorf("clickhouse ca file %s: no certificate found", cfg.CAFile)
+			}
+			opt.TLS.RootCAs = pool
+		}
+		if cfg.CertFile != "" {
+			cert, err := tls.LoadX509KeyPair(cfg.CertFile, cfg.KeyFile)
+			if err != nil {
+				return nil, fmt.Errorf("clickhouse client certificate: %w", err)
+			}
+			opt.TLS.Certificates = []tls.Certificate{cert}
+		}
+	}
+	if cfg.DialTimeout == 0 {
+		cfg.DialTimeout = 5 * time.Second
+	}
+	opt.DialTimeout = cfg.DialTimeout
+	db := cfg.Database
+	if db == "" {
+		db = "dualflow"
+	}
+	// The dualflow database may not exist before `migrate`; connect to default.
+	opt.Auth.Database = ""
+	c, err := clickhouse.Open(opt)
+	if err != nil {
+		return nil, fmt.Errorf("clickhouse open: %w", err)
+	}
+	return &Server{conn: c, db: db}, nil
+}
+
+// classify wraps connection-level failures with ErrUnavailable so the
+// writer retries and spools them; server-side exceptions pass unchanged.
+func classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ex *clickhouse.Exception
+	if errors.As(err, &ex) {
+		return err
+	}
+	var ne net.Error
+	var oe *net.OpError
+	if errors.As(err, &ne) || errors.As(err, &oe) ||
+		strings.Contains(err.Error(), "connection refused") || strings.Contains(err.Error(), "EOF") ||
+		strings.Contains(err.Error(), "acquire conn timeout") || strings.Contains(err.Error(), "[HTTP 5") {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return err
+}
+
+// Exec implements Conn.
+func (s *Server) Exec(ctx context.Context, query string) error {
+	return classify(s.conn.Exec(ctx, query))
+}
+
+// Query implements Conn for the TabSeparated family of formats (TSV,
+// TabSeparated, TabSeparatedRaw, TSVRaw): rows are scanned through the
+// driver and printed as tab-separated text.
+func (s *Server) Query(ctx context.Context, query, format string) ([]byte, error) {
+	switch format {
+	case "", "TSV", "TabSeparated", "TSVRaw", "TabSeparatedRaw":
+	default:
+		return nil, fmt.Errorf("format %s: only TabSeparated output is available through the native driver; use the server's HTTP interface", format)
+	}
+	rows, err := s.conn.Query(ctx, query)
+	if err != nil {
+		return nil, classify(err)
+	}
+	defer rows.Close()
+	types := rows.ColumnTypes()
+	vals := make([]any, len(types))
+	for i, t := range types {
+		vals[i] = reflect.New(t.ScanType()).Interface()
+	}
+	var buf bytes.Buffer
+	for rows.Next() {
+		if err := rows.Scan(vals...); err != nil {
+			return nil, classify(err)
+		}
+		for i, v := range vals {
+			if i > 0 {
+				buf.WriteByte('\t')
+			}
+			fmt.Fprint(&buf, reflect.ValueOf(v).Elem().Interface())
+		}
+		buf.WriteByte('\n')
+	}
+	return buf.Bytes(), classify(rows.Err())
+}
+
+// InsertRowBinary implements Conn. The RowBinary rows (written by
+// AppendFlowRow) are decoded and appended to a driver batch; only the flows
+// table layout is supported.
+func (s *Server) InsertRowBinary(ctx context.Context, table string, columns []string, dedupToken string, rows int, data []byte) error {
+	if len(columns) != len(FlowColumns) {
+		return fmt.Errorf("insert %s: server backend only encodes the flows layout", table)
+	}
+	if dedupToken != "" {
+		ctx = clickhouse.Context(ctx, clickhouse.WithSettings(clickhouse.Settings{
+			"insert_deduplication_token":                         dedupToken,
+			"deduplicate_blocks_in_dependent_materialized_views": 1,
+		}))
+	}
+	batch, err := s.conn.PrepareBatch(ctx, fmt.Sprintf("INSERT INTO %s (%s)", qualify(s.db, table), strings.Join(columns, ", ")))
+	if err != nil {
+		return classify(err)
+	}
+	defer batch.Abort()
+	var rec flow.Record
+	rest := data
+	for n := 0; len(rest) > 0; n++ {
+		if rest, err = DecodeFlowRow(rest, &rec); err != nil {
+			return fmt.Errorf("insert %s: decode row %d: %w", table, n, err)
+		}
+		if err := batch.Append(flowValues(&rec)...); err != nil {
+			return fmt.Errorf("insert %s: append row %d: %w", table, n, err)
+		}
+	}
+	if batch.Rows() != rows {
+		return fmt.Errorf("insert %s: decoded %d rows, batch says %d", table, batch.Rows(), rows)
+	}
+	return classify(batch.Send())
+}
+
+// flowValues returns r's values in FlowColumns order, typed for clickhouse-go.
+func flowValues(r *flow.Record) []any {
+	addr := func(a interface {
+		IsValid() bool
+		String() string
+	}) string {
+		if !a.IsValid() {
+			return ""
+		}
+		return a.String()
+	}
+	labels := func(m map[string]string) map[string]string {
+		if m == nil {
+			return map[string]string{}
+		}
+		return m
+	}
+	ts := func(t time.Time) time.Time {
+		if t.IsZero() {
+			return time.UnixMilli(0).UTC()
+		}
+		return t
+	}
+	return []any{
+		ts(r.FlowStart), ts(r.FlowEnd), ts(r.TimeReceived),
+		r.IPVersion, addr(r.SrcAddr), addr(r.DstAddr), r.SrcPort, r.DstPort, r.Proto,
+		addr(r.ServiceAddr), r.ServicePort, addr(r.SNATAddr), r.SNATPort,
+		r.PacketsDelta, r.BytesDelta, r.ReversePacketsDelta, r.ReverseBytesDelta,
+		r.Packets, r.Bytes, r.ReversePackets, r.ReverseBytes,
+		int8(r.EndReason), r.TCPState, r.Zone, r.Mark,
+		addr(r.ExporterAddr), r.ObservationDomainID, r.ExporterNode, r.Source,
+		r.Src.PodNamespace, r.Src.PodName, labels(r.Src.Labels), r.Src.WorkloadKind, r.Src.WorkloadName, r.Src.NodeName, r.Src.Zone,
+		r.Dst.PodNamespace, r.Dst.PodName, labels(r.Dst.Labels), r.Dst.WorkloadKind, r.Dst.WorkloadName, r.Dst.NodeName, r.Dst.Zone,
+		r.Service.Namespace, r.Service.Name, r.Service.PortName,
+		int8(r.Type), int8(r.Correlation),
+		r.Ingress.Namespace, r.Ingress.Name, r.Ingress.Rule, int8(r.Ingress.Verdict), int8(r.Ingress.ReportedVerdict), r.Ingress.ReportedName,
+		r.Egress.Namespace, r.Egress.Name, r.Egress.Rule, int8(r.Egress.Verdict), int8(r.Egress.ReportedVerdict), r.Egress.ReportedName,
+		r.VerdictMismatch(),
+	}
+}
+
+// Close implements Conn.
+func (s *Server) Close() error { return s.conn.Close() }
+
+// qualify prefixes table with db unless it is already qualified.
+func qualify(db, table string) string {
+	if strings.Contains(table, ".") {
+		return table
+	}
+	return db + "." + table
+}

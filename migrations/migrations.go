@@ -1,0 +1,472 @@
+// Package migrations holds the versioned ClickHouse schema of dualflow and
+// applies it.
+//
+// Each NNNN_name.sql file is a Go text/template that renders to the same
+// schema for a single node or for a cluster:
+//
+//	{{local "flows"}}          db.flows (single) or db.flows_local (cluster)
+//	{{onCluster}}              "" or " ON CLUSTER 'name'"
+//	{{engine "MergeTree"}}     MergeTree or ReplicatedMergeTree('/clickhouse/tables/{shard}/db/table', '{replica}')
+//	{{distributed "flows" k}}  "" or a Distributed table "flows" over the local tables, sharded by k
+//	{{ttl "col"}}              "" or "TTL toDateTime(col) + INTERVAL N DAY"
+//	{{.Database}}              the database name
+//
+// Statements end with a ';' at the end of a line. Files are immutable once
+// released: the runner records a checksum of each applied file and refuses
+// to continue if an applied file changed. Change the schema by adding a file.
+package migrations
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"embed"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"text/template"
+)
+
+//go:embed *.sql
+var files embed.FS
+
+// Options select how the migrations render.
+type Options struct {
+	// Database holds every dualflow table. Default "dualflow".
+	Database string
+	// Cluster, when set, renders the cluster form: ON CLUSTER DDL,
+	// Replicated*MergeTree local tables (name_local) and Distributed tables
+	// under the plain names.
+	Cluster string
+	// TTLDays is the retention of flows and rollups in days; 0 keeps data
+	// forever.
+	TTLDays int
+}
+
+// SetDefaults fills unset options.
+func (o *Options) SetDefaults() {
+	if o.Database == "" {
+		o.Database = "dualflow"
+	}
+}
+
+var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// Validate checks the options.
+func (o Options) Validate() error {
+	if !identRE.MatchString(o.Database) {
+		return fmt.Errorf("database %q: must be an identifier ([A-Za-z_][A-Za-z0-9_]*)", o.Database)
+	}
+	if o.Cluster != "" && !identRE.MatchString(o.Cluster) {
+		return fmt.Errorf("cluster %q: must be an identifier", o.Cluster)
+	}
+	if o.TTLDays < 0 {
+		return fmt.Errorf("ttl %d days: must be >= 0", o.TTLDays)
+	}
+	return nil
+}
+
+// Migration is one versioned schema file.
+type Migration struct {
+	Version  int
+	Name     string // file name, e.g. 0001_flows.sql
+	Source   string // template text
+	Checksum string // sha256 of Source, hex
+}
+
+var fileRE = regexp.MustCompile(`^(\d{4})_[a-z0-9_]+\.sql$`)
+
+// All returns the embedded migrations in version order.
+func All() ([]Migration, error) { return load(files) }
+
+func load(fsys fs.FS) ([]Migration, error) {
+	names, err := fs.Glob(fsys, "*.sql")
+	if err != nil {
+		return nil, err
+	}
+	var out []Migration
+	seen := map[int]string{}
+	for _, n := range names {
+		m := fileRE.FindStringSubmatch(n)
+		if m == nil {
+			return nil, fmt.Errorf("migration file %q: name must be NNNN_lower_snake.sql", n)
+		}
+		v, _ := strconv.Atoi(m[1])
+		if prev, dup := seen[v]; dup {
+			return nil, fmt.Errorf("migration version %d used by %s and %s", v, prev, n)
+		}
+		seen[v] = n
+		src, err := fs.ReadFile(fsys, n)
+		if err != nil {
+			return nil, err
+		}
+		sum := sha256.Sum256(src)
+		out = append(out, Migration{Version: v, Name: n, Source: string(src), Checksum: hex.EncodeToString(sum[:])})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	return out, nil
+}
+
+// Render renders m for opt and splits it into statements. Empty statements
+// (such as a Distributed table in the single-node form) are omitted.
+func Render(m Migration, opt Options) ([]string, error) {
+	opt.SetDefaults()
+	if err := opt.Validate(); err != nil {
+		return nil, err
+	}
+	tmpl, err := template.New(m.Name).Option("missingkey=error").Funcs(funcs(opt)).Parse(m.Source)
+	if err != nil {
+		return nil, fmt.Errorf("parse %s: %w", m.Name, err)
+	}
+	var buf bytes.Buffer
+	if err := tmpl.Execute(&buf, opt); err != nil {
+		return nil, fmt.Errorf("render %s: %w", m.Name, err)
+	}
+	return SplitStatements(buf.String()), nil
+}
+
+func funcs(o Options) template.FuncMap {
+	q := func(s string) string { return "'" + s + "'" }
+	return template.FuncMap{
+		"local": func(table string) string {
+			if o.Cluster != "" {
+				return o.Database + "." + table + "_local"
+			}
+			return o.Database + "." + table
+		},
+		"onCluster": func() string {
+			if o.Cluster != "" {
+				return " ON CLUSTER " + q(o.Cluster)
+			}
+			return ""
+		},
+		"engine": func(engine string) string {
+			if o.Cluster == "" {
+				return engine
+			}
+			return "Replicated" + engine + "('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')"
+		},
+		"distributed": func(table, shardingKey string) string {
+			if o.Cluster == "" {
+				return ""
+			}
+			return fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s.%s ON CLUSTER %s AS %s.%s_local\nENGINE = Distributed(%s, %s, %s_local, %s);",
+				o.Database, table, q(o.Cluster), o.Database, table, q(o.Cluster), q(o.Database), table, shardingKey)
+		},
+		"ttl": func(col string) string {
+			return ttlClause(col, o.TTLDays)
+		},
+	}
+}
+
+func ttlClause(col string, days int) string {
+	if days <= 0 {
+		return ""
+	}
+	return fmt.Sprintf("TTL toDateTime(%s) + INTERVAL %d DAY", col, days)
+}
+
+// SplitStatements splits SQL text on ';' outside string literals, quoted
+// identifiers and comments, trims each statement and drops the empty and
+// comment-only ones.
+func SplitStatements(sql string) []string {
+	var out []string
+	var cur strings.Builder
+	flush := func() {
+		s := strings.TrimSpace(cur.String())
+		cur.Reset()
+		if s != "" && !commentOnly(s) {
+			out = append(out, s)
+		}
+	}
+	for i := 0; i < len(sql); i++ {
+		c := sql[i]
+		switch {
+		case c == '-' && i+1 < len(sql) && sql[i+1] == '-':
+			j := strings.IndexByte(sql[i:], '\n')
+			if j < 0 {
+				j = len(sql) - i
+			}
+			cur.WriteString(sql[i : i+j])
+			i += j - 1
+		case c == '/' && i+1 < len(sql) && sql[i+1] == '*':
+			j := strings.Index(sql[i+2:], "*/")
+			end := len(sql)
+			if j >= 0 {
+				end = i + 2 + j + 2
+			}
+			cur.WriteString(sql[i:end])
+			i = end - 1
+		case c == '\'' || c == '"' || c == '`':
+			j := i + 1
+			for j < len(sql) && sql[j] != c {
+				if sql[j] == '\\' {
+					j++
+				}
+				j++
+			}
+			if j >= len(sql) {
+				j = len(sql) - 1
+			}
+			cur.WriteString(sql[i : j+1])
+			i = j
+		case c == ';':
+			flush()
+		default:
+			cur.WriteByte(c)
+		}
+	}
+	flush()
+	return out
+}
+
+func commentOnly(s string) bool {
+	for _, line := range strings.Split(s, "\n") {
+		line = strings.TrimSpace(line)
+		if line != "" && !strings.HasPrefix(line, "--") {
+			return false
+		}
+	}
+	return true
+}
+
+// conn is what the runner needs from ClickHouse; store.Conn satisfies it.
+type conn interface {
+	Exec(ctx context.Context, query string) error
+	Query(ctx context.Context, query, format string) ([]byte, error)
+}
+
+// Applied is one row of the schema_migrations table.
+type Applied struct {
+	Version  int
+	Name     string
+	Checksum string
+}
+
+// ErrChanged is returned when an applied migration file no longer matches
+// the checksum recorded when it was applied.
+var ErrChanged = errors.New("applied migration changed")
+
+// Runner applies migrations through a ClickHouse connection.
+type Runner struct {
+	conn conn
+	opt  Options
+	all  []Migration
+	// Version is recorded beside each applied migration (dualflow version).
+	Version string
+}
+
+// NewRunner returns a runner for the embedded migrations.
+func NewRunner(c conn, opt Options) (*Runner, error) {
+	opt.SetDefaults()
+	if err := opt.Validate(); err != nil {
+		return nil, err
+	}
+	all, err := All()
+	if err != nil {
+		return nil, err
+	}
+	return &Runner{conn: c, opt: opt, all: all}, nil
+}
+
+func (r *Runner) bookkeeping() []string {
+	db, oc := r.opt.Database, ""
+	engine := "ReplacingMergeTree(applied_at)"
+	if r.opt.Cluster != "" {
+		oc = " ON CLUSTER '" + r.opt.Cluster + "'"
+		// One replicated copy shared by every shard: the schema is cluster-wide.
+		engine = "ReplicatedReplacingMergeTree('/clickhouse/tables/{database}/schema_migrations', '{replica}', applied_at)"
+	}
+	return []string{
+		fmt.Sprintf("CREATE DATABASE IF NOT EXISTS %s%s", db, oc),
+		fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %s.schema_migrations%s
+(
+    version UInt32 COMMENT 'migration number (file prefix)',
+    name String COMMENT 'migration file name',
+    checksum String COMMENT 'sha256 of the file as released',
+    applied_at DateTime64(3, 'UTC') DEFAULT now64(3),
+    dualflow_version String
+)
+ENGINE = %s
+ORDER BY version
+COMMENT 'dualflow schema migrations applied to this database'`, db, oc, engine),
+	}
+}
+
+// Status returns the applied migrations, in version order.
+func (r *Runner) Status(ctx context.Context) ([]Applied, error) {
+	out, err := r.conn.Query(ctx, fmt.Sprintf(
+		"SELECT version, argMax(name, applied_at), argMax(checksum, applied_at) FROM %s.schema_migrations GROUP BY version ORDER BY version",
+		r.opt.Database), "TabSeparated")
+	if err != nil {
+		return nil, fmt.Errorf("read %s.schema_migrations: %w", r.opt.Database, err)
+	}
+	var applied []Applied
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if line == "" {
+			continue
+		}
+		f := strings.Split(line, "\t")
+		if len(f) != 3 {
+			return nil, fmt.Errorf("read schema_migrations: unexpected row %q", line)
+		}
+		v, err := strconv.Atoi(f[0])
+		if err != nil {
+			return nil, fmt.Errorf("read schema_migrations: bad version %q", f[0])
+		}
+		applied = append(applied, Applied{Version: v, Name: f[1], Checksum: f[2]})
+	}
+	return applied, nil
+}
+
+// Pending returns the migrations not applied yet, after checking that every
+// applied one is unchanged.
+func (r *Runner) Pending(ctx context.Context) ([]Migration, error) {
+	applied, err := r.Status(ctx)
+	if err != nil {
+		return nil, err
+	}
+	done := map[int]Applied{}
+	for _, a := range applied {
+		done[a.Version] = a
+	}
+	var pending []Migration
+	for _, m := range r.all {
+		a, ok := done[m.Version]
+		if !ok {
+			pending = append(pending, m)
+			continue
+		}
+		if a.Checksum != m.Checksum {
+			return nil, fmt.Errorf("%w: %s was applied with checksum %.12s but the file now has %.12s; released migrations are immutable, add a new migration instead",
+				ErrChanged, m.Name, a.Checksum, m.Checksum)
+		}
+	}
+	return pending, nil
+}
+
+// Up creates the database and bookkeeping table if needed, then applies every
+// pending migration in order and records it. It stops at the first failing
+// statement with an error naming the file and statement. Running it again is
+// a no-op. It returns the migrations it applied.
+func (r *Runner) Up(ctx context.Context) ([]Migration, error) {
+	for _, s := range r.bookkeeping() {
+		if err := r.conn.Exec(ctx, s); err != nil {
+			return nil, fmt.Errorf("create schema_migrations: %w", err)
+		}
+	}
+	pending, err := r.Pending(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var done []Migration
+	for _, m := range pending {
+		stmts, err := Render(m, r.opt)
+		if err != nil {
+			return done, err
+		}
+		for i, s := range stmts {
+			if err := r.conn.Exec(ctx, s); err != nil {
+				return done, fmt.Errorf("migration %s statement %d of %d (%s): %w", m.Name, i+1, len(stmts), firstLine(s), err)
+			}
+		}
+		rec := fmt.Sprintf("INSERT INTO %s.schema_migrations (version, name, checksum, dualflow_version) VALUES (%d, %s, %s, %s)",
+			r.opt.Database, m.Version, quote(m.Name), quote(m.Checksum), quote(r.Version))
+		if err := r.conn.Exec(ctx, rec); err != nil {
+			return done, fmt.Errorf("record migration %s: %w", m.Name, err)
+		}
+		done = append(done, m)
+	}
+	if err := r.reconcileTTL(ctx); err != nil {
+		return done, err
+	}
+	return done, nil
+}
+
+// ttlTables are the tables whose retention follows Options.TTLDays, with
+// their time column.
+var ttlTables = []struct{ table, col string }{
+	{"flows", "flow_end"},
+	{"rollup_pod_to_pod_1m", "window_start"},
+	{"rollup_pod_to_service_1m", "window_start"},
+	{"rollup_node_to_node_1m", "window_start"},
+	{"rollup_policy_1m", "window_start"},
+}
+
+// reconcileTTL makes each table's TTL match Options.TTLDays, so the
+// retention flag can change after the tables were created.
+func (r *Runner) reconcileTTL(ctx context.Context) error {
+	suffix, oc := "", ""
+	if r.opt.Cluster != "" {
+		suffix, oc = "_local", " ON CLUSTER '"+r.opt.Cluster+"'"
+	}
+	for _, t := range ttlTables {
+		name := t.table + suffix
+		out, err := r.conn.Query(ctx, fmt.Sprintf(
+			"SELECT engine_full FROM system.tables WHERE database = %s AND name = %s", quote(r.opt.Database), quote(name)), "TabSeparatedRaw")
+		if err != nil {
+			return fmt.Errorf("read ttl of %s: %w", name, err)
+		}
+		engine := string(out)
+		if engine == "" {
+			continue // table not created by the migrations applied so far
+		}
+		hasTTL := strings.Contains(engine, " TTL ")
+		want := fmt.Sprintf("toIntervalDay(%d)", r.opt.TTLDays)
+		var stmt string
+		switch {
+		case r.opt.TTLDays == 0 && hasTTL:
+			stmt = fmt.Sprintf("ALTER TABLE %s.%s%s REMOVE TTL", r.opt.Database, name, oc)
+		case r.opt.TTLDays > 0 && !strings.Contains(engine, want):
+			stmt = fmt.Sprintf("ALTER TABLE %s.%s%s MODIFY %s", r.opt.Database, name, oc, ttlClause(t.col, r.opt.TTLDays))
+		default:
+			continue
+		}
+		if err := r.conn.Exec(ctx, stmt); err != nil {
+			return fmt.Errorf("set ttl of %s: %w", name, err)
+		}
+	}
+	return nil
+}
+
+// RenderAll renders every migration for opt, for `dualflow migrate --print`.
+func RenderAll(opt Options) (string, error) {
+	all, err := All()
+	if err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	for _, m := range all {
+		stmts, err := Render(m, opt)
+		if err != nil {
+			return "", err
+		}
+		fmt.Fprintf(&b, "-- %s\n", m.Name)
+		for _, s := range stmts {
+			b.WriteString(s)
+			b.WriteString(";\n\n")
+		}
+	}
+	return b.String(), nil
+}
+
+func firstLine(s string) string {
+	for _, l := range strings.Split(s, "\n") {
+		if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "--") {
+			if len(l) > 80 {
+				l = l[:80] + "…"
+			}
+			return l
+		}
+	}
+	return ""
+}
+
+func quote(s string) string {
+	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(s) + "'"
+}

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# deps.sh installs everything dualflow needs to build, run and test on a
+# fresh Debian machine. It is idempotent and fast when everything is present.
+#
+#   scripts/deps.sh            # runtime + test deps (apt packages, libchdb, Go modules)
+#   DEPS_SKIP_APT=1 scripts/deps.sh   # only libchdb and Go modules (no root needed)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Pinned exact version of the embedded ClickHouse engine (chDB). Bump with care:
+# the schema and HTTP interface are tested against this engine.
+CHDB_NPM_PKG="@chdb/lib-linux-x64-gnu"
+CHDB_VERSION="${CHDB_VERSION:-26.7.3-stable.1}"
+CACHE_DIR="${DUALFLOW_CACHE:-$PWD/.cache}"
+CHDB_DIR="$CACHE_DIR/chdb/$CHDB_VERSION"
+
+APT_PACKAGES=(
+  # kernel networking lab (issue: lab) and conntrack tooling
+  iproute2 nftables conntrack iptables socat netcat-openbsd tcpdump iputils-ping ethtool
+  # OVS userspace datapath
+  openvswitch-switch
+  # packet capture for traceflow
+  libpcap-dev
+  # browser tests
+  chromium
+  # misc
+  ca-certificates curl
+)
+
+log() { printf '[deps] %s\n' "$*" >&2; }
+
+install_apt() {
+  if [ "${DEPS_SKIP_APT:-0}" = 1 ]; then return; fi
+  local missing=()
+  for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [ ${#missing[@]} -eq 0 ]; then log "apt packages present"; return; fi
+  if [ "$(id -u)" != 0 ]; then
+    log "missing apt packages (${missing[*]}); re-run as root or install them"; return 1
+  fi
+  log "installing apt packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+}
+
+install_chdb() {
+  if [ -f "$CHDB_DIR/libchdb.so" ]; then log "libchdb $CHDB_VERSION present"; return; fi
+  command -v npm >/dev/null || { log "npm is required to fetch libchdb"; return 1; }
+  log "fetching $CHDB_NPM_PKG@$CHDB_VERSION (about 180 MB, npm verifies its sha512)"
+  local tmp; tmp=$(mktemp -d "$CACHE_DIR/.chdb-XXXXXX" 2>/dev/null || { mkdir -p "$CACHE_DIR"; mktemp -d "$CACHE_DIR/.chdb-XXXXXX"; })
+  trap 'rm -rf "$tmp"' RETURN
+  (cd "$tmp" && npm pack --silent "$CHDB_NPM_PKG@$CHDB_VERSION" >/dev/null)
+  tar -xzf "$tmp"/*.tgz -C "$tmp" package/libchdb.so
+  mkdir -p "$CHDB_DIR"
+  mv "$tmp/package/libchdb.so" "$CHDB_DIR/libchdb.so"
+  ln -sfn "$CHDB_VERSION" "$CACHE_DIR/chdb/current"
+  log "libchdb installed at $CHDB_DIR/libchdb.so"
+}
+
+install_go() {
+  command -v go >/dev/null || { log "go is required (https://go.dev/dl)"; return 1; }
+  go mod download
+  log "go modules present"
+}
+
+mkdir -p "$CACHE_DIR"
+install_apt
+install_chdb
+ln -sfn "$CHDB_VERSION" "$CACHE_DIR/chdb/current"
+install_go
