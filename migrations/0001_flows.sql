@@ -13,17 +13,24 @@ CREATE TABLE IF NOT EXISTS {{local "flows"}}{{onCluster}}
 
     -- connection
     ip_version       UInt8 COMMENT '4 or 6',
-    src_ip           String COMMENT 'source address: dotted quad for IPv4, RFC 5952 text for IPv6',
-    dst_ip           String COMMENT 'destination address, after DNAT (the endpoint actually reached)',
+    -- Addresses are inserted as IPv6 into the *_in columns (insert-only,
+    -- IPv4 mapped as ::ffff:a.b.c.d) and shown as text: a dotted quad for
+    -- IPv4, RFC 5952 text for IPv6, '' when absent.
+    src_ip_in        IPv6 EPHEMERAL COMMENT 'insert-only: source address as IPv6',
+    dst_ip_in        IPv6 EPHEMERAL COMMENT 'insert-only: destination address as IPv6',
+    src_ip           String DEFAULT {{ipText "src_ip_in"}} COMMENT 'source address: dotted quad for IPv4, RFC 5952 text for IPv6',
+    dst_ip           String DEFAULT {{ipText "dst_ip_in"}} COMMENT 'destination address after DNAT (the endpoint actually reached)',
+    src_ip_bin       IPv6 MATERIALIZED src_ip_in COMMENT 'src_ip as IPv6 (IPv4 mapped as ::ffff:a.b.c.d), for fast range filters',
+    dst_ip_bin       IPv6 MATERIALIZED dst_ip_in COMMENT 'dst_ip as IPv6 (IPv4 mapped as ::ffff:a.b.c.d), for fast range filters',
     src_port         UInt16,
     dst_port         UInt16,
     protocol         UInt8 COMMENT 'IANA protocol number: 6 TCP, 17 UDP, 1 ICMP, 58 ICMPv6, 132 SCTP',
     protocol_name    LowCardinality(String) MATERIALIZED multiIf(protocol = 6, 'TCP', protocol = 17, 'UDP', protocol = 1, 'ICMP', protocol = 58, 'ICMPv6', protocol = 132, 'SCTP', toString(protocol)) COMMENT 'protocol as text',
-    src_ip_bin       IPv6 MATERIALIZED toIPv6(src_ip) COMMENT 'src_ip as IPv6 (IPv4 mapped as ::ffff:a.b.c.d), for fast range filters',
-    dst_ip_bin       IPv6 MATERIALIZED toIPv6(dst_ip) COMMENT 'dst_ip as IPv6 (IPv4 mapped as ::ffff:a.b.c.d), for fast range filters',
-    service_ip       String COMMENT 'original destination before DNAT (a Service VIP), empty when not translated',
+    service_ip_in    IPv6 EPHEMERAL COMMENT 'insert-only: original destination as IPv6',
+    snat_ip_in       IPv6 EPHEMERAL COMMENT 'insert-only: translated source as IPv6',
+    service_ip       String DEFAULT {{ipText "service_ip_in"}} COMMENT 'original destination before DNAT (a Service VIP), empty when not translated',
     service_port     UInt16 COMMENT 'original destination port before DNAT, 0 when not translated',
-    snat_ip          String COMMENT 'translated source address after SNAT, empty when not translated',
+    snat_ip          String DEFAULT {{ipText "snat_ip_in"}} COMMENT 'translated source address after SNAT, empty when not translated',
     snat_port        UInt16 COMMENT 'translated source port after SNAT, 0 when not translated',
 
     -- counters: deltas since the previous record of the same connection; sum these
@@ -43,7 +50,8 @@ CREATE TABLE IF NOT EXISTS {{local "flows"}}{{onCluster}}
     ct_mark          UInt32 COMMENT 'conntrack mark',
 
     -- exporter
-    exporter_ip           String COMMENT 'address the IPFIX exporter sent from',
+    exporter_ip_in        IPv6 EPHEMERAL COMMENT 'insert-only: exporter address as IPv6',
+    exporter_ip           String DEFAULT {{ipText "exporter_ip_in"}} COMMENT 'address the IPFIX exporter sent from',
     observation_domain_id UInt32 COMMENT 'IPFIX observation domain',
     exporter_node         LowCardinality(String) COMMENT 'node name reported by the exporter',
     source                LowCardinality(String) COMMENT 'conntrack, ovs, or ipfix for a foreign exporter',

@@ -9,6 +9,7 @@
 //	{{engine "MergeTree"}}     MergeTree or ReplicatedMergeTree('/clickhouse/tables/{shard}/db/table', '{replica}')
 //	{{distributed "flows" k}}  "" or a Distributed table "flows" over the local tables, sharded by k
 //	{{ttl "col"}}              "" or "TTL toDateTime(col) + INTERVAL N DAY"
+//	{{ipText "col"}}           an IPv6 column shown as text ('' / dotted quad / RFC 5952)
 //	{{.Database}}              the database name
 //
 // Statements end with a ';' at the end of a line. Files are immutable once
@@ -158,10 +159,17 @@ func funcs(o Options) template.FuncMap {
 			return fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s.%s ON CLUSTER %s AS %s.%s_local\nENGINE = Distributed(%s, %s, %s_local, %s);",
 				o.Database, table, q(o.Cluster), o.Database, table, q(o.Cluster), q(o.Database), table, shardingKey)
 		},
+		"ipText": ipText,
 		"ttl": func(col string) string {
 			return ttlClause(col, o.TTLDays)
 		},
 	}
+}
+
+// ipText renders the SQL expression that shows an IPv6 column as text: ”
+// for ::, a dotted quad for an IPv4-mapped address, RFC 5952 text otherwise.
+func ipText(col string) string {
+	return fmt.Sprintf("if(%[1]s = toIPv6('::'), '', if(%[1]s BETWEEN toIPv6('::ffff:0.0.0.0') AND toIPv6('::ffff:255.255.255.255'), substring(IPv6NumToString(%[1]s), 8), IPv6NumToString(%[1]s)))", col)
 }
 
 func ttlClause(col string, days int) string {
@@ -178,7 +186,7 @@ func SplitStatements(sql string) []string {
 	var out []string
 	var cur strings.Builder
 	flush := func() {
-		s := strings.TrimSpace(cur.String())
+		s := stripLeadingComments(cur.String())
 		cur.Reset()
 		if s != "" && !commentOnly(s) {
 			out = append(out, s)
@@ -223,6 +231,20 @@ func SplitStatements(sql string) []string {
 	}
 	flush()
 	return out
+}
+
+// stripLeadingComments drops the blank and '--' comment lines before a
+// statement (file headers), and trims it.
+func stripLeadingComments(s string) string {
+	s = strings.TrimSpace(s)
+	for strings.HasPrefix(s, "--") {
+		i := strings.IndexByte(s, '\n')
+		if i < 0 {
+			return ""
+		}
+		s = strings.TrimSpace(s[i+1:])
+	}
+	return s
 }
 
 func commentOnly(s string) bool {

@@ -3,7 +3,6 @@ package store
 import (
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"math"
 	"net/netip"
 	"time"
@@ -19,12 +18,12 @@ const FlowsTable = "flows"
 // dst_ip_bin) are computed by ClickHouse and are not listed.
 var FlowColumns = []string{
 	"flow_start", "flow_end", "time_received",
-	"ip_version", "src_ip", "dst_ip", "src_port", "dst_port", "protocol",
-	"service_ip", "service_port", "snat_ip", "snat_port",
+	"ip_version", "src_ip_in", "dst_ip_in", "src_port", "dst_port", "protocol",
+	"service_ip_in", "service_port", "snat_ip_in", "snat_port",
 	"packets", "bytes", "reverse_packets", "reverse_bytes",
 	"packets_total", "bytes_total", "reverse_packets_total", "reverse_bytes_total",
 	"end_reason", "tcp_state", "ct_zone", "ct_mark",
-	"exporter_ip", "observation_domain_id", "exporter_node", "source",
+	"exporter_ip_in", "observation_domain_id", "exporter_node", "source",
 	"src_pod_namespace", "src_pod_name", "src_pod_labels", "src_workload_kind", "src_workload_name", "src_node", "src_zone",
 	"dst_pod_namespace", "dst_pod_name", "dst_pod_labels", "dst_workload_kind", "dst_workload_name", "dst_node", "dst_zone",
 	"dst_service_namespace", "dst_service_name", "dst_service_port_name",
@@ -121,20 +120,17 @@ func appendString(b []byte, s string) []byte {
 	return append(b, s...)
 }
 
-// appendAddr encodes an address as its text (dotted quad for IPv4, RFC 5952
-// for IPv6), or "" for the zero Addr, without allocating. The longest
-// address text is 45 bytes, so the length prefix is a single varint byte.
+// appendAddr encodes an address as a RowBinary IPv6: 16 bytes in network
+// order, IPv4 mapped as ::ffff:a.b.c.d, and :: for the zero Addr.
 func appendAddr(b []byte, a netip.Addr) []byte {
 	if !a.IsValid() {
-		return append(b, 0)
+		return append(b, zero16[:]...)
 	}
-	a = a.Unmap()
-	n := len(b)
-	b = append(b, 0)
-	b = a.WithZone("").AppendTo(b)
-	b[n] = byte(len(b) - n - 1)
-	return b
+	a16 := a.As16()
+	return append(b, a16[:]...)
 }
+
+var zero16 [16]byte
 
 // ErrShortRow is returned when a RowBinary buffer ends inside a row.
 var ErrShortRow = errors.New("rowbinary: truncated row")
@@ -214,15 +210,11 @@ func (r *rowReader) time() time.Time {
 }
 
 func (r *rowReader) addr() netip.Addr {
-	s := r.str()
-	if s == "" || r.err != nil {
+	v := r.take(16)
+	if v == nil || [16]byte(v) == zero16 {
 		return netip.Addr{}
 	}
-	a, err := netip.ParseAddr(s)
-	if err != nil {
-		r.err = fmt.Errorf("rowbinary: bad address %q: %w", s, err)
-	}
-	return a
+	return netip.AddrFrom16([16]byte(v)).Unmap()
 }
 
 func (r *rowReader) endpoint(e *flow.Endpoint) {

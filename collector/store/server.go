@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"reflect"
 	"strings"
@@ -209,14 +210,11 @@ func (s *Server) InsertRowBinary(ctx context.Context, table string, columns []st
 
 // flowValues returns r's values in FlowColumns order, typed for clickhouse-go.
 func flowValues(r *flow.Record) []any {
-	addr := func(a interface {
-		IsValid() bool
-		String() string
-	}) string {
+	addr := func(a netip.Addr) netip.Addr {
 		if !a.IsValid() {
-			return ""
+			return netip.IPv6Unspecified()
 		}
-		return a.String()
+		return netip.AddrFrom16(a.As16())
 	}
 	labels := func(m map[string]string) map[string]string {
 		if m == nil {

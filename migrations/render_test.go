@@ -1,0 +1,169 @@
+package migrations
+
+import (
+	"flag"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"testing/fstest"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+func TestRenderGolden(t *testing.T) {
+	tests := []struct {
+		name string
+		opt  Options
+	}{
+		{"single", Options{TTLDays: 30}},
+		{"single_no_ttl", Options{}},
+		{"cluster", Options{Cluster: "flows", TTLDays: 30}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := RenderAll(tt.opt)
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join("testdata", tt.name+".sql")
+			if *update {
+				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (run go test ./migrations -update)", err)
+			}
+			if got != string(want) {
+				t.Errorf("rendered %s differs from %s; run go test ./migrations -update and review the diff", tt.name, path)
+			}
+		})
+	}
+}
+
+// TestClusterForm checks the structure of the cluster rendering: every DDL
+// runs ON CLUSTER, every table is a Replicated engine under a _local name,
+// materialized views read and write local tables, and every local table that
+// users query has a Distributed table under the plain name.
+func TestClusterForm(t *testing.T) {
+	all, err := All()
+	if err != nil {
+		t.Fatal(err)
+	}
+	opt := Options{Cluster: "flows", TTLDays: 7}
+	createTable := regexp.MustCompile(`^CREATE TABLE IF NOT EXISTS (\S+) ON CLUSTER 'flows'`)
+	createMV := regexp.MustCompile(`^CREATE MATERIALIZED VIEW IF NOT EXISTS (\S+) ON CLUSTER 'flows'\s+TO (\S+) AS`)
+	locals := map[string]bool{}
+	distributed := map[string]bool{}
+	for _, m := range all {
+		stmts, err := Render(m, opt)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range stmts {
+			switch {
+			case strings.Contains(s, "ENGINE = Distributed("):
+				mm := createTable.FindStringSubmatch(s)
+				if mm == nil {
+					t.Fatalf("%s: Distributed table without ON CLUSTER: %.80s", m.Name, s)
+				}
+				distributed[mm[1]] = true
+				if !strings.Contains(s, "Distributed('flows', 'dualflow', "+strings.TrimPrefix(mm[1], "dualflow.")+"_local, rand())") {
+					t.Errorf("%s: Distributed table %s does not point at its local table: %.200s", m.Name, mm[1], s)
+				}
+			case strings.HasPrefix(s, "CREATE TABLE"):
+				mm := createTable.FindStringSubmatch(s)
+				if mm == nil {
+					t.Fatalf("%s: CREATE TABLE without ON CLUSTER: %.80s", m.Name, s)
+				}
+				if !strings.HasSuffix(mm[1], "_local") {
+					t.Errorf("%s: table %s is not a _local table", m.Name, mm[1])
+				}
+				if !regexp.MustCompile(`ENGINE = Replicated\w*MergeTree\('/clickhouse/tables/\{shard\}/\{database\}/\{table\}', '\{replica\}'\)`).MatchString(s) {
+					t.Errorf("%s: table %s is not replicated", m.Name, mm[1])
+				}
+				if !strings.Contains(s, "INTERVAL 7 DAY") {
+					t.Errorf("%s: table %s has no TTL", m.Name, mm[1])
+				}
+				locals[strings.TrimSuffix(mm[1], "_local")] = true
+			case strings.HasPrefix(s, "CREATE MATERIALIZED VIEW"):
+				mm := createMV.FindStringSubmatch(s)
+				if mm == nil {
+					t.Fatalf("%s: MV without ON CLUSTER or TO: %.120s", m.Name, s)
+				}
+				if !strings.HasSuffix(mm[2], "_local") || !strings.Contains(s, "FROM dualflow.flows_local") {
+					t.Errorf("%s: MV %s must read and write local tables", m.Name, mm[1])
+				}
+			default:
+				t.Errorf("%s: unexpected statement: %.80s", m.Name, s)
+			}
+		}
+	}
+	for l := range locals {
+		if !distributed[l] {
+			t.Errorf("local table %s_local has no Distributed table %s", l, l)
+		}
+	}
+	if len(locals) != 5 {
+		t.Errorf("found %d tables, want 5 (flows and 4 rollups)", len(locals))
+	}
+}
+
+func TestSingleForm(t *testing.T) {
+	got, err := RenderAll(Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, bad := range []string{"ON CLUSTER", "Replicated", "Distributed", "_local", "TTL ", "{{"} {
+		if strings.Contains(got, bad) {
+			t.Errorf("single-node form without TTL contains %q", bad)
+		}
+	}
+}
+
+func TestSplitStatements(t *testing.T) {
+	tests := []struct {
+		in   string
+		want []string
+	}{
+		{"SELECT 1; SELECT 2;", []string{"SELECT 1", "SELECT 2"}},
+		{"SELECT 'a;b';\n-- c;\nSELECT 2", []string{"SELECT 'a;b'", "SELECT 2"}},
+		{"SELECT 'it\\'s;'; SELECT `x;y`", []string{"SELECT 'it\\'s;'", "SELECT `x;y`"}},
+		{"/* a; b */ SELECT 1;", []string{"/* a; b */ SELECT 1"}},
+		{"-- only a comment;\n;;\n", nil},
+		{"SELECT '::ffff:198.18.0.1', 'fd00:10::1';", []string{"SELECT '::ffff:198.18.0.1', 'fd00:10::1'"}},
+		{"SELECT 'unterminated", []string{"SELECT 'unterminated"}},
+	}
+	for _, tt := range tests {
+		got := SplitStatements(tt.in)
+		if strings.Join(got, "|") != strings.Join(tt.want, "|") {
+			t.Errorf("SplitStatements(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
+
+func TestLoadRejectsBadFiles(t *testing.T) {
+	tests := []struct {
+		name  string
+		files fstest.MapFS
+	}{
+		{"bad name", fstest.MapFS{"1_x.sql": {Data: []byte("SELECT 1")}}},
+		{"duplicate version", fstest.MapFS{"0001_a.sql": {Data: []byte("SELECT 1")}, "0001_b.sql": {Data: []byte("SELECT 1")}}},
+	}
+	for _, tt := range tests {
+		if _, err := load(tt.files); err == nil {
+			t.Errorf("%s: load succeeded", tt.name)
+		}
+	}
+}
+
+func TestOptionsValidate(t *testing.T) {
+	for _, o := range []Options{{Database: "x;DROP"}, {Database: "ok", Cluster: "a'b"}, {Database: "ok", TTLDays: -1}} {
+		if o.Validate() == nil {
+			t.Errorf("Validate(%+v) = nil, want error", o)
+		}
+	}
+}
