@@ -1,0 +1,682 @@
+// Package chdb embeds the ClickHouse engine (chDB's libchdb.so) in the
+// process through purego, so it builds and vets with CGO_ENABLED=0 and needs
+// the library only at run time.
+//
+// Nothing happens at import: the library is loaded on the first Open, found
+// by FindLibrary. chDB runs one data directory per process, and one process
+// per data directory: Open fails with ErrOtherDir or ErrLocked otherwise.
+//
+// A DB keeps a small pool of engine connections. Each statement takes one
+// connection for itself (chDB runs one statement per connection at a time),
+// so up to Config.MaxConns statements run in parallel. Per-statement
+// settings (Statement.Settings) are applied as connection-level settings of
+// a pooled connection dedicated to that set of settings, which is how
+// readonly=1 and friends get exactly ClickHouse's semantics.
+package chdb
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+)
+
+// Config configures Open.
+type Config struct {
+	// LibPath is the path of libchdb.so; empty searches as FindLibrary does.
+	LibPath string
+	// DataDir is the engine's data directory, created if missing. Empty
+	// means an in-memory engine whose tables vanish on Close.
+	DataDir string
+	// MaxMemoryBytes caps the engine's total memory
+	// (max_server_memory_usage); 0 leaves the engine's default (90% of RAM).
+	// It only takes effect when this Open boots the engine.
+	MaxMemoryBytes uint64
+	// MaxConns caps statements running at once; further calls wait for a
+	// free connection or for their context. 0 means DefaultMaxConns.
+	MaxConns int
+}
+
+// DefaultMaxConns is the default Config.MaxConns: enough to overlap an
+// insert stream with a few queries on a small machine.
+const DefaultMaxConns = 4
+
+// maxIdlePerKey caps idle connections kept per distinct settings set;
+// beyond it a released connection is closed.
+const maxIdlePerKey = 2
+
+// insertChunk is the size of the pieces Insert hands to chdb_stream_append
+// (which copies them): big enough to amortize the call, small enough to
+// keep the extra copy cheap.
+const insertChunk = 1 << 20
+
+// Statement is one SQL statement with its per-statement options.
+type Statement struct {
+	// Query is the SQL text. A FORMAT clause in it overrides Format.
+	Query string
+	// Format is the output format ("TabSeparated", "JSONEachRow", "Native",
+	// ...); empty means TabSeparated, like ClickHouse's HTTP interface.
+	Format string
+	// Params binds server-side {name:Type} placeholders.
+	Params map[string]string
+	// Settings are ClickHouse settings for this statement only (name → value
+	// as in SET), e.g. readonly=1, max_result_rows=1000,
+	// max_execution_time=10. An unknown name fails with code 115.
+	Settings map[string]string
+	// Database is the current database for the statement; empty means
+	// "default".
+	Database string
+}
+
+// Stats are the engine's counters for one statement.
+type Stats struct {
+	RowsRead, BytesRead       uint64 // rows/bytes in the result (storage counters for inserts are 0)
+	RowsWritten, BytesWritten uint64 // rows/bytes written (includes materialized views)
+	Elapsed                   time.Duration
+}
+
+// Result is a statement's output.
+type Result struct {
+	Data []byte // in the requested format; owned by the caller
+	Stats
+}
+
+// DB is an open embedded ClickHouse engine. It is safe for concurrent use.
+type DB struct {
+	l      *lib
+	dir    string // data directory, or "" for in-memory
+	anchor *uintptr
+	slots  chan struct{} // one token per connection in use
+
+	mu       sync.Mutex
+	idle     map[string][]*uintptr // settings key → idle connections
+	closed   bool
+	known    map[string]bool // setting names the engine knows; nil until needed
+	knownErr error
+}
+
+// engine is the process-wide state of libchdb: which data directory it
+// runs and how many DBs use it.
+var engine struct {
+	sync.Mutex
+	dir string
+	dbs int
+}
+
+// Open loads libchdb.so if needed and connects to the engine on
+// cfg.DataDir. It fails with ErrLocked (wrapped) when another process owns
+// the directory, with ErrOtherDir when this process has another directory
+// open, and with ErrLibraryNotFound when libchdb.so is missing.
+func Open(cfg Config) (*DB, error) {
+	dir := ""
+	if cfg.DataDir != "" {
+		abs, err := filepath.Abs(cfg.DataDir)
+		if err != nil {
+			return nil, fmt.Errorf("chdb: data dir: %w", err)
+		}
+		if err := os.MkdirAll(abs, 0o755); err != nil {
+			return nil, fmt.Errorf("chdb: data dir: %w", err)
+		}
+		dir = abs
+	}
+	l, err := loadLibrary(cfg.LibPath)
+	if err != nil {
+		return nil, err
+	}
+	maxConns := cfg.MaxConns
+	if maxConns <= 0 {
+		maxConns = DefaultMaxConns
+	}
+
+	engine.Lock()
+	defer engine.Unlock()
+	if engine.dbs > 0 && engine.dir != dir {
+		return nil, fmt.Errorf("open %s (open: %s): %w", displayDir(dir), displayDir(engine.dir), ErrOtherDir)
+	}
+	args := []string{"--path=" + pathArg(dir)}
+	if cfg.MaxMemoryBytes > 0 {
+		args = append(args, fmt.Sprintf("--max_server_memory_usage=%d", cfg.MaxMemoryBytes))
+	}
+	anchor := l.connectArgs(args)
+	if anchor == nil {
+		if engine.dbs == 0 && dir != "" {
+			if locked, holder := lockedBy(dir); locked {
+				if holder != "" {
+					return nil, fmt.Errorf("open %s (held by %s): %w", dir, holder, ErrLocked)
+				}
+				return nil, fmt.Errorf("open %s: %w", dir, ErrLocked)
+			}
+		}
+		return nil, fmt.Errorf("chdb: connect to %s failed (see stderr for the engine's message)", displayDir(dir))
+	}
+	engine.dir = dir
+	engine.dbs++
+	return &DB{
+		l:      l,
+		dir:    dir,
+		anchor: anchor,
+		slots:  make(chan struct{}, maxConns),
+		idle:   make(map[string][]*uintptr),
+	}, nil
+}
+
+func displayDir(dir string) string {
+	if dir == "" {
+		return ":memory:"
+	}
+	return dir
+}
+
+func pathArg(dir string) string {
+	if dir == "" {
+		return ":memory:"
+	}
+	return dir
+}
+
+// Version returns the engine's version() string, e.g. "26.7.2.1".
+func (db *DB) Version(ctx context.Context) (string, error) {
+	out, err := db.Query(ctx, "SELECT version()", "TabSeparated")
+	return strings.TrimSpace(string(out)), err
+}
+
+// Query runs query and returns its output in format (empty: TabSeparated).
+func (db *DB) Query(ctx context.Context, query, format string) ([]byte, error) {
+	res, err := db.Run(ctx, Statement{Query: query, Format: format})
+	if err != nil {
+		return nil, err
+	}
+	return res.Data, nil
+}
+
+// QueryWithParams is Query with server-side {name:Type} parameters: the
+// engine parses the values as the placeholder types, nothing is spliced
+// into the SQL text.
+func (db *DB) QueryWithParams(ctx context.Context, query, format string, params map[string]string) ([]byte, error) {
+	res, err := db.Run(ctx, Statement{Query: query, Format: format, Params: params})
+	if err != nil {
+		return nil, err
+	}
+	return res.Data, nil
+}
+
+// Exec runs a statement that returns no rows (DDL, INSERT ... SELECT).
+func (db *DB) Exec(ctx context.Context, query string) error {
+	_, err := db.Run(ctx, Statement{Query: query, Format: "Null"})
+	return err
+}
+
+// Run runs one statement with its options. It blocks until the engine
+// finishes the statement: ctx is checked before the statement starts (and
+// while waiting for a free connection), not while the engine runs it; bound
+// long statements with Settings["max_execution_time"].
+func (db *DB) Run(ctx context.Context, st Statement) (*Result, error) {
+	c, err := db.acquire(ctx, st)
+	if err != nil {
+		return nil, err
+	}
+	var stop func() bool
+	if ctx.Done() != nil {
+		// Tag the statement so a cancelled context can KILL it; the tag goes
+		// last so error positions in the text stay right.
+		tag := fmt.Sprintf("dualflow-q:%x", queryTag.Add(1))
+		st.Query += "\n/* " + tag + " */"
+		stop = context.AfterFunc(ctx, func() { db.kill(tag) })
+	}
+	res, err := db.l.run(*c.h, st)
+	if stop != nil && !stop() && ctx.Err() != nil {
+		// Killed on our behalf: report the cancellation, not the kill.
+		err = fmt.Errorf("chdb: statement cancelled: %w (engine: %v)", ctx.Err(), err)
+		res = nil
+	}
+	db.release(c, st.Query)
+	return res, err
+}
+
+var queryTag atomic.Uint64
+
+// kill asks the engine to cancel the statement carrying tag. The pattern is
+// split so the KILL statement does not match itself.
+func (db *DB) kill(tag string) {
+	prefix, rest, _ := strings.Cut(tag, ":")
+	h := db.l.connectArgs([]string{"--path=" + pathArg(db.dir)})
+	if h == nil {
+		return
+	}
+	defer db.l.closeConn(h)
+	q := fmt.Sprintf("KILL QUERY WHERE query LIKE concat('%%', '%s', ':', '%s', '%%') ASYNC", prefix, rest)
+	_, _ = db.l.run(*h, Statement{Query: q, Format: "Null"})
+}
+
+// Insert streams data, encoded in the format named by insertQuery's FORMAT
+// clause (e.g. "INSERT INTO db.t (a, b) SETTINGS insert_deduplication_token='x'
+// FORMAT RowBinary"), into the engine in chunks, and returns the rows
+// written (including rows written by materialized views). INSERT ... VALUES
+// works too, with the tuples as data. Inline data after the FORMAT clause
+// is sent before data. ctx is checked between chunks; a cancelled insert is
+// aborted without committing the rest.
+func (db *DB) Insert(ctx context.Context, insertQuery string, data io.Reader) (uint64, error) {
+	stats, err := db.InsertStatement(ctx, Statement{Query: insertQuery}, data)
+	return stats.RowsWritten, err
+}
+
+// InsertStatement is Insert with per-statement options (st.Format and
+// st.Params are ignored).
+func (db *DB) InsertStatement(ctx context.Context, st Statement, data io.Reader) (Stats, error) {
+	ins, ok := SplitInsert(st.Query)
+	if !ok {
+		return Stats{}, fmt.Errorf("chdb: insert: not an INSERT ... FORMAT/VALUES statement: %.80q", st.Query)
+	}
+	if data == nil {
+		data = strings.NewReader("")
+	}
+	if ins.DataOffset < len(st.Query) {
+		data = io.MultiReader(strings.NewReader(st.Query[ins.DataOffset:]), data)
+	}
+	c, err := db.acquire(ctx, st)
+	if err != nil {
+		return Stats{}, err
+	}
+	defer db.release(c, "")
+	return db.l.insert(ctx, *c.h, ins.Query, ins.Format, data)
+}
+
+// Close closes every connection of db. Statements still running finish
+// first. Closing the last DB of the process shuts the engine down and
+// releases the data directory.
+func (db *DB) Close() error {
+	// Take every slot so no statement is running.
+	for range cap(db.slots) {
+		db.slots <- struct{}{}
+	}
+	db.mu.Lock()
+	if db.closed {
+		db.mu.Unlock()
+		return nil
+	}
+	db.closed = true
+	for k, conns := range db.idle {
+		for _, c := range conns {
+			db.l.closeConn(c)
+		}
+		delete(db.idle, k)
+	}
+	db.mu.Unlock()
+	for range cap(db.slots) {
+		<-db.slots
+	}
+
+	engine.Lock()
+	defer engine.Unlock()
+	db.l.closeConn(db.anchor)
+	engine.dbs--
+	if engine.dbs == 0 {
+		engine.dir = ""
+	}
+	return nil
+}
+
+type pooled struct {
+	h   *uintptr
+	key string
+}
+
+var settingNameRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// acquire takes a slot and a connection configured for st's settings and
+// database.
+func (db *DB) acquire(ctx context.Context, st Statement) (pooled, error) {
+	if err := ctx.Err(); err != nil {
+		return pooled{}, err
+	}
+	select {
+	case db.slots <- struct{}{}:
+	case <-ctx.Done():
+		return pooled{}, ctx.Err()
+	}
+	c, err := db.conn(st)
+	if err != nil {
+		<-db.slots
+		return pooled{}, err
+	}
+	return c, nil
+}
+
+func (db *DB) conn(st Statement) (pooled, error) {
+	key, err := db.settingsKey(st)
+	if err != nil {
+		return pooled{}, err
+	}
+	db.mu.Lock()
+	if db.closed {
+		db.mu.Unlock()
+		return pooled{}, ErrClosed
+	}
+	if conns := db.idle[key]; len(conns) > 0 {
+		h := conns[len(conns)-1]
+		db.idle[key] = conns[:len(conns)-1]
+		db.mu.Unlock()
+		return pooled{h: h, key: key}, nil
+	}
+	db.mu.Unlock()
+
+	args := []string{"--path=" + pathArg(db.dir)}
+	for _, name := range sortedKeys(st.Settings) {
+		args = append(args, "--"+name+"="+st.Settings[name])
+	}
+	h := db.l.connectArgs(args)
+	if h == nil {
+		if len(st.Settings) > 0 {
+			// The engine says why only on stderr; let it explain through a
+			// statement that applies the same settings.
+			if err := db.checkSettings(st.Settings); err != nil {
+				return pooled{}, err
+			}
+		}
+		return pooled{}, fmt.Errorf("chdb: connect failed (see stderr for the engine's message)")
+	}
+	if st.Database != "" && st.Database != "default" {
+		if _, err := db.l.run(*h, Statement{Query: "USE " + quoteIdent(st.Database), Format: "Null"}); err != nil {
+			db.l.closeConn(h)
+			return pooled{}, err
+		}
+	}
+	return pooled{h: h, key: key}, nil
+}
+
+// release returns c to the pool, or closes it when the statement may have
+// changed the connection's session state (USE, SET) or the pool is full.
+func (db *DB) release(c pooled, query string) {
+	defer func() { <-db.slots }()
+	if changesSession(query) {
+		db.l.closeConn(c.h)
+		return
+	}
+	db.mu.Lock()
+	if db.closed || len(db.idle[c.key]) >= maxIdlePerKey {
+		db.mu.Unlock()
+		db.l.closeConn(c.h)
+		return
+	}
+	db.idle[c.key] = append(db.idle[c.key], c.h)
+	// Bound the number of distinct settings sets kept warm.
+	if len(db.idle) > 4*cap(db.slots) {
+		for k, conns := range db.idle {
+			if k == c.key || k == "" {
+				continue
+			}
+			for _, h := range conns {
+				db.l.closeConn(h)
+			}
+			delete(db.idle, k)
+			break
+		}
+	}
+	db.mu.Unlock()
+}
+
+// changesSession reports whether a statement alters the connection's
+// session (current database, settings), so its connection must not be
+// reused for other statements.
+func changesSession(query string) bool {
+	lx := lexer{s: query}
+	t := lx.next()
+	return t.isWord("USE") || t.isWord("SET")
+}
+
+// settingsKey validates st's settings and database and returns the pool
+// key of connections configured for them.
+func (db *DB) settingsKey(st Statement) (string, error) {
+	if len(st.Settings) == 0 && (st.Database == "" || st.Database == "default") {
+		return "", nil
+	}
+	var b strings.Builder
+	b.WriteString(st.Database)
+	for _, name := range sortedKeys(st.Settings) {
+		if !settingNameRe.MatchString(name) {
+			return "", unknownSetting(name)
+		}
+		known, err := db.knownSetting(name)
+		if err != nil {
+			return "", err
+		}
+		if !known {
+			return "", unknownSetting(name)
+		}
+		b.WriteByte(0)
+		b.WriteString(name)
+		b.WriteByte('=')
+		b.WriteString(st.Settings[name])
+	}
+	return b.String(), nil
+}
+
+func unknownSetting(name string) error {
+	return &Error{Code: CodeUnknownSetting, Name: "UNKNOWN_SETTING",
+		Message: fmt.Sprintf("Unknown setting '%s'. (UNKNOWN_SETTING)", name)}
+}
+
+// knownSetting reports whether the engine has a setting called name
+// (system.settings, loaded once).
+func (db *DB) knownSetting(name string) (bool, error) {
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	if db.known == nil && db.knownErr == nil {
+		res, err := db.l.run(*db.anchor, Statement{Query: "SELECT name FROM system.settings", Format: "TabSeparated"})
+		if err != nil {
+			db.knownErr = err
+		} else {
+			db.known = make(map[string]bool)
+			for _, n := range strings.Split(string(res.Data), "\n") {
+				if n != "" {
+					db.known[n] = true
+				}
+			}
+		}
+	}
+	if db.knownErr != nil {
+		return false, db.knownErr
+	}
+	return db.known[name], nil
+}
+
+// checkSettings runs a no-op statement with settings applied through a
+// SETTINGS clause, to get the engine's own error for a bad value.
+func (db *DB) checkSettings(settings map[string]string) error {
+	var b strings.Builder
+	b.WriteString("SELECT 1 FORMAT Null SETTINGS ")
+	for i, name := range sortedKeys(settings) {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(name)
+		b.WriteString(" = ")
+		b.WriteString(quoteString(settings[name]))
+	}
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	_, err := db.l.run(*db.anchor, Statement{Query: b.String(), Format: "Null"})
+	return err
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	// readonly last: applied first, it would forbid the settings after it.
+	for i, k := range keys {
+		if k == "readonly" {
+			copy(keys[i:], keys[i+1:])
+			keys[len(keys)-1] = k
+			break
+		}
+	}
+	return keys
+}
+
+func quoteIdent(s string) string {
+	return "`" + strings.NewReplacer(`\`, `\\`, "`", "\\`").Replace(s) + "`"
+}
+
+func quoteString(s string) string {
+	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(s) + "'"
+}
+
+// connectArgs calls chdb_connect with args after a program name; nil on
+// failure.
+func (l *lib) connectArgs(args []string) *uintptr {
+	argv := make([]*byte, 0, len(args)+2)
+	keep := make([][]byte, 0, len(args)+1)
+	for _, a := range append([]string{"clickhouse"}, args...) {
+		b := append([]byte(a), 0)
+		keep = append(keep, b)
+		argv = append(argv, &b[0])
+	}
+	argv = append(argv, nil) // argv[argc] == NULL, as for main()
+	h := l.connect(int32(len(keep)), argv)
+	runtime.KeepAlive(keep)
+	if h == nil || *h == 0 {
+		return nil
+	}
+	return h
+}
+
+// run executes one statement on connection h and frees the engine's result.
+func (l *lib) run(h uintptr, st Statement) (*Result, error) {
+	format := st.Format
+	if format == "" {
+		format = "TabSeparated"
+	}
+	q, f := []byte(st.Query), []byte(format)
+	var res uintptr
+	if len(st.Params) == 0 {
+		res = l.queryN(h, bytePtr(q), uintptr(len(q)), bytePtr(f), uintptr(len(f)))
+	} else {
+		n := len(st.Params)
+		names, values := make([]*byte, 0, n), make([]*byte, 0, n)
+		nameLens, valueLens := make([]uintptr, 0, n), make([]uintptr, 0, n)
+		keep := make([][]byte, 0, 2*n)
+		for k, v := range st.Params {
+			kb, vb := append([]byte(k), 0), append([]byte(v), 0)
+			keep = append(keep, kb, vb)
+			names, nameLens = append(names, &kb[0]), append(nameLens, uintptr(len(k)))
+			values, valueLens = append(values, &vb[0]), append(valueLens, uintptr(len(v)))
+		}
+		res = l.queryWithParamsN(h, bytePtr(q), uintptr(len(q)), bytePtr(f), uintptr(len(f)),
+			names, nameLens, values, valueLens, uintptr(n))
+		runtime.KeepAlive(keep)
+	}
+	runtime.KeepAlive(q)
+	runtime.KeepAlive(f)
+	return l.takeResult(res)
+}
+
+// takeResult copies a chdb_result into Go memory and destroys it.
+func (l *lib) takeResult(res uintptr) (*Result, error) {
+	if res == 0 {
+		return nil, &Error{Message: "engine returned no result"}
+	}
+	defer l.destroyQueryResult(res)
+	if msg := cString(l.resultError(res)); msg != "" {
+		return nil, parseError(msg)
+	}
+	out := &Result{Stats: Stats{
+		RowsRead:     l.resultRowsRead(res),
+		BytesRead:    l.resultBytesRead(res),
+		RowsWritten:  l.resultRowsWritten(res),
+		BytesWritten: l.resultBytesWritten(res),
+		Elapsed:      time.Duration(l.resultElapsed(res) * float64(time.Second)),
+	}}
+	if n := l.resultLength(res); n > 0 {
+		if buf := l.resultBuffer(res); buf != nil {
+			out.Data = make([]byte, n)
+			copy(out.Data, unsafe.Slice(buf, n))
+		}
+	}
+	return out, nil
+}
+
+// insert streams data into an INSERT (without FORMAT clause) on h.
+func (l *lib) insert(ctx context.Context, h uintptr, query, format string, data io.Reader) (Stats, error) {
+	q, f := []byte(query), []byte(format)
+	s := l.streamInsertN(h, bytePtr(q), uintptr(len(q)), bytePtr(f), uintptr(len(f)))
+	runtime.KeepAlive(q)
+	runtime.KeepAlive(f)
+	if s == 0 {
+		return Stats{}, &Error{Message: "engine returned no insert stream"}
+	}
+	defer l.destroyInsertStream(s)
+	if msg := cString(l.streamInsertError(s)); msg != "" {
+		return Stats{}, parseError(msg)
+	}
+	buf := chunkPool.Get().(*[]byte)
+	defer chunkPool.Put(buf)
+	for {
+		if err := ctx.Err(); err != nil {
+			l.streamCancelInsert(s)
+			return Stats{}, err
+		}
+		n, rerr := io.ReadFull(data, *buf)
+		if n > 0 {
+			if l.streamAppend(s, &(*buf)[0], uintptr(n)) != 0 {
+				msg := cString(l.streamInsertError(s))
+				if msg == "" {
+					// The engine reports the failure when the stream is finished.
+					break
+				}
+				return Stats{}, parseError(msg)
+			}
+		}
+		if rerr == io.EOF || errors.Is(rerr, io.ErrUnexpectedEOF) {
+			break
+		}
+		if rerr != nil {
+			l.streamCancelInsert(s)
+			return Stats{}, fmt.Errorf("chdb: insert: read data: %w", rerr)
+		}
+	}
+	res, err := l.takeResult(l.streamDone(s))
+	if err != nil {
+		return Stats{}, err
+	}
+	return res.Stats, nil
+}
+
+var chunkPool = sync.Pool{New: func() any {
+	b := make([]byte, insertChunk)
+	return &b
+}}
+
+// zero backs empty strings passed to the engine.
+var zero = [1]byte{}
+
+func bytePtr(b []byte) *byte {
+	if len(b) == 0 {
+		return &zero[0]
+	}
+	return &b[0]
+}
+
+// cString copies a NUL-terminated C string; "" for NULL.
+func cString(p *byte) string {
+	if p == nil {
+		return ""
+	}
+	n := 0
+	for *(*byte)(unsafe.Add(unsafe.Pointer(p), n)) != 0 {
+		n++
+	}
+	return string(unsafe.Slice(p, n))
+}
