@@ -172,8 +172,8 @@ type Policy struct {
 	Namespace string // column {ingress,egress}_policy_namespace
 	Name      string // column {ingress,egress}_policy_name
 	// Rule is the index of the rule within the policy's ingress or egress
-	// list, or -1 when no rule applies (default deny, not isolated).
-	// Column {ingress,egress}_policy_rule.
+	// list, or -1 when no rule applies (default deny, not isolated). It is
+	// stored as -1 whenever Name is empty. Column {ingress,egress}_policy_rule.
 	Rule    int32
 	Verdict Verdict // column {ingress,egress}_verdict
 	// ReportedVerdict is the verdict reported by the datapath (our OVS

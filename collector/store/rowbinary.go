@@ -100,7 +100,11 @@ func appendEndpoint(b []byte, e *flow.Endpoint) []byte {
 func appendPolicy(b []byte, p *flow.Policy) []byte {
 	b = appendString(b, p.Namespace)
 	b = appendString(b, p.Name)
-	b = binary.LittleEndian.AppendUint32(b, uint32(p.Rule))
+	rule := p.Rule
+	if p.Name == "" {
+		rule = -1 // a rule index without a policy means nothing
+	}
+	b = binary.LittleEndian.AppendUint32(b, uint32(rule))
 	b = append(b, byte(p.Verdict), byte(p.ReportedVerdict))
 	return appendString(b, p.ReportedName)
 }

@@ -1,0 +1,70 @@
+# dualflow Makefile. `make help` lists the targets.
+#
+# The two commands a new machine needs are `make run` and `make test`: both
+# install what they need (scripts/deps.sh) and are quick when it is present.
+
+SHELL        := /bin/bash
+.SHELLFLAGS  := -eo pipefail -c
+GO           ?= go
+BIN          := bin/dualflow
+VERSION      ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT       ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+LDFLAGS      := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
+CHDB_LIB     := $(CURDIR)/.cache/chdb/current/libchdb.so
+DATA_DIR     ?= $(CURDIR)/var/data
+# Go packages whose tests need root, network namespaces or browsers.
+E2E_PKGS     := ./test/e2e/...
+BENCH_TIME   ?= 1s
+BENCH_PKGS   ?= ./...
+
+export CHDB_LIB_PATH := $(CHDB_LIB)
+export CGO_ENABLED   ?= 0
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## list the targets
+	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  \033[1m%-10s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: deps
+deps: ## install apt packages, the pinned libchdb and Go modules (idempotent)
+	@scripts/deps.sh
+
+.PHONY: build
+build: ## build bin/dualflow
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/dualflow
+
+.PHONY: run
+run: deps build ## start the product on the embedded ClickHouse and print the URLs
+	$(BIN) demo --data-dir $(DATA_DIR)
+
+.PHONY: vet
+vet: ## go vet and gofmt check
+	$(GO) vet ./...
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+.PHONY: test
+test: deps vet test-unit test-e2e ## install what tests need and run every test tier
+	@echo "make test: all tiers passed"
+
+.PHONY: test-unit
+test-unit: ## unit and integration tests (real chDB engine, fake Kubernetes)
+	DUALFLOW_REQUIRE_CHDB=1 $(GO) test -count=1 -timeout 15m $$($(GO) list ./... | grep -v /test/e2e)
+
+.PHONY: test-e2e
+test-e2e: build ## end-to-end tests in network-namespace labs (root), three IP modes
+	@if [ "$$(id -u)" != 0 ]; then echo "test-e2e needs root (network namespaces)"; exit 1; fi
+	DUALFLOW_E2E=1 DUALFLOW_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m -v $(E2E_PKGS) 2>&1 | scripts/e2e-summary.sh
+
+.PHONY: bench
+bench: deps ## run every Go benchmark and print a table
+	@mkdir -p var
+	DUALFLOW_REQUIRE_CHDB=1 $(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCH_TIME) -timeout 60m $(BENCH_PKGS) 2>&1 | tee var/bench.txt | $(GO) run ./test/benchtable
+
+.PHONY: fuzz
+fuzz: ## run each fuzz target for FUZZ_TIME (default 20s)
+	@scripts/fuzz.sh $${FUZZ_TIME:-20s}
+
+.PHONY: clean
+clean: ## remove build outputs and local data (keeps the libchdb cache)
+	rm -rf bin var test/artifacts
