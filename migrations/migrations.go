@@ -322,6 +322,13 @@ COMMENT 'dualflow schema migrations applied to this database'`, db, oc, engine),
 
 // Status returns the applied migrations, in version order.
 func (r *Runner) Status(ctx context.Context) ([]Applied, error) {
+	exists, err := r.conn.Query(ctx, fmt.Sprintf("EXISTS TABLE %s.schema_migrations", r.opt.Database), "TabSeparated")
+	if err != nil {
+		return nil, fmt.Errorf("check %s.schema_migrations: %w", r.opt.Database, err)
+	}
+	if strings.TrimSpace(string(exists)) != "1" {
+		return nil, nil // nothing applied yet
+	}
 	out, err := r.conn.Query(ctx, fmt.Sprintf(
 		"SELECT version, argMax(name, applied_at), argMax(checksum, applied_at) FROM %s.schema_migrations GROUP BY version ORDER BY version",
 		r.opt.Database), "TabSeparated")
@@ -397,7 +404,7 @@ func (r *Runner) Up(ctx context.Context) ([]Migration, error) {
 				return done, fmt.Errorf("migration %s statement %d of %d (%s): %w", m.Name, i+1, len(stmts), firstLine(s), err)
 			}
 		}
-		rec := fmt.Sprintf("INSERT INTO %s.schema_migrations (version, name, checksum, dualflow_version) VALUES (%d, %s, %s, %s)",
+		rec := fmt.Sprintf("INSERT INTO %s.schema_migrations (version, name, checksum, dualflow_version) SELECT %d, %s, %s, %s",
 			r.opt.Database, m.Version, quote(m.Name), quote(m.Checksum), quote(r.Version))
 		if err := r.conn.Exec(ctx, rec); err != nil {
 			return done, fmt.Errorf("record migration %s: %w", m.Name, err)
