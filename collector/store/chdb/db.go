@@ -221,6 +221,19 @@ func (db *DB) Exec(ctx context.Context, query string) error {
 // while waiting for a free connection), not while the engine runs it; bound
 // long statements with Settings["max_execution_time"].
 func (db *DB) Run(ctx context.Context, st Statement) (*Result, error) {
+	if ins, ok := SplitInsert(st.Query); ok && ins.DataOffset < len(st.Query) && len(st.Params) == 0 {
+		// INSERT ... VALUES (...) or FORMAT x with inline data: stream the
+		// data rather than parse it as query text.
+		stats, err := db.InsertStatement(ctx, st, nil)
+		if err != nil {
+			return nil, err
+		}
+		return &Result{Stats: stats}, nil
+	}
+	if strings.IndexByte(st.Query, 0) >= 0 {
+		// The engine would stop reading the text at the NUL and run a prefix.
+		return nil, &Error{Code: CodeSyntaxError, Name: "SYNTAX_ERROR", Message: "Syntax error: null character in query text. (SYNTAX_ERROR)"}
+	}
 	c, err := db.acquire(ctx, st)
 	if err != nil {
 		return nil, err

@@ -201,3 +201,33 @@ func isIdentStart(c byte) bool {
 }
 
 func isIdentPart(c byte) bool { return isIdentStart(c) || (c >= '0' && c <= '9') }
+
+// OutputFormat returns the name in a statement's top-level FORMAT clause
+// ("SELECT 1 FORMAT JSON" → "JSON"), or "" when it has none. INSERT
+// statements have an input format, not an output one: they return "".
+func OutputFormat(text string) string {
+	lx := lexer{s: text}
+	depth := 0
+	format := ""
+	first := true
+	for {
+		tok := lx.next()
+		switch {
+		case tok.kind == tokEOF:
+			return format
+		case first && tok.isWord("INSERT"):
+			return ""
+		case tok.isPunct("("):
+			depth++
+		case tok.isPunct(")"):
+			if depth > 0 {
+				depth--
+			}
+		case depth == 0 && tok.isWord("FORMAT"):
+			if name := lx.next(); name.kind == tokWord {
+				format = name.text
+			}
+		}
+		first = false
+	}
+}

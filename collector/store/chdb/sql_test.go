@@ -45,6 +45,22 @@ func TestSplitInsert(t *testing.T) {
 	}
 }
 
+func TestOutputFormat(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"SELECT 1", ""},
+		{"SELECT 1 FORMAT JSON", "JSON"},
+		{"select * from (select 1 format TSV) format Native settings a=1", "Native"},
+		{"SELECT 'FORMAT CSV' -- FORMAT X\n", ""},
+		{"INSERT INTO t FORMAT RowBinary", ""},
+		{"SELECT toString('2001:db8::1') FORMAT JSONEachRow;", "JSONEachRow"},
+	}
+	for _, tt := range tests {
+		if got := OutputFormat(tt.in); got != tt.want {
+			t.Errorf("OutputFormat(%q) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}
+
 func FuzzSplitInsert(f *testing.F) {
 	for _, s := range []string{
 		"INSERT INTO t FORMAT TSV\n1\n", "INSERT INTO t VALUES (1)", "INSERT INTO `a``b` (\"x\") FORMAT CSV",

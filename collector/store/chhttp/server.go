@@ -1,0 +1,470 @@
+// Package chhttp serves the ClickHouse HTTP interface over the embedded
+// engine, so users and tools reach the collector's chDB store the way they
+// would reach a ClickHouse server: curl, clickhouse-client's HTTP mode, and
+// unmodified clickhouse-go/v2 with Protocol: clickhouse.HTTP.
+//
+// It answers GET and POST on / (query in the "query" parameter and/or the
+// body; INSERT data in the body is streamed to the engine), /ping and
+// /replicas_status. URL parameters follow ClickHouse: default_format,
+// database, param_<name> for server-side {name:Type} parameters, and any
+// other engine setting (readonly, max_result_rows, max_execution_time, ...)
+// applied to that request only. GET requests are read-only, as in
+// ClickHouse. Results are buffered whole before the reply, so a failed
+// query always gets a proper error status; bound them with max_result_rows
+// or max_result_bytes.
+package chhttp
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dualflow/dualflow/collector/store/chdb"
+)
+
+// Engine runs statements; *chdb.DB implements it.
+type Engine interface {
+	// Run runs one statement and returns its whole output.
+	Run(ctx context.Context, st chdb.Statement) (*chdb.Result, error)
+	// InsertStatement streams data into an INSERT ... FORMAT statement.
+	InsertStatement(ctx context.Context, st chdb.Statement, data io.Reader) (chdb.Stats, error)
+}
+
+var _ Engine = (*chdb.DB)(nil)
+
+// Defaults for Config.
+const (
+	DefaultAddr            = "127.0.0.1:8123"
+	DefaultMaxQuerySize    = 1 << 20 // bytes of query text in a body; INSERT data is streamed and not capped
+	DefaultMaxConcurrent   = 32      // requests served at once; the engine runs chdb.Config.MaxConns of them in parallel
+	DefaultShutdownTimeout = 10 * time.Second
+	// readHeaderTimeout bounds slow clients before a request is parsed.
+	readHeaderTimeout = 10 * time.Second
+	// maxHeaderBytes caps the request line plus headers, so the URL too.
+	maxHeaderBytes = 1 << 20
+)
+
+// Config configures a Server.
+type Config struct {
+	// Addr is the listen address for Run, IPv4 or IPv6 ("[::1]:8123");
+	// empty means DefaultAddr.
+	Addr string
+	// Engine runs the statements. Required.
+	Engine Engine
+	// ReadOnly forces readonly=1 on every request (no writes, no settings
+	// changes, no table functions), e.g. for a public SQL endpoint.
+	ReadOnly bool
+	// MaxQuerySize caps the query text read from a request body, in bytes;
+	// 0 means DefaultMaxQuerySize. INSERT data after the query is not capped.
+	MaxQuerySize int
+	// MaxConcurrent caps requests being served at once; more get HTTP 503
+	// with code 202 (TOO_MANY_SIMULTANEOUS_QUERIES). 0 means DefaultMaxConcurrent.
+	MaxConcurrent int
+	// ShutdownTimeout bounds how long Run waits for requests in flight
+	// after its context is cancelled; 0 means DefaultShutdownTimeout.
+	ShutdownTimeout time.Duration
+	// DisplayName is sent as X-ClickHouse-Server-Display-Name; empty means
+	// the host name.
+	DisplayName string
+	// Registerer receives the server's metrics; nil means no metrics.
+	Registerer prometheus.Registerer
+	// Logger logs failed requests; nil means slog.Default().
+	Logger *slog.Logger
+}
+
+// Server is a ClickHouse HTTP interface over an Engine.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	sem     chan struct{} // one token per request being served; full → 503
+	metrics *metrics
+	handler http.Handler
+}
+
+// New checks cfg and returns a Server. It does not listen; see Run,
+// Serve and Handler.
+func New(cfg Config) (*Server, error) {
+	if cfg.Engine == nil {
+		return nil, errors.New("chhttp: Config.Engine is required")
+	}
+	if cfg.Addr == "" {
+		cfg.Addr = DefaultAddr
+	}
+	if cfg.MaxQuerySize <= 0 {
+		cfg.MaxQuerySize = DefaultMaxQuerySize
+	}
+	if cfg.MaxConcurrent <= 0 {
+		cfg.MaxConcurrent = DefaultMaxConcurrent
+	}
+	if cfg.ShutdownTimeout <= 0 {
+		cfg.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if cfg.DisplayName == "" {
+		cfg.DisplayName, _ = os.Hostname()
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	m, err := newMetrics(cfg.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, sem: make(chan struct{}, cfg.MaxConcurrent), metrics: m}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/ping", s.ping)
+	mux.HandleFunc("/replicas_status", s.ping)
+	mux.HandleFunc("/{$}", s.serveQuery)
+	mux.HandleFunc("/", s.notFound)
+	s.handler = s.recoverPanics(mux)
+	return s, nil
+}
+
+// Handler returns the HTTP handler, for tests and for mounting elsewhere.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Run listens on Config.Addr and serves until ctx is cancelled, then shuts
+// down gracefully: it stops accepting, waits up to Config.ShutdownTimeout
+// for requests in flight, and returns nil. It returns early on a listen or
+// serve error.
+func (s *Server) Run(ctx context.Context) error {
+	ln, err := net.Listen("tcp", s.cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("chhttp: listen %s: %w", s.cfg.Addr, err)
+	}
+	return s.Serve(ctx, ln)
+}
+
+// Serve is Run on an existing listener, which it closes.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           s.handler,
+		ReadHeaderTimeout: readHeaderTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("chhttp: serve %s: %w", ln.Addr(), err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+	defer cancel()
+	err := srv.Shutdown(sctx)
+	<-errc // http.ErrServerClosed
+	if err != nil {
+		_ = srv.Close()
+		return fmt.Errorf("chhttp: shutdown: %w", err)
+	}
+	return nil
+}
+
+func (s *Server) ping(w http.ResponseWriter, r *http.Request) {
+	s.metrics.requests.WithLabelValues("ping", "200").Inc()
+	w.Header().Set("Content-Type", "text/plain; charset=UTF-8")
+	_, _ = io.WriteString(w, "Ok.\n")
+}
+
+func (s *Server) notFound(w http.ResponseWriter, r *http.Request) {
+	s.metrics.requests.WithLabelValues("other", "404").Inc()
+	w.Header().Set("Content-Type", "text/plain; charset=UTF-8")
+	w.WriteHeader(http.StatusNotFound)
+	fmt.Fprintf(w, "There is no handle %s\n\nUse / or /ping for health checks.\n", r.URL.Path)
+}
+
+// recoverPanics turns a handler panic into a 500 answer and a log line
+// instead of a dropped connection.
+func (s *Server) recoverPanics(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		defer func() {
+			if p := recover(); p != nil {
+				if p == http.ErrAbortHandler {
+					panic(p)
+				}
+				s.metrics.errors.WithLabelValues("panic").Inc()
+				s.log.Error("chhttp: handler panic", "panic", p, "stack", string(debug.Stack()))
+				s.writeError(w, newError(codeStdException, http.StatusInternalServerError, "internal error: %v", p))
+			}
+		}()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// serveQuery is the ClickHouse HTTP interface's main handler.
+func (s *Server) serveQuery(w http.ResponseWriter, r *http.Request) {
+	select {
+	case s.sem <- struct{}{}:
+		defer func() { <-s.sem }()
+	default:
+		s.metrics.rejected.Inc()
+		s.metrics.requests.WithLabelValues("query", "503").Inc()
+		s.writeError(w, newError(codeTooManySimultaneous, http.StatusServiceUnavailable,
+			"Too many simultaneous queries. Maximum: %d", s.cfg.MaxConcurrent))
+		return
+	}
+	s.metrics.inFlight.Inc()
+	defer s.metrics.inFlight.Dec()
+
+	kind, err := s.handle(w, r)
+	status := http.StatusOK
+	if err != nil {
+		status = s.fail(w, r, kind, err)
+	}
+	s.metrics.requests.WithLabelValues(kind, strconv.Itoa(status)).Inc()
+}
+
+// handle serves one request; on error nothing has been written yet.
+func (s *Server) handle(w http.ResponseWriter, r *http.Request) (kind string, err error) {
+	kind = "query"
+	req, err := parseRequest(r.Method, r.URL, r.Header)
+	if err != nil {
+		return kind, err
+	}
+	if s.cfg.ReadOnly {
+		req.settings["readonly"] = "1"
+	}
+	body, closeBody, err := requestBody(r.Body, r.Header.Get("Content-Encoding"), req.nativeDecompress)
+	if err != nil {
+		return kind, err
+	}
+	defer closeBody()
+
+	// The query text is the query parameter, a newline, then the body; an
+	// INSERT's data follows its FORMAT clause. Read at most MaxQuerySize
+	// bytes of body to find out which.
+	prefix := make([]byte, s.cfg.MaxQuerySize+1)
+	n, rerr := io.ReadFull(body, prefix)
+	prefix = prefix[:n]
+	exhausted := rerr == io.EOF || errors.Is(rerr, io.ErrUnexpectedEOF)
+	if rerr != nil && !exhausted {
+		return kind, readError(rerr)
+	}
+	text := req.query
+	if text != "" && len(prefix) > 0 {
+		text += "\n"
+	}
+	text += string(prefix)
+	if strings.TrimSpace(text) == "" {
+		if r.Method == http.MethodGet || r.Method == http.MethodHead {
+			// ClickHouse answers a bare GET / like /ping.
+			w.Header().Set("Content-Type", "text/plain; charset=UTF-8")
+			_, _ = io.WriteString(w, "Ok.\n")
+			return "ping", nil
+		}
+		return kind, newError(codeSyntaxError, http.StatusBadRequest, "Empty query")
+	}
+
+	st := chdb.Statement{Format: req.format, Params: req.params, Settings: req.settings, Database: req.database}
+	queryID := req.queryID
+	if queryID == "" {
+		queryID = newQueryID()
+	}
+	h := w.Header()
+	h.Set("X-ClickHouse-Query-Id", queryID)
+	h.Set("X-ClickHouse-Server-Display-Name", s.cfg.DisplayName)
+	h.Set("X-ClickHouse-Timezone", "UTC")
+
+	if ins, ok := chdb.SplitInsert(text); ok && ins.DataOffset >= len(req.query) {
+		kind = "insert"
+		if !exhausted && ins.DataOffset == len(text) {
+			return kind, newError(codeQueryIsTooLarge, http.StatusRequestEntityTooLarge, "INSERT statement longer than %d bytes", s.cfg.MaxQuerySize)
+		}
+		st.Query = text[:ins.DataOffset]
+		data := io.MultiReader(strings.NewReader(text[ins.DataOffset:]), body)
+		stats, err := s.cfg.Engine.InsertStatement(r.Context(), st, data)
+		if err != nil {
+			return kind, err
+		}
+		s.metrics.insertedRows.Add(float64(stats.RowsWritten))
+		h.Set("X-ClickHouse-Summary", summary(stats, 0))
+		h.Set("Content-Length", "0")
+		w.WriteHeader(http.StatusOK)
+		return kind, nil
+	}
+	if !exhausted {
+		return kind, newError(codeQueryIsTooLarge, http.StatusRequestEntityTooLarge, "Query is too large (more than %d bytes in the body)", s.cfg.MaxQuerySize)
+	}
+
+	st.Query = text
+	format := req.format
+	if f := chdb.OutputFormat(text); f != "" {
+		format = f
+	}
+	res, err := s.cfg.Engine.Run(r.Context(), st)
+	if err != nil {
+		return kind, err
+	}
+	data := res.Data
+	if strings.EqualFold(format, "Native") && req.protocolVersion > 0 {
+		if data, err = reencodeNative(data, req.protocolVersion); err != nil {
+			return kind, newError(codeStdException, http.StatusInternalServerError, "%v", err)
+		}
+	}
+	h.Set("X-ClickHouse-Format", format)
+	h.Set("Content-Type", contentType(format))
+	h.Set("X-ClickHouse-Summary", summary(res.Stats, len(data)))
+	switch {
+	case req.nativeCompress:
+		if data, err = nativeCompressed(data, req.nativeMethod); err != nil {
+			return kind, newError(codeStdException, http.StatusInternalServerError, "compress response: %v", err)
+		}
+	case responseEncoding(r.Header.Get("Accept-Encoding"), req.httpCompression) != "":
+		enc := responseEncoding(r.Header.Get("Accept-Encoding"), req.httpCompression)
+		h.Set("Content-Encoding", enc)
+		h.Add("Vary", "Accept-Encoding")
+		w.WriteHeader(http.StatusOK)
+		if r.Method != http.MethodHead {
+			_ = writeCompressed(w, enc, data) // the client went away; nothing to tell it
+		}
+		return kind, nil
+	}
+	h.Set("Content-Length", strconv.Itoa(len(data)))
+	w.WriteHeader(http.StatusOK)
+	if r.Method != http.MethodHead {
+		_, _ = w.Write(data)
+	}
+	return kind, nil
+}
+
+// readError classifies a failure to read the request body.
+func readError(err error) error {
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		return newError(codeQueryIsTooLarge, http.StatusRequestEntityTooLarge, "request body too large: %v", err)
+	}
+	return newError(codeCannotDecompress, http.StatusBadRequest, "cannot read request body: %v", err)
+}
+
+// fail writes err as a ClickHouse exception and returns the status sent.
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, kind string, err error) int {
+	var (
+		se     *statusError
+		ce     *chdb.Error
+		reason string
+	)
+	switch {
+	case errors.As(err, &se):
+		reason = "request"
+	case errors.As(err, &ce) && ce.Code != 0:
+		reason = "engine"
+		se = &statusError{code: ce.Code, status: httpStatus(ce.Code), msg: ce.Message}
+	case r.Context().Err() != nil:
+		reason = "canceled"
+		se = newError(codeQueryWasCancelled, 499, "query was cancelled: the client went away")
+	default:
+		reason = "internal"
+		se = newError(codeStdException, http.StatusInternalServerError, "%v", err)
+	}
+	s.metrics.errors.WithLabelValues(reason).Inc()
+	if se.status >= 500 && reason != "canceled" {
+		s.log.Error("chhttp: request failed", "kind", kind, "status", se.status, "code", se.code, "err", se.msg)
+	} else {
+		s.log.Debug("chhttp: request rejected", "kind", kind, "status", se.status, "code", se.code, "err", se.msg)
+	}
+	s.writeError(w, se)
+	return se.status
+}
+
+func (s *Server) writeError(w http.ResponseWriter, se *statusError) {
+	h := w.Header()
+	h.Del("Content-Encoding")
+	h.Del("X-ClickHouse-Format")
+	h.Set("Content-Type", "text/plain; charset=UTF-8")
+	h.Set("X-ClickHouse-Exception-Code", strconv.Itoa(se.code))
+	h.Set("X-ClickHouse-Server-Display-Name", s.cfg.DisplayName)
+	w.WriteHeader(se.status)
+	var b bytes.Buffer
+	fmt.Fprintf(&b, "Code: %d. DB::Exception: %s\n", se.code, strings.TrimRight(se.msg, "\n"))
+	_, _ = w.Write(b.Bytes())
+}
+
+// summary renders X-ClickHouse-Summary; ClickHouse sends the numbers as
+// JSON strings.
+func summary(st chdb.Stats, resultBytes int) string {
+	return fmt.Sprintf(`{"read_rows":"%d","read_bytes":"%d","written_rows":"%d","written_bytes":"%d","total_rows_to_read":"0","result_rows":"%d","result_bytes":"%d","elapsed_ns":"%d"}`,
+		st.RowsRead, st.BytesRead, st.RowsWritten, st.BytesWritten, st.RowsRead, resultBytes, st.Elapsed.Nanoseconds())
+}
+
+// contentType mirrors the Content-Type ClickHouse sends per output format.
+func contentType(format string) string {
+	f := strings.ToLower(format)
+	switch {
+	case f == "tabseparated" || f == "tsv" || strings.HasPrefix(f, "tabseparated") || strings.HasPrefix(f, "tsv"):
+		return "text/tab-separated-values; charset=UTF-8"
+	case strings.HasPrefix(f, "csv"):
+		return "text/csv; charset=UTF-8; header=absent"
+	case strings.HasPrefix(f, "json") || strings.HasPrefix(f, "ndjson"):
+		return "application/json; charset=UTF-8"
+	case f == "xml":
+		return "application/xml; charset=UTF-8"
+	case f == "native" || strings.HasPrefix(f, "rowbinary") || f == "parquet" || strings.HasPrefix(f, "arrow") || f == "orc" || f == "avro" || f == "msgpack" || f == "protobuf":
+		return "application/octet-stream"
+	}
+	return "text/plain; charset=UTF-8"
+}
+
+func newQueryID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	x := hex.EncodeToString(b[:])
+	return x[:8] + "-" + x[8:12] + "-" + x[12:16] + "-" + x[16:20] + "-" + x[20:]
+}
+
+type metrics struct {
+	requests     *prometheus.CounterVec
+	errors       *prometheus.CounterVec
+	inFlight     prometheus.Gauge
+	rejected     prometheus.Counter
+	insertedRows prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dualflow_chhttp_requests_total",
+			Help: "ClickHouse HTTP interface requests by kind (query, insert, ping, other) and HTTP status.",
+		}, []string{"kind", "code"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dualflow_chhttp_errors_total",
+			Help: "Failed ClickHouse HTTP interface requests by reason (engine, request, canceled, internal, panic).",
+		}, []string{"reason"}),
+		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "dualflow_chhttp_in_flight_requests",
+			Help: "ClickHouse HTTP interface requests being served.",
+		}),
+		rejected: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "dualflow_chhttp_rejected_total",
+			Help: "Requests answered 503 because MaxConcurrent requests were already being served.",
+		}),
+		insertedRows: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "dualflow_chhttp_inserted_rows_total",
+			Help: "Rows written by INSERTs through the ClickHouse HTTP interface.",
+		}),
+	}
+	if reg != nil {
+		for _, c := range []prometheus.Collector{m.requests, m.errors, m.inFlight, m.rejected, m.insertedRows} {
+			if err := reg.Register(c); err != nil {
+				return nil, fmt.Errorf("chhttp: register metrics: %w", err)
+			}
+		}
+	}
+	return m, nil
+}
