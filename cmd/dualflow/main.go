@@ -25,6 +25,7 @@ type command struct {
 func commands() []command {
 	return []command{
 		{"collector", "receive flows, enrich them and write them to ClickHouse", runCollector},
+		{"lab", "build a dual-stack lab cluster in network namespaces", runLab},
 		{"migrate", "apply the ClickHouse schema migrations (or print them)", runMigrate},
 		{"sql", "run a SQL query against the flow store and print the result", runSQL},
 		{"version", "print version and commit", runVersion},

@@ -1,0 +1,232 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/dualflow/dualflow/lab"
+	"github.com/dualflow/dualflow/lab/agent"
+	"github.com/dualflow/dualflow/lab/manifest"
+	"github.com/dualflow/dualflow/lab/nft"
+)
+
+const labHelp = `Build a small dual-stack Kubernetes-like cluster out of network namespaces:
+nodes are routers (nftables DNAT + NetworkPolicy, kernel conntrack), pods are
+routed namespaces running small TCP/UDP servers. The root namespace is never
+changed. The lab is described by a Kubernetes manifest in the state directory.
+
+Subcommands:
+  up       build the lab (--mode dual|ipv4|ipv6 --nodes 2)
+  down     remove the lab, its processes and namespaces (also after a crash)
+  status   show nodes, pods, addresses and services
+  manifest print the default lab manifest without building anything
+  rules    print the nftables ruleset of a node`
+
+func runLab(ctx context.Context, args []string) error {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Println("Usage: dualflow lab <up|down|status|manifest|rules> [flags]\n\n" + labHelp)
+		return nil
+	}
+	sub, rest := args[0], args[1:]
+	switch sub {
+	case "up":
+		return runLabUp(ctx, rest)
+	case "down":
+		return runLabDown(rest)
+	case "status":
+		return runLabStatus(rest)
+	case "manifest":
+		return runLabManifest(rest)
+	case "rules":
+		return runLabRules(rest)
+	case "agent": // hidden: the workload inside pods and the traffic generator
+		return runLabAgent(ctx, rest)
+	}
+	return fmt.Errorf("lab: unknown subcommand %q (want up, down, status, manifest or rules)", sub)
+}
+
+// bindLab binds the lab flags onto fs with their dotted names.
+func bindLab(fs *flag.FlagSet, cfg *lab.Config) {
+	fs.Func("mode", "IP families: dual, ipv4 or ipv6 (default dual)", func(s string) error {
+		m, err := manifest.ParseMode(s)
+		cfg.Mode = m
+		return err
+	})
+	fs.IntVar(&cfg.Nodes, "nodes", 2, "number of nodes")
+	fs.StringVar(&cfg.Prefix, "prefix", lab.DefaultPrefix, "name prefix of every network namespace of the lab")
+	fs.StringVar(&cfg.StateDir, "state-dir", lab.DefaultStateDir, "directory for the manifest, state, pid files and agent logs")
+}
+
+func runLabUp(ctx context.Context, args []string) error {
+	fs := newFlagSet("lab up", "[flags]", "Build the lab and start the pod agents (and the traffic generator).")
+	var cfg lab.Config
+	bindLab(fs, &cfg)
+	fs.StringVar(&cfg.Datapath, "datapath", lab.DatapathKernel, "node datapath (only kernel)")
+	fs.StringVar(&cfg.ManifestFile, "manifest", "", "build this manifest instead of the default lab")
+	fs.BoolVar(&cfg.Traffic, "traffic", true, "run the traffic generator (default lab only)")
+	fs.DurationVar(&cfg.TrafficInterval, "traffic.interval", time.Second, "traffic generator round period")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find own binary: %w", err)
+	}
+	cfg.AgentBinary = exe
+	l, err := lab.Up(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	st := l.State()
+	fmt.Printf("lab up: mode %s, %d nodes, %d pods in %v; manifest %s\n", st.Mode, len(l.Manifest.Nodes), len(l.Manifest.Pods), st.BuildTime.Round(time.Millisecond), l.ManifestPath())
+	return nil
+}
+
+func runLabDown(args []string) error {
+	fs := newFlagSet("lab down", "[flags]", "Remove the lab: agent processes, every namespace named <prefix>*, and the state files.")
+	var cfg lab.Config
+	bindLab(fs, &cfg)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	start := time.Now()
+	if err := lab.Down(cfg.StateDir, cfg.Prefix); err != nil {
+		return err
+	}
+	fmt.Printf("lab down in %v\n", time.Since(start).Round(time.Millisecond))
+	return nil
+}
+
+func runLabStatus(args []string) error {
+	fs := newFlagSet("lab status", "[flags]", "Show the nodes, pods, addresses and services of the running lab.")
+	var cfg lab.Config
+	bindLab(fs, &cfg)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	l, err := lab.Open(cfg.StateDir, cfg)
+	if err != nil {
+		return err
+	}
+	return l.WriteStatus(os.Stdout)
+}
+
+func runLabManifest(args []string) error {
+	fs := newFlagSet("lab manifest", "[flags]", "Print the default lab manifest (multi-document YAML).")
+	var cfg lab.Config
+	bindLab(fs, &cfg)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	m, err := manifest.Generate(manifest.Spec{Mode: cfg.Mode, Nodes: cfg.Nodes, Prefix: cfg.Prefix})
+	if err != nil {
+		return err
+	}
+	return m.Encode(os.Stdout)
+}
+
+func runLabRules(args []string) error {
+	fs := newFlagSet("lab rules", "[flags] NODE", "Print the nftables ruleset the lab loads on NODE (from the running lab's manifest, or the default one).")
+	var cfg lab.Config
+	bindLab(fs, &cfg)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	node := fs.Arg(0)
+	if node == "" {
+		node = manifest.NodeName(1)
+	}
+	var m *manifest.Manifest
+	if l, err := lab.Open(cfg.StateDir, cfg); err == nil {
+		m = l.Manifest
+	} else if m, err = manifest.Generate(manifest.Spec{Mode: cfg.Mode, Nodes: cfg.Nodes, Prefix: cfg.Prefix}); err != nil {
+		return err
+	}
+	s, err := nft.Render(m, node, nft.Options{})
+	if err != nil {
+		return err
+	}
+	fmt.Print(s)
+	return nil
+}
+
+// runLabAgent is the hidden `lab agent serve|traffic` used by `lab up`.
+func runLabAgent(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		return errors.New("lab agent: want serve or traffic")
+	}
+	fs := newFlagSet("lab agent "+args[0], "[flags]", "Internal: run by `dualflow lab up`.")
+	readyFD := fs.Int("ready-fd", 0, "write \"ready\" to this fd once serving")
+	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	ready := func() {
+		if *readyFD > 0 {
+			f := os.NewFile(uintptr(*readyFD), "ready")
+			f.Write([]byte("ready\n"))
+			f.Close()
+		}
+	}
+	switch args[0] {
+	case "serve":
+		var cfg agent.ServerConfig
+		var tcp, udp string
+		fs.StringVar(&cfg.Name, "name", "", "name to answer with (namespace/pod)")
+		fs.StringVar(&tcp, "tcp", "", "comma-separated TCP ports")
+		fs.StringVar(&udp, "udp", "", "comma-separated UDP ports")
+		if err := fs.Parse(args[1:]); err != nil {
+			return err
+		}
+		var err error
+		if cfg.TCP, err = parsePorts(tcp); err != nil {
+			return err
+		}
+		if cfg.UDP, err = parsePorts(udp); err != nil {
+			return err
+		}
+		cfg.Logger = logger
+		srv, err := agent.Listen(cfg) // in the namespace we were started in
+		if err != nil {
+			return err
+		}
+		ready()
+		return srv.Serve(ctx)
+	case "traffic":
+		stateDir := fs.String("state-dir", lab.DefaultStateDir, "lab state directory")
+		interval := fs.Duration("interval", time.Second, "round period")
+		if err := fs.Parse(args[1:]); err != nil {
+			return err
+		}
+		l, err := lab.Open(*stateDir, lab.Config{Logger: logger})
+		if err != nil {
+			return err
+		}
+		g, err := agent.NewGenerator(agent.GeneratorConfig{Flows: l.DefaultFlows(), Interval: *interval, Logger: logger})
+		if err != nil {
+			return err
+		}
+		ready()
+		return g.Run(ctx)
+	}
+	return fmt.Errorf("lab agent: unknown role %q", args[0])
+}
+
+func parsePorts(s string) ([]uint16, error) {
+	var out []uint16
+	for f := range strings.SplitSeq(s, ",") {
+		if f == "" {
+			continue
+		}
+		n, err := strconv.ParseUint(f, 10, 16)
+		if err != nil || n == 0 {
+			return nil, fmt.Errorf("port %q: want 1..65535", f)
+		}
+		out = append(out, uint16(n))
+	}
+	return out, nil
+}

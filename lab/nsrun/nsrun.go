@@ -1,0 +1,73 @@
+// Package nsrun runs Go code and commands inside a network namespace.
+//
+// Do runs a function on a fresh OS thread that has joined the namespace; the
+// thread is never returned to the Go scheduler (it exits with its locked
+// goroutine), so no other goroutine can ever run in the wrong namespace.
+// Sockets created inside fn stay in that namespace for their whole life and
+// may be used from any goroutine afterwards.
+package nsrun
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os/exec"
+	"runtime"
+
+	"golang.org/x/sys/unix"
+)
+
+// Dir is where named network namespaces are bind-mounted (iproute2's choice).
+const Dir = "/run/netns"
+
+// Path returns the bind-mount path of the named namespace.
+func Path(name string) string { return Dir + "/" + name }
+
+// Do runs fn in the network namespace at path (e.g. /run/netns/df-node-1)
+// and returns its error. It blocks until fn returns. fn must not start
+// goroutines that create sockets: they would run in the caller's namespace.
+func Do(path string, fn func() error) error {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open netns %s: %w", path, err)
+	}
+	defer unix.Close(fd)
+	errc := make(chan error, 1)
+	go func() {
+		// Never unlocked: the thread dies with this goroutine.
+		runtime.LockOSThread()
+		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("setns %s: %w", path, err)
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
+}
+
+// Output runs argv in the network namespace at path, with stdin as the
+// command's standard input (may be nil), and returns its combined output.
+// The command is forked from a thread inside the namespace, so it runs there
+// without `ip netns exec`.
+func Output(ctx context.Context, path string, stdin []byte, argv ...string) ([]byte, error) {
+	var out []byte
+	err := Do(path, func() error {
+		cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+		if stdin != nil {
+			cmd.Stdin = bytes.NewReader(stdin) // copied by a goroutine that cmd.Wait owns
+		}
+		var err error
+		out, err = cmd.CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%s: %w: %s", argv[0], err, out)
+		}
+		return nil
+	})
+	return out, err
+}
+
+// Start starts cmd inside the network namespace at path. The caller owns
+// the process (Wait or Release it).
+func Start(path string, cmd *exec.Cmd) error {
+	return Do(path, cmd.Start)
+}
