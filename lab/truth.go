@@ -2,6 +2,7 @@ package lab
 
 import (
 	"fmt"
+	"net/netip"
 	"time"
 
 	"github.com/google/nftables"
@@ -97,4 +98,25 @@ func (l *Lab) Counters(node string) (map[string]Counter, error) {
 		}
 	}
 	return out, nil
+}
+
+// FindConn returns the entry whose original direction starts at local over
+// proto (flow.ProtoTCP, flow.ProtoUDP, ...). For ICMP and ICMPv6, local's
+// port is the echo id (agent.Reply.Local).
+func FindConn(conns []Conn, proto uint8, local netip.AddrPort) (Conn, bool) {
+	for _, c := range conns {
+		if c.Orig.Proto != proto || c.Orig.Src != local.Addr().Unmap() {
+			continue
+		}
+		if proto == flow.ProtoICMP || proto == flow.ProtoICMPv6 {
+			if c.ICMPID == local.Port() {
+				return c, true
+			}
+			continue
+		}
+		if c.Orig.SrcPort == local.Port() {
+			return c, true
+		}
+	}
+	return Conn{}, false
 }
