@@ -32,15 +32,38 @@ func Do(path string, fn func() error) error {
 		return fmt.Errorf("open netns %s: %w", path, err)
 	}
 	defer unix.Close(fd)
+	return OnThrowawayThread(func() error {
+		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
+			return fmt.Errorf("setns %s: %w", path, err)
+		}
+		return fn()
+	})
+}
+
+// OnThrowawayThread runs fn on an OS thread of its own that is discarded
+// when fn returns, so fn may change the thread's namespaces freely. The
+// thread is never the main thread: the kernel shows the main thread's
+// namespace as the process's (/proc/<pid>/ns/net), and Go never discards the
+// main thread, so changing it would leave the whole process looking like it
+// lives in the lab (and keep the namespace alive).
+func OnThrowawayThread(fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
-		// Never unlocked: the thread dies with this goroutine.
-		runtime.LockOSThread()
-		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("setns %s: %w", path, err)
+		runtime.LockOSThread() // never unlocked: the thread exits with this goroutine
+		if unix.Gettid() != unix.Getpid() {
+			errc <- fn()
 			return
 		}
-		errc <- fn()
+		// On the main thread: keep it pinned here, so the goroutine below
+		// gets another thread, then give the main thread back untouched.
+		inner := make(chan error, 1)
+		go func() {
+			runtime.LockOSThread()
+			inner <- fn()
+		}()
+		err := <-inner
+		runtime.UnlockOSThread()
+		errc <- err
 	}()
 	return <-errc
 }

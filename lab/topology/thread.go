@@ -1,13 +1,5 @@
 package topology
 
-import (
-	"runtime"
-
-	"github.com/vishvananda/netns"
-)
-
-// lockOSThread locks the calling goroutine to its thread for good: the
-// thread changes namespace and must never run another goroutine.
-func lockOSThread() { runtime.LockOSThread() }
+import "github.com/vishvananda/netns"
 
 func nsHandle(fd int) netns.NsHandle { return netns.NsHandle(fd) }

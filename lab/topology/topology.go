@@ -199,54 +199,45 @@ func newNS(name string, sysctls map[string]string) (*ns, error) {
 		return nil, fmt.Errorf("create netns %s: %w", name, err)
 	}
 	f.Close()
-	type result struct {
-		n   *ns
-		err error
+	var n *ns
+	err = nsrun.OnThrowawayThread(func() error {
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			return fmt.Errorf("unshare: %w", err)
+		}
+		self := "/proc/self/task/" + strconv.Itoa(unix.Gettid()) + "/ns/net"
+		if err := unix.Mount(self, path, "none", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind mount: %w", err)
+		}
+		for k, v := range sysctls {
+			if err := os.WriteFile("/proc/sys/"+k, []byte(v), 0o644); err != nil {
+				return fmt.Errorf("sysctl %s: %w", k, err)
+			}
+		}
+		fd, err := unix.Open(self, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return fmt.Errorf("open: %w", err)
+		}
+		h, err := netlink.NewHandle()
+		if err != nil {
+			unix.Close(fd)
+			return fmt.Errorf("netlink handle: %w", err)
+		}
+		lo, err := h.LinkByName("lo")
+		if err == nil {
+			err = h.LinkSetUp(lo)
+		}
+		if err != nil {
+			h.Close()
+			unix.Close(fd)
+			return fmt.Errorf("lo up: %w", err)
+		}
+		n = &ns{name: name, fd: fd, h: h}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("create netns %s: %w", name, err)
 	}
-	done := make(chan result, 1)
-	go func() {
-		// The thread joins the new namespace and dies with this goroutine.
-		lockOSThread()
-		n, err := func() (*ns, error) {
-			if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-				return nil, fmt.Errorf("unshare: %w", err)
-			}
-			self := "/proc/self/task/" + strconv.Itoa(unix.Gettid()) + "/ns/net"
-			if err := unix.Mount(self, path, "none", unix.MS_BIND, ""); err != nil {
-				return nil, fmt.Errorf("bind mount: %w", err)
-			}
-			for k, v := range sysctls {
-				if err := os.WriteFile("/proc/sys/"+k, []byte(v), 0o644); err != nil {
-					return nil, fmt.Errorf("sysctl %s: %w", k, err)
-				}
-			}
-			fd, err := unix.Open(self, unix.O_RDONLY|unix.O_CLOEXEC, 0)
-			if err != nil {
-				return nil, fmt.Errorf("open: %w", err)
-			}
-			h, err := netlink.NewHandle()
-			if err != nil {
-				unix.Close(fd)
-				return nil, fmt.Errorf("netlink handle: %w", err)
-			}
-			lo, err := h.LinkByName("lo")
-			if err == nil {
-				err = h.LinkSetUp(lo)
-			}
-			if err != nil {
-				h.Close()
-				unix.Close(fd)
-				return nil, fmt.Errorf("lo up: %w", err)
-			}
-			return &ns{name: name, fd: fd, h: h}, nil
-		}()
-		done <- result{n, err}
-	}()
-	r := <-done
-	if r.err != nil {
-		return nil, fmt.Errorf("create netns %s: %w", name, r.err)
-	}
-	return r.n, nil
+	return n, nil
 }
 
 func buildNode(n *Node, fabric *ns, br *netlink.Bridge) error {

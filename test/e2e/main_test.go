@@ -23,6 +23,7 @@ import (
 
 	"github.com/dualflow/dualflow/lab"
 	"github.com/dualflow/dualflow/lab/manifest"
+	"github.com/dualflow/dualflow/lab/nsrun"
 	"github.com/dualflow/dualflow/lab/topology"
 )
 
@@ -171,3 +172,6 @@ func printSummary() {
 		fmt.Printf("  %-5s %3d passed, %d failed, %d skipped\n", m, c[0], c[1], c[2])
 	}
 }
+
+// startIn starts cmd inside the network namespace at path.
+func startIn(path string, cmd *exec.Cmd) error { return nsrun.Start(path, cmd) }

@@ -179,7 +179,6 @@ func (e *env) delta(t *testing.T, node, counter string, fn func()) uint64 {
 	return read() - before
 }
 
-
 func icmpProto(f corev1.IPFamily) uint8 {
 	if f == corev1.IPv6Protocol {
 		return flow.ProtoICMPv6
