@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dualflow/dualflow/flow"
+	"github.com/dualflow/dualflow/lab/nflog"
 	"github.com/dualflow/dualflow/lab/nft"
 )
 
@@ -119,4 +120,11 @@ func FindConn(conns []Conn, proto uint8, local netip.AddrPort) (Conn, bool) {
 		}
 	}
 	return Conn{}, false
+}
+
+// NFLOG binds the NFLOG group of the lab's drop rules on node. Each dropped
+// packet arrives with the drop counter name (nft.DropName) as prefix. Close
+// the reader when done: only one reader per node can exist.
+func (l *Lab) NFLOG(node string) (*nflog.Reader, error) {
+	return nflog.Open(l.NodeNetNSPath(node), nft.DefaultLogGroup)
 }

@@ -38,6 +38,7 @@ var scenarios = []scenario{
 	{"dual-stack-gap", dualStackGap},
 	{"udp", udpScenario},
 	{"icmp", icmpScenario},
+	{"nflog", nflogScenario},
 	{"policy-matrix", policyMatrix},
 }
 
@@ -400,4 +401,32 @@ func policyMatrix(t *testing.T, e *env) {
 		}
 	}
 	t.Logf("%d probes: %d answered, %d dropped", len(probes), allowed, denied)
+}
+
+// nflogScenario checks that a drop reaches NFLOG with the drop rule's name
+// as prefix and the flow's tuple, in every family.
+func nflogScenario(t *testing.T, e *env) {
+	r, err := e.l.NFLOG("node-2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	drop := nft.DropName(nft.Ingress, e.api[2].Namespace, e.api[2].Name)
+	e.eachFamily(t, func(t *testing.T, f corev1.IPFamily) {
+		src := addr(t, e.probe[1], f)
+		to := netip.AddrPortFrom(addr(t, e.api[2], f), manifest.PortHTTP)
+		e.mustDrop(t, e.probe[1], agent.TCP, to)
+		deadline := time.Now().Add(2 * time.Second)
+		for {
+			pkts, err := r.Read(deadline)
+			if err != nil {
+				t.Fatalf("no NFLOG packet %s -> %s with prefix %q: %v", src, to, drop, err)
+			}
+			for _, p := range pkts {
+				if p.Prefix == drop && p.Tuple.Src == src && p.Tuple.Dst == to.Addr() && p.Tuple.DstPort == to.Port() && p.Tuple.Proto == flow.ProtoTCP {
+					return
+				}
+			}
+		}
+	})
 }
