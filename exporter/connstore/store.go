@@ -1,0 +1,458 @@
+// Package connstore keeps the connections a source (kernel conntrack, later
+// OVS) reports, turns their cumulative counters into per-export deltas, and
+// decides when each connection is exported and with which IPFIX flow end
+// reason:
+//
+//   - end of flow: the source reported the end (conntrack DESTROY), the
+//     connection vanished from a full dump (Sweep), or its tuple was reused
+//     by a new connection;
+//   - idle timeout: the counters did not move for Config.IdleTimeout;
+//   - active timeout: the connection is active and was last exported
+//     Config.ActiveTimeout ago;
+//   - forced end: Flush (exporter shutdown);
+//   - lack of resources: the store is full (Config.MaxConns); the
+//     connection is not tracked but still exported.
+//
+// Deltas never double count: summing the deltas of every record of a
+// connection gives its final totals at most once. A connection exported on
+// idle timeout stays in the store (so its counters keep their baseline) until
+// the source drops it, and is exported again only if it moves.
+package connstore
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/dualflow/dualflow/flow"
+)
+
+// Key identifies a connection: its original-direction tuple (the
+// destination may be a Service VIP) and its conntrack zone. It is
+// comparable; addresses must be unmapped.
+type Key struct {
+	flow.Tuple
+	Zone uint16
+}
+
+// Conn is one observation of a connection by a source.
+type Conn struct {
+	Key Key
+	// ID is the source's identifier of the connection (the conntrack id),
+	// 0 if the source has none. When both the stored and the observed ID
+	// are set, a different ID means the tuple was reused by a new
+	// connection; without IDs, counters going down mean the same.
+	ID uint32
+	// DstAddr/DstPort are the endpoint actually reached: the source of the
+	// reply tuple. They differ from Key.Dst/DstPort when the connection was
+	// DNAT-ed (Key.Dst is then the Service VIP).
+	DstAddr netip.Addr
+	DstPort uint16
+	// SNATAddr/SNATPort are the destination of the reply tuple when it
+	// differs from Key.Src/SrcPort (SNAT, masquerade); zero otherwise.
+	SNATAddr netip.Addr
+	SNATPort uint16
+	// Start is the first packet (conntrack start timestamp) and Stop the
+	// end (DESTROY events only); zero when unknown.
+	Start, Stop time.Time
+	// Cumulative counters of the original (forward) and reply (reverse)
+	// directions. They are meaningful only when HasCounters is set: NEW
+	// events and tables without nf_conntrack_acct carry none.
+	Packets, Bytes               uint64
+	ReversePackets, ReverseBytes uint64
+	HasCounters                  bool
+	TCPState                     string // conntrack name (ESTABLISHED, TIME_WAIT, …); empty for non-TCP
+	Mark                         uint32
+	// Labels are the 128 conntrack label bits. The store keeps them but
+	// flow.Record has no field for them yet, so they are not exported.
+	Labels [16]byte
+	// Ended is set when the source reported the end of the connection
+	// (conntrack DESTROY).
+	Ended bool
+}
+
+// Config bounds the store and sets its timeouts.
+type Config struct {
+	// ActiveTimeout is how often a long-lived active connection is exported.
+	ActiveTimeout time.Duration
+	// IdleTimeout is how long the counters must stay still before the
+	// connection is exported as idle.
+	IdleTimeout time.Duration
+	// MaxConns is the most connections tracked at once. A new connection
+	// seen while the store is full is exported at once with reason lack of
+	// resources and counted (Stats.Overflow), never silently dropped.
+	MaxConns int
+}
+
+// Defaults of Config.
+const (
+	DefaultActiveTimeout = 60 * time.Second
+	DefaultIdleTimeout   = 15 * time.Second
+	// DefaultMaxConns bounds the store to about 80 MB at ~300 B per
+	// connection (see BenchmarkMemoryPerConn), and is the default
+	// nf_conntrack_max of a node with 16 GiB or more.
+	DefaultMaxConns = 262144
+)
+
+// SetDefaults fills unset fields.
+func (c *Config) SetDefaults() {
+	if c.ActiveTimeout == 0 {
+		c.ActiveTimeout = DefaultActiveTimeout
+	}
+	if c.IdleTimeout == 0 {
+		c.IdleTimeout = DefaultIdleTimeout
+	}
+	if c.MaxConns == 0 {
+		c.MaxConns = DefaultMaxConns
+	}
+}
+
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	var errs []error
+	if c.ActiveTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("active timeout %v: must be positive", c.ActiveTimeout))
+	}
+	if c.IdleTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("idle timeout %v: must be positive", c.IdleTimeout))
+	}
+	if c.MaxConns <= 0 {
+		errs = append(errs, fmt.Errorf("max connections %d: must be positive", c.MaxConns))
+	}
+	return errors.Join(errs...)
+}
+
+// Stats are the store's counters since New, per IP family (index 0 for
+// IPv4, 1 for IPv6).
+type Stats struct {
+	Conns    [2]int    // connections tracked now
+	Overflow [2]uint64 // new connections not tracked because the store was full
+	Reused   [2]uint64 // tuples reused by a new connection before the old one was seen ending
+	Swept    [2]uint64 // connections found gone by Sweep (their end event was missed)
+}
+
+const (
+	flagCounters     uint8 = 1 << iota // cur holds real counters
+	flagEnded                          // the connection is over; export and delete
+	flagIdleExported                   // exported on idle timeout and not moved since
+)
+
+type counters struct{ packets, bytes, rpackets, rbytes uint64 }
+
+// entry is a tracked connection. Times are Unix nanoseconds to keep the
+// entry small (about 200 bytes).
+type entry struct {
+	id        uint32
+	mark      uint32
+	dstPort   uint16
+	snatPort  uint16
+	flags     uint8
+	dst, snat netip.Addr
+	tcpState  string
+	labels    [16]byte
+	start     int64 // first packet, from the source; 0 if unknown
+	stop      int64 // end, from the source; 0 if unknown
+	firstSeen int64
+	lastSeen  int64 // last observation, for Sweep
+	active    int64 // last time the counters moved (or firstSeen)
+	exported  int64 // last export (or firstSeen)
+	cur, base counters
+}
+
+// Store is the connection table. It is safe for concurrent use.
+type Store struct {
+	cfg   Config
+	mu    sync.Mutex
+	conns map[Key]*entry
+	stats Stats
+}
+
+// New returns an empty store. cfg must have passed Validate after
+// SetDefaults.
+func New(cfg Config) (*Store, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("connstore: %w", err)
+	}
+	return &Store{cfg: cfg, conns: make(map[Key]*entry)}, nil
+}
+
+func fam(k Key) int {
+	if flow.Version(k.Src) == 6 {
+		return 1
+	}
+	return 0
+}
+
+// Merge records a batch of observations made at now (a dump, or events).
+// It appends to out the records due at once (the end of a connection whose
+// tuple was reused; lack of resources) and returns the extended slice.
+func (s *Store) Merge(batch []Conn, now time.Time, out []flow.Record) []flow.Record {
+	ns := now.UnixNano()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range batch {
+		c := &batch[i]
+		e, ok := s.conns[c.Key]
+		if !ok {
+			if len(s.conns) >= s.cfg.MaxConns {
+				s.stats.Overflow[fam(c.Key)]++
+				out = append(out, untracked(c, now))
+				continue
+			}
+			e = new(entry)
+			e.reset(c, ns)
+			s.conns[c.Key] = e
+			s.stats.Conns[fam(c.Key)]++
+			continue
+		}
+		if e.reusedBy(c) {
+			s.stats.Reused[fam(c.Key)]++
+			if e.due() {
+				out = append(out, e.record(c.Key, flow.EndReasonEndOfFlow))
+			}
+			e.reset(c, ns)
+			continue
+		}
+		e.update(c, ns)
+	}
+	return out
+}
+
+// Sweep marks as ended every connection of IP version 4 or 6 not observed
+// since since (the start of a complete dump of that family): the source no
+// longer has it, so its end event was missed. They are exported by the next
+// Expire. It returns how many it marked.
+func (s *Store) Sweep(version uint8, since time.Time) int {
+	ns := since.UnixNano()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for k, e := range s.conns {
+		if e.flags&flagEnded != 0 || e.lastSeen >= ns || flow.Version(k.Src) != version {
+			continue
+		}
+		e.flags |= flagEnded
+		n++
+	}
+	switch version {
+	case 4:
+		s.stats.Swept[0] += uint64(n)
+	case 6:
+		s.stats.Swept[1] += uint64(n)
+	}
+	return n
+}
+
+// Expire appends to out the records due at now and returns the extended
+// slice: ended connections (removed from the store), connections idle for
+// IdleTimeout, and active connections last exported ActiveTimeout ago.
+func (s *Store) Expire(now time.Time, out []flow.Record) []flow.Record {
+	ns := now.UnixNano()
+	idle, active := s.cfg.IdleTimeout.Nanoseconds(), s.cfg.ActiveTimeout.Nanoseconds()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, e := range s.conns {
+		switch {
+		case e.flags&flagEnded != 0:
+			if e.due() {
+				out = append(out, e.record(k, flow.EndReasonEndOfFlow))
+			}
+			delete(s.conns, k)
+			s.stats.Conns[fam(k)]--
+		case e.flags&flagIdleExported != 0:
+			// Exported as idle and still: nothing new to say.
+		case ns-e.active >= idle:
+			out = append(out, e.record(k, flow.EndReasonIdleTimeout))
+			e.markExported(ns)
+			e.flags |= flagIdleExported
+		case ns-e.exported >= active:
+			out = append(out, e.record(k, flow.EndReasonActiveTimeout))
+			e.markExported(ns)
+		}
+	}
+	return out
+}
+
+// Flush appends a record with the given reason (normally forced end) for
+// every tracked connection that has something unexported, empties the store
+// and returns the extended slice.
+func (s *Store) Flush(reason flow.EndReason, out []flow.Record) []flow.Record {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, e := range s.conns {
+		if e.due() {
+			out = append(out, e.record(k, reason))
+		}
+	}
+	clear(s.conns)
+	s.stats.Conns = [2]int{}
+	return out
+}
+
+// Len returns the number of connections tracked.
+func (s *Store) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.conns)
+}
+
+// Stats returns a snapshot of the counters.
+func (s *Store) Stats() Stats {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.stats
+}
+
+// reset makes e a fresh entry for c, first seen at ns.
+func (e *entry) reset(c *Conn, ns int64) {
+	*e = entry{firstSeen: ns, lastSeen: ns, active: ns, exported: ns}
+	e.update(c, ns)
+}
+
+// reusedBy reports whether c is a new connection on e's tuple.
+func (e *entry) reusedBy(c *Conn) bool {
+	if e.id != 0 && c.ID != 0 {
+		return e.id != c.ID
+	}
+	if e.start != 0 && !c.Start.IsZero() && e.start != c.Start.UnixNano() {
+		return true
+	}
+	if e.flags&flagCounters == 0 || !c.HasCounters {
+		return false
+	}
+	return c.Packets < e.cur.packets || c.Bytes < e.cur.bytes ||
+		c.ReversePackets < e.cur.rpackets || c.ReverseBytes < e.cur.rbytes
+}
+
+// update folds observation c, made at ns, into e.
+func (e *entry) update(c *Conn, ns int64) {
+	e.lastSeen = ns
+	if c.ID != 0 {
+		e.id = c.ID
+	}
+	if c.HasCounters {
+		// Take the larger value of each counter: a dump that started before
+		// a DESTROY event may deliver the same connection with older counters.
+		next := counters{max(e.cur.packets, c.Packets), max(e.cur.bytes, c.Bytes),
+			max(e.cur.rpackets, c.ReversePackets), max(e.cur.rbytes, c.ReverseBytes)}
+		if next != e.cur {
+			e.cur = next
+			e.active = ns
+			e.flags &^= flagIdleExported
+		}
+		e.flags |= flagCounters
+	}
+	if c.DstAddr.IsValid() {
+		e.dst, e.dstPort = c.DstAddr, c.DstPort
+	}
+	if c.SNATAddr.IsValid() {
+		e.snat, e.snatPort = c.SNATAddr, c.SNATPort
+	}
+	if !c.Start.IsZero() {
+		e.start = c.Start.UnixNano()
+	}
+	if c.TCPState != "" {
+		e.tcpState = c.TCPState
+	}
+	e.mark, e.labels = c.Mark, c.Labels
+	if c.Ended {
+		e.flags |= flagEnded
+		if !c.Stop.IsZero() {
+			e.stop = c.Stop.UnixNano()
+		}
+	}
+}
+
+// due reports whether e has anything not yet exported: it was never
+// exported as idle, or it moved since.
+func (e *entry) due() bool { return e.flags&flagIdleExported == 0 }
+
+func (e *entry) markExported(ns int64) {
+	e.exported = ns
+	e.base = e.cur
+}
+
+// record builds the export record of e with the deltas since its last
+// export. It does not move the baseline: see markExported.
+func (e *entry) record(k Key, reason flow.EndReason) flow.Record {
+	r := flow.Record{
+		FlowStart: unixTime(e.start), FlowEnd: unixTime(e.active),
+		SrcAddr: k.Src, SrcPort: k.SrcPort, Proto: k.Proto,
+		DstAddr: k.Dst, DstPort: k.DstPort,
+		Packets: e.cur.packets, Bytes: e.cur.bytes, ReversePackets: e.cur.rpackets, ReverseBytes: e.cur.rbytes,
+		PacketsDelta:        delta(e.cur.packets, e.base.packets),
+		BytesDelta:          delta(e.cur.bytes, e.base.bytes),
+		ReversePacketsDelta: delta(e.cur.rpackets, e.base.rpackets),
+		ReverseBytesDelta:   delta(e.cur.rbytes, e.base.rbytes),
+		EndReason:           reason, TCPState: e.tcpState, Zone: k.Zone, Mark: e.mark,
+		IPVersion: k.IPVersion(),
+	}
+	if e.start == 0 {
+		r.FlowStart = unixTime(e.firstSeen)
+	}
+	switch {
+	case e.stop != 0:
+		r.FlowEnd = unixTime(e.stop)
+	case e.flags&flagCounters == 0:
+		// Without counters activity is unknown: the last sighting is the
+		// best bound.
+		r.FlowEnd = unixTime(e.lastSeen)
+	}
+	setNAT(&r, k, e.dst, e.dstPort, e.snat, e.snatPort)
+	return r
+}
+
+// untracked builds the lack-of-resources record of a connection the full
+// store could not take. It carries the totals. Its deltas are zero, except
+// for an end event (nothing of that connection was ever exported, and no
+// later record of it can exist), so deltas still never double count.
+func untracked(c *Conn, now time.Time) flow.Record {
+	r := flow.Record{
+		FlowStart: c.Start, FlowEnd: now,
+		SrcAddr: c.Key.Src, SrcPort: c.Key.SrcPort, Proto: c.Key.Proto,
+		DstAddr: c.Key.Dst, DstPort: c.Key.DstPort,
+		Packets: c.Packets, Bytes: c.Bytes, ReversePackets: c.ReversePackets, ReverseBytes: c.ReverseBytes,
+		EndReason: flow.EndReasonLackOfResources, TCPState: c.TCPState, Zone: c.Key.Zone, Mark: c.Mark,
+		IPVersion: c.Key.IPVersion(),
+	}
+	if r.FlowStart.IsZero() {
+		r.FlowStart = now
+	}
+	if c.Ended {
+		r.PacketsDelta, r.BytesDelta, r.ReversePacketsDelta, r.ReverseBytesDelta = c.Packets, c.Bytes, c.ReversePackets, c.ReverseBytes
+		if !c.Stop.IsZero() {
+			r.FlowEnd = c.Stop
+		}
+	}
+	setNAT(&r, c.Key, c.DstAddr, c.DstPort, c.SNATAddr, c.SNATPort)
+	return r
+}
+
+// setNAT fills the endpoint, service and SNAT fields of r: the endpoint is
+// the reply source, the service the original destination when they differ.
+func setNAT(r *flow.Record, k Key, dst netip.Addr, dstPort uint16, snat netip.Addr, snatPort uint16) {
+	if dst.IsValid() && (dst != k.Dst || dstPort != k.DstPort) {
+		r.DstAddr, r.DstPort = dst, dstPort
+		r.ServiceAddr, r.ServicePort = k.Dst, k.DstPort
+	}
+	if snat.IsValid() && (snat != k.Src || snatPort != k.SrcPort) {
+		r.SNATAddr, r.SNATPort = snat, snatPort
+	}
+}
+
+// delta is cur-base, clamped at zero.
+func delta(cur, base uint64) uint64 {
+	if cur < base {
+		return 0
+	}
+	return cur - base
+}
+
+func unixTime(ns int64) time.Time {
+	if ns == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, ns)
+}
