@@ -36,9 +36,9 @@ type Reply struct {
 	RTT time.Duration
 }
 
-// Dial sends one request from the namespace at netns to "to" over proto
-// (TCP, UDP or ICMP; ICMP ignores the port) and waits up to timeout for the
-// answer. A drop gives an error wrapping ErrNoAnswer.
+// Dial sends one request from the namespace at netns ("" for the caller's)
+// to "to" over proto (TCP, UDP or ICMP; ICMP ignores the port) and waits up
+// to timeout for the answer. A drop gives an error wrapping ErrNoAnswer.
 func Dial(ctx context.Context, netns, proto string, to netip.AddrPort, timeout time.Duration) (Reply, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -75,7 +75,7 @@ func parseReply(line string) (string, netip.AddrPort, error) {
 func dialTCP(ctx context.Context, netns string, to netip.AddrPort) (Reply, error) {
 	start := time.Now()
 	var c net.Conn
-	err := nsrun.Do(netns, func() error {
+	err := inNetNS(netns, func() error {
 		var err error
 		var d net.Dialer
 		c, err = d.DialContext(ctx, "tcp", to.String())
@@ -105,7 +105,7 @@ func dialTCP(ctx context.Context, netns string, to netip.AddrPort) (Reply, error
 func dialUDP(ctx context.Context, netns string, to netip.AddrPort) (Reply, error) {
 	start := time.Now()
 	var c *net.UDPConn
-	err := nsrun.Do(netns, func() error {
+	err := inNetNS(netns, func() error {
 		var err error
 		c, err = net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(to))
 		return err
@@ -144,7 +144,7 @@ func ping(ctx context.Context, netns string, to netip.Addr) (Reply, error) {
 		reqType, repType = ipv6.ICMPTypeEchoRequest, ipv6.ICMPTypeEchoReply
 	}
 	var c *icmp.PacketConn
-	err := nsrun.Do(netns, func() error {
+	err := inNetNS(netns, func() error {
 		var err error
 		c, err = icmp.ListenPacket(network, laddr)
 		return err
@@ -184,4 +184,12 @@ func ping(ctx context.Context, netns string, to netip.Addr) (Reply, error) {
 		r.RTT = time.Since(start)
 		return r, nil
 	}
+}
+
+// inNetNS runs fn in the namespace at path, or directly when path is empty.
+func inNetNS(path string, fn func() error) error {
+	if path == "" {
+		return fn()
+	}
+	return nsrun.Do(path, fn)
 }
