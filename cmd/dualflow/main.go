@@ -26,6 +26,7 @@ func commands() []command {
 	return []command{
 		{"collector", "receive flows, enrich them and write them to ClickHouse", runCollector},
 		{"lab", "build a dual-stack lab cluster in network namespaces", runLab},
+		{"demo", "run the whole product on one machine: lab, collector, embedded ClickHouse (make run)", runDemo},
 		{"migrate", "apply the ClickHouse schema migrations (or print them)", runMigrate},
 		{"sql", "run a SQL query against the flow store and print the result", runSQL},
 		{"version", "print version and commit", runVersion},
