@@ -81,6 +81,14 @@ func Up(ctx context.Context, cfg Config) (*Lab, error) {
 	} else if len(names) > 0 {
 		return nil, fmt.Errorf("%w: %d namespaces start with %q (run `dualflow lab down`)", ErrExists, len(names), cfg.Prefix)
 	}
+	if b, err := os.ReadFile(filepath.Join(cfg.StateDir, StateFile)); err == nil {
+		var st State
+		if json.Unmarshal(b, &st) == nil && st.Prefix != "" && st.Prefix != cfg.Prefix {
+			if names, _ := topology.List(st.Prefix); len(names) > 0 {
+				return nil, fmt.Errorf("%w: state dir %s belongs to the running lab %q", ErrExists, cfg.StateDir, st.Prefix)
+			}
+		}
+	}
 	m, err := loadOrGenerate(cfg)
 	if err != nil {
 		return nil, err
@@ -95,7 +103,7 @@ func Up(ctx context.Context, cfg Config) (*Lab, error) {
 		derr := l.destroy()
 		return nil, errors.Join(err, derr)
 	}
-	cfg.Logger.Info("lab up", "mode", l.state.Mode, "nodes", len(m.Nodes), "pods", len(m.Pods), "prefix", cfg.Prefix, "took", l.state.BuildTime.Round(time.Millisecond))
+	cfg.Logger.Debug("lab up", "mode", l.state.Mode, "nodes", len(m.Nodes), "pods", len(m.Pods), "prefix", cfg.Prefix, "took", l.state.BuildTime.Round(time.Millisecond))
 	return l, nil
 }
 
@@ -111,6 +119,14 @@ func loadOrGenerate(cfg Config) (*manifest.Manifest, error) {
 	m, err := manifest.Decode(f)
 	if err != nil {
 		return nil, err
+	}
+	// Namespace names always come from this lab's prefix, so that Down finds
+	// them; a manifest written by another lab may carry another prefix.
+	for i := range m.Nodes {
+		delete(m.Nodes[i].Annotations, manifest.AnnotationNetNS)
+	}
+	for i := range m.Pods {
+		delete(m.Pods[i].Annotations, manifest.AnnotationNetNS)
 	}
 	m.Annotate(cfg.Prefix)
 	return m, nil

@@ -53,9 +53,14 @@ func Dial(ctx context.Context, netns, proto string, to netip.AddrPort, timeout t
 	return Reply{}, fmt.Errorf("dial: unknown protocol %q", proto)
 }
 
-func noAnswer(err error) error {
-	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) {
+// noAnswer classifies a client error: the timeout (or a read cut by the
+// timeout's close) means no answer; a cancelled ctx is reported as such.
+func noAnswer(ctx context.Context, err error) error {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		return fmt.Errorf("%w: %w", ErrNoAnswer, err)
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("%w: %w", ctx.Err(), err)
 	}
 	return err
 }
@@ -82,9 +87,10 @@ func dialTCP(ctx context.Context, netns string, to netip.AddrPort) (Reply, error
 		return err
 	})
 	if err != nil {
-		return Reply{}, fmt.Errorf("tcp %s: %w", to, noAnswer(err))
+		return Reply{}, fmt.Errorf("tcp %s: %w", to, noAnswer(ctx, err))
 	}
 	defer c.Close()
+	defer context.AfterFunc(ctx, func() { c.Close() })() // cancel aborts the read
 	local := c.LocalAddr().(*net.TCPAddr).AddrPort()
 	r := Reply{Local: netip.AddrPortFrom(local.Addr().Unmap(), local.Port())}
 	if dl, ok := ctx.Deadline(); ok {
@@ -95,7 +101,7 @@ func dialTCP(ctx context.Context, netns string, to netip.AddrPort) (Reply, error
 	}
 	line, err := bufio.NewReader(c).ReadString('\n')
 	if err != nil {
-		return r, fmt.Errorf("tcp %s: read: %w", to, noAnswer(err))
+		return r, fmt.Errorf("tcp %s: read: %w", to, noAnswer(ctx, err))
 	}
 	r.Server, r.Seen, err = parseReply(line)
 	r.RTT = time.Since(start)
@@ -114,6 +120,7 @@ func dialUDP(ctx context.Context, netns string, to netip.AddrPort) (Reply, error
 		return Reply{}, fmt.Errorf("udp %s: %w", to, err)
 	}
 	defer c.Close()
+	defer context.AfterFunc(ctx, func() { c.Close() })()
 	local := c.LocalAddr().(*net.UDPAddr).AddrPort()
 	r := Reply{Local: netip.AddrPortFrom(local.Addr().Unmap(), local.Port())}
 	if dl, ok := ctx.Deadline(); ok {
@@ -125,7 +132,7 @@ func dialUDP(ctx context.Context, netns string, to netip.AddrPort) (Reply, error
 	buf := make([]byte, 2048)
 	n, err := c.Read(buf)
 	if err != nil {
-		return r, fmt.Errorf("udp %s: read: %w", to, noAnswer(err))
+		return r, fmt.Errorf("udp %s: read: %w", to, noAnswer(ctx, err))
 	}
 	r.Server, r.Seen, err = parseReply(string(buf[:n]))
 	r.RTT = time.Since(start)
@@ -153,6 +160,7 @@ func ping(ctx context.Context, netns string, to netip.Addr) (Reply, error) {
 		return Reply{}, fmt.Errorf("icmp %s: %w", to, err)
 	}
 	defer c.Close()
+	defer context.AfterFunc(ctx, func() { c.Close() })()
 	id := 1 + rand.IntN(0xfffe)
 	msg := icmp.Message{Type: reqType, Body: &icmp.Echo{ID: id, Seq: 1, Data: []byte("dualflow-lab")}}
 	b, err := msg.Marshal(nil)
@@ -170,7 +178,7 @@ func ping(ctx context.Context, netns string, to netip.Addr) (Reply, error) {
 	for {
 		n, from, err := c.ReadFrom(buf)
 		if err != nil {
-			return r, fmt.Errorf("icmp %s: %w", to, noAnswer(err))
+			return r, fmt.Errorf("icmp %s: %w", to, noAnswer(ctx, err))
 		}
 		m, err := icmp.ParseMessage(proto, buf[:n])
 		if err != nil || m.Type != repType {

@@ -20,9 +20,16 @@ import (
 // labUpBudget is the issue's bound on `dualflow lab up --mode dual`.
 const labUpBudget = 2 * time.Second
 
-// buildBinary builds cmd/dualflow into a temporary directory.
+// buildBinary returns $DUALFLOW_BIN (set by `make test-e2e`) or builds
+// cmd/dualflow into a temporary directory.
 func buildBinary(t *testing.T) string {
 	t.Helper()
+	if bin := os.Getenv("DUALFLOW_BIN"); bin != "" {
+		if _, err := os.Stat(bin); err != nil {
+			t.Fatalf("DUALFLOW_BIN: %v", err)
+		}
+		return bin
+	}
 	bin := filepath.Join(t.TempDir(), "dualflow")
 	out, err := exec.Command("go", "build", "-o", bin, "github.com/dualflow/dualflow/cmd/dualflow").CombinedOutput()
 	if err != nil {
@@ -37,6 +44,10 @@ func buildBinary(t *testing.T) string {
 // the allowed port over both families; `lab status` and `lab down` work.
 func TestCLI(t *testing.T) {
 	requirePrereqs(t)
+	t.Run(string(manifest.ModeDual), testCLIDual)
+}
+
+func testCLIDual(t *testing.T) {
 	record(t, manifest.ModeDual)
 	bin := buildBinary(t)
 	prefix, stateDir := labPrefix(), t.TempDir()
@@ -152,6 +163,10 @@ func TestCLI(t *testing.T) {
 // alone, including a process left inside a pod namespace.
 func TestDownAfterCrash(t *testing.T) {
 	requirePrereqs(t)
+	t.Run(string(manifest.ModeDual), testDownAfterCrash)
+}
+
+func testDownAfterCrash(t *testing.T) {
 	record(t, manifest.ModeDual)
 	prefix, stateDir := labPrefix(), t.TempDir()
 	l, err := lab.Up(t.Context(), lab.Config{Mode: manifest.ModeDual, Prefix: prefix, StateDir: stateDir})
