@@ -1,0 +1,174 @@
+package ipfix
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	fipfix "github.com/dualflow/dualflow/flow/ipfix"
+)
+
+// Transports.
+const (
+	TCP = "tcp"
+	UDP = "udp"
+	TLS = "tls" // TLS over TCP
+)
+
+// Config configures the connection to the collector and the buffer in
+// front of it.
+type Config struct {
+	// Address of the collector, host:port ("[::1]:4739" for IPv6).
+	Address string
+	// Transport is tcp (default), udp or tls.
+	Transport string
+	// TLS: CAFile verifies the collector (system roots when empty),
+	// CertFile and KeyFile are an optional client certificate, ServerName
+	// overrides the name checked in the collector's certificate (default:
+	// the host of Address).
+	CAFile, CertFile, KeyFile, ServerName string
+	// ObservationDomainID goes in every message header.
+	ObservationDomainID uint32
+	// BufferBytes bounds the encoded records waiting for the collector.
+	// When full, the oldest messages are dropped (drop-oldest: fresh
+	// records are worth more) and their records counted in
+	// Stats.DroppedBufferFull.
+	BufferBytes int
+	// MaxMessageSize is the largest IPFIX message sent; default 65535 for
+	// tcp/tls and 1400 for udp (fits a 1500-byte path MTU in both
+	// families without fragmentation).
+	MaxMessageSize int
+	// FlushInterval is the longest a record waits in a partly filled
+	// message.
+	FlushInterval time.Duration
+	// TemplateRefresh is how often templates are resent over UDP (RFC 7011
+	// section 8.4); stream transports send them once per connection.
+	TemplateRefresh time.Duration
+	// DialTimeout bounds each connection attempt, WriteTimeout each message
+	// write (a collector that stops reading counts as down).
+	DialTimeout, WriteTimeout time.Duration
+	// BackoffMin and BackoffMax bound the exponential wait between
+	// connection attempts.
+	BackoffMin, BackoffMax time.Duration
+	// DrainTimeout bounds how long Run keeps sending buffered records
+	// after its context is done.
+	DrainTimeout time.Duration
+}
+
+// Defaults of Config.
+const (
+	DefaultAddress         = "127.0.0.1:4739" // IANA port of IPFIX
+	DefaultBufferBytes     = 16 << 20         // ~100k records at ~160 B each
+	DefaultUDPMessageSize  = 1400
+	DefaultFlushInterval   = time.Second
+	DefaultTemplateRefresh = time.Minute
+	DefaultDialTimeout     = 5 * time.Second
+	DefaultWriteTimeout    = 10 * time.Second
+	DefaultBackoffMin      = 500 * time.Millisecond
+	DefaultBackoffMax      = 30 * time.Second
+	DefaultDrainTimeout    = 5 * time.Second
+)
+
+// SetDefaults fills unset fields.
+func (c *Config) SetDefaults() {
+	if c.Address == "" {
+		c.Address = DefaultAddress
+	}
+	if c.Transport == "" {
+		c.Transport = TCP
+	}
+	if c.BufferBytes == 0 {
+		c.BufferBytes = DefaultBufferBytes
+	}
+	if c.MaxMessageSize == 0 {
+		c.MaxMessageSize = fipfix.MaxMessageLen
+		if c.Transport == UDP {
+			c.MaxMessageSize = DefaultUDPMessageSize
+		}
+	}
+	for _, d := range []struct {
+		p *time.Duration
+		v time.Duration
+	}{
+		{&c.FlushInterval, DefaultFlushInterval}, {&c.TemplateRefresh, DefaultTemplateRefresh},
+		{&c.DialTimeout, DefaultDialTimeout}, {&c.WriteTimeout, DefaultWriteTimeout},
+		{&c.BackoffMin, DefaultBackoffMin}, {&c.BackoffMax, DefaultBackoffMax},
+		{&c.DrainTimeout, DefaultDrainTimeout},
+	} {
+		if *d.p == 0 {
+			*d.p = d.v
+		}
+	}
+}
+
+// minMessageSize fits the message and set headers and one record of the
+// larger (IPv6) template with short strings.
+const minMessageSize = 512
+
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	var errs []error
+	if _, _, err := net.SplitHostPort(c.Address); err != nil {
+		errs = append(errs, fmt.Errorf("collector address %q: %w", c.Address, err))
+	}
+	switch c.Transport {
+	case TCP, UDP:
+		if c.CAFile != "" || c.CertFile != "" || c.KeyFile != "" {
+			errs = append(errs, fmt.Errorf("TLS files given with transport %s", c.Transport))
+		}
+	case TLS:
+	default:
+		errs = append(errs, fmt.Errorf("transport %q: want tcp, udp or tls", c.Transport))
+	}
+	if (c.CertFile == "") != (c.KeyFile == "") {
+		errs = append(errs, errors.New("client certificate needs both cert and key file"))
+	}
+	if c.MaxMessageSize < minMessageSize || c.MaxMessageSize > fipfix.MaxMessageLen {
+		errs = append(errs, fmt.Errorf("max message size %d: want %d..%d", c.MaxMessageSize, minMessageSize, fipfix.MaxMessageLen))
+	}
+	if c.BufferBytes < c.MaxMessageSize {
+		errs = append(errs, fmt.Errorf("buffer %d bytes: smaller than one message (%d)", c.BufferBytes, c.MaxMessageSize))
+	}
+	for name, d := range map[string]time.Duration{"flush interval": c.FlushInterval, "template refresh": c.TemplateRefresh,
+		"dial timeout": c.DialTimeout, "write timeout": c.WriteTimeout, "backoff min": c.BackoffMin, "backoff max": c.BackoffMax,
+		"drain timeout": c.DrainTimeout} {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("%s %v: must be positive", name, d))
+		}
+	}
+	if c.BackoffMax < c.BackoffMin {
+		errs = append(errs, fmt.Errorf("backoff max %v below min %v", c.BackoffMax, c.BackoffMin))
+	}
+	return errors.Join(errs...)
+}
+
+// tlsConfig loads the TLS files.
+func (c Config) tlsConfig() (*tls.Config, error) {
+	host, _, _ := net.SplitHostPort(c.Address)
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: host}
+	if c.ServerName != "" {
+		cfg.ServerName = c.ServerName
+	}
+	if c.CAFile != "" {
+		pem, err := os.ReadFile(c.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("ipfix tls ca: %w", err)
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("ipfix tls ca %s: no PEM certificate", c.CAFile)
+		}
+	}
+	if c.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("ipfix tls client certificate: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, nil
+}
