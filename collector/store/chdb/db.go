@@ -220,7 +220,7 @@ func (db *DB) Exec(ctx context.Context, query string) error {
 // finishes the statement: ctx is checked before the statement starts (and
 // while waiting for a free connection), not while the engine runs it; bound
 // long statements with Settings["max_execution_time"].
-func (db *DB) Run(ctx context.Context, st Statement) (*Result, error) {
+func (db *DB) Run(ctx context.Context, st Statement) (res *Result, err error) {
 	if ins, ok := SplitInsert(st.Query); ok && ins.DataOffset < len(st.Query) && len(st.Params) == 0 {
 		// INSERT ... VALUES (...) or FORMAT x with inline data: stream the
 		// data rather than parse it as query text.
@@ -238,19 +238,37 @@ func (db *DB) Run(ctx context.Context, st Statement) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	var stop func() bool
+	var (
+		stop   func() bool
+		killed = make(chan struct{}) // closed when a started kill is done
+	)
 	if ctx.Done() != nil {
 		// Tag the statement so a cancelled context can KILL it; the tag goes
 		// last so error positions in the text stay right.
 		tag := fmt.Sprintf("dualflow-q:%x", queryTag.Add(1))
-		st.Query += "\n/* " + tag + " */"
-		stop = context.AfterFunc(ctx, func() { db.kill(tag) })
+		suffix := "\n/* " + tag + " */"
+		st.Query += suffix
+		stop = context.AfterFunc(ctx, func() {
+			defer close(killed)
+			db.kill(tag)
+		})
+		defer func() {
+			// Engine messages quote the text around an error; drop the tag.
+			var ce *Error
+			if errors.As(err, &ce) {
+				ce.Message = strings.ReplaceAll(ce.Message, suffix, "")
+			}
+		}()
 	}
-	res, err := db.l.run(*c.h, st)
-	if stop != nil && !stop() && ctx.Err() != nil {
-		// Killed on our behalf: report the cancellation, not the kill.
-		err = fmt.Errorf("chdb: statement cancelled: %w (engine: %v)", ctx.Err(), err)
-		res = nil
+	res, err = db.l.run(*c.h, st)
+	if stop != nil && !stop() {
+		// Killed on our behalf: wait for the kill (so it never outlives the
+		// DB) and report a failure as the cancellation, not the kill. A
+		// statement that finished first keeps its result.
+		<-killed
+		if err != nil {
+			err = fmt.Errorf("chdb: statement cancelled: %w (engine: %v)", ctx.Err(), err)
+		}
 	}
 	db.release(c, st.Query)
 	return res, err

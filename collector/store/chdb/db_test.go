@@ -204,9 +204,17 @@ func TestErrors(t *testing.T) {
 		if ce.Code != tt.code || ce.Name != tt.name {
 			t.Errorf("%q: code %d %s, want %d %s", tt.query, ce.Code, ce.Name, tt.code, tt.name)
 		}
-		if !strings.HasPrefix(ce.Error(), "Code: "+strconv.Itoa(tt.code)+". DB::Exception: ") {
+		if !strings.HasPrefix(ce.Error(), "Code: "+strconv.Itoa(tt.code)+". DB::Exception: ") || strings.Contains(ce.Message, "dualflow-q") {
 			t.Errorf("%q: Error() = %q", tt.query, ce.Error())
 		}
+	}
+	for _, q := range []string{"SELECT 1;", "SELECT 1 -- trailing comment", "SELECT 1 FORMAT TSV"} {
+		if out, err := db.Query(ctx, q, ""); err != nil || string(out) != "1\n" {
+			t.Errorf("%q: %q %v", q, out, err)
+		}
+	}
+	if _, err := db.Query(ctx, "SELECT 1\x00; DROP DATABASE x", ""); err == nil {
+		t.Error("NUL in query text accepted")
 	}
 }
 
