@@ -1,0 +1,811 @@
+package store
+
+import (
+	"cmp"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dualflow/dualflow/collector/store/spool"
+	"github.com/dualflow/dualflow/flow"
+)
+
+// Writer defaults. A RowBinary flow row with Kubernetes metadata is 400-600
+// bytes, so a default batch is 20-30 MB and the default memory bound
+// ((MaxPending+1) batches) is about 150 MB.
+const (
+	DefaultBatchRows       = 50_000
+	DefaultFlushInterval   = time.Second
+	DefaultMaxPending      = 4
+	DefaultRetries         = 3
+	DefaultRetryBackoff    = 100 * time.Millisecond
+	DefaultMaxBackoff      = 30 * time.Second
+	DefaultInsertTimeout   = 30 * time.Second
+	DefaultSpoolMaxBytes   = 1 << 30 // 1 GiB: ~2M rows, ~30 min of a busy cluster
+	DefaultRejectAfter     = 5 * time.Minute
+	DefaultShutdownTimeout = 10 * time.Second
+
+	// minRejectAttempts is how many non-retryable failures a spooled batch
+	// must collect, on top of RejectAfter, before it is moved aside: a single
+	// failure after a long outage proves nothing.
+	minRejectAttempts = 3
+	// logEvery rate-limits the writer's repeated warnings (insert failures,
+	// spool full): one line per kind per interval, with a suppressed count.
+	logEvery = 10 * time.Second
+)
+
+// Reasons of dualflow_store_dropped_rows_total.
+const (
+	DropSpoolFull  = "spool_full"  // insert failed and the spool is at SpoolMaxBytes
+	DropSpoolError = "spool_error" // insert failed and writing the spool failed (disk error)
+	DropNoSpool    = "no_spool"    // insert failed and the spool is disabled
+	// DropRejected counts batches ClickHouse refused with a non-retryable
+	// error for RejectAfter: they are moved to <SpoolDir>/rejected/ (or
+	// dropped at once when the spool is disabled).
+	DropRejected = "rejected"
+)
+
+// ErrWriterClosed is returned by Write and Flush once Run is shutting down or
+// has returned.
+var ErrWriterClosed = errors.New("store writer closed")
+
+// WriterConfig configures a Writer. Zero values take the defaults above
+// (SetDefaults).
+type WriterConfig struct {
+	// BatchRows seals a batch at this many rows.
+	BatchRows int
+	// FlushInterval seals and sends the current batch at least this often.
+	FlushInterval time.Duration
+	// MaxPending is how many sealed batches are held in memory (queued or
+	// being inserted) before Write blocks. Overflow policy: block (back-
+	// pressure to the caller); memory is bounded by MaxPending+1 batches.
+	MaxPending int
+	// Retries is the number of fast retries of a failed insert before the
+	// batch is spooled; negative disables fast retries.
+	Retries int
+	// RetryBackoff is the first retry delay; it doubles up to MaxBackoff,
+	// which also caps the spool replay backoff.
+	RetryBackoff, MaxBackoff time.Duration
+	// InsertTimeout bounds one insert attempt. A timeout is ambiguous (the
+	// server may have committed); the retry reuses the dedup token.
+	InsertTimeout time.Duration
+	// SpoolDir is the spool directory; "" disables the spool, and then
+	// batches that cannot be inserted are dropped and counted.
+	SpoolDir string
+	// SpoolMaxBytes bounds the spool on disk; when full, new failed
+	// batches are dropped and counted (reason spool_full).
+	SpoolMaxBytes int64
+	// RejectAfter is how long ClickHouse may refuse a spooled batch with a
+	// non-retryable error (bad query, schema mismatch) before the batch is
+	// moved to <SpoolDir>/rejected/ so it stops blocking the batches behind
+	// it. The grace covers a schema migration that lags a collector upgrade.
+	RejectAfter time.Duration
+	// ShutdownTimeout bounds the time Run spends inserting after its
+	// context is cancelled; what is not written by then is spooled (local
+	// disk writes, not bounded by it) or, without a spool, dropped.
+	ShutdownTimeout time.Duration
+}
+
+// SetDefaults fills zero fields with the defaults.
+func (c *WriterConfig) SetDefaults() {
+	setWriterDefault(&c.BatchRows, DefaultBatchRows)
+	setWriterDefault(&c.FlushInterval, DefaultFlushInterval)
+	setWriterDefault(&c.MaxPending, DefaultMaxPending)
+	setWriterDefault(&c.Retries, DefaultRetries)
+	setWriterDefault(&c.RetryBackoff, DefaultRetryBackoff)
+	setWriterDefault(&c.MaxBackoff, DefaultMaxBackoff)
+	setWriterDefault(&c.InsertTimeout, DefaultInsertTimeout)
+	setWriterDefault(&c.SpoolMaxBytes, DefaultSpoolMaxBytes)
+	setWriterDefault(&c.RejectAfter, DefaultRejectAfter)
+	setWriterDefault(&c.ShutdownTimeout, DefaultShutdownTimeout)
+}
+
+func setWriterDefault[T comparable](p *T, v T) {
+	var zero T
+	if *p == zero {
+		*p = v
+	}
+}
+
+// Validate reports every invalid field.
+func (c WriterConfig) Validate() error {
+	var errs []error
+	check := func(ok bool, format string, args ...any) {
+		if !ok {
+			errs = append(errs, fmt.Errorf(format, args...))
+		}
+	}
+	check(c.BatchRows > 0, "batch rows %d must be positive", c.BatchRows)
+	check(c.FlushInterval > 0, "flush interval %v must be positive", c.FlushInterval)
+	check(c.MaxPending > 0, "max pending %d must be positive", c.MaxPending)
+	check(c.RetryBackoff > 0, "retry backoff %v must be positive", c.RetryBackoff)
+	check(c.MaxBackoff >= c.RetryBackoff, "max backoff %v must be at least the retry backoff %v", c.MaxBackoff, c.RetryBackoff)
+	check(c.InsertTimeout > 0, "insert timeout %v must be positive", c.InsertTimeout)
+	check(c.SpoolDir == "" || c.SpoolMaxBytes > 0, "spool max bytes %d must be positive", c.SpoolMaxBytes)
+	check(c.RejectAfter >= 0, "reject after %v must not be negative", c.RejectAfter)
+	check(c.ShutdownTimeout > 0, "shutdown timeout %v must be positive", c.ShutdownTimeout)
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("store writer config: %w", err)
+	}
+	return nil
+}
+
+// WriterStats is a snapshot of a Writer's counters.
+type WriterStats struct {
+	RowsWritten    int64 // rows inserted into ClickHouse, directly or from the spool
+	BatchesWritten int64
+	Retries        int64 // insert attempts that followed a failed one
+	InsertErrors   int64 // failed insert attempts
+	SpooledRows    int64 // rows pushed to the spool since start
+	SpoolBatches   int   // batches in the spool now
+	SpoolRows      int64 // rows in the spool now
+	SpoolBytes     int64 // bytes of the spool files now
+	DroppedRows    int64 // rows lost, all reasons (see the Drop* reasons)
+	BufferedRows   int64 // rows in memory: current batch and sealed batches
+	BufferedBytes  int64 // encoded bytes of those rows
+}
+
+// Writer batches flow records, encodes each row once as RowBinary, and
+// inserts the batches into FlowsTable. Failed inserts are retried with
+// backoff and then spooled to disk; the spool is replayed oldest-first, and
+// while it holds anything new batches queue behind it, so rows arrive in
+// order. Every batch carries a random dedup token kept across retries,
+// spooling and restarts, so an ambiguous failure never writes a batch twice
+// (within the table's non_replicated_deduplication_window: a batch replayed
+// after more newer inserts than the window holds can be duplicated).
+//
+// Failure policy:
+//   - ClickHouse unreachable (ErrUnavailable, network errors, timeouts):
+//     Retries fast retries, then the batch is spooled and replayed with
+//     capped exponential backoff for as long as it takes.
+//   - ClickHouse refuses the insert (any other error: bad query, schema
+//     mismatch): no fast retry; the batch is spooled and replayed like
+//     above, logged at Error level, so a schema migration that lags an
+//     upgrade loses nothing. A batch still refused after RejectAfter is
+//     moved to <SpoolDir>/rejected/ (same file format: move it back to
+//     replay it) and counted in dropped_rows_total{reason="rejected"}, so
+//     one poison batch cannot block the spool forever.
+//   - Spool full, unwritable or disabled: the batch is dropped and counted
+//     in dropped_rows_total{reason}, with one rate-limited log line.
+//
+// Memory holds at most MaxPending+1 batch buffers (the one being filled and
+// the sealed ones), plus one batch read back from the spool while it is
+// replayed. Write, Flush and Stats are safe for concurrent use. Run must be
+// called once; it owns the goroutines and the spool.
+type Writer struct {
+	cfg  WriterConfig
+	conn Conn
+	log  *slog.Logger
+	m    writerMetrics
+
+	mu        sync.Mutex
+	cur       *pendingBatch   // batch being filled
+	queue     []*pendingBatch // sealed batches, oldest first; the head may be in flight
+	free      [][]byte        // buffers of finished batches for reuse; with cur and queue, at most MaxPending+1
+	lastSize  int             // encoded size of the last sealed batch, to size new buffers
+	sealedSeq uint64          // sequence number of the last sealed batch
+	doneSeq   uint64          // sequence number of the last batch written, spooled or dropped
+	bufRows   int64           // rows in cur and queue
+	bufBytes  int64           // bytes in cur and queue
+	closed    bool            // shutting down or exited: no more records accepted
+	exited    bool            // Run has returned
+	changed   chan struct{}   // closed and replaced on every state change above
+
+	started atomic.Bool
+	spool   atomic.Pointer[spool.Spool]
+	kick    chan struct{} // wakes the drain loop after a Push; size 1, extra kicks are dropped
+
+	stats struct {
+		rowsWritten, batchesWritten, retries, insertErrors, spooledRows, droppedRows atomic.Int64
+	}
+	failLog, rejectLog, dropLog, spoolLog logLimiter
+}
+
+// pendingBatch is a sealed or filling batch of encoded rows.
+type pendingBatch struct {
+	seq   uint64
+	token string
+	rows  int
+	data  []byte
+}
+
+// NewWriter returns a Writer inserting through conn. cfg goes through
+// SetDefaults and Validate. Metrics are registered on reg unless it is nil.
+// The writer does not close conn. conn must not retain the data slice passed
+// to InsertRowBinary after it returns: buffers are reused.
+func NewWriter(cfg WriterConfig, conn Conn, reg prometheus.Registerer, log *slog.Logger) (*Writer, error) {
+	cfg.SetDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if conn == nil {
+		return nil, errors.New("store writer: nil Conn")
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	w := &Writer{
+		cfg:     cfg,
+		conn:    conn,
+		log:     log,
+		cur:     &pendingBatch{},
+		changed: make(chan struct{}),
+		kick:    make(chan struct{}, 1),
+	}
+	for _, l := range []*logLimiter{&w.failLog, &w.rejectLog, &w.dropLog, &w.spoolLog} {
+		l.every = logEvery
+	}
+	w.m = newWriterMetrics(w)
+	if reg != nil {
+		if err := w.m.register(reg); err != nil {
+			return nil, fmt.Errorf("store writer metrics: %w", err)
+		}
+	}
+	return w, nil
+}
+
+// Write encodes recs into the current batch, sealing it every BatchRows
+// rows. It blocks while MaxPending sealed batches wait to be written (back-
+// pressure) and returns ctx.Err() if ctx ends while blocked, or
+// ErrWriterClosed once Run is shutting down. On error, a prefix of recs may
+// have been accepted; those records will be written. Write does not retain
+// recs.
+func (w *Writer) Write(ctx context.Context, recs []flow.Record) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i := range recs {
+		if w.closed {
+			return ErrWriterClosed
+		}
+		n := len(w.cur.data)
+		w.cur.data = AppendFlowRow(w.cur.data, &recs[i])
+		w.cur.rows++
+		w.bufRows++
+		w.bufBytes += int64(len(w.cur.data) - n)
+		if w.cur.rows >= w.cfg.BatchRows {
+			if err := w.waitRoomLocked(ctx); err != nil {
+				return err
+			}
+			w.sealLocked()
+		}
+	}
+	return nil
+}
+
+// Flush seals the current batch and waits until every batch sealed so far
+// is in ClickHouse, in the spool, or counted as dropped.
+func (w *Writer) Flush(ctx context.Context) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.cur.rows > 0 {
+		if err := w.waitRoomLocked(ctx); err != nil {
+			return err
+		}
+		w.sealLocked()
+	}
+	target := w.sealedSeq
+	for w.doneSeq < target {
+		if w.exited {
+			return ErrWriterClosed
+		}
+		if err := w.waitLocked(ctx); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// waitRoomLocked waits, with w.mu held, until a batch can be sealed.
+func (w *Writer) waitRoomLocked(ctx context.Context) error {
+	for {
+		if w.closed {
+			return ErrWriterClosed
+		}
+		if len(w.queue) < w.cfg.MaxPending {
+			return nil
+		}
+		if err := w.waitLocked(ctx); err != nil {
+			return err
+		}
+	}
+}
+
+// waitLocked releases w.mu until the next state change or the end of ctx,
+// and takes it again.
+func (w *Writer) waitLocked(ctx context.Context) error {
+	ch := w.changed
+	w.mu.Unlock()
+	defer w.mu.Lock()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (w *Writer) broadcastLocked() {
+	close(w.changed)
+	w.changed = make(chan struct{})
+}
+
+// sealLocked moves the current batch, if not empty, to the queue with a
+// fresh dedup token.
+func (w *Writer) sealLocked() {
+	if w.cur.rows == 0 {
+		return
+	}
+	w.sealedSeq++
+	b := w.cur
+	b.seq = w.sealedSeq
+	b.token = newDedupToken()
+	w.queue = append(w.queue, b)
+	w.lastSize = len(b.data)
+	w.cur = &pendingBatch{}
+	if n := len(w.free); n > 0 {
+		w.cur.data = w.free[n-1]
+		w.free = w.free[:n-1]
+	} else {
+		w.cur.data = make([]byte, 0, w.lastSize+w.lastSize/8)
+	}
+	w.broadcastLocked()
+}
+
+// newDedupToken returns a random 128-bit dedup token in hex.
+func newDedupToken() string {
+	var b [16]byte
+	rand.Read(b[:]) // never fails (crypto/rand aborts the program instead)
+	return hex.EncodeToString(b[:])
+}
+
+// Run sends sealed batches until ctx is cancelled, then shuts down: it seals
+// the current batch, tries to insert what is queued for at most
+// ShutdownTimeout, spools the rest, closes the spool and returns. It opens
+// the spool first and replays what a previous run left there before any new
+// batch. Run returns nil after a clean shutdown, or an error if the spool
+// cannot be opened.
+func (w *Writer) Run(ctx context.Context) error {
+	if !w.started.CompareAndSwap(false, true) {
+		return errors.New("store writer: Run called twice")
+	}
+	defer func() {
+		w.mu.Lock()
+		w.closed, w.exited = true, true
+		w.broadcastLocked()
+		w.mu.Unlock()
+	}()
+
+	var sp *spool.Spool
+	if w.cfg.SpoolDir != "" {
+		s, err := spool.Open(w.cfg.SpoolDir, w.cfg.SpoolMaxBytes)
+		if err != nil {
+			return fmt.Errorf("store writer: %w", err)
+		}
+		sp = s
+		w.spool.Store(sp)
+		if n := sp.Len(); n > 0 {
+			w.log.Info("replaying spooled batches", "dir", sp.Dir(), "batches", n, "rows", sp.Rows(), "bytes", sp.Bytes())
+		}
+		if n := sp.Corrupt(); n > 0 {
+			w.log.Error("corrupt spool files moved aside", "dir", sp.Dir(), "files", n)
+		}
+	}
+
+	// Inserts outlive ctx: they are cancelled ShutdownTimeout after it ends.
+	ioCtx, cancelIO := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelIO()
+	stop := make(chan struct{}) // closed when shutdown starts
+	var wg sync.WaitGroup
+	wg.Go(func() { w.send(ioCtx, sp, stop) })
+	if sp != nil {
+		wg.Go(func() { w.drain(ioCtx, sp, stop) })
+	}
+
+	tick := time.NewTicker(w.cfg.FlushInterval)
+	for done := false; !done; {
+		select {
+		case <-ctx.Done():
+			done = true
+		case <-tick.C:
+			w.mu.Lock()
+			if len(w.queue) < w.cfg.MaxPending { // never block: a full queue is flushing anyway
+				w.sealLocked()
+			}
+			w.mu.Unlock()
+		}
+	}
+	tick.Stop()
+
+	// Shutdown: refuse new records, seal the last batch (even over
+	// MaxPending: it is already in memory), let the sender finish.
+	start := time.Now()
+	close(stop)
+	w.mu.Lock()
+	w.closed = true
+	w.sealLocked()
+	w.broadcastLocked()
+	w.mu.Unlock()
+	deadline := time.AfterFunc(w.cfg.ShutdownTimeout, cancelIO)
+	wg.Wait()
+	deadline.Stop()
+
+	attrs := []any{"took", time.Since(start).Round(time.Millisecond), "rows_written", w.stats.rowsWritten.Load(), "dropped_rows", w.stats.droppedRows.Load()}
+	if sp != nil {
+		attrs = append(attrs, "spool_batches", sp.Len(), "spool_rows", sp.Rows())
+		if err := sp.Close(); err != nil {
+			w.log.Error("close spool", "err", err)
+		}
+	}
+	w.log.Info("store writer stopped", attrs...)
+	return nil
+}
+
+// send delivers sealed batches in order until shutdown empties the queue.
+func (w *Writer) send(ctx context.Context, sp *spool.Spool, stop <-chan struct{}) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for {
+		for len(w.queue) == 0 {
+			if w.closed {
+				return
+			}
+			w.waitLocked(context.Background()) // only a state change ends the wait
+		}
+		b := w.queue[0]
+		w.mu.Unlock()
+		w.deliver(ctx, sp, stop, b)
+		w.mu.Lock()
+		w.queue[0] = nil
+		w.queue = w.queue[1:]
+		w.doneSeq = b.seq
+		w.bufRows -= int64(b.rows)
+		w.bufBytes -= int64(len(b.data))
+		// Keep the buffer while cur, the queue and the free list hold at
+		// most MaxPending+1 buffers in all: the memory bound.
+		if len(w.queue)+len(w.free) < w.cfg.MaxPending {
+			w.free = append(w.free, b.data[:0])
+		}
+		w.broadcastLocked()
+	}
+}
+
+// deliver inserts b, or spools it, or drops and counts it.
+func (w *Writer) deliver(ctx context.Context, sp *spool.Spool, stop <-chan struct{}, b *pendingBatch) {
+	sb := spool.Batch{Table: FlowsTable, Columns: FlowColumns, Token: b.token, Rows: b.rows, Data: b.data}
+	if sp != nil && sp.Len() > 0 {
+		// Older batches wait in the spool: queue behind them to keep order.
+		w.push(sp, &sb)
+		return
+	}
+	err := w.insertWithRetries(ctx, stop, &sb)
+	if err == nil {
+		return
+	}
+	permanent := !isRetryable(err)
+	switch {
+	case sp != nil:
+		if permanent {
+			if n, ok := w.rejectLog.allow(); ok {
+				w.log.Error("clickhouse rejected a batch; spooled, replay will retry it for the reject-after grace",
+					"rows", sb.Rows, "token", sb.Token, "err", err, "suppressed", n)
+			}
+		} else if n, ok := w.failLog.allow(); ok {
+			w.log.Warn("clickhouse insert failed; spooling", "rows", sb.Rows, "err", err, "suppressed", n)
+		}
+		w.push(sp, &sb)
+	case permanent:
+		w.drop(DropRejected, sb.Rows, err)
+	default:
+		w.drop(DropNoSpool, sb.Rows, err)
+	}
+}
+
+// insertWithRetries tries b up to 1+Retries times with exponential backoff.
+// A non-retryable error ends it at once; so does shutdown, after the first
+// attempt.
+func (w *Writer) insertWithRetries(ctx context.Context, stop <-chan struct{}, b *spool.Batch) error {
+	var err error
+	for i := 0; i <= max(w.cfg.Retries, 0); i++ {
+		if i > 0 {
+			if !sleepOrStop(stop, backoffDelay(w.cfg.RetryBackoff, w.cfg.MaxBackoff, i-1)) {
+				break
+			}
+			w.stats.retries.Add(1)
+			w.m.retries.Inc()
+		}
+		if ctx.Err() != nil { // shutdown deadline passed: spool without trying
+			return cmp.Or(err, ctx.Err())
+		}
+		if err = w.insert(ctx, b); err == nil || !isRetryable(err) {
+			return err
+		}
+	}
+	return err
+}
+
+// insert makes one insert attempt and records its outcome.
+func (w *Writer) insert(ctx context.Context, b *spool.Batch) error {
+	ctx, cancel := context.WithTimeout(ctx, w.cfg.InsertTimeout)
+	defer cancel()
+	start := time.Now()
+	err := w.conn.InsertRowBinary(ctx, b.Table, b.Columns, b.Token, b.Rows, b.Data)
+	w.m.insertDuration.Observe(time.Since(start).Seconds())
+	if err != nil {
+		w.stats.insertErrors.Add(1)
+		if isRetryable(err) {
+			w.m.insertErrUnavailable.Inc()
+		} else {
+			w.m.insertErrRejected.Inc()
+		}
+		return fmt.Errorf("insert %d rows into %s: %w", b.Rows, b.Table, err)
+	}
+	w.stats.rowsWritten.Add(int64(b.Rows))
+	w.stats.batchesWritten.Add(1)
+	w.m.rowsWritten.Add(float64(b.Rows))
+	w.m.batchesWritten.Inc()
+	return nil
+}
+
+// push spools b; when the spool refuses it the batch is dropped and counted.
+func (w *Writer) push(sp *spool.Spool, b *spool.Batch) {
+	err := sp.Push(*b)
+	switch {
+	case err == nil:
+		w.stats.spooledRows.Add(int64(b.Rows))
+		select {
+		case w.kick <- struct{}{}:
+		default:
+		}
+	case errors.Is(err, spool.ErrFull):
+		w.drop(DropSpoolFull, b.Rows, err)
+	default:
+		w.drop(DropSpoolError, b.Rows, err)
+	}
+}
+
+func (w *Writer) drop(reason string, rows int, err error) {
+	w.stats.droppedRows.Add(int64(rows))
+	w.m.dropped.WithLabelValues(reason).Add(float64(rows))
+	if n, ok := w.dropLog.allow(); ok {
+		w.log.Error("dropping flow rows", "reason", reason, "rows", rows, "err", err,
+			"dropped_rows_total", w.stats.droppedRows.Load(), "suppressed", n)
+	}
+}
+
+// drain replays the spool oldest-first until shutdown. While ClickHouse
+// fails it backs off exponentially, capped at MaxBackoff. A batch refused
+// with a non-retryable error for RejectAfter (and minRejectAttempts tries)
+// is moved to <SpoolDir>/rejected/ and counted as dropped.
+func (w *Writer) drain(ctx context.Context, sp *spool.Spool, stop <-chan struct{}) {
+	var (
+		failures      int       // consecutive failed attempts: the backoff exponent
+		head          string    // token of the batch the reject state is about
+		rejectedSince time.Time // first non-retryable failure of head
+		rejects       int       // non-retryable failures of head
+	)
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		b, ok, err := sp.Peek()
+		if err != nil {
+			if n, ok := w.spoolLog.allow(); ok {
+				w.log.Error("read spool", "err", err, "suppressed", n)
+			}
+			if !sleepOrStop(stop, backoffDelay(w.cfg.RetryBackoff, w.cfg.MaxBackoff, failures)) {
+				return
+			}
+			failures++
+			continue
+		}
+		if !ok {
+			select {
+			case <-w.kick:
+				continue
+			case <-stop:
+				return
+			}
+		}
+		if b.Token != head {
+			head, rejectedSince, rejects = b.Token, time.Time{}, 0
+		}
+		if failures > 0 {
+			w.stats.retries.Add(1)
+			w.m.retries.Inc()
+		}
+		err = w.insert(ctx, &b)
+		if err == nil {
+			if err := sp.Pop(); err != nil {
+				w.log.Error("remove replayed batch from spool; it will be replayed (and deduplicated) after a restart", "err", err)
+			}
+			failures = 0
+			continue
+		}
+		if !isRetryable(err) {
+			now := time.Now()
+			if rejects == 0 {
+				rejectedSince = now
+			}
+			rejects++
+			if rejects >= minRejectAttempts && now.Sub(rejectedSince) >= w.cfg.RejectAfter {
+				path, rerr := sp.Reject()
+				w.stats.droppedRows.Add(int64(b.Rows))
+				w.m.dropped.WithLabelValues(DropRejected).Add(float64(b.Rows))
+				w.log.Error("clickhouse keeps rejecting a spooled batch; moved aside",
+					"path", path, "rows", b.Rows, "token", b.Token, "since", rejectedSince, "err", err, "move_err", rerr)
+				failures = 0
+				continue
+			}
+			if n, ok := w.rejectLog.allow(); ok {
+				w.log.Error("clickhouse rejected a spooled batch; retrying", "rows", b.Rows, "token", b.Token,
+					"since", rejectedSince, "err", err, "suppressed", n)
+			}
+		} else if n, ok := w.failLog.allow(); ok {
+			w.log.Warn("clickhouse unavailable; spool replay backing off", "spool_batches", sp.Len(),
+				"spool_bytes", sp.Bytes(), "err", err, "suppressed", n)
+		}
+		if !sleepOrStop(stop, backoffDelay(w.cfg.RetryBackoff, w.cfg.MaxBackoff, failures)) {
+			return
+		}
+		failures++
+	}
+}
+
+// isRetryable reports whether err means ClickHouse could not be reached or
+// did not answer in time, as opposed to refusing the insert. Timeouts and
+// cancellations are retryable: the outcome is unknown and the dedup token
+// makes a retry safe.
+func isRetryable(err error) bool {
+	var ne net.Error
+	return errors.Is(err, ErrUnavailable) ||
+		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
+		errors.As(err, &ne) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+// backoffDelay returns base doubled n times, capped at limit.
+func backoffDelay(base, limit time.Duration, n int) time.Duration {
+	d := base
+	for ; n > 0 && d < limit; n-- {
+		d *= 2
+	}
+	return min(d, limit)
+}
+
+// sleepOrStop waits d; it returns false if stop closes first.
+func sleepOrStop(stop <-chan struct{}, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-stop:
+		return false
+	}
+}
+
+// Stats returns a snapshot of the writer's counters.
+func (w *Writer) Stats() WriterStats {
+	w.mu.Lock()
+	s := WriterStats{BufferedRows: w.bufRows, BufferedBytes: w.bufBytes}
+	w.mu.Unlock()
+	s.RowsWritten = w.stats.rowsWritten.Load()
+	s.BatchesWritten = w.stats.batchesWritten.Load()
+	s.Retries = w.stats.retries.Load()
+	s.InsertErrors = w.stats.insertErrors.Load()
+	s.SpooledRows = w.stats.spooledRows.Load()
+	s.DroppedRows = w.stats.droppedRows.Load()
+	if sp := w.spool.Load(); sp != nil {
+		s.SpoolBatches, s.SpoolRows, s.SpoolBytes = sp.Len(), sp.Rows(), sp.Bytes()
+	}
+	return s
+}
+
+// logLimiter lets one log line through per interval and counts the others.
+type logLimiter struct {
+	mu         sync.Mutex
+	every      time.Duration
+	next       time.Time
+	suppressed int
+}
+
+// allow reports whether to log now and how many lines were suppressed
+// since the last one.
+func (l *logLimiter) allow() (suppressed int, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := time.Now()
+	if now.Before(l.next) {
+		l.suppressed++
+		return 0, false
+	}
+	l.next = now.Add(l.every)
+	n := l.suppressed
+	l.suppressed = 0
+	return n, true
+}
+
+// writerMetrics are the writer's Prometheus collectors.
+type writerMetrics struct {
+	rowsWritten, batchesWritten, retries    prometheus.Counter
+	insertErrUnavailable, insertErrRejected prometheus.Counter
+	insertErrors, dropped                   *prometheus.CounterVec
+	insertDuration                          prometheus.Histogram
+	gauges                                  []prometheus.Collector
+}
+
+func newWriterMetrics(w *Writer) writerMetrics {
+	const ns, sub = "dualflow", "store"
+	m := writerMetrics{
+		rowsWritten: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "rows_written_total", Help: "Flow rows inserted into ClickHouse (directly or replayed from the spool)."}),
+		batchesWritten: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "batches_written_total", Help: "Batches inserted into ClickHouse."}),
+		retries: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "insert_retries_total", Help: "Insert attempts that followed a failed attempt (fast retries and spool replays)."}),
+		insertErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "insert_errors_total", Help: "Failed insert attempts, by kind: unavailable (retryable) or rejected (refused by ClickHouse)."},
+			[]string{"kind"}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "dropped_rows_total", Help: "Flow rows not written to ClickHouse, by reason: spool_full, spool_error, no_spool, rejected (moved to <spool>/rejected/)."},
+			[]string{"reason"}),
+		insertDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub,
+			Name: "insert_duration_seconds", Help: "Duration of insert attempts, failed ones included.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2.5, 12)}), // 1ms .. 24s
+	}
+	m.insertErrUnavailable = m.insertErrors.WithLabelValues("unavailable")
+	m.insertErrRejected = m.insertErrors.WithLabelValues("rejected")
+	for _, r := range []string{DropSpoolFull, DropSpoolError, DropNoSpool, DropRejected} {
+		m.dropped.WithLabelValues(r) // export zeros
+	}
+	spoolStat := func(f func(*spool.Spool) float64) func() float64 {
+		return func() float64 {
+			if sp := w.spool.Load(); sp != nil {
+				return f(sp)
+			}
+			return 0
+		}
+	}
+	m.gauges = []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+			Name: "spool_batches", Help: "Batches waiting in the on-disk spool."},
+			spoolStat(func(sp *spool.Spool) float64 { return float64(sp.Len()) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+			Name: "spool_bytes", Help: "Size of the on-disk spool in bytes."},
+			spoolStat(func(sp *spool.Spool) float64 { return float64(sp.Bytes()) })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: ns, Subsystem: sub,
+			Name: "spool_corrupt_files_total", Help: "Unreadable spool files moved to <spool>/corrupt/."},
+			spoolStat(func(sp *spool.Spool) float64 { return float64(sp.Corrupt()) })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+			Name: "buffered_rows", Help: "Flow rows held in memory (current batch and sealed batches)."},
+			func() float64 { return float64(w.Stats().BufferedRows) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub,
+			Name: "buffered_bytes", Help: "Encoded bytes of the flow rows held in memory."},
+			func() float64 { return float64(w.Stats().BufferedBytes) }),
+	}
+	return m
+}
+
+func (m *writerMetrics) register(reg prometheus.Registerer) error {
+	cs := append([]prometheus.Collector{m.rowsWritten, m.batchesWritten, m.retries, m.insertErrors, m.dropped, m.insertDuration}, m.gauges...)
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
