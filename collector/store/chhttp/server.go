@@ -248,13 +248,12 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) (kind string, er
 	// The query text is the query parameter, a newline, then the body; an
 	// INSERT's data follows its FORMAT clause. Read at most MaxQuerySize
 	// bytes of body to find out which.
-	prefix := make([]byte, s.cfg.MaxQuerySize+1)
-	n, rerr := io.ReadFull(body, prefix)
-	prefix = prefix[:n]
-	exhausted := rerr == io.EOF || errors.Is(rerr, io.ErrUnexpectedEOF)
-	if rerr != nil && !exhausted {
-		return kind, readError(rerr)
+	var buf bytes.Buffer
+	if _, err := buf.ReadFrom(io.LimitReader(body, int64(s.cfg.MaxQuerySize)+1)); err != nil {
+		return kind, readError(err)
 	}
+	prefix := buf.Bytes()
+	exhausted := len(prefix) <= s.cfg.MaxQuerySize
 	text := req.query
 	if text != "" && len(prefix) > 0 {
 		text += "\n"
