@@ -25,6 +25,7 @@ type command struct {
 func commands() []command {
 	return []command{
 		{"collector", "receive flows, enrich them and write them to ClickHouse", runCollector},
+		{"exporter", "export kernel conntrack connections as IPFIX (one per node)", runExporter},
 		{"lab", "build a dual-stack lab cluster in network namespaces", runLab},
 		{"demo", "run the whole product on one machine: lab, collector, embedded ClickHouse (make run)", runDemo},
 		{"migrate", "apply the ClickHouse schema migrations (or print them)", runMigrate},

@@ -1,0 +1,37 @@
+package main
+
+import (
+	"context"
+
+	"github.com/dualflow/dualflow/exporter"
+)
+
+func runExporter(ctx context.Context, args []string) error {
+	fs := newFlagSet("exporter", "[flags]", `Export the kernel's conntrack connections (IPv4 and IPv6) of this node as
+IPFIX to the collector. Run one per node, with CAP_NET_ADMIN (root), in the
+host network namespace or pointed at another one with --exporter.netns.
+Counters and start times need net.netfilter.nf_conntrack_acct=1 and
+nf_conntrack_timestamp=1 in the target namespace.
+
+  dualflow exporter --node-name node-1 --exporter.ipfix.collector collector:4739
+  dualflow exporter --exporter.netns df-node-1 --exporter.ipv4=false --exporter.ipfix.collector '[::1]:4739'
+  dualflow exporter --exporter.ipfix.transport tls --exporter.ipfix.ca-file ca.pem \
+      --exporter.ipfix.cert-file node.pem --exporter.ipfix.key-file node-key.pem
+
+On SIGTERM it flushes every tracked connection with flow end reason
+"forced end", sends what is buffered and exits.`)
+	cfg := exporter.NewConfig()
+	cfg.BindFlags(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg.SetDefaults()
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	e, err := exporter.New(cfg)
+	if err != nil {
+		return err
+	}
+	return e.Run(ctx)
+}

@@ -1,0 +1,324 @@
+// Package exporter is `dualflow exporter`, run on every node: it turns the
+// kernel's connection tracking table (exporter/conntrack) into flow records
+// through the connection store (exporter/connstore) and ships them as IPFIX
+// to the collector (exporter/ipfix), IPv4 and IPv6 alike.
+//
+//	conntrack dumps + NEW/DESTROY events → connstore (deltas, timeouts) → IPFIX sender → collector
+//
+// Records carry the node name, "conntrack" as their source and, when pod
+// CIDRs are configured, the flow type and the node of local endpoints.
+// Prometheus metrics are served on Config.MetricsAddr.
+package exporter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/dualflow/dualflow/exporter/connstore"
+	"github.com/dualflow/dualflow/exporter/conntrack"
+	"github.com/dualflow/dualflow/exporter/ipfix"
+	"github.com/dualflow/dualflow/flow"
+	fipfix "github.com/dualflow/dualflow/flow/ipfix"
+)
+
+// source is the conntrack table as the exporter uses it; *conntrack.Source
+// implements it, tests use a fake.
+type source interface {
+	Dump(version uint8, dst []connstore.Conn) ([]connstore.Conn, error)
+	Listen(ctx context.Context, fn func([]connstore.Conn)) error
+	Accounting() (conntrack.Accounting, error)
+	Close() error
+}
+
+var _ source = (*conntrack.Source)(nil)
+
+// Exporter runs the pipeline of one node.
+type Exporter struct {
+	cfg    Config
+	src    source // nil: opened by Run
+	store  *connstore.Store
+	sender *ipfix.Exporter
+	reg    *prometheus.Registry
+	m      *metrics
+	cls    classifier
+
+	versions []uint8
+	dumpBuf  []connstore.Conn // poll goroutine only
+	recBuf   []flow.Record    // poll goroutine only
+
+	ready       chan struct{} // closed once Run has started everything
+	metricsAddr net.Addr      // set before ready is closed
+	pollLog     rateLog
+	eventLog    rateLog
+}
+
+// expireEvery is how often the store is checked for records due. It bounds
+// how late an ended connection is exported.
+const expireEvery = time.Second
+
+// shutdownGrace bounds stopping the metrics server.
+const shutdownGrace = 2 * time.Second
+
+// New builds an exporter from cfg, which must have been through SetDefaults
+// and Validate. The conntrack table is opened by Run.
+func New(cfg Config) (*Exporter, error) {
+	return newExporter(cfg, nil)
+}
+
+func newExporter(cfg Config, src source) (*Exporter, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	store, err := connstore.New(cfg.Store)
+	if err != nil {
+		return nil, err
+	}
+	sender, err := ipfix.New(cfg.IPFIX)
+	if err != nil {
+		return nil, err
+	}
+	e := &Exporter{
+		cfg: cfg, src: src, store: store, sender: sender, reg: prometheus.NewRegistry(),
+		cls:      classifier{node: cfg.NodeName, local: cfg.LocalCIDRs, cluster: cfg.ClusterCIDRs},
+		versions: cfg.source().Versions(),
+		ready:    make(chan struct{}),
+	}
+	e.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	e.m = newMetrics(e.reg, store, sender)
+	return e, nil
+}
+
+// Run opens the conntrack table and the metrics listener, then polls,
+// listens for events and exports until ctx is done. It then stops the event
+// subscription, dumps the table once more, flushes every tracked connection
+// with reason forced end, sends what is buffered (for at most
+// Config.IPFIX.DrainTimeout), closes everything and returns. It returns an
+// error only when it cannot start.
+func (e *Exporter) Run(ctx context.Context) error {
+	src := e.src
+	if src == nil {
+		s, err := conntrack.Open(e.cfg.source())
+		if err != nil {
+			return err
+		}
+		src = s
+	}
+	defer src.Close()
+	if err := e.checkAccounting(src); err != nil {
+		return err
+	}
+	var srv *http.Server
+	var ln net.Listener
+	if e.cfg.MetricsAddr != "" {
+		var err error
+		if ln, err = net.Listen("tcp", e.cfg.MetricsAddr); err != nil {
+			return fmt.Errorf("metrics listener: %w", err)
+		}
+		e.metricsAddr = ln.Addr()
+		mux := http.NewServeMux()
+		mux.Handle("/metrics", promhttp.HandlerFor(e.reg, promhttp.HandlerOpts{Registry: e.reg}))
+		srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	}
+
+	var wg sync.WaitGroup
+	sendCtx, stopSend := context.WithCancel(context.Background())
+	defer stopSend()
+	wg.Go(func() { e.sender.Run(sendCtx) })
+	if srv != nil {
+		wg.Go(func() {
+			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				slog.Error("metrics server stopped", "err", err)
+			}
+		})
+	}
+	evCtx, stopEvents := context.WithCancel(ctx)
+	defer stopEvents()
+	reconcile := make(chan struct{}, 1) // cap 1: a pending reconcile covers every later request
+	var evWG sync.WaitGroup
+	if e.cfg.Events {
+		evWG.Go(func() { e.listen(evCtx, src, reconcile) })
+	}
+	slog.Info("exporter started", "node", e.cfg.NodeName, "netns", e.cfg.NetNS, "ipv4", e.cfg.IPv4, "ipv6", e.cfg.IPv6,
+		"zones", e.cfg.Zones, "collector", e.cfg.IPFIX.Address, "transport", e.cfg.IPFIX.Transport,
+		"metrics", e.metricsAddr, "events", e.cfg.Events)
+	close(e.ready)
+
+	e.poll(src)
+	pollT := time.NewTicker(e.cfg.PollInterval)
+	defer pollT.Stop()
+	expireT := time.NewTicker(min(expireEvery, e.cfg.PollInterval))
+	defer expireT.Stop()
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case <-pollT.C:
+			e.poll(src)
+		case <-reconcile:
+			e.poll(src)
+		case now := <-expireT.C:
+			e.expire(now)
+		}
+	}
+
+	// Teardown: no more events, one last look at the counters, then
+	// everything out with reason forced end.
+	stopEvents()
+	evWG.Wait()
+	e.poll(src)
+	e.post(e.store.Flush(flow.EndReasonForcedEnd, e.recBuf[:0]))
+	e.sender.Flush()
+	stopSend()
+	if srv != nil {
+		sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+		srv.Shutdown(sctx)
+		cancel()
+	}
+	wg.Wait()
+	st := e.sender.Stats()
+	slog.Info("exporter stopped", "records_sent", st.Records[0]+st.Records[1],
+		"dropped_buffer_full", st.DroppedBufferFull, "dropped_shutdown", st.DroppedShutdown)
+	return nil
+}
+
+// checkAccounting reports the sysctls counters and timestamps depend on,
+// and fails when they are off and Config.RequireAccounting is set.
+func (e *Exporter) checkAccounting(src source) error {
+	a, err := src.Accounting()
+	if err != nil {
+		if e.cfg.RequireAccounting {
+			return err
+		}
+		slog.Warn("cannot read the conntrack sysctls of the target netns; counters and start times may be missing", "err", err)
+		return nil
+	}
+	e.m.setAccounting(a)
+	if err := a.Err(); err != nil {
+		if e.cfg.RequireAccounting && (!a.Acct || !a.Timestamp) {
+			return err
+		}
+		slog.Warn("exporting with degraded records", "err", err)
+	}
+	return nil
+}
+
+// poll dumps every enabled family, merges the entries, marks vanished
+// connections as ended and exports what is due.
+func (e *Exporter) poll(src source) {
+	recs := e.recBuf[:0]
+	for _, v := range e.versions {
+		began := time.Now()
+		var err error
+		e.dumpBuf, err = src.Dump(v, e.dumpBuf[:0])
+		if err != nil {
+			e.m.pollErrors.WithLabelValues(familyOf(v)).Inc()
+			e.pollLog.log("conntrack dump failed", "family", familyOf(v), "err", err)
+			continue
+		}
+		recs = e.store.Merge(e.dumpBuf, time.Now(), recs)
+		e.store.Sweep(v, began)
+		e.m.pollDuration.WithLabelValues(familyOf(v)).Observe(time.Since(began).Seconds())
+	}
+	recs = e.store.Expire(time.Now(), recs)
+	e.post(recs)
+	e.recBuf = recs[:0]
+	clear(e.dumpBuf) // drop references to strings of the last dump
+}
+
+// expire exports the records due at now.
+func (e *Exporter) expire(now time.Time) {
+	recs := e.store.Expire(now, e.recBuf[:0])
+	e.post(recs)
+	e.recBuf = recs[:0]
+}
+
+// listen feeds conntrack events into the store until ctx is done,
+// subscribing again after a failure. Lost events (ENOBUFS) trigger a
+// reconciling poll.
+func (e *Exporter) listen(ctx context.Context, src source, reconcile chan<- struct{}) {
+	var recs []flow.Record
+	newEv, destroyEv := e.m.events.WithLabelValues("new"), e.m.events.WithLabelValues("destroy")
+	for {
+		err := src.Listen(ctx, func(batch []connstore.Conn) {
+			for i := range batch {
+				if batch[i].Ended {
+					destroyEv.Inc()
+				} else {
+					newEv.Inc()
+				}
+			}
+			recs = e.store.Merge(batch, time.Now(), recs[:0])
+			e.post(recs)
+		})
+		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, conntrack.ErrEventsLost) {
+			e.m.eventLoss.Inc()
+			e.eventLog.log("conntrack events lost; reconciling with a dump", "err", err)
+			select {
+			case reconcile <- struct{}{}:
+			default:
+			}
+			continue
+		}
+		e.m.eventErrors.Inc()
+		e.eventLog.log("conntrack event subscription failed; retrying", "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// post completes records with what the exporter knows and hands them to
+// the IPFIX sender.
+func (e *Exporter) post(recs []flow.Record) {
+	if len(recs) == 0 {
+		return
+	}
+	for i := range recs {
+		r := &recs[i]
+		r.ExporterNode = e.cfg.NodeName
+		r.Source = fipfix.SourceConntrack
+		e.cls.classify(r)
+	}
+	e.m.countRecords(recs)
+	e.sender.Export(recs)
+}
+
+// rateLog logs a warning at most once a minute, with the number of
+// occurrences it held back.
+type rateLog struct {
+	mu         sync.Mutex
+	last       time.Time
+	suppressed int
+}
+
+const rateLogEvery = time.Minute
+
+func (l *rateLog) log(msg string, args ...any) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.last.IsZero() && time.Since(l.last) < rateLogEvery {
+		l.suppressed++
+		return
+	}
+	if l.suppressed > 0 {
+		args = append(args, "suppressed", l.suppressed)
+	}
+	slog.Warn(msg, args...)
+	l.last, l.suppressed = time.Now(), 0
+}
