@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -61,6 +62,10 @@ func (e *Embedded) InsertRowBinary(ctx context.Context, table string, columns []
 	q := insertQuery(qualify(e.database, table), columns, dedupToken)
 	n, err := e.db.Insert(ctx, q, bytes.NewReader(data))
 	if err != nil {
+		var ce *chdb.Error
+		if errors.As(err, &ce) {
+			err = markTemporary(ce.Code, err)
+		}
 		return fmt.Errorf("insert %d rows into %s: %w", rows, table, err)
 	}
 	// The engine counts rows written to the table and to every materialized

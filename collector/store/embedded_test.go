@@ -136,12 +136,13 @@ func wantColumns(r flow.Record) map[string]any {
 	}
 }
 
-// checkAllColumns reads back every column of the flows table for an IPv4
-// and an IPv6 record written through c.
-func checkAllColumns(t *testing.T, c Conn) {
+// checkAllColumns reads back (through the embedded engine) every column of
+// the flows table for an IPv4 and an IPv6 record written through w.
+func checkAllColumns(t *testing.T, w Conn) {
+	c := needEngine(t)
 	truncate(t, c)
 	v4, v6 := sampleRecord(1, false), sampleRecord(2, true)
-	insertRecords(t, c, "", v4, v6)
+	insertRecords(t, w, "", v4, v6)
 	rows := queryJSON(t, c, "SELECT * FROM dualflow.flows ORDER BY ip_version SETTINGS output_format_json_quote_64bit_integers = 1")
 	if len(rows) != 2 {
 		t.Fatalf("got %d rows, want 2", len(rows))

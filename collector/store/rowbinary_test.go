@@ -1,6 +1,7 @@
 package store
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"reflect"
@@ -156,4 +157,17 @@ func BenchmarkAppendFlowRow(b *testing.B) {
 		total += len(buf) - n
 	}
 	b.ReportMetric(float64(total)/float64(b.N), "bytes/row")
+}
+
+func TestMarkTemporary(t *testing.T) {
+	base := errors.New("Code: 241. DB::Exception: memory limit exceeded")
+	if err := markTemporary(241, base); !errors.Is(err, ErrUnavailable) || !errors.Is(err, base) {
+		t.Errorf("241 not marked temporary: %v", err)
+	}
+	if err := markTemporary(62, base); errors.Is(err, ErrUnavailable) {
+		t.Errorf("62 (syntax error) marked temporary")
+	}
+	if markTemporary(241, nil) != nil {
+		t.Error("nil error marked")
+	}
 }

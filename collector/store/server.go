@@ -122,7 +122,7 @@ func classify(err error) error {
 	}
 	var ex *clickhouse.Exception
 	if errors.As(err, &ex) {
-		return err
+		return markTemporary(int(ex.Code), err)
 	}
 	var ne net.Error
 	var oe *net.OpError

@@ -10,11 +10,15 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 )
 
 // Conn is the small surface the writer, the migration runner and
 // `dualflow sql` need from ClickHouse. Implementations are safe for
-// concurrent use.
+// concurrent use, honour ctx (a Conn that ignores it can stall the writer's
+// shutdown), and do not keep the data slice after returning (the writer
+// reuses its buffers). Errors that mean "try again later" wrap
+// ErrUnavailable.
 type Conn interface {
 	// Exec runs one statement that returns no rows (DDL, INSERT ... SELECT).
 	Exec(ctx context.Context, query string) error
@@ -32,3 +36,27 @@ type Conn interface {
 // ErrUnavailable wraps errors that mean ClickHouse could not be reached (as
 // opposed to a bad query). The writer retries and spools on it.
 var ErrUnavailable = errors.New("clickhouse unavailable")
+
+// temporaryCodes are ClickHouse exception codes that clear up by themselves
+// (overload, memory pressure, a replica catching up): the writer retries and
+// spools on them instead of treating the batch as refused.
+var temporaryCodes = map[int]bool{
+	159: true, // TIMEOUT_EXCEEDED
+	202: true, // TOO_MANY_SIMULTANEOUS_QUERIES
+	209: true, // SOCKET_TIMEOUT
+	210: true, // NETWORK_ERROR
+	241: true, // MEMORY_LIMIT_EXCEEDED
+	242: true, // TABLE_IS_READ_ONLY (replica lost ZooKeeper/Keeper session)
+	252: true, // TOO_MANY_PARTS
+	285: true, // TOO_FEW_LIVE_REPLICAS
+	319: true, // UNKNOWN_STATUS_OF_INSERT
+	999: true, // KEEPER_EXCEPTION
+}
+
+// markTemporary wraps err with ErrUnavailable when code is temporary.
+func markTemporary(code int, err error) error {
+	if err != nil && temporaryCodes[code] {
+		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	}
+	return err
+}
