@@ -120,3 +120,14 @@ func TestGeneratorValidate(t *testing.T) {
 		t.Fatal("want an error for a flow without netns")
 	}
 }
+
+func FuzzParseReply(f *testing.F) {
+	f.Add("backend/api 198.18.1.10:40000\n")
+	f.Add("backend/api [fd00:10:0:1::10]:40000\n")
+	f.Fuzz(func(t *testing.T, line string) {
+		name, addr, err := parseReply(line)
+		if err == nil && (name == "" && addr == netip.AddrPort{}) {
+			t.Errorf("parseReply(%q) returned nothing without error", line)
+		}
+	})
+}
