@@ -327,3 +327,41 @@ func TestListenClosesCleanly(t *testing.T) {
 		t.Fatal("Listen did not return after cancel")
 	}
 }
+
+// TestEventsLost floods a tiny event socket buffer behind a slow consumer:
+// the kernel drops events and Listen must say so with ErrEventsLost.
+func TestEventsLost(t *testing.T) {
+	l := ctlab.New(t, "ctlost")
+	s := open(t, Config{NetNS: l.Router, IPv4: true, IPv6: true, ReadBuffer: 4096})
+	c, err := ct.Dial(&netlink.Config{NetNS: int(s.ns.Fd())})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- s.Listen(ctx, func([]connstore.Conn) { time.Sleep(20 * time.Millisecond) }) }()
+	time.Sleep(50 * time.Millisecond)
+	for i := range 20000 {
+		src := netip.AddrFrom4([4]byte{198, 18, byte(20 + i>>8), byte(i)})
+		if i%2 == 1 {
+			src = netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x10, 0, 0x20, 14: byte(i >> 8), 15: byte(i)})
+		}
+		dst := netip.AddrFrom4([4]byte{198, 18, 250, 1})
+		if src.Is6() {
+			dst = netip.MustParseAddr("fd00:10:250::1")
+		}
+		if err := c.Create(ct.NewFlow(flow.ProtoUDP, ct.StatusConfirmed, src, dst, 1000, 53, 30, 0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrEventsLost) {
+			t.Fatalf("Listen returned %v, want ErrEventsLost", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("no event loss reported")
+	}
+}
