@@ -4,10 +4,13 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/dualflow/dualflow/lab/manifest"
+	"github.com/dualflow/dualflow/lab/topology"
 )
 
 // WriteStatus prints the nodes, pods and services of the lab, and whether
@@ -34,7 +37,7 @@ func (l *Lab) WriteStatus(w io.Writer) error {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s (%s)\t\n", n.Name, n.Labels[manifest.LabelZone], strings.Join(ips, ","),
 			strings.Join(n.Spec.PodCIDRs, ","), n.Annotations[manifest.AnnotationNetNS], exists(l.NodeNetNSPath(n.Name)))
 	}
-	fmt.Fprintln(tw, "\nPOD\tNODE\tPOD IPS\tPORTS\tNETNS\t")
+	fmt.Fprintln(tw, "\nPOD\tNODE\tPOD IPS\tPORTS\tNETNS\tAGENT\t")
 	for i := range l.Manifest.Pods {
 		p := &l.Manifest.Pods[i]
 		var ips, ports []string
@@ -44,8 +47,8 @@ func (l *Lab) WriteStatus(w io.Writer) error {
 		for _, cp := range manifest.Ports(p) {
 			ports = append(ports, fmt.Sprintf("%s=%d/%s", cp.Name, cp.ContainerPort, cp.Protocol))
 		}
-		fmt.Fprintf(tw, "%s/%s\t%s\t%s\t%s\t%s (%s)\t\n", p.Namespace, p.Name, p.Spec.NodeName, strings.Join(ips, ","),
-			strings.Join(ports, ","), p.Annotations[manifest.AnnotationNetNS], exists(l.PodNetNSPath(p)))
+		fmt.Fprintf(tw, "%s/%s\t%s\t%s\t%s\t%s (%s)\t%s\t\n", p.Namespace, p.Name, p.Spec.NodeName, strings.Join(ips, ","),
+			strings.Join(ports, ","), p.Annotations[manifest.AnnotationNetNS], exists(l.PodNetNSPath(p)), l.agentStatus("pod-"+p.Namespace+"-"+p.Name))
 	}
 	fmt.Fprintln(tw, "\nSERVICE\tFAMILY POLICY\tCLUSTER IPS\tPORTS\t")
 	for _, s := range l.Manifest.Services {
@@ -59,9 +62,27 @@ func (l *Lab) WriteStatus(w io.Writer) error {
 		}
 		fmt.Fprintf(tw, "%s/%s\t%s\t%s\t%s\t\n", s.Namespace, s.Name, pol, strings.Join(s.Spec.ClusterIPs, ","), strings.Join(ports, ","))
 	}
+	fmt.Fprintf(tw, "\ntraffic generator: %s\n", l.agentStatus("traffic"))
 	fmt.Fprintln(tw, "\nNETWORKPOLICY\t")
 	for _, p := range l.Manifest.NetworkPolicies {
 		fmt.Fprintf(tw, "%s/%s\t\n", p.Namespace, p.Name)
 	}
 	return tw.Flush()
+}
+
+// agentStatus reports the agent process recorded in run/<name>.pid:
+// "pid N", "pid N (dead)", or "-" without a pid file (in-process agents).
+func (l *Lab) agentStatus(name string) string {
+	b, err := os.ReadFile(filepath.Join(l.cfg.StateDir, runDir, name+".pid"))
+	if err != nil {
+		return "-"
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return "bad pid file"
+	}
+	if !topology.Alive(pid) {
+		return fmt.Sprintf("pid %d (dead)", pid)
+	}
+	return fmt.Sprintf("pid %d", pid)
 }

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dualflow/dualflow/flow"
 	"github.com/dualflow/dualflow/lab"
@@ -40,6 +42,7 @@ var scenarios = []scenario{
 	{"icmp", icmpScenario},
 	{"nflog", nflogScenario},
 	{"policy-matrix", policyMatrix},
+	{"policy-reload", policyReload},
 }
 
 // TestScenarios runs every scenario in every mode; the modes run in
@@ -429,4 +432,42 @@ func nflogScenario(t *testing.T, e *env) {
 			}
 		}
 	})
+}
+
+// policyReload adds a NetworkPolicy to the manifest, reloads the rules and
+// sees the flow allowed, then removes it and sees it dropped again.
+func policyReload(t *testing.T, e *env) {
+	orig := e.l.Manifest.NetworkPolicies
+	t.Cleanup(func() {
+		e.l.Manifest.NetworkPolicies = orig
+		if err := e.l.Reload(context.Background()); err != nil {
+			t.Errorf("reload: %v", err)
+		}
+	})
+	allowTools := networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: manifest.NSBackend, Name: "allow-tools"},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "api"}},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{
+				From: []networkingv1.NetworkPolicyPeer{{NamespaceSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"team": "ops"}}}},
+			}},
+		},
+	}
+	e.l.Manifest.NetworkPolicies = append(append([]networkingv1.NetworkPolicy(nil), orig...), allowTools)
+	if err := e.l.Reload(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	rule := nft.RuleName(manifest.NSBackend, "allow-tools", nft.Ingress, 0)
+	e.eachFamily(t, func(t *testing.T, f corev1.IPFamily) {
+		to := netip.AddrPortFrom(addr(t, e.api[2], f), manifest.PortHTTP)
+		if d := e.delta(t, "node-2", rule, func() { e.mustReach(t, e.probe[1], agent.TCP, to) }); d < 1 {
+			t.Errorf("%s gained %d packets, want >= 1", rule, d)
+		}
+	})
+	e.l.Manifest.NetworkPolicies = orig
+	if err := e.l.Reload(ctx(t)); err != nil {
+		t.Fatal(err)
+	}
+	f := e.mode.Families()[0]
+	e.mustDrop(t, e.probe[1], agent.TCP, netip.AddrPortFrom(addr(t, e.api[2], f), manifest.PortHTTP))
 }
