@@ -215,6 +215,12 @@ func (e *Exporter) checkAccounting(src source) error {
 
 // poll dumps every enabled family, merges the entries, marks vanished
 // connections as ended and exports what is due.
+//
+// Expire only runs on this goroutine, after the merge of a dump: an entry
+// a dump still holds but whose DESTROY event the event goroutine merged
+// meanwhile stays in the store (ended) until that dump is merged, so a
+// stale dump can never bring an exported connection back and count it
+// twice.
 func (e *Exporter) poll(src source) {
 	recs := e.recBuf[:0]
 	for _, v := range e.versions {
