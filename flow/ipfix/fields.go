@@ -11,53 +11,53 @@ type Field uint8
 // decode input that fills one in combination (seconds fallbacks, policy
 // name parts, Antrea rule actions).
 const (
-	FieldNone                Field = iota // not in the mapping
-	FieldFlowStartMillis                  // FlowStart, unix ms
-	FieldFlowEndMillis                    // FlowEnd, unix ms
-	FieldFlowStartSeconds                 // FlowStart when no ms element, unix s
-	FieldFlowEndSeconds                   // FlowEnd when no ms element, unix s
-	FieldEndReason                        // EndReason
-	FieldSrcAddr4                         // SrcAddr
-	FieldDstAddr4                         // DstAddr
-	FieldSrcAddr6                         // SrcAddr
-	FieldDstAddr6                         // DstAddr
-	FieldSrcPort                          // SrcPort
-	FieldDstPort                          // DstPort
-	FieldProto                            // Proto
-	FieldPackets                          // Packets
-	FieldBytes                            // Bytes
-	FieldPacketsDelta                     // PacketsDelta
-	FieldBytesDelta                       // BytesDelta
-	FieldReversePackets                   // ReversePackets
-	FieldReverseBytes                     // ReverseBytes
-	FieldReversePacketsDelta              // ReversePacketsDelta
-	FieldReverseBytesDelta                // ReverseBytesDelta
-	FieldSNATAddr4                        // SNATAddr (unspecified = none)
-	FieldSNATAddr6                        // SNATAddr (unspecified = none)
-	FieldSNATPort                         // SNATPort (0 = none)
-	FieldServiceAddr4                     // ServiceAddr (unspecified = none)
-	FieldServiceAddr6                     // ServiceAddr (unspecified = none)
-	FieldServicePort                      // ServicePort (0 = none)
-	FieldServicePortName                  // Service, Antrea "namespace/name:port"
-	FieldFlowType                         // Type
-	FieldZone                             // Zone
-	FieldMark                             // Mark
-	FieldTCPState                         // TCPState
-	FieldSrcNodeName                      // Src.NodeName
-	FieldDstNodeName                      // Dst.NodeName
-	FieldSrcPodNamespace                  // Src.PodNamespace
-	FieldSrcPodName                       // Src.PodName
-	FieldDstPodNamespace                  // Dst.PodNamespace
-	FieldDstPodName                       // Dst.PodName
-	FieldExporterNode                     // ExporterNode (observationDomainName)
-	FieldSource                           // Source
-	FieldIngressPolicyName                // Ingress.ReportedName, name part
-	FieldIngressPolicyNamespace           // Ingress.ReportedName, namespace part
-	FieldEgressPolicyName                 // Egress.ReportedName, name part
-	FieldEgressPolicyNamespace            // Egress.ReportedName, namespace part
-	FieldIngressAction                    // Ingress.ReportedVerdict (Antrea rule action)
-	FieldEgressAction                     // Egress.ReportedVerdict (Antrea rule action)
-	NumFields                             // number of Field values
+	FieldNone                   Field = iota // not in the mapping
+	FieldFlowStartMillis                     // FlowStart, unix ms
+	FieldFlowEndMillis                       // FlowEnd, unix ms
+	FieldFlowStartSeconds                    // FlowStart when no ms element, unix s
+	FieldFlowEndSeconds                      // FlowEnd when no ms element, unix s
+	FieldEndReason                           // EndReason
+	FieldSrcAddr4                            // SrcAddr
+	FieldDstAddr4                            // DstAddr
+	FieldSrcAddr6                            // SrcAddr
+	FieldDstAddr6                            // DstAddr
+	FieldSrcPort                             // SrcPort
+	FieldDstPort                             // DstPort
+	FieldProto                               // Proto
+	FieldPackets                             // Packets
+	FieldBytes                               // Bytes
+	FieldPacketsDelta                        // PacketsDelta
+	FieldBytesDelta                          // BytesDelta
+	FieldReversePackets                      // ReversePackets
+	FieldReverseBytes                        // ReverseBytes
+	FieldReversePacketsDelta                 // ReversePacketsDelta
+	FieldReverseBytesDelta                   // ReverseBytesDelta
+	FieldSNATAddr4                           // SNATAddr (unspecified = none)
+	FieldSNATAddr6                           // SNATAddr (unspecified = none)
+	FieldSNATPort                            // SNATPort (0 = none)
+	FieldServiceAddr4                        // ServiceAddr (unspecified = none)
+	FieldServiceAddr6                        // ServiceAddr (unspecified = none)
+	FieldServicePort                         // ServicePort (0 = none)
+	FieldServicePortName                     // Service, Antrea "namespace/name:port"
+	FieldFlowType                            // Type
+	FieldZone                                // Zone
+	FieldMark                                // Mark
+	FieldTCPState                            // TCPState
+	FieldSrcNodeName                         // Src.NodeName
+	FieldDstNodeName                         // Dst.NodeName
+	FieldSrcPodNamespace                     // Src.PodNamespace
+	FieldSrcPodName                          // Src.PodName
+	FieldDstPodNamespace                     // Dst.PodNamespace
+	FieldDstPodName                          // Dst.PodName
+	FieldExporterNode                        // ExporterNode (observationDomainName)
+	FieldSource                              // Source
+	FieldIngressPolicyName                   // Ingress.ReportedName, name part
+	FieldIngressPolicyNamespace              // Ingress.ReportedName, namespace part
+	FieldEgressPolicyName                    // Egress.ReportedName, name part
+	FieldEgressPolicyNamespace               // Egress.ReportedName, namespace part
+	FieldIngressAction                       // Ingress.ReportedVerdict (Antrea rule action)
+	FieldEgressAction                        // Egress.ReportedVerdict (Antrea rule action)
+	NumFields                                // number of Field values
 )
 
 var fieldOf = map[key]Field{
