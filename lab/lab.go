@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -222,13 +223,32 @@ func (l *Lab) applyRules(ctx context.Context) error {
 				errs[i] = err
 				return
 			}
-			if _, err := nsrun.Output(ctx, l.NodeNetNSPath(n.Name), []byte(rules), "nft", "-f", "-"); err != nil {
+			nftBin, err := NFTPath()
+			if err != nil {
+				errs[i] = err
+				return
+			}
+			if _, err := nsrun.Output(ctx, l.NodeNetNSPath(n.Name), []byte(rules), nftBin, "-f", "-"); err != nil {
 				errs[i] = fmt.Errorf("node %s: load ruleset: %w", n.Name, err)
 			}
 		})
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// NFTPath finds the nft binary on PATH or in the sbin directories (which
+// a non-login root shell may lack on PATH).
+func NFTPath() (string, error) {
+	if p, err := exec.LookPath("nft"); err == nil {
+		return p, nil
+	}
+	for _, p := range []string{"/usr/sbin/nft", "/sbin/nft", "/usr/local/sbin/nft"} {
+		if _, err := os.Stat(p); err == nil {
+			return p, nil
+		}
+	}
+	return "", errors.New("nft not found (install nftables)")
 }
 
 // Reload re-renders and reloads every node's ruleset from l.Manifest, e.g.

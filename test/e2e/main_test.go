@@ -84,10 +84,8 @@ func requirePrereqs(t *testing.T) {
 	if os.Geteuid() != 0 {
 		missing = append(missing, "root")
 	}
-	for _, bin := range []string{"nft"} {
-		if _, err := exec.LookPath(bin); err != nil {
-			missing = append(missing, bin+" (apt-get install nftables)")
-		}
+	if _, err := lab.NFTPath(); err != nil {
+		missing = append(missing, "nft (apt-get install nftables)")
 	}
 	if len(missing) == 0 {
 		return
