@@ -21,15 +21,15 @@ func benchFlows(n int) []flow.Record {
 	for i := range recs {
 		v6 := i%2 == 1
 		ns, wl := namespaces[i%len(namespaces)], workloads[i%len(workloads)]
-		src := netip.AddrFrom4([4]byte{10, 244, byte(i >> 8), byte(i)})
-		dst := netip.AddrFrom4([4]byte{10, 244, byte(i >> 4), byte(i * 7)})
-		svc := netip.AddrFrom4([4]byte{10, 96, 0, byte(i)})
-		exp := netip.AddrFrom4([4]byte{192, 168, 0, byte(i % 5)})
+		src := netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)})
+		dst := netip.AddrFrom4([4]byte{198, 18, byte(i >> 4), byte(i * 7)})
+		svc := netip.AddrFrom4([4]byte{198, 19, 0, byte(i)})
+		exp := netip.AddrFrom4([4]byte{198, 18, 255, byte(i % 5)})
 		if v6 {
-			src = netip.AddrFrom16([16]byte{0xfd, 0, 0x10, 0x24, 0x40, byte(i >> 8), 0, 0, 0, 0, 0, 0, 0, 0, byte(i >> 8), byte(i)})
-			dst = netip.AddrFrom16([16]byte{0xfd, 0, 0x10, 0x24, 0x40, byte(i >> 4), 0, 0, 0, 0, 0, 0, 0, 0, 0x1, byte(i * 7)})
-			svc = netip.AddrFrom16([16]byte{0xfd, 0, 0x10, 0x96, 15: byte(i)})
-			exp = netip.AddrFrom16([16]byte{0xfd, 0, 0x19, 0x2, 15: byte(i % 5)})
+			src = netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x10, 0x01, byte(i >> 8), 0, 0, 0, 0, 0, 0, 0, 0, byte(i >> 8), byte(i)})
+			dst = netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x10, 0x02, byte(i >> 4), 0, 0, 0, 0, 0, 0, 0, 0, 0x1, byte(i * 7)})
+			svc = netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x10, 0, 0xff, 15: byte(i)})
+			exp = netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x10, 15: byte(i % 5)})
 		}
 		t0 := start.Add(time.Duration(i) * time.Millisecond)
 		r := flow.Record{
@@ -54,9 +54,9 @@ func benchFlows(n int) []flow.Record {
 			Egress:      flow.Policy{Namespace: ns, Name: "default-egress", Rule: 1, Verdict: flow.VerdictAllowed},
 		}
 		if i%8 == 7 { // to an external address: no destination metadata
-			r.DstAddr = netip.MustParseAddr("203.0.113.10")
+			r.DstAddr = netip.MustParseAddr("198.19.255.10")
 			if v6 {
-				r.DstAddr = netip.MustParseAddr("2001:db8::10")
+				r.DstAddr = netip.MustParseAddr("fd00:10:ffff::10")
 			}
 			r.Dst, r.Service, r.ServiceAddr, r.ServicePort = flow.Endpoint{}, flow.Service{}, netip.Addr{}, 0
 			r.Type = flow.FlowTypeToExternal
