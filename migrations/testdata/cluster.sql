@@ -95,7 +95,7 @@ ENGINE = ReplicatedMergeTree('/clickhouse/tables/{shard}/{database}/{table}', '{
 PARTITION BY toDate(flow_end)
 ORDER BY (toStartOfMinute(flow_end), ip_version, src_pod_namespace, dst_pod_namespace, flow_end)
 TTL toDateTime(flow_end) + INTERVAL 30 DAY
-SETTINGS index_granularity = 8192, non_replicated_deduplication_window = 10000
+SETTINGS index_granularity = 8192, non_replicated_deduplication_window = 10000, min_bytes_for_wide_part = 268435456
 COMMENT 'one row per exported flow record; sum the delta counters (packets, bytes, reverse_*)';
 
 CREATE TABLE IF NOT EXISTS dualflow.flows ON CLUSTER 'flows' AS dualflow.flows_local
