@@ -1,0 +1,710 @@
+// Package ipfix is the collector's IPFIX ingest: RFC 7011 message decoding
+// straight into flow.Records through per-template compiled decode plans, and
+// the TCP, UDP and TLS listeners that feed it.
+//
+// The decoder reads any standard exporter, not only ours: several templates
+// and data records per set, options templates, variable-length elements in
+// both length forms, enterprise elements (unknown ones are skipped), template
+// withdrawal and withdraw-all, templates scoped per session and observation
+// domain, UDP template lifetime and refresh, RFC 5103 reverse elements and
+// set padding. Elements are mapped by (enterprise, id) through the shared
+// mapping of flow/ipfix (FieldOf), plus the IANA alternatives other
+// exporters use (seconds, micro- and nanosecond and sysUpTime timestamps,
+// postNAT destinations, ICMP type/code).
+//
+// Decoding allocates nothing per record in steady state: records are
+// written into the caller's slice, strings are interned, and a template is
+// compiled once and reused until it changes.
+package ipfix
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/dualflow/dualflow/flow"
+	fipfix "github.com/dualflow/dualflow/flow/ipfix"
+)
+
+// Reason says why a message was dropped (label of
+// dualflow_ipfix_messages_dropped_total).
+type Reason uint8
+
+const (
+	ReasonNone             Reason = iota
+	ReasonShort                   // shorter than a message header
+	ReasonVersion                 // version is not 10
+	ReasonLength                  // header length disagrees with the bytes received
+	ReasonSetLength               // a set header is truncated, below 4 or past the end
+	ReasonTemplate                // a malformed template or options template record
+	ReasonRecordLength            // a data record runs past its set (variable-length overflow)
+	ReasonTooManyDomains          // the session has Limits.MaxDomains domains already
+	ReasonTooManySessions         // the listener has its maximum number of sessions
+	ReasonQueueFull               // decoded, then dropped: the pipeline queue was full (UDP)
+	numReasons
+)
+
+var reasonNames = [numReasons]string{"none", "short", "version", "length", "set_length", "template",
+	"record_length", "too_many_domains", "too_many_sessions", "queue_full"}
+
+func (r Reason) String() string {
+	if r < numReasons {
+		return reasonNames[r]
+	}
+	return "unknown"
+}
+
+// Error is a message the decoder dropped.
+type Error struct {
+	Reason Reason
+	Detail string
+}
+
+func (e *Error) Error() string { return "ipfix message dropped: " + e.Reason.String() + ": " + e.Detail }
+
+func dropf(r Reason, format string, args ...any) error {
+	return &Error{Reason: r, Detail: fmt.Sprintf(format, args...)}
+}
+
+// Stats counts what a Decoder saw. The listener turns them into metrics.
+type Stats struct {
+	Messages uint64
+	Dropped  [numReasons]uint64 // messages, by reason
+	Records  uint64             // flow records decoded
+	// NoAddress counts data records without a source or destination
+	// address (L2-only flows of OVS, for example): skipped.
+	NoAddress uint64
+	// OptionsRecords counts options data records (read, not forwarded).
+	OptionsRecords uint64
+	// UnknownSets counts data sets whose template is unknown or expired:
+	// skipped, the rest of the message is decoded (RFC 7011 8).
+	UnknownSets uint64
+	Templates   uint64 // template and options template definitions, refreshes excluded
+	Refreshes   uint64 // re-sent unchanged templates
+	Withdrawn   uint64 // templates removed by withdrawal
+	Expired     uint64 // UDP templates past their lifetime
+	// TemplatesRejected counts definitions ignored by Limits
+	// (too_many_templates, too many fields).
+	TemplatesRejected uint64
+	// SequenceLost counts data records that sequence numbers show missing.
+	SequenceLost uint64
+}
+
+// Decoder decodes IPFIX messages into flow records. It holds the string
+// intern cache and the counters of one reading goroutine; it is not safe
+// for concurrent use. Sessions may be decoded by any one Decoder at a time.
+type Decoder struct {
+	Stats  Stats
+	intern interner
+	specs  []spec // scratch for template parsing
+}
+
+// NewDecoder returns a Decoder.
+func NewDecoder() *Decoder { return &Decoder{specs: make([]spec, 0, 64)} }
+
+// msgCtx is what the records of one message share.
+type msgCtx struct {
+	now        time.Time
+	exportTime uint32
+	domain     *domain
+	exporter   netip.Addr
+}
+
+// Decode decodes one IPFIX message of session s, received at now, and
+// appends its flow records to dst. On a malformed message it returns dst
+// unchanged and an *Error; template changes made by the sets before the
+// malformed one are kept. Records are Normalize()d and carry the exporter
+// address, observation domain and now as TimeReceived.
+func (d *Decoder) Decode(s *Session, msg []byte, now time.Time, dst []flow.Record) ([]flow.Record, error) {
+	d.Stats.Messages++
+	start := len(dst)
+	out, err := d.decode(s, msg, now, dst)
+	if err != nil {
+		if e, ok := err.(*Error); ok {
+			d.Stats.Dropped[e.Reason]++
+		}
+		return dst[:start], err
+	}
+	s.LastSeen = now
+	d.Stats.Records += uint64(len(out) - start)
+	return out, nil
+}
+
+func (d *Decoder) decode(s *Session, msg []byte, now time.Time, dst []flow.Record) ([]flow.Record, error) {
+	if len(msg) < fipfix.MessageHeaderLen {
+		return dst, dropf(ReasonShort, "%d bytes", len(msg))
+	}
+	if v := binary.BigEndian.Uint16(msg); v != fipfix.Version {
+		return dst, dropf(ReasonVersion, "version %d", v)
+	}
+	if l := int(binary.BigEndian.Uint16(msg[2:])); l != len(msg) {
+		return dst, dropf(ReasonLength, "header says %d bytes, got %d", l, len(msg))
+	}
+	seq := binary.BigEndian.Uint32(msg[8:])
+	dom := s.domain(binary.BigEndian.Uint32(msg[12:]))
+	if dom == nil {
+		return dst, dropf(ReasonTooManyDomains, "domain %d", binary.BigEndian.Uint32(msg[12:]))
+	}
+	mc := msgCtx{now: now, exportTime: binary.BigEndian.Uint32(msg[4:]), domain: dom, exporter: s.exporter}
+	body := msg[fipfix.MessageHeaderLen:]
+	records := uint32(0) // data records, for the sequence number
+	seqOK := true
+	for len(body) > 0 {
+		if len(body) < fipfix.SetHeaderLen {
+			return dst, dropf(ReasonSetLength, "%d bytes left for a set header", len(body))
+		}
+		id := binary.BigEndian.Uint16(body)
+		l := int(binary.BigEndian.Uint16(body[2:]))
+		if l < fipfix.SetHeaderLen || l > len(body) {
+			return dst, dropf(ReasonSetLength, "set %d: length %d with %d bytes left", id, l, len(body))
+		}
+		set := body[fipfix.SetHeaderLen:l]
+		body = body[l:]
+		var err error
+		switch {
+		case id == setTemplate || id == setOptionsTemplate:
+			err = d.templateSet(s, dom, set, id == setOptionsTemplate, now)
+		case id >= fipfix.MinDataSetID:
+			t := dom.templates[id]
+			if t != nil && s.Transport == UDP && now.Sub(t.seen) > s.lim.TemplateLifetime {
+				s.removeTemplate(dom, id)
+				d.Stats.Expired++
+				t = nil
+			}
+			if t == nil {
+				d.Stats.UnknownSets++
+				seqOK = false
+				continue
+			}
+			var n int
+			dst, n, err = d.dataSet(t, set, &mc, dst)
+			records += uint32(n)
+		default:
+			// Set IDs 0, 1 (NetFlow v9) and 4..255 are reserved: skipped.
+		}
+		if err != nil {
+			return dst, err
+		}
+	}
+	if dom.seqKnown && seqOK && seq != dom.nextSeq {
+		if gap := seq - dom.nextSeq; gap < 1<<31 { // else reordered or a restart
+			dom.lost += uint64(gap)
+			d.Stats.SequenceLost += uint64(gap)
+		}
+	}
+	dom.nextSeq, dom.seqKnown = seq+records, seqOK
+	return dst, nil
+}
+
+// Set IDs of template and options template sets.
+const (
+	setTemplate        = 2
+	setOptionsTemplate = 3
+)
+
+// templateSet reads the template (or options template) records of a set.
+func (d *Decoder) templateSet(s *Session, dom *domain, set []byte, options bool, now time.Time) error {
+	wantID := uint16(setTemplate)
+	hdr := 4 // template ID, field count
+	if options {
+		wantID, hdr = setOptionsTemplate, 6 // + scope field count
+	}
+	for len(set) >= 4 {
+		id := binary.BigEndian.Uint16(set)
+		count := int(binary.BigEndian.Uint16(set[2:]))
+		if count == 0 {
+			// Withdrawal (RFC 7011 8.1): of one template, or of all of
+			// this set's kind when the ID is the set ID.
+			switch {
+			case id == wantID:
+				d.Stats.Withdrawn += uint64(s.withdrawAll(dom, options))
+			case id >= fipfix.MinDataSetID:
+				if s.removeTemplate(dom, id) {
+					d.Stats.Withdrawn++
+				}
+			case allZero(set):
+				return nil // padding
+			default:
+				return dropf(ReasonTemplate, "withdrawal of template %d", id)
+			}
+			set = set[4:]
+			continue
+		}
+		if id < fipfix.MinDataSetID {
+			if allZero(set) {
+				return nil
+			}
+			return dropf(ReasonTemplate, "template ID %d below 256", id)
+		}
+		if len(set) < hdr {
+			return dropf(ReasonTemplate, "template %d: truncated header", id)
+		}
+		if options {
+			scope := int(binary.BigEndian.Uint16(set[4:]))
+			if scope == 0 || scope > count {
+				return dropf(ReasonTemplate, "options template %d: %d scope fields of %d", id, scope, count)
+			}
+		}
+		specs, n, err := d.parseSpecs(set, hdr, count)
+		if err != nil {
+			return dropf(ReasonTemplate, "template %d: %v", id, err)
+		}
+		d.install(s, dom, id, options, set[:n], specs, now)
+		set = set[n:]
+	}
+	return nil // fewer than 4 bytes left: padding
+}
+
+// parseSpecs reads count field specifiers after the record header of hdr
+// bytes and returns them with the record's length.
+func (d *Decoder) parseSpecs(rec []byte, hdr, count int) ([]spec, int, error) {
+	specs := d.specs[:0]
+	p := hdr
+	minLen := 0
+	for range count {
+		if p+4 > len(rec) {
+			return nil, 0, fmt.Errorf("truncated after %d of %d fields", len(specs), count)
+		}
+		sp := spec{id: binary.BigEndian.Uint16(rec[p:]), length: binary.BigEndian.Uint16(rec[p+2:])}
+		p += 4
+		if sp.id&0x8000 != 0 {
+			if p+4 > len(rec) {
+				return nil, 0, fmt.Errorf("truncated enterprise number of field %d", len(specs))
+			}
+			sp.id &^= 0x8000
+			sp.enterprise = binary.BigEndian.Uint32(rec[p:])
+			p += 4
+		}
+		if sp.length == varLen {
+			minLen++
+		} else {
+			minLen += int(sp.length)
+		}
+		specs = append(specs, sp)
+	}
+	d.specs = specs
+	if minLen == 0 {
+		return nil, 0, fmt.Errorf("data records of length 0")
+	}
+	if minLen > fipfix.MaxMessageLen {
+		return nil, 0, fmt.Errorf("data records of at least %d bytes", minLen)
+	}
+	return specs, p, nil
+}
+
+// install adds or refreshes a template. An unchanged re-definition only
+// refreshes its lifetime; a changed one is recompiled. Definitions past the
+// session's limits are ignored and counted.
+func (d *Decoder) install(s *Session, dom *domain, id uint16, options bool, raw []byte, specs []spec, now time.Time) {
+	if old := dom.templates[id]; old != nil {
+		if old.options == options && string(old.raw) == string(raw) {
+			old.seen = now
+			d.Stats.Refreshes++
+			return
+		}
+		s.removeTemplate(dom, id)
+	}
+	if len(specs) > s.lim.MaxFields || s.templates >= s.lim.MaxTemplates {
+		d.Stats.TemplatesRejected++
+		return
+	}
+	t := compile(id, options, raw, specs)
+	if s.bytes+t.size() > s.lim.MaxTemplateBytes {
+		d.Stats.TemplatesRejected++
+		return
+	}
+	t.seen = now
+	dom.templates[id] = t
+	s.templates++
+	s.bytes += t.size()
+	d.Stats.Templates++
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// dataSet decodes the records of a data set of template t and returns how
+// many data records it held (for the sequence number).
+func (d *Decoder) dataSet(t *template, set []byte, mc *msgCtx, dst []flow.Record) ([]flow.Record, int, error) {
+	n := 0
+	if t.options {
+		for len(set) >= t.minLen {
+			l, err := d.options(t, set, mc.domain)
+			if err != nil {
+				return dst, n, err
+			}
+			set = set[l:]
+			n++
+			d.Stats.OptionsRecords++
+		}
+		return dst, n, nil // the rest is padding
+	}
+	for len(set) >= t.minLen {
+		dst = append(dst, flow.Record{})
+		r := &dst[len(dst)-1]
+		l, err := d.record(t, set, r, mc)
+		if err != nil {
+			return dst[:len(dst)-1], n, err
+		}
+		set = set[l:]
+		n++
+		if !r.SrcAddr.IsValid() || !r.DstAddr.IsValid() {
+			dst = dst[:len(dst)-1]
+			d.Stats.NoAddress++
+		}
+	}
+	return dst, n, nil
+}
+
+// options reads one options data record: only systemInitTimeMilliseconds
+// is kept, for sysUpTime-relative flow times.
+func (d *Decoder) options(t *template, b []byte, dom *domain) (int, error) {
+	p := 0
+	for _, f := range t.fields {
+		l := int(f.len)
+		if f.len == varLen {
+			var err error
+			if l, p, err = varLength(b, p); err != nil {
+				return 0, err
+			}
+		}
+		if p+l > len(b) {
+			return 0, dropf(ReasonRecordLength, "options template %d: field past the set end", t.id)
+		}
+		if f.op == opSysInit {
+			dom.sysInitMs = uintN(b[p : p+l])
+		}
+		p += l
+	}
+	return p, nil
+}
+
+// varLength reads a variable-length prefix at b[p:] (1 byte, or 255 and 2
+// bytes) and returns the length and the position after the prefix.
+func varLength(b []byte, p int) (int, int, error) {
+	if p >= len(b) {
+		return 0, 0, dropf(ReasonRecordLength, "variable-length prefix past the set end")
+	}
+	l := int(b[p])
+	p++
+	if l == 255 {
+		if p+2 > len(b) {
+			return 0, 0, dropf(ReasonRecordLength, "3-byte variable-length prefix past the set end")
+		}
+		l = int(binary.BigEndian.Uint16(b[p:]))
+		p += 2
+	}
+	return l, p, nil
+}
+
+// uintN reads a big-endian unsigned integer of 1 to 8 bytes (reduced-size
+// encoding, RFC 7011 6.2).
+func uintN(b []byte) uint64 {
+	switch len(b) {
+	case 1:
+		return uint64(b[0])
+	case 2:
+		return uint64(binary.BigEndian.Uint16(b))
+	case 4:
+		return uint64(binary.BigEndian.Uint32(b))
+	case 8:
+		return binary.BigEndian.Uint64(b)
+	}
+	var v uint64
+	for _, c := range b {
+		v = v<<8 | uint64(c)
+	}
+	return v
+}
+
+// scratch holds the elements of one record that fill a field only in
+// combination or as a fallback.
+type scratch struct {
+	startSec, endSec             uint64
+	startNTP, endNTP             uint64
+	startUp, endUp, sysInit      uint64
+	startDelta, endDelta         uint64
+	duration                     uint64
+	natDst                       netip.Addr
+	natDstPort                   uint16
+	hasStartDelta, hasEndDelta   bool
+	ingressName, ingressNS       string
+	egressName, egressNS         string
+	ingressAction, egressAction  uint8
+	hasStartUp, hasEndUp, hasSys bool
+}
+
+// record decodes one data record of t at the start of b into r (zero on
+// entry) and returns its length.
+func (d *Decoder) record(t *template, b []byte, r *flow.Record, mc *msgCtx) (int, error) {
+	var sc scratch
+	p := 0
+	for i := range t.fields {
+		f := &t.fields[i]
+		l := int(f.len)
+		if f.len == varLen {
+			var err error
+			if l, p, err = varLength(b, p); err != nil {
+				return 0, err
+			}
+		}
+		if p+l > len(b) {
+			return 0, dropf(ReasonRecordLength, "template %d: field %d past the set end", t.id, i)
+		}
+		v := b[p : p+l]
+		p += l
+		switch f.op {
+		case opSkip:
+		case opField + op(fipfix.FieldFlowStartMillis):
+			r.FlowStart = fromMillis(uintN(v))
+		case opField + op(fipfix.FieldFlowEndMillis):
+			r.FlowEnd = fromMillis(uintN(v))
+		case opField + op(fipfix.FieldEndReason):
+			r.EndReason = flow.EndReason(uintN(v))
+		case opField + op(fipfix.FieldSrcAddr4):
+			r.SrcAddr = addr4(v)
+		case opField + op(fipfix.FieldDstAddr4):
+			r.DstAddr = addr4(v)
+		case opField + op(fipfix.FieldSrcAddr6):
+			r.SrcAddr = addr16(v)
+		case opField + op(fipfix.FieldDstAddr6):
+			r.DstAddr = addr16(v)
+		case opField + op(fipfix.FieldSrcPort):
+			r.SrcPort = uint16(uintN(v))
+		case opField + op(fipfix.FieldDstPort):
+			r.DstPort = uint16(uintN(v))
+		case opField + op(fipfix.FieldProto):
+			r.Proto = uint8(uintN(v))
+		case opField + op(fipfix.FieldPackets):
+			r.Packets = uintN(v)
+		case opField + op(fipfix.FieldBytes):
+			r.Bytes = uintN(v)
+		case opField + op(fipfix.FieldPacketsDelta):
+			r.PacketsDelta = uintN(v)
+		case opField + op(fipfix.FieldBytesDelta):
+			r.BytesDelta = uintN(v)
+		case opField + op(fipfix.FieldReversePackets):
+			r.ReversePackets = uintN(v)
+		case opField + op(fipfix.FieldReverseBytes):
+			r.ReverseBytes = uintN(v)
+		case opField + op(fipfix.FieldReversePacketsDelta):
+			r.ReversePacketsDelta = uintN(v)
+		case opField + op(fipfix.FieldReverseBytesDelta):
+			r.ReverseBytesDelta = uintN(v)
+		case opField + op(fipfix.FieldSNATAddr4):
+			setAddr(&r.SNATAddr, addr4(v))
+		case opField + op(fipfix.FieldSNATAddr6):
+			setAddr(&r.SNATAddr, addr16(v))
+		case opField + op(fipfix.FieldSNATPort):
+			if p := uint16(uintN(v)); p != 0 {
+				r.SNATPort = p
+			}
+		case opField + op(fipfix.FieldServiceAddr4):
+			setAddr(&r.ServiceAddr, addr4(v))
+		case opField + op(fipfix.FieldServiceAddr6):
+			setAddr(&r.ServiceAddr, addr16(v))
+		case opField + op(fipfix.FieldServicePort):
+			if p := uint16(uintN(v)); p != 0 {
+				r.ServicePort = p
+			}
+		case opField + op(fipfix.FieldServicePortName):
+			r.Service = fipfix.ParseServicePortName(d.intern.bytes(v))
+		case opField + op(fipfix.FieldFlowType):
+			r.Type = flow.FlowType(uintN(v))
+		case opField + op(fipfix.FieldZone):
+			r.Zone = uint16(uintN(v))
+		case opField + op(fipfix.FieldMark):
+			r.Mark = uint32(uintN(v))
+		case opField + op(fipfix.FieldTCPState):
+			r.TCPState = d.intern.bytes(v)
+		case opField + op(fipfix.FieldSrcNodeName):
+			r.Src.NodeName = d.intern.bytes(v)
+		case opField + op(fipfix.FieldDstNodeName):
+			r.Dst.NodeName = d.intern.bytes(v)
+		case opField + op(fipfix.FieldSrcPodNamespace):
+			r.Src.PodNamespace = d.intern.bytes(v)
+		case opField + op(fipfix.FieldSrcPodName):
+			r.Src.PodName = d.intern.bytes(v)
+		case opField + op(fipfix.FieldDstPodNamespace):
+			r.Dst.PodNamespace = d.intern.bytes(v)
+		case opField + op(fipfix.FieldDstPodName):
+			r.Dst.PodName = d.intern.bytes(v)
+		case opField + op(fipfix.FieldExporterNode):
+			r.ExporterNode = d.intern.bytes(v)
+		case opField + op(fipfix.FieldSource):
+			r.Source = d.intern.bytes(v)
+		case opField + op(fipfix.FieldFlowStartSeconds):
+			sc.startSec = uintN(v)
+		case opField + op(fipfix.FieldFlowEndSeconds):
+			sc.endSec = uintN(v)
+		case opField + op(fipfix.FieldIngressPolicyName):
+			sc.ingressName = d.intern.bytes(v)
+		case opField + op(fipfix.FieldIngressPolicyNamespace):
+			sc.ingressNS = d.intern.bytes(v)
+		case opField + op(fipfix.FieldEgressPolicyName):
+			sc.egressName = d.intern.bytes(v)
+		case opField + op(fipfix.FieldEgressPolicyNamespace):
+			sc.egressNS = d.intern.bytes(v)
+		case opField + op(fipfix.FieldIngressAction):
+			sc.ingressAction = uint8(uintN(v))
+		case opField + op(fipfix.FieldEgressAction):
+			sc.egressAction = uint8(uintN(v))
+		case opStartMicros, opStartNanos:
+			sc.startNTP = uintN(v)
+		case opEndMicros, opEndNanos:
+			sc.endNTP = uintN(v)
+		case opStartUptime:
+			sc.startUp, sc.hasStartUp = uintN(v), true
+		case opEndUptime:
+			sc.endUp, sc.hasEndUp = uintN(v), true
+		case opSysInit:
+			sc.sysInit, sc.hasSys = uintN(v), true
+		case opStartDeltaMicro:
+			sc.startDelta, sc.hasStartDelta = uintN(v), true
+		case opEndDeltaMicro:
+			sc.endDelta, sc.hasEndDelta = uintN(v), true
+		case opDurationMillis:
+			sc.duration = uintN(v)
+		case opPostNATDst4:
+			setAddr(&sc.natDst, addr4(v))
+		case opPostNATDst6:
+			setAddr(&sc.natDst, addr16(v))
+		case opPostNAPTDstPort:
+			sc.natDstPort = uint16(uintN(v))
+		case opICMPTypeCode:
+			if r.DstPort == 0 {
+				r.DstPort = uint16(uintN(v))
+			}
+		}
+	}
+	if t.post != 0 {
+		d.fixup(t.post, &sc, r, mc)
+	}
+	r.Ingress.Rule, r.Egress.Rule = -1, -1
+	if r.Source == "" {
+		r.Source = fipfix.SourceForeign
+	}
+	r.ExporterAddr = mc.exporter
+	r.ObservationDomainID = mc.domain.id
+	r.TimeReceived = mc.now
+	r.Normalize()
+	return p, nil
+}
+
+// ntpEpochOffset is the number of seconds from 1900-01-01 (NTP era 0) to
+// the Unix epoch.
+const ntpEpochOffset = 2_208_988_800
+
+// fixup applies the combined and fallback elements of one record.
+func (d *Decoder) fixup(pf post, sc *scratch, r *flow.Record, mc *msgCtx) {
+	if pf&postSeconds != 0 {
+		if r.FlowStart.IsZero() && sc.startSec != 0 {
+			r.FlowStart = time.Unix(int64(sc.startSec), 0)
+		}
+		if r.FlowEnd.IsZero() && sc.endSec != 0 {
+			r.FlowEnd = time.Unix(int64(sc.endSec), 0)
+		}
+	}
+	if pf&postNTP != 0 {
+		if r.FlowStart.IsZero() && sc.startNTP != 0 {
+			r.FlowStart = fromNTP(sc.startNTP)
+		}
+		if r.FlowEnd.IsZero() && sc.endNTP != 0 {
+			r.FlowEnd = fromNTP(sc.endNTP)
+		}
+	}
+	if pf&postUptime != 0 {
+		sys := mc.domain.sysInitMs
+		if sc.hasSys {
+			sys = sc.sysInit
+		}
+		if sys != 0 {
+			if r.FlowStart.IsZero() && sc.hasStartUp {
+				r.FlowStart = time.UnixMilli(int64(sys + sc.startUp))
+			}
+			if r.FlowEnd.IsZero() && sc.hasEndUp {
+				r.FlowEnd = time.UnixMilli(int64(sys + sc.endUp))
+			}
+		}
+	}
+	if pf&postDelta != 0 {
+		export := time.Unix(int64(mc.exportTime), 0)
+		if r.FlowStart.IsZero() && sc.hasStartDelta {
+			r.FlowStart = export.Add(-time.Duration(sc.startDelta) * time.Microsecond)
+		}
+		if r.FlowEnd.IsZero() && sc.hasEndDelta {
+			r.FlowEnd = export.Add(-time.Duration(sc.endDelta) * time.Microsecond)
+		}
+	}
+	if pf&postDuration != 0 && r.FlowEnd.IsZero() && !r.FlowStart.IsZero() && sc.duration != 0 {
+		r.FlowEnd = r.FlowStart.Add(time.Duration(sc.duration) * time.Millisecond)
+	}
+	if pf&postNATDst != 0 && sc.natDst.IsValid() && sc.natDst != r.DstAddr {
+		// IANA reading: destination* is pre-NAT (the Service), postNAT*
+		// the endpoint reached. Ours: DstAddr is the endpoint.
+		r.ServiceAddr, r.ServicePort = r.DstAddr, r.DstPort
+		r.DstAddr = sc.natDst
+		if sc.natDstPort != 0 {
+			r.DstPort = sc.natDstPort
+		}
+	}
+	if pf&postPolicy != 0 {
+		r.Ingress.ReportedName = joinName(sc.ingressNS, sc.ingressName)
+		r.Ingress.ReportedVerdict = fipfix.AntreaVerdict(sc.ingressAction)
+		r.Egress.ReportedName = joinName(sc.egressNS, sc.egressName)
+		r.Egress.ReportedVerdict = fipfix.AntreaVerdict(sc.egressAction)
+	}
+}
+
+func joinName(ns, name string) string {
+	if ns == "" || name == "" {
+		return name
+	}
+	return ns + "/" + name
+}
+
+func fromMillis(ms uint64) time.Time {
+	if ms == 0 || ms > 1<<62 {
+		return time.Time{}
+	}
+	return time.UnixMilli(int64(ms))
+}
+
+// fromNTP converts an RFC 7011 dateTimeMicroseconds/Nanoseconds value (NTP
+// seconds since 1900 and a 32-bit fraction).
+func fromNTP(v uint64) time.Time {
+	sec := int64(v>>32) - ntpEpochOffset
+	frac := int64(v & 0xffffffff)
+	return time.Unix(sec, frac*1e9>>32)
+}
+
+// addr4 and addr16 read an address; the unspecified address (our "none")
+// reads as the zero Addr.
+func addr4(v []byte) netip.Addr {
+	a := netip.AddrFrom4([4]byte(v))
+	if a.IsUnspecified() {
+		return netip.Addr{}
+	}
+	return a
+}
+
+func addr16(v []byte) netip.Addr {
+	a := netip.AddrFrom16([16]byte(v)).Unmap()
+	if a.IsUnspecified() {
+		return netip.Addr{}
+	}
+	return a
+}
+
+func setAddr(dst *netip.Addr, a netip.Addr) {
+	if a.IsValid() {
+		*dst = a
+	}
+}

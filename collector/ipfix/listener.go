@@ -1,0 +1,314 @@
+package ipfix
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dualflow/dualflow/collector/pipeline"
+)
+
+// Default listener settings.
+const (
+	DefaultTCPAddr = ":4739" // IANA port of IPFIX over TCP and UDP; ":" listens on IPv4 and IPv6
+	DefaultUDPAddr = ":4739"
+	DefaultTLSAddr = ":4740" // IANA port of IPFIX over TLS
+	// DefaultMaxSessions caps TCP/TLS connections and UDP exporters per
+	// listener: a node runs one exporter, so this is the cluster size
+	// with a wide margin.
+	DefaultMaxSessions = 4096
+	// DefaultBatchRecords is the size of the batches handed to the
+	// pipeline: big enough to amortize the queue, small enough (~0.7 MB)
+	// to keep latency low.
+	DefaultBatchRecords = 1024
+	// DefaultUDPReadBuffer is SO_RCVBUF of UDP sockets: about 1 s of
+	// 30k messages/s bursts at 1 KiB, before the kernel drops.
+	DefaultUDPReadBuffer = 32 << 20
+	// udpBatch is how many datagrams one recvmmsg call reads.
+	udpBatch = 32
+	// sessionSweep is how often idle UDP sessions are looked for.
+	sessionSweep = time.Minute
+)
+
+// Config configures the IPFIX listeners.
+type Config struct {
+	// TCPAddrs, UDPAddrs and TLSAddrs are the listen addresses; an
+	// address without a host (":4739") takes IPv4 and IPv6. Empty lists
+	// disable the transport.
+	TCPAddrs, UDPAddrs, TLSAddrs []string
+	// TLSCertFile and TLSKeyFile are the server certificate (PEM). With
+	// TLSClientCAFile set, clients must present a certificate signed by
+	// one of its CAs (mutual TLS).
+	TLSCertFile, TLSKeyFile, TLSClientCAFile string
+	// Limits bound each session's templates.
+	Limits Limits
+	// MaxSessions caps the sessions of each listener: further TCP/TLS
+	// connections are closed at once and further UDP exporters' messages
+	// dropped (too_many_sessions), both counted.
+	MaxSessions int
+	// BatchRecords is the number of records per batch handed on.
+	BatchRecords int
+	// UDPReadBuffer is the UDP socket receive buffer in bytes. As root,
+	// SO_RCVBUFFORCE lifts it above net.core.rmem_max.
+	UDPReadBuffer int
+}
+
+// SetDefaults fills zero fields (not the address lists: empty disables).
+func (c *Config) SetDefaults() {
+	c.Limits.SetDefaults()
+	if c.MaxSessions <= 0 {
+		c.MaxSessions = DefaultMaxSessions
+	}
+	if c.BatchRecords <= 0 {
+		c.BatchRecords = DefaultBatchRecords
+	}
+	if c.UDPReadBuffer <= 0 {
+		c.UDPReadBuffer = DefaultUDPReadBuffer
+	}
+}
+
+// Validate reports an unusable configuration.
+func (c Config) Validate() error {
+	var errs []error
+	if len(c.TLSAddrs) > 0 && (c.TLSCertFile == "" || c.TLSKeyFile == "") {
+		errs = append(errs, errors.New("ipfix tls listener needs a certificate and a key file"))
+	}
+	if len(c.TLSAddrs) == 0 && c.TLSClientCAFile != "" {
+		errs = append(errs, errors.New("ipfix tls client CA set without a tls listener"))
+	}
+	if len(c.TCPAddrs)+len(c.UDPAddrs)+len(c.TLSAddrs) == 0 {
+		errs = append(errs, errors.New("ipfix: no listener address"))
+	}
+	return errors.Join(errs...)
+}
+
+// SplitAddrs splits a comma-separated flag value into addresses.
+func SplitAddrs(s string) []string {
+	var out []string
+	for a := range strings.SplitSeq(s, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// Listener receives IPFIX over TCP, UDP and TLS, decodes it and puts the
+// record batches on its output queue. Create it with New (which binds the
+// sockets), then call Run.
+type Listener struct {
+	cfg  Config
+	out  *pipeline.Queue
+	pool *pipeline.Pool
+	m    *metrics
+	pm   *pipeline.Metrics
+	log  *slog.Logger
+
+	tcp, tls []net.Listener
+	udp      []*net.UDPConn
+}
+
+// New binds every configured socket. The caller must call Run, which
+// closes them, or Close.
+func New(cfg Config, out *pipeline.Queue, pool *pipeline.Pool, pm *pipeline.Metrics, reg prometheus.Registerer, log *slog.Logger) (*Listener, error) {
+	cfg.SetDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	if pm == nil {
+		pm = pipeline.NewMetrics(nil)
+	}
+	l := &Listener{cfg: cfg, out: out, pool: pool, m: newMetrics(reg), pm: pm, log: log}
+	if err := l.bind(); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+func (l *Listener) bind() error {
+	for _, a := range l.cfg.TCPAddrs {
+		ln, err := net.Listen("tcp", a)
+		if err != nil {
+			return fmt.Errorf("ipfix tcp listener: %w", err)
+		}
+		l.tcp = append(l.tcp, ln)
+	}
+	if len(l.cfg.TLSAddrs) > 0 {
+		tc, err := l.tlsConfig()
+		if err != nil {
+			return err
+		}
+		for _, a := range l.cfg.TLSAddrs {
+			ln, err := tls.Listen("tcp", a, tc)
+			if err != nil {
+				return fmt.Errorf("ipfix tls listener: %w", err)
+			}
+			l.tls = append(l.tls, ln)
+		}
+	}
+	for _, a := range l.cfg.UDPAddrs {
+		ua, err := net.ResolveUDPAddr("udp", a)
+		if err != nil {
+			return fmt.Errorf("ipfix udp listener: %w", err)
+		}
+		c, err := net.ListenUDP("udp", ua)
+		if err != nil {
+			return fmt.Errorf("ipfix udp listener: %w", err)
+		}
+		l.udp = append(l.udp, c)
+		if got, err := tuneUDP(c, l.cfg.UDPReadBuffer); err != nil {
+			l.log.Warn("ipfix udp socket tuning", "addr", c.LocalAddr(), "err", err)
+		} else if got < l.cfg.UDPReadBuffer {
+			l.log.Warn("ipfix udp receive buffer smaller than configured (raise net.core.rmem_max or run as root)", "want", l.cfg.UDPReadBuffer, "got", got)
+		}
+	}
+	return nil
+}
+
+func (l *Listener) tlsConfig() (*tls.Config, error) {
+	cert, err := tls.LoadX509KeyPair(l.cfg.TLSCertFile, l.cfg.TLSKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("ipfix tls: %w", err)
+	}
+	tc := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if l.cfg.TLSClientCAFile != "" {
+		pem, err := os.ReadFile(l.cfg.TLSClientCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("ipfix tls client CA: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("ipfix tls client CA %s: no PEM certificate", l.cfg.TLSClientCAFile)
+		}
+		tc.ClientCAs, tc.ClientAuth = pool, tls.RequireAndVerifyClientCert
+	}
+	return tc, nil
+}
+
+// TCPAddrs, UDPAddrs and TLSAddrs return the bound addresses (useful with
+// port 0).
+func (l *Listener) TCPAddrs() []net.Addr { return addrsOf(l.tcp) }
+func (l *Listener) TLSAddrs() []net.Addr { return addrsOf(l.tls) }
+func (l *Listener) UDPAddrs() []net.Addr {
+	var out []net.Addr
+	for _, c := range l.udp {
+		out = append(out, c.LocalAddr())
+	}
+	return out
+}
+
+func addrsOf(lns []net.Listener) []net.Addr {
+	var out []net.Addr
+	for _, ln := range lns {
+		out = append(out, ln.Addr())
+	}
+	return out
+}
+
+// Close closes the sockets of a Listener that was not Run.
+func (l *Listener) Close() error {
+	var errs []error
+	for _, ln := range append(l.tcp, l.tls...) {
+		errs = append(errs, ln.Close())
+	}
+	for _, c := range l.udp {
+		errs = append(errs, c.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// Run serves until ctx ends, then closes every socket and connection and
+// returns once all its goroutines have handed on their last batch. It does
+// not close the output queue.
+func (l *Listener) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	conns := &connSet{m: map[net.Conn]struct{}{}}
+	for _, ln := range l.tcp {
+		wg.Go(func() { l.accept(ctx, ln, TCP, conns, &wg) })
+	}
+	for _, ln := range l.tls {
+		wg.Go(func() { l.accept(ctx, ln, TLS, conns, &wg) })
+	}
+	for _, c := range l.udp {
+		wg.Go(func() { l.serveUDP(ctx, c) })
+	}
+	<-ctx.Done()
+	l.Close()
+	conns.closeAll()
+	wg.Wait()
+	return nil
+}
+
+// connSet tracks live connections so Run can close them.
+type connSet struct {
+	mu     sync.Mutex
+	m      map[net.Conn]struct{}
+	closed bool
+}
+
+func (s *connSet) add(c net.Conn, max int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed || len(s.m) >= max {
+		return false
+	}
+	s.m[c] = struct{}{}
+	return true
+}
+
+func (s *connSet) remove(c net.Conn) {
+	s.mu.Lock()
+	delete(s.m, c)
+	s.mu.Unlock()
+}
+
+func (s *connSet) closeAll() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	for c := range s.m {
+		c.Close()
+	}
+}
+
+// deliver hands a non-empty batch on. TCP and TLS block while the queue is
+// full (back-pressure reaches the exporter through TCP flow control); UDP
+// drops and counts (blocking would only move the loss into the kernel
+// socket buffer, and stall every other exporter of the socket).
+func (l *Listener) deliver(ctx context.Context, b *pipeline.Batch, tr Transport) *pipeline.Batch {
+	if len(b.Recs) == 0 {
+		return b
+	}
+	n := float64(len(b.Recs))
+	if tr == UDP {
+		if !l.out.TryPut(b) {
+			l.pm.Dropped.WithLabelValues(stageDecode, "queue_full").Add(n)
+			l.m.dropped[ReasonQueueFull].Inc()
+			b.Recs = b.Recs[:0]
+			return b
+		}
+	} else if err := l.out.Put(context.WithoutCancel(ctx), b); err != nil {
+		l.pm.Dropped.WithLabelValues(stageDecode, "aborted").Add(n)
+		b.Recs = b.Recs[:0]
+		return b
+	}
+	l.pm.RecordsOut.WithLabelValues(stageDecode).Add(n)
+	return l.pool.Get()
+}
+
+// stageDecode is the stage label of the listeners' pipeline metrics.
+const stageDecode = "decode"

@@ -1,0 +1,85 @@
+package ipfix
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// metrics are the listener's Prometheus metrics.
+type metrics struct {
+	messages   *prometheus.CounterVec // {transport}
+	records    *prometheus.CounterVec // {transport}
+	dropped    [numReasons]prometheus.Counter
+	skipped    *prometheus.CounterVec // {reason}: records not forwarded
+	unknownSet prometheus.Counter
+	templates  *prometheus.CounterVec // {event}
+	seqLost    *prometheus.CounterVec // {transport}
+	sessions   *prometheus.GaugeVec   // {transport}
+	closed     *prometheus.CounterVec // {transport, reason}
+	kernelDrop prometheus.Counter
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dualflow_ipfix_messages_total", Help: "IPFIX messages received.",
+		}, []string{"transport"}),
+		records: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dualflow_ipfix_records_total", Help: "Flow records decoded from IPFIX.",
+		}, []string{"transport"}),
+		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dualflow_ipfix_records_skipped_total", Help: "IPFIX data records read but not forwarded: options records, records without IP addresses.",
+		}, []string{"reason"}),
+		unknownSet: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "dualflow_ipfix_sets_unknown_template_total", Help: "IPFIX data sets skipped because their template is unknown or expired.",
+		}),
+		templates: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dualflow_ipfix_templates_total", Help: "IPFIX template events: added, refreshed, withdrawn, expired, rejected (limits).",
+		}, []string{"event"}),
+		seqLost: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dualflow_ipfix_sequence_lost_records_total", Help: "Data records missing according to IPFIX sequence numbers (per observation domain, summed).",
+		}, []string{"transport"}),
+		sessions: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "dualflow_ipfix_sessions", Help: "Live IPFIX sessions (connections, UDP exporters).",
+		}, []string{"transport"}),
+		closed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dualflow_ipfix_sessions_closed_total", Help: "IPFIX sessions ended, by reason (eof, bad_framing, error, limit, idle, shutdown).",
+		}, []string{"transport", "reason"}),
+		kernelDrop: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "dualflow_ipfix_udp_kernel_drops_total", Help: "UDP datagrams the kernel dropped on the IPFIX sockets (receive buffer full, SO_RXQ_OVFL).",
+		}),
+	}
+	dropped := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "dualflow_ipfix_messages_dropped_total", Help: "IPFIX messages dropped, by reason.",
+	}, []string{"reason"})
+	for r := Reason(1); r < numReasons; r++ {
+		m.dropped[r] = dropped.WithLabelValues(r.String())
+	}
+	if reg != nil {
+		reg.MustRegister(m.messages, m.records, dropped, m.skipped, m.unknownSet, m.templates, m.seqLost, m.sessions, m.closed, m.kernelDrop)
+	}
+	return m
+}
+
+// flush adds what d counted since prev to the metrics and updates prev.
+func (m *metrics) flush(tr Transport, d *Decoder, prev *Stats) {
+	s := &d.Stats
+	add := func(c prometheus.Counter, now, was uint64) {
+		if now != was {
+			c.Add(float64(now - was))
+		}
+	}
+	t := tr.String()
+	add(m.messages.WithLabelValues(t), s.Messages, prev.Messages)
+	add(m.records.WithLabelValues(t), s.Records, prev.Records)
+	for r := Reason(1); r < numReasons; r++ {
+		add(m.dropped[r], s.Dropped[r], prev.Dropped[r])
+	}
+	add(m.skipped.WithLabelValues("no_address"), s.NoAddress, prev.NoAddress)
+	add(m.skipped.WithLabelValues("options"), s.OptionsRecords, prev.OptionsRecords)
+	add(m.unknownSet, s.UnknownSets, prev.UnknownSets)
+	add(m.templates.WithLabelValues("added"), s.Templates, prev.Templates)
+	add(m.templates.WithLabelValues("refreshed"), s.Refreshes, prev.Refreshes)
+	add(m.templates.WithLabelValues("withdrawn"), s.Withdrawn, prev.Withdrawn)
+	add(m.templates.WithLabelValues("expired"), s.Expired, prev.Expired)
+	add(m.templates.WithLabelValues("rejected"), s.TemplatesRejected, prev.TemplatesRejected)
+	add(m.seqLost.WithLabelValues(t), s.SequenceLost, prev.SequenceLost)
+	*prev = *s
+}

@@ -1,0 +1,168 @@
+package ipfix
+
+import (
+	"net/netip"
+	"time"
+)
+
+// Transport is how a session's messages arrive.
+type Transport uint8
+
+const (
+	TCP Transport = iota
+	UDP
+	TLS
+)
+
+var transportNames = [...]string{"tcp", "udp", "tls"}
+
+func (t Transport) String() string {
+	if int(t) < len(transportNames) {
+		return transportNames[t]
+	}
+	return "unknown"
+}
+
+// Limits bound what one exporter can make the collector hold. Zero fields
+// take the defaults (SetDefaults).
+type Limits struct {
+	// MaxDomains is the number of observation domains per session; messages
+	// of further domains are dropped (reason too_many_domains).
+	MaxDomains int
+	// MaxTemplates is the number of templates and options templates per
+	// session, over all its domains; further definitions are ignored and
+	// counted (too_many_templates), and their data sets are then unknown.
+	MaxTemplates int
+	// MaxTemplateBytes bounds the memory of a session's templates.
+	MaxTemplateBytes int
+	// MaxFields is the number of fields one template may have.
+	MaxFields int
+	// TemplateLifetime is how long a UDP template lives without being
+	// refreshed (RFC 7011 8.4). TCP and TLS templates live as long as the
+	// connection.
+	TemplateLifetime time.Duration
+}
+
+// Defaults of Limits. Our exporter sends 2 templates per domain and OVS about
+// 40, so the caps leave a wide margin while bounding a hostile exporter to
+// about MaxTemplateBytes of memory.
+const (
+	DefaultMaxDomains       = 64
+	DefaultMaxTemplates     = 1024
+	DefaultMaxTemplateBytes = 1 << 20
+	DefaultMaxFields        = 512
+	// DefaultTemplateLifetime is 3× the usual 10-minute refresh of UDP
+	// exporters (OVS refreshes every 600 s).
+	DefaultTemplateLifetime = 30 * time.Minute
+)
+
+// SetDefaults fills zero fields.
+func (l *Limits) SetDefaults() {
+	if l.MaxDomains <= 0 {
+		l.MaxDomains = DefaultMaxDomains
+	}
+	if l.MaxTemplates <= 0 {
+		l.MaxTemplates = DefaultMaxTemplates
+	}
+	if l.MaxTemplateBytes <= 0 {
+		l.MaxTemplateBytes = DefaultMaxTemplateBytes
+	}
+	if l.MaxFields <= 0 {
+		l.MaxFields = DefaultMaxFields
+	}
+	if l.TemplateLifetime <= 0 {
+		l.TemplateLifetime = DefaultTemplateLifetime
+	}
+}
+
+// Session is the template state of one exporter session: one TCP or TLS
+// connection, or one UDP source address and port (RFC 7011 10.3.1).
+// Templates are scoped by session and observation domain. A Session is not
+// safe for concurrent use; it belongs to the goroutine that reads its
+// transport.
+type Session struct {
+	Exporter  netip.AddrPort
+	Transport Transport
+	lim       Limits
+	domains   map[uint32]*domain
+	last      *domain // the domain of the previous message
+	templates int     // templates over all domains
+	bytes     int     // template memory over all domains
+	// LastSeen is when the session's last message arrived.
+	LastSeen time.Time
+	exporter netip.Addr // Exporter's address, unmapped
+}
+
+// domain is the state of one observation domain of a session.
+type domain struct {
+	id        uint32
+	templates map[uint16]*template
+	nextSeq   uint32 // sequence number expected in the next message
+	seqKnown  bool
+	sysInitMs uint64 // systemInitTimeMilliseconds from options data
+	lost      uint64 // data records missing according to sequence numbers
+}
+
+// NewSession returns the state of a new session of exporter over transport.
+func NewSession(exporter netip.AddrPort, transport Transport, lim Limits) *Session {
+	lim.SetDefaults()
+	return &Session{
+		Exporter: exporter, Transport: transport, lim: lim,
+		domains:  map[uint32]*domain{},
+		exporter: exporter.Addr().Unmap(),
+	}
+}
+
+// domain returns the state of domain id, creating it, or nil when the
+// session has MaxDomains already.
+func (s *Session) domain(id uint32) *domain {
+	if d := s.last; d != nil && d.id == id {
+		return d
+	}
+	d := s.domains[id]
+	if d == nil {
+		if len(s.domains) >= s.lim.MaxDomains {
+			return nil
+		}
+		d = &domain{id: id, templates: map[uint16]*template{}}
+		s.domains[id] = d
+	}
+	s.last = d
+	return d
+}
+
+// Templates returns the number of live templates of the session.
+func (s *Session) Templates() int { return s.templates }
+
+// Lost returns the number of data records that sequence numbers show as
+// missing in observation domain id.
+func (s *Session) Lost(id uint32) uint64 {
+	if d := s.domains[id]; d != nil {
+		return d.lost
+	}
+	return 0
+}
+
+func (s *Session) removeTemplate(d *domain, id uint16) bool {
+	t := d.templates[id]
+	if t == nil {
+		return false
+	}
+	delete(d.templates, id)
+	s.templates--
+	s.bytes -= t.size()
+	return true
+}
+
+// withdrawAll removes every template (options false) or every options
+// template (options true) of d and returns how many.
+func (s *Session) withdrawAll(d *domain, options bool) int {
+	n := 0
+	for id, t := range d.templates {
+		if t.options == options {
+			s.removeTemplate(d, id)
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,124 @@
+package ipfix
+
+import (
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"time"
+
+	fipfix "github.com/dualflow/dualflow/flow/ipfix"
+)
+
+// datagram is one received UDP datagram.
+type datagram struct {
+	buf  []byte // MaxMessageLen bytes, owned by the reader
+	n    int
+	from netip.AddrPort
+}
+
+// udpReader reads datagrams in batches. drops is the kernel's cumulative
+// count of datagrams dropped on the socket, when the platform reports it.
+type udpReader interface {
+	read(dgs []datagram) (n int, drops uint32, hasDrops bool, err error)
+}
+
+// serveUDP reads one UDP socket. Sessions are keyed by exporter address
+// and port; each socket has its own sessions, decoder and batch.
+func (l *Listener) serveUDP(ctx context.Context, c *net.UDPConn) {
+	rd := newUDPReader(c)
+	dgs := make([]datagram, udpBatch)
+	for i := range dgs {
+		dgs[i].buf = make([]byte, fipfix.MaxMessageLen)
+	}
+	sessions := map[netip.AddrPort]*Session{}
+	d := NewDecoder()
+	var prev Stats
+	var lastDrops uint32
+	dropsKnown := false
+	b := l.pool.Get()
+	sweep := time.Now()
+	gauge := l.m.sessions.WithLabelValues(UDP.String())
+	defer func() {
+		l.deliver(ctx, b, UDP).Release()
+		l.m.flush(UDP, d, &prev)
+		gauge.Sub(float64(len(sessions)))
+		l.m.closed.WithLabelValues(UDP.String(), "shutdown").Add(float64(len(sessions)))
+	}()
+	for {
+		n, drops, hasDrops, err := rd.read(dgs)
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			l.log.Warn("ipfix udp read", "addr", c.LocalAddr(), "err", err)
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		if hasDrops {
+			if dropsKnown && drops != lastDrops {
+				l.m.kernelDrop.Add(float64(drops - lastDrops))
+			}
+			lastDrops, dropsKnown = drops, true
+		}
+		now := time.Now()
+		for i := range n {
+			dg := &dgs[i]
+			from := netip.AddrPortFrom(dg.from.Addr().Unmap(), dg.from.Port())
+			s := sessions[from]
+			if s == nil {
+				if len(sessions) >= l.cfg.MaxSessions {
+					l.expire(sessions, now, 0)
+				}
+				if len(sessions) >= l.cfg.MaxSessions {
+					d.Stats.Messages++
+					d.Stats.Dropped[ReasonTooManySessions]++
+					continue
+				}
+				s = NewSession(from, UDP, l.cfg.Limits)
+				sessions[from] = s
+				gauge.Inc()
+			}
+			b.Recs, _ = d.Decode(s, dg.buf[:dg.n], now, b.Recs)
+			if len(b.Recs) >= l.cfg.BatchRecords {
+				b = l.deliver(ctx, b, UDP)
+			}
+		}
+		// Hand on what we have whenever the socket is drained (a short
+		// batch), so records never wait for more traffic.
+		if n < len(dgs) || len(b.Recs) >= l.cfg.BatchRecords {
+			b = l.deliver(ctx, b, UDP)
+			l.m.flush(UDP, d, &prev)
+		}
+		if now.Sub(sweep) > sessionSweep {
+			sweep = now
+			l.expire(sessions, now, l.cfg.Limits.TemplateLifetime)
+		}
+	}
+}
+
+// expire forgets UDP sessions silent for longer than idle (all their
+// templates have expired by then). With idle 0 it forgets the single
+// longest-silent session, to make room.
+func (l *Listener) expire(sessions map[netip.AddrPort]*Session, now time.Time, idle time.Duration) {
+	var oldest netip.AddrPort
+	var oldestSeen time.Time
+	for k, s := range sessions {
+		if idle > 0 {
+			if now.Sub(s.LastSeen) > idle {
+				delete(sessions, k)
+				l.m.sessions.WithLabelValues(UDP.String()).Dec()
+				l.m.closed.WithLabelValues(UDP.String(), "idle").Inc()
+			}
+			continue
+		}
+		if oldestSeen.IsZero() || s.LastSeen.Before(oldestSeen) {
+			oldest, oldestSeen = k, s.LastSeen
+		}
+	}
+	if idle == 0 && oldest.IsValid() && now.Sub(oldestSeen) > time.Minute {
+		delete(sessions, oldest)
+		l.m.sessions.WithLabelValues(UDP.String()).Dec()
+		l.m.closed.WithLabelValues(UDP.String(), "limit").Inc()
+	}
+}
