@@ -32,16 +32,16 @@ import (
 type Reason uint8
 
 const (
-	ReasonNone             Reason = iota
-	ReasonShort                   // shorter than a message header
-	ReasonVersion                 // version is not 10
-	ReasonLength                  // header length disagrees with the bytes received
-	ReasonSetLength               // a set header is truncated, below 4 or past the end
-	ReasonTemplate                // a malformed template or options template record
-	ReasonRecordLength            // a data record runs past its set (variable-length overflow)
-	ReasonTooManyDomains          // the session has Limits.MaxDomains domains already
-	ReasonTooManySessions         // the listener has its maximum number of sessions
-	ReasonQueueFull               // decoded, then dropped: the pipeline queue was full (UDP)
+	ReasonNone            Reason = iota
+	ReasonShort                  // shorter than a message header
+	ReasonVersion                // version is not 10
+	ReasonLength                 // header length disagrees with the bytes received
+	ReasonSetLength              // a set header is truncated, below 4 or past the end
+	ReasonTemplate               // a malformed template or options template record
+	ReasonRecordLength           // a data record runs past its set (variable-length overflow)
+	ReasonTooManyDomains         // the session has Limits.MaxDomains domains already
+	ReasonTooManySessions        // the listener has its maximum number of sessions
+	ReasonQueueFull              // decoded, then dropped: the pipeline queue was full (UDP)
 	numReasons
 )
 
@@ -61,7 +61,9 @@ type Error struct {
 	Detail string
 }
 
-func (e *Error) Error() string { return "ipfix message dropped: " + e.Reason.String() + ": " + e.Detail }
+func (e *Error) Error() string {
+	return "ipfix message dropped: " + e.Reason.String() + ": " + e.Detail
+}
 
 func dropf(r Reason, format string, args ...any) error {
 	return &Error{Reason: r, Detail: fmt.Sprintf(format, args...)}

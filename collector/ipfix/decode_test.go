@@ -87,8 +87,8 @@ func TestDecodeForeign(t *testing.T) {
 		fs{0, 8, 4}, fs{0, 12, 4}, fs{0, 7, 2}, fs{0, 11, 2}, fs{0, 4, 1},
 		fs{0, 22, 4}, fs{0, 21, 4}, // flowStart/EndSysUpTime
 		fs{0, 2, 4}, fs{0, 1, 4}, // reduced-size delta counters
-		fs{6876, 893, 4},           // VMware (OVS) element: skipped
-		fs{12345, 1, varLen},       // unknown enterprise, variable length
+		fs{6876, 893, 4},     // VMware (OVS) element: skipped
+		fs{12345, 1, varLen}, // unknown enterprise, variable length
 		fs{0, 136, 1},
 	)
 	tmplNTP := templateRec(301,

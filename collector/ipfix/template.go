@@ -34,22 +34,22 @@ const (
 
 // IANA element IDs of the alternatives above.
 const (
-	ieFlowEndSysUpTime        = 21
-	ieFlowStartSysUpTime      = 22
-	ieICMPTypeCodeIPv4        = 32
-	ieICMPTypeCodeIPv6        = 139
-	ieFlowStartMicroseconds   = 154
-	ieFlowEndMicroseconds     = 155
-	ieFlowStartNanoseconds    = 156
-	ieFlowEndNanoseconds      = 157
-	ieFlowStartDeltaMicro     = 158
-	ieFlowEndDeltaMicro       = 159
-	ieSystemInitTimeMillis    = 160
-	ieFlowDurationMillis      = 161
-	iePostNATDstIPv4          = 226
-	iePostNAPTDstPort         = 228
-	iePostNATDstIPv6          = 282
-	enterpriseVMware   uint32 = 6876 // Open vSwitch's own elements: skipped
+	ieFlowEndSysUpTime             = 21
+	ieFlowStartSysUpTime           = 22
+	ieICMPTypeCodeIPv4             = 32
+	ieICMPTypeCodeIPv6             = 139
+	ieFlowStartMicroseconds        = 154
+	ieFlowEndMicroseconds          = 155
+	ieFlowStartNanoseconds         = 156
+	ieFlowEndNanoseconds           = 157
+	ieFlowStartDeltaMicro          = 158
+	ieFlowEndDeltaMicro            = 159
+	ieSystemInitTimeMillis         = 160
+	ieFlowDurationMillis           = 161
+	iePostNATDstIPv4               = 226
+	iePostNAPTDstPort              = 228
+	iePostNATDstIPv6               = 282
+	enterpriseVMware        uint32 = 6876 // Open vSwitch's own elements: skipped
 )
 
 var ianaAlternatives = map[uint16]op{
