@@ -1,6 +1,14 @@
 // Package collector runs the dualflow collector: it receives flow records,
 // enriches them and writes them to ClickHouse. This file wires the stages
-// together; each stage lives in its own package under collector/.
+// together; each stage lives in its own package under collector/:
+//
+//	ipfix listeners ─decoded→ correlate ─correlated→ enrich ─enriched→ store writer
+//
+// Every arrow is a bounded pipeline.Queue. TCP/TLS listeners block on a
+// full queue (back-pressure through TCP flow control), UDP listeners drop
+// and count; every later stage blocks, so a slow ClickHouse fills the
+// queues from the writer backwards, visible in
+// dualflow_pipeline_queue_length and dualflow_pipeline_queue_blocked_seconds_total.
 package collector
 
 import (
@@ -12,6 +20,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -19,6 +28,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/dualflow/dualflow/collector/correlate"
+	"github.com/dualflow/dualflow/collector/ipfix"
+	"github.com/dualflow/dualflow/collector/pipeline"
 	"github.com/dualflow/dualflow/collector/store"
 	"github.com/dualflow/dualflow/collector/store/chhttp"
 	"github.com/dualflow/dualflow/migrations"
@@ -28,6 +40,14 @@ import (
 type Config struct {
 	Store  store.Config
 	Writer store.WriterConfig
+	// IPFIX configures the listeners; with no address at all the collector
+	// runs without ingest (the writer is still fed through Writer()).
+	IPFIX     ipfix.Config
+	Correlate correlate.Config
+	// InventoryFile is a Kubernetes manifest whose Node objects (pod CIDRs,
+	// addresses) tell the correlator which node an address is on. Empty:
+	// no correlation, every record passes as CorrelationNone.
+	InventoryFile string
 	// MetricsAddr serves /metrics, /healthz and /readyz ("" disables).
 	MetricsAddr string
 	// Version is recorded with applied migrations.
@@ -47,6 +67,34 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&w.SpoolDir, "clickhouse.spool-dir", "", "spool batches here while ClickHouse is unreachable (default <data-dir>/../spool for the embedded store, disabled for a server unless set)")
 	fs.Int64Var(&w.SpoolMaxBytes, "clickhouse.spool-max-bytes", store.DefaultSpoolMaxBytes, "spool size bound; past it failed batches are dropped and counted")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", DefaultMetricsAddr, "serve /metrics, /healthz and /readyz here (empty disables)")
+	ic := &c.IPFIX
+	addrList(fs, &ic.TCPAddrs, "collector.ipfix.tcp-addr", ipfix.DefaultTCPAddr, "IPFIX over TCP listen addresses, comma-separated (\":4739\" is IPv4 and IPv6; empty disables)")
+	addrList(fs, &ic.UDPAddrs, "collector.ipfix.udp-addr", ipfix.DefaultUDPAddr, "IPFIX over UDP listen addresses, comma-separated (empty disables)")
+	addrList(fs, &ic.TLSAddrs, "collector.ipfix.tls-addr", "", "IPFIX over TLS listen addresses, comma-separated, e.g. \":4740\" (needs --collector.ipfix.tls-cert and -key)")
+	fs.StringVar(&ic.TLSCertFile, "collector.ipfix.tls-cert", "", "PEM certificate of the TLS listener")
+	fs.StringVar(&ic.TLSKeyFile, "collector.ipfix.tls-key", "", "PEM private key file of the TLS listener")
+	fs.StringVar(&ic.TLSClientCAFile, "collector.ipfix.tls-client-ca", "", "PEM CA bundle: require client certificates signed by it (mutual TLS)")
+	fs.IntVar(&ic.MaxSessions, "collector.ipfix.max-sessions", ipfix.DefaultMaxSessions, "IPFIX sessions (connections, UDP exporters) per listener; more are refused and counted")
+	fs.IntVar(&ic.UDPReadBuffer, "collector.ipfix.udp-read-buffer", ipfix.DefaultUDPReadBuffer, "UDP socket receive buffer in bytes (SO_RCVBUFFORCE as root)")
+	fs.DurationVar(&ic.Limits.TemplateLifetime, "collector.ipfix.template-lifetime", ipfix.DefaultTemplateLifetime, "lifetime of a UDP template that is not refreshed")
+	fs.IntVar(&ic.Limits.MaxTemplates, "collector.ipfix.max-templates", ipfix.DefaultMaxTemplates, "templates per IPFIX session; more are ignored and counted")
+	fs.DurationVar(&c.Correlate.Timeout, "collector.correlate.timeout", correlate.DefaultTimeout, "how long a cross-node flow half waits for the other node's half")
+	fs.IntVar(&c.Correlate.MaxHeld, "collector.correlate.max-held", correlate.DefaultMaxHeld, "flow halves held waiting; past it the oldest is written unmatched and counted")
+	fs.StringVar(&c.InventoryFile, "collector.inventory", "", "Kubernetes manifest with the Node objects (spec.podCIDRs, addresses) used to correlate cross-node flows, e.g. the lab's manifest.yaml")
+}
+
+// addrList binds a comma-separated address list flag.
+func addrList(fs *flag.FlagSet, dst *[]string, name, def, usage string) {
+	*dst = ipfix.SplitAddrs(def)
+	fs.Func(name, usage+" (default \""+def+"\")", func(v string) error {
+		*dst = ipfix.SplitAddrs(v)
+		return nil
+	})
+}
+
+// ingest reports whether any IPFIX listener is configured.
+func (c *Config) ingest() bool {
+	return len(c.IPFIX.TCPAddrs)+len(c.IPFIX.UDPAddrs)+len(c.IPFIX.TLSAddrs) > 0
 }
 
 // SetDefaults fills unset fields.
@@ -56,12 +104,35 @@ func (c *Config) SetDefaults() {
 		c.Writer.SpoolDir = filepath.Join(filepath.Dir(filepath.Clean(c.Store.DataDir)), "spool")
 	}
 	c.Writer.SetDefaults()
+	c.IPFIX.SetDefaults()
+	c.Correlate.SetDefaults()
 }
 
 // Validate checks the configuration.
 func (c Config) Validate() error {
-	return errors.Join(c.Store.Validate(), c.Writer.Validate())
+	var ingest error
+	if c.ingest() {
+		ingest = c.IPFIX.Validate()
+	}
+	return errors.Join(c.Store.Validate(), c.Writer.Validate(), ingest)
 }
+
+// Queue sizes, in batches of up to ipfix.DefaultBatchRecords (1024) records
+// of ~730 bytes: each full batch is ~0.75 MB.
+const (
+	// decodedQueue takes the listeners' output. Overflow: TCP/TLS block,
+	// UDP drops and counts (dualflow_records_dropped_total{stage="decode"}).
+	// 32 batches ≈ 24 MB, ~0.1 s at the target rate: a burst absorber.
+	decodedQueue = 32
+	// correlatedQueue and enrichedQueue block when full; 16 batches each
+	// ≈ 12 MB. The writer has its own bound (MaxPending batches).
+	correlatedQueue = 16
+	enrichedQueue   = 16
+	// drainTimeout bounds the flush of the stages at shutdown, before the
+	// writer's own ShutdownTimeout; records still queued then are counted
+	// as dropped (reason aborted).
+	drainTimeout = 30 * time.Second
+)
 
 // Collector is a running collector. Create it with New, then call Run.
 type Collector struct {
@@ -72,6 +143,15 @@ type Collector struct {
 	writer *store.Writer
 	http   *chhttp.Server // nil unless embedded with HTTPAddr
 	ready  chan struct{}
+
+	pm         *pipeline.Metrics
+	pool       *pipeline.Pool
+	decoded    *pipeline.Queue
+	correlated *pipeline.Queue
+	enriched   *pipeline.Queue
+	listener   *ipfix.Listener // nil without ingest
+	correlator *correlate.Correlator
+	enricher   pipeline.Enricher
 }
 
 // New opens the store, applies pending migrations and builds the stages.
@@ -107,7 +187,50 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Collector, error) 
 			return nil, err
 		}
 	}
+	if err := c.buildPipeline(); err != nil {
+		conn.Close()
+		return nil, err
+	}
 	return c, nil
+}
+
+// buildPipeline creates the queues and stages and binds the listeners.
+func (c *Collector) buildPipeline() error {
+	c.pm = pipeline.NewMetrics(c.reg)
+	c.pool = pipeline.NewPool(c.cfg.IPFIX.BatchRecords)
+	c.decoded = pipeline.NewQueue("decoded", decodedQueue, c.pm)
+	c.correlated = pipeline.NewQueue("correlated", correlatedQueue, c.pm)
+	c.enriched = pipeline.NewQueue("enriched", enrichedQueue, c.pm)
+	var inv *correlate.Inventory
+	if c.cfg.InventoryFile != "" {
+		var err error
+		if inv, err = correlate.LoadInventory(c.cfg.InventoryFile); err != nil {
+			return err
+		}
+		c.log.Info("loaded node inventory", "file", c.cfg.InventoryFile, "nodes", inv.Nodes())
+	}
+	c.correlator = correlate.New(c.cfg.Correlate, inv, c.reg)
+	c.enricher = pipeline.Passthrough{}
+	if c.cfg.ingest() {
+		l, err := ipfix.New(c.cfg.IPFIX, c.decoded, c.pool, c.pm, c.reg, c.log.With("stage", "ipfix"))
+		if err != nil {
+			return err
+		}
+		c.listener = l
+	}
+	return nil
+}
+
+// SetEnricher replaces the pass-through enrichment stage. Call it before Run.
+func (c *Collector) SetEnricher(e pipeline.Enricher) { c.enricher = e }
+
+// IPFIXAddrs returns the bound IPFIX listener addresses by transport
+// ("tcp", "udp", "tls"); useful with port 0.
+func (c *Collector) IPFIXAddrs() map[string][]net.Addr {
+	if c.listener == nil {
+		return nil
+	}
+	return map[string][]net.Addr{"tcp": c.listener.TCPAddrs(), "udp": c.listener.UDPAddrs(), "tls": c.listener.TLSAddrs()}
 }
 
 func (c *Collector) migrate(ctx context.Context) error {
@@ -133,8 +256,10 @@ func (c *Collector) Conn() store.Conn { return c.conn }
 func (c *Collector) Registry() *prometheus.Registry { return c.reg }
 
 // Run runs every stage until ctx is cancelled, then shuts them down in
-// pipeline order (so the writer flushes what the earlier stages handed it)
-// and closes the store. It returns the first stage error.
+// pipeline order: the listeners stop and hand on their last records, the
+// decoded queue is closed, the correlator flushes its held halves, enrich
+// and write drain, and the writer flushes (or spools) what it was handed.
+// Then it closes the store. It returns the first stage error.
 func (c *Collector) Run(ctx context.Context) error {
 	defer c.conn.Close()
 	g, gctx := errgroup.WithContext(ctx)
@@ -143,6 +268,22 @@ func (c *Collector) Run(ctx context.Context) error {
 	writerCtx, stopWriter := context.WithCancel(context.WithoutCancel(ctx))
 	writerDone := make(chan error, 1)
 	go func() { writerDone <- c.writer.Run(writerCtx) }()
+	// The stages end when their input queue is closed, not with ctx;
+	// drainCtx only aborts them if draining takes longer than drainTimeout.
+	drainCtx, abortDrain := context.WithCancel(context.WithoutCancel(ctx))
+	defer abortDrain()
+	var stages sync.WaitGroup
+	stages.Go(func() { c.correlator.Run(drainCtx, c.decoded, c.correlated, c.pool, c.pm) })
+	stages.Go(func() { pipeline.RunEnrich(drainCtx, c.enricher, c.correlated, c.enriched, c.pm) })
+	stages.Go(func() { pipeline.RunWrite(drainCtx, c.writer, c.enriched, c.pm) })
+	if c.listener != nil {
+		g.Go(func() error { return c.listener.Run(gctx) })
+		for tr, addrs := range c.IPFIXAddrs() {
+			for _, a := range addrs {
+				c.log.Info("receiving IPFIX", "transport", tr, "addr", a.String())
+			}
+		}
+	}
 	if c.http != nil {
 		g.Go(func() error { return c.http.Run(gctx) })
 		c.log.Info("serving the ClickHouse HTTP interface", "url", "http://"+c.cfg.Store.HTTPAddr+"/")
@@ -153,6 +294,11 @@ func (c *Collector) Run(ctx context.Context) error {
 	close(c.ready)
 	<-gctx.Done()
 	err := g.Wait()
+	// Every producer of the decoded queue has returned.
+	c.decoded.Close()
+	abort := time.AfterFunc(drainTimeout, abortDrain)
+	stages.Wait()
+	abort.Stop()
 	stopWriter()
 	if werr := <-writerDone; werr != nil && !errors.Is(werr, context.Canceled) {
 		err = errors.Join(err, werr)
