@@ -1,0 +1,296 @@
+package collector
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dualflow/dualflow/collector/store/chdb"
+	"github.com/dualflow/dualflow/flow"
+	fipfix "github.com/dualflow/dualflow/flow/ipfix"
+	"github.com/dualflow/dualflow/lab/manifest"
+)
+
+// dataDir is the embedded engine's directory shared by this package's
+// tests and benchmarks, run one after the other: chDB supports one data
+// directory per process at a time.
+var dataDir string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "dualflow-collector-test-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	dataDir = filepath.Join(dir, "data")
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func needCHDB(tb testing.TB) {
+	tb.Helper()
+	if _, err := chdb.FindLibrary(""); err != nil {
+		if os.Getenv("DUALFLOW_REQUIRE_CHDB") == "1" {
+			tb.Fatalf("DUALFLOW_REQUIRE_CHDB=1 but: %v", err)
+		}
+		tb.Skip("libchdb not available (make deps)")
+	}
+}
+
+// inventoryFile writes the lab's 2-node dual-stack manifest.
+func inventoryFile(tb testing.TB) string {
+	m, err := manifest.Generate(manifest.Spec{Mode: manifest.ModeDual, Nodes: 2})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	path := filepath.Join(tb.TempDir(), "manifest.yaml")
+	f, err := os.Create(path)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer f.Close()
+	if err := m.Encode(f); err != nil {
+		tb.Fatal(err)
+	}
+	return path
+}
+
+// startCollector runs a collector on the shared data directory with IPFIX
+// on loopback ports chosen by the kernel. The returned stop cancels it and
+// waits for Run.
+func startCollector(tb testing.TB, mutate func(*Config)) (*Collector, func()) {
+	tb.Helper()
+	needCHDB(tb)
+	var cfg Config
+	cfg.Store.DataDir = dataDir
+	cfg.Writer.FlushInterval = 100 * time.Millisecond
+	cfg.IPFIX.TCPAddrs = []string{"127.0.0.1:0", "[::1]:0"}
+	cfg.IPFIX.UDPAddrs = []string{"127.0.0.1:0"}
+	cfg.Correlate.Timeout = 500 * time.Millisecond
+	cfg.InventoryFile = inventoryFile(tb)
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	c, err := New(context.Background(), cfg, log)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	stopped := false
+	stop := func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		if err := <-done; err != nil {
+			tb.Errorf("collector run: %v", err)
+		}
+	}
+	tb.Cleanup(stop)
+	return c, stop
+}
+
+// exporter sends IPFIX over one TCP connection as a node's exporter would.
+type exporter struct {
+	conn   net.Conn
+	enc    map[uint8]*fipfix.Encoder
+	seq    uint32
+	domain uint32
+}
+
+func dialExporter(tb testing.TB, addr net.Addr, domain uint32) *exporter {
+	c, err := net.Dial(addr.Network(), addr.String())
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { c.Close() })
+	e4, _ := fipfix.NewEncoder(4, 256)
+	e6, _ := fipfix.NewEncoder(6, 257)
+	x := &exporter{conn: c, enc: map[uint8]*fipfix.Encoder{4: e4, 6: e6}, domain: domain}
+	var body []byte
+	body = e4.AppendTemplateSet(body)
+	body = e6.AppendTemplateSet(body)
+	x.write(tb, body, 0)
+	return x
+}
+
+func (x *exporter) write(tb testing.TB, body []byte, records int) {
+	msg := fipfix.AppendMessageHeader(nil, fipfix.MessageHeaderLen+len(body), time.Now(), x.seq, x.domain)
+	x.seq += uint32(records)
+	if _, err := x.conn.Write(append(msg, body...)); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// send sends recs, one data set per family.
+func (x *exporter) send(tb testing.TB, recs ...flow.Record) {
+	var body []byte
+	for _, v := range []uint8{4, 6} {
+		start := len(body)
+		body = append(body, 0, 0, 0, 0)
+		n := 0
+		for i := range recs {
+			if flow.Version(recs[i].SrcAddr) == v {
+				body = x.enc[v].AppendRecord(body, &recs[i])
+				n++
+			}
+		}
+		if n == 0 {
+			body = body[:start]
+			continue
+		}
+		fipfix.PutSetHeader(body[start:], x.enc[v].TemplateID())
+	}
+	x.write(tb, body, len(recs))
+}
+
+func half(node, src, dst string, sport uint16, packets uint64) flow.Record {
+	now := time.Now().Truncate(time.Millisecond)
+	return flow.Record{
+		FlowStart: now.Add(-time.Second), FlowEnd: now,
+		SrcAddr: netip.MustParseAddr(src), DstAddr: netip.MustParseAddr(dst),
+		SrcPort: sport, DstPort: 8080, Proto: flow.ProtoTCP,
+		Packets: packets, Bytes: packets * 60, ReversePackets: packets, ReverseBytes: packets * 70,
+		PacketsDelta: packets, BytesDelta: packets * 60, ReversePacketsDelta: packets, ReverseBytesDelta: packets * 70,
+		EndReason: flow.EndReasonEndOfFlow, TCPState: "TIME_WAIT",
+		ExporterNode: node, Source: fipfix.SourceConntrack,
+	}
+}
+
+// query runs q until it returns want rows or the deadline passes.
+func query(tb testing.TB, c *Collector, q string, want int) []string {
+	tb.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		out, err := c.Conn().Query(context.Background(), q, "TSV")
+		if err != nil {
+			tb.Fatal(err)
+		}
+		rows := strings.Split(strings.TrimSpace(string(out)), "\n")
+		if len(out) == 0 {
+			rows = nil
+		}
+		if len(rows) >= want || time.Now().After(deadline) {
+			return rows
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestPipeline sends the halves of cross-node, intra-node and one-sided
+// connections of both families from two "node exporters" and checks what
+// lands in ClickHouse.
+func TestPipeline(t *testing.T) {
+	c, stop := startCollector(t, nil)
+	addrs := c.IPFIXAddrs()["tcp"]
+	n1 := dialExporter(t, addrs[0], 1) // IPv4 socket
+	n2 := dialExporter(t, addrs[1], 2) // IPv6 socket
+	// Distinct source ports per case; the query selects by port.
+	type fam struct{ p1a, p1b, p2 string }
+	fams := map[string]fam{
+		"ipv4": {"198.18.1.10", "198.18.1.11", "198.18.2.11"},
+		"ipv6": {"fd00:10:0:1::10", "fd00:10:0:1::11", "fd00:10:0:2::11"},
+	}
+	base := map[string]uint16{"ipv4": 41000, "ipv6": 42000}
+	for name, f := range fams {
+		p := base[name]
+		n1.send(t, half("node-1", f.p1a, f.p2, p+1, 10), half("node-1", f.p1a, f.p1b, p+2, 3), half("node-1", f.p1a, f.p2, p+3, 1))
+		n2.send(t, half("node-2", f.p1a, f.p2, p+1, 9), half("node-2", f.p1a, f.p2, p+4, 2))
+	}
+	rows := query(t, c, "SELECT ip_version, src_port, correlation, packets_total, exporter_node, src_node, dst_node FROM dualflow.flows WHERE src_port BETWEEN 41000 AND 42999 ORDER BY src_port", 8)
+	want := []string{
+		"4\t41001\tmerged\t10\tnode-1\tnode-1\tnode-2",
+		"4\t41002\tnone\t3\tnode-1\tnode-1\tnode-1",
+		"4\t41003\tsource_only\t1\tnode-1\tnode-1\tnode-2",
+		"4\t41004\tdestination_only\t2\tnode-2\tnode-1\tnode-2",
+		"6\t42001\tmerged\t10\tnode-1\tnode-1\tnode-2",
+		"6\t42002\tnone\t3\tnode-1\tnode-1\tnode-1",
+		"6\t42003\tsource_only\t1\tnode-1\tnode-1\tnode-2",
+		"6\t42004\tdestination_only\t2\tnode-2\tnode-1\tnode-2",
+	}
+	if strings.Join(rows, "\n") != strings.Join(want, "\n") {
+		t.Errorf("rows:\n%s\nwant:\n%s", strings.Join(rows, "\n"), strings.Join(want, "\n"))
+	}
+	stop()
+}
+
+// TestShutdownFlushesHeld checks that halves still waiting at shutdown are
+// written (unmatched), not lost.
+func TestShutdownFlushesHeld(t *testing.T) {
+	c, stop := startCollector(t, func(c *Config) { c.Correlate.Timeout = time.Hour })
+	x := dialExporter(t, c.IPFIXAddrs()["tcp"][0], 1)
+	x.send(t, half("node-1", "198.18.1.10", "198.18.2.11", 43001, 5), half("node-1", "fd00:10:0:1::10", "fd00:10:0:2::11", 43002, 5))
+	// Wait until the correlator holds both, then stop.
+	deadline := time.Now().Add(5 * time.Second)
+	for c.correlator.Held() < 2 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	stop()
+	c2, _ := startCollector(t, nil)
+	rows := query(t, c2, "SELECT src_port, correlation FROM dualflow.flows WHERE src_port IN (43001, 43002) ORDER BY src_port", 2)
+	if strings.Join(rows, ",") != "43001\tsource_only,43002\tsource_only" {
+		t.Errorf("rows %q", rows)
+	}
+}
+
+// BenchmarkEndToEnd measures records/s from IPFIX over TCP into the
+// embedded ClickHouse, counted when the rows are visible to a query.
+func BenchmarkEndToEnd(b *testing.B) {
+	c, stop := startCollector(b, func(c *Config) {
+		c.InventoryFile = "" // no correlation wait: measure ingest
+		c.Writer.FlushInterval = 200 * time.Millisecond
+	})
+	defer stop()
+	x := dialExporter(b, c.IPFIXAddrs()["tcp"][0], 1)
+	const perMsg = 40
+	recs := make([]flow.Record, perMsg)
+	for i := range recs {
+		if i%5 < 3 {
+			recs[i] = half("node-1", "198.18.1.10", "198.18.2.11", uint16(i), uint64(i+1))
+		} else {
+			recs[i] = half("node-1", "fd00:10:0:1::10", "fd00:10:0:2::11", uint16(i), uint64(i+1))
+		}
+	}
+	countRows := func() int {
+		out, err := c.Conn().Query(context.Background(), "SELECT count() FROM dualflow.flows", "TSV")
+		if err != nil {
+			b.Fatal(err)
+		}
+		n, _ := strconv.Atoi(strings.TrimSpace(string(out)))
+		return n
+	}
+	before := countRows()
+	const total = 500_000
+	b.ReportAllocs()
+	b.ResetTimer()
+	sent := 0
+	for b.Loop() {
+		start := time.Now()
+		for sent = 0; sent < total; sent += perMsg {
+			x.send(b, recs...)
+		}
+		for countRows()-before < total {
+			if time.Since(start) > 2*time.Minute {
+				b.Fatal(errors.New("rows did not arrive"))
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		before += total
+	}
+	b.ReportMetric(float64(total*b.N)/b.Elapsed().Seconds(), "records/s")
+}
