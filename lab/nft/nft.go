@@ -212,14 +212,27 @@ func lowerProto(p *corev1.Protocol) string {
 	return strings.ToLower(string(*p))
 }
 
-// services renders ClusterIP DNAT: per Service port and family, a chain that
-// picks an endpoint of the same family at random and one chain per endpoint
-// that DNATs to it. A port without ready endpoints is rejected in forward.
-func (r *renderer) services() error {
-	svcs := slices.Clone(r.m.Services)
+// ServicePort is one port of one Service ClusterIP of one family, with
+// the ready endpoints of that family (the load-balancing model that Render
+// and the lab's Open vSwitch datapath both translate).
+type ServicePort struct {
+	// ID is "ns/name/port/v4" (port name, or number when unnamed).
+	ID        string
+	VIP       netip.Addr
+	Port      int32
+	Proto     string // tcp, udp or sctp
+	Endpoints []netip.AddrPort
+}
+
+// ServicePorts returns every ClusterIP port of the manifest's Services,
+// sorted by Service, then ClusterIP, then port. Headless Services have none.
+func ServicePorts(m *manifest.Manifest) ([]ServicePort, error) {
+	r := &renderer{m: m}
+	svcs := slices.Clone(m.Services)
 	slices.SortFunc(svcs, func(a, b corev1.Service) int {
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
 	})
+	var out []ServicePort
 	for _, svc := range svcs {
 		for _, ipStr := range svc.Spec.ClusterIPs {
 			if ipStr == "" || ipStr == corev1.ClusterIPNone {
@@ -227,35 +240,51 @@ func (r *renderer) services() error {
 			}
 			ip, err := netip.ParseAddr(ipStr)
 			if err != nil {
-				return fmt.Errorf("service %s/%s: cluster IP %q: %w", svc.Namespace, svc.Name, ipStr, err)
+				return nil, fmt.Errorf("service %s/%s: cluster IP %q: %w", svc.Namespace, svc.Name, ipStr, err)
 			}
 			ip = ip.Unmap()
 			f := familyOf(ip)
 			for _, sp := range svc.Spec.Ports {
-				proto := lowerProto(&sp.Protocol)
 				portID := cmp.Or(sp.Name, strconv.Itoa(int(sp.Port)))
-				id := svc.Namespace + "/" + svc.Name + "/" + portID + "/" + f.suffix
-				eps := r.endpoints(&svc, &sp, f)
-				match := fmt.Sprintf("%s daddr %s %s dport %d", f.l3, ip, proto, sp.Port)
-				if len(eps) == 0 {
-					r.noEP = append(r.noEP, fmt.Sprintf("%s counter reject comment %s", match, quote("no endpoints "+id)))
-					continue
-				}
-				svcChain := ident("svc/" + id)
-				r.nat.rules = append(r.nat.rules, fmt.Sprintf("%s jump %s", match, svcChain))
-				var vmap []string
-				for k, ep := range eps {
-					epChain := ident("ep/" + id + "/" + strconv.Itoa(k))
-					vmap = append(vmap, fmt.Sprintf("%d : jump %s", k, epChain))
-					r.chains = append(r.chains, chain{name: epChain, rules: []string{
-						fmt.Sprintf("meta l4proto %s counter dnat %s to %s comment %s", proto, f.l3, ep, quote("endpoint "+ep.String()+" of "+id)),
-					}})
-				}
-				r.chains = append(r.chains, chain{name: svcChain, rules: []string{
-					fmt.Sprintf("numgen random mod %d vmap { %s }", len(eps), strings.Join(vmap, ", ")),
-				}})
+				out = append(out, ServicePort{
+					ID: svc.Namespace + "/" + svc.Name + "/" + portID + "/" + f.suffix, VIP: ip, Port: sp.Port,
+					Proto: lowerProto(&sp.Protocol), Endpoints: r.endpoints(&svc, &sp, f),
+				})
 			}
 		}
+	}
+	return out, nil
+}
+
+// services renders ClusterIP DNAT: per Service port and family, a chain that
+// picks an endpoint of the same family at random and one chain per endpoint
+// that DNATs to it. A port without ready endpoints is rejected in forward.
+func (r *renderer) services() error {
+	sps, err := ServicePorts(r.m)
+	if err != nil {
+		return err
+	}
+	for _, sp := range sps {
+		f := familyOf(sp.VIP)
+		id, proto, eps := sp.ID, sp.Proto, sp.Endpoints
+		match := fmt.Sprintf("%s daddr %s %s dport %d", f.l3, sp.VIP, proto, sp.Port)
+		if len(eps) == 0 {
+			r.noEP = append(r.noEP, fmt.Sprintf("%s counter reject comment %s", match, quote("no endpoints "+id)))
+			continue
+		}
+		svcChain := ident("svc/" + id)
+		r.nat.rules = append(r.nat.rules, fmt.Sprintf("%s jump %s", match, svcChain))
+		var vmap []string
+		for k, ep := range eps {
+			epChain := ident("ep/" + id + "/" + strconv.Itoa(k))
+			vmap = append(vmap, fmt.Sprintf("%d : jump %s", k, epChain))
+			r.chains = append(r.chains, chain{name: epChain, rules: []string{
+				fmt.Sprintf("meta l4proto %s counter dnat %s to %s comment %s", proto, f.l3, ep, quote("endpoint "+ep.String()+" of "+id)),
+			}})
+		}
+		r.chains = append(r.chains, chain{name: svcChain, rules: []string{
+			fmt.Sprintf("numgen random mod %d vmap { %s }", len(eps), strings.Join(vmap, ", ")),
+		}})
 	}
 	return nil
 }
