@@ -47,7 +47,15 @@ install_apt() {
 
 install_chdb() {
   if [ -f "$CHDB_DIR/libchdb.so" ]; then log "libchdb $CHDB_VERSION present"; return; fi
-  command -v npm >/dev/null || { log "npm is required to fetch libchdb"; return 1; }
+  if ! command -v npm >/dev/null; then
+    # The engine ships as an npm package; Debian's npm brings Node.js.
+    if [ "$(id -u)" = 0 ] && [ "${DEPS_SKIP_APT:-0}" != 1 ]; then
+      log "installing npm (to fetch libchdb)"
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends npm >/dev/null
+    else
+      log "npm is required to fetch libchdb (apt-get install npm)"; return 1
+    fi
+  fi
   log "fetching $CHDB_NPM_PKG@$CHDB_VERSION (about 180 MB, npm verifies its sha512)"
   local tmp; tmp=$(mktemp -d "$CACHE_DIR/.chdb-XXXXXX" 2>/dev/null || { mkdir -p "$CACHE_DIR"; mktemp -d "$CACHE_DIR/.chdb-XXXXXX"; })
   trap 'rm -rf "$tmp"' RETURN
@@ -60,7 +68,7 @@ install_chdb() {
 }
 
 install_go() {
-  command -v go >/dev/null || { log "go is required (https://go.dev/dl)"; return 1; }
+  command -v go >/dev/null || { log "go 1.26 is required on the PATH (expected at /usr/local/go/bin)"; return 1; }
   go mod download
   log "go modules present"
 }

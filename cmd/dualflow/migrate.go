@@ -22,7 +22,7 @@ also migrates at start.
 	var cfg store.Config
 	cfg.TTLDays = 30
 	cfg.BindFlags(fs)
-	print := fs.Bool("print", false, "print the rendered SQL (single node, or cluster with --clickhouse.cluster) and exit")
+	printSQL := fs.Bool("print", false, "print the rendered SQL (single node, or cluster with --clickhouse.cluster) and exit")
 	status := fs.Bool("status", false, "list applied and pending migrations and exit")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -31,7 +31,7 @@ also migrates at start.
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	if *print {
+	if *printSQL {
 		sql, err := migrations.RenderAll(cfg.Migrations())
 		if err != nil {
 			return err

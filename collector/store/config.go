@@ -4,6 +4,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net"
+	"net/netip"
 	"strconv"
 	"strings"
 
@@ -65,6 +67,15 @@ func (c *Config) SetDefaults() {
 
 // Validate checks the configuration.
 func (c Config) Validate() error {
+	if c.HTTPAddr != "" {
+		host, _, err := net.SplitHostPort(c.HTTPAddr)
+		if err != nil {
+			return fmt.Errorf("--clickhouse.http-addr %q: %w", c.HTTPAddr, err)
+		}
+		if ip, err := netip.ParseAddr(host); (err != nil && host != "localhost") || (err == nil && !ip.IsLoopback()) {
+			return fmt.Errorf("--clickhouse.http-addr %q: the embedded ClickHouse HTTP interface has no authentication and must listen on loopback (127.0.0.1 or [::1])", c.HTTPAddr)
+		}
+	}
 	if c.DSN != "" && strings.Contains(c.DSN, "password=") {
 		return errors.New("--clickhouse.dsn must not contain a password: use DUALFLOW_CLICKHOUSE_PASSWORD or --clickhouse.password-file")
 	}

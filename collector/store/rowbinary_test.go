@@ -98,7 +98,7 @@ func TestAppendAddr(t *testing.T) {
 		{"198.18.0.1", "::ffff:198.18.0.1"},
 		{"::ffff:198.18.0.1", "::ffff:198.18.0.1"},
 		{"fd00:10::1", "fd00:10::1"},
-		{"fe80::1%eth0", "fe80::1"},
+		{"fd00:10::1%eth0", "fd00:10::1"},
 	}
 	for _, tt := range tests {
 		b := appendAddr(nil, netip.MustParseAddr(tt.in))

@@ -37,25 +37,29 @@ type Conn interface {
 // opposed to a bad query). The writer retries and spools on it.
 var ErrUnavailable = errors.New("clickhouse unavailable")
 
-// temporaryCodes are ClickHouse exception codes that clear up by themselves
-// (overload, memory pressure, a replica catching up): the writer retries and
-// spools on them instead of treating the batch as refused.
-var temporaryCodes = map[int]bool{
-	159: true, // TIMEOUT_EXCEEDED
-	202: true, // TOO_MANY_SIMULTANEOUS_QUERIES
-	209: true, // SOCKET_TIMEOUT
-	210: true, // NETWORK_ERROR
-	241: true, // MEMORY_LIMIT_EXCEEDED
-	242: true, // TABLE_IS_READ_ONLY (replica lost ZooKeeper/Keeper session)
-	252: true, // TOO_MANY_PARTS
-	285: true, // TOO_FEW_LIVE_REPLICAS
-	319: true, // UNKNOWN_STATUS_OF_INSERT
-	999: true, // KEEPER_EXCEPTION
+// temporaryCode reports whether a ClickHouse exception code clears up by
+// itself (overload, memory pressure, a replica catching up): the writer
+// retries and spools on those instead of treating the batch as refused.
+func temporaryCode(code int) bool {
+	switch code {
+	case 159, // TIMEOUT_EXCEEDED
+		202, // TOO_MANY_SIMULTANEOUS_QUERIES
+		209, // SOCKET_TIMEOUT
+		210, // NETWORK_ERROR
+		241, // MEMORY_LIMIT_EXCEEDED
+		242, // TABLE_IS_READ_ONLY (replica lost its Keeper session)
+		252, // TOO_MANY_PARTS
+		285, // TOO_FEW_LIVE_REPLICAS
+		319, // UNKNOWN_STATUS_OF_INSERT
+		999: // KEEPER_EXCEPTION
+		return true
+	}
+	return false
 }
 
 // markTemporary wraps err with ErrUnavailable when code is temporary.
 func markTemporary(code int, err error) error {
-	if err != nil && temporaryCodes[code] {
+	if err != nil && temporaryCode(code) {
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	return err

@@ -441,14 +441,15 @@ func (w *Writer) Run(ctx context.Context) error {
 	deadline.Stop()
 
 	attrs := []any{"took", time.Since(start).Round(time.Millisecond), "rows_written", w.stats.rowsWritten.Load(), "dropped_rows", w.stats.droppedRows.Load()}
+	var err error
 	if sp != nil {
 		attrs = append(attrs, "spool_batches", sp.Len(), "spool_rows", sp.Rows())
-		if err := sp.Close(); err != nil {
-			w.log.Error("close spool", "err", err)
+		if cerr := sp.Close(); cerr != nil {
+			err = fmt.Errorf("close spool: %w", cerr)
 		}
 	}
 	w.log.Info("store writer stopped", attrs...)
-	return nil
+	return err
 }
 
 // send delivers sealed batches in order until shutdown empties the queue.

@@ -167,7 +167,7 @@ var testEpoch = time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
 // Even ids are IPv4, odd ids IPv6.
 func testFlow(id int) flow.Record {
 	v6 := id%2 == 1
-	src, dst, svc, exp := "10.244.1.10", "10.244.2.20", "10.96.0.10", "192.168.0.1"
+	src, dst, svc, exp := "198.18.1.10", "198.18.2.20", "198.19.0.10", "198.18.255.1"
 	if v6 {
 		src, dst, svc, exp = "fd00:10:244:1::a", "fd00:10:244:2::14", "fd00:10:96::a", "fd00:192:168::1"
 	}
@@ -766,13 +766,13 @@ func TestWriterIPFamilies(t *testing.T) {
 	v4 := testFlow(0)
 	v6 := testFlow(1)
 	mapped := testFlow(2)
-	mapped.SrcAddr = netip.MustParseAddr("::ffff:10.244.1.10") // not normalized by the caller
+	mapped.SrcAddr = netip.MustParseAddr("::ffff:198.18.1.10") // not normalized by the caller
 	mapped.IPVersion = 0
 	wantMapped := mapped
-	wantMapped.SrcAddr = netip.MustParseAddr("10.244.1.10")
+	wantMapped.SrcAddr = netip.MustParseAddr("198.18.1.10")
 	wantMapped.IPVersion = 4
 	external6 := testFlow(3)
-	external6.DstAddr = netip.MustParseAddr("2001:db8::1")
+	external6.DstAddr = netip.MustParseAddr("fd00:10:db8::1")
 	external6.Dst = flow.Endpoint{}
 	external6.Service = flow.Service{}
 	external6.ServiceAddr = netip.Addr{}

@@ -41,16 +41,16 @@ func TestModernTypesDDL(t *testing.T) {
 		t.Fatal(err)
 	}
 	if err := db.Exec(ctx, `INSERT INTO `+d+`.flows VALUES
-		('2024-05-01 10:00:00.123', '2001:db8::1', '10.0.0.1', 'tcp', {'k':'v'}, 100),
-		('2024-05-01 10:00:01.456', '::ffff:192.0.2.7', '192.0.2.8', 'udp', {}, 200)`); err != nil {
+		('2024-05-01 10:00:00.123', 'fd00:10:db8::1', '198.18.0.1', 'tcp', {'k':'v'}, 100),
+		('2024-05-01 10:00:01.456', '::ffff:198.18.2.7', '198.18.2.8', 'udp', {}, 200)`); err != nil {
 		t.Fatal(err)
 	}
 	out, err := db.Query(ctx, `SELECT toString(ts), toString(src), toString(dst), proto, attrs['k'], bytes FROM `+d+`.flows ORDER BY ts`, "TSV")
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := "2024-05-01 10:00:00.123\t2001:db8::1\t10.0.0.1\ttcp\tv\t100\n" +
-		"2024-05-01 10:00:01.456\t::ffff:192.0.2.7\t192.0.2.8\tudp\t\t200\n"
+	want := "2024-05-01 10:00:00.123\tfd00:10:db8::1\t198.18.0.1\ttcp\tv\t100\n" +
+		"2024-05-01 10:00:01.456\t::ffff:198.18.2.7\t198.18.2.8\tudp\t\t200\n"
 	if string(out) != want {
 		t.Errorf("got\n%s\nwant\n%s", out, want)
 	}
@@ -62,8 +62,8 @@ func TestModernTypesDDL(t *testing.T) {
 func encodeFlows(n int) []byte {
 	var buf bytes.Buffer
 	base := time.Date(2024, 5, 1, 0, 0, 0, 0, time.UTC).UnixMilli()
-	v4 := netip.MustParseAddr("192.0.2.1")
-	v6 := netip.MustParseAddr("2001:db8::1")
+	v4 := netip.MustParseAddr("198.18.2.1")
+	v6 := netip.MustParseAddr("fd00:10:db8::1")
 	var b8 [8]byte
 	for i := range n {
 		binary.LittleEndian.PutUint64(b8[:], uint64(base+int64(i)))
@@ -160,9 +160,9 @@ func TestQueryWithParams(t *testing.T) {
 		want   string
 	}{
 		{"string", "SELECT {s:String}", map[string]string{"s": "it's"}, "it\\'s\n"},
-		{"ipv4", "SELECT toString({a:IPv4})", map[string]string{"a": "192.0.2.1"}, "192.0.2.1\n"},
-		{"ipv6", "SELECT toString({a:IPv6})", map[string]string{"a": "2001:db8::1"}, "2001:db8::1\n"},
-		{"in range", "SELECT isIPAddressInRange({a:String}, {n:String})", map[string]string{"a": "2001:db8::5", "n": "2001:db8::/64"}, "1\n"},
+		{"ipv4", "SELECT toString({a:IPv4})", map[string]string{"a": "198.18.2.1"}, "198.18.2.1\n"},
+		{"ipv6", "SELECT toString({a:IPv6})", map[string]string{"a": "fd00:10:db8::1"}, "fd00:10:db8::1\n"},
+		{"in range", "SELECT isIPAddressInRange({a:String}, {n:String})", map[string]string{"a": "fd00:10:db8::5", "n": "fd00:10:db8::/64"}, "1\n"},
 		{"several", "SELECT {x:UInt8} + {y:UInt8}", map[string]string{"x": "40", "y": "2"}, "42\n"},
 	}
 	for _, tt := range tests {

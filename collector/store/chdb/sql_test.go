@@ -25,7 +25,7 @@ func TestSplitInsert(t *testing.T) {
 		{"with select", "INSERT INTO t WITH 1 AS x SELECT x", false, "", "", ""},
 		{"infile", "INSERT INTO t FROM INFILE '/etc/passwd' FORMAT TSV", false, "", "", ""},
 		{"not insert", "SELECT 1 FORMAT TSV", false, "", "", ""},
-		{"ipv6 in values", "INSERT INTO t VALUES ('2001:db8::1')", true, "INSERT INTO t", "Values", " ('2001:db8::1')"},
+		{"ipv6 in values", "INSERT INTO t VALUES ('fd00:10:db8::1')", true, "INSERT INTO t", "Values", " ('fd00:10:db8::1')"},
 		{"empty", "", false, "", "", ""},
 		{"format without name", "INSERT INTO t FORMAT", false, "", "", ""},
 	}
@@ -52,7 +52,7 @@ func TestOutputFormat(t *testing.T) {
 		{"select * from (select 1 format TSV) format Native settings a=1", "Native"},
 		{"SELECT 'FORMAT CSV' -- FORMAT X\n", ""},
 		{"INSERT INTO t FORMAT RowBinary", ""},
-		{"SELECT toString('2001:db8::1') FORMAT JSONEachRow;", "JSONEachRow"},
+		{"SELECT toString('fd00:10:db8::1') FORMAT JSONEachRow;", "JSONEachRow"},
 	}
 	for _, tt := range tests {
 		if got := OutputFormat(tt.in); got != tt.want {

@@ -61,11 +61,11 @@ func testRows() []flowRow {
 	note := "hello"
 	base := time.Date(2024, 5, 1, 10, 0, 0, 123e6, time.UTC)
 	return []flowRow{
-		{base, netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("2001:db8::1"), "tcp",
+		{base, netip.MustParseAddr("198.18.2.1"), netip.MustParseAddr("fd00:10:db8::1"), "tcp",
 			map[string]string{"pod": "a", "ns": "default"}, uuid.MustParse("6ba7b810-9dad-11d1-80b4-00c04fd430c8"), &note, []uint16{80, 443}, "in", 1500},
-		{base.Add(time.Second), netip.MustParseAddr("10.1.2.3"), netip.MustParseAddr("::ffff:198.51.100.7"), "udp",
+		{base.Add(time.Second), netip.MustParseAddr("198.18.2.3"), netip.MustParseAddr("::ffff:198.19.100.7"), "udp",
 			map[string]string{}, uuid.MustParse("00000000-0000-4000-8000-000000000001"), nil, nil, "out", 64},
-		{base.Add(2 * time.Second), netip.MustParseAddr("0.0.0.0"), netip.MustParseAddr("fe80::1"), "icmpv6",
+		{base.Add(2 * time.Second), netip.MustParseAddr("0.0.0.0"), netip.MustParseAddr("fd00:10::1"), "icmpv6",
 			map[string]string{"k": "v"}, uuid.Nil, nil, []uint16{}, "in", 0},
 	}
 }
@@ -155,12 +155,12 @@ func TestClickHouseGoRoundTrip(t *testing.T) {
 
 			// Named parameters for IPv4 and IPv6 values, server side.
 			var n uint64
-			if err := conn.QueryRow(clickhouse.Context(ctx, clickhouse.WithParameters(clickhouse.Parameters{"a": "192.0.2.1", "b": "2001:db8::1"})),
+			if err := conn.QueryRow(clickhouse.Context(ctx, clickhouse.WithParameters(clickhouse.Parameters{"a": "198.18.2.1", "b": "fd00:10:db8::1"})),
 				"SELECT count() FROM "+d+".flows WHERE src4 = {a:IPv4} OR src6 = {b:IPv6}").Scan(&n); err != nil || n != 2 {
 				t.Errorf("params count = %d, %v", n, err)
 			}
 			var s4, s6 string
-			if err := conn.QueryRow(ctx, "SELECT toString(src4), toString(src6) FROM "+d+".flows WHERE proto = 'udp' LIMIT 1").Scan(&s4, &s6); err != nil || s4 != "10.1.2.3" || s6 != "::ffff:198.51.100.7" {
+			if err := conn.QueryRow(ctx, "SELECT toString(src4), toString(src6) FROM "+d+".flows WHERE proto = 'udp' LIMIT 1").Scan(&s4, &s6); err != nil || s4 != "198.18.2.3" || s6 != "::ffff:198.19.100.7" {
 				t.Errorf("udp row: %q %q %v", s4, s6, err)
 			}
 
@@ -204,8 +204,8 @@ func insertFlows(t testing.TB, ctx context.Context, conn driver.Conn, d string, 
 		t.Fatal(err)
 	}
 	base := time.Date(2024, 5, 1, 0, 0, 0, 0, time.UTC)
-	v4 := netip.MustParseAddr("192.0.2.1")
-	v6 := netip.MustParseAddr("2001:db8::1")
+	v4 := netip.MustParseAddr("198.18.2.1")
+	v6 := netip.MustParseAddr("fd00:10:db8::1")
 	attrs := map[string]string{"pod": "web-1"}
 	id := uuid.MustParse("6ba7b810-9dad-11d1-80b4-00c04fd430c8")
 	for i := range n {

@@ -14,6 +14,7 @@ const (
 	codeQueryIsTooLarge          = 229
 	codeCannotDecompress         = 271
 	codeQueryWasCancelled        = 394
+	codeAccessDenied             = 497
 	codeStdException             = 1001
 )
 
@@ -27,6 +28,7 @@ var codeNames = map[int]string{
 	codeQueryIsTooLarge:          "QUERY_IS_TOO_LARGE",
 	codeCannotDecompress:         "CANNOT_DECOMPRESS",
 	codeQueryWasCancelled:        "QUERY_WAS_CANCELLED",
+	codeAccessDenied:             "ACCESS_DENIED",
 	codeStdException:             "STD_EXCEPTION",
 }
 

@@ -129,8 +129,29 @@ func New(cfg Config) (*Server, error) {
 	mux.HandleFunc("/replicas_status", s.ping)
 	mux.HandleFunc("/{$}", s.serveQuery)
 	mux.HandleFunc("/", s.notFound)
-	s.handler = s.recoverPanics(mux)
+	s.handler = s.recoverPanics(s.rejectBrowsers(mux))
 	return s, nil
+}
+
+// rejectBrowsers refuses requests a web browser sends on behalf of another
+// site. The interface has no authentication and listens on loopback, so any
+// page the user opens could otherwise POST SQL (DROP TABLE, url() table
+// functions) to it. ClickHouse clients, curl and dualflow send neither
+// header; browsers send Sec-Fetch-Site and, on cross-origin requests, Origin.
+func (s *Server) rejectBrowsers(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		site := r.Header.Get("Sec-Fetch-Site")
+		origin := r.Header.Get("Origin")
+		crossSite := (site != "" && site != "same-origin" && site != "none") ||
+			(origin != "" && origin != "http://"+r.Host && origin != "https://"+r.Host)
+		if crossSite {
+			s.metrics.requests.WithLabelValues("other", "403").Inc()
+			s.writeError(w, newError(codeAccessDenied, http.StatusForbidden,
+				"cross-site browser requests are refused (Origin %q, Sec-Fetch-Site %q)", origin, site))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // Handler returns the HTTP handler, for tests and for mounting elsewhere.

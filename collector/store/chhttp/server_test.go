@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strconv"
 	"strings"
@@ -71,13 +72,13 @@ func TestCurlStyle(t *testing.T) {
 		{"post body", "POST", "/", "SELECT 1", "1\n", "TabSeparated"},
 		{"query param plus body", "POST", "/?query=SELECT", "1 + 1", "2\n", "TabSeparated"},
 		{"default format", "POST", "/?default_format=JSONEachRow", "SELECT 1 AS x", "{\"x\":1}\n", "JSONEachRow"},
-		{"params", "GET", "/?query=SELECT+toString({ip:IPv6}),+{s:String}&param_ip=2001:db8::1&param_s=a+b%5Ct", "", "2001:db8::1\ta b\\t\n", "TabSeparated"},
-		{"params v4", "GET", "/?query=SELECT+toString({ip:IPv4})&param_ip=192.0.2.1", "", "192.0.2.1\n", "TabSeparated"},
+		{"params", "GET", "/?query=SELECT+toString({ip:IPv6}),+{s:String}&param_ip=fd00:10:db8::1&param_s=a+b%5Ct", "", "fd00:10:db8::1\ta b\\t\n", "TabSeparated"},
+		{"params v4", "GET", "/?query=SELECT+toString({ip:IPv4})&param_ip=198.18.2.1", "", "198.18.2.1\n", "TabSeparated"},
 		{"database", "GET", "/?database=" + d + "&query=SELECT+currentDatabase()", "", d + "\n", "TabSeparated"},
 		{"settings", "GET", "/?query=SELECT+getSetting('max_result_rows')&max_result_rows=77", "", "77\n", "TabSeparated"},
-		{"insert tsv", "POST", "/?query=INSERT+INTO+" + d + ".t+FORMAT+TSV", "1\t::1\n2\t192.0.2.1\n", "", ""},
-		{"insert in body", "POST", "/", "INSERT INTO " + d + ".t FORMAT CSV\n3,2001:db8::3\n", "", ""},
-		{"insert values", "POST", "/", "INSERT INTO " + d + ".t VALUES (4, '::ffff:10.0.0.4')", "", ""},
+		{"insert tsv", "POST", "/?query=INSERT+INTO+" + d + ".t+FORMAT+TSV", "1\t::1\n2\t198.18.2.1\n", "", ""},
+		{"insert in body", "POST", "/", "INSERT INTO " + d + ".t FORMAT CSV\n3,fd00:10:db8::3\n", "", ""},
+		{"insert values", "POST", "/", "INSERT INTO " + d + ".t VALUES (4, '::ffff:198.18.0.4')", "", ""},
 		{"count back", "GET", "/?query=SELECT+count(),+countIf(IPv4CIDRToRange(toIPv4('0.0.0.0'),0).1+%3D+'0.0.0.0')+FROM+" + d + ".t", "", "4\t4\n", "TabSeparated"},
 	}
 	for _, tt := range tests {
@@ -415,4 +416,37 @@ func FuzzParseRequest(f *testing.F) {
 			_ = chdb.OutputFormat(text)
 		}
 	})
+}
+
+// TestRejectsCrossSiteBrowsers: a page on another site must not be able to
+// run SQL on the unauthenticated loopback interface; clients without
+// browser headers and same-origin requests still work.
+func TestRejectsCrossSiteBrowsers(t *testing.T) {
+	_, s := testServer(t, Config{})
+	h := s.Handler()
+	tests := []struct {
+		name    string
+		headers map[string]string
+		want    int
+	}{
+		{"plain client", nil, http.StatusOK},
+		{"cross-site fetch", map[string]string{"Sec-Fetch-Site": "cross-site", "Origin": "http://evil.example"}, http.StatusForbidden},
+		{"same-site other port", map[string]string{"Sec-Fetch-Site": "same-site", "Origin": "http://127.0.0.1:8080"}, http.StatusForbidden},
+		{"origin only", map[string]string{"Origin": "http://[fd00:10::1]:80"}, http.StatusForbidden},
+		{"same origin", map[string]string{"Sec-Fetch-Site": "same-origin", "Origin": "http://example.com"}, http.StatusOK},
+		{"typed in the address bar", map[string]string{"Sec-Fetch-Site": "none"}, http.StatusOK},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			req := httptest.NewRequest(http.MethodPost, "http://example.com/", strings.NewReader("SELECT 1"))
+			for k, v := range tt.headers {
+				req.Header.Set(k, v)
+			}
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			if rec.Code != tt.want {
+				t.Errorf("status %d, want %d: %s", rec.Code, tt.want, rec.Body)
+			}
+		})
+	}
 }

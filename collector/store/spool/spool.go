@@ -386,8 +386,12 @@ func (s *Spool) moveAside(seq uint64, sub string) (string, error) {
 	name := segName(seq)
 	to := filepath.Join(dst, name)
 	for i := 1; ; i++ {
-		if _, err := os.Lstat(to); errors.Is(err, fs.ErrNotExist) {
+		_, err := os.Lstat(to)
+		if errors.Is(err, fs.ErrNotExist) {
 			break
+		}
+		if err != nil { // EACCES, ENOTDIR…: no free name can be found
+			return "", fmt.Errorf("spool: move %s aside: %w", name, err)
 		}
 		to = filepath.Join(dst, name+"."+strconv.Itoa(i))
 	}
