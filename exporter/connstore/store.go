@@ -17,6 +17,16 @@
 // connection gives its final totals at most once. A connection exported on
 // idle timeout stays in the store (so its counters keep their baseline) until
 // the source drops it, and is exported again only if it moves.
+//
+// A deleted connection leaves a tombstone for Config.TombstoneTTL: its
+// identity (conntrack ID, start time) and the counters already exported.
+// Sources report late: a DESTROY event may still be queued when a dump finds
+// the connection gone and Sweep ends it, and a dump taken while the table
+// churns may skip a live entry, which the next dump shows again. An
+// observation that matches a tombstone continues from the exported counters
+// instead of starting from zero: a late end event that brings nothing new is
+// dropped, one with more traffic exports only the rest, and a connection
+// seen again is tracked again with its old baseline.
 package connstore
 
 import (
@@ -84,6 +94,15 @@ type Config struct {
 	// seen while the store is full is exported at once with reason lack of
 	// resources and counted (Stats.Overflow), never silently dropped.
 	MaxConns int
+	// TombstoneTTL is how long a deleted connection is remembered so a late
+	// observation of it is not counted twice (see the package doc). It
+	// should cover the lag of the source's events and the gap between two
+	// dumps: the exporter sets twice its poll interval.
+	TombstoneTTL time.Duration
+	// MaxTombstones bounds the tombstones kept. Past it the oldest is
+	// forgotten early (overwrite-oldest: it is the least likely to see a
+	// late observation) and counted (Stats.TombstonesEvicted).
+	MaxTombstones int
 }
 
 // Defaults of Config.
@@ -94,6 +113,13 @@ const (
 	// connection (see BenchmarkMemoryPerConn), and is the default
 	// nf_conntrack_max of a node with 16 GiB or more.
 	DefaultMaxConns = 262144
+	// DefaultTombstoneTTL is twice the exporter's default poll interval.
+	DefaultTombstoneTTL = 10 * time.Second
+	// DefaultMaxTombstones bounds tombstones to about 16 MB at ~250 B each
+	// (map entry plus queue slot, see BenchmarkMemoryPerTombstone). At the
+	// default TTL it holds every connection of a node that ends up to
+	// 6,500 a second.
+	DefaultMaxTombstones = 65536
 )
 
 // SetDefaults fills unset fields.
@@ -106,6 +132,12 @@ func (c *Config) SetDefaults() {
 	}
 	if c.MaxConns == 0 {
 		c.MaxConns = DefaultMaxConns
+	}
+	if c.TombstoneTTL == 0 {
+		c.TombstoneTTL = DefaultTombstoneTTL
+	}
+	if c.MaxTombstones == 0 {
+		c.MaxTombstones = DefaultMaxTombstones
 	}
 }
 
@@ -121,6 +153,12 @@ func (c Config) Validate() error {
 	if c.MaxConns <= 0 {
 		errs = append(errs, fmt.Errorf("max connections %d: must be positive", c.MaxConns))
 	}
+	if c.TombstoneTTL <= 0 {
+		errs = append(errs, fmt.Errorf("tombstone TTL %v: must be positive", c.TombstoneTTL))
+	}
+	if c.MaxTombstones <= 0 {
+		errs = append(errs, fmt.Errorf("max tombstones %d: must be positive", c.MaxTombstones))
+	}
 	return errors.Join(errs...)
 }
 
@@ -131,6 +169,15 @@ type Stats struct {
 	Overflow [2]uint64 // new connections not tracked because the store was full
 	Reused   [2]uint64 // tuples reused by a new connection before the old one was seen ending
 	Swept    [2]uint64 // connections found gone by Sweep (their end event was missed)
+	// Tombstones are the deleted connections remembered now;
+	// TombstonesEvicted those forgotten before TombstoneTTL because
+	// MaxTombstones was reached.
+	Tombstones        [2]int
+	TombstonesEvicted [2]uint64
+	// Late counts observations of deleted connections that matched their
+	// tombstone: late end events (dropped, or only their rest exported)
+	// and connections a dump had skipped, tracked again.
+	Late [2]uint64
 }
 
 const (
@@ -161,12 +208,33 @@ type entry struct {
 	cur, base counters
 }
 
+// tomb is what the store remembers of a deleted connection.
+type tomb struct {
+	id          uint32
+	hasCounters bool
+	start       int64    // as entry.start
+	until       int64    // forgotten at this time, Unix nanoseconds
+	base        counters // exported so far
+}
+
+// tombRef is a tombstone's place in the expiry queue. A ref whose until
+// differs from its key's tombstone is stale (the tombstone was replaced or
+// removed) and is skipped.
+type tombRef struct {
+	key   Key
+	until int64
+}
+
 // Store is the connection table. It is safe for concurrent use.
 type Store struct {
 	cfg   Config
 	mu    sync.Mutex
 	conns map[Key]*entry
 	stats Stats
+
+	tombs    map[Key]tomb
+	tombQ    []tombRef // oldest first from tombHead: every TTL is the same
+	tombHead int
 }
 
 // New returns an empty store. cfg must have passed Validate after
@@ -175,7 +243,7 @@ func New(cfg Config) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("connstore: %w", err)
 	}
-	return &Store{cfg: cfg, conns: make(map[Key]*entry)}, nil
+	return &Store{cfg: cfg, conns: make(map[Key]*entry), tombs: make(map[Key]tomb)}, nil
 }
 
 func fam(k Key) int {
@@ -187,35 +255,65 @@ func fam(k Key) int {
 
 // Merge records a batch of observations made at now (a dump, or events).
 // It appends to out the records due at once (the end of a connection whose
-// tuple was reused; lack of resources) and returns the extended slice.
+// tuple was reused; lack of resources; the rest of a late end event whose
+// tuple a new connection took meanwhile) and returns the extended slice.
 func (s *Store) Merge(batch []Conn, now time.Time, out []flow.Record) []flow.Record {
 	ns := now.UnixNano()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i := range batch {
 		c := &batch[i]
+		f := fam(c.Key)
 		e, ok := s.conns[c.Key]
-		if !ok {
-			if len(s.conns) >= s.cfg.MaxConns {
-				s.stats.Overflow[fam(c.Key)]++
-				out = append(out, untracked(c, now))
-				continue
-			}
-			e = new(entry)
-			e.reset(c, ns)
-			s.conns[c.Key] = e
-			s.stats.Conns[fam(c.Key)]++
+		if ok && !e.reusedBy(c) {
+			e.update(c, ns)
 			continue
 		}
-		if e.reusedBy(c) {
-			s.stats.Reused[fam(c.Key)]++
+		// c is not the tracked connection, if any: it may be a late
+		// observation of one already exported and deleted.
+		var base counters
+		late := false
+		if t, found := s.tombs[c.Key]; found && t.until > ns && t.matches(c) {
+			s.stats.Late[f]++
+			if !c.movedFrom(t.base) && (c.Ended || ok) {
+				continue // a late end event, or a stale sighting, with nothing new
+			}
+			if ok {
+				// A newer connection holds the tuple now: export what the
+				// old one did since its last record, at once.
+				var old entry
+				old.reset(c, ns)
+				old.resume(t.base)
+				old.flags |= flagEnded
+				out = append(out, old.record(c.Key, flow.EndReasonEndOfFlow))
+				t.base = old.cur
+				s.tombs[c.Key] = t
+				continue
+			}
+			base, late = t.base, true
+			s.unbury(c.Key)
+		}
+		if ok {
+			s.stats.Reused[f]++
 			if e.due() {
 				out = append(out, e.record(c.Key, flow.EndReasonEndOfFlow))
 			}
+			s.bury(c.Key, e, ns)
 			e.reset(c, ns)
 			continue
 		}
-		e.update(c, ns)
+		if len(s.conns) >= s.cfg.MaxConns {
+			s.stats.Overflow[f]++
+			out = append(out, untracked(c, base, now))
+			continue
+		}
+		e = new(entry)
+		e.reset(c, ns)
+		if late {
+			e.resume(base)
+		}
+		s.conns[c.Key] = e
+		s.stats.Conns[f]++
 	}
 	return out
 }
@@ -246,19 +344,22 @@ func (s *Store) Sweep(version uint8, since time.Time) int {
 }
 
 // Expire appends to out the records due at now and returns the extended
-// slice: ended connections (removed from the store), connections idle for
-// IdleTimeout, and active connections last exported ActiveTimeout ago.
+// slice: ended connections (removed from the store, leaving a tombstone),
+// connections idle for IdleTimeout, and active connections last exported
+// ActiveTimeout ago. It also forgets tombstones older than TombstoneTTL.
 func (s *Store) Expire(now time.Time, out []flow.Record) []flow.Record {
 	ns := now.UnixNano()
 	idle, active := s.cfg.IdleTimeout.Nanoseconds(), s.cfg.ActiveTimeout.Nanoseconds()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.pruneTombs(ns)
 	for k, e := range s.conns {
 		switch {
 		case e.flags&flagEnded != 0:
 			if e.due() {
 				out = append(out, e.record(k, flow.EndReasonEndOfFlow))
 			}
+			s.bury(k, e, ns)
 			delete(s.conns, k)
 			s.stats.Conns[fam(k)]--
 		case e.flags&flagIdleExported != 0:
@@ -277,7 +378,7 @@ func (s *Store) Expire(now time.Time, out []flow.Record) []flow.Record {
 
 // Flush appends a record with the given reason (normally forced end) for
 // every tracked connection that has something unexported, empties the store
-// and returns the extended slice.
+// (tombstones too) and returns the extended slice.
 func (s *Store) Flush(reason flow.EndReason, out []flow.Record) []flow.Record {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -288,7 +389,102 @@ func (s *Store) Flush(reason flow.EndReason, out []flow.Record) []flow.Record {
 	}
 	clear(s.conns)
 	s.stats.Conns = [2]int{}
+	clear(s.tombs)
+	clear(s.tombQ)
+	s.tombQ, s.tombHead = s.tombQ[:0], 0
+	s.stats.Tombstones = [2]int{}
 	return out
+}
+
+// bury remembers e, deleted (or replaced) at ns, under k for TombstoneTTL,
+// then enforces the TTL and MaxTombstones. s.mu must be held.
+func (s *Store) bury(k Key, e *entry, ns int64) {
+	until := ns + s.cfg.TombstoneTTL.Nanoseconds()
+	if _, ok := s.tombs[k]; !ok {
+		s.stats.Tombstones[fam(k)]++
+	}
+	s.tombs[k] = tomb{id: e.id, hasCounters: e.flags&flagCounters != 0, start: e.start, until: until, base: e.cur}
+	s.tombQ = append(s.tombQ, tombRef{k, until})
+	if len(s.tombQ)-s.tombHead > 2*s.cfg.MaxTombstones {
+		s.compactTombs() // stale refs of replaced tombstones pile up
+	}
+	s.pruneTombs(ns)
+}
+
+// unbury forgets the tombstone of k; its queue ref goes stale. s.mu must
+// be held.
+func (s *Store) unbury(k Key) {
+	delete(s.tombs, k)
+	s.stats.Tombstones[fam(k)]--
+}
+
+// pruneTombs forgets tombstones due at ns, and the oldest ones past
+// MaxTombstones. s.mu must be held.
+func (s *Store) pruneTombs(ns int64) {
+	for s.tombHead < len(s.tombQ) {
+		r := s.tombQ[s.tombHead]
+		t, ok := s.tombs[r.key]
+		live := ok && t.until == r.until
+		if live && r.until > ns && len(s.tombs) <= s.cfg.MaxTombstones {
+			break
+		}
+		if live {
+			if r.until > ns {
+				s.stats.TombstonesEvicted[fam(r.key)]++
+			}
+			s.unbury(r.key)
+		}
+		s.tombQ[s.tombHead] = tombRef{}
+		s.tombHead++
+	}
+	if s.tombHead > 0 && s.tombHead >= len(s.tombQ)/2 {
+		n := copy(s.tombQ, s.tombQ[s.tombHead:])
+		clear(s.tombQ[n:])
+		s.tombQ, s.tombHead = s.tombQ[:n], 0
+	}
+}
+
+// compactTombs drops the stale refs from the queue. s.mu must be held.
+func (s *Store) compactTombs() {
+	q := s.tombQ[:0]
+	for _, r := range s.tombQ[s.tombHead:] {
+		if t, ok := s.tombs[r.key]; ok && t.until == r.until {
+			q = append(q, r)
+		}
+	}
+	clear(s.tombQ[len(q):])
+	s.tombQ, s.tombHead = q, 0
+}
+
+// matches reports whether c is (probably) the connection t remembers:
+// every identity both know (conntrack ID, start time) agrees. Without any,
+// only counters that did not go down tell; without counters either, c is
+// taken as a new connection.
+func (t *tomb) matches(c *Conn) bool {
+	known := false
+	if t.id != 0 && c.ID != 0 {
+		if t.id != c.ID {
+			return false
+		}
+		known = true
+	}
+	if t.start != 0 && !c.Start.IsZero() {
+		if t.start != c.Start.UnixNano() {
+			return false
+		}
+		known = true
+	}
+	if known {
+		return true
+	}
+	return t.hasCounters && c.HasCounters && c.Packets >= t.base.packets && c.Bytes >= t.base.bytes &&
+		c.ReversePackets >= t.base.rpackets && c.ReverseBytes >= t.base.rbytes
+}
+
+// movedFrom reports whether a counter of c is beyond base.
+func (c *Conn) movedFrom(base counters) bool {
+	return c.HasCounters && (c.Packets > base.packets || c.Bytes > base.bytes ||
+		c.ReversePackets > base.rpackets || c.ReverseBytes > base.rbytes)
 }
 
 // Len returns the number of connections tracked.
@@ -309,6 +505,21 @@ func (s *Store) Stats() Stats {
 func (e *entry) reset(c *Conn, ns int64) {
 	*e = entry{firstSeen: ns, lastSeen: ns, active: ns, exported: ns}
 	e.update(c, ns)
+}
+
+// resume makes the fresh entry e continue a deleted connection whose
+// counters up to base were exported: later deltas start from base (and
+// clamp at zero). If it did not move since, it is in the exported-as-idle
+// state: nothing to export until it moves.
+func (e *entry) resume(base counters) {
+	e.base = base
+	// Counters never go down within a connection: an observation older
+	// than the last export does not lower them (as in update).
+	e.cur = counters{max(e.cur.packets, base.packets), max(e.cur.bytes, base.bytes),
+		max(e.cur.rpackets, base.rpackets), max(e.cur.rbytes, base.rbytes)}
+	if e.cur == base {
+		e.flags |= flagIdleExported
+	}
 }
 
 // reusedBy reports whether c is a new connection on e's tuple.
@@ -406,9 +617,10 @@ func (e *entry) record(k Key, reason flow.EndReason) flow.Record {
 
 // untracked builds the lack-of-resources record of a connection the full
 // store could not take. It carries the totals. Its deltas are zero, except
-// for an end event (nothing of that connection was ever exported, and no
-// later record of it can exist), so deltas still never double count.
-func untracked(c *Conn, now time.Time) flow.Record {
+// for an end event: then they are the totals less base, what earlier records
+// of the connection exported (zero for one never tracked), and no later
+// record of it can exist, so deltas still never double count.
+func untracked(c *Conn, base counters, now time.Time) flow.Record {
 	r := flow.Record{
 		FlowStart: c.Start, FlowEnd: now,
 		SrcAddr: c.Key.Src, SrcPort: c.Key.SrcPort, Proto: c.Key.Proto,
@@ -421,7 +633,8 @@ func untracked(c *Conn, now time.Time) flow.Record {
 		r.FlowStart = now
 	}
 	if c.Ended {
-		r.PacketsDelta, r.BytesDelta, r.ReversePacketsDelta, r.ReverseBytesDelta = c.Packets, c.Bytes, c.ReversePackets, c.ReverseBytes
+		r.PacketsDelta, r.BytesDelta = delta(c.Packets, base.packets), delta(c.Bytes, base.bytes)
+		r.ReversePacketsDelta, r.ReverseBytesDelta = delta(c.ReversePackets, base.rpackets), delta(c.ReverseBytes, base.rbytes)
 		if !c.Stop.IsZero() {
 			r.FlowEnd = c.Stop
 		}

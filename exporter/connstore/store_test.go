@@ -159,6 +159,61 @@ func TestStore(t *testing.T) {
 				{at: 5 * time.Second, merge: []Conn{f.conn(2, 2, 11)}, sweep: true, expire: true,
 					want: []got{f.want(flow.EndReasonEndOfFlow, 1, 10, 10, 0)}, len: n(1)},
 			}},
+			// Late observations of deleted connections (tombstones).
+			{"swept, then late DESTROY", []step{
+				{at: 0, merge: []Conn{f.conn(1, 1, 10)}},
+				{at: 5 * time.Second, sweep: true, expire: true,
+					want: []got{f.want(flow.EndReasonEndOfFlow, 1, 10, 10, 0)}, len: n(0)},
+				{at: 6 * time.Second, merge: []Conn{ended(f.conn(1, 1, 10), t0.Add(4*time.Second))}, expire: true, len: n(0)},
+				{at: 7 * time.Second, sweep: true, expire: true, len: n(0)},
+			}},
+			{"swept, then late DESTROY with more traffic", []step{
+				{at: 0, merge: []Conn{f.conn(1, 1, 10)}},
+				{at: 5 * time.Second, sweep: true, expire: true,
+					want: []got{f.want(flow.EndReasonEndOfFlow, 1, 10, 10, 0)}, len: n(0)},
+				{at: 6 * time.Second, merge: []Conn{ended(f.conn(1, 1, 12), t0.Add(4*time.Second))}, expire: true,
+					want: []got{f.want(flow.EndReasonEndOfFlow, 1, 12, 2, 4*time.Second)}, len: n(0)},
+				{at: 7 * time.Second, merge: []Conn{ended(f.conn(1, 1, 12), t0.Add(4*time.Second))}, expire: true, len: n(0)},
+			}},
+			{"swept, then late DESTROY, no conntrack id", []step{
+				{at: 0, merge: []Conn{f.conn(1, 0, 10)}},
+				{at: 5 * time.Second, sweep: true, expire: true,
+					want: []got{f.want(flow.EndReasonEndOfFlow, 1, 10, 10, 0)}, len: n(0)},
+				{at: 6 * time.Second, merge: []Conn{ended(f.conn(1, 0, 10), t0.Add(4*time.Second))}, expire: true, len: n(0)},
+			}},
+			{"skipped by a dump, then seen again", []step{
+				{at: 0, merge: []Conn{f.conn(1, 1, 10)}},
+				{at: 5 * time.Second, sweep: true, expire: true,
+					want: []got{f.want(flow.EndReasonEndOfFlow, 1, 10, 10, 0)}, len: n(0)},
+				{at: 10 * time.Second, merge: []Conn{f.conn(1, 1, 14)}, sweep: true, expire: true, len: n(1)},
+				{at: 11 * time.Second, merge: []Conn{ended(f.conn(1, 1, 15), t0.Add(11*time.Second))}, expire: true,
+					want: []got{f.want(flow.EndReasonEndOfFlow, 1, 15, 5, 11*time.Second)}, len: n(0)},
+			}},
+			{"skipped by a dump, then seen again unchanged", []step{
+				{at: 0, merge: []Conn{f.conn(1, 1, 10)}},
+				{at: 5 * time.Second, sweep: true, expire: true,
+					want: []got{f.want(flow.EndReasonEndOfFlow, 1, 10, 10, 0)}, len: n(0)},
+				{at: 10 * time.Second, merge: []Conn{f.conn(1, 1, 10)}, sweep: true, expire: true, len: n(1)},
+				{at: 40 * time.Second, merge: []Conn{f.conn(1, 1, 10)}, sweep: true, expire: true, len: n(1)},
+				{at: 41 * time.Second, merge: []Conn{ended(f.conn(1, 1, 10), t0.Add(41*time.Second))}, expire: true, len: n(0)},
+			}},
+			{"a new connection on a swept tuple is new", []step{
+				{at: 0, merge: []Conn{f.conn(1, 1, 10)}},
+				{at: 5 * time.Second, sweep: true, expire: true,
+					want: []got{f.want(flow.EndReasonEndOfFlow, 1, 10, 10, 0)}, len: n(0)},
+				{at: 6 * time.Second, merge: []Conn{ended(f.conn(1, 2, 3), t0.Add(6*time.Second))}, expire: true,
+					want: []got{f.want(flow.EndReasonEndOfFlow, 1, 3, 3, 6*time.Second)}, len: n(0)},
+			}},
+			{"late DESTROY after the tuple was reused", []step{
+				{at: 0, merge: []Conn{f.conn(1, 1, 10)}},
+				{at: 5 * time.Second, merge: []Conn{f.conn(1, 2, 1)},
+					want: []got{f.want(flow.EndReasonEndOfFlow, 1, 10, 10, 0)}, len: n(1)},
+				{at: 6 * time.Second, merge: []Conn{ended(f.conn(1, 1, 12), t0.Add(5*time.Second))},
+					want: []got{f.want(flow.EndReasonEndOfFlow, 1, 12, 2, 5*time.Second)}, len: n(1)},
+				{at: 7 * time.Second, merge: []Conn{ended(f.conn(1, 1, 12), t0.Add(5*time.Second))}, expire: true, len: n(1)},
+				{at: 8 * time.Second, merge: []Conn{ended(f.conn(1, 2, 2), t0.Add(8*time.Second))}, expire: true,
+					want: []got{f.want(flow.EndReasonEndOfFlow, 1, 2, 2, 8*time.Second)}, len: n(0)},
+			}},
 			{"flush forces out everything unexported", []step{
 				{at: 0, merge: []Conn{f.conn(1, 1, 10), f.conn(2, 2, 10)}},
 				{at: 16 * time.Second, merge: []Conn{f.conn(2, 2, 12)}, expire: true,
@@ -168,14 +223,22 @@ func TestStore(t *testing.T) {
 			}},
 		} {
 			t.Run(f.name+"/"+tc.name, func(t *testing.T) {
-				s, err := New(Config{ActiveTimeout: active, IdleTimeout: idle, MaxConns: 100})
-				if err != nil {
-					t.Fatal(err)
-				}
-				runSteps(t, s, f, tc.steps)
+				runSteps(t, newStore(t, Config{ActiveTimeout: active, IdleTimeout: idle, MaxConns: 100}), f, tc.steps)
 			})
 		}
 	}
+}
+
+// newStore returns a store of cfg with the defaults of the fields it
+// leaves unset (a tombstone TTL of 10s).
+func newStore(t testing.TB, cfg Config) *Store {
+	t.Helper()
+	cfg.SetDefaults()
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
 
 func runSteps(t *testing.T, s *Store, f family, steps []step) {
@@ -225,7 +288,7 @@ func TestNAT(t *testing.T) {
 			{"dnat port only", f.server, 9000, f.client, 1, f.server, f.server, netip.Addr{}},
 		} {
 			t.Run(f.name+"/"+tc.name, func(t *testing.T) {
-				s, _ := New(Config{ActiveTimeout: time.Minute, IdleTimeout: time.Second, MaxConns: 10})
+				s := newStore(t, Config{ActiveTimeout: time.Minute, IdleTimeout: time.Second, MaxConns: 10})
 				c := f.conn(1, 1, 3)
 				c.DstAddr, c.DstPort, c.SNATAddr, c.SNATPort = tc.dst, tc.dstPort, tc.snat, tc.snatPort
 				s.Merge([]Conn{c}, t0, nil)
@@ -255,7 +318,7 @@ func TestNAT(t *testing.T) {
 func TestBounds(t *testing.T) {
 	for _, f := range families {
 		t.Run(f.name, func(t *testing.T) {
-			s, _ := New(Config{ActiveTimeout: time.Minute, IdleTimeout: 15 * time.Second, MaxConns: 2})
+			s := newStore(t, Config{ActiveTimeout: time.Minute, IdleTimeout: 15 * time.Second, MaxConns: 2})
 			out := s.Merge([]Conn{f.conn(1, 1, 10), f.conn(2, 2, 10), f.conn(3, 3, 10)}, t0, nil)
 			if g, w := summarize(out), []got{f.want(flow.EndReasonLackOfResources, 3, 10, 0, 0)}; !reflect.DeepEqual(g, w) {
 				t.Fatalf("overflow record:\n got %+v\nwant %+v", g, w)
@@ -287,7 +350,7 @@ func TestBounds(t *testing.T) {
 
 // TestFamiliesIndependent checks Sweep only touches its own family.
 func TestFamiliesIndependent(t *testing.T) {
-	s, _ := New(Config{ActiveTimeout: time.Minute, IdleTimeout: 15 * time.Second, MaxConns: 10})
+	s := newStore(t, Config{ActiveTimeout: time.Minute, IdleTimeout: 15 * time.Second, MaxConns: 10})
 	s.Merge([]Conn{families[0].conn(1, 1, 1), families[1].conn(1, 2, 1)}, t0, nil)
 	if n := s.Sweep(6, t0.Add(time.Second)); n != 1 {
 		t.Fatalf("swept %d", n)
@@ -305,7 +368,7 @@ func TestFamiliesIndependent(t *testing.T) {
 func TestWithoutCounters(t *testing.T) {
 	for _, f := range families {
 		t.Run(f.name, func(t *testing.T) {
-			s, _ := New(Config{ActiveTimeout: time.Minute, IdleTimeout: 15 * time.Second, MaxConns: 10})
+			s := newStore(t, Config{ActiveTimeout: time.Minute, IdleTimeout: 15 * time.Second, MaxConns: 10})
 			c := f.conn(1, 1, 0)
 			c.HasCounters = false
 			s.Merge([]Conn{c}, t0, nil)
@@ -369,7 +432,7 @@ func BenchmarkMerge(b *testing.B) {
 	const n = 100_000
 	conns := benchConns(n)
 	b.Run("update", func(b *testing.B) {
-		s, _ := New(Config{ActiveTimeout: time.Minute, IdleTimeout: time.Minute, MaxConns: n})
+		s := newStore(b, Config{ActiveTimeout: time.Minute, IdleTimeout: time.Minute, MaxConns: n})
 		s.Merge(conns, t0, nil)
 		b.ReportAllocs()
 		b.ResetTimer()
@@ -388,7 +451,7 @@ func BenchmarkMerge(b *testing.B) {
 		for i := 0; i < b.N; i++ {
 			if i%n == 0 {
 				b.StopTimer()
-				s, _ = New(Config{ActiveTimeout: time.Minute, IdleTimeout: time.Minute, MaxConns: n})
+				s = newStore(b, Config{ActiveTimeout: time.Minute, IdleTimeout: time.Minute, MaxConns: n})
 				b.StartTimer()
 			}
 			s.Merge(conns[i%n:i%n+1], t0, nil)
@@ -401,7 +464,7 @@ func BenchmarkMerge(b *testing.B) {
 func BenchmarkExpire(b *testing.B) {
 	const n = 100_000
 	conns := benchConns(n)
-	s, _ := New(Config{ActiveTimeout: time.Second, IdleTimeout: time.Hour, MaxConns: n})
+	s := newStore(b, Config{ActiveTimeout: time.Second, IdleTimeout: time.Hour, MaxConns: n})
 	s.Merge(conns, t0, nil)
 	out := make([]flow.Record, 0, n)
 	b.ReportAllocs()
@@ -422,7 +485,7 @@ func BenchmarkMemoryPerConn(b *testing.B) {
 				runtime.GC()
 				var before, after runtime.MemStats
 				runtime.ReadMemStats(&before)
-				s, _ := New(Config{ActiveTimeout: time.Minute, IdleTimeout: time.Minute, MaxConns: n})
+				s := newStore(b, Config{ActiveTimeout: time.Minute, IdleTimeout: time.Minute, MaxConns: n})
 				s.Merge(conns, t0, nil)
 				runtime.GC()
 				runtime.ReadMemStats(&after)
@@ -432,4 +495,101 @@ func BenchmarkMemoryPerConn(b *testing.B) {
 			b.ReportMetric(perConn, "bytes/conn")
 		})
 	}
+}
+
+// TestTombstones checks the bounds of tombstones: they are counted, match
+// only their own connection, are forgotten after TombstoneTTL, and past
+// MaxTombstones the oldest go first.
+func TestTombstones(t *testing.T) {
+	for _, f := range families {
+		t.Run(f.name, func(t *testing.T) {
+			i := int(flow.Version(f.client) / 6)
+			s := newStore(t, Config{ActiveTimeout: time.Minute, IdleTimeout: 15 * time.Second, MaxConns: 10,
+				TombstoneTTL: 10 * time.Second, MaxTombstones: 2})
+			s.Merge([]Conn{f.conn(1, 1, 10), f.conn(2, 2, 10), f.conn(3, 3, 10)}, t0, nil)
+			s.Sweep(flow.Version(f.client), t0.Add(time.Second))
+			if out := s.Expire(t0.Add(time.Second), nil); len(out) != 3 {
+				t.Fatalf("expired %d, want 3", len(out))
+			}
+			st := s.Stats()
+			if st.Tombstones[i] != 2 || st.TombstonesEvicted[i] != 1 {
+				t.Fatalf("after 3 deletions with room for 2: %+v", st)
+			}
+			// Which one was evicted is up to map order. The two kept drop
+			// their late end events; the evicted one's is exported again.
+			var kept, evicted []uint16
+			for sport := uint16(1); sport <= 3; sport++ {
+				if _, ok := s.tombs[f.key(sport)]; ok {
+					kept = append(kept, sport)
+				} else {
+					evicted = append(evicted, sport)
+				}
+			}
+			for _, sport := range kept {
+				s.Merge([]Conn{ended(f.conn(sport, uint32(sport), 10), t0)}, t0.Add(2*time.Second), nil)
+			}
+			if out := s.Expire(t0.Add(2*time.Second), nil); len(out) != 0 || s.Stats().Late[i] != 2 {
+				t.Fatalf("late end events of %v: exported %+v, stats %+v", kept, summarize(out), s.Stats())
+			}
+			s.Merge([]Conn{ended(f.conn(evicted[0], uint32(evicted[0]), 10), t0)}, t0.Add(3*time.Second), nil)
+			if out := s.Expire(t0.Add(3*time.Second), nil); len(out) != 1 || out[0].PacketsDelta != 10 {
+				t.Fatalf("late end event of evicted %v: %+v", evicted, summarize(out))
+			}
+			// After the TTL a late end event is a new connection.
+			s.Expire(t0.Add(14*time.Second), nil)
+			if st := s.Stats(); st.Tombstones[i] != 0 {
+				t.Fatalf("after the TTL: %+v", st)
+			}
+			s.Merge([]Conn{ended(f.conn(kept[0], uint32(kept[0]), 10), t0)}, t0.Add(14*time.Second), nil)
+			if out := s.Expire(t0.Add(14*time.Second), nil); len(out) != 1 || out[0].PacketsDelta != 10 {
+				t.Fatalf("after the TTL: %+v", summarize(out))
+			}
+			s.Flush(flow.EndReasonForcedEnd, nil)
+			if st := s.Stats(); st.Tombstones != [2]int{} || len(s.tombs) != 0 || len(s.tombQ) != 0 {
+				t.Fatalf("after Flush: %+v, %d tombs, queue %d", st, len(s.tombs), len(s.tombQ))
+			}
+		})
+	}
+}
+
+// TestTombstoneQueueBounded reuses one tuple over and over: each reuse
+// replaces the tuple's tombstone, and the queue of their expiries must not
+// grow with the stale refs.
+func TestTombstoneQueueBounded(t *testing.T) {
+	f := families[1]
+	s := newStore(t, Config{ActiveTimeout: time.Minute, IdleTimeout: 15 * time.Second, MaxConns: 10,
+		TombstoneTTL: time.Hour, MaxTombstones: 4})
+	for id := uint32(1); id <= 1000; id++ {
+		s.Merge([]Conn{f.conn(1, id, 10)}, t0.Add(time.Duration(id)*time.Millisecond), nil)
+	}
+	if len(s.tombs) != 1 || len(s.tombQ)-s.tombHead > 2*4+1 {
+		t.Fatalf("%d tombstones, queue %d", len(s.tombs), len(s.tombQ)-s.tombHead)
+	}
+}
+
+// BenchmarkMemoryPerTombstone reports the heap held per tombstone (see
+// DefaultMaxTombstones).
+func BenchmarkMemoryPerTombstone(b *testing.B) {
+	const n = 100_000
+	conns := benchConns(n)
+	b.ReportAllocs()
+	var per float64
+	for i := 0; i < b.N; i++ {
+		s := newStore(b, Config{ActiveTimeout: time.Minute, IdleTimeout: time.Minute, MaxConns: n, MaxTombstones: n})
+		runtime.GC()
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		s.mu.Lock()
+		for j := range conns {
+			var e entry
+			e.reset(&conns[j], 0)
+			s.bury(conns[j].Key, &e, 0)
+		}
+		s.mu.Unlock()
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		per = float64(after.HeapAlloc-before.HeapAlloc) / n
+		runtime.KeepAlive(s)
+	}
+	b.ReportMetric(per, "bytes/tombstone")
 }
