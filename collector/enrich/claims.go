@@ -1,0 +1,242 @@
+package enrich
+
+import (
+	"math"
+	"time"
+)
+
+// An address (or pod CIDR) is held by an object for a time: a claim. Pod
+// IPs are reused, Service VIPs too, so each key keeps the list of its
+// claims: the active ones (until == active) and those that ended less than
+// the grace period ago, so that records that arrive late still resolve to
+// the object that held the address at the flow's time.
+//
+// Claims are derived from each object's own state and the time of the
+// event, never from the order in which different objects' events arrive,
+// and ties are broken by the claimant's identity: the index is the same
+// whatever the interleaving of Pod, Service and EndpointSlice events.
+
+// active is the until of a claim that has not ended.
+const active = math.MaxInt64
+
+// clockSkew is how far outside a claim's interval a flow time may be and
+// still resolve to it when no claim covers the time exactly: node clocks
+// (conntrack timestamps) and the API server's clock (creationTimestamp)
+// differ, and an address added by an update is stamped when the watch
+// event arrives, a little after the kubelet assigned it.
+const clockSkew = int64(5 * time.Second)
+
+// claimer is a claim's value: it names its claimant, so that an update can
+// find the claim it made and ties resolve the same way in every order.
+type claimer interface {
+	comparable
+	claimID() string
+}
+
+type claim[V claimer] struct {
+	v           V
+	from, until int64 // unix ns; [from, until)
+}
+
+func (c *claim[V]) covers(t int64) bool { return c.from <= t && t < c.until }
+
+// distance is how far t is outside c (0 inside).
+func (c *claim[V]) distance(t int64) int64 {
+	switch {
+	case t < c.from:
+		return c.from - t
+	case t >= c.until:
+		return t - c.until + 1
+	}
+	return 0
+}
+
+// better reports whether a should be chosen over b when both cover a time
+// equally well: the later claim (the current holder of a reused address),
+// then the active one, then the smaller claimant ID.
+func better[V claimer](a, b *claim[V]) bool {
+	if a.from != b.from {
+		return a.from > b.from
+	}
+	if a.until != b.until {
+		return a.until > b.until
+	}
+	return a.v.claimID() < b.v.claimID()
+}
+
+// ended is a key whose claim ended at some time, queued for collection.
+type ended[K comparable] struct {
+	key K
+	at  int64
+}
+
+// history maps keys to claims. It is not safe for concurrent use: the
+// index's lock guards it.
+type history[K comparable, V claimer] struct {
+	m map[K][]claim[V]
+	// queue holds keys with ended claims in the order they ended (at is
+	// the time of the call to end, non-decreasing), for collection.
+	queue []ended[K]
+	head  int
+	// retained counts ended claims not yet collected.
+	retained int
+}
+
+func newHistory[K comparable, V claimer]() history[K, V] {
+	return history[K, V]{m: map[K][]claim[V]{}}
+}
+
+// add records that v holds k from from on.
+func (h *history[K, V]) add(k K, v V, from int64) {
+	h.m[k] = append(h.m[k], claim[V]{v: v, from: from, until: active})
+}
+
+// replace swaps the value of the active claim on k made by v's claimant
+// (a newer version of the same object). It reports whether there was one.
+func (h *history[K, V]) replace(k K, v V) bool {
+	cs := h.m[k]
+	id := v.claimID()
+	for i := range cs {
+		if cs[i].until == active && cs[i].v.claimID() == id {
+			cs[i].v = v
+			return true
+		}
+	}
+	return false
+}
+
+// end ends the active claim on k made by claimant id at until. With keep
+// false (no grace period) the claim is dropped at once; otherwise k is
+// queued for collection at now.
+func (h *history[K, V]) end(k K, id string, until, now int64, keep bool) {
+	cs := h.m[k]
+	for i := range cs {
+		if cs[i].until != active || cs[i].v.claimID() != id {
+			continue
+		}
+		if !keep {
+			cs = append(cs[:i], cs[i+1:]...)
+			if len(cs) == 0 {
+				delete(h.m, k)
+			} else {
+				h.m[k] = cs
+			}
+			return
+		}
+		cs[i].until = until
+		if cs[i].until <= cs[i].from {
+			cs[i].until = cs[i].from + 1 // keep the interval non-empty
+		}
+		h.retained++
+		h.queue = append(h.queue, ended[K]{key: k, at: now})
+		return
+	}
+}
+
+// collect drops the claims that ended at or before cutoff, for keys queued
+// at or before cutoff. It returns the number of claims dropped.
+func (h *history[K, V]) collect(cutoff int64) int {
+	n := 0
+	for h.head < len(h.queue) && h.queue[h.head].at <= cutoff {
+		k := h.queue[h.head].key
+		h.queue[h.head] = ended[K]{}
+		h.head++
+		cs := h.m[k]
+		kept := cs[:0]
+		for _, c := range cs {
+			if c.until != active && c.until <= cutoff {
+				n++
+				continue
+			}
+			kept = append(kept, c)
+		}
+		clear(cs[len(kept):])
+		if len(kept) == 0 {
+			delete(h.m, k)
+		} else {
+			h.m[k] = kept
+		}
+	}
+	// A claim whose until lies in the future of its queue time (never the
+	// case today) would be dropped by a later queue entry of its key or
+	// stay; either way retained must not go negative.
+	h.retained = max(h.retained-n, 0)
+	if h.head > 1024 && h.head*2 > len(h.queue) {
+		h.queue = append(h.queue[:0], h.queue[h.head:]...)
+		h.head = 0
+	}
+	return n
+}
+
+// at returns the value whose claim on k covers t; see resolve.
+func (h *history[K, V]) at(k K, t int64) (V, bool) { return resolve(h.m[k], t, t, nil) }
+
+// resolve picks the claim for a flow that started at start and ended at
+// end (both unix ns; equal when only one time is known), among the claims
+// whose value match accepts (all when match is nil):
+//  1. a claim covering start (the holder when the flow began);
+//  2. else a claim covering end;
+//  3. else the claim nearest to start, if within clockSkew.
+//
+// Among equals, better decides.
+func resolve[V claimer](cs []claim[V], start, end int64, match func(V) bool) (V, bool) {
+	var zero V
+	if len(cs) == 1 && match == nil { // the common case: one holder
+		c := &cs[0]
+		if c.covers(start) || c.covers(end) || c.distance(start) <= clockSkew {
+			return c.v, true
+		}
+		return zero, false
+	}
+	if i := pick(cs, start, match); i >= 0 {
+		return cs[i].v, true
+	}
+	if end != start {
+		if i := pick(cs, end, match); i >= 0 {
+			return cs[i].v, true
+		}
+	}
+	best := -1
+	var bestD int64
+	for i := range cs {
+		d := cs[i].distance(start)
+		if d > clockSkew || (match != nil && !match(cs[i].v)) {
+			continue
+		}
+		if best < 0 || d < bestD || (d == bestD && better(&cs[i], &cs[best])) {
+			best, bestD = i, d
+		}
+	}
+	if best < 0 {
+		return zero, false
+	}
+	return cs[best].v, true
+}
+
+// pick returns the index of the best claim covering t that match accepts,
+// or -1.
+func pick[V claimer](cs []claim[V], t int64, match func(V) bool) int {
+	best := -1
+	for i := range cs {
+		if cs[i].covers(t) && (match == nil || match(cs[i].v)) && (best < 0 || better(&cs[i], &cs[best])) {
+			best = i
+		}
+	}
+	return best
+}
+
+// latest returns the value of the active claim, or else of the claim that
+// ended last (retained within the grace period).
+func latest[V claimer](cs []claim[V]) (V, bool) {
+	var zero V
+	best := -1
+	for i := range cs {
+		if best < 0 || cs[i].until > cs[best].until || (cs[i].until == cs[best].until && better(&cs[i], &cs[best])) {
+			best = i
+		}
+	}
+	if best < 0 {
+		return zero, false
+	}
+	return cs[best].v, true
+}

@@ -1,0 +1,76 @@
+package enrich
+
+import (
+	"fmt"
+	"log/slog"
+	"sort"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/dualflow/dualflow/collector/enrich/inventory"
+)
+
+// userAgent identifies the collector to the API server.
+const userAgent = "dualflow-collector"
+
+// newClient returns the clientset for cfg's (resolved) source.
+func newClient(cfg Config, log *slog.Logger) (kubernetes.Interface, error) {
+	var rc *rest.Config
+	var err error
+	switch cfg.Source {
+	case SourceInventory:
+		return inventoryClient(cfg.Inventory, log)
+	case SourceInCluster:
+		if rc, err = rest.InClusterConfig(); err != nil {
+			return nil, fmt.Errorf("kubernetes in-cluster config: %w", err)
+		}
+	case SourceKubeconfig:
+		rules := clientcmd.NewDefaultClientConfigLoadingRules()
+		rules.ExplicitPath = cfg.Kubeconfig
+		cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: cfg.Context})
+		if rc, err = cc.ClientConfig(); err != nil {
+			return nil, fmt.Errorf("kubeconfig: %w", err)
+		}
+	default:
+		return nil, fmt.Errorf("kubernetes source %q has no client", cfg.Source)
+	}
+	rc.UserAgent = userAgent
+	// Protobuf lists and watches cost the API server and us less than
+	// JSON (every kind watched here supports it).
+	rc.ContentType = "application/vnd.kubernetes.protobuf"
+	rc.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client: %w", err)
+	}
+	return cs, nil
+}
+
+// inventoryClient loads the manifest files into a fake clientset, so that
+// inventory mode runs the same informers, transforms and handlers as a
+// cluster.
+func inventoryClient(files []string, log *slog.Logger) (kubernetes.Interface, error) {
+	res, err := inventory.Load(files...)
+	if err != nil {
+		return nil, err
+	}
+	cs := fake.NewClientset()
+	for _, o := range res.Objects {
+		if err := cs.Tracker().Add(o.Object); err != nil {
+			return nil, fmt.Errorf("inventory %s: %w", o.Where(), err)
+		}
+	}
+	if len(res.Skipped) > 0 {
+		kinds := make([]string, 0, len(res.Skipped))
+		for k := range res.Skipped {
+			kinds = append(kinds, k)
+		}
+		sort.Strings(kinds)
+		log.Info("inventory: skipped objects of kinds enrichment does not use", "kinds", kinds)
+	}
+	log.Info("inventory loaded", "files", files, "objects", len(res.Objects))
+	return cs, nil
+}

@@ -1,0 +1,489 @@
+// Package enrich adds Kubernetes identities to flow records: for each end
+// the pod, namespace, workload, node and zone; the Service a flow was
+// addressed to with its port name; and the flow type (intra-node,
+// inter-node, to-external, from-external). IPv4 and IPv6 are handled
+// alike: every entry of status.podIPs, spec.clusterIPs, node addresses and
+// pod CIDRs is indexed, and each family's EndpointSlice is indexed on its
+// own.
+//
+// An Enricher watches Pods, Services, EndpointSlices, Nodes, Namespaces,
+// ReplicaSets, Jobs and NetworkPolicies with client-go shared informers
+// (in a cluster, through a kubeconfig, or from manifest files in inventory
+// mode), trims each object in the informer's transform, and derives
+// time-aware address histories, so that a reused pod IP resolves to the
+// pod that held it at the flow's time and deleted objects still resolve
+// during a grace period. The mapping does not depend on the order in which
+// events of different objects arrive.
+//
+// Usage:
+//
+//	cfg := enrich.NewConfig()
+//	cfg.BindFlags(fs) // --k8s.*
+//	...
+//	cfg.SetDefaults()
+//	e, err := enrich.New(cfg, reg, log)
+//	go e.Run(ctx)                 // owns the informers until ctx ends
+//	err = e.WaitForSync(ctx)      // before serving
+//	e.Enrich(&rec)                // any goroutine; allocation-free
+//
+// The minimal RBAC (list and watch only) is in rbac.yaml; README.md has the
+// memory cost per pod.
+package enrich
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dualflow/dualflow/flow"
+)
+
+// ErrDisabled is returned by New when the configuration's source is off.
+var ErrDisabled = errors.New("kubernetes enrichment is off (--k8s.source=off, or auto found no cluster)")
+
+// Enricher is the Kubernetes enrichment stage. Build it with New (or
+// NewForClient), start it with Run, wait for WaitForSync before relying on
+// it. Enrich, NodeForIP and the accessors are safe for concurrent use,
+// before and after sync (before, they see a partial index).
+type Enricher struct {
+	cfg    Config
+	log    *slog.Logger
+	client kubernetes.Interface
+	x      *index
+	tr     *transformer
+	m      *metrics
+
+	started  atomic.Bool
+	synced   chan struct{} // closed once every informer's initial list is indexed
+	failed   chan struct{} // closed when Run returns before sync
+	failOnce sync.Once
+	runErr   error // set before failed is closed
+}
+
+// New builds an Enricher from cfg: a client for the in-cluster or
+// kubeconfig source, or the inventory files loaded into a fake clientset
+// (inventory.Load errors name the file, document and object). Metrics are
+// registered on reg unless it is nil. It returns ErrDisabled when the
+// source is off.
+func New(cfg Config, reg prometheus.Registerer, log *slog.Logger) (*Enricher, error) {
+	cfg.SetDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if !cfg.Enabled() {
+		return nil, ErrDisabled
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	client, err := newClient(cfg, log)
+	if err != nil {
+		return nil, err
+	}
+	return NewForClient(cfg, client, reg, log)
+}
+
+// NewForClient builds an Enricher that watches through client (a real or
+// a fake clientset); cfg's source is not used.
+func NewForClient(cfg Config, client kubernetes.Interface, reg prometheus.Registerer, log *slog.Logger) (*Enricher, error) {
+	cfg.SetDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	x := newIndex(time.Now, cfg.GracePeriod, cfg.EnableIPv6)
+	x.serviceCIDRs, x.clusterCIDRs = cfg.ServiceCIDRs, cfg.ClusterCIDRs
+	e := &Enricher{
+		cfg: cfg, log: log, client: client, x: x,
+		synced: make(chan struct{}), failed: make(chan struct{}),
+	}
+	e.m = newMetrics(reg, x)
+	e.tr = &transformer{in: newInterner(), ipv6: cfg.EnableIPv6, invalid: func(kind, reason string) {
+		e.m.invalid.WithLabelValues(kind, reason).Inc()
+	}}
+	return e, nil
+}
+
+// watched describes one informer: the kind, and what its events do.
+type watched struct {
+	kind     string
+	informer cache.SharedIndexInformer
+	set      func(any)
+	remove   func(any)
+}
+
+func (e *Enricher) informers(f informers.SharedInformerFactory) []watched {
+	x := e.x
+	return []watched{
+		{"pod", f.Core().V1().Pods().Informer(),
+			func(o any) { x.setPod((*Pod)(o.(*podObj))) }, func(o any) { x.removePod((*Pod)(o.(*podObj))) }},
+		{"service", f.Core().V1().Services().Informer(),
+			func(o any) { x.setService((*Service)(o.(*serviceObj))) }, func(o any) { x.removeService((*Service)(o.(*serviceObj))) }},
+		{"endpointslice", f.Discovery().V1().EndpointSlices().Informer(),
+			func(o any) { x.setEndpointSlice((*EndpointSlice)(o.(*sliceObj))) }, func(o any) { x.removeEndpointSlice((*EndpointSlice)(o.(*sliceObj))) }},
+		{"node", f.Core().V1().Nodes().Informer(),
+			func(o any) { x.setNode((*Node)(o.(*nodeObj))) }, func(o any) { x.removeNode((*Node)(o.(*nodeObj))) }},
+		{"namespace", f.Core().V1().Namespaces().Informer(),
+			func(o any) { x.setNamespace((*Namespace)(o.(*namespaceObj))) }, func(o any) { x.removeNamespace((*Namespace)(o.(*namespaceObj))) }},
+		{"replicaset", f.Apps().V1().ReplicaSets().Informer(),
+			func(o any) { x.setOwner((*owner)(o.(*ownerObj))) }, func(o any) { x.removeOwner((*owner)(o.(*ownerObj))) }},
+		{"job", f.Batch().V1().Jobs().Informer(),
+			func(o any) { x.setOwner((*owner)(o.(*ownerObj))) }, func(o any) { x.removeOwner((*owner)(o.(*ownerObj))) }},
+		{"networkpolicy", f.Networking().V1().NetworkPolicies().Informer(),
+			func(o any) { x.setPolicy(o.(*networkingv1.NetworkPolicy)) }, func(o any) { x.removePolicy(o.(*networkingv1.NetworkPolicy)) }},
+	}
+}
+
+// Resources lists the API resources the Enricher lists and watches
+// (group/resource, core group empty), as rbac.yaml grants them.
+var Resources = []string{"/pods", "/services", "discovery.k8s.io/endpointslices", "/nodes", "/namespaces",
+	"apps/replicasets", "batch/jobs", "networking.k8s.io/networkpolicies"}
+
+// Run starts the informers, indexes their initial lists, then follows
+// their events until ctx ends; it also forgets deleted objects once the
+// grace period has passed. It returns nil when ctx ends, or an error when
+// the initial lists are not done within the sync timeout (naming the
+// kinds still missing, typically for lack of RBAC). Every goroutine it
+// starts has stopped when it returns. Run may be called once.
+func (e *Enricher) Run(ctx context.Context) (err error) {
+	if !e.started.CompareAndSwap(false, true) {
+		return errors.New("enrich: Run called twice")
+	}
+	defer func() {
+		if !e.Synced() {
+			if err == nil {
+				err = ctx.Err()
+			}
+			e.fail(err)
+		}
+	}()
+	runCtx, cancel := context.WithCancel(ctx)
+	factory := informers.NewSharedInformerFactoryWithOptions(e.client, 0)
+	defer func() {
+		cancel()
+		factory.Shutdown() // waits for the informers' goroutines
+	}()
+	ws := e.informers(factory)
+	regs := make([]cache.ResourceEventHandlerRegistration, len(ws))
+	for i, w := range ws {
+		if err := w.informer.SetTransform(e.tr.transform); err != nil {
+			return fmt.Errorf("enrich: %s informer transform: %w", w.kind, err)
+		}
+		if err := w.informer.SetWatchErrorHandlerWithContext(e.watchErrorHandler(w.kind)); err != nil {
+			return fmt.Errorf("enrich: %s informer error handler: %w", w.kind, err)
+		}
+		regs[i], err = w.informer.AddEventHandler(handler(w))
+		if err != nil {
+			return fmt.Errorf("enrich: %s informer handler: %w", w.kind, err)
+		}
+	}
+	factory.Start(runCtx.Done())
+
+	start := time.Now()
+	syncCtx, syncCancel := context.WithTimeout(runCtx, e.cfg.SyncTimeout)
+	defer syncCancel()
+	synced := make([]cache.InformerSynced, len(regs))
+	for i, r := range regs {
+		synced[i] = r.HasSynced // the handler has seen the whole initial list
+	}
+	if !cache.WaitForCacheSync(syncCtx.Done(), synced...) {
+		if ctx.Err() != nil {
+			return nil
+		}
+		var missing []string
+		for i, r := range regs {
+			if !r.HasSynced() {
+				missing = append(missing, ws[i].kind)
+			}
+		}
+		return fmt.Errorf("enrich: initial list of %s not done after %v (check RBAC: rbac.yaml; dualflow_enrich_watch_errors_total)",
+			strings.Join(missing, ", "), e.cfg.SyncTimeout)
+	}
+	e.m.synced.Set(1)
+	close(e.synced)
+	counts := e.x.counts()
+	e.log.Info("kubernetes index synced", "source", e.cfg.Source, "took", time.Since(start).Round(time.Millisecond),
+		"pods", counts["pod"], "services", counts["service"], "endpointslices", counts["endpointslice"], "nodes", counts["node"])
+
+	tick := time.NewTicker(collectInterval(e.cfg.GracePeriod))
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+			if n := e.x.collect(); n > 0 {
+				e.m.collected.Add(float64(n))
+			}
+		}
+	}
+}
+
+// collectInterval is how often ended claims are collected: a tenth of the
+// grace period (so they live at most 10% longer), between 1 s and 1 min.
+func collectInterval(grace time.Duration) time.Duration {
+	return min(max(grace/10, time.Second), time.Minute)
+}
+
+func handler(w watched) cache.ResourceEventHandler {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    w.set,
+		UpdateFunc: func(_, obj any) { w.set(obj) },
+		DeleteFunc: func(obj any) {
+			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+				obj = t.Obj
+			}
+			w.remove(obj)
+		},
+	}
+}
+
+// watchErrorHandler counts list/watch failures and logs them, at most once
+// a minute per kind (the informer retries with backoff, and would
+// otherwise log every attempt).
+func (e *Enricher) watchErrorHandler(kind string) cache.WatchErrorHandlerWithContext {
+	var last atomic.Int64
+	c := e.m.watchErrors.WithLabelValues(kind)
+	return func(_ context.Context, _ *cache.Reflector, err error) {
+		c.Inc()
+		now := time.Now().UnixNano()
+		if l := last.Load(); now-l >= int64(time.Minute) && last.CompareAndSwap(l, now) {
+			e.log.Warn("kubernetes list/watch failed; retrying", "kind", kind, "err", err)
+		}
+	}
+}
+
+func (e *Enricher) fail(err error) {
+	e.failOnce.Do(func() {
+		e.runErr = err
+		close(e.failed)
+	})
+}
+
+// WaitForSync blocks until the initial lists are indexed (nil), Run gave
+// up (its error), or ctx ends (ctx.Err()).
+func (e *Enricher) WaitForSync(ctx context.Context) error {
+	select {
+	case <-e.synced:
+		return nil
+	case <-e.failed:
+		if e.runErr == nil {
+			return errors.New("enrich: stopped before sync")
+		}
+		return e.runErr
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Synced reports whether the initial lists are indexed.
+func (e *Enricher) Synced() bool {
+	select {
+	case <-e.synced:
+		return true
+	default:
+		return false
+	}
+}
+
+// Enrich fills rec's Kubernetes fields: Src and Dst (pod, namespace,
+// labels, workload, node, zone), Service (for a flow addressed to a
+// Service: its ServiceAddr, or a Service address as DstAddr when there was
+// no DNAT) and Type. Addresses resolve at the flow's time (FlowStart, else
+// FlowEnd, else now). Fields nothing was found for keep their values.
+// rec's Labels maps are shared: read-only. Safe for concurrent use; it
+// allocates nothing.
+func (e *Enricher) Enrich(rec *flow.Record) {
+	now := e.x.now().UnixNano()
+	e.x.mu.RLock()
+	r := e.x.enrich(rec, now)
+	e.x.mu.RUnlock()
+	f := familyIndex(rec)
+	e.m.lookups[f][hitIndex(r.srcHit)].Inc()
+	e.m.lookups[f][hitIndex(r.dstHit)].Inc()
+}
+
+// EnrichBatch enriches every record of recs under one read lock.
+func (e *Enricher) EnrichBatch(recs []flow.Record) {
+	if len(recs) == 0 {
+		return
+	}
+	var n [2][2]int
+	now := e.x.now().UnixNano()
+	e.x.mu.RLock()
+	for i := range recs {
+		r := e.x.enrich(&recs[i], now)
+		f := familyIndex(&recs[i])
+		n[f][hitIndex(r.srcHit)]++
+		n[f][hitIndex(r.dstHit)]++
+	}
+	e.x.mu.RUnlock()
+	for f := range n {
+		for h := range n[f] {
+			if n[f][h] > 0 {
+				e.m.lookups[f][h].Add(float64(n[f][h]))
+			}
+		}
+	}
+}
+
+// Batch returns the Enricher as the collector pipeline's batch stage
+// (pipeline.Enricher: Enrich([]flow.Record)).
+func (e *Enricher) Batch() Batch { return Batch{e: e} }
+
+// Batch adapts an Enricher to a batch interface; see Enricher.Batch.
+type Batch struct{ e *Enricher }
+
+// Enrich enriches recs in place (EnrichBatch).
+func (b Batch) Enrich(recs []flow.Record) { b.e.EnrichBatch(recs) }
+
+func familyIndex(r *flow.Record) int {
+	a := r.SrcAddr
+	if !a.IsValid() {
+		a = r.DstAddr
+	}
+	if flow.Version(a) == 6 {
+		return 1
+	}
+	return 0
+}
+
+func hitIndex(hit bool) int {
+	if hit {
+		return 0
+	}
+	return 1
+}
+
+// at converts an optional time to unix ns (zero: now).
+func (e *Enricher) at(t time.Time) int64 {
+	if t.IsZero() {
+		return e.x.now().UnixNano()
+	}
+	return t.UnixNano()
+}
+
+// NodeForIP returns the node hosting address a now: the node of the pod
+// holding it, the node it belongs to (node address, host-network pod), or
+// the node whose pod CIDR contains it. Addresses given up within the grace
+// period still resolve to their last holder. For the correlation stage.
+func (e *Enricher) NodeForIP(a netip.Addr) (string, bool) {
+	now := e.x.now().UnixNano()
+	e.x.mu.RLock()
+	defer e.x.mu.RUnlock()
+	return e.x.nodeFor(a, now, true)
+}
+
+// NodeForIPAt is NodeForIP at time t (a flow's start).
+func (e *Enricher) NodeForIPAt(a netip.Addr, t time.Time) (string, bool) {
+	e.x.mu.RLock()
+	defer e.x.mu.RUnlock()
+	return e.x.nodeFor(a, e.at(t), false)
+}
+
+// LookupPod returns the pod that held address a at time t (zero: now),
+// host-network pods excepted (their addresses are their node's).
+func (e *Enricher) LookupPod(a netip.Addr, t time.Time) (*Pod, bool) {
+	ts := e.at(t)
+	e.x.mu.RLock()
+	defer e.x.mu.RUnlock()
+	return resolve(e.x.podIPs.m[a.Unmap()], ts, ts, nil)
+}
+
+// Pod returns the live pod namespace/name.
+func (e *Enricher) Pod(namespace, name string) (*Pod, bool) {
+	e.x.mu.RLock()
+	defer e.x.mu.RUnlock()
+	p, ok := e.x.pods[nsName{namespace, name}]
+	return p, ok
+}
+
+// Workload returns the top-level controller of p (see Workload).
+func (e *Enricher) Workload(p *Pod) Workload {
+	e.x.mu.RLock()
+	defer e.x.mu.RUnlock()
+	return e.x.workload(p)
+}
+
+// Namespace returns the live namespace called name, with its labels (for
+// namespaceSelector evaluation).
+func (e *Enricher) Namespace(name string) (*Namespace, bool) {
+	e.x.mu.RLock()
+	defer e.x.mu.RUnlock()
+	n, ok := e.x.namespaces[name]
+	return n, ok
+}
+
+// NetworkPolicies returns the NetworkPolicies of namespace, sorted by
+// name. The slice and the policies are shared and never modified
+// afterwards (a change builds a new slice): read-only.
+func (e *Enricher) NetworkPolicies(namespace string) []*networkingv1.NetworkPolicy {
+	e.x.mu.RLock()
+	defer e.x.mu.RUnlock()
+	return e.x.policies[namespace]
+}
+
+// Service returns the live Service namespace/name.
+func (e *Enricher) Service(namespace, name string) (*Service, bool) {
+	e.x.mu.RLock()
+	defer e.x.mu.RUnlock()
+	s, ok := e.x.services[nsName{namespace, name}]
+	return s, ok
+}
+
+// LookupService returns the Service holding address a (cluster, external
+// or load-balancer IP) at time t (zero: now).
+func (e *Enricher) LookupService(a netip.Addr, t time.Time) (*Service, bool) {
+	ts := e.at(t)
+	e.x.mu.RLock()
+	defer e.x.mu.RUnlock()
+	return resolve(e.x.svcIPs.m[a.Unmap()], ts, ts, nil)
+}
+
+// EndpointSlices returns the live EndpointSlices of Service
+// namespace/name whose family the Service has, sorted by name (a new
+// slice; the slices it points to are shared and read-only).
+func (e *Enricher) EndpointSlices(namespace, service string) []*EndpointSlice {
+	e.x.mu.RLock()
+	defer e.x.mu.RUnlock()
+	return e.x.endpointSlices(namespace, service)
+}
+
+// Node returns the live node called name.
+func (e *Enricher) Node(name string) (*Node, bool) {
+	e.x.mu.RLock()
+	defer e.x.mu.RUnlock()
+	n, ok := e.x.nodes[name]
+	return n, ok
+}
+
+// Zone returns the zone of node name ("" if unknown). A deleted node's
+// zone is remembered.
+func (e *Enricher) Zone(node string) string {
+	e.x.mu.RLock()
+	defer e.x.mu.RUnlock()
+	return e.x.zone(node)
+}
+
+// PreferAddr is PreferAddr with the configured --k8s.enable-ipv6.
+func (e *Enricher) PreferAddr(addrs []netip.Addr) (netip.Addr, bool) {
+	return PreferAddr(addrs, e.cfg.EnableIPv6)
+}
+
+// IPv6Enabled reports --k8s.enable-ipv6.
+func (e *Enricher) IPv6Enabled() bool { return e.cfg.EnableIPv6 }

@@ -1,0 +1,353 @@
+package enrich
+
+import (
+	"net/netip"
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/dualflow/dualflow/flow"
+)
+
+// Lookups. Everything here runs under x.mu.RLock and allocates nothing:
+// the record's string and map fields are set to the interned, immutable
+// values of the views.
+
+func protoNumber(p corev1.Protocol) uint8 {
+	switch p {
+	case corev1.ProtocolTCP:
+		return flow.ProtoTCP
+	case corev1.ProtocolUDP:
+		return flow.ProtoUDP
+	case corev1.ProtocolSCTP:
+		return flow.ProtoSCTP
+	}
+	return 0
+}
+
+// flowTimes returns the times a record's addresses are resolved at: its
+// start and end, either standing in for the other, now when it has none.
+func flowTimes(r *flow.Record, now int64) (start, end int64) {
+	start, end = unixNano(r.FlowStart), unixNano(r.FlowEnd)
+	switch {
+	case start == 0 && end == 0:
+		return now, now
+	case start == 0:
+		return end, end
+	case end == 0 || end < start:
+		return start, start
+	}
+	return start, end
+}
+
+// place is where an address is, as far as the index knows.
+type place struct {
+	pod  *Pod   // the pod holding it (not host-network)
+	node string // the node hosting it (pod's node, node address, pod CIDR)
+	// host is true for a node address (or a host-network pod's).
+	host bool
+	// in is true for an address inside the cluster: a pod, a node, a pod
+	// CIDR, a Service address, a configured cluster or service CIDR.
+	in bool
+}
+
+func (x *index) place(a netip.Addr, start, end int64) place {
+	if !a.IsValid() {
+		return place{}
+	}
+	if p, ok := resolve(x.podIPs.m[a], start, end, nil); ok {
+		return place{pod: p, node: p.NodeName, in: true}
+	}
+	if n, ok := resolve(x.hostIPs.m[a], start, end, nil); ok {
+		return place{node: n.node, host: true, in: true}
+	}
+	if n, ok := x.cidrNode(a, start, end); ok {
+		return place{node: n.node, in: true}
+	}
+	if len(x.svcIPs.m[a]) > 0 || inPrefixes(x.clusterCIDRs, a) || inPrefixes(x.serviceCIDRs, a) {
+		return place{in: true}
+	}
+	return place{}
+}
+
+func inPrefixes(ps []netip.Prefix, a netip.Addr) bool {
+	for _, p := range ps {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// cidrNode returns the node whose pod CIDR holds a (longest prefix).
+func (x *index) cidrNode(a netip.Addr, start, end int64) (nodeClaim, bool) {
+	f := 0
+	if a.Is6() {
+		f = 1
+	}
+	for _, bits := range x.lens[f] {
+		p, err := a.Prefix(bits)
+		if err != nil {
+			continue
+		}
+		if n, ok := resolve(x.podCIDRs.m[p], start, end, nil); ok {
+			return n, true
+		}
+	}
+	return nodeClaim{}, false
+}
+
+// workload resolves p's owner to the top-level controller.
+func (x *index) workload(p *Pod) Workload {
+	o := p.Owner
+	switch o.Kind {
+	case "":
+		return Workload{Kind: KindPod, Name: p.Name}
+	case KindReplicaSet:
+		if rs := x.owners[ownerKey{KindReplicaSet, p.Namespace, o.Name}]; rs != nil {
+			if rs.controller.Kind != "" {
+				return rs.controller // a Deployment (or another controller of ReplicaSets)
+			}
+			return o
+		}
+		if p.deployment != "" {
+			// ReplicaSet not (yet) known: its name is <deployment>-<pod-template-hash>.
+			return Workload{Kind: KindDeployment, Name: p.deployment}
+		}
+	case KindJob:
+		if j := x.owners[ownerKey{KindJob, p.Namespace, o.Name}]; j != nil && j.controller.Kind != "" {
+			return j.controller // a CronJob
+		}
+	}
+	return o
+}
+
+func (x *index) zone(node string) string { return x.zones[node] }
+
+// fill sets e from pl (fields pl knows nothing about are left alone).
+func (x *index) fill(e *flow.Endpoint, pl place) {
+	if p := pl.pod; p != nil {
+		w := x.workload(p)
+		e.PodNamespace, e.PodName, e.Labels = p.Namespace, p.Name, p.Labels
+		e.WorkloadKind, e.WorkloadName = w.Kind, w.Name
+	}
+	if pl.node != "" {
+		e.NodeName = pl.node
+		if z := x.zone(pl.node); z != "" {
+			e.Zone = z
+		}
+	}
+}
+
+// serviceAt returns the Service holding address a at the flow's time,
+// preferring one with a port port/proto (external and load-balancer IPs
+// may be shared by Services with different ports).
+func (x *index) serviceAt(a netip.Addr, port uint16, proto uint8, start, end int64) *Service {
+	cs := x.svcIPs.m[a]
+	if len(cs) == 0 {
+		return nil
+	}
+	if s, ok := resolve(cs, start, end, func(s *Service) bool { return s.hasPort(port, proto) }); ok {
+		return s
+	}
+	s, _ := resolve(cs, start, end, nil)
+	return s
+}
+
+func (s *Service) hasPort(port uint16, proto uint8) bool {
+	for i := range s.Ports {
+		if s.Ports[i].Port == int32(port) && protoNumber(s.Ports[i].Protocol) == proto {
+			return true
+		}
+	}
+	return false
+}
+
+// nodePortService returns the Service of a NodePort flow: one addressed to
+// a node address on a node port.
+func (x *index) nodePortService(a netip.Addr, port uint16, proto uint8) *Service {
+	if port == 0 || len(x.hostIPs.m[a]) == 0 {
+		return nil
+	}
+	if l := x.nodePorts[portKey{proto, port}]; len(l) > 0 {
+		return l[0]
+	}
+	return nil
+}
+
+// endpointOf returns the endpoint of svc at address a.
+func (x *index) endpointOf(a netip.Addr, svc *Service, start, end int64) *Endpoint {
+	cs := x.epIPs.m[a]
+	if len(cs) == 0 {
+		return nil
+	}
+	ep, _ := resolve(cs, start, end, func(e *Endpoint) bool {
+		return e.Slice.Service == svc.Name && e.Slice.Namespace == svc.Namespace
+	})
+	return ep
+}
+
+// portName returns the name of the Service port a flow used: by the
+// Service port (or node port) it was addressed to, else by the endpoint's
+// port in its slice.
+func portName(svc *Service, ep *Endpoint, svcPort, dstPort uint16, proto uint8) string {
+	if svcPort != 0 {
+		for i := range svc.Ports {
+			p := &svc.Ports[i]
+			if (p.Port == int32(svcPort) || p.NodePort == int32(svcPort)) && protoNumber(p.Protocol) == proto {
+				return p.Name
+			}
+		}
+	}
+	if ep != nil {
+		for i := range ep.Slice.Ports {
+			p := &ep.Slice.Ports[i]
+			if p.Port == int32(dstPort) && protoNumber(p.Protocol) == proto {
+				return p.Name
+			}
+		}
+	}
+	return ""
+}
+
+// flowType classifies a flow from where its ends are.
+func flowType(s, d place) flow.FlowType {
+	switch {
+	case s.in && d.in:
+		if s.node == "" || d.node == "" {
+			return flow.FlowTypeUnknown
+		}
+		if s.node == d.node {
+			return flow.FlowTypeIntraNode
+		}
+		return flow.FlowTypeInterNode
+	case s.in:
+		return flow.FlowTypeToExternal
+	case d.in:
+		return flow.FlowTypeFromExternal
+	}
+	return flow.FlowTypeUnknown
+}
+
+// result says what a record's lookups found, for the metrics.
+type result struct {
+	srcHit, dstHit bool
+	skipped        bool // IPv6 record with IPv6 disabled
+}
+
+// enrich fills rec's Kubernetes fields. Only what is found is set: a
+// field the index knows nothing about keeps its value (a foreign exporter
+// may have filled it).
+func (x *index) enrich(rec *flow.Record, now int64) result {
+	src, dst := rec.SrcAddr.Unmap(), rec.DstAddr.Unmap()
+	if !x.ipv6 && (src.Is6() || dst.Is6()) {
+		return result{skipped: true}
+	}
+	start, end := flowTimes(rec, now)
+	s := x.place(src, start, end)
+	d := x.place(dst, start, end)
+
+	var svc *Service
+	svcPort := rec.ServicePort
+	if sa := rec.ServiceAddr.Unmap(); sa.IsValid() {
+		svc = x.serviceAt(sa, svcPort, rec.Proto, start, end)
+		if svc == nil {
+			svc = x.nodePortService(sa, svcPort, rec.Proto)
+		}
+	} else if d.pod == nil && !d.host {
+		// Not translated (no endpoint, or seen before DNAT): the
+		// destination itself may be a Service address.
+		if svc = x.serviceAt(dst, rec.DstPort, rec.Proto, start, end); svc != nil {
+			svcPort = rec.DstPort
+		}
+	}
+	var ep *Endpoint
+	if svc != nil {
+		ep = x.endpointOf(dst, svc, start, end)
+		rec.Service = flow.Service{Namespace: svc.Namespace, Name: svc.Name, PortName: portName(svc, ep, svcPort, rec.DstPort, rec.Proto)}
+	}
+	if ep != nil && d.pod == nil && ep.Pod.Name != "" {
+		// The endpoint names its pod, whose address the index lacks
+		// (its Pod event has not arrived): use the pod by name.
+		if p := x.pods[nsName{ep.Pod.Namespace, ep.Pod.Name}]; p != nil {
+			d.pod = p
+			d.node = p.NodeName
+			d.in = true
+		}
+	}
+	if ep != nil && d.node == "" && ep.NodeName != "" {
+		d.node = ep.NodeName
+		d.in = true
+	}
+
+	x.fill(&rec.Src, s)
+	x.fill(&rec.Dst, d)
+	if ep != nil {
+		if d.pod == nil && ep.Pod.Name != "" {
+			rec.Dst.PodNamespace, rec.Dst.PodName = ep.Pod.Namespace, ep.Pod.Name
+		}
+		if ep.Zone != "" {
+			// An endpoint's zone is its slice's, the same in both families.
+			rec.Dst.Zone = ep.Zone
+		}
+	}
+	if t := flowType(s, d); t != flow.FlowTypeUnknown {
+		rec.Type = t
+	}
+	return result{srcHit: s.pod != nil || s.node != "", dstHit: d.pod != nil || d.node != ""}
+}
+
+// nodeFor returns the node hosting address a at time t: the node of the
+// pod holding it, the node owning it as a node address, or the node whose
+// pod CIDR contains it.
+func (x *index) nodeFor(a netip.Addr, t int64, orLatest bool) (string, bool) {
+	a = a.Unmap()
+	if p, ok := resolve(x.podIPs.m[a], t, t, nil); ok {
+		return p.NodeName, p.NodeName != ""
+	}
+	if n, ok := resolve(x.hostIPs.m[a], t, t, nil); ok {
+		return n.node, true
+	}
+	if orLatest {
+		if p, ok := latest(x.podIPs.m[a]); ok && p.NodeName != "" {
+			return p.NodeName, true
+		}
+		if n, ok := latest(x.hostIPs.m[a]); ok {
+			return n.node, true
+		}
+	}
+	if n, ok := x.cidrNode(a, t, t); ok {
+		return n.node, true
+	}
+	return "", false
+}
+
+// endpointSlices returns the live slices of Service ns/name of the
+// families the Service has (all of them when the Service is unknown),
+// sorted by name.
+func (x *index) endpointSlices(ns, name string) []*EndpointSlice {
+	svc := x.services[nsName{ns, name}]
+	var out []*EndpointSlice
+	for _, s := range x.slicesBySvc[nsName{ns, name}] {
+		if svc != nil {
+			f := corev1.IPv4Protocol
+			if s.AddressType == "IPv6" {
+				f = corev1.IPv6Protocol
+			}
+			if s.AddressType != "FQDN" && !svc.HasFamily(f) {
+				continue // a stale slice of a family the Service dropped
+			}
+		}
+		out = append(out, s)
+	}
+	slices.SortFunc(out, func(a, b *EndpointSlice) int {
+		if a.Name < b.Name {
+			return -1
+		}
+		if a.Name > b.Name {
+			return 1
+		}
+		return 0
+	})
+	return out
+}

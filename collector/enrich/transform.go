@@ -1,0 +1,466 @@
+package enrich
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+
+	appsv1 "k8s.io/api/apps/v1"
+	batchv1 "k8s.io/api/batch/v1"
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Informer transforms. Each informer's SetTransform turns the decoded API
+// object into the trimmed view of types.go before it enters the informer's
+// queue and store, so the store holds only what enrichment and policy
+// evaluation read (see README.md for the memory this costs per pod). The
+// views are wrapped in unexported types that satisfy runtime.Object and
+// metav1.ObjectMetaAccessor, which is all the informer machinery needs
+// (keys, namespace index, resourceVersion comparison): the typed listers
+// of these informers must not be used.
+
+// Well-known labels read by the transforms.
+const (
+	labelZone           = "topology.kubernetes.io/zone"
+	labelZoneDeprecated = "failure-domain.beta.kubernetes.io/zone"
+	labelTemplateHash   = appsv1.DefaultDeploymentUniqueLabelKey // pod-template-hash
+)
+
+// invalidFunc counts a value the transforms had to drop (kind, reason).
+type invalidFunc func(kind, reason string)
+
+type transformer struct {
+	in      *interner
+	ipv6    bool // keep IPv6 addresses (--k8s.enable-ipv6)
+	invalid invalidFunc
+}
+
+func (tr *transformer) bad(kind, reason string) {
+	if tr.invalid != nil {
+		tr.invalid(kind, reason)
+	}
+}
+
+// addr parses an address of any family, unmapped; ok is false for an
+// invalid one and for IPv6 when IPv6 is disabled (dropped entirely).
+func (tr *transformer) addr(kind, s string) (netip.Addr, bool) {
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		tr.bad(kind, "invalid_ip")
+		return netip.Addr{}, false
+	}
+	a = a.Unmap().WithZone("")
+	if a.Is6() && !tr.ipv6 {
+		return netip.Addr{}, false
+	}
+	return a, true
+}
+
+// addrs parses a list, skipping invalid, disabled and repeated addresses.
+func (tr *transformer) addrs(kind string, ss []string) []netip.Addr {
+	var out []netip.Addr
+	for _, s := range ss {
+		if a, ok := tr.addr(kind, s); ok && !slices.Contains(out, a) {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// protocol returns the package-level constant for p (TCP when empty), so
+// that no object keeps its own copy of the string.
+func protocol(p corev1.Protocol) corev1.Protocol {
+	switch p {
+	case "", corev1.ProtocolTCP:
+		return corev1.ProtocolTCP
+	case corev1.ProtocolUDP:
+		return corev1.ProtocolUDP
+	case corev1.ProtocolSCTP:
+		return corev1.ProtocolSCTP
+	}
+	return p
+}
+
+// kind returns the constant for a well-known controller kind.
+func kind(k string) string {
+	for _, c := range []string{KindReplicaSet, KindDeployment, KindStatefulSet, KindDaemonSet, KindJob, KindCronJob, "ReplicationController", "Node"} {
+		if k == c {
+			return c
+		}
+	}
+	return k
+}
+
+func family(f corev1.IPFamily) corev1.IPFamily {
+	switch f {
+	case corev1.IPv4Protocol:
+		return corev1.IPv4Protocol
+	case corev1.IPv6Protocol:
+		return corev1.IPv6Protocol
+	}
+	return f
+}
+
+// controllerOf returns the controller owner reference of m.
+func controllerOf(refs []metav1.OwnerReference) (Workload, bool) {
+	for _, r := range refs {
+		if r.Controller != nil && *r.Controller {
+			return Workload{Kind: kind(r.Kind), Name: r.Name}, true
+		}
+	}
+	return Workload{}, false
+}
+
+func (tr *transformer) pod(p *corev1.Pod) *Pod {
+	in := tr.in
+	out := &Pod{
+		Namespace:   in.name(p.Namespace),
+		Name:        p.Name,
+		UID:         p.UID,
+		NodeName:    in.name(p.Spec.NodeName),
+		HostNetwork: p.Spec.HostNetwork,
+		Terminated:  p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed,
+		Created:     p.CreationTimestamp.Time,
+		rv:          p.ResourceVersion,
+	}
+	if out.labelsRef = in.labelSet(p.Labels); out.labelsRef != nil {
+		out.Labels = *out.labelsRef
+	}
+	for _, ip := range p.Status.PodIPs {
+		if a, ok := tr.addr("pod", ip.IP); ok && !slices.Contains(out.Addrs, a) {
+			out.Addrs = append(out.Addrs, a)
+		}
+	}
+	if len(p.Status.PodIPs) == 0 && p.Status.PodIP != "" {
+		out.Addrs = tr.addrs("pod", []string{p.Status.PodIP})
+	}
+	var ports []ContainerPort
+	for _, c := range p.Spec.Containers {
+		for _, cp := range c.Ports {
+			ports = append(ports, ContainerPort{Name: cp.Name, Port: cp.ContainerPort, Protocol: protocol(cp.Protocol)})
+		}
+	}
+	if out.portsRef = in.portList(ports); out.portsRef != nil {
+		out.Ports = *out.portsRef
+	}
+	if w, ok := controllerOf(p.OwnerReferences); ok {
+		w.Name = in.name(w.Name) // shared by the replicas
+		out.Owner = w
+		if h := p.Labels[labelTemplateHash]; w.Kind == KindReplicaSet && h != "" && strings.HasSuffix(w.Name, "-"+h) {
+			out.deployment = w.Name[:len(w.Name)-len(h)-1]
+		}
+	}
+	if out.Terminated {
+		for _, cs := range p.Status.ContainerStatuses {
+			if t := cs.State.Terminated; t != nil && t.FinishedAt.UnixNano() > out.finished {
+				out.finished = t.FinishedAt.UnixNano()
+			}
+		}
+	}
+	return out
+}
+
+func (tr *transformer) service(s *corev1.Service) *Service {
+	in := tr.in
+	out := &Service{
+		Namespace: in.name(s.Namespace),
+		Name:      s.Name,
+		UID:       s.UID,
+		Type:      s.Spec.Type,
+		Created:   s.CreationTimestamp.Time,
+		rv:        s.ResourceVersion,
+	}
+	switch s.Spec.Type {
+	case "", corev1.ServiceTypeClusterIP:
+		out.Type = corev1.ServiceTypeClusterIP
+	case corev1.ServiceTypeNodePort:
+		out.Type = corev1.ServiceTypeNodePort
+	case corev1.ServiceTypeLoadBalancer:
+		out.Type = corev1.ServiceTypeLoadBalancer
+	case corev1.ServiceTypeExternalName:
+		out.Type = corev1.ServiceTypeExternalName
+	}
+	ips := s.Spec.ClusterIPs
+	if len(ips) == 0 && s.Spec.ClusterIP != "" {
+		ips = []string{s.Spec.ClusterIP}
+	}
+	switch {
+	case len(ips) > 0 && ips[0] == corev1.ClusterIPNone:
+		out.Headless = true
+	case out.Type != corev1.ServiceTypeExternalName:
+		out.ClusterIPs = tr.addrs("service", ips)
+	}
+	for _, f := range s.Spec.IPFamilies {
+		out.IPFamilies = append(out.IPFamilies, family(f))
+	}
+	if p := s.Spec.IPFamilyPolicy; p != nil {
+		switch *p {
+		case corev1.IPFamilyPolicySingleStack:
+			out.IPFamilyPolicy = corev1.IPFamilyPolicySingleStack
+		case corev1.IPFamilyPolicyPreferDualStack:
+			out.IPFamilyPolicy = corev1.IPFamilyPolicyPreferDualStack
+		case corev1.IPFamilyPolicyRequireDualStack:
+			out.IPFamilyPolicy = corev1.IPFamilyPolicyRequireDualStack
+		default:
+			out.IPFamilyPolicy = *p
+		}
+	}
+	out.ExternalIPs = tr.addrs("service", s.Spec.ExternalIPs)
+	for _, ing := range s.Status.LoadBalancer.Ingress {
+		if ing.IP == "" {
+			continue // hostname-only ingress
+		}
+		if a, ok := tr.addr("service", ing.IP); ok && !slices.Contains(out.LoadBalancerIPs, a) {
+			out.LoadBalancerIPs = append(out.LoadBalancerIPs, a)
+		}
+	}
+	for _, p := range s.Spec.Ports {
+		out.Ports = append(out.Ports, ServicePort{Name: p.Name, Protocol: protocol(p.Protocol), Port: p.Port, TargetPort: p.TargetPort, NodePort: p.NodePort})
+	}
+	return out
+}
+
+func (tr *transformer) endpointSlice(s *discoveryv1.EndpointSlice) *EndpointSlice {
+	in := tr.in
+	out := &EndpointSlice{
+		Namespace:   in.name(s.Namespace),
+		Name:        s.Name,
+		UID:         s.UID,
+		Service:     s.Labels[discoveryv1.LabelServiceName],
+		AddressType: s.AddressType,
+		Created:     s.CreationTimestamp.Time,
+		rv:          s.ResourceVersion,
+	}
+	switch s.AddressType {
+	case discoveryv1.AddressTypeIPv4:
+		out.AddressType = discoveryv1.AddressTypeIPv4
+	case discoveryv1.AddressTypeIPv6:
+		out.AddressType = discoveryv1.AddressTypeIPv6
+	case discoveryv1.AddressTypeFQDN:
+		out.AddressType = discoveryv1.AddressTypeFQDN
+	}
+	for _, p := range s.Ports {
+		var ep EndpointPort
+		if p.Name != nil {
+			ep.Name = *p.Name
+		}
+		if p.Port != nil {
+			ep.Port = *p.Port
+		}
+		var proto corev1.Protocol
+		if p.Protocol != nil {
+			proto = *p.Protocol
+		}
+		ep.Protocol = protocol(proto)
+		out.Ports = append(out.Ports, ep)
+	}
+	if out.AddressType != discoveryv1.AddressTypeIPv4 && out.AddressType != discoveryv1.AddressTypeIPv6 {
+		return out // FQDN slices have no addresses to index
+	}
+	want6 := out.AddressType == discoveryv1.AddressTypeIPv6
+	out.Endpoints = make([]Endpoint, 0, len(s.Endpoints))
+	for _, e := range s.Endpoints {
+		ep := Endpoint{Slice: out}
+		for _, a := range e.Addresses {
+			addr, ok := tr.addr("endpointslice", a)
+			if !ok {
+				continue
+			}
+			if addr.Is6() != want6 {
+				// The API server validates this; a hand-written
+				// inventory might not.
+				tr.bad("endpointslice", "family_mismatch")
+				continue
+			}
+			if !slices.Contains(ep.Addrs, addr) {
+				ep.Addrs = append(ep.Addrs, addr)
+			}
+		}
+		if len(ep.Addrs) == 0 {
+			continue
+		}
+		if e.NodeName != nil {
+			ep.NodeName = in.name(*e.NodeName)
+		}
+		if e.Zone != nil {
+			ep.Zone = in.name(*e.Zone)
+		}
+		ep.Ready = e.Conditions.Ready == nil || *e.Conditions.Ready
+		ep.Serving = ep.Ready
+		if e.Conditions.Serving != nil {
+			ep.Serving = *e.Conditions.Serving
+		}
+		ep.Terminating = e.Conditions.Terminating != nil && *e.Conditions.Terminating
+		if r := e.TargetRef; r != nil && r.Kind == KindPod {
+			ns := r.Namespace
+			if ns == "" {
+				ns = s.Namespace
+			}
+			ep.Pod = PodRef{Namespace: in.name(ns), Name: r.Name}
+		}
+		out.Endpoints = append(out.Endpoints, ep)
+	}
+	return out
+}
+
+func (tr *transformer) node(n *corev1.Node) *Node {
+	in := tr.in
+	out := &Node{
+		Name:    in.name(n.Name),
+		UID:     n.UID,
+		Created: n.CreationTimestamp.Time,
+		rv:      n.ResourceVersion,
+	}
+	out.Zone = n.Labels[labelZone]
+	if out.Zone == "" {
+		out.Zone = n.Labels[labelZoneDeprecated]
+	}
+	out.Zone = in.name(out.Zone)
+	for _, a := range n.Status.Addresses {
+		var list *[]netip.Addr
+		switch a.Type {
+		case corev1.NodeInternalIP:
+			list = &out.InternalIPs
+		case corev1.NodeExternalIP:
+			list = &out.ExternalIPs
+		default:
+			continue
+		}
+		if addr, ok := tr.addr("node", a.Address); ok && !slices.Contains(*list, addr) {
+			*list = append(*list, addr)
+		}
+	}
+	cidrs := n.Spec.PodCIDRs
+	if len(cidrs) == 0 && n.Spec.PodCIDR != "" {
+		cidrs = []string{n.Spec.PodCIDR}
+	}
+	for _, c := range cidrs {
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			tr.bad("node", "invalid_cidr")
+			continue
+		}
+		p = p.Masked()
+		if p.Addr().Is6() && !tr.ipv6 {
+			continue
+		}
+		if !slices.Contains(out.PodCIDRs, p) {
+			out.PodCIDRs = append(out.PodCIDRs, p)
+		}
+	}
+	return out
+}
+
+func (tr *transformer) namespace(n *corev1.Namespace) *Namespace {
+	out := &Namespace{Name: tr.in.name(n.Name), UID: n.UID, Created: n.CreationTimestamp.Time, rv: n.ResourceVersion}
+	if out.labelsRef = tr.in.labelSet(n.Labels); out.labelsRef != nil {
+		out.Labels = *out.labelsRef
+	}
+	return out
+}
+
+func (tr *transformer) owner(k string, m *metav1.ObjectMeta) *owner {
+	o := &owner{kind: k, namespace: tr.in.name(m.Namespace), name: tr.in.name(m.Name), uid: m.UID, rv: m.ResourceVersion}
+	if w, ok := controllerOf(m.OwnerReferences); ok {
+		w.Name = tr.in.name(w.Name)
+		o.controller = w
+	}
+	return o
+}
+
+// networkPolicy keeps what policy evaluation reads: identity and spec.
+func (tr *transformer) networkPolicy(p *networkingv1.NetworkPolicy) *networkingv1.NetworkPolicy {
+	return &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: tr.in.name(p.Namespace), Name: p.Name, UID: p.UID,
+			ResourceVersion: p.ResourceVersion, Generation: p.Generation, CreationTimestamp: p.CreationTimestamp,
+		},
+		Spec: p.Spec,
+	}
+}
+
+// transform is the informers' TransformFunc. It is idempotent: a view
+// passes through unchanged, as do cache.DeletedFinalStateUnknown
+// tombstones (which hold views already).
+func (tr *transformer) transform(obj any) (any, error) {
+	switch o := obj.(type) {
+	case *corev1.Pod:
+		return (*podObj)(tr.pod(o)), nil
+	case *corev1.Service:
+		return (*serviceObj)(tr.service(o)), nil
+	case *discoveryv1.EndpointSlice:
+		return (*sliceObj)(tr.endpointSlice(o)), nil
+	case *corev1.Node:
+		return (*nodeObj)(tr.node(o)), nil
+	case *corev1.Namespace:
+		return (*namespaceObj)(tr.namespace(o)), nil
+	case *appsv1.ReplicaSet:
+		return (*ownerObj)(tr.owner(KindReplicaSet, &o.ObjectMeta)), nil
+	case *batchv1.Job:
+		return (*ownerObj)(tr.owner(KindJob, &o.ObjectMeta)), nil
+	case *networkingv1.NetworkPolicy:
+		return tr.networkPolicy(o), nil
+	}
+	return obj, nil
+}
+
+// The stored types. Each satisfies runtime.Object and
+// metav1.ObjectMetaAccessor; GetObjectMeta builds a small ObjectMeta on
+// each call (informers call it per event, never on the lookup path).
+type (
+	podObj       Pod
+	serviceObj   Service
+	sliceObj     EndpointSlice
+	nodeObj      Node
+	namespaceObj Namespace
+	ownerObj     owner
+)
+
+func meta(ns, name string, uid types.UID, rv string) metav1.Object {
+	return &metav1.ObjectMeta{Namespace: ns, Name: name, UID: uid, ResourceVersion: rv}
+}
+
+func (o *podObj) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind }
+func (o *podObj) DeepCopyObject() runtime.Object   { c := *o; return &c }
+func (o *podObj) GetObjectMeta() metav1.Object     { return meta(o.Namespace, o.Name, o.UID, o.rv) }
+
+func (o *serviceObj) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind }
+func (o *serviceObj) DeepCopyObject() runtime.Object   { c := *o; return &c }
+func (o *serviceObj) GetObjectMeta() metav1.Object     { return meta(o.Namespace, o.Name, o.UID, o.rv) }
+
+func (o *sliceObj) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind }
+func (o *sliceObj) DeepCopyObject() runtime.Object   { c := *o; return &c }
+func (o *sliceObj) GetObjectMeta() metav1.Object     { return meta(o.Namespace, o.Name, o.UID, o.rv) }
+
+func (o *nodeObj) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind }
+func (o *nodeObj) DeepCopyObject() runtime.Object   { c := *o; return &c }
+func (o *nodeObj) GetObjectMeta() metav1.Object     { return meta("", o.Name, o.UID, o.rv) }
+
+func (o *namespaceObj) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind }
+func (o *namespaceObj) DeepCopyObject() runtime.Object   { c := *o; return &c }
+func (o *namespaceObj) GetObjectMeta() metav1.Object     { return meta("", o.Name, o.UID, o.rv) }
+
+func (o *ownerObj) GetObjectKind() schema.ObjectKind { return schema.EmptyObjectKind }
+func (o *ownerObj) DeepCopyObject() runtime.Object   { c := *o; return &c }
+func (o *ownerObj) GetObjectMeta() metav1.Object     { return meta(o.namespace, o.name, o.uid, o.rv) }
+
+var (
+	_ runtime.Object            = (*podObj)(nil)
+	_ runtime.Object            = (*serviceObj)(nil)
+	_ runtime.Object            = (*sliceObj)(nil)
+	_ runtime.Object            = (*nodeObj)(nil)
+	_ runtime.Object            = (*namespaceObj)(nil)
+	_ runtime.Object            = (*ownerObj)(nil)
+	_ metav1.ObjectMetaAccessor = (*podObj)(nil)
+	_ metav1.ObjectMetaAccessor = (*serviceObj)(nil)
+	_ metav1.ObjectMetaAccessor = (*sliceObj)(nil)
+	_ metav1.ObjectMetaAccessor = (*nodeObj)(nil)
+	_ metav1.ObjectMetaAccessor = (*namespaceObj)(nil)
+	_ metav1.ObjectMetaAccessor = (*ownerObj)(nil)
+)
