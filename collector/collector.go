@@ -197,7 +197,9 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Collector, error) 
 // buildPipeline creates the queues and stages and binds the listeners.
 func (c *Collector) buildPipeline() error {
 	c.pm = pipeline.NewMetrics(c.reg)
-	c.pool = pipeline.NewPool(c.cfg.IPFIX.BatchRecords)
+	// Batches are handed on at BatchRecords; the headroom lets the last
+	// message (at most a few hundred records) land without growing them.
+	c.pool = pipeline.NewPool(2 * c.cfg.IPFIX.BatchRecords)
 	c.decoded = pipeline.NewQueue("decoded", decodedQueue, c.pm)
 	c.correlated = pipeline.NewQueue("correlated", correlatedQueue, c.pm)
 	c.enriched = pipeline.NewQueue("enriched", enrichedQueue, c.pm)

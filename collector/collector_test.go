@@ -107,6 +107,8 @@ func startCollector(tb testing.TB, mutate func(*Config)) (*Collector, func()) {
 
 // exporter sends IPFIX over one TCP connection as a node's exporter would.
 type exporter struct {
+	buf    []byte // reused message buffer
+	body   []byte // reused message body
 	conn   net.Conn
 	enc    map[uint8]*fipfix.Encoder
 	seq    uint32
@@ -130,16 +132,18 @@ func dialExporter(tb testing.TB, addr net.Addr, domain uint32) *exporter {
 }
 
 func (x *exporter) write(tb testing.TB, body []byte, records int) {
-	msg := fipfix.AppendMessageHeader(nil, fipfix.MessageHeaderLen+len(body), time.Now(), x.seq, x.domain)
+	x.buf = fipfix.AppendMessageHeader(x.buf[:0], fipfix.MessageHeaderLen+len(body), time.Now(), x.seq, x.domain)
 	x.seq += uint32(records)
-	if _, err := x.conn.Write(append(msg, body...)); err != nil {
+	x.buf = append(x.buf, body...)
+	if _, err := x.conn.Write(x.buf); err != nil {
 		tb.Fatal(err)
 	}
 }
 
 // send sends recs, one data set per family.
 func (x *exporter) send(tb testing.TB, recs ...flow.Record) {
-	var body []byte
+	body := x.body[:0]
+	defer func() { x.body = body }()
 	for _, v := range []uint8{4, 6} {
 		start := len(body)
 		body = append(body, 0, 0, 0, 0)
@@ -253,7 +257,8 @@ func TestShutdownFlushesHeld(t *testing.T) {
 func BenchmarkEndToEnd(b *testing.B) {
 	c, stop := startCollector(b, func(c *Config) {
 		c.InventoryFile = "" // no correlation wait: measure ingest
-		c.Writer.FlushInterval = 200 * time.Millisecond
+		c.Writer.FlushInterval = time.Second
+		c.Writer.BatchRows = 100_000
 	})
 	defer stop()
 	x := dialExporter(b, c.IPFIXAddrs()["tcp"][0], 1)
@@ -288,7 +293,7 @@ func BenchmarkEndToEnd(b *testing.B) {
 			if time.Since(start) > 2*time.Minute {
 				b.Fatal(errors.New("rows did not arrive"))
 			}
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(100 * time.Millisecond) // polling competes with the inserts for the 2 cores
 		}
 		before += total
 	}

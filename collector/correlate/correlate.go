@@ -411,6 +411,9 @@ func (c *Correlator) Run(ctx context.Context, in, out *pipeline.Queue, pool *pip
 			in.Taken()
 			recIn.Add(float64(len(b.Recs)))
 			for i := range b.Recs {
+				if len(ob.Recs)+2 > cap(ob.Recs) { // Add appends at most 2
+					ob = put(ob)
+				}
 				ob.Recs = c.Add(&b.Recs[i], ob.Recs)
 			}
 			b.Release()

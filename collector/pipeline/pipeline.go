@@ -11,7 +11,6 @@ package pipeline
 
 import (
 	"context"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -34,24 +33,38 @@ func (b *Batch) Release() {
 	}
 	clear(b.Recs) // drop string and map references held by old records
 	b.Recs = b.Recs[:0]
-	b.pool.p.Put(b)
+	select {
+	case b.pool.free <- b:
+	default: // the free list is full: let the GC have it
+	}
 }
+
+// poolFree is how many idle batches a Pool keeps. A sync.Pool would be
+// emptied at every GC, and batches are large (~1.5 MB), so the pool keeps a
+// bounded free list instead: enough for the queues' steady state.
+const poolFree = 64
 
 // Pool recycles batches so the steady state allocates none. It is safe for
 // concurrent use.
 type Pool struct {
-	p sync.Pool
+	size int
+	free chan *Batch
 }
 
 // NewPool returns a pool of batches with room for size records.
 func NewPool(size int) *Pool {
-	p := &Pool{}
-	p.p.New = func() any { return &Batch{Recs: make([]flow.Record, 0, size), pool: p} }
-	return p
+	return &Pool{size: size, free: make(chan *Batch, poolFree)}
 }
 
 // Get returns an empty batch.
-func (p *Pool) Get() *Batch { return p.p.Get().(*Batch) }
+func (p *Pool) Get() *Batch {
+	select {
+	case b := <-p.free:
+		return b
+	default:
+		return &Batch{Recs: make([]flow.Record, 0, p.size), pool: p}
+	}
+}
 
 // Metrics are the per-stage metrics, shared by every queue and stage of one
 // collector. Labels: queue or stage name, and reason for drops.
