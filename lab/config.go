@@ -18,6 +18,9 @@ const (
 	DefaultStateDir = "/run/dualflow/lab"
 	DefaultPrefix   = "df-"
 	DatapathKernel  = "kernel"
+	// DatapathOVS forwards through an Open vSwitch bridge per node
+	// (userspace datapath, OpenFlow policy); see lab/ovs.
+	DatapathOVS = "ovs"
 )
 
 // Config configures a lab. Bind it to flags, then SetDefaults and Validate.
@@ -32,8 +35,9 @@ type Config struct {
 	// StateDir holds the manifest, the state file, pid files and agent logs
 	// (default /run/dualflow/lab).
 	StateDir string
-	// Datapath is the node datapath; only "kernel" (nftables + kernel
-	// conntrack) exists for now.
+	// Datapath is the node datapath: "kernel" (nftables + kernel
+	// conntrack, the default) or "ovs" (an OVS bridge per node, OpenFlow
+	// policy, OVS userspace conntrack).
 	Datapath string
 	// ManifestFile, if set, is read instead of generating the default lab.
 	ManifestFile string
@@ -74,8 +78,8 @@ func (c *Config) Validate() error {
 	if err := ValidatePrefix(c.Prefix); err != nil {
 		return err
 	}
-	if c.Datapath != DatapathKernel {
-		return fmt.Errorf("datapath %q: only %q is supported", c.Datapath, DatapathKernel)
+	if c.Datapath != DatapathKernel && c.Datapath != DatapathOVS {
+		return fmt.Errorf("datapath %q: want %q or %q", c.Datapath, DatapathKernel, DatapathOVS)
 	}
 	if c.StateDir == "" || !filepath.IsAbs(c.StateDir) {
 		return fmt.Errorf("state dir %q: want an absolute path", c.StateDir)

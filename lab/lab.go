@@ -42,6 +42,7 @@ const (
 	StateFile    = "state.json"
 	runDir       = "run" // pid files
 	logDir       = "log" // agent logs
+	ovsDir       = "ovs" // OVS datapath: one directory per node, and the rules file
 )
 
 // ErrExists means namespaces with the lab's prefix already exist.
@@ -141,11 +142,16 @@ func (l *Lab) build(ctx context.Context) error {
 	if err := topology.Build(ctx, spec); err != nil {
 		return err
 	}
-	if err := l.applyRules(ctx); err != nil {
-		return err
-	}
 	if err := os.MkdirAll(l.cfg.StateDir, 0o755); err != nil {
 		return fmt.Errorf("state dir: %w", err)
+	}
+	if l.state.Datapath == DatapathOVS {
+		err = l.startOVS(ctx)
+	} else {
+		err = l.applyRules(ctx)
+	}
+	if err != nil {
+		return err
 	}
 	if err := l.startAgents(); err != nil {
 		return err
@@ -254,7 +260,11 @@ func NFTPath() (string, error) {
 // Reload re-renders and reloads every node's ruleset from l.Manifest, e.g.
 // after a test changed a NetworkPolicy. Existing connections are kept.
 func (l *Lab) Reload(ctx context.Context) error {
-	if err := l.applyRules(ctx); err != nil {
+	apply := l.applyRules
+	if l.state.Datapath == DatapathOVS {
+		apply = l.applyOVS
+	}
+	if err := apply(ctx); err != nil {
 		return err
 	}
 	return l.writeManifest()
@@ -369,9 +379,9 @@ func Down(stateDir, prefix string) error {
 	if err := ValidatePrefix(prefix); err != nil {
 		return fmt.Errorf("lab down: %w", err)
 	}
-	errs := []error{killPidFiles(stateDir)}
+	errs := []error{killPidFiles(stateDir), stopOVS(stateDir)}
 	errs = append(errs, topology.Destroy(prefix, 2*time.Second))
-	for _, f := range []string{StateFile, ManifestFile, runDir, logDir} {
+	for _, f := range []string{StateFile, ManifestFile, runDir, logDir, ovsDir} {
 		if err := os.RemoveAll(filepath.Join(stateDir, f)); err != nil {
 			errs = append(errs, err)
 		}

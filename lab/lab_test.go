@@ -107,7 +107,8 @@ func TestConfigValidate(t *testing.T) {
 		{"bad mode", func(c *Config) { c.Mode = "ipv5" }, false},
 		{"prefix without dash", func(c *Config) { c.Prefix = "df" }, false},
 		{"prefix with slash", func(c *Config) { c.Prefix = "d/f-" }, false},
-		{"ovs datapath", func(c *Config) { c.Datapath = "ovs" }, false},
+		{"ovs datapath", func(c *Config) { c.Datapath = DatapathOVS }, true},
+		{"unknown datapath", func(c *Config) { c.Datapath = "ebpf" }, false},
 		{"relative state dir", func(c *Config) { c.StateDir = "lab" }, false},
 		{"too many nodes", func(c *Config) { c.Nodes = manifest.MaxNodes + 1 }, false},
 	}

@@ -15,7 +15,12 @@ import (
 )
 
 // Conntrack dumps the conntrack table of node (both families).
+//
+// With the OVS datapath it reads OVS's conntrack instead (see ovsConntrack).
 func (l *Lab) Conntrack(node string) ([]Conn, error) {
+	if l.state.Datapath == DatapathOVS {
+		return l.ovsConntrack(node)
+	}
 	fd, err := unix.Open(l.NodeNetNSPath(node), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("conntrack of %s: %w", node, err)
@@ -56,7 +61,13 @@ func tuple(t conntrack.Tuple) flow.Tuple {
 // Counters returns the named counters of node's lab table: one per
 // NetworkPolicy rule ("ns/policy/ingress/0", see nft.RuleName) and one per
 // isolated pod and direction ("drop/ingress/ns/pod", see nft.DropName).
+//
+// With the OVS datapath the same names count the packets of each rule's
+// OpenFlow flows (see ovsCounters).
 func (l *Lab) Counters(node string) (map[string]Counter, error) {
+	if l.state.Datapath == DatapathOVS {
+		return l.ovsCounters(node)
+	}
 	fd, err := unix.Open(l.NodeNetNSPath(node), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("counters of %s: %w", node, err)

@@ -23,7 +23,7 @@ routed namespaces running small TCP/UDP servers. The root namespace is never
 changed. The lab is described by a Kubernetes manifest in the state directory.
 
 Subcommands:
-  up       build the lab (--mode dual|ipv4|ipv6 --nodes 2)
+  up       build the lab (--mode dual|ipv4|ipv6 --nodes 2 --datapath kernel|ovs)
   down     remove the lab, its processes and namespaces (also after a crash)
   status   show nodes, pods, addresses and services
   manifest print the default lab manifest without building anything
@@ -68,7 +68,7 @@ func runLabUp(ctx context.Context, args []string) error {
 	fs := newFlagSet("lab up", "[flags]", "Build the lab and start the pod agents (and the traffic generator).")
 	var cfg lab.Config
 	bindLab(fs, &cfg)
-	fs.StringVar(&cfg.Datapath, "datapath", lab.DatapathKernel, "node datapath (only kernel)")
+	fs.StringVar(&cfg.Datapath, "datapath", lab.DatapathKernel, "node datapath: kernel (nftables, kernel conntrack) or ovs (an Open vSwitch bridge per node, userspace datapath)")
 	fs.StringVar(&cfg.ManifestFile, "manifest", "", "build this manifest instead of the default lab")
 	fs.BoolVar(&cfg.Traffic, "traffic", true, "run the traffic generator (default lab only)")
 	fs.DurationVar(&cfg.TrafficInterval, "traffic.interval", time.Second, "traffic generator round period")
