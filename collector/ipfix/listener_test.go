@@ -1,0 +1,369 @@
+package ipfix
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/vmware/go-ipfix/pkg/entities"
+	"github.com/vmware/go-ipfix/pkg/exporter"
+	"github.com/vmware/go-ipfix/pkg/registry"
+
+	"github.com/dualflow/dualflow/collector/pipeline"
+	"github.com/dualflow/dualflow/flow"
+	fipfix "github.com/dualflow/dualflow/flow/ipfix"
+)
+
+// startListener runs a Listener on loopback and returns it with its output
+// queue and registry.
+func startListener(t *testing.T, cfg Config) (*Listener, *pipeline.Queue, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	pm := pipeline.NewMetrics(reg)
+	q := pipeline.NewQueue("decoded", 64, pm)
+	l, err := New(cfg, q, pipeline.NewPool(256), pm, reg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { l.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return l, q, reg
+}
+
+// collect reads n records from q.
+func collect(t *testing.T, q *pipeline.Queue, n int) []flow.Record {
+	t.Helper()
+	var out []flow.Record
+	deadline := time.After(10 * time.Second)
+	for len(out) < n {
+		select {
+		case b := <-q.C():
+			out = append(out, b.Recs...)
+			b.Release()
+		case <-deadline:
+			t.Fatalf("got %d of %d records", len(out), n)
+		}
+	}
+	return out
+}
+
+func ie(t *testing.T, name string, ent uint32) *entities.InfoElement {
+	t.Helper()
+	e, err := registry.GetInfoElement(name, ent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// TestGoIPFIXExporter receives from go-ipfix's exporting process, an
+// exporter we did not write, over TCP and UDP, in both families.
+func TestGoIPFIXExporter(t *testing.T) {
+	registry.LoadRegistry()
+	for _, proto := range []string{"tcp", "udp"} {
+		t.Run(proto, func(t *testing.T) {
+			cfg := Config{}
+			if proto == "tcp" {
+				cfg.TCPAddrs = []string{"127.0.0.1:0"}
+			} else {
+				cfg.UDPAddrs = []string{"127.0.0.1:0"}
+			}
+			l, q, _ := startListener(t, cfg)
+			addr := append(l.TCPAddrs(), l.UDPAddrs()...)[0].String()
+			ep, err := exporter.InitExportingProcess(exporter.ExporterInput{
+				CollectorAddress: addr, CollectorProtocol: proto, ObservationDomainID: 77, TempRefTimeout: 1,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ep.CloseConnToCollector()
+			start := time.Unix(1_780_000_000, 0)
+			type row struct {
+				fam      string
+				src, dst string
+				srcName  string
+				dstNames []string
+			}
+			rows := []row{
+				{"ipv4", "198.18.1.1", "198.18.2.2", "sourceIPv4Address", []string{"destinationIPv4Address"}},
+				{"ipv6", "fd00:10:1::1", "fd00:10:2::2", "sourceIPv6Address", []string{"destinationIPv6Address"}},
+			}
+			for _, r := range rows {
+				tid := ep.NewTemplateID()
+				mk := func(src, dst net.IP) []entities.InfoElementWithValue {
+					return []entities.InfoElementWithValue{
+						entities.NewIPAddressInfoElement(ie(t, r.srcName, 0), src),
+						entities.NewIPAddressInfoElement(ie(t, r.dstNames[0], 0), dst),
+						entities.NewUnsigned16InfoElement(ie(t, "sourceTransportPort", 0), 40000),
+						entities.NewUnsigned16InfoElement(ie(t, "destinationTransportPort", 0), 8080),
+						entities.NewUnsigned8InfoElement(ie(t, "protocolIdentifier", 0), 6),
+						entities.NewDateTimeSecondsInfoElement(ie(t, "flowStartSeconds", 0), uint32(start.Unix())),
+						entities.NewUnsigned64InfoElement(ie(t, "packetDeltaCount", 0), 5),
+						entities.NewUnsigned64InfoElement(ie(t, "octetTotalCount", 0), 300),
+						entities.NewStringInfoElement(ie(t, "sourcePodName", fipfix.EnterpriseAntrea), "web-1"),
+						entities.NewUnsigned64InfoElement(ie(t, "reversePacketDeltaCount", fipfix.EnterpriseReverse), 4),
+					}
+				}
+				tmpl := entities.NewSet(false)
+				tmpl.PrepareSet(entities.Template, tid)
+				tmpl.AddRecordV2(mk(nil, nil), tid)
+				if _, err := ep.SendSet(tmpl); err != nil {
+					t.Fatal(err)
+				}
+				data := entities.NewSet(false)
+				data.PrepareSet(entities.Data, tid)
+				src, dst := net.ParseIP(r.src), net.ParseIP(r.dst)
+				data.AddRecordV2(mk(src, dst), tid)
+				data.AddRecordV2(mk(src, dst), tid)
+				if _, err := ep.SendSet(data); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got := collect(t, q, 4)
+			for i, g := range got {
+				r := rows[i/2]
+				want := flow.Record{
+					SrcAddr: netip.MustParseAddr(r.src), DstAddr: netip.MustParseAddr(r.dst),
+					SrcPort: 40000, DstPort: 8080, Proto: 6, FlowStart: start,
+					PacketsDelta: 5, Bytes: 300, ReversePacketsDelta: 4,
+					Source: fipfix.SourceForeign, ObservationDomainID: 77,
+				}
+				want.Src.PodName = "web-1"
+				want.Normalize()
+				want.Ingress.Rule, want.Egress.Rule = -1, -1
+				g.TimeReceived, g.ExporterAddr = time.Time{}, netip.Addr{}
+				if !g.FlowStart.Equal(want.FlowStart) {
+					t.Errorf("%s: start %v", r.fam, g.FlowStart)
+				}
+				g.FlowStart, want.FlowStart = time.Time{}, time.Time{}
+				if !reflect.DeepEqual(g, want) {
+					t.Errorf("%s:\n got %+v\nwant %+v", r.fam, g, want)
+				}
+			}
+		})
+	}
+}
+
+// writeCerts writes a CA, a server certificate for 127.0.0.1 and a client
+// certificate, all signed by the CA, and returns their paths.
+func writeCerts(t *testing.T) (dir string) {
+	dir = t.TempDir()
+	key := func() *ecdsa.PrivateKey {
+		k, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	write := func(name, typ string, der []byte) {
+		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	caKey := key()
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "dualflow test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, _ := x509.ParseCertificate(caDER)
+	write("ca.pem", "CERTIFICATE", caDER)
+	for i, name := range []string{"server", "client"} {
+		k := key()
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(int64(i + 2)), Subject: pkix.Name{CommonName: name},
+			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+			IPAddresses: []net.IP{net.ParseIP("127.0.0.1"), net.ParseIP("::1")},
+			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &k.PublicKey, caKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kd, _ := x509.MarshalECPrivateKey(k)
+		write(name+".pem", "CERTIFICATE", der)
+		write(name+"-key.pem", "EC PRIVATE KEY", kd)
+	}
+	return dir
+}
+
+func TestMutualTLS(t *testing.T) {
+	dir := writeCerts(t)
+	p := func(n string) string { return filepath.Join(dir, n) }
+	l, q, reg := startListener(t, Config{TLSAddrs: []string{"127.0.0.1:0"},
+		TLSCertFile: p("server.pem"), TLSKeyFile: p("server-key.pem"), TLSClientCAFile: p("ca.pem")})
+	caPEM, _ := os.ReadFile(p("ca.pem"))
+	roots := x509.NewCertPool()
+	roots.AppendCertsFromPEM(caPEM)
+	cert, err := tls.LoadX509KeyPair(p("client.pem"), p("client-key.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.TLSAddrs()[0].String()
+	c, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: roots, Certificates: []tls.Certificate{cert}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	recs := sampleRecords()
+	for _, v := range []uint8{4, 6} {
+		e := mustEncoder(v, 256+uint16(v))
+		for i := range recs {
+			if flow.Version(recs[i].SrcAddr) == v {
+				if _, err := c.Write(encoderMessage(e, 1, 0, true, &recs[i])); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	}
+	got := collect(t, q, len(recs))
+	for _, g := range got {
+		if g.ObservationDomainID != 1 || g.ExporterNode != "node-1" {
+			t.Errorf("record %+v", g)
+		}
+	}
+	// Without a client certificate the handshake fails and nothing arrives.
+	bad, err := tls.Dial("tcp", addr, &tls.Config{RootCAs: roots})
+	if err == nil {
+		bad.Write(encoderMessage(mustEncoder(4, 256), 1, 0, true, &recs[0]))
+		buf := make([]byte, 1)
+		bad.SetReadDeadline(time.Now().Add(2 * time.Second))
+		_, err = bad.Read(buf) // the server's alert surfaces here (TLS 1.3)
+		bad.Close()
+	}
+	if err == nil {
+		t.Fatal("TLS session without a client certificate accepted")
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for testutil.ToFloat64(closedCounter(t, reg, "tls", "tls_handshake")) < 1 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := testutil.ToFloat64(closedCounter(t, reg, "tls", "tls_handshake")); n != 1 {
+		t.Errorf("tls_handshake closes %v, want 1", n)
+	}
+}
+
+func closedCounter(t *testing.T, reg *prometheus.Registry, tr, reason string) prometheus.Collector {
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "x"})
+	for _, mf := range mfs {
+		if mf.GetName() != "dualflow_ipfix_sessions_closed_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				labels[lp.GetName()] = lp.GetValue()
+			}
+			if labels["transport"] == tr && labels["reason"] == reason {
+				c.Add(m.GetCounter().GetValue())
+			}
+		}
+	}
+	return c
+}
+
+// TestTCPBadFraming: a header that cannot be trusted ends that session
+// only; a good session on the same listener keeps working.
+func TestTCPBadFraming(t *testing.T) {
+	l, q, reg := startListener(t, Config{TCPAddrs: []string{"[::1]:0"}})
+	addr := l.TCPAddrs()[0].String()
+	good, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer good.Close()
+	bad, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer bad.Close()
+	r := sampleRecords()[2]
+	e := mustEncoder(6, 256)
+	// A message with a bad set inside: dropped, the stream continues.
+	if _, err := good.Write(message(1, 0, cat(be16(256), be16(2)))); err != nil {
+		t.Fatal(err)
+	}
+	bad.Write([]byte{0, 9, 0, 3, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16})
+	buf := make([]byte, 1)
+	bad.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := bad.Read(buf); err == nil {
+		t.Error("session with a bad header not closed")
+	}
+	if _, err := good.Write(encoderMessage(e, 1, 0, true, &r, &r)); err != nil {
+		t.Fatal(err)
+	}
+	got := collect(t, q, 2)
+	if got[0].SrcAddr != r.SrcAddr {
+		t.Errorf("record %+v", got[0])
+	}
+	if n := testutil.ToFloat64(closedCounter(t, reg, "tcp", "bad_framing")); n != 1 {
+		t.Errorf("bad_framing closes %v, want 1", n)
+	}
+}
+
+// TestUDPListener receives both families from two UDP exporters, whose
+// templates are kept apart.
+func TestUDPListener(t *testing.T) {
+	l, q, reg := startListener(t, Config{UDPAddrs: []string{"127.0.0.1:0", "[::1]:0"}})
+	recs := sampleRecords()
+	total := 0
+	for i, a := range l.UDPAddrs() {
+		c, err := net.Dial("udp", a.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		// Same template IDs, different layouts per exporter.
+		e4, e6 := mustEncoder(4, 300), mustEncoder(6, 300)
+		if i == 1 {
+			e4, e6 = mustEncoder(6, 300), mustEncoder(4, 300)
+			_ = e4
+		}
+		for j := range recs {
+			e := e4
+			if flow.Version(recs[j].SrcAddr) != e.IPVersion() {
+				e = e6
+			}
+			if e.IPVersion() != flow.Version(recs[j].SrcAddr) {
+				continue
+			}
+			if _, err := c.Write(encoderMessage(e, 1, uint32(j), true, &recs[j])); err != nil {
+				t.Fatal(err)
+			}
+			total++
+		}
+	}
+	got := collect(t, q, total)
+	if len(got) != total {
+		t.Errorf("got %d records, want %d", len(got), total)
+	}
+	mfs, _ := reg.Gather()
+	found := false
+	for _, mf := range mfs {
+		found = found || mf.GetName() == "dualflow_ipfix_udp_kernel_drops_total"
+	}
+	if !found {
+		t.Error("kernel drop metric missing")
+	}
+}
