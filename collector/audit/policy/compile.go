@@ -27,7 +27,7 @@ type compiled struct {
 	Namespace, Name string
 	src             *networkingv1.NetworkPolicy
 	selector        selector
-	types           [2]bool  // [Ingress], [Egress] in effective policyTypes
+	types           [2]bool   // [Ingress], [Egress] in effective policyTypes
 	rules           [2][]rule // rules of the directions in types; nil otherwise
 }
 

@@ -381,9 +381,11 @@ var upstreamCases = []upstreamCase{
 		},
 	},
 	{
-		name:     "allow-all ingress rule",
-		policies: func(*model) []*networkingv1.NetworkPolicy { return pols(ingress(netpol("x", "allow-all", all), from())) },
-		probes:   []probe{tcp(80, everyone), tcp(81, everyone)},
+		name: "allow-all ingress rule",
+		policies: func(*model) []*networkingv1.NetworkPolicy {
+			return pols(ingress(netpol("x", "allow-all", all), from()))
+		},
+		probes: []probe{tcp(80, everyone), tcp(81, everyone)},
 	},
 	{
 		name: "one named port for the whole namespace",
@@ -473,9 +475,11 @@ var upstreamCases = []upstreamCase{
 		probes: []probe{tcp(80, func() reach { return newReach().set("", "x/a", false) })},
 	},
 	{
-		name:     "egress deny for one pod",
-		policies: func(*model) []*networkingv1.NetworkPolicy { return pols(egress(netpol("x", "deny-egress-pod-a", podA))) },
-		probes:   []probe{tcp(80, func() reach { return newReach().set("x/a", "", false) })},
+		name: "egress deny for one pod",
+		policies: func(*model) []*networkingv1.NetworkPolicy {
+			return pols(egress(netpol("x", "deny-egress-pod-a", podA)))
+		},
+		probes: []probe{tcp(80, func() reach { return newReach().set("x/a", "", false) })},
 	},
 	{
 		name:     "egress deny for a whole namespace",
