@@ -36,6 +36,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -482,9 +483,10 @@ func (s *Source) monitor(ctx context.Context, out chan<- PacketIn) error {
 	cmd := exec.CommandContext(ctx, s.cfg.Ofctl, "--no-names", "monitor", s.cfg.Bridge, strconv.Itoa(DefaultMonitorMissLen))
 	cmd.Env = s.env()
 	cmd.WaitDelay = time.Second
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	stdout, err := cmd.StdoutPipe()
+	// ovs-ofctl monitor prints the messages it receives on stderr
+	// (unbuffered), next to its own errors, which the parser skips.
+	var tail lastLines
+	stdout, err := cmd.StderrPipe()
 	if err != nil {
 		return err
 	}
@@ -495,6 +497,7 @@ func (s *Source) monitor(ctx context.Context, out chan<- PacketIn) error {
 	sc := bufio.NewScanner(stdout)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
+		tail.add(sc.Text())
 		pi, done, err := p.Feed(sc.Text())
 		if err != nil {
 			s.parseFailed(parsePacketIn, 1, err)
@@ -514,7 +517,14 @@ func (s *Source) monitor(ctx context.Context, out chan<- PacketIn) error {
 	}
 	err = cmd.Wait()
 	if err != nil {
-		return fmt.Errorf("ovs-ofctl monitor: %w: %s", err, bytes.TrimSpace(stderr.Bytes()))
+		return fmt.Errorf("ovs-ofctl monitor: %w: %s", err, tail.String())
 	}
 	return errors.New("ovs-ofctl monitor exited")
 }
+
+// lastLines keeps the last lines of a command's output for its error.
+type lastLines struct{ l [3]string }
+
+func (t *lastLines) add(s string) { t.l[0], t.l[1], t.l[2] = t.l[1], t.l[2], s }
+
+func (t *lastLines) String() string { return strings.TrimSpace(strings.Join(t.l[:], "\n")) }

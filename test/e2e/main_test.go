@@ -97,17 +97,49 @@ func requirePrereqs(t *testing.T) {
 	t.Skip(msg + "; set DUALFLOW_E2E=1 to make this an error")
 }
 
-// startLab builds a lab for the test and removes it when the test ends,
-// even if it fails. The lab's agents run inside the test process.
-func startLab(t *testing.T, mode manifest.Mode) *lab.Lab {
+// requireOVS skips (or with DUALFLOW_E2E=1 fails) when Open vSwitch is
+// missing (scripts/deps.sh installs it).
+func requireOVS(t *testing.T) {
 	t.Helper()
 	requirePrereqs(t)
+	var missing []string
+	for _, bin := range []string{"ovs-vswitchd", "ovsdb-server", "ovsdb-tool", "ovs-vsctl", "ovs-ofctl", "ovs-appctl", "ethtool"} {
+		if _, err := exec.LookPath(bin); err != nil {
+			missing = append(missing, bin)
+		}
+	}
+	if len(missing) == 0 {
+		return
+	}
+	msg := "OVS e2e prerequisites missing: " + strings.Join(missing, ", ") + " (apt-get install openvswitch-switch ethtool)"
+	if os.Getenv("DUALFLOW_E2E") == "1" {
+		t.Fatal(msg + " (DUALFLOW_E2E=1 requires them)")
+	}
+	t.Skip(msg)
+}
+
+// startLab builds a lab with the kernel datapath for the test and removes
+// it when the test ends, even if it fails. The lab's agents run inside the
+// test process.
+func startLab(t *testing.T, mode manifest.Mode) *lab.Lab {
+	t.Helper()
+	return startLabOn(t, mode, lab.DatapathKernel)
+}
+
+// startLabOn is startLab with the given datapath (lab.DatapathKernel or
+// lab.DatapathOVS).
+func startLabOn(t *testing.T, mode manifest.Mode, datapath string) *lab.Lab {
+	t.Helper()
+	requirePrereqs(t)
+	if datapath == lab.DatapathOVS {
+		requireOVS(t)
+	}
 	prefix := labPrefix()
 	stateDir := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	start := time.Now()
-	l, err := lab.Up(ctx, lab.Config{Mode: mode, Prefix: prefix, StateDir: stateDir, DialTimeout: 700 * time.Millisecond})
+	l, err := lab.Up(ctx, lab.Config{Mode: mode, Prefix: prefix, StateDir: stateDir, Datapath: datapath, DialTimeout: 700 * time.Millisecond})
 	t.Cleanup(func() {
 		if l != nil {
 			l.Close()
@@ -122,7 +154,7 @@ func startLab(t *testing.T, mode manifest.Mode) *lab.Lab {
 	if err != nil {
 		t.Fatalf("lab up (%s): %v", mode, err)
 	}
-	t.Logf("lab %s (%s) up in %v", prefix, mode, time.Since(start).Round(time.Millisecond))
+	t.Logf("lab %s (%s, %s datapath) up in %v", prefix, mode, datapath, time.Since(start).Round(time.Millisecond))
 	return l
 }
 
@@ -133,14 +165,18 @@ var results = struct {
 }{m: map[string]*[3]int{}}
 
 // record counts t's outcome under mode when t ends.
-func record(t *testing.T, mode manifest.Mode) {
+func record(t *testing.T, mode manifest.Mode) { recordAs(t, string(mode)) }
+
+// recordAs counts t's outcome under label (a mode, or "<mode>/ovs" for
+// the OVS datapath) when t ends.
+func recordAs(t *testing.T, label string) {
 	t.Cleanup(func() {
 		results.Lock()
 		defer results.Unlock()
-		c := results.m[string(mode)]
+		c := results.m[label]
 		if c == nil {
 			c = new([3]int)
-			results.m[string(mode)] = c
+			results.m[label] = c
 		}
 		switch {
 		case t.Failed():
@@ -164,10 +200,10 @@ func printSummary() {
 		modes = append(modes, m)
 	}
 	sort.Strings(modes)
-	fmt.Println("e2e summary (scenarios per mode):")
+	fmt.Println("e2e summary (scenarios per mode; <mode>/ovs: OVS datapath):")
 	for _, m := range modes {
 		c := results.m[m]
-		fmt.Printf("  %-5s %3d passed, %d failed, %d skipped\n", m, c[0], c[1], c[2])
+		fmt.Printf("  %-9s %3d passed, %d failed, %d skipped\n", m, c[0], c[1], c[2])
 	}
 }
 

@@ -24,44 +24,61 @@ import (
 type env struct {
 	l               *lab.Lab
 	mode            manifest.Mode
+	datapath        string // lab.DatapathKernel or lab.DatapathOVS
 	web, api, probe map[int]*corev1.Pod
 }
 
 type scenario struct {
 	name string
 	run  func(t *testing.T, e *env)
+	// kernelOnly scenarios check what only the kernel datapath has (NFLOG).
+	kernelOnly bool
 }
 
 var scenarios = []scenario{
-	{"pod-to-pod-same-node", podToPodSameNode},
-	{"pod-to-pod-across-nodes", podToPodAcrossNodes},
-	{"pod-to-service-dnat", podToService},
-	{"policy-denied", policyDenied},
-	{"dual-stack-gap", dualStackGap},
-	{"udp", udpScenario},
-	{"icmp", icmpScenario},
-	{"nflog", nflogScenario},
-	{"policy-matrix", policyMatrix},
-	{"policy-reload", policyReload},
+	{"pod-to-pod-same-node", podToPodSameNode, false},
+	{"pod-to-pod-across-nodes", podToPodAcrossNodes, false},
+	{"pod-to-service-dnat", podToService, false},
+	{"policy-denied", policyDenied, false},
+	{"dual-stack-gap", dualStackGap, false},
+	{"udp", udpScenario, false},
+	{"icmp", icmpScenario, false},
+	{"nflog", nflogScenario, true},
+	{"policy-matrix", policyMatrix, false},
+	{"policy-reload", policyReload, false},
 }
 
 // TestScenarios runs every scenario in every mode; the modes run in
 // parallel, each on its own lab.
 func TestScenarios(t *testing.T) {
 	requirePrereqs(t)
+	runScenarios(t, lab.DatapathKernel, scenarios)
+}
+
+// runScenarios runs scs in every mode on labs of the given datapath; the
+// modes run in parallel, each on its own lab. Results are recorded per
+// mode ("<mode>/ovs" for the OVS datapath).
+func runScenarios(t *testing.T, datapath string, scs []scenario) {
 	for _, mode := range manifest.Modes {
 		t.Run(string(mode), func(t *testing.T) {
 			t.Parallel()
-			l := startLab(t, mode)
-			e := &env{l: l, mode: mode, web: map[int]*corev1.Pod{}, api: map[int]*corev1.Pod{}, probe: map[int]*corev1.Pod{}}
+			label := string(mode)
+			if datapath != lab.DatapathKernel {
+				label += "/" + datapath
+			}
+			l := startLabOn(t, mode, datapath)
+			e := &env{l: l, mode: mode, datapath: datapath, web: map[int]*corev1.Pod{}, api: map[int]*corev1.Pod{}, probe: map[int]*corev1.Pod{}}
 			for i := 1; i <= 2; i++ {
 				e.web[i] = e.mustPod(t, manifest.NSFrontend, "web", i)
 				e.api[i] = e.mustPod(t, manifest.NSBackend, "api", i)
 				e.probe[i] = e.mustPod(t, manifest.NSTools, "probe", i)
 			}
-			for _, sc := range scenarios {
+			for _, sc := range scs {
+				if sc.kernelOnly && datapath != lab.DatapathKernel {
+					continue
+				}
 				t.Run(sc.name, func(t *testing.T) {
-					record(t, mode)
+					recordAs(t, label)
 					sc.run(t, e)
 				})
 			}
@@ -146,7 +163,7 @@ func (e *env) mustConn(t *testing.T, node string, proto uint8, local netip.AddrP
 	if c.OrigPackets == 0 || c.OrigBytes == 0 || c.ReplyPackets == 0 || c.ReplyBytes == 0 {
 		t.Errorf("%s: entry %+v: want packet and byte counters in both directions (acct on)", node, c)
 	}
-	if c.Start.IsZero() {
+	if c.Start.IsZero() && e.datapath == lab.DatapathKernel { // OVS's userspace conntrack has no timestamps
 		t.Errorf("%s: entry without start timestamp (nf_conntrack_timestamp)", node)
 	}
 	return c
