@@ -11,7 +11,9 @@
 // but never read is lost (IPFIX has no acknowledgements).
 //
 // Memory is bounded by BufferBytes plus three messages (one being filled per
-// family, one being written).
+// family, one being written). A record that cannot fit in a message of
+// Config.MaxMessageSize on its own (long strings) is dropped and counted:
+// the 16-bit message length could not describe it.
 package ipfix
 
 import (
@@ -66,6 +68,7 @@ type Stats struct {
 	DroppedBufferFull uint64 // oldest messages evicted from the full buffer
 	DroppedShutdown   uint64 // still buffered when the drain timeout expired
 	DroppedInvalid    uint64 // record with neither an IPv4 nor an IPv6 source
+	DroppedOversize   uint64 // record larger than a whole message (Config.MaxMessageSize)
 }
 
 // Exporter buffers and sends records. Export is safe for concurrent use;
@@ -120,7 +123,8 @@ func New(cfg Config) (*Exporter, error) {
 
 // Export encodes recs into the buffer and returns without waiting for the
 // network. Records are sent within Config.FlushInterval, or sooner when a
-// message fills up.
+// message fills up. A record whose encoding does not fit in an empty
+// message is dropped (Stats.DroppedOversize).
 func (e *Exporter) Export(recs []flow.Record) {
 	if len(recs) == 0 {
 		return
@@ -140,6 +144,10 @@ func (e *Exporter) Export(recs []flow.Record) {
 			continue
 		}
 		e.scratch = e.encs[fam].AppendRecord(e.scratch[:0], r)
+		if headerLen+len(e.scratch) > e.cfg.MaxMessageSize {
+			e.stats.DroppedOversize++
+			continue
+		}
 		m := e.open[fam]
 		if m != nil && len(m.buf)+len(e.scratch) > e.cfg.MaxMessageSize {
 			e.seal(fam)
@@ -367,6 +375,37 @@ type conn struct {
 	dead     chan struct{} // closed when the collector closed or reset the connection
 	lastTmpl time.Time
 	buf      []byte
+
+	mu       sync.Mutex // orders the write deadline changes of write and of the shutdown
+	deadline time.Time  // of the write in flight
+	drainBy  time.Time  // zero until the shutdown; then no write outlasts it
+}
+
+// setWriteDeadline sets the deadline of the next write to d, or to the
+// drain deadline when that is sooner.
+func (c *conn) setWriteDeadline(d time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.drainBy.IsZero() && c.drainBy.Before(d) {
+		d = c.drainBy
+	}
+	c.deadline = d
+	c.SetWriteDeadline(d)
+}
+
+// drainUntil sets the drain deadline to by, unless one is set already that
+// is sooner, cuts a write in flight short to it, and returns it.
+func (c *conn) drainUntil(by time.Time) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.drainBy.IsZero() || by.Before(c.drainBy) {
+		c.drainBy = by
+	}
+	if c.deadline.IsZero() || c.drainBy.Before(c.deadline) {
+		c.deadline = c.drainBy
+		c.SetWriteDeadline(c.drainBy)
+	}
+	return c.drainBy
 }
 
 // session sends until the connection fails (error) or ctx is done, when it
@@ -381,17 +420,24 @@ func (e *Exporter) session(ctx context.Context, nc net.Conn, flush *time.Ticker)
 		io.Copy(io.Discard, nc)
 		close(c.dead)
 	}()
+	// The drain timeout runs from the moment ctx is done, even through a
+	// write a slow collector holds up then.
+	stop := context.AfterFunc(ctx, func() { c.drainUntil(time.Now().Add(e.cfg.DrainTimeout)) })
+	defer stop()
 	if err := e.sendTemplates(c); err != nil {
 		return err
 	}
 	e.count(func(s *Stats) { s.Connected = true; s.Connects++ })
 	for {
-		if err := e.sendQueued(c); err != nil {
+		if err := e.sendQueued(ctx, c); err != nil {
+			if ctx.Err() != nil {
+				return nil // the drain deadline cut the write: no time left
+			}
 			return err
 		}
 		select {
 		case <-ctx.Done():
-			dctx, cancel := context.WithTimeout(context.Background(), e.cfg.DrainTimeout)
+			dctx, cancel := context.WithDeadline(context.Background(), c.drainUntil(time.Now().Add(e.cfg.DrainTimeout)))
 			defer cancel()
 			e.drain(dctx, c)
 			return nil
@@ -424,13 +470,16 @@ func (e *Exporter) sendTemplates(c *conn) error {
 	return nil
 }
 
-// sendQueued writes every queued message. A message whose write fails goes
-// back to the head of the queue.
-func (e *Exporter) sendQueued(c *conn) error {
+// sendQueued writes every queued message, or stops early and returns nil
+// when ctx is done (what is left stays queued). A message whose write
+// fails goes back to the head of the queue.
+func (e *Exporter) sendQueued(ctx context.Context, c *conn) error {
 	for {
 		select {
 		case <-c.dead:
 			return errors.New("collector closed the connection")
+		case <-ctx.Done():
+			return nil
 		default:
 		}
 		m := e.pop()
@@ -452,19 +501,26 @@ func (e *Exporter) sendQueued(c *conn) error {
 	}
 }
 
+// write writes b within Config.WriteTimeout, and never past the drain
+// deadline.
 func (e *Exporter) write(c *conn, b []byte) error {
-	c.SetWriteDeadline(time.Now().Add(e.cfg.WriteTimeout))
+	c.setWriteDeadline(time.Now().Add(e.cfg.WriteTimeout))
 	n, err := c.Write(b)
 	e.count(func(s *Stats) { s.Bytes += uint64(n) })
 	return err
 }
 
 // drain seals and sends what is buffered on c until done or ctx ends, then
-// closes c's write side in order so the collector reads everything.
+// closes c's write side in order so the collector reads everything. What
+// is left when ctx ends stays buffered (for dropRest), however fast the
+// collector reads.
 func (e *Exporter) drain(ctx context.Context, c *conn) {
 	e.Flush()
+	if d, ok := ctx.Deadline(); ok {
+		c.drainUntil(d)
+	}
 	stop := context.AfterFunc(ctx, func() {
-		c.SetWriteDeadline(time.Now()) // unblock a write stuck past the deadline
+		c.drainUntil(time.Now()) // unblock a write stuck past the deadline
 	})
 	defer stop()
 	if c.dead == nil {
@@ -473,7 +529,7 @@ func (e *Exporter) drain(ctx context.Context, c *conn) {
 			return
 		}
 	}
-	if e.sendQueued(c) != nil {
+	if e.sendQueued(ctx, c) != nil || ctx.Err() != nil {
 		return
 	}
 	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {

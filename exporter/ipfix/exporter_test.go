@@ -14,6 +14,8 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -67,6 +69,18 @@ func start(t *testing.T, e *Exporter) (stop func()) {
 	}
 	t.Cleanup(stop)
 	return stop
+}
+
+// waitFor polls cond until it holds, failing the test after timeout.
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v: %s", timeout, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 func newExporter(t *testing.T, cfg Config) *Exporter {
@@ -186,7 +200,10 @@ func TestTLS(t *testing.T) {
 			FlushInterval: 20 * time.Millisecond, BackoffMin: 20 * time.Millisecond, BackoffMax: 50 * time.Millisecond})
 		stop := start(t, e)
 		e.Export(records(4, 5, 0))
-		time.Sleep(500 * time.Millisecond)
+		waitFor(t, 5*time.Second, "no failed attempt counted", func() bool {
+			st := e.Stats()
+			return st.Disconnects+st.DialFailures >= 2
+		})
 		stop()
 		if n := len(col.Records()); n != 0 {
 			t.Errorf("collector accepted %d records", n)
@@ -215,7 +232,10 @@ func TestCollectorDown(t *testing.T) {
 					t.Fatalf("buffer %d bytes, bound %d", st.BufferedBytes, bound)
 				}
 			}
-			time.Sleep(300 * time.Millisecond) // a few failed attempts
+			waitFor(t, 5*time.Second, "fewer than 2 reconnection attempts", func() bool {
+				st := e.Stats()
+				return st.DialFailures >= 2 && st.Reconnects >= 2
+			})
 			e.Flush()
 			st := e.Stats()
 			if st.Connected || st.DialFailures < 2 || st.Reconnects < 2 {
@@ -258,7 +278,7 @@ func TestCollectorRestart(t *testing.T) {
 	e.Export(records(4, 10, 0))
 	col.WaitN(t, 5*time.Second, 10)
 	col.Stop()
-	time.Sleep(100 * time.Millisecond)
+	waitFor(t, 5*time.Second, "the exporter did not notice the collector left", func() bool { return e.Stats().Disconnects >= 1 })
 	col2 := ipfixtest.Start(t, ipfixtest.Options{Address: col.Addr})
 	deadline := time.Now().Add(10 * time.Second)
 	for i := 10; ; i += 10 {
@@ -282,9 +302,7 @@ func TestDrainOnShutdown(t *testing.T) {
 	col := ipfixtest.Start(t, ipfixtest.Options{Address: "[::1]:0"})
 	e := newExporter(t, Config{Address: col.Addr, FlushInterval: time.Hour})
 	stop := start(t, e)
-	for !e.Stats().Connected {
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitFor(t, 5*time.Second, "not connected", func() bool { return e.Stats().Connected })
 	e.Export(records(4, 1000, 0))
 	e.Export(records(6, 1000, 0))
 	stop()
@@ -306,6 +324,138 @@ func TestShutdownWhileDown(t *testing.T) {
 		t.Errorf("stop took %v", d)
 	}
 	if st := e.Stats(); st.DroppedShutdown != 10 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+// TestDrainBoundedBySlowCollector stops the exporter while a collector
+// that reads slowly (but within the write timeout) has megabytes to go:
+// Run must return within the drain timeout and count the rest as dropped.
+func TestDrainBoundedBySlowCollector(t *testing.T) {
+	for _, listen := range []string{"127.0.0.1:0", "[::1]:0"} {
+		t.Run(listen, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 1)
+			running := false
+			t.Cleanup(func() { // after the collector's cleanup has closed its side
+				cancel()
+				if running {
+					<-done
+				}
+			})
+			addr := slowCollector(t, listen)
+			const drain = 300 * time.Millisecond
+			e := newExporter(t, Config{Address: addr, WriteTimeout: 5 * time.Second, DrainTimeout: drain, FlushInterval: 20 * time.Millisecond})
+			running = true
+			go func() { done <- e.Run(ctx) }()
+			waitFor(t, 5*time.Second, "not connected", func() bool { return e.Stats().Connected })
+			// Fill the buffer well past what the socket buffers absorb.
+			total := 0
+			for e.Stats().BufferedBytes < 8<<20 && total < 500_000 {
+				e.Export(records(4, 1000, total))
+				total += 1000
+			}
+			began := time.Now()
+			cancel()
+			select {
+			case <-done:
+				running = false
+			case <-time.After(drain + 3*time.Second):
+				t.Fatalf("Run still draining %v after the shutdown; drain timeout %v; stats %+v", time.Since(began), drain, e.Stats())
+			}
+			st := e.Stats()
+			if st.DroppedShutdown == 0 || st.Records[0]+st.DroppedShutdown != uint64(total) {
+				t.Errorf("exported %d: sent %d + dropped at shutdown %d; stats %+v", total, st.Records[0], st.DroppedShutdown, st)
+			}
+		})
+	}
+}
+
+// slowCollector accepts TCP connections on listen and reads each at about
+// 400 KB/s, slow enough to take seconds over megabytes and fast enough
+// that no single write times out. It returns the address.
+func slowCollector(t *testing.T, listen string) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.(*net.TCPConn).SetReadBuffer(16 << 10) // no receive window autotuning
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Go(func() {
+				buf := make([]byte, 4<<10)
+				for {
+					if _, err := c.Read(buf); err != nil {
+						return
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+			})
+		}
+	})
+	t.Cleanup(func() {
+		ln.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	return ln.Addr().String()
+}
+
+// TestOversizeRecord sends a record too large for any message between
+// normal ones, in each family: it is dropped and counted, and the records
+// around it arrive (the stream stays in sync).
+func TestOversizeRecord(t *testing.T) {
+	col := ipfixtest.Start(t, ipfixtest.Options{Address: "[::1]:0"})
+	e := newExporter(t, Config{Address: col.Addr, FlushInterval: 20 * time.Millisecond})
+	start(t, e)
+	long := strings.Repeat("n", 60000) // two of them: 120 kB, past the 16-bit message length
+	for _, v := range []uint8{4, 6} {
+		big := records(v, 1, 100)[0]
+		big.Src.NodeName, big.Dst.NodeName = long, long
+		e.Export(records(v, 5, 0))
+		e.Export([]flow.Record{big})
+		e.Export(records(v, 5, 5))
+	}
+	got := col.WaitN(t, 5*time.Second, 20)
+	if len(got) != 20 || len(col.Errors()) != 0 {
+		t.Fatalf("%d records, decode errors %v", len(got), col.Errors())
+	}
+	for _, r := range got {
+		if r.SrcPort >= 10 {
+			t.Errorf("IPv%d record %d arrived", r.IPVersion, r.SrcPort)
+		}
+	}
+	waitFor(t, 5*time.Second, "sent records not counted", func() bool { return e.Stats().Records == [2]uint64{10, 10} })
+	if st := e.Stats(); st.DroppedOversize != 2 {
+		t.Errorf("stats %+v", st)
+	}
+}
+
+// TestOversizeRecordUDP: over UDP a record longer than the 1400-byte
+// message is dropped too.
+func TestOversizeRecordUDP(t *testing.T) {
+	e := newExporter(t, Config{Transport: UDP})
+	for _, v := range []uint8{4, 6} {
+		recs := records(v, 3, 0)
+		recs[1].ExporterNode = strings.Repeat("n", 1500)
+		e.Export(recs)
+	}
+	if st := e.Stats(); st.DroppedOversize != 2 || st.BufferedRecords != 4 {
 		t.Errorf("stats %+v", st)
 	}
 }
