@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"net"
 	"net/netip"
 	"os"
@@ -56,6 +57,9 @@ type Config struct {
 
 	Store connstore.Config // timeouts and bound of the connection store
 	IPFIX ipfix.Config     // the collector and the send buffer
+
+	// Logger receives the exporter's logs; nil: slog.Default() at New.
+	Logger *slog.Logger
 }
 
 // Defaults of Config.
@@ -73,6 +77,7 @@ func NewConfig() Config {
 	c := Config{IPv4: true, IPv6: true, Events: true, MetricsAddr: DefaultMetricsAddr,
 		PollInterval: DefaultPollInterval, EventBuffer: DefaultEventBuffer}
 	c.Store.SetDefaults()
+	c.Store.TombstoneTTL = 0 // depends on the poll interval
 	c.IPFIX.SetDefaults()
 	c.IPFIX.MaxMessageSize = 0 // depends on the transport
 	return c
@@ -129,6 +134,11 @@ func (c *Config) SetDefaults() {
 	}
 	if c.EventBuffer == 0 {
 		c.EventBuffer = DefaultEventBuffer
+	}
+	if c.Store.TombstoneTTL == 0 {
+		// A late DESTROY event comes before the next dump or so; a
+		// connection skipped by one dump shows up in the next.
+		c.Store.TombstoneTTL = 2 * c.PollInterval
 	}
 	c.Store.SetDefaults()
 	c.IPFIX.SetDefaults()

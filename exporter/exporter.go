@@ -42,6 +42,14 @@ type source interface {
 
 var _ source = (*conntrack.Source)(nil)
 
+// subscriber is a source that tells when its event subscription is in
+// place, so the first dump can follow it without a gap.
+type subscriber interface {
+	ListenReady(ctx context.Context, fn func([]connstore.Conn), ready func()) error
+}
+
+var _ subscriber = (*conntrack.Source)(nil)
+
 // Exporter runs the pipeline of one node.
 type Exporter struct {
 	cfg    Config
@@ -51,12 +59,13 @@ type Exporter struct {
 	reg    *prometheus.Registry
 	m      *metrics
 	cls    classifier
+	log    *slog.Logger
 
 	versions []uint8
 	dumpBuf  []connstore.Conn // poll goroutine only
 	recBuf   []flow.Record    // poll goroutine only
 
-	ready       chan struct{} // closed once Run has started everything
+	ready       chan struct{} // see Ready
 	metricsAddr net.Addr      // set before ready is closed
 	pollLog     rateLog
 	eventLog    rateLog
@@ -87,19 +96,33 @@ func newExporter(cfg Config, src source) (*Exporter, error) {
 	if err != nil {
 		return nil, err
 	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
 	e := &Exporter{
 		cfg: cfg, src: src, store: store, sender: sender, reg: prometheus.NewRegistry(),
 		cls:      classifier{node: cfg.NodeName, local: cfg.LocalCIDRs, cluster: cfg.ClusterCIDRs},
+		log:      log,
 		versions: cfg.source().Versions(),
 		ready:    make(chan struct{}),
+		pollLog:  rateLog{logger: log},
+		eventLog: rateLog{logger: log},
 	}
 	e.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	e.m = newMetrics(e.reg, store, sender)
 	return e, nil
 }
 
-// Run opens the conntrack table and the metrics listener, then polls,
-// listens for events and exports until ctx is done. It then stops the event
+// Ready is closed once Run is running: the metrics listener is up, the
+// event subscription is in place (or its first attempt failed, which is
+// logged and retried) and the first dump has been merged. It is never
+// closed if Run fails to start.
+func (e *Exporter) Ready() <-chan struct{} { return e.ready }
+
+// Run opens the conntrack table and the metrics listener, subscribes to
+// events, dumps the table (then Ready is closed), and keeps polling,
+// listening and exporting until ctx is done. It then stops the event
 // subscription, dumps the table once more, flushes every tracked connection
 // with reason forced end, sends what is buffered (for at most
 // Config.IPFIX.DrainTimeout), closes everything and returns. It returns an
@@ -137,23 +160,32 @@ func (e *Exporter) Run(ctx context.Context) error {
 	if srv != nil {
 		wg.Go(func() {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				slog.Error("metrics server stopped", "err", err)
+				e.log.Error("metrics server stopped", "err", err)
 			}
 		})
 	}
 	evCtx, stopEvents := context.WithCancel(ctx)
 	defer stopEvents()
 	reconcile := make(chan struct{}, 1) // cap 1: a pending reconcile covers every later request
+	subscribed := make(chan struct{})   // closed after the first subscription attempt
 	var evWG sync.WaitGroup
 	if e.cfg.Events {
-		evWG.Go(func() { e.listen(evCtx, src, reconcile) })
+		evWG.Go(func() { e.listen(evCtx, src, reconcile, subscribed) })
+	} else {
+		close(subscribed)
 	}
-	slog.Info("exporter started", "node", e.cfg.NodeName, "netns", e.cfg.NetNS, "ipv4", e.cfg.IPv4, "ipv6", e.cfg.IPv6,
+	e.log.Info("exporter started", "node", e.cfg.NodeName, "netns", e.cfg.NetNS, "ipv4", e.cfg.IPv4, "ipv6", e.cfg.IPv6,
 		"zones", e.cfg.Zones, "collector", e.cfg.IPFIX.Address, "transport", e.cfg.IPFIX.Transport,
 		"metrics", e.metricsAddr, "events", e.cfg.Events)
+	// Subscribe first, then dump: a connection that starts in between is
+	// in the dump or its events, never in neither.
+	select {
+	case <-subscribed:
+	case <-ctx.Done():
+	}
+	e.poll(src)
 	close(e.ready)
 
-	e.poll(src)
 	pollT := time.NewTicker(e.cfg.PollInterval)
 	defer pollT.Stop()
 	expireT := time.NewTicker(min(expireEvery, e.cfg.PollInterval))
@@ -187,8 +219,8 @@ loop:
 	}
 	wg.Wait()
 	st := e.sender.Stats()
-	slog.Info("exporter stopped", "records_sent", st.Records[0]+st.Records[1],
-		"dropped_buffer_full", st.DroppedBufferFull, "dropped_shutdown", st.DroppedShutdown)
+	e.log.Info("exporter stopped", "records_sent", st.Records[0]+st.Records[1],
+		"dropped_buffer_full", st.DroppedBufferFull, "dropped_shutdown", st.DroppedShutdown, "dropped_oversize", st.DroppedOversize)
 	return nil
 }
 
@@ -200,7 +232,7 @@ func (e *Exporter) checkAccounting(src source) error {
 		if e.cfg.RequireAccounting {
 			return err
 		}
-		slog.Warn("cannot read the conntrack sysctls of the target netns; counters and start times may be missing", "err", err)
+		e.log.Warn("cannot read the conntrack sysctls of the target netns; counters and start times may be missing", "err", err)
 		return nil
 	}
 	e.m.setAccounting(a)
@@ -208,7 +240,7 @@ func (e *Exporter) checkAccounting(src source) error {
 		if e.cfg.RequireAccounting && (!a.Acct || !a.Timestamp) {
 			return err
 		}
-		slog.Warn("exporting with degraded records", "err", err)
+		e.log.Warn("exporting with degraded records", "err", err)
 	}
 	return nil
 }
@@ -220,7 +252,9 @@ func (e *Exporter) checkAccounting(src source) error {
 // a dump still holds but whose DESTROY event the event goroutine merged
 // meanwhile stays in the store (ended) until that dump is merged, so a
 // stale dump can never bring an exported connection back and count it
-// twice.
+// twice. The other way round (a DESTROY still queued when a dump finds the
+// connection gone, or a dump that skipped a live connection) the store's
+// tombstones match the late observation to what was already exported.
 func (e *Exporter) poll(src source) {
 	recs := e.recBuf[:0]
 	for _, v := range e.versions {
@@ -251,12 +285,23 @@ func (e *Exporter) expire(now time.Time) {
 
 // listen feeds conntrack events into the store until ctx is done,
 // subscribing again after a failure. Lost events (ENOBUFS) trigger a
-// reconciling poll.
-func (e *Exporter) listen(ctx context.Context, src source, reconcile chan<- struct{}) {
+// reconciling poll. It closes subscribed once the first subscription is in
+// place or has failed.
+func (e *Exporter) listen(ctx context.Context, src source, reconcile chan<- struct{}, subscribed chan struct{}) {
+	var once sync.Once
+	attempted := func() { once.Do(func() { close(subscribed) }) }
+	defer attempted()
+	listen := func(ctx context.Context, fn func([]connstore.Conn)) error {
+		if s, ok := src.(subscriber); ok {
+			return s.ListenReady(ctx, fn, attempted)
+		}
+		attempted() // the best a plain source tells
+		return src.Listen(ctx, fn)
+	}
 	var recs []flow.Record
 	newEv, destroyEv := e.m.events.WithLabelValues("new"), e.m.events.WithLabelValues("destroy")
 	for {
-		err := src.Listen(ctx, func(batch []connstore.Conn) {
+		err := listen(ctx, func(batch []connstore.Conn) {
 			for i := range batch {
 				if batch[i].Ended {
 					destroyEv.Inc()
@@ -267,6 +312,7 @@ func (e *Exporter) listen(ctx context.Context, src source, reconcile chan<- stru
 			recs = e.store.Merge(batch, time.Now(), recs[:0])
 			e.post(recs)
 		})
+		attempted()
 		if ctx.Err() != nil {
 			return
 		}
@@ -308,6 +354,7 @@ func (e *Exporter) post(recs []flow.Record) {
 // rateLog logs a warning at most once a minute, with the number of
 // occurrences it held back.
 type rateLog struct {
+	logger     *slog.Logger
 	mu         sync.Mutex
 	last       time.Time
 	suppressed int
@@ -325,6 +372,6 @@ func (l *rateLog) log(msg string, args ...any) {
 	if l.suppressed > 0 {
 		args = append(args, "suppressed", l.suppressed)
 	}
-	slog.Warn(msg, args...)
+	l.logger.Warn(msg, args...)
 	l.last, l.suppressed = time.Now(), 0
 }

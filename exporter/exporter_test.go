@@ -1,10 +1,12 @@
 package exporter
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/netip"
 	"strings"
@@ -101,7 +103,7 @@ func run(t *testing.T, e *Exporter) (stop func() error) {
 	done := make(chan error, 1)
 	go func() { done <- e.Run(ctx) }()
 	select {
-	case <-e.ready:
+	case <-e.Ready():
 	case err := <-done:
 		t.Fatalf("Run: %v", err)
 	case <-time.After(5 * time.Second):
@@ -122,6 +124,18 @@ func run(t *testing.T, e *Exporter) (stop func() error) {
 	}
 	t.Cleanup(func() { stop() })
 	return stop
+}
+
+// waitFor polls cond until it holds, failing the test after timeout.
+func waitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v: %s", timeout, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 func byReason(recs []flow.Record, reason flow.EndReason, v uint8) []flow.Record {
@@ -181,14 +195,13 @@ func TestPipeline(t *testing.T) {
 		t.Errorf("end of flow: total %d delta %d, want 25 and 5", r.Packets, r.PacketsDelta)
 	}
 
-	// Lost events trigger a dump at once.
-	before := src.dumps.Load()
+	// Lost events are counted (TestLostEventsTriggerDump checks the dump).
 	src.errs <- conntrack.ErrEventsLost
-	deadline := time.Now().Add(time.Second)
-	for src.dumps.Load() == before && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
-	body := scrape(t, e)
+	var body string
+	waitFor(t, 5*time.Second, "event loss not counted", func() bool {
+		body = scrape(t, e)
+		return strings.Contains(body, "dualflow_exporter_conntrack_event_loss_total 1")
+	})
 	for _, want := range []string{
 		"dualflow_exporter_conntrack_event_loss_total 1",
 		`dualflow_exporter_conntrack_events_total{type="destroy"} 1`,
@@ -198,6 +211,8 @@ func TestPipeline(t *testing.T) {
 		`dualflow_exporter_conntrack_sysctl{name="nf_conntrack_acct"} 1`,
 		"dualflow_exporter_ipfix_connected 1",
 		`dualflow_records_dropped_total{reason="buffer_full",stage="exporter"} 0`,
+		`dualflow_records_dropped_total{reason="oversize",stage="exporter"} 0`,
+		`dualflow_exporter_store_late_total{family="ipv6"} 0`,
 		"dualflow_exporter_poll_duration_seconds_bucket",
 	} {
 		if !strings.Contains(body, want) {
@@ -222,6 +237,146 @@ func TestPipeline(t *testing.T) {
 	if sum[4] != 14 || sum[6] != 25 {
 		t.Errorf("delta sums %v, want 14 and 25", sum)
 	}
+}
+
+// TestLostEventsTriggerDump: with polls an hour apart, lost events must
+// bring a dump at once.
+func TestLostEventsTriggerDump(t *testing.T) {
+	cfg := testConfig("127.0.0.1:1") // nothing listens on port 1
+	cfg.PollInterval, cfg.Store.IdleTimeout = time.Hour, time.Hour
+	cfg.IPFIX.DrainTimeout = 50 * time.Millisecond
+	src := newFake(conn("198.18.1.1", "198.18.2.2", 1000, 10), conn("fd00:10:1::1", "fd00:10:1::2", 1000, 20))
+	e, err := newExporter(cfg, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run(t, e) // returns after the first dump
+	before := src.dumps.Load()
+	src.errs <- conntrack.ErrEventsLost
+	waitFor(t, 5*time.Second, "no dump after lost events", func() bool { return src.dumps.Load() > before })
+	if n := src.dumps.Load() - before; n != 2 {
+		t.Errorf("%d dumps after lost events, want one per family", n)
+	}
+}
+
+// TestLateObservations runs the two late cases through the whole exporter,
+// per family: a connection ends in the kernel and a dump finds it gone
+// before its DESTROY event is merged; a dump skips a live connection that
+// the next dump shows again. Either way the deltas a collector receives
+// add up to the connection's final counters once.
+func TestLateObservations(t *testing.T) {
+	for _, tc := range []struct{ name, client, server string }{
+		{"ipv4", "198.18.1.1", "198.18.2.2"},
+		{"ipv6", "fd00:10:1::1", "fd00:10:2::2"},
+	} {
+		t.Run(tc.name+"/swept, then late DESTROY", func(t *testing.T) {
+			col := ipfixtest.Start(t, ipfixtest.Options{Address: "[::1]:0"})
+			cfg := testConfig(col.Addr)
+			cfg.Store.TombstoneTTL = time.Minute // the test, not the TTL, sets the pace
+			c := conn(tc.client, tc.server, 1000, 10)
+			src := newFake(c)
+			e, err := newExporter(cfg, src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := run(t, e)
+			src.set() // ends in the kernel; its DESTROY is late
+			waitFor(t, 5*time.Second, "the swept connection is still tracked", func() bool { return e.store.Len() == 0 })
+			end := conn(tc.client, tc.server, 1000, 12)
+			end.Ended, end.Start = true, c.Start
+			src.events <- []connstore.Conn{end}
+			waitFor(t, 5*time.Second, "the late DESTROY was not matched", func() bool {
+				st := e.store.Stats()
+				return st.Late[0]+st.Late[1] == 1 && e.store.Len() == 0
+			})
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+			checkDeltas(t, col, 12)
+		})
+		t.Run(tc.name+"/skipped by a dump, then seen again", func(t *testing.T) {
+			col := ipfixtest.Start(t, ipfixtest.Options{Address: "[::1]:0"})
+			cfg := testConfig(col.Addr)
+			cfg.Store.TombstoneTTL = time.Minute
+			c := conn(tc.client, tc.server, 1000, 10)
+			src := newFake(c)
+			e, err := newExporter(cfg, src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			stop := run(t, e)
+			src.set() // a dump skips it
+			waitFor(t, 5*time.Second, "the skipped connection is still tracked", func() bool { return e.store.Len() == 0 })
+			c.Packets, c.Bytes, c.ReversePackets, c.ReverseBytes = 15, 1500, 15, 1500
+			src.set(c) // and the next one shows it again
+			waitFor(t, 5*time.Second, "the connection was not tracked again", func() bool {
+				st := e.store.Stats()
+				return st.Late[0]+st.Late[1] == 1 && e.store.Len() == 1
+			})
+			if err := stop(); err != nil {
+				t.Fatal(err)
+			}
+			checkDeltas(t, col, 15)
+		})
+	}
+}
+
+// checkDeltas waits for the records of the one connection of a test and
+// checks their packet deltas add up to total.
+func checkDeltas(t *testing.T, col *ipfixtest.Collector, total uint64) {
+	t.Helper()
+	var sum uint64
+	recs := col.Wait(t, 5*time.Second, func(recs []flow.Record) bool {
+		sum = 0
+		for _, r := range recs {
+			sum += r.PacketsDelta
+		}
+		return sum >= total
+	})
+	if sum != total {
+		t.Errorf("deltas add up to %d, want %d; records:", sum, total)
+		for _, r := range recs {
+			t.Logf("  %v total %d delta %d", r.EndReason, r.Packets, r.PacketsDelta)
+		}
+	}
+}
+
+// TestLogger checks the exporter logs through Config.Logger.
+func TestLogger(t *testing.T) {
+	var buf syncBuffer
+	cfg := testConfig("127.0.0.1:1")
+	cfg.IPFIX.DrainTimeout = 50 * time.Millisecond
+	cfg.Logger = slog.New(slog.NewTextHandler(&buf, nil))
+	e, err := newExporter(cfg, newFake())
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, e)
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"exporter started", "exporter stopped", "node=node-a"} {
+		if !strings.Contains(buf.String(), want) {
+			t.Errorf("log lacks %q:\n%s", want, buf.String())
+		}
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
 
 func scrape(t *testing.T, e *Exporter) string {
@@ -256,23 +411,21 @@ func TestFamilies(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			stop := run(t, e)
-			time.Sleep(100 * time.Millisecond)
+			stop := run(t, e) // returns after the first dump
 			if err := stop(); err != nil {
 				t.Fatal(err)
 			}
-			want := 0
-			for _, on := range []bool{tc.ipv4, tc.ipv6} {
+			// Run drained before returning: what was sent is final.
+			var want [2]uint64
+			for i, on := range []bool{tc.ipv4, tc.ipv6} {
 				if on {
-					want++
+					want[i] = 1
 				}
 			}
-			recs := col.WaitN(t, 5*time.Second, want)
-			time.Sleep(50 * time.Millisecond)
-			recs = col.Records()
-			if len(recs) != want {
-				t.Fatalf("%d records, want %d", len(recs), want)
+			if st := e.sender.Stats(); st.Records != want {
+				t.Fatalf("sent %v records per family, want %v", st.Records, want)
 			}
+			recs := col.WaitN(t, 5*time.Second, int(want[0]+want[1]))
 			for _, r := range recs {
 				if (r.IPVersion == 4 && !tc.ipv4) || (r.IPVersion == 6 && !tc.ipv6) {
 					t.Errorf("IPv%d record exported in mode %s", r.IPVersion, tc.name)
@@ -302,14 +455,13 @@ func TestCollectorDownKeepsPolling(t *testing.T) {
 			return c
 		}()}
 	}
-	time.Sleep(200 * time.Millisecond)
 	before := src.dumps.Load()
-	time.Sleep(200 * time.Millisecond)
-	if src.dumps.Load() == before {
-		t.Error("polling stopped while the collector is down")
-	}
-	st := e.sender.Stats()
-	if st.DroppedBufferFull == 0 || st.BufferedBytes > cfg.IPFIX.BufferBytes || st.DialFailures == 0 {
+	waitFor(t, 5*time.Second, "polling stopped while the collector is down", func() bool { return src.dumps.Load() >= before+4 })
+	waitFor(t, 5*time.Second, "no drop or dial failure counted", func() bool {
+		st := e.sender.Stats()
+		return st.DroppedBufferFull > 0 && st.DialFailures > 0
+	})
+	if st := e.sender.Stats(); st.BufferedBytes > cfg.IPFIX.BufferBytes {
 		t.Errorf("sender stats %+v", st)
 	}
 	if err := stop(); err != nil {
@@ -395,8 +547,14 @@ func TestFlags(t *testing.T) {
 	}{
 		{"defaults", nil, true, func(t *testing.T, c Config) {
 			if !c.IPv4 || !c.IPv6 || !c.Events || c.MetricsAddr != "127.0.0.1:9465" || c.IPFIX.Transport != "tcp" ||
-				c.Store.ActiveTimeout != 60*time.Second || c.IPFIX.MaxMessageSize != 65535 || c.IPFIX.ObservationDomainID == 0 {
+				c.Store.ActiveTimeout != 60*time.Second || c.IPFIX.MaxMessageSize != 65535 || c.IPFIX.ObservationDomainID == 0 ||
+				c.Store.TombstoneTTL != 10*time.Second {
 				t.Errorf("%+v", c)
+			}
+		}},
+		{"tombstones follow the poll interval", []string{"--exporter.poll-interval", "1s"}, true, func(t *testing.T, c Config) {
+			if c.Store.TombstoneTTL != 2*time.Second {
+				t.Errorf("tombstone TTL %v", c.Store.TombstoneTTL)
 			}
 		}},
 		{"ipv6 only over ipv6", []string{"--exporter.ipv4=false", "--exporter.ipfix.collector", "[::1]:4739", "--node-name", "n1",

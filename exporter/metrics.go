@@ -87,6 +87,9 @@ var (
 	descOverflow     = prometheus.NewDesc("dualflow_exporter_store_overflow_total", "New connections not tracked because the store was full; each was exported with reason lack_of_resources.", []string{"family"}, nil)
 	descReused       = prometheus.NewDesc("dualflow_exporter_store_tuple_reuse_total", "Tuples reused by a new connection before the old one was seen ending.", []string{"family"}, nil)
 	descSwept        = prometheus.NewDesc("dualflow_exporter_store_swept_total", "Connections found gone by a dump: their end event was missed.", []string{"family"}, nil)
+	descTombs        = prometheus.NewDesc("dualflow_exporter_store_tombstones", "Deleted connections remembered so a late observation of them is not counted twice.", []string{"family"}, nil)
+	descTombsEvicted = prometheus.NewDesc("dualflow_exporter_store_tombstones_evicted_total", "Tombstones forgotten before their TTL because the store held the most allowed.", []string{"family"}, nil)
+	descLate         = prometheus.NewDesc("dualflow_exporter_store_late_total", "Observations of deleted connections matched by their tombstone: late end events, connections a dump had skipped.", []string{"family"}, nil)
 	descSent         = prometheus.NewDesc("dualflow_exporter_ipfix_records_sent_total", "Records written to the collector.", []string{"family"}, nil)
 	descMessages     = prometheus.NewDesc("dualflow_exporter_ipfix_messages_sent_total", "IPFIX data messages written to the collector.", nil, nil)
 	descBytes        = prometheus.NewDesc("dualflow_exporter_ipfix_bytes_sent_total", "Bytes written to the collector, templates included.", nil, nil)
@@ -107,7 +110,7 @@ type statsCollector struct {
 }
 
 func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descConns, descOverflow, descReused, descSwept, descSent, descMessages, descBytes,
+	for _, d := range []*prometheus.Desc{descConns, descOverflow, descReused, descSwept, descTombs, descTombsEvicted, descLate, descSent, descMessages, descBytes,
 		descConnected, descReconnects, descDialFailures, descDisconnects, descBuffered, descBufferedB, descDropped} {
 		ch <- d
 	}
@@ -120,6 +123,9 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descOverflow, prometheus.CounterValue, float64(st.Overflow[i]), f)
 		ch <- prometheus.MustNewConstMetric(descReused, prometheus.CounterValue, float64(st.Reused[i]), f)
 		ch <- prometheus.MustNewConstMetric(descSwept, prometheus.CounterValue, float64(st.Swept[i]), f)
+		ch <- prometheus.MustNewConstMetric(descTombs, prometheus.GaugeValue, float64(st.Tombstones[i]), f)
+		ch <- prometheus.MustNewConstMetric(descTombsEvicted, prometheus.CounterValue, float64(st.TombstonesEvicted[i]), f)
+		ch <- prometheus.MustNewConstMetric(descLate, prometheus.CounterValue, float64(st.Late[i]), f)
 		ch <- prometheus.MustNewConstMetric(descSent, prometheus.CounterValue, float64(sn.Records[i]), f)
 	}
 	connected := 0.0
@@ -142,7 +148,8 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 	} {
 		ch <- prometheus.MustNewConstMetric(m.d, m.t, m.v)
 	}
-	for reason, v := range map[string]uint64{"buffer_full": sn.DroppedBufferFull, "shutdown": sn.DroppedShutdown, "invalid": sn.DroppedInvalid} {
+	for reason, v := range map[string]uint64{"buffer_full": sn.DroppedBufferFull, "shutdown": sn.DroppedShutdown, "invalid": sn.DroppedInvalid,
+		"oversize": sn.DroppedOversize} {
 		ch <- prometheus.MustNewConstMetric(descDropped, prometheus.CounterValue, float64(v), "exporter", reason)
 	}
 }

@@ -141,6 +141,15 @@ func (s *Source) Dump(version uint8, dst []connstore.Conn) ([]connstore.Conn, er
 // goroutine. NEW events carry no counters (HasCounters false); DESTROY
 // events carry the final ones and Ended.
 func (s *Source) Listen(ctx context.Context, fn func([]connstore.Conn)) error {
+	return s.ListenReady(ctx, fn, nil)
+}
+
+// ListenReady is Listen that also calls ready (if not nil), on Listen's
+// goroutine, once the subscription is in place: every event after that
+// reaches fn (or is reported lost). A dump started after ready misses
+// nothing that happens in between. ready is not called when subscribing
+// fails.
+func (s *Source) ListenReady(ctx context.Context, fn func([]connstore.Conn), ready func()) error {
 	c, err := s.dial()
 	if err != nil {
 		return err
@@ -156,6 +165,9 @@ func (s *Source) Listen(ctx context.Context, fn func([]connstore.Conn)) error {
 		return fmt.Errorf("conntrack listen: %w", err)
 	}
 	defer closeDraining(c, events, errs)
+	if ready != nil {
+		ready()
+	}
 	batch := make([]connstore.Conn, 0, eventBatch)
 	add := func(ev ct.Event) {
 		if ev.Flow == nil || (ev.Type != ct.EventNew && ev.Type != ct.EventDestroy) {

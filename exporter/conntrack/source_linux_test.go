@@ -223,14 +223,19 @@ func TestEvents(t *testing.T) {
 			var mu sync.Mutex
 			var got []connstore.Conn
 			done := make(chan error, 1)
+			subscribed := make(chan struct{})
 			go func() {
-				done <- s.Listen(ctx, func(b []connstore.Conn) {
+				done <- s.ListenReady(ctx, func(b []connstore.Conn) {
 					mu.Lock()
 					got = append(got, b...)
 					mu.Unlock()
-				})
+				}, func() { close(subscribed) })
 			}()
-			time.Sleep(100 * time.Millisecond) // subscribed
+			select {
+			case <-subscribed:
+			case err := <-done:
+				t.Fatalf("Listen: %v", err)
+			}
 			src := l.Exchange(t, "udp", netip.AddrPortFrom(f.VIP, ctlab.VIPPort), make([]byte, 300))
 			l.Run(t, l.Router, "conntrack", "-D", "-p", "udp", "--orig-port-src", fmt.Sprint(src.Port()), "-f", map[uint8]string{4: "ipv4", 6: "ipv6"}[f.Version])
 			deadline := time.Now().Add(5 * time.Second)
@@ -341,8 +346,15 @@ func TestEventsLost(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	done := make(chan error, 1)
-	go func() { done <- s.Listen(ctx, func([]connstore.Conn) { time.Sleep(20 * time.Millisecond) }) }()
-	time.Sleep(50 * time.Millisecond)
+	subscribed := make(chan struct{})
+	go func() {
+		done <- s.ListenReady(ctx, func([]connstore.Conn) { time.Sleep(20 * time.Millisecond) }, func() { close(subscribed) })
+	}()
+	select {
+	case <-subscribed:
+	case err := <-done:
+		t.Fatalf("Listen: %v", err)
+	}
 	for i := range 20000 {
 		src := netip.AddrFrom4([4]byte{198, 18, byte(20 + i>>8), byte(i)})
 		if i%2 == 1 {

@@ -26,5 +26,10 @@ func (*Source) Dump(uint8, []connstore.Conn) ([]connstore.Conn, error) { return 
 // Listen returns an error.
 func (*Source) Listen(context.Context, func([]connstore.Conn)) error { return errUnsupported }
 
+// ListenReady returns an error.
+func (*Source) ListenReady(context.Context, func([]connstore.Conn), func()) error {
+	return errUnsupported
+}
+
 // Accounting returns an error.
 func (*Source) Accounting() (Accounting, error) { return Accounting{}, errUnsupported }
