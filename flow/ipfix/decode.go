@@ -21,6 +21,29 @@ const SourceForeign = "ipfix"
 // IPv4 nor an IPv6 source and destination address.
 var ErrNoAddresses = errors.New("ipfix record has no source/destination address")
 
+// ErrMixedFamilies is returned (wrapped, with the addresses) by Decode for
+// a record whose source and destination are of different IP families, e.g.
+// an IPv4 source with an IPv6 destination: no connection has such a tuple.
+var ErrMixedFamilies = errors.New("ipfix record mixes IP families")
+
+// SkippedError is returned by AppendMessage when records of a message
+// failed to decode; the others were decoded. errors.Is sees through it to
+// the records' errors (ErrNoAddresses, ErrMixedFamilies).
+type SkippedError struct {
+	Skipped, Total int   // records skipped, records in the message
+	Err            error // the first maxSkippedErrs of their errors, joined
+}
+
+// maxSkippedErrs bounds the errors a SkippedError keeps: a message of
+// thousands of bad records yields a short error.
+const maxSkippedErrs = 4
+
+func (e *SkippedError) Error() string {
+	return fmt.Sprintf("skipped %d of %d records: %v", e.Skipped, e.Total, e.Err)
+}
+
+func (e *SkippedError) Unwrap() error { return e.Err }
+
 // decodeState collects elements that fill a field only in combination or
 // as a fallback.
 type decodeState struct {
@@ -135,30 +158,43 @@ func Decode(rec entities.Record, r *flow.Record) error {
 	if !r.SrcAddr.IsValid() || !r.DstAddr.IsValid() {
 		return ErrNoAddresses
 	}
+	if sv, dv := flow.Version(r.SrcAddr), flow.Version(r.DstAddr); sv != dv {
+		return fmt.Errorf("%w: IPv%d source %v, IPv%d destination %v", ErrMixedFamilies, sv, r.SrcAddr, dv, r.DstAddr)
+	}
 	return nil
 }
 
 // AppendMessage decodes every data record of msg, appends them to dst and
 // returns the extended slice. Each record gets the message's exporter
 // address and observation domain, and received as TimeReceived. Template
-// sets yield no records. On a record that fails to decode it returns the
-// records decoded so far and the error; the caller decides whether to count
-// and go on.
+// sets yield no records. A record that fails to decode is skipped and the
+// rest of the message still decoded; the error is then a *SkippedError
+// counting them, returned with every record that did decode.
 func AppendMessage(dst []flow.Record, msg *entities.Message, received time.Time) ([]flow.Record, error) {
 	set := msg.GetSet()
 	if set == nil || set.GetSetType() != entities.Data {
 		return dst, nil
 	}
 	exporter, _ := netip.ParseAddr(msg.GetExportAddress())
-	for _, rec := range set.GetRecords() {
+	recs := set.GetRecords()
+	var skipped int
+	var errs []error
+	for _, rec := range recs {
 		dst = append(dst, flow.Record{})
 		r := &dst[len(dst)-1]
 		if err := Decode(rec, r); err != nil {
-			return dst[:len(dst)-1], fmt.Errorf("decode template %d: %w", rec.GetTemplateID(), err)
+			dst = dst[:len(dst)-1]
+			if skipped++; len(errs) < maxSkippedErrs {
+				errs = append(errs, fmt.Errorf("decode template %d: %w", rec.GetTemplateID(), err))
+			}
+			continue
 		}
 		r.ExporterAddr = exporter.Unmap()
 		r.ObservationDomainID = msg.GetObsDomainID()
 		r.TimeReceived = received
+	}
+	if skipped > 0 {
+		return dst, &SkippedError{Skipped: skipped, Total: len(recs), Err: errors.Join(errs...)}
 	}
 	return dst, nil
 }
