@@ -53,13 +53,16 @@ func (e *Entry) DstNAT() bool {
 func ParseConntrackLine(line string, e *Entry) error {
 	*e = Entry{}
 	line = strings.TrimSpace(line)
-	proto, _, rest, err := nextField(line)
+	proto, num, rest, err := nextField(line)
 	if err != nil {
 		return err
 	}
 	p, ok := protoNumbers[proto]
 	if !ok {
-		n, err := strconv.ParseUint(strings.TrimPrefix(proto, "proto="), 10, 8)
+		if proto != "proto" {
+			return syntaxErr("protocol %q", clip(proto))
+		}
+		n, err := strconv.ParseUint(num, 10, 8)
 		if err != nil {
 			return syntaxErr("protocol %q", clip(proto))
 		}
