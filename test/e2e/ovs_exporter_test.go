@@ -1,0 +1,301 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/dualflow/dualflow/exporter/connstore"
+	"github.com/dualflow/dualflow/exporter/ipfix"
+	xovs "github.com/dualflow/dualflow/exporter/ovs"
+	"github.com/dualflow/dualflow/flow"
+	"github.com/dualflow/dualflow/flow/ipfix/ipfixtest"
+	"github.com/dualflow/dualflow/lab"
+	"github.com/dualflow/dualflow/lab/agent"
+	"github.com/dualflow/dualflow/lab/manifest"
+	"github.com/dualflow/dualflow/lab/nft"
+)
+
+// TestOVSExporter reads node-1 of an OVS lab in each mode with the OVS
+// source (exporter/ovs): its polls feed the connection store
+// (exporter/connstore), and the store's records and the source's denied
+// records go through the IPFIX sender (exporter/ipfix) to a test
+// collector, as `dualflow exporter` wires the kernel source.
+//
+// Allowed connections (same node, across nodes, to a Service, UDP, in
+// every family) must arrive with counters equal to node-1's OVS ground
+// truth (learned counter flows), the Service VIP and the endpoint. Denied
+// connections (egress and ingress drops on node-1, TCP and UDP) must
+// arrive as records of source "ovs"; the IPFIX template does not carry
+// policy elements yet, so the rule that dropped them (ReportedVerdict
+// denied, ReportedName the drop rule) is checked on the records the
+// source produced.
+func TestOVSExporter(t *testing.T) {
+	requireOVS(t)
+	for _, mode := range manifest.Modes {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			recordAs(t, string(mode)+"/ovs")
+			testOVSExporter(t, mode)
+		})
+	}
+}
+
+func testOVSExporter(t *testing.T, mode manifest.Mode) {
+	l := startLabOn(t, mode, lab.DatapathOVS)
+	listen := "[::1]:0"
+	if mode == manifest.ModeIPv4 {
+		listen = "127.0.0.1:0"
+	}
+	col := ipfixtest.Start(t, ipfixtest.Options{Address: listen})
+
+	scfg := xovs.Config{RunDir: l.OVSDir("node-1"), RulesFile: l.OVSRulesPath(), DeniedIdle: 500 * time.Millisecond}
+	for _, f := range mode.Families() {
+		scfg.IPv4 = scfg.IPv4 || f == corev1.IPv4Protocol
+		scfg.IPv6 = scfg.IPv6 || f == corev1.IPv6Protocol
+	}
+	scfg.SetDefaults()
+	src, err := xovs.New(scfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stcfg := connstore.Config{IdleTimeout: time.Second, ActiveTimeout: time.Hour}
+	stcfg.SetDefaults()
+	store, err := connstore.New(stcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	icfg := ipfix.Config{Address: col.Addr, FlushInterval: 50 * time.Millisecond}
+	icfg.SetDefaults()
+	sender, err := ipfix.New(icfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() { cancel(); wg.Wait() }()
+	wg.Go(func() { sender.Run(ctx) })
+	var mu sync.Mutex
+	var denied []flow.Record
+	post := func(recs []flow.Record) {
+		for i := range recs {
+			recs[i].ExporterNode = "node-1"
+			recs[i].Source = xovs.SourceName
+		}
+		sender.Export(recs)
+	}
+	wg.Go(func() {
+		src.Denied(ctx, func(recs []flow.Record) {
+			mu.Lock()
+			denied = append(denied, recs...)
+			mu.Unlock()
+			post(recs)
+		})
+	})
+	var versions []uint8
+	if scfg.IPv4 {
+		versions = append(versions, 4)
+	}
+	if scfg.IPv6 {
+		versions = append(versions, 6)
+	}
+	wg.Go(func() {
+		tick := time.NewTicker(200 * time.Millisecond)
+		defer tick.Stop()
+		var conns []connstore.Conn
+		var recs []flow.Record
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			recs = recs[:0]
+			for _, v := range versions {
+				began := time.Now()
+				conns, err = src.Dump(v, conns[:0])
+				if err != nil {
+					t.Errorf("dump IPv%d: %v", v, err)
+					return
+				}
+				recs = store.Merge(conns, time.Now(), recs)
+				store.Sweep(v, began)
+			}
+			recs = store.Expire(time.Now(), recs)
+			if len(recs) > 0 {
+				post(append([]flow.Record(nil), recs...))
+			}
+		}
+	})
+	time.Sleep(300 * time.Millisecond) // monitor connected, first poll done
+
+	pod := func(ns, app string, node int) *corev1.Pod {
+		p, err := l.PodOn(ns, app, node)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	web1, web2 := pod(manifest.NSFrontend, "web", 1), pod(manifest.NSFrontend, "web", 2)
+	api1, api2 := pod(manifest.NSBackend, "api", 1), pod(manifest.NSBackend, "api", 2)
+	probe1 := pod(manifest.NSTools, "probe", 1)
+	svc, _ := l.Manifest.Service(manifest.NSBackend, manifest.ServiceAPI)
+	type sent struct {
+		name  string
+		proto uint8
+		to    netip.AddrPort
+		local netip.AddrPort
+		dnat  bool
+	}
+	type drop struct {
+		name string
+		from netip.Addr
+		to   netip.AddrPort
+		prot uint8
+		rule string
+	}
+	var allowed []sent
+	var drops []drop
+	for _, f := range mode.Families() {
+		podAddr := func(p *corev1.Pod) netip.Addr {
+			a, ok := manifest.PodAddr(p, f)
+			if !ok {
+				t.Fatalf("pod %s has no %s address", p.Name, f)
+			}
+			return a
+		}
+		vip, _ := manifest.ServiceAddr(svc, f)
+		for _, s := range []struct {
+			name  string
+			proto string
+			to    netip.AddrPort
+			dnat  bool
+		}{
+			{"tcp same node", agent.TCP, netip.AddrPortFrom(podAddr(api1), manifest.PortHTTP), false},
+			{"tcp across nodes", agent.TCP, netip.AddrPortFrom(podAddr(api2), manifest.PortHTTP), false},
+			{"tcp to service", agent.TCP, netip.AddrPortFrom(vip, manifest.ServicePortHTTP), true},
+			{"udp across nodes", agent.UDP, netip.AddrPortFrom(podAddr(api2), manifest.PortUDPEcho), false},
+		} {
+			dctx, dcancel := context.WithTimeout(context.Background(), 10*time.Second)
+			r, err := l.Dial(dctx, web1, s.proto, s.to)
+			dcancel()
+			if err != nil {
+				t.Fatalf("%s %s -> %s: %v", f, s.name, s.to, err)
+			}
+			proto := map[string]uint8{agent.TCP: flow.ProtoTCP, agent.UDP: flow.ProtoUDP}[s.proto]
+			allowed = append(allowed, sent{fmt.Sprintf("%s/%s", f, s.name), proto, s.to, r.Local, s.dnat})
+		}
+		egress := nft.DropName(nft.Egress, probe1.Namespace, probe1.Name)
+		ingress := nft.DropName(nft.Ingress, api1.Namespace, api1.Name)
+		for _, d := range []drop{
+			{fmt.Sprintf("%s/egress tcp", f), podAddr(probe1), netip.AddrPortFrom(podAddr(web2), manifest.PortHTTP), flow.ProtoTCP, egress},
+			{fmt.Sprintf("%s/egress udp", f), podAddr(probe1), netip.AddrPortFrom(podAddr(web2), manifest.PortUDPEcho), flow.ProtoUDP, egress},
+			{fmt.Sprintf("%s/ingress same node", f), podAddr(probe1), netip.AddrPortFrom(podAddr(api1), manifest.PortHTTP), flow.ProtoTCP, ingress},
+		} {
+			proto := map[uint8]string{flow.ProtoTCP: agent.TCP, flow.ProtoUDP: agent.UDP}[d.prot]
+			if _, err := l.Dial(context.Background(), probe1, proto, d.to); err == nil {
+				t.Fatalf("%s: %s -> %s answered, want a drop", d.name, d.from, d.to)
+			}
+			drops = append(drops, d)
+		}
+	}
+
+	findAllowed := func(recs []flow.Record, s sent) []flow.Record {
+		var out []flow.Record
+		for _, r := range recs {
+			if r.Proto == s.proto && r.SrcAddr == s.local.Addr().Unmap() && r.SrcPort == s.local.Port() {
+				out = append(out, r)
+			}
+		}
+		return out
+	}
+	findDenied := func(recs []flow.Record, d drop) []flow.Record {
+		var out []flow.Record
+		for _, r := range recs {
+			if r.Proto == d.prot && r.SrcAddr == d.from && r.DstAddr == d.to.Addr() && r.DstPort == d.to.Port() && r.Source == xovs.SourceName {
+				out = append(out, r)
+			}
+		}
+		return out
+	}
+	recs := col.Wait(t, 20*time.Second, func(recs []flow.Record) bool {
+		for _, s := range allowed {
+			if len(findAllowed(recs, s)) == 0 {
+				return false
+			}
+		}
+		for _, d := range drops {
+			if len(findDenied(recs, d)) == 0 {
+				return false
+			}
+		}
+		return true
+	})
+	conns, err := l.Conntrack("node-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range recs {
+		if (r.IPVersion == 4 && !scfg.IPv4) || (r.IPVersion == 6 && !scfg.IPv6) {
+			t.Errorf("IPv%d record in %s mode: %v -> %v", r.IPVersion, mode, r.SrcAddr, r.DstAddr)
+		}
+	}
+	for _, s := range allowed {
+		t.Run(s.name, func(t *testing.T) {
+			c, ok := lab.FindConn(conns, s.proto, s.local)
+			if !ok {
+				t.Fatalf("node-1 has no OVS conntrack entry from %v", s.local)
+			}
+			rs := findAllowed(recs, s)
+			r := rs[len(rs)-1]
+			if r.Packets == 0 || r.ReversePackets == 0 {
+				t.Errorf("record without counters: %d/%d packets", r.Packets, r.ReversePackets)
+			}
+			if r.Packets != c.OrigPackets || r.Bytes != c.OrigBytes || r.ReversePackets != c.ReplyPackets || r.ReverseBytes != c.ReplyBytes {
+				t.Errorf("counters %d/%d %d/%d, OVS flows %d/%d %d/%d", r.Packets, r.Bytes, r.ReversePackets, r.ReverseBytes,
+					c.OrigPackets, c.OrigBytes, c.ReplyPackets, c.ReplyBytes)
+			}
+			if r.DstAddr != c.Reply.Src || r.DstPort != c.Reply.SrcPort {
+				t.Errorf("destination %v:%d, conntrack reply source %v:%d", r.DstAddr, r.DstPort, c.Reply.Src, c.Reply.SrcPort)
+			}
+			if s.dnat {
+				if !c.DstNAT || r.ServiceAddr != s.to.Addr() || r.ServicePort != s.to.Port() {
+					t.Errorf("service %v:%d endpoint %v, want service %v", r.ServiceAddr, r.ServicePort, r.DstAddr, s.to)
+				}
+			} else if r.ServiceAddr.IsValid() || r.DstAddr != s.to.Addr() {
+				t.Errorf("plain flow: service %v, destination %v", r.ServiceAddr, r.DstAddr)
+			}
+			if r.ExporterNode != "node-1" || r.Source != "ovs" || r.Zone != c.Zone || r.Mark&xovs.MarkAllowed == 0 || r.FlowStart.IsZero() {
+				t.Errorf("node %q source %q zone %d mark %#x start %v", r.ExporterNode, r.Source, r.Zone, r.Mark, r.FlowStart)
+			}
+		})
+	}
+	// Let the last denied records be handed over, then check their rule.
+	mu.Lock()
+	got := append([]flow.Record(nil), denied...)
+	mu.Unlock()
+	for _, d := range drops {
+		t.Run(d.name, func(t *testing.T) {
+			if rs := findDenied(recs, d); rs[0].Packets == 0 {
+				t.Errorf("denied record over IPFIX without packets: %+v", rs[0])
+			}
+			rs := findDenied(got, d)
+			if len(rs) == 0 {
+				t.Fatalf("the source produced no denied record %s -> %s", d.from, d.to)
+			}
+			p := rs[0].Ingress
+			if strings.HasPrefix(d.rule, "drop/egress/") {
+				p = rs[0].Egress
+			}
+			if p.ReportedVerdict != flow.VerdictDenied || p.ReportedName != d.rule {
+				t.Errorf("denied record reports %v by %q, want denied by %q", p.ReportedVerdict, p.ReportedName, d.rule)
+			}
+		})
+	}
+}
