@@ -13,20 +13,26 @@
 //     server-side address;
 //   - every new forwarded connection gets ct mark 0x42 and ct label bit 3.
 //
-// Tests that use it need root: Require skips them otherwise, or fails them
-// when DUALFLOW_E2E=1.
+// Tests that use it need root and ip, nft and conntrack (looked up on PATH,
+// then in the sbin directories): Require skips them otherwise, or fails
+// them when DUALFLOW_E2E=1. The first New of a test process removes the
+// namespaces that test processes now gone left behind (a test binary
+// killed by its timeout skips t.Cleanup).
 package ctlab
 
 import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -34,6 +40,7 @@ import (
 	"time"
 
 	"github.com/dualflow/dualflow/lab/nsrun"
+	"github.com/dualflow/dualflow/lab/topology"
 )
 
 // Addresses of the lab, per IP family.
@@ -80,17 +87,48 @@ table inet dfx {
 }
 `
 
-// Require skips the test unless it runs as root with ip and nft available;
-// with DUALFLOW_E2E=1 it fails instead of skipping.
+// tools are the commands the lab runs.
+var tools = []string{"ip", "nft", "conntrack"}
+
+// toolPath finds a command on PATH or in the sbin directories, which a
+// non-login root shell may lack on PATH (as lab.NFTPath does for nft).
+func toolPath(name string) (string, error) {
+	if p, err := exec.LookPath(name); err == nil {
+		return p, nil
+	}
+	for _, dir := range []string{"/usr/sbin", "/sbin", "/usr/local/sbin"} {
+		p := filepath.Join(dir, name)
+		if st, err := os.Stat(p); err == nil && !st.IsDir() && st.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%s not found on PATH or in /usr/sbin, /sbin, /usr/local/sbin", name)
+}
+
+// command returns argv with its command resolved by toolPath when it is
+// one of tools.
+func command(argv []string) []string {
+	for _, tool := range tools {
+		if argv[0] == tool {
+			if p, err := toolPath(tool); err == nil {
+				return append([]string{p}, argv[1:]...)
+			}
+		}
+	}
+	return argv
+}
+
+// Require skips the test unless it runs as root with ip, nft and
+// conntrack available; with DUALFLOW_E2E=1 it fails instead of skipping.
 func Require(t testing.TB) {
 	t.Helper()
 	var why string
 	if os.Geteuid() != 0 {
 		why = "needs root (network namespaces)"
 	} else {
-		for _, bin := range []string{"ip", "nft"} {
-			if _, err := exec.LookPath(bin); err != nil {
-				why = "needs " + bin
+		for _, tool := range tools {
+			if _, err := toolPath(tool); err != nil {
+				why = "needs " + err.Error()
 			}
 		}
 	}
@@ -110,17 +148,57 @@ type Lab struct {
 
 var seq atomic.Int32
 
+// prefixRoot starts every namespace name of the lab.
+const prefixRoot = "dfx-"
+
+var sweepOnce sync.Once
+
+// sweepDeadRuns removes the labs of test processes that no longer exist:
+// namespaces dfx-<tag>-<pid>-<n>-<role> whose pid is gone. It reports
+// what it could not remove on t's log.
+func sweepDeadRuns(t testing.TB) {
+	names, err := topology.List(prefixRoot)
+	if err != nil {
+		t.Logf("ctlab: sweep: %v", err)
+		return
+	}
+	done := map[string]bool{}
+	for _, n := range names {
+		f := strings.Split(n, "-")
+		if len(f) < 5 {
+			continue
+		}
+		pid, err := strconv.Atoi(f[len(f)-3])
+		if err != nil || pid <= 0 || topology.Alive(pid) {
+			continue
+		}
+		prefix := strings.Join(f[:len(f)-1], "-") + "-"
+		if done[prefix] {
+			continue
+		}
+		done[prefix] = true
+		if err := topology.Destroy(prefix, time.Second); err != nil {
+			t.Logf("ctlab: sweep %s: %v", prefix, err)
+		}
+	}
+}
+
 // New builds a lab whose namespaces are named dfx-<tag>-<pid>-<n>-{r,c,s}
-// and registers its teardown with t.Cleanup.
+// (tag without dashes) and registers its teardown with t.Cleanup.
 func New(t testing.TB, tag string) *Lab {
 	t.Helper()
 	Require(t)
-	base := fmt.Sprintf("dfx-%s-%d-%d", tag, os.Getpid(), seq.Add(1))
+	sweepOnce.Do(func() { sweepDeadRuns(t) })
+	base := fmt.Sprintf("%s%s-%d-%d", prefixRoot, tag, os.Getpid(), seq.Add(1))
 	l := &Lab{Router: base + "-r", Client: base + "-c", Server: base + "-s"}
 	t.Cleanup(func() { l.destroy(t) })
+	ip, err := toolPath("ip")
+	if err != nil {
+		t.Fatal(err)
+	}
 	run := func(args ...string) {
 		t.Helper()
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+		if out, err := exec.Command(ip, args...).CombinedOutput(); err != nil {
 			t.Fatalf("ip %s: %v: %s", strings.Join(args, " "), err, out)
 		}
 	}
@@ -161,15 +239,23 @@ func New(t testing.TB, tag string) *Lab {
 			run("-n", side.ns, fmt.Sprintf("-%d", f.Version), "route", "add", "default", "via", router.String())
 		}
 	}
-	if _, err := nsrun.Output(context.Background(), nsrun.Path(l.Router), []byte(ruleset), "nft", "-f", "-"); err != nil {
+	if _, err := nsrun.Output(context.Background(), nsrun.Path(l.Router), []byte(ruleset), command([]string{"nft", "-f", "-"})...); err != nil {
 		t.Fatal(err)
 	}
 	return l
 }
 
 func (l *Lab) destroy(t testing.TB) {
+	ip, err := toolPath("ip")
+	if err != nil {
+		t.Error(err)
+		return
+	}
 	for _, ns := range []string{l.Client, l.Server, l.Router} {
-		if out, err := exec.Command("ip", "netns", "del", ns).CombinedOutput(); err != nil {
+		if _, err := os.Stat(nsrun.Path(ns)); errors.Is(err, os.ErrNotExist) {
+			continue // New failed before creating it
+		}
+		if out, err := exec.Command(ip, "netns", "del", ns).CombinedOutput(); err != nil {
 			t.Errorf("ip netns del %s: %v: %s", ns, err, out)
 		}
 	}
@@ -191,10 +277,11 @@ func (l *Lab) Sysctl(t testing.TB, ns string, kv map[string]string) {
 	}
 }
 
-// Run runs a command in namespace ns and returns its output.
+// Run runs a command in namespace ns and returns its output. ip, nft and
+// conntrack are found in the sbin directories when PATH lacks them.
 func (l *Lab) Run(t testing.TB, ns string, argv ...string) string {
 	t.Helper()
-	out, err := nsrun.Output(context.Background(), nsrun.Path(ns), nil, argv...)
+	out, err := nsrun.Output(context.Background(), nsrun.Path(ns), nil, command(argv)...)
 	if err != nil {
 		t.Fatal(err)
 	}
