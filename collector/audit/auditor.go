@@ -1,0 +1,323 @@
+// Package audit is dualflow's NetworkPolicy auditing: which policy and
+// rule allowed or denied each flow, and where dual-stack policy has gaps.
+//
+//   - Auditor is the collector stage: Audit fills a flow.Record's ingress
+//     and egress verdict, policy and rule from the compiled policies
+//     (package policy), after Kubernetes enrichment and before the writer.
+//   - Inventory is an in-memory snapshot of namespaces, pods, Services and
+//     policies, built from manifests or Kubernetes objects. It feeds the
+//     Auditor in tests and the CLI, and the static analyses: Findings
+//     (unprotected workloads, dual-stack gaps, invalid policies).
+//   - Reports runs the reports over the flow store (denied flows, unused
+//     rules, observed dual-stack gaps, what-if of a proposed policy)
+//     through a small query interface that store.Conn satisfies.
+//   - API serves all of it as JSON under /api/v1/audit/ with net/http.
+package audit
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"hash/maphash"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	networkingv1 "k8s.io/api/networking/v1"
+
+	"github.com/dualflow/dualflow/collector/audit/policy"
+	"github.com/dualflow/dualflow/flow"
+)
+
+// Lookup is what the Auditor reads about the cluster for each record,
+// besides the pod identities and labels that enrichment put on it. It
+// must be safe for concurrent use and should not allocate: it is called
+// once or twice per record. Inventory implements it; so can an adapter
+// over the enrichment's informer indexes.
+type Lookup interface {
+	// NamespaceLabels returns the labels of namespace name (for
+	// namespaceSelector peers); false when unknown.
+	NamespaceLabels(name string) (map[string]string, bool)
+	// PortName returns the name of the container port of pod
+	// namespace/pod that serves port over proto (IANA number), "" when
+	// the pod is unknown or the port unnamed (for named ports in rules).
+	PortName(namespace, pod string, port uint16, proto uint8) string
+}
+
+// Config configures an Auditor.
+type Config struct {
+	// Refresh is how often Run re-reads the NetworkPolicies and, when they
+	// changed, recompiles them. Default 2s.
+	Refresh time.Duration
+}
+
+// DefaultRefresh is the default of Config.Refresh.
+const DefaultRefresh = 2 * time.Second
+
+// BindFlags registers the --audit.* flags on fs.
+func (c *Config) BindFlags(fs *flag.FlagSet) {
+	fs.DurationVar(&c.Refresh, "audit.refresh", c.Refresh, "how often the policy auditor re-reads NetworkPolicies and recompiles them when they changed (default 2s)")
+}
+
+// SetDefaults fills unset fields.
+func (c *Config) SetDefaults() {
+	if c.Refresh == 0 {
+		c.Refresh = DefaultRefresh
+	}
+}
+
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	if c.Refresh < 0 {
+		return fmt.Errorf("--audit.refresh %v: must be positive", c.Refresh)
+	}
+	return nil
+}
+
+// Auditor evaluates NetworkPolicies for flow records. Audit and
+// AuditBatch are safe for concurrent use with each other and with
+// SetPolicies; they allocate nothing. Until the first SetPolicies the
+// Auditor leaves verdicts unknown (it does not know the policies yet).
+type Auditor struct {
+	cfg    Config
+	lookup Lookup
+	set    atomic.Pointer[policy.Set]
+	m      *metrics
+
+	mu  sync.Mutex // serializes SetPolicies
+	fp  uint64     // fingerprint of the compiled policies
+	err error      // compile error of the compiled policies
+}
+
+// New returns an Auditor reading namespaces and ports through lookup.
+// reg may be nil (no metrics).
+func New(cfg Config, lookup Lookup, reg prometheus.Registerer) (*Auditor, error) {
+	cfg.SetDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if lookup == nil {
+		return nil, errors.New("audit: nil lookup")
+	}
+	return &Auditor{cfg: cfg, lookup: lookup, m: newMetrics(reg)}, nil
+}
+
+// Policies returns the compiled policies in use (nil before the first
+// SetPolicies).
+func (a *Auditor) Policies() *policy.Set { return a.set.Load() }
+
+// SetPolicies compiles pols and makes them the ones Audit uses. It is
+// cheap when pols did not change (same namespace, name, UID and
+// resourceVersion/generation of every policy, in any order): nothing is
+// recompiled. Invalid policies are left out and reported in the error
+// (see policy.Compile); the valid ones are used all the same.
+func (a *Auditor) SetPolicies(pols []*networkingv1.NetworkPolicy) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	fp := fingerprint(pols)
+	if a.set.Load() != nil && fp == a.fp {
+		return a.err
+	}
+	set, err := policy.Compile(pols)
+	a.set.Store(set)
+	a.fp, a.err = fp, err
+	a.m.compiles.Inc()
+	a.m.policies.Set(float64(set.Len()))
+	a.m.invalid.Set(float64(len(pols) - set.Len()))
+	return err
+}
+
+var fpSeed = maphash.MakeSeed()
+
+// fingerprint is an order-independent hash of the policies' identities
+// and versions.
+func fingerprint(pols []*networkingv1.NetworkPolicy) uint64 {
+	var sum uint64
+	for _, p := range pols {
+		if p == nil {
+			continue
+		}
+		var h maphash.Hash
+		h.SetSeed(fpSeed)
+		for _, s := range []string{p.Namespace, p.Name, string(p.UID), p.ResourceVersion} {
+			h.WriteString(s)
+			h.WriteByte(0)
+		}
+		fmt.Fprint(&h, p.Generation)
+		if p.ResourceVersion == "" && p.Generation == 0 {
+			// Objects from files carry no version: hash the spec.
+			b, _ := json.Marshal(&p.Spec)
+			h.Write(b)
+		}
+		sum += h.Sum64()
+	}
+	return sum + uint64(len(pols))
+}
+
+// Run re-reads the policies with list every Config.Refresh and passes them
+// to SetPolicies, until ctx is done; it returns nil then. list must return
+// every NetworkPolicy of every namespace (read-only objects). A compile
+// error is logged once per change of the policies, not per refresh.
+func (a *Auditor) Run(ctx context.Context, list func() []*networkingv1.NetworkPolicy, log *slog.Logger) error {
+	if log == nil {
+		log = slog.Default()
+	}
+	var lastErr string
+	refresh := func() {
+		err := a.SetPolicies(list())
+		msg := ""
+		if err != nil {
+			msg = err.Error()
+		}
+		if msg != lastErr && msg != "" {
+			log.Warn("audit: some NetworkPolicies are invalid and ignored", "err", err)
+		}
+		lastErr = msg
+	}
+	refresh()
+	t := time.NewTicker(a.cfg.Refresh)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+			refresh()
+		}
+	}
+}
+
+// Audit sets rec's Ingress and Egress Verdict, Namespace, Name and Rule
+// from the policies. It reads rec's addresses, protocol, destination port
+// and the pod identities and labels of rec.Src and rec.Dst (an end with
+// no PodNamespace is not a pod: only its address counts); rec.DstAddr
+// must be the endpoint actually reached (after DNAT). ReportedVerdict and
+// ReportedName, set by the datapath, are kept: rec.VerdictMismatch()
+// compares them afterwards. Before the first SetPolicies it does nothing.
+func (a *Auditor) Audit(rec *flow.Record) {
+	set := a.set.Load()
+	if set == nil {
+		return
+	}
+	var c counts
+	a.audit(set, rec, &c)
+	a.m.add(&c)
+}
+
+// AuditBatch audits every record of recs (see Audit). It has the shape of
+// the pipeline's Enricher interface: a stage can call it right after
+// enrichment.
+func (a *Auditor) AuditBatch(recs []flow.Record) {
+	set := a.set.Load()
+	if set == nil {
+		return
+	}
+	var c counts
+	for i := range recs {
+		a.audit(set, &recs[i], &c)
+	}
+	a.m.add(&c)
+}
+
+func (a *Auditor) audit(set *policy.Set, rec *flow.Record, c *counts) {
+	var f policy.Flow
+	f.Proto, f.DstPort = rec.Proto, rec.DstPort
+	a.peer(&f.Src, rec.SrcAddr, &rec.Src)
+	a.peer(&f.Dst, rec.DstAddr, &rec.Dst)
+	if f.Dst.IsPod && (f.Proto == flow.ProtoTCP || f.Proto == flow.ProtoUDP || f.Proto == flow.ProtoSCTP) {
+		f.Dst.PortName = a.lookup.PortName(rec.Dst.PodNamespace, rec.Dst.PodName, rec.DstPort, rec.Proto)
+	}
+	r := set.Evaluate(&f)
+	setPolicy(&rec.Egress, r.Egress)
+	setPolicy(&rec.Ingress, r.Ingress)
+	c.verdicts[policy.Egress][r.Egress.Verdict%verdictSlots]++
+	c.verdicts[policy.Ingress][r.Ingress.Verdict%verdictSlots]++
+	if rec.VerdictMismatch() {
+		c.mismatches++
+	}
+}
+
+func (a *Auditor) peer(p *policy.Peer, addr netip.Addr, e *flow.Endpoint) {
+	p.Addr = addr.Unmap()
+	if e.PodNamespace == "" {
+		return
+	}
+	p.IsPod = true
+	p.Namespace = e.PodNamespace
+	p.Labels = e.Labels
+	p.NamespaceLabels, _ = a.lookup.NamespaceLabels(e.PodNamespace)
+}
+
+func setPolicy(p *flow.Policy, d policy.Decision) {
+	p.Verdict = d.Verdict
+	p.Namespace, p.Name, p.Rule = d.Namespace, d.Name, d.Rule
+}
+
+// verdictSlots is the number of flow.Verdict values counted.
+const verdictSlots = 5
+
+type counts struct {
+	verdicts   [2][verdictSlots]uint64
+	mismatches uint64
+}
+
+// metrics are the Auditor's instruments, resolved once.
+type metrics struct {
+	verdicts   [2][verdictSlots]prometheus.Counter
+	mismatches prometheus.Counter
+	compiles   prometheus.Counter
+	policies   prometheus.Gauge
+	invalid    prometheus.Gauge
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	verdicts := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "dualflow_audit_verdicts_total",
+		Help: "Flow records audited, by direction and evaluated verdict (unknown: that end is not a pod).",
+	}, []string{"direction", "verdict"})
+	m := &metrics{
+		mismatches: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "dualflow_audit_verdict_mismatches_total",
+			Help: "Flow records whose datapath-reported verdict disagrees with the evaluated one.",
+		}),
+		compiles: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "dualflow_audit_policy_compiles_total",
+			Help: "Times the NetworkPolicies changed and were recompiled.",
+		}),
+		policies: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "dualflow_audit_policies",
+			Help: "NetworkPolicies the auditor evaluates.",
+		}),
+		invalid: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "dualflow_audit_invalid_policies",
+			Help: "NetworkPolicies left out because the API would reject them (bad selector, CIDR, port).",
+		}),
+	}
+	for d := range m.verdicts {
+		for v := range m.verdicts[d] {
+			m.verdicts[d][v] = verdicts.WithLabelValues(policy.Direction(d).String(), flow.Verdict(v).String())
+		}
+	}
+	if reg != nil {
+		reg.MustRegister(verdicts, m.mismatches, m.compiles, m.policies, m.invalid)
+	}
+	return m
+}
+
+func (m *metrics) add(c *counts) {
+	for d := range c.verdicts {
+		for v, n := range c.verdicts[d] {
+			if n > 0 {
+				m.verdicts[d][v].Add(float64(n))
+			}
+		}
+	}
+	if c.mismatches > 0 {
+		m.mismatches.Add(float64(c.mismatches))
+	}
+}

@@ -1,0 +1,634 @@
+package audit
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/dualflow/dualflow/collector/audit/policy"
+	"github.com/dualflow/dualflow/flow"
+)
+
+// Finding kinds. Every dual-stack kind starts with "dual-stack-".
+const (
+	// KindUnprotectedIngress: pods of a workload that no policy isolates
+	// for ingress.
+	KindUnprotectedIngress = "unprotected-ingress"
+	// KindUnprotectedEgress: pods of a workload that no policy isolates
+	// for egress.
+	KindUnprotectedEgress = "unprotected-egress"
+	// KindInvalidPolicy: a policy the API would reject, left out.
+	KindInvalidPolicy = "invalid-policy"
+	// KindVerdictGap: two workloads whose traffic the policies allow over
+	// one family and deny over the other (evaluated over the pods'
+	// addresses of each family).
+	KindVerdictGap = "dual-stack-verdict-gap"
+	// KindIPBlockOneFamily: a rule whose ipBlocks cover the addresses of
+	// one family of dual-stack pods and not the other family's.
+	KindIPBlockOneFamily = "dual-stack-ipblock-one-family"
+	// KindServiceSingleStack: a single-stack Service whose pods are
+	// dual-stack.
+	KindServiceSingleStack = "dual-stack-service-single-stack"
+	// KindObservedVerdictGap: recorded flows between two workloads allowed
+	// over one family and denied over the other.
+	KindObservedVerdictGap = "dual-stack-observed-verdict-gap"
+	// KindObservedOneFamily: recorded traffic between two dual-stack
+	// workloads over one family only.
+	KindObservedOneFamily = "dual-stack-observed-one-family"
+	// KindTruncated: an analysis stopped at its size limit.
+	KindTruncated = "analysis-truncated"
+)
+
+// Finding is one audit result: a one-sentence explanation and the objects
+// it is about.
+type Finding struct {
+	Kind    string `json:"kind"`
+	Message string `json:"message"`
+	Objects []Ref  `json:"objects"`
+	// Port and Protocol, when the finding is about one destination port.
+	Port     uint16 `json:"port,omitempty"`
+	Protocol string `json:"protocol,omitempty"`
+	// Count is what the finding counts (pods, pod pairs, flow records),
+	// as its message says.
+	Count uint64 `json:"count,omitempty"`
+}
+
+// DualStack reports whether f is one of the dual-stack kinds.
+func (f Finding) DualStack() bool { return strings.HasPrefix(f.Kind, "dual-stack-") }
+
+// Ref points at a Kubernetes object, or at one rule of a NetworkPolicy.
+type Ref struct {
+	Kind      string `json:"kind"` // NetworkPolicy, Service, Deployment, StatefulSet, Pod, ...
+	Namespace string `json:"namespace,omitempty"`
+	Name      string `json:"name"`
+	// Direction and Rule name a NetworkPolicy rule (ingress or egress, its
+	// index in that list); Rule is absent for the policy as a whole.
+	Direction string `json:"direction,omitempty"`
+	Rule      *int32 `json:"rule,omitempty"`
+}
+
+func (r Ref) String() string {
+	s := r.Kind + " " + r.Name
+	if r.Namespace != "" {
+		s = r.Kind + " " + r.Namespace + "/" + r.Name
+	}
+	switch {
+	case r.Rule != nil:
+		s += fmt.Sprintf(" %s rule %d", r.Direction, *r.Rule)
+	case r.Direction != "":
+		s += " (" + r.Direction + ")"
+	}
+	return s
+}
+
+func policyRef(ns, name string, d policy.Direction, rule int32) Ref {
+	r := Ref{Kind: "NetworkPolicy", Namespace: ns, Name: name, Direction: d.String()}
+	if rule >= 0 {
+		r.Rule = &rule
+	}
+	return r
+}
+
+func workloadRef(ns string, w Workload) Ref { return Ref{Kind: w.Kind, Namespace: ns, Name: w.Name} }
+
+func decisionRef(d policy.Decision, dir policy.Direction) Ref {
+	return policyRef(d.Namespace, d.Name, dir, d.Rule)
+}
+
+// Options bound the static analysis.
+type Options struct {
+	// MaxPairs bounds the (source, destination) pod-class pairs the
+	// verdict-gap analysis evaluates (default 250000; pods with the same
+	// namespace, labels, ports, workload and ipBlock coverage form one
+	// class). Beyond it the analysis stops with a KindTruncated finding.
+	MaxPairs int
+}
+
+const defaultMaxPairs = 250_000
+
+// Findings runs every static analysis on inv: invalid policies,
+// unprotected workloads and dual-stack gaps. Findings are sorted by kind
+// and message.
+func Findings(inv *Inventory, opt Options) []Finding {
+	set, err := inv.Compile()
+	out := invalidFindings(err)
+	for _, u := range Unprotected(inv, set) {
+		out = append(out, u.Findings()...)
+	}
+	out = append(out, DualStackGaps(inv, set, opt)...)
+	sortFindings(out)
+	return out
+}
+
+func sortFindings(fs []Finding) {
+	slices.SortStableFunc(fs, func(a, b Finding) int {
+		return cmp.Or(cmp.Compare(a.Kind, b.Kind), cmp.Compare(a.Message, b.Message))
+	})
+}
+
+func invalidFindings(err error) []Finding {
+	var out []Finding
+	var joined interface{ Unwrap() []error }
+	errs := []error{err}
+	if errors.As(err, &joined) {
+		errs = joined.Unwrap()
+	}
+	for _, e := range errs {
+		var pe *policy.Error
+		if !errors.As(e, &pe) {
+			continue
+		}
+		out = append(out, Finding{Kind: KindInvalidPolicy,
+			Message: fmt.Sprintf("NetworkPolicy %s/%s is ignored because the API would reject it: %v.", pe.Namespace, pe.Name, pe.Err),
+			Objects: []Ref{{Kind: "NetworkPolicy", Namespace: pe.Namespace, Name: pe.Name}}})
+	}
+	return out
+}
+
+// UnprotectedWorkload is a workload some of whose pods no policy isolates
+// in a direction.
+type UnprotectedWorkload struct {
+	Namespace string   `json:"namespace"`
+	Workload  Workload `json:"workload"`
+	// Pods is the number of the workload's pods; IngressPods and
+	// EgressPods how many of them are not isolated in each direction.
+	Pods        int `json:"pods"`
+	IngressPods int `json:"ingress_pods"`
+	EgressPods  int `json:"egress_pods"`
+}
+
+// Unprotected returns the workloads with pods that no policy of set
+// isolates for ingress or for egress (host-network pods excepted:
+// policies do not apply to them), sorted by namespace and workload.
+func Unprotected(inv *Inventory, set *policy.Set) []UnprotectedWorkload {
+	type key struct {
+		ns string
+		w  Workload
+	}
+	idx := map[key]*UnprotectedWorkload{}
+	var order []key
+	for _, p := range inv.Pods() {
+		if p.HostNetwork {
+			continue
+		}
+		k := key{p.Namespace, inv.Workload(p)}
+		u := idx[k]
+		if u == nil {
+			u = &UnprotectedWorkload{Namespace: p.Namespace, Workload: k.w}
+			idx[k] = u
+			order = append(order, k)
+		}
+		u.Pods++
+		peer := inv.Peer(p, netip.Addr{})
+		if !set.Isolated(policy.Ingress, &peer) {
+			u.IngressPods++
+		}
+		if !set.Isolated(policy.Egress, &peer) {
+			u.EgressPods++
+		}
+	}
+	var out []UnprotectedWorkload
+	for _, k := range order {
+		if u := idx[k]; u.IngressPods > 0 || u.EgressPods > 0 {
+			out = append(out, *u)
+		}
+	}
+	slices.SortFunc(out, func(a, b UnprotectedWorkload) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Workload.Kind, b.Workload.Kind), cmp.Compare(a.Workload.Name, b.Workload.Name))
+	})
+	return out
+}
+
+// Findings returns u as findings, one per unprotected direction.
+func (u UnprotectedWorkload) Findings() []Finding {
+	var out []Finding
+	ref := workloadRef(u.Namespace, u.Workload)
+	// of says which pods, and the pronoun for them.
+	of := func(n int) (string, string) {
+		switch {
+		case u.Pods == 1:
+			return "its only pod", "it"
+		case n == u.Pods:
+			return fmt.Sprintf("all %d pods", n), "them"
+		case n == 1:
+			return fmt.Sprintf("1 of its %d pods", u.Pods), "it"
+		}
+		return fmt.Sprintf("%d of its %d pods", n, u.Pods), "them"
+	}
+	if u.IngressPods > 0 {
+		which, them := of(u.IngressPods)
+		out = append(out, Finding{Kind: KindUnprotectedIngress, Objects: []Ref{ref}, Count: uint64(u.IngressPods),
+			Message: fmt.Sprintf("%s is not isolated for ingress (%s): no NetworkPolicy selects %s, so any source may connect.", ref, which, them)})
+	}
+	if u.EgressPods > 0 {
+		which, them := of(u.EgressPods)
+		out = append(out, Finding{Kind: KindUnprotectedEgress, Objects: []Ref{ref}, Count: uint64(u.EgressPods),
+			Message: fmt.Sprintf("%s is not isolated for egress (%s): no NetworkPolicy selects %s, so %s may connect anywhere.", ref, which, them, strings.Replace(them, "them", "they", 1))})
+	}
+	return out
+}
+
+// DualStackGaps finds where dual-stack policy treats the two families
+// differently, from the inventory alone: workload pairs allowed over one
+// family and denied over the other (KindVerdictGap, evaluated on every
+// container port of the destination), rules whose ipBlocks cover one
+// family of dual-stack pods only (KindIPBlockOneFamily), and single-stack
+// Services in front of dual-stack pods (KindServiceSingleStack). A
+// cluster without dual-stack pods has none.
+func DualStackGaps(inv *Inventory, set *policy.Set, opt Options) []Finding {
+	if opt.MaxPairs <= 0 {
+		opt.MaxPairs = defaultMaxPairs
+	}
+	blocks := policyBlocks(set)
+	classes := dualClasses(inv, blocks)
+	if len(classes) == 0 {
+		return nil
+	}
+	out := verdictGaps(inv, set, classes, opt)
+	out = append(out, ipBlockGaps(set, classes)...)
+	out = append(out, serviceGaps(inv)...)
+	sortFindings(out)
+	return out
+}
+
+// podClass is a set of dual-stack pods that every policy treats alike:
+// same namespace, labels, container ports, workload, and membership in
+// every ipBlock of every policy for both addresses.
+type podClass struct {
+	rep      *Pod
+	v4, v6   netip.Addr
+	workload Workload
+	pods     int
+}
+
+// policyBlocks returns every distinct ipBlock of set's policies.
+func policyBlocks(set *policy.Set) []policy.Block {
+	seen := map[string]bool{}
+	var out []policy.Block
+	for _, p := range set.Policies() {
+		for _, r := range ruleBlocks(p) {
+			for _, b := range r.blocks {
+				k := fmt.Sprint(b.CIDR, b.Except)
+				if !seen[k] {
+					seen[k] = true
+					out = append(out, b)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// blockRule is one rule of a policy with its ipBlocks.
+type blockRule struct {
+	dir    policy.Direction
+	index  int32
+	blocks []policy.Block
+}
+
+// ruleBlocks returns the rules of p (in its effective directions) that
+// have ipBlock peers.
+func ruleBlocks(p *networkingv1.NetworkPolicy) []blockRule {
+	in, eg := policy.Types(p)
+	var out []blockRule
+	add := func(d policy.Direction, i int, peers []networkingv1.NetworkPolicyPeer) {
+		var bs []policy.Block
+		for _, pe := range peers {
+			if pe.IPBlock == nil {
+				continue
+			}
+			if b, err := policy.ParseBlock(pe.IPBlock); err == nil {
+				bs = append(bs, b)
+			}
+		}
+		if len(bs) > 0 {
+			out = append(out, blockRule{dir: d, index: int32(i), blocks: bs})
+		}
+	}
+	if in {
+		for i, r := range p.Spec.Ingress {
+			add(policy.Ingress, i, r.From)
+		}
+	}
+	if eg {
+		for i, r := range p.Spec.Egress {
+			add(policy.Egress, i, r.To)
+		}
+	}
+	return out
+}
+
+func dualClasses(inv *Inventory, blocks []policy.Block) []*podClass {
+	idx := map[string]*podClass{}
+	var out []*podClass
+	var b strings.Builder
+	for _, p := range inv.Pods() {
+		if p.HostNetwork || !p.DualStack() {
+			continue
+		}
+		v4, _ := p.Addr(4)
+		v6, _ := p.Addr(6)
+		w := inv.Workload(p)
+		b.Reset()
+		fmt.Fprintf(&b, "%s\x00%s\x00%s\x00", p.Namespace, w.Kind, w.Name)
+		b.WriteString(labels.Set(p.Labels).String())
+		fmt.Fprintf(&b, "\x00%v\x00", p.Ports)
+		for _, bl := range blocks {
+			fmt.Fprintf(&b, "%t%t", bl.Contains(v4), bl.Contains(v6))
+		}
+		k := b.String()
+		if c := idx[k]; c != nil {
+			c.pods++
+			continue
+		}
+		c := &podClass{rep: p, v4: v4, v6: v6, workload: w, pods: 1}
+		idx[k] = c
+		out = append(out, c)
+	}
+	return out
+}
+
+type gapKey struct {
+	srcNS, dstNS string
+	src, dst     Workload
+	port         uint16
+	proto        uint8
+	allowedV     uint8 // the family that is allowed
+}
+
+type gap struct {
+	key             gapKey
+	pairs           uint64
+	allow, deny     policy.Decision
+	dir             policy.Direction
+	firstSrc, first *Pod
+}
+
+func verdictGaps(inv *Inventory, set *policy.Set, classes []*podClass, opt Options) []Finding {
+	gaps := map[gapKey]*gap{}
+	var order []gapKey
+	// totals counts the dual-stack pod pairs of each workload pair.
+	type wpair struct {
+		srcNS, dstNS string
+		src, dst     Workload
+	}
+	totals := map[wpair]uint64{}
+	evaluated, truncated := 0, false
+	for _, sc := range classes {
+		for _, dc := range classes {
+			pairs := uint64(sc.pods) * uint64(dc.pods)
+			if sc == dc {
+				pairs -= uint64(sc.pods) // not a pod to itself
+			}
+			if pairs == 0 {
+				continue
+			}
+			totals[wpair{sc.rep.Namespace, dc.rep.Namespace, sc.workload, dc.workload}] += pairs
+			if evaluated >= opt.MaxPairs {
+				truncated = true
+				continue
+			}
+			evaluated++
+			for _, pt := range dc.rep.Ports {
+				port := uint16(pt.Port)
+				f4 := inv.Flow(sc.rep, sc.v4, dc.rep, dc.v4, pt.Proto, port)
+				f6 := inv.Flow(sc.rep, sc.v6, dc.rep, dc.v6, pt.Proto, port)
+				r4, r6 := set.Evaluate(&f4), set.Evaluate(&f6)
+				if r4.Allowed() == r6.Allowed() {
+					continue
+				}
+				allowedV, ok, bad := uint8(4), r4, r6
+				if r6.Allowed() {
+					allowedV, ok, bad = 6, r6, r4
+				}
+				dir := policy.Egress
+				if bad.Egress.Allowed() {
+					dir = policy.Ingress
+				}
+				k := gapKey{sc.rep.Namespace, dc.rep.Namespace, sc.workload, dc.workload, port, pt.Proto, allowedV}
+				g := gaps[k]
+				if g == nil {
+					g = &gap{key: k, allow: ok.Side(dir), deny: bad.Side(dir), dir: dir, firstSrc: sc.rep, first: dc.rep}
+					gaps[k] = g
+					order = append(order, k)
+				}
+				g.pairs += pairs
+			}
+		}
+	}
+	var out []Finding
+	for _, k := range order {
+		g := gaps[k]
+		src, dst := workloadRef(k.srcNS, k.src), workloadRef(k.dstNS, k.dst)
+		other := uint8(10 - k.allowedV)
+		total := totals[wpair{k.srcNS, k.dstNS, k.src, k.dst}]
+		msg := fmt.Sprintf("%s → %s on %d/%s is allowed over IPv%d but denied over IPv%d (%d of %d dual-stack pod pairs): IPv%d %s, IPv%d %s.",
+			src, dst, k.port, protoName(k.proto), k.allowedV, other, g.pairs, total,
+			k.allowedV, explain(g.allow, g.dir), other, explain(g.deny, g.dir))
+		out = append(out, Finding{Kind: KindVerdictGap, Message: msg, Port: k.port, Protocol: protoName(k.proto), Count: g.pairs,
+			Objects: append([]Ref{src, dst}, decisionRefs(g.dir, g.allow, g.deny)...)})
+	}
+	if truncated {
+		out = append(out, Finding{Kind: KindTruncated, Count: uint64(opt.MaxPairs),
+			Message: fmt.Sprintf("The dual-stack verdict-gap analysis stopped after %d pod-class pairs; raise the limit to see every gap.", opt.MaxPairs)})
+	}
+	return out
+}
+
+// explain says in a few words why a side decided as it did.
+func explain(d policy.Decision, dir policy.Direction) string {
+	switch d.Verdict {
+	case flow.VerdictAllowed:
+		return fmt.Sprintf("is allowed by %s", decisionRef(d, dir))
+	case flow.VerdictDenied:
+		end := "destination"
+		if dir == policy.Egress {
+			end = "source"
+		}
+		return fmt.Sprintf("is denied because no rule allows it and NetworkPolicy %s/%s isolates the %s for %s", d.Namespace, d.Name, end, dir)
+	case flow.VerdictNotIsolated:
+		return fmt.Sprintf("is not isolated for %s", dir)
+	}
+	return "is not subject to policy"
+}
+
+// decisionRefs returns the policies (or rules) the decisions name.
+func decisionRefs(dir policy.Direction, ds ...policy.Decision) []Ref {
+	var out []Ref
+	for _, d := range ds {
+		if d.Name != "" {
+			out = append(out, decisionRef(d, dir))
+		}
+	}
+	return out
+}
+
+func protoName(p uint8) string {
+	switch p {
+	case flow.ProtoTCP:
+		return "TCP"
+	case flow.ProtoUDP:
+		return "UDP"
+	case flow.ProtoSCTP:
+		return "SCTP"
+	case flow.ProtoICMP:
+		return "ICMP"
+	case flow.ProtoICMPv6:
+		return "ICMPv6"
+	}
+	return fmt.Sprint(p)
+}
+
+// ipBlockGaps reports rules whose ipBlocks cover one family of dual-stack
+// pods only. A rule with blocks of one family is reported once, with the
+// workloads it covers; a rule with blocks of both families is reported
+// per workload whose two addresses it covers differently.
+func ipBlockGaps(set *policy.Set, classes []*podClass) []Finding {
+	var out []Finding
+	for _, p := range set.Policies() {
+		for _, r := range ruleBlocks(p) {
+			has4, has6 := false, false
+			var cidrs []string
+			for _, b := range r.blocks {
+				has4 = has4 || b.CIDR.Addr().Is4()
+				has6 = has6 || b.CIDR.Addr().Is6()
+				c := b.CIDR.String()
+				if len(b.Except) > 0 {
+					c += " except " + joinPrefixes(b.Except)
+				}
+				cidrs = append(cidrs, c)
+			}
+			covers := func(a netip.Addr) bool {
+				for _, b := range r.blocks {
+					if b.Contains(a) {
+						return true
+					}
+				}
+				return false
+			}
+			rule := policyRef(p.Namespace, p.Name, r.dir, r.index)
+			what := fmt.Sprintf("%s rule %d of NetworkPolicy %s/%s", r.dir, r.index, p.Namespace, p.Name)
+			if has4 != has6 {
+				fam, missing := 4, 6
+				if has6 {
+					fam, missing = 6, 4
+				}
+				var ws []Ref
+				pods := 0
+				seen := map[Ref]bool{}
+				for _, c := range classes {
+					a := c.v4
+					if fam == 6 {
+						a = c.v6
+					}
+					if !covers(a) {
+						continue
+					}
+					pods += c.pods
+					if w := workloadRef(c.rep.Namespace, c.workload); !seen[w] {
+						seen[w] = true
+						ws = append(ws, w)
+					}
+				}
+				msg := fmt.Sprintf("The ipBlocks of %s are IPv%d only (%s) in a dual-stack cluster, so the rule never matches IPv%d", what, fam, strings.Join(cidrs, ", "), missing)
+				if pods > 0 {
+					msg += fmt.Sprintf(": it covers the IPv%d addresses of %d dual-stack pods (%s) but not their IPv%d addresses.", fam, pods, joinRefs(ws), missing)
+				} else {
+					msg += " traffic to or from the same peers."
+				}
+				out = append(out, Finding{Kind: KindIPBlockOneFamily, Message: msg, Count: uint64(pods), Objects: append([]Ref{rule}, ws...)})
+				continue
+			}
+			type wk struct {
+				ref     Ref
+				covered uint8
+			}
+			per := map[wk]int{}
+			var order []wk
+			for _, c := range classes {
+				in4, in6 := covers(c.v4), covers(c.v6)
+				if in4 == in6 {
+					continue
+				}
+				k := wk{workloadRef(c.rep.Namespace, c.workload), 4}
+				if in6 {
+					k.covered = 6
+				}
+				if per[k] == 0 {
+					order = append(order, k)
+				}
+				per[k] += c.pods
+			}
+			for _, k := range order {
+				other := 10 - k.covered
+				out = append(out, Finding{Kind: KindIPBlockOneFamily, Count: uint64(per[k]), Objects: []Ref{rule, k.ref},
+					Message: fmt.Sprintf("The ipBlocks of %s (%s) cover the IPv%d addresses of %d dual-stack pods of %s but not their IPv%d addresses.",
+						what, strings.Join(cidrs, ", "), k.covered, per[k], k.ref, other)})
+			}
+		}
+	}
+	return out
+}
+
+func joinPrefixes(ps []netip.Prefix) string {
+	s := make([]string, len(ps))
+	for i, p := range ps {
+		s[i] = p.String()
+	}
+	return strings.Join(s, ", ")
+}
+
+func joinRefs(rs []Ref) string {
+	s := make([]string, len(rs))
+	for i, r := range rs {
+		s[i] = r.String()
+	}
+	return strings.Join(s, ", ")
+}
+
+// serviceGaps reports single-stack Services that select dual-stack pods.
+func serviceGaps(inv *Inventory) []Finding {
+	var out []Finding
+	for _, s := range inv.Services() {
+		if len(s.Selector) == 0 || len(s.IPFamilies) != 1 {
+			continue
+		}
+		sel := labels.SelectorFromSet(s.Selector)
+		dual, total := 0, 0
+		var ws []Ref
+		seen := map[Ref]bool{}
+		for _, p := range inv.Pods() {
+			if p.Namespace != s.Namespace || p.HostNetwork || !sel.Matches(labels.Set(p.Labels)) {
+				continue
+			}
+			total++
+			if !p.DualStack() {
+				continue
+			}
+			dual++
+			if w := workloadRef(p.Namespace, inv.Workload(p)); !seen[w] {
+				seen[w] = true
+				ws = append(ws, w)
+			}
+		}
+		if dual == 0 {
+			continue
+		}
+		fam := "IPv4"
+		if s.IPFamilies[0] == corev1.IPv6Protocol {
+			fam = "IPv6"
+		}
+		ref := Ref{Kind: "Service", Namespace: s.Namespace, Name: s.Name}
+		out = append(out, Finding{Kind: KindServiceSingleStack, Count: uint64(dual), Objects: append([]Ref{ref}, ws...),
+			Message: fmt.Sprintf("%s is single-stack (%s) while %d of its %d pods (%s) are dual-stack, so clients can reach them through it over %s only.",
+				ref, fam, dual, total, joinRefs(ws), fam)})
+	}
+	return out
+}

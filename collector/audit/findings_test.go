@@ -1,0 +1,176 @@
+package audit
+
+import (
+	"fmt"
+	"net/netip"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dualflow/dualflow/lab/manifest"
+)
+
+// labInventory returns the default lab of mode and its inventory.
+func labInventory(t testing.TB, mode manifest.Mode, nodes int) (*manifest.Manifest, *Inventory) {
+	t.Helper()
+	m, err := manifest.Generate(manifest.Spec{Mode: mode, Nodes: nodes})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv, err := InventoryFromObjects(m.Objects()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, inv
+}
+
+func findingsOf(fs []Finding, kind string) []Finding {
+	var out []Finding
+	for _, f := range fs {
+		if f.Kind == kind {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+func hasRef(f Finding, want Ref) bool {
+	for _, r := range f.Objects {
+		if r.String() == want.String() {
+			return true
+		}
+	}
+	return false
+}
+
+func rule(i int32) *int32 { return &i }
+
+// TestLabFindings: the default lab's IPv4-only metrics ipBlock and
+// single-stack Service are dual-stack gaps in dual mode, and nothing is in
+// the single-family modes; unprotected workloads are the same everywhere.
+func TestLabFindings(t *testing.T) {
+	metricsRule := Ref{Kind: "NetworkPolicy", Namespace: "backend", Name: manifest.PolicyMetricsIPv4, Direction: "ingress", Rule: rule(0)}
+	web := Ref{Kind: "Deployment", Namespace: "frontend", Name: "web"}
+	api := Ref{Kind: "Deployment", Namespace: "backend", Name: "api"}
+	for _, mode := range manifest.Modes {
+		t.Run(string(mode), func(t *testing.T) {
+			_, inv := labInventory(t, mode, 2)
+			fs := Findings(inv, Options{})
+			for _, f := range fs {
+				t.Logf("%s: %s", f.Kind, f.Message)
+				if f.Message == "" || len(f.Objects) == 0 || !strings.HasSuffix(f.Message, ".") {
+					t.Errorf("finding %+v: want a sentence and objects", f)
+				}
+			}
+			var dual []Finding
+			for _, f := range fs {
+				if f.DualStack() {
+					dual = append(dual, f)
+				}
+			}
+			unprot := map[string]bool{}
+			for _, f := range fs {
+				if !f.DualStack() {
+					unprot[f.Kind+" "+f.Objects[0].String()] = true
+				}
+			}
+			for _, want := range []string{
+				"unprotected-ingress Deployment frontend/web", "unprotected-egress Deployment frontend/web",
+				"unprotected-egress Deployment backend/api", "unprotected-ingress Pod tools/probe-1", "unprotected-ingress Pod tools/probe-2",
+			} {
+				if !unprot[want] {
+					t.Errorf("missing %s", want)
+				}
+			}
+			if len(unprot) != 5 {
+				t.Errorf("%d non-dual-stack findings, want 5: %v", len(unprot), unprot)
+			}
+			if mode != manifest.ModeDual {
+				if len(dual) != 0 {
+					t.Errorf("single-family mode: %d dual-stack findings, want none", len(dual))
+				}
+				return
+			}
+			gaps := findingsOf(fs, KindVerdictGap)
+			var webAPI *Finding
+			for i, g := range gaps {
+				if g.Objects[0] == web && g.Objects[1] == api && g.Port == manifest.PortMetrics {
+					webAPI = &gaps[i]
+				}
+			}
+			if webAPI == nil {
+				t.Fatalf("no verdict gap frontend/web -> backend/api:9090 in %v", gaps)
+			}
+			if !hasRef(*webAPI, metricsRule) || webAPI.Count != 2 || !strings.Contains(webAPI.Message, "allowed over IPv4 but denied over IPv6") {
+				t.Errorf("gap %+v: want the metrics rule, 2 pod pairs (web@1 to both api), allowed over IPv4", webAPI)
+			}
+			for _, g := range gaps {
+				if g.Port != manifest.PortMetrics {
+					t.Errorf("unexpected gap on port %d: %s", g.Port, g.Message)
+				}
+			}
+			ib := findingsOf(fs, KindIPBlockOneFamily)
+			if len(ib) != 1 || !hasRef(ib[0], metricsRule) || !hasRef(ib[0], web) {
+				t.Errorf("ipBlock findings %+v: want one, for the metrics rule, covering frontend/web", ib)
+			}
+			svc := findingsOf(fs, KindServiceSingleStack)
+			if len(svc) != 1 || svc[0].Objects[0] != (Ref{Kind: "Service", Namespace: "backend", Name: manifest.ServiceAPISingle}) || svc[0].Count != 2 {
+				t.Errorf("service findings %+v: want backend/api-single with 2 dual-stack pods", svc)
+			}
+		})
+	}
+}
+
+// TestIPBlockBothFamilies: a rule with blocks of both families that cover
+// a pod's two addresses differently is reported for that workload.
+func TestIPBlockBothFamilies(t *testing.T) {
+	inv := NewInventory()
+	inv.AddNamespace(Namespace{Name: "ns", Labels: map[string]string{corev1.LabelMetadataName: "ns"}})
+	for i, a := range [][2]string{{"10.0.0.1", "fd00::1"}, {"10.0.0.2", "fd00:1::2"}} {
+		inv.AddPod(Pod{Namespace: "ns", Name: fmt.Sprintf("p%d", i), Labels: map[string]string{"app": "p"},
+			Addrs: []netip.Addr{netip.MustParseAddr(a[0]), netip.MustParseAddr(a[1])}})
+	}
+	p := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "egress"},
+		Spec: networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
+			Egress: []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{
+				{IPBlock: &networkingv1.IPBlock{CIDR: "10.0.0.0/8"}},
+				{IPBlock: &networkingv1.IPBlock{CIDR: "fd00::/64"}},
+			}}}}}
+	inv.AddPolicy(p)
+	set, err := inv.Compile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := findingsOf(DualStackGaps(inv, set, Options{}), KindIPBlockOneFamily)
+	if len(fs) != 1 || fs[0].Count != 1 || !strings.Contains(fs[0].Message, "cover the IPv4 addresses of 1 dual-stack pods of Pod ns/p1 but not their IPv6") {
+		t.Fatalf("findings %+v", fs)
+	}
+	// p0 -> p1: IPv4 allowed by the block, IPv6 not (fd00:1::2 is outside fd00::/64).
+	gaps := findingsOf(DualStackGaps(inv, set, Options{}), KindVerdictGap)
+	if len(gaps) != 0 {
+		t.Fatalf("no ports declared: want no verdict gap, got %v", gaps)
+	}
+	inv.pods[1].Ports = []Port{{Name: "http", Port: 80, Proto: 6}}
+	gaps = findingsOf(DualStackGaps(inv, set, Options{}), KindVerdictGap)
+	if len(gaps) != 1 || !strings.Contains(gaps[0].Message, "Pod ns/p0 → Pod ns/p1 on 80/TCP is allowed over IPv4 but denied over IPv6") ||
+		!strings.Contains(gaps[0].Message, "isolates the source for egress") {
+		t.Fatalf("gaps %+v", gaps)
+	}
+	if fs := findingsOf(DualStackGaps(inv, set, Options{MaxPairs: 1}), KindTruncated); len(fs) != 1 {
+		t.Fatalf("MaxPairs 1: want a truncated finding, got %v", fs)
+	}
+}
+
+func TestInvalidPolicyFinding(t *testing.T) {
+	inv := NewInventory()
+	inv.AddPolicy(&networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "bad"},
+		Spec: networkingv1.NetworkPolicySpec{Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{
+			{IPBlock: &networkingv1.IPBlock{CIDR: "300.0.0.0/8"}}}}}}})
+	fs := findingsOf(Findings(inv, Options{}), KindInvalidPolicy)
+	if len(fs) != 1 || fs[0].Objects[0].Name != "bad" {
+		t.Fatalf("findings %+v", fs)
+	}
+}
