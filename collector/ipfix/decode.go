@@ -584,6 +584,10 @@ func (d *Decoder) record(t *template, b []byte, r *flow.Record, mc *msgCtx) (int
 			if r.DstPort == 0 {
 				r.DstPort = uint16(uintN(v))
 			}
+		case opICMPType:
+			r.DstPort = r.DstPort&0xff | uint16(uintN(v))<<8
+		case opICMPCode:
+			r.DstPort = r.DstPort&0xff00 | uint16(uintN(v))&0xff
 		}
 	}
 	if t.post != 0 {

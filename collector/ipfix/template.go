@@ -29,6 +29,8 @@ const (
 	opPostNATDst6     // postNATDestinationIPv6Address
 	opPostNAPTDstPort // postNAPTDestinationTransportPort
 	opICMPTypeCode    // icmpTypeCodeIPv4 / IPv6: type<<8|code into DstPort
+	opICMPType        // icmpTypeIPv4 / IPv6 (OVS): the high byte of DstPort
+	opICMPCode        // icmpCodeIPv4 / IPv6 (OVS): the low byte of DstPort
 	opField           // first of the shared-mapping ops: opField + fipfix.Field
 )
 
@@ -57,6 +59,10 @@ var ianaAlternatives = map[uint16]op{
 	ieFlowStartSysUpTime:    opStartUptime,
 	ieICMPTypeCodeIPv4:      opICMPTypeCode,
 	ieICMPTypeCodeIPv6:      opICMPTypeCode,
+	ieICMPTypeIPv4:          opICMPType,
+	ieICMPCodeIPv4:          opICMPCode,
+	ieICMPTypeIPv6:          opICMPType,
+	ieICMPCodeIPv6:          opICMPCode,
 	ieFlowStartMicroseconds: opStartMicros,
 	ieFlowEndMicroseconds:   opEndMicros,
 	ieFlowStartNanoseconds:  opStartNanos,
@@ -205,3 +211,11 @@ func postOf(o op) post {
 
 // size is the memory a template holds, charged to its session's budget.
 func (t *template) size() int { return len(t.raw) + 4*len(t.fields) + 128 }
+
+// IANA ICMP type and code elements, sent separately by Open vSwitch.
+const (
+	ieICMPTypeIPv4 = 176
+	ieICMPCodeIPv4 = 177
+	ieICMPTypeIPv6 = 178
+	ieICMPCodeIPv6 = 179
+)
