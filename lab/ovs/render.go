@@ -470,22 +470,18 @@ func peerMatches(mt nft.Match, f fam, dir nft.Direction) []string {
 			return nil
 		}
 	}
-	if mt.L4.DstAddrs != nil {
+	if mt.L4.DstAddrs != nil && dir == nft.Egress {
+		// Only the named port's pods that the peer also covers.
 		var dsts []netip.Prefix
 		for _, a := range mt.L4.DstAddrs {
-			if mt.Peer.Any || slices.ContainsFunc(prefixes, func(p netip.Prefix) bool { return p.Contains(a) }) || dir != nft.Egress {
+			if mt.Peer.Any || slices.ContainsFunc(prefixes, func(p netip.Prefix) bool { return p.Contains(a) }) {
 				dsts = append(dsts, netip.PrefixFrom(a, a.BitLen()))
 			}
 		}
-		if dir == nft.Egress {
-			prefixes = dsts
-			if len(prefixes) == 0 {
-				return nil
-			}
-		} else {
-			// Ingress never resolves named ports to destinations; keep the peer.
-			_ = dsts
+		if len(dsts) == 0 {
+			return nil
 		}
+		prefixes = dsts
 	}
 	if prefixes == nil {
 		return []string{""}
