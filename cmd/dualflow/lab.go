@@ -27,7 +27,7 @@ Subcommands:
   down     remove the lab, its processes and namespaces (also after a crash)
   status   show nodes, pods, addresses and services
   manifest print the default lab manifest without building anything
-  rules    print the nftables ruleset of a node`
+  rules    print the nftables ruleset of a node (the OpenFlow flows with --datapath ovs)`
 
 func runLab(ctx context.Context, args []string) error {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
@@ -133,7 +133,7 @@ func runLabManifest(args []string) error {
 }
 
 func runLabRules(args []string) error {
-	fs := newFlagSet("lab rules", "[flags] NODE", "Print the nftables ruleset the lab loads on NODE (from the running lab's manifest, or the default one).")
+	fs := newFlagSet("lab rules", "[flags] NODE", "Print the nftables ruleset the lab loads on NODE (from the running lab's manifest, or the default one); for a running OVS lab, the node's OpenFlow flows with their statistics.")
 	var cfg lab.Config
 	bindLab(fs, &cfg)
 	if err := fs.Parse(args); err != nil {
@@ -144,7 +144,14 @@ func runLabRules(args []string) error {
 		node = manifest.NodeName(1)
 	}
 	var m *manifest.Manifest
-	if l, err := lab.Open(cfg.StateDir, cfg); err == nil {
+	if l, err := lab.Open(cfg.StateDir, cfg); err == nil && l.State().Datapath == lab.DatapathOVS {
+		flows, err := l.OVSFlows(context.Background(), node)
+		if err != nil {
+			return err
+		}
+		fmt.Print(flows)
+		return nil
+	} else if err == nil {
 		m = l.Manifest
 	} else if m, err = manifest.Generate(manifest.Spec{Mode: cfg.Mode, Nodes: cfg.Nodes, Prefix: cfg.Prefix}); err != nil {
 		return err
