@@ -74,7 +74,14 @@ func TestExporter(t *testing.T) {
 					t.Error("exporter did not stop")
 				}
 			}()
-			time.Sleep(300 * time.Millisecond) // subscribed to events, first dump done
+			select {
+			case <-e.Ready(): // subscribed to events, first dump done
+			case err := <-done:
+				done <- nil // Run returned: the deferred stop must not wait
+				t.Fatalf("exporter: %v", err)
+			case <-time.After(15 * time.Second):
+				t.Fatal("exporter not ready")
+			}
 
 			pod := func(ns, app string, node int) *corev1.Pod {
 				p, err := l.PodOn(ns, app, node)
