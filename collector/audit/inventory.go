@@ -20,6 +20,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
 
 	"github.com/dualflow/dualflow/collector/audit/policy"
 	"github.com/dualflow/dualflow/flow"
@@ -260,10 +261,13 @@ func (inv *Inventory) Decode(name string, r io.Reader) error {
 		if isBlank(doc) {
 			continue
 		}
-		obj, gvk, err := dec.Decode(doc, nil, nil)
-		if runtime.IsNotRegisteredError(err) && gvk != nil {
-			inv.Skipped[gvk.Kind]++
-			continue
+		obj, _, err := dec.Decode(doc, nil, nil)
+		if runtime.IsNotRegisteredError(err) {
+			var tm metav1.TypeMeta
+			if yaml.Unmarshal(doc, &tm) == nil && tm.Kind != "" {
+				inv.Skipped[tm.Kind]++
+				continue
+			}
 		}
 		if err != nil {
 			return fmt.Errorf("%s: document %d: %w", name, n, err)

@@ -1,0 +1,259 @@
+package audit
+
+import (
+	"bytes"
+	"context"
+	"net/netip"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dualflow/dualflow/collector/audit/policy"
+	"github.com/dualflow/dualflow/flow"
+	"github.com/dualflow/dualflow/lab/manifest"
+)
+
+// record builds the record enrichment would produce for a flow from pod
+// src to pod dst (nil: an outside address) over family f.
+func record(t testing.TB, inv *Inventory, src, dst *corev1.Pod, f corev1.IPFamily, proto uint8, port uint16) flow.Record {
+	t.Helper()
+	r := flow.Record{Proto: proto, DstPort: port, SrcPort: 40000}
+	end := func(p *corev1.Pod, e *flow.Endpoint, a *netip.Addr) {
+		if p == nil {
+			*a = netip.MustParseAddr("192.0.2.1")
+			if f == corev1.IPv6Protocol {
+				*a = netip.MustParseAddr("2001:db8::1")
+			}
+			return
+		}
+		addr, ok := manifest.PodAddr(p, f)
+		if !ok {
+			t.Fatalf("pod %s has no %s address", p.Name, f)
+		}
+		*a = addr
+		ip, _ := inv.Pod(p.Namespace, p.Name)
+		w := inv.Workload(ip)
+		*e = flow.Endpoint{PodNamespace: p.Namespace, PodName: p.Name, Labels: p.Labels, WorkloadKind: w.Kind, WorkloadName: w.Name}
+	}
+	end(src, &r.Src, &r.SrcAddr)
+	end(dst, &r.Dst, &r.DstAddr)
+	r.Normalize()
+	return r
+}
+
+func labPod(t testing.TB, m *manifest.Manifest, ns, app string, node int) *corev1.Pod {
+	t.Helper()
+	for i := range m.Pods {
+		p := &m.Pods[i]
+		if p.Namespace == ns && p.Labels["app"] == app && p.Spec.NodeName == manifest.NodeName(node) {
+			return p
+		}
+	}
+	t.Fatalf("no %s/%s on node %d", ns, app, node)
+	return nil
+}
+
+func TestAuditLab(t *testing.T) {
+	m, inv := labInventory(t, manifest.ModeDual, 2)
+	web1, web2 := labPod(t, m, "frontend", "web", 1), labPod(t, m, "frontend", "web", 2)
+	api1, api2 := labPod(t, m, "backend", "api", 1), labPod(t, m, "backend", "api", 2)
+	probe1, probe2 := labPod(t, m, "tools", "probe", 1), labPod(t, m, "tools", "probe", 2)
+	reg := prometheus.NewRegistry()
+	a, err := New(Config{}, inv, reg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unaudited := record(t, inv, web1, api2, corev1.IPv4Protocol, flow.ProtoTCP, 8080)
+	a.Audit(&unaudited)
+	if unaudited.Ingress.Verdict != flow.VerdictUnknown {
+		t.Fatalf("audited before the policies are known: %+v", unaudited.Ingress)
+	}
+	if err := a.SetPolicies(inv.NetworkPolicies()); err != nil {
+		t.Fatal(err)
+	}
+	type side struct {
+		v          flow.Verdict
+		ns, policy string
+		rule       int32
+	}
+	allow := func(ns, name string, rule int32) side { return side{flow.VerdictAllowed, ns, name, rule} }
+	deny := func(ns, name string) side { return side{flow.VerdictDenied, ns, name, -1} }
+	open := side{flow.VerdictNotIsolated, "", "", -1}
+	none := side{flow.VerdictUnknown, "", "", -1}
+	cases := []struct {
+		name            string
+		src, dst        *corev1.Pod
+		proto           uint8
+		port            uint16
+		v4, v6          [2]side // egress, ingress
+		reported, named string
+	}{
+		{name: "web to api http (named port)", src: web1, dst: api2, proto: flow.ProtoTCP, port: 8080,
+			v4: [2]side{open, allow("backend", manifest.PolicyAllowWeb, 0)}, v6: [2]side{open, allow("backend", manifest.PolicyAllowWeb, 0)}},
+		{name: "web to api udp-echo", src: web1, dst: api1, proto: flow.ProtoUDP, port: 5353,
+			v4: [2]side{open, allow("backend", manifest.PolicyAllowWeb, 0)}, v6: [2]side{open, allow("backend", manifest.PolicyAllowWeb, 0)}},
+		{name: "metrics: the dual-stack gap", src: web1, dst: api2, proto: flow.ProtoTCP, port: 9090,
+			v4: [2]side{open, allow("backend", manifest.PolicyMetricsIPv4, 0)}, v6: [2]side{open, deny("backend", manifest.PolicyDefaultDeny)}},
+		{name: "metrics from the except", src: web2, dst: api1, proto: flow.ProtoTCP, port: 9090,
+			v4: [2]side{open, deny("backend", manifest.PolicyDefaultDeny)}, v6: [2]side{open, deny("backend", manifest.PolicyDefaultDeny)}},
+		{name: "tools to api: egress allows, ingress denies", src: probe1, dst: api1, proto: flow.ProtoTCP, port: 8080,
+			v4: [2]side{allow("tools", manifest.PolicyToolsEgress, 0), deny("backend", manifest.PolicyDefaultDeny)},
+			v6: [2]side{allow("tools", manifest.PolicyToolsEgress, 0), deny("backend", manifest.PolicyDefaultDeny)}},
+		{name: "tools to frontend: egress denies", src: probe1, dst: web2, proto: flow.ProtoTCP, port: 8080,
+			v4: [2]side{deny("tools", manifest.PolicyToolsEgress), open}, v6: [2]side{deny("tools", manifest.PolicyToolsEgress), open}},
+		{name: "probe to probe: ipBlock and endPort", src: probe1, dst: probe2, proto: flow.ProtoTCP, port: 7070,
+			v4: [2]side{allow("tools", manifest.PolicyToolsEgress, 1), open}, v6: [2]side{allow("tools", manifest.PolicyToolsEgress, 1), open}},
+		{name: "probe to probe: node 1 is excepted", src: probe2, dst: probe1, proto: flow.ProtoTCP, port: 7070,
+			v4: [2]side{deny("tools", manifest.PolicyToolsEgress), open}, v6: [2]side{deny("tools", manifest.PolicyToolsEgress), open}},
+		{name: "icmp to api", src: web1, dst: api2, proto: flow.ProtoICMP, port: 0,
+			v4: [2]side{open, deny("backend", manifest.PolicyDefaultDeny)}, v6: [2]side{open, deny("backend", manifest.PolicyDefaultDeny)}},
+		{name: "outside client to web", src: nil, dst: web1, proto: flow.ProtoTCP, port: 8080,
+			v4: [2]side{none, open}, v6: [2]side{none, open}},
+		{name: "outside client to api", src: nil, dst: api1, proto: flow.ProtoTCP, port: 8080,
+			v4: [2]side{none, deny("backend", manifest.PolicyDefaultDeny)}, v6: [2]side{none, deny("backend", manifest.PolicyDefaultDeny)}},
+	}
+	for _, c := range cases {
+		for fi, f := range []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol} {
+			t.Run(c.name+"/"+string(f), func(t *testing.T) {
+				want := c.v4
+				if fi == 1 {
+					want = c.v6
+				}
+				r := record(t, inv, c.src, c.dst, f, c.proto, c.port)
+				// The datapath reported the opposite of the evaluated
+				// ingress verdict: Audit keeps it, and flags it.
+				reported := flow.VerdictDenied
+				if want[1].v == flow.VerdictDenied {
+					reported = flow.VerdictAllowed
+				}
+				r.Ingress.ReportedVerdict, r.Ingress.ReportedName = reported, "datapath/rule"
+				a.Audit(&r)
+				for i, got := range []flow.Policy{r.Egress, r.Ingress} {
+					w := want[i]
+					if got.Verdict != w.v || got.Namespace != w.ns || got.Name != w.policy || got.Rule != w.rule {
+						t.Errorf("%s: got %+v, want %+v", []string{"egress", "ingress"}[i], got, w)
+					}
+				}
+				if r.Ingress.ReportedVerdict != reported || r.Ingress.ReportedName != "datapath/rule" {
+					t.Errorf("reported verdict changed: %+v", r.Ingress)
+				}
+				if (want[1].v != flow.VerdictUnknown) != r.VerdictMismatch() {
+					t.Errorf("VerdictMismatch = %v", r.VerdictMismatch())
+				}
+			})
+		}
+	}
+	if n := testutil.ToFloat64(a.m.verdicts[policy.Ingress][flow.VerdictDenied]); n != 9 {
+		t.Errorf("dualflow_audit_verdicts_total{ingress,denied} = %v, want 9", n)
+	}
+	if n, err := testutil.GatherAndCount(reg, "dualflow_audit_verdicts_total"); err != nil || n != 10 {
+		t.Errorf("dualflow_audit_verdicts_total has %d series (err %v), want 2 directions x 5 verdicts", n, err)
+	}
+}
+
+func TestSetPoliciesRecompilesOnChange(t *testing.T) {
+	_, inv := labInventory(t, manifest.ModeIPv4, 2)
+	a, err := New(Config{}, inv, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pols := inv.NetworkPolicies()
+	if err := a.SetPolicies(pols); err != nil {
+		t.Fatal(err)
+	}
+	first := a.Policies()
+	reversed := []*networkingv1.NetworkPolicy{pols[3], pols[2], pols[1], pols[0]}
+	if err := a.SetPolicies(reversed); err != nil || a.Policies() != first {
+		t.Fatalf("same policies in another order: recompiled (err %v)", err)
+	}
+	changed := pols[0].DeepCopy()
+	changed.Spec.PolicyTypes = append(changed.Spec.PolicyTypes, networkingv1.PolicyTypeEgress)
+	if err := a.SetPolicies([]*networkingv1.NetworkPolicy{changed, pols[1], pols[2], pols[3]}); err != nil || a.Policies() == first {
+		t.Fatalf("changed spec: not recompiled (err %v)", err)
+	}
+	bad := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: "bad", ResourceVersion: "7"},
+		Spec: networkingv1.NetworkPolicySpec{Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{}}}}}}
+	err = a.SetPolicies(append([]*networkingv1.NetworkPolicy{bad}, pols...))
+	if err == nil || a.Policies().Len() != 4 {
+		t.Fatalf("invalid policy: err %v, %d policies; want an error and the 4 valid ones", err, a.Policies().Len())
+	}
+}
+
+func TestRun(t *testing.T) {
+	_, inv := labInventory(t, manifest.ModeIPv6, 1)
+	a, err := New(Config{Refresh: 5 * time.Millisecond}, inv, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int32
+	var logs bytes.Buffer
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() {
+		done <- a.Run(ctx, func() []*networkingv1.NetworkPolicy {
+			calls.Add(1)
+			return append([]*networkingv1.NetworkPolicy{{ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: "bad"},
+				Spec: networkingv1.NetworkPolicySpec{Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{}}}}}}},
+				inv.NetworkPolicies()...)
+		}, newTestLogger(&logs))
+	}()
+	for calls.Load() < 5 {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if a.Policies().Len() != 4 {
+		t.Fatalf("%d policies", a.Policies().Len())
+	}
+	if n := strings.Count(logs.String(), "invalid"); n != 1 {
+		t.Fatalf("logged the invalid policy %d times over %d refreshes, want once:\n%s", n, calls.Load(), logs.String())
+	}
+}
+
+func TestAuditBatchAllocs(t *testing.T) {
+	m, inv := labInventory(t, manifest.ModeDual, 2)
+	a, _ := New(Config{}, inv, nil)
+	if err := a.SetPolicies(inv.NetworkPolicies()); err != nil {
+		t.Fatal(err)
+	}
+	web1, api2 := labPod(t, m, "frontend", "web", 1), labPod(t, m, "backend", "api", 2)
+	recs := []flow.Record{
+		record(t, inv, web1, api2, corev1.IPv4Protocol, flow.ProtoTCP, 8080),
+		record(t, inv, web1, api2, corev1.IPv6Protocol, flow.ProtoTCP, 9090),
+		record(t, inv, nil, api2, corev1.IPv6Protocol, flow.ProtoUDP, 5353),
+	}
+	if n := testing.AllocsPerRun(100, func() { a.AuditBatch(recs) }); n != 0 {
+		t.Fatalf("AuditBatch allocates %v times per batch, want 0", n)
+	}
+}
+
+func BenchmarkAuditBatch(b *testing.B) {
+	m, inv := labInventory(b, manifest.ModeDual, 4)
+	a, _ := New(Config{}, inv, prometheus.NewRegistry())
+	if err := a.SetPolicies(inv.NetworkPolicies()); err != nil {
+		b.Fatal(err)
+	}
+	var recs []flow.Record
+	for i := range 256 {
+		src, dst := &m.Pods[i%len(m.Pods)], &m.Pods[(i*7+3)%len(m.Pods)]
+		f := corev1.IPv4Protocol
+		if i%2 == 1 {
+			f = corev1.IPv6Protocol
+		}
+		recs = append(recs, record(b, inv, src, dst, f, flow.ProtoTCP, []uint16{8080, 9090, 7070, 5353}[i%4]))
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		a.AuditBatch(recs)
+	}
+	b.ReportMetric(float64(b.N*len(recs))/b.Elapsed().Seconds(), "records/s")
+}
