@@ -17,6 +17,13 @@ import (
 	"github.com/dualflow/dualflow/exporter/connstore"
 	"github.com/dualflow/dualflow/exporter/conntrack"
 	"github.com/dualflow/dualflow/exporter/ipfix"
+	"github.com/dualflow/dualflow/exporter/ovs"
+)
+
+// Connection sources (Config.Source).
+const (
+	SourceConntrack = "conntrack"
+	SourceOVS       = "ovs"
 )
 
 // Config configures the exporter. Bind it to a flag set with BindFlags,
@@ -55,6 +62,14 @@ type Config struct {
 	// does it from Kubernetes.
 	LocalCIDRs, ClusterCIDRs []netip.Prefix
 
+	// Source is where connections come from: SourceConntrack (the
+	// kernel's table of NetNS, the default) or SourceOVS (an Open vSwitch,
+	// see exporter/ovs and OVS below).
+	Source string
+	// OVS selects the ovs-vswitchd read with Source "ovs". Its families
+	// and zones are IPv4, IPv6 and Zones above.
+	OVS ovs.Config
+
 	Store connstore.Config // timeouts and bound of the connection store
 	IPFIX ipfix.Config     // the collector and the send buffer
 
@@ -89,6 +104,10 @@ func NewConfig() Config {
 func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.NodeName, "node-name", c.NodeName, "this node's name, sent with every record (empty: $NODE_NAME, then the hostname)")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "serve Prometheus metrics on http://ADDR/metrics (empty disables)")
+	fs.StringVar(&c.Source, "exporter.source", c.Source, "where connections come from: conntrack (the kernel table) or ovs (Open vSwitch: conntrack, flow statistics and drop packet-ins)")
+	fs.StringVar(&c.OVS.RunDir, "exporter.ovs.rundir", c.OVS.RunDir, "OVS run directory of the ovs-vswitchd to read (its OVS_RUNDIR; empty: the CLIs' default)")
+	fs.StringVar(&c.OVS.Bridge, "exporter.ovs.bridge", c.OVS.Bridge, "OVS bridge whose flows are read (default br-int)")
+	fs.StringVar(&c.OVS.RulesFile, "exporter.ovs.rules", c.OVS.RulesFile, "rules file mapping flow cookies to NetworkPolicy rules (see exporter/ovs)")
 	fs.StringVar(&c.NetNS, "exporter.netns", c.NetNS, "read the conntrack table of this network namespace: a name under /run/netns or a path (empty: our own)")
 	fs.BoolVar(&c.IPv4, "exporter.ipv4", c.IPv4, "export IPv4 connections")
 	fs.BoolVar(&c.IPv6, "exporter.ipv6", c.IPv6, "export IPv6 connections")
@@ -123,6 +142,15 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 
 // SetDefaults fills unset fields.
 func (c *Config) SetDefaults() {
+	if c.Source == "" {
+		c.Source = SourceConntrack
+	}
+	if c.Source == SourceOVS {
+		// OVS has no event stream: polls (and drop packet-ins) only.
+		c.Events = false
+		c.OVS.IPv4, c.OVS.IPv6, c.OVS.Zones = c.IPv4, c.IPv6, c.Zones
+		c.OVS.SetDefaults()
+	}
 	if c.NodeName == "" {
 		c.NodeName = os.Getenv("NODE_NAME")
 	}
@@ -152,6 +180,15 @@ func (c *Config) SetDefaults() {
 // Validate checks the configuration.
 func (c Config) Validate() error {
 	var errs []error
+	switch c.Source {
+	case "", SourceConntrack:
+	case SourceOVS:
+		if err := c.OVS.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	default:
+		errs = append(errs, fmt.Errorf("--exporter.source %q: want %s or %s", c.Source, SourceConntrack, SourceOVS))
+	}
 	if !c.IPv4 && !c.IPv6 {
 		errs = append(errs, errors.New("--exporter.ipv4 and --exporter.ipv6 both off"))
 	}

@@ -5,8 +5,14 @@
 //
 //	conntrack dumps + NEW/DESTROY events → connstore (deltas, timeouts) → IPFIX sender → collector
 //
-// Records carry the node name, "conntrack" as their source and, when pod
-// CIDRs are configured, the flow type and the node of local endpoints.
+// With --exporter.source ovs the connections come from Open vSwitch
+// instead (exporter/ovs: OVS conntrack, counters from flow statistics),
+// and denied connections (drop packet-ins) are exported as records of
+// their own.
+//
+// Records carry the node name, "conntrack" (or "ovs") as their source and,
+// when pod CIDRs are configured, the flow type and the node of local
+// endpoints.
 // Prometheus metrics are served on Config.MetricsAddr.
 package exporter
 
@@ -27,6 +33,7 @@ import (
 	"github.com/dualflow/dualflow/exporter/connstore"
 	"github.com/dualflow/dualflow/exporter/conntrack"
 	"github.com/dualflow/dualflow/exporter/ipfix"
+	"github.com/dualflow/dualflow/exporter/ovs"
 	"github.com/dualflow/dualflow/flow"
 	fipfix "github.com/dualflow/dualflow/flow/ipfix"
 )
@@ -69,6 +76,7 @@ type Exporter struct {
 	metricsAddr net.Addr      // set before ready is closed
 	pollLog     rateLog
 	eventLog    rateLog
+	sourceName  string // Record.Source of every record
 }
 
 // expireEvery is how often the store is checked for records due. It bounds
@@ -102,12 +110,16 @@ func newExporter(cfg Config, src source) (*Exporter, error) {
 	}
 	e := &Exporter{
 		cfg: cfg, src: src, store: store, sender: sender, reg: prometheus.NewRegistry(),
-		cls:      classifier{node: cfg.NodeName, local: cfg.LocalCIDRs, cluster: cfg.ClusterCIDRs},
-		log:      log,
-		versions: cfg.source().Versions(),
-		ready:    make(chan struct{}),
-		pollLog:  rateLog{logger: log},
-		eventLog: rateLog{logger: log},
+		cls:        classifier{node: cfg.NodeName, local: cfg.LocalCIDRs, cluster: cfg.ClusterCIDRs},
+		log:        log,
+		versions:   cfg.source().Versions(),
+		ready:      make(chan struct{}),
+		pollLog:    rateLog{logger: log},
+		eventLog:   rateLog{logger: log},
+		sourceName: fipfix.SourceConntrack,
+	}
+	if cfg.Source == SourceOVS {
+		e.sourceName = ovs.SourceName
 	}
 	e.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	e.m = newMetrics(e.reg, store, sender)
@@ -129,7 +141,15 @@ func (e *Exporter) Ready() <-chan struct{} { return e.ready }
 // error only when it cannot start.
 func (e *Exporter) Run(ctx context.Context) error {
 	src := e.src
-	if src == nil {
+	switch {
+	case src != nil:
+	case e.cfg.Source == SourceOVS:
+		s, err := ovs.New(e.cfg.OVS, e.reg)
+		if err != nil {
+			return err
+		}
+		src = ovsSource{s}
+	default:
 		s, err := conntrack.Open(e.cfg.source())
 		if err != nil {
 			return err
@@ -137,8 +157,10 @@ func (e *Exporter) Run(ctx context.Context) error {
 		src = s
 	}
 	defer src.Close()
-	if err := e.checkAccounting(src); err != nil {
-		return err
+	if e.cfg.Source != SourceOVS {
+		if err := e.checkAccounting(src); err != nil {
+			return err
+		}
 	}
 	var srv *http.Server
 	var ln net.Listener
@@ -173,6 +195,9 @@ func (e *Exporter) Run(ctx context.Context) error {
 		evWG.Go(func() { e.listen(evCtx, src, reconcile, subscribed) })
 	} else {
 		close(subscribed)
+	}
+	if d, ok := src.(deniedSource); ok {
+		evWG.Go(func() { d.Denied(evCtx, e.post) })
 	}
 	e.log.Info("exporter started", "node", e.cfg.NodeName, "netns", e.cfg.NetNS, "ipv4", e.cfg.IPv4, "ipv6", e.cfg.IPv6,
 		"zones", e.cfg.Zones, "collector", e.cfg.IPFIX.Address, "transport", e.cfg.IPFIX.Transport,
@@ -344,7 +369,7 @@ func (e *Exporter) post(recs []flow.Record) {
 	for i := range recs {
 		r := &recs[i]
 		r.ExporterNode = e.cfg.NodeName
-		r.Source = fipfix.SourceConntrack
+		r.Source = e.sourceName
 		e.cls.classify(r)
 	}
 	e.m.countRecords(recs)

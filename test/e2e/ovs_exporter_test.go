@@ -11,8 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/dualflow/dualflow/exporter/connstore"
-	"github.com/dualflow/dualflow/exporter/ipfix"
+	"github.com/dualflow/dualflow/exporter"
 	xovs "github.com/dualflow/dualflow/exporter/ovs"
 	"github.com/dualflow/dualflow/flow"
 	"github.com/dualflow/dualflow/flow/ipfix/ipfixtest"
@@ -22,11 +21,10 @@ import (
 	"github.com/dualflow/dualflow/lab/nft"
 )
 
-// TestOVSExporter reads node-1 of an OVS lab in each mode with the OVS
-// source (exporter/ovs): its polls feed the connection store
-// (exporter/connstore), and the store's records and the source's denied
-// records go through the IPFIX sender (exporter/ipfix) to a test
-// collector, as `dualflow exporter` wires the kernel source.
+// TestOVSExporter runs `dualflow exporter --exporter.source ovs` (in
+// process) against node-1 of an OVS lab in each mode: the OVS source's
+// polls feed the connection store, and its records and the denied records
+// of drop packet-ins go through the IPFIX sender to a test collector.
 //
 // Allowed connections (same node, across nodes, to a Service, UDP, in
 // every family) must arrive with counters equal to node-1's OVS ground
@@ -55,84 +53,58 @@ func testOVSExporter(t *testing.T, mode manifest.Mode) {
 	}
 	col := ipfixtest.Start(t, ipfixtest.Options{Address: listen})
 
-	scfg := xovs.Config{RunDir: l.OVSDir("node-1"), RulesFile: l.OVSRulesPath(), DeniedIdle: 500 * time.Millisecond}
+	cfg := exporter.NewConfig()
+	cfg.Source = exporter.SourceOVS
+	cfg.NodeName = "node-1"
+	cfg.MetricsAddr = ""
+	cfg.OVS.RunDir, cfg.OVS.RulesFile, cfg.OVS.DeniedIdle = l.OVSDir("node-1"), l.OVSRulesPath(), 500*time.Millisecond
+	cfg.IPv4, cfg.IPv6 = false, false
 	for _, f := range mode.Families() {
-		scfg.IPv4 = scfg.IPv4 || f == corev1.IPv4Protocol
-		scfg.IPv6 = scfg.IPv6 || f == corev1.IPv6Protocol
+		cfg.IPv4 = cfg.IPv4 || f == corev1.IPv4Protocol
+		cfg.IPv6 = cfg.IPv6 || f == corev1.IPv6Protocol
 	}
-	scfg.SetDefaults()
-	src, err := xovs.New(scfg, nil)
-	if err != nil {
+	cfg.PollInterval = 200 * time.Millisecond
+	cfg.Store.IdleTimeout = time.Second
+	cfg.Store.ActiveTimeout = time.Hour
+	cfg.IPFIX.Address = col.Addr
+	cfg.IPFIX.FlushInterval = 50 * time.Millisecond
+	cfg.SetDefaults()
+	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	stcfg := connstore.Config{IdleTimeout: time.Second, ActiveTimeout: time.Hour}
-	stcfg.SetDefaults()
-	store, err := connstore.New(stcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	icfg := ipfix.Config{Address: col.Addr, FlushInterval: 50 * time.Millisecond}
-	icfg.SetDefaults()
-	sender, err := ipfix.New(icfg)
+	exp, err := exporter.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	defer func() { cancel(); wg.Wait() }()
-	wg.Go(func() { sender.Run(ctx) })
+	wg.Go(func() {
+		if err := exp.Run(ctx); err != nil {
+			t.Errorf("exporter: %v", err)
+		}
+	})
+	// A second OVS source on node-1 shows the denied records before IPFIX
+	// encoding, with the rule that dropped them.
+	scfg := cfg.OVS
+	src, err := xovs.New(scfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var mu sync.Mutex
 	var denied []flow.Record
-	post := func(recs []flow.Record) {
-		for i := range recs {
-			recs[i].ExporterNode = "node-1"
-			recs[i].Source = xovs.SourceName
-		}
-		sender.Export(recs)
-	}
 	wg.Go(func() {
 		src.Denied(ctx, func(recs []flow.Record) {
 			mu.Lock()
 			denied = append(denied, recs...)
 			mu.Unlock()
-			post(recs)
 		})
 	})
-	var versions []uint8
-	if scfg.IPv4 {
-		versions = append(versions, 4)
+	select {
+	case <-exp.Ready():
+	case <-time.After(10 * time.Second):
+		t.Fatal("exporter not ready")
 	}
-	if scfg.IPv6 {
-		versions = append(versions, 6)
-	}
-	wg.Go(func() {
-		tick := time.NewTicker(200 * time.Millisecond)
-		defer tick.Stop()
-		var conns []connstore.Conn
-		var recs []flow.Record
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-			}
-			recs = recs[:0]
-			for _, v := range versions {
-				began := time.Now()
-				conns, err = src.Dump(v, conns[:0])
-				if err != nil {
-					t.Errorf("dump IPv%d: %v", v, err)
-					return
-				}
-				recs = store.Merge(conns, time.Now(), recs)
-				store.Sweep(v, began)
-			}
-			recs = store.Expire(time.Now(), recs)
-			if len(recs) > 0 {
-				post(append([]flow.Record(nil), recs...))
-			}
-		}
-	})
 	time.Sleep(300 * time.Millisecond) // monitor connected, first poll done
 
 	pod := func(ns, app string, node int) *corev1.Pod {
@@ -242,7 +214,7 @@ func testOVSExporter(t *testing.T, mode manifest.Mode) {
 		t.Fatal(err)
 	}
 	for _, r := range recs {
-		if (r.IPVersion == 4 && !scfg.IPv4) || (r.IPVersion == 6 && !scfg.IPv6) {
+		if (r.IPVersion == 4 && !cfg.IPv4) || (r.IPVersion == 6 && !cfg.IPv6) {
 			t.Errorf("IPv%d record in %s mode: %v -> %v", r.IPVersion, mode, r.SrcAddr, r.DstAddr)
 		}
 	}
@@ -271,7 +243,8 @@ func testOVSExporter(t *testing.T, mode manifest.Mode) {
 			} else if r.ServiceAddr.IsValid() || r.DstAddr != s.to.Addr() {
 				t.Errorf("plain flow: service %v, destination %v", r.ServiceAddr, r.DstAddr)
 			}
-			if r.ExporterNode != "node-1" || r.Source != "ovs" || r.Zone != c.Zone || r.Mark&xovs.MarkAllowed == 0 || r.FlowStart.IsZero() {
+			if r.ExporterNode != "node-1" || r.Source != "ovs" || r.Zone != c.Zone || r.Mark&xovs.MarkAllowed == 0 || r.FlowStart.IsZero() ||
+				(r.EndReason != flow.EndReasonIdleTimeout && r.EndReason != flow.EndReasonEndOfFlow) {
 				t.Errorf("node %q source %q zone %d mark %#x start %v", r.ExporterNode, r.Source, r.Zone, r.Mark, r.FlowStart)
 			}
 		})
