@@ -83,7 +83,9 @@ type Object struct {
 }
 
 // Where describes the object for messages: file:line (document n) Kind ns/name.
-func (o Object) Where() string { return o.Location.String() + " " + describe(o.Kind, o.Namespace, o.Name) }
+func (o Object) Where() string {
+	return o.Location.String() + " " + describe(o.Kind, o.Namespace, o.Name)
+}
 
 func describe(kind, ns, name string) string {
 	switch {
