@@ -37,9 +37,9 @@ func TestPodsEveryFamily(t *testing.T) {
 	)
 	v := newEnv(t, testConfig(), objs...)
 	for _, tc := range []struct {
-		name, src, dst string
-		wantSrc, wantDst  flow.Endpoint
-		wantType          flow.FlowType
+		name, src, dst   string
+		wantSrc, wantDst flow.Endpoint
+		wantType         flow.FlowType
 	}{
 		{"ipv4 primary to ipv4-only pod", "10.1.1.10", "10.1.2.20",
 			flow.Endpoint{PodNamespace: "frontend", PodName: "web-6b7f9c5d84-abcde", WorkloadKind: KindDeployment, WorkloadName: "web", NodeName: "node-1", Zone: "zone-a"},

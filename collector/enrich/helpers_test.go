@@ -46,9 +46,9 @@ func newClock(t time.Time) *clock {
 	return c
 }
 
-func (c *clock) Now() time.Time          { return time.Unix(0, c.ns.Load()).UTC() }
-func (c *clock) Add(d time.Duration)     { c.ns.Add(int64(d)) }
-func (c *clock) Set(t time.Time)         { c.ns.Store(t.UnixNano()) }
+func (c *clock) Now() time.Time           { return time.Unix(0, c.ns.Load()).UTC() }
+func (c *clock) Add(d time.Duration)      { c.ns.Add(int64(d)) }
+func (c *clock) Set(t time.Time)          { c.ns.Store(t.UnixNano()) }
 func uid(kind, ns, name string) types.UID { return types.UID(kind + ":" + ns + "/" + name) }
 
 func ip(s string) netip.Addr { return netip.MustParseAddr(s) }
