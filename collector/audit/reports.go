@@ -1,0 +1,574 @@
+package audit
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	networkingv1 "k8s.io/api/networking/v1"
+
+	"github.com/dualflow/dualflow/collector/audit/policy"
+	"github.com/dualflow/dualflow/flow"
+)
+
+// querier runs one read-only query and returns its output in a ClickHouse
+// output format. store.Conn satisfies it, and so does a client of the
+// ClickHouse HTTP interface.
+type querier interface {
+	Query(ctx context.Context, query, format string) ([]byte, error)
+}
+
+// Reports runs the audit reports over the flows table and the
+// rollup_policy_1m rollup (docs/schema.md). Every query filters on time
+// first, builds its literals from typed values (numbers, escaped strings),
+// and never concatenates caller text into SQL unescaped. Safe for
+// concurrent use if the querier is.
+type Reports struct {
+	q  querier
+	db string
+}
+
+var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// NewReports returns reports over q in database db ("" is "dualflow").
+func NewReports(q querier, db string) (*Reports, error) {
+	if db == "" {
+		db = "dualflow"
+	}
+	if !identRE.MatchString(db) {
+		return nil, fmt.Errorf("audit reports: database %q: must be an identifier", db)
+	}
+	if q == nil {
+		return nil, errors.New("audit reports: nil querier")
+	}
+	return &Reports{q: q, db: db}, nil
+}
+
+// Window is a time range [Since, Until). A zero Until is now.
+type Window struct {
+	Since, Until time.Time
+}
+
+func (w Window) resolve() (Window, error) {
+	if w.Until.IsZero() {
+		w.Until = time.Now()
+	}
+	if w.Since.IsZero() || !w.Since.Before(w.Until) {
+		return w, fmt.Errorf("time window %s – %s: since must be set and before until", w.Since.Format(time.RFC3339), w.Until.Format(time.RFC3339))
+	}
+	return w, nil
+}
+
+// minutes is the filter of a rollup's window_start.
+func (w Window) minutes() string {
+	return fmt.Sprintf("window_start >= toDateTime(%d) AND window_start < toDateTime(%d)", w.Since.Unix(), w.Until.Unix())
+}
+
+// flowEnd is the filter of the flows table's flow_end.
+func (w Window) flowEnd() string {
+	return fmt.Sprintf("flow_end >= fromUnixTimestamp64Milli(%d) AND flow_end < fromUnixTimestamp64Milli(%d)", w.Since.UnixMilli(), w.Until.UnixMilli())
+}
+
+// quote returns s as a ClickHouse string literal.
+func quote(s string) string {
+	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(s) + "'"
+}
+
+// jsonSettings makes 64-bit integers plain JSON numbers.
+const jsonSettings = " SETTINGS output_format_json_quote_64bit_integers = 0"
+
+// rows runs query and decodes each JSONEachRow line into a new T.
+func rows[T any](ctx context.Context, q querier, query string) ([]T, error) {
+	out, err := q.Query(ctx, query+jsonSettings, "JSONEachRow")
+	if err != nil {
+		return nil, err
+	}
+	var res []T
+	dec := json.NewDecoder(bytes.NewReader(out))
+	for {
+		var v T
+		if err := dec.Decode(&v); err != nil {
+			if errors.Is(err, io.EOF) {
+				return res, nil
+			}
+			return nil, fmt.Errorf("decode result: %w", err)
+		}
+		res = append(res, v)
+	}
+}
+
+// DeniedOptions filter the denied-flows report.
+type DeniedOptions struct {
+	Window
+	// Namespace keeps flows whose source or destination pod is in it.
+	Namespace string
+	// Family keeps IPv4 (4) or IPv6 (6) flows; 0 keeps both.
+	Family uint8
+	// Limit bounds the groups returned (default 1000).
+	Limit int
+}
+
+// DeniedGroup is the denied flows of one policy rule between two workloads
+// over one family, in one direction.
+type DeniedGroup struct {
+	Direction       string `json:"direction"`
+	PolicyNamespace string `json:"policy_namespace"`
+	PolicyName      string `json:"policy_name"`
+	// Rule is -1 for a denial (the policy isolates, no rule allows).
+	Rule int32 `json:"rule"`
+	// Verdict is what dualflow evaluated, ReportedVerdict what the
+	// datapath reported (either one denied or rejected).
+	Verdict         string `json:"verdict"`
+	ReportedVerdict string `json:"reported_verdict"`
+	SrcNamespace    string `json:"src_namespace"`
+	SrcWorkload     string `json:"src_workload"`
+	DstNamespace    string `json:"dst_namespace"`
+	DstWorkload     string `json:"dst_workload"`
+	IPVersion       uint8  `json:"ip_version"`
+	Records         uint64 `json:"records"`
+	Packets         uint64 `json:"packets"`
+	Bytes           uint64 `json:"bytes"`
+	// First and Last are the first and last minute with such flows.
+	First time.Time `json:"first"`
+	Last  time.Time `json:"last"`
+}
+
+// Denied returns denied flows grouped by direction, policy and rule,
+// source and destination workload, and family, most records first. It
+// reads rollup_policy_1m, where a flow counts once per direction that
+// denied it (evaluated or reported).
+func (r *Reports) Denied(ctx context.Context, opt DeniedOptions) ([]DeniedGroup, error) {
+	w, err := opt.Window.resolve()
+	if err != nil {
+		return nil, err
+	}
+	where := []string{w.minutes(), "(verdict IN ('denied', 'rejected') OR reported_verdict IN ('denied', 'rejected'))"}
+	if opt.Namespace != "" {
+		where = append(where, fmt.Sprintf("(src_pod_namespace = %s OR dst_pod_namespace = %s)", quote(opt.Namespace), quote(opt.Namespace)))
+	}
+	switch opt.Family {
+	case 0:
+	case 4, 6:
+		where = append(where, fmt.Sprintf("ip_version = %d", opt.Family))
+	default:
+		return nil, fmt.Errorf("family %d: want 4, 6 or 0 (both)", opt.Family)
+	}
+	limit := cmp.Or(opt.Limit, 1000)
+	q := fmt.Sprintf(`SELECT toString(direction) AS direction, policy_namespace, policy_name, policy_rule AS rule,
+       toString(verdict) AS verdict, toString(reported_verdict) AS reported_verdict,
+       src_pod_namespace AS src_namespace, src_workload_name AS src_workload,
+       dst_pod_namespace AS dst_namespace, dst_workload_name AS dst_workload, ip_version,
+       sum(records) AS records, sum(packets) AS packets, sum(bytes) AS bytes,
+       toUnixTimestamp(min(window_start)) AS first_unix, toUnixTimestamp(max(window_start)) AS last_unix
+FROM %s.rollup_policy_1m
+WHERE %s
+GROUP BY direction, policy_namespace, policy_name, policy_rule, verdict, reported_verdict,
+         src_pod_namespace, src_workload_name, dst_pod_namespace, dst_workload_name, ip_version
+ORDER BY records DESC, direction, policy_namespace, policy_name, rule, src_namespace, src_workload, dst_namespace, dst_workload, ip_version
+LIMIT %d`, r.db, strings.Join(where, " AND "), limit)
+	type row struct {
+		DeniedGroup
+		FirstUnix int64 `json:"first_unix"`
+		LastUnix  int64 `json:"last_unix"`
+	}
+	rs, err := rows[row](ctx, r.q, q)
+	if err != nil {
+		return nil, fmt.Errorf("denied flows: %w", err)
+	}
+	out := make([]DeniedGroup, len(rs))
+	for i, x := range rs {
+		out[i] = x.DeniedGroup
+		out[i].First, out[i].Last = time.Unix(x.FirstUnix, 0).UTC(), time.Unix(x.LastUnix, 0).UTC()
+	}
+	return out, nil
+}
+
+// RuleRef names one rule of a NetworkPolicy.
+type RuleRef struct {
+	Namespace string `json:"namespace"`
+	Name      string `json:"name"`
+	Direction string `json:"direction"`
+	Rule      int32  `json:"rule"`
+}
+
+func (r RuleRef) String() string {
+	return fmt.Sprintf("%s rule %d of NetworkPolicy %s/%s", r.Direction, r.Rule, r.Namespace, r.Name)
+}
+
+// UnusedReport lists the policy rules that allowed no flow in a window.
+type UnusedReport struct {
+	Since time.Time `json:"since"`
+	Until time.Time `json:"until"`
+	// Decisions is the number of evaluated (flow, direction) decisions in
+	// the window: with none, every rule is unused for lack of data.
+	Decisions uint64 `json:"decisions"`
+	// Rules are the unused rules, in policy and rule order.
+	Rules []UnusedRule `json:"rules"`
+	// Used is how many flow records each rule allowed.
+	Used map[string]uint64 `json:"used"`
+}
+
+// UnusedRule is a rule that allowed no flow.
+type UnusedRule struct {
+	RuleRef
+	Message string `json:"message"`
+}
+
+// Unused returns the rules of pols (in their effective directions) that
+// were the deciding rule of no flow in the window. A rule shadowed by an
+// earlier rule that allows the same flows counts as unused too: the
+// report is about the rules that decided.
+func (r *Reports) Unused(ctx context.Context, pols []*networkingv1.NetworkPolicy, win Window) (*UnusedReport, error) {
+	w, err := win.resolve()
+	if err != nil {
+		return nil, err
+	}
+	type useRow struct {
+		Direction string `json:"direction"`
+		Namespace string `json:"policy_namespace"`
+		Name      string `json:"policy_name"`
+		Rule      int32  `json:"policy_rule"`
+		Records   uint64 `json:"records"`
+	}
+	q := fmt.Sprintf(`SELECT toString(direction) AS direction, policy_namespace, policy_name, policy_rule, sum(records) AS records
+FROM %s.rollup_policy_1m
+WHERE %s AND verdict = 'allowed' AND policy_rule >= 0
+GROUP BY direction, policy_namespace, policy_name, policy_rule`, r.db, w.minutes())
+	used, err := rows[useRow](ctx, r.q, q)
+	if err != nil {
+		return nil, fmt.Errorf("rule use: %w", err)
+	}
+	type totalRow struct {
+		Decisions uint64 `json:"decisions"`
+	}
+	total, err := rows[totalRow](ctx, r.q, fmt.Sprintf("SELECT sum(records) AS decisions FROM %s.rollup_policy_1m WHERE %s AND verdict != 'unknown'", r.db, w.minutes()))
+	if err != nil {
+		return nil, fmt.Errorf("rule use: %w", err)
+	}
+	rep := &UnusedReport{Since: w.Since.UTC(), Until: w.Until.UTC(), Used: map[string]uint64{}, Rules: []UnusedRule{}}
+	if len(total) == 1 {
+		rep.Decisions = total[0].Decisions
+	}
+	for _, u := range used {
+		rep.Used[RuleRef{u.Namespace, u.Name, u.Direction, u.Rule}.String()] += u.Records
+	}
+	sorted := slices.Clone(pols)
+	slices.SortFunc(sorted, func(a, b *networkingv1.NetworkPolicy) int {
+		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
+	})
+	for _, p := range sorted {
+		in, eg := policy.Types(p)
+		check := func(dir string, n int) {
+			for i := range n {
+				ref := RuleRef{p.Namespace, p.Name, dir, int32(i)}
+				if rep.Used[ref.String()] > 0 {
+					continue
+				}
+				rep.Rules = append(rep.Rules, UnusedRule{RuleRef: ref,
+					Message: fmt.Sprintf("%s allowed no flow between %s and %s.", ref, w.Since.UTC().Format(time.RFC3339), w.Until.UTC().Format(time.RFC3339))})
+			}
+		}
+		if in {
+			check("ingress", len(p.Spec.Ingress))
+		}
+		if eg {
+			check("egress", len(p.Spec.Egress))
+		}
+	}
+	return rep, nil
+}
+
+// ObservedGaps finds dual-stack gaps in the recorded flows of a window,
+// per source workload, destination workload, protocol and destination
+// port: traffic allowed over one family and denied over the other
+// (KindObservedVerdictGap, from the evaluated or reported verdicts), and,
+// when inv is given, traffic seen over one family only although both
+// workloads have dual-stack pods (KindObservedOneFamily). At most limit
+// (default 10000) workload pairs and ports are examined.
+func (r *Reports) ObservedGaps(ctx context.Context, inv *Inventory, win Window, limit int) ([]Finding, error) {
+	w, err := win.resolve()
+	if err != nil {
+		return nil, err
+	}
+	const blocked = "('denied', 'rejected')"
+	q := fmt.Sprintf(`SELECT src_pod_namespace AS src_namespace, src_workload_kind AS src_kind, src_workload_name AS src_name,
+       dst_pod_namespace AS dst_namespace, dst_workload_kind AS dst_kind, dst_workload_name AS dst_name,
+       protocol, dst_port,
+       countIf(ip_version = 4 AND NOT blocked) AS allowed4, countIf(ip_version = 6 AND NOT blocked) AS allowed6,
+       countIf(ip_version = 4 AND blocked) AS blocked4, countIf(ip_version = 6 AND blocked) AS blocked6
+FROM (
+    SELECT src_pod_namespace, src_workload_kind, src_workload_name, dst_pod_namespace, dst_workload_kind, dst_workload_name,
+           protocol, dst_port, ip_version,
+           ingress_verdict IN %[3]s OR egress_verdict IN %[3]s OR ingress_reported_verdict IN %[3]s OR egress_reported_verdict IN %[3]s AS blocked
+    FROM %[1]s.flows
+    WHERE %[2]s AND src_workload_name != '' AND dst_workload_name != ''
+)
+GROUP BY src_namespace, src_kind, src_name, dst_namespace, dst_kind, dst_name, protocol, dst_port
+HAVING NOT (allowed4 > 0 AND allowed6 > 0)
+ORDER BY src_namespace, src_kind, src_name, dst_namespace, dst_kind, dst_name, protocol, dst_port
+LIMIT %[4]d`, r.db, w.flowEnd(), blocked, cmp.Or(limit, 10000))
+	type row struct {
+		SrcNamespace string `json:"src_namespace"`
+		SrcKind      string `json:"src_kind"`
+		SrcName      string `json:"src_name"`
+		DstNamespace string `json:"dst_namespace"`
+		DstKind      string `json:"dst_kind"`
+		DstName      string `json:"dst_name"`
+		Protocol     uint8  `json:"protocol"`
+		DstPort      uint16 `json:"dst_port"`
+		Allowed4     uint64 `json:"allowed4"`
+		Allowed6     uint64 `json:"allowed6"`
+		Blocked4     uint64 `json:"blocked4"`
+		Blocked6     uint64 `json:"blocked6"`
+	}
+	rs, err := rows[row](ctx, r.q, q)
+	if err != nil {
+		return nil, fmt.Errorf("observed dual-stack gaps: %w", err)
+	}
+	dual := map[Ref]bool{}
+	if inv != nil {
+		for _, p := range inv.Pods() {
+			if p.DualStack() && !p.HostNetwork {
+				dual[workloadRef(p.Namespace, inv.Workload(p))] = true
+			}
+		}
+	}
+	window := fmt.Sprintf("between %s and %s", w.Since.UTC().Format(time.RFC3339), w.Until.UTC().Format(time.RFC3339))
+	var out []Finding
+	for _, x := range rs {
+		src := Ref{Kind: x.SrcKind, Namespace: x.SrcNamespace, Name: x.SrcName}
+		dst := Ref{Kind: x.DstKind, Namespace: x.DstNamespace, Name: x.DstName}
+		proto := protoName(x.Protocol)
+		switch {
+		case x.Allowed4 > 0 && x.Blocked6 > 0 || x.Allowed6 > 0 && x.Blocked4 > 0:
+			ok, bad, nOK, nBad := 4, 6, x.Allowed4, x.Blocked6
+			if x.Allowed6 > 0 {
+				ok, bad, nOK, nBad = 6, 4, x.Allowed6, x.Blocked4
+			}
+			out = append(out, Finding{Kind: KindObservedVerdictGap, Objects: []Ref{src, dst}, Port: x.DstPort, Protocol: proto, Count: nOK + nBad,
+				Message: fmt.Sprintf("Flows %s → %s on %d/%s were allowed over IPv%d (%d records) but denied over IPv%d (%d records) %s.",
+					src, dst, x.DstPort, proto, ok, nOK, bad, nBad, window)})
+		case inv != nil && dual[src] && dual[dst] && (x.Allowed4 > 0) != (x.Allowed6 > 0) && x.Blocked4+x.Blocked6 == 0:
+			seen, missing, n := 4, 6, x.Allowed4
+			if x.Allowed6 > 0 {
+				seen, missing, n = 6, 4, x.Allowed6
+			}
+			out = append(out, Finding{Kind: KindObservedOneFamily, Objects: []Ref{src, dst}, Port: x.DstPort, Protocol: proto, Count: n,
+				Message: fmt.Sprintf("%s → %s on %d/%s was seen over IPv%d only (%d records) %s although both have dual-stack pods, so IPv%d is never used or never works.",
+					src, dst, x.DstPort, proto, seen, n, window, missing)})
+		}
+	}
+	return out, nil
+}
+
+// SideVerdict is one side's decision in report form.
+type SideVerdict struct {
+	Verdict   string `json:"verdict"`
+	Namespace string `json:"policy_namespace,omitempty"`
+	Name      string `json:"policy_name,omitempty"`
+	Rule      int32  `json:"rule"`
+}
+
+func sideVerdict(d policy.Decision) SideVerdict {
+	return SideVerdict{Verdict: d.Verdict.String(), Namespace: d.Namespace, Name: d.Name, Rule: d.Rule}
+}
+
+// Verdicts are both sides of a flow.
+type Verdicts struct {
+	Allowed bool        `json:"allowed"`
+	Egress  SideVerdict `json:"egress"`
+	Ingress SideVerdict `json:"ingress"`
+}
+
+func verdicts(r policy.Result) Verdicts {
+	return Verdicts{Allowed: r.Allowed(), Egress: sideVerdict(r.Egress), Ingress: sideVerdict(r.Ingress)}
+}
+
+// FlowEnd is one end of a recorded flow.
+type FlowEnd struct {
+	IP           string `json:"ip"`
+	Namespace    string `json:"namespace,omitempty"`
+	Pod          string `json:"pod,omitempty"`
+	WorkloadKind string `json:"workload_kind,omitempty"`
+	WorkloadName string `json:"workload_name,omitempty"`
+}
+
+// Change values of WhatIfFlow.
+const (
+	ChangeNewlyDenied  = "newly-denied"
+	ChangeNewlyAllowed = "newly-allowed"
+)
+
+// WhatIfFlow is a recorded flow whose verdict the proposed policies change.
+type WhatIfFlow struct {
+	Src       FlowEnd   `json:"src"`
+	Dst       FlowEnd   `json:"dst"`
+	Protocol  string    `json:"protocol"`
+	DstPort   uint16    `json:"dst_port"`
+	IPVersion uint8     `json:"ip_version"`
+	Records   uint64    `json:"records"`
+	LastSeen  time.Time `json:"last_seen"`
+	Change    string    `json:"change"`
+	Before    Verdicts  `json:"before"`
+	After     Verdicts  `json:"after"`
+}
+
+// WhatIfReport is the result of WhatIf.
+type WhatIfReport struct {
+	Since time.Time `json:"since"`
+	Until time.Time `json:"until"`
+	// Flows is the number of distinct flows (addresses, protocol,
+	// destination port) re-evaluated; Truncated says the limit cut them.
+	Flows     int          `json:"flows"`
+	Truncated bool         `json:"truncated"`
+	Changes   []WhatIfFlow `json:"changes"`
+}
+
+// WhatIf re-evaluates the distinct flows recorded in the window (source and
+// destination address, protocol, destination port; the most frequent
+// first, at most limit, default 100000) with the policies of inv and with
+// those policies plus proposed (a proposed policy replaces the one of the
+// same namespace and name), and returns the flows whose verdict changes.
+// Pod labels are the recorded ones; namespace labels and named ports come
+// from inv. An invalid proposed policy is an error.
+func (r *Reports) WhatIf(ctx context.Context, inv *Inventory, proposed []*networkingv1.NetworkPolicy, win Window, limit int) (*WhatIfReport, error) {
+	w, err := win.resolve()
+	if err != nil {
+		return nil, err
+	}
+	if _, err := policy.Compile(proposed); err != nil {
+		return nil, fmt.Errorf("proposed policy: %w", err)
+	}
+	before, _ := policy.Compile(inv.NetworkPolicies()) // invalid current policies are ignored, as the Auditor does
+	after, _ := policy.Compile(withProposed(inv.NetworkPolicies(), proposed))
+	limit = cmp.Or(limit, 100_000)
+	q := fmt.Sprintf(`SELECT src_ip, dst_ip, protocol, dst_port, ip_version,
+       src_pod_namespace, src_pod_name, src_workload_kind, src_workload_name, any(src_pod_labels) AS src_labels,
+       dst_pod_namespace, dst_pod_name, dst_workload_kind, dst_workload_name, any(dst_pod_labels) AS dst_labels,
+       count() AS records, toUnixTimestamp64Milli(max(flow_end)) AS last_ms
+FROM %s.flows
+WHERE %s
+GROUP BY src_ip, dst_ip, protocol, dst_port, ip_version,
+         src_pod_namespace, src_pod_name, src_workload_kind, src_workload_name,
+         dst_pod_namespace, dst_pod_name, dst_workload_kind, dst_workload_name
+ORDER BY records DESC, src_ip, dst_ip, protocol, dst_port
+LIMIT %d`, r.db, w.flowEnd(), limit+1)
+	type row struct {
+		SrcIP     string            `json:"src_ip"`
+		DstIP     string            `json:"dst_ip"`
+		Protocol  uint8             `json:"protocol"`
+		DstPort   uint16            `json:"dst_port"`
+		IPVersion uint8             `json:"ip_version"`
+		SrcNS     string            `json:"src_pod_namespace"`
+		SrcPod    string            `json:"src_pod_name"`
+		SrcKind   string            `json:"src_workload_kind"`
+		SrcName   string            `json:"src_workload_name"`
+		SrcLabels map[string]string `json:"src_labels"`
+		DstNS     string            `json:"dst_pod_namespace"`
+		DstPod    string            `json:"dst_pod_name"`
+		DstKind   string            `json:"dst_workload_kind"`
+		DstName   string            `json:"dst_workload_name"`
+		DstLabels map[string]string `json:"dst_labels"`
+		Records   uint64            `json:"records"`
+		LastMS    int64             `json:"last_ms"`
+	}
+	rs, err := rows[row](ctx, r.q, q)
+	if err != nil {
+		return nil, fmt.Errorf("what-if: %w", err)
+	}
+	rep := &WhatIfReport{Since: w.Since.UTC(), Until: w.Until.UTC(), Changes: []WhatIfFlow{}}
+	if len(rs) > limit {
+		rs, rep.Truncated = rs[:limit], true
+	}
+	rep.Flows = len(rs)
+	peer := func(ip, ns string, lbls map[string]string) policy.Peer {
+		a, _ := netip.ParseAddr(ip)
+		p := policy.Peer{Addr: a.Unmap()}
+		if ns != "" {
+			p.IsPod, p.Namespace, p.Labels = true, ns, lbls
+			p.NamespaceLabels, _ = inv.NamespaceLabels(ns)
+		}
+		return p
+	}
+	for _, x := range rs {
+		f := policy.Flow{Src: peer(x.SrcIP, x.SrcNS, x.SrcLabels), Dst: peer(x.DstIP, x.DstNS, x.DstLabels), Proto: x.Protocol, DstPort: x.DstPort}
+		if f.Dst.IsPod {
+			f.Dst.PortName = inv.PortName(x.DstNS, x.DstPod, x.DstPort, x.Protocol)
+		}
+		b, a := before.Evaluate(&f), after.Evaluate(&f)
+		if b.Allowed() == a.Allowed() {
+			continue
+		}
+		change := ChangeNewlyDenied
+		if a.Allowed() {
+			change = ChangeNewlyAllowed
+		}
+		rep.Changes = append(rep.Changes, WhatIfFlow{
+			Src:      FlowEnd{IP: x.SrcIP, Namespace: x.SrcNS, Pod: x.SrcPod, WorkloadKind: x.SrcKind, WorkloadName: x.SrcName},
+			Dst:      FlowEnd{IP: x.DstIP, Namespace: x.DstNS, Pod: x.DstPod, WorkloadKind: x.DstKind, WorkloadName: x.DstName},
+			Protocol: protoName(x.Protocol), DstPort: x.DstPort, IPVersion: x.IPVersion, Records: x.Records,
+			LastSeen: time.UnixMilli(x.LastMS).UTC(), Change: change, Before: verdicts(b), After: verdicts(a),
+		})
+	}
+	return rep, nil
+}
+
+// withProposed returns current with proposed added, a proposed policy
+// replacing the current one of the same namespace and name.
+func withProposed(current, proposed []*networkingv1.NetworkPolicy) []*networkingv1.NetworkPolicy {
+	replaced := map[[2]string]bool{}
+	for _, p := range proposed {
+		replaced[[2]string{p.Namespace, p.Name}] = true
+	}
+	var out []*networkingv1.NetworkPolicy
+	for _, p := range current {
+		if !replaced[[2]string{p.Namespace, p.Name}] {
+			out = append(out, p)
+		}
+	}
+	return append(out, proposed...)
+}
+
+// ParseFamily accepts 4, 6, ipv4, ipv6 and "" (both).
+func ParseFamily(s string) (uint8, error) {
+	switch strings.ToLower(s) {
+	case "":
+		return 0, nil
+	case "4", "ipv4", "v4":
+		return 4, nil
+	case "6", "ipv6", "v6":
+		return 6, nil
+	}
+	return 0, fmt.Errorf("family %q: want 4 or 6", s)
+}
+
+// ParseProto accepts tcp, udp, sctp, icmp, icmpv6 or an IANA number.
+func ParseProto(s string) (uint8, error) {
+	switch strings.ToLower(s) {
+	case "", "tcp":
+		return flow.ProtoTCP, nil
+	case "udp":
+		return flow.ProtoUDP, nil
+	case "sctp":
+		return flow.ProtoSCTP, nil
+	case "icmp":
+		return flow.ProtoICMP, nil
+	case "icmpv6":
+		return flow.ProtoICMPv6, nil
+	}
+	n, err := strconv.ParseUint(s, 10, 8)
+	if err != nil {
+		return 0, fmt.Errorf("protocol %q: want tcp, udp, sctp, icmp, icmpv6 or a number", s)
+	}
+	return uint8(n), nil
+}
