@@ -62,9 +62,9 @@ func Evaluate(inv *Inventory, set *policy.Set, p Probe) ([]ProbeResult, error) {
 		if !r.Allowed() {
 			verdict = "denied"
 		}
-		res.Message = fmt.Sprintf("%s → %s on %d/%s over IPv%d is %s: egress %s, ingress %s.",
+		res.Message = fmt.Sprintf("%s → %s on %d/%s over IPv%d is %s (egress: %s; ingress: %s).",
 			describeEnd(res.Src), describeEnd(res.Dst), p.Port, res.Protocol, v, verdict,
-			strings.TrimPrefix(explain(r.Egress, policy.Egress), "is "), strings.TrimPrefix(explain(r.Ingress, policy.Ingress), "is "))
+			sideText(r.Egress, policy.Egress), sideText(r.Ingress, policy.Ingress))
 		out = append(out, res)
 	}
 	if len(out) == 0 {
@@ -115,4 +115,21 @@ func describeEnd(e FlowEnd) string {
 		return e.IP
 	}
 	return e.Namespace + "/" + e.Pod
+}
+
+// sideText says in a few words how one side decided.
+func sideText(d policy.Decision, dir policy.Direction) string {
+	switch d.Verdict {
+	case flow.VerdictAllowed:
+		return "allowed by " + decisionRef(d, dir).String()
+	case flow.VerdictDenied:
+		end := "destination"
+		if dir == policy.Egress {
+			end = "source"
+		}
+		return fmt.Sprintf("denied, NetworkPolicy %s/%s isolates the %s and no rule allows it", d.Namespace, d.Name, end)
+	case flow.VerdictNotIsolated:
+		return "not isolated"
+	}
+	return "not a pod, no policy applies"
 }

@@ -447,7 +447,7 @@ func (r *Reports) WhatIf(ctx context.Context, inv *Inventory, proposed []*networ
 		return nil, err
 	}
 	if _, err := policy.Compile(proposed); err != nil {
-		return nil, fmt.Errorf("proposed policy: %w", err)
+		return nil, fmt.Errorf("%w: %w", ErrInvalidPolicy, err)
 	}
 	before, _ := policy.Compile(inv.NetworkPolicies()) // invalid current policies are ignored, as the Auditor does
 	after, _ := policy.Compile(withProposed(inv.NetworkPolicies(), proposed))
@@ -522,6 +522,10 @@ LIMIT %d`, r.db, w.flowEnd(), limit+1)
 	}
 	return rep, nil
 }
+
+// ErrInvalidPolicy is returned by WhatIf for a proposed policy the API
+// would reject.
+var ErrInvalidPolicy = errors.New("invalid proposed policy")
 
 // withProposed returns current with proposed added, a proposed policy
 // replacing the current one of the same namespace and name.
