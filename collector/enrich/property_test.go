@@ -52,7 +52,9 @@ type event struct {
 }
 
 func set(at time.Duration, o runtime.Object) event { return event{at: t0.Add(at), obj: o} }
-func del(at time.Duration, o runtime.Object) event { return event{at: t0.Add(at), obj: o, delete: true} }
+func del(at time.Duration, o runtime.Object) event {
+	return event{at: t0.Add(at), obj: o, delete: true}
+}
 
 // clusterLife returns, per object, its events in order. Times: T0 = 0,
 // T1 = 1m, T2 = 2m, T3 = 3m after t0.
