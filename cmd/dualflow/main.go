@@ -30,6 +30,7 @@ func commands() []command {
 		{"demo", "run the whole product on one machine: lab, collector, embedded ClickHouse (make run)", runDemo},
 		{"migrate", "apply the ClickHouse schema migrations (or print them)", runMigrate},
 		{"sql", "run a SQL query against the flow store and print the result", runSQL},
+		{"audit", "audit NetworkPolicies: verdicts, denied flows, unused rules, dual-stack gaps, what-if", runAudit},
 		{"version", "print version and commit", runVersion},
 	}
 }

@@ -1,0 +1,483 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	networkingv1 "k8s.io/api/networking/v1"
+
+	"github.com/dualflow/dualflow/collector/audit"
+	"github.com/dualflow/dualflow/collector/store"
+)
+
+const auditHelp = `Audit NetworkPolicies: which policy allowed or denied each flow, and where
+dual-stack policy has gaps. Static subcommands read Kubernetes manifests
+(kubectl get -A -o yaml output, the lab's manifest.yaml) and need no store;
+the others query the flow store like 'dualflow sql' does (the collector's
+ClickHouse HTTP interface, or the embedded data directory when no collector
+runs, or --clickhouse.dsn).
+
+Subcommands:
+  findings     unprotected workloads, dual-stack gaps, invalid policies (--inventory; --observed adds recorded flows)
+  unprotected  workloads that no policy isolates, per direction (--inventory)
+  eval         what the policies do to one flow (--inventory --from ns/pod --to ns/pod|IP --port 80)
+  denied       denied flows by policy rule, workloads and family (store)
+  unused       policy rules that allowed no flow in a window (store + --inventory)
+  whatif       recorded flows a proposed policy would newly deny or allow (store + --inventory + --policy)
+
+  dualflow audit findings --inventory /run/dualflow/lab/manifest.yaml
+  dualflow audit eval --inventory m.yaml --from frontend/web-6b7f9c5d84-w6ntt --to 198.18.2.11 --port 9090
+  dualflow audit denied --since 1h --family 6
+  dualflow audit whatif --inventory m.yaml --policy allow-metrics-v6.yaml --since 6h`
+
+func runAudit(ctx context.Context, args []string) error {
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Println("Usage: dualflow audit <findings|unprotected|eval|denied|unused|whatif> [flags]\n\n" + auditHelp)
+		return nil
+	}
+	sub, rest := args[0], args[1:]
+	switch sub {
+	case "findings":
+		return runAuditFindings(ctx, rest)
+	case "unprotected":
+		return runAuditUnprotected(rest)
+	case "eval":
+		return runAuditEval(rest)
+	case "denied":
+		return runAuditDenied(ctx, rest)
+	case "unused":
+		return runAuditUnused(ctx, rest)
+	case "whatif":
+		return runAuditWhatIf(ctx, rest)
+	}
+	return fmt.Errorf("audit: unknown subcommand %q (want findings, unprotected, eval, denied, unused or whatif)", sub)
+}
+
+// files is a repeatable file flag.
+type files []string
+
+func (f *files) String() string     { return strings.Join(*f, ",") }
+func (f *files) Set(s string) error { *f = append(*f, s); return nil }
+
+// auditFlags are the flags the subcommands share.
+type auditFlags struct {
+	inventory files
+	json      bool
+	since     string
+	until     string
+	store     store.Config
+	url       string
+	direct    bool
+	timeout   time.Duration
+}
+
+func (a *auditFlags) bindInventory(fs *flag.FlagSet) {
+	fs.Var(&a.inventory, "inventory", "Kubernetes manifest file (YAML or JSON, multi-document, Lists accepted); repeat for several")
+}
+
+func (a *auditFlags) bindStore(fs *flag.FlagSet, since string) {
+	a.store.BindFlags(fs)
+	fs.StringVar(&a.url, "url", "http://"+store.DefaultHTTPAddr+"/", "ClickHouse HTTP interface to query (a running collector's embedded store, or a server)")
+	fs.BoolVar(&a.direct, "direct", false, "open the embedded data directory directly, without trying HTTP")
+	fs.StringVar(&a.since, "since", since, "start of the time window: a duration back from now (1h) or an RFC 3339 time")
+	fs.StringVar(&a.until, "until", "", "end of the time window, RFC 3339 (default now)")
+	fs.DurationVar(&a.timeout, "timeout", 5*time.Minute, "give up after this long")
+}
+
+func (a *auditFlags) bindOutput(fs *flag.FlagSet) {
+	fs.BoolVar(&a.json, "json", false, "print JSON instead of text")
+}
+
+func (a *auditFlags) loadInventory() (*audit.Inventory, error) {
+	if len(a.inventory) == 0 {
+		return nil, errors.New("--inventory is required (a manifest file: kubectl get ns,pods,svc,rs,networkpolicies -A -o yaml > cluster.yaml)")
+	}
+	return audit.LoadInventory(a.inventory...)
+}
+
+func (a *auditFlags) window() (audit.Window, error) {
+	now := time.Now()
+	since, err := audit.ParseSince(a.since, now)
+	if err != nil {
+		return audit.Window{}, fmt.Errorf("--since: %w", err)
+	}
+	w := audit.Window{Since: since, Until: now}
+	if a.until != "" {
+		if w.Until, err = time.Parse(time.RFC3339, a.until); err != nil {
+			return w, fmt.Errorf("--until: %w", err)
+		}
+	}
+	return w, nil
+}
+
+// reports returns the store reports and a function closing the store.
+func (a *auditFlags) reports() (*audit.Reports, func(), error) {
+	a.store.SetDefaults()
+	if err := a.store.Validate(); err != nil {
+		return nil, nil, err
+	}
+	q := &cliQuerier{endpoint: a.url, cfg: a.store, direct: a.direct}
+	r, err := audit.NewReports(q, a.store.Database)
+	if err != nil {
+		return nil, nil, err
+	}
+	return r, q.close, nil
+}
+
+// cliQuerier queries the ClickHouse HTTP interface like `dualflow sql`,
+// falling back to opening the embedded data directory when nothing
+// answers, or a ClickHouse server given with --clickhouse.dsn.
+type cliQuerier struct {
+	endpoint string
+	cfg      store.Config
+	direct   bool
+	conn     store.Conn
+}
+
+func (c *cliQuerier) Query(ctx context.Context, query, format string) ([]byte, error) {
+	if c.conn == nil && !c.direct && c.cfg.DSN == "" {
+		var buf bytes.Buffer
+		err := queryHTTP(ctx, c.endpoint, query, format, &buf)
+		if err == nil || !isConnRefused(err) {
+			return buf.Bytes(), err
+		}
+		c.direct = true // nothing listens: open the data directory
+	}
+	if c.conn == nil {
+		conn, err := store.Open(c.cfg)
+		if err != nil {
+			return nil, err
+		}
+		c.conn = conn
+	}
+	return c.conn.Query(ctx, query, format)
+}
+
+func (c *cliQuerier) close() {
+	if c.conn != nil {
+		c.conn.Close()
+	}
+}
+
+func printJSON(v any) error {
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func table(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 4, 2, ' ', 0) }
+
+func printFindings(fs []audit.Finding) {
+	if len(fs) == 0 {
+		fmt.Println("no findings")
+		return
+	}
+	for _, f := range fs {
+		fmt.Printf("%-32s %s\n", f.Kind, f.Message)
+	}
+}
+
+func runAuditFindings(ctx context.Context, args []string) error {
+	fs := newFlagSet("audit findings", "--inventory FILE [flags]", `Static analysis of the manifests: invalid policies, workloads no policy
+isolates, and dual-stack gaps (workload pairs allowed over one family and
+denied over the other, ipBlocks covering one family of dual-stack pods,
+single-stack Services in front of dual-stack pods). --observed adds the
+gaps seen in the recorded flows of the window.`)
+	var a auditFlags
+	a.bindInventory(fs)
+	a.bindOutput(fs)
+	a.bindStore(fs, "1h")
+	observed := fs.Bool("observed", false, "also analyse the recorded flows of the window (needs the store)")
+	dualOnly := fs.Bool("dual-stack", false, "only the dual-stack findings")
+	maxPairs := fs.Int("max-pairs", 0, "bound of the pod-class pairs evaluated for verdict gaps (0: default 250000)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	inv, err := a.loadInventory()
+	if err != nil {
+		return err
+	}
+	out := audit.Findings(inv, audit.Options{MaxPairs: *maxPairs})
+	if *observed {
+		w, err := a.window()
+		if err != nil {
+			return err
+		}
+		r, closeStore, err := a.reports()
+		if err != nil {
+			return err
+		}
+		defer closeStore()
+		ctx, cancel := context.WithTimeout(ctx, a.timeout)
+		defer cancel()
+		obs, err := r.ObservedGaps(ctx, inv, w, 0)
+		if err != nil {
+			return err
+		}
+		out = append(out, obs...)
+	}
+	if *dualOnly {
+		var d []audit.Finding
+		for _, f := range out {
+			if f.DualStack() {
+				d = append(d, f)
+			}
+		}
+		out = d
+	}
+	if a.json {
+		return printJSON(append([]audit.Finding{}, out...))
+	}
+	printFindings(out)
+	return nil
+}
+
+func runAuditUnprotected(args []string) error {
+	fs := newFlagSet("audit unprotected", "--inventory FILE [--json]", "List the workloads with pods that no NetworkPolicy isolates, for ingress and for egress.")
+	var a auditFlags
+	a.bindInventory(fs)
+	a.bindOutput(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	inv, err := a.loadInventory()
+	if err != nil {
+		return err
+	}
+	set, _ := inv.Compile()
+	us := audit.Unprotected(inv, set)
+	if a.json {
+		return printJSON(append([]audit.UnprotectedWorkload{}, us...))
+	}
+	tw := table(os.Stdout)
+	fmt.Fprintln(tw, "NAMESPACE\tWORKLOAD\tPODS\tNOT ISOLATED FOR INGRESS\tNOT ISOLATED FOR EGRESS")
+	for _, u := range us {
+		fmt.Fprintf(tw, "%s\t%s/%s\t%d\t%d\t%d\n", u.Namespace, u.Workload.Kind, u.Workload.Name, u.Pods, u.IngressPods, u.EgressPods)
+	}
+	return tw.Flush()
+}
+
+func runAuditEval(args []string) error {
+	fs := newFlagSet("audit eval", "--inventory FILE --from ns/pod|IP --to ns/pod|IP --port N [flags]",
+		"Say what the policies of the manifests do to one flow, per family: the verdict of each side and the deciding policy and rule.")
+	var a auditFlags
+	a.bindInventory(fs)
+	a.bindOutput(fs)
+	from := fs.String("from", "", "source: namespace/pod or an IP address")
+	to := fs.String("to", "", "destination (after DNAT): namespace/pod or an IP address")
+	port := fs.Uint("port", 0, "destination port")
+	proto := fs.String("proto", "tcp", "tcp, udp, sctp, icmp, icmpv6 or a protocol number")
+	family := fs.String("family", "", "4 or 6 (default: every family both ends have)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *port > 65535 {
+		return fmt.Errorf("--port %d out of range", *port)
+	}
+	inv, err := a.loadInventory()
+	if err != nil {
+		return err
+	}
+	p, err := audit.ParseProto(*proto)
+	if err != nil {
+		return err
+	}
+	fam, err := audit.ParseFamily(*family)
+	if err != nil {
+		return err
+	}
+	set, _ := inv.Compile()
+	res, err := audit.Evaluate(inv, set, audit.Probe{From: *from, To: *to, Proto: p, Port: uint16(*port), Family: fam})
+	if err != nil {
+		return err
+	}
+	if a.json {
+		return printJSON(res)
+	}
+	for _, r := range res {
+		fmt.Println(r.Message)
+	}
+	return nil
+}
+
+func runAuditDenied(ctx context.Context, args []string) error {
+	fs := newFlagSet("audit denied", "[flags]", "Denied flows of the window grouped by direction, policy and rule, source and destination workload, and family.")
+	var a auditFlags
+	a.bindOutput(fs)
+	a.bindStore(fs, "1h")
+	ns := fs.String("namespace", "", "only flows from or to this namespace")
+	family := fs.String("family", "", "only IPv4 (4) or IPv6 (6)")
+	limit := fs.Int("limit", 1000, "at most this many groups")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	w, err := a.window()
+	if err != nil {
+		return err
+	}
+	fam, err := audit.ParseFamily(*family)
+	if err != nil {
+		return err
+	}
+	r, closeStore, err := a.reports()
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	ctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	gs, err := r.Denied(ctx, audit.DeniedOptions{Window: w, Namespace: *ns, Family: fam, Limit: *limit})
+	if err != nil {
+		return err
+	}
+	if a.json {
+		return printJSON(append([]audit.DeniedGroup{}, gs...))
+	}
+	tw := table(os.Stdout)
+	fmt.Fprintln(tw, "DIRECTION\tPOLICY\tRULE\tVERDICT\tREPORTED\tSOURCE\tDESTINATION\tFAMILY\tRECORDS\tLAST")
+	for _, g := range gs {
+		fmt.Fprintf(tw, "%s\t%s/%s\t%d\t%s\t%s\t%s/%s\t%s/%s\tIPv%d\t%d\t%s\n", g.Direction, g.PolicyNamespace, g.PolicyName, g.Rule,
+			g.Verdict, g.ReportedVerdict, g.SrcNamespace, g.SrcWorkload, g.DstNamespace, g.DstWorkload, g.IPVersion, g.Records, g.Last.Format(time.RFC3339))
+	}
+	return tw.Flush()
+}
+
+func runAuditUnused(ctx context.Context, args []string) error {
+	fs := newFlagSet("audit unused", "--inventory FILE [flags]", "Rules of the manifests' NetworkPolicies that allowed no recorded flow in the window.")
+	var a auditFlags
+	a.bindInventory(fs)
+	a.bindOutput(fs)
+	a.bindStore(fs, "24h")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	inv, err := a.loadInventory()
+	if err != nil {
+		return err
+	}
+	w, err := a.window()
+	if err != nil {
+		return err
+	}
+	r, closeStore, err := a.reports()
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	ctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	rep, err := r.Unused(ctx, inv.NetworkPolicies(), w)
+	if err != nil {
+		return err
+	}
+	if a.json {
+		return printJSON(rep)
+	}
+	fmt.Printf("%d policy decisions recorded between %s and %s\n", rep.Decisions, rep.Since.Format(time.RFC3339), rep.Until.Format(time.RFC3339))
+	if len(rep.Rules) == 0 {
+		fmt.Println("every rule allowed at least one flow")
+	}
+	for _, u := range rep.Rules {
+		fmt.Println(u.Message)
+	}
+	return nil
+}
+
+func runAuditWhatIf(ctx context.Context, args []string) error {
+	fs := newFlagSet("audit whatif", "--inventory FILE --policy FILE [flags]", `Re-evaluate the distinct flows recorded in the window with the manifests'
+policies, and with them plus the proposed ones (a proposed policy replaces
+the one of the same namespace and name), and list the flows whose verdict
+changes.`)
+	var a auditFlags
+	a.bindInventory(fs)
+	a.bindOutput(fs)
+	a.bindStore(fs, "6h")
+	var proposed files
+	fs.Var(&proposed, "policy", "proposed NetworkPolicy manifest (YAML or JSON); repeat for several")
+	ns := fs.String("namespace", "default", "namespace of proposed policies that have none")
+	limit := fs.Int("limit", 100000, "re-evaluate at most this many distinct flows (the most frequent)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if len(proposed) == 0 {
+		return errors.New("--policy is required")
+	}
+	inv, err := a.loadInventory()
+	if err != nil {
+		return err
+	}
+	var pols []*networkingv1.NetworkPolicy
+	for _, f := range proposed {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return err
+		}
+		ps, err := audit.DecodePolicies(f, bytes.NewReader(b), *ns)
+		if err != nil {
+			return err
+		}
+		pols = append(pols, ps...)
+	}
+	w, err := a.window()
+	if err != nil {
+		return err
+	}
+	r, closeStore, err := a.reports()
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	ctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	rep, err := r.WhatIf(ctx, inv, pols, w, *limit)
+	if err != nil {
+		return err
+	}
+	if a.json {
+		return printJSON(rep)
+	}
+	fmt.Printf("%d distinct flows between %s and %s re-evaluated", rep.Flows, rep.Since.Format(time.RFC3339), rep.Until.Format(time.RFC3339))
+	if rep.Truncated {
+		fmt.Print(" (limit reached: raise --limit)")
+	}
+	fmt.Printf(", %d would change\n", len(rep.Changes))
+	tw := table(os.Stdout)
+	fmt.Fprintln(tw, "CHANGE\tSOURCE\tDESTINATION\tPORT\tFAMILY\tRECORDS\tCURRENT\tWITH PROPOSAL")
+	for _, c := range rep.Changes {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d/%s\tIPv%d\t%d\t%s\t%s\n", c.Change, flowEnd(c.Src), flowEnd(c.Dst), c.DstPort, c.Protocol, c.IPVersion, c.Records,
+			verdictText(c.Before), verdictText(c.After))
+	}
+	return tw.Flush()
+}
+
+func flowEnd(e audit.FlowEnd) string {
+	if e.Pod == "" {
+		return e.IP
+	}
+	return e.Namespace + "/" + e.Pod
+}
+
+// verdictText is the deciding side of a flow: the denying one, else the
+// ingress one.
+func verdictText(v audit.Verdicts) string {
+	s, dir := v.Ingress, "ingress"
+	if v.Egress.Verdict == "denied" {
+		s, dir = v.Egress, "egress"
+	}
+	if s.Name == "" {
+		return s.Verdict
+	}
+	if s.Rule >= 0 {
+		return fmt.Sprintf("%s by %s/%s %s rule %d", s.Verdict, s.Namespace, s.Name, dir, s.Rule)
+	}
+	return fmt.Sprintf("%s by %s/%s (%s)", s.Verdict, s.Namespace, s.Name, dir)
+}
