@@ -43,10 +43,22 @@ type Lookup interface {
 	// NamespaceLabels returns the labels of namespace name (for
 	// namespaceSelector peers); false when unknown.
 	NamespaceLabels(name string) (map[string]string, bool)
-	// PortName returns the name of the container port of pod
-	// namespace/pod that serves port over proto (IANA number), "" when
-	// the pod is unknown or the port unnamed (for named ports in rules).
-	PortName(namespace, pod string, port uint16, proto uint8) string
+	// PortName returns the name of the destination pod's container port
+	// that serves q.Port over q.Proto, "" when the pod is unknown or the
+	// port unnamed (for named ports in rules).
+	PortName(q PortQuery) string
+}
+
+// PortQuery names the destination pod of a flow and the port it reached.
+type PortQuery struct {
+	// Namespace and Pod name the pod as enrichment resolved it. Addr is the
+	// address the flow reached and At the flow's start: a lookup may use
+	// them to find a pod deleted since (late records).
+	Namespace, Pod string
+	Addr           netip.Addr
+	At             time.Time
+	Port           uint16
+	Proto          uint8 // IANA number: TCP, UDP or SCTP
 }
 
 // Config configures an Auditor.
@@ -230,7 +242,8 @@ func (a *Auditor) audit(set *policy.Set, rec *flow.Record, c *counts) {
 	a.peer(&f.Src, rec.SrcAddr, &rec.Src)
 	a.peer(&f.Dst, rec.DstAddr, &rec.Dst)
 	if f.Dst.IsPod && (f.Proto == flow.ProtoTCP || f.Proto == flow.ProtoUDP || f.Proto == flow.ProtoSCTP) {
-		f.Dst.PortName = a.lookup.PortName(rec.Dst.PodNamespace, rec.Dst.PodName, rec.DstPort, rec.Proto)
+		f.Dst.PortName = a.lookup.PortName(PortQuery{Namespace: rec.Dst.PodNamespace, Pod: rec.Dst.PodName,
+			Addr: f.Dst.Addr, At: rec.FlowStart, Port: rec.DstPort, Proto: rec.Proto})
 	}
 	r := set.Evaluate(&f)
 	setPolicy(&rec.Egress, r.Egress)

@@ -343,14 +343,18 @@ func (inv *Inventory) NamespaceLabels(name string) (map[string]string, bool) {
 	return nil, false
 }
 
-// PortName returns the name of the container port of pod namespace/pod
-// that serves port over proto, "" if none.
-func (inv *Inventory) PortName(namespace, pod string, port uint16, proto uint8) string {
-	p := inv.podByName[[2]string{namespace, pod}]
+// PortName returns the name of the container port of pod
+// q.Namespace/q.Pod (or, when the inventory has no such pod, of the pod
+// holding q.Addr) that serves q.Port over q.Proto, "" if none.
+func (inv *Inventory) PortName(q PortQuery) string {
+	p := inv.podByName[[2]string{q.Namespace, q.Pod}]
+	if p == nil && q.Addr.IsValid() {
+		p, _ = inv.PodByAddr(q.Addr)
+	}
 	if p == nil {
 		return ""
 	}
-	return p.PortName(port, proto)
+	return p.PortName(q.Port, q.Proto)
 }
 
 // PortName returns the name of p's container port serving port over

@@ -43,11 +43,15 @@ func TestDecodeLabManifest(t *testing.T) {
 	if inv.Workload(api) != (Workload{Kind: "Deployment", Name: "api"}) {
 		t.Errorf("workload of %s: %v", api.Name, inv.Workload(api))
 	}
-	if got := inv.PortName(api.Namespace, api.Name, manifest.PortUDPEcho, flow.ProtoUDP); got != "udp-echo" {
+	if got := inv.PortName(PortQuery{Namespace: api.Namespace, Pod: api.Name, Port: manifest.PortUDPEcho, Proto: flow.ProtoUDP}); got != "udp-echo" {
 		t.Errorf("PortName(udp 5353) = %q", got)
 	}
-	if got := inv.PortName(api.Namespace, api.Name, manifest.PortUDPEcho, flow.ProtoTCP); got != "" {
+	if got := inv.PortName(PortQuery{Namespace: api.Namespace, Pod: api.Name, Port: manifest.PortUDPEcho, Proto: flow.ProtoTCP}); got != "" {
 		t.Errorf("PortName(tcp 5353) = %q, want none", got)
+	}
+	a4, _ := api.Addr(4)
+	if got := inv.PortName(PortQuery{Namespace: "backend", Pod: "gone", Addr: a4, Port: manifest.PortHTTP, Proto: flow.ProtoTCP}); got != "http" {
+		t.Errorf("PortName by address = %q, want http", got)
 	}
 	if l, ok := inv.NamespaceLabels("backend"); !ok || l["team"] != "api" {
 		t.Errorf("namespace labels %v", l)

@@ -503,7 +503,7 @@ LIMIT %d`, r.db, w.flowEnd(), limit+1)
 	for _, x := range rs {
 		f := policy.Flow{Src: peer(x.SrcIP, x.SrcNS, x.SrcLabels), Dst: peer(x.DstIP, x.DstNS, x.DstLabels), Proto: x.Protocol, DstPort: x.DstPort}
 		if f.Dst.IsPod {
-			f.Dst.PortName = inv.PortName(x.DstNS, x.DstPod, x.DstPort, x.Protocol)
+			f.Dst.PortName = inv.PortName(PortQuery{Namespace: x.DstNS, Pod: x.DstPod, Addr: f.Dst.Addr, Port: x.DstPort, Proto: x.Protocol})
 		}
 		b, a := before.Evaluate(&f), after.Evaluate(&f)
 		if b.Allowed() == a.Allowed() {
