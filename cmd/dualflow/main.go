@@ -29,6 +29,7 @@ func commands() []command {
 		{"lab", "build a dual-stack lab cluster in network namespaces", runLab},
 		{"demo", "run the whole product on one machine: lab, collector, embedded ClickHouse (make run)", runDemo},
 		{"migrate", "apply the ClickHouse schema migrations (or print them)", runMigrate},
+		{"trace", "inject a probe at a lab pod and print its path per IP family", runTrace},
 		{"sql", "run a SQL query against the flow store and print the result", runSQL},
 		{"audit", "audit NetworkPolicies: verdicts, denied flows, unused rules, dual-stack gaps, what-if", runAudit},
 		{"version", "print version and commit", runVersion},

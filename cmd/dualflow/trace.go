@@ -1,0 +1,184 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/dualflow/dualflow/lab"
+	"github.com/dualflow/dualflow/lab/manifest"
+	"github.com/dualflow/dualflow/traceflow"
+	"github.com/dualflow/dualflow/traceflow/local"
+)
+
+// errFamilyMissing makes `dualflow trace` exit non-zero when a requested
+// family did not arrive at its destination.
+var errFamilyMissing = errors.New("a requested family did not arrive")
+
+func runTrace(ctx context.Context, args []string) error {
+	fs := newFlagSet("trace", "-s ns/pod -d DEST [flags]",
+		"Inject a probe at a pod of the running lab and print its path per IP family, side by side.\n"+
+			"DEST is pod:ns/name:PORT (or ns/name:PORT), svc:ns/name:PORT or ip:ADDR[:PORT] ([v6]:PORT).\n"+
+			"Exits non-zero when a requested family does not arrive (dropped, no address, timeout).")
+	var (
+		src, dst, proto, family, inventory, stateDir string
+		sport                                        uint
+		flags, ttl                                   uint
+		timeout                                      time.Duration
+		asJSON                                       bool
+	)
+	fs.StringVar(&src, "s", "", "source pod namespace/name")
+	fs.StringVar(&dst, "d", "", "destination (pod:ns/name:port, svc:ns/name:port, ip:addr:port)")
+	fs.StringVar(&proto, "protocol", "TCP", "TCP, UDP, ICMP or ICMPv6")
+	fs.StringVar(&family, "family", "dual", "ipv4, ipv6 or dual")
+	fs.UintVar(&sport, "src-port", 0, "source port or ICMP echo id (0: random)")
+	fs.UintVar(&flags, "tcp-flags", 0, "TCP flags (default 0x02, SYN)")
+	fs.UintVar(&ttl, "ttl", 0, "TTL / hop limit (default 64)")
+	fs.DurationVar(&timeout, "timeout", 3*time.Second, "per-family timeout")
+	fs.StringVar(&inventory, "inventory", "", "resolve names in this manifest instead of the lab's own")
+	fs.StringVar(&stateDir, "state-dir", lab.DefaultStateDir, "state directory of the running lab")
+	fs.BoolVar(&asJSON, "json", false, "print the result as JSON")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if src == "" || dst == "" {
+		fs.Usage()
+		return errors.New("trace: -s and -d are required")
+	}
+	d, err := traceflow.ParseDestination(dst)
+	if err != nil {
+		return err
+	}
+	if sport > 0xffff || flags > 0xff || ttl > 0xff {
+		return errors.New("trace: --src-port, --tcp-flags or --ttl out of range")
+	}
+	req := traceflow.Request{Source: src, Destination: d, Protocol: parseProtocol(proto), Family: traceflow.Family(strings.ToLower(family)),
+		SrcPort: uint16(sport), TCPFlags: uint8(flags), TTL: uint8(ttl), Timeout: traceflow.Duration(timeout)}
+
+	l, err := lab.Open(stateDir, lab.Config{})
+	if err != nil {
+		return err
+	}
+	inv := local.Inventory{M: l.Manifest}
+	if inventory != "" {
+		f, err := os.Open(inventory)
+		if err != nil {
+			return fmt.Errorf("inventory: %w", err)
+		}
+		m, err := manifest.Decode(f)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("inventory: %w", err)
+		}
+		inv.M = m
+	}
+	tr, err := local.NewTracer(l, inv)
+	if err != nil {
+		return err
+	}
+	c := traceflow.New(traceflow.Config{MaxTimeout: time.Hour}, tr, inv, nil)
+	defer c.Close()
+	res, err := c.Trace(ctx, req)
+	if err != nil {
+		return err
+	}
+	if asJSON {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(res); err != nil {
+			return err
+		}
+	} else {
+		printTrace(os.Stdout, res)
+	}
+	for _, fr := range res.Families {
+		if !fr.Outcome.Arrived() {
+			return fmt.Errorf("%w: %s %s", errFamilyMissing, fr.Family, fr.Outcome)
+		}
+	}
+	return nil
+}
+
+func parseProtocol(s string) traceflow.Protocol {
+	switch strings.ToUpper(s) {
+	case "UDP":
+		return traceflow.UDP
+	case "ICMP":
+		return traceflow.ICMP
+	case "ICMPV6":
+		return traceflow.ICMPv6
+	case "TCP":
+		return traceflow.TCP
+	}
+	return traceflow.Protocol(s)
+}
+
+// printTrace prints the families side by side: one column per family,
+// one row per step.
+func printTrace(w io.Writer, r traceflow.Result) {
+	fmt.Fprintf(w, "traceflow %s: %s -> %s (%s, %s) %s", r.ID, r.Request.Source, r.Request.Destination, r.Request.Protocol, r.Request.Family, r.Phase)
+	if r.Reason != "" {
+		fmt.Fprintf(w, ": %s", r.Reason)
+	}
+	fmt.Fprintln(w)
+	cols := make([][]string, len(r.Families))
+	rows := 0
+	for i, fr := range r.Families {
+		col := []string{strings.ToUpper(string(fr.Family))}
+		if fr.Src.IsValid() {
+			col = append(col, fmt.Sprintf("%s:%d -> %s:%d", fr.Src, fr.SrcPort, fr.Dst, fr.DstPort))
+		} else {
+			col = append(col, "-")
+		}
+		for _, o := range fr.Observations {
+			col = append(col, stepString(o))
+		}
+		out := strings.ToUpper(string(fr.Outcome))
+		if fr.Reason != "" {
+			out += ": " + fr.Reason
+		}
+		col = append(col, fmt.Sprintf("=> %s (%v)", out, time.Duration(fr.Duration).Round(time.Millisecond)))
+		cols[i] = col
+		rows = max(rows, len(col))
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 3, ' ', 0)
+	for row := range rows {
+		cells := make([]string, len(cols))
+		for i, col := range cols {
+			if row < len(col) {
+				cells[i] = col[row]
+			}
+		}
+		fmt.Fprintln(tw, strings.Join(cells, "\t")+"\t")
+	}
+	tw.Flush()
+}
+
+func stepString(o traceflow.Observation) string {
+	s := fmt.Sprintf("%s %s %s", o.Node, o.Component, o.Action)
+	if o.Interface != "" {
+		s += " " + o.Interface
+	}
+	if o.Pod != "" {
+		s += " pod " + o.Pod
+	}
+	if o.Service != "" {
+		s += " svc " + o.Service
+	}
+	if o.Policy != "" || o.Rule != "" {
+		s += fmt.Sprintf(" policy %s rule %s", o.Policy, o.Rule)
+	}
+	if o.TranslatedDst.IsValid() {
+		s += " dst->" + o.TranslatedDst.String()
+	}
+	if o.TranslatedSrc.IsValid() {
+		s += " src->" + o.TranslatedSrc.String()
+	}
+	return s
+}
