@@ -133,9 +133,11 @@ func (a *auditFlags) reports() (*audit.Reports, func(), error) {
 	return r, q.close, nil
 }
 
-// cliQuerier queries the ClickHouse HTTP interface like `dualflow sql`,
-// falling back to opening the embedded data directory when nothing
-// answers, or a ClickHouse server given with --clickhouse.dsn.
+// cliQuerier queries the ClickHouse HTTP interface like `dualflow sql`:
+// --url, falling back to opening the embedded data directory when nothing
+// answers there, or the server of an http(s) --clickhouse.dsn. The reports
+// read JSONEachRow, which the native protocol driver does not return: a
+// clickhouse:// DSN gets the store's error saying so.
 type cliQuerier struct {
 	endpoint string
 	cfg      store.Config
@@ -144,10 +146,14 @@ type cliQuerier struct {
 }
 
 func (c *cliQuerier) Query(ctx context.Context, query, format string) ([]byte, error) {
-	if c.conn == nil && !c.direct && c.cfg.DSN == "" {
+	endpoint := c.endpoint
+	if dsn := c.cfg.DSN; strings.HasPrefix(dsn, "http://") || strings.HasPrefix(dsn, "https://") {
+		endpoint, c.direct = dsn, false
+	}
+	if c.conn == nil && !c.direct && (c.cfg.DSN == "" || endpoint == c.cfg.DSN) {
 		var buf bytes.Buffer
-		err := queryHTTP(ctx, c.endpoint, query, format, &buf)
-		if err == nil || !isConnRefused(err) {
+		err := queryHTTP(ctx, endpoint, query, format, &buf)
+		if err == nil || !isConnRefused(err) || c.cfg.DSN != "" {
 			return buf.Bytes(), err
 		}
 		c.direct = true // nothing listens: open the data directory

@@ -173,7 +173,9 @@ func fingerprint(pols []*networkingv1.NetworkPolicy) uint64 {
 
 // Run re-reads the policies with list every Config.Refresh and passes them
 // to SetPolicies, until ctx is done; it returns nil then. list must return
-// every NetworkPolicy of every namespace (read-only objects). A compile
+// every NetworkPolicy of every namespace (read-only objects). Start Run
+// once list's source is synced (enrich.Enricher.WaitForSync): an empty
+// list before that would make every pod look not isolated. A compile
 // error is logged once per change of the policies, not per refresh.
 func (a *Auditor) Run(ctx context.Context, list func() []*networkingv1.NetworkPolicy, log *slog.Logger) error {
 	if log == nil {
