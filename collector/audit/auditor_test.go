@@ -257,3 +257,40 @@ func BenchmarkAuditBatch(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N*len(recs))/b.Elapsed().Seconds(), "records/s")
 }
+
+// TestConcurrentAudit audits from several goroutines while the policies
+// change (run with -race).
+func TestConcurrentAudit(t *testing.T) {
+	m, inv := labInventory(t, manifest.ModeDual, 2)
+	a, _ := New(Config{}, inv, prometheus.NewRegistry())
+	pols := inv.NetworkPolicies()
+	if err := a.SetPolicies(pols); err != nil {
+		t.Fatal(err)
+	}
+	web1, api2 := labPod(t, m, "frontend", "web", 1), labPod(t, m, "backend", "api", 2)
+	done := make(chan struct{})
+	for g := range 4 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			recs := []flow.Record{
+				record(t, inv, web1, api2, corev1.IPv4Protocol, flow.ProtoTCP, 9090),
+				record(t, inv, web1, api2, corev1.IPv6Protocol, flow.ProtoTCP, 9090),
+			}
+			for range 200 {
+				a.AuditBatch(recs)
+				if v := recs[g%2].Ingress.Verdict; v != flow.VerdictAllowed && v != flow.VerdictDenied {
+					t.Errorf("verdict %s", v)
+					return
+				}
+			}
+		}()
+	}
+	for i := range 50 {
+		if err := a.SetPolicies(pols[:len(pols)-i%2]); err != nil {
+			t.Error(err)
+		}
+	}
+	for range 4 {
+		<-done
+	}
+}
