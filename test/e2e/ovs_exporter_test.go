@@ -249,10 +249,22 @@ func testOVSExporter(t *testing.T, mode manifest.Mode) {
 			}
 		})
 	}
-	// Let the last denied records be handed over, then check their rule.
-	mu.Lock()
-	got := append([]flow.Record(nil), denied...)
-	mu.Unlock()
+	// The second source aggregates on its own clock: wait until it has
+	// handed over every denied flow, then check the rule each names.
+	var got []flow.Record
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		mu.Lock()
+		got = append(got[:0], denied...)
+		mu.Unlock()
+		all := true
+		for _, d := range drops {
+			all = all && len(findDenied(got, d)) > 0
+		}
+		if all || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	for _, d := range drops {
 		t.Run(d.name, func(t *testing.T) {
 			if rs := findDenied(recs, d); rs[0].Packets == 0 {
