@@ -1,0 +1,219 @@
+// Package api serves dualflow's REST API under /api/v1 with gin: flows
+// (filtered, paginated, followed over server-sent events), summaries, the
+// service map, reachability matrices per IP family, traceflow, audit
+// findings and read-only SQL. It reads ClickHouse through the small
+// interfaces below, declared here so tests run on fakes; the caller wires
+// the collector's store, evaluator, tracer and auditor into Config.
+package api
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dualflow/dualflow/collector/audit"
+)
+
+// Store runs queries against the dualflow database; store.Conn
+// implements it. Values are quoted by this package (see quote).
+type Store interface {
+	Query(ctx context.Context, query, format string) ([]byte, error)
+}
+
+// SQLRunner runs operator SQL with limits the engine enforces: settings
+// holds readonly=1 and the row, time and memory limits, and the runner
+// must apply them as engine settings of the query (not by editing the
+// text). See EngineSQL and HTTPSQL.
+type SQLRunner interface {
+	RunSQL(ctx context.Context, query, format string, settings map[string]string) ([]byte, error)
+}
+
+// Evaluator evaluates NetworkPolicies for a pair of endpoints, per IP
+// family. The result has one entry per family both ends have an address
+// of (4 and/or 6); a family absent from the map cannot be used between
+// them.
+type Evaluator interface {
+	Evaluate(ctx context.Context, src, dst Endpoint, protocol uint8, port uint16) (map[int]PolicyVerdict, error)
+}
+
+// Tracer runs a live traceflow for one family.
+type Tracer interface {
+	Trace(ctx context.Context, req TraceRequest) (*TraceResult, error)
+}
+
+// Auditor lists the audit findings (collector/audit.Findings and the
+// observed-traffic findings).
+type Auditor interface {
+	Findings(ctx context.Context) ([]audit.Finding, error)
+}
+
+// Endpoint names one end of a reachability question or a trace.
+type Endpoint struct {
+	// Kind is pod, workload, service or ip.
+	Kind      string `json:"kind"`
+	Namespace string `json:"namespace,omitempty"`
+	// Name is the pod, workload or Service name, or for kind ip the address.
+	Name string `json:"name"`
+}
+
+// String renders e as kind:namespace/name.
+func (e Endpoint) String() string {
+	if e.Namespace == "" {
+		return e.Kind + ":" + e.Name
+	}
+	return e.Kind + ":" + e.Namespace + "/" + e.Name
+}
+
+// PolicyVerdict is the evaluator's answer for one family.
+type PolicyVerdict struct {
+	// Verdict is allowed, denied, not_isolated or unknown for the flow as a
+	// whole (denied if either direction denies).
+	Verdict string `json:"verdict"`
+	// Egress and Ingress are the deciding policies ("ns/name rule N"), or
+	// empty.
+	Egress  string `json:"egress,omitempty"`
+	Ingress string `json:"ingress,omitempty"`
+	// SrcIP and DstIP are the addresses evaluated.
+	SrcIP string `json:"src_ip,omitempty"`
+	DstIP string `json:"dst_ip,omitempty"`
+}
+
+// TraceRequest asks for one traceflow.
+type TraceRequest struct {
+	Source      Endpoint `json:"source"`
+	Destination Endpoint `json:"destination"`
+	// Family is 4 or 6.
+	Family   int    `json:"family"`
+	Protocol uint8  `json:"protocol"`
+	Port     uint16 `json:"port"`
+}
+
+// TraceResult is the path of one traced packet.
+type TraceResult struct {
+	Family int    `json:"family"`
+	SrcIP  string `json:"src_ip"`
+	DstIP  string `json:"dst_ip"`
+	// Outcome is delivered, dropped or timeout.
+	Outcome string     `json:"outcome"`
+	Hops    []TraceHop `json:"hops"`
+	// DropNode and Policy say where and why it was dropped.
+	DropNode string `json:"drop_node,omitempty"`
+	Policy   string `json:"policy,omitempty"`
+}
+
+// TraceHop is one observation point of a trace.
+type TraceHop struct {
+	Node      string `json:"node"`
+	Component string `json:"component"` // e.g. egress-policy, routing, forwarding, ingress-policy
+	Action    string `json:"action"`    // forwarded, delivered, dropped, ...
+	Detail    string `json:"detail,omitempty"`
+	Policy    string `json:"policy,omitempty"`
+}
+
+// ErrNotConfigured is answered as 501 by endpoints whose service is not wired.
+var ErrNotConfigured = errors.New("not configured in this process")
+
+// Config configures the API.
+type Config struct {
+	Store Store
+	// Database holds the flows table; default "dualflow".
+	Database string
+	// SQL runs POST /sql; nil answers 501.
+	SQL SQLRunner
+	// Evaluator, Tracer and Auditor are optional (nil: reachability has
+	// unknown verdicts, trace and audit answer 501).
+	Evaluator Evaluator
+	Tracer    Tracer
+	Auditor   Auditor
+	// Tokens authorizes requests; nil or empty lets everyone in as operator
+	// (the caller then binds to loopback only).
+	Tokens *Tokens
+	// SQL limits, enforced as engine settings.
+	SQLMaxRows      int
+	SQLMaxTime      time.Duration
+	SQLMaxMemory    int64
+	QueryTimeout    time.Duration // bound of every store query of a request
+	TraceTimeout    time.Duration
+	FollowInterval  time.Duration // poll period of follow mode
+	Registerer      prometheus.Registerer
+	Gatherer        prometheus.Gatherer
+	Logger          *slog.Logger
+	Now             func() time.Time // for tests
+	ReadyCheckQuery string           // default SELECT 1
+}
+
+// Defaults.
+const (
+	DefaultSQLMaxRows     = 10000
+	DefaultSQLMaxTime     = 15 * time.Second
+	DefaultSQLMaxMemory   = 1 << 30 // 1 GiB per query
+	DefaultQueryTimeout   = 30 * time.Second
+	DefaultTraceTimeout   = 20 * time.Second
+	DefaultFollowInterval = time.Second
+)
+
+func (c *Config) setDefaults() {
+	if c.Database == "" {
+		c.Database = "dualflow"
+	}
+	if c.SQLMaxRows <= 0 {
+		c.SQLMaxRows = DefaultSQLMaxRows
+	}
+	if c.SQLMaxTime <= 0 {
+		c.SQLMaxTime = DefaultSQLMaxTime
+	}
+	if c.SQLMaxMemory <= 0 {
+		c.SQLMaxMemory = DefaultSQLMaxMemory
+	}
+	if c.QueryTimeout <= 0 {
+		c.QueryTimeout = DefaultQueryTimeout
+	}
+	if c.TraceTimeout <= 0 {
+		c.TraceTimeout = DefaultTraceTimeout
+	}
+	if c.FollowInterval <= 0 {
+		c.FollowInterval = DefaultFollowInterval
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	if c.ReadyCheckQuery == "" {
+		c.ReadyCheckQuery = "SELECT 1"
+	}
+}
+
+// API is the REST handler. Create it with New.
+type API struct {
+	cfg     Config
+	log     *slog.Logger
+	engine  *gin.Engine
+	metrics *metrics
+	table   string // qualified flows table
+}
+
+// New builds the router. It fails when Store is nil.
+func New(cfg Config) (*API, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("api: Config.Store is required")
+	}
+	cfg.setDefaults()
+	gin.SetMode(gin.ReleaseMode)
+	a := &API{cfg: cfg, log: cfg.Logger, table: cfg.Database + ".flows"}
+	var err error
+	if a.metrics, err = newMetrics(cfg.Registerer); err != nil {
+		return nil, err
+	}
+	a.engine = a.routes()
+	return a, nil
+}
+
+// Handler returns the handler of /api/v1, /healthz, /readyz and /metrics.
+func (a *API) Handler() http.Handler { return a.engine }

@@ -1,0 +1,488 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dualflow/dualflow/collector/audit"
+)
+
+// fakeStore answers every query with out (or err) and records the SQL.
+type fakeStore struct {
+	out  string
+	err  error
+	last string
+}
+
+func (f *fakeStore) Query(_ context.Context, q, _ string) ([]byte, error) {
+	f.last = q
+	return []byte(f.out), f.err
+}
+
+type fakeAuditor struct{ fs []audit.Finding }
+
+func (f fakeAuditor) Findings(context.Context) ([]audit.Finding, error) { return f.fs, nil }
+
+type fakeTracer struct{}
+
+func (fakeTracer) Trace(_ context.Context, r TraceRequest) (*TraceResult, error) {
+	if r.Family == 6 {
+		return &TraceResult{Outcome: "dropped", DropNode: "node-b", Policy: "shop/db-policy",
+			Hops: []TraceHop{{Node: "node-a", Component: "egress-policy", Action: "forwarded"}, {Node: "node-b", Component: "ingress-policy", Action: "dropped", Policy: "shop/db-policy"}}}, nil
+	}
+	return &TraceResult{Outcome: "delivered", Hops: []TraceHop{{Node: "node-b", Component: "forwarding", Action: "delivered"}}}, nil
+}
+
+type fakeEvaluator struct{}
+
+func (fakeEvaluator) Evaluate(_ context.Context, src, dst Endpoint, _ uint8, _ uint16) (map[int]PolicyVerdict, error) {
+	if dst.Name == "db" && src.Name == "frontend" {
+		return map[int]PolicyVerdict{4: {Verdict: "allowed"}, 6: {Verdict: "denied", Ingress: "shop/db-policy"}}, nil
+	}
+	if dst.Name == "v4only" {
+		return map[int]PolicyVerdict{4: {Verdict: "not_isolated"}}, nil
+	}
+	return map[int]PolicyVerdict{4: {Verdict: "not_isolated"}, 6: {Verdict: "not_isolated"}}, nil
+}
+
+func testAPI(t testing.TB, cfg Config) http.Handler {
+	t.Helper()
+	if cfg.Store == nil {
+		cfg.Store = needEngine(t)
+	}
+	if cfg.Now == nil {
+		cfg.Now = func() time.Time { return seedNow }
+	}
+	a, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a.Handler()
+}
+
+type resp struct {
+	code int
+	body string
+	hdr  http.Header
+}
+
+func do(t testing.TB, h http.Handler, method, target, body string, hdr ...string) resp {
+	t.Helper()
+	var r io.Reader
+	if body != "" {
+		r = strings.NewReader(body)
+	}
+	req := httptest.NewRequest(method, target, r)
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, req)
+	return resp{w.Code, w.Body.String(), w.Header()}
+}
+
+func (r resp) String() string {
+	b := r.body
+	if len(b) > 300 {
+		b = b[:300] + "…"
+	}
+	return fmt.Sprintf("%d %s", r.code, b)
+}
+
+func decode[T any](t testing.TB, r resp) T {
+	t.Helper()
+	var v T
+	if err := json.Unmarshal([]byte(r.body), &v); err != nil {
+		t.Fatalf("decode %T from %d %q: %v", v, r.code, r.body, err)
+	}
+	return v
+}
+
+func TestFlowsFilters(t *testing.T) {
+	h := testAPI(t, Config{})
+	total := func(q string) (n int, fams map[int]int) {
+		t.Helper()
+		fams = map[int]int{}
+		next := ""
+		for page := 0; page < 100; page++ {
+			u := "/api/v1/flows?limit=1000&" + q
+			if next != "" {
+				u += "&cursor=" + next
+			}
+			r := do(t, h, "GET", u, "")
+			if r.code != 200 {
+				t.Fatalf("%s: %v", u, r)
+			}
+			p := decode[FlowPage](t, r)
+			for _, f := range p.Flows {
+				fams[f.IPVersion]++
+			}
+			n += len(p.Flows)
+			if next = p.Next; next == "" {
+				return
+			}
+		}
+		t.Fatalf("%s: too many pages", q)
+		return
+	}
+	all, fams := total("")
+	if all == 0 || fams[4] == 0 || fams[6] == 0 {
+		t.Fatalf("seeded flows: %d %v", all, fams)
+	}
+	for _, tc := range []struct {
+		name, q string
+		check   func(n int, fams map[int]int) bool
+	}{
+		{"ip_version 6", "ip_version=6", func(n int, f map[int]int) bool { return n == fams[6] && f[4] == 0 }},
+		{"ip_version 4 or 6", "ip_version=4,6", func(n int, _ map[int]int) bool { return n == all }},
+		{"not ip_version 4", "not.ip_version=4", func(n int, _ map[int]int) bool { return n == fams[6] }},
+		{"v4 CIDR", "dst_ip=10.244.3.0/24", func(n int, f map[int]int) bool { return n > 0 && f[6] == 0 }},
+		{"v6 CIDR", "dst_ip=fd00:10:244:3::/64", func(n int, f map[int]int) bool { return n > 0 && f[4] == 0 }},
+		{"both CIDRs", "dst_ip=10.244.3.0/24,fd00:10:244:3::/64", func(n int, f map[int]int) bool { return f[4] > 0 && f[6] > 0 }},
+		{"v4 address", "src_ip=10.244.1.1", func(n int, f map[int]int) bool { return n > 0 && f[6] == 0 }},
+		{"v6 address", "src_ip=fd00:10:244:1::2", func(n int, f map[int]int) bool { return n > 0 && f[4] == 0 }},
+		{"verdict denied is v6 only", "verdict=denied", func(n int, f map[int]int) bool { return n > 0 && f[4] == 0 }},
+		{"workload and port", "src_workload=shop/frontend&dst_port=5432", func(n int, f map[int]int) bool { return n > 0 && n < all }},
+		{"label", "dst_label=app=dns", func(n int, _ map[int]int) bool { return n > 0 && n < all }},
+		{"not label", "not.dst_label=app=dns", func(n int, _ map[int]int) bool { return n > 0 && n < all }},
+		{"service", "service=shop/db", func(n int, f map[int]int) bool { return n > 0 && f[6] == 0 }},
+		{"protocol UDP", "protocol=udp", func(n int, _ map[int]int) bool { return n > 0 && n < all }},
+		{"policy", "policy=shop/db-policy", func(n int, _ map[int]int) bool { return n > 0 }},
+		{"namespace either side", "namespace=infra", func(n int, _ map[int]int) bool { return n > 0 && n < all }},
+		{"node", "src_node=node-b", func(n int, _ map[int]int) bool { return n > 0 && n < all }},
+		{"injection is a value", "src_pod=x')%20OR%201=1%20--", func(n int, _ map[int]int) bool { return n == 0 }},
+		{"time range", "since=" + seedNow.Add(-10*time.Minute).Format(time.RFC3339), func(n int, _ map[int]int) bool { return n > 0 && n < all/4 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n, f := total(tc.q)
+			if !tc.check(n, f) {
+				t.Errorf("%s: %d rows %v (all %d %v)", tc.q, n, f, all, fams)
+			}
+		})
+	}
+	// Labels of every row in the CIDR match the filter.
+	r := do(t, h, "GET", "/api/v1/flows?dst_ip=fd00:10:244:3::/64&limit=5", "")
+	for _, f := range decode[FlowPage](t, r).Flows {
+		if !strings.HasPrefix(f.DstIP, "fd00:10:244:3:") || f.IPVersion != 6 {
+			t.Errorf("row outside the filter: %+v", f)
+		}
+	}
+}
+
+func TestFlowsPagination(t *testing.T) {
+	h := testAPI(t, Config{})
+	seen := map[string]bool{}
+	next, last := "", int64(1<<62)
+	pages := 0
+	for {
+		u := "/api/v1/flows?limit=97&src_workload=shop/frontend"
+		if next != "" {
+			u += "&cursor=" + next
+		}
+		p := decode[FlowPage](t, do(t, h, "GET", u, ""))
+		for _, f := range p.Flows {
+			id := f.Key + "@" + f.SrcIP
+			if seen[id] {
+				t.Fatalf("row repeated across pages: %s", id)
+			}
+			seen[id] = true
+			if f.FlowEndMs > last {
+				t.Fatalf("not newest first: %d after %d", f.FlowEndMs, last)
+			}
+			last = f.FlowEndMs
+		}
+		pages++
+		if next = p.Next; next == "" {
+			break
+		}
+	}
+	if pages < 3 {
+		t.Errorf("only %d pages", pages)
+	}
+}
+
+func TestBadInput4xx(t *testing.T) {
+	h := testAPI(t, Config{SQL: EngineSQL{Engine: needEngine(t).DB()}, Tracer: fakeTracer{}, Evaluator: fakeEvaluator{}})
+	for _, tc := range []struct {
+		method, url, body, field string
+	}{
+		{"GET", "/api/v1/flows?ip_version=5", "", "ip_version"},
+		{"GET", "/api/v1/flows?src_ip=10.0.0.300", "", "src_ip"},
+		{"GET", "/api/v1/flows?dst_ip=fd00::/129", "", "dst_ip"},
+		{"GET", "/api/v1/flows?dst_ip=fe80::1%25eth0", "", "dst_ip"},
+		{"GET", "/api/v1/flows?port=70000", "", "port"},
+		{"GET", "/api/v1/flows?port=90-80", "", "port"},
+		{"GET", "/api/v1/flows?protocol=bogus", "", "protocol"},
+		{"GET", "/api/v1/flows?verdict=maybe", "", "verdict"},
+		{"GET", "/api/v1/flows?colour=red", "", "colour"},
+		{"GET", "/api/v1/flows?limit=0", "", "limit"},
+		{"GET", "/api/v1/flows?cursor=!!!", "", "cursor"},
+		{"GET", "/api/v1/flows?cursor=bm90LWEtY3Vyc29y", "", "cursor"},
+		{"GET", "/api/v1/flows?since=yesterday", "", "since"},
+		{"GET", "/api/v1/flows?since=1h&until=2h", "", "since"},
+		{"GET", "/api/v1/flows/summary?step=1ms&since=24h", "", "step"},
+		{"GET", "/api/v1/servicemap?limit=100000", "", "limit"},
+		{"POST", "/api/v1/reachability", "{", "body"},
+		{"POST", "/api/v1/reachability", `{"sources":[],"destinations":[{"kind":"pod","namespace":"a","name":"b"}]}`, "sources"},
+		{"POST", "/api/v1/reachability", `{"sources":[{"kind":"service","namespace":"a","name":"b"}],"destinations":[{"kind":"pod","namespace":"a","name":"b"}]}`, "sources[0]"},
+		{"POST", "/api/v1/reachability", `{"sources":[{"kind":"pod","namespace":"a","name":"b"}],"destinations":[{"kind":"ip","name":"nope"}]}`, "destinations[0]"},
+		{"POST", "/api/v1/reachability", `{"sources":[{"kind":"pod","namespace":"a","name":"b"}],"destinations":[{"kind":"pod","namespace":"a","name":"c"}],"protocol":"xyz"}`, "protocol"},
+		{"POST", "/api/v1/traceflow", `{"source":{"kind":"pod","name":"x"},"destination":{"kind":"ip","name":"10.0.0.1"}}`, "source"},
+		{"POST", "/api/v1/traceflow", `{"source":{"kind":"pod","namespace":"a","name":"x"},"destination":{"kind":"ip","name":"10.0.0.1"},"family":5}`, "family"},
+		{"POST", "/api/v1/sql", `{"query":""}`, "query"},
+		{"POST", "/api/v1/sql", `{"query":"SELEC 1"}`, "query"},
+		{"POST", "/api/v1/sql", `{"query":"SELECT 1","format":"xml"}`, "format"},
+		{"POST", "/api/v1/sql", `{"query":"SELECT * FROM dualflow.nope"}`, "query"},
+	} {
+		r := do(t, h, tc.method, tc.url, tc.body)
+		if r.code < 400 || r.code >= 500 {
+			t.Errorf("%s %s %s: %v", tc.method, tc.url, tc.body, r)
+			continue
+		}
+		e := decode[errorBody](t, r)
+		if e.Message == "" || e.Field != tc.field {
+			t.Errorf("%s %s %s: error %+v, want field %q", tc.method, tc.url, tc.body, e, tc.field)
+		}
+	}
+	if r := do(t, h, "GET", "/api/v1/nope", ""); r.code != 404 || !strings.Contains(r.body, "message") {
+		t.Errorf("404: %d %s", r.code, r.body)
+	}
+}
+
+func TestSQLReadOnlyAndLimits(t *testing.T) {
+	e := needEngine(t)
+	h := testAPI(t, Config{SQL: EngineSQL{Engine: e.DB()}, SQLMaxRows: 50})
+	r := do(t, h, "POST", "/api/v1/sql", `{"query":"SELECT ip_version, count() AS n FROM flows GROUP BY ip_version ORDER BY ip_version"}`)
+	if r.code != 200 {
+		t.Fatalf("select: %d %s", r.code, r.body)
+	}
+	res := decode[SQLResult](t, r)
+	if len(res.Columns) != 2 || res.Columns[1].Name != "n" || len(res.Rows) != 2 || res.Limits.MaxRows != 50 {
+		t.Errorf("result %+v", res)
+	}
+	for name, q := range map[string]string{
+		"insert":         "INSERT INTO dualflow.flows (ip_version) VALUES (4)",
+		"drop":           "DROP TABLE dualflow.flows",
+		"create":         "CREATE TABLE dualflow.x (a UInt8) ENGINE = Memory",
+		"truncate":       "TRUNCATE TABLE dualflow.flows",
+		"lift the limit": "SELECT number FROM numbers(100) SETTINGS max_result_rows = 1000",
+		"readonly=0":     "SELECT 1 SETTINGS readonly = 0",
+		"table function": "SELECT * FROM file('/etc/hostname', 'LineAsString')",
+		"too many rows":  "SELECT number FROM numbers(100)",
+		"memory":         "SELECT groupArray(repeat('x', 1000)) FROM numbers(10000000)",
+		"set":            "SET max_result_rows = 0",
+	} {
+		r := do(t, h, "POST", "/api/v1/sql", `{"query":`+jsonString(q)+`}`)
+		if r.code != 400 {
+			t.Errorf("%s: %d %s", name, r.code, r.body)
+		}
+	}
+	n := decode[SQLResult](t, do(t, h, "POST", "/api/v1/sql", `{"query":"SELECT count() FROM flows"}`)).Rows[0][0]
+	if n != json.Number("0") && n == nil {
+		t.Errorf("count %v", n)
+	}
+	r = do(t, h, "POST", "/api/v1/sql", `{"query":"SELECT ip_version, count() FROM flows GROUP BY ip_version ORDER BY 1","format":"csv"}`)
+	if r.code != 200 || !strings.HasPrefix(r.body, "\"ip_version\",\"count()\"\n4,") || !strings.Contains(r.hdr.Get("Content-Disposition"), "attachment") {
+		t.Errorf("csv: %d %q", r.code, r.body)
+	}
+}
+
+func jsonString(s string) string { b, _ := json.Marshal(s); return string(b) }
+
+func TestAuthRoles(t *testing.T) {
+	tok := &Tokens{}
+	tok.Add("view-secret", Principal{Name: "v", Role: RoleViewer})
+	tok.Add("op-secret", Principal{Name: "o", Role: RoleOperator})
+	h := testAPI(t, Config{Store: &fakeStore{out: `{"si":0}` + "\n"}, Tokens: tok, SQL: EngineSQL{Engine: fakeEngineNil{}}, Tracer: fakeTracer{}})
+	body := `{"source":{"kind":"pod","namespace":"a","name":"x"},"destination":{"kind":"ip","name":"fd00::1"}}`
+	for _, tc := range []struct {
+		method, url, body, token string
+		code                     int
+	}{
+		{"GET", "/healthz", "", "", 200},
+		{"GET", "/api/v1/openapi.json", "", "", 200},
+		{"GET", "/api/v1/flows", "", "", 401},
+		{"GET", "/api/v1/flows", "", "wrong", 401},
+		{"GET", "/api/v1/flows", "", "view-secret", 200},
+		{"GET", "/metrics", "", "", 401},
+		{"GET", "/metrics", "", "view-secret", 200},
+		{"POST", "/api/v1/traceflow", body, "view-secret", 403},
+		{"POST", "/api/v1/traceflow", body, "op-secret", 200},
+		{"POST", "/api/v1/sql", `{"query":"SELECT 1"}`, "view-secret", 403},
+		{"GET", "/api/v1/whoami", "", "op-secret", 200},
+	} {
+		var hdr []string
+		if tc.token != "" {
+			hdr = []string{"Authorization", "Bearer " + tc.token}
+		}
+		if r := do(t, h, tc.method, tc.url, tc.body, hdr...); r.code != tc.code {
+			t.Errorf("%s %s as %q: %d %s, want %d", tc.method, tc.url, tc.token, r.code, r.body, tc.code)
+		}
+	}
+	// A cross-site browser request is refused even with a token.
+	if r := do(t, h, "POST", "/api/v1/sql", `{"query":"SELECT 1"}`, "Authorization", "Bearer op-secret", "Sec-Fetch-Site", "cross-site"); r.code != 403 {
+		t.Errorf("cross-site: %d", r.code)
+	}
+}
+
+type fakeEngineNil struct{}
+
+func (fakeEngineNil) Run(context.Context, chdbStatement) (*chdbResult, error) {
+	return &chdbResult{Data: []byte(`{"meta":[{"name":"1","type":"UInt8"}],"data":[[1]]}`)}, nil
+}
+
+func TestHealthReadyMetrics(t *testing.T) {
+	h := testAPI(t, Config{Store: &fakeStore{}})
+	if r := do(t, h, "GET", "/readyz", ""); r.code != 200 {
+		t.Errorf("readyz: %d", r.code)
+	}
+	do(t, h, "GET", "/api/v1/flows", "")
+	if r := do(t, h, "GET", "/metrics", ""); r.code != 200 || !strings.Contains(r.body, `dualflow_web_requests_total{route="/api/v1/flows",status="200"} 1`) {
+		t.Errorf("metrics: %d %s", r.code, r.body)
+	}
+	bad := testAPI(t, Config{Store: &fakeStore{err: errors.New("engine gone")}})
+	if r := do(t, bad, "GET", "/readyz", ""); r.code != 503 {
+		t.Errorf("readyz down: %d", r.code)
+	}
+	if r := do(t, bad, "GET", "/api/v1/flows", ""); r.code != 502 || !strings.Contains(r.body, "engine gone") {
+		t.Errorf("store down: %d %s", r.code, r.body)
+	}
+	var spec map[string]any
+	r := do(t, h, "GET", "/api/v1/openapi.json", "")
+	if err := json.Unmarshal([]byte(r.body), &spec); err != nil || spec["openapi"] != "3.0.3" {
+		t.Errorf("openapi: %v", err)
+	}
+	paths := spec["paths"].(map[string]any)
+	for _, p := range []string{"/flows", "/flows/summary", "/servicemap", "/reachability", "/traceflow", "/audit", "/sql"} {
+		if paths[p] == nil {
+			t.Errorf("openapi lacks %s", p)
+		}
+	}
+}
+
+func TestSummaryAndServiceMap(t *testing.T) {
+	h := testAPI(t, Config{})
+	s := decode[Summary](t, do(t, h, "GET", "/api/v1/flows/summary?step=5m", ""))
+	if s.StepSeconds != 300 || len(s.Series) == 0 || len(s.Talkers) == 0 {
+		t.Fatalf("summary %+v", s)
+	}
+	fam := map[int]FamilyTotal{}
+	for _, f := range s.Families {
+		fam[f.IPVersion] = f
+	}
+	if fam[4].Flows == 0 || fam[6].Flows == 0 || fam[6].Dropped == 0 || fam[4].Dropped != 0 {
+		t.Errorf("families %+v", s.Families)
+	}
+	m := decode[ServiceMap](t, do(t, h, "GET", "/api/v1/servicemap", ""))
+	var dropped6, svc bool
+	for _, e := range m.Edges {
+		if e.Src == "shop/frontend" && e.Dst == "shop/db" && e.IPVersion == 6 && e.Verdict == "dropped" {
+			dropped6 = true
+		}
+		if e.Dst == "svc:shop/cart" {
+			svc = true
+		}
+	}
+	if !dropped6 || !svc || len(m.Nodes) < 4 {
+		t.Errorf("service map %+v", m)
+	}
+}
+
+func TestReachability(t *testing.T) {
+	h := testAPI(t, Config{Evaluator: fakeEvaluator{}, Tracer: fakeTracer{}})
+	req := `{"sources":[{"kind":"workload","namespace":"shop","name":"frontend"},{"kind":"workload","namespace":"shop","name":"cart"}],
+	 "destinations":[{"kind":"workload","namespace":"shop","name":"db"},{"kind":"service","namespace":"shop","name":"cart"},{"kind":"ip","name":"fd00:10:244:3::/64"},{"kind":"workload","namespace":"x","name":"v4only"}],"since":"1h"}`
+	r := do(t, h, "POST", "/api/v1/reachability", req)
+	if r.code != 200 {
+		t.Fatalf("%d %s", r.code, r.body)
+	}
+	m := decode[Reachability](t, r)
+	fdb := m.Cells[0][0]
+	if !fdb.Asymmetric || fdb.Families["4"].Outcome != "allow" || fdb.Families["6"].Outcome != "deny" ||
+		fdb.Families["6"].Observed.Verdicts["dropped"] == 0 || fdb.Families["4"].Observed.Flows == 0 {
+		t.Errorf("frontend→db %+v", fdb)
+	}
+	if c := m.Cells[0][1]; c.Asymmetric || c.Families["4"].Observed.Flows == 0 || c.Families["6"].Observed.Flows == 0 {
+		t.Errorf("frontend→svc cart %+v", c)
+	}
+	if c := m.Cells[0][2]; c.Families["6"].Observed.Flows == 0 || c.Families["4"].Observed.Flows != 0 {
+		t.Errorf("frontend→v6 CIDR of db %+v %+v", c.Families["4"], c.Families["6"])
+	}
+	if c := m.Cells[1][3]; !c.Asymmetric || c.Families["6"].Outcome != "unavailable" {
+		t.Errorf("cart→v4only %+v", c)
+	}
+	if m.Asymmetric < 2 {
+		t.Errorf("asymmetric %d", m.Asymmetric)
+	}
+	// Live traces on request.
+	r = do(t, h, "POST", "/api/v1/reachability", strings.Replace(req, `"since":"1h"`, `"trace":true`, 1))
+	m = decode[Reachability](t, r)
+	if tr := m.Cells[0][0].Families["6"].Trace; tr == nil || tr.Outcome != "dropped" {
+		t.Errorf("trace %+v", m.Cells[0][0].Families["6"])
+	}
+}
+
+func TestTraceflowAndAudit(t *testing.T) {
+	h := testAPI(t, Config{Store: &fakeStore{}, Tracer: fakeTracer{}, Auditor: fakeAuditor{fs: []audit.Finding{
+		{Kind: audit.KindUnprotectedIngress, Message: "a"},
+		{Kind: audit.KindVerdictGap, Message: "b"},
+		{Kind: audit.KindInvalidPolicy, Message: "c"},
+		{Kind: audit.KindServiceSingleStack, Message: "d"},
+	}}})
+	r := do(t, h, "POST", "/api/v1/traceflow", `{"source":{"kind":"pod","namespace":"shop","name":"frontend-0"},"destination":{"kind":"ip","name":"fd00:10:244:3::65"},"port":5432}`)
+	tr := decode[TraceflowResponse](t, r)
+	if len(tr.Results) != 2 || tr.Results[0].Family != 4 || tr.Results[1].Outcome != "dropped" {
+		t.Errorf("dual trace %s", r.body)
+	}
+	a := decode[AuditResponse](t, do(t, h, "GET", "/api/v1/audit", ""))
+	if a.DualStack != 2 || a.Findings[0].Message != "b" || a.Findings[1].Message != "d" || a.Findings[2].Message != "a" {
+		t.Errorf("audit order %+v", a)
+	}
+	none := testAPI(t, Config{Store: &fakeStore{}})
+	if r := do(t, none, "GET", "/api/v1/audit", ""); r.code != 501 {
+		t.Errorf("no auditor: %d", r.code)
+	}
+}
+
+func TestFilterSQL(t *testing.T) {
+	now := seedNow
+	for _, tc := range []struct {
+		q    string
+		want []string
+	}{
+		{"src_ip=10.1.2.3", []string{"src_ip_bin = toIPv6('10.1.2.3')"}},
+		{"src_ip=::ffff:10.1.2.3", []string{"src_ip_bin = toIPv6('10.1.2.3')"}},
+		{"dst_ip=fd00::/16", []string{"dst_ip_bin BETWEEN toIPv6('fd00::') AND toIPv6('fd00:ffff:ffff:ffff:ffff:ffff:ffff:ffff')"}},
+		{"dst_ip=::ffff:10.0.0.0/104", []string{"dst_ip_bin BETWEEN toIPv6('10.0.0.0') AND toIPv6('10.255.255.255')"}},
+		{"pod=ns/p'x", []string{`(src_pod_namespace = 'ns' AND src_pod_name = 'p\'x')`, "OR"}},
+		{"not.verdict=denied&ip_version=6", []string{"NOT ((ingress_verdict = 'denied' OR egress_verdict = 'denied'))", "(ip_version = 6)"}},
+		{"src_label=app%3Dweb", []string{"src_pod_labels['app'] = 'web'"}},
+		{"src_label=!tier", []string{"NOT mapContains(src_pod_labels, 'tier')"}},
+		{"port=80-90", []string{"(src_port BETWEEN 80 AND 90 OR dst_port BETWEEN 80 AND 90)"}},
+	} {
+		q, _ := url.ParseQuery(tc.q)
+		f, err := parseFilter(q, now)
+		if err != nil {
+			t.Errorf("%s: %v", tc.q, err)
+			continue
+		}
+		w := f.where()
+		for _, s := range tc.want {
+			if !strings.Contains(w, s) {
+				t.Errorf("%s: %s lacks %s", tc.q, w, s)
+			}
+		}
+	}
+}

@@ -1,0 +1,144 @@
+package api
+
+import (
+	"bufio"
+	"crypto/sha256"
+	"crypto/subtle"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+
+	"github.com/gin-gonic/gin"
+)
+
+// Role is what a token may do. Operator includes viewer.
+type Role int
+
+// Roles.
+const (
+	RoleViewer Role = iota + 1
+	RoleOperator
+)
+
+func (r Role) String() string {
+	switch r {
+	case RoleViewer:
+		return "viewer"
+	case RoleOperator:
+		return "operator"
+	}
+	return "none"
+}
+
+// Principal is who made a request.
+type Principal struct {
+	Name string
+	Role Role
+}
+
+// Tokens maps bearer tokens to principals. Tokens are compared by their
+// SHA-256 in constant time.
+type Tokens struct {
+	byHash map[[32]byte]Principal
+}
+
+// Enabled reports whether any token is configured.
+func (t *Tokens) Enabled() bool { return t != nil && len(t.byHash) > 0 }
+
+// LoadTokens reads a token file: one "token role [name]" per line, role
+// viewer or operator; blank lines and # comments are skipped.
+func LoadTokens(path string) (*Tokens, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("tokens: %w", err)
+	}
+	defer f.Close()
+	t := &Tokens{byHash: map[[32]byte]Principal{}}
+	sc := bufio.NewScanner(f)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		fields := strings.Fields(line)
+		if len(fields) < 2 {
+			return nil, fmt.Errorf("tokens %s:%d: want \"token role [name]\"", path, n)
+		}
+		var role Role
+		switch fields[1] {
+		case "viewer":
+			role = RoleViewer
+		case "operator":
+			role = RoleOperator
+		default:
+			return nil, fmt.Errorf("tokens %s:%d: role %q is not viewer or operator", path, n, fields[1])
+		}
+		name := fmt.Sprintf("%s-%d", fields[1], n)
+		if len(fields) > 2 {
+			name = fields[2]
+		}
+		t.Add(fields[0], Principal{Name: name, Role: role})
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("tokens %s: %w", path, err)
+	}
+	return t, nil
+}
+
+// Add registers a token (for tests and programmatic setups).
+func (t *Tokens) Add(token string, p Principal) {
+	if t.byHash == nil {
+		t.byHash = map[[32]byte]Principal{}
+	}
+	t.byHash[sha256.Sum256([]byte(token))] = p
+}
+
+func (t *Tokens) lookup(token string) (Principal, bool) {
+	h := sha256.Sum256([]byte(token))
+	var found Principal
+	ok := false
+	for k, p := range t.byHash {
+		if subtle.ConstantTimeCompare(k[:], h[:]) == 1 {
+			found, ok = p, true
+		}
+	}
+	return found, ok
+}
+
+const principalKey = "dualflow.principal"
+
+// auth requires a token with at least role min. Without tokens everyone
+// is an operator (the server then listens on loopback only).
+func (a *API) auth(min Role) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		if !a.cfg.Tokens.Enabled() {
+			c.Set(principalKey, Principal{Name: "local", Role: RoleOperator})
+			return
+		}
+		h := c.GetHeader("Authorization")
+		tok, ok := strings.CutPrefix(h, "Bearer ")
+		if !ok || tok == "" {
+			c.Header("WWW-Authenticate", `Bearer realm="dualflow"`)
+			c.AbortWithStatusJSON(http.StatusUnauthorized, errorBody{Message: "a bearer token is required", Field: "Authorization"})
+			return
+		}
+		p, ok := a.cfg.Tokens.lookup(strings.TrimSpace(tok))
+		if !ok {
+			c.AbortWithStatusJSON(http.StatusUnauthorized, errorBody{Message: "unknown token", Field: "Authorization"})
+			return
+		}
+		if p.Role < min {
+			c.AbortWithStatusJSON(http.StatusForbidden, errorBody{Message: "role " + p.Role.String() + " may not do this; " + min.String() + " required"})
+			return
+		}
+		c.Set(principalKey, p)
+	}
+}
+
+func principalOf(c *gin.Context) Principal {
+	if v, ok := c.Get(principalKey); ok {
+		return v.(Principal)
+	}
+	return Principal{}
+}

@@ -1,0 +1,373 @@
+package api
+
+import (
+	"fmt"
+	"net/netip"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// FieldError is a bad request about one input field. Handlers answer it
+// with 400 and {"message", "field"}.
+type FieldError struct {
+	Field   string
+	Message string
+}
+
+func (e *FieldError) Error() string { return e.Field + ": " + e.Message }
+
+func fieldErr(field, format string, args ...any) *FieldError {
+	return &FieldError{Field: field, Message: fmt.Sprintf(format, args...)}
+}
+
+// A flow filter follows Hubble: every field given is AND-ed, the values of
+// one field (repeated parameters or comma-separated) are OR-ed, and
+// "not.<field>" excludes what the field would match. Each field compiles a
+// value into a condition on the flows table.
+type fieldSpec struct {
+	doc   string
+	build func(v string) (string, error)
+}
+
+// Sides of a flow. A field without src_/dst_ matches either side.
+var sides = []string{"src", "dst"}
+
+var filterFields = map[string]fieldSpec{}
+
+func init() { buildFilterFields() }
+
+func buildFilterFields() {
+	add := func(name, doc string, f func(v string) (string, error)) {
+		filterFields[name] = fieldSpec{doc: doc, build: f}
+	}
+	both := func(name, doc string, f func(side, v string) (string, error)) {
+		for _, s := range sides {
+			s := s
+			add(s+"_"+name, doc+" ("+map[string]string{"src": "source", "dst": "destination"}[s]+")", func(v string) (string, error) { return f(s, v) })
+		}
+		add(name, doc+" (either side)", func(v string) (string, error) {
+			a, err := f("src", v)
+			if err != nil {
+				return "", err
+			}
+			b, err := f("dst", v)
+			if err != nil {
+				return "", err
+			}
+			return "(" + a + " OR " + b + ")", nil
+		})
+	}
+	add("ip_version", "4 or 6", func(v string) (string, error) {
+		switch v {
+		case "4", "6":
+			return "ip_version = " + v, nil
+		}
+		return "", fmt.Errorf("want 4 or 6, got %q", v)
+	})
+	both("pod", "pod as namespace/name or name", func(s, v string) (string, error) {
+		ns, name := splitNS(v)
+		if name == "" {
+			return "", fmt.Errorf("empty pod name")
+		}
+		c := s + "_pod_name = " + quote(name)
+		if ns != "" {
+			c = "(" + s + "_pod_namespace = " + quote(ns) + " AND " + c + ")"
+		}
+		return c, nil
+	})
+	both("namespace", "pod namespace", func(s, v string) (string, error) {
+		if v == "" {
+			return "", fmt.Errorf("empty namespace")
+		}
+		return s + "_pod_namespace = " + quote(v), nil
+	})
+	both("workload", "workload as namespace/name, name, or Kind:namespace/name", func(s, v string) (string, error) {
+		kind := ""
+		if k, rest, ok := strings.Cut(v, ":"); ok {
+			kind, v = k, rest
+		}
+		ns, name := splitNS(v)
+		if name == "" {
+			return "", fmt.Errorf("empty workload name")
+		}
+		c := []string{s + "_workload_name = " + quote(name)}
+		if ns != "" {
+			c = append(c, s+"_pod_namespace = "+quote(ns))
+		}
+		if kind != "" {
+			c = append(c, s+"_workload_kind = "+quote(kind))
+		}
+		return "(" + strings.Join(c, " AND ") + ")", nil
+	})
+	both("label", "label selector term: key=value, key!=value, key or !key", func(s, v string) (string, error) {
+		return labelCond(s+"_pod_labels", v)
+	})
+	both("node", "node name", func(s, v string) (string, error) {
+		if v == "" {
+			return "", fmt.Errorf("empty node")
+		}
+		return s + "_node = " + quote(v), nil
+	})
+	both("zone", "topology zone", func(s, v string) (string, error) {
+		return s + "_zone = " + quote(v), nil
+	})
+	both("ip", "address or CIDR of either family", func(s, v string) (string, error) {
+		return ipCond(s+"_ip_bin", v)
+	})
+	both("port", "port or range lo-hi", func(s, v string) (string, error) {
+		return portCond(s+"_port", v)
+	})
+	add("service", "destination Service as namespace/name or name", func(v string) (string, error) {
+		ns, name := splitNS(v)
+		if name == "" {
+			return "", fmt.Errorf("empty service name")
+		}
+		c := "dst_service_name = " + quote(name)
+		if ns != "" {
+			c = "(dst_service_namespace = " + quote(ns) + " AND " + c + ")"
+		}
+		return c, nil
+	})
+	add("dst_service", filterFieldsDocAlias, func(v string) (string, error) { return filterFields["service"].build(v) })
+	add("protocol", "TCP, UDP, ICMP, ICMPv6, SCTP or an IANA number", func(v string) (string, error) {
+		n, ok := protoNumbers[strings.ToLower(v)]
+		if !ok {
+			p, err := strconv.ParseUint(v, 10, 8)
+			if err != nil {
+				return "", fmt.Errorf("unknown protocol %q", v)
+			}
+			n = uint8(p)
+		}
+		return "protocol = " + strconv.Itoa(int(n)), nil
+	})
+	add("verdict", "policy verdict of either direction: allowed, denied, rejected, not_isolated, unknown; or dropped (denied or rejected)", func(v string) (string, error) {
+		switch v {
+		case "allowed", "denied", "rejected", "not_isolated", "unknown":
+			if v == "unknown" {
+				return "(ingress_verdict = 'unknown' AND egress_verdict = 'unknown')", nil
+			}
+			return "(ingress_verdict = " + quote(v) + " OR egress_verdict = " + quote(v) + ")", nil
+		case "dropped":
+			return "(ingress_verdict IN ('denied', 'rejected') OR egress_verdict IN ('denied', 'rejected'))", nil
+		}
+		return "", fmt.Errorf("unknown verdict %q", v)
+	})
+	add("policy", "deciding NetworkPolicy (either direction) as namespace/name or name", func(v string) (string, error) {
+		ns, name := splitNS(v)
+		if name == "" {
+			return "", fmt.Errorf("empty policy name")
+		}
+		var c []string
+		for _, d := range []string{"ingress", "egress"} {
+			x := d + "_policy_name = " + quote(name)
+			if ns != "" {
+				x = "(" + d + "_policy_namespace = " + quote(ns) + " AND " + x + ")"
+			}
+			c = append(c, x)
+		}
+		return "(" + strings.Join(c, " OR ") + ")", nil
+	})
+	add("verdict_mismatch", "true: the datapath's verdict disagrees with the evaluated one", func(v string) (string, error) {
+		switch v {
+		case "true", "1":
+			return "verdict_mismatch", nil
+		case "false", "0":
+			return "NOT verdict_mismatch", nil
+		}
+		return "", fmt.Errorf("want true or false")
+	})
+}
+
+const filterFieldsDocAlias = "alias of service"
+
+var protoNumbers = map[string]uint8{"tcp": 6, "udp": 17, "icmp": 1, "icmpv6": 58, "sctp": 132}
+
+// splitNS splits "ns/name" ("name" alone has no namespace).
+func splitNS(v string) (ns, name string) {
+	if a, b, ok := strings.Cut(v, "/"); ok {
+		return a, b
+	}
+	return "", v
+}
+
+func labelCond(col, v string) (string, error) {
+	switch {
+	case v == "":
+		return "", fmt.Errorf("empty label selector")
+	case strings.Contains(v, "!="):
+		k, val, _ := strings.Cut(v, "!=")
+		return col + "[" + quote(strings.TrimSpace(k)) + "] != " + quote(strings.TrimSpace(val)), nil
+	case strings.Contains(v, "="):
+		k, val, _ := strings.Cut(v, "=")
+		val = strings.TrimPrefix(val, "=")
+		return col + "[" + quote(strings.TrimSpace(k)) + "] = " + quote(strings.TrimSpace(val)), nil
+	case strings.HasPrefix(v, "!"):
+		return "NOT mapContains(" + col + ", " + quote(strings.TrimSpace(v[1:])) + ")", nil
+	}
+	return "mapContains(" + col + ", " + quote(strings.TrimSpace(v)) + ")", nil
+}
+
+// ipCond matches an address or a CIDR on a *_ip_bin column (IPv6, IPv4
+// mapped), which is indexed and cheaper than text compares.
+func ipCond(col, v string) (string, error) {
+	if strings.Contains(v, "/") {
+		p, err := netip.ParsePrefix(v)
+		if err != nil {
+			return "", fmt.Errorf("bad CIDR %q", v)
+		}
+		if p.Addr().Is4In6() {
+			p = netip.PrefixFrom(p.Addr().Unmap(), max(p.Bits()-96, 0))
+		}
+		lo, hi := prefixRange(p)
+		return col + " BETWEEN " + lo + " AND " + hi, nil
+	}
+	a, err := netip.ParseAddr(v)
+	if err != nil {
+		return "", fmt.Errorf("bad address %q", v)
+	}
+	if a.Zone() != "" {
+		return "", fmt.Errorf("address %q has a zone", v)
+	}
+	return col + " = " + ipv6Literal(a), nil
+}
+
+func portCond(col, v string) (string, error) {
+	if lo, hi, ok := strings.Cut(v, "-"); ok {
+		l, err1 := strconv.ParseUint(lo, 10, 16)
+		h, err2 := strconv.ParseUint(hi, 10, 16)
+		if err1 != nil || err2 != nil || l > h {
+			return "", fmt.Errorf("bad port range %q", v)
+		}
+		return col + " BETWEEN " + itoa(int64(l)) + " AND " + itoa(int64(h)), nil
+	}
+	p, err := strconv.ParseUint(v, 10, 16)
+	if err != nil {
+		return "", fmt.Errorf("bad port %q", v)
+	}
+	return col + " = " + itoa(int64(p)), nil
+}
+
+// Filter is a parsed flow filter.
+type Filter struct {
+	Since, Until time.Time
+	// conds are the SQL conditions, already AND-able.
+	conds []string
+}
+
+// Default time windows.
+const (
+	defaultWindow = time.Hour
+	maxValues     = 64 // values per field; more is a 400, bounding the SQL size
+)
+
+// parseFilter reads a filter from query parameters. Unknown parameters in
+// skip are ignored (pagination, follow, ...); any other unknown one is a
+// FieldError, so a typo does not silently widen the result.
+func parseFilter(q url.Values, now time.Time, skip ...string) (*Filter, error) {
+	f := &Filter{Until: now, Since: now.Add(-defaultWindow)}
+	var err error
+	if v := q.Get("since"); v != "" {
+		if f.Since, err = parseTime(v, now); err != nil {
+			return nil, fieldErr("since", "%v", err)
+		}
+	}
+	if v := q.Get("until"); v != "" {
+		if f.Until, err = parseTime(v, now); err != nil {
+			return nil, fieldErr("until", "%v", err)
+		}
+	}
+	if !f.Until.After(f.Since) {
+		return nil, fieldErr("since", "since must be before until")
+	}
+	keys := make([]string, 0, len(q))
+	for k := range q {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if k == "since" || k == "until" || contains(skip, k) {
+			continue
+		}
+		name, neg := k, false
+		if n, ok := strings.CutPrefix(k, "not."); ok {
+			name, neg = n, true
+		}
+		spec, ok := filterFields[name]
+		if !ok {
+			return nil, fieldErr(k, "unknown filter field")
+		}
+		var vals []string
+		for _, raw := range q[k] {
+			for _, v := range strings.Split(raw, ",") {
+				if v = strings.TrimSpace(v); v != "" {
+					vals = append(vals, v)
+				}
+			}
+		}
+		if len(vals) == 0 {
+			continue
+		}
+		if len(vals) > maxValues {
+			return nil, fieldErr(k, "at most %d values", maxValues)
+		}
+		ors := make([]string, 0, len(vals))
+		for _, v := range vals {
+			c, err := spec.build(v)
+			if err != nil {
+				return nil, fieldErr(k, "%v", err)
+			}
+			ors = append(ors, c)
+		}
+		c := "(" + strings.Join(ors, " OR ") + ")"
+		if neg {
+			c = "NOT " + c
+		}
+		f.conds = append(f.conds, c)
+	}
+	return f, nil
+}
+
+// where renders the conditions, time range first (the table's order key).
+func (f *Filter) where() string {
+	c := []string{
+		"flow_end >= " + timeLiteral(f.Since),
+		"flow_end < " + timeLiteral(f.Until),
+	}
+	c = append(c, f.conds...)
+	return strings.Join(c, " AND ")
+}
+
+// timeLiteral renders t for a DateTime64(3, 'UTC') compare.
+func timeLiteral(t time.Time) string {
+	return "fromUnixTimestamp64Milli(" + itoa(t.UnixMilli()) + ", 'UTC')"
+}
+
+// parseTime accepts RFC 3339, Unix milliseconds, or a duration before now
+// ("15m", "2h").
+func parseTime(v string, now time.Time) (time.Time, error) {
+	if d, err := time.ParseDuration(v); err == nil {
+		if d < 0 {
+			d = -d
+		}
+		return now.Add(-d), nil
+	}
+	if t, err := time.Parse(time.RFC3339Nano, v); err == nil {
+		return t, nil
+	}
+	if ms, err := strconv.ParseInt(v, 10, 64); err == nil && ms > 0 {
+		return time.UnixMilli(ms), nil
+	}
+	return time.Time{}, fmt.Errorf("want RFC 3339, Unix milliseconds or a duration like 15m, got %q", v)
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}

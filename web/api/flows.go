@@ -1,0 +1,274 @@
+package api
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gin-gonic/gin"
+)
+
+// Flow is one row of GET /flows.
+type Flow struct {
+	FlowStartMs  int64             `json:"flow_start_ms"`
+	FlowEndMs    int64             `json:"flow_end_ms"`
+	IPVersion    int               `json:"ip_version"`
+	SrcIP        string            `json:"src_ip"`
+	DstIP        string            `json:"dst_ip"`
+	SrcPort      int               `json:"src_port"`
+	DstPort      int               `json:"dst_port"`
+	Protocol     string            `json:"protocol_name"`
+	ServiceIP    string            `json:"service_ip,omitempty"`
+	ServicePort  int               `json:"service_port,omitempty"`
+	Packets      uint64            `json:"packets"`
+	Bytes        uint64            `json:"bytes"`
+	RevPackets   uint64            `json:"reverse_packets"`
+	RevBytes     uint64            `json:"reverse_bytes"`
+	SrcNamespace string            `json:"src_namespace,omitempty"`
+	SrcPod       string            `json:"src_pod,omitempty"`
+	SrcLabels    map[string]string `json:"src_labels,omitempty"`
+	SrcWorkload  string            `json:"src_workload,omitempty"`
+	SrcKind      string            `json:"src_workload_kind,omitempty"`
+	SrcNode      string            `json:"src_node,omitempty"`
+	DstNamespace string            `json:"dst_namespace,omitempty"`
+	DstPod       string            `json:"dst_pod,omitempty"`
+	DstLabels    map[string]string `json:"dst_labels,omitempty"`
+	DstWorkload  string            `json:"dst_workload,omitempty"`
+	DstKind      string            `json:"dst_workload_kind,omitempty"`
+	DstNode      string            `json:"dst_node,omitempty"`
+	SvcNamespace string            `json:"service_namespace,omitempty"`
+	SvcName      string            `json:"service_name,omitempty"`
+	FlowType     string            `json:"flow_type"`
+	TCPState     string            `json:"tcp_state,omitempty"`
+	EndReason    string            `json:"end_reason"`
+	Ingress      string            `json:"ingress_verdict"`
+	Egress       string            `json:"egress_verdict"`
+	IngressPol   string            `json:"ingress_policy,omitempty"`
+	EgressPol    string            `json:"egress_policy,omitempty"`
+	Mismatch     bool              `json:"verdict_mismatch"`
+	Exporter     string            `json:"exporter_node,omitempty"`
+	Key          string            `json:"key"` // tiebreaker, hex
+	TimeRecvMs   int64             `json:"time_received_ms"`
+}
+
+// flowColumns selects Flow's fields. key is the page tiebreaker: rows
+// with the same flow_end are ordered by a hash of what identifies them.
+const flowColumns = `toUnixTimestamp64Milli(flow_start) AS flow_start_ms, toUnixTimestamp64Milli(flow_end) AS flow_end_ms,
+ ip_version, src_ip, dst_ip, src_port, dst_port, protocol_name, service_ip, service_port,
+ packets, bytes, reverse_packets, reverse_bytes,
+ src_pod_namespace AS src_namespace, src_pod_name AS src_pod, src_pod_labels AS src_labels, src_workload_name AS src_workload, src_workload_kind, src_node,
+ dst_pod_namespace AS dst_namespace, dst_pod_name AS dst_pod, dst_pod_labels AS dst_labels, dst_workload_name AS dst_workload, dst_workload_kind, dst_node,
+ dst_service_namespace AS service_namespace, dst_service_name AS service_name,
+ toString(flow_type) AS flow_type, tcp_state, toString(end_reason) AS end_reason,
+ toString(ingress_verdict) AS ingress_verdict, toString(egress_verdict) AS egress_verdict,
+ if(ingress_policy_name = '', '', concat(ingress_policy_namespace, '/', ingress_policy_name)) AS ingress_policy,
+ if(egress_policy_name = '', '', concat(egress_policy_namespace, '/', egress_policy_name)) AS egress_policy,
+ verdict_mismatch, exporter_node, toUnixTimestamp64Milli(time_received) AS time_received_ms`
+
+// keyExpr is the tiebreaker of the cursor.
+const keyExpr = `cityHash64(flow_start, src_ip, dst_ip, src_port, dst_port, protocol, exporter_node, time_received)`
+
+// jsonSettings make 64-bit integers numbers, not strings.
+const jsonSettings = ` SETTINGS output_format_json_quote_64bit_integers = 0`
+
+// Page sizes.
+const (
+	defaultLimit = 100
+	maxLimit     = 1000
+	// followBatch bounds the rows one follow poll sends; a faster stream
+	// is cut to the newest and the client is told how many it missed.
+	followBatch = 500
+)
+
+// cursor is (flow_end, key) of the last row of a page.
+type cursor struct {
+	EndMs int64
+	Key   uint64
+}
+
+func (c cursor) String() string {
+	return base64.RawURLEncoding.EncodeToString([]byte(fmt.Sprintf("%d.%d", c.EndMs, c.Key)))
+}
+
+func parseCursor(s string) (cursor, error) {
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		return cursor{}, fieldErr("cursor", "not a cursor from a previous page")
+	}
+	a, k, ok := strings.Cut(string(b), ".")
+	end, err1 := strconv.ParseInt(a, 10, 64)
+	key, err2 := strconv.ParseUint(k, 10, 64)
+	if !ok || err1 != nil || err2 != nil {
+		return cursor{}, fieldErr("cursor", "not a cursor from a previous page")
+	}
+	return cursor{EndMs: end, Key: key}, nil
+}
+
+// FlowPage is the answer of GET /flows.
+type FlowPage struct {
+	Flows []Flow `json:"flows"`
+	// Next is the cursor of the following (older) page; empty at the end.
+	Next string `json:"next,omitempty"`
+}
+
+func (a *API) flows(c *gin.Context) {
+	q := c.Request.URL.Query()
+	f, err := parseFilter(q, a.cfg.Now(), "limit", "cursor", "follow")
+	if err != nil {
+		a.fail(c, err)
+		return
+	}
+	if v := q.Get("follow"); v == "true" || v == "1" {
+		a.follow(c, f)
+		return
+	}
+	limit := defaultLimit
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxLimit {
+			a.fail(c, fieldErr("limit", "want 1..%d", maxLimit))
+			return
+		}
+		limit = n
+	}
+	var cur *cursor
+	if v := q.Get("cursor"); v != "" {
+		cc, err := parseCursor(v)
+		if err != nil {
+			a.fail(c, err)
+			return
+		}
+		cur = &cc
+	}
+	ctx, cancel := context.WithTimeout(c.Request.Context(), a.cfg.QueryTimeout)
+	defer cancel()
+	page, err := a.queryFlows(ctx, f, cur, limit)
+	if err != nil {
+		a.fail(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, page)
+}
+
+// flowsSQL builds the page query. Ordering by the minute first matches the
+// table's sort key, so ClickHouse reads in order and stops early.
+func (a *API) flowsSQL(f *Filter, cur *cursor, limit int) string {
+	where := f.where()
+	if cur != nil {
+		end := "fromUnixTimestamp64Milli(" + itoa(cur.EndMs) + ", 'UTC')"
+		where += " AND flow_end <= " + end +
+			" AND (flow_end < " + end + " OR " + keyExpr + " < " + strconv.FormatUint(cur.Key, 10) + ")"
+	}
+	return "SELECT " + flowColumns + ", toString(" + keyExpr + ") AS key FROM " + a.table +
+		" WHERE " + where +
+		" ORDER BY toStartOfMinute(flow_end) DESC, flow_end DESC, " + keyExpr + " DESC LIMIT " + strconv.Itoa(limit+1) + jsonSettings
+}
+
+func (a *API) queryFlows(ctx context.Context, f *Filter, cur *cursor, limit int) (*FlowPage, error) {
+	rows, err := a.queryRows(ctx, a.flowsSQL(f, cur, limit))
+	if err != nil {
+		return nil, err
+	}
+	page := &FlowPage{Flows: make([]Flow, 0, min(len(rows), limit))}
+	for _, line := range rows {
+		var fl Flow
+		if err := json.Unmarshal(line, &fl); err != nil {
+			return nil, fmt.Errorf("decode flow row: %w", err)
+		}
+		page.Flows = append(page.Flows, fl)
+	}
+	if len(page.Flows) > limit {
+		page.Flows = page.Flows[:limit]
+		last := page.Flows[limit-1]
+		key, _ := strconv.ParseUint(last.Key, 10, 64)
+		page.Next = cursor{EndMs: last.FlowEndMs, Key: key}.String()
+	}
+	return page, nil
+}
+
+// queryRows runs a JSONEachRow query and splits its lines.
+func (a *API) queryRows(ctx context.Context, sql string) ([][]byte, error) {
+	out, err := a.cfg.Store.Query(ctx, sql, "JSONEachRow")
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("store query: %w", err)
+	}
+	var rows [][]byte
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	sc.Buffer(make([]byte, 0, 64<<10), 16<<20)
+	for sc.Scan() {
+		if l := bytes.TrimSpace(sc.Bytes()); len(l) > 0 {
+			rows = append(rows, append([]byte(nil), l...))
+		}
+	}
+	return rows, sc.Err()
+}
+
+// follow streams flows received after the request as server-sent events
+// ("flow" events with a Flow, "lag" when a poll had more than followBatch
+// rows), polling the store every FollowInterval until the client leaves.
+func (a *API) follow(c *gin.Context, f *Filter) {
+	ctx := c.Request.Context()
+	c.Header("Content-Type", "text/event-stream")
+	c.Header("Cache-Control", "no-cache")
+	c.Header("X-Accel-Buffering", "no")
+	c.Status(http.StatusOK)
+	c.Writer.Flush()
+	since := a.cfg.Now().Add(-a.cfg.FollowInterval).UnixMilli()
+	if v := c.Request.URL.Query().Get("since"); v != "" {
+		since = f.Since.UnixMilli()
+	}
+	where := f.conds
+	tick := time.NewTicker(a.cfg.FollowInterval)
+	defer tick.Stop()
+	for {
+		sql := "SELECT " + flowColumns + ", toString(" + keyExpr + ") AS key FROM " + a.table +
+			" WHERE time_received > fromUnixTimestamp64Milli(" + itoa(since) + ", 'UTC')" +
+			" AND flow_end >= fromUnixTimestamp64Milli(" + itoa(since) + ", 'UTC') - INTERVAL 1 HOUR"
+		for _, w := range where {
+			sql += " AND " + w
+		}
+		sql += " ORDER BY time_received DESC LIMIT " + strconv.Itoa(followBatch+1) + jsonSettings
+		qctx, cancel := context.WithTimeout(ctx, a.cfg.QueryTimeout)
+		rows, err := a.queryRows(qctx, sql)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			c.SSEvent("error", errorBody{Message: err.Error()})
+		} else {
+			if len(rows) > followBatch {
+				rows = rows[:followBatch]
+				c.SSEvent("lag", gin.H{"message": "more flows arrived than one poll sends; showing the newest"})
+			}
+			// Oldest first.
+			for i := len(rows) - 1; i >= 0; i-- {
+				var fl Flow
+				if json.Unmarshal(rows[i], &fl) != nil {
+					continue
+				}
+				if fl.TimeRecvMs > since {
+					since = fl.TimeRecvMs
+				}
+				c.SSEvent("flow", fl)
+			}
+		}
+		c.SSEvent("heartbeat", gin.H{"time_ms": a.cfg.Now().UnixMilli()})
+		c.Writer.Flush()
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}

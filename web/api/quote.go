@@ -1,0 +1,92 @@
+package api
+
+import (
+	"net/netip"
+	"strconv"
+	"strings"
+)
+
+// The store's Conn has no server-side parameters, so every value that
+// reaches SQL text goes through one of these functions. Identifiers
+// (columns) never come from input: they are picked from fixed tables.
+
+// quote returns s as a ClickHouse string literal. Backslash and quote are
+// escaped, and every control byte (NUL included, which would end the
+// engine's reading of the text) is written as \xHH, so the literal cannot
+// be closed early whatever s holds.
+func quote(s string) string {
+	var b strings.Builder
+	b.Grow(len(s) + 2)
+	b.WriteByte('\'')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '\\':
+			b.WriteString(`\\`)
+		case c == '\'':
+			b.WriteString(`\'`)
+		case c < 0x20 || c == 0x7f:
+			const hex = "0123456789abcdef"
+			b.WriteString(`\x`)
+			b.WriteByte(hex[c>>4])
+			b.WriteByte(hex[c&0xf])
+		default:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('\'')
+	return b.String()
+}
+
+// quoteList returns "('a', 'b')" for IN.
+func quoteList(vals []string) string {
+	var b strings.Builder
+	b.WriteByte('(')
+	for i, v := range vals {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(quote(v))
+	}
+	b.WriteByte(')')
+	return b.String()
+}
+
+// ipv6Literal returns the IPv6-typed literal of a (IPv4 mapped), to compare
+// with the *_ip_bin columns.
+func ipv6Literal(a netip.Addr) string {
+	a = a.Unmap()
+	if a.Is4() {
+		return "toIPv6(" + quote(a.String()) + ")"
+	}
+	return "toIPv6(" + quote(a.String()) + ")"
+}
+
+// prefixRange returns the first and last address of p as IPv6 literals
+// (IPv4 prefixes as ::ffff:a.b.c.d), for BETWEEN on *_ip_bin.
+func prefixRange(p netip.Prefix) (lo, hi string) {
+	p = p.Masked()
+	first := p.Addr()
+	last := lastAddr(p)
+	return ipv6Literal(first), ipv6Literal(last)
+}
+
+// lastAddr is the highest address of p.
+func lastAddr(p netip.Prefix) netip.Addr {
+	a := p.Masked().Addr()
+	b := a.AsSlice()
+	bits := p.Bits()
+	for i := range b {
+		lo := i * 8
+		switch {
+		case lo >= bits:
+			b[i] = 0xff
+		case lo+8 > bits:
+			b[i] |= byte(0xff >> (bits - lo))
+		}
+	}
+	out, _ := netip.AddrFromSlice(b)
+	return out
+}
+
+func itoa(v int64) string { return strconv.FormatInt(v, 10) }

@@ -1,0 +1,81 @@
+package api
+
+import (
+	"context"
+	"net/netip"
+	"strings"
+	"testing"
+)
+
+var quoteCases = []string{
+	"", "plain", "it's", `back\slash`, `\'`, `'; DROP TABLE dualflow.flows; --`,
+	"nul\x00byte", "new\nline\ttab\r", "\x7fdel", "unicode ünïcödé ✓", `\x41`, "''", `\\'`, "fd00:10::1",
+}
+
+func TestQuoteNoBreakout(t *testing.T) {
+	for _, s := range quoteCases {
+		q := quote(s)
+		if q[0] != '\'' || q[len(q)-1] != '\'' {
+			t.Fatalf("quote(%q) = %s", s, q)
+		}
+		inner := q[1 : len(q)-1]
+		// Every quote inside is escaped by an odd run of backslashes.
+		for i := 0; i < len(inner); i++ {
+			if inner[i] == '\'' {
+				n := 0
+				for j := i - 1; j >= 0 && inner[j] == '\\'; j-- {
+					n++
+				}
+				if n%2 == 0 {
+					t.Errorf("quote(%q) = %s: unescaped quote at %d", s, q, i)
+				}
+			}
+			if inner[i] < 0x20 {
+				t.Errorf("quote(%q) has control byte %#x", s, inner[i])
+			}
+		}
+	}
+}
+
+// TestQuoteRoundTrip has the engine parse each literal back.
+func TestQuoteRoundTrip(t *testing.T) {
+	e := needEngine(t)
+	for _, s := range quoteCases {
+		out, err := e.Query(context.Background(), "SELECT hex("+quote(s)+")", "TabSeparated")
+		if err != nil {
+			t.Fatalf("quote(%q): %v", s, err)
+		}
+		want := strings.ToUpper(hexString(s))
+		if got := strings.TrimSpace(string(out)); got != want {
+			t.Errorf("quote(%q): engine read %s, want %s", s, got, want)
+		}
+	}
+}
+
+func hexString(s string) string {
+	const h = "0123456789ABCDEF"
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		b.WriteByte(h[s[i]>>4])
+		b.WriteByte(h[s[i]&15])
+	}
+	return b.String()
+}
+
+func TestPrefixRange(t *testing.T) {
+	for _, tc := range []struct{ p, lo, hi string }{
+		{"10.244.0.0/16", "10.244.0.0", "10.244.255.255"},
+		{"10.244.1.7/32", "10.244.1.7", "10.244.1.7"},
+		{"0.0.0.0/0", "0.0.0.0", "255.255.255.255"},
+		{"fd00:10::/32", "fd00:10::", "fd00:10:ffff:ffff:ffff:ffff:ffff:ffff"},
+		{"fd00:10:244:1::/64", "fd00:10:244:1::", "fd00:10:244:1:ffff:ffff:ffff:ffff"},
+		{"fd00::1/128", "fd00::1", "fd00::1"},
+		{"10.1.2.3/20", "10.1.0.0", "10.1.15.255"},
+	} {
+		p := netip.MustParsePrefix(tc.p)
+		lo, hi := prefixRange(p)
+		if lo != ipv6Literal(netip.MustParseAddr(tc.lo)) || hi != ipv6Literal(netip.MustParseAddr(tc.hi)) {
+			t.Errorf("%s: %s..%s, want %s..%s", tc.p, lo, hi, tc.lo, tc.hi)
+		}
+	}
+}

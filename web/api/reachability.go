@@ -1,0 +1,350 @@
+package api
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gin-gonic/gin"
+)
+
+// ReachabilityRequest is the body of POST /reachability.
+type ReachabilityRequest struct {
+	Sources      []Endpoint `json:"sources"`
+	Destinations []Endpoint `json:"destinations"`
+	// Protocol (name or number, default TCP) and Port (0: any) of the
+	// question; observed flows are filtered on them too.
+	Protocol string `json:"protocol,omitempty"`
+	Port     uint16 `json:"port,omitempty"`
+	// Since is the observation window: a duration ("1h", default) or RFC 3339.
+	Since string `json:"since,omitempty"`
+	// Trace runs a live traceflow per cell and family (operator only).
+	Trace bool `json:"trace,omitempty"`
+}
+
+// Reachability is the answer: Cells[i][j] is Sources[i] → Destinations[j].
+type Reachability struct {
+	Sources      []Endpoint `json:"sources"`
+	Destinations []Endpoint `json:"destinations"`
+	Cells        [][]Cell   `json:"cells"`
+	// Asymmetric counts the cells where the families disagree.
+	Asymmetric int   `json:"asymmetric"`
+	SinceMs    int64 `json:"since_ms"`
+	ElapsedMs  int64 `json:"elapsed_ms"`
+}
+
+// Cell is one source → destination pair.
+type Cell struct {
+	// Families is keyed "4" and "6".
+	Families map[string]*CellFamily `json:"families"`
+	// Asymmetric is true when the two families disagree; Reasons says how.
+	Asymmetric bool     `json:"asymmetric"`
+	Reasons    []string `json:"reasons,omitempty"`
+}
+
+// CellFamily is what is known about one family of a cell.
+type CellFamily struct {
+	// Outcome sums it up: allow, deny, unavailable (an end has no address
+	// of the family) or unknown.
+	Outcome     string         `json:"outcome"`
+	Policy      *PolicyVerdict `json:"policy,omitempty"`
+	PolicyError string         `json:"policy_error,omitempty"`
+	Observed    Observed       `json:"observed"`
+	Trace       *TraceResult   `json:"trace,omitempty"`
+	TraceError  string         `json:"trace_error,omitempty"`
+}
+
+// Observed sums the flows recorded in the window.
+type Observed struct {
+	Flows      uint64            `json:"flows"`
+	LastSeenMs int64             `json:"last_seen_ms,omitempty"`
+	Verdicts   map[string]uint64 `json:"verdicts,omitempty"`
+}
+
+// Matrix bounds.
+const (
+	maxMatrixSide     = 25
+	traceConcurrency  = 4
+	defaultReachSince = time.Hour
+)
+
+type observedRow struct {
+	Si        int    `json:"si"`
+	Di        int    `json:"di"`
+	IPVersion int    `json:"ip_version"`
+	Verdict   string `json:"verdict"`
+	Flows     uint64 `json:"flows"`
+	LastMs    int64  `json:"last_ms"`
+}
+
+// endpointCond is the condition matching e on one side of a flow.
+func endpointCond(side string, e Endpoint, field string) (string, error) {
+	switch e.Kind {
+	case "pod", "workload":
+		if e.Namespace == "" || e.Name == "" {
+			return "", fieldErr(field, "%s needs namespace and name", e.Kind)
+		}
+		col := side + "_pod_name"
+		if e.Kind == "workload" {
+			col = side + "_workload_name"
+		}
+		return "(" + side + "_pod_namespace = " + quote(e.Namespace) + " AND " + col + " = " + quote(e.Name) + ")", nil
+	case "service":
+		if side != "dst" {
+			return "", fieldErr(field, "a Service can only be a destination")
+		}
+		if e.Namespace == "" || e.Name == "" {
+			return "", fieldErr(field, "service needs namespace and name")
+		}
+		return "(dst_service_namespace = " + quote(e.Namespace) + " AND dst_service_name = " + quote(e.Name) + ")", nil
+	case "ip":
+		c, err := ipCond(side+"_ip_bin", e.Name)
+		if err != nil {
+			return "", fieldErr(field, "%v", err)
+		}
+		return c, nil
+	}
+	return "", fieldErr(field, "kind %q is not pod, workload, service or ip", e.Kind)
+}
+
+// matchArray renders the indices of the endpoints a row matches, for
+// arrayJoin: a row counts in every cell it belongs to.
+func matchArray(side string, eps []Endpoint, field string) (string, error) {
+	parts := make([]string, len(eps))
+	for i, e := range eps {
+		c, err := endpointCond(side, e, field+"["+strconv.Itoa(i)+"]")
+		if err != nil {
+			return "", err
+		}
+		parts[i] = "if(" + c + ", " + strconv.Itoa(i) + ", -1)"
+	}
+	return "arrayFilter(x -> x >= 0, [" + strings.Join(parts, ", ") + "])", nil
+}
+
+func (a *API) reachability(c *gin.Context) {
+	var req ReachabilityRequest
+	if err := c.ShouldBindJSON(&req); err != nil {
+		a.fail(c, fieldErr("body", "bad JSON: %v", err))
+		return
+	}
+	if req.Trace && principalOf(c).Role < RoleOperator {
+		c.AbortWithStatusJSON(http.StatusForbidden, errorBody{Message: "live traces need the operator role", Field: "trace"})
+		return
+	}
+	res, err := a.runReachability(c.Request.Context(), &req)
+	if err != nil {
+		a.fail(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, res)
+}
+
+func (a *API) runReachability(ctx context.Context, req *ReachabilityRequest) (*Reachability, error) {
+	start := time.Now()
+	ns, nd := len(req.Sources), len(req.Destinations)
+	if ns == 0 || ns > maxMatrixSide {
+		return nil, fieldErr("sources", "want 1..%d endpoints", maxMatrixSide)
+	}
+	if nd == 0 || nd > maxMatrixSide {
+		return nil, fieldErr("destinations", "want 1..%d endpoints", maxMatrixSide)
+	}
+	proto := uint8(6)
+	if req.Protocol != "" {
+		n, ok := protoNumbers[strings.ToLower(req.Protocol)]
+		if !ok {
+			p, err := strconv.ParseUint(req.Protocol, 10, 8)
+			if err != nil {
+				return nil, fieldErr("protocol", "unknown protocol %q", req.Protocol)
+			}
+			n = uint8(p)
+		}
+		proto = n
+	}
+	now := a.cfg.Now()
+	since := now.Add(-defaultReachSince)
+	if req.Since != "" {
+		t, err := parseTime(req.Since, now)
+		if err != nil {
+			return nil, fieldErr("since", "%v", err)
+		}
+		since = t
+	}
+	srcArr, err := matchArray("src", req.Sources, "sources")
+	if err != nil {
+		return nil, err
+	}
+	dstArr, err := matchArray("dst", req.Destinations, "destinations")
+	if err != nil {
+		return nil, err
+	}
+	where := "flow_end >= " + timeLiteral(since) + " AND flow_end < " + timeLiteral(now) + " AND protocol = " + strconv.Itoa(int(proto))
+	if req.Port != 0 {
+		where += " AND (dst_port = " + strconv.Itoa(int(req.Port)) + " OR service_port = " + strconv.Itoa(int(req.Port)) + ")"
+	}
+	sql := fmt.Sprintf(`SELECT si, di, ip_version, %s AS verdict, count() AS flows, max(toUnixTimestamp64Milli(flow_end)) AS last_ms
+ FROM %s ARRAY JOIN %s AS si ARRAY JOIN %s AS di WHERE %s GROUP BY si, di, ip_version, verdict`,
+		verdictClass, a.table, srcArr, dstArr, where) + jsonSettings
+
+	out := &Reachability{Sources: req.Sources, Destinations: req.Destinations, SinceMs: since.UnixMilli()}
+	out.Cells = make([][]Cell, ns)
+	for i := range out.Cells {
+		out.Cells[i] = make([]Cell, nd)
+		for j := range out.Cells[i] {
+			out.Cells[i][j].Families = map[string]*CellFamily{"4": {}, "6": {}}
+		}
+	}
+	qctx, cancel := context.WithTimeout(ctx, a.cfg.QueryTimeout)
+	defer cancel()
+	var rows []observedRow
+	if err := a.decodeRows(qctx, sql, &rows); err != nil {
+		return nil, err
+	}
+	for _, r := range rows {
+		if r.Si < 0 || r.Si >= ns || r.Di < 0 || r.Di >= nd || (r.IPVersion != 4 && r.IPVersion != 6) {
+			continue
+		}
+		f := out.Cells[r.Si][r.Di].Families[strconv.Itoa(r.IPVersion)]
+		f.Observed.Flows += r.Flows
+		if r.LastMs > f.Observed.LastSeenMs {
+			f.Observed.LastSeenMs = r.LastMs
+		}
+		if f.Observed.Verdicts == nil {
+			f.Observed.Verdicts = map[string]uint64{}
+		}
+		f.Observed.Verdicts[r.Verdict] += r.Flows
+	}
+	if a.cfg.Evaluator != nil {
+		for i, s := range req.Sources {
+			for j, d := range req.Destinations {
+				cell := &out.Cells[i][j]
+				vs, err := a.cfg.Evaluator.Evaluate(ctx, s, d, proto, req.Port)
+				if err != nil {
+					for _, f := range cell.Families {
+						f.PolicyError = err.Error()
+					}
+					continue
+				}
+				for _, fam := range []string{"4", "6"} {
+					v, ok := vs[atoiFam(fam)]
+					if !ok {
+						cell.Families[fam].Outcome = "unavailable"
+						continue
+					}
+					cell.Families[fam].Policy = &v
+				}
+			}
+		}
+	}
+	if req.Trace {
+		if a.cfg.Tracer == nil {
+			return nil, fmt.Errorf("traceflow: %w", ErrNotConfigured)
+		}
+		a.traceCells(ctx, req, proto, out)
+	}
+	for i := range out.Cells {
+		for j := range out.Cells[i] {
+			cell := &out.Cells[i][j]
+			for _, f := range cell.Families {
+				if f.Outcome == "" {
+					f.Outcome = outcome(f)
+				}
+			}
+			cell.Reasons = asymmetry(cell.Families["4"], cell.Families["6"])
+			cell.Asymmetric = len(cell.Reasons) > 0
+			if cell.Asymmetric {
+				out.Asymmetric++
+			}
+		}
+	}
+	out.ElapsedMs = time.Since(start).Milliseconds()
+	return out, nil
+}
+
+func atoiFam(s string) int { n, _ := strconv.Atoi(s); return n }
+
+// outcome sums up one family: the trace if one ran, else the evaluated
+// policy, else what was observed.
+func outcome(f *CellFamily) string {
+	switch {
+	case f.Trace != nil && f.Trace.Outcome == "delivered":
+		return "allow"
+	case f.Trace != nil && f.Trace.Outcome == "dropped":
+		return "deny"
+	case f.Policy != nil:
+		switch f.Policy.Verdict {
+		case "allowed", "not_isolated":
+			return "allow"
+		case "denied", "rejected":
+			return "deny"
+		}
+	}
+	v := f.Observed.Verdicts
+	switch {
+	case f.Observed.Flows == 0:
+		return "unknown"
+	case v["dropped"] > 0 && v["dropped"] == f.Observed.Flows:
+		return "deny"
+	case v["dropped"] == 0:
+		return "allow"
+	}
+	return "mixed"
+}
+
+// asymmetry lists how the two families of a cell disagree.
+func asymmetry(v4, v6 *CellFamily) []string {
+	var r []string
+	if v4.Outcome != v6.Outcome && v4.Outcome != "unknown" && v6.Outcome != "unknown" {
+		r = append(r, fmt.Sprintf("IPv4 %s, IPv6 %s", v4.Outcome, v6.Outcome))
+	}
+	if v4.Policy != nil && v6.Policy != nil && v4.Policy.Verdict != v6.Policy.Verdict {
+		r = append(r, fmt.Sprintf("policy: IPv4 %s, IPv6 %s", v4.Policy.Verdict, v6.Policy.Verdict))
+	}
+	d4, d6 := v4.Observed.Verdicts["dropped"] > 0, v6.Observed.Verdicts["dropped"] > 0
+	if v4.Observed.Flows > 0 && v6.Observed.Flows > 0 && d4 != d6 {
+		r = append(r, "observed drops over one family only")
+	}
+	if (v4.Observed.Flows == 0) != (v6.Observed.Flows == 0) && v4.Outcome != "unavailable" && v6.Outcome != "unavailable" {
+		r = append(r, "traffic observed over one family only")
+	}
+	return r
+}
+
+// traceCells runs one trace per cell and available family, at most
+// traceConcurrency at once, all within TraceTimeout.
+func (a *API) traceCells(ctx context.Context, req *ReachabilityRequest, proto uint8, out *Reachability) {
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.TraceTimeout)
+	defer cancel()
+	sem := make(chan struct{}, traceConcurrency)
+	var wg sync.WaitGroup
+	for i := range out.Cells {
+		for j := range out.Cells[i] {
+			for _, fam := range []int{4, 6} {
+				f := out.Cells[i][j].Families[strconv.Itoa(fam)]
+				if f.Outcome == "unavailable" {
+					continue
+				}
+				tr := TraceRequest{Source: req.Sources[i], Destination: req.Destinations[j], Family: fam, Protocol: proto, Port: req.Port}
+				wg.Go(func() {
+					select {
+					case sem <- struct{}{}:
+						defer func() { <-sem }()
+					case <-ctx.Done():
+						f.TraceError = ctx.Err().Error()
+						return
+					}
+					res, err := a.cfg.Tracer.Trace(ctx, tr)
+					if err != nil {
+						f.TraceError = err.Error()
+						return
+					}
+					f.Trace = res
+				})
+			}
+		}
+	}
+	wg.Wait()
+}

@@ -1,0 +1,190 @@
+package api
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"net/http"
+	"regexp"
+	"strconv"
+	"time"
+
+	"github.com/gin-gonic/gin"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+//go:embed openapi.json
+var openapiFS embed.FS
+
+var identRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// errorBody is every error answer: a message and, for bad input, the field.
+type errorBody struct {
+	Message string `json:"message"`
+	Field   string `json:"field,omitempty"`
+}
+
+func (a *API) routes() *gin.Engine {
+	r := gin.New()
+	r.Use(a.recover, a.observe)
+	r.GET("/healthz", func(c *gin.Context) { c.String(http.StatusOK, "ok\n") })
+	r.GET("/readyz", a.readyz)
+	v1 := r.Group("/api/v1", a.sameSite)
+	v1.GET("/openapi.json", func(c *gin.Context) {
+		b, _ := openapiFS.ReadFile("openapi.json")
+		c.Data(http.StatusOK, "application/json", b)
+	})
+	viewer := v1.Group("", a.auth(RoleViewer))
+	viewer.GET("/whoami", a.whoami)
+	viewer.GET("/flows", a.flows)
+	viewer.GET("/flows/summary", a.summary)
+	viewer.GET("/servicemap", a.servicemap)
+	viewer.POST("/reachability", a.reachability)
+	viewer.GET("/audit", a.audit)
+	viewer.GET("/filters", a.filterDoc)
+	op := v1.Group("", a.auth(RoleOperator))
+	op.POST("/traceflow", a.traceflow)
+	op.POST("/sql", a.sql)
+	metricsHandler := promhttp.HandlerFor(a.metrics.gatherer(a.cfg.Gatherer), promhttp.HandlerOpts{})
+	r.GET("/metrics", a.auth(RoleViewer), gin.WrapH(metricsHandler))
+	r.NoRoute(func(c *gin.Context) {
+		c.JSON(http.StatusNotFound, errorBody{Message: "no route " + c.Request.Method + " " + c.Request.URL.Path})
+	})
+	r.HandleMethodNotAllowed = true
+	r.NoMethod(func(c *gin.Context) {
+		c.JSON(http.StatusMethodNotAllowed, errorBody{Message: "method " + c.Request.Method + " not allowed on " + c.Request.URL.Path})
+	})
+	return r
+}
+
+// fail answers err: a FieldError or bad JSON is 400, ErrNotConfigured 501,
+// a store failure 502/503/504, anything else 500 (and is logged once here).
+func (a *API) fail(c *gin.Context, err error) {
+	var fe *FieldError
+	var qe *queryError
+	switch {
+	case errors.As(err, &fe):
+		c.AbortWithStatusJSON(http.StatusBadRequest, errorBody{Message: fe.Message, Field: fe.Field})
+	case errors.Is(err, ErrNotConfigured):
+		c.AbortWithStatusJSON(http.StatusNotImplemented, errorBody{Message: err.Error()})
+	case errors.Is(err, context.DeadlineExceeded):
+		c.AbortWithStatusJSON(http.StatusGatewayTimeout, errorBody{Message: "query timed out"})
+	case errors.Is(err, context.Canceled):
+		c.AbortWithStatus(499)
+	case errors.As(err, &qe) && qe.user:
+		c.AbortWithStatusJSON(http.StatusBadRequest, errorBody{Message: qe.Error(), Field: qe.field})
+	default:
+		a.log.Error("api request failed", "method", c.Request.Method, "path", c.FullPath(), "err", err)
+		c.AbortWithStatusJSON(http.StatusBadGateway, errorBody{Message: err.Error()})
+	}
+}
+
+// queryError is a store error; user means the input caused it (bad SQL).
+type queryError struct {
+	err   error
+	user  bool
+	field string
+}
+
+func (e *queryError) Error() string { return e.err.Error() }
+func (e *queryError) Unwrap() error { return e.err }
+
+func (a *API) recover(c *gin.Context) {
+	defer func() {
+		if p := recover(); p != nil {
+			if p == http.ErrAbortHandler {
+				panic(p)
+			}
+			a.log.Error("api handler panic", "path", c.Request.URL.Path, "panic", p)
+			c.AbortWithStatusJSON(http.StatusInternalServerError, errorBody{Message: "internal error"})
+		}
+	}()
+	c.Next()
+}
+
+func (a *API) observe(c *gin.Context) {
+	start := time.Now()
+	c.Next()
+	route := c.FullPath()
+	if route == "" {
+		route = "unmatched"
+	}
+	a.metrics.requests.WithLabelValues(route, strconv.Itoa(c.Writer.Status())).Inc()
+	a.metrics.duration.WithLabelValues(route).Observe(time.Since(start).Seconds())
+}
+
+// sameSite refuses requests a browser sends for another site: with no
+// tokens configured, any page the user opens could otherwise POST SQL to
+// the loopback API.
+func (a *API) sameSite(c *gin.Context) {
+	r := c.Request
+	site := r.Header.Get("Sec-Fetch-Site")
+	origin := r.Header.Get("Origin")
+	if (site != "" && site != "same-origin" && site != "none") ||
+		(origin != "" && origin != "http://"+r.Host && origin != "https://"+r.Host) {
+		c.AbortWithStatusJSON(http.StatusForbidden, errorBody{Message: "cross-site browser requests are refused"})
+	}
+}
+
+func (a *API) readyz(c *gin.Context) {
+	ctx, cancel := context.WithTimeout(c.Request.Context(), 5*time.Second)
+	defer cancel()
+	if _, err := a.cfg.Store.Query(ctx, a.cfg.ReadyCheckQuery, "TabSeparated"); err != nil {
+		c.JSON(http.StatusServiceUnavailable, errorBody{Message: "store: " + err.Error()})
+		return
+	}
+	c.String(http.StatusOK, "ok\n")
+}
+
+func (a *API) whoami(c *gin.Context) {
+	p := principalOf(c)
+	c.JSON(http.StatusOK, gin.H{"name": p.Name, "role": p.Role.String(), "auth": a.cfg.Tokens.Enabled()})
+}
+
+func (a *API) filterDoc(c *gin.Context) {
+	out := map[string]string{}
+	for k, v := range filterFields {
+		out[k] = v.doc
+	}
+	c.JSON(http.StatusOK, out)
+}
+
+type metrics struct {
+	reg      *prometheus.Registry
+	requests *prometheus.CounterVec
+	duration *prometheus.HistogramVec
+}
+
+func newMetrics(r prometheus.Registerer) (*metrics, error) {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dualflow_web_requests_total", Help: "API requests by route and status.",
+		}, []string{"route", "status"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "dualflow_web_request_duration_seconds", Help: "API request duration by route.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 4, 9),
+		}, []string{"route"}),
+	}
+	if r == nil {
+		m.reg = prometheus.NewRegistry()
+		r = m.reg
+	}
+	for _, c := range []prometheus.Collector{m.requests, m.duration} {
+		if err := r.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// gatherer is what /metrics serves: the caller's, or our own registry.
+func (m *metrics) gatherer(g prometheus.Gatherer) prometheus.Gatherer {
+	if g != nil {
+		return g
+	}
+	if m.reg != nil {
+		return m.reg
+	}
+	return prometheus.DefaultGatherer
+}

@@ -1,0 +1,119 @@
+package api
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sort"
+	"strconv"
+
+	"github.com/gin-gonic/gin"
+)
+
+// ServiceMap is the answer of GET /servicemap: nodes are workloads,
+// Services and outside addresses; edges carry traffic per family and
+// verdict.
+type ServiceMap struct {
+	Nodes []MapNode `json:"nodes"`
+	Edges []MapEdge `json:"edges"`
+}
+
+// MapNode is a vertex of the map.
+type MapNode struct {
+	ID   string `json:"id"`
+	Kind string `json:"kind"` // workload, service, external
+	// Families lists the IP versions seen at this node.
+	Families []int `json:"families"`
+}
+
+// MapEdge is traffic from one node to another over one family with one
+// verdict class (allowed, dropped, unknown).
+type MapEdge struct {
+	Src       string `json:"src"`
+	Dst       string `json:"dst"`
+	IPVersion int    `json:"ip_version"`
+	Verdict   string `json:"verdict"`
+	Flows     uint64 `json:"flows"`
+	Bytes     uint64 `json:"bytes"`
+}
+
+// maxEdges bounds the map; the heaviest edges are kept.
+const maxEdges = 500
+
+const verdictClass = `multiIf(` + droppedExpr + `, 'dropped', ingress_verdict = 'allowed' OR egress_verdict = 'allowed', 'allowed', ingress_verdict = 'not_isolated' OR egress_verdict = 'not_isolated', 'not_isolated', 'unknown')`
+
+func (a *API) servicemap(c *gin.Context) {
+	q := c.Request.URL.Query()
+	f, err := parseFilter(q, a.cfg.Now(), "limit")
+	if err != nil {
+		a.fail(c, err)
+		return
+	}
+	limit := maxEdges
+	if v := q.Get("limit"); v != "" {
+		if limit, err = strconv.Atoi(v); err != nil || limit < 1 || limit > maxEdges {
+			a.fail(c, fieldErr("limit", "want 1..%d", maxEdges))
+			return
+		}
+	}
+	ctx, cancel := context.WithTimeout(c.Request.Context(), a.cfg.QueryTimeout)
+	defer cancel()
+	sql := fmt.Sprintf(`SELECT %s AS src, %s AS dst, ip_version, %s AS verdict, count() AS flows, sum(bytes + reverse_bytes) AS bytes
+ FROM %s WHERE %s GROUP BY src, dst, ip_version, verdict ORDER BY bytes DESC, flows DESC LIMIT %d`,
+		srcLabel, dstLabel, verdictClass, a.table, f.where(), limit) + jsonSettings
+	m := &ServiceMap{Nodes: []MapNode{}, Edges: []MapEdge{}}
+	if err := a.decodeRows(ctx, sql, &m.Edges); err != nil {
+		a.fail(c, err)
+		return
+	}
+	m.Nodes = mapNodes(m.Edges)
+	c.JSON(http.StatusOK, m)
+}
+
+func mapNodes(edges []MapEdge) []MapNode {
+	idx := map[string]*MapNode{}
+	fam := map[string]map[int]bool{}
+	add := func(id string, v int) {
+		n := idx[id]
+		if n == nil {
+			n = &MapNode{ID: id, Kind: nodeKind(id)}
+			idx[id] = n
+			fam[id] = map[int]bool{}
+		}
+		fam[id][v] = true
+	}
+	for _, e := range edges {
+		add(e.Src, e.IPVersion)
+		add(e.Dst, e.IPVersion)
+	}
+	out := make([]MapNode, 0, len(idx))
+	for id, n := range idx {
+		for _, v := range []int{4, 6} {
+			if fam[id][v] {
+				n.Families = append(n.Families, v)
+			}
+		}
+		out = append(out, *n)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+func nodeKind(id string) string {
+	switch {
+	case len(id) > 4 && id[:4] == "svc:":
+		return "service"
+	case containsByte(id, '/'):
+		return "workload"
+	}
+	return "external"
+}
+
+func containsByte(s string, b byte) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] == b {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,243 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gin-gonic/gin"
+
+	"github.com/dualflow/dualflow/collector/store/chdb"
+)
+
+// SQLRequest is the body of POST /sql.
+type SQLRequest struct {
+	Query string `json:"query"`
+	// Format is json (default: columns and rows) or csv (CSVWithNames, as a
+	// download).
+	Format string `json:"format,omitempty"`
+	// MaxRows lowers the server's row limit for this query.
+	MaxRows int `json:"max_rows,omitempty"`
+}
+
+// SQLResult is the json answer of POST /sql.
+type SQLResult struct {
+	Columns []SQLColumn `json:"columns"`
+	Rows    [][]any     `json:"rows"`
+	Elapsed float64     `json:"elapsed_seconds"`
+	Limits  SQLLimits   `json:"limits"`
+}
+
+// SQLColumn is a result column.
+type SQLColumn struct {
+	Name string `json:"name"`
+	Type string `json:"type"`
+}
+
+// SQLLimits are the limits the query ran under.
+type SQLLimits struct {
+	MaxRows          int     `json:"max_rows"`
+	MaxExecutionTime float64 `json:"max_execution_seconds"`
+	MaxMemoryBytes   int64   `json:"max_memory_bytes"`
+}
+
+// maxQueryBytes bounds the query text.
+const maxQueryBytes = 64 << 10
+
+// sqlSettings are the engine settings every /sql query runs with:
+// readonly=1 forbids writes, DDL, table functions and changing settings
+// (so a SETTINGS clause in the query cannot lift the limits).
+func sqlSettings(l SQLLimits) map[string]string {
+	return map[string]string{
+		"readonly":             "1",
+		"max_result_rows":      strconv.Itoa(l.MaxRows),
+		"result_overflow_mode": "throw",
+		"max_execution_time":   strconv.FormatFloat(l.MaxExecutionTime, 'f', -1, 64),
+		"max_memory_usage":     strconv.FormatInt(l.MaxMemoryBytes, 10),
+	}
+}
+
+func (a *API) sql(c *gin.Context) {
+	if a.cfg.SQL == nil {
+		a.fail(c, fmt.Errorf("sql: %w", ErrNotConfigured))
+		return
+	}
+	var req SQLRequest
+	c.Request.Body = http.MaxBytesReader(c.Writer, c.Request.Body, maxQueryBytes+4096)
+	if err := c.ShouldBindJSON(&req); err != nil {
+		a.fail(c, fieldErr("body", "bad JSON: %v", err))
+		return
+	}
+	if strings.TrimSpace(req.Query) == "" {
+		a.fail(c, fieldErr("query", "empty query"))
+		return
+	}
+	if len(req.Query) > maxQueryBytes {
+		a.fail(c, fieldErr("query", "longer than %d bytes", maxQueryBytes))
+		return
+	}
+	lim := SQLLimits{MaxRows: a.cfg.SQLMaxRows, MaxExecutionTime: a.cfg.SQLMaxTime.Seconds(), MaxMemoryBytes: a.cfg.SQLMaxMemory}
+	if req.MaxRows < 0 {
+		a.fail(c, fieldErr("max_rows", "must not be negative"))
+		return
+	}
+	if req.MaxRows > 0 && req.MaxRows < lim.MaxRows {
+		lim.MaxRows = req.MaxRows
+	}
+	format := "JSONCompact"
+	switch req.Format {
+	case "", "json":
+	case "csv":
+		format = "CSVWithNames"
+	default:
+		a.fail(c, fieldErr("format", "want json or csv"))
+		return
+	}
+	// The engine enforces max_execution_time; the context is a backstop.
+	ctx, cancel := context.WithTimeout(c.Request.Context(), a.cfg.SQLMaxTime+5*time.Second)
+	defer cancel()
+	start := time.Now()
+	out, err := a.cfg.SQL.RunSQL(ctx, req.Query, format, sqlSettings(lim))
+	if err != nil {
+		a.fail(c, sqlError(err))
+		return
+	}
+	if format == "CSVWithNames" {
+		c.Header("Content-Disposition", `attachment; filename="dualflow-query.csv"`)
+		c.Data(http.StatusOK, "text/csv; charset=utf-8", out)
+		return
+	}
+	var raw struct {
+		Meta []SQLColumn `json:"meta"`
+		Data [][]any     `json:"data"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(out))
+	dec.UseNumber()
+	if err := dec.Decode(&raw); err != nil {
+		a.fail(c, fieldErr("query", "the result is not JSON: remove the FORMAT clause (use format csv for CSV)"))
+		return
+	}
+	if raw.Data == nil {
+		raw.Data = [][]any{}
+	}
+	if raw.Meta == nil {
+		raw.Meta = []SQLColumn{}
+	}
+	c.JSON(http.StatusOK, SQLResult{Columns: raw.Meta, Rows: raw.Data, Elapsed: time.Since(start).Seconds(), Limits: lim})
+}
+
+// sqlError classifies an engine error: a ClickHouse exception is the
+// user's query (400), unless it says the engine is unavailable.
+func sqlError(err error) error {
+	var ce *chdb.Error
+	var he *httpSQLError
+	switch {
+	case errors.As(err, &ce) && ce.Code != 0:
+		return &queryError{err: err, user: true, field: "query"}
+	case errors.As(err, &he) && he.status >= 400 && he.status < 500:
+		return &queryError{err: err, user: true, field: "query"}
+	case errors.As(err, &he) && he.code != 0 && he.status == http.StatusInternalServerError:
+		// ClickHouse answers 500 to many query errors (limits exceeded).
+		return &queryError{err: err, user: true, field: "query"}
+	}
+	return err
+}
+
+// engineRunner is the embedded engine (*chdb.DB).
+type engineRunner interface {
+	Run(ctx context.Context, st chdb.Statement) (*chdb.Result, error)
+}
+
+// EngineSQL runs /sql on the embedded engine, with the limits as
+// connection settings of the statement.
+type EngineSQL struct {
+	Engine   engineRunner
+	Database string // current database; default "dualflow"
+}
+
+// RunSQL implements SQLRunner.
+func (e EngineSQL) RunSQL(ctx context.Context, query, format string, settings map[string]string) ([]byte, error) {
+	db := e.Database
+	if db == "" {
+		db = "dualflow"
+	}
+	res, err := e.Engine.Run(ctx, chdb.Statement{Query: query, Format: format, Settings: settings, Database: db})
+	if err != nil {
+		return nil, err
+	}
+	return res.Data, nil
+}
+
+// HTTPSQL runs /sql through a ClickHouse HTTP interface (a server, or the
+// collector's chhttp), with the limits as URL settings.
+type HTTPSQL struct {
+	URL      string // e.g. http://127.0.0.1:8123/
+	Database string
+	User     string
+	Password string
+	Client   *http.Client
+}
+
+type httpSQLError struct {
+	status int
+	code   int
+	msg    string
+}
+
+func (e *httpSQLError) Error() string { return strings.TrimSpace(e.msg) }
+
+// RunSQL implements SQLRunner.
+func (h HTTPSQL) RunSQL(ctx context.Context, query, format string, settings map[string]string) ([]byte, error) {
+	u, err := url.Parse(h.URL)
+	if err != nil {
+		return nil, fmt.Errorf("sql url: %w", err)
+	}
+	q := u.Query()
+	for k, v := range settings {
+		q.Set(k, v)
+	}
+	q.Set("default_format", format)
+	if h.Database != "" {
+		q.Set("database", h.Database)
+	}
+	u.RawQuery = q.Encode()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), strings.NewReader(query))
+	if err != nil {
+		return nil, err
+	}
+	if h.User != "" {
+		req.SetBasicAuth(h.User, h.Password)
+	}
+	cl := h.Client
+	if cl == nil {
+		cl = http.DefaultClient
+	}
+	resp, err := cl.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("sql: %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("sql: read: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		code, _ := strconv.Atoi(resp.Header.Get("X-ClickHouse-Exception-Code"))
+		return nil, &httpSQLError{status: resp.StatusCode, code: code, msg: string(body)}
+	}
+	return body, nil
+}
+
+// Aliases so tests can fake the engine without naming chdb.
+type (
+	chdbStatement = chdb.Statement
+	chdbResult    = chdb.Result
+)

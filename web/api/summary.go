@@ -1,0 +1,160 @@
+package api
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/gin-gonic/gin"
+)
+
+// Summary is the answer of GET /flows/summary.
+type Summary struct {
+	StepSeconds int64         `json:"step_seconds"`
+	Series      []SeriesPoint `json:"series"`
+	Talkers     []Talker      `json:"top_talkers"`
+	Families    []FamilyTotal `json:"families"`
+}
+
+// SeriesPoint is the traffic of one family in one step.
+type SeriesPoint struct {
+	TimeMs    int64  `json:"time_ms"`
+	IPVersion int    `json:"ip_version"`
+	Bytes     uint64 `json:"bytes"`
+	Flows     uint64 `json:"flows"`
+	Dropped   uint64 `json:"dropped"`
+}
+
+// Talker is a source→destination pair of one family.
+type Talker struct {
+	Src       string `json:"src"`
+	Dst       string `json:"dst"`
+	IPVersion int    `json:"ip_version"`
+	Bytes     uint64 `json:"bytes"`
+	Flows     uint64 `json:"flows"`
+}
+
+// FamilyTotal is the traffic of one family over the range.
+type FamilyTotal struct {
+	IPVersion int    `json:"ip_version"`
+	Bytes     uint64 `json:"bytes"`
+	Flows     uint64 `json:"flows"`
+	Dropped   uint64 `json:"dropped"`
+}
+
+// Endpoint labels of a flow side: workload, else pod, else address.
+const (
+	srcLabel    = `multiIf(src_workload_name != '', concat(src_pod_namespace, '/', src_workload_name), src_pod_name != '', concat(src_pod_namespace, '/', src_pod_name), src_ip)`
+	dstLabel    = `multiIf(dst_service_name != '', concat('svc:', dst_service_namespace, '/', dst_service_name), dst_workload_name != '', concat(dst_pod_namespace, '/', dst_workload_name), dst_pod_name != '', concat(dst_pod_namespace, '/', dst_pod_name), dst_ip)`
+	droppedExpr = `(ingress_verdict IN ('denied', 'rejected') OR egress_verdict IN ('denied', 'rejected'))`
+	// maxPoints bounds the series length per family.
+	maxPoints = 720
+)
+
+func (a *API) summary(c *gin.Context) {
+	q := c.Request.URL.Query()
+	f, err := parseFilter(q, a.cfg.Now(), "step", "top")
+	if err != nil {
+		a.fail(c, err)
+		return
+	}
+	span := f.Until.Sub(f.Since)
+	step := span / 60
+	if v := q.Get("step"); v != "" {
+		if step, err = time.ParseDuration(v); err != nil || step <= 0 {
+			a.fail(c, fieldErr("step", "want a positive duration like 1m"))
+			return
+		}
+	}
+	if step < time.Second {
+		step = time.Second
+	}
+	if span/step > maxPoints {
+		a.fail(c, fieldErr("step", "at most %d points: use a step of at least %s", maxPoints, (span/maxPoints).Round(time.Second)+time.Second))
+		return
+	}
+	top := 10
+	if v := q.Get("top"); v != "" {
+		if top, err = strconv.Atoi(v); err != nil || top < 1 || top > 100 {
+			a.fail(c, fieldErr("top", "want 1..100"))
+			return
+		}
+	}
+	ctx, cancel := context.WithTimeout(c.Request.Context(), a.cfg.QueryTimeout)
+	defer cancel()
+	s, err := a.querySummary(ctx, f, step, top)
+	if err != nil {
+		a.fail(c, err)
+		return
+	}
+	c.JSON(http.StatusOK, s)
+}
+
+func (a *API) querySummary(ctx context.Context, f *Filter, step time.Duration, top int) (*Summary, error) {
+	secs := int64(step / time.Second)
+	where := f.where()
+	s := &Summary{StepSeconds: secs, Series: []SeriesPoint{}, Talkers: []Talker{}, Families: []FamilyTotal{}}
+	series := fmt.Sprintf(`SELECT toUnixTimestamp(toStartOfInterval(flow_end, INTERVAL %d SECOND)) * 1000 AS time_ms, ip_version,
+ sum(bytes + reverse_bytes) AS bytes, count() AS flows, countIf(%s) AS dropped
+ FROM %s WHERE %s GROUP BY time_ms, ip_version ORDER BY time_ms, ip_version`, secs, droppedExpr, a.table, where) + jsonSettings
+	talkers := fmt.Sprintf(`SELECT %s AS src, %s AS dst, ip_version, sum(bytes + reverse_bytes) AS bytes, count() AS flows
+ FROM %s WHERE %s GROUP BY src, dst, ip_version ORDER BY bytes DESC LIMIT %d`, srcLabel, dstLabel, a.table, where, top) + jsonSettings
+	if err := a.decodeRows(ctx, series, &s.Series); err != nil {
+		return nil, err
+	}
+	if err := a.decodeRows(ctx, talkers, &s.Talkers); err != nil {
+		return nil, err
+	}
+	totals := map[int]*FamilyTotal{}
+	for _, p := range s.Series {
+		t := totals[p.IPVersion]
+		if t == nil {
+			t = &FamilyTotal{IPVersion: p.IPVersion}
+			totals[p.IPVersion] = t
+		}
+		t.Bytes += p.Bytes
+		t.Flows += p.Flows
+		t.Dropped += p.Dropped
+	}
+	for _, v := range []int{4, 6} {
+		if t := totals[v]; t != nil {
+			s.Families = append(s.Families, *t)
+		} else {
+			s.Families = append(s.Families, FamilyTotal{IPVersion: v})
+		}
+	}
+	return s, nil
+}
+
+// decodeRows runs a JSONEachRow query into *[]T.
+func decodeRowsInto[T any](rows [][]byte, dst *[]T) error {
+	for _, r := range rows {
+		var v T
+		if err := json.Unmarshal(r, &v); err != nil {
+			return fmt.Errorf("decode row: %w", err)
+		}
+		*dst = append(*dst, v)
+	}
+	return nil
+}
+
+func (a *API) decodeRows(ctx context.Context, sql string, dst any) error {
+	rows, err := a.queryRows(ctx, sql)
+	if err != nil {
+		return err
+	}
+	switch d := dst.(type) {
+	case *[]SeriesPoint:
+		return decodeRowsInto(rows, d)
+	case *[]Talker:
+		return decodeRowsInto(rows, d)
+	case *[]MapEdge:
+		return decodeRowsInto(rows, d)
+	case *[]observedRow:
+		return decodeRowsInto(rows, d)
+	}
+	return fmt.Errorf("decodeRows: unsupported %T", dst)
+}

@@ -1,0 +1,114 @@
+// Package fakes implements web/api's dependencies over the seeded lab of
+// webtest, for tests, browser tests and the demo UI.
+package fakes
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/dualflow/dualflow/collector/audit"
+	"github.com/dualflow/dualflow/web/api"
+	"github.com/dualflow/dualflow/web/internal/webtest"
+)
+
+// Evaluator answers from Pairs: the seeded verdicts, and both families
+// for any other pair of lab workloads (not_isolated).
+type Evaluator struct{}
+
+// Evaluate implements api.Evaluator.
+func (Evaluator) Evaluate(_ context.Context, src, dst api.Endpoint, _ uint8, _ uint16) (map[int]api.PolicyVerdict, error) {
+	si, di := find(src), find(dst)
+	if si < 0 || di < 0 {
+		return nil, fmt.Errorf("unknown endpoint %s or %s", src, dst)
+	}
+	out := map[int]api.PolicyVerdict{
+		4: {Verdict: "not_isolated", SrcIP: addr(4, si, 1), DstIP: addr(4, di, 101)},
+		6: {Verdict: "not_isolated", SrcIP: addr(6, si, 1), DstIP: addr(6, di, 101)},
+	}
+	for _, p := range webtest.Pairs {
+		if p.Src == si && p.Dst == di {
+			for fam, v := range map[int]string{4: p.Verdict4, 6: p.Verdict6} {
+				pv := out[fam]
+				pv.Verdict = v
+				if v == "" {
+					pv.Verdict = "allowed"
+				}
+				if v == "denied" || v == "allowed" {
+					pv.Ingress = webtest.Lab[di].Namespace + "/" + webtest.Lab[di].Name + "-policy"
+				}
+				out[fam] = pv
+			}
+		}
+	}
+	return out, nil
+}
+
+func find(e api.Endpoint) int {
+	for i, w := range webtest.Lab {
+		if w.Namespace == e.Namespace && w.Name == e.Name {
+			return i
+		}
+	}
+	if e.Kind == "service" {
+		for _, p := range webtest.Pairs {
+			if p.Service == e.Name {
+				return p.Dst
+			}
+		}
+	}
+	return -1
+}
+
+func addr(fam, w, k int) string {
+	if fam == 4 {
+		return fmt.Sprintf("10.244.%d.%d", w+1, k)
+	}
+	return fmt.Sprintf("fd00:10:244:%d::%x", w+1, k)
+}
+
+// Tracer traces by the evaluator: denied verdicts drop at the
+// destination node's ingress policy.
+type Tracer struct{ Delay time.Duration }
+
+// Trace implements api.Tracer.
+func (t Tracer) Trace(ctx context.Context, req api.TraceRequest) (*api.TraceResult, error) {
+	if t.Delay > 0 {
+		select {
+		case <-time.After(t.Delay):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	vs, err := Evaluator{}.Evaluate(ctx, req.Source, req.Destination, req.Protocol, req.Port)
+	if err != nil {
+		return nil, err
+	}
+	v := vs[req.Family]
+	si, di := find(req.Source), find(req.Destination)
+	src, dst := webtest.Lab[si], webtest.Lab[di]
+	res := &api.TraceResult{Family: req.Family, SrcIP: v.SrcIP, DstIP: v.DstIP, Outcome: "delivered"}
+	res.Hops = append(res.Hops,
+		api.TraceHop{Node: src.Node, Component: "egress-policy", Action: "forwarded"},
+		api.TraceHop{Node: src.Node, Component: "routing", Action: "forwarded", Detail: "to " + dst.Node})
+	if v.Verdict == "denied" {
+		res.Outcome, res.DropNode, res.Policy = "dropped", dst.Node, v.Ingress
+		res.Hops = append(res.Hops, api.TraceHop{Node: dst.Node, Component: "ingress-policy", Action: "dropped", Policy: v.Ingress})
+		return res, nil
+	}
+	res.Hops = append(res.Hops,
+		api.TraceHop{Node: dst.Node, Component: "ingress-policy", Action: "forwarded", Policy: v.Ingress},
+		api.TraceHop{Node: dst.Node, Component: "forwarding", Action: "delivered", Detail: dst.Name})
+	return res, nil
+}
+
+// Auditor returns fixed findings, a dual-stack one last (the API sorts).
+type Auditor struct{}
+
+// Findings implements api.Auditor.
+func (Auditor) Findings(context.Context) ([]audit.Finding, error) {
+	return []audit.Finding{
+		{Kind: audit.KindUnprotectedIngress, Message: "2 pods of Deployment infra/dns are not isolated for ingress", Objects: []audit.Ref{{Kind: "Deployment", Namespace: "infra", Name: "dns"}}, Count: 2},
+		{Kind: audit.KindVerdictGap, Message: "shop/frontend → shop/db on TCP 5432 is allowed over IPv4 and denied over IPv6", Objects: []audit.Ref{{Kind: "Deployment", Namespace: "shop", Name: "frontend"}, {Kind: "StatefulSet", Namespace: "shop", Name: "db"}}, Port: 5432, Protocol: "TCP", Count: 3},
+	}, nil
+}

@@ -1,0 +1,177 @@
+// Package web serves dualflow's REST API (web/api) and browser UI (web/ui)
+// from one HTTP server. Mount it in the collector or demo process:
+//
+//	srv, err := web.New(web.Config{Addr: "127.0.0.1:8080", Store: conn, ...})
+//	g.Go(func() error { return srv.Run(ctx) })
+package web
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dualflow/dualflow/web/api"
+	"github.com/dualflow/dualflow/web/ui"
+)
+
+// Dependencies, declared by web/api where they are used.
+type (
+	Store     = api.Store
+	SQLRunner = api.SQLRunner
+	Evaluator = api.Evaluator
+	Tracer    = api.Tracer
+	Auditor   = api.Auditor
+)
+
+// DefaultAddr is where the server listens by default.
+const DefaultAddr = "127.0.0.1:8080"
+
+// Config configures a Server.
+type Config struct {
+	// Addr is the listen address, IPv4 or IPv6 ("[::1]:8080"). Without
+	// tokens the host is forced to loopback.
+	Addr string
+	// Store reads the flows (store.Conn). Required.
+	Store Store
+	// Database holds the flows table (default "dualflow").
+	Database string
+	// SQL runs POST /api/v1/sql: api.EngineSQL{Engine: embedded.DB()} or
+	// api.HTTPSQL{URL: ...}. nil answers 501.
+	SQL SQLRunner
+	// Evaluator, Tracer and Auditor are optional.
+	Evaluator Evaluator
+	Tracer    Tracer
+	Auditor   Auditor
+	// TokensFile holds "token role [name]" lines; Tokens, when set, is
+	// used instead. Neither: no authentication, loopback only.
+	TokensFile string
+	Tokens     *api.Tokens
+	// SQL limits (0: api defaults).
+	SQLMaxRows   int
+	SQLMaxTime   time.Duration
+	SQLMaxMemory int64
+	// Registerer receives the server's metrics and Gatherer is served at
+	// /metrics (e.g. the collector's registry for both); nil: a private
+	// registry.
+	Registerer prometheus.Registerer
+	Gatherer   prometheus.Gatherer
+	Logger     *slog.Logger
+	// ShutdownTimeout bounds Run's wait for requests in flight (default 5s).
+	ShutdownTimeout time.Duration
+}
+
+// Server serves the API and the UI.
+type Server struct {
+	cfg     Config
+	log     *slog.Logger
+	handler http.Handler
+	addr    string
+	auth    bool
+}
+
+// New checks cfg, loads the tokens and builds the handlers. It does not
+// listen; see Run.
+func New(cfg Config) (*Server, error) {
+	if cfg.Addr == "" {
+		cfg.Addr = DefaultAddr
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.ShutdownTimeout <= 0 {
+		cfg.ShutdownTimeout = 5 * time.Second
+	}
+	tokens := cfg.Tokens
+	if tokens == nil && cfg.TokensFile != "" {
+		t, err := api.LoadTokens(cfg.TokensFile)
+		if err != nil {
+			return nil, err
+		}
+		tokens = t
+	}
+	a, err := api.New(api.Config{
+		Store: cfg.Store, Database: cfg.Database, SQL: cfg.SQL,
+		Evaluator: cfg.Evaluator, Tracer: cfg.Tracer, Auditor: cfg.Auditor,
+		Tokens: tokens, SQLMaxRows: cfg.SQLMaxRows, SQLMaxTime: cfg.SQLMaxTime, SQLMaxMemory: cfg.SQLMaxMemory,
+		Registerer: cfg.Registerer, Gatherer: cfg.Gatherer, Logger: cfg.Logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, addr: cfg.Addr, auth: tokens.Enabled()}
+	if !s.auth {
+		host, port, err := net.SplitHostPort(cfg.Addr)
+		if err != nil {
+			return nil, fmt.Errorf("web: addr %q: %w", cfg.Addr, err)
+		}
+		if ip := net.ParseIP(strings.Trim(host, "[]")); ip == nil || !ip.IsLoopback() {
+			s.addr = net.JoinHostPort("127.0.0.1", port)
+		}
+	}
+	mux := http.NewServeMux()
+	apiH := a.Handler()
+	mux.Handle("/api/", apiH)
+	mux.Handle("/healthz", apiH)
+	mux.Handle("/readyz", apiH)
+	mux.Handle("/metrics", apiH)
+	mux.Handle("/", ui.Handler())
+	s.handler = mux
+	return s, nil
+}
+
+// Handler returns the server's handler (API and UI), for tests.
+func (s *Server) Handler() http.Handler { return s.handler }
+
+// Addr is the address Run listens on (loopback when no tokens are set).
+func (s *Server) Addr() string { return s.addr }
+
+// Run listens and serves until ctx is cancelled, then shuts down
+// gracefully. It returns early on a listen error.
+func (s *Server) Run(ctx context.Context) error {
+	ln, err := net.Listen("tcp", s.addr)
+	if err != nil {
+		return fmt.Errorf("web: listen %s: %w", s.addr, err)
+	}
+	return s.Serve(ctx, ln)
+}
+
+// Serve is Run on an existing listener, which it closes.
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	if s.auth {
+		s.log.Info("serving the web UI and API", "url", "http://"+ln.Addr().String()+"/", "auth", "bearer tokens")
+	} else {
+		msg := "serving the web UI and API without authentication, on loopback only (set tokens to listen elsewhere)"
+		if s.addr != s.cfg.Addr {
+			msg = "no tokens configured: listening on loopback only instead of " + s.cfg.Addr
+		}
+		s.log.Warn(msg, "url", "http://"+ln.Addr().String()+"/")
+	}
+	srv := &http.Server{
+		Handler:           s.handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("web: serve: %w", err)
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
+	defer cancel()
+	err := srv.Shutdown(sctx)
+	<-errc
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("web: shutdown: %w", err)
+	}
+	_ = srv.Close() // follow streams outlive Shutdown
+	return nil
+}
