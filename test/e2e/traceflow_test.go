@@ -1,0 +1,374 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/dualflow/dualflow/lab"
+	"github.com/dualflow/dualflow/lab/manifest"
+	"github.com/dualflow/dualflow/lab/nft"
+	"github.com/dualflow/dualflow/traceflow"
+	"github.com/dualflow/dualflow/traceflow/local"
+)
+
+// traceEnv is one lab with a traceflow controller on it.
+type traceEnv struct {
+	l               *lab.Lab
+	mode            manifest.Mode
+	c               *traceflow.Controller
+	web, api, probe map[int]*corev1.Pod
+}
+
+func newTraceEnv(t *testing.T, l *lab.Lab, mode manifest.Mode) *traceEnv {
+	t.Helper()
+	inv := local.Inventory{M: l.Manifest}
+	tr, err := local.NewTracer(l, inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := traceflow.New(traceflow.Config{Timeout: 3 * time.Second}, tr, inv, nil)
+	t.Cleanup(func() { c.Close() })
+	e := &traceEnv{l: l, mode: mode, c: c, web: map[int]*corev1.Pod{}, api: map[int]*corev1.Pod{}, probe: map[int]*corev1.Pod{}}
+	for i := 1; i <= 2; i++ {
+		for _, x := range []struct {
+			m       map[int]*corev1.Pod
+			ns, app string
+		}{{e.web, manifest.NSFrontend, "web"}, {e.api, manifest.NSBackend, "api"}, {e.probe, manifest.NSTools, "probe"}} {
+			p, err := l.PodOn(x.ns, x.app, i)
+			if err != nil {
+				t.Fatal(err)
+			}
+			x.m[i] = p
+		}
+	}
+	return e
+}
+
+func ref(p *corev1.Pod) string { return p.Namespace + "/" + p.Name }
+
+// family is the request family covering the lab's mode.
+func (e *traceEnv) family() traceflow.Family { return traceflow.Family(e.mode) }
+
+// trace runs req (family defaulted to the mode's) and checks the result is
+// final and has one result per requested family.
+func (e *traceEnv) trace(t *testing.T, req traceflow.Request) traceflow.Result {
+	t.Helper()
+	if req.Family == "" {
+		req.Family = e.family()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	res, err := e.c.Trace(ctx, req)
+	if err != nil {
+		t.Fatalf("trace %s -> %s: %v", req.Source, req.Destination, err)
+	}
+	if res.Phase == traceflow.Running {
+		t.Fatalf("trace %s still running after Wait", res.ID)
+	}
+	if len(res.Families) != len(req.Family.Families()) {
+		t.Fatalf("got %d family results, want %d", len(res.Families), len(req.Family.Families()))
+	}
+	got, _ := e.c.Get(res.ID)
+	if got.Phase != res.Phase {
+		t.Errorf("Get phase %s, Wait phase %s", got.Phase, res.Phase)
+	}
+	return res
+}
+
+// modeFamilies returns the result families of the lab's mode.
+func (e *traceEnv) modeFamilies() []traceflow.Family { return e.family().Families() }
+
+func k8sFam(f traceflow.Family) corev1.IPFamily {
+	if f == traceflow.IPv6 {
+		return corev1.IPv6Protocol
+	}
+	return corev1.IPv4Protocol
+}
+
+func dump(fr traceflow.FamilyResult) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %s %q\n", fr.Family, fr.Outcome, fr.Reason)
+	for _, o := range fr.Observations {
+		fmt.Fprintf(&b, "  %+v\n", o)
+	}
+	return b.String()
+}
+
+// wantDelivered checks every family of the mode was delivered to pod (any
+// of pods for a Service) and returns the results.
+func wantDelivered(t *testing.T, e *traceEnv, res traceflow.Result, pods ...*corev1.Pod) {
+	t.Helper()
+	if res.Phase != traceflow.Succeeded {
+		t.Errorf("phase %s (%s), want succeeded", res.Phase, res.Reason)
+	}
+	for _, f := range e.modeFamilies() {
+		fr, ok := res.Family(f)
+		if !ok {
+			t.Fatalf("no %s result", f)
+		}
+		if fr.Outcome != traceflow.Delivered {
+			t.Errorf("%s: outcome %s (%s), want delivered\n%s", f, fr.Outcome, fr.Reason, dump(fr))
+			continue
+		}
+		last := fr.Observations[len(fr.Observations)-1]
+		if last.Component != traceflow.Delivery || last.Action != traceflow.ActionDelivered {
+			t.Errorf("%s: last observation %+v, want a delivery", f, last)
+		}
+		if !slices.ContainsFunc(pods, func(p *corev1.Pod) bool { return ref(p) == last.Pod && p.Spec.NodeName == last.Node }) {
+			t.Errorf("%s: delivered to %s on %s, want one of %d pods", f, last.Pod, last.Node, len(pods))
+		}
+		if first := fr.Observations[0]; first.Action != traceflow.ActionReceived {
+			t.Errorf("%s: first observation %+v, want received at the source node", f, first)
+		}
+		if fr.Src.Is4() != (f == traceflow.IPv4) || fr.Dst.Is4() != (f == traceflow.IPv4) {
+			t.Errorf("%s: probe %s -> %s of the wrong family", f, fr.Src, fr.Dst)
+		}
+	}
+}
+
+func TestTraceflow(t *testing.T) {
+	requirePrereqs(t)
+	scs := []struct {
+		name string
+		run  func(t *testing.T, e *traceEnv)
+	}{
+		{"pod-to-pod-same-node", func(t *testing.T, e *traceEnv) {
+			res := e.trace(t, traceflow.Request{Source: ref(e.web[1]), Destination: traceflow.Destination{Pod: ref(e.api[1]), Port: 8080}})
+			wantDelivered(t, e, res, e.api[1])
+			for _, fr := range res.Families {
+				for _, o := range fr.Observations {
+					if o.Node != e.api[1].Spec.NodeName {
+						t.Errorf("%s: observation on %s, want only %s", fr.Family, o.Node, e.api[1].Spec.NodeName)
+					}
+				}
+				if !slices.ContainsFunc(fr.Observations, func(o traceflow.Observation) bool {
+					return o.Component == traceflow.NetworkPolicy && o.Rule == nft.RuleName(manifest.NSBackend, "allow-web-to-api", nft.Ingress, 0)
+				}) {
+					t.Errorf("%s: no allow by backend/allow-web-to-api/ingress/0:\n%s", fr.Family, dump(fr))
+				}
+			}
+		}},
+		{"pod-to-pod-across-nodes", func(t *testing.T, e *traceEnv) {
+			res := e.trace(t, traceflow.Request{Source: ref(e.web[1]), Destination: traceflow.Destination{Pod: ref(e.api[2]), Port: 8080}})
+			wantDelivered(t, e, res, e.api[2])
+			for _, fr := range res.Families {
+				var nodes []string
+				for _, o := range fr.Observations {
+					if len(nodes) == 0 || nodes[len(nodes)-1] != o.Node {
+						nodes = append(nodes, o.Node)
+					}
+				}
+				if !slices.Equal(nodes, []string{"node-1", "node-2"}) {
+					t.Errorf("%s: path over nodes %v, want [node-1 node-2]", fr.Family, nodes)
+				}
+			}
+		}},
+		{"pod-to-service", func(t *testing.T, e *traceEnv) {
+			res := e.trace(t, traceflow.Request{Source: ref(e.web[1]), Destination: traceflow.Destination{Service: "backend/api", Port: 80}})
+			wantDelivered(t, e, res, e.api[1], e.api[2])
+			for _, fr := range res.Families {
+				i := slices.IndexFunc(fr.Observations, func(o traceflow.Observation) bool { return o.Component == traceflow.LoadBalancing })
+				if i < 0 {
+					t.Errorf("%s: no load-balancing observation:\n%s", fr.Family, dump(fr))
+					continue
+				}
+				lb := fr.Observations[i]
+				last := fr.Observations[len(fr.Observations)-1]
+				p, _ := e.l.Pod(last.Pod)
+				want, _ := manifest.PodAddr(p, k8sFam(fr.Family))
+				if lb.Service != "backend/api" || lb.TranslatedDst.Addr() != want || lb.TranslatedDst.Port() != 8080 {
+					t.Errorf("%s: load balancing %+v, want backend/api DNAT to %s:8080", fr.Family, lb, want)
+				}
+				if lb.Node != "node-1" {
+					t.Errorf("%s: DNAT on %s, want the source node", fr.Family, lb.Node)
+				}
+			}
+		}},
+		{"policy-denied", func(t *testing.T, e *traceEnv) {
+			res := e.trace(t, traceflow.Request{Source: ref(e.probe[1]), Destination: traceflow.Destination{Pod: ref(e.api[2]), Port: 8080}})
+			if res.Phase != traceflow.Succeeded {
+				t.Errorf("phase %s (%s), want succeeded (a drop is an outcome)", res.Phase, res.Reason)
+			}
+			drop := nft.DropName(nft.Ingress, manifest.NSBackend, e.api[2].Name)
+			for _, fr := range res.Families {
+				if fr.Outcome != traceflow.Dropped {
+					t.Errorf("%s: outcome %s, want dropped\n%s", fr.Family, fr.Outcome, dump(fr))
+					continue
+				}
+				last := fr.Observations[len(fr.Observations)-1]
+				if last.Component != traceflow.NetworkPolicy || last.Action != traceflow.ActionDropped || last.Rule != drop ||
+					!strings.Contains(last.Policy, "backend/default-deny-ingress") || last.Node != "node-2" {
+					t.Errorf("%s: last observation %+v, want a drop on node-2 by %s (backend/default-deny-ingress)", fr.Family, last, drop)
+				}
+				if !strings.Contains(fr.Reason, "backend/default-deny-ingress") {
+					t.Errorf("%s: reason %q does not name the policy", fr.Family, fr.Reason)
+				}
+			}
+		}},
+		{"udp-and-icmp", func(t *testing.T, e *traceEnv) {
+			res := e.trace(t, traceflow.Request{Source: ref(e.web[2]), Destination: traceflow.Destination{Service: "backend/api", Port: 53}, Protocol: traceflow.UDP})
+			wantDelivered(t, e, res, e.api[1], e.api[2])
+			// ICMP to the api pods is not allowed by any rule: dropped.
+			res = e.trace(t, traceflow.Request{Source: ref(e.web[1]), Destination: traceflow.Destination{Pod: ref(e.api[2])}, Protocol: traceflow.ICMP})
+			for _, fr := range res.Families {
+				if fr.Outcome != traceflow.Dropped {
+					t.Errorf("%s %s: outcome %s, want dropped by the default deny\n%s", fr.Family, fr.Protocol, fr.Outcome, dump(fr))
+				}
+			}
+			// ICMP between pods that no policy isolates: delivered.
+			res = e.trace(t, traceflow.Request{Source: ref(e.web[1]), Destination: traceflow.Destination{Pod: ref(e.web[2])}, Protocol: traceflow.ICMP})
+			wantDelivered(t, e, res, e.web[2])
+		}},
+		{"single-family-service-dual", func(t *testing.T, e *traceEnv) {
+			res := e.trace(t, traceflow.Request{Source: ref(e.web[1]), Destination: traceflow.Destination{Service: "backend/api-single", Port: 8080}, Family: traceflow.Dual})
+			has := map[traceflow.Family]bool{}
+			for _, f := range e.modeFamilies() {
+				has[f] = true
+			}
+			missing := map[manifest.Mode]traceflow.Family{manifest.ModeDual: traceflow.IPv6, manifest.ModeIPv4: traceflow.IPv6, manifest.ModeIPv6: traceflow.IPv4}[e.mode]
+			for _, fr := range res.Families {
+				if fr.Family == missing {
+					if fr.Outcome != traceflow.NoAddress || !strings.Contains(fr.Reason, "has no "+map[traceflow.Family]string{traceflow.IPv4: "IPv4", traceflow.IPv6: "IPv6"}[missing]) {
+						t.Errorf("%s: outcome %s %q, want no-address with a clear reason", fr.Family, fr.Outcome, fr.Reason)
+					}
+					if e.mode == manifest.ModeDual && fr.Reason != "no address of this family: service backend/api-single has no IPv6 ClusterIP" {
+						t.Errorf("reason %q", fr.Reason)
+					}
+					continue
+				}
+				if fr.Outcome != traceflow.Delivered {
+					t.Errorf("%s: outcome %s (%s), want delivered\n%s", fr.Family, fr.Outcome, fr.Reason, dump(fr))
+				}
+			}
+			if res.Phase != traceflow.Succeeded {
+				t.Errorf("phase %s (%s)", res.Phase, res.Reason)
+			}
+		}},
+		{"timeout-with-reason", func(t *testing.T, e *traceEnv) {
+			// An address in the lab's ranges that no pod has: the node
+			// has no route for it, so neither delivery nor a drop rule.
+			dst := map[traceflow.Family]string{traceflow.IPv4: "198.18.9.99", traceflow.IPv6: "fd00:10:0:9::99"}
+			for _, f := range e.modeFamilies() {
+				d, _ := traceflow.ParseDestination("ip:" + dst[f])
+				d.Port = 8080
+				start := time.Now()
+				res := e.trace(t, traceflow.Request{Source: ref(e.web[1]), Destination: d, Family: f, Timeout: traceflow.Duration(400 * time.Millisecond)})
+				fr := res.Families[0]
+				if res.Phase != traceflow.Failed || fr.Outcome != traceflow.TimedOut || !strings.Contains(fr.Reason, "timeout") {
+					t.Errorf("%s: phase %s outcome %s reason %q, want failed/timeout with a reason", f, res.Phase, fr.Outcome, fr.Reason)
+				}
+				if took := time.Since(start); took > 3*time.Second {
+					t.Errorf("%s: timed-out trace took %v", f, took)
+				}
+			}
+		}},
+		{"concurrent-traces-apart", func(t *testing.T, e *traceEnv) {
+			// Same source pod, different destinations, all at once.
+			type job struct {
+				dst  traceflow.Destination
+				want traceflow.Outcome
+			}
+			jobs := []job{
+				{traceflow.Destination{Pod: ref(e.api[1]), Port: 8080}, traceflow.Delivered},
+				{traceflow.Destination{Pod: ref(e.api[2]), Port: 8080}, traceflow.Delivered},
+				{traceflow.Destination{Pod: ref(e.api[2]), Port: 7070}, traceflow.Dropped},
+				{traceflow.Destination{Service: "backend/api", Port: 80}, traceflow.Delivered},
+				{traceflow.Destination{Pod: ref(e.web[2]), Port: 8080}, traceflow.Delivered},
+				{traceflow.Destination{Pod: ref(e.api[1]), Port: 9999}, traceflow.Dropped},
+			}
+			var wg sync.WaitGroup
+			for _, j := range jobs {
+				wg.Go(func() {
+					res := e.trace(t, traceflow.Request{Source: ref(e.web[1]), Destination: j.dst})
+					for _, fr := range res.Families {
+						if fr.Outcome != j.want {
+							t.Errorf("%s %s: outcome %s, want %s\n%s", j.dst, fr.Family, fr.Outcome, j.want, dump(fr))
+						}
+						for _, o := range fr.Observations {
+							if o.TranslatedDst.IsValid() && o.TranslatedDst.Addr().Is4() != (fr.Family == traceflow.IPv4) {
+								t.Errorf("%s %s: observation of the other family: %+v", j.dst, fr.Family, o)
+							}
+							if o.Component == traceflow.Delivery && j.dst.Pod != "" && o.Pod != j.dst.Pod {
+								t.Errorf("%s %s: delivered to %s", j.dst, fr.Family, o.Pod)
+							}
+						}
+					}
+				})
+			}
+			wg.Wait()
+		}},
+	}
+	for _, mode := range manifest.Modes {
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			l := startLab(t, mode)
+			e := newTraceEnv(t, l, mode)
+			for _, sc := range scs {
+				t.Run(sc.name, func(t *testing.T) {
+					recordAs(t, string(mode)+"/trace")
+					sc.run(t, e)
+				})
+			}
+		})
+	}
+}
+
+// BenchmarkTraceDual measures a dual-family pod-to-Service trace in a dual
+// lab (root only) and reports the median, which must stay under 1 s.
+func BenchmarkTraceDual(b *testing.B) {
+	if os.Geteuid() != 0 {
+		b.Skip("needs root (network namespaces)")
+	}
+	if _, err := lab.NFTPath(); err != nil {
+		b.Skip(err)
+	}
+	prefix, dir := labPrefix(), b.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := lab.Up(ctx, lab.Config{Mode: manifest.ModeDual, Prefix: prefix, StateDir: dir})
+	b.Cleanup(func() {
+		if l != nil {
+			l.Close()
+		}
+		lab.Down(dir, prefix)
+	})
+	if err != nil {
+		b.Fatal(err)
+	}
+	inv := local.Inventory{M: l.Manifest}
+	tr, err := local.NewTracer(l, inv)
+	if err != nil {
+		b.Fatal(err)
+	}
+	c := traceflow.New(traceflow.Config{}, tr, inv, nil)
+	defer c.Close()
+	web, _ := l.PodOn(manifest.NSFrontend, "web", 1)
+	req := traceflow.Request{Source: ref(web), Destination: traceflow.Destination{Service: "backend/api", Port: 80}, Family: traceflow.Dual}
+	var took []time.Duration
+	b.ReportAllocs()
+	for b.Loop() {
+		start := time.Now()
+		res, err := c.Trace(ctx, req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		took = append(took, time.Since(start))
+		if res.Phase != traceflow.Succeeded {
+			b.Fatalf("trace %s: %s", res.Phase, res.Reason)
+		}
+	}
+	slices.Sort(took)
+	med := took[len(took)/2]
+	b.ReportMetric(float64(med.Microseconds())/1000, "ms/median")
+	if med > time.Second {
+		b.Errorf("median dual trace %v, want under 1s", med)
+	}
+}
