@@ -1,0 +1,85 @@
+package observe
+
+import (
+	"net/netip"
+	"strings"
+	"testing"
+)
+
+// Lines as nft 1.0.6 prints them on kernel 6.18 (captured in the lab).
+func TestParseTrace(t *testing.T) {
+	tests := []struct {
+		name string
+		line string
+		want Event
+	}{
+		{"ipv4 packet", `trace id e0d976ea inet dualflow forward packet: iif "veth9dd079d5ee" oif "veth5fa96b7d2e" ether saddr ee:67:82:5d:a1:0e ether daddr ee:ee:ee:ee:ee:ee ip saddr 198.18.1.10 ip daddr 198.18.1.11 ip dscp 0x07 ip ecn not-ect ip ttl 63 ip id 8454 ip protocol tcp ip length 60 tcp sport 52110 tcp dport 8080 tcp flags == syn tcp window 64240 `,
+			Event{ID: "e0d976ea", Table: "dualflow", Chain: "forward", Kind: KindPacket, IIf: "veth9dd079d5ee", OIf: "veth5fa96b7d2e",
+				Src: netip.MustParseAddr("198.18.1.10"), Dst: netip.MustParseAddr("198.18.1.11"), SrcPort: 52110, DstPort: 8080}},
+		{"ipv6 packet", `trace id 2c9d0f0e inet dualflow_trace_2 pre packet: iif "eth0" ether saddr 6a:e0:96:ed:ba:9c ether daddr 4e:50:4a:37:9e:05 ip6 saddr fd00:10:0:1::10 ip6 daddr fd00:10:0:2::11 ip6 dscp 0x02 ip6 ecn not-ect ip6 hoplimit 63 ip6 flowlabel 0 ip6 nexthdr tcp ip6 length 20 tcp sport 40001 tcp dport 8080 tcp flags == syn tcp window 64240`,
+			Event{ID: "2c9d0f0e", Table: "dualflow_trace_2", Chain: "pre", Kind: KindPacket, IIf: "eth0",
+				Src: netip.MustParseAddr("fd00:10:0:1::10"), Dst: netip.MustParseAddr("fd00:10:0:2::11"), SrcPort: 40001, DstPort: 8080}},
+		{"dnat rule", `trace id 22a0d235 inet dualflow ep/backend/api/http/v6/1 rule meta l4proto tcp counter packets 1 bytes 60 dnat ip6 to [fd00:10:0:2::11]:8080 comment "endpoint [fd00:10:0:2::11]:8080 of backend/api/http/v6" (verdict accept)`,
+			Event{ID: "22a0d235", Table: "dualflow", Chain: "ep/backend/api/http/v6/1", Kind: KindRule, Verdict: "accept",
+				Rule: `meta l4proto tcp counter packets 1 bytes 60 dnat ip6 to [fd00:10:0:2::11]:8080 comment "endpoint [fd00:10:0:2::11]:8080 of backend/api/http/v6"`}},
+		{"drop rule", `trace id 56d95353 inet dualflow ingress/backend/api-58d4c7f9b6-qbjkw rule counter name "drop/ingress/backend/api-58d4c7f9b6-qbjkw" log prefix "drop/ingress/backend/api-58d4c7f9b6-qbjkw" group 100 drop comment "drop/ingress/backend/api-58d4c7f9b6-qbjkw" (verdict drop)`,
+			Event{ID: "56d95353", Table: "dualflow", Chain: "ingress/backend/api-58d4c7f9b6-qbjkw", Kind: KindRule, Verdict: "drop",
+				Rule: `counter name "drop/ingress/backend/api-58d4c7f9b6-qbjkw" log prefix "drop/ingress/backend/api-58d4c7f9b6-qbjkw" group 100 drop comment "drop/ingress/backend/api-58d4c7f9b6-qbjkw"`}},
+		{"jump", `trace id e0d976ea inet dualflow prerouting rule ip daddr 198.19.0.11 tcp dport 80 jump svc/backend/api/http/v4 (verdict jump svc/backend/api/http/v4)`,
+			Event{ID: "e0d976ea", Table: "dualflow", Chain: "prerouting", Kind: KindRule, Verdict: "jump svc/backend/api/http/v4", Rule: "ip daddr 198.19.0.11 tcp dport 80 jump svc/backend/api/http/v4"}},
+		{"policy", `trace id 672352a6 inet dualflow forward policy accept `,
+			Event{ID: "672352a6", Table: "dualflow", Chain: "forward", Kind: KindPolicy, Verdict: "accept"}},
+		{"deleted rule", `trace id 9f3414dd inet dualflow_trace_1 pre unknown rule handle 3 (verdict continue)`,
+			Event{ID: "9f3414dd", Table: "dualflow_trace_1", Chain: "pre", Kind: KindRule, Rule: "unknown rule handle 3 (verdict continue)"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, ok := ParseTrace(tt.line)
+			if !ok || got != tt.want {
+				t.Errorf("ParseTrace =\n%+v, %v\nwant\n%+v", got, ok, tt.want)
+			}
+		})
+	}
+	for _, l := range []string{"add table inet dualflow_trace_1", "# new generation 10 by process 5388 (nft)", "", "trace id x"} {
+		if _, ok := ParseTrace(l); ok {
+			t.Errorf("ParseTrace(%q) ok", l)
+		}
+	}
+}
+
+func TestRuleHelpers(t *testing.T) {
+	rule := `meta l4proto tcp counter packets 1 bytes 60 dnat ip6 to [fd00:10:0:2::11]:8080 comment "endpoint [fd00:10:0:2::11]:8080 of backend/api/http/v6"`
+	if got, ok := DNATTarget(rule); !ok || got != netip.MustParseAddrPort("[fd00:10:0:2::11]:8080") {
+		t.Errorf("DNATTarget v6 = %v %v", got, ok)
+	}
+	if got, ok := DNATTarget("meta l4proto tcp dnat ip to 198.18.1.11:8080 comment \"x\""); !ok || got != netip.MustParseAddrPort("198.18.1.11:8080") {
+		t.Errorf("DNATTarget v4 = %v %v", got, ok)
+	}
+	if _, ok := DNATTarget("counter accept"); ok {
+		t.Error("DNATTarget without dnat")
+	}
+	if c, ok := Quoted(rule, "comment"); !ok || c != "endpoint [fd00:10:0:2::11]:8080 of backend/api/http/v6" {
+		t.Errorf("Quoted comment = %q", c)
+	}
+	if n, ok := Quoted(`ip saddr 1.2.3.4 counter name "backend/allow-web-to-api/ingress/0" accept`, "counter name"); !ok || n != "backend/allow-web-to-api/ingress/0" {
+		t.Errorf("Quoted counter name = %q", n)
+	}
+}
+
+func TestTableRules(t *testing.T) {
+	tests := []struct {
+		m    ProbeMatch
+		want string
+	}{
+		{ProbeMatch{Tag: 5, Src: netip.MustParseAddr("198.18.1.10"), Proto: 6, SrcPort: 40000}, "ip dscp 5 ip saddr 198.18.1.10 tcp sport 40000 meta nftrace set 1"},
+		{ProbeMatch{Tag: 6, Src: netip.MustParseAddr("fd00:10:0:1::10"), Proto: 17, SrcPort: 40001}, "ip6 dscp 6 ip6 saddr fd00:10:0:1::10 udp sport 40001 meta nftrace set 1"},
+		{ProbeMatch{Tag: 7, Src: netip.MustParseAddr("198.18.1.10"), Proto: 1, SrcPort: 9}, "ip dscp 7 ip saddr 198.18.1.10 icmp type echo-request icmp id 9 meta nftrace set 1"},
+		{ProbeMatch{Tag: 8, Src: netip.MustParseAddr("fd00:10:0:1::10"), Proto: 58, SrcPort: 9}, "ip6 dscp 8 ip6 saddr fd00:10:0:1::10 icmpv6 type echo-request icmpv6 id 9 meta nftrace set 1"},
+	}
+	for _, tt := range tests {
+		got := TableRules(tt.m)
+		if !strings.Contains(got, tt.want) || !strings.Contains(got, "table inet "+TableName(tt.m.Tag)+" {") {
+			t.Errorf("TableRules(%+v) =\n%s\nwant it to contain %q", tt.m, got, tt.want)
+		}
+	}
+}

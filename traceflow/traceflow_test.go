@@ -1,0 +1,271 @@
+package traceflow
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/dualflow/dualflow/traceflow/packet"
+)
+
+// fakeResolver resolves every request to fixed addresses; noV6 makes the
+// IPv6 family fail with ErrNoAddress.
+type fakeResolver struct {
+	noV6 bool
+	err  error
+}
+
+func (f fakeResolver) Resolve(req Request, fam Family) (Probe, error) {
+	if f.err != nil {
+		return Probe{}, f.err
+	}
+	if fam == IPv6 {
+		if f.noV6 {
+			return Probe{}, fmt.Errorf("%w: service backend/api-single has no IPv6 ClusterIP", ErrNoAddress)
+		}
+		return Probe{SourcePod: req.Source, Src: netip.MustParseAddr("fd00:10:0:1::10"), Dst: netip.MustParseAddr("fd00:10:ff::11"), DstPort: req.Destination.Port}, nil
+	}
+	return Probe{SourcePod: req.Source, Src: netip.MustParseAddr("198.18.1.10"), Dst: netip.MustParseAddr("198.19.0.11"), DstPort: req.Destination.Port}, nil
+}
+
+// fakeTracer answers with trace(p), or blocks until ctx ends when trace is nil.
+type fakeTracer struct {
+	trace func(p Probe) (Path, error)
+	mu    sync.Mutex
+	seen  []Probe
+}
+
+func (f *fakeTracer) Trace(ctx context.Context, p Probe) (Path, error) {
+	f.mu.Lock()
+	f.seen = append(f.seen, p)
+	f.mu.Unlock()
+	if f.trace == nil {
+		<-ctx.Done()
+		return Path{}, ctx.Err()
+	}
+	return f.trace(p)
+}
+
+func delivered(p Probe) (Path, error) {
+	return Path{Outcome: Delivered, Observations: []Observation{
+		{Node: "node-1", Component: Forwarding, Action: ActionReceived, Interface: "veth1"},
+		{Node: "node-2", Component: Delivery, Action: ActionDelivered, Interface: "eth0", Pod: "backend/api-1"},
+	}}, nil
+}
+
+func req() Request {
+	return Request{Source: "frontend/web-1", Destination: Destination{Service: "backend/api", Port: 80}}
+}
+
+func TestControllerDual(t *testing.T) {
+	tr := &fakeTracer{trace: delivered}
+	c := New(Config{}, tr, fakeResolver{}, nil)
+	defer c.Close()
+	res, err := c.Trace(context.Background(), req())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Phase != Succeeded || len(res.Families) != 2 {
+		t.Fatalf("result %+v", res)
+	}
+	tags := map[uint8]bool{}
+	for _, p := range tr.seen {
+		tags[p.Tag] = true
+		if p.Protocol != TCP || p.TCPFlags != packet.SYN || p.SrcPort < 32768 {
+			t.Errorf("probe %+v: want a TCP SYN from an ephemeral port", p)
+		}
+	}
+	if len(tags) != 2 {
+		t.Errorf("families shared a tag: %v", tags)
+	}
+	for i, f := range []Family{IPv4, IPv6} {
+		fr := res.Families[i]
+		if fr.Family != f || fr.Outcome != Delivered || len(fr.Observations) != 2 || fr.Src.Is4() != (f == IPv4) {
+			t.Errorf("family %d: %+v", i, fr)
+		}
+	}
+	got, err := c.Get(res.ID)
+	if err != nil || got.Phase != Succeeded {
+		t.Errorf("Get: %v %v", got.Phase, err)
+	}
+	if _, err := c.Get("tf-nope"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("Get unknown: %v", err)
+	}
+	// Tags are released when traces end.
+	c.mu.Lock()
+	for tg, used := range c.tags {
+		if used {
+			t.Errorf("tag %d still in use", tg)
+		}
+	}
+	c.mu.Unlock()
+}
+
+func TestControllerOutcomes(t *testing.T) {
+	tests := []struct {
+		name      string
+		family    Family
+		res       fakeResolver
+		trace     func(Probe) (Path, error)
+		timeout   time.Duration
+		wantPhase Phase
+		want      map[Family]Outcome
+		reason    string
+	}{
+		{"single-family service, dual", Dual, fakeResolver{noV6: true}, delivered, 0, Succeeded,
+			map[Family]Outcome{IPv4: Delivered, IPv6: NoAddress}, "service backend/api-single has no IPv6 ClusterIP"},
+		{"ipv6 only, no address", IPv6, fakeResolver{noV6: true}, delivered, 0, Failed,
+			map[Family]Outcome{IPv6: NoAddress}, "no IPv6 ClusterIP"},
+		{"drop is an outcome", IPv6, fakeResolver{}, func(Probe) (Path, error) {
+			return Path{Outcome: Dropped, Reason: "dropped by NetworkPolicy backend/default-deny-ingress"}, nil
+		}, 0, Succeeded, map[Family]Outcome{IPv6: Dropped}, "default-deny-ingress"},
+		{"timeout", IPv4, fakeResolver{}, nil, 30 * time.Millisecond, Failed,
+			map[Family]Outcome{IPv4: TimedOut}, "no delivery or drop seen within 30ms"},
+		{"tracer error", Dual, fakeResolver{}, func(Probe) (Path, error) { return Path{}, errors.New("boom") }, 0, Failed,
+			map[Family]Outcome{IPv4: Error, IPv6: Error}, "boom"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := New(Config{}, &fakeTracer{trace: tt.trace}, tt.res, nil)
+			defer c.Close()
+			r := req()
+			r.Family, r.Timeout = tt.family, Duration(tt.timeout)
+			res, err := c.Trace(context.Background(), r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Phase != tt.wantPhase {
+				t.Errorf("phase %s (%s), want %s", res.Phase, res.Reason, tt.wantPhase)
+			}
+			all := res.Reason
+			for _, fr := range res.Families {
+				if fr.Outcome != tt.want[fr.Family] {
+					t.Errorf("%s: outcome %s, want %s", fr.Family, fr.Outcome, tt.want[fr.Family])
+				}
+				all += " " + fr.Reason
+			}
+			if !strings.Contains(all, tt.reason) {
+				t.Errorf("reasons %q do not say %q", all, tt.reason)
+			}
+		})
+	}
+}
+
+func TestControllerRejects(t *testing.T) {
+	c := New(Config{MaxTimeout: time.Minute}, &fakeTracer{trace: delivered}, fakeResolver{}, nil)
+	defer c.Close()
+	tests := []struct {
+		name string
+		edit func(*Request)
+		want error
+	}{
+		{"live traffic", func(r *Request) { r.LiveTraffic = true }, ErrNotSupported},
+		{"dropped only", func(r *Request) { r.DroppedOnly = true }, ErrNotSupported},
+		{"bad family", func(r *Request) { r.Family = "ipv5" }, ErrInvalid},
+		{"no source namespace", func(r *Request) { r.Source = "web" }, ErrInvalid},
+		{"two destinations", func(r *Request) { r.Destination.Pod = "backend/api-1" }, ErrInvalid},
+		{"no destination", func(r *Request) { r.Destination = Destination{} }, ErrInvalid},
+		{"tcp without port", func(r *Request) { r.Destination.Port = 0 }, ErrInvalid},
+		{"bad protocol", func(r *Request) { r.Protocol = "SCTP" }, ErrInvalid},
+		{"flags on udp", func(r *Request) { r.Protocol, r.TCPFlags = UDP, 2 }, ErrInvalid},
+		{"timeout too long", func(r *Request) { r.Timeout = Duration(time.Hour) }, ErrInvalid},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := req()
+			tt.edit(&r)
+			if _, err := c.Start(context.Background(), r); !errors.Is(err, tt.want) {
+				t.Errorf("Start err = %v, want %v", err, tt.want)
+			}
+		})
+	}
+	// A resolver error (unknown pod) is returned by Start.
+	c2 := New(Config{}, &fakeTracer{trace: delivered}, fakeResolver{err: fmt.Errorf("%w: pod x/y not found", ErrInvalid)}, nil)
+	defer c2.Close()
+	if _, err := c2.Start(context.Background(), req()); !errors.Is(err, ErrInvalid) {
+		t.Errorf("unknown pod: %v", err)
+	}
+}
+
+func TestControllerBusy(t *testing.T) {
+	c := New(Config{Timeout: time.Minute}, &fakeTracer{}, fakeResolver{}, nil) // traces block until Close
+	n := 0
+	for {
+		_, err := c.Start(context.Background(), req())
+		if errors.Is(err, ErrBusy) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		n++
+		if n > packet.MaxTag {
+			t.Fatal("no ErrBusy")
+		}
+	}
+	if n != packet.MaxTag/2 {
+		t.Errorf("%d dual traces started, want %d", n, packet.MaxTag/2)
+	}
+	c.Close() // cancels the blocked traces and waits for them
+}
+
+func TestParseDestination(t *testing.T) {
+	tests := []struct {
+		in   string
+		want Destination
+		err  bool
+	}{
+		{"svc:backend/api:80", Destination{Service: "backend/api", Port: 80}, false},
+		{"service:backend/api-single:8080", Destination{Service: "backend/api-single", Port: 8080}, false},
+		{"pod:backend/api-1:8080", Destination{Pod: "backend/api-1", Port: 8080}, false},
+		{"backend/api-1:8080", Destination{Pod: "backend/api-1", Port: 8080}, false},
+		{"backend/api-1", Destination{Pod: "backend/api-1"}, false},
+		{"ip:198.18.2.11:8080", Destination{IP: netip.MustParseAddr("198.18.2.11"), Port: 8080}, false},
+		{"ip:[fd00:10:0:2::11]:8080", Destination{IP: netip.MustParseAddr("fd00:10:0:2::11"), Port: 8080}, false},
+		{"ip:fd00:10:0:2::11", Destination{IP: netip.MustParseAddr("fd00:10:0:2::11")}, false},
+		{"fd00:10:0:2::11", Destination{IP: netip.MustParseAddr("fd00:10:0:2::11")}, false},
+		{"ip:::ffff:198.18.2.11", Destination{IP: netip.MustParseAddr("198.18.2.11")}, false},
+		{"svc:backend:80", Destination{}, true},
+		{"svc:backend/api:http", Destination{}, true},
+		{"svc:backend/api:0", Destination{}, true},
+		{"ip:fd00::1:99999", Destination{}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.in, func(t *testing.T) {
+			got, err := ParseDestination(tt.in)
+			if (err != nil) != tt.err || (!tt.err && got != tt.want) {
+				t.Fatalf("ParseDestination(%q) = %+v, %v; want %+v (err %v)", tt.in, got, err, tt.want, tt.err)
+			}
+			if !tt.err {
+				again, err := ParseDestination(got.String())
+				if err != nil || again != got {
+					t.Errorf("round trip %q: %+v %v", got.String(), again, err)
+				}
+			}
+		})
+	}
+}
+
+func TestRequestJSON(t *testing.T) {
+	in := `{"source":"frontend/web-1","destination":{"ip":"fd00:10:0:2::11","port":8080},"protocol":"TCP","family":"dual","timeout":"1.5s"}`
+	var r Request
+	if err := json.Unmarshal([]byte(in), &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.Destination.IP != netip.MustParseAddr("fd00:10:0:2::11") || time.Duration(r.Timeout) != 1500*time.Millisecond {
+		t.Errorf("decoded %+v", r)
+	}
+	if err := json.Unmarshal([]byte(`{"timeout":2}`), &r); err != nil || time.Duration(r.Timeout) != 2*time.Second {
+		t.Errorf("timeout in seconds: %v %v", r.Timeout, err)
+	}
+	b, _ := json.Marshal(Request{Source: "a/b", Destination: Destination{Service: "c/d", Port: 80}})
+	if strings.Contains(string(b), `"ip"`) {
+		t.Errorf("zero IP marshalled: %s", b)
+	}
+}
