@@ -148,6 +148,7 @@ func (s *Source) run(ctx context.Context, what string, argv ...string) (string, 
 	defer cancel()
 	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
 	cmd.Env = s.env()
+	cmd.WaitDelay = time.Second // a child that inherited the pipes cannot hold the run past the timeout
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
@@ -493,6 +494,10 @@ func (s *Source) monitor(ctx context.Context, out chan<- PacketIn) error {
 	if err := cmd.Start(); err != nil {
 		return err
 	}
+	// Unblock the reader when ctx ends, even if a child of the CLI still
+	// holds the pipe open.
+	stopClose := context.AfterFunc(ctx, func() { stdout.Close() })
+	defer stopClose()
 	var p MonitorParser
 	sc := bufio.NewScanner(stdout)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
