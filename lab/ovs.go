@@ -169,24 +169,23 @@ func (l *Lab) ovsCounters(node string) (map[string]Counter, error) {
 	if err != nil {
 		return nil, fmt.Errorf("counters of %s: %w", node, err)
 	}
-	rules, err := xovs.LoadRules(l.OVSRulesPath())
+	list, err := ovs.Rules(l.Manifest)
+	if err != nil {
+		return nil, err
+	}
+	rules, err := xovs.NewRules(list)
 	if err != nil {
 		return nil, err
 	}
 	out := map[string]Counter{}
 	// Every rule has a counter, hit or not, as with nft's named counters.
-	for _, r := range mustRules(l) {
+	for _, r := range list {
 		out[r.Name] = Counter{}
 	}
 	for _, s := range snap.RuleStats(rules) {
 		out[s.Rule.Name] = Counter{Packets: s.Packets, Bytes: s.Bytes}
 	}
 	return out, nil
-}
-
-func mustRules(l *Lab) []xovs.Rule {
-	r, _ := ovs.Rules(l.Manifest)
-	return r
 }
 
 // OVSFlows returns `ovs-ofctl dump-flows` of node's bridge.
