@@ -134,186 +134,201 @@ func wantDelivered(t *testing.T, e *traceEnv, res traceflow.Result, pods ...*cor
 	}
 }
 
+// traceScenarios run on both datapaths, in every mode.
+var traceScenarios = []struct {
+	name string
+	run  func(t *testing.T, e *traceEnv)
+}{
+	{"pod-to-pod-same-node", func(t *testing.T, e *traceEnv) {
+		res := e.trace(t, traceflow.Request{Source: ref(e.web[1]), Destination: traceflow.Destination{Pod: ref(e.api[1]), Port: 8080}})
+		wantDelivered(t, e, res, e.api[1])
+		for _, fr := range res.Families {
+			for _, o := range fr.Observations {
+				if o.Node != e.api[1].Spec.NodeName {
+					t.Errorf("%s: observation on %s, want only %s", fr.Family, o.Node, e.api[1].Spec.NodeName)
+				}
+			}
+			if !slices.ContainsFunc(fr.Observations, func(o traceflow.Observation) bool {
+				return o.Component == traceflow.NetworkPolicy && o.Rule == nft.RuleName(manifest.NSBackend, "allow-web-to-api", nft.Ingress, 0)
+			}) {
+				t.Errorf("%s: no allow by backend/allow-web-to-api/ingress/0:\n%s", fr.Family, dump(fr))
+			}
+		}
+	}},
+	{"pod-to-pod-across-nodes", func(t *testing.T, e *traceEnv) {
+		res := e.trace(t, traceflow.Request{Source: ref(e.web[1]), Destination: traceflow.Destination{Pod: ref(e.api[2]), Port: 8080}})
+		wantDelivered(t, e, res, e.api[2])
+		for _, fr := range res.Families {
+			var nodes []string
+			for _, o := range fr.Observations {
+				if len(nodes) == 0 || nodes[len(nodes)-1] != o.Node {
+					nodes = append(nodes, o.Node)
+				}
+			}
+			if !slices.Equal(nodes, []string{"node-1", "node-2"}) {
+				t.Errorf("%s: path over nodes %v, want [node-1 node-2]", fr.Family, nodes)
+			}
+		}
+	}},
+	{"pod-to-service", func(t *testing.T, e *traceEnv) {
+		res := e.trace(t, traceflow.Request{Source: ref(e.web[1]), Destination: traceflow.Destination{Service: "backend/api", Port: 80}})
+		wantDelivered(t, e, res, e.api[1], e.api[2])
+		for _, fr := range res.Families {
+			i := slices.IndexFunc(fr.Observations, func(o traceflow.Observation) bool { return o.Component == traceflow.LoadBalancing })
+			if i < 0 {
+				t.Errorf("%s: no load-balancing observation:\n%s", fr.Family, dump(fr))
+				continue
+			}
+			lb := fr.Observations[i]
+			last := fr.Observations[len(fr.Observations)-1]
+			p, _ := e.l.Pod(last.Pod)
+			want, _ := manifest.PodAddr(p, k8sFam(fr.Family))
+			if lb.Service != "backend/api" || lb.TranslatedDst.Addr() != want || lb.TranslatedDst.Port() != 8080 {
+				t.Errorf("%s: load balancing %+v, want backend/api DNAT to %s:8080", fr.Family, lb, want)
+			}
+			if lb.Node != "node-1" {
+				t.Errorf("%s: DNAT on %s, want the source node", fr.Family, lb.Node)
+			}
+		}
+	}},
+	{"policy-denied", func(t *testing.T, e *traceEnv) {
+		res := e.trace(t, traceflow.Request{Source: ref(e.probe[1]), Destination: traceflow.Destination{Pod: ref(e.api[2]), Port: 8080}})
+		if res.Phase != traceflow.Succeeded {
+			t.Errorf("phase %s (%s), want succeeded (a drop is an outcome)", res.Phase, res.Reason)
+		}
+		drop := nft.DropName(nft.Ingress, manifest.NSBackend, e.api[2].Name)
+		for _, fr := range res.Families {
+			if fr.Outcome != traceflow.Dropped {
+				t.Errorf("%s: outcome %s, want dropped\n%s", fr.Family, fr.Outcome, dump(fr))
+				continue
+			}
+			last := fr.Observations[len(fr.Observations)-1]
+			if last.Component != traceflow.NetworkPolicy || last.Action != traceflow.ActionDropped || last.Rule != drop ||
+				!strings.Contains(last.Policy, "backend/default-deny-ingress") || last.Node != "node-2" {
+				t.Errorf("%s: last observation %+v, want a drop on node-2 by %s (backend/default-deny-ingress)", fr.Family, last, drop)
+			}
+			if !strings.Contains(fr.Reason, "backend/default-deny-ingress") {
+				t.Errorf("%s: reason %q does not name the policy", fr.Family, fr.Reason)
+			}
+		}
+	}},
+	{"udp-and-icmp", func(t *testing.T, e *traceEnv) {
+		res := e.trace(t, traceflow.Request{Source: ref(e.web[2]), Destination: traceflow.Destination{Service: "backend/api", Port: 53}, Protocol: traceflow.UDP})
+		wantDelivered(t, e, res, e.api[1], e.api[2])
+		// ICMP to the api pods is not allowed by any rule: dropped.
+		res = e.trace(t, traceflow.Request{Source: ref(e.web[1]), Destination: traceflow.Destination{Pod: ref(e.api[2])}, Protocol: traceflow.ICMP})
+		for _, fr := range res.Families {
+			if fr.Outcome != traceflow.Dropped {
+				t.Errorf("%s %s: outcome %s, want dropped by the default deny\n%s", fr.Family, fr.Protocol, fr.Outcome, dump(fr))
+			}
+		}
+		// ICMP between pods that no policy isolates: delivered.
+		res = e.trace(t, traceflow.Request{Source: ref(e.web[1]), Destination: traceflow.Destination{Pod: ref(e.web[2])}, Protocol: traceflow.ICMP})
+		wantDelivered(t, e, res, e.web[2])
+	}},
+	{"single-family-service-dual", func(t *testing.T, e *traceEnv) {
+		res := e.trace(t, traceflow.Request{Source: ref(e.web[1]), Destination: traceflow.Destination{Service: "backend/api-single", Port: 8080}, Family: traceflow.Dual})
+		has := map[traceflow.Family]bool{}
+		for _, f := range e.modeFamilies() {
+			has[f] = true
+		}
+		missing := map[manifest.Mode]traceflow.Family{manifest.ModeDual: traceflow.IPv6, manifest.ModeIPv4: traceflow.IPv6, manifest.ModeIPv6: traceflow.IPv4}[e.mode]
+		for _, fr := range res.Families {
+			if fr.Family == missing {
+				if fr.Outcome != traceflow.NoAddress || !strings.Contains(fr.Reason, "has no "+map[traceflow.Family]string{traceflow.IPv4: "IPv4", traceflow.IPv6: "IPv6"}[missing]) {
+					t.Errorf("%s: outcome %s %q, want no-address with a clear reason", fr.Family, fr.Outcome, fr.Reason)
+				}
+				if e.mode == manifest.ModeDual && fr.Reason != "no address of this family: service backend/api-single has no IPv6 ClusterIP" {
+					t.Errorf("reason %q", fr.Reason)
+				}
+				continue
+			}
+			if fr.Outcome != traceflow.Delivered {
+				t.Errorf("%s: outcome %s (%s), want delivered\n%s", fr.Family, fr.Outcome, fr.Reason, dump(fr))
+			}
+		}
+		if res.Phase != traceflow.Succeeded {
+			t.Errorf("phase %s (%s)", res.Phase, res.Reason)
+		}
+	}},
+	{"timeout-with-reason", func(t *testing.T, e *traceEnv) {
+		// An address in the lab's ranges that no pod has: the node
+		// has no route for it, so neither delivery nor a drop rule.
+		dst := map[traceflow.Family]string{traceflow.IPv4: "198.18.9.99", traceflow.IPv6: "fd00:10:0:9::99"}
+		for _, f := range e.modeFamilies() {
+			d, _ := traceflow.ParseDestination("ip:" + dst[f])
+			d.Port = 8080
+			start := time.Now()
+			res := e.trace(t, traceflow.Request{Source: ref(e.web[1]), Destination: d, Family: f, Timeout: traceflow.Duration(400 * time.Millisecond)})
+			fr := res.Families[0]
+			if res.Phase != traceflow.Failed || fr.Outcome != traceflow.TimedOut || !strings.Contains(fr.Reason, "timeout") {
+				t.Errorf("%s: phase %s outcome %s reason %q, want failed/timeout with a reason", f, res.Phase, fr.Outcome, fr.Reason)
+			}
+			if took := time.Since(start); took > 3*time.Second {
+				t.Errorf("%s: timed-out trace took %v", f, took)
+			}
+		}
+	}},
+	{"concurrent-traces-apart", func(t *testing.T, e *traceEnv) {
+		// Same source pod, different destinations, all at once.
+		type job struct {
+			dst  traceflow.Destination
+			want traceflow.Outcome
+		}
+		jobs := []job{
+			{traceflow.Destination{Pod: ref(e.api[1]), Port: 8080}, traceflow.Delivered},
+			{traceflow.Destination{Pod: ref(e.api[2]), Port: 8080}, traceflow.Delivered},
+			{traceflow.Destination{Pod: ref(e.api[2]), Port: 7070}, traceflow.Dropped},
+			{traceflow.Destination{Service: "backend/api", Port: 80}, traceflow.Delivered},
+			{traceflow.Destination{Pod: ref(e.web[2]), Port: 8080}, traceflow.Delivered},
+			{traceflow.Destination{Pod: ref(e.api[1]), Port: 9999}, traceflow.Dropped},
+		}
+		var wg sync.WaitGroup
+		for _, j := range jobs {
+			wg.Go(func() {
+				res := e.trace(t, traceflow.Request{Source: ref(e.web[1]), Destination: j.dst})
+				for _, fr := range res.Families {
+					if fr.Outcome != j.want {
+						t.Errorf("%s %s: outcome %s, want %s\n%s", j.dst, fr.Family, fr.Outcome, j.want, dump(fr))
+					}
+					for _, o := range fr.Observations {
+						if o.TranslatedDst.IsValid() && o.TranslatedDst.Addr().Is4() != (fr.Family == traceflow.IPv4) {
+							t.Errorf("%s %s: observation of the other family: %+v", j.dst, fr.Family, o)
+						}
+						if o.Component == traceflow.Delivery && j.dst.Pod != "" && o.Pod != j.dst.Pod {
+							t.Errorf("%s %s: delivered to %s", j.dst, fr.Family, o.Pod)
+						}
+					}
+				}
+			})
+		}
+		wg.Wait()
+	}},
+}
+
+// TestTraceflow traces the scenarios on the kernel datapath (nftables
+// trace, conntrack, capture) in the three modes, in parallel.
 func TestTraceflow(t *testing.T) {
 	requirePrereqs(t)
-	scs := []struct {
-		name string
-		run  func(t *testing.T, e *traceEnv)
-	}{
-		{"pod-to-pod-same-node", func(t *testing.T, e *traceEnv) {
-			res := e.trace(t, traceflow.Request{Source: ref(e.web[1]), Destination: traceflow.Destination{Pod: ref(e.api[1]), Port: 8080}})
-			wantDelivered(t, e, res, e.api[1])
-			for _, fr := range res.Families {
-				for _, o := range fr.Observations {
-					if o.Node != e.api[1].Spec.NodeName {
-						t.Errorf("%s: observation on %s, want only %s", fr.Family, o.Node, e.api[1].Spec.NodeName)
-					}
-				}
-				if !slices.ContainsFunc(fr.Observations, func(o traceflow.Observation) bool {
-					return o.Component == traceflow.NetworkPolicy && o.Rule == nft.RuleName(manifest.NSBackend, "allow-web-to-api", nft.Ingress, 0)
-				}) {
-					t.Errorf("%s: no allow by backend/allow-web-to-api/ingress/0:\n%s", fr.Family, dump(fr))
-				}
-			}
-		}},
-		{"pod-to-pod-across-nodes", func(t *testing.T, e *traceEnv) {
-			res := e.trace(t, traceflow.Request{Source: ref(e.web[1]), Destination: traceflow.Destination{Pod: ref(e.api[2]), Port: 8080}})
-			wantDelivered(t, e, res, e.api[2])
-			for _, fr := range res.Families {
-				var nodes []string
-				for _, o := range fr.Observations {
-					if len(nodes) == 0 || nodes[len(nodes)-1] != o.Node {
-						nodes = append(nodes, o.Node)
-					}
-				}
-				if !slices.Equal(nodes, []string{"node-1", "node-2"}) {
-					t.Errorf("%s: path over nodes %v, want [node-1 node-2]", fr.Family, nodes)
-				}
-			}
-		}},
-		{"pod-to-service", func(t *testing.T, e *traceEnv) {
-			res := e.trace(t, traceflow.Request{Source: ref(e.web[1]), Destination: traceflow.Destination{Service: "backend/api", Port: 80}})
-			wantDelivered(t, e, res, e.api[1], e.api[2])
-			for _, fr := range res.Families {
-				i := slices.IndexFunc(fr.Observations, func(o traceflow.Observation) bool { return o.Component == traceflow.LoadBalancing })
-				if i < 0 {
-					t.Errorf("%s: no load-balancing observation:\n%s", fr.Family, dump(fr))
-					continue
-				}
-				lb := fr.Observations[i]
-				last := fr.Observations[len(fr.Observations)-1]
-				p, _ := e.l.Pod(last.Pod)
-				want, _ := manifest.PodAddr(p, k8sFam(fr.Family))
-				if lb.Service != "backend/api" || lb.TranslatedDst.Addr() != want || lb.TranslatedDst.Port() != 8080 {
-					t.Errorf("%s: load balancing %+v, want backend/api DNAT to %s:8080", fr.Family, lb, want)
-				}
-				if lb.Node != "node-1" {
-					t.Errorf("%s: DNAT on %s, want the source node", fr.Family, lb.Node)
-				}
-			}
-		}},
-		{"policy-denied", func(t *testing.T, e *traceEnv) {
-			res := e.trace(t, traceflow.Request{Source: ref(e.probe[1]), Destination: traceflow.Destination{Pod: ref(e.api[2]), Port: 8080}})
-			if res.Phase != traceflow.Succeeded {
-				t.Errorf("phase %s (%s), want succeeded (a drop is an outcome)", res.Phase, res.Reason)
-			}
-			drop := nft.DropName(nft.Ingress, manifest.NSBackend, e.api[2].Name)
-			for _, fr := range res.Families {
-				if fr.Outcome != traceflow.Dropped {
-					t.Errorf("%s: outcome %s, want dropped\n%s", fr.Family, fr.Outcome, dump(fr))
-					continue
-				}
-				last := fr.Observations[len(fr.Observations)-1]
-				if last.Component != traceflow.NetworkPolicy || last.Action != traceflow.ActionDropped || last.Rule != drop ||
-					!strings.Contains(last.Policy, "backend/default-deny-ingress") || last.Node != "node-2" {
-					t.Errorf("%s: last observation %+v, want a drop on node-2 by %s (backend/default-deny-ingress)", fr.Family, last, drop)
-				}
-				if !strings.Contains(fr.Reason, "backend/default-deny-ingress") {
-					t.Errorf("%s: reason %q does not name the policy", fr.Family, fr.Reason)
-				}
-			}
-		}},
-		{"udp-and-icmp", func(t *testing.T, e *traceEnv) {
-			res := e.trace(t, traceflow.Request{Source: ref(e.web[2]), Destination: traceflow.Destination{Service: "backend/api", Port: 53}, Protocol: traceflow.UDP})
-			wantDelivered(t, e, res, e.api[1], e.api[2])
-			// ICMP to the api pods is not allowed by any rule: dropped.
-			res = e.trace(t, traceflow.Request{Source: ref(e.web[1]), Destination: traceflow.Destination{Pod: ref(e.api[2])}, Protocol: traceflow.ICMP})
-			for _, fr := range res.Families {
-				if fr.Outcome != traceflow.Dropped {
-					t.Errorf("%s %s: outcome %s, want dropped by the default deny\n%s", fr.Family, fr.Protocol, fr.Outcome, dump(fr))
-				}
-			}
-			// ICMP between pods that no policy isolates: delivered.
-			res = e.trace(t, traceflow.Request{Source: ref(e.web[1]), Destination: traceflow.Destination{Pod: ref(e.web[2])}, Protocol: traceflow.ICMP})
-			wantDelivered(t, e, res, e.web[2])
-		}},
-		{"single-family-service-dual", func(t *testing.T, e *traceEnv) {
-			res := e.trace(t, traceflow.Request{Source: ref(e.web[1]), Destination: traceflow.Destination{Service: "backend/api-single", Port: 8080}, Family: traceflow.Dual})
-			has := map[traceflow.Family]bool{}
-			for _, f := range e.modeFamilies() {
-				has[f] = true
-			}
-			missing := map[manifest.Mode]traceflow.Family{manifest.ModeDual: traceflow.IPv6, manifest.ModeIPv4: traceflow.IPv6, manifest.ModeIPv6: traceflow.IPv4}[e.mode]
-			for _, fr := range res.Families {
-				if fr.Family == missing {
-					if fr.Outcome != traceflow.NoAddress || !strings.Contains(fr.Reason, "has no "+map[traceflow.Family]string{traceflow.IPv4: "IPv4", traceflow.IPv6: "IPv6"}[missing]) {
-						t.Errorf("%s: outcome %s %q, want no-address with a clear reason", fr.Family, fr.Outcome, fr.Reason)
-					}
-					if e.mode == manifest.ModeDual && fr.Reason != "no address of this family: service backend/api-single has no IPv6 ClusterIP" {
-						t.Errorf("reason %q", fr.Reason)
-					}
-					continue
-				}
-				if fr.Outcome != traceflow.Delivered {
-					t.Errorf("%s: outcome %s (%s), want delivered\n%s", fr.Family, fr.Outcome, fr.Reason, dump(fr))
-				}
-			}
-			if res.Phase != traceflow.Succeeded {
-				t.Errorf("phase %s (%s)", res.Phase, res.Reason)
-			}
-		}},
-		{"timeout-with-reason", func(t *testing.T, e *traceEnv) {
-			// An address in the lab's ranges that no pod has: the node
-			// has no route for it, so neither delivery nor a drop rule.
-			dst := map[traceflow.Family]string{traceflow.IPv4: "198.18.9.99", traceflow.IPv6: "fd00:10:0:9::99"}
-			for _, f := range e.modeFamilies() {
-				d, _ := traceflow.ParseDestination("ip:" + dst[f])
-				d.Port = 8080
-				start := time.Now()
-				res := e.trace(t, traceflow.Request{Source: ref(e.web[1]), Destination: d, Family: f, Timeout: traceflow.Duration(400 * time.Millisecond)})
-				fr := res.Families[0]
-				if res.Phase != traceflow.Failed || fr.Outcome != traceflow.TimedOut || !strings.Contains(fr.Reason, "timeout") {
-					t.Errorf("%s: phase %s outcome %s reason %q, want failed/timeout with a reason", f, res.Phase, fr.Outcome, fr.Reason)
-				}
-				if took := time.Since(start); took > 3*time.Second {
-					t.Errorf("%s: timed-out trace took %v", f, took)
-				}
-			}
-		}},
-		{"concurrent-traces-apart", func(t *testing.T, e *traceEnv) {
-			// Same source pod, different destinations, all at once.
-			type job struct {
-				dst  traceflow.Destination
-				want traceflow.Outcome
-			}
-			jobs := []job{
-				{traceflow.Destination{Pod: ref(e.api[1]), Port: 8080}, traceflow.Delivered},
-				{traceflow.Destination{Pod: ref(e.api[2]), Port: 8080}, traceflow.Delivered},
-				{traceflow.Destination{Pod: ref(e.api[2]), Port: 7070}, traceflow.Dropped},
-				{traceflow.Destination{Service: "backend/api", Port: 80}, traceflow.Delivered},
-				{traceflow.Destination{Pod: ref(e.web[2]), Port: 8080}, traceflow.Delivered},
-				{traceflow.Destination{Pod: ref(e.api[1]), Port: 9999}, traceflow.Dropped},
-			}
-			var wg sync.WaitGroup
-			for _, j := range jobs {
-				wg.Go(func() {
-					res := e.trace(t, traceflow.Request{Source: ref(e.web[1]), Destination: j.dst})
-					for _, fr := range res.Families {
-						if fr.Outcome != j.want {
-							t.Errorf("%s %s: outcome %s, want %s\n%s", j.dst, fr.Family, fr.Outcome, j.want, dump(fr))
-						}
-						for _, o := range fr.Observations {
-							if o.TranslatedDst.IsValid() && o.TranslatedDst.Addr().Is4() != (fr.Family == traceflow.IPv4) {
-								t.Errorf("%s %s: observation of the other family: %+v", j.dst, fr.Family, o)
-							}
-							if o.Component == traceflow.Delivery && j.dst.Pod != "" && o.Pod != j.dst.Pod {
-								t.Errorf("%s %s: delivered to %s", j.dst, fr.Family, o.Pod)
-							}
-						}
-					}
-				})
-			}
-			wg.Wait()
-		}},
-	}
+	runTraceflow(t, lab.DatapathKernel, "trace")
+}
+
+// TestTraceflowOVS traces the same scenarios on the OVS datapath
+// (ofproto/trace, drop packet-ins, capture).
+func TestTraceflowOVS(t *testing.T) {
+	requireOVS(t)
+	runTraceflow(t, lab.DatapathOVS, "ovs-trace")
+}
+
+func runTraceflow(t *testing.T, datapath, label string) {
 	for _, mode := range manifest.Modes {
 		t.Run(string(mode), func(t *testing.T) {
 			t.Parallel()
-			l := startLab(t, mode)
+			l := startLabOn(t, mode, datapath)
 			e := newTraceEnv(t, l, mode)
-			for _, sc := range scs {
+			for _, sc := range traceScenarios {
 				t.Run(sc.name, func(t *testing.T) {
-					recordAs(t, string(mode)+"/trace")
+					recordAs(t, string(mode)+"/"+label)
 					sc.run(t, e)
 				})
 			}

@@ -67,11 +67,8 @@ type delivery struct {
 }
 
 // Trace sends p from its source pod and follows it (see traceflow's
-// nodeTracer). With the OVS datapath it returns traceflow.ErrNotSupported.
+// nodeTracer), on the kernel or the OVS datapath of the lab.
 func (t *Tracer) Trace(ctx context.Context, p traceflow.Probe) (traceflow.Path, error) {
-	if t.lab.State().Datapath == lab.DatapathOVS {
-		return traceflow.Path{}, fmt.Errorf("OVS datapath: %w (ofproto/trace is not wired in)", traceflow.ErrNotSupported)
-	}
 	src, err := t.inv.pod(p.SourcePod)
 	if err != nil {
 		return traceflow.Path{}, err
@@ -86,6 +83,10 @@ func (t *Tracer) Trace(ctx context.Context, p traceflow.Probe) (traceflow.Path, 
 		Proto: proto, SrcPort: p.SrcPort, DstPort: p.DstPort, TCPFlags: p.TCPFlags, TTL: p.TTL, Tag: p.Tag})
 	if err != nil {
 		return traceflow.Path{}, err
+	}
+	send := func() error { return inject.Send(srcNS, podIface, frame) }
+	if t.lab.State().Datapath == lab.DatapathOVS {
+		return t.traceOVS(ctx, p, src, frame, send)
 	}
 	match := observe.ProbeMatch{Tag: p.Tag, Src: p.Src, Proto: proto, SrcPort: p.SrcPort}
 
@@ -114,40 +115,12 @@ func (t *Tracer) Trace(ctx context.Context, p traceflow.Probe) (traceflow.Path, 
 	}
 
 	// Capture where the probe may arrive.
-	delivered := make(chan delivery, 4)
-	for _, dp := range t.inv.Endpoints(p) {
-		c, err := inject.Listen(t.lab.PodNetNSPath(dp), podIface)
-		if err != nil {
-			return traceflow.Path{}, err
-		}
-		wg.Go(func() {
-			defer c.Close()
-			cctx, cancel := context.WithCancel(ctx)
-			defer cancel()
-			go func() {
-				select {
-				case <-done:
-				case <-cctx.Done():
-				}
-				cancel()
-			}()
-			for {
-				f, err := c.Next(cctx)
-				if err != nil {
-					return
-				}
-				if seen, ok := packet.Match(f, p.Tag, p.Src, proto, p.SrcPort); ok {
-					select {
-					case delivered <- delivery{pod: dp, seen: seen}:
-					case <-done:
-					}
-					return
-				}
-			}
-		})
+	delivered, err := t.captureAt(ctx, p, done, &wg)
+	if err != nil {
+		return traceflow.Path{}, err
 	}
 
-	if err := inject.Send(srcNS, podIface, frame); err != nil {
+	if err := send(); err != nil {
 		return traceflow.Path{}, err
 	}
 
@@ -174,6 +147,41 @@ func (t *Tracer) Trace(ctx context.Context, p traceflow.Probe) (traceflow.Path, 
 			return path, nil
 		}
 	}
+}
+
+// capture listens on dp's eth0 until done and sends the probe's arrival.
+func (t *Tracer) capture(ctx context.Context, p traceflow.Probe, dp *corev1.Pod, delivered chan<- delivery, done <-chan struct{}, wg *sync.WaitGroup) error {
+	c, err := inject.Listen(t.lab.PodNetNSPath(dp), podIface)
+	if err != nil {
+		return err
+	}
+	proto := p.ProtoNumber()
+	cctx, cancel := context.WithCancel(ctx)
+	wg.Go(func() {
+		select {
+		case <-done:
+		case <-cctx.Done():
+		}
+		cancel()
+	})
+	wg.Go(func() {
+		defer c.Close()
+		defer cancel()
+		for {
+			f, err := c.Next(cctx)
+			if err != nil {
+				return
+			}
+			if seen, ok := packet.Match(f, p.Tag, p.Src, proto, p.SrcPort); ok {
+				select {
+				case delivered <- delivery{pod: dp, seen: seen}:
+				case <-done:
+				}
+				return
+			}
+		}
+	})
+	return nil
 }
 
 // watchNode starts nft monitor in node, loads the trace table and waits

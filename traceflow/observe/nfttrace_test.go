@@ -83,3 +83,56 @@ func TestTableRules(t *testing.T) {
 		}
 	}
 }
+
+func TestOFFlow(t *testing.T) {
+	tests := []struct {
+		proto uint8
+		src   string
+		want  string
+	}{
+		{6, "198.18.1.10", "in_port=10,tcp,dl_dst=ee:ee:ee:ee:ee:ee,nw_src=198.18.1.10,nw_dst=198.18.2.11,nw_tos=28,nw_ttl=64,tp_src=40000,tp_dst=8080,tcp_flags=0x002"},
+		{17, "fd00:10:0:1::10", "in_port=10,udp6,dl_dst=ee:ee:ee:ee:ee:ee,ipv6_src=fd00:10:0:1::10,ipv6_dst=fd00:10:0:2::11,nw_tos=28,nw_ttl=64,udp_src=40000,udp_dst=8080"},
+		{1, "198.18.1.10", "in_port=10,icmp,dl_dst=ee:ee:ee:ee:ee:ee,nw_src=198.18.1.10,nw_dst=198.18.2.11,nw_tos=28,nw_ttl=64,icmp_type=8,icmp_code=0"},
+		{58, "fd00:10:0:1::10", "in_port=10,icmp6,dl_dst=ee:ee:ee:ee:ee:ee,ipv6_src=fd00:10:0:1::10,ipv6_dst=fd00:10:0:2::11,nw_tos=28,nw_ttl=64,icmpv6_type=128,icmpv6_code=0"},
+	}
+	for _, tt := range tests {
+		src := netip.MustParseAddr(tt.src)
+		dst := netip.MustParseAddr("198.18.2.11")
+		if src.Is6() {
+			dst = netip.MustParseAddr("fd00:10:0:2::11")
+		}
+		if got := OFFlow(10, src, dst, tt.proto, 40000, 8080, 2, 7, 64); got != tt.want {
+			t.Errorf("OFFlow proto %d =\n%s\nwant\n%s", tt.proto, got, tt.want)
+		}
+	}
+}
+
+func TestParseOFTrace(t *testing.T) {
+	out := `bridge("br-int")
+----------------
+ 0. ip,in_port=10,nw_src=198.18.1.10, priority 100, cookie 0xdf01000000000000
+    goto_table:10
+10. ip, priority 100, cookie 0xdf0100000000000a
+    ct(table=20,zone=1,nat)
+Datapath actions: ct(zone=1,nat),recirc(0x3)
+    thaw
+        Resuming from table 20
+20. priority 0, cookie 0xdf01000000000014
+    goto_table:30
+30. ct_state=+new+trk,tcp,nw_dst=198.19.0.11,tp_dst=80, priority 100, cookie 0xdf040000b76046bc
+    group:1
+     -> no live bucket
+Datapath actions: hash(sym_l4(0)),recirc(0x4)
+`
+	tr := ParseOFTrace(out)
+	if len(tr.Steps) != 4 || !tr.NoLiveBucket || tr.DatapathActions != "hash(sym_l4(0)),recirc(0x4)" {
+		t.Fatalf("parsed %+v", tr)
+	}
+	last := tr.Steps[3]
+	if last.Table != 30 || last.Cookie != 0xdf040000b76046bc || last.Match != "ct_state=+new+trk,tcp,nw_dst=198.19.0.11,tp_dst=80" || last.Actions[0] != "group:1" {
+		t.Errorf("step %+v", last)
+	}
+	if tr.Steps[2].Table != 20 || tr.Steps[2].Match != "" {
+		t.Errorf("step %+v", tr.Steps[2])
+	}
+}
