@@ -38,9 +38,9 @@ var ofStepRE = regexp.MustCompile(`^\s*(\d+)\. (.*?),? ?priority (\d+)(?:, cooki
 // ParseOFTrace reads `ovs-appctl ofproto/trace` output, every
 // recirculation pass in order.
 //
-//	30. ct_state=+new+trk,tcp,nw_dst=198.19.0.11,tp_dst=80, priority 100, cookie 0xdf040000b76046bc
-//	    group:1
-//	     -> no live bucket
+//  30. ct_state=+new+trk,tcp,nw_dst=198.19.0.11,tp_dst=80, priority 100, cookie 0xdf040000b76046bc
+//     group:1
+//     -> no live bucket
 func ParseOFTrace(out string) OFTrace {
 	var t OFTrace
 	for _, l := range strings.Split(out, "\n") {
