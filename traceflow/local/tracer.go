@@ -4,8 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
-	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -41,6 +41,10 @@ type Tracer struct {
 	lab *lab.Lab
 	inv Inventory
 	nft string
+	// Raw, when set before the first Trace, receives every `nft monitor`
+	// line of every probe (for debugging the kernel datapath's tracing).
+	// Writes from concurrent probes interleave by line.
+	Raw io.Writer
 }
 
 // NewTracer returns a tracer for l. Names are resolved against inv (the
@@ -210,7 +214,6 @@ func (t *Tracer) watchNode(ctx context.Context, node string, m observe.ProbeMatc
 			return mon, fmt.Errorf("node %s: %w", node, err)
 		}
 	}
-	debug := os.Getenv("DUALFLOW_TRACE_DEBUG") != ""
 	wg.Go(func() {
 		// Once a probe's nftrace is set, every table traces it, the other
 		// probes' trace tables included; and the kernel reuses trace ids.
@@ -230,8 +233,8 @@ func (t *Tracer) watchNode(ctx context.Context, node string, m observe.ProbeMatc
 		}
 		for l := range mon.Lines() {
 			ev, ok := observe.ParseTrace(l)
-			if debug {
-				fmt.Fprintf(os.Stderr, "trace %d %s: %s\n", m.Tag, node, l)
+			if t.Raw != nil {
+				fmt.Fprintf(t.Raw, "probe %d %s: %s\n", m.Tag, node, l)
 			}
 			if !ok {
 				continue

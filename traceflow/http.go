@@ -1,0 +1,88 @@
+package traceflow
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"time"
+)
+
+// maxRequestBody caps a POST body; a request is a few hundred bytes.
+const maxRequestBody = 64 << 10
+
+// Handler serves the REST API on plain net/http (mount it under any router,
+// e.g. gin.WrapH):
+//
+//	POST /api/v1/traceflows       body Request → 202 {"id": "...", "phase": "running"}
+//	                              with ?wait=true → 200 Result once finished
+//	GET  /api/v1/traceflows/{id}  → 200 Result (phase running, succeeded or failed)
+//
+// Errors are JSON {"error": "..."}: 400 invalid request, 501 not supported
+// (liveTraffic), 404 unknown id, 429 too many traces in flight.
+func Handler(c *Controller) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /api/v1/traceflows", func(w http.ResponseWriter, r *http.Request) {
+		var req Request
+		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxRequestBody))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "decode request: " + err.Error()})
+			return
+		}
+		id, err := c.Start(r.Context(), req)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		if r.URL.Query().Get("wait") != "true" {
+			w.Header().Set("Location", "/api/v1/traceflows/"+id)
+			writeJSON(w, http.StatusAccepted, map[string]string{"id": id, "phase": string(Running)})
+			return
+		}
+		ctx, cancel := context.WithTimeout(r.Context(), c.cfg.MaxTimeout+5*time.Second)
+		defer cancel()
+		res, err := c.Wait(ctx, id)
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, res)
+	})
+	mux.HandleFunc("GET /api/v1/traceflows/{id}", func(w http.ResponseWriter, r *http.Request) {
+		res, err := c.Get(r.PathValue("id"))
+		if err != nil {
+			writeError(w, err)
+			return
+		}
+		writeJSON(w, http.StatusOK, res)
+	})
+	return mux
+}
+
+// StatusOf maps a Controller error to its HTTP status.
+func StatusOf(err error) int {
+	switch {
+	case errors.Is(err, ErrInvalid):
+		return http.StatusBadRequest
+	case errors.Is(err, ErrNotSupported):
+		return http.StatusNotImplemented
+	case errors.Is(err, ErrNotFound):
+		return http.StatusNotFound
+	case errors.Is(err, ErrBusy):
+		return http.StatusTooManyRequests
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return http.StatusGatewayTimeout
+	}
+	return http.StatusInternalServerError
+}
+
+func writeError(w http.ResponseWriter, err error) {
+	writeJSON(w, StatusOf(err), map[string]string{"error": err.Error()})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(v) // the status is sent; a write error has nowhere to go
+}
