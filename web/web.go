@@ -153,11 +153,16 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		}
 		s.log.Warn(msg, "url", "http://"+ln.Addr().String()+"/")
 	}
+	// Requests run under a context cancelled at shutdown, so follow
+	// streams end instead of holding Shutdown for its whole timeout.
+	reqCtx, cancelReqs := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelReqs()
 	srv := &http.Server{
 		Handler:           s.handler,
 		ReadHeaderTimeout: 10 * time.Second,
-		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
+		BaseContext:       func(net.Listener) context.Context { return reqCtx },
 	}
+	srv.RegisterOnShutdown(cancelReqs)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {

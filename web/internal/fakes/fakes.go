@@ -5,6 +5,7 @@ package fakes
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/dualflow/dualflow/collector/audit"
@@ -46,7 +47,7 @@ func (Evaluator) Evaluate(_ context.Context, src, dst api.Endpoint, _ uint8, _ u
 
 func find(e api.Endpoint) int {
 	for i, w := range webtest.Lab {
-		if w.Namespace == e.Namespace && w.Name == e.Name {
+		if w.Namespace == e.Namespace && (w.Name == e.Name || e.Kind == "pod" && strings.HasPrefix(e.Name, w.Name+"-")) {
 			return i
 		}
 	}
