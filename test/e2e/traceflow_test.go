@@ -2,8 +2,12 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -385,5 +389,46 @@ func BenchmarkTraceDual(b *testing.B) {
 	b.ReportMetric(float64(med.Microseconds())/1000, "ms/median")
 	if med > time.Second {
 		b.Errorf("median dual trace %v, want under 1s", med)
+	}
+}
+
+// TestTraceCLI runs `dualflow trace` against a running lab's state dir:
+// both families side by side, exit 0 when both arrive, non-zero with a
+// clear reason when one family has no address (backend/api-single).
+func TestTraceCLI(t *testing.T) {
+	requirePrereqs(t)
+	recordAs(t, "dual/trace-cli")
+	bin := buildBinary(t)
+	l := startLab(t, manifest.ModeDual)
+	dir := filepath.Dir(l.ManifestPath())
+	web, err := l.PodOn(manifest.NSFrontend, "web", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	run := func(args ...string) (string, error) {
+		cmd := exec.Command(bin, append([]string{"trace", "--state-dir", dir, "-s", ref(web)}, args...)...)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	out, err := run("-d", "svc:backend/api:80", "--family", "dual")
+	if err != nil {
+		t.Fatalf("trace to backend/api: %v\n%s", err, out)
+	}
+	lines := strings.Split(out, "\n")
+	if len(lines) < 3 || !strings.Contains(lines[1], "IPV4") || !strings.Contains(lines[1], "IPV6") || strings.Count(out, "=> DELIVERED") != 2 {
+		t.Errorf("want both families side by side, delivered:\n%s", out)
+	}
+	out, err = run("-d", "svc:backend/api-single:8080", "--family", "dual")
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() == 0 {
+		t.Errorf("trace to backend/api-single: err %v, want a non-zero exit\n%s", err, out)
+	}
+	if !strings.Contains(out, "service backend/api-single has no IPv6 ClusterIP") || !strings.Contains(out, "=> DELIVERED") {
+		t.Errorf("want IPv4 delivered and a clear IPv6 reason:\n%s", out)
+	}
+	out, err = run("-d", "pod:"+ref(web)+":8080", "--family", "ipv6", "--json")
+	var res traceflow.Result
+	if err != nil || json.Unmarshal([]byte(out), &res) != nil || res.Phase != traceflow.Succeeded {
+		t.Errorf("--json: %v\n%s", err, out)
 	}
 }
