@@ -135,7 +135,7 @@ func browser(t *testing.T) (context.Context, func() []string) {
 
 func screenshot(t *testing.T, ctx context.Context, name string) {
 	t.Helper()
-	buf, err := chromedp.Run(ctx, chromedp.FullScreenshot(90))
+	buf, err := chromedp.Run(ctx, chromedp.FullScreenshot(100)) // 100: PNG
 	if err != nil {
 		t.Errorf("screenshot %s: %v", name, err)
 		return
@@ -144,7 +144,7 @@ func screenshot(t *testing.T, ctx context.Context, name string) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "web-"+name+".jpg"), buf, 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "web-"+name+".png"), buf, 0o644); err != nil {
 		t.Error(err)
 	}
 }
