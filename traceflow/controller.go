@@ -20,20 +20,21 @@ import (
 // Probe is one family's probe after resolution: what a node tracer sends
 // and watches for.
 type Probe struct {
-	Family     Family
-	SourcePod  string // "namespace/name"
-	SourceNode string
-	Src, Dst   netip.Addr
+	Family     Family     `json:"family"`
+	SourcePod  string     `json:"sourcePod"` // "namespace/name"
+	SourceNode string     `json:"sourceNode"`
+	Src        netip.Addr `json:"src"`
+	Dst        netip.Addr `json:"dst"`
 	// Service is "namespace/name" when Dst is one of its ClusterIPs.
-	Service string
+	Service string `json:"service,omitempty"`
 	// DstPod is "namespace/name" when the destination is a pod.
-	DstPod   string
-	Protocol Protocol // TCP, UDP, ICMP (IPv4) or ICMPv6 (IPv6)
-	SrcPort  uint16   // or echo id
-	DstPort  uint16
-	TCPFlags uint8
-	TTL      uint8
-	Tag      uint8 // DSCP, packet.MinTag..packet.MaxTag
+	DstPod   string   `json:"dstPod,omitempty"`
+	Protocol Protocol `json:"protocol"` // TCP, UDP, ICMP (IPv4) or ICMPv6 (IPv6)
+	SrcPort  uint16   `json:"srcPort"`  // or echo id
+	DstPort  uint16   `json:"dstPort,omitempty"`
+	TCPFlags uint8    `json:"tcpFlags,omitempty"`
+	TTL      uint8    `json:"ttl,omitempty"`
+	Tag      uint8    `json:"tag"` // DSCP, packet.MinTag..packet.MaxTag
 }
 
 // ProtoNumber returns the IANA number of p.Protocol.
@@ -51,9 +52,9 @@ func (p Probe) ProtoNumber() uint8 {
 
 // Path is what a node tracer saw of one probe.
 type Path struct {
-	Outcome      Outcome
-	Reason       string
-	Observations []Observation
+	Outcome      Outcome       `json:"outcome"`
+	Reason       string        `json:"reason,omitempty"`
+	Observations []Observation `json:"observations"`
 }
 
 // nodeTracer sends one probe and observes it on the nodes it crosses. It

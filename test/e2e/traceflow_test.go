@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +21,7 @@ import (
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/lab/nft"
 	"github.com/dualflow/dualflow/traceflow"
+	"github.com/dualflow/dualflow/traceflow/agent"
 	"github.com/dualflow/dualflow/traceflow/local"
 )
 
@@ -430,5 +432,35 @@ func TestTraceCLI(t *testing.T) {
 	var res traceflow.Result
 	if err != nil || json.Unmarshal([]byte(out), &res) != nil || res.Phase != traceflow.Succeeded {
 		t.Errorf("--json: %v\n%s", err, out)
+	}
+}
+
+// TestTraceflowAgent runs the controller against the node tracer through
+// the authenticated agent API (what the collector → exporter split uses).
+func TestTraceflowAgent(t *testing.T) {
+	requirePrereqs(t)
+	recordAs(t, "dual/trace-agent")
+	l := startLab(t, manifest.ModeDual)
+	inv := local.Inventory{M: l.Manifest}
+	tr, err := local.NewTracer(l, inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(agent.Handler(tr, "e2e-token"))
+	defer srv.Close()
+	c := traceflow.New(traceflow.Config{}, &agent.Client{URL: srv.URL, Token: "e2e-token"}, inv, nil)
+	defer c.Close()
+	e := &traceEnv{l: l, mode: manifest.ModeDual, c: c}
+	web, _ := l.PodOn(manifest.NSFrontend, "web", 1)
+	api1, _ := l.PodOn(manifest.NSBackend, "api", 1)
+	api2, _ := l.PodOn(manifest.NSBackend, "api", 2)
+	res := e.trace(t, traceflow.Request{Source: ref(web), Destination: traceflow.Destination{Service: "backend/api", Port: 80}})
+	wantDelivered(t, e, res, api1, api2)
+
+	bad := traceflow.New(traceflow.Config{}, &agent.Client{URL: srv.URL, Token: "nope"}, inv, nil)
+	defer bad.Close()
+	res, err = bad.Trace(context.Background(), traceflow.Request{Source: ref(web), Destination: traceflow.Destination{Pod: ref(api1), Port: 8080}, Family: traceflow.IPv4})
+	if err != nil || res.Phase != traceflow.Failed || !strings.Contains(res.Reason, "unauthorized") {
+		t.Errorf("wrong token: %+v %v", res, err)
 	}
 }
