@@ -38,6 +38,9 @@ const maxBody = 1 << 20
 // maxTimeout caps the timeout a caller may ask for.
 const maxTimeout = time.Minute
 
+// replyMargin is the most a Client keeps of its deadline for the reply.
+const replyMargin = 250 * time.Millisecond
+
 // ErrUnauthorized is returned by Client when the agent refuses the token.
 var ErrUnauthorized = errors.New("traceflow agent: unauthorized")
 
@@ -142,7 +145,14 @@ func (c *Client) Trace(ctx context.Context, p traceflow.Probe) (traceflow.Path, 
 	if !ok {
 		return traceflow.Path{}, errors.New("traceflow agent: the context needs a deadline")
 	}
-	body, err := json.Marshal(request{Probe: p, Timeout: traceflow.Duration(time.Until(dl))})
+	// The agent gets a little less than what is left, so that its answer
+	// (a timed-out path with what it saw) arrives before ctx ends.
+	left := time.Until(dl)
+	left -= min(left/10, replyMargin)
+	if left <= 0 {
+		return traceflow.Path{}, fmt.Errorf("traceflow agent: %w", context.DeadlineExceeded)
+	}
+	body, err := json.Marshal(request{Probe: p, Timeout: traceflow.Duration(left)})
 	if err != nil {
 		return traceflow.Path{}, err
 	}
