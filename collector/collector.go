@@ -2,7 +2,7 @@
 // enriches them and writes them to ClickHouse. This file wires the stages
 // together; each stage lives in its own package under collector/:
 //
-//	ipfix listeners ─decoded→ correlate ─correlated→ enrich ─enriched→ store writer
+//	ipfix listeners ─decoded→ correlate ─correlated→ enrich+audit ─enriched→ store writer
 //
 // Every arrow is a bounded pipeline.Queue. TCP/TLS listeners block on a
 // full queue (back-pressure through TCP flow control), UDP listeners drop
@@ -28,11 +28,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/collector/correlate"
+	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/collector/ipfix"
 	"github.com/dualflow/dualflow/collector/pipeline"
 	"github.com/dualflow/dualflow/collector/store"
 	"github.com/dualflow/dualflow/collector/store/chhttp"
+	"github.com/dualflow/dualflow/flow"
 	"github.com/dualflow/dualflow/migrations"
 )
 
@@ -46,8 +49,15 @@ type Config struct {
 	Correlate correlate.Config
 	// InventoryFile is a Kubernetes manifest whose Node objects (pod CIDRs,
 	// addresses) tell the correlator which node an address is on. Empty:
-	// no correlation, every record passes as CorrelationNone.
+	// the Kubernetes enrichment answers (K8s), and without it there is no
+	// correlation: every record passes as CorrelationNone.
 	InventoryFile string
+	// K8s configures the Kubernetes enrichment (informers or inventory
+	// manifests); Source "off" disables it.
+	K8s enrich.Config
+	// Audit configures the NetworkPolicy evaluation of every flow; it runs
+	// whenever the enrichment does.
+	Audit audit.Config
 	// MetricsAddr serves /metrics, /healthz and /readyz ("" disables).
 	MetricsAddr string
 	// Version is recorded with applied migrations.
@@ -80,7 +90,9 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&ic.Limits.MaxTemplates, "collector.ipfix.max-templates", ipfix.DefaultMaxTemplates, "templates per IPFIX session; more are ignored and counted")
 	fs.DurationVar(&c.Correlate.Timeout, "collector.correlate.timeout", correlate.DefaultTimeout, "how long a cross-node flow half waits for the other node's half")
 	fs.IntVar(&c.Correlate.MaxHeld, "collector.correlate.max-held", correlate.DefaultMaxHeld, "flow halves held waiting; past it the oldest is written unmatched and counted")
-	fs.StringVar(&c.InventoryFile, "collector.inventory", "", "Kubernetes manifest with the Node objects (spec.podCIDRs, addresses) used to correlate cross-node flows, e.g. the lab's manifest.yaml")
+	fs.StringVar(&c.InventoryFile, "collector.inventory", "", "Kubernetes manifest with the Node objects (spec.podCIDRs, addresses) used to correlate cross-node flows (default: the Kubernetes enrichment's objects)")
+	c.K8s.BindFlags(fs)
+	c.Audit.BindFlags(fs)
 }
 
 // addrList binds a comma-separated address list flag.
@@ -106,6 +118,14 @@ func (c *Config) SetDefaults() {
 	c.Writer.SetDefaults()
 	c.IPFIX.SetDefaults()
 	c.Correlate.SetDefaults()
+	if c.K8s.Source == "" && c.K8s.SyncTimeout == 0 {
+		// A zero Config (not bound to flags): the enrichment defaults.
+		inv := c.K8s.Inventory
+		c.K8s = enrich.NewConfig()
+		c.K8s.Inventory = inv
+	}
+	c.K8s.SetDefaults()
+	c.Audit.SetDefaults()
 }
 
 // Validate checks the configuration.
@@ -114,7 +134,7 @@ func (c Config) Validate() error {
 	if c.ingest() {
 		ingest = c.IPFIX.Validate()
 	}
-	return errors.Join(c.Store.Validate(), c.Writer.Validate(), ingest)
+	return errors.Join(c.Store.Validate(), c.Writer.Validate(), ingest, c.K8s.Validate(), c.Audit.Validate())
 }
 
 // Queue sizes, in batches of up to ipfix.DefaultBatchRecords (1024) records
@@ -152,6 +172,8 @@ type Collector struct {
 	listener   *ipfix.Listener // nil without ingest
 	correlator *correlate.Correlator
 	enricher   pipeline.Enricher
+	k8s        *enrich.Enricher // nil when the enrichment is off
+	auditor    *audit.Auditor   // nil when the enrichment is off
 }
 
 // New opens the store, applies pending migrations and builds the stages.
@@ -211,8 +233,25 @@ func (c *Collector) buildPipeline() error {
 		}
 		c.log.Info("loaded node inventory", "file", c.cfg.InventoryFile, "nodes", inv.Nodes())
 	}
-	c.correlator = correlate.New(c.cfg.Correlate, inv, c.reg)
 	c.enricher = pipeline.Passthrough{}
+	if c.cfg.K8s.Source != enrich.SourceOff {
+		var err error
+		if c.k8s, err = enrich.New(c.cfg.K8s, c.reg, c.log.With("stage", "enrich")); err != nil {
+			return err
+		}
+		if c.auditor, err = audit.New(c.cfg.Audit, auditLookup{c.k8s}, c.reg); err != nil {
+			return err
+		}
+		c.enricher = enrichAndAudit{c.k8s.Batch(), c.auditor}
+	}
+	switch {
+	case inv != nil:
+		c.correlator = correlate.New(c.cfg.Correlate, inv, c.reg)
+	case c.k8s != nil:
+		c.correlator = correlate.New(c.cfg.Correlate, c.k8s, c.reg)
+	default:
+		c.correlator = correlate.New(c.cfg.Correlate, nil, c.reg)
+	}
 	if c.cfg.ingest() {
 		l, err := ipfix.New(c.cfg.IPFIX, c.decoded, c.pool, c.pm, c.reg, c.log.With("stage", "ipfix"))
 		if err != nil {
@@ -266,10 +305,20 @@ func (c *Collector) Run(ctx context.Context) error {
 	defer c.conn.Close()
 	g, gctx := errgroup.WithContext(ctx)
 	// The writer outlives the other stages: it stops after them, so it gets
-	// the records they flush on the way out.
+	// the records they flush on the way out. If it stops on its own (its
+	// spool cannot be opened, say), the whole collector stops with it.
 	writerCtx, stopWriter := context.WithCancel(context.WithoutCancel(ctx))
-	writerDone := make(chan error, 1)
-	go func() { writerDone <- c.writer.Run(writerCtx) }()
+	writerDone := make(chan struct{})
+	var writerErr error
+	go func() { writerErr = c.writer.Run(writerCtx); close(writerDone) }()
+	g.Go(func() error {
+		select {
+		case <-writerDone:
+			return fmt.Errorf("store writer stopped: %w", cmpErr(writerErr, errors.New("no error")))
+		case <-gctx.Done():
+			return nil
+		}
+	})
 	// The stages end when their input queue is closed, not with ctx;
 	// drainCtx only aborts them if draining takes longer than drainTimeout.
 	drainCtx, abortDrain := context.WithCancel(context.WithoutCancel(ctx))
@@ -278,13 +327,16 @@ func (c *Collector) Run(ctx context.Context) error {
 	stages.Go(func() { c.correlator.Run(drainCtx, c.decoded, c.correlated, c.pool, c.pm) })
 	stages.Go(func() { pipeline.RunEnrich(drainCtx, c.enricher, c.correlated, c.enriched, c.pm) })
 	stages.Go(func() { pipeline.RunWrite(drainCtx, c.writer, c.enriched, c.pm) })
-	if c.listener != nil {
-		g.Go(func() error { return c.listener.Run(gctx) })
-		for tr, addrs := range c.IPFIXAddrs() {
-			for _, a := range addrs {
-				c.log.Info("receiving IPFIX", "transport", tr, "addr", a.String())
+	if c.k8s != nil {
+		g.Go(func() error { return c.k8s.Run(gctx) })
+		// Evaluate policies only once every kind is listed: an empty policy
+		// set would call every pod "not isolated".
+		g.Go(func() error {
+			if err := c.k8s.WaitForSync(gctx); err != nil {
+				return err
 			}
-		}
+			return c.auditor.Run(gctx, c.k8s.AllNetworkPolicies, c.log.With("stage", "audit"))
+		})
 	}
 	if c.http != nil {
 		g.Go(func() error { return c.http.Run(gctx) })
@@ -293,7 +345,27 @@ func (c *Collector) Run(ctx context.Context) error {
 	if c.cfg.MetricsAddr != "" {
 		g.Go(func() error { return c.serveMetrics(gctx) })
 	}
-	close(c.ready)
+	if c.listener != nil {
+		g.Go(func() error {
+			// Serve IPFIX once the Kubernetes caches are synced, so records
+			// are never written unenriched at start (the kernel buffers them).
+			if c.k8s != nil {
+				if err := c.k8s.WaitForSync(gctx); err != nil {
+					return err
+				}
+				c.log.Info("kubernetes caches synced")
+			}
+			for tr, addrs := range c.IPFIXAddrs() {
+				for _, a := range addrs {
+					c.log.Info("receiving IPFIX", "transport", tr, "addr", a.String())
+				}
+			}
+			close(c.ready)
+			return c.listener.Run(gctx)
+		})
+	} else {
+		close(c.ready)
+	}
 	<-gctx.Done()
 	err := g.Wait()
 	// Every producer of the decoded queue has returned.
@@ -302,13 +374,81 @@ func (c *Collector) Run(ctx context.Context) error {
 	stages.Wait()
 	abort.Stop()
 	stopWriter()
-	if werr := <-writerDone; werr != nil && !errors.Is(werr, context.Canceled) {
-		err = errors.Join(err, werr)
+	<-writerDone
+	if writerErr != nil && !errors.Is(writerErr, context.Canceled) && !errors.Is(err, writerErr) {
+		err = errors.Join(err, writerErr)
 	}
 	if errors.Is(err, context.Canceled) {
 		err = nil
 	}
 	return err
+}
+
+func cmpErr(err, fallback error) error {
+	if err != nil {
+		return err
+	}
+	return fallback
+}
+
+// Enricher returns the Kubernetes enrichment (nil when it is off), for the
+// web API and traceflow, which resolve names through the same indexes.
+func (c *Collector) Enricher() *enrich.Enricher { return c.k8s }
+
+// Auditor returns the policy auditor (nil when the enrichment is off).
+func (c *Collector) Auditor() *audit.Auditor { return c.auditor }
+
+// Ready is closed once the collector serves: caches synced, listeners on.
+func (c *Collector) Ready() <-chan struct{} { return c.ready }
+
+// enrichAndAudit is the enrich stage: Kubernetes metadata, then the
+// policy verdicts that need it.
+type enrichAndAudit struct {
+	enrich pipeline.Enricher
+	audit  *audit.Auditor
+}
+
+func (s enrichAndAudit) Enrich(recs []flow.Record) {
+	s.enrich.Enrich(recs)
+	s.audit.AuditBatch(recs)
+}
+
+// auditLookup answers the evaluator's questions from the enrichment indexes
+// without allocating.
+type auditLookup struct{ e *enrich.Enricher }
+
+func (l auditLookup) NamespaceLabels(name string) (map[string]string, bool) {
+	ns, ok := l.e.Namespace(name)
+	if !ok {
+		return nil, false
+	}
+	return ns.Labels, true
+}
+
+func (l auditLookup) PortName(q audit.PortQuery) string {
+	p, ok := l.e.Pod(q.Namespace, q.Pod)
+	if !ok {
+		if p, ok = l.e.LookupPod(q.Addr, q.At); !ok { // deleted since: a late record
+			return ""
+		}
+	}
+	for _, cp := range p.Ports {
+		if cp.Port == int32(q.Port) && protoNumber(string(cp.Protocol)) == q.Proto {
+			return cp.Name
+		}
+	}
+	return ""
+}
+
+func protoNumber(p string) uint8 {
+	switch p {
+	case "UDP":
+		return flow.ProtoUDP
+	case "SCTP":
+		return flow.ProtoSCTP
+	default:
+		return flow.ProtoTCP
+	}
 }
 
 func (c *Collector) serveMetrics(ctx context.Context) error {

@@ -425,6 +425,7 @@ var ttlTables = []struct{ table, col string }{
 	{"rollup_pod_to_service_1m", "window_start"},
 	{"rollup_node_to_node_1m", "window_start"},
 	{"rollup_policy_1m", "window_start"},
+	{"traceflows", "started"},
 }
 
 // reconcileTTL makes each table's TTL match Options.TTLDays, so the

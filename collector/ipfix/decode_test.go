@@ -36,7 +36,13 @@ func sampleRecords() []flow.Record {
 	v6nat.Type = flow.FlowTypeInterNode
 	v6udp := base("fd00:10:1::1", "fd00:10:1::2")
 	v6udp.Proto, v6udp.TCPState = flow.ProtoUDP, ""
-	return []flow.Record{base("198.18.1.1", "198.18.1.2"), v4nat, base("fd00:10:1::1", "fd00:10:1::2"), v6nat, v6udp}
+	v6denied := base("fd00:10:1::1", "fd00:10:2::2")
+	v6denied.Source = "ovs"
+	v6denied.Ingress.ReportedVerdict, v6denied.Ingress.ReportedName = flow.VerdictDenied, "drop/ingress/backend/api-1"
+	v4denied := base("198.18.1.1", "198.18.2.2")
+	v4denied.Source = "ovs"
+	v4denied.Egress.ReportedVerdict, v4denied.Egress.ReportedName = flow.VerdictDenied, "drop/egress/tools/probe-1"
+	return []flow.Record{base("198.18.1.1", "198.18.1.2"), v4nat, base("fd00:10:1::1", "fd00:10:1::2"), v6nat, v6udp, v4denied, v6denied}
 }
 
 // expect is what the decoder makes of r sent by exporterAP in domain.

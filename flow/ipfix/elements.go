@@ -21,6 +21,11 @@
 //   - packet/octet Total and Delta counts are the forward direction; the RFC
 //     5103 reverse elements (PEN 29305) the reply direction.
 //   - observationDomainName (IANA 300) is the exporting node's name.
+//   - ingress/egressNetworkPolicyRuleAction and ingress/egressNetworkPolicyName
+//     (Antrea 139/140, 110/112) carry a verdict the datapath itself reported
+//     (flow.Policy.ReportedVerdict and ReportedName), such as the OVS source's
+//     denied records naming their drop rule; the namespace elements stay
+//     unset, so the name travels whole.
 //
 // Conntrack zone, mark and the record's source have no IANA or Antrea
 // element; they travel as dualflow elements under EnterpriseDualflow.
@@ -140,8 +145,9 @@ var (
 		iePacketTotal, ieOctetTotal, iePacketDelta, ieOctetDelta,
 		ieRevPacketTotal, ieRevOctetTotal, ieRevPacketDelta, ieRevOctetDelta,
 		iePostNATSrc4, iePostNAPTSrcPort, ieClusterIP4, ieServicePort,
-		ieFlowType, ieConntrackZone, ieConntrackMark,
+		ieFlowType, ieConntrackZone, ieConntrackMark, ieIngressAction, ieEgressAction,
 		ieTCPState, ieSrcNodeName, ieDstNodeName, ieObsDomainName, ieDualflowSource,
+		ieIngressPolicy, ieEgressPolicy,
 	}
 	template6 = []Element{
 		ieStartMs, ieEndMs, ieEndReason,
@@ -149,8 +155,9 @@ var (
 		iePacketTotal, ieOctetTotal, iePacketDelta, ieOctetDelta,
 		ieRevPacketTotal, ieRevOctetTotal, ieRevPacketDelta, ieRevOctetDelta,
 		iePostNATSrc6, iePostNAPTSrcPort, ieClusterIP6, ieServicePort,
-		ieFlowType, ieConntrackZone, ieConntrackMark,
+		ieFlowType, ieConntrackZone, ieConntrackMark, ieIngressAction, ieEgressAction,
 		ieTCPState, ieSrcNodeName, ieDstNodeName, ieObsDomainName, ieDualflowSource,
+		ieIngressPolicy, ieEgressPolicy,
 	}
 )
 

@@ -65,6 +65,10 @@ var putters = map[key]putFunc{
 	ieDstNodeName.key():     func(b []byte, r *flow.Record) []byte { return putString(b, r.Dst.NodeName) },
 	ieObsDomainName.key():   func(b []byte, r *flow.Record) []byte { return putString(b, r.ExporterNode) },
 	ieDualflowSource.key():  func(b []byte, r *flow.Record) []byte { return putString(b, r.Source) },
+	ieIngressAction.key():   func(b []byte, r *flow.Record) []byte { return append(b, antreaAction(r.Ingress.ReportedVerdict)) },
+	ieEgressAction.key():    func(b []byte, r *flow.Record) []byte { return append(b, antreaAction(r.Egress.ReportedVerdict)) },
+	ieIngressPolicy.key():   func(b []byte, r *flow.Record) []byte { return putString(b, r.Ingress.ReportedName) },
+	ieEgressPolicy.key():    func(b []byte, r *flow.Record) []byte { return putString(b, r.Egress.ReportedName) },
 }
 
 // Encoder writes the template and the data records of one IP family. It
@@ -197,4 +201,18 @@ func putString(b []byte, s string) []byte {
 		b = binary.BigEndian.AppendUint16(b, uint16(len(s)))
 	}
 	return append(b, s...)
+}
+
+// antreaAction is the inverse of antreaVerdict: Antrea's
+// NetworkPolicyRuleAction for a datapath-reported verdict (0 when none).
+func antreaAction(v flow.Verdict) uint8 {
+	switch v {
+	case flow.VerdictAllowed:
+		return 1
+	case flow.VerdictDenied:
+		return 2
+	case flow.VerdictRejected:
+		return 3
+	}
+	return 0
 }

@@ -64,6 +64,14 @@ func testRecords() []struct {
 	v6icmp := base("fd00:10:1::1", "fd00:10:1::2")
 	v6icmp.Proto, v6icmp.TCPState, v6icmp.SrcPort, v6icmp.DstPort = flow.ProtoICMPv6, "", 17, 128<<8
 	v6icmp.EndReason = flow.EndReasonLackOfResources
+	// A record the OVS source makes for a packet its drop rule dropped.
+	denied := func(src, dst string) flow.Record {
+		r := base(src, dst)
+		r.Source, r.TCPState = "ovs", ""
+		r.Ingress.ReportedVerdict, r.Ingress.ReportedName = flow.VerdictDenied, "drop/ingress/backend/api-1"
+		r.Egress.ReportedVerdict, r.Egress.ReportedName = flow.VerdictAllowed, "tools/restrict-egress/egress/0"
+		return r
+	}
 	return []struct {
 		name string
 		rec  flow.Record
@@ -74,6 +82,8 @@ func testRecords() []struct {
 		{"ipv6/tcp", base("fd00:10:1::1", "fd00:10:1::2")},
 		{"ipv6/dnat+snat", v6nat},
 		{"ipv6/icmpv6", v6icmp},
+		{"ipv4/denied-by-datapath", denied("198.18.1.1", "198.18.2.2")},
+		{"ipv6/denied-by-datapath", denied("fd00:10:1::1", "fd00:10:2::2")},
 	}
 }
 
