@@ -343,7 +343,8 @@ func runTraceflow(t *testing.T, datapath, label string) {
 }
 
 // BenchmarkTraceDual measures a dual-family pod-to-Service trace in a dual
-// lab (root only) and reports the median, which must stay under 1 s.
+// lab (root only), on each datapath, and reports the median, which must
+// stay under 1 s.
 func BenchmarkTraceDual(b *testing.B) {
 	if os.Geteuid() != 0 {
 		b.Skip("needs root (network namespaces)")
@@ -351,10 +352,21 @@ func BenchmarkTraceDual(b *testing.B) {
 	if _, err := lab.NFTPath(); err != nil {
 		b.Skip(err)
 	}
+	for _, dp := range []string{lab.DatapathKernel, lab.DatapathOVS} {
+		b.Run(dp, func(b *testing.B) {
+			if _, err := exec.LookPath("ovs-vswitchd"); dp == lab.DatapathOVS && err != nil {
+				b.Skip("Open vSwitch not installed")
+			}
+			benchTraceDual(b, dp)
+		})
+	}
+}
+
+func benchTraceDual(b *testing.B, datapath string) {
 	prefix, dir := labPrefix(), b.TempDir()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	l, err := lab.Up(ctx, lab.Config{Mode: manifest.ModeDual, Prefix: prefix, StateDir: dir})
+	l, err := lab.Up(ctx, lab.Config{Mode: manifest.ModeDual, Prefix: prefix, StateDir: dir, Datapath: datapath})
 	b.Cleanup(func() {
 		if l != nil {
 			l.Close()
