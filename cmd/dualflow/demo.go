@@ -7,17 +7,28 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
 
 	"github.com/dualflow/dualflow/collector"
+	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/collector/store"
+	"github.com/dualflow/dualflow/exporter"
 	"github.com/dualflow/dualflow/lab"
+	"github.com/dualflow/dualflow/lab/manifest"
 )
+
+// demoIPFIXPort is the loopback port the demo's exporters send to.
+const demoIPFIXPort = "4739"
 
 func runDemo(ctx context.Context, args []string) error {
 	fs := newFlagSet("demo", "[flags]", `Start the whole product on one machine (what 'make run' does): a dual-stack
-lab of network namespaces with live traffic (needs root), and the collector on
-the embedded ClickHouse with its HTTP interface. It prints the URLs and runs
-until Ctrl-C, then stops everything and removes the lab.`)
+lab of network namespaces with live traffic (allowed and denied connections,
+and a dual-stack policy gap), one exporter per lab node, and the collector on
+the embedded ClickHouse with the lab's Kubernetes objects as inventory. It
+prints the URLs and runs until Ctrl-C, then stops everything and removes the
+lab. Needs root for the lab.`)
 	var cfg collector.Config
 	cfg.Store.HTTPAddr = store.DefaultHTTPAddr
 	cfg.Store.TTLDays = 7
@@ -25,58 +36,137 @@ until Ctrl-C, then stops everything and removes the lab.`)
 	dataDir := fs.String("data-dir", "var/data", "embedded store data directory (same as --clickhouse.data-dir)")
 	var labCfg lab.Config
 	bindLab(fs, &labCfg)
-	noLab := fs.Bool("no-lab", false, "do not build the lab (no root needed; the store stays empty)")
+	fs.StringVar(&labCfg.Datapath, "datapath", lab.DatapathKernel, "lab node datapath: kernel (nftables) or ovs (Open vSwitch userspace)")
+	activeTimeout := fs.Duration("demo.active-timeout", 10*time.Second, "exporters' active timeout: how often long connections are exported")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	if cfg.Store.DataDir == "" {
 		cfg.Store.DataDir = *dataDir
 	}
+	if os.Geteuid() != 0 {
+		return errors.New("demo: the lab needs root (network namespaces); run it as root")
+	}
 	cfg.Version = version
 	log := slog.Default()
 
-	if !*noLab {
-		if os.Geteuid() != 0 {
-			return errors.New("demo: the lab needs root (network namespaces); run as root or pass --no-lab")
-		}
-		exe, err := os.Executable()
-		if err != nil {
-			return err
-		}
-		labCfg.AgentBinary, labCfg.Traffic = exe, true
-		labCfg.SetDefaults()
-		// A previous demo killed hard may have left a lab behind.
-		if err := lab.Down(labCfg.StateDir, labCfg.Prefix); err != nil {
-			log.Warn("removing a previous lab", "err", err)
-		}
-		l, err := lab.Up(ctx, labCfg)
-		if err != nil {
-			return fmt.Errorf("lab up: %w", err)
-		}
-		defer func() {
-			if err := l.Down(); err != nil {
-				log.Error("lab down", "err", err)
-			} else {
-				log.Info("lab removed")
-			}
-		}()
-		log.Info("lab manifest (Kubernetes objects of the lab)", "path", l.ManifestPath())
+	exe, err := os.Executable()
+	if err != nil {
+		return err
 	}
+	labCfg.AgentBinary, labCfg.Traffic = exe, true
+	labCfg.SetDefaults()
+	// A previous demo killed hard may have left a lab behind.
+	if err := lab.Down(labCfg.StateDir, labCfg.Prefix); err != nil {
+		log.Warn("removing a previous lab", "err", err)
+	}
+	l, err := lab.Up(ctx, labCfg)
+	if err != nil {
+		return fmt.Errorf("lab up: %w", err)
+	}
+	defer func() {
+		if err := l.Down(); err != nil {
+			log.Error("lab down", "err", err)
+		} else {
+			log.Info("lab removed")
+		}
+	}()
 
+	// The collector enriches from the lab's Kubernetes objects and listens
+	// for the exporters on loopback only, in every family of the lab.
+	cfg.K8s = enrich.NewConfig()
+	cfg.K8s.Source = enrich.SourceInventory
+	cfg.K8s.Inventory = []string{l.ManifestPath()}
+	cfg.IPFIX.TCPAddrs = []string{"127.0.0.1:" + demoIPFIXPort, "[::1]:" + demoIPFIXPort}
+	cfg.IPFIX.UDPAddrs = nil
 	c, err := collector.New(ctx, cfg, log)
 	if err != nil {
 		return err
 	}
+	// The collector outlives the signal until the exporters have flushed.
+	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	defer stop()
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	select {
+	case <-c.Ready():
+	case err := <-done:
+		return err
+	}
+
+	// One exporter per node, reading the node's conntrack (or OVS), sending
+	// over IPv6 when the lab has IPv6 (as a dual-stack node would).
+	mode := l.Mode()
+	collectorAddr := "[::1]:" + demoIPFIXPort
+	if !mode.Has(corev1.IPv6Protocol) {
+		collectorAddr = "127.0.0.1:" + demoIPFIXPort
+	}
+	// Exporters stop first at shutdown and flush their last records to the
+	// collector, which is still running then.
+	expCtx, stopExporters := context.WithCancel(ctx)
+	defer stopExporters()
+	exporters := make(chan error, len(l.Manifest.Nodes))
+	for _, n := range l.Manifest.Nodes {
+		ecfg := exporter.NewConfig()
+		ecfg.NodeName, ecfg.MetricsAddr, ecfg.Logger = n.Name, "", log.With("exporter", n.Name)
+		ecfg.IPv4, ecfg.IPv6 = mode.Has(corev1.IPv4Protocol), mode.Has(corev1.IPv6Protocol)
+		ecfg.NetNS = l.NodeNetNSPath(n.Name)
+		if labCfg.Datapath == lab.DatapathOVS {
+			ecfg.Source = exporter.SourceOVS
+			ecfg.OVS.RunDir, ecfg.OVS.RulesFile = l.OVSDir(n.Name), l.OVSRulesPath()
+		}
+		ecfg.PollInterval = 2 * time.Second
+		ecfg.Store.ActiveTimeout, ecfg.Store.IdleTimeout = *activeTimeout, 5*time.Second
+		ecfg.IPFIX.Address = collectorAddr
+		ecfg.SetDefaults()
+		if err := ecfg.Validate(); err != nil {
+			return fmt.Errorf("exporter %s: %w", n.Name, err)
+		}
+		e, err := exporter.New(ecfg)
+		if err != nil {
+			return fmt.Errorf("exporter %s: %w", n.Name, err)
+		}
+		go func() { exporters <- e.Run(expCtx) }()
+	}
+
 	abs, _ := filepath.Abs(cfg.Store.DataDir)
 	fmt.Printf(`
-dualflow is running.
+dualflow is running: lab mode %[4]s (%[5]s datapath), %[6]d nodes, exporters on every node.
   ClickHouse HTTP  http://%[1]s/   (embedded store in %[2]s)
       curl 'http://%[1]s/?query=SELECT+ip_version,count()+FROM+dualflow.flows+GROUP+BY+ip_version'
-      bin/dualflow sql "SELECT * FROM dualflow.flows ORDER BY flow_end DESC LIMIT 5"
+      bin/dualflow sql "SELECT src_pod_name, dst_pod_name, ip_version, ingress_verdict FROM dualflow.flows ORDER BY flow_end DESC LIMIT 10"
   Metrics          http://%[3]s/metrics
   Lab              bin/dualflow lab status
-Press Ctrl-C to stop and remove the lab.
+  Audit            bin/dualflow audit findings --inventory %[7]s
+  Traceflow        bin/dualflow trace -s frontend/%[8]s -d svc:backend/api:80 --family dual
+Flows appear within about %[9]s. Press Ctrl-C to stop and remove the lab.
 
-`, cfg.Store.HTTPAddr, abs, cfg.MetricsAddr)
-	return c.Run(ctx)
+`, cfg.Store.HTTPAddr, abs, cfg.MetricsAddr, mode, labCfg.Datapath, len(l.Manifest.Nodes), l.ManifestPath(), webPod(l), *activeTimeout+5*time.Second)
+
+	var runErr error
+	collectorDone := false
+	select {
+	case runErr = <-done:
+		collectorDone = true
+	case <-ctx.Done():
+	}
+	stopExporters()
+	for range l.Manifest.Nodes {
+		if err := <-exporters; err != nil && !errors.Is(err, context.Canceled) {
+			log.Error("exporter", "err", err)
+		}
+	}
+	stop()
+	if !collectorDone {
+		runErr = <-done
+	}
+	return runErr
+}
+
+// webPod names the first web pod of the lab, for the trace example.
+func webPod(l *lab.Lab) string {
+	if p, err := l.PodOn(manifest.NSFrontend, "web", 1); err == nil {
+		return p.Name
+	}
+	return "web"
 }
