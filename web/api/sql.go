@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -156,6 +158,8 @@ type engineRunner interface {
 	Run(ctx context.Context, st chdb.Statement) (*chdb.Result, error)
 }
 
+var sqlSeq atomic.Uint64
+
 // EngineSQL runs /sql on the embedded engine, with the limits as
 // connection settings of the statement.
 type EngineSQL struct {
@@ -169,7 +173,15 @@ func (e EngineSQL) RunSQL(ctx context.Context, query, format string, settings ma
 	if db == "" {
 		db = "dualflow"
 	}
-	res, err := e.Engine.Run(ctx, chdb.Statement{Query: query, Format: format, Settings: settings, Database: db})
+	// A unique log_comment gives every statement its own engine
+	// connection: the engine's pool hands a connection whose statement
+	// failed while writing its output (result_overflow_mode=throw) to the
+	// next statement with the same settings, which then gets the failed
+	// statement's stale output (see TestSQLReadOnlyAndLimits). The comment
+	// also tags the query in system.query_log.
+	st := chdb.Statement{Query: query, Format: format, Settings: maps.Clone(settings), Database: db}
+	st.Settings["log_comment"] = fmt.Sprintf("dualflow-web-sql-%d", sqlSeq.Add(1))
+	res, err := e.Engine.Run(ctx, st)
 	if err != nil {
 		return nil, err
 	}
