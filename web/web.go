@@ -135,7 +135,7 @@ func (s *Server) Addr() string { return s.addr }
 // Run listens and serves until ctx is cancelled, then shuts down
 // gracefully. It returns early on a listen error.
 func (s *Server) Run(ctx context.Context) error {
-	ln, err := net.Listen("tcp", s.addr)
+	ln, err := listen(s)
 	if err != nil {
 		return fmt.Errorf("web: listen %s: %w", s.addr, err)
 	}
@@ -180,3 +180,6 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	_ = srv.Close() // follow streams outlive Shutdown
 	return nil
 }
+
+// listen opens the server's listener.
+func listen(s *Server) (net.Listener, error) { return net.Listen("tcp", s.addr) }

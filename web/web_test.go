@@ -1,0 +1,112 @@
+package web
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+type nopStore struct{}
+
+func (nopStore) Query(context.Context, string, string) ([]byte, error) { return nil, nil }
+
+func TestLoopbackWithoutTokens(t *testing.T) {
+	for _, tc := range []struct{ addr, want string }{
+		{"0.0.0.0:8080", "127.0.0.1:8080"},
+		{"[::]:8080", "127.0.0.1:8080"},
+		{":8080", "127.0.0.1:8080"},
+		{"127.0.0.1:9000", "127.0.0.1:9000"},
+		{"[::1]:9000", "[::1]:9000"},
+	} {
+		s, err := New(Config{Addr: tc.addr, Store: nopStore{}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if s.Addr() != tc.want {
+			t.Errorf("%s: listens on %s, want %s", tc.addr, s.Addr(), tc.want)
+		}
+	}
+	if _, err := New(Config{Addr: "nonsense", Store: nopStore{}}); err == nil {
+		t.Error("bad address accepted")
+	}
+}
+
+func TestTokensFileAndRun(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(path, []byte("# viewers and operators\nv-tok viewer alice\no-tok operator bob\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Config{Addr: "[::]:0", TokensFile: path, Store: nopStore{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Addr() != "[::]:0" {
+		t.Errorf("with tokens the address is kept: %s", s.Addr())
+	}
+	for _, bad := range []string{"lonely\n", "tok admin\n"} {
+		p := filepath.Join(t.TempDir(), "bad")
+		os.WriteFile(p, []byte(bad), 0o600)
+		if _, err := New(Config{TokensFile: p, Store: nopStore{}}); err == nil {
+			t.Errorf("token file %q accepted", bad)
+		}
+	}
+	// Run on loopback, check the UI and an authenticated call, then stop.
+	s, err = New(Config{Addr: "127.0.0.1:0", TokensFile: path, Store: nopStore{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	ln, err := listen(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- s.Serve(ctx, ln) }()
+	base := "http://" + ln.Addr().String()
+	get := func(path, tok string) (int, string) {
+		req, _ := http.NewRequest("GET", base+path, nil)
+		if tok != "" {
+			req.Header.Set("Authorization", "Bearer "+tok)
+		}
+		r, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Body.Close()
+		b, _ := io.ReadAll(r.Body)
+		return r.StatusCode, string(b)
+	}
+	if code, body := get("/", ""); code != 200 || !strings.Contains(body, "dualflow") {
+		t.Errorf("UI: %d", code)
+	}
+	if code, _ := get("/flows-page-reload", ""); code != 200 {
+		t.Errorf("unknown UI path: %d", code)
+	}
+	if code, _ := get("/api/v1/whoami", ""); code != 401 {
+		t.Errorf("whoami without token: %d", code)
+	}
+	if code, body := get("/api/v1/whoami", "o-tok"); code != 200 || !strings.Contains(body, `"role":"operator"`) || !strings.Contains(body, "bob") {
+		t.Errorf("whoami: %d %s", code, body)
+	}
+	// A follow stream must not hold up shutdown.
+	req, _ := http.NewRequest("GET", base+"/api/v1/flows?follow=true", nil)
+	req.Header.Set("Authorization", "Bearer v-tok")
+	r, err := http.DefaultClient.Do(req)
+	if err != nil || r.StatusCode != 200 {
+		t.Fatalf("follow: %v", err)
+	}
+	defer r.Body.Close()
+	start := time.Now()
+	cancel()
+	if err := <-done; err != nil {
+		t.Error(err)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("shutdown took %s with a follow stream open", d)
+	}
+}
