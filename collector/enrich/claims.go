@@ -64,6 +64,52 @@ func better[V claimer](a, b *claim[V]) bool {
 	return a.v.claimID() < b.v.claimID()
 }
 
+// claims is the list of claims on one key. The first is stored inline:
+// most keys have one claim, and a lookup then touches the map entry only.
+type claims[V claimer] struct {
+	one  claim[V] // valid when one.v is not the zero V
+	more []claim[V]
+}
+
+func (l *claims[V]) n() int {
+	var zero V
+	if l.one.v == zero {
+		return 0
+	}
+	return 1 + len(l.more)
+}
+
+func (l *claims[V]) get(i int) *claim[V] {
+	if i == 0 {
+		return &l.one
+	}
+	return &l.more[i-1]
+}
+
+func (l *claims[V]) push(c claim[V]) {
+	var zero V
+	if l.one.v == zero {
+		l.one = c
+		return
+	}
+	l.more = append(l.more, c)
+}
+
+func (l *claims[V]) remove(i int) {
+	if i == 0 {
+		if len(l.more) == 0 {
+			l.one = claim[V]{}
+			return
+		}
+		l.one = l.more[0]
+		i = 1
+	}
+	l.more = append(l.more[:i-1], l.more[i:]...)
+	if len(l.more) == 0 {
+		l.more = nil
+	}
+}
+
 // ended is a key whose claim ended at some time, queued for collection.
 type ended[K comparable] struct {
 	key K
@@ -73,7 +119,7 @@ type ended[K comparable] struct {
 // history maps keys to claims. It is not safe for concurrent use: the
 // index's lock guards it.
 type history[K comparable, V claimer] struct {
-	m map[K][]claim[V]
+	m map[K]claims[V]
 	// queue holds keys with ended claims in the order they ended (at is
 	// the time of the call to end, non-decreasing), for collection.
 	queue []ended[K]
@@ -83,22 +129,34 @@ type history[K comparable, V claimer] struct {
 }
 
 func newHistory[K comparable, V claimer]() history[K, V] {
-	return history[K, V]{m: map[K][]claim[V]{}}
+	return history[K, V]{m: map[K]claims[V]{}}
+}
+
+// has reports whether k has any claim.
+func (h *history[K, V]) has(k K) bool {
+	_, ok := h.m[k]
+	return ok
 }
 
 // add records that v holds k from from on.
 func (h *history[K, V]) add(k K, v V, from int64) {
-	h.m[k] = append(h.m[k], claim[V]{v: v, from: from, until: active})
+	l := h.m[k]
+	l.push(claim[V]{v: v, from: from, until: active})
+	h.m[k] = l
 }
 
 // replace swaps the value of the active claim on k made by v's claimant
 // (a newer version of the same object). It reports whether there was one.
 func (h *history[K, V]) replace(k K, v V) bool {
-	cs := h.m[k]
+	l, ok := h.m[k]
+	if !ok {
+		return false
+	}
 	id := v.claimID()
-	for i := range cs {
-		if cs[i].until == active && cs[i].v.claimID() == id {
-			cs[i].v = v
+	for i := range l.n() {
+		if c := l.get(i); c.until == active && c.v.claimID() == id {
+			c.v = v
+			h.m[k] = l
 			return true
 		}
 	}
@@ -109,24 +167,26 @@ func (h *history[K, V]) replace(k K, v V) bool {
 // false (no grace period) the claim is dropped at once; otherwise k is
 // queued for collection at now.
 func (h *history[K, V]) end(k K, id string, until, now int64, keep bool) {
-	cs := h.m[k]
-	for i := range cs {
-		if cs[i].until != active || cs[i].v.claimID() != id {
+	l, ok := h.m[k]
+	if !ok {
+		return
+	}
+	for i := range l.n() {
+		c := l.get(i)
+		if c.until != active || c.v.claimID() != id {
 			continue
 		}
 		if !keep {
-			cs = append(cs[:i], cs[i+1:]...)
-			if len(cs) == 0 {
+			l.remove(i)
+			if l.n() == 0 {
 				delete(h.m, k)
 			} else {
-				h.m[k] = cs
+				h.m[k] = l
 			}
 			return
 		}
-		cs[i].until = until
-		if cs[i].until <= cs[i].from {
-			cs[i].until = cs[i].from + 1 // keep the interval non-empty
-		}
+		c.until = max(until, c.from+1) // keep the interval non-empty
+		h.m[k] = l
 		h.retained++
 		h.queue = append(h.queue, ended[K]{key: k, at: now})
 		return
@@ -141,25 +201,22 @@ func (h *history[K, V]) collect(cutoff int64) int {
 		k := h.queue[h.head].key
 		h.queue[h.head] = ended[K]{}
 		h.head++
-		cs := h.m[k]
-		kept := cs[:0]
-		for _, c := range cs {
-			if c.until != active && c.until <= cutoff {
-				n++
-				continue
-			}
-			kept = append(kept, c)
+		l, ok := h.m[k]
+		if !ok {
+			continue
 		}
-		clear(cs[len(kept):])
-		if len(kept) == 0 {
+		for i := l.n() - 1; i >= 0; i-- {
+			if c := l.get(i); c.until != active && c.until <= cutoff {
+				l.remove(i)
+				n++
+			}
+		}
+		if l.n() == 0 {
 			delete(h.m, k)
 		} else {
-			h.m[k] = kept
+			h.m[k] = l
 		}
 	}
-	// A claim whose until lies in the future of its queue time (never the
-	// case today) would be dropped by a later queue entry of its key or
-	// stay; either way retained must not go negative.
 	h.retained = max(h.retained-n, 0)
 	if h.head > 1024 && h.head*2 > len(h.queue) {
 		h.queue = append(h.queue[:0], h.queue[h.head:]...)
@@ -168,75 +225,82 @@ func (h *history[K, V]) collect(cutoff int64) int {
 	return n
 }
 
-// at returns the value whose claim on k covers t; see resolve.
-func (h *history[K, V]) at(k K, t int64) (V, bool) { return resolve(h.m[k], t, t, nil) }
-
-// resolve picks the claim for a flow that started at start and ended at
-// end (both unix ns; equal when only one time is known), among the claims
-// whose value match accepts (all when match is nil):
+// resolve picks the claim on k for a flow that started at start and ended
+// at end (both unix ns; equal when only one time is known), among the
+// claims whose value match accepts (all when match is nil):
 //  1. a claim covering start (the holder when the flow began);
 //  2. else a claim covering end;
 //  3. else the claim nearest to start, if within clockSkew.
 //
 // Among equals, better decides.
-func resolve[V claimer](cs []claim[V], start, end int64, match func(V) bool) (V, bool) {
+func (h *history[K, V]) resolve(k K, start, end int64, match func(V) bool) (V, bool) {
+	l := h.m[k]
+	return resolve(&l, start, end, match)
+}
+
+func resolve[V claimer](l *claims[V], start, end int64, match func(V) bool) (V, bool) {
 	var zero V
-	if len(cs) == 1 && match == nil { // the common case: one holder
-		c := &cs[0]
-		if c.covers(start) || c.covers(end) || c.distance(start) <= clockSkew {
+	n := l.n()
+	if n == 1 { // the common case: one holder
+		c := &l.one
+		if (match == nil || match(c.v)) && (c.covers(start) || c.covers(end) || c.distance(start) <= clockSkew) {
 			return c.v, true
 		}
 		return zero, false
 	}
-	if i := pick(cs, start, match); i >= 0 {
-		return cs[i].v, true
+	if i := pick(l, start, match); i >= 0 {
+		return l.get(i).v, true
 	}
 	if end != start {
-		if i := pick(cs, end, match); i >= 0 {
-			return cs[i].v, true
+		if i := pick(l, end, match); i >= 0 {
+			return l.get(i).v, true
 		}
 	}
 	best := -1
 	var bestD int64
-	for i := range cs {
-		d := cs[i].distance(start)
-		if d > clockSkew || (match != nil && !match(cs[i].v)) {
+	for i := range n {
+		c := l.get(i)
+		d := c.distance(start)
+		if d > clockSkew || (match != nil && !match(c.v)) {
 			continue
 		}
-		if best < 0 || d < bestD || (d == bestD && better(&cs[i], &cs[best])) {
+		if best < 0 || d < bestD || (d == bestD && better(c, l.get(best))) {
 			best, bestD = i, d
 		}
 	}
 	if best < 0 {
 		return zero, false
 	}
-	return cs[best].v, true
+	return l.get(best).v, true
 }
 
 // pick returns the index of the best claim covering t that match accepts,
 // or -1.
-func pick[V claimer](cs []claim[V], t int64, match func(V) bool) int {
+func pick[V claimer](l *claims[V], t int64, match func(V) bool) int {
 	best := -1
-	for i := range cs {
-		if cs[i].covers(t) && (match == nil || match(cs[i].v)) && (best < 0 || better(&cs[i], &cs[best])) {
+	for i := range l.n() {
+		c := l.get(i)
+		if c.covers(t) && (match == nil || match(c.v)) && (best < 0 || better(c, l.get(best))) {
 			best = i
 		}
 	}
 	return best
 }
 
-// latest returns the value of the active claim, or else of the claim that
-// ended last (retained within the grace period).
-func latest[V claimer](cs []claim[V]) (V, bool) {
+// latest returns the value of the active claim on k, or else of the claim
+// that ended last (retained within the grace period).
+func (h *history[K, V]) latest(k K) (V, bool) {
 	var zero V
+	l := h.m[k]
 	best := -1
-	for i := range cs {
-		if best < 0 || cs[i].until > cs[best].until || (cs[i].until == cs[best].until && better(&cs[i], &cs[best])) {
+	for i := range l.n() {
+		c := l.get(i)
+		if best < 0 || c.until > l.get(best).until || (c.until == l.get(best).until && better(c, l.get(best))) {
 			best = i
 		}
 	}
 	if best < 0 {
 		return zero, false
 	}
-	return cs[best].v, true
+	return l.get(best).v, true
 }

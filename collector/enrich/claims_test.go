@@ -40,7 +40,11 @@ func TestResolve(t *testing.T) {
 		{"none", nil, 0, 0, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, ok := resolve(tc.cs, s(tc.start), s(tc.end), nil)
+			var l claims[idClaim]
+			for _, c := range tc.cs {
+				l.push(c)
+			}
+			got, ok := resolve(&l, s(tc.start), s(tc.end), nil)
 			if got != tc.want || ok != (tc.want != "") {
 				t.Errorf("resolve = %q, %v; want %q", got, ok, tc.want)
 			}
@@ -57,13 +61,13 @@ func TestHistoryEndAndCollect(t *testing.T) {
 	h.end("10.0.0.1", "a", ns(time.Minute), ns(time.Minute), true)
 	h.end("fd00::1", "a", ns(2*time.Minute), ns(2*time.Minute), true)
 	h.end("fd00::1", "zzz", ns(2*time.Minute), ns(2*time.Minute), true) // no such claimant
-	if h.retained != 2 || len(h.m["10.0.0.1"]) != 2 {
+	if h.retained != 2 || claimsOn(h, "10.0.0.1") != 2 {
 		t.Fatalf("retained %d, claims %v", h.retained, h.m)
 	}
 	if !h.replace("10.0.0.1", "b") || h.replace("10.0.0.1", "a") {
 		t.Error("replace must find b's active claim and not a's ended one")
 	}
-	if n := h.collect(ns(90 * time.Second)); n != 1 || len(h.m["10.0.0.1"]) != 1 || h.retained != 1 {
+	if n := h.collect(ns(90 * time.Second)); n != 1 || claimsOn(h, "10.0.0.1") != 1 || h.retained != 1 {
 		t.Errorf("collected %d: %v retained %d", n, h.m, h.retained)
 	}
 	if n := h.collect(ns(3 * time.Minute)); n != 1 || len(h.m) != 1 || h.retained != 0 {
@@ -83,5 +87,27 @@ func TestCollectInterval(t *testing.T) {
 		if got := collectInterval(c.grace); got != c.want {
 			t.Errorf("collectInterval(%v) = %v, want %v", c.grace, got, c.want)
 		}
+	}
+}
+
+func claimsOn(h history[string, idClaim], k string) int {
+	l := h.m[k]
+	return l.n()
+}
+
+func TestClaimsList(t *testing.T) {
+	var l claims[idClaim]
+	for _, v := range []idClaim{"a", "b", "c", "d"} {
+		l.push(claim[idClaim]{v: v})
+	}
+	l.remove(0) // b c d
+	l.remove(1) // b d
+	if l.n() != 2 || l.get(0).v != "b" || l.get(1).v != "d" {
+		t.Errorf("after removals: %v %v", l.one, l.more)
+	}
+	l.remove(1)
+	l.remove(0)
+	if l.n() != 0 || l.more != nil {
+		t.Errorf("not empty: %v %v", l.one, l.more)
 	}
 }

@@ -402,7 +402,7 @@ func (e *Enricher) LookupPod(a netip.Addr, t time.Time) (*Pod, bool) {
 	ts := e.at(t)
 	e.x.mu.RLock()
 	defer e.x.mu.RUnlock()
-	return resolve(e.x.podIPs.m[a.Unmap()], ts, ts, nil)
+	return e.x.podIPs.resolve(a.Unmap(), ts, ts, nil)
 }
 
 // Pod returns the live pod namespace/name.
@@ -452,7 +452,7 @@ func (e *Enricher) LookupService(a netip.Addr, t time.Time) (*Service, bool) {
 	ts := e.at(t)
 	e.x.mu.RLock()
 	defer e.x.mu.RUnlock()
-	return resolve(e.x.svcIPs.m[a.Unmap()], ts, ts, nil)
+	return e.x.svcIPs.resolve(a.Unmap(), ts, ts, nil)
 }
 
 // EndpointSlices returns the live EndpointSlices of Service

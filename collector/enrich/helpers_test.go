@@ -399,11 +399,11 @@ func (v *env) waitRV(o runtime.Object, rv string) {
 			n := x.namespaces[name]
 			return n != nil && n.rv == rv
 		case *appsv1.ReplicaSet:
-			r := x.owners[ownerKey{KindReplicaSet, ns, name}]
-			return r != nil && r.rv == rv
+			r, ok := x.owners[ownerKey{KindReplicaSet, ns, name}]
+			return ok && r.rv == rv
 		case *batchv1.Job:
-			r := x.owners[ownerKey{KindJob, ns, name}]
-			return r != nil && r.rv == rv
+			r, ok := x.owners[ownerKey{KindJob, ns, name}]
+			return ok && r.rv == rv
 		case *networkingv1.NetworkPolicy:
 			for _, p := range x.policies[ns] {
 				if p.Name == name && p.ResourceVersion == rv {

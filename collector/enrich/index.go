@@ -48,7 +48,7 @@ type index struct {
 	epIPs       history[netip.Addr, *Endpoint]
 
 	namespaces map[string]*Namespace
-	owners     map[ownerKey]*owner
+	owners     map[ownerKey]owner                       // values inline: one memory access per lookup
 	policies   map[string][]*networkingv1.NetworkPolicy // per namespace, sorted by name; replaced on change
 }
 
@@ -100,7 +100,7 @@ func newIndex(now func() time.Time, grace time.Duration, ipv6 bool) *index {
 		slicesBySvc: map[nsName]map[string]*EndpointSlice{},
 		epIPs:       newHistory[netip.Addr, *Endpoint](),
 		namespaces:  map[string]*Namespace{},
-		owners:      map[ownerKey]*owner{},
+		owners:      map[ownerKey]owner{},
 		policies:    map[string][]*networkingv1.NetworkPolicy{},
 	}
 }
@@ -465,14 +465,14 @@ func (x *index) removeNamespace(n *Namespace) {
 func (x *index) setOwner(o *owner) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	x.owners[ownerKey{o.kind, o.namespace, o.name}] = o
+	x.owners[ownerKey{o.kind, o.namespace, o.name}] = *o
 }
 
 func (x *index) removeOwner(o *owner) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	k := ownerKey{o.kind, o.namespace, o.name}
-	if cur := x.owners[k]; cur != nil && cur.uid == o.uid {
+	if cur, ok := x.owners[k]; ok && cur.uid == o.uid {
 		delete(x.owners, k)
 	}
 }

@@ -55,16 +55,16 @@ func (x *index) place(a netip.Addr, start, end int64) place {
 	if !a.IsValid() {
 		return place{}
 	}
-	if p, ok := resolve(x.podIPs.m[a], start, end, nil); ok {
+	if p, ok := x.podIPs.resolve(a, start, end, nil); ok {
 		return place{pod: p, node: p.NodeName, in: true}
 	}
-	if n, ok := resolve(x.hostIPs.m[a], start, end, nil); ok {
+	if n, ok := x.hostIPs.resolve(a, start, end, nil); ok {
 		return place{node: n.node, host: true, in: true}
 	}
 	if n, ok := x.cidrNode(a, start, end); ok {
 		return place{node: n.node, in: true}
 	}
-	if len(x.svcIPs.m[a]) > 0 || inPrefixes(x.clusterCIDRs, a) || inPrefixes(x.serviceCIDRs, a) {
+	if x.svcIPs.has(a) || inPrefixes(x.clusterCIDRs, a) || inPrefixes(x.serviceCIDRs, a) {
 		return place{in: true}
 	}
 	return place{}
@@ -90,7 +90,7 @@ func (x *index) cidrNode(a netip.Addr, start, end int64) (nodeClaim, bool) {
 		if err != nil {
 			continue
 		}
-		if n, ok := resolve(x.podCIDRs.m[p], start, end, nil); ok {
+		if n, ok := x.podCIDRs.resolve(p, start, end, nil); ok {
 			return n, true
 		}
 	}
@@ -104,7 +104,7 @@ func (x *index) workload(p *Pod) Workload {
 	case "":
 		return Workload{Kind: KindPod, Name: p.Name}
 	case KindReplicaSet:
-		if rs := x.owners[ownerKey{KindReplicaSet, p.Namespace, o.Name}]; rs != nil {
+		if rs, ok := x.owners[ownerKey{KindReplicaSet, p.Namespace, o.Name}]; ok {
 			if rs.controller.Kind != "" {
 				return rs.controller // a Deployment (or another controller of ReplicaSets)
 			}
@@ -115,7 +115,7 @@ func (x *index) workload(p *Pod) Workload {
 			return Workload{Kind: KindDeployment, Name: p.deployment}
 		}
 	case KindJob:
-		if j := x.owners[ownerKey{KindJob, p.Namespace, o.Name}]; j != nil && j.controller.Kind != "" {
+		if j, ok := x.owners[ownerKey{KindJob, p.Namespace, o.Name}]; ok && j.controller.Kind != "" {
 			return j.controller // a CronJob
 		}
 	}
@@ -143,14 +143,14 @@ func (x *index) fill(e *flow.Endpoint, pl place) {
 // preferring one with a port port/proto (external and load-balancer IPs
 // may be shared by Services with different ports).
 func (x *index) serviceAt(a netip.Addr, port uint16, proto uint8, start, end int64) *Service {
-	cs := x.svcIPs.m[a]
-	if len(cs) == 0 {
+	l, ok := x.svcIPs.m[a]
+	if !ok {
 		return nil
 	}
-	if s, ok := resolve(cs, start, end, func(s *Service) bool { return s.hasPort(port, proto) }); ok {
+	if s, ok := resolve(&l, start, end, func(s *Service) bool { return s.hasPort(port, proto) }); ok {
 		return s
 	}
-	s, _ := resolve(cs, start, end, nil)
+	s, _ := resolve(&l, start, end, nil)
 	return s
 }
 
@@ -166,7 +166,7 @@ func (s *Service) hasPort(port uint16, proto uint8) bool {
 // nodePortService returns the Service of a NodePort flow: one addressed to
 // a node address on a node port.
 func (x *index) nodePortService(a netip.Addr, port uint16, proto uint8) *Service {
-	if port == 0 || len(x.hostIPs.m[a]) == 0 {
+	if port == 0 || !x.hostIPs.has(a) {
 		return nil
 	}
 	if l := x.nodePorts[portKey{proto, port}]; len(l) > 0 {
@@ -177,11 +177,7 @@ func (x *index) nodePortService(a netip.Addr, port uint16, proto uint8) *Service
 
 // endpointOf returns the endpoint of svc at address a.
 func (x *index) endpointOf(a netip.Addr, svc *Service, start, end int64) *Endpoint {
-	cs := x.epIPs.m[a]
-	if len(cs) == 0 {
-		return nil
-	}
-	ep, _ := resolve(cs, start, end, func(e *Endpoint) bool {
+	ep, _ := x.epIPs.resolve(a, start, end, func(e *Endpoint) bool {
 		return e.Slice.Service == svc.Name && e.Slice.Namespace == svc.Namespace
 	})
 	return ep
@@ -302,17 +298,17 @@ func (x *index) enrich(rec *flow.Record, now int64) result {
 // pod CIDR contains it.
 func (x *index) nodeFor(a netip.Addr, t int64, orLatest bool) (string, bool) {
 	a = a.Unmap()
-	if p, ok := resolve(x.podIPs.m[a], t, t, nil); ok {
+	if p, ok := x.podIPs.resolve(a, t, t, nil); ok {
 		return p.NodeName, p.NodeName != ""
 	}
-	if n, ok := resolve(x.hostIPs.m[a], t, t, nil); ok {
+	if n, ok := x.hostIPs.resolve(a, t, t, nil); ok {
 		return n.node, true
 	}
 	if orLatest {
-		if p, ok := latest(x.podIPs.m[a]); ok && p.NodeName != "" {
+		if p, ok := x.podIPs.latest(a); ok && p.NodeName != "" {
 			return p.NodeName, true
 		}
-		if n, ok := latest(x.hostIPs.m[a]); ok {
+		if n, ok := x.hostIPs.latest(a); ok {
 			return n.node, true
 		}
 	}

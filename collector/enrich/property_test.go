@@ -339,7 +339,9 @@ func dumpHistory[K interface {
 }, V claimer](b *strings.Builder, name string, h history[K, V], val func(V) string) {
 	for _, k := range sortedKeys(h.m, func(k K) string { return k.String() }) {
 		var cs []string
-		for _, c := range h.m[k] {
+		l := h.m[k]
+		for i := range l.n() {
+			c := l.get(i)
 			until := "active"
 			if c.until != active {
 				until = time.Unix(0, c.until).Sub(t0).String()
