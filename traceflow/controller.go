@@ -35,6 +35,11 @@ type Probe struct {
 	TCPFlags uint8    `json:"tcpFlags,omitempty"`
 	TTL      uint8    `json:"ttl,omitempty"`
 	Tag      uint8    `json:"tag"` // DSCP, packet.MinTag..packet.MaxTag
+	// Live traces the next real packet of a new connection from SourcePod
+	// to Dst:DstPort (SrcPort, when set, must match) instead of sending
+	// one; DroppedOnly skips delivered ones and waits for a drop.
+	Live        bool `json:"live,omitempty"`
+	DroppedOnly bool `json:"droppedOnly,omitempty"`
 }
 
 // ProtoNumber returns the IANA number of p.Protocol.
@@ -55,6 +60,9 @@ type Path struct {
 	Outcome      Outcome       `json:"outcome"`
 	Reason       string        `json:"reason,omitempty"`
 	Observations []Observation `json:"observations"`
+	// SrcPort is the source port (or echo id) of the packet traced when
+	// the probe did not fix one (live traffic).
+	SrcPort uint16 `json:"srcPort,omitempty"`
 }
 
 // nodeTracer sends one probe and observes it on the nodes it crosses. It
@@ -147,8 +155,8 @@ func (c *Controller) Normalize(req *Request) error {
 		req.Timeout = Duration(c.cfg.Timeout)
 	}
 	switch {
-	case req.LiveTraffic || req.DroppedOnly:
-		return fmt.Errorf("liveTraffic/droppedOnly: %w (inject a probe instead)", ErrNotSupported)
+	case req.DroppedOnly && !req.LiveTraffic:
+		return fmt.Errorf("%w: droppedOnly needs liveTraffic", ErrInvalid)
 	case req.Family.Families() == nil:
 		return fmt.Errorf("%w: family %q (want ipv4, ipv6 or dual)", ErrInvalid, req.Family)
 	case !strings.Contains(req.Source, "/"):
@@ -195,7 +203,7 @@ func (c *Controller) Start(ctx context.Context, req Request) (string, error) {
 	probes := make([]Probe, len(fams))
 	results := make([]FamilyResult, len(fams))
 	srcPort := req.SrcPort
-	if srcPort == 0 {
+	if srcPort == 0 && !req.LiveTraffic {
 		srcPort = uint16(32768 + rand.IntN(28000)) // Linux's ephemeral range, 32768..60767
 	}
 	resolved := 0
@@ -212,7 +220,8 @@ func (c *Controller) Start(ctx context.Context, req Request) (string, error) {
 		p.Family = f
 		p.Protocol = protocolFor(req.Protocol, f)
 		p.SrcPort, p.TCPFlags, p.TTL = srcPort, req.TCPFlags, req.TTL
-		if p.Protocol == TCP && p.TCPFlags == 0 {
+		p.Live, p.DroppedOnly = req.LiveTraffic, req.DroppedOnly
+		if p.Protocol == TCP && p.TCPFlags == 0 && !p.Live {
 			p.TCPFlags = packet.SYN
 		}
 		probes[i] = p
@@ -311,6 +320,9 @@ func (c *Controller) run(t *trace, probes []Probe, timeout time.Duration) {
 			fr.Outcome, fr.Reason, fr.Duration = path.Outcome, path.Reason, Duration(time.Since(start))
 			if path.Observations != nil {
 				fr.Observations = path.Observations
+			}
+			if path.SrcPort != 0 {
+				fr.SrcPort = path.SrcPort
 			}
 			c.tags[probes[i].Tag] = false
 			c.mu.Unlock()

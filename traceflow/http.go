@@ -18,8 +18,8 @@ const maxRequestBody = 64 << 10
 //	                              with ?wait=true → 200 Result once finished
 //	GET  /api/v1/traceflows/{id}  → 200 Result (phase running, succeeded or failed)
 //
-// Errors are JSON {"error": "..."}: 400 invalid request, 501 not supported
-// (liveTraffic), 404 unknown id, 429 too many traces in flight.
+// Errors are JSON {"error": "..."}: 400 invalid request, 501 not supported,
+// 404 unknown id, 429 too many traces in flight.
 func Handler(c *Controller) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /api/v1/traceflows", func(w http.ResponseWriter, r *http.Request) {

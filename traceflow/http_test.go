@@ -58,7 +58,7 @@ func TestHandler(t *testing.T) {
 		body string
 		want int
 	}{
-		{`{"source":"frontend/web-1","destination":{"service":"backend/api","port":80},"liveTraffic":true}`, http.StatusNotImplemented},
+		{`{"source":"frontend/web-1","destination":{"service":"backend/api","port":80},"droppedOnly":true}`, http.StatusBadRequest},
 		{`{"source":"frontend/web-1","destination":{}}`, http.StatusBadRequest},
 		{`{"source":"frontend/web-1","bogus":1}`, http.StatusBadRequest},
 		{`not json`, http.StatusBadRequest},

@@ -157,6 +157,26 @@ func TestControllerOutcomes(t *testing.T) {
 	}
 }
 
+func TestControllerLive(t *testing.T) {
+	tr := &fakeTracer{trace: func(p Probe) (Path, error) {
+		if !p.Live || !p.DroppedOnly || p.SrcPort != 0 || p.TCPFlags != 0 {
+			return Path{}, fmt.Errorf("probe %+v: want live, dropped only, any source port, no flags", p)
+		}
+		return Path{Outcome: Dropped, SrcPort: 41000}, nil
+	}}
+	c := New(Config{}, tr, fakeResolver{}, nil)
+	defer c.Close()
+	r := req()
+	r.Family, r.LiveTraffic, r.DroppedOnly = IPv4, true, true
+	res, err := c.Trace(context.Background(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fr := res.Families[0]; fr.Outcome != Dropped || fr.SrcPort != 41000 {
+		t.Errorf("live result %+v", fr)
+	}
+}
+
 func TestControllerRejects(t *testing.T) {
 	c := New(Config{MaxTimeout: time.Minute}, &fakeTracer{trace: delivered}, fakeResolver{}, nil)
 	defer c.Close()
@@ -165,8 +185,7 @@ func TestControllerRejects(t *testing.T) {
 		edit func(*Request)
 		want error
 	}{
-		{"live traffic", func(r *Request) { r.LiveTraffic = true }, ErrNotSupported},
-		{"dropped only", func(r *Request) { r.DroppedOnly = true }, ErrNotSupported},
+		{"dropped only without live traffic", func(r *Request) { r.DroppedOnly = true }, ErrInvalid},
 		{"bad family", func(r *Request) { r.Family = "ipv5" }, ErrInvalid},
 		{"no source namespace", func(r *Request) { r.Source = "web" }, ErrInvalid},
 		{"two destinations", func(r *Request) { r.Destination.Pod = "backend/api-1" }, ErrInvalid},

@@ -98,9 +98,11 @@ type Request struct {
 	TTL uint8 `json:"ttl,omitempty"`
 	// Family is ipv4, ipv6 or dual (default dual).
 	Family Family `json:"family,omitempty"`
-	// LiveTraffic traces the next real matching packet instead of
-	// injecting one; DroppedOnly reports it only when dropped. Not
-	// supported yet: Start returns ErrNotSupported.
+	// LiveTraffic traces the first packet of the next real connection
+	// from the source to the destination (and SrcPort when set) instead
+	// of injecting one; DroppedOnly skips delivered ones and reports the
+	// next dropped one. Kernel datapath only (OVS: outcome error, "not
+	// supported yet"); the trace waits up to its timeout.
 	LiveTraffic bool `json:"liveTraffic,omitempty"`
 	DroppedOnly bool `json:"droppedOnly,omitempty"`
 	// Timeout bounds each family trace (default Config.Timeout).

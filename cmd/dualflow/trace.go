@@ -31,7 +31,7 @@ func runTrace(ctx context.Context, args []string) error {
 		sport                                        uint
 		flags, ttl                                   uint
 		timeout                                      time.Duration
-		asJSON                                       bool
+		asJSON, live, droppedOnly                    bool
 	)
 	fs.StringVar(&src, "s", "", "source pod namespace/name")
 	fs.StringVar(&dst, "d", "", "destination (pod:ns/name:port, svc:ns/name:port, ip:addr:port)")
@@ -44,6 +44,8 @@ func runTrace(ctx context.Context, args []string) error {
 	fs.StringVar(&inventory, "inventory", "", "resolve names in this manifest instead of the lab's own")
 	fs.StringVar(&stateDir, "state-dir", lab.DefaultStateDir, "state directory of the running lab")
 	fs.BoolVar(&asJSON, "json", false, "print the result as JSON")
+	fs.BoolVar(&live, "live", false, "trace the next real connection instead of injecting a probe (kernel datapath)")
+	fs.BoolVar(&droppedOnly, "dropped-only", false, "with --live: skip delivered connections, report the next dropped one")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -59,7 +61,8 @@ func runTrace(ctx context.Context, args []string) error {
 		return errors.New("trace: --src-port, --tcp-flags or --ttl out of range")
 	}
 	req := traceflow.Request{Source: src, Destination: d, Protocol: parseProtocol(proto), Family: traceflow.Family(strings.ToLower(family)),
-		SrcPort: uint16(sport), TCPFlags: uint8(flags), TTL: uint8(ttl), Timeout: traceflow.Duration(timeout)}
+		SrcPort: uint16(sport), TCPFlags: uint8(flags), TTL: uint8(ttl), Timeout: traceflow.Duration(timeout),
+		LiveTraffic: live, DroppedOnly: droppedOnly}
 
 	l, err := lab.Open(stateDir, lab.Config{})
 	if err != nil {

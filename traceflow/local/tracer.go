@@ -77,6 +77,12 @@ func (t *Tracer) Trace(ctx context.Context, p traceflow.Probe) (traceflow.Path, 
 	if err != nil {
 		return traceflow.Path{}, err
 	}
+	if p.Live {
+		if t.lab.State().Datapath == lab.DatapathOVS {
+			return traceflow.Path{}, fmt.Errorf("live traffic on the OVS datapath: %w", traceflow.ErrNotSupported)
+		}
+		return t.traceLive(ctx, p, src)
+	}
 	srcNS := t.lab.PodNetNSPath(src)
 	srcMAC, err := inject.InterfaceMAC(srcNS, podIface)
 	if err != nil {
@@ -110,7 +116,7 @@ func (t *Tracer) Trace(ctx context.Context, p traceflow.Probe) (traceflow.Path, 
 	errs := make([]error, len(nodes))
 	var setup sync.WaitGroup
 	for i, n := range nodes {
-		setup.Go(func() { mons[i], errs[i] = t.watchNode(ctx, n, match, events, done, &wg) })
+		setup.Go(func() { mons[i], errs[i] = t.watchNode(ctx, n, p.Tag, observe.TableRules(match), events, done, &wg) })
 	}
 	setup.Wait()
 	defer t.cleanup(nodes, mons, p.Tag)
@@ -191,7 +197,7 @@ func (t *Tracer) capture(ctx context.Context, p traceflow.Probe, dp *corev1.Pod,
 // watchNode starts nft monitor in node, loads the trace table and waits
 // until the monitor echoes it (so it is subscribed before the probe is
 // sent); then forwards the monitor's trace events to events until done.
-func (t *Tracer) watchNode(ctx context.Context, node string, m observe.ProbeMatch, events chan<- nodeEvent, done <-chan struct{}, wg *sync.WaitGroup) (*observe.Monitor, error) {
+func (t *Tracer) watchNode(ctx context.Context, node string, tag uint8, rules string, events chan<- nodeEvent, done <-chan struct{}, wg *sync.WaitGroup) (*observe.Monitor, error) {
 	nsPath := t.lab.NodeNetNSPath(node)
 	mon, err := observe.StartMonitor(nsPath, t.nft)
 	if err != nil {
@@ -199,9 +205,9 @@ func (t *Tracer) watchNode(ctx context.Context, node string, m observe.ProbeMatc
 	}
 	// The monitor subscribes some time after it starts: load the table
 	// until the monitor echoes it (loading is idempotent).
-	echo := "add rule inet " + observe.TableName(m.Tag) + " " + observe.ChainPost + " "
+	echo := "add rule inet " + observe.TableName(tag) + " " + observe.ChainPost + " "
 	for wait := 20 * time.Millisecond; ; wait *= 2 {
-		if _, err := nsrun.Output(ctx, nsPath, []byte(observe.TableRules(m)), t.nft, "-f", "-"); err != nil {
+		if _, err := nsrun.Output(ctx, nsPath, []byte(rules), t.nft, "-f", "-"); err != nil {
 			return mon, fmt.Errorf("node %s: load trace table: %w", node, err)
 		}
 		wctx, cancel := context.WithTimeout(ctx, wait)
@@ -220,7 +226,7 @@ func (t *Tracer) watchNode(ctx context.Context, node string, m observe.ProbeMatc
 		// A packet is this probe's when the rule of this probe's pre chain
 		// matched it (only that rule can); events of other trace tables
 		// are skipped.
-		table := observe.TableName(m.Tag)
+		table := observe.TableName(tag)
 		mine := map[string]bool{}             // trace id -> belongs to this probe
 		pending := map[string]observe.Event{} // trace id -> this table's pre packet line, until decided
 		send := func(ev observe.Event) bool {
@@ -234,7 +240,7 @@ func (t *Tracer) watchNode(ctx context.Context, node string, m observe.ProbeMatc
 		for l := range mon.Lines() {
 			ev, ok := observe.ParseTrace(l)
 			if t.Raw != nil {
-				fmt.Fprintf(t.Raw, "probe %d %s: %s\n", m.Tag, node, l)
+				fmt.Fprintf(t.Raw, "probe %d %s: %s\n", tag, node, l)
 			}
 			if !ok {
 				continue

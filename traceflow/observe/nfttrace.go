@@ -59,8 +59,32 @@ const (
 
 // TableRules returns the `nft -f` text that (re)creates the trace table of
 // m. Apply DeleteTable's text when the trace ends.
-func TableRules(m ProbeMatch) string {
-	t := "inet " + TableName(m.Tag)
+func TableRules(m ProbeMatch) string { return tableText(m.Tag, m.nft()) }
+
+// LiveRules returns the trace table (named by tag) that traces the first
+// packet of every new connection of protocol proto from src: a TCP SYN
+// without ACK, an echo request, or any UDP datagram.
+func LiveRules(tag uint8, src netip.Addr, proto uint8) string {
+	l3 := "ip"
+	if src.Unmap().Is6() {
+		l3 = "ip6"
+	}
+	match := fmt.Sprintf("%s saddr %s", l3, src.Unmap())
+	switch proto {
+	case 6:
+		match += " tcp flags & (syn | ack) == syn"
+	case 17:
+		match += " meta l4proto udp"
+	case 1:
+		match += " icmp type echo-request"
+	case 58:
+		match += " icmpv6 type echo-request"
+	}
+	return tableText(tag, match)
+}
+
+func tableText(tag uint8, match string) string {
+	t := "inet " + TableName(tag)
 	return fmt.Sprintf(`table %[1]s
 delete table %[1]s
 table %[1]s {
@@ -73,7 +97,7 @@ table %[1]s {
 		%[4]s counter comment "traceflow probe out"
 	}
 }
-`, t, ChainPre, ChainPost, m.nft())
+`, t, ChainPre, ChainPost, match)
 }
 
 // DeleteTable returns the `nft -f` text that removes the trace table of tag.

@@ -136,3 +136,19 @@ Datapath actions: hash(sym_l4(0)),recirc(0x4)
 		t.Errorf("step %+v", tr.Steps[2])
 	}
 }
+
+func TestLiveRules(t *testing.T) {
+	for _, tt := range []struct {
+		src   string
+		proto uint8
+		want  string
+	}{
+		{"198.18.1.10", 6, "ip saddr 198.18.1.10 tcp flags & (syn | ack) == syn meta nftrace set 1"},
+		{"fd00:10:0:1::10", 17, "ip6 saddr fd00:10:0:1::10 meta l4proto udp meta nftrace set 1"},
+		{"fd00:10:0:1::10", 58, "ip6 saddr fd00:10:0:1::10 icmpv6 type echo-request meta nftrace set 1"},
+	} {
+		if got := LiveRules(9, netip.MustParseAddr(tt.src), tt.proto); !strings.Contains(got, tt.want) {
+			t.Errorf("LiveRules(%s, %d) =\n%s\nwant %q", tt.src, tt.proto, got, tt.want)
+		}
+	}
+}
