@@ -166,10 +166,11 @@ func (e *Enricher) Run(ctx context.Context) (err error) {
 	}
 	defer func() {
 		if !e.Synced() {
-			if err == nil {
-				err = ctx.Err()
+			ferr := err
+			if ferr == nil {
+				ferr = ctx.Err()
 			}
-			e.fail(err)
+			e.fail(ferr)
 		}
 	}()
 	runCtx, cancel := context.WithCancel(ctx)

@@ -840,3 +840,44 @@ func TestBatchAdapter(t *testing.T) {
 		}
 	}
 }
+
+// TestOneEndpointTwoServices: a pod behind two Services has one claim per
+// slice on its address; objects without UIDs (hand-written inventories)
+// are told apart by name.
+func TestOneEndpointTwoServices(t *testing.T) {
+	a := mkService("backend", "a", corev1.IPFamilyPolicyPreferDualStack, "10.96.0.1", "fd00:96::1")
+	b := mkService("backend", "b", corev1.IPFamilyPolicyPreferDualStack, "10.96.0.2", "fd00:96::2")
+	b.Spec.Ports[0].Name = "web"
+	objs := []runtime.Object{a, b,
+		mkSlice("backend", "a-v4", "a", ep{"10.1.2.12", "node-2", "zone-b", "api-2"}),
+		mkSlice("backend", "a-v6", "a", ep{"fd00:1:2::12", "node-2", "zone-b", "api-2"}),
+		mkSlice("backend", "b-v4", "b", ep{"10.1.2.12", "node-2", "zone-x", "api-2"}),
+		mkSlice("backend", "b-v6", "b", ep{"fd00:1:2::12", "node-2", "zone-x", "api-2"}),
+		mkPod("backend", "api-2", "node-2", []string{"10.1.2.12", "fd00:1:2::12"}),
+	}
+	for _, o := range objs {
+		o.(metav1.Object).SetUID("")
+	}
+	v := newEnv(t, testConfig(), append(baseObjects(), objs...)...)
+	sl := mkSlice("backend", "b-v4", "b", ep{"10.1.2.12", "node-2", "zone-x", "api-2"})
+	sl.UID = ""
+	v.apply(sl) // an update of one slice leaves the other Service's claim alone
+	for _, c := range []struct{ src, vip, dst, svc, zone string }{
+		{"10.1.1.10", "10.96.0.1", "10.1.2.12", "a", "zone-b"},
+		{"10.1.1.10", "10.96.0.2", "10.1.2.12", "b", "zone-x"},
+		{"fd00:1:1::10", "fd00:96::1", "fd00:1:2::12", "a", "zone-b"},
+		{"fd00:1:1::10", "fd00:96::2", "fd00:1:2::12", "b", "zone-x"},
+	} {
+		r := v.viaService(c.src, c.vip, c.dst)
+		r.ServicePort = 0 // port name from the endpoint's own slice
+		v.e.Enrich(&r)
+		if r.Service.Name != c.svc || r.Service.PortName != "http" || r.Dst.Zone != c.zone || r.Dst.PodName != "api-2" {
+			t.Errorf("via %s: service %+v dst %+v", c.vip, r.Service, r.Dst)
+		}
+	}
+	v.remove(mkSlice("backend", "b-v6", "b"))
+	v.clk.Add(time.Minute)
+	if r := v.enrich(v.viaService("fd00:1:1::10", "fd00:96::1", "fd00:1:2::12")); r.Dst.Zone != "zone-b" {
+		t.Errorf("after deleting b's slice, a's endpoint: %+v", r.Dst)
+	}
+}

@@ -107,6 +107,16 @@ func family(f corev1.IPFamily) corev1.IPFamily {
 	return f
 }
 
+// uidOf returns uid, or for an object without one (a hand-written
+// inventory manifest) a stand-in made of its kind and name: claims are
+// told apart by their claimant's UID.
+func uidOf(kind string, uid types.UID, ns, name string) types.UID {
+	if uid != "" {
+		return uid
+	}
+	return types.UID("nouid:" + kind + "/" + ns + "/" + name)
+}
+
 // controllerOf returns the controller owner reference of m.
 func controllerOf(refs []metav1.OwnerReference) (Workload, bool) {
 	for _, r := range refs {
@@ -122,7 +132,7 @@ func (tr *transformer) pod(p *corev1.Pod) *Pod {
 	out := &Pod{
 		Namespace:   in.name(p.Namespace),
 		Name:        p.Name,
-		UID:         p.UID,
+		UID:         uidOf("pod", p.UID, p.Namespace, p.Name),
 		NodeName:    in.name(p.Spec.NodeName),
 		HostNetwork: p.Spec.HostNetwork,
 		Terminated:  p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed,
@@ -150,7 +160,6 @@ func (tr *transformer) pod(p *corev1.Pod) *Pod {
 		out.Ports = *out.portsRef
 	}
 	if w, ok := controllerOf(p.OwnerReferences); ok {
-		w.Name = in.name(w.Name) // shared by the replicas
 		out.Owner = w
 		if h := p.Labels[labelTemplateHash]; w.Kind == KindReplicaSet && h != "" && strings.HasSuffix(w.Name, "-"+h) {
 			out.deployment = w.Name[:len(w.Name)-len(h)-1]
@@ -171,7 +180,7 @@ func (tr *transformer) service(s *corev1.Service) *Service {
 	out := &Service{
 		Namespace: in.name(s.Namespace),
 		Name:      s.Name,
-		UID:       s.UID,
+		UID:       uidOf("service", s.UID, s.Namespace, s.Name),
 		Type:      s.Spec.Type,
 		Created:   s.CreationTimestamp.Time,
 		rv:        s.ResourceVersion,
@@ -231,7 +240,7 @@ func (tr *transformer) endpointSlice(s *discoveryv1.EndpointSlice) *EndpointSlic
 	out := &EndpointSlice{
 		Namespace:   in.name(s.Namespace),
 		Name:        s.Name,
-		UID:         s.UID,
+		UID:         uidOf("endpointslice", s.UID, s.Namespace, s.Name),
 		Service:     s.Labels[discoveryv1.LabelServiceName],
 		AddressType: s.AddressType,
 		Created:     s.CreationTimestamp.Time,
@@ -313,7 +322,7 @@ func (tr *transformer) node(n *corev1.Node) *Node {
 	in := tr.in
 	out := &Node{
 		Name:    in.name(n.Name),
-		UID:     n.UID,
+		UID:     uidOf("node", n.UID, "", n.Name),
 		Created: n.CreationTimestamp.Time,
 		rv:      n.ResourceVersion,
 	}
@@ -358,7 +367,7 @@ func (tr *transformer) node(n *corev1.Node) *Node {
 }
 
 func (tr *transformer) namespace(n *corev1.Namespace) *Namespace {
-	out := &Namespace{Name: tr.in.name(n.Name), UID: n.UID, Created: n.CreationTimestamp.Time, rv: n.ResourceVersion}
+	out := &Namespace{Name: tr.in.name(n.Name), UID: uidOf("namespace", n.UID, "", n.Name), Created: n.CreationTimestamp.Time, rv: n.ResourceVersion}
 	if out.labelsRef = tr.in.labelSet(n.Labels); out.labelsRef != nil {
 		out.Labels = *out.labelsRef
 	}
@@ -366,9 +375,8 @@ func (tr *transformer) namespace(n *corev1.Namespace) *Namespace {
 }
 
 func (tr *transformer) owner(k string, m *metav1.ObjectMeta) *owner {
-	o := &owner{kind: k, namespace: tr.in.name(m.Namespace), name: tr.in.name(m.Name), uid: m.UID, rv: m.ResourceVersion}
+	o := &owner{kind: k, namespace: tr.in.name(m.Namespace), name: m.Name, uid: uidOf(k, m.UID, m.Namespace, m.Name), rv: m.ResourceVersion}
 	if w, ok := controllerOf(m.OwnerReferences); ok {
-		w.Name = tr.in.name(w.Name)
 		o.controller = w
 	}
 	return o
