@@ -9,11 +9,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/dualflow/dualflow/collector/audit"
+	"github.com/dualflow/dualflow/web/internal/webtest"
 )
 
 // fakeStore answers every query with out (or err) and records the SQL.
@@ -210,6 +212,45 @@ func TestFlowsPagination(t *testing.T) {
 	}
 	if pages < 3 {
 		t.Errorf("only %d pages", pages)
+	}
+}
+
+// TestFlowsPaginationTies pages through rows that all share one flow_end.
+func TestFlowsPaginationTies(t *testing.T) {
+	e := needEngine(t)
+	tieAt := seedNow.Add(-72 * time.Hour)
+	if err := e.Exec(context.Background(), webtest.SeedSQL("dualflow", 500, tieAt, 0)); err != nil {
+		t.Fatal(err)
+	}
+	h := testAPI(t, Config{})
+	window := "&since=" + tieAt.Add(-time.Minute).Format(time.RFC3339) + "&until=" + tieAt.Add(time.Minute).Format(time.RFC3339)
+	seen := map[string]bool{}
+	next := ""
+	for page := 0; page < 100; page++ {
+		u := "/api/v1/flows?limit=37" + window
+		if next != "" {
+			u += "&cursor=" + next
+		}
+		p := decode[FlowPage](t, do(t, h, "GET", u, ""))
+		for _, f := range p.Flows {
+			id := f.Key + f.SrcIP + f.DstIP + strconv.Itoa(f.SrcPort)
+			if seen[id] {
+				t.Fatalf("page %d repeats %s", page, id)
+			}
+			seen[id] = true
+		}
+		if next = p.Next; next == "" {
+			break
+		}
+	}
+	var want int
+	out, err := e.Query(context.Background(), "SELECT count() FROM dualflow.flows WHERE flow_end = fromUnixTimestamp64Milli("+strconv.FormatInt(tieAt.UnixMilli(), 10)+", 'UTC')", "TSV")
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Sscan(string(out), &want)
+	if len(seen) != want || want < 400 {
+		t.Errorf("paged %d rows of %d tied rows", len(seen), want)
 	}
 }
 

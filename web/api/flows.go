@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -157,38 +158,96 @@ func (a *API) flows(c *gin.Context) {
 	c.JSON(http.StatusOK, page)
 }
 
-// flowsSQL builds the page query. Ordering by the minute first matches the
-// table's sort key, so ClickHouse reads in order and stops early.
+// flowsSQL builds the page query: newest first, from the cursor on.
+// Ordering by the minute first matches the table's sort key, so ClickHouse
+// reads in order and stops early. The tiebreaker is left out of the ORDER
+// BY (hashing every row read costs 2x); queryFlows settles ties at the
+// page boundary with a second query on that one flow_end.
 func (a *API) flowsSQL(f *Filter, cur *cursor, limit int) string {
+	return "SELECT " + flowColumns + ", toString(" + keyExpr + ") AS key FROM " + a.table +
+		" WHERE " + a.flowsWhere(f, cur) +
+		" ORDER BY toStartOfMinute(flow_end) DESC, flow_end DESC LIMIT " + strconv.Itoa(limit+1) + jsonSettings
+}
+
+// flowsWhere is the filter and the cursor. The key is only hashed for
+// rows at the cursor's flow_end (or/and evaluate lazily).
+func (a *API) flowsWhere(f *Filter, cur *cursor) string {
 	where := f.where()
 	if cur != nil {
 		end := "fromUnixTimestamp64Milli(" + itoa(cur.EndMs) + ", 'UTC')"
 		where += " AND flow_end <= " + end +
 			" AND (flow_end < " + end + " OR " + keyExpr + " < " + strconv.FormatUint(cur.Key, 10) + ")"
 	}
-	return "SELECT " + flowColumns + ", toString(" + keyExpr + ") AS key FROM " + a.table +
-		" WHERE " + where +
-		" ORDER BY toStartOfMinute(flow_end) DESC, flow_end DESC, " + keyExpr + " DESC LIMIT " + strconv.Itoa(limit+1) + jsonSettings
+	return where
 }
 
-func (a *API) queryFlows(ctx context.Context, f *Filter, cur *cursor, limit int) (*FlowPage, error) {
-	rows, err := a.queryRows(ctx, a.flowsSQL(f, cur, limit))
+// tieSQL returns the rows at flow_end endMs in key order, for a page
+// whose boundary falls inside a group of rows with the same flow_end.
+func (a *API) tieSQL(f *Filter, cur *cursor, endMs int64, limit int) string {
+	return "SELECT " + flowColumns + ", toString(" + keyExpr + ") AS key FROM " + a.table +
+		" WHERE " + a.flowsWhere(f, cur) + " AND flow_end = fromUnixTimestamp64Milli(" + itoa(endMs) + ", 'UTC')" +
+		" ORDER BY " + keyExpr + " DESC LIMIT " + strconv.Itoa(limit+1) + jsonSettings
+}
+
+type keyedFlow struct {
+	Flow
+	key uint64
+}
+
+func (a *API) decodeFlows(ctx context.Context, sql string) ([]keyedFlow, error) {
+	rows, err := a.queryRows(ctx, sql)
 	if err != nil {
 		return nil, err
 	}
-	page := &FlowPage{Flows: make([]Flow, 0, min(len(rows), limit))}
+	out := make([]keyedFlow, 0, len(rows))
 	for _, line := range rows {
-		var fl Flow
-		if err := json.Unmarshal(line, &fl); err != nil {
+		var fl keyedFlow
+		if err := json.Unmarshal(line, &fl.Flow); err != nil {
 			return nil, fmt.Errorf("decode flow row: %w", err)
 		}
-		page.Flows = append(page.Flows, fl)
+		fl.key, _ = strconv.ParseUint(fl.Key, 10, 64)
+		out = append(out, fl)
 	}
-	if len(page.Flows) > limit {
-		page.Flows = page.Flows[:limit]
-		last := page.Flows[limit-1]
-		key, _ := strconv.ParseUint(last.Key, 10, 64)
-		page.Next = cursor{EndMs: last.FlowEndMs, Key: key}.String()
+	return out, nil
+}
+
+func (a *API) queryFlows(ctx context.Context, f *Filter, cur *cursor, limit int) (*FlowPage, error) {
+	rows, err := a.decodeFlows(ctx, a.flowsSQL(f, cur, limit))
+	if err != nil {
+		return nil, err
+	}
+	order := func(rows []keyedFlow) {
+		sort.SliceStable(rows, func(i, j int) bool {
+			if rows[i].FlowEndMs != rows[j].FlowEndMs {
+				return rows[i].FlowEndMs > rows[j].FlowEndMs
+			}
+			return rows[i].key > rows[j].key
+		})
+	}
+	order(rows)
+	if len(rows) > limit && rows[limit].FlowEndMs == rows[limit-1].FlowEndMs {
+		// The page ends inside a tie: which rows of it come first is up to
+		// the key, so fetch the tie in key order (every row of it with a
+		// later flow_end is already here).
+		t := rows[limit-1].FlowEndMs
+		tie, err := a.decodeFlows(ctx, a.tieSQL(f, cur, t, limit))
+		if err != nil {
+			return nil, err
+		}
+		n := 0
+		for n < len(rows) && rows[n].FlowEndMs > t {
+			n++
+		}
+		rows = append(rows[:n:n], tie...)
+		order(rows)
+	}
+	page := &FlowPage{Flows: make([]Flow, 0, min(len(rows), limit))}
+	for i := 0; i < len(rows) && i < limit; i++ {
+		page.Flows = append(page.Flows, rows[i].Flow)
+	}
+	if len(rows) > limit {
+		last := rows[limit-1]
+		page.Next = cursor{EndMs: last.FlowEndMs, Key: last.key}.String()
 	}
 	return page, nil
 }
