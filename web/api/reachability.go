@@ -209,11 +209,13 @@ func (a *API) runReachability(ctx context.Context, req *ReachabilityRequest) (*R
 			keys = append(keys, sd.side+"_ip_bin")
 		}
 	}
-	inner := fmt.Sprintf(`SELECT %s AS verdict_class, %s, count() AS n, max(flow_end) AS last FROM %s WHERE %s GROUP BY ALL`,
-		verdictClass, strings.Join(keys, ", "), a.table, where)
-	sql := fmt.Sprintf(`SELECT si, di, ip_version, verdict_class AS verdict, sum(n) AS flows, max(toUnixTimestamp64Milli(last)) AS last_ms
+	// The verdict class is computed after the aggregation, from the two
+	// Enum8 columns (cheap keys).
+	inner := fmt.Sprintf(`SELECT ingress_verdict, egress_verdict, %s, count() AS n, max(flow_end) AS last FROM %s WHERE %s GROUP BY ALL`,
+		strings.Join(keys, ", "), a.table, where)
+	sql := fmt.Sprintf(`SELECT si, di, ip_version, %s AS verdict, sum(n) AS flows, max(toUnixTimestamp64Milli(last)) AS last_ms
  FROM (%s) ARRAY JOIN %s AS si ARRAY JOIN %s AS di GROUP BY si, di, ip_version, verdict`,
-		inner, srcArr, dstArr) + jsonSettings
+		verdictClass, inner, srcArr, dstArr) + jsonSettings
 
 	out := &Reachability{Sources: req.Sources, Destinations: req.Destinations, SinceMs: since.UnixMilli()}
 	out.Cells = make([][]Cell, ns)
