@@ -310,7 +310,7 @@ func (e *Enricher) Synced() bool {
 // rec's Labels maps are shared: read-only. Safe for concurrent use; it
 // allocates nothing.
 func (e *Enricher) Enrich(rec *flow.Record) {
-	now := e.x.now().UnixNano()
+	now := e.nowFor(rec)
 	e.x.mu.RLock()
 	r := e.x.enrich(rec, now)
 	e.x.mu.RUnlock()
@@ -325,9 +325,12 @@ func (e *Enricher) EnrichBatch(recs []flow.Record) {
 		return
 	}
 	var n [2][2]int
-	now := e.x.now().UnixNano()
+	var now int64
 	e.x.mu.RLock()
 	for i := range recs {
+		if now == 0 {
+			now = e.nowFor(&recs[i])
+		}
 		r := e.x.enrich(&recs[i], now)
 		f := familyIndex(&recs[i])
 		n[f][hitIndex(r.srcHit)]++
@@ -352,6 +355,15 @@ type Batch struct{ e *Enricher }
 
 // Enrich enriches recs in place (EnrichBatch).
 func (b Batch) Enrich(recs []flow.Record) { b.e.EnrichBatch(recs) }
+
+// nowFor reads the clock only for a record without times (the clock is
+// not free in every VM).
+func (e *Enricher) nowFor(r *flow.Record) int64 {
+	if r.FlowStart.IsZero() && r.FlowEnd.IsZero() {
+		return e.x.now().UnixNano()
+	}
+	return 0
+}
 
 func familyIndex(r *flow.Record) int {
 	a := r.SrcAddr

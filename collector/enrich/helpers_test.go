@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unique"
 
 	"github.com/prometheus/client_golang/prometheus"
 	appsv1 "k8s.io/api/apps/v1"
@@ -399,10 +400,10 @@ func (v *env) waitRV(o runtime.Object, rv string) {
 			n := x.namespaces[name]
 			return n != nil && n.rv == rv
 		case *appsv1.ReplicaSet:
-			r, ok := x.owners[ownerKey{KindReplicaSet, ns, name}]
+			r, ok := x.owners[unique.Make(ownerKey{KindReplicaSet, ns, name})]
 			return ok && r.rv == rv
 		case *batchv1.Job:
-			r, ok := x.owners[ownerKey{KindJob, ns, name}]
+			r, ok := x.owners[unique.Make(ownerKey{KindJob, ns, name})]
 			return ok && r.rv == rv
 		case *networkingv1.NetworkPolicy:
 			for _, p := range x.policies[ns] {

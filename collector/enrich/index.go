@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 	"time"
+	"unique"
 
 	networkingv1 "k8s.io/api/networking/v1"
 )
@@ -48,8 +49,10 @@ type index struct {
 	epIPs       history[netip.Addr, *Endpoint]
 
 	namespaces map[string]*Namespace
-	owners     map[ownerKey]owner                       // values inline: one memory access per lookup
-	policies   map[string][]*networkingv1.NetworkPolicy // per namespace, sorted by name; replaced on change
+	// owners is keyed by the interned (kind, namespace, name) that pods
+	// hold too: a lookup hashes and compares a pointer, not strings.
+	owners   map[unique.Handle[ownerKey]]owner
+	policies map[string][]*networkingv1.NetworkPolicy // per namespace, sorted by name; replaced on change
 }
 
 type nsName struct{ ns, name string }
@@ -100,7 +103,7 @@ func newIndex(now func() time.Time, grace time.Duration, ipv6 bool) *index {
 		slicesBySvc: map[nsName]map[string]*EndpointSlice{},
 		epIPs:       newHistory[netip.Addr, *Endpoint](),
 		namespaces:  map[string]*Namespace{},
-		owners:      map[ownerKey]owner{},
+		owners:      map[unique.Handle[ownerKey]]owner{},
 		policies:    map[string][]*networkingv1.NetworkPolicy{},
 	}
 }
@@ -465,15 +468,14 @@ func (x *index) removeNamespace(n *Namespace) {
 func (x *index) setOwner(o *owner) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	x.owners[ownerKey{o.kind, o.namespace, o.name}] = *o
+	x.owners[o.key] = *o
 }
 
 func (x *index) removeOwner(o *owner) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	k := ownerKey{o.kind, o.namespace, o.name}
-	if cur, ok := x.owners[k]; ok && cur.uid == o.uid {
-		delete(x.owners, k)
+	if cur, ok := x.owners[o.key]; ok && cur.uid == o.uid {
+		delete(x.owners, o.key)
 	}
 }
 
@@ -528,7 +530,7 @@ func (x *index) counts() map[string]int {
 	defer x.mu.RUnlock()
 	var rs, jobs, pols int
 	for k := range x.owners {
-		if k.kind == KindJob {
+		if k.Value().kind == KindJob {
 			jobs++
 		} else {
 			rs++

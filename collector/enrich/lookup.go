@@ -104,7 +104,7 @@ func (x *index) workload(p *Pod) Workload {
 	case "":
 		return Workload{Kind: KindPod, Name: p.Name}
 	case KindReplicaSet:
-		if rs, ok := x.owners[ownerKey{KindReplicaSet, p.Namespace, o.Name}]; ok {
+		if rs, ok := x.owners[p.ownerKey]; ok {
 			if rs.controller.Kind != "" {
 				return rs.controller // a Deployment (or another controller of ReplicaSets)
 			}
@@ -115,7 +115,7 @@ func (x *index) workload(p *Pod) Workload {
 			return Workload{Kind: KindDeployment, Name: p.deployment}
 		}
 	case KindJob:
-		if j, ok := x.owners[ownerKey{KindJob, p.Namespace, o.Name}]; ok && j.controller.Kind != "" {
+		if j, ok := x.owners[p.ownerKey]; ok && j.controller.Kind != "" {
 			return j.controller // a CronJob
 		}
 	}
@@ -177,9 +177,7 @@ func (x *index) nodePortService(a netip.Addr, port uint16, proto uint8) *Service
 
 // endpointOf returns the endpoint of svc at address a.
 func (x *index) endpointOf(a netip.Addr, svc *Service, start, end int64) *Endpoint {
-	ep, _ := x.epIPs.resolve(a, start, end, func(e *Endpoint) bool {
-		return e.Slice.Service == svc.Name && e.Slice.Namespace == svc.Namespace
-	})
+	ep, _ := x.epIPs.resolve(a, start, end, func(e *Endpoint) bool { return e.svc == svc.id })
 	return ep
 }
 

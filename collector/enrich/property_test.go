@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unique"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -264,8 +265,8 @@ func dump(x *index) string {
 	for _, k := range sortedKeys(x.namespaces, func(k string) string { return k }) {
 		line("ns %s labels=%v", k, x.namespaces[k].Labels)
 	}
-	for _, k := range sortedKeys(x.owners, func(k ownerKey) string { return k.kind + " " + k.ns + "/" + k.name }) {
-		line("owner %v -> %v", k, x.owners[k].controller)
+	for _, k := range sortedKeys(x.owners, func(h unique.Handle[ownerKey]) string { k := h.Value(); return k.kind + " " + k.ns + "/" + k.name }) {
+		line("owner %v -> %v", k.Value(), x.owners[k].controller)
 	}
 	for _, k := range sortedKeys(x.policies, func(k string) string { return k }) {
 		for _, p := range x.policies[k] {

@@ -4,6 +4,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"unique"
 
 	appsv1 "k8s.io/api/apps/v1"
 	batchv1 "k8s.io/api/batch/v1"
@@ -161,6 +162,9 @@ func (tr *transformer) pod(p *corev1.Pod) *Pod {
 	}
 	if w, ok := controllerOf(p.OwnerReferences); ok {
 		out.Owner = w
+		if w.Kind == KindReplicaSet || w.Kind == KindJob {
+			out.ownerKey = unique.Make(ownerKey{w.Kind, out.Namespace, w.Name})
+		}
 		if h := p.Labels[labelTemplateHash]; w.Kind == KindReplicaSet && h != "" && strings.HasSuffix(w.Name, "-"+h) {
 			out.deployment = w.Name[:len(w.Name)-len(h)-1]
 		}
@@ -185,6 +189,7 @@ func (tr *transformer) service(s *corev1.Service) *Service {
 		Created:   s.CreationTimestamp.Time,
 		rv:        s.ResourceVersion,
 	}
+	out.id = unique.Make(nsName{out.Namespace, out.Name})
 	switch s.Spec.Type {
 	case "", corev1.ServiceTypeClusterIP:
 		out.Type = corev1.ServiceTypeClusterIP
@@ -273,9 +278,10 @@ func (tr *transformer) endpointSlice(s *discoveryv1.EndpointSlice) *EndpointSlic
 		return out // FQDN slices have no addresses to index
 	}
 	want6 := out.AddressType == discoveryv1.AddressTypeIPv6
+	svc := unique.Make(nsName{out.Namespace, out.Service})
 	out.Endpoints = make([]Endpoint, 0, len(s.Endpoints))
 	for _, e := range s.Endpoints {
-		ep := Endpoint{Slice: out}
+		ep := Endpoint{Slice: out, svc: svc}
 		for _, a := range e.Addresses {
 			addr, ok := tr.addr("endpointslice", a)
 			if !ok {
@@ -376,6 +382,7 @@ func (tr *transformer) namespace(n *corev1.Namespace) *Namespace {
 
 func (tr *transformer) owner(k string, m *metav1.ObjectMeta) *owner {
 	o := &owner{kind: k, namespace: tr.in.name(m.Namespace), name: m.Name, uid: uidOf(k, m.UID, m.Namespace, m.Name), rv: m.ResourceVersion}
+	o.key = unique.Make(ownerKey{k, o.namespace, o.name})
 	if w, ok := controllerOf(m.OwnerReferences); ok {
 		o.controller = w
 	}

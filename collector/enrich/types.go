@@ -3,6 +3,7 @@ package enrich
 import (
 	"net/netip"
 	"time"
+	"unique"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
@@ -44,14 +45,24 @@ type ContainerPort struct {
 	Protocol corev1.Protocol // TCP, UDP or SCTP; never empty
 }
 
-// Pod is the trimmed view of a Pod.
+// Pod is the trimmed view of a Pod. The fields a lookup reads come
+// first, so that they share the object's first two cache lines.
 type Pod struct {
 	Namespace, Name string
-	UID             types.UID
 	NodeName        string
 	// Labels are the pod's labels. Shared between pods with the same set:
 	// read-only.
 	Labels map[string]string
+	// Owner is the pod's controller owner reference as written (for
+	// example ReplicaSet web-6b7f9c5d84); Enricher.Workload resolves it.
+	Owner Workload
+	// ownerKey is the interned key of Owner in the index's owners.
+	ownerKey unique.Handle[ownerKey]
+	// deployment is the Deployment name implied by a ReplicaSet owner and
+	// the pod-template-hash label, used while the ReplicaSet is unknown.
+	deployment string
+
+	UID types.UID
 	// Addrs are status.podIPs in order (the primary first), unmapped. For
 	// a host-network pod they are the node's addresses.
 	Addrs       []netip.Addr
@@ -61,9 +72,6 @@ type Pod struct {
 	Terminated bool
 	// Ports are the container ports of every container. Shared: read-only.
 	Ports []ContainerPort
-	// Owner is the pod's controller owner reference as written (for
-	// example ReplicaSet web-6b7f9c5d84); Enricher.Workload resolves it.
-	Owner Workload
 	// Created is metadata.creationTimestamp.
 	Created time.Time
 
@@ -71,9 +79,6 @@ type Pod struct {
 	// labelsRef and portsRef keep the interned Labels and Ports alive.
 	labelsRef *map[string]string
 	portsRef  *[]ContainerPort
-	// deployment is the Deployment name implied by a ReplicaSet owner and
-	// the pod-template-hash label, used while the ReplicaSet is unknown.
-	deployment string
 	// finished is when a terminated pod's last container ended (unix ns,
 	// 0 if unknown).
 	finished int64
@@ -88,11 +93,15 @@ type ServicePort struct {
 	NodePort   int32
 }
 
-// Service is the trimmed view of a Service.
+// Service is the trimmed view of a Service (the fields a lookup reads
+// first).
 type Service struct {
 	Namespace, Name string
-	UID             types.UID
-	Type            corev1.ServiceType
+	Ports           []ServicePort
+	id              unique.Handle[nsName] // interned namespace/name, matched by endpoints
+
+	UID  types.UID
+	Type corev1.ServiceType
 	// ClusterIPs is spec.clusterIPs, primary first; empty for a headless
 	// or ExternalName Service.
 	ClusterIPs     []netip.Addr
@@ -103,7 +112,6 @@ type Service struct {
 	// status.loadBalancer.ingress[].ip.
 	ExternalIPs     []netip.Addr
 	LoadBalancerIPs []netip.Addr
-	Ports           []ServicePort
 	Created         time.Time
 
 	rv string
@@ -149,6 +157,8 @@ type Endpoint struct {
 	Pod PodRef
 	// Slice is the EndpointSlice holding the endpoint.
 	Slice *EndpointSlice
+
+	svc unique.Handle[nsName] // the slice's Service (Service.id)
 }
 
 // EndpointSlice is the trimmed view of an EndpointSlice.
@@ -203,4 +213,5 @@ type owner struct {
 	uid             types.UID
 	controller      Workload // Kind "" when it has no controller
 	rv              string
+	key             unique.Handle[ownerKey]
 }
