@@ -86,6 +86,9 @@ const (
 	// followBatch bounds the rows one follow poll sends; a faster stream
 	// is cut to the newest and the client is told how many it missed.
 	followBatch = 500
+	// followOverlap is how far before the newest row sent a follow poll
+	// looks again, for rows committed late.
+	followOverlap = 5 * time.Second
 )
 
 // cursor is (flow_end, key) of the last row of a page.
@@ -289,10 +292,15 @@ func (a *API) follow(c *gin.Context, f *Filter) {
 	where := f.conds
 	tick := time.NewTicker(a.cfg.FollowInterval)
 	defer tick.Stop()
+	// Inserts can land out of time_received order (concurrent batches, an
+	// INSERT split into several parts), so each poll looks back
+	// followOverlap before the newest row sent and skips the rows it sent.
+	sent := map[string]int64{} // key@time_received → time_received
 	for {
+		from := since - followOverlap.Milliseconds()
 		sql := "SELECT " + flowColumns + ", toString(" + keyExpr + ") AS key FROM " + a.table +
-			" WHERE time_received > fromUnixTimestamp64Milli(" + itoa(since) + ", 'UTC')" +
-			" AND flow_end >= fromUnixTimestamp64Milli(" + itoa(since) + ", 'UTC') - INTERVAL 1 HOUR"
+			" WHERE time_received > fromUnixTimestamp64Milli(" + itoa(from) + ", 'UTC')" +
+			" AND flow_end >= fromUnixTimestamp64Milli(" + itoa(from) + ", 'UTC') - INTERVAL 1 HOUR"
 		for _, w := range where {
 			sql += " AND " + w
 		}
@@ -316,10 +324,20 @@ func (a *API) follow(c *gin.Context, f *Filter) {
 				if json.Unmarshal(rows[i], &fl) != nil {
 					continue
 				}
+				id := fl.Key + "@" + strconv.FormatInt(fl.TimeRecvMs, 10)
+				if _, dup := sent[id]; dup {
+					continue
+				}
+				sent[id] = fl.TimeRecvMs
 				if fl.TimeRecvMs > since {
 					since = fl.TimeRecvMs
 				}
 				c.SSEvent("flow", fl)
+			}
+			for id, tr := range sent {
+				if tr <= since-followOverlap.Milliseconds() {
+					delete(sent, id)
+				}
 			}
 		}
 		c.SSEvent("heartbeat", gin.H{"time_ms": a.cfg.Now().UnixMilli()})

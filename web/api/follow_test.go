@@ -25,7 +25,7 @@ func (s *seqStore) Query(_ context.Context, q, _ string) ([]byte, error) {
 	defer s.mu.Unlock()
 	s.polls++
 	s.sqls = append(s.sqls, q)
-	if s.polls == 1 {
+	if s.polls <= 2 { // the second poll sees the same row again (overlap)
 		return []byte(`{"flow_end_ms":1000,"ip_version":6,"src_ip":"fd00::1","dst_ip":"fd00::2","protocol_name":"TCP","key":"7","time_received_ms":` + strconv.FormatInt(s.recv, 10) + `}` + "\n"), nil
 	}
 	return nil, nil
@@ -52,7 +52,7 @@ func TestFollowStreamsNewFlows(t *testing.T) {
 	}
 	sc := bufio.NewScanner(r.Body)
 	var events []string
-	for sc.Scan() && len(events) < 4 {
+	for sc.Scan() && len(events) < 5 {
 		if ev, ok := strings.CutPrefix(sc.Text(), "event:"); ok {
 			events = append(events, ev)
 		}
@@ -60,7 +60,7 @@ func TestFollowStreamsNewFlows(t *testing.T) {
 			events = append(events, "data")
 		}
 	}
-	if len(events) < 3 || events[0] != "flow" || events[1] != "data" || events[2] != "heartbeat" || events[3] != "heartbeat" {
+	if len(events) < 3 || events[0] != "flow" || events[1] != "data" || events[2] != "heartbeat" || events[3] != "heartbeat" || events[4] != "heartbeat" {
 		t.Errorf("events %v", events)
 	}
 	cancel()
@@ -68,7 +68,7 @@ func TestFollowStreamsNewFlows(t *testing.T) {
 	defer st.mu.Unlock()
 	// The second poll starts after the newest time_received seen, keeps
 	// the filters, and never pages by flow_end.
-	if len(st.sqls) < 2 || !strings.Contains(st.sqls[1], "time_received > fromUnixTimestamp64Milli("+strconv.FormatInt(st.recv, 10)+", 'UTC')") ||
+	if len(st.sqls) < 2 || !strings.Contains(st.sqls[1], "time_received > fromUnixTimestamp64Milli("+strconv.FormatInt(st.recv-followOverlap.Milliseconds(), 10)+", 'UTC')") ||
 		!strings.Contains(st.sqls[1], "ip_version = 6") || !strings.Contains(st.sqls[1], "dst_ip_bin BETWEEN") {
 		t.Errorf("follow SQL %q", st.sqls)
 	}

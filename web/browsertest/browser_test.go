@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -261,6 +262,31 @@ func TestFlowFiltersChangeRows(t *testing.T) {
 	screenshot(t, ctx, "flows-drawer")
 	// The bad filter's 400 is logged by Chromium as a failed resource.
 	noConsoleErrors(t, errs, "400")
+}
+
+func TestLiveFollowShowsNewFlows(t *testing.T) {
+	ctx, errs := browser(t)
+	do(t, ctx,
+		chromedp.Navigate(baseURL+"/#/flows"),
+		chromedp.WaitVisible(css(`#flow-table tbody tr`)),
+		chromedp.Click(css(`#f-follow`)),
+		chromedp.WaitVisible(css(`#banner.info`)),
+	)
+	// Flows received from now on arrive as fresh rows at the top.
+	time.Sleep(300 * time.Millisecond)
+	if err := engine.Exec(context.Background(), webtest.SeedSQL("dualflow", 20, time.Now().Add(2*time.Second), time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if err := chromedp.Do(ctx, poll(`new Set([...document.querySelectorAll('#flow-table tbody tr.fresh')].map(r => r.dataset.family)).size == 2`)); err != nil {
+		t.Logf("live rows: %v", eval[[]string](t, ctx, `[...document.querySelectorAll('#flow-table tbody tr.fresh')].map(r => r.dataset.family + ' ' + r.cells[0].textContent + ' ' + r.cells[2].textContent)`))
+	}
+	fams := eval[[]string](t, ctx, `[...document.querySelectorAll('#flow-table tbody tr.fresh')].map(r => r.dataset.family)`)
+	if !slices.Contains(fams, "4") || !slices.Contains(fams, "6") {
+		t.Errorf("live rows of families %v", fams)
+	}
+	screenshot(t, ctx, "flows-follow")
+	do(t, ctx, chromedp.Click(css(`#f-follow`)))
+	noConsoleErrors(t, errs, "")
 }
 
 func TestReachabilityMatrixAndCellTrace(t *testing.T) {
