@@ -216,6 +216,9 @@ func (h HTTPSQL) RunSQL(ctx context.Context, query, format string, settings map[
 	for k, v := range settings {
 		q.Set(k, v)
 	}
+	// As in EngineSQL: its own engine connection behind chhttp, and a tag
+	// in the query log.
+	q.Set("log_comment", fmt.Sprintf("dualflow-web-sql-%d", sqlSeq.Add(1)))
 	q.Set("default_format", format)
 	if h.Database != "" {
 		q.Set("database", h.Database)
