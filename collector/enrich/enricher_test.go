@@ -343,6 +343,26 @@ func TestTerminatedPodReleasesAddresses(t *testing.T) {
 	}
 }
 
+func TestPodFinishedBeforeStart(t *testing.T) {
+	// A Job's pod that finished before the collector started still
+	// resolves for the time it ran, within the grace period.
+	done := mkPod("backend", "job-y", "node-1", []string{"10.1.1.8", "fd00:1:1::8"}, owned("Job", "once"))
+	done.Status.Phase = corev1.PodFailed
+	done.Status.ContainerStatuses = []corev1.ContainerStatus{{State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{FinishedAt: metav1.NewTime(t0.Add(-time.Minute))}}}}
+	old := done.DeepCopy()
+	old.Name, old.UID = "job-z", "job-z"
+	old.Status.ContainerStatuses[0].State.Terminated.FinishedAt = metav1.NewTime(t0.Add(-time.Hour))
+	v := newEnv(t, testConfig(), append(baseObjects(), done, old)...)
+	for _, a := range []string{"10.1.1.8", "fd00:1:1::8"} {
+		if p, ok := v.e.LookupPod(ip(a), t0.Add(-2*time.Minute)); !ok || p.Name != "job-y" {
+			t.Errorf("%s while job-y ran: %v", a, p)
+		}
+		if p, ok := v.e.LookupPod(ip(a), t0); ok {
+			t.Errorf("%s after job-y finished: %v", a, p.Name)
+		}
+	}
+}
+
 func TestRecreatedWithNewUID(t *testing.T) {
 	// A StatefulSet pod comes back with the same name, a new UID and new
 	// addresses: the old addresses stay attributed to the old instance.

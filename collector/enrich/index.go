@@ -178,8 +178,19 @@ func (x *index) setPod(p *Pod) {
 		newPod = podKeys(p)
 	}
 	id := string(p.UID)
-	moveClaims(x, &x.podIPs, id, oldPod, newPod, func(int) *Pod { return p }, from, until)
 	nc := nodeClaim{node: p.NodeName, id: id}
+	if old == nil && p.Terminated && p.finished > from && x.grace > 0 && x.now().UnixNano()-p.finished < x.grace {
+		// First seen after it finished (a Job's pod, at start): it held
+		// its addresses until then, and late records may still come.
+		newPod, newHost = p.Addrs, nil
+		if p.HostNetwork {
+			newPod, newHost = nil, p.Addrs
+		}
+		moveClaims(x, &x.podIPs, id, nil, newPod, func(int) *Pod { return p }, from, until)
+		moveClaims(x, &x.hostIPs, id, nil, newHost, func(int) nodeClaim { return nc }, from, until)
+		oldPod, oldHost, newPod, newHost = newPod, newHost, nil, nil
+	}
+	moveClaims(x, &x.podIPs, id, oldPod, newPod, func(int) *Pod { return p }, from, until)
 	moveClaims(x, &x.hostIPs, id, oldHost, newHost, func(int) nodeClaim { return nc }, from, until)
 }
 
