@@ -38,28 +38,11 @@ func quote(s string) string {
 	return b.String()
 }
 
-// quoteList returns "('a', 'b')" for IN.
-func quoteList(vals []string) string {
-	var b strings.Builder
-	b.WriteByte('(')
-	for i, v := range vals {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString(quote(v))
-	}
-	b.WriteByte(')')
-	return b.String()
-}
-
 // ipv6Literal returns the IPv6-typed literal of a (IPv4 mapped), to compare
 // with the *_ip_bin columns.
 func ipv6Literal(a netip.Addr) string {
-	a = a.Unmap()
-	if a.Is4() {
-		return "toIPv6(" + quote(a.String()) + ")"
-	}
-	return "toIPv6(" + quote(a.String()) + ")"
+	// toIPv6 maps IPv4 text to ::ffff:a.b.c.d itself.
+	return "toIPv6(" + quote(a.Unmap().String()) + ")"
 }
 
 // prefixRange returns the first and last address of p as IPv6 literals
