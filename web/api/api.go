@@ -217,3 +217,18 @@ func New(cfg Config) (*API, error) {
 
 // Handler returns the handler of /api/v1, /healthz, /readyz and /metrics.
 func (a *API) Handler() http.Handler { return a.engine }
+
+// AuditorFunc adapts a function to Auditor, e.g. one returning
+// audit.Findings(inventory, options) with the observed-traffic findings.
+type AuditorFunc func(ctx context.Context) ([]audit.Finding, error)
+
+// Findings implements Auditor.
+func (f AuditorFunc) Findings(ctx context.Context) ([]audit.Finding, error) { return f(ctx) }
+
+// TracerFunc adapts a function to Tracer.
+type TracerFunc func(ctx context.Context, req TraceRequest) (*TraceResult, error)
+
+// Trace implements Tracer.
+func (f TracerFunc) Trace(ctx context.Context, req TraceRequest) (*TraceResult, error) {
+	return f(ctx, req)
+}
