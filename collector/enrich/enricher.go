@@ -97,10 +97,13 @@ func New(cfg Config, reg prometheus.Registerer, log *slog.Logger) (*Enricher, er
 }
 
 // NewForClient builds an Enricher that watches through client (a real or
-// a fake clientset); cfg's source is not used.
+// a fake clientset); cfg's Source, Kubeconfig, Context and Inventory are
+// not used.
 func NewForClient(cfg Config, client kubernetes.Interface, reg prometheus.Registerer, log *slog.Logger) (*Enricher, error) {
 	cfg.SetDefaults()
-	if err := cfg.Validate(); err != nil {
+	v := cfg
+	v.Source, v.Kubeconfig, v.Inventory = SourceAuto, "", nil
+	if err := v.Validate(); err != nil {
 		return nil, err
 	}
 	if log == nil {
