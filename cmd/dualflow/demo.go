@@ -17,6 +17,7 @@ import (
 	"github.com/dualflow/dualflow/exporter"
 	"github.com/dualflow/dualflow/lab"
 	"github.com/dualflow/dualflow/lab/manifest"
+	"github.com/dualflow/dualflow/web"
 )
 
 // demoIPFIXPort is the loopback port the demo's exporters send to.
@@ -37,6 +38,8 @@ lab. Needs root for the lab.`)
 	var labCfg lab.Config
 	bindLab(fs, &labCfg)
 	fs.StringVar(&labCfg.Datapath, "datapath", lab.DatapathKernel, "lab node datapath: kernel (nftables) or ovs (Open vSwitch userspace)")
+	webAddr := fs.String("web.addr", web.DefaultAddr, "serve the web UI and REST API here")
+	webTokens := fs.String("web.tokens-file", "", "bearer tokens file (\"token role [name]\" lines; roles viewer, operator); without it the UI binds to loopback only")
 	activeTimeout := fs.Duration("demo.active-timeout", 10*time.Second, "exporters' active timeout: how often long connections are exported")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -94,6 +97,16 @@ lab. Needs root for the lab.`)
 		return err
 	}
 
+	srv, tf, err := demoWeb(c, l, *webAddr, *webTokens)
+	if err != nil {
+		stop()
+		<-done
+		return fmt.Errorf("web: %w", err)
+	}
+	defer tf.Close()
+	webDone := make(chan error, 1)
+	go func() { webDone <- srv.Run(runCtx) }()
+
 	// One exporter per node, reading the node's conntrack (or OVS), sending
 	// over IPv6 when the lab has IPv6 (as a dual-stack node would).
 	mode := l.Mode()
@@ -132,6 +145,7 @@ lab. Needs root for the lab.`)
 	abs, _ := filepath.Abs(cfg.Store.DataDir)
 	fmt.Printf(`
 dualflow is running: lab mode %[4]s (%[5]s datapath), %[6]d nodes, exporters on every node.
+  Web UI and API   http://%[10]s/   (REST under /api/v1, OpenAPI at /api/v1/openapi.json)
   ClickHouse HTTP  http://%[1]s/   (embedded store in %[2]s)
       curl 'http://%[1]s/?query=SELECT+ip_version,count()+FROM+dualflow.flows+GROUP+BY+ip_version'
       bin/dualflow sql "SELECT src_pod_name, dst_pod_name, ip_version, ingress_verdict FROM dualflow.flows ORDER BY flow_end DESC LIMIT 10"
@@ -141,7 +155,7 @@ dualflow is running: lab mode %[4]s (%[5]s datapath), %[6]d nodes, exporters on 
   Traceflow        bin/dualflow trace -s frontend/%[8]s -d svc:backend/api:80 --family dual
 Flows appear within about %[9]s. Press Ctrl-C to stop and remove the lab.
 
-`, cfg.Store.HTTPAddr, abs, cfg.MetricsAddr, mode, labCfg.Datapath, len(l.Manifest.Nodes), l.ManifestPath(), webPod(l), *activeTimeout+5*time.Second)
+`, cfg.Store.HTTPAddr, abs, cfg.MetricsAddr, mode, labCfg.Datapath, len(l.Manifest.Nodes), l.ManifestPath(), webPod(l), *activeTimeout+5*time.Second, *webAddr)
 
 	var runErr error
 	collectorDone := false
@@ -159,6 +173,9 @@ Flows appear within about %[9]s. Press Ctrl-C to stop and remove the lab.
 	stop()
 	if !collectorDone {
 		runErr = <-done
+	}
+	if err := <-webDone; err != nil && !errors.Is(err, context.Canceled) {
+		runErr = errors.Join(runErr, fmt.Errorf("web: %w", err))
 	}
 	return runErr
 }
