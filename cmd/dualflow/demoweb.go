@@ -56,7 +56,9 @@ func demoWeb(c *collector.Collector, l *lab.Lab, addr, tokensFile string) (*web.
 		Auditor: api.AuditorFunc(func(context.Context) ([]audit.Finding, error) {
 			return audit.Findings(inv, audit.Options{}), nil
 		}),
-		Tracer:     api.TracerFunc(func(ctx context.Context, req api.TraceRequest) (*api.TraceResult, error) { return trace(ctx, tf, inv, req) }),
+		Tracer: api.TracerFunc(func(ctx context.Context, req api.TraceRequest) (*api.TraceResult, error) {
+			return trace(ctx, tf, inv, req)
+		}),
 		Registerer: c.Registry(),
 		Gatherer:   c.Registry(),
 	}
