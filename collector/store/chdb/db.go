@@ -270,7 +270,7 @@ func (db *DB) Run(ctx context.Context, st Statement) (res *Result, err error) {
 			err = fmt.Errorf("chdb: statement cancelled: %w (engine: %v)", ctx.Err(), err)
 		}
 	}
-	db.release(c, st.Query)
+	db.release(c, st.Query, err != nil)
 	return res, err
 }
 
@@ -318,8 +318,9 @@ func (db *DB) InsertStatement(ctx context.Context, st Statement, data io.Reader)
 	if err != nil {
 		return Stats{}, err
 	}
-	defer db.release(c, "")
-	return db.l.insert(ctx, *c.h, ins.Query, ins.Format, data)
+	stats, err := db.l.insert(ctx, *c.h, ins.Query, ins.Format, data)
+	db.release(c, "", err != nil)
+	return stats, err
 }
 
 // Close closes every connection of db. Statements still running finish
@@ -427,9 +428,12 @@ func (db *DB) conn(st Statement) (pooled, error) {
 
 // release returns c to the pool, or closes it when the statement may have
 // changed the connection's session state (USE, SET) or the pool is full.
-func (db *DB) release(c pooled, query string) {
+func (db *DB) release(c pooled, query string, failed bool) {
 	defer func() { <-db.slots }()
-	if changesSession(query) {
+	// A statement that failed (for instance on max_result_rows while
+	// writing its output) can leave its result behind on the connection,
+	// where the next statement would read it: never pool such a connection.
+	if failed || changesSession(query) {
 		db.l.closeConn(c.h)
 		return
 	}

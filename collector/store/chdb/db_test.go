@@ -482,3 +482,25 @@ func BenchmarkInsertRowBinary(b *testing.B) {
 	}
 	b.ReportMetric(float64(rows*b.N)/b.Elapsed().Seconds(), "rows/s")
 }
+
+// TestFailedStatementLeavesNoResult: a statement that fails while writing
+// its output must not hand its result to the next statement that reuses the
+// pooled connection (same settings).
+func TestFailedStatementLeavesNoResult(t *testing.T) {
+	db := testDB(t)
+	ctx := context.Background()
+	settings := map[string]string{"readonly": "1", "max_result_rows": "10", "result_overflow_mode": "throw",
+		"max_execution_time": "10", "max_memory_usage": "1000000000"}
+	for i := 0; i < 3; i++ {
+		if _, err := db.Run(ctx, Statement{Query: "SELECT number FROM system.numbers LIMIT 100000", Format: "JSONEachRow", Settings: settings}); err == nil {
+			t.Fatal("overflowing statement succeeded")
+		}
+		res, err := db.Run(ctx, Statement{Query: "SELECT count() FROM numbers(5)", Format: "TSV", Settings: settings})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := string(res.Data); got != "5\n" {
+			t.Fatalf("next statement got %q, want \"5\\n\" (a stale result from the failed one?)", got)
+		}
+	}
+}
