@@ -361,7 +361,9 @@ func (l *Lab) destroy() error {
 		l.stop()
 		l.wg.Wait()
 	}
-	return Down(l.cfg.StateDir, l.cfg.Prefix)
+	// This lab's own prefix, never one read from a (possibly stale) state
+	// file: a failed Up must remove the namespaces it created.
+	return down(l.cfg.StateDir, l.cfg.Prefix)
 }
 
 // Down removes a lab without needing it to be healthy: it kills the agent
@@ -376,6 +378,10 @@ func Down(stateDir, prefix string) error {
 			prefix = st.Prefix
 		}
 	}
+	return down(stateDir, prefix)
+}
+
+func down(stateDir, prefix string) error {
 	if err := ValidatePrefix(prefix); err != nil {
 		return fmt.Errorf("lab down: %w", err)
 	}
