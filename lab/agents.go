@@ -135,7 +135,11 @@ func (l *Lab) startTraffic() error {
 		if err := l.writeState(); err != nil { // the process reads the manifest
 			return err
 		}
-		return l.spawn("traffic", "", []string{"lab", "agent", "traffic", "--state-dir", l.cfg.StateDir,
+		// The generator only dials from inside pod namespaces, so it runs in
+		// the lab's fabric namespace: never a process of the root namespace,
+		// and a lab teardown that kills by namespace finds it even without
+		// its pid file.
+		return l.spawn("traffic", nsrun.Path(manifest.FabricNetNS(l.cfg.Prefix)), []string{"lab", "agent", "traffic", "--state-dir", l.cfg.StateDir,
 			"--interval", l.cfg.TrafficInterval.String(), "--ready-fd", "3"})
 	}
 	g, err := agent.NewGenerator(agent.GeneratorConfig{Flows: l.DefaultFlows(), Interval: l.cfg.TrafficInterval, Logger: l.cfg.Logger})
