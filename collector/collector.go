@@ -29,6 +29,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/dualflow/dualflow/collector/audit"
+	"github.com/dualflow/dualflow/collector/audit/policy"
 	"github.com/dualflow/dualflow/collector/correlate"
 	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/collector/ipfix"
@@ -433,22 +434,11 @@ func (l auditLookup) PortName(q audit.PortQuery) string {
 		}
 	}
 	for _, cp := range p.Ports {
-		if cp.Port == int32(q.Port) && protoNumber(string(cp.Protocol)) == q.Proto {
+		if cp.Port == int32(q.Port) && policy.ProtoNumber(&cp.Protocol) == q.Proto {
 			return cp.Name
 		}
 	}
 	return ""
-}
-
-func protoNumber(p string) uint8 {
-	switch p {
-	case "UDP":
-		return flow.ProtoUDP
-	case "SCTP":
-		return flow.ProtoSCTP
-	default:
-		return flow.ProtoTCP
-	}
 }
 
 func (c *Collector) serveMetrics(ctx context.Context) error {

@@ -18,6 +18,7 @@ import (
 	"github.com/dualflow/dualflow/exporter/conntrack"
 	"github.com/dualflow/dualflow/exporter/ipfix"
 	"github.com/dualflow/dualflow/exporter/ovs"
+	"github.com/dualflow/dualflow/netaddr"
 )
 
 // Connection sources (Config.Source).
@@ -116,8 +117,8 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.Events, "exporter.events", c.Events, "subscribe to conntrack NEW/DESTROY events so short connections are not missed")
 	fs.IntVar(&c.EventBuffer, "exporter.event-buffer", c.EventBuffer, "event socket receive buffer in bytes, capped by net.core.rmem_max")
 	fs.BoolVar(&c.RequireAccounting, "exporter.require-accounting", c.RequireAccounting, "fail when nf_conntrack_acct or nf_conntrack_timestamp is off in the target netns (default: warn and report a metric)")
-	fs.Var((*prefixesFlag)(&c.LocalCIDRs), "exporter.local-cidrs", "comma-separated pod CIDRs of this node (both families); fills flow type and node names")
-	fs.Var((*prefixesFlag)(&c.ClusterCIDRs), "exporter.cluster-cidrs", "comma-separated pod CIDRs of the whole cluster (both families)")
+	fs.Var((*netaddr.PrefixList)(&c.LocalCIDRs), "exporter.local-cidrs", "comma-separated pod CIDRs of this node (both families); fills flow type and node names")
+	fs.Var((*netaddr.PrefixList)(&c.ClusterCIDRs), "exporter.cluster-cidrs", "comma-separated pod CIDRs of the whole cluster (both families)")
 	fs.DurationVar(&c.Store.ActiveTimeout, "exporter.active-timeout", c.Store.ActiveTimeout, "export live connections this often")
 	fs.DurationVar(&c.Store.IdleTimeout, "exporter.idle-timeout", c.Store.IdleTimeout, "export a connection whose counters stood still this long")
 	fs.IntVar(&c.Store.MaxConns, "exporter.max-connections", c.Store.MaxConns, "most connections tracked; beyond it new ones are exported at once with reason lack of resources")
@@ -240,32 +241,6 @@ func (z *zonesFlag) Set(s string) error {
 		if !slices.Contains(*z, uint16(v)) {
 			*z = append(*z, uint16(v))
 		}
-	}
-	return nil
-}
-
-// prefixesFlag is a comma-separated list of CIDRs of either family.
-type prefixesFlag []netip.Prefix
-
-func (p *prefixesFlag) String() string {
-	var s []string
-	for _, v := range *p {
-		s = append(s, v.String())
-	}
-	return strings.Join(s, ",")
-}
-
-func (p *prefixesFlag) Set(s string) error {
-	*p = (*p)[:0]
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f == "" {
-			continue
-		}
-		v, err := netip.ParsePrefix(f)
-		if err != nil {
-			return err
-		}
-		*p = append(*p, v.Masked())
 	}
 	return nil
 }

@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/labels"
+
 	"github.com/dualflow/dualflow/collector"
 	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/collector/audit/policy"
@@ -114,23 +116,15 @@ func invPod(inv *audit.Inventory, e api.Endpoint) (*audit.Pod, bool) {
 			if s.Namespace != e.Namespace || s.Name != e.Name || len(s.Selector) == 0 {
 				continue
 			}
+			sel := labels.SelectorFromSet(s.Selector)
 			for _, p := range inv.Pods() {
-				if p.Namespace == s.Namespace && selects(s.Selector, p.Labels) {
+				if p.Namespace == s.Namespace && sel.Matches(labels.Set(p.Labels)) {
 					return p, true
 				}
 			}
 		}
 	}
 	return nil, false
-}
-
-func selects(sel, labels map[string]string) bool {
-	for k, v := range sel {
-		if labels[k] != v {
-			return false
-		}
-	}
-	return true
 }
 
 // trace runs one family of a traceflow for the web API.

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/dualflow/dualflow/netaddr"
 )
 
 // Source says where the Kubernetes objects come from.
@@ -98,8 +100,8 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.EnableIPv6, "k8s.enable-ipv6", d.EnableIPv6, "index IPv6 addresses; false drops them entirely (IPv6 records stay unenriched, address selection never picks IPv6)")
 	fs.DurationVar(&c.GracePeriod, "k8s.grace-period", d.GracePeriod, "keep deleted objects and reused addresses' previous holders this long, so late records still resolve")
 	fs.DurationVar(&c.SyncTimeout, "k8s.sync-timeout", d.SyncTimeout, "give up when the initial list of a kind takes longer")
-	fs.Var((*prefixesFlag)(&c.ServiceCIDRs), "k8s.service-cidrs", "comma-separated Service CIDRs of both families, for flow types (known ClusterIPs count without it)")
-	fs.Var((*prefixesFlag)(&c.ClusterCIDRs), "k8s.cluster-cidrs", "comma-separated pod network CIDRs of both families, for flow types (nodes' spec.podCIDRs count without it)")
+	fs.Var((*netaddr.PrefixList)(&c.ServiceCIDRs), "k8s.service-cidrs", "comma-separated Service CIDRs of both families, for flow types (known ClusterIPs count without it)")
+	fs.Var((*netaddr.PrefixList)(&c.ClusterCIDRs), "k8s.cluster-cidrs", "comma-separated pod network CIDRs of both families, for flow types (nodes' spec.podCIDRs count without it)")
 }
 
 // SetDefaults fills unset fields and resolves SourceAuto.
@@ -163,33 +165,4 @@ func (c Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// prefixesFlag is a comma-separated list of CIDRs of either family.
-type prefixesFlag []netip.Prefix
-
-func (p *prefixesFlag) String() string {
-	var s []string
-	for _, v := range *p {
-		s = append(s, v.String())
-	}
-	return strings.Join(s, ",")
-}
-
-func (p *prefixesFlag) Set(s string) error {
-	*p = (*p)[:0]
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f == "" {
-			continue
-		}
-		v, err := netip.ParsePrefix(f)
-		if err != nil {
-			return err
-		}
-		v = v.Masked()
-		if !slices.Contains(*p, v) {
-			*p = append(*p, v)
-		}
-	}
-	return nil
 }
