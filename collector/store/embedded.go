@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 	"sync"
@@ -65,6 +66,7 @@ func (e *Embedded) Query(ctx context.Context, query, format string) ([]byte, err
 // InsertRowBinary implements Conn through chDB's streaming insert.
 func (e *Embedded) InsertRowBinary(ctx context.Context, table string, columns []string, dedupToken string, rows int, data []byte) error {
 	format := "RowBinary"
+	var body io.Reader = bytes.NewReader(data)
 	if slices.Equal(columns, FlowColumns) {
 		// Columnar input is ~2x cheaper for the engine to parse (see native.go).
 		e.mu.Lock()
@@ -73,10 +75,11 @@ func (e *Embedded) InsertRowBinary(ctx context.Context, table string, columns []
 		if err != nil {
 			return fmt.Errorf("insert into %s: %w", table, err)
 		}
-		data, format = block, "Native"
+		bufs := chdb.Buffers(block)
+		body, format, columns = &bufs, "Native", flowNativeColumns
 	}
 	q := insertQuery(qualify(e.database, table), columns, dedupToken, format)
-	n, err := e.db.Insert(ctx, q, bytes.NewReader(data))
+	n, err := e.db.Insert(ctx, q, body)
 	if err != nil {
 		var ce *chdb.Error
 		if errors.As(err, &ce) {
@@ -91,6 +94,9 @@ func (e *Embedded) InsertRowBinary(ctx context.Context, table string, columns []
 	}
 	return nil
 }
+
+// flowNativeColumns are the columns of the flows Native block.
+var flowNativeColumns = nativeColumns(FlowColumns, flowWire)
 
 // Close implements Conn.
 func (e *Embedded) Close() error { return e.db.Close() }

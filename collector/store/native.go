@@ -3,6 +3,7 @@ package store
 import (
 	"encoding/binary"
 	"fmt"
+	"net/netip"
 )
 
 // The embedded engine parses RowBinary row by row, and building
@@ -11,6 +12,13 @@ import (
 // format. The writer keeps RowBinary as its batch and spool format (compact,
 // append-only, decodable row by row), and the embedded backend transposes a
 // batch into one Native block just before inserting it.
+//
+// The transposition also fills the address text columns (src_ip, dst_ip,
+// service_ip, snat_ip, exporter_ip) from the *_in columns. The table computes
+// them with a DEFAULT expression when an insert leaves them out, but that
+// expression was a fifth of the engine's insert time; Go formats the same
+// text (appendIPText, tested against the engine) on the writer's side, where
+// it overlaps with the engine's work on the previous batch.
 
 // wireKind is how one column of a flow row is laid out in RowBinary, which
 // for these types is also its Native layout per value.
@@ -26,6 +34,9 @@ type wireColumn struct {
 	kind wireKind
 	size int    // bytes, for wireFixed
 	typ  string // type declared in the Native header; the engine converts it to the table's type
+	// text names the String column that shows this IPv6 column as text
+	// (see appendIPText); "" for none.
+	text string
 }
 
 // flowWire describes FlowColumns in order. LowCardinality and Enum columns
@@ -34,18 +45,18 @@ type wireColumn struct {
 var flowWire = func() []wireColumn {
 	f := func(n int, typ string) wireColumn { return wireColumn{kind: wireFixed, size: n, typ: typ} }
 	str := wireColumn{kind: wireString, typ: "String"}
-	ip := f(16, "IPv6")
+	ip := func(text string) wireColumn { c := f(16, "IPv6"); c.text = text; return c }
 	u8, u16, u32, u64, i8 := f(1, "UInt8"), f(2, "UInt16"), f(4, "UInt32"), f(8, "UInt64"), f(1, "Int8")
 	ts := f(8, "DateTime64(3, 'UTC')")
 	labels := wireColumn{kind: wireMap, typ: "Map(String, String)"}
 	policy := []wireColumn{str, str, f(4, "Int32"), i8, i8, str}
 	cols := []wireColumn{
 		ts, ts, ts, // flow_start, flow_end, time_received
-		u8, ip, ip, u16, u16, u8, // ip_version, src_ip_in, dst_ip_in, src_port, dst_port, protocol
-		ip, u16, ip, u16, // service_ip_in, service_port, snat_ip_in, snat_port
+		u8, ip("src_ip"), ip("dst_ip"), u16, u16, u8, // ip_version, src_ip_in, dst_ip_in, src_port, dst_port, protocol
+		ip("service_ip"), u16, ip("snat_ip"), u16, // service_ip_in, service_port, snat_ip_in, snat_port
 		u64, u64, u64, u64, u64, u64, u64, u64, // counters
 		i8, str, u16, u32, // end_reason, tcp_state, ct_zone, ct_mark
-		ip, u32, str, str, // exporter_ip_in, observation_domain_id, exporter_node, source
+		ip("exporter_ip"), u32, str, str, // exporter_ip_in, observation_domain_id, exporter_node, source
 		str, str, labels, str, str, str, str, // src endpoint
 		str, str, labels, str, str, str, str, // dst endpoint
 		str, str, str, // dst_service_*
@@ -59,8 +70,11 @@ var flowWire = func() []wireColumn {
 // nativeBuilder transposes RowBinary rows into a Native block. It keeps its
 // buffers between batches; it is not safe for concurrent use.
 type nativeBuilder struct {
-	cols []nativeColumn
-	out  []byte
+	cols  []nativeColumn
+	texts []nativeColumn // the text columns, in wire order
+	ipc   *ipTextCache
+	parts [][]byte // the block, as pieces that reference the buffers above
+	hdr   []byte   // backs the header pieces
 }
 
 type nativeColumn struct {
@@ -69,23 +83,50 @@ type nativeColumn struct {
 	offsets []uint64 // map offsets (cumulative entry counts)
 }
 
+// nativeColumns returns the columns of the Native block build makes for
+// columns: columns plus the text columns of wire.
+func nativeColumns(columns []string, wire []wireColumn) []string {
+	out := append([]string(nil), columns...)
+	for _, w := range wire {
+		if w.text != "" {
+			out = append(out, w.text)
+		}
+	}
+	return out
+}
+
 // build returns the Native block (revision 0: no block info, no
-// serialization kinds) for rows RowBinary rows of the given columns. The
-// returned slice is valid until the next call.
-func (nb *nativeBuilder) build(columns []string, wire []wireColumn, rows int, data []byte) ([]byte, error) {
+// serialization kinds) for rows RowBinary rows of the given columns, with
+// the columns named by nativeColumns. The block is returned as pieces to be
+// sent in order, without copying them into one buffer; they are valid until
+// the next call.
+func (nb *nativeBuilder) build(columns []string, wire []wireColumn, rows int, data []byte) ([][]byte, error) {
 	if len(columns) != len(wire) {
 		return nil, fmt.Errorf("native: %d columns but %d wire descriptions", len(columns), len(wire))
 	}
-	if len(nb.cols) != len(wire) {
+	ntext := 0
+	for _, w := range wire {
+		if w.text != "" {
+			ntext++
+		}
+	}
+	if len(nb.cols) != len(wire) || len(nb.texts) != ntext {
 		nb.cols = make([]nativeColumn, len(wire))
+		nb.texts = make([]nativeColumn, ntext)
 	}
 	for i := range nb.cols {
 		c := &nb.cols[i]
 		c.data, c.values, c.offsets = c.data[:0], c.values[:0], c.offsets[:0]
 	}
+	for i := range nb.texts {
+		nb.texts[i].data = nb.texts[i].data[:0]
+	}
+	if nb.ipc == nil {
+		nb.ipc = new(ipTextCache)
+	}
 	b := data
-	var entries uint64
 	for r := 0; r < rows; r++ {
+		t := 0
 		for i := range wire {
 			c := &nb.cols[i]
 			switch w := &wire[i]; w.kind {
@@ -93,7 +134,24 @@ func (nb *nativeBuilder) build(columns []string, wire []wireColumn, rows int, da
 				if len(b) < w.size {
 					return nil, fmt.Errorf("native: row %d column %s: %w", r, columns[i], ErrShortRow)
 				}
-				c.data = append(c.data, b[:w.size]...)
+				// Fixed sizes without a memmove call per value.
+				switch w.size {
+				case 1:
+					c.data = append(c.data, b[0])
+				case 2:
+					c.data = append(c.data, b[0], b[1])
+				case 4:
+					c.data = binary.LittleEndian.AppendUint32(c.data, binary.LittleEndian.Uint32(b))
+				case 8:
+					c.data = binary.LittleEndian.AppendUint64(c.data, binary.LittleEndian.Uint64(b))
+				default:
+					c.data = append(c.data, b[:w.size]...)
+				}
+				if w.text != "" {
+					tc := &nb.texts[t]
+					t++
+					tc.data = nb.ipc.appendColumn(tc.data, [16]byte(b[:16]))
+				}
 				b = b[w.size:]
 			case wireString:
 				n, err := stringLen(b)
@@ -121,7 +179,7 @@ func (nb *nativeBuilder) build(columns []string, wire []wireColumn, rows int, da
 					c.values = append(c.values, b[:n]...)
 					b = b[n:]
 				}
-				entries = count
+				entries := count
 				if l := len(c.offsets); l > 0 {
 					entries += c.offsets[l-1]
 				}
@@ -132,21 +190,101 @@ func (nb *nativeBuilder) build(columns []string, wire []wireColumn, rows int, da
 	if len(b) != 0 {
 		return nil, fmt.Errorf("native: %d bytes after %d rows", len(b), rows)
 	}
-	out := nb.out[:0]
-	out = binary.AppendUvarint(out, uint64(len(wire)))
-	out = binary.AppendUvarint(out, uint64(rows))
+
+	// The header pieces live in hdr; it is sized first so that appending
+	// never moves the pieces already taken from it.
+	need := 20
 	for i, w := range wire {
-		out = appendString(out, columns[i])
-		out = appendString(out, w.typ)
+		need += 20 + len(columns[i]) + len(w.typ) + 8*len(nb.cols[i].offsets) + len(w.text)
+	}
+	if cap(nb.hdr) < need {
+		nb.hdr = make([]byte, 0, need)
+	}
+	hdr := nb.hdr[:0]
+	parts := nb.parts[:0]
+	mark := 0
+	piece := func() {
+		if len(hdr) > mark {
+			parts = append(parts, hdr[mark:len(hdr):len(hdr)])
+			mark = len(hdr)
+		}
+	}
+	hdr = binary.AppendUvarint(hdr, uint64(len(wire)+ntext))
+	hdr = binary.AppendUvarint(hdr, uint64(rows))
+	for i, w := range wire {
+		hdr = appendString(hdr, columns[i])
+		hdr = appendString(hdr, w.typ)
 		c := &nb.cols[i]
 		for _, o := range c.offsets {
-			out = binary.LittleEndian.AppendUint64(out, o)
+			hdr = binary.LittleEndian.AppendUint64(hdr, o)
 		}
-		out = append(out, c.data...)
-		out = append(out, c.values...)
+		piece()
+		for _, p := range [][]byte{c.data, c.values} {
+			if len(p) > 0 {
+				parts = append(parts, p)
+			}
+		}
 	}
-	nb.out = out
-	return out, nil
+	t := 0
+	for _, w := range wire {
+		if w.text == "" {
+			continue
+		}
+		hdr = appendString(hdr, w.text)
+		hdr = appendString(hdr, "String")
+		piece()
+		if d := nb.texts[t].data; len(d) > 0 {
+			parts = append(parts, d)
+		}
+		t++
+	}
+	nb.hdr, nb.parts = hdr, parts
+	return parts, nil
+}
+
+// ipTextCache remembers the text of recently seen addresses. Flow rows
+// repeat addresses (pods, Service VIPs, exporters) far more often than they
+// bring new ones, and a lookup is several times cheaper than formatting.
+type ipTextCache struct {
+	e [1 << 12]struct {
+		key  [16]byte
+		n    uint8 // text length + 1; 0: empty slot
+		text [maxIPText]byte
+	}
+}
+
+const maxIPText = 45 // longest IPv6 text, dotted tail included
+
+// appendColumn appends the Native/RowBinary string of appendIPText(a).
+func (c *ipTextCache) appendColumn(b []byte, a [16]byte) []byte {
+	h := (binary.LittleEndian.Uint64(a[:8])*0x9e3779b97f4a7c15 ^ binary.LittleEndian.Uint64(a[8:])) * 0xbf58476d1ce4e5b9
+	slot := &c.e[h>>(64-12)]
+	if slot.n == 0 || slot.key != a {
+		t := appendIPText(slot.text[:0], a)
+		slot.key, slot.n = a, uint8(copy(slot.text[:], t)+1)
+	}
+	n := int(slot.n - 1)
+	b = append(b, byte(n)) // at most maxIPText: a one-byte uvarint
+	return append(b, slot.text[:n]...)
+}
+
+// appendIPText appends the text the flows table shows for an IPv6 column
+// value, exactly as its DEFAULT expression (migrations' ipText) computes it:
+// "" for ::, a dotted quad for an IPv4-mapped address, and otherwise
+// ClickHouse's IPv6NumToString, which is RFC 5952 text except that an
+// IPv4-compatible address (::a.b.c.d, deprecated) keeps its dotted tail.
+func appendIPText(b []byte, a [16]byte) []byte {
+	addr := netip.AddrFrom16(a)
+	switch {
+	case a == [16]byte{}:
+		return b
+	case addr.Is4In6():
+		return addr.Unmap().AppendTo(b)
+	case [12]byte(a[:12]) == [12]byte{} && (a[12] != 0 || a[13] != 0):
+		b = append(b, ':', ':')
+		return netip.AddrFrom4([4]byte(a[12:])).AppendTo(b)
+	}
+	return addr.AppendTo(b)
 }
 
 // stringLen returns the length of the RowBinary string at the start of b,

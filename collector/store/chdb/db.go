@@ -60,6 +60,27 @@ const maxIdlePerKey = 2
 // keep the extra copy cheap.
 const insertChunk = 1 << 20
 
+// Buffers is insert data held in several buffers, sent in order. Insert
+// passes them to the engine without copying them first; as an io.Reader
+// it reads them in order, consuming them.
+type Buffers [][]byte
+
+// Read implements io.Reader.
+func (b *Buffers) Read(p []byte) (int, error) {
+	n := 0
+	for len(*b) > 0 && n < len(p) {
+		c := copy(p[n:], (*b)[0])
+		n += c
+		if (*b)[0] = (*b)[0][c:]; len((*b)[0]) == 0 {
+			*b = (*b)[1:]
+		}
+	}
+	if n == 0 && len(p) > 0 {
+		return 0, io.EOF
+	}
+	return n, nil
+}
+
 // Statement is one SQL statement with its per-statement options.
 type Statement struct {
 	// Query is the SQL text. A FORMAT clause in it overrides Format.
@@ -655,6 +676,34 @@ func (l *lib) insert(ctx context.Context, h uintptr, query, format string, data 
 	defer l.destroyInsertStream(s)
 	if msg := cString(l.streamInsertError(s)); msg != "" {
 		return Stats{}, parseError(msg)
+	}
+	if bufs, ok := data.(*Buffers); ok {
+		// Hand the caller's buffers to the engine as they are: it copies
+		// what it is given, so one copy is saved.
+	send:
+		for _, p := range *bufs {
+			for len(p) > 0 {
+				if err := ctx.Err(); err != nil {
+					l.streamCancelInsert(s)
+					return Stats{}, err
+				}
+				n := min(len(p), insertChunk)
+				if l.streamAppend(s, &p[0], uintptr(n)) != 0 {
+					if msg := cString(l.streamInsertError(s)); msg != "" {
+						return Stats{}, parseError(msg)
+					}
+					// The engine reports the failure when the stream is finished.
+					break send
+				}
+				p = p[n:]
+			}
+		}
+		*bufs = nil
+		res, err := l.takeResult(l.streamDone(s))
+		if err != nil {
+			return Stats{}, err
+		}
+		return res.Stats, nil
 	}
 	buf := chunkPool.Get().(*[]byte)
 	defer chunkPool.Put(buf)

@@ -1,0 +1,126 @@
+package store
+
+import (
+	"context"
+	"encoding/binary"
+	"math/rand/v2"
+	"net/netip"
+	"strings"
+	"testing"
+)
+
+// ipTextCases are addresses whose text has a special form, plus random
+// ones in which each 16-bit group is zero half the time (zero runs of every
+// length and position, ties included).
+func ipTextCases(n int) [][16]byte {
+	var out [][16]byte
+	for _, s := range []string{
+		"::", "::1", "::2", "::0.0.0.1", "::0.1.0.0", "::1.2.3.4", "::255.255.255.255", "::ffff:0.0.0.0",
+		"::ffff:1.2.3.4", "::ffff:255.255.255.255", "::fffe:1.2.3.4", "::ffff:0:1.2.3.4", "::1:ffff:1.2.3.4",
+		"64:ff9b::1.2.3.4", "1::", "1:0:2:0:0:3:0:4", "1:0:0:2:0:0:3:4", "1:2:3:4:5:6:7:0", "0:1:2:3:4:5:6:7",
+		"fd00:10::1", "fd00:10:0:1::", "fe80::1", "2001:db8:0:0:1:0:0:1", "ffff::", "1:2:3:4:5:6:7:8",
+		"198.18.0.1", "0.0.0.0", "255.255.255.255",
+	} {
+		a := netip.MustParseAddr(s)
+		out = append(out, a.As16())
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	for range n {
+		var a [16]byte
+		for g := 0; g < 8; g++ {
+			if r.IntN(2) == 0 {
+				binary.BigEndian.PutUint16(a[2*g:], uint16(r.IntN(1<<16)))
+			}
+		}
+		out = append(out, a)
+	}
+	return out
+}
+
+// TestAppendIPTextMatchesEngine checks the Go formatting of the address
+// text columns against the table's own DEFAULT expression, evaluated by the
+// engine, so rows the writer inserts and rows a user inserts with only the
+// *_in columns show the same text.
+func TestAppendIPTextMatchesEngine(t *testing.T) {
+	e := needEngine(t)
+	ctx := context.Background()
+	exprOut, err := e.Query(ctx, "SELECT default_expression FROM system.columns WHERE database = 'dualflow' AND table = 'flows' AND name = 'src_ip'", "TSVRaw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	expr := strings.TrimSpace(string(exprOut))
+	if !strings.Contains(expr, "src_ip_in") {
+		t.Fatalf("src_ip default expression %q does not use src_ip_in", expr)
+	}
+	cases := ipTextCases(3000)
+	var lits []string
+	for _, a := range cases {
+		lits = append(lits, "'"+netip.AddrFrom16(a).String()+"'")
+	}
+	q := "SELECT " + expr + " FROM (SELECT toIPv6(arrayJoin([" + strings.Join(lits, ",") + "])) AS src_ip_in)"
+	out, err := e.Query(ctx, q, "TSVRaw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Split(strings.TrimSuffix(string(out), "\n"), "\n")
+	if len(got) != len(cases) {
+		t.Fatalf("engine returned %d rows, want %d", len(got), len(cases))
+	}
+	bad := 0
+	cache := new(ipTextCache)
+	for i, a := range cases {
+		// Through the cache, twice: a miss and then a hit (or a collision).
+		for range 2 {
+			col := cache.appendColumn(nil, a)
+			if len(col) == 0 || int(col[0]) != len(col)-1 || string(col[1:]) != got[i] {
+				t.Errorf("%s: cached column value %q, engine %q", netip.AddrFrom16(a), col, got[i])
+			}
+		}
+		if g := string(appendIPText(nil, a)); g != got[i] {
+			bad++
+			if bad <= 10 {
+				t.Errorf("%s: Go %q, engine %q", netip.AddrFrom16(a), g, got[i])
+			}
+		}
+	}
+}
+
+func BenchmarkNativeBuild(b *testing.B) {
+	recs := benchFlows(50_000)
+	var data []byte
+	for i := range recs {
+		data = AppendFlowRow(data, &recs[i])
+	}
+	var nb nativeBuilder
+	b.SetBytes(int64(len(data)))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		if _, err := nb.build(FlowColumns, flowWire, len(recs), data); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.N)*float64(len(recs))/b.Elapsed().Seconds(), "rows/s")
+}
+
+// TestNativeBuildRejectsShortRows: a truncated batch is an error, never a
+// block with the wrong row count.
+func TestNativeBuildRejectsShortRows(t *testing.T) {
+	recs := benchFlows(3)
+	var data []byte
+	for i := range recs {
+		data = AppendFlowRow(data, &recs[i])
+	}
+	var nb nativeBuilder
+	if _, err := nb.build(FlowColumns, flowWire, 3, data); err != nil {
+		t.Fatal(err)
+	}
+	for _, cut := range []int{1, 17, len(data) / 2, len(data) - 1} {
+		if _, err := nb.build(FlowColumns, flowWire, 3, data[:len(data)-cut]); err == nil {
+			t.Errorf("build of a batch cut by %d bytes: no error", cut)
+		}
+	}
+	if _, err := nb.build(FlowColumns, flowWire, 2, data); err == nil {
+		t.Error("build of 2 rows from 3 rows of data: no error")
+	}
+}
