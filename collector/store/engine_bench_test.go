@@ -10,15 +10,25 @@ import (
 )
 
 // BenchmarkWriterEmbedded1M writes 1M realistic IPv4/IPv6 flow records
-// through the Writer into the embedded ClickHouse engine (flows table and its
-// four materialized-view rollups) and stops the clock when every row is
-// visible to a query. rows/s is the end-to-end ingest rate of the storage
-// path; buffered-B/row is the writer's memory per row waiting in a batch.
+// through the Writer, with its default configuration, into the embedded
+// ClickHouse engine (flows table and its four materialized-view rollups) and
+// stops the clock when every row is visible to a query. rows/s is the
+// end-to-end ingest rate of the storage path; buffered-B/row is the
+// writer's memory per row waiting in a batch.
+//
+// pods=2000 is the cluster shape of benchFlows; distinct-pods gives every
+// record a source pod of its own, so the pod rollups aggregate nothing:
+// their worst case.
 func BenchmarkWriterEmbedded1M(b *testing.B) {
+	b.Run("pods=2000", func(b *testing.B) { benchWriterEmbedded(b, benchSrcPods) })
+	b.Run("distinct-pods", func(b *testing.B) { benchWriterEmbedded(b, 0) })
+}
+
+func benchWriterEmbedded(b *testing.B, srcPods int) {
 	e := needEngine(b)
 	const total = 1_000_000
 	const chunk = 1000
-	recs := benchFlows(64 * 1024)
+	recs := benchFlowsShape(64*1024, srcPods)
 	now := time.Now().UTC()
 	for i := range recs {
 		recs[i].FlowEnd = now

@@ -13,7 +13,18 @@ import (
 // benchFlows returns n realistic records: half IPv4, half IPv6, pods with
 // namespaces, generated names, three labels, workloads, nodes, zones and
 // policy names; one in eight goes to an external address.
-func benchFlows(n int) []flow.Record {
+func benchFlows(n int) []flow.Record { return benchFlowsShape(n, benchSrcPods) }
+
+// benchSrcPods is the cluster shape of the benchmark flows: 2,000 source
+// pods (5 workloads in 4 namespaces), each talking to 3 destination pods,
+// so 6,000 pod pairs, dual-stack, with Services and policies. Every record
+// is a distinct connection (its own source port). Real flow streams repeat
+// pods and pod pairs like this, and the rollups' cost depends on it.
+const benchSrcPods = 2000
+
+// benchFlowsShape returns n flows from srcPods source pods; srcPods 0 makes
+// every record come from a pod of its own (the rollups' worst case).
+func benchFlowsShape(n, srcPods int) []flow.Record {
 	namespaces := []string{"shop", "payments", "monitoring", "kube-system"}
 	workloads := []string{"frontend", "cart", "checkout", "prometheus-server", "coredns"}
 	start := time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
@@ -21,14 +32,19 @@ func benchFlows(n int) []flow.Record {
 	for i := range recs {
 		v6 := i%2 == 1
 		ns, wl := namespaces[i%len(namespaces)], workloads[i%len(workloads)]
-		src := netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)})
-		dst := netip.AddrFrom4([4]byte{198, 18, byte(i >> 4), byte(i * 7)})
-		svc := netip.AddrFrom4([4]byte{198, 19, 0, byte(i)})
+		p := i // source pod
+		if srcPods > 0 {
+			p = i % srcPods
+		}
+		q := i % 15 // destination pod: workload (i+1)%5, replica i%3
+		src := netip.AddrFrom4([4]byte{198, 18, byte(p >> 8), byte(p)})
+		dst := netip.AddrFrom4([4]byte{198, 18, 200, byte(q)})
+		svc := netip.AddrFrom4([4]byte{198, 19, 0, byte(i % 5)})
 		exp := netip.AddrFrom4([4]byte{198, 18, 255, byte(i % 5)})
 		if v6 {
-			src = netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x10, 0x01, byte(i >> 8), 0, 0, 0, 0, 0, 0, 0, 0, byte(i >> 8), byte(i)})
-			dst = netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x10, 0x02, byte(i >> 4), 0, 0, 0, 0, 0, 0, 0, 0, 0x1, byte(i * 7)})
-			svc = netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x10, 0, 0xff, 15: byte(i)})
+			src = netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x10, 0x01, byte(p >> 16), 0, 0, 0, 0, 0, 0, 0, 0, byte(p >> 8), byte(p)})
+			dst = netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x10, 0x02, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x1, byte(q)})
+			svc = netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x10, 0, 0xff, 15: byte(i % 5)})
 			exp = netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x10, 15: byte(i % 5)})
 		}
 		t0 := start.Add(time.Duration(i) * time.Millisecond)
@@ -40,7 +56,7 @@ func benchFlows(n int) []flow.Record {
 			PacketsDelta: 12, BytesDelta: 1500, ReversePacketsDelta: 10, ReverseBytesDelta: 9000,
 			EndReason: flow.EndReasonActiveTimeout, TCPState: "ESTABLISHED", Mark: 0x42,
 			ExporterAddr: exp, ObservationDomainID: 1, ExporterNode: fmt.Sprintf("worker-%02d", i%5), Source: "conntrack",
-			Src: flow.Endpoint{PodNamespace: ns, PodName: fmt.Sprintf("%s-7d9f8c6b5-%05x", wl, i),
+			Src: flow.Endpoint{PodNamespace: ns, PodName: fmt.Sprintf("%s-7d9f8c6b5-%05x", wl, p),
 				WorkloadKind: "Deployment", WorkloadName: wl, NodeName: fmt.Sprintf("worker-%02d", i%5), Zone: fmt.Sprintf("eu-west-1%c", 'a'+i%3),
 				Labels: map[string]string{"app.kubernetes.io/name": wl, "app.kubernetes.io/part-of": ns, "pod-template-hash": "7d9f8c6b5"}},
 			Dst: flow.Endpoint{PodNamespace: ns, PodName: fmt.Sprintf("%s-%d", workloads[(i+1)%len(workloads)], i%3),

@@ -322,7 +322,7 @@ func TestWriterConfig(t *testing.T) {
 	if err := def.Validate(); err != nil {
 		t.Fatalf("defaults invalid: %v", err)
 	}
-	if def.BatchRows != 50_000 || def.FlushInterval != time.Second || def.MaxPending != 4 || def.SpoolMaxBytes != 1<<30 {
+	if def.BatchRows != 100_000 || def.FlushInterval != time.Second || def.MaxPending != 2 || def.SpoolMaxBytes != 1<<30 {
 		t.Fatalf("unexpected defaults %+v", def)
 	}
 	for _, tc := range []struct {
