@@ -30,8 +30,8 @@ type Embedded struct {
 	db       *chdb.DB
 	database string
 
-	mu     sync.Mutex    // guards native
-	native nativeBuilder // reused between inserts of the flows layout
+	mu     sync.Mutex       // guards native
+	native []*nativeBuilder // idle builders, reused between inserts of the flows layout
 }
 
 var _ Conn = (*Embedded)(nil)
@@ -69,9 +69,9 @@ func (e *Embedded) InsertRowBinary(ctx context.Context, table string, columns []
 	var body io.Reader = bytes.NewReader(data)
 	if slices.Equal(columns, FlowColumns) {
 		// Columnar input is ~2x cheaper for the engine to parse (see native.go).
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		block, err := e.native.build(columns, flowWire, rows, data)
+		nb := e.builder()
+		defer e.release(nb)
+		block, err := nb.build(columns, flowWire, rows, data)
 		if err != nil {
 			return fmt.Errorf("insert into %s: %w", table, err)
 		}
@@ -93,6 +93,27 @@ func (e *Embedded) InsertRowBinary(ctx context.Context, table string, columns []
 		return fmt.Errorf("insert into %s: engine wrote %d rows of %d", table, n, rows)
 	}
 	return nil
+}
+
+// builder returns an idle Native builder; concurrent inserts use their own.
+func (e *Embedded) builder() *nativeBuilder {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if n := len(e.native); n > 0 {
+		nb := e.native[n-1]
+		e.native = e.native[:n-1]
+		return nb
+	}
+	return new(nativeBuilder)
+}
+
+// release keeps nb for the next insert (a few at most: one per inserter).
+func (e *Embedded) release(nb *nativeBuilder) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if len(e.native) < 4 {
+		e.native = append(e.native, nb)
+	}
 }
 
 // flowNativeColumns are the columns of the flows Native block.

@@ -36,6 +36,7 @@ const (
 	DefaultBatchRows       = 100_000
 	DefaultFlushInterval   = time.Second
 	DefaultMaxPending      = 2
+	DefaultInserters       = 2
 	DefaultRetries         = 3
 	DefaultRetryBackoff    = 100 * time.Millisecond
 	DefaultMaxBackoff      = 30 * time.Second
@@ -75,6 +76,11 @@ type WriterConfig struct {
 	BatchRows int
 	// FlushInterval seals and sends the current batch at least this often.
 	FlushInterval time.Duration
+	// Inserters is how many batches are inserted at once. One INSERT runs
+	// on about one core in ClickHouse (plus its materialized views), so two
+	// keep a small store busy while the next batch fills. Batches may then
+	// commit out of order; each is still written exactly once.
+	Inserters int
 	// MaxPending is how many sealed batches are held in memory (queued or
 	// being inserted) before Write blocks. Overflow policy: block (back-
 	// pressure to the caller); memory is bounded by MaxPending+1 batches.
@@ -110,6 +116,7 @@ func (c *WriterConfig) SetDefaults() {
 	setWriterDefault(&c.BatchRows, DefaultBatchRows)
 	setWriterDefault(&c.FlushInterval, DefaultFlushInterval)
 	setWriterDefault(&c.MaxPending, DefaultMaxPending)
+	setWriterDefault(&c.Inserters, DefaultInserters)
 	setWriterDefault(&c.Retries, DefaultRetries)
 	setWriterDefault(&c.RetryBackoff, DefaultRetryBackoff)
 	setWriterDefault(&c.MaxBackoff, DefaultMaxBackoff)
@@ -137,6 +144,7 @@ func (c WriterConfig) Validate() error {
 	check(c.BatchRows > 0, "batch rows %d must be positive", c.BatchRows)
 	check(c.FlushInterval > 0, "flush interval %v must be positive", c.FlushInterval)
 	check(c.MaxPending > 0, "max pending %d must be positive", c.MaxPending)
+	check(c.Inserters > 0 && c.Inserters <= c.MaxPending, "inserters %d must be between 1 and max pending (%d)", c.Inserters, c.MaxPending)
 	check(c.RetryBackoff > 0, "retry backoff %v must be positive", c.RetryBackoff)
 	check(c.MaxBackoff >= c.RetryBackoff, "max backoff %v must be at least the retry backoff %v", c.MaxBackoff, c.RetryBackoff)
 	check(c.InsertTimeout > 0, "insert timeout %v must be positive", c.InsertTimeout)
@@ -165,10 +173,12 @@ type WriterStats struct {
 }
 
 // Writer batches flow records, encodes each row once as RowBinary, and
-// inserts the batches into FlowsTable. Failed inserts are retried with
-// backoff and then spooled to disk; the spool is replayed oldest-first, and
-// while it holds anything new batches queue behind it, so rows arrive in
-// order. Every batch carries a random dedup token kept across retries,
+// inserts the batches into FlowsTable, Inserters at a time. Failed inserts
+// are retried with backoff and then spooled to disk; the spool is replayed
+// oldest-first, and while it holds anything new batches queue behind it.
+// With one inserter rows arrive in order; with more, a batch may overtake
+// one of the others in flight (by at most Inserters-1 batches, or the
+// length of an outage for a batch that was spooled). Every batch carries a random dedup token kept across retries,
 // spooling and restarts, so an ambiguous failure never writes a batch twice
 // (within the table's non_replicated_deduplication_window: a batch replayed
 // after more newer inserts than the window holds can be duplicated).
@@ -226,6 +236,8 @@ type pendingBatch struct {
 	token string
 	rows  int
 	data  []byte
+	taken bool // a sender is delivering it
+	done  bool // written, spooled or dropped
 }
 
 // NewWriter returns a Writer inserting through conn. cfg goes through
@@ -415,7 +427,9 @@ func (w *Writer) Run(ctx context.Context) error {
 	defer cancelIO()
 	stop := make(chan struct{}) // closed when shutdown starts
 	var wg sync.WaitGroup
-	wg.Go(func() { w.send(ioCtx, sp, stop) })
+	for range w.cfg.Inserters {
+		wg.Go(func() { w.send(ioCtx, sp, stop) })
+	}
 	if sp != nil {
 		wg.Go(func() { w.drain(ioCtx, sp, stop) })
 	}
@@ -460,30 +474,47 @@ func (w *Writer) Run(ctx context.Context) error {
 	return err
 }
 
-// send delivers sealed batches in order until shutdown empties the queue.
+// send delivers sealed batches until shutdown empties the queue. Inserters
+// goroutines run it: each takes the oldest batch nobody has taken, so up to
+// Inserters inserts run at once. A batch leaves the queue (and counts as
+// done for Flush) when it and every older batch are done.
 func (w *Writer) send(ctx context.Context, sp *spool.Spool, stop <-chan struct{}) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for {
-		for len(w.queue) == 0 {
+		var b *pendingBatch
+		for {
+			for _, q := range w.queue {
+				if !q.taken {
+					b = q
+					break
+				}
+			}
+			if b != nil {
+				break
+			}
 			if w.closed {
 				return
 			}
 			w.waitLocked(context.Background()) // only a state change ends the wait
 		}
-		b := w.queue[0]
+		b.taken = true
 		w.mu.Unlock()
 		w.deliver(ctx, sp, stop, b)
 		w.mu.Lock()
-		w.queue[0] = nil
-		w.queue = w.queue[1:]
-		w.doneSeq = b.seq
-		w.bufRows -= int64(b.rows)
-		w.bufBytes -= int64(len(b.data))
-		// Keep the buffer while cur, the queue and the free list hold at
-		// most MaxPending+1 buffers in all: the memory bound.
-		if len(w.queue)+len(w.free) < w.cfg.MaxPending {
-			w.free = append(w.free, b.data[:0])
+		b.done = true
+		for len(w.queue) > 0 && w.queue[0].done {
+			h := w.queue[0]
+			w.queue[0] = nil
+			w.queue = w.queue[1:]
+			w.doneSeq = h.seq
+			w.bufRows -= int64(h.rows)
+			w.bufBytes -= int64(len(h.data))
+			// Keep the buffer while cur, the queue and the free list hold at
+			// most MaxPending+1 buffers in all: the memory bound.
+			if len(w.queue)+len(w.free) < w.cfg.MaxPending {
+				w.free = append(w.free, h.data[:0])
+			}
 		}
 		w.broadcastLocked()
 	}
