@@ -9,25 +9,27 @@ import (
 	"testing"
 )
 
-// ipTextCases are addresses whose text has a special form, plus random
-// ones in which each 16-bit group is zero half the time (zero runs of every
-// length and position, ties included).
+// ipTextCases are addresses whose text has a special form, plus random lab
+// addresses (fd00:10::/32) in which each later 16-bit group is zero half
+// the time (zero runs of every length and position, ties included). Only
+// lab, loopback and unspecified addresses: they are data here, but the
+// project uses no others.
 func ipTextCases(n int) [][16]byte {
 	var out [][16]byte
 	for _, s := range []string{
-		"::", "::1", "::2", "::0.0.0.1", "::0.1.0.0", "::1.2.3.4", "::255.255.255.255", "::ffff:0.0.0.0",
-		"::ffff:1.2.3.4", "::ffff:255.255.255.255", "::fffe:1.2.3.4", "::ffff:0:1.2.3.4", "::1:ffff:1.2.3.4",
-		"64:ff9b::1.2.3.4", "1::", "1:0:2:0:0:3:0:4", "1:0:0:2:0:0:3:4", "1:2:3:4:5:6:7:0", "0:1:2:3:4:5:6:7",
-		"fd00:10::1", "fd00:10:0:1::", "fe80::1", "2001:db8:0:0:1:0:0:1", "ffff::", "1:2:3:4:5:6:7:8",
-		"198.18.0.1", "0.0.0.0", "255.255.255.255",
+		"::", "::1", "::0.0.0.1", "::198.18.0.1", "::198.19.255.255", "::ffff:0.0.0.0",
+		"::ffff:198.18.0.1", "::ffff:198.19.255.255", "::fffe:198.18.0.1", "::ffff:0:198.18.0.1", "::1:ffff:198.18.0.1",
+		"fd00:10::", "fd00:10:0:2:0:0:3:4", "fd00:10:0:0:2:0:0:4", "fd00:10:1:2:3:4:5:0", "fd00:10:0:1:2:3:4:5",
+		"fd00:10::1", "fd00:10:0:1::", "fd00:10:0:0:1:0:0:1", "fd00:10:ffff:ffff:ffff:ffff:ffff:ffff",
+		"198.18.0.1", "198.19.255.255", "127.0.0.1", "0.0.0.0",
 	} {
 		a := netip.MustParseAddr(s)
 		out = append(out, a.As16())
 	}
 	r := rand.New(rand.NewPCG(1, 2))
 	for range n {
-		var a [16]byte
-		for g := 0; g < 8; g++ {
+		a := [16]byte{0xfd, 0x00, 0x00, 0x10}
+		for g := 2; g < 8; g++ {
 			if r.IntN(2) == 0 {
 				binary.BigEndian.PutUint16(a[2*g:], uint16(r.IntN(1<<16)))
 			}
