@@ -86,6 +86,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&ic.TLSCertFile, "collector.ipfix.tls-cert", "", "PEM certificate of the TLS listener")
 	fs.StringVar(&ic.TLSKeyFile, "collector.ipfix.tls-key", "", "PEM private key file of the TLS listener")
 	fs.StringVar(&ic.TLSClientCAFile, "collector.ipfix.tls-client-ca", "", "PEM CA bundle: require client certificates signed by it (mutual TLS)")
+	fs.Var(&ic.Direction, "collector.ipfix.flow-direction", "records kept by their flowDirection element: ingress (default; an exporter that reports each packet in and out, like Open vSwitch, counts it once), egress, or both; records without it are always kept")
 	fs.IntVar(&ic.MaxSessions, "collector.ipfix.max-sessions", ipfix.DefaultMaxSessions, "IPFIX sessions (connections, UDP exporters) per listener; more are refused and counted")
 	fs.IntVar(&ic.UDPReadBuffer, "collector.ipfix.udp-read-buffer", ipfix.DefaultUDPReadBuffer, "UDP socket receive buffer in bytes (SO_RCVBUFFORCE as root)")
 	fs.DurationVar(&ic.Limits.TemplateLifetime, "collector.ipfix.template-lifetime", ipfix.DefaultTemplateLifetime, "lifetime of a UDP template that is not refreshed")

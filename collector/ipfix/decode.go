@@ -77,6 +77,9 @@ type Stats struct {
 	// NoAddress counts data records without a source or destination
 	// address (L2-only flows of OVS, for example): skipped.
 	NoAddress uint64
+	// WrongDirection counts records skipped for their flowDirection (see
+	// Direction).
+	WrongDirection uint64
 	// OptionsRecords counts options data records (read, not forwarded).
 	OptionsRecords uint64
 	// UnknownSets counts data sets whose template is unknown or expired:
@@ -97,9 +100,64 @@ type Stats struct {
 // intern cache and the counters of one reading goroutine; it is not safe
 // for concurrent use. Sessions may be decoded by any one Decoder at a time.
 type Decoder struct {
-	Stats  Stats
-	intern interner
-	specs  []spec // scratch for template parsing
+	Stats Stats
+	// Direction selects records by their flowDirection element.
+	Direction Direction
+	intern    interner
+	specs     []spec // scratch for template parsing
+	dir       int8   // flowDirection of the record just decoded, -1 for none
+}
+
+// Direction selects records by their flowDirection element (IANA 61). An
+// exporter that observes packets both where they enter and where they leave
+// (Open vSwitch samples at the input and the output port of a bridge by
+// default) reports each packet twice, once per direction, and the flows
+// table would count it twice. Records without the element are always kept.
+type Direction uint8
+
+const (
+	// DirectionIngress keeps records observed on the way in (and records
+	// without flowDirection): each packet counts once. The default.
+	DirectionIngress Direction = iota
+	// DirectionEgress keeps records observed on the way out, for an
+	// exporter that samples output only.
+	DirectionEgress
+	// DirectionBoth keeps every record.
+	DirectionBoth
+)
+
+// ParseDirection parses "ingress", "egress" or "both".
+func ParseDirection(s string) (Direction, error) {
+	switch s {
+	case "ingress":
+		return DirectionIngress, nil
+	case "egress":
+		return DirectionEgress, nil
+	case "both":
+		return DirectionBoth, nil
+	}
+	return 0, fmt.Errorf("flow direction %q: want ingress, egress or both", s)
+}
+
+// Set implements flag.Value.
+func (d *Direction) Set(s string) error {
+	v, err := ParseDirection(s)
+	if err == nil {
+		*d = v
+	}
+	return err
+}
+
+func (d Direction) String() string {
+	switch d {
+	case DirectionIngress:
+		return "ingress"
+	case DirectionEgress:
+		return "egress"
+	case DirectionBoth:
+		return "both"
+	}
+	return fmt.Sprintf("Direction(%d)", uint8(d))
 }
 
 // NewDecoder returns a Decoder.
@@ -357,9 +415,13 @@ func (d *Decoder) dataSet(t *template, set []byte, mc *msgCtx, dst []flow.Record
 		}
 		set = set[l:]
 		n++
-		if !r.SrcAddr.IsValid() || !r.DstAddr.IsValid() {
+		switch {
+		case !r.SrcAddr.IsValid() || !r.DstAddr.IsValid():
 			dst = dst[:len(dst)-1]
 			d.Stats.NoAddress++
+		case d.dir >= 0 && d.Direction != DirectionBoth && d.dir != int8(d.Direction):
+			dst = dst[:len(dst)-1]
+			d.Stats.WrongDirection++
 		}
 	}
 	return dst, n, nil
@@ -448,6 +510,7 @@ type scratch struct {
 func (d *Decoder) record(t *template, b []byte, r *flow.Record, mc *msgCtx) (int, error) {
 	var sc scratch
 	p := 0
+	d.dir = -1
 	for i := range t.fields {
 		f := &t.fields[i]
 		l := int(f.len)
@@ -588,6 +651,8 @@ func (d *Decoder) record(t *template, b []byte, r *flow.Record, mc *msgCtx) (int
 			r.DstPort = r.DstPort&0xff | uint16(uintN(v))<<8
 		case opICMPCode:
 			r.DstPort = r.DstPort&0xff00 | uint16(uintN(v))&0xff
+		case opFlowDirection:
+			d.dir = int8(min(uintN(v), 1)) // 0 ingress, 1 egress (other values are undefined: egress)
 		}
 	}
 	if t.post != 0 {

@@ -32,39 +32,62 @@ func readStream(t testing.TB, path string) [][]byte {
 // datapath, two pods pinging each other 5 times per family), captured by
 // the e2e TestOVSIPFIX (-update-ovs-golden rewrites it). OVS packs many
 // templates per set and uses VMware (PEN 6876) elements; it samples each
-// packet at the input and at the output port, hence 10 records per
-// direction.
+// packet at the input and at the output port (flowDirection ingress and
+// egress), so each echo packet is reported twice. The default keeps the
+// ingress records: 5 packets per direction, as sent.
 func TestGoldenOVS(t *testing.T) {
-	msgs := readStream(t, "testdata/ovs.ipfix")
-	d := NewDecoder()
-	s := NewSession(exporterAP, UDP, Limits{})
-	echo := map[string]uint64{}
-	var recs []flow.Record
-	for i, m := range msgs {
-		var err error
-		if recs, err = d.Decode(s, m, now, recs[:0]); err != nil {
-			t.Fatalf("message %d: %v", i, err)
-		}
-		for _, r := range recs {
-			if r.ObservationDomainID != 123 || r.Source != "ipfix" {
-				t.Errorf("record %+v", r)
+	for _, tc := range []struct {
+		dir     Direction
+		packets uint64 // echo packets per src>dst pair
+	}{
+		{DirectionIngress, 5},
+		{DirectionEgress, 5},
+		{DirectionBoth, 10},
+	} {
+		t.Run(tc.dir.String(), func(t *testing.T) {
+			msgs := readStream(t, "testdata/ovs.ipfix")
+			d := NewDecoder()
+			d.Direction = tc.dir
+			s := NewSession(exporterAP, UDP, Limits{})
+			echo := map[string]uint64{}
+			var recs []flow.Record
+			for i, m := range msgs {
+				var err error
+				if recs, err = d.Decode(s, m, now, recs[:0]); err != nil {
+					t.Fatalf("message %d: %v", i, err)
+				}
+				for _, r := range recs {
+					if r.ObservationDomainID != 123 || r.Source != "ipfix" {
+						t.Errorf("record %+v", r)
+					}
+					if typ := r.DstPort >> 8; (r.Proto == flow.ProtoICMP || r.Proto == flow.ProtoICMPv6) && (typ == 0 || typ == 8 || typ == 128 || typ == 129) {
+						echo[fmt.Sprintf("%v>%v/%d", r.SrcAddr, r.DstAddr, r.Proto)] += r.PacketsDelta
+					}
+				}
 			}
-			if typ := r.DstPort >> 8; (r.Proto == flow.ProtoICMP || r.Proto == flow.ProtoICMPv6) && (typ == 0 || typ == 8 || typ == 128 || typ == 129) {
-				echo[fmt.Sprintf("%v>%v/%d", r.SrcAddr, r.DstAddr, r.Proto)] += r.PacketsDelta
+			for _, k := range []string{"198.18.3.5>198.18.3.6/1", "198.18.3.6>198.18.3.5/1", "fd00:10:3::5>fd00:10:3::6/58", "fd00:10:3::6>fd00:10:3::5/58"} {
+				if echo[k] != tc.packets {
+					t.Errorf("%s: %d echo packets, want %d", k, echo[k], tc.packets)
+				}
 			}
+			if d.Stats.Templates < 80 || d.Stats.UnknownSets != 0 || d.Stats.Dropped != [numReasons]uint64{} {
+				t.Errorf("stats %+v", d.Stats)
+			}
+			if (d.Stats.WrongDirection == 0) != (tc.dir == DirectionBoth) {
+				t.Errorf("%d records skipped for their direction", d.Stats.WrongDirection)
+			}
+		})
+	}
+}
+
+func TestParseDirection(t *testing.T) {
+	for _, d := range []Direction{DirectionIngress, DirectionEgress, DirectionBoth} {
+		if got, err := ParseDirection(d.String()); err != nil || got != d {
+			t.Errorf("ParseDirection(%q) = %v, %v", d, got, err)
 		}
 	}
-	want := map[string]uint64{
-		"198.18.3.5>198.18.3.6/1": 10, "198.18.3.6>198.18.3.5/1": 10,
-		"fd00:10:3::5>fd00:10:3::6/58": 10, "fd00:10:3::6>fd00:10:3::5/58": 10,
-	}
-	for k, n := range want {
-		if echo[k] != n {
-			t.Errorf("%s: %d echo packets, want %d", k, echo[k], n)
-		}
-	}
-	if d.Stats.Templates < 80 || d.Stats.UnknownSets != 0 || d.Stats.Dropped != [numReasons]uint64{} {
-		t.Errorf("stats %+v", d.Stats)
+	if _, err := ParseDirection("inbound"); err == nil {
+		t.Error("ParseDirection(inbound): no error")
 	}
 }
 

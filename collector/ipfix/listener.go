@@ -52,6 +52,9 @@ type Config struct {
 	TLSCertFile, TLSKeyFile, TLSClientCAFile string
 	// Limits bound each session's templates.
 	Limits Limits
+	// Direction selects records by flowDirection (default ingress: an
+	// exporter that reports each packet in and out counts it once).
+	Direction Direction
 	// MaxSessions caps the sessions of each listener: further TCP/TLS
 	// connections are closed at once and further UDP exporters' messages
 	// dropped (too_many_sessions), both counted.

@@ -73,6 +73,7 @@ func (m *metrics) flush(tr Transport, d *Decoder, prev *Stats) {
 		add(m.dropped[r], s.Dropped[r], prev.Dropped[r])
 	}
 	add(m.skipped.WithLabelValues("no_address"), s.NoAddress, prev.NoAddress)
+	add(m.skipped.WithLabelValues("flow_direction"), s.WrongDirection, prev.WrongDirection)
 	add(m.skipped.WithLabelValues("options"), s.OptionsRecords, prev.OptionsRecords)
 	add(m.unknownSet, s.UnknownSets, prev.UnknownSets)
 	add(m.templates.WithLabelValues("added"), s.Templates, prev.Templates)

@@ -118,6 +118,7 @@ func (l *Listener) serveConn(ctx context.Context, c net.Conn, tr Transport) {
 	remote, _ := netip.ParseAddrPort(c.RemoteAddr().String())
 	s := NewSession(remote, tr, l.cfg.Limits)
 	d := NewDecoder()
+	d.Direction = l.cfg.Direction
 	var prev Stats
 	f := newFramer(c)
 	b := l.pool.Get()

@@ -31,12 +31,14 @@ const (
 	opICMPTypeCode    // icmpTypeCodeIPv4 / IPv6: type<<8|code into DstPort
 	opICMPType        // icmpTypeIPv4 / IPv6 (OVS): the high byte of DstPort
 	opICMPCode        // icmpCodeIPv4 / IPv6 (OVS): the low byte of DstPort
+	opFlowDirection   // flowDirection: 0 ingress, 1 egress (see Direction)
 	opField           // first of the shared-mapping ops: opField + fipfix.Field
 )
 
 // IANA element IDs of the alternatives above.
 const (
 	ieFlowEndSysUpTime             = 21
+	ieFlowDirection                = 61
 	ieFlowStartSysUpTime           = 22
 	ieICMPTypeCodeIPv4             = 32
 	ieICMPTypeCodeIPv6             = 139
@@ -56,6 +58,7 @@ const (
 
 var ianaAlternatives = map[uint16]op{
 	ieFlowEndSysUpTime:      opEndUptime,
+	ieFlowDirection:         opFlowDirection,
 	ieFlowStartSysUpTime:    opStartUptime,
 	ieICMPTypeCodeIPv4:      opICMPTypeCode,
 	ieICMPTypeCodeIPv6:      opICMPTypeCode,

@@ -33,6 +33,7 @@ func (l *Listener) serveUDP(ctx context.Context, c *net.UDPConn) {
 	}
 	sessions := map[netip.AddrPort]*Session{}
 	d := NewDecoder()
+	d.Direction = l.cfg.Direction
 	var prev Stats
 	var lastDrops uint32
 	dropsKnown := false
