@@ -509,7 +509,7 @@ func TestRequireAccounting(t *testing.T) {
 func TestClassify(t *testing.T) {
 	c := classifier{node: "n1",
 		local:   []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24"), netip.MustParsePrefix("fd00:10:1::/64")},
-		cluster: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/16"), netip.MustParsePrefix("fd00:10::/32")}}
+		cluster: []netip.Prefix{netip.MustParsePrefix("198.18.0.0/16"), netip.MustParsePrefix("fd00:10::/40")}}
 	for _, tc := range []struct {
 		name, src, dst   string
 		typ              flow.FlowType
@@ -518,13 +518,13 @@ func TestClassify(t *testing.T) {
 		{"ipv4/intra-node", "198.18.1.1", "198.18.1.2", flow.FlowTypeIntraNode, "n1", "n1"},
 		{"ipv4/inter-node out", "198.18.1.1", "198.18.2.2", flow.FlowTypeInterNode, "n1", ""},
 		{"ipv4/inter-node in", "198.18.2.2", "198.18.1.1", flow.FlowTypeInterNode, "", "n1"},
-		{"ipv4/to external", "198.18.1.1", "198.51.100.1", flow.FlowTypeToExternal, "n1", ""},
-		{"ipv4/from external", "198.51.100.1", "198.18.1.1", flow.FlowTypeFromExternal, "", "n1"},
+		{"ipv4/to external", "198.18.1.1", "198.19.255.1", flow.FlowTypeToExternal, "n1", ""},
+		{"ipv4/from external", "198.19.255.1", "198.18.1.1", flow.FlowTypeFromExternal, "", "n1"},
 		{"ipv6/intra-node", "fd00:10:1::1", "fd00:10:1::2", flow.FlowTypeIntraNode, "n1", "n1"},
 		{"ipv6/inter-node", "fd00:10:1::1", "fd00:10:2::2", flow.FlowTypeInterNode, "n1", ""},
-		{"ipv6/to external", "fd00:10:1::1", "2001:db8::1", flow.FlowTypeToExternal, "n1", ""},
-		{"ipv6/from external", "2001:db8::1", "fd00:10:1::1", flow.FlowTypeFromExternal, "", "n1"},
-		{"ipv6/unrelated", "2001:db8::1", "2001:db8::2", flow.FlowTypeUnknown, "", ""},
+		{"ipv6/to external", "fd00:10:1::1", "fd00:10:ffff::1", flow.FlowTypeToExternal, "n1", ""},
+		{"ipv6/from external", "fd00:10:ffff::1", "fd00:10:1::1", flow.FlowTypeFromExternal, "", "n1"},
+		{"ipv6/unrelated", "fd00:10:ffff::1", "fd00:10:ffff::2", flow.FlowTypeUnknown, "", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := flow.Record{SrcAddr: a(tc.src), DstAddr: a(tc.dst)}

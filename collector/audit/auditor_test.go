@@ -27,9 +27,9 @@ func record(t testing.TB, inv *Inventory, src, dst *corev1.Pod, f corev1.IPFamil
 	r := flow.Record{Proto: proto, DstPort: port, SrcPort: 40000}
 	end := func(p *corev1.Pod, e *flow.Endpoint, a *netip.Addr) {
 		if p == nil {
-			*a = netip.MustParseAddr("192.0.2.1")
+			*a = netip.MustParseAddr("198.19.255.1")
 			if f == corev1.IPv6Protocol {
-				*a = netip.MustParseAddr("2001:db8::1")
+				*a = netip.MustParseAddr("fd00:10:ffff::1")
 			}
 			return
 		}

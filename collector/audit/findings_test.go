@@ -129,15 +129,15 @@ func TestLabFindings(t *testing.T) {
 func TestIPBlockBothFamilies(t *testing.T) {
 	inv := NewInventory()
 	inv.AddNamespace(Namespace{Name: "ns", Labels: map[string]string{corev1.LabelMetadataName: "ns"}})
-	for i, a := range [][2]string{{"10.0.0.1", "fd00::1"}, {"10.0.0.2", "fd00:1::2"}} {
+	for i, a := range [][2]string{{"198.18.0.1", "fd00:10::1"}, {"198.18.0.2", "fd00:10:1::2"}} {
 		inv.AddPod(Pod{Namespace: "ns", Name: fmt.Sprintf("p%d", i), Labels: map[string]string{"app": "p"},
 			Addrs: []netip.Addr{netip.MustParseAddr(a[0]), netip.MustParseAddr(a[1])}})
 	}
 	p := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "egress"},
 		Spec: networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
 			Egress: []networkingv1.NetworkPolicyEgressRule{{To: []networkingv1.NetworkPolicyPeer{
-				{IPBlock: &networkingv1.IPBlock{CIDR: "10.0.0.0/8"}},
-				{IPBlock: &networkingv1.IPBlock{CIDR: "fd00::/64"}},
+				{IPBlock: &networkingv1.IPBlock{CIDR: "198.18.0.0/16"}},
+				{IPBlock: &networkingv1.IPBlock{CIDR: "fd00:10::/64"}},
 			}}}}}
 	inv.AddPolicy(p)
 	set, err := inv.Compile()
@@ -148,7 +148,7 @@ func TestIPBlockBothFamilies(t *testing.T) {
 	if len(fs) != 1 || fs[0].Count != 1 || !strings.Contains(fs[0].Message, "cover the IPv4 addresses of 1 dual-stack pods of Pod ns/p1 but not their IPv6") {
 		t.Fatalf("findings %+v", fs)
 	}
-	// p0 -> p1: IPv4 allowed by the block, IPv6 not (fd00:1::2 is outside fd00::/64).
+	// p0 -> p1: IPv4 allowed by the block, IPv6 not (fd00:10:1::2 is outside fd00:10::/64).
 	gaps := findingsOf(DualStackGaps(inv, set, Options{}), KindVerdictGap)
 	if len(gaps) != 0 {
 		t.Fatalf("no ports declared: want no verdict gap, got %v", gaps)

@@ -52,7 +52,7 @@ func TestAPIStatic(t *testing.T) {
 	t.Log(pr[0].Message)
 	t.Log(pr[1].Message)
 	var out []ProbeResult
-	get(t, h, "GET", "/api/v1/audit/evaluate?from=frontend/"+web1.Name+"&to=2001:db8::1&port=443&family=6", "", 200, &out)
+	get(t, h, "GET", "/api/v1/audit/evaluate?from=frontend/"+web1.Name+"&to=fd00:10:ffff::1&port=443&family=6", "", 200, &out)
 	if len(out) != 1 || !out[0].Allowed || out[0].Dst.Pod != "" || out[0].Ingress.Verdict != "unknown" {
 		t.Errorf("evaluate to an outside address: %+v", out)
 	}

@@ -67,7 +67,7 @@ items:
   metadata: {name: p, namespace: ns, labels: {app: a}}
   spec:
     containers: [{name: c, ports: [{name: http, containerPort: 80}]}]
-  status: {podIPs: [{ip: "::ffff:10.0.0.1"}, {ip: "fd00::1"}]}
+  status: {podIPs: [{ip: "::ffff:198.18.0.1"}, {ip: "fd00:10::1"}]}
 - apiVersion: networking.k8s.io/v1
   kind: NetworkPolicy
   metadata: {name: deny}
@@ -82,7 +82,7 @@ items:
 		t.Fatal(err)
 	}
 	p, ok := inv.Pod("ns", "p")
-	if !ok || p.Addrs[0] != netip.MustParseAddr("10.0.0.1") || p.PortName(80, flow.ProtoTCP) != "http" || inv.Workload(p).Kind != "Pod" {
+	if !ok || p.Addrs[0] != netip.MustParseAddr("198.18.0.1") || p.PortName(80, flow.ProtoTCP) != "http" || inv.Workload(p).Kind != "Pod" {
 		t.Fatalf("pod %+v", p)
 	}
 	if err := inv.Decode("bad.yaml", strings.NewReader("apiVersion: v1\nkind: Pod\nmetadata: [\n")); err == nil {

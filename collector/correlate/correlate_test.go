@@ -48,7 +48,7 @@ func TestInventory(t *testing.T) {
 		{"::ffff:198.18.1.10", "node-1"},
 		{"198.19.0.10", ""}, // a ClusterIP: no node
 		{"fd00:10:ff::10", ""},
-		{"203.0.113.1", ""},
+		{"198.19.255.1", ""}, // outside the cluster
 	} {
 		got, ok := inv.NodeForIP(netip.MustParseAddr(tc.addr))
 		if got != tc.node || ok != (tc.node != "") {
@@ -85,8 +85,8 @@ func newTest(t *testing.T, cfg Config) (*Correlator, *fakeClock) {
 func TestCorrelate(t *testing.T) {
 	type fam struct{ name, p1, p2, ep2, svc, n1, ext string }
 	fams := []fam{
-		{"ipv4", "198.18.1.10", "198.18.1.11", "198.18.2.11", "198.19.0.11", "198.18.0.1", "203.0.113.9"},
-		{"ipv6", "fd00:10:0:1::10", "fd00:10:0:1::11", "fd00:10:0:2::11", "fd00:10:ff::11", "fd00:10::1", "2001:db8::9"},
+		{"ipv4", "198.18.1.10", "198.18.1.11", "198.18.2.11", "198.19.0.11", "198.18.0.1", "198.19.255.9"},
+		{"ipv6", "fd00:10:0:1::10", "fd00:10:0:1::11", "fd00:10:0:2::11", "fd00:10:ff::11", "fd00:10::1", "fd00:10:ffff::9"},
 	}
 	for _, f := range fams {
 		t.Run(f.name+"/merged", func(t *testing.T) {

@@ -38,14 +38,14 @@ func benchNodeName(n int) string { return fmt.Sprintf("node-%04d", n) }
 func benchPodAddr(j int, v6 bool) netip.Addr {
 	n, k := j%benchNodes, j/benchNodes+10
 	if v6 {
-		return netip.AddrFrom16([16]byte{0xfd, 0, 0, 0, 0, 0, byte(n >> 8), byte(n), 15: byte(k)})
+		return netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x10, 0, 0, byte(n >> 8), byte(n), 15: byte(k)})
 	}
 	return netip.AddrFrom4([4]byte{10, byte(n >> 8), byte(n), byte(k)})
 }
 
 func benchSvcAddr(s int, v6 bool) netip.Addr {
 	if v6 {
-		return netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x96, 14: byte(s >> 8), 15: byte(s)})
+		return netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x10, 0, 0x96, 14: byte(s >> 8), 15: byte(s)})
 	}
 	return netip.AddrFrom4([4]byte{172, 20 + byte(s>>16), byte(s >> 8), byte(s)})
 }
@@ -82,7 +82,7 @@ func benchPod(j int) *corev1.Pod {
 		},
 		Status: corev1.PodStatus{
 			Phase: corev1.PodRunning, PodIP: a4.String(), PodIPs: []corev1.PodIP{{IP: a4.String()}, {IP: a6.String()}},
-			HostIP: "192.0.2.1", StartTime: &created,
+			HostIP: "198.19.200.1", StartTime: &created,
 			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}, {Type: corev1.ContainersReady, Status: corev1.ConditionTrue}},
 			ContainerStatuses: []corev1.ContainerStatus{{Name: "app", Ready: true, Image: "registry.example/app:1.2.3", ImageID: "sha256:0123456789abcdef",
 				ContainerID: fmt.Sprintf("containerd://%064x", j), State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: created}}}},
@@ -92,7 +92,7 @@ func benchPod(j int) *corev1.Pod {
 }
 
 func benchNode(n int) *corev1.Node {
-	a4, a6 := netip.AddrFrom4([4]byte{192, 168, byte(n >> 8), byte(n)}), netip.AddrFrom16([16]byte{0x20, 0x01, 0x0d, 0xb8, 14: byte(n >> 8), 15: byte(n)})
+	a4, a6 := netip.AddrFrom4([4]byte{198, 19, 200 + byte(n>>8), byte(n)}), netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x10, 0, 0xff, 14: byte(n >> 8), 15: byte(n)})
 	c4 := netip.PrefixFrom(benchPodAddr(n, false), 24).Masked()
 	c6 := netip.PrefixFrom(benchPodAddr(n, true), 64).Masked()
 	return mkNode(benchNodeName(n), fmt.Sprintf("zone-%c", 'a'+n%3), []string{a4.String(), a6.String()}, c4.String(), c6.String())
@@ -153,9 +153,9 @@ func benchRecords(kind string, v6 bool, n int) []flow.Record {
 			s := k % benchDeployments
 			r.ServiceAddr, r.ServicePort = benchSvcAddr(s, v6), 80
 		case "external":
-			r.DstAddr = netip.MustParseAddr("8.8.8.8")
+			r.DstAddr = netip.MustParseAddr("198.19.252.8")
 			if v6 {
-				r.DstAddr = netip.MustParseAddr("2001:4860:4860::8888")
+				r.DstAddr = netip.MustParseAddr("fd00:10:4860::8888")
 			}
 		}
 		r.Normalize()

@@ -55,26 +55,26 @@ func TestResolve(t *testing.T) {
 func TestHistoryEndAndCollect(t *testing.T) {
 	h := newHistory[string, idClaim]()
 	ns := func(d time.Duration) int64 { return t0.Add(d).UnixNano() }
-	h.add("10.0.0.1", "a", ns(0))
-	h.add("fd00::1", "a", ns(0))
-	h.add("10.0.0.1", "b", ns(0))
-	h.end("10.0.0.1", "a", ns(time.Minute), ns(time.Minute), true)
-	h.end("fd00::1", "a", ns(2*time.Minute), ns(2*time.Minute), true)
-	h.end("fd00::1", "zzz", ns(2*time.Minute), ns(2*time.Minute), true) // no such claimant
-	if h.retained != 2 || claimsOn(h, "10.0.0.1") != 2 {
+	h.add("198.18.0.1", "a", ns(0))
+	h.add("fd00:10::1", "a", ns(0))
+	h.add("198.18.0.1", "b", ns(0))
+	h.end("198.18.0.1", "a", ns(time.Minute), ns(time.Minute), true)
+	h.end("fd00:10::1", "a", ns(2*time.Minute), ns(2*time.Minute), true)
+	h.end("fd00:10::1", "zzz", ns(2*time.Minute), ns(2*time.Minute), true) // no such claimant
+	if h.retained != 2 || claimsOn(h, "198.18.0.1") != 2 {
 		t.Fatalf("retained %d, claims %v", h.retained, h.m)
 	}
-	if !h.replace("10.0.0.1", "b") || h.replace("10.0.0.1", "a") {
+	if !h.replace("198.18.0.1", "b") || h.replace("198.18.0.1", "a") {
 		t.Error("replace must find b's active claim and not a's ended one")
 	}
-	if n := h.collect(ns(90 * time.Second)); n != 1 || claimsOn(h, "10.0.0.1") != 1 || h.retained != 1 {
+	if n := h.collect(ns(90 * time.Second)); n != 1 || claimsOn(h, "198.18.0.1") != 1 || h.retained != 1 {
 		t.Errorf("collected %d: %v retained %d", n, h.m, h.retained)
 	}
 	if n := h.collect(ns(3 * time.Minute)); n != 1 || len(h.m) != 1 || h.retained != 0 {
 		t.Errorf("collected %d: %v retained %d", n, h.m, h.retained)
 	}
 	// Without a grace period ended claims go at once.
-	h.end("10.0.0.1", "b", ns(4*time.Minute), ns(4*time.Minute), false)
+	h.end("198.18.0.1", "b", ns(4*time.Minute), ns(4*time.Minute), false)
 	if len(h.m) != 0 || h.retained != 0 {
 		t.Errorf("after an immediate end: %v", h.m)
 	}

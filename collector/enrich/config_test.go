@@ -17,7 +17,7 @@ func TestConfigFlags(t *testing.T) {
 		t.Fatalf("defaults after BindFlags: %+v", c)
 	}
 	err := fs.Parse([]string{"--k8s.inventory", "a.yaml,b.yaml", "--k8s.inventory=c.yaml", "--k8s.enable-ipv6=false",
-		"--k8s.grace-period", "90s", "--k8s.service-cidrs", "10.96.0.0/12, fd00:96::/108", "--k8s.cluster-cidrs", "10.0.0.1/8",
+		"--k8s.grace-period", "90s", "--k8s.service-cidrs", "198.19.0.0/16, fd00:10:96::/108", "--k8s.cluster-cidrs", "198.18.0.1/15",
 		"--k8s.sync-timeout", "10s", "--k8s.context", "lab"})
 	if err != nil {
 		t.Fatal(err)
@@ -25,15 +25,15 @@ func TestConfigFlags(t *testing.T) {
 	c.SetDefaults()
 	if c.Source != SourceInventory || !slices.Equal(c.Inventory, []string{"a.yaml", "b.yaml", "c.yaml"}) || c.EnableIPv6 ||
 		c.GracePeriod != 90*time.Second || c.SyncTimeout != 10*time.Second || c.Context != "lab" ||
-		!slices.Equal(c.ServiceCIDRs, []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12"), netip.MustParsePrefix("fd00:96::/108")}) ||
-		!slices.Equal(c.ClusterCIDRs, []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}) {
+		!slices.Equal(c.ServiceCIDRs, []netip.Prefix{netip.MustParsePrefix("198.19.0.0/16"), netip.MustParsePrefix("fd00:10:96::/108")}) ||
+		!slices.Equal(c.ClusterCIDRs, []netip.Prefix{netip.MustParsePrefix("198.18.0.0/15")}) {
 		t.Errorf("parsed %+v", c)
 	}
 	// IPv6 CIDR with IPv6 disabled.
-	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "fd00:96::/108") {
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "fd00:10:96::/108") {
 		t.Errorf("Validate: %v", err)
 	}
-	if err := fs.Parse([]string{"--k8s.service-cidrs", "10.0.0.0/33"}); err == nil {
+	if err := fs.Parse([]string{"--k8s.service-cidrs", "198.18.0.0/33"}); err == nil {
 		t.Error("bad CIDR accepted")
 	}
 }
@@ -50,9 +50,9 @@ func TestConfigSource(t *testing.T) {
 		{"inventory files", func(c *Config) { c.Inventory = []string{"x.yaml"} }, nil, SourceInventory, ""},
 		{"kubeconfig flag", func(c *Config) { c.Kubeconfig = "/k" }, nil, SourceKubeconfig, ""},
 		{"KUBECONFIG", nil, map[string]string{"KUBECONFIG": "/k"}, SourceKubeconfig, ""},
-		{"in a pod", nil, map[string]string{"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}, SourceInCluster, ""},
+		{"in a pod", nil, map[string]string{"KUBERNETES_SERVICE_HOST": "198.19.0.1", "KUBERNETES_SERVICE_PORT": "443"}, SourceInCluster, ""},
 		{"inventory wins over the pod", func(c *Config) { c.Inventory = []string{"x.yaml"} },
-			map[string]string{"KUBERNETES_SERVICE_HOST": "fd00:96::1", "KUBERNETES_SERVICE_PORT": "443"}, SourceInventory, ""},
+			map[string]string{"KUBERNETES_SERVICE_HOST": "fd00:10:96::1", "KUBERNETES_SERVICE_PORT": "443"}, SourceInventory, ""},
 		{"explicit in-cluster with files", func(c *Config) { c.Source = SourceInCluster; c.Inventory = []string{"x"} }, nil, SourceInCluster, "only read by the inventory source"},
 		{"inventory without files", func(c *Config) { c.Source = SourceInventory }, nil, SourceInventory, "needs --k8s.inventory"},
 		{"inventory and kubeconfig", func(c *Config) { c.Inventory = []string{"x"}; c.Kubeconfig = "/k" }, nil, SourceInventory, "choose one"},

@@ -28,12 +28,12 @@ import (
 func TestPodsEveryFamily(t *testing.T) {
 	objs := append(baseObjects(),
 		mkRS("frontend", "web-6b7f9c5d84", "web"),
-		mkPod("frontend", "web-6b7f9c5d84-abcde", "node-1", []string{"10.1.1.10", "fd00:1:1::10"},
+		mkPod("frontend", "web-6b7f9c5d84-abcde", "node-1", []string{"198.18.1.10", "fd00:10:1::10"},
 			owned("ReplicaSet", "web-6b7f9c5d84"), labeled("pod-template-hash", "6b7f9c5d84")),
-		mkPod("backend", "v4only", "node-2", []string{"10.1.2.20"}),
-		mkPod("backend", "v6only", "node-2", []string{"fd00:1:2::21"}),
+		mkPod("backend", "v4only", "node-2", []string{"198.18.2.20"}),
+		mkPod("backend", "v6only", "node-2", []string{"fd00:10:2::21"}),
 		// IPv6 first, as in an IPv6-primary dual-stack cluster.
-		mkPod("backend", "v6first", "node-1", []string{"fd00:1:1::22", "10.1.1.22"}),
+		mkPod("backend", "v6first", "node-1", []string{"fd00:10:1::22", "198.18.1.22"}),
 	)
 	v := newEnv(t, testConfig(), objs...)
 	for _, tc := range []struct {
@@ -41,25 +41,25 @@ func TestPodsEveryFamily(t *testing.T) {
 		wantSrc, wantDst flow.Endpoint
 		wantType         flow.FlowType
 	}{
-		{"ipv4 primary to ipv4-only pod", "10.1.1.10", "10.1.2.20",
+		{"ipv4 primary to ipv4-only pod", "198.18.1.10", "198.18.2.20",
 			flow.Endpoint{PodNamespace: "frontend", PodName: "web-6b7f9c5d84-abcde", WorkloadKind: KindDeployment, WorkloadName: "web", NodeName: "node-1", Zone: "zone-a"},
 			flow.Endpoint{PodNamespace: "backend", PodName: "v4only", WorkloadKind: KindPod, WorkloadName: "v4only", NodeName: "node-2", Zone: "zone-b"},
 			flow.FlowTypeInterNode},
-		{"ipv6 secondary to ipv6-only pod", "fd00:1:1::10", "fd00:1:2::21",
+		{"ipv6 secondary to ipv6-only pod", "fd00:10:1::10", "fd00:10:2::21",
 			flow.Endpoint{PodNamespace: "frontend", PodName: "web-6b7f9c5d84-abcde", WorkloadKind: KindDeployment, WorkloadName: "web", NodeName: "node-1", Zone: "zone-a"},
 			flow.Endpoint{PodNamespace: "backend", PodName: "v6only", WorkloadKind: KindPod, WorkloadName: "v6only", NodeName: "node-2", Zone: "zone-b"},
 			flow.FlowTypeInterNode},
-		{"ipv6 primary, same node", "fd00:1:1::22", "fd00:1:1::10",
+		{"ipv6 primary, same node", "fd00:10:1::22", "fd00:10:1::10",
 			flow.Endpoint{PodNamespace: "backend", PodName: "v6first", WorkloadKind: KindPod, WorkloadName: "v6first", NodeName: "node-1", Zone: "zone-a"},
 			flow.Endpoint{PodNamespace: "frontend", PodName: "web-6b7f9c5d84-abcde", WorkloadKind: KindDeployment, WorkloadName: "web", NodeName: "node-1", Zone: "zone-a"},
 			flow.FlowTypeIntraNode},
-		{"ipv4 secondary, same node", "10.1.1.22", "10.1.1.10",
+		{"ipv4 secondary, same node", "198.18.1.22", "198.18.1.10",
 			flow.Endpoint{PodNamespace: "backend", PodName: "v6first", WorkloadKind: KindPod, WorkloadName: "v6first", NodeName: "node-1", Zone: "zone-a"},
 			flow.Endpoint{PodNamespace: "frontend", PodName: "web-6b7f9c5d84-abcde", WorkloadKind: KindDeployment, WorkloadName: "web", NodeName: "node-1", Zone: "zone-a"},
 			flow.FlowTypeIntraNode},
-		{"ipv4 to external", "10.1.2.20", "203.0.113.9", flow.Endpoint{PodNamespace: "backend", PodName: "v4only", WorkloadKind: KindPod, WorkloadName: "v4only", NodeName: "node-2", Zone: "zone-b"},
+		{"ipv4 to external", "198.18.2.20", "198.19.250.9", flow.Endpoint{PodNamespace: "backend", PodName: "v4only", WorkloadKind: KindPod, WorkloadName: "v4only", NodeName: "node-2", Zone: "zone-b"},
 			flow.Endpoint{}, flow.FlowTypeToExternal},
-		{"ipv6 from external", "2001:db8:ffff::9", "fd00:1:2::21", flow.Endpoint{},
+		{"ipv6 from external", "fd00:10:ffff::9", "fd00:10:2::21", flow.Endpoint{},
 			flow.Endpoint{PodNamespace: "backend", PodName: "v6only", WorkloadKind: KindPod, WorkloadName: "v6only", NodeName: "node-2", Zone: "zone-b"},
 			flow.FlowTypeFromExternal},
 	} {
@@ -80,7 +80,7 @@ func TestPodsEveryFamily(t *testing.T) {
 		})
 	}
 	p, ok := v.e.Pod("backend", "v6first")
-	if !ok || len(p.Addrs) != 2 || p.Addrs[0] != ip("fd00:1:1::22") || p.Addrs[1] != ip("10.1.1.22") {
+	if !ok || len(p.Addrs) != 2 || p.Addrs[0] != ip("fd00:10:1::22") || p.Addrs[1] != ip("198.18.1.22") {
 		t.Errorf("pod addresses %v, want both podIPs in order", p.Addrs)
 	}
 }
@@ -115,15 +115,15 @@ func TestWorkloads(t *testing.T) {
 	objs := append(baseObjects(), mkRS("backend", "web-6b7f9c5d84", "web"), mkRS("backend", "bare-rs", ""),
 		mkJob("backend", "nightly-29000000", "nightly"), mkJob("backend", "once", ""))
 	for i := range pods {
-		pods[i].v4 = fmt.Sprintf("10.1.1.%d", 50+i)
-		pods[i].v6 = fmt.Sprintf("fd00:1:1::%d", 50+i)
+		pods[i].v4 = fmt.Sprintf("198.18.1.%d", 50+i)
+		pods[i].v6 = fmt.Sprintf("fd00:10:1::%d", 50+i)
 		objs = append(objs, mkPod("backend", pods[i].name, "node-1", []string{pods[i].v4, pods[i].v6}, pods[i].opts...))
 	}
 	v := newEnv(t, testConfig(), objs...)
 	for _, p := range pods {
 		for _, a := range []string{p.v4, p.v6} {
 			t.Run(p.comment+"/"+a, func(t *testing.T) {
-				r := v.enrich(v.record(a, "203.0.113.1"))
+				r := v.enrich(v.record(a, "198.19.250.1"))
 				if r.Src.PodName != p.name || (Workload{r.Src.WorkloadKind, r.Src.WorkloadName}) != p.want {
 					t.Errorf("pod %q workload %s/%s, want %q %v", r.Src.PodName, r.Src.WorkloadKind, r.Src.WorkloadName, p.name, p.want)
 				}
@@ -132,7 +132,7 @@ func TestWorkloads(t *testing.T) {
 	}
 	// The ReplicaSet arriving later wins over the name heuristic.
 	v.apply(mkRS("backend", "api-58d4c7f9b6", "api-renamed"))
-	if r := v.enrich(v.record("fd00:1:1::51", "2001:db8:ffff::1")); r.Src.WorkloadName != "api-renamed" {
+	if r := v.enrich(v.record("fd00:10:1::51", "fd00:10:ffff::1")); r.Src.WorkloadName != "api-renamed" {
 		t.Errorf("after the ReplicaSet: workload %s", r.Src.WorkloadName)
 	}
 }
@@ -140,17 +140,17 @@ func TestWorkloads(t *testing.T) {
 // dualService is backend/api (PreferDualStack) with one EndpointSlice per
 // family: api-1 on node-1 (zone-a), api-2 on node-2 (zone-b).
 func dualService() (*corev1.Service, *corev1.Pod, *corev1.Pod, [2]runtime.Object) {
-	svc := mkService("backend", "api", corev1.IPFamilyPolicyPreferDualStack, "10.96.0.10", "fd00:96::10")
-	api1 := mkPod("backend", "api-1", "node-1", []string{"10.1.1.11", "fd00:1:1::11"})
-	api2 := mkPod("backend", "api-2", "node-2", []string{"10.1.2.12", "fd00:1:2::12"})
-	v4 := mkSlice("backend", "api-v4", "api", ep{"10.1.1.11", "node-1", "zone-a", "api-1"}, ep{"10.1.2.12", "node-2", "zone-b", "api-2"})
-	v6 := mkSlice("backend", "api-v6", "api", ep{"fd00:1:1::11", "node-1", "zone-a", "api-1"}, ep{"fd00:1:2::12", "node-2", "zone-b", "api-2"})
+	svc := mkService("backend", "api", corev1.IPFamilyPolicyPreferDualStack, "198.19.0.10", "fd00:10:96::10")
+	api1 := mkPod("backend", "api-1", "node-1", []string{"198.18.1.11", "fd00:10:1::11"})
+	api2 := mkPod("backend", "api-2", "node-2", []string{"198.18.2.12", "fd00:10:2::12"})
+	v4 := mkSlice("backend", "api-v4", "api", ep{"198.18.1.11", "node-1", "zone-a", "api-1"}, ep{"198.18.2.12", "node-2", "zone-b", "api-2"})
+	v6 := mkSlice("backend", "api-v6", "api", ep{"fd00:10:1::11", "node-1", "zone-a", "api-1"}, ep{"fd00:10:2::12", "node-2", "zone-b", "api-2"})
 	return svc, api1, api2, [2]runtime.Object{v4, v6}
 }
 
 func TestServiceSlicesAnyOrder(t *testing.T) {
 	svc, api1, api2, sl := dualService()
-	web := mkPod("frontend", "web", "node-1", []string{"10.1.1.10", "fd00:1:1::10"})
+	web := mkPod("frontend", "web", "node-1", []string{"198.18.1.10", "fd00:10:1::10"})
 	for _, order := range []struct {
 		name string
 		objs []runtime.Object
@@ -164,10 +164,10 @@ func TestServiceSlicesAnyOrder(t *testing.T) {
 			v := newEnv(t, testConfig(), append(baseObjects(), web, api1, api2)...)
 			v.apply(order.objs...)
 			for _, f := range []struct{ src, vip, endpoint, pod, zone string }{
-				{"10.1.1.10", "10.96.0.10", "10.1.2.12", "api-2", "zone-b"},
-				{"fd00:1:1::10", "fd00:96::10", "fd00:1:2::12", "api-2", "zone-b"},
-				{"10.1.1.10", "10.96.0.10", "10.1.1.11", "api-1", "zone-a"},
-				{"fd00:1:1::10", "fd00:96::10", "fd00:1:1::11", "api-1", "zone-a"},
+				{"198.18.1.10", "198.19.0.10", "198.18.2.12", "api-2", "zone-b"},
+				{"fd00:10:1::10", "fd00:10:96::10", "fd00:10:2::12", "api-2", "zone-b"},
+				{"198.18.1.10", "198.19.0.10", "198.18.1.11", "api-1", "zone-a"},
+				{"fd00:10:1::10", "fd00:10:96::10", "fd00:10:1::11", "api-1", "zone-a"},
 			} {
 				r := v.enrich(v.viaService(f.src, f.vip, f.endpoint))
 				if r.Service != (flow.Service{Namespace: "backend", Name: "api", PortName: "http"}) {
@@ -192,10 +192,10 @@ func TestServiceSlicesAnyOrder(t *testing.T) {
 			for _, f := range []struct {
 				vip, endpoint string
 				want          string
-			}{{"10.96.0.10", "10.1.2.12", ""}, {"fd00:96::10", "fd00:1:2::12", "http"}} {
-				r := v.viaService("10.1.1.10", f.vip, f.endpoint)
+			}{{"198.19.0.10", "198.18.2.12", ""}, {"fd00:10:96::10", "fd00:10:2::12", "http"}} {
+				r := v.viaService("198.18.1.10", f.vip, f.endpoint)
 				if ip(f.vip).Is6() {
-					r.SrcAddr = ip("fd00:1:1::10")
+					r.SrcAddr = ip("fd00:10:1::10")
 				}
 				r.ServicePort = 0
 				if v.e.Enrich(&r); r.Service.Name != "api" || r.Service.PortName != f.want {
@@ -208,12 +208,12 @@ func TestServiceSlicesAnyOrder(t *testing.T) {
 
 func TestServiceFamilyChange(t *testing.T) {
 	svc, api1, api2, sl := dualService()
-	web := mkPod("frontend", "web", "node-1", []string{"10.1.1.10", "fd00:1:1::10"})
+	web := mkPod("frontend", "web", "node-1", []string{"198.18.1.10", "fd00:10:1::10"})
 	v := newEnv(t, testConfig(), append(baseObjects(), web, api1, api2, svc, sl[0], sl[1])...)
 	flowAt := func(vip, endpoint string, start time.Time) flow.Record {
-		src := "10.1.1.10"
+		src := "198.18.1.10"
 		if ip(vip).Is6() {
-			src = "fd00:1:1::10"
+			src = "fd00:10:1::10"
 		}
 		r := v.viaService(src, vip, endpoint)
 		r.FlowStart, r.FlowEnd = start, start.Add(time.Second)
@@ -227,7 +227,7 @@ func TestServiceFamilyChange(t *testing.T) {
 	single := svc.DeepCopy()
 	single.Spec.IPFamilyPolicy = ptr(corev1.IPFamilyPolicySingleStack)
 	single.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol}
-	single.Spec.ClusterIPs = []string{"10.96.0.10"}
+	single.Spec.ClusterIPs = []string{"198.19.0.10"}
 	v.apply(single)
 	if got := v.e.EndpointSlices("backend", "api"); len(got) != 1 || got[0].Name != "api-v4" {
 		t.Errorf("single-stack Service with a stale IPv6 slice: EndpointSlices %v, want only api-v4", got)
@@ -235,46 +235,46 @@ func TestServiceFamilyChange(t *testing.T) {
 	v.remove(sl[1])
 	tSingle := v.clk.Now()
 	v.clk.Add(time.Minute)
-	if r := flowAt("fd00:96::10", "fd00:1:2::12", tDual); r.Service.Name != "api" || r.Dst.PodName != "api-2" {
+	if r := flowAt("fd00:10:96::10", "fd00:10:2::12", tDual); r.Service.Name != "api" || r.Dst.PodName != "api-2" {
 		t.Errorf("late IPv6 record from the dual-stack time: service %+v dst %s", r.Service, r.Dst.PodName)
 	}
-	if r := flowAt("fd00:96::10", "fd00:1:2::12", tSingle.Add(30*time.Second)); r.Service.Name != "" {
+	if r := flowAt("fd00:10:96::10", "fd00:10:2::12", tSingle.Add(30*time.Second)); r.Service.Name != "" {
 		t.Errorf("IPv6 ClusterIP after it was dropped: service %+v", r.Service)
 	}
-	if r := flowAt("10.96.0.10", "10.1.2.12", v.clk.Now()); r.Service.Name != "api" || r.Service.PortName != "http" {
+	if r := flowAt("198.19.0.10", "198.18.2.12", v.clk.Now()); r.Service.Name != "api" || r.Service.PortName != "http" {
 		t.Errorf("IPv4 while single-stack: %+v", r.Service)
 	}
-	if s, _ := v.e.Service("backend", "api"); !slices.Equal(s.ClusterIPs, []netip.Addr{ip("10.96.0.10")}) || s.IPFamilyPolicy != corev1.IPFamilyPolicySingleStack {
+	if s, _ := v.e.Service("backend", "api"); !slices.Equal(s.ClusterIPs, []netip.Addr{ip("198.19.0.10")}) || s.IPFamilyPolicy != corev1.IPFamilyPolicySingleStack {
 		t.Errorf("single-stack view %v %v", s.ClusterIPs, s.IPFamilyPolicy)
 	}
 
 	// Back to dual-stack with a new IPv6 ClusterIP and a new IPv6 slice.
 	v.clk.Add(time.Minute)
 	dual := svc.DeepCopy()
-	dual.Spec.ClusterIPs = []string{"10.96.0.10", "fd00:96::20"}
+	dual.Spec.ClusterIPs = []string{"198.19.0.10", "fd00:10:96::20"}
 	v.apply(dual)
-	v6 := mkSlice("backend", "api-v6b", "api", ep{"fd00:1:1::11", "node-1", "zone-a", "api-1"}, ep{"fd00:1:2::12", "node-2", "zone-b", "api-2"})
+	v6 := mkSlice("backend", "api-v6b", "api", ep{"fd00:10:1::11", "node-1", "zone-a", "api-1"}, ep{"fd00:10:2::12", "node-2", "zone-b", "api-2"})
 	v.apply(v6)
 	v.clk.Add(time.Minute)
-	if r := flowAt("fd00:96::20", "fd00:1:1::11", v.clk.Now()); r.Service.Name != "api" || r.Service.PortName != "http" || r.Dst.Zone != "zone-a" {
+	if r := flowAt("fd00:10:96::20", "fd00:10:1::11", v.clk.Now()); r.Service.Name != "api" || r.Service.PortName != "http" || r.Dst.Zone != "zone-a" {
 		t.Errorf("new IPv6 ClusterIP: service %+v dst %+v", r.Service, r.Dst)
 	}
-	if r := flowAt("fd00:96::10", "fd00:1:1::11", v.clk.Now()); r.Service.Name != "" {
+	if r := flowAt("fd00:10:96::10", "fd00:10:1::11", v.clk.Now()); r.Service.Name != "" {
 		t.Errorf("old IPv6 ClusterIP resolved after the change back: %+v", r.Service)
 	}
 	if got := v.e.EndpointSlices("backend", "api"); len(got) != 2 {
 		t.Errorf("EndpointSlices after the change back: %v", got)
 	}
 	s, _ := v.e.Service("backend", "api")
-	if a, _ := PreferAddr(s.ClusterIPs, true); a != ip("fd00:96::20") {
+	if a, _ := PreferAddr(s.ClusterIPs, true); a != ip("fd00:10:96::20") {
 		t.Errorf("preferred ClusterIP %v", a)
 	}
 }
 
 func TestPodIPReuse(t *testing.T) {
 	for _, fam := range []struct{ name, addr, peer string }{
-		{"ipv4", "10.1.1.5", "10.1.2.99"},
-		{"ipv6", "fd00:1:1::5", "fd00:1:2::99"},
+		{"ipv4", "198.18.1.5", "198.18.2.99"},
+		{"ipv6", "fd00:10:1::5", "fd00:10:2::99"},
 	} {
 		t.Run(fam.name, func(t *testing.T) {
 			cfg := testConfig()
@@ -324,7 +324,7 @@ func TestPodIPReuse(t *testing.T) {
 }
 
 func TestTerminatedPodReleasesAddresses(t *testing.T) {
-	done := mkPod("backend", "job-x", "node-1", []string{"10.1.1.7", "fd00:1:1::7"}, owned("Job", "once"))
+	done := mkPod("backend", "job-x", "node-1", []string{"198.18.1.7", "fd00:10:1::7"}, owned("Job", "once"))
 	v := newEnv(t, testConfig(), append(baseObjects(), done)...)
 	v.clk.Add(time.Minute)
 	finished := done.DeepCopy()
@@ -332,8 +332,8 @@ func TestTerminatedPodReleasesAddresses(t *testing.T) {
 	finished.Status.ContainerStatuses = []corev1.ContainerStatus{{State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{FinishedAt: metav1.NewTime(t0.Add(30 * time.Second))}}}}
 	v.apply(finished)
 	v.clk.Add(time.Minute)
-	v.apply(mkPod("backend", "next", "node-2", []string{"10.1.1.7", "fd00:1:1::7"}, createdAt(v.clk.Now())))
-	for _, a := range []string{"10.1.1.7", "fd00:1:1::7"} {
+	v.apply(mkPod("backend", "next", "node-2", []string{"198.18.1.7", "fd00:10:1::7"}, createdAt(v.clk.Now())))
+	for _, a := range []string{"198.18.1.7", "fd00:10:1::7"} {
 		if p, ok := v.e.LookupPod(ip(a), t0.Add(10*time.Second)); !ok || p.Name != "job-x" {
 			t.Errorf("%s while the job ran: %v", a, p)
 		}
@@ -346,14 +346,14 @@ func TestTerminatedPodReleasesAddresses(t *testing.T) {
 func TestPodFinishedBeforeStart(t *testing.T) {
 	// A Job's pod that finished before the collector started still
 	// resolves for the time it ran, within the grace period.
-	done := mkPod("backend", "job-y", "node-1", []string{"10.1.1.8", "fd00:1:1::8"}, owned("Job", "once"))
+	done := mkPod("backend", "job-y", "node-1", []string{"198.18.1.8", "fd00:10:1::8"}, owned("Job", "once"))
 	done.Status.Phase = corev1.PodFailed
 	done.Status.ContainerStatuses = []corev1.ContainerStatus{{State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{FinishedAt: metav1.NewTime(t0.Add(-time.Minute))}}}}
 	old := done.DeepCopy()
 	old.Name, old.UID = "job-z", "job-z"
 	old.Status.ContainerStatuses[0].State.Terminated.FinishedAt = metav1.NewTime(t0.Add(-time.Hour))
 	v := newEnv(t, testConfig(), append(baseObjects(), done, old)...)
-	for _, a := range []string{"10.1.1.8", "fd00:1:1::8"} {
+	for _, a := range []string{"198.18.1.8", "fd00:10:1::8"} {
 		if p, ok := v.e.LookupPod(ip(a), t0.Add(-2*time.Minute)); !ok || p.Name != "job-y" {
 			t.Errorf("%s while job-y ran: %v", a, p)
 		}
@@ -366,10 +366,10 @@ func TestPodFinishedBeforeStart(t *testing.T) {
 func TestRecreatedWithNewUID(t *testing.T) {
 	// A StatefulSet pod comes back with the same name, a new UID and new
 	// addresses: the old addresses stay attributed to the old instance.
-	db := mkPod("backend", "db-0", "node-1", []string{"10.1.1.30", "fd00:1:1::30"}, owned("StatefulSet", "db"))
+	db := mkPod("backend", "db-0", "node-1", []string{"198.18.1.30", "fd00:10:1::30"}, owned("StatefulSet", "db"))
 	v := newEnv(t, testConfig(), append(baseObjects(), db)...)
 	v.clk.Add(time.Minute)
-	again := mkPod("backend", "db-0", "node-2", []string{"10.1.2.31", "fd00:1:2::31"}, owned("StatefulSet", "db"), createdAt(v.clk.Now()))
+	again := mkPod("backend", "db-0", "node-2", []string{"198.18.2.31", "fd00:10:2::31"}, owned("StatefulSet", "db"), createdAt(v.clk.Now()))
 	again.UID = "db-0-second"
 	v.apply(again)
 	v.clk.Add(time.Minute)
@@ -377,14 +377,14 @@ func TestRecreatedWithNewUID(t *testing.T) {
 		addr string
 		at   time.Time
 		node string
-	}{{"10.1.1.30", t0.Add(-time.Minute), "node-1"}, {"fd00:1:1::30", t0.Add(-time.Minute), "node-1"},
-		{"10.1.2.31", v.clk.Now(), "node-2"}, {"fd00:1:2::31", v.clk.Now(), "node-2"}} {
+	}{{"198.18.1.30", t0.Add(-time.Minute), "node-1"}, {"fd00:10:1::30", t0.Add(-time.Minute), "node-1"},
+		{"198.18.2.31", v.clk.Now(), "node-2"}, {"fd00:10:2::31", v.clk.Now(), "node-2"}} {
 		p, ok := v.e.LookupPod(ip(c.addr), c.at)
 		if !ok || p.Name != "db-0" || p.NodeName != c.node {
 			t.Errorf("%s at %v: %+v", c.addr, c.at, p)
 		}
 	}
-	if p, ok := v.e.LookupPod(ip("10.1.1.30"), v.clk.Now()); ok {
+	if p, ok := v.e.LookupPod(ip("198.18.1.30"), v.clk.Now()); ok {
 		t.Errorf("old address still held now by %s", p.UID)
 	}
 }
@@ -393,37 +393,37 @@ func TestIPv6Disabled(t *testing.T) {
 	cfg := testConfig()
 	cfg.EnableIPv6 = false
 	svc, api1, api2, sl := dualService()
-	web := mkPod("frontend", "web", "node-1", []string{"10.1.1.10", "fd00:1:1::10"})
+	web := mkPod("frontend", "web", "node-1", []string{"198.18.1.10", "fd00:10:1::10"})
 	v := newEnv(t, cfg, append(baseObjects(), web, api1, api2, svc, sl[0], sl[1])...)
 
-	if p, _ := v.e.Pod("frontend", "web"); !slices.Equal(p.Addrs, []netip.Addr{ip("10.1.1.10")}) {
+	if p, _ := v.e.Pod("frontend", "web"); !slices.Equal(p.Addrs, []netip.Addr{ip("198.18.1.10")}) {
 		t.Errorf("pod addresses %v: IPv6 must be dropped", p.Addrs)
 	}
 	s, _ := v.e.Service("backend", "api")
-	if !slices.Equal(s.ClusterIPs, []netip.Addr{ip("10.96.0.10")}) {
+	if !slices.Equal(s.ClusterIPs, []netip.Addr{ip("198.19.0.10")}) {
 		t.Errorf("ClusterIPs %v", s.ClusterIPs)
 	}
-	if a, ok := v.e.PreferAddr([]netip.Addr{ip("fd00:96::10"), ip("10.96.0.10")}); !ok || a != ip("10.96.0.10") {
+	if a, ok := v.e.PreferAddr([]netip.Addr{ip("fd00:10:96::10"), ip("198.19.0.10")}); !ok || a != ip("198.19.0.10") {
 		t.Errorf("PreferAddr %v", a)
 	}
 	if n, _ := v.e.Node("node-1"); len(n.PodCIDRs) != 1 || len(n.InternalIPs) != 1 {
 		t.Errorf("node %v %v", n.PodCIDRs, n.InternalIPs)
 	}
-	if _, ok := v.e.LookupPod(ip("fd00:1:1::10"), time.Time{}); ok {
+	if _, ok := v.e.LookupPod(ip("fd00:10:1::10"), time.Time{}); ok {
 		t.Error("IPv6 address indexed")
 	}
-	r6 := v.enrich(v.viaService("fd00:1:1::10", "fd00:96::10", "fd00:1:2::12"))
+	r6 := v.enrich(v.viaService("fd00:10:1::10", "fd00:10:96::10", "fd00:10:2::12"))
 	if stripLabels(r6.Src) != (plainEndpoint{}) || stripLabels(r6.Dst) != (plainEndpoint{}) || r6.Service != (flow.Service{}) || r6.Type != 0 {
 		t.Errorf("IPv6 record enriched: %+v", r6)
 	}
-	r4 := v.enrich(v.viaService("10.1.1.10", "10.96.0.10", "10.1.2.12"))
+	r4 := v.enrich(v.viaService("198.18.1.10", "198.19.0.10", "198.18.2.12"))
 	if r4.Src.PodName != "web" || r4.Dst.PodName != "api-2" || r4.Service.Name != "api" || r4.Type != flow.FlowTypeInterNode {
 		t.Errorf("IPv4 record: %+v", r4)
 	}
 	if got := testutil.ToFloat64(v.e.m.lookups[1][1]); got != 2 {
 		t.Errorf("IPv6 misses %v, want 2", got)
 	}
-	if _, ok := v.e.NodeForIP(ip("fd00:1:1::10")); ok {
+	if _, ok := v.e.NodeForIP(ip("fd00:10:1::10")); ok {
 		t.Error("NodeForIP resolves IPv6")
 	}
 }
@@ -432,10 +432,10 @@ func TestHostNetworkPods(t *testing.T) {
 	objs := append(baseObjects(),
 		// kube-proxy shares node-1's addresses; the agent has an address
 		// the Node object does not list.
-		mkPod("kube-system", "kube-proxy-1", "node-1", []string{"192.0.2.1", "2001:db8::1"}, hostNet, owned("DaemonSet", "kube-proxy")),
-		mkPod("kube-system", "agent-2", "node-2", []string{"192.0.2.77", "2001:db8::77"}, hostNet, owned("DaemonSet", "agent")),
-		mkPod("backend", "api-1", "node-1", []string{"10.1.1.11", "fd00:1:1::11"}),
-		mkPod("backend", "api-2", "node-2", []string{"10.1.2.12", "fd00:1:2::12"}),
+		mkPod("kube-system", "kube-proxy-1", "node-1", []string{"198.19.200.1", "fd00:10:ff::1"}, hostNet, owned("DaemonSet", "kube-proxy")),
+		mkPod("kube-system", "agent-2", "node-2", []string{"198.19.200.77", "fd00:10:ff::77"}, hostNet, owned("DaemonSet", "agent")),
+		mkPod("backend", "api-1", "node-1", []string{"198.18.1.11", "fd00:10:1::11"}),
+		mkPod("backend", "api-2", "node-2", []string{"198.18.2.12", "fd00:10:2::12"}),
 	)
 	v := newEnv(t, testConfig(), objs...)
 	for _, c := range []struct {
@@ -444,10 +444,10 @@ func TestHostNetworkPods(t *testing.T) {
 		zone     string
 		typ      flow.FlowType
 	}{
-		{"192.0.2.1", "10.1.1.11", "node-1", "zone-a", flow.FlowTypeIntraNode},
-		{"2001:db8::1", "fd00:1:1::11", "node-1", "zone-a", flow.FlowTypeIntraNode},
-		{"192.0.2.77", "10.1.1.11", "node-2", "zone-b", flow.FlowTypeInterNode},
-		{"2001:db8::77", "fd00:1:2::12", "node-2", "zone-b", flow.FlowTypeIntraNode},
+		{"198.19.200.1", "198.18.1.11", "node-1", "zone-a", flow.FlowTypeIntraNode},
+		{"fd00:10:ff::1", "fd00:10:1::11", "node-1", "zone-a", flow.FlowTypeIntraNode},
+		{"198.19.200.77", "198.18.1.11", "node-2", "zone-b", flow.FlowTypeInterNode},
+		{"fd00:10:ff::77", "fd00:10:2::12", "node-2", "zone-b", flow.FlowTypeIntraNode},
 	} {
 		r := v.enrich(v.record(c.src, c.dst))
 		if want := (plainEndpoint{NodeName: c.node, Zone: c.zone}); stripLabels(r.Src) != want || r.Src.Labels != nil {
@@ -460,14 +460,14 @@ func TestHostNetworkPods(t *testing.T) {
 			t.Errorf("NodeForIP(%s) = %q", c.src, n)
 		}
 	}
-	if _, ok := v.e.LookupPod(ip("192.0.2.1"), time.Time{}); ok {
+	if _, ok := v.e.LookupPod(ip("198.19.200.1"), time.Time{}); ok {
 		t.Error("a host-network pod is returned for its node's address")
 	}
 }
 
 func TestDualStackServiceAcrossZones(t *testing.T) {
 	svc, api1, api2, sl := dualService()
-	web := mkPod("frontend", "web", "node-1", []string{"10.1.1.10", "fd00:1:1::10"})
+	web := mkPod("frontend", "web", "node-1", []string{"198.18.1.10", "fd00:10:1::10"})
 	v := newEnv(t, testConfig(), append(baseObjects(), web, api1, api2, svc, sl[0], sl[1])...)
 	type key struct {
 		version uint8
@@ -475,10 +475,10 @@ func TestDualStackServiceAcrossZones(t *testing.T) {
 	}
 	count := map[key]int{}
 	for _, f := range []struct{ src, vip, endpoint, zone string }{
-		{"10.1.1.10", "10.96.0.10", "10.1.1.11", "zone-a"},
-		{"10.1.1.10", "10.96.0.10", "10.1.2.12", "zone-b"},
-		{"fd00:1:1::10", "fd00:96::10", "fd00:1:1::11", "zone-a"},
-		{"fd00:1:1::10", "fd00:96::10", "fd00:1:2::12", "zone-b"},
+		{"198.18.1.10", "198.19.0.10", "198.18.1.11", "zone-a"},
+		{"198.18.1.10", "198.19.0.10", "198.18.2.12", "zone-b"},
+		{"fd00:10:1::10", "fd00:10:96::10", "fd00:10:1::11", "zone-a"},
+		{"fd00:10:1::10", "fd00:10:96::10", "fd00:10:2::12", "zone-b"},
 	} {
 		r := v.enrich(v.viaService(f.src, f.vip, f.endpoint))
 		if r.Src.Zone != "zone-a" || r.Dst.Zone != f.zone || r.Service.Name != "api" {
@@ -493,15 +493,15 @@ func TestDualStackServiceAcrossZones(t *testing.T) {
 	// The slice's zone is the endpoint's zone, in both families, even
 	// where the node says otherwise; without one the node's zone is used.
 	moved := [2]runtime.Object{
-		mkSlice("backend", "api-v4", "api", ep{"10.1.1.11", "node-1", "zone-c", "api-1"}, ep{"10.1.2.12", "node-2", "", "api-2"}),
-		mkSlice("backend", "api-v6", "api", ep{"fd00:1:1::11", "node-1", "zone-c", "api-1"}, ep{"fd00:1:2::12", "node-2", "", "api-2"}),
+		mkSlice("backend", "api-v4", "api", ep{"198.18.1.11", "node-1", "zone-c", "api-1"}, ep{"198.18.2.12", "node-2", "", "api-2"}),
+		mkSlice("backend", "api-v6", "api", ep{"fd00:10:1::11", "node-1", "zone-c", "api-1"}, ep{"fd00:10:2::12", "node-2", "", "api-2"}),
 	}
 	v.apply(moved[0], moved[1])
 	for _, f := range []struct{ src, vip, endpoint, zone string }{
-		{"10.1.1.10", "10.96.0.10", "10.1.1.11", "zone-c"},
-		{"fd00:1:1::10", "fd00:96::10", "fd00:1:1::11", "zone-c"},
-		{"10.1.1.10", "10.96.0.10", "10.1.2.12", "zone-b"},
-		{"fd00:1:1::10", "fd00:96::10", "fd00:1:2::12", "zone-b"},
+		{"198.18.1.10", "198.19.0.10", "198.18.1.11", "zone-c"},
+		{"fd00:10:1::10", "fd00:10:96::10", "fd00:10:1::11", "zone-c"},
+		{"198.18.1.10", "198.19.0.10", "198.18.2.12", "zone-b"},
+		{"fd00:10:1::10", "fd00:10:96::10", "fd00:10:2::12", "zone-b"},
 	} {
 		if r := v.enrich(v.viaService(f.src, f.vip, f.endpoint)); r.Dst.Zone != f.zone {
 			t.Errorf("%s: zone %s, want %s", f.endpoint, r.Dst.Zone, f.zone)
@@ -512,15 +512,15 @@ func TestDualStackServiceAcrossZones(t *testing.T) {
 func TestEndpointWithoutPodEvent(t *testing.T) {
 	// The slice names a pod whose Pod event has not arrived: the
 	// destination still gets the pod name, node and zone from the slice.
-	svc := mkService("backend", "api", corev1.IPFamilyPolicyPreferDualStack, "10.96.0.10", "fd00:96::10")
+	svc := mkService("backend", "api", corev1.IPFamilyPolicyPreferDualStack, "198.19.0.10", "fd00:10:96::10")
 	objs := append(baseObjects(), svc,
-		mkSlice("backend", "api-v4", "api", ep{"10.1.2.40", "node-2", "zone-b", "late-pod"}),
-		mkSlice("backend", "api-v6", "api", ep{"fd00:1:2::40", "node-2", "zone-b", "late-pod"}))
+		mkSlice("backend", "api-v4", "api", ep{"198.18.2.40", "node-2", "zone-b", "late-pod"}),
+		mkSlice("backend", "api-v6", "api", ep{"fd00:10:2::40", "node-2", "zone-b", "late-pod"}))
 	v := newEnv(t, testConfig(), objs...)
-	for _, f := range [][2]string{{"10.96.0.10", "10.1.2.40"}, {"fd00:96::10", "fd00:1:2::40"}} {
-		src := "203.0.113.5"
+	for _, f := range [][2]string{{"198.19.0.10", "198.18.2.40"}, {"fd00:10:96::10", "fd00:10:2::40"}} {
+		src := "198.19.250.5"
 		if ip(f[0]).Is6() {
-			src = "2001:db8:ffff::5"
+			src = "fd00:10:ffff::5"
 		}
 		r := v.enrich(v.viaService(src, f[0], f[1]))
 		if r.Dst.PodNamespace != "backend" || r.Dst.PodName != "late-pod" || r.Dst.NodeName != "node-2" || r.Dst.Zone != "zone-b" ||
@@ -531,35 +531,35 @@ func TestEndpointWithoutPodEvent(t *testing.T) {
 }
 
 func TestExternalAndLoadBalancerIPs(t *testing.T) {
-	lb := mkService("backend", "ingress", corev1.IPFamilyPolicyRequireDualStack, "10.96.0.50", "fd00:96::50")
+	lb := mkService("backend", "ingress", corev1.IPFamilyPolicyRequireDualStack, "198.19.0.50", "fd00:10:96::50")
 	lb.Spec.Type = corev1.ServiceTypeLoadBalancer
-	lb.Spec.ExternalIPs = []string{"198.51.100.10", "2001:db8:e::10"}
-	lb.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.20"}, {IP: "2001:db8:e::20"}, {Hostname: "lb.example"}}
+	lb.Spec.ExternalIPs = []string{"198.19.251.10", "fd00:10:e::10"}
+	lb.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.19.251.20"}, {IP: "fd00:10:e::20"}, {Hostname: "lb.example"}}
 	lb.Spec.Ports[0].NodePort = 30080
 	// A second Service sharing the IPv4 load-balancer IP on another port.
-	other := mkService("backend", "other", corev1.IPFamilyPolicySingleStack, "10.96.0.51")
+	other := mkService("backend", "other", corev1.IPFamilyPolicySingleStack, "198.19.0.51")
 	other.Spec.Type = corev1.ServiceTypeLoadBalancer
 	other.Spec.Ports = []corev1.ServicePort{{Name: "smtp", Port: 25, Protocol: corev1.ProtocolTCP}}
-	other.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.20"}}
-	api := mkPod("backend", "api-2", "node-2", []string{"10.1.2.12", "fd00:1:2::12"})
+	other.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.19.251.20"}}
+	api := mkPod("backend", "api-2", "node-2", []string{"198.18.2.12", "fd00:10:2::12"})
 	v := newEnv(t, testConfig(), append(baseObjects(), lb, other, api)...)
 	for _, c := range []struct {
 		name, src, svcAddr string
 		port               uint16
 		want               flow.Service
 	}{
-		{"ipv4 external IP", "203.0.113.1", "198.51.100.10", 80, flow.Service{Namespace: "backend", Name: "ingress", PortName: "http"}},
-		{"ipv6 external IP", "2001:db8:ffff::1", "2001:db8:e::10", 80, flow.Service{Namespace: "backend", Name: "ingress", PortName: "http"}},
-		{"ipv4 load balancer", "203.0.113.1", "198.51.100.20", 80, flow.Service{Namespace: "backend", Name: "ingress", PortName: "http"}},
-		{"ipv4 shared load balancer, other port", "203.0.113.1", "198.51.100.20", 25, flow.Service{Namespace: "backend", Name: "other", PortName: "smtp"}},
-		{"ipv6 load balancer", "2001:db8:ffff::1", "2001:db8:e::20", 80, flow.Service{Namespace: "backend", Name: "ingress", PortName: "http"}},
-		{"ipv4 node port", "203.0.113.1", "192.0.2.1", 30080, flow.Service{Namespace: "backend", Name: "ingress", PortName: "http"}},
-		{"ipv6 node port", "2001:db8:ffff::1", "2001:db8::2", 30080, flow.Service{Namespace: "backend", Name: "ingress", PortName: "http"}},
+		{"ipv4 external IP", "198.19.250.1", "198.19.251.10", 80, flow.Service{Namespace: "backend", Name: "ingress", PortName: "http"}},
+		{"ipv6 external IP", "fd00:10:ffff::1", "fd00:10:e::10", 80, flow.Service{Namespace: "backend", Name: "ingress", PortName: "http"}},
+		{"ipv4 load balancer", "198.19.250.1", "198.19.251.20", 80, flow.Service{Namespace: "backend", Name: "ingress", PortName: "http"}},
+		{"ipv4 shared load balancer, other port", "198.19.250.1", "198.19.251.20", 25, flow.Service{Namespace: "backend", Name: "other", PortName: "smtp"}},
+		{"ipv6 load balancer", "fd00:10:ffff::1", "fd00:10:e::20", 80, flow.Service{Namespace: "backend", Name: "ingress", PortName: "http"}},
+		{"ipv4 node port", "198.19.250.1", "198.19.200.1", 30080, flow.Service{Namespace: "backend", Name: "ingress", PortName: "http"}},
+		{"ipv6 node port", "fd00:10:ffff::1", "fd00:10:ff::2", 30080, flow.Service{Namespace: "backend", Name: "ingress", PortName: "http"}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			dst := "10.1.2.12"
+			dst := "198.18.2.12"
 			if ip(c.src).Is6() {
-				dst = "fd00:1:2::12"
+				dst = "fd00:10:2::12"
 			}
 			r := v.record(c.src, dst)
 			r.ServiceAddr, r.ServicePort = ip(c.svcAddr), c.port
@@ -569,44 +569,44 @@ func TestExternalAndLoadBalancerIPs(t *testing.T) {
 			}
 		})
 	}
-	if s, ok := v.e.LookupService(ip("2001:db8:e::20"), time.Time{}); !ok || s.Name != "ingress" ||
-		!slices.Equal(s.LoadBalancerIPs, []netip.Addr{ip("198.51.100.20"), ip("2001:db8:e::20")}) {
+	if s, ok := v.e.LookupService(ip("fd00:10:e::20"), time.Time{}); !ok || s.Name != "ingress" ||
+		!slices.Equal(s.LoadBalancerIPs, []netip.Addr{ip("198.19.251.20"), ip("fd00:10:e::20")}) {
 		t.Errorf("LookupService: %+v", s)
 	}
 }
 
 func TestFlowTypes(t *testing.T) {
 	cfg := testConfig()
-	cfg.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("10.96.0.0/16"), netip.MustParsePrefix("fd00:96::/108")}
-	cfg.ClusterCIDRs = []netip.Prefix{netip.MustParsePrefix("10.200.0.0/16"), netip.MustParsePrefix("fd00:200::/56")}
+	cfg.ServiceCIDRs = []netip.Prefix{netip.MustParsePrefix("198.19.0.0/17"), netip.MustParsePrefix("fd00:10:96::/108")}
+	cfg.ClusterCIDRs = []netip.Prefix{netip.MustParsePrefix("198.18.200.0/21"), netip.MustParsePrefix("fd00:10:200::/56")}
 	objs := append(baseObjects(),
-		mkPod("a", "p1", "node-1", []string{"10.1.1.10", "fd00:1:1::10"}),
-		mkPod("a", "p2", "node-1", []string{"10.1.1.11", "fd00:1:1::11"}),
-		mkPod("a", "p3", "node-2", []string{"10.1.2.10", "fd00:1:2::10"}),
-		mkService("a", "svc", corev1.IPFamilyPolicyPreferDualStack, "10.96.0.7", "fd00:96::7"))
+		mkPod("a", "p1", "node-1", []string{"198.18.1.10", "fd00:10:1::10"}),
+		mkPod("a", "p2", "node-1", []string{"198.18.1.11", "fd00:10:1::11"}),
+		mkPod("a", "p3", "node-2", []string{"198.18.2.10", "fd00:10:2::10"}),
+		mkService("a", "svc", corev1.IPFamilyPolicyPreferDualStack, "198.19.0.7", "fd00:10:96::7"))
 	v := newEnv(t, cfg, objs...)
 	for _, c := range []struct {
 		name, src, dst string
 		want           flow.FlowType
 	}{
-		{"ipv4 pods on one node", "10.1.1.10", "10.1.1.11", flow.FlowTypeIntraNode},
-		{"ipv6 pods on one node", "fd00:1:1::10", "fd00:1:1::11", flow.FlowTypeIntraNode},
-		{"ipv4 pods on two nodes", "10.1.1.10", "10.1.2.10", flow.FlowTypeInterNode},
-		{"ipv6 pods on two nodes", "fd00:1:1::10", "fd00:1:2::10", flow.FlowTypeInterNode},
-		{"ipv4 pod to the internet", "10.1.1.10", "8.8.8.8", flow.FlowTypeToExternal},
-		{"ipv6 pod to the internet", "fd00:1:1::10", "2001:4860:4860::8888", flow.FlowTypeToExternal},
-		{"ipv4 from the internet", "8.8.8.8", "10.1.2.10", flow.FlowTypeFromExternal},
-		{"ipv6 from the internet", "2001:4860:4860::8888", "fd00:1:2::10", flow.FlowTypeFromExternal},
-		{"ipv4 unknown address in node-2's pod CIDR", "10.1.1.10", "10.1.2.200", flow.FlowTypeInterNode},
-		{"ipv6 unknown address in node-1's pod CIDR", "fd00:1:1::10", "fd00:1:1::200", flow.FlowTypeIntraNode},
-		{"ipv4 node to its pod", "192.0.2.1", "10.1.1.10", flow.FlowTypeIntraNode},
-		{"ipv6 node to another node's pod", "2001:db8::1", "fd00:1:2::10", flow.FlowTypeInterNode},
-		{"ipv4 external to a ClusterIP, no endpoint", "8.8.8.8", "10.96.0.7", flow.FlowTypeFromExternal},
-		{"ipv6 pod to a ClusterIP, no endpoint: node unknown", "fd00:1:1::10", "fd00:96::7", flow.FlowTypeUnknown},
-		{"ipv4 pod to the service CIDR", "10.1.1.10", "10.96.99.1", flow.FlowTypeUnknown},
-		{"ipv6 external to the cluster CIDR", "2001:4860:4860::8888", "fd00:200::1", flow.FlowTypeFromExternal},
-		{"ipv4 external to external", "8.8.8.8", "1.1.1.1", flow.FlowTypeUnknown},
-		{"ipv6 external to external", "2001:4860:4860::8888", "2606:4700::1111", flow.FlowTypeUnknown},
+		{"ipv4 pods on one node", "198.18.1.10", "198.18.1.11", flow.FlowTypeIntraNode},
+		{"ipv6 pods on one node", "fd00:10:1::10", "fd00:10:1::11", flow.FlowTypeIntraNode},
+		{"ipv4 pods on two nodes", "198.18.1.10", "198.18.2.10", flow.FlowTypeInterNode},
+		{"ipv6 pods on two nodes", "fd00:10:1::10", "fd00:10:2::10", flow.FlowTypeInterNode},
+		{"ipv4 pod to the internet", "198.18.1.10", "198.19.252.8", flow.FlowTypeToExternal},
+		{"ipv6 pod to the internet", "fd00:10:1::10", "fd00:10:4860::8888", flow.FlowTypeToExternal},
+		{"ipv4 from the internet", "198.19.252.8", "198.18.2.10", flow.FlowTypeFromExternal},
+		{"ipv6 from the internet", "fd00:10:4860::8888", "fd00:10:2::10", flow.FlowTypeFromExternal},
+		{"ipv4 unknown address in node-2's pod CIDR", "198.18.1.10", "198.18.2.200", flow.FlowTypeInterNode},
+		{"ipv6 unknown address in node-1's pod CIDR", "fd00:10:1::10", "fd00:10:1::200", flow.FlowTypeIntraNode},
+		{"ipv4 node to its pod", "198.19.200.1", "198.18.1.10", flow.FlowTypeIntraNode},
+		{"ipv6 node to another node's pod", "fd00:10:ff::1", "fd00:10:2::10", flow.FlowTypeInterNode},
+		{"ipv4 external to a ClusterIP, no endpoint", "198.19.252.8", "198.19.0.7", flow.FlowTypeFromExternal},
+		{"ipv6 pod to a ClusterIP, no endpoint: node unknown", "fd00:10:1::10", "fd00:10:96::7", flow.FlowTypeUnknown},
+		{"ipv4 pod to the service CIDR", "198.18.1.10", "198.19.99.1", flow.FlowTypeUnknown},
+		{"ipv6 external to the cluster CIDR", "fd00:10:4860::8888", "fd00:10:200::1", flow.FlowTypeFromExternal},
+		{"ipv4 external to external", "198.19.252.8", "198.19.252.1", flow.FlowTypeUnknown},
+		{"ipv6 external to external", "fd00:10:4860::8888", "fd00:10:4700::1111", flow.FlowTypeUnknown},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			if r := v.enrich(v.record(c.src, c.dst)); r.Type != c.want {
@@ -615,29 +615,29 @@ func TestFlowTypes(t *testing.T) {
 		})
 	}
 	// An untranslated flow to a ClusterIP names the Service.
-	if r := v.enrich(v.record("fd00:1:1::10", "fd00:96::7")); r.Service.Name != "svc" {
+	if r := v.enrich(v.record("fd00:10:1::10", "fd00:10:96::7")); r.Service.Name != "svc" {
 		t.Errorf("flow to a ClusterIP: service %+v", r.Service)
 	}
 }
 
 func TestNodeForIP(t *testing.T) {
 	objs := append(baseObjects(),
-		mkPod("a", "p1", "node-1", []string{"10.1.1.10", "fd00:1:1::10"}),
-		mkPod("a", "gone", "node-2", []string{"10.1.2.66", "fd00:1:2::66"}),
-		mkPod("kube-system", "hostnet", "node-2", []string{"192.0.2.99", "2001:db8::99"}, hostNet))
+		mkPod("a", "p1", "node-1", []string{"198.18.1.10", "fd00:10:1::10"}),
+		mkPod("a", "gone", "node-2", []string{"198.18.2.66", "fd00:10:2::66"}),
+		mkPod("kube-system", "hostnet", "node-2", []string{"198.19.200.99", "fd00:10:ff::99"}, hostNet))
 	v := newEnv(t, testConfig(), objs...)
 	v.remove(mkPod("a", "gone", "node-2", nil))
 	v.clk.Add(time.Minute)
 	for _, c := range []struct {
 		addr, want string
 	}{
-		{"10.1.1.10", "node-1"}, {"fd00:1:1::10", "node-1"}, // pods
-		{"192.0.2.2", "node-2"}, {"2001:db8::2", "node-2"}, // node InternalIPs
-		{"192.0.2.99", "node-2"}, {"2001:db8::99", "node-2"}, // host-network pod
-		{"10.1.2.250", "node-2"}, {"fd00:1:2::250", "node-2"}, // pod CIDR
-		{"10.1.2.66", "node-2"}, {"fd00:1:2::66", "node-2"}, // deleted pod within the grace period
-		{"::ffff:10.1.1.10", "node-1"}, // mapped
-		{"8.8.8.8", ""}, {"2001:4860:4860::8888", ""},
+		{"198.18.1.10", "node-1"}, {"fd00:10:1::10", "node-1"}, // pods
+		{"198.19.200.2", "node-2"}, {"fd00:10:ff::2", "node-2"}, // node InternalIPs
+		{"198.19.200.99", "node-2"}, {"fd00:10:ff::99", "node-2"}, // host-network pod
+		{"198.18.2.250", "node-2"}, {"fd00:10:2::250", "node-2"}, // pod CIDR
+		{"198.18.2.66", "node-2"}, {"fd00:10:2::66", "node-2"}, // deleted pod within the grace period
+		{"::ffff:198.18.1.10", "node-1"}, // mapped
+		{"198.19.252.8", ""}, {"fd00:10:4860::8888", ""},
 	} {
 		got, ok := v.e.NodeForIP(ip(c.addr))
 		if got != c.want || ok != (c.want != "") {
@@ -648,7 +648,7 @@ func TestNodeForIP(t *testing.T) {
 
 func TestPolicyAccessors(t *testing.T) {
 	objs := append(baseObjects(), mkPolicy("backend", "zz-last"), mkPolicy("backend", "default-deny"), mkPolicy("frontend", "egress"),
-		mkPod("backend", "api-1", "node-1", []string{"10.1.1.11", "fd00:1:1::11"}, labeled("tier", "api")))
+		mkPod("backend", "api-1", "node-1", []string{"198.18.1.11", "fd00:10:1::11"}, labeled("tier", "api")))
 	v := newEnv(t, testConfig(), objs...)
 	ns, ok := v.e.Namespace("backend")
 	if !ok || ns.Labels["team"] != "api" {
@@ -691,7 +691,7 @@ func TestPolicyAccessors(t *testing.T) {
 func TestLabelSetsShared(t *testing.T) {
 	var objs []runtime.Object
 	for i := range 3 {
-		objs = append(objs, mkPod("a", fmt.Sprintf("web-%d", i), "node-1", []string{fmt.Sprintf("10.1.1.%d", i+1)},
+		objs = append(objs, mkPod("a", fmt.Sprintf("web-%d", i), "node-1", []string{fmt.Sprintf("198.18.1.%d", i+1)},
 			func(p *corev1.Pod) { p.Labels = map[string]string{"app": "web", "pod-template-hash": "abc"} }))
 	}
 	v := newEnv(t, testConfig(), objs...)
@@ -703,11 +703,11 @@ func TestLabelSetsShared(t *testing.T) {
 }
 
 func TestMetrics(t *testing.T) {
-	objs := append(baseObjects(), mkPod("a", "p1", "node-1", []string{"10.1.1.10", "fd00:1:1::10"}))
+	objs := append(baseObjects(), mkPod("a", "p1", "node-1", []string{"198.18.1.10", "fd00:10:1::10"}))
 	v := newEnv(t, testConfig(), objs...)
-	v.enrich(v.record("10.1.1.10", "8.8.8.8"))
-	v.enrich(v.record("fd00:1:1::10", "fd00:1:1::10"))
-	v.e.EnrichBatch([]flow.Record{v.record("fd00:1:1::10", "2001:4860::1"), v.record("1.1.1.1", "8.8.8.8")})
+	v.enrich(v.record("198.18.1.10", "198.19.252.8"))
+	v.enrich(v.record("fd00:10:1::10", "fd00:10:1::10"))
+	v.e.EnrichBatch([]flow.Record{v.record("fd00:10:1::10", "fd00:10:4861::1"), v.record("198.19.252.1", "198.19.252.8")})
 	want := `
 # HELP dualflow_enrich_lookups_total Flow endpoint addresses looked up in the Kubernetes index, by family; hit means a pod or a node was found.
 # TYPE dualflow_enrich_lookups_total counter
@@ -735,12 +735,12 @@ dualflow_enrich_synced 1
 }
 
 func TestInvalidAddressesCounted(t *testing.T) {
-	bad := mkPod("a", "bad", "node-1", []string{"10.1.1.300", "fd00:1:1::7"})
-	sl := mkSlice("a", "mixed", "svc", ep{"10.1.1.5", "", "", ""})
+	bad := mkPod("a", "bad", "node-1", []string{"198.18.1.300", "fd00:10:1::7"})
+	sl := mkSlice("a", "mixed", "svc", ep{"198.18.1.5", "", "", ""})
 	sl.Endpoints = append(sl.Endpoints, sl.Endpoints[0])
-	sl.Endpoints[1].Addresses = []string{"fd00::5"} // IPv6 in an IPv4 slice
+	sl.Endpoints[1].Addresses = []string{"fd00:10::5"} // IPv6 in an IPv4 slice
 	v := newEnv(t, testConfig(), append(baseObjects(), bad, sl)...)
-	if p, _ := v.e.Pod("a", "bad"); !slices.Equal(p.Addrs, []netip.Addr{ip("fd00:1:1::7")}) {
+	if p, _ := v.e.Pod("a", "bad"); !slices.Equal(p.Addrs, []netip.Addr{ip("fd00:10:1::7")}) {
 		t.Errorf("addresses %v", p.Addrs)
 	}
 	if n := testutil.ToFloat64(v.e.m.invalid.WithLabelValues("pod", "invalid_ip")); n != 1 {
@@ -791,13 +791,13 @@ func TestWaitForSyncCancelled(t *testing.T) {
 
 func TestEnrichAllocatesNothing(t *testing.T) {
 	svc, api1, api2, sl := dualService()
-	web := mkPod("frontend", "web", "node-1", []string{"10.1.1.10", "fd00:1:1::10"}, owned("ReplicaSet", "web-abc"), labeled("pod-template-hash", "abc"))
+	web := mkPod("frontend", "web", "node-1", []string{"198.18.1.10", "fd00:10:1::10"}, owned("ReplicaSet", "web-abc"), labeled("pod-template-hash", "abc"))
 	v := newEnv(t, testConfig(), append(baseObjects(), web, api1, api2, svc, sl[0], sl[1], mkRS("frontend", "web-abc", "web"))...)
 	for _, r := range []flow.Record{
-		v.viaService("10.1.1.10", "10.96.0.10", "10.1.2.12"),
-		v.viaService("fd00:1:1::10", "fd00:96::10", "fd00:1:2::12"),
-		v.record("fd00:1:1::10", "2001:4860::1"),
-		v.record("8.8.8.8", "1.1.1.1"),
+		v.viaService("198.18.1.10", "198.19.0.10", "198.18.2.12"),
+		v.viaService("fd00:10:1::10", "fd00:10:96::10", "fd00:10:2::12"),
+		v.record("fd00:10:1::10", "fd00:10:4861::1"),
+		v.record("198.19.252.8", "198.19.252.1"),
 	} {
 		batch := []flow.Record{r, r}
 		if n := testing.AllocsPerRun(100, func() {
@@ -815,9 +815,9 @@ func TestEnrichAllocatesNothing(t *testing.T) {
 // with -race).
 func TestConcurrentEnrich(t *testing.T) {
 	svc, api1, api2, sl := dualService()
-	web := mkPod("frontend", "web", "node-1", []string{"10.1.1.10", "fd00:1:1::10"})
+	web := mkPod("frontend", "web", "node-1", []string{"198.18.1.10", "fd00:10:1::10"})
 	v := newEnv(t, testConfig(), append(baseObjects(), web, api1, api2, svc, sl[0], sl[1])...)
-	recs := []flow.Record{v.viaService("10.1.1.10", "10.96.0.10", "10.1.2.12"), v.viaService("fd00:1:1::10", "fd00:96::10", "fd00:1:2::12")}
+	recs := []flow.Record{v.viaService("198.18.1.10", "198.19.0.10", "198.18.2.12"), v.viaService("fd00:10:1::10", "fd00:10:96::10", "fd00:10:2::12")}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for i := range 4 {
@@ -840,7 +840,7 @@ func TestConcurrentEnrich(t *testing.T) {
 		})
 	}
 	for i := range 20 {
-		p := mkPod("backend", fmt.Sprintf("churn-%d", i), "node-2", []string{fmt.Sprintf("10.1.2.%d", 100+i), fmt.Sprintf("fd00:1:2::%d", 100+i)})
+		p := mkPod("backend", fmt.Sprintf("churn-%d", i), "node-2", []string{fmt.Sprintf("198.18.2.%d", 100+i), fmt.Sprintf("fd00:10:2::%d", 100+i)})
 		v.apply(p, mkPolicy("backend", fmt.Sprintf("p-%d", i)))
 		v.remove(p)
 		v.e.x.collect()
@@ -850,8 +850,8 @@ func TestConcurrentEnrich(t *testing.T) {
 }
 
 func TestBatchAdapter(t *testing.T) {
-	v := newEnv(t, testConfig(), append(baseObjects(), mkPod("a", "p", "node-1", []string{"10.1.1.10", "fd00:1:1::10"}))...)
-	recs := []flow.Record{v.record("10.1.1.10", "8.8.8.8"), v.record("fd00:1:1::10", "2001:4860::1")}
+	v := newEnv(t, testConfig(), append(baseObjects(), mkPod("a", "p", "node-1", []string{"198.18.1.10", "fd00:10:1::10"}))...)
+	recs := []flow.Record{v.record("198.18.1.10", "198.19.252.8"), v.record("fd00:10:1::10", "fd00:10:4861::1")}
 	var stage interface{ Enrich([]flow.Record) } = v.e.Batch()
 	stage.Enrich(recs)
 	for _, r := range recs {
@@ -865,28 +865,28 @@ func TestBatchAdapter(t *testing.T) {
 // slice on its address; objects without UIDs (hand-written inventories)
 // are told apart by name.
 func TestOneEndpointTwoServices(t *testing.T) {
-	a := mkService("backend", "a", corev1.IPFamilyPolicyPreferDualStack, "10.96.0.1", "fd00:96::1")
-	b := mkService("backend", "b", corev1.IPFamilyPolicyPreferDualStack, "10.96.0.2", "fd00:96::2")
+	a := mkService("backend", "a", corev1.IPFamilyPolicyPreferDualStack, "198.19.0.1", "fd00:10:96::1")
+	b := mkService("backend", "b", corev1.IPFamilyPolicyPreferDualStack, "198.19.0.2", "fd00:10:96::2")
 	b.Spec.Ports[0].Name = "web"
 	objs := []runtime.Object{a, b,
-		mkSlice("backend", "a-v4", "a", ep{"10.1.2.12", "node-2", "zone-b", "api-2"}),
-		mkSlice("backend", "a-v6", "a", ep{"fd00:1:2::12", "node-2", "zone-b", "api-2"}),
-		mkSlice("backend", "b-v4", "b", ep{"10.1.2.12", "node-2", "zone-x", "api-2"}),
-		mkSlice("backend", "b-v6", "b", ep{"fd00:1:2::12", "node-2", "zone-x", "api-2"}),
-		mkPod("backend", "api-2", "node-2", []string{"10.1.2.12", "fd00:1:2::12"}),
+		mkSlice("backend", "a-v4", "a", ep{"198.18.2.12", "node-2", "zone-b", "api-2"}),
+		mkSlice("backend", "a-v6", "a", ep{"fd00:10:2::12", "node-2", "zone-b", "api-2"}),
+		mkSlice("backend", "b-v4", "b", ep{"198.18.2.12", "node-2", "zone-x", "api-2"}),
+		mkSlice("backend", "b-v6", "b", ep{"fd00:10:2::12", "node-2", "zone-x", "api-2"}),
+		mkPod("backend", "api-2", "node-2", []string{"198.18.2.12", "fd00:10:2::12"}),
 	}
 	for _, o := range objs {
 		o.(metav1.Object).SetUID("")
 	}
 	v := newEnv(t, testConfig(), append(baseObjects(), objs...)...)
-	sl := mkSlice("backend", "b-v4", "b", ep{"10.1.2.12", "node-2", "zone-x", "api-2"})
+	sl := mkSlice("backend", "b-v4", "b", ep{"198.18.2.12", "node-2", "zone-x", "api-2"})
 	sl.UID = ""
 	v.apply(sl) // an update of one slice leaves the other Service's claim alone
 	for _, c := range []struct{ src, vip, dst, svc, zone string }{
-		{"10.1.1.10", "10.96.0.1", "10.1.2.12", "a", "zone-b"},
-		{"10.1.1.10", "10.96.0.2", "10.1.2.12", "b", "zone-x"},
-		{"fd00:1:1::10", "fd00:96::1", "fd00:1:2::12", "a", "zone-b"},
-		{"fd00:1:1::10", "fd00:96::2", "fd00:1:2::12", "b", "zone-x"},
+		{"198.18.1.10", "198.19.0.1", "198.18.2.12", "a", "zone-b"},
+		{"198.18.1.10", "198.19.0.2", "198.18.2.12", "b", "zone-x"},
+		{"fd00:10:1::10", "fd00:10:96::1", "fd00:10:2::12", "a", "zone-b"},
+		{"fd00:10:1::10", "fd00:10:96::2", "fd00:10:2::12", "b", "zone-x"},
 	} {
 		r := v.viaService(c.src, c.vip, c.dst)
 		r.ServicePort = 0 // port name from the endpoint's own slice
@@ -897,7 +897,7 @@ func TestOneEndpointTwoServices(t *testing.T) {
 	}
 	v.remove(mkSlice("backend", "b-v6", "b"))
 	v.clk.Add(time.Minute)
-	if r := v.enrich(v.viaService("fd00:1:1::10", "fd00:96::1", "fd00:1:2::12")); r.Dst.Zone != "zone-b" {
+	if r := v.enrich(v.viaService("fd00:10:1::10", "fd00:10:96::1", "fd00:10:2::12")); r.Dst.Zone != "zone-b" {
 		t.Errorf("after deleting b's slice, a's endpoint: %+v", r.Dst)
 	}
 }

@@ -200,12 +200,12 @@ func mkPolicy(ns, name string) *networkingv1.NetworkPolicy {
 
 // The standard cluster of the tests: two dual-stack nodes in two zones.
 //
-//	node-1 zone-a 192.0.2.1 2001:db8::1  pods 10.1.1.0/24 fd00:1:1::/64
-//	node-2 zone-b 192.0.2.2 2001:db8::2  pods 10.1.2.0/24 fd00:1:2::/64
+//	node-1 zone-a 198.19.200.1 fd00:10:ff::1  pods 198.18.1.0/24 fd00:10:1::/64
+//	node-2 zone-b 198.19.200.2 fd00:10:ff::2  pods 198.18.2.0/24 fd00:10:2::/64
 func baseObjects() []runtime.Object {
 	return []runtime.Object{
-		mkNode("node-1", "zone-a", []string{"192.0.2.1", "2001:db8::1"}, "10.1.1.0/24", "fd00:1:1::/64"),
-		mkNode("node-2", "zone-b", []string{"192.0.2.2", "2001:db8::2"}, "10.1.2.0/24", "fd00:1:2::/64"),
+		mkNode("node-1", "zone-a", []string{"198.19.200.1", "fd00:10:ff::1"}, "198.18.1.0/24", "fd00:10:1::/64"),
+		mkNode("node-2", "zone-b", []string{"198.19.200.2", "fd00:10:ff::2"}, "198.18.2.0/24", "fd00:10:2::/64"),
 		mkNS("frontend", map[string]string{"team": "web"}),
 		mkNS("backend", map[string]string{"team": "api"}),
 	}

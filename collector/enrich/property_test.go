@@ -67,62 +67,62 @@ func clusterLife() [][]event {
 		o.(metav1.Object).SetResourceVersion(nextRV())
 		return o
 	}
-	node2b := mkNode("node-2", "zone-b2", []string{"192.0.2.2", "2001:db8::2"}, "10.1.2.0/24", "fd00:1:2::/64")
+	node2b := mkNode("node-2", "zone-b2", []string{"198.19.200.2", "fd00:10:ff::2"}, "198.18.2.0/24", "fd00:10:2::/64")
 	nsB := mkNS("b", map[string]string{"team": "api"})
 	nsB2 := mkNS("b", map[string]string{"team": "api", "env": "prod"})
 
 	pending := mkPod("b", "api-rs-1", "", nil, owned("ReplicaSet", "api-rs"))
-	running := mkPod("b", "api-rs-1", "node-1", []string{"10.1.1.10", "fd00:1:1::10"}, owned("ReplicaSet", "api-rs"))
-	old := mkPod("b", "old", "node-1", []string{"10.1.1.50", "fd00:1:1::50"})
+	running := mkPod("b", "api-rs-1", "node-1", []string{"198.18.1.10", "fd00:10:1::10"}, owned("ReplicaSet", "api-rs"))
+	old := mkPod("b", "old", "node-1", []string{"198.18.1.50", "fd00:10:1::50"})
 	// Created before old's deletion is seen: the claims overlap, and the
 	// newer holder must win there whatever the order.
-	reuse := mkPod("b", "reuse", "node-2", []string{"10.1.1.50", "fd00:1:1::50"}, createdAt(t0.Add(30*time.Second)))
-	job := mkPod("b", "cj-100-x", "node-1", []string{"10.1.1.60", "fd00:1:1::60"}, owned("Job", "cj-100"))
+	reuse := mkPod("b", "reuse", "node-2", []string{"198.18.1.50", "fd00:10:1::50"}, createdAt(t0.Add(30*time.Second)))
+	job := mkPod("b", "cj-100-x", "node-1", []string{"198.18.1.60", "fd00:10:1::60"}, owned("Job", "cj-100"))
 	jobDone := job.DeepCopy()
 	jobDone.Status.Phase = corev1.PodSucceeded
 	jobDone.Status.ContainerStatuses = []corev1.ContainerStatus{{State: corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{FinishedAt: at(30 * time.Second)}}}}
-	db1 := mkPod("b", "db-0", "node-1", []string{"10.1.1.70"}, owned("StatefulSet", "db"))
-	db2 := mkPod("b", "db-0", "node-2", []string{"10.1.2.70", "fd00:1:2::70"}, owned("StatefulSet", "db"), createdAt(t0.Add(T2)))
+	db1 := mkPod("b", "db-0", "node-1", []string{"198.18.1.70"}, owned("StatefulSet", "db"))
+	db2 := mkPod("b", "db-0", "node-2", []string{"198.18.2.70", "fd00:10:2::70"}, owned("StatefulSet", "db"), createdAt(t0.Add(T2)))
 	db2.UID = "db-0-second"
 
-	api := mkService("b", "api", corev1.IPFamilyPolicyPreferDualStack, "10.96.0.10", "fd00:96::10")
-	apiSingle := mkService("b", "api", corev1.IPFamilyPolicySingleStack, "10.96.0.10")
-	apiDual := mkService("b", "api", corev1.IPFamilyPolicyPreferDualStack, "10.96.0.10", "fd00:96::20")
-	lb := mkService("b", "lb", corev1.IPFamilyPolicyRequireDualStack, "10.96.0.20", "fd00:96::20:1")
+	api := mkService("b", "api", corev1.IPFamilyPolicyPreferDualStack, "198.19.0.10", "fd00:10:96::10")
+	apiSingle := mkService("b", "api", corev1.IPFamilyPolicySingleStack, "198.19.0.10")
+	apiDual := mkService("b", "api", corev1.IPFamilyPolicyPreferDualStack, "198.19.0.10", "fd00:10:96::20")
+	lb := mkService("b", "lb", corev1.IPFamilyPolicyRequireDualStack, "198.19.0.20", "fd00:10:96::20:1")
 	lb.Spec.Type = corev1.ServiceTypeLoadBalancer
 	lb.Spec.Ports[0].NodePort = 30080
-	lb.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.51.100.20"}, {IP: "2001:db8:e::20"}}
-	gone := mkService("b", "gone", corev1.IPFamilyPolicySingleStack, "10.96.0.30")
+	lb.Status.LoadBalancer.Ingress = []corev1.LoadBalancerIngress{{IP: "198.19.251.20"}, {IP: "fd00:10:e::20"}}
+	gone := mkService("b", "gone", corev1.IPFamilyPolicySingleStack, "198.19.0.30")
 
 	p1b := mkPolicy("b", "p1")
 	p1b.Spec.PolicyTypes = append(p1b.Spec.PolicyTypes, "Egress")
 
 	return [][]event{
-		{set(T0, mkNode("node-1", "zone-a", []string{"192.0.2.1", "2001:db8::1"}, "10.1.1.0/24", "fd00:1:1::/64"))},
-		{set(T0, mkNode("node-2", "zone-b", []string{"192.0.2.2", "2001:db8::2"}, "10.1.2.0/24", "fd00:1:2::/64")), set(T2, withRV(node2b))},
-		{set(T0, mkNode("node-3", "zone-c", []string{"192.0.2.3"}, "10.1.3.0/25")), del(T2, mkNode("node-3", "", nil))},
+		{set(T0, mkNode("node-1", "zone-a", []string{"198.19.200.1", "fd00:10:ff::1"}, "198.18.1.0/24", "fd00:10:1::/64"))},
+		{set(T0, mkNode("node-2", "zone-b", []string{"198.19.200.2", "fd00:10:ff::2"}, "198.18.2.0/24", "fd00:10:2::/64")), set(T2, withRV(node2b))},
+		{set(T0, mkNode("node-3", "zone-c", []string{"198.19.200.3"}, "198.18.3.0/25")), del(T2, mkNode("node-3", "", nil))},
 		{set(T0, mkNS("a", nil))},
 		{set(T0, nsB), set(T1, withRV(nsB2))},
 		{set(T0, mkRS("b", "api-rs", "api"))},
 		{set(T0, mkJob("b", "cj-100", "cj"))},
 		{set(T0, pending), set(T1, withRV(running))},
-		{set(T0, mkPod("b", "api-rs-2", "node-2", []string{"10.1.2.10", "fd00:1:2::10"}, owned("ReplicaSet", "api-rs")))},
+		{set(T0, mkPod("b", "api-rs-2", "node-2", []string{"198.18.2.10", "fd00:10:2::10"}, owned("ReplicaSet", "api-rs")))},
 		{set(T0, old), del(T1, old)},
 		{set(T2, reuse)},
 		{set(T0, job), set(T1, withRV(jobDone))},
-		{set(T0, mkPod("kube-system", "hostnet", "node-1", []string{"192.0.2.1", "2001:db8::1"}, hostNet))},
+		{set(T0, mkPod("kube-system", "hostnet", "node-1", []string{"198.19.200.1", "fd00:10:ff::1"}, hostNet))},
 		{set(T0, db1), del(T1, db1), set(T2, db2)},
-		{set(T0, mkPod("b", "on-n3", "node-3", []string{"10.1.3.10"}))},
+		{set(T0, mkPod("b", "on-n3", "node-3", []string{"198.18.3.10"}))},
 		{set(T0, api), set(T1, withRV(apiSingle)), set(T3, withRV(apiDual))},
 		{set(T0, lb)},
 		{set(T0, gone), del(T2, gone)},
-		{set(T0, mkSlice("b", "api-v4", "api", ep{"10.1.2.10", "node-2", "", "api-rs-2"})),
-			set(T1, withRV(mkSlice("b", "api-v4", "api", ep{"10.1.1.10", "node-1", "zone-a", "api-rs-1"}, ep{"10.1.2.10", "node-2", "zone-b", "api-rs-2"})))},
-		{set(T0, mkSlice("b", "api-v6", "api", ep{"fd00:1:2::10", "node-2", "", "api-rs-2"})), del(T1, mkSlice("b", "api-v6", "api"))},
-		{set(T3, mkSlice("b", "api-v6b", "api", ep{"fd00:1:1::10", "node-1", "zone-a", "api-rs-1"}, ep{"fd00:1:2::10", "node-2", "zone-b", "api-rs-2"}))},
-		{set(T0, mkSlice("b", "lb-v4", "lb", ep{"10.1.2.10", "node-2", "zone-x", "api-rs-2"}))},
-		{set(T0, mkSlice("b", "lb-v6", "lb", ep{"fd00:1:2::10", "node-2", "zone-x", "api-rs-2"}))},
-		{set(T0, mkSlice("b", "orphan", "nosvc", ep{"10.1.2.99", "node-2", "zone-b", "late"}))},
+		{set(T0, mkSlice("b", "api-v4", "api", ep{"198.18.2.10", "node-2", "", "api-rs-2"})),
+			set(T1, withRV(mkSlice("b", "api-v4", "api", ep{"198.18.1.10", "node-1", "zone-a", "api-rs-1"}, ep{"198.18.2.10", "node-2", "zone-b", "api-rs-2"})))},
+		{set(T0, mkSlice("b", "api-v6", "api", ep{"fd00:10:2::10", "node-2", "", "api-rs-2"})), del(T1, mkSlice("b", "api-v6", "api"))},
+		{set(T3, mkSlice("b", "api-v6b", "api", ep{"fd00:10:1::10", "node-1", "zone-a", "api-rs-1"}, ep{"fd00:10:2::10", "node-2", "zone-b", "api-rs-2"}))},
+		{set(T0, mkSlice("b", "lb-v4", "lb", ep{"198.18.2.10", "node-2", "zone-x", "api-rs-2"}))},
+		{set(T0, mkSlice("b", "lb-v6", "lb", ep{"fd00:10:2::10", "node-2", "zone-x", "api-rs-2"}))},
+		{set(T0, mkSlice("b", "orphan", "nosvc", ep{"198.18.2.99", "node-2", "zone-b", "late"}))},
 		{set(T0, mkPolicy("b", "p1")), set(T1, withRV(p1b))},
 		{set(T0, mkPolicy("b", "p2")), del(T2, mkPolicy("b", "p2"))},
 	}
@@ -288,10 +288,10 @@ func dump(x *index) string {
 	x.mu.RUnlock()
 
 	// Answers.
-	addrs := []string{"10.1.1.10", "fd00:1:1::10", "10.1.2.10", "fd00:1:2::10", "10.1.1.50", "fd00:1:1::50", "10.1.1.60",
-		"fd00:1:1::60", "10.1.1.70", "10.1.2.70", "fd00:1:2::70", "192.0.2.1", "2001:db8::1", "192.0.2.3", "10.1.3.10",
-		"10.1.3.99", "10.1.2.99", "8.8.8.8", "2001:4860::8888"}
-	vips := []string{"", "10.96.0.10", "fd00:96::10", "fd00:96::20", "10.96.0.30", "198.51.100.20", "2001:db8:e::20", "192.0.2.2"}
+	addrs := []string{"198.18.1.10", "fd00:10:1::10", "198.18.2.10", "fd00:10:2::10", "198.18.1.50", "fd00:10:1::50", "198.18.1.60",
+		"fd00:10:1::60", "198.18.1.70", "198.18.2.70", "fd00:10:2::70", "198.19.200.1", "fd00:10:ff::1", "198.19.200.3", "198.18.3.10",
+		"198.18.3.99", "198.18.2.99", "198.19.252.8", "fd00:10:4861::8888"}
+	vips := []string{"", "198.19.0.10", "fd00:10:96::10", "fd00:10:96::20", "198.19.0.30", "198.19.251.20", "fd00:10:e::20", "198.19.200.2"}
 	e := &Enricher{x: x, m: newMetrics(nil, x)}
 	for _, at := range []time.Duration{-30 * time.Minute, 10 * time.Second, 45 * time.Second, 90 * time.Second, 150 * time.Second, 4 * time.Minute} {
 		for i, src := range addrs {
@@ -301,7 +301,7 @@ func dump(x *index) string {
 					FlowStart: t0.Add(at), FlowEnd: t0.Add(at + time.Second)}
 				if vip != "" {
 					r.ServiceAddr = ip(vip)
-					if vip == "192.0.2.2" {
+					if vip == "198.19.200.2" {
 						r.ServicePort = 30080
 					}
 				}

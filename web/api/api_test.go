@@ -260,9 +260,9 @@ func TestBadInput4xx(t *testing.T) {
 		method, url, body, field string
 	}{
 		{"GET", "/api/v1/flows?ip_version=5", "", "ip_version"},
-		{"GET", "/api/v1/flows?src_ip=10.0.0.300", "", "src_ip"},
-		{"GET", "/api/v1/flows?dst_ip=fd00::/129", "", "dst_ip"},
-		{"GET", "/api/v1/flows?dst_ip=fe80::1%25eth0", "", "dst_ip"},
+		{"GET", "/api/v1/flows?src_ip=198.18.0.300", "", "src_ip"},
+		{"GET", "/api/v1/flows?dst_ip=fd00:10::/129", "", "dst_ip"},
+		{"GET", "/api/v1/flows?dst_ip=fd00:10::1%25eth0", "", "dst_ip"},
 		{"GET", "/api/v1/flows?port=70000", "", "port"},
 		{"GET", "/api/v1/flows?port=90-80", "", "port"},
 		{"GET", "/api/v1/flows?protocol=bogus", "", "protocol"},
@@ -280,8 +280,8 @@ func TestBadInput4xx(t *testing.T) {
 		{"POST", "/api/v1/reachability", `{"sources":[{"kind":"service","namespace":"a","name":"b"}],"destinations":[{"kind":"pod","namespace":"a","name":"b"}]}`, "sources[0]"},
 		{"POST", "/api/v1/reachability", `{"sources":[{"kind":"pod","namespace":"a","name":"b"}],"destinations":[{"kind":"ip","name":"nope"}]}`, "destinations[0]"},
 		{"POST", "/api/v1/reachability", `{"sources":[{"kind":"pod","namespace":"a","name":"b"}],"destinations":[{"kind":"pod","namespace":"a","name":"c"}],"protocol":"xyz"}`, "protocol"},
-		{"POST", "/api/v1/traceflow", `{"source":{"kind":"pod","name":"x"},"destination":{"kind":"ip","name":"10.0.0.1"}}`, "source"},
-		{"POST", "/api/v1/traceflow", `{"source":{"kind":"pod","namespace":"a","name":"x"},"destination":{"kind":"ip","name":"10.0.0.1"},"family":5}`, "family"},
+		{"POST", "/api/v1/traceflow", `{"source":{"kind":"pod","name":"x"},"destination":{"kind":"ip","name":"198.18.0.1"}}`, "source"},
+		{"POST", "/api/v1/traceflow", `{"source":{"kind":"pod","namespace":"a","name":"x"},"destination":{"kind":"ip","name":"198.18.0.1"},"family":5}`, "family"},
 		{"POST", "/api/v1/sql", `{"query":""}`, "query"},
 		{"POST", "/api/v1/sql", `{"query":"SELEC 1"}`, "query"},
 		{"POST", "/api/v1/sql", `{"query":"SELECT 1","format":"xml"}`, "format"},
@@ -347,7 +347,7 @@ func TestAuthRoles(t *testing.T) {
 	tok.Add("view-secret", Principal{Name: "v", Role: RoleViewer})
 	tok.Add("op-secret", Principal{Name: "o", Role: RoleOperator})
 	h := testAPI(t, Config{Store: &fakeStore{out: `{"si":0}` + "\n"}, Tokens: tok, SQL: EngineSQL{Engine: fakeEngineNil{}}, Tracer: fakeTracer{}})
-	body := `{"source":{"kind":"pod","namespace":"a","name":"x"},"destination":{"kind":"ip","name":"fd00::1"}}`
+	body := `{"source":{"kind":"pod","namespace":"a","name":"x"},"destination":{"kind":"ip","name":"fd00:10::1"}}`
 	for _, tc := range []struct {
 		method, url, body, token string
 		code                     int
@@ -503,10 +503,10 @@ func TestFilterSQL(t *testing.T) {
 		q    string
 		want []string
 	}{
-		{"src_ip=10.1.2.3", []string{"src_ip_bin = toIPv6('10.1.2.3')"}},
-		{"src_ip=::ffff:10.1.2.3", []string{"src_ip_bin = toIPv6('10.1.2.3')"}},
-		{"dst_ip=fd00::/16", []string{"dst_ip_bin BETWEEN toIPv6('fd00::') AND toIPv6('fd00:ffff:ffff:ffff:ffff:ffff:ffff:ffff')"}},
-		{"dst_ip=::ffff:10.0.0.0/104", []string{"dst_ip_bin BETWEEN toIPv6('10.0.0.0') AND toIPv6('10.255.255.255')"}},
+		{"src_ip=198.18.2.3", []string{"src_ip_bin = toIPv6('198.18.2.3')"}},
+		{"src_ip=::ffff:198.18.2.3", []string{"src_ip_bin = toIPv6('198.18.2.3')"}},
+		{"dst_ip=fd00:10::/32", []string{"dst_ip_bin BETWEEN toIPv6('fd00:10::') AND toIPv6('fd00:10:ffff:ffff:ffff:ffff:ffff:ffff')"}},
+		{"dst_ip=::ffff:198.18.0.0/111", []string{"dst_ip_bin BETWEEN toIPv6('198.18.0.0') AND toIPv6('198.19.255.255')"}},
 		{"pod=ns/p'x", []string{`(src_pod_namespace = 'ns' AND src_pod_name = 'p\'x')`, "OR"}},
 		{"not.verdict=denied&ip_version=6", []string{"NOT ((ingress_verdict = 'denied' OR egress_verdict = 'denied'))", "(ip_version = 6)"}},
 		{"src_label=app%3Dweb", []string{"src_pod_labels['app'] = 'web'"}},

@@ -45,7 +45,7 @@ func TestPolicyEvaluator(t *testing.T) {
 			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "db"}},
 			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
 			Ingress: []networkingv1.NetworkPolicyIngressRule{{
-				From:  []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "10.244.0.0/16"}}},
+				From:  []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "198.18.0.0/16"}}},
 				Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &port}},
 			}},
 		},
@@ -56,10 +56,10 @@ func TestPolicyEvaluator(t *testing.T) {
 	ev := PolicyEvaluator{
 		Policies: func() *policy.Set { return set },
 		Resolver: mapResolver{
-			"workload:shop/frontend": pod("shop", "frontend", "10.244.1.1", "fd00:10:244:1::1"),
-			"workload:shop/db":       pod("shop", "db", "10.244.3.1", "fd00:10:244:3::1"),
-			"workload:shop/legacy":   pod("shop", "legacy", "10.244.4.1", ""),
-			"ip:fd00:99::1":          {6: {Addr: netip.MustParseAddr("fd00:99::1")}},
+			"workload:shop/frontend": pod("shop", "frontend", "198.18.1.1", "fd00:10:244:1::1"),
+			"workload:shop/db":       pod("shop", "db", "198.18.3.1", "fd00:10:244:3::1"),
+			"workload:shop/legacy":   pod("shop", "legacy", "198.18.4.1", ""),
+			"ip:fd00:10:99::1":       {6: {Addr: netip.MustParseAddr("fd00:10:99::1")}},
 		},
 	}
 	ep := func(s string) Endpoint { return Endpoint{Kind: "workload", Namespace: "shop", Name: s} }
@@ -78,7 +78,7 @@ func TestPolicyEvaluator(t *testing.T) {
 	if _, ok := got[6]; ok || got[4].Verdict != "not_isolated" {
 		t.Errorf("IPv4-only source %+v", got)
 	}
-	got, _ = ev.Evaluate(context.Background(), Endpoint{Kind: "ip", Name: "fd00:99::1"}, ep("db"), 6, 5432)
+	got, _ = ev.Evaluate(context.Background(), Endpoint{Kind: "ip", Name: "fd00:10:99::1"}, ep("db"), 6, 5432)
 	if got[6].Verdict != "denied" || len(got) != 1 {
 		t.Errorf("outside IPv6 address %+v", got)
 	}

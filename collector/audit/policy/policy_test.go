@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/bits"
 	"math/rand/v2"
 	"net/netip"
 	"strings"
@@ -26,10 +27,10 @@ type fam struct {
 }
 
 var fams = []fam{
-	{name: "ipv4", web: netip.MustParseAddr("10.1.0.10"), api: netip.MustParseAddr("10.1.1.10"), ext: netip.MustParseAddr("192.0.2.7"),
-		block: "10.1.0.0/16", exceptP: "10.1.1.0/24", other: "fd00::/8"},
-	{name: "ipv6", web: netip.MustParseAddr("fd00:1::10"), api: netip.MustParseAddr("fd00:1:0:1::10"), ext: netip.MustParseAddr("2001:db8::7"),
-		block: "fd00:1::/48", exceptP: "fd00:1:0:1::/64", other: "10.0.0.0/8"},
+	{name: "ipv4", web: netip.MustParseAddr("198.18.0.10"), api: netip.MustParseAddr("198.18.1.10"), ext: netip.MustParseAddr("198.19.255.7"),
+		block: "198.18.0.0/16", exceptP: "198.18.1.0/24", other: "fd00:10::/32"},
+	{name: "ipv6", web: netip.MustParseAddr("fd00:10:1::10"), api: netip.MustParseAddr("fd00:10:1:1::10"), ext: netip.MustParseAddr("fd00:10:ffff::7"),
+		block: "fd00:10:1::/48", exceptP: "fd00:10:1:1::/64", other: "198.18.0.0/15"},
 }
 
 var (
@@ -297,10 +298,10 @@ func TestCompileErrors(t *testing.T) {
 		pol  *networkingv1.NetworkPolicy
 		want string
 	}{
-		{bad("bad-cidr", func(p *networkingv1.NetworkPolicy) { ingress(p, from(block("10.0.0.0/33"))) }), "ipBlock cidr"},
-		{bad("bad-cidr6", func(p *networkingv1.NetworkPolicy) { ingress(p, from(block("fd00::/129"))) }), "ipBlock cidr"},
-		{bad("except-outside", func(p *networkingv1.NetworkPolicy) { ingress(p, from(block("10.0.0.0/16", "10.1.0.0/24"))) }), "not inside"},
-		{bad("except-family", func(p *networkingv1.NetworkPolicy) { ingress(p, from(block("fd00::/16", "10.0.0.0/24"))) }), "not inside"},
+		{bad("bad-cidr", func(p *networkingv1.NetworkPolicy) { ingress(p, from(block("198.18.0.0/33"))) }), "ipBlock cidr"},
+		{bad("bad-cidr6", func(p *networkingv1.NetworkPolicy) { ingress(p, from(block("fd00:10::/129"))) }), "ipBlock cidr"},
+		{bad("except-outside", func(p *networkingv1.NetworkPolicy) { ingress(p, from(block("198.18.0.0/16", "198.19.0.0/24"))) }), "not inside"},
+		{bad("except-family", func(p *networkingv1.NetworkPolicy) { ingress(p, from(block("fd00:10::/32", "198.18.0.0/24"))) }), "not inside"},
 		{bad("port-zero", func(p *networkingv1.NetworkPolicy) { ingress(p, onPorts(from(), portNum(tcpP, 0))) }), "out of range"},
 		{bad("endport-below", func(p *networkingv1.NetworkPolicy) { ingress(p, onPorts(from(), endPort(portNum(tcpP, 80), 79))) }), "endPort"},
 		{bad("endport-named", func(p *networkingv1.NetworkPolicy) { ingress(p, onPorts(from(), endPort(portNamed("http"), 90))) }), "named port"},
@@ -309,7 +310,7 @@ func TestCompileErrors(t *testing.T) {
 		}), "unsupported protocol"},
 		{bad("empty-peer", func(p *networkingv1.NetworkPolicy) { ingress(p, from(networkingv1.NetworkPolicyPeer{})) }), "empty peer"},
 		{bad("block-and-selector", func(p *networkingv1.NetworkPolicy) {
-			pe := block("10.0.0.0/8")
+			pe := block("198.18.0.0/15")
 			pe.PodSelector = &metav1.LabelSelector{}
 			ingress(p, from(pe))
 		}), "cannot be combined"},
@@ -339,17 +340,17 @@ func TestCompileErrors(t *testing.T) {
 }
 
 func TestMappedCIDR(t *testing.T) {
-	b, err := ParseBlock(&networkingv1.IPBlock{CIDR: "::ffff:10.0.0.0/104", Except: []string{"10.1.0.0/16"}})
+	b, err := ParseBlock(&networkingv1.IPBlock{CIDR: "::ffff:198.18.0.0/112", Except: []string{"198.18.1.0/24"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if b.CIDR != netip.MustParsePrefix("10.0.0.0/8") {
-		t.Fatalf("cidr %s, want 10.0.0.0/8", b.CIDR)
+	if b.CIDR != netip.MustParsePrefix("198.18.0.0/16") {
+		t.Fatalf("cidr %s, want 198.18.0.0/16", b.CIDR)
 	}
 	for _, c := range []struct {
 		a    string
 		want bool
-	}{{"10.2.0.1", true}, {"::ffff:10.2.0.1", true}, {"10.1.0.1", false}, {"fd00::1", false}} {
+	}{{"198.18.2.1", true}, {"::ffff:198.18.2.1", true}, {"198.18.1.1", false}, {"fd00:10::1", false}} {
 		if got := b.Contains(netip.MustParseAddr(c.a)); got != c.want {
 			t.Errorf("Contains(%s) = %v, want %v", c.a, got, c.want)
 		}
@@ -443,6 +444,14 @@ func genWorld(nsCount, polPerNS, podsPerNS int) world {
 		v4, v6 netip.Addr
 	}
 	var podsAll []pod
+	// IPv4 pods live in 198.18.0.0/16: namespace n holds the block of
+	// 2^kb addresses starting at 198.18.0.0 + n<<kb (its /(32-kb)).
+	kb := bits.Len(uint(podsPerNS - 1))
+	if nsCount<<kb > 1<<16 {
+		panic("genWorld: too many pods for 198.18.0.0/16")
+	}
+	addr4 := func(i int) netip.Addr { return netip.AddrFrom4([4]byte{198, 18, byte(i >> 8), byte(i)}) }
+	nsPrefix4 := func(n int) netip.Prefix { return netip.PrefixFrom(addr4(n<<kb), 32-kb) }
 	nsLabels := map[string]map[string]string{}
 	for n := range nsCount {
 		ns := fmt.Sprintf("ns-%d", n)
@@ -459,7 +468,7 @@ func genWorld(nsCount, polPerNS, podsPerNS int) world {
 					onPorts(from(podsIn(labels("team", fmt.Sprintf("team-%d", p%7)), labels("role", "client-1"))), portNamed("metrics")))
 			case 4, 5:
 				np = egress(netpol(ns, fmt.Sprintf("p%03d-egress", p), app),
-					onPortsE(to(block("10.0.0.0/8", fmt.Sprintf("10.%d.0.0/16", n%250)), block("fd00::/8", fmt.Sprintf("fd00:0:%x::/48", n))), endPort(portNum(tcpP, 7000), 7100)),
+					onPortsE(to(block("198.18.0.0/16", nsPrefix4(n).String()), block("fd00:10::/48", fmt.Sprintf("fd00:10:0:%x::/64", n))), endPort(portNum(tcpP, 7000), 7100)),
 					onPortsE(to(namespaces(labels("team", "team-3"))), portNamed("http")))
 			case 6, 7:
 				np = ingress(netpol(ns, fmt.Sprintf("p%03d-tier", p), nil),
@@ -477,8 +486,8 @@ func genWorld(nsCount, polPerNS, podsPerNS int) world {
 				ns: ns,
 				labels: map[string]string{"app": fmt.Sprintf("app-%d", k%20), "role": fmt.Sprintf("client-%d", k%7), "tier": tiers[k%3],
 					"pod-template-hash": fmt.Sprintf("%08x", k)},
-				v4: netip.AddrFrom4([4]byte{10, byte(n % 250), byte(k >> 8), byte(k)}),
-				v6: netip.AddrFrom16([16]byte{0xfd, 0, 0, byte(n >> 8), byte(n), 0, 0, 0, 0, 0, 0, 0, 0, 0, byte(k >> 8), byte(k)}),
+				v4: addr4(n<<kb | k),
+				v6: netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x10, 0, 0, byte(n >> 8), byte(n), 0, 0, 0, 0, 0, 0, byte(k >> 8), byte(k)}),
 			})
 		}
 	}
@@ -501,9 +510,9 @@ func genWorld(nsCount, polPerNS, podsPerNS int) world {
 		fl := Flow{Src: peer(s), Dst: peer(d), Proto: pt.proto, DstPort: pt.port}
 		fl.Dst.PortName = pt.name
 		if i%16 == 0 { // an external client
-			fl.Src = Peer{Addr: netip.AddrFrom4([4]byte{192, 0, 2, byte(i)})}
+			fl.Src = Peer{Addr: netip.AddrFrom4([4]byte{198, 19, 255, byte(i)})}
 			if v6 {
-				fl.Src.Addr = netip.MustParseAddr("2001:db8::1")
+				fl.Src.Addr = netip.MustParseAddr("fd00:10:ffff::1")
 			}
 		}
 		w.flows = append(w.flows, fl)

@@ -44,16 +44,16 @@ type model struct {
 	nsLabels map[string]map[string]string
 }
 
-// newModel builds the 9 pods. x/a is 10.0.1.1 or 2001:db8:0:1::1, z/c is
-// 10.0.3.3 or 2001:db8:0:3::3: all inside 0.0.0.0/4 and 2000::/4.
+// newModel builds the 9 pods. x/a is 198.18.1.1 or fd00:10:0:1::1, z/c is
+// 198.18.3.3 or fd00:10:0:3::3: all inside 198.18.0.0/16 and fd00:10::/48.
 func newModel(f corev1.IPFamily) *model {
 	m := &model{family: f, nsLabels: map[string]map[string]string{}}
 	for i, ns := range modelNamespaces {
 		m.nsLabels[ns] = map[string]string{corev1.LabelMetadataName: ns}
 		for j, p := range modelPods {
-			a := netip.AddrFrom4([4]byte{10, 0, byte(i + 1), byte(j + 1)})
+			a := netip.AddrFrom4([4]byte{198, 18, byte(i + 1), byte(j + 1)})
 			if f == corev1.IPv6Protocol {
-				a = netip.MustParseAddr(fmt.Sprintf("2001:db8:0:%d::%d", i+1, j+1))
+				a = netip.MustParseAddr(fmt.Sprintf("fd00:10:0:%d::%d", i+1, j+1))
 			}
 			m.pods = append(m.pods, &modelPod{ns: ns, name: p, addr: a, labels: map[string]string{"pod": p}})
 		}
@@ -76,9 +76,15 @@ func (m *model) host(ref string) string {
 	return netip.PrefixFrom(a, a.BitLen()).String()
 }
 
-// wide returns the /4 holding a pod's address (upstream's "large CIDR").
+// wide returns the /16 or /48 holding a pod's address and every other pod
+// (upstream's "large CIDR").
 func (m *model) wide(ref string) string {
-	p, _ := m.pod(ref).addr.Prefix(4)
+	a := m.pod(ref).addr
+	bits := 16
+	if a.Is6() {
+		bits = 48
+	}
+	p, _ := a.Prefix(bits)
 	return p.String()
 }
 

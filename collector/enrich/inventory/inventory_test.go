@@ -25,8 +25,8 @@ metadata:
   name: api-1
 status:
   podIPs:
-  - ip: 10.1.1.11
-  - ip: fd00:1:1::11
+  - ip: 198.18.1.11
+  - ip: fd00:10:1::11
 ---
 apiVersion: apps/v1
 kind: Deployment
@@ -37,7 +37,7 @@ kind: EndpointSlice
 metadata: {name: api-v6, namespace: backend, labels: {kubernetes.io/service-name: api}}
 addressType: IPv6
 endpoints:
-- addresses: ["fd00:1:1::11"]
+- addresses: ["fd00:10:1::11"]
 ---
 `
 
@@ -48,7 +48,7 @@ items:
   kind: Service
   metadata: {name: api, namespace: backend}
   spec:
-    clusterIPs: ["10.96.0.10", "fd00:96::10"]
+    clusterIPs: ["198.19.0.10", "fd00:10:96::10"]
     ipFamilies: [IPv4, IPv6]
 - apiVersion: v1
   kind: ConfigMap
@@ -56,7 +56,7 @@ items:
 - apiVersion: v1
   kind: Node
   metadata: {name: node-1}
-  spec: {podCIDRs: ["10.1.1.0/24", "fd00:1:1::/64"]}
+  spec: {podCIDRs: ["198.18.1.0/24", "fd00:10:1::/64"]}
 `
 
 func TestDecode(t *testing.T) {
@@ -80,7 +80,7 @@ func TestDecode(t *testing.T) {
 		t.Errorf("skipped %v", res.Skipped)
 	}
 	p := res.Objects[1].Object.(*corev1.Pod)
-	if p.Namespace != "default" || len(p.Status.PodIPs) != 2 || p.Status.PodIPs[1].IP != "fd00:1:1::11" {
+	if p.Namespace != "default" || len(p.Status.PodIPs) != 2 || p.Status.PodIPs[1].IP != "fd00:10:1::11" {
 		t.Errorf("pod %+v", p)
 	}
 	if s := res.Objects[2].Object.(*discoveryv1.EndpointSlice); s.AddressType != discoveryv1.AddressTypeIPv6 {
@@ -97,7 +97,7 @@ func TestDecode(t *testing.T) {
 	}
 
 	// JSON, as kubectl get -o json writes it.
-	res, err = Decode("dump.json", strings.NewReader(`{"apiVersion":"v1","kind":"List","items":[{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p","namespace":"a"},"status":{"podIPs":[{"ip":"fd00::1"}]}}]}`))
+	res, err = Decode("dump.json", strings.NewReader(`{"apiVersion":"v1","kind":"List","items":[{"apiVersion":"v1","kind":"Pod","metadata":{"name":"p","namespace":"a"},"status":{"podIPs":[{"ip":"fd00:10::1"}]}}]}`))
 	if err != nil || len(res.Objects) != 1 || res.Objects[0].Name != "p" {
 		t.Errorf("json: %v %v", res, err)
 	}
@@ -114,19 +114,19 @@ func TestMalformed(t *testing.T) {
 		{"not yaml", "apiVersion: v1\nkind: Pod\nmetadata: {name: [\n", "t.yaml:1 (document 1) object: not YAML"},
 		{"not an object", "- a\n- b\n", "t.yaml:1 (document 1) object: not a Kubernetes object"},
 		{"no kind", "apiVersion: v1\nmetadata: {name: x}\n", "t.yaml:1 (document 1) object: missing apiVersion or kind"},
-		{"bad ipv4 pod IP", pod(`[{ip: 10.1.1.300}]`), `Pod frontend/web: status.podIPs[0].ip: invalid IP "10.1.1.300"`},
-		{"bad ipv6 pod IP", pod(`[{ip: 10.1.1.3}, {ip: "fd00::zz"}]`), `Pod frontend/web: status.podIPs[1].ip: invalid IP "fd00::zz"`},
+		{"bad ipv4 pod IP", pod(`[{ip: 198.18.1.300}]`), `Pod frontend/web: status.podIPs[0].ip: invalid IP "198.18.1.300"`},
+		{"bad ipv6 pod IP", pod(`[{ip: 198.18.1.3}, {ip: "fd00:10::zz"}]`), `Pod frontend/web: status.podIPs[1].ip: invalid IP "fd00:10::zz"`},
 		{"wrong type", "apiVersion: v1\nkind: Pod\nmetadata: {name: web, namespace: frontend}\nspec: {containers: 5}\n", "Pod frontend/web: decode:"},
 		{"no name", "apiVersion: v1\nkind: Service\nmetadata: {namespace: a}\n", "Service (no name): metadata.name is empty"},
 		{"namespaced node", "apiVersion: v1\nkind: Node\nmetadata: {name: n1, namespace: a}\n", `Node a/n1: metadata.namespace "a" on a cluster-scoped Node`},
-		{"bad clusterIP", "apiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: a}\nspec: {clusterIPs: [10.96.0.1, 'fd00:96::x']}\n", `Service a/s: spec.clusterIPs[1]: invalid IP "fd00:96::x"`},
-		{"ipv6 in an ipv4 slice", "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: s, namespace: a}\naddressType: IPv4\nendpoints: [{addresses: ['fd00::1']}]\n",
-			"EndpointSlice a/s: endpoints[0].addresses[0]: fd00::1 in a slice of addressType IPv4"},
+		{"bad clusterIP", "apiVersion: v1\nkind: Service\nmetadata: {name: s, namespace: a}\nspec: {clusterIPs: [198.19.0.1, 'fd00:10:96::x']}\n", `Service a/s: spec.clusterIPs[1]: invalid IP "fd00:10:96::x"`},
+		{"ipv6 in an ipv4 slice", "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: s, namespace: a}\naddressType: IPv4\nendpoints: [{addresses: ['fd00:10::1']}]\n",
+			"EndpointSlice a/s: endpoints[0].addresses[0]: fd00:10::1 in a slice of addressType IPv4"},
 		{"bad address type", "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata: {name: s, namespace: a}\naddressType: IPv5\n", `addressType "IPv5"`},
-		{"bad ipv6 pod CIDR", "apiVersion: v1\nkind: Node\nmetadata: {name: n1}\nspec: {podCIDRs: [10.1.0.0/24, 'fd00:1::/129']}\n", `Node n1: spec.podCIDRs[1]: invalid CIDR "fd00:1::/129"`},
+		{"bad ipv6 pod CIDR", "apiVersion: v1\nkind: Node\nmetadata: {name: n1}\nspec: {podCIDRs: [198.18.0.0/24, 'fd00:10::/129']}\n", `Node n1: spec.podCIDRs[1]: invalid CIDR "fd00:10::/129"`},
 		{"bad node address", "apiVersion: v1\nkind: Node\nmetadata: {name: n1}\nstatus: {addresses: [{type: InternalIP, address: 'node-1'}]}\n", `status.addresses[0].address: invalid IP "node-1"`},
-		{"bad ipBlock", "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: p, namespace: a}\nspec:\n  egress: [{to: [{ipBlock: {cidr: 'fd00::/56', except: ['fd00:0:0:1::/640']}}]}]\n",
-			`NetworkPolicy a/p: spec.egress[0].to[0].ipBlock.except[0]: invalid CIDR "fd00:0:0:1::/640"`},
+		{"bad ipBlock", "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: p, namespace: a}\nspec:\n  egress: [{to: [{ipBlock: {cidr: 'fd00:10::/56', except: ['fd00:10:0:1::/640']}}]}]\n",
+			`NetworkPolicy a/p: spec.egress[0].to[0].ipBlock.except[0]: invalid CIDR "fd00:10:0:1::/640"`},
 		{"bad list item", "apiVersion: v1\nkind: List\nitems:\n- {apiVersion: v1, kind: Namespace, metadata: {name: ok}}\n- {apiVersion: v1, kind: Pod, metadata: {name: p, namespace: a}, status: {podIP: nope}}\n",
 			`t.yaml:1 (document 1, list item 2) Pod a/p: status.podIP: invalid IP "nope"`},
 		{"duplicate", "apiVersion: v1\nkind: Namespace\nmetadata: {name: a}\n---\napiVersion: v1\nkind: Namespace\nmetadata: {name: a}\n",
