@@ -253,7 +253,7 @@ func TestParseDestination(t *testing.T) {
 		{"svc:backend:80", Destination{}, true},
 		{"svc:backend/api:http", Destination{}, true},
 		{"svc:backend/api:0", Destination{}, true},
-		{"ip:fd00::1:99999", Destination{}, true},
+		{"ip:fd00:10::1:99999", Destination{}, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.in, func(t *testing.T) {

@@ -19,8 +19,8 @@ func FuzzDecode(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Add(buf.Bytes())
-	f.Add([]byte("apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Pod\n  metadata: {name: p}\n  status: {podIPs: [{ip: \"fd00::1\"}]}\n"))
-	f.Add([]byte("apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: n, namespace: x}\nspec:\n  podSelector: {}\n  egress: [{to: [{ipBlock: {cidr: \"::/0\", except: [\"fd00::/8\"]}}], ports: [{port: 80, endPort: 90}]}]\n"))
+	f.Add([]byte("apiVersion: v1\nkind: List\nitems:\n- apiVersion: v1\n  kind: Pod\n  metadata: {name: p}\n  status: {podIPs: [{ip: \"fd00:10::1\"}]}\n"))
+	f.Add([]byte("apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: n, namespace: x}\nspec:\n  podSelector: {}\n  egress: [{to: [{ipBlock: {cidr: \"::/0\", except: [\"fd00:10::/32\"]}}], ports: [{port: 80, endPort: 90}]}]\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		inv := NewInventory()
 		if err := inv.Decode("fuzz", bytes.NewReader(data)); err != nil {

@@ -128,14 +128,14 @@ func TestInventoryMalformed(t *testing.T) {
 	good := filepath.Join(dir, "good.yaml")
 	bad := filepath.Join(dir, "bad.yaml")
 	os.WriteFile(good, []byte("apiVersion: v1\nkind: Namespace\nmetadata: {name: a}\n"), 0o644)
-	os.WriteFile(bad, []byte("apiVersion: v1\nkind: Namespace\nmetadata: {name: b}\n---\n\napiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: a}\nstatus: {podIPs: [{ip: 'fd00::1::2'}]}\n"), 0o644)
+	os.WriteFile(bad, []byte("apiVersion: v1\nkind: Namespace\nmetadata: {name: b}\n---\n\napiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: a}\nstatus: {podIPs: [{ip: 'fd00:10::1::2'}]}\n"), 0o644)
 	cfg := NewConfig()
 	cfg.Source = SourceInventory
 	cfg.Inventory = []string{good, bad}
 	_, err := New(cfg, nil, discard())
 	var ie *inventory.Error
 	if !errors.As(err, &ie) || ie.File != bad || ie.Line != 6 || ie.Doc != 2 || ie.Kind != "Pod" || ie.Name != "p" ||
-		!strings.Contains(err.Error(), bad+`:6 (document 2) Pod a/p: status.podIPs[0].ip: invalid IP "fd00::1::2"`) {
+		!strings.Contains(err.Error(), bad+`:6 (document 2) Pod a/p: status.podIPs[0].ip: invalid IP "fd00:10::1::2"`) {
 		t.Errorf("error %v", err)
 	}
 	cfg.Inventory = []string{filepath.Join(dir, "nope.yaml")}

@@ -185,7 +185,7 @@ func TestParseConntrackLine(t *testing.T) {
 		}, false},
 		{"missing reply", "tcp,orig=(src=198.18.1.1,dst=198.18.1.2,sport=1,dport=2)", nil, true},
 		{"bad address", "tcp,orig=(src=198.18.1.300,dst=198.18.1.2),reply=(src=198.18.1.2,dst=198.18.1.1)", nil, true},
-		{"mixed families", "tcp,orig=(src=198.18.1.1,dst=fd00::1),reply=(src=fd00::1,dst=198.18.1.1)", nil, true},
+		{"mixed families", "tcp,orig=(src=198.18.1.1,dst=fd00:10::1),reply=(src=fd00:10::1,dst=198.18.1.1)", nil, true},
 		{"unbalanced", "tcp,orig=(src=198.18.1.1,dst=198.18.1.2,reply=(src=198.18.1.2,dst=198.18.1.1)", nil, true},
 		{"port out of range", "tcp,orig=(src=198.18.1.1,dst=198.18.1.2,sport=70000,dport=2),reply=(src=198.18.1.2,dst=198.18.1.1)", nil, true},
 		{"zone in ipv6 address", "tcp,orig=(src=fe80::1%eth0,dst=fe80::2),reply=(src=fe80::2,dst=fe80::1)", nil, true},

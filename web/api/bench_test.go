@@ -87,7 +87,7 @@ func BenchmarkFlows(b *testing.B) {
 	h := benchAPI(b)
 	targets := []string{
 		"ip_version=6",
-		"dst_ip=10.244.3.0/24,fd00:10:244:3::/64",
+		"dst_ip=198.18.3.0/24,fd00:10:244:3::/64",
 		"src_workload=shop/frontend&dst_port=5432",
 		"not.dst_label=app=dns&verdict=allowed",
 		"verdict=denied&since=15m",

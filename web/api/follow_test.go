@@ -26,7 +26,7 @@ func (s *seqStore) Query(_ context.Context, q, _ string) ([]byte, error) {
 	s.polls++
 	s.sqls = append(s.sqls, q)
 	if s.polls <= 2 { // the second poll sees the same row again (overlap)
-		return []byte(`{"flow_end_ms":1000,"ip_version":6,"src_ip":"fd00::1","dst_ip":"fd00::2","protocol_name":"TCP","key":"7","time_received_ms":` + strconv.FormatInt(s.recv, 10) + `}` + "\n"), nil
+		return []byte(`{"flow_end_ms":1000,"ip_version":6,"src_ip":"fd00:10::1","dst_ip":"fd00:10::2","protocol_name":"TCP","key":"7","time_received_ms":` + strconv.FormatInt(s.recv, 10) + `}` + "\n"), nil
 	}
 	return nil, nil
 }
@@ -41,7 +41,7 @@ func TestFollowStreamsNewFlows(t *testing.T) {
 	defer srv.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/api/v1/flows?follow=true&ip_version=6&dst_ip=fd00::/16", nil)
+	req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/api/v1/flows?follow=true&ip_version=6&dst_ip=fd00:10::/32", nil)
 	r, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
@@ -56,7 +56,7 @@ func TestFollowStreamsNewFlows(t *testing.T) {
 		if ev, ok := strings.CutPrefix(sc.Text(), "event:"); ok {
 			events = append(events, ev)
 		}
-		if strings.HasPrefix(sc.Text(), "data:") && strings.Contains(sc.Text(), "fd00::2") {
+		if strings.HasPrefix(sc.Text(), "data:") && strings.Contains(sc.Text(), "fd00:10::2") {
 			events = append(events, "data")
 		}
 	}

@@ -63,7 +63,7 @@ func find(e api.Endpoint) int {
 
 func addr(fam, w, k int) string {
 	if fam == 4 {
-		return fmt.Sprintf("10.244.%d.%d", w+1, k)
+		return fmt.Sprintf("198.18.%d.%d", w+1, k)
 	}
 	return fmt.Sprintf("fd00:10:244:%d::%x", w+1, k)
 }

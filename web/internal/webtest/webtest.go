@@ -40,7 +40,7 @@ func OpenStore(dir string) (*store.Embedded, error) {
 }
 
 // Workload is a lab workload; index w gives its addresses
-// 10.244.w.k and fd00:10:244:w::k.
+// 198.18.w.k and fd00:10:244:w::k.
 type Workload struct {
 	Namespace, Name, Kind, Node string
 }
@@ -108,10 +108,10 @@ SELECT
  fromUnixTimestamp64Milli(toInt64(%[2]d - intDiv(number * %[3]d, %[4]d)), 'UTC') AS fe,
  fe AS tr,
  if(number %% 2 = 0, 4, 6) AS v,
- if(v = 4, toIPv6(concat('::ffff:10.244.', toString(%[5]s[p]), '.', toString(k))), toIPv6(concat('fd00:10:244:', toString(%[5]s[p]), '::', hex(k)))),
- if(v = 4, toIPv6(concat('::ffff:10.244.', toString(%[6]s[p]), '.', toString(k + 100))), toIPv6(concat('fd00:10:244:', toString(%[6]s[p]), '::', hex(k + 100)))),
+ if(v = 4, toIPv6(concat('::ffff:198.18.', toString(%[5]s[p]), '.', toString(k))), toIPv6(concat('fd00:10:244:', toString(%[5]s[p]), '::', hex(k)))),
+ if(v = 4, toIPv6(concat('::ffff:198.18.', toString(%[6]s[p]), '.', toString(k + 100))), toIPv6(concat('fd00:10:244:', toString(%[6]s[p]), '::', hex(k + 100)))),
  toUInt16(32768 + number %% 20000), toUInt16(%[7]s[p]), if(%[7]s[p] = 53, 17, 6),
- if(%[8]s[p] = '', toIPv6('::'), if(v = 4, toIPv6(concat('::ffff:10.96.0.', toString(p))), toIPv6(concat('fd00:10:96::', toString(p))))),
+ if(%[8]s[p] = '', toIPv6('::'), if(v = 4, toIPv6(concat('::ffff:198.19.0.', toString(p))), toIPv6(concat('fd00:10:96::', toString(p))))),
  if(%[8]s[p] = '', 0, toUInt16(%[7]s[p])),
  10 + number %% 7, 1000 + (number %% 13) * 100, 8 + number %% 5, 2000 + (number %% 11) * 300,
  10, 1000, 8, 2000,
