@@ -19,12 +19,14 @@ import (
 	"github.com/dualflow/dualflow/flow"
 )
 
-// The benchmark cluster: 1000 dual-stack nodes in 3 zones, 100k pods (10k
-// Deployments of 10 replicas, 100 per node), 20k dual-stack Services of
+// The benchmark cluster: 800 dual-stack nodes in 3 zones, 100k pods (10k
+// Deployments of 10 replicas, 125 per node), 20k dual-stack Services of
 // which the first 10k select a Deployment (one EndpointSlice per family,
-// 10 endpoints each).
+// 10 endpoints each). IPv4 fills the lab range 198.18.0.0/15: a /25 of
+// pods per node from 198.18.0.0, Services from 198.19.144.0, nodes from
+// 198.19.224.0.
 const (
-	benchNodes       = 1000
+	benchNodes       = 800
 	benchDeployments = 10000
 	benchReplicas    = 10
 	benchPods        = benchDeployments * benchReplicas
@@ -36,18 +38,23 @@ func benchNodeName(n int) string { return fmt.Sprintf("node-%04d", n) }
 // benchPodAddr returns pod j's address in family 4 or 6: the k-th pod
 // of node n lives in node n's pod CIDR.
 func benchPodAddr(j int, v6 bool) netip.Addr {
-	n, k := j%benchNodes, j/benchNodes+10
+	n, k := j%benchNodes, j/benchNodes+1
 	if v6 {
 		return netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x10, 0, 0, byte(n >> 8), byte(n), 15: byte(k)})
 	}
-	return netip.AddrFrom4([4]byte{10, byte(n >> 8), byte(n), byte(k)})
+	return addr4(198<<24 | 18<<16 + uint32(n)*128 + uint32(k))
+}
+
+// addr4 is the IPv4 address of a 32-bit number.
+func addr4(v uint32) netip.Addr {
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
 }
 
 func benchSvcAddr(s int, v6 bool) netip.Addr {
 	if v6 {
 		return netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x10, 0, 0x96, 14: byte(s >> 8), 15: byte(s)})
 	}
-	return netip.AddrFrom4([4]byte{172, 20 + byte(s>>16), byte(s >> 8), byte(s)})
+	return addr4(198<<24 | 19<<16 | 144<<8 + uint32(s))
 }
 
 // benchPod is a realistic pod as the API server sends it (status,
@@ -82,7 +89,7 @@ func benchPod(j int) *corev1.Pod {
 		},
 		Status: corev1.PodStatus{
 			Phase: corev1.PodRunning, PodIP: a4.String(), PodIPs: []corev1.PodIP{{IP: a4.String()}, {IP: a6.String()}},
-			HostIP: "198.19.200.1", StartTime: &created,
+			HostIP: addr4(198<<24 | 19<<16 | 224<<8 + uint32(j%benchNodes)).String(), StartTime: &created,
 			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}, {Type: corev1.ContainersReady, Status: corev1.ConditionTrue}},
 			ContainerStatuses: []corev1.ContainerStatus{{Name: "app", Ready: true, Image: "registry.example/app:1.2.3", ImageID: "sha256:0123456789abcdef",
 				ContainerID: fmt.Sprintf("containerd://%064x", j), State: corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: created}}}},
@@ -92,8 +99,8 @@ func benchPod(j int) *corev1.Pod {
 }
 
 func benchNode(n int) *corev1.Node {
-	a4, a6 := netip.AddrFrom4([4]byte{198, 19, 200 + byte(n>>8), byte(n)}), netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x10, 0, 0xff, 14: byte(n >> 8), 15: byte(n)})
-	c4 := netip.PrefixFrom(benchPodAddr(n, false), 24).Masked()
+	a4, a6 := addr4(198<<24|19<<16|224<<8+uint32(n)), netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x10, 0, 0xff, 14: byte(n >> 8), 15: byte(n)})
+	c4 := netip.PrefixFrom(benchPodAddr(n, false), 25).Masked()
 	c6 := netip.PrefixFrom(benchPodAddr(n, true), 64).Masked()
 	return mkNode(benchNodeName(n), fmt.Sprintf("zone-%c", 'a'+n%3), []string{a4.String(), a6.String()}, c4.String(), c6.String())
 }
