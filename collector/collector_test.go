@@ -303,21 +303,27 @@ func benchEndToEnd(b *testing.B, enriched bool, src4, dst4, src6, dst6 string) {
 	countRows := func() int { return count("SELECT count() FROM dualflow.flows") }
 	before := countRows()
 	const total = 500_000
-	b.ReportAllocs()
-	b.ResetTimer()
-	sent := 0
-	for b.Loop() {
+	round := func(n int) {
 		start := time.Now()
-		for sent = 0; sent < total; sent += perMsg {
+		for sent := 0; sent < n; sent += perMsg {
 			x.send(b, recs...)
 		}
-		for countRows()-before < total {
+		for countRows()-before < n {
 			if time.Since(start) > 2*time.Minute {
 				b.Fatal(errors.New("rows did not arrive"))
 			}
 			time.Sleep(100 * time.Millisecond) // polling competes with the inserts for the 2 cores
 		}
-		before += total
+		before += n
+	}
+	// Untimed warm-up: a round takes seconds, so make bench runs it once;
+	// without this the figure would include the heap and the engine's
+	// caches growing from cold.
+	round(total / 5)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		round(total)
 	}
 	b.StopTimer()
 	b.ReportMetric(float64(total*b.N)/b.Elapsed().Seconds(), "records/s")
@@ -325,9 +331,9 @@ func benchEndToEnd(b *testing.B, enriched bool, src4, dst4, src6, dst6 string) {
 		// The measurement is only what it says if the rows were enriched.
 		q := "SELECT count() FROM dualflow.flows WHERE src_port < " + strconv.Itoa(perMsg) +
 			" AND src_pod_name != '' AND dst_pod_name != '' AND mapContains(src_pod_labels, 'app') AND ingress_verdict != 'unknown'"
-		if got := count(q); got < total*b.N {
+		if got := count(q); got < total*b.N+total/5 {
 			out, _ := c.Conn().Query(context.Background(), "SELECT src_ip, dst_ip, src_pod_name, dst_pod_name, src_pod_labels, ingress_verdict, egress_verdict, correlation FROM dualflow.flows WHERE src_port < "+strconv.Itoa(perMsg)+" ORDER BY time_received DESC LIMIT 2", "TSV")
-			b.Fatalf("%d enriched rows, want at least %d; newest rows:\n%s", got, total*b.N, out)
+			b.Fatalf("%d enriched rows, want at least %d; newest rows:\n%s", got, total*b.N+total/5, out)
 		}
 	}
 }
