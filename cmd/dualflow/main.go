@@ -12,6 +12,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"k8s.io/klog/v2"
 )
 
 // command is one subcommand. run gets the arguments after the subcommand
@@ -51,6 +53,7 @@ Commands:
 }
 
 func main() {
+	routeKlog(slog.Default())
 	if len(os.Args) < 2 {
 		usage(os.Stderr)
 		os.Exit(2)
@@ -89,3 +92,8 @@ func newFlagSet(name, synopsis, help string) *flag.FlagSet {
 	}
 	return fs
 }
+
+// routeKlog sends what client-go and go-ipfix log through klog (watch
+// errors, throttling, connection notices) to logger, so that the process
+// writes one log format.
+func routeKlog(logger *slog.Logger) { klog.SetSlogLogger(logger) }
