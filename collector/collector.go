@@ -75,7 +75,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&w.BatchRows, "clickhouse.batch-rows", store.DefaultBatchRows, "rows per insert batch")
 	fs.DurationVar(&w.FlushInterval, "clickhouse.flush-interval", store.DefaultFlushInterval, "send a batch at least this often")
 	fs.IntVar(&w.MaxPending, "clickhouse.max-pending-batches", store.DefaultMaxPending, "sealed batches held in memory before the pipeline is slowed down (back-pressure)")
-	fs.IntVar(&w.Inserters, "clickhouse.inserters", store.DefaultInserters, "batches inserted at once, at most max-pending-batches (1 keeps rows in arrival order)")
+	fs.IntVar(&w.Inserters, "clickhouse.inserters", store.DefaultInserters, "batches inserted at once (capped at max-pending-batches; 1 keeps rows in arrival order)")
 	fs.StringVar(&w.SpoolDir, "clickhouse.spool-dir", "", "spool batches here while ClickHouse is unreachable (default <data-dir>/../spool for the embedded store, disabled for a server unless set)")
 	fs.Int64Var(&w.SpoolMaxBytes, "clickhouse.spool-max-bytes", store.DefaultSpoolMaxBytes, "spool size bound; past it failed batches are dropped and counted")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", DefaultMetricsAddr, "serve /metrics, /healthz and /readyz here (empty disables)")

@@ -117,6 +117,9 @@ func (c *WriterConfig) SetDefaults() {
 	setWriterDefault(&c.FlushInterval, DefaultFlushInterval)
 	setWriterDefault(&c.MaxPending, DefaultMaxPending)
 	setWriterDefault(&c.Inserters, DefaultInserters)
+	if c.MaxPending > 0 && c.Inserters > c.MaxPending {
+		c.Inserters = c.MaxPending // a batch must be pending to be inserted
+	}
 	setWriterDefault(&c.Retries, DefaultRetries)
 	setWriterDefault(&c.RetryBackoff, DefaultRetryBackoff)
 	setWriterDefault(&c.MaxBackoff, DefaultMaxBackoff)

@@ -325,8 +325,13 @@ func TestWriterConfig(t *testing.T) {
 	if err := def.Validate(); err != nil {
 		t.Fatalf("defaults invalid: %v", err)
 	}
-	if def.BatchRows != 100_000 || def.FlushInterval != time.Second || def.MaxPending != 2 || def.SpoolMaxBytes != 1<<30 {
+	if def.BatchRows != 100_000 || def.FlushInterval != time.Second || def.MaxPending != 2 || def.Inserters != 2 || def.SpoolMaxBytes != 1<<30 {
 		t.Fatalf("unexpected defaults %+v", def)
+	}
+	clamped := WriterConfig{MaxPending: 1}
+	clamped.SetDefaults()
+	if clamped.Inserters != 1 {
+		t.Fatalf("inserters %d with max pending 1, want 1", clamped.Inserters)
 	}
 	for _, tc := range []struct {
 		name string
@@ -337,7 +342,8 @@ func TestWriterConfig(t *testing.T) {
 		{"spool", func(c *WriterConfig) { c.SpoolDir = "/tmp/x" }, ""},
 		{"negative batch rows", func(c *WriterConfig) { c.BatchRows = -1 }, "batch rows"},
 		{"negative max pending", func(c *WriterConfig) { c.MaxPending = -2 }, "max pending"},
-		{"more inserters than pending batches", func(c *WriterConfig) { c.Inserters, c.MaxPending = 3, 2 }, "inserters"},
+		{"more inserters than pending batches", func(c *WriterConfig) { c.Inserters, c.MaxPending = 3, 2 }, ""}, // clamped
+		{"negative inserters", func(c *WriterConfig) { c.Inserters = -1 }, "inserters"},
 		{"max below retry backoff", func(c *WriterConfig) { c.RetryBackoff, c.MaxBackoff = time.Second, time.Millisecond }, "max backoff"},
 		{"negative spool bytes", func(c *WriterConfig) { c.SpoolDir, c.SpoolMaxBytes = "/tmp/x", -1 }, "spool max bytes"},
 		{"negative shutdown timeout", func(c *WriterConfig) { c.ShutdownTimeout = -time.Second }, "shutdown timeout"},
