@@ -1,6 +1,10 @@
 package ipfix
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"log/slog"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // metrics are the listener's Prometheus metrics.
 type metrics struct {
@@ -25,7 +29,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "dualflow_ipfix_records_total", Help: "Flow records decoded from IPFIX.",
 		}, []string{"transport"}),
 		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "dualflow_ipfix_records_skipped_total", Help: "IPFIX data records read but not forwarded: options records, records without IP addresses.",
+			Name: "dualflow_ipfix_records_skipped_total", Help: "IPFIX data records read but not forwarded: options records, records without IP addresses, records of the flowDirection not kept (--collector.ipfix.flow-direction).",
 		}, []string{"reason"}),
 		unknownSet: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "dualflow_ipfix_sets_unknown_template_total", Help: "IPFIX data sets skipped because their template is unknown or expired.",
@@ -59,8 +63,15 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 }
 
 // flush adds what d counted since prev to the metrics and updates prev.
-func (m *metrics) flush(tr Transport, d *Decoder, prev *Stats) {
+// The first records a decoder skips for their flowDirection are also
+// logged once: an exporter that observes egress only would otherwise lose
+// everything to the default quietly.
+func (m *metrics) flush(tr Transport, d *Decoder, prev *Stats, log *slog.Logger) {
 	s := &d.Stats
+	if s.WrongDirection > 0 && prev.WrongDirection == 0 && log != nil {
+		log.Info("ipfix records skipped for their flowDirection (an exporter reporting packets in and out is counted once; see --collector.ipfix.flow-direction)",
+			"transport", tr.String(), "keep", d.Direction.String(), "skipped", s.WrongDirection)
+	}
 	add := func(c prometheus.Counter, now, was uint64) {
 		if now != was {
 			c.Add(float64(now - was))

@@ -124,7 +124,7 @@ func (l *Listener) serveConn(ctx context.Context, c net.Conn, tr Transport) {
 	b := l.pool.Get()
 	defer func() {
 		l.deliver(ctx, b, tr).Release()
-		l.m.flush(tr, d, &prev)
+		l.m.flush(tr, d, &prev, l.log)
 	}()
 	for {
 		msg, err := f.next()
@@ -147,7 +147,7 @@ func (l *Listener) serveConn(ctx context.Context, c net.Conn, tr Transport) {
 		b.Recs, _ = d.Decode(s, msg, time.Now(), b.Recs)
 		if len(b.Recs) >= l.cfg.BatchRecords || !f.ready() {
 			b = l.deliver(ctx, b, tr)
-			l.m.flush(tr, d, &prev)
+			l.m.flush(tr, d, &prev, l.log)
 		}
 	}
 }

@@ -42,7 +42,7 @@ func (l *Listener) serveUDP(ctx context.Context, c *net.UDPConn) {
 	gauge := l.m.sessions.WithLabelValues(UDP.String())
 	defer func() {
 		l.deliver(ctx, b, UDP).Release()
-		l.m.flush(UDP, d, &prev)
+		l.m.flush(UDP, d, &prev, l.log)
 		gauge.Sub(float64(len(sessions)))
 		l.m.closed.WithLabelValues(UDP.String(), "shutdown").Add(float64(len(sessions)))
 	}()
@@ -89,7 +89,7 @@ func (l *Listener) serveUDP(ctx context.Context, c *net.UDPConn) {
 		// batch), so records never wait for more traffic.
 		if n < len(dgs) || len(b.Recs) >= l.cfg.BatchRecords {
 			b = l.deliver(ctx, b, UDP)
-			l.m.flush(UDP, d, &prev)
+			l.m.flush(UDP, d, &prev, l.log)
 		}
 		if now.Sub(sweep) > sessionSweep {
 			sweep = now

@@ -95,6 +95,8 @@ func (e *Embedded) InsertRowBinary(ctx context.Context, table string, columns []
 	return nil
 }
 
+const maxIdleBuilders = 3
+
 // builder returns an idle Native builder; concurrent inserts use their own.
 func (e *Embedded) builder() *nativeBuilder {
 	e.mu.Lock()
@@ -107,11 +109,13 @@ func (e *Embedded) builder() *nativeBuilder {
 	return new(nativeBuilder)
 }
 
-// release keeps nb for the next insert (a few at most: one per inserter).
+// release keeps nb for the next insert: up to maxIdleBuilders (the
+// writer's two inserters and its spool replay), each holding a batch-sized
+// block.
 func (e *Embedded) release(nb *nativeBuilder) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	if len(e.native) < 4 {
+	if len(e.native) < maxIdleBuilders {
 		e.native = append(e.native, nb)
 	}
 }

@@ -147,7 +147,7 @@ func (nb *nativeBuilder) build(columns []string, wire []wireColumn, rows int, da
 				default:
 					c.data = append(c.data, b[:w.size]...)
 				}
-				if w.text != "" {
+				if w.text != "" && w.size == 16 {
 					tc := &nb.texts[t]
 					t++
 					tc.data = nb.ipc.appendColumn(tc.data, [16]byte(b[:16]))

@@ -23,8 +23,9 @@ import (
 
 // Writer defaults. A RowBinary flow row with Kubernetes metadata is 400-600
 // bytes, so a default batch is 40-60 MB and the default memory bound
-// ((MaxPending+1) batches) is about 180 MB, plus one batch-sized Native copy
-// while the embedded store inserts.
+// ((MaxPending+1) batches) is about 180 MB. The embedded store adds a
+// batch-sized Native block per insert in flight (Inserters, plus the spool
+// replay), kept for reuse: about 150 MB more with the defaults.
 //
 // Batches of 100k rows rather than 50k took the embedded store from about
 // 210k to 250k rows/s (BenchmarkWriterEmbedded1M): each insert writes one
