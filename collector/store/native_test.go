@@ -7,6 +7,8 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/dualflow/dualflow/flow"
 )
 
 // ipTextCases are addresses whose text has a special form, plus random lab
@@ -89,10 +91,7 @@ func TestAppendIPTextMatchesEngine(t *testing.T) {
 
 func BenchmarkNativeBuild(b *testing.B) {
 	recs := benchFlows(50_000)
-	var data []byte
-	for i := range recs {
-		data = AppendFlowRow(data, &recs[i])
-	}
+	data := encodeRows(recs)
 	var nb nativeBuilder
 	b.SetBytes(int64(len(data)))
 	b.ReportAllocs()
@@ -109,10 +108,7 @@ func BenchmarkNativeBuild(b *testing.B) {
 // block with the wrong row count.
 func TestNativeBuildRejectsShortRows(t *testing.T) {
 	recs := benchFlows(3)
-	var data []byte
-	for i := range recs {
-		data = AppendFlowRow(data, &recs[i])
-	}
+	data := encodeRows(recs)
 	var nb nativeBuilder
 	if _, err := nb.build(FlowColumns, flowWire, 3, data); err != nil {
 		t.Fatal(err)
@@ -125,4 +121,13 @@ func TestNativeBuildRejectsShortRows(t *testing.T) {
 	if _, err := nb.build(FlowColumns, flowWire, 2, data); err == nil {
 		t.Error("build of 2 rows from 3 rows of data: no error")
 	}
+}
+
+// encodeRows encodes recs as RowBinary rows of FlowColumns.
+func encodeRows(recs []flow.Record) []byte {
+	var data []byte
+	for i := range recs {
+		data = AppendFlowRow(data, &recs[i])
+	}
+	return data
 }

@@ -87,14 +87,22 @@ func encodeFlows(n int) []byte {
 	return buf.Bytes()
 }
 
-func TestInsertRowBinary(t *testing.T) {
-	db := testDB(t)
-	ctx := context.Background()
+// newFlowsTable creates table f, the shape encodeFlows writes, in a new
+// database, and returns the database.
+func newFlowsTable(t *testing.T, db *DB) string {
+	t.Helper()
 	d := newDatabase(t, db)
-	if err := db.Exec(ctx, `CREATE TABLE `+d+`.f (ts DateTime64(3,'UTC'), src IPv6, proto LowCardinality(String), bytes UInt64)
+	if err := db.Exec(context.Background(), `CREATE TABLE `+d+`.f (ts DateTime64(3,'UTC'), src IPv6, proto LowCardinality(String), bytes UInt64)
 		ENGINE = MergeTree ORDER BY ts`); err != nil {
 		t.Fatal(err)
 	}
+	return d
+}
+
+func TestInsertRowBinary(t *testing.T) {
+	db := testDB(t)
+	ctx := context.Background()
+	d := newFlowsTable(t, db)
 	const rows = 100_000
 	data := encodeFlows(rows)
 	n, err := db.Insert(ctx, "INSERT INTO "+d+".f (ts, src, proto, bytes) SETTINGS insert_deduplication_token='batch-1' FORMAT RowBinary", bytes.NewReader(data))
@@ -512,11 +520,7 @@ func TestFailedStatementLeavesNoResult(t *testing.T) {
 func TestInsertBuffers(t *testing.T) {
 	db := testDB(t)
 	ctx := context.Background()
-	d := newDatabase(t, db)
-	if err := db.Exec(ctx, `CREATE TABLE `+d+`.f (ts DateTime64(3,'UTC'), src IPv6, proto LowCardinality(String), bytes UInt64)
-		ENGINE = MergeTree ORDER BY ts`); err != nil {
-		t.Fatal(err)
-	}
+	d := newFlowsTable(t, db)
 	const rows = 100_000
 	data := encodeFlows(rows)
 	cuts := []int{0, 1, 7, 1000, 1000, insertChunk + 3, len(data)}
