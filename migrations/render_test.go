@@ -56,6 +56,7 @@ func TestClusterForm(t *testing.T) {
 	opt := Options{Cluster: "flows", TTLDays: 7}
 	createTable := regexp.MustCompile(`^CREATE TABLE IF NOT EXISTS (\S+) ON CLUSTER 'flows'`)
 	createMV := regexp.MustCompile(`^CREATE MATERIALIZED VIEW IF NOT EXISTS (\S+) ON CLUSTER 'flows'\s+TO (\S+) AS`)
+	alterTable := regexp.MustCompile(`^ALTER TABLE (\S+) ON CLUSTER 'flows' `)
 	locals := map[string]bool{}
 	distributed := map[string]bool{}
 	for _, m := range all {
@@ -96,6 +97,13 @@ func TestClusterForm(t *testing.T) {
 				}
 				if !strings.HasSuffix(mm[2], "_local") || !strings.Contains(s, "FROM dualflow.flows_local") {
 					t.Errorf("%s: MV %s must read and write local tables", m.Name, mm[1])
+				}
+			case strings.HasPrefix(s, "ALTER TABLE"):
+				// Settings and columns change on the local tables, on every
+				// replica.
+				mm := alterTable.FindStringSubmatch(s)
+				if mm == nil || !strings.HasSuffix(mm[1], "_local") {
+					t.Errorf("%s: ALTER TABLE must name a _local table ON CLUSTER: %.80s", m.Name, s)
 				}
 			default:
 				t.Errorf("%s: unexpected statement: %.80s", m.Name, s)

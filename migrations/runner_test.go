@@ -89,6 +89,9 @@ func TestRunnerAppliesEmbeddedOnce(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "toIntervalDay(3)") {
 		t.Fatalf("flows TTL: %s %v", out, err)
 	}
+	if !strings.Contains(string(out), "merge_selector_base = 20") {
+		t.Fatalf("flows settings (0005): %s", out)
+	}
 	r.opt.TTLDays = 9
 	if _, err := r.Up(ctx); err != nil {
 		t.Fatal(err)

@@ -312,3 +312,6 @@ COMMENT 'traceflow results, one row per trace and family';
 CREATE TABLE IF NOT EXISTS dualflow.traceflows ON CLUSTER 'flows' AS dualflow.traceflows_local
 ENGINE = Distributed('flows', 'dualflow', traceflows_local, rand());
 
+-- 0005_flows_merge_width.sql
+ALTER TABLE dualflow.flows_local ON CLUSTER 'flows' MODIFY SETTING merge_selector_base = 20;
+

@@ -294,3 +294,6 @@ ORDER BY (started, trace_id, family)
 
 COMMENT 'traceflow results, one row per trace and family';
 
+-- 0005_flows_merge_width.sql
+ALTER TABLE dualflow.flows MODIFY SETTING merge_selector_base = 20;
+
