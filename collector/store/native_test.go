@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"math/rand/v2"
 	"net/netip"
 	"strings"
@@ -130,4 +131,68 @@ func encodeRows(recs []flow.Record) []byte {
 		data = AppendFlowRow(data, &recs[i])
 	}
 	return data
+}
+
+// TestNativeBuildMatchesPlainTransposition checks build's columns against a
+// plain transposition (one append per value, lengths parsed with
+// stringLen), on rows whose strings cross every fast-path boundary: empty,
+// 16, 31, 32, 33 and 200 bytes (a two-byte length), in every string and
+// map column, with the last rows closer to the end of the data than the
+// fast path's 32-byte copy.
+func TestNativeBuildMatchesPlainTransposition(t *testing.T) {
+	var recs []flow.Record
+	for i, n := range []int{0, 1, 15, 16, 17, 31, 32, 33, 127, 128, 200, 0, 1, 2} {
+		r := sampleRecord(i, i%2 == 1)
+		s := strings.Repeat(string(rune('a'+i)), n)
+		r.TCPState, r.ExporterNode, r.Src.PodName, r.Dst.WorkloadName, r.Egress.ReportedName = s, s, s, s, s
+		r.Src.Labels = map[string]string{s + "k": s, "app": s}
+		if n == 0 {
+			r.Dst.Labels = nil
+		}
+		recs = append(recs, r)
+	}
+	data := encodeRows(recs)
+	var nb nativeBuilder
+	if _, err := nb.build(FlowColumns, flowWire, len(recs), data); err != nil {
+		t.Fatal(err)
+	}
+	want := make([]nativeColumn, len(flowWire))
+	b := data
+	take := func(n int) []byte { v := b[:n]; b = b[n:]; return v }
+	str := func() []byte {
+		n, err := stringLen(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return take(n)
+	}
+	for range recs {
+		for i, w := range flowWire {
+			c := &want[i]
+			switch w.kind {
+			case wireFixed:
+				c.data = append(c.data, take(w.size)...)
+			case wireString:
+				c.data = append(c.data, str()...)
+			case wireMap:
+				count, k := binary.Uvarint(b)
+				take(k)
+				for range count {
+					c.data = append(c.data, str()...)
+					c.values = append(c.values, str()...)
+				}
+				total := count
+				if l := len(c.offsets); l > 0 {
+					total += c.offsets[l-1]
+				}
+				c.offsets = append(c.offsets, total)
+			}
+		}
+	}
+	for i := range want {
+		g, w := nb.cols[i], want[i]
+		if string(g.data) != string(w.data) || string(g.values) != string(w.values) || fmt.Sprint(g.offsets) != fmt.Sprint(w.offsets) {
+			t.Errorf("column %s differs from the plain transposition", FlowColumns[i])
+		}
+	}
 }
