@@ -157,6 +157,9 @@ type Endpoint struct {
 	NodeName     string // node the pod runs on (or the node itself for host-network); column {src,dst}_node
 	Zone         string // topology.kubernetes.io/zone of the node; column {src,dst}_zone
 	// Labels of the pod, key=value. Column {src,dst}_pod_labels (Map).
+	// Read-only once set: enrichment shares one map between the pods that
+	// have the same labels, and the writer remembers a map's encoding by
+	// identity. Replace the map to change a record's labels.
 	Labels map[string]string
 }
 

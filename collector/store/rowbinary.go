@@ -5,7 +5,9 @@ import (
 	"errors"
 	"math"
 	"net/netip"
+	"slices"
 	"time"
+	"unsafe"
 
 	"github.com/dualflow/dualflow/flow"
 )
@@ -34,8 +36,14 @@ var FlowColumns = []string{
 }
 
 // AppendFlowRow appends r encoded as one RowBinary row of FlowColumns to b
-// and returns the extended buffer. It does not allocate when b has room.
-func AppendFlowRow(b []byte, r *flow.Record) []byte {
+// and returns the extended buffer. Label maps are encoded in key order, so
+// equal records encode to equal bytes. It does not allocate when b has room
+// and the labels have at most 32 keys.
+func AppendFlowRow(b []byte, r *flow.Record) []byte { return appendFlowRow(b, r, nil) }
+
+// appendFlowRow is AppendFlowRow, with the label encodings remembered in lc
+// when it is not nil.
+func appendFlowRow(b []byte, r *flow.Record, lc *labelCache) []byte {
 	b = appendTime(b, r.FlowStart)
 	b = appendTime(b, r.FlowEnd)
 	b = appendTime(b, r.TimeReceived)
@@ -69,8 +77,8 @@ func AppendFlowRow(b []byte, r *flow.Record) []byte {
 	b = binary.LittleEndian.AppendUint32(b, r.ObservationDomainID)
 	b = appendString(b, r.ExporterNode)
 	b = appendString(b, r.Source)
-	b = appendEndpoint(b, &r.Src)
-	b = appendEndpoint(b, &r.Dst)
+	b = appendEndpoint(b, &r.Src, lc)
+	b = appendEndpoint(b, &r.Dst, lc)
 	b = appendString(b, r.Service.Namespace)
 	b = appendString(b, r.Service.Name)
 	b = appendString(b, r.Service.PortName)
@@ -83,18 +91,66 @@ func AppendFlowRow(b []byte, r *flow.Record) []byte {
 	return append(b, 0)
 }
 
-func appendEndpoint(b []byte, e *flow.Endpoint) []byte {
+func appendEndpoint(b []byte, e *flow.Endpoint, lc *labelCache) []byte {
 	b = appendString(b, e.PodNamespace)
 	b = appendString(b, e.PodName)
-	b = binary.AppendUvarint(b, uint64(len(e.Labels)))
-	for k, v := range e.Labels {
-		b = appendString(b, k)
-		b = appendString(b, v)
+	switch {
+	case len(e.Labels) == 0:
+		b = append(b, 0)
+	case lc != nil:
+		b = lc.append(b, e.Labels)
+	default:
+		b = appendLabels(b, e.Labels)
 	}
 	b = appendString(b, e.WorkloadKind)
 	b = appendString(b, e.WorkloadName)
 	b = appendString(b, e.NodeName)
 	return appendString(b, e.Zone)
+}
+
+// appendLabels appends m as a RowBinary Map(String, String), in key order.
+func appendLabels(b []byte, m map[string]string) []byte {
+	var arr [32]string
+	keys := arr[:0]
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	b = binary.AppendUvarint(b, uint64(len(keys)))
+	for _, k := range keys {
+		b = appendString(b, k)
+		b = appendString(b, m[k])
+	}
+	return b
+}
+
+// labelCache remembers the encoding of label maps by identity. Enrichment
+// interns label sets (every pod of a ReplicaSet shares one map), so the
+// writer sees the same few maps over and over, and iterating, sorting and
+// encoding each was a third of a row's encoding time. A map must not change
+// once it is in a record (flow.Endpoint.Labels); a slot keeps its map alive,
+// so the address cannot be reused by another map while it is cached. Not
+// safe for concurrent use.
+type labelCache struct {
+	e [1 << 10]struct {
+		m   map[string]string
+		n   int // len(m) when enc was made
+		enc []byte
+	}
+}
+
+// mapID is the identity of a map: the address of its header.
+func mapID(m map[string]string) uintptr { return *(*uintptr)(unsafe.Pointer(&m)) }
+
+func (c *labelCache) append(b []byte, m map[string]string) []byte {
+	id := mapID(m)
+	slot := &c.e[(id>>4^id>>14)&(1<<10-1)]
+	// The length check is a cheap guard against a map changed in place
+	// despite the rule above; it cannot catch every change.
+	if slot.m == nil || mapID(slot.m) != id || slot.n != len(m) {
+		slot.m, slot.n, slot.enc = m, len(m), appendLabels(slot.enc[:0], m)
+	}
+	return append(b, slot.enc...)
 }
 
 func appendPolicy(b []byte, p *flow.Policy) []byte {

@@ -3,6 +3,8 @@ package store
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"math/rand/v2"
 	"net/netip"
 	"reflect"
 	"testing"
@@ -169,5 +171,71 @@ func TestMarkTemporary(t *testing.T) {
 	}
 	if markTemporary(241, nil) != nil {
 		t.Error("nil error marked")
+	}
+}
+
+// TestLabelsEncodeInKeyOrder: equal label sets encode to equal bytes, in
+// key order, whatever order the map iterates in, with and without the
+// writer's cache.
+func TestLabelsEncodeInKeyOrder(t *testing.T) {
+	want := []byte{3, 1, 'a', 1, '1', 1, 'b', 1, '2', 1, 'c', 0}
+	var lc labelCache
+	for i := range 50 {
+		m := map[string]string{}
+		for _, k := range rand.Perm(3) {
+			m[string(rune('a'+k))] = [...]string{"1", "2", ""}[k]
+		}
+		if got := appendLabels(nil, m); string(got) != string(want) {
+			t.Fatalf("appendLabels(%v) = %q, want %q", m, got, want)
+		}
+		if got := lc.append(nil, m); string(got) != string(want) {
+			t.Fatalf("cached encoding of map %d = %q, want %q", i, got, want)
+		}
+	}
+	r1, r2 := sampleRecord(1, true), sampleRecord(1, true)
+	r2.Src.Labels = maps.Clone(r1.Src.Labels)
+	if string(AppendFlowRow(nil, &r1)) != string(AppendFlowRow(nil, &r2)) {
+		t.Error("equal records encode to different rows")
+	}
+}
+
+// TestLabelCache: through a cache smaller than the number of maps (slots
+// are shared and evicted), every encoding equals the uncached one, and a
+// map that grew is encoded again.
+func TestLabelCache(t *testing.T) {
+	sets := make([]map[string]string, 3000)
+	for i := range sets {
+		sets[i] = map[string]string{"app": fmt.Sprint("app-", i), "tier": fmt.Sprint(i % 7)}
+	}
+	var lc labelCache
+	var b []byte
+	for range 3 {
+		for _, i := range rand.Perm(len(sets)) {
+			b = lc.append(b[:0], sets[i])
+			if want := appendLabels(nil, sets[i]); string(b) != string(want) {
+				t.Fatalf("set %d: cached %q, want %q", i, b, want)
+			}
+		}
+	}
+	m := sets[0]
+	lc.append(nil, m)
+	m["zone"] = "a" // breaks flow.Endpoint's rule; the length guard notices
+	if got, want := lc.append(nil, m), appendLabels(nil, m); string(got) != string(want) {
+		t.Errorf("grown map: cached %q, want %q", got, want)
+	}
+}
+
+// BenchmarkAppendFlowRowCached is the writer's encoding: label maps shared
+// between records, their encoding remembered.
+func BenchmarkAppendFlowRowCached(b *testing.B) {
+	recs := []flow.Record{sampleRecord(1, false), sampleRecord(2, true)}
+	buf := make([]byte, 0, 64<<10)
+	var lc labelCache
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		if len(buf) > 60<<10 {
+			buf = buf[:0]
+		}
+		buf = appendFlowRow(buf, &recs[i&1], &lc)
 	}
 }

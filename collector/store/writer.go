@@ -216,6 +216,7 @@ type Writer struct {
 	queue     []*pendingBatch // sealed batches, oldest first; the head may be in flight
 	free      [][]byte        // buffers of finished batches for reuse; with cur and queue, at most MaxPending+1
 	lastSize  int             // encoded size of the last sealed batch, to size new buffers
+	labels    labelCache      // encodings of the label maps Write has seen
 	sealedSeq uint64          // sequence number of the last sealed batch
 	doneSeq   uint64          // sequence number of the last batch written, spooled or dropped
 	bufRows   int64           // rows in cur and queue
@@ -293,7 +294,7 @@ func (w *Writer) Write(ctx context.Context, recs []flow.Record) error {
 			return ErrWriterClosed
 		}
 		n := len(w.cur.data)
-		w.cur.data = AppendFlowRow(w.cur.data, &recs[i])
+		w.cur.data = appendFlowRow(w.cur.data, &recs[i], &w.labels)
 		w.cur.rows++
 		w.bufRows++
 		w.bufBytes += int64(len(w.cur.data) - n)

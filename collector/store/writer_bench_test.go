@@ -28,6 +28,17 @@ func benchFlowsShape(n, srcPods int) []flow.Record {
 	namespaces := []string{"shop", "payments", "monitoring", "kube-system"}
 	workloads := []string{"frontend", "cart", "checkout", "prometheus-server", "coredns"}
 	start := time.Date(2026, 11, 29, 10, 0, 0, 0, time.UTC)
+	// Records share one map per label set, as enrichment's are (it interns
+	// them).
+	sets := map[string]map[string]string{}
+	labels := func(m map[string]string) map[string]string {
+		k := fmt.Sprint(m)
+		if s, ok := sets[k]; ok {
+			return s
+		}
+		sets[k] = m
+		return m
+	}
 	recs := make([]flow.Record, n)
 	for i := range recs {
 		v6 := i%2 == 1
@@ -58,11 +69,11 @@ func benchFlowsShape(n, srcPods int) []flow.Record {
 			ExporterAddr: exp, ObservationDomainID: 1, ExporterNode: fmt.Sprintf("worker-%02d", i%5), Source: "conntrack",
 			Src: flow.Endpoint{PodNamespace: ns, PodName: fmt.Sprintf("%s-7d9f8c6b5-%05x", wl, p),
 				WorkloadKind: "Deployment", WorkloadName: wl, NodeName: fmt.Sprintf("worker-%02d", i%5), Zone: fmt.Sprintf("eu-west-1%c", 'a'+i%3),
-				Labels: map[string]string{"app.kubernetes.io/name": wl, "app.kubernetes.io/part-of": ns, "pod-template-hash": "7d9f8c6b5"}},
+				Labels: labels(map[string]string{"app.kubernetes.io/name": wl, "app.kubernetes.io/part-of": ns, "pod-template-hash": "7d9f8c6b5"})},
 			Dst: flow.Endpoint{PodNamespace: ns, PodName: fmt.Sprintf("%s-%d", workloads[(i+1)%len(workloads)], i%3),
 				WorkloadKind: "StatefulSet", WorkloadName: workloads[(i+1)%len(workloads)], NodeName: fmt.Sprintf("worker-%02d", (i+1)%5),
 				Zone:   fmt.Sprintf("eu-west-1%c", 'a'+(i+1)%3),
-				Labels: map[string]string{"app.kubernetes.io/name": workloads[(i+1)%len(workloads)], "app.kubernetes.io/part-of": ns, "statefulset.kubernetes.io/pod-name": "x-0"}},
+				Labels: labels(map[string]string{"app.kubernetes.io/name": workloads[(i+1)%len(workloads)], "app.kubernetes.io/part-of": ns, "statefulset.kubernetes.io/pod-name": "x-0"})},
 			Service:     flow.Service{Namespace: ns, Name: workloads[(i+1)%len(workloads)], PortName: "http"},
 			Type:        flow.FlowTypeInterNode,
 			Correlation: flow.CorrelationMerged,
