@@ -65,19 +65,31 @@ func (e *Embedded) Query(ctx context.Context, query, format string) ([]byte, err
 
 // InsertRowBinary implements Conn through chDB's streaming insert.
 func (e *Embedded) InsertRowBinary(ctx context.Context, table string, columns []string, dedupToken string, rows int, data []byte) error {
-	format := "RowBinary"
-	var body io.Reader = bytes.NewReader(data)
-	if slices.Equal(columns, FlowColumns) {
-		// Columnar input is ~2x cheaper for the engine to parse (see native.go).
-		nb := e.builder()
-		defer e.release(nb)
-		block, err := nb.build(columns, flowWire, rows, data)
-		if err != nil {
-			return fmt.Errorf("insert into %s: %w", table, err)
-		}
-		bufs := chdb.Buffers(block)
-		body, format, columns = &bufs, "Native", flowNativeColumns
+	if !slices.Equal(columns, FlowColumns) {
+		return e.insert(ctx, table, columns, dedupToken, "RowBinary", bytes.NewReader(data), rows)
 	}
+	// Columnar input is ~2x cheaper for the engine to parse (see native.go).
+	nb := e.builder()
+	defer e.release(nb)
+	block, err := nb.build(columns, flowWire, rows, data)
+	if err != nil {
+		return fmt.Errorf("insert into %s: %w", table, err)
+	}
+	bufs := chdb.Buffers(block)
+	return e.insert(ctx, table, flowNativeColumns, dedupToken, "Native", &bufs, rows)
+}
+
+// insertColumns inserts a flows batch the writer encoded column by column
+// (see columnar.go).
+func (e *Embedded) insertColumns(ctx context.Context, table, dedupToken string, nb *nativeBuilder) error {
+	bufs := chdb.Buffers(nb.assemble(FlowColumns, flowWire))
+	return e.insert(ctx, table, flowNativeColumns, dedupToken, "Native", &bufs, nb.rows)
+}
+
+var _ columnarConn = (*Embedded)(nil)
+
+// insert streams body, rows rows in format, into table.
+func (e *Embedded) insert(ctx context.Context, table string, columns []string, dedupToken, format string, body io.Reader, rows int) error {
 	q := insertQuery(qualify(e.database, table), columns, dedupToken, format)
 	n, err := e.db.Insert(ctx, q, body)
 	if err != nil {
@@ -95,7 +107,7 @@ func (e *Embedded) InsertRowBinary(ctx context.Context, table string, columns []
 	return nil
 }
 
-const maxIdleBuilders = 3
+const maxIdleBuilders = 1
 
 // builder returns an idle Native builder; concurrent inserts use their own.
 func (e *Embedded) builder() *nativeBuilder {

@@ -76,6 +76,7 @@ type nativeBuilder struct {
 	ipc   *ipTextCache
 	parts [][]byte // the block, as pieces that reference the buffers above
 	hdr   []byte   // backs the header pieces
+	rows  int      // rows in the columns
 }
 
 type nativeColumn struct {
@@ -96,15 +97,8 @@ func nativeColumns(columns []string, wire []wireColumn) []string {
 	return out
 }
 
-// build returns the Native block (revision 0: no block info, no
-// serialization kinds) for rows RowBinary rows of the given columns, with
-// the columns named by nativeColumns. The block is returned as pieces to be
-// sent in order, without copying them into one buffer; they are valid until
-// the next call.
-func (nb *nativeBuilder) build(columns []string, wire []wireColumn, rows int, data []byte) ([][]byte, error) {
-	if len(columns) != len(wire) {
-		return nil, fmt.Errorf("native: %d columns but %d wire descriptions", len(columns), len(wire))
-	}
+// reset empties nb for rows of the given wire layout, keeping its buffers.
+func (nb *nativeBuilder) reset(wire []wireColumn) {
 	ntext := 0
 	for _, w := range wire {
 		if w.text != "" {
@@ -125,6 +119,28 @@ func (nb *nativeBuilder) build(columns []string, wire []wireColumn, rows int, da
 	if nb.ipc == nil {
 		nb.ipc = new(ipTextCache)
 	}
+	nb.rows = 0
+}
+
+// build returns the Native block (revision 0: no block info, no
+// serialization kinds) for rows RowBinary rows of the given columns, with
+// the columns named by nativeColumns. The block is returned as pieces to be
+// sent in order, without copying them into one buffer; they are valid until
+// the next call.
+func (nb *nativeBuilder) build(columns []string, wire []wireColumn, rows int, data []byte) ([][]byte, error) {
+	if len(columns) != len(wire) {
+		return nil, fmt.Errorf("native: %d columns but %d wire descriptions", len(columns), len(wire))
+	}
+	nb.reset(wire)
+	if err := nb.transpose(columns, wire, rows, data); err != nil {
+		return nil, err
+	}
+	nb.rows = rows
+	return nb.assemble(columns, wire), nil
+}
+
+// transpose appends rows RowBinary rows to the columns.
+func (nb *nativeBuilder) transpose(columns []string, wire []wireColumn, rows int, data []byte) error {
 	b := data
 	for r := 0; r < rows; r++ {
 		t := 0
@@ -133,7 +149,7 @@ func (nb *nativeBuilder) build(columns []string, wire []wireColumn, rows int, da
 			switch w := &wire[i]; w.kind {
 			case wireFixed:
 				if len(b) < w.size {
-					return nil, fmt.Errorf("native: row %d column %s: %w", r, columns[i], ErrShortRow)
+					return fmt.Errorf("native: row %d column %s: %w", r, columns[i], ErrShortRow)
 				}
 				// Fixed sizes without a memmove call per value.
 				switch w.size {
@@ -163,7 +179,7 @@ func (nb *nativeBuilder) build(columns []string, wire []wireColumn, rows int, da
 				if len(b) > 0 && b[0] < 0x80 {
 					n := 1 + int(b[0])
 					if n > len(b) {
-						return nil, fmt.Errorf("native: row %d column %s: %w", r, columns[i], ErrShortRow)
+						return fmt.Errorf("native: row %d column %s: %w", r, columns[i], ErrShortRow)
 					}
 					c.data = appendShort(c.data, b, n)
 					b = b[n:]
@@ -171,25 +187,25 @@ func (nb *nativeBuilder) build(columns []string, wire []wireColumn, rows int, da
 				}
 				n, err := stringLen(b)
 				if err != nil {
-					return nil, fmt.Errorf("native: row %d column %s: %w", r, columns[i], err)
+					return fmt.Errorf("native: row %d column %s: %w", r, columns[i], err)
 				}
 				c.data = append(c.data, b[:n]...)
 				b = b[n:]
 			case wireMap:
 				count, k := binary.Uvarint(b)
 				if k <= 0 || count > uint64(len(b)) {
-					return nil, fmt.Errorf("native: row %d column %s: %w", r, columns[i], ErrShortRow)
+					return fmt.Errorf("native: row %d column %s: %w", r, columns[i], ErrShortRow)
 				}
 				b = b[k:]
 				for j := uint64(0); j < count; j++ {
 					n, err := stringLen(b)
 					if err != nil {
-						return nil, fmt.Errorf("native: row %d column %s key: %w", r, columns[i], err)
+						return fmt.Errorf("native: row %d column %s key: %w", r, columns[i], err)
 					}
 					c.data = appendShort(c.data, b, n)
 					b = b[n:]
 					if n, err = stringLen(b); err != nil {
-						return nil, fmt.Errorf("native: row %d column %s value: %w", r, columns[i], err)
+						return fmt.Errorf("native: row %d column %s value: %w", r, columns[i], err)
 					}
 					c.values = appendShort(c.values, b, n)
 					b = b[n:]
@@ -203,8 +219,16 @@ func (nb *nativeBuilder) build(columns []string, wire []wireColumn, rows int, da
 		}
 	}
 	if len(b) != 0 {
-		return nil, fmt.Errorf("native: %d bytes after %d rows", len(b), rows)
+		return fmt.Errorf("native: %d bytes after %d rows", len(b), rows)
 	}
+	return nil
+}
+
+// assemble returns the Native block of the rows in the columns, as pieces
+// that reference nb's buffers: valid until nb changes.
+func (nb *nativeBuilder) assemble(columns []string, wire []wireColumn) [][]byte {
+	rows := nb.rows
+	ntext := len(nb.texts)
 
 	// The header pieces live in hdr; it is sized first so that appending
 	// never moves the pieces already taken from it.
@@ -254,7 +278,7 @@ func (nb *nativeBuilder) build(columns []string, wire []wireColumn, rows int, da
 		t++
 	}
 	nb.hdr, nb.parts = hdr, parts
-	return parts, nil
+	return parts
 }
 
 // ipTextCache remembers the text of recently seen addresses. Flow rows

@@ -132,25 +132,50 @@ func appendLabels(b []byte, m map[string]string) []byte {
 // so the address cannot be reused by another map while it is cached. Not
 // safe for concurrent use.
 type labelCache struct {
-	e [1 << 10]struct {
-		m   map[string]string
-		n   int // len(m) when enc was made
-		enc []byte
-	}
+	e [1 << 10]labelSlot
+}
+
+// labelSlot holds one map's encodings, each made when first asked for.
+type labelSlot struct {
+	m          map[string]string
+	n          int    // len(m) when the encodings were made
+	enc        []byte // RowBinary Map value
+	keys, vals []byte // the keys and the values as Strings, for Native columns
+	hasEnc     bool
+	hasCols    bool
 }
 
 // mapID is the identity of a map: the address of its header.
 func mapID(m map[string]string) uintptr { return *(*uintptr)(unsafe.Pointer(&m)) }
 
-func (c *labelCache) append(b []byte, m map[string]string) []byte {
+// slot returns m's slot, emptied if it held another map.
+func (c *labelCache) slot(m map[string]string) *labelSlot {
 	id := mapID(m)
-	slot := &c.e[(id>>4^id>>14)&(1<<10-1)]
+	s := &c.e[(id>>4^id>>14)&(1<<10-1)]
 	// The length check is a cheap guard against a map changed in place
 	// despite the rule above; it cannot catch every change.
-	if slot.m == nil || mapID(slot.m) != id || slot.n != len(m) {
-		slot.m, slot.n, slot.enc = m, len(m), appendLabels(slot.enc[:0], m)
+	if s.m == nil || mapID(s.m) != id || s.n != len(m) {
+		s.m, s.n, s.hasEnc, s.hasCols = m, len(m), false, false
 	}
-	return append(b, slot.enc...)
+	return s
+}
+
+func (c *labelCache) append(b []byte, m map[string]string) []byte {
+	s := c.slot(m)
+	if !s.hasEnc {
+		s.enc, s.hasEnc = appendLabels(s.enc[:0], m), true
+	}
+	return append(b, s.enc...)
+}
+
+// columns returns m's keys and values as appendLabelColumns encodes them.
+func (c *labelCache) columns(m map[string]string) (keys, vals []byte) {
+	s := c.slot(m)
+	if !s.hasCols {
+		s.keys, s.vals = appendLabelColumns(s.keys[:0], s.vals[:0], m)
+		s.hasCols = true
+	}
+	return s.keys, s.vals
 }
 
 func appendPolicy(b []byte, p *flow.Policy) []byte {

@@ -206,15 +206,16 @@ type WriterStats struct {
 // replayed. Write, Flush and Stats are safe for concurrent use. Run must be
 // called once; it owns the goroutines and the spool.
 type Writer struct {
-	cfg  WriterConfig
-	conn Conn
-	log  *slog.Logger
-	m    writerMetrics
+	cfg      WriterConfig
+	conn     Conn
+	columnar columnarConn // conn, when it takes columnar batches; else nil
+	log      *slog.Logger
+	m        writerMetrics
 
 	mu        sync.Mutex
 	cur       *pendingBatch   // batch being filled
 	queue     []*pendingBatch // sealed batches, oldest first; the head may be in flight
-	free      [][]byte        // buffers of finished batches for reuse; with cur and queue, at most MaxPending+1
+	free      []batchBuf      // buffers of finished batches for reuse; with cur and queue, at most MaxPending+1
 	lastSize  int             // encoded size of the last sealed batch, to size new buffers
 	labels    labelCache      // encodings of the label maps Write has seen
 	sealedSeq uint64          // sequence number of the last sealed batch
@@ -240,9 +241,25 @@ type pendingBatch struct {
 	seq   uint64
 	token string
 	rows  int
-	data  []byte
+	batchBuf
+	bytes int  // encoded size, as counted in Writer.bufBytes
 	taken bool // a sender is delivering it
 	done  bool // written, spooled or dropped
+}
+
+// batchBuf holds a batch's rows: RowBinary rows in data, or, when the Conn
+// takes columnar batches, the columns of a Native block in cols.
+type batchBuf struct {
+	data []byte
+	cols *nativeBuilder
+}
+
+// size returns the encoded size of the rows.
+func (b *batchBuf) size() int {
+	if b.cols != nil {
+		return b.cols.size()
+	}
+	return len(b.data)
 }
 
 // NewWriter returns a Writer inserting through conn. cfg goes through
@@ -264,10 +281,11 @@ func NewWriter(cfg WriterConfig, conn Conn, reg prometheus.Registerer, log *slog
 		cfg:     cfg,
 		conn:    conn,
 		log:     log,
-		cur:     &pendingBatch{},
 		changed: make(chan struct{}),
 		kick:    make(chan struct{}, 1),
 	}
+	w.columnar, _ = conn.(columnarConn)
+	w.cur = w.newBatchLocked()
 	for _, l := range []*logLimiter{&w.failLog, &w.rejectLog, &w.dropLog, &w.spoolLog} {
 		l.every = logEvery
 	}
@@ -293,19 +311,50 @@ func (w *Writer) Write(ctx context.Context, recs []flow.Record) error {
 		if w.closed {
 			return ErrWriterClosed
 		}
-		n := len(w.cur.data)
-		w.cur.data = appendFlowRow(w.cur.data, &recs[i], &w.labels)
+		if cols := w.cur.cols; cols != nil {
+			cols.appendRecord(&recs[i], &w.labels)
+		} else {
+			w.cur.data = appendFlowRow(w.cur.data, &recs[i], &w.labels)
+		}
 		w.cur.rows++
 		w.bufRows++
-		w.bufBytes += int64(len(w.cur.data) - n)
 		if w.cur.rows >= w.cfg.BatchRows {
+			w.countBytesLocked()
 			if err := w.waitRoomLocked(ctx); err != nil {
 				return err
 			}
 			w.sealLocked()
 		}
 	}
+	w.countBytesLocked()
 	return nil
+}
+
+// countBytesLocked brings bufBytes up to date with the current batch. It
+// runs once per Write and before the lock is released: sizing a columnar
+// batch adds up its columns, too much work for every row.
+func (w *Writer) countBytesLocked() {
+	n := w.cur.size()
+	w.bufBytes += int64(n - w.cur.bytes)
+	w.cur.bytes = n
+}
+
+// newBatchLocked returns an empty batch, with the buffers of a finished
+// batch when one is free.
+func (w *Writer) newBatchLocked() *pendingBatch {
+	b := &pendingBatch{}
+	if n := len(w.free); n > 0 {
+		b.batchBuf = w.free[n-1]
+		w.free = w.free[:n-1]
+	} else if w.columnar == nil {
+		b.data = make([]byte, 0, w.lastSize+w.lastSize/8)
+	} else {
+		b.cols = new(nativeBuilder)
+	}
+	if b.cols != nil {
+		b.cols.reset(flowWire)
+	}
+	return b
 }
 
 // Flush seals the current batch and waits until every batch sealed so far
@@ -377,13 +426,7 @@ func (w *Writer) sealLocked() {
 	b.token = newDedupToken()
 	w.queue = append(w.queue, b)
 	w.lastSize = len(b.data)
-	w.cur = &pendingBatch{}
-	if n := len(w.free); n > 0 {
-		w.cur.data = w.free[n-1]
-		w.free = w.free[:n-1]
-	} else {
-		w.cur.data = make([]byte, 0, w.lastSize+w.lastSize/8)
-	}
+	w.cur = w.newBatchLocked()
 	w.broadcastLocked()
 }
 
@@ -514,20 +557,28 @@ func (w *Writer) send(ctx context.Context, sp *spool.Spool, stop <-chan struct{}
 			w.queue = w.queue[1:]
 			w.doneSeq = h.seq
 			w.bufRows -= int64(h.rows)
-			w.bufBytes -= int64(len(h.data))
+			w.bufBytes -= int64(h.bytes)
 			// Keep the buffer while cur, the queue and the free list hold at
 			// most MaxPending+1 buffers in all: the memory bound.
 			if len(w.queue)+len(w.free) < w.cfg.MaxPending {
-				w.free = append(w.free, h.data[:0])
+				w.free = append(w.free, batchBuf{data: h.data[:0], cols: h.cols})
 			}
 		}
 		w.broadcastLocked()
 	}
 }
 
+// outgoing is a batch on its way to ClickHouse: RowBinary rows in Data
+// (a new batch, or one read back from the spool), or a columnar batch in
+// cols, turned into rows only if it has to be spooled.
+type outgoing struct {
+	spool.Batch
+	cols *nativeBuilder
+}
+
 // deliver inserts b, or spools it, or drops and counts it.
 func (w *Writer) deliver(ctx context.Context, sp *spool.Spool, stop <-chan struct{}, b *pendingBatch) {
-	sb := spool.Batch{Table: FlowsTable, Columns: FlowColumns, Token: b.token, Rows: b.rows, Data: b.data}
+	sb := outgoing{Batch: spool.Batch{Table: FlowsTable, Columns: FlowColumns, Token: b.token, Rows: b.rows, Data: b.data}, cols: b.cols}
 	if sp != nil && sp.Len() > 0 {
 		// Older batches wait in the spool: queue behind them to keep order.
 		w.push(sp, &sb)
@@ -559,7 +610,7 @@ func (w *Writer) deliver(ctx context.Context, sp *spool.Spool, stop <-chan struc
 // insertWithRetries tries b up to 1+Retries times with exponential backoff.
 // A non-retryable error ends it at once; so does shutdown, after the first
 // attempt.
-func (w *Writer) insertWithRetries(ctx context.Context, stop <-chan struct{}, b *spool.Batch) error {
+func (w *Writer) insertWithRetries(ctx context.Context, stop <-chan struct{}, b *outgoing) error {
 	var err error
 	for i := 0; i <= max(w.cfg.Retries, 0); i++ {
 		if i > 0 {
@@ -580,11 +631,16 @@ func (w *Writer) insertWithRetries(ctx context.Context, stop <-chan struct{}, b 
 }
 
 // insert makes one insert attempt and records its outcome.
-func (w *Writer) insert(ctx context.Context, b *spool.Batch) error {
+func (w *Writer) insert(ctx context.Context, b *outgoing) error {
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.InsertTimeout)
 	defer cancel()
 	start := time.Now()
-	err := w.conn.InsertRowBinary(ctx, b.Table, b.Columns, b.Token, b.Rows, b.Data)
+	var err error
+	if b.cols != nil {
+		err = w.columnar.insertColumns(ctx, b.Table, b.Token, b.cols)
+	} else {
+		err = w.conn.InsertRowBinary(ctx, b.Table, b.Columns, b.Token, b.Rows, b.Data)
+	}
 	w.m.insertDuration.Observe(time.Since(start).Seconds())
 	if err != nil {
 		w.stats.insertErrors.Add(1)
@@ -603,8 +659,17 @@ func (w *Writer) insert(ctx context.Context, b *spool.Batch) error {
 }
 
 // push spools b; when the spool refuses it the batch is dropped and counted.
-func (w *Writer) push(sp *spool.Spool, b *spool.Batch) {
-	err := sp.Push(*b)
+// A columnar batch is turned into RowBinary rows first, the spool's format.
+func (w *Writer) push(sp *spool.Spool, b *outgoing) {
+	if b.cols != nil {
+		data, err := b.cols.rowBinary(nil, flowWire)
+		if err != nil { // a bug, not bad input: the writer built the columns
+			w.drop(DropSpoolError, b.Rows, err)
+			return
+		}
+		b.Data, b.cols = data, nil
+	}
+	err := sp.Push(b.Batch)
 	switch {
 	case err == nil:
 		w.stats.spooledRows.Add(int64(b.Rows))
@@ -671,7 +736,7 @@ func (w *Writer) drain(ctx context.Context, sp *spool.Spool, stop <-chan struct{
 			w.stats.retries.Add(1)
 			w.m.retries.Inc()
 		}
-		err = w.insert(ctx, &b)
+		err = w.insert(ctx, &outgoing{Batch: b})
 		if err == nil {
 			if err := sp.Pop(); err != nil {
 				w.log.Error("remove replayed batch from spool; it will be replayed (and deduplicated) after a restart", "err", err)

@@ -78,6 +78,8 @@ type fakeTable struct {
 	// fail, when set, decides the outcome of each call before (stored
 	// false) or after (stored true) the batch is stored.
 	fail func(call int, first *flow.Record) (err error, stored bool)
+	// columnarInserts counts the calls that came as columnar batches.
+	columnarInserts int
 }
 
 type fakeCall struct {
@@ -91,9 +93,48 @@ func newFakeTable(t *testing.T) *fakeTable {
 	return &fakeTable{t: t, tokens: map[string]bool{}}
 }
 
-// conn returns a fake Conn inserting into f.
-func (f *fakeTable) conn() *fakeConn {
-	return &fakeConn{InsertRowBinaryFunc: f.insert}
+// conn returns a fake Conn inserting into f: one that takes RowBinary
+// rows, or with fakeColumnar set one that takes columnar batches too, as
+// the embedded engine does.
+func (f *fakeTable) conn() Conn {
+	c := &fakeConn{InsertRowBinaryFunc: f.insert}
+	if fakeColumnar {
+		return columnarFake{c, f}
+	}
+	return c
+}
+
+// fakeColumnar switches fakeTable.conn to columnar batches:
+// TestWriterColumnar runs the writer tests again with it.
+var fakeColumnar bool
+
+// columnarFake is a fakeConn that also takes columnar batches. It holds
+// each block to the bytes build makes from the same rows (what the engine
+// gets does not depend on the path) and stores the rows in its table.
+type columnarFake struct {
+	*fakeConn
+	tbl *fakeTable
+}
+
+func (c columnarFake) insertColumns(ctx context.Context, table, token string, nb *nativeBuilder) error {
+	data, err := nb.rowBinary(nil, flowWire)
+	if err != nil {
+		c.tbl.t.Errorf("columnar batch to rows: %v", err)
+		return err
+	}
+	var ref nativeBuilder
+	want, err := ref.build(FlowColumns, flowWire, nb.rows, data)
+	if err != nil {
+		c.tbl.t.Errorf("build the reference block: %v", err)
+		return err
+	}
+	if !bytes.Equal(joinParts(nb.assemble(FlowColumns, flowWire)), joinParts(want)) {
+		c.tbl.t.Error("columnar block differs from the block built from its rows")
+	}
+	c.tbl.mu.Lock()
+	c.tbl.columnarInserts++
+	c.tbl.mu.Unlock()
+	return c.tbl.insert(ctx, table, FlowColumns, token, nb.rows, data)
 }
 
 func (f *fakeTable) insert(ctx context.Context, table string, columns []string, token string, rows int, data []byte) error {
@@ -1070,4 +1111,57 @@ func TestWriterInsertersOverlap(t *testing.T) {
 		t.Errorf("at most %d inserts ran at once, want 2", p)
 	}
 	wantIDSet(t, tbl, seq(0, 200))
+}
+
+// TestWriterColumnar runs the writer tests against a Conn that takes
+// columnar batches (the embedded engine's way): batching, back-pressure,
+// outages and the spool (a columnar batch is spooled as RowBinary rows and
+// replayed as such), shutdown, both families.
+func TestWriterColumnar(t *testing.T) {
+	fakeColumnar = true
+	defer func() { fakeColumnar = false }()
+	for _, tc := range []struct {
+		name string
+		fn   func(*testing.T)
+	}{
+		{"BatchesBySize", TestWriterBatchesBySize},
+		{"BatchesByInterval", TestWriterBatchesByInterval},
+		{"Flush", TestWriterFlush},
+		{"BackPressure", TestWriterBackPressure},
+		{"Outage", TestWriterOutage},
+		{"AmbiguousFailure", TestWriterAmbiguousFailure},
+		{"RestartReplaysSpool", TestWriterRestartReplaysSpool},
+		{"SpoolFull", TestWriterSpoolFull},
+		{"NoSpool", TestWriterNoSpool},
+		{"NonRetryable", TestWriterNonRetryable},
+		{"ShutdownTimeout", TestWriterShutdownTimeout},
+		{"IPFamilies", TestWriterIPFamilies},
+		{"ConcurrentWrites", TestWriterConcurrentWrites},
+		{"InsertersOverlap", TestWriterInsertersOverlap},
+	} {
+		t.Run(tc.name, tc.fn)
+	}
+
+	// The batches did go the columnar way, and the buffered byte count
+	// returns to zero once they are written.
+	tbl := newFakeTable(t)
+	w := startWriter(t, testConfig(), tbl.conn())
+	write(t, w, testFlows(0, 10))
+	if st := w.Stats(); st.BufferedRows != 10 || st.BufferedBytes <= 0 {
+		t.Errorf("buffered %d rows, %d bytes; want 10 rows and their bytes", st.BufferedRows, st.BufferedBytes)
+	}
+	flush(t, w)
+	if st := w.Stats(); st.BufferedRows != 0 || st.BufferedBytes != 0 {
+		t.Errorf("after flush: buffered %d rows, %d bytes", st.BufferedRows, st.BufferedBytes)
+	}
+	wantIDs(t, tbl, seq(0, 10))
+	tbl.mu.Lock()
+	n := tbl.columnarInserts
+	tbl.mu.Unlock()
+	if n == 0 {
+		t.Error("no batch came as columns")
+	}
+	if err := w.stop(t); err != nil {
+		t.Fatal(err)
+	}
 }

@@ -1,0 +1,260 @@
+package store
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"slices"
+	"time"
+
+	"github.com/dualflow/dualflow/flow"
+)
+
+// A Conn that takes Native blocks (the embedded engine) gets its batches
+// encoded column by column as Write receives the records, straight into the
+// Native block the insert sends. Encoding RowBinary rows and transposing
+// them at insert time cost about 18% of the collector's CPU in
+// BenchmarkEndToEnd/enriched; encoding the columns directly does the same
+// work once. RowBinary stays the spool's format: a columnar batch that has
+// to be spooled is turned into rows then (rowBinary), a rare path.
+
+// columnarConn is implemented by a Conn that inserts flows batches as Native
+// blocks built by appendRecord. Like InsertRowBinary, insertColumns must not
+// keep nb after it returns.
+type columnarConn interface {
+	Conn
+	insertColumns(ctx context.Context, table, dedupToken string, nb *nativeBuilder) error
+}
+
+const (
+	flowCols     = 61 // len(FlowColumns) and len(flowWire)
+	flowTextCols = 5  // address text columns of flowWire
+)
+
+// appendRecord appends r as one row of FlowColumns, plus the address text
+// columns, exactly as build makes it from AppendFlowRow's row (a test holds
+// them to the same bytes). Label encodings are remembered in lc when it is
+// not nil. nb must have been reset for flowWire.
+func (nb *nativeBuilder) appendRecord(r *flow.Record, lc *labelCache) {
+	c := (*[flowCols]nativeColumn)(nb.cols)
+	t := (*[flowTextCols]nativeColumn)(nb.texts)
+	ipc := nb.ipc
+	c[0].u64(timeMillis(r.FlowStart))
+	c[1].u64(timeMillis(r.FlowEnd))
+	c[2].u64(timeMillis(r.TimeReceived))
+	ipv := r.IPVersion
+	if ipv == 0 {
+		ipv = flow.Version(r.SrcAddr)
+	}
+	c[3].u8(ipv)
+	c[4].addr(&t[0], ipc, r.SrcAddr)
+	c[5].addr(&t[1], ipc, r.DstAddr)
+	c[6].u16(r.SrcPort)
+	c[7].u16(r.DstPort)
+	c[8].u8(r.Proto)
+	c[9].addr(&t[2], ipc, r.ServiceAddr)
+	c[10].u16(r.ServicePort)
+	c[11].addr(&t[3], ipc, r.SNATAddr)
+	c[12].u16(r.SNATPort)
+	c[13].u64(r.PacketsDelta)
+	c[14].u64(r.BytesDelta)
+	c[15].u64(r.ReversePacketsDelta)
+	c[16].u64(r.ReverseBytesDelta)
+	c[17].u64(r.Packets)
+	c[18].u64(r.Bytes)
+	c[19].u64(r.ReversePackets)
+	c[20].u64(r.ReverseBytes)
+	c[21].u8(byte(r.EndReason))
+	c[22].str(r.TCPState)
+	c[23].u16(r.Zone)
+	c[24].u32(r.Mark)
+	c[25].addr(&t[4], ipc, r.ExporterAddr)
+	c[26].u32(r.ObservationDomainID)
+	c[27].str(r.ExporterNode)
+	c[28].str(r.Source)
+	appendEndpointColumns((*[7]nativeColumn)(c[29:36]), &r.Src, lc)
+	appendEndpointColumns((*[7]nativeColumn)(c[36:43]), &r.Dst, lc)
+	c[43].str(r.Service.Namespace)
+	c[44].str(r.Service.Name)
+	c[45].str(r.Service.PortName)
+	c[46].u8(byte(r.Type))
+	c[47].u8(byte(r.Correlation))
+	appendPolicyColumns((*[6]nativeColumn)(c[48:54]), &r.Ingress)
+	appendPolicyColumns((*[6]nativeColumn)(c[54:60]), &r.Egress)
+	var mismatch uint8
+	if r.VerdictMismatch() {
+		mismatch = 1
+	}
+	c[60].u8(mismatch)
+	nb.rows++
+}
+
+func appendEndpointColumns(c *[7]nativeColumn, e *flow.Endpoint, lc *labelCache) {
+	c[0].str(e.PodNamespace)
+	c[1].str(e.PodName)
+	c[2].labels(e.Labels, lc)
+	c[3].str(e.WorkloadKind)
+	c[4].str(e.WorkloadName)
+	c[5].str(e.NodeName)
+	c[6].str(e.Zone)
+}
+
+func appendPolicyColumns(c *[6]nativeColumn, p *flow.Policy) {
+	c[0].str(p.Namespace)
+	c[1].str(p.Name)
+	rule := p.Rule
+	if p.Name == "" {
+		rule = -1 // as appendPolicy
+	}
+	c[2].u32(uint32(rule))
+	c[3].u8(byte(p.Verdict))
+	c[4].u8(byte(p.ReportedVerdict))
+	c[5].str(p.ReportedName)
+}
+
+// timeMillis is appendTime's value: milliseconds since the epoch, 0 for the
+// zero time.
+func timeMillis(t time.Time) uint64 {
+	if t.IsZero() {
+		return 0
+	}
+	return uint64(t.UnixMilli())
+}
+
+func (c *nativeColumn) u8(v uint8)   { c.data = append(c.data, v) }
+func (c *nativeColumn) u16(v uint16) { c.data = binary.LittleEndian.AppendUint16(c.data, v) }
+func (c *nativeColumn) u32(v uint32) { c.data = binary.LittleEndian.AppendUint32(c.data, v) }
+func (c *nativeColumn) u64(v uint64) { c.data = binary.LittleEndian.AppendUint64(c.data, v) }
+
+// str appends s as a Native (and RowBinary) String.
+func (c *nativeColumn) str(s string) {
+	if len(s) < 0x80 {
+		c.data = append(c.data, byte(len(s)))
+		if len(s) > 0 {
+			c.data = append(c.data, s...)
+		}
+		return
+	}
+	c.data = appendString(c.data, s)
+}
+
+// addr appends a as an IPv6 value (appendAddr's bytes) and its text to the
+// text column.
+func (c *nativeColumn) addr(text *nativeColumn, ipc *ipTextCache, a netip.Addr) {
+	var a16 [16]byte
+	if a.IsValid() {
+		a16 = a.As16()
+	}
+	if l := len(c.data); cap(c.data)-l >= 16 {
+		c.data = c.data[:l+16]
+		*(*[16]byte)(c.data[l:]) = a16 // a fixed copy, no memmove call
+	} else {
+		c.data = append(c.data, a16[:]...)
+	}
+	text.data = ipc.appendColumn(text.data, a16)
+}
+
+// labels appends m as one Map(String, String) value, in key order.
+func (c *nativeColumn) labels(m map[string]string, lc *labelCache) {
+	if len(m) > 0 {
+		if lc != nil {
+			keys, vals := lc.columns(m)
+			c.data = append(c.data, keys...)
+			c.values = append(c.values, vals...)
+		} else {
+			c.data, c.values = appendLabelColumns(c.data, c.values, m)
+		}
+	}
+	total := uint64(len(m))
+	if l := len(c.offsets); l > 0 {
+		total += c.offsets[l-1]
+	}
+	c.offsets = append(c.offsets, total)
+}
+
+// appendLabelColumns appends m's keys and values, in key order, as Strings.
+func appendLabelColumns(keys, vals []byte, m map[string]string) ([]byte, []byte) {
+	var arr [32]string
+	ks := arr[:0]
+	for k := range m {
+		ks = append(ks, k)
+	}
+	slices.Sort(ks)
+	for _, k := range ks {
+		keys = appendString(keys, k)
+		vals = appendString(vals, m[k])
+	}
+	return keys, vals
+}
+
+// size returns the bytes held by the columns.
+func (nb *nativeBuilder) size() int {
+	n := 0
+	for i := range nb.cols {
+		c := &nb.cols[i]
+		n += len(c.data) + len(c.values) + 8*len(c.offsets)
+	}
+	for i := range nb.texts {
+		n += len(nb.texts[i].data)
+	}
+	return n
+}
+
+// rowBinary appends nb's rows to dst as RowBinary rows of the wire layout:
+// the rows AppendFlowRow makes for the same records (the text columns are
+// left out: the table derives them). It is the way back from a columnar
+// batch to the spool's format.
+func (nb *nativeBuilder) rowBinary(dst []byte, wire []wireColumn) ([]byte, error) {
+	if len(nb.cols) != len(wire) {
+		return dst, fmt.Errorf("native: %d columns for %d wire descriptions", len(nb.cols), len(wire))
+	}
+	type cursor struct{ data, values int }
+	cur := make([]cursor, len(wire))
+	short := func(r, i int) error {
+		return fmt.Errorf("native to rowbinary: row %d column %d: %w", r, i, ErrShortRow)
+	}
+	for r := 0; r < nb.rows; r++ {
+		for i := range wire {
+			c, k := &nb.cols[i], &cur[i]
+			switch w := &wire[i]; w.kind {
+			case wireFixed:
+				if len(c.data)-k.data < w.size {
+					return dst, short(r, i)
+				}
+				dst = append(dst, c.data[k.data:k.data+w.size]...)
+				k.data += w.size
+			case wireString:
+				n, err := stringLen(c.data[k.data:])
+				if err != nil {
+					return dst, short(r, i)
+				}
+				dst = append(dst, c.data[k.data:k.data+n]...)
+				k.data += n
+			case wireMap:
+				if r >= len(c.offsets) {
+					return dst, short(r, i)
+				}
+				count := c.offsets[r]
+				if r > 0 {
+					count -= c.offsets[r-1]
+				}
+				dst = binary.AppendUvarint(dst, count)
+				for range count {
+					n, err := stringLen(c.data[k.data:])
+					if err != nil {
+						return dst, short(r, i)
+					}
+					dst = append(dst, c.data[k.data:k.data+n]...)
+					k.data += n
+					if n, err = stringLen(c.values[k.values:]); err != nil {
+						return dst, short(r, i)
+					}
+					dst = append(dst, c.values[k.values:k.values+n]...)
+					k.values += n
+				}
+			}
+		}
+	}
+	return dst, nil
+}

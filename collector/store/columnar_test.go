@@ -1,0 +1,176 @@
+package store
+
+import (
+	"bytes"
+	"net/netip"
+	"strings"
+	"testing"
+
+	"github.com/dualflow/dualflow/flow"
+)
+
+// columnarCases are records whose strings cross every fast-path boundary
+// (see TestNativeBuildMatchesPlainTransposition), records of both families
+// with every optional field set, zero records (no addresses, no times) and
+// benchmark-shaped records with shared label maps.
+func columnarCases() []flow.Record {
+	var recs []flow.Record
+	for i, n := range []int{0, 1, 15, 16, 17, 31, 32, 33, 127, 128, 200, 0, 1, 2} {
+		r := sampleRecord(i, i%2 == 1)
+		s := strings.Repeat(string(rune('a'+i)), n)
+		r.TCPState, r.ExporterNode, r.Src.PodName, r.Dst.WorkloadName, r.Egress.ReportedName = s, s, s, s, s
+		r.Src.Labels = map[string]string{s + "k": s, "app": s}
+		if n == 0 {
+			r.Dst.Labels = nil
+		}
+		recs = append(recs, r)
+	}
+	recs = append(recs, flow.Record{}, flow.Record{SrcAddr: netip.MustParseAddr("fd00:10::1")}, flow.Record{IPVersion: 4})
+	return append(recs, benchFlows(500)...)
+}
+
+func joinParts(parts [][]byte) []byte { return bytes.Join(parts, nil) }
+
+// TestAppendRecordMatchesBuild holds the two ways to a Native block to the
+// same bytes: columns encoded from the records (the writer's way for the
+// embedded engine) and RowBinary rows transposed by build (the spool
+// replay's way), with and without the label cache, over two batches in the
+// same builder.
+func TestAppendRecordMatchesBuild(t *testing.T) {
+	if len(flowWire) != flowCols || len(FlowColumns) != flowCols {
+		t.Fatalf("flowWire has %d columns, FlowColumns %d, want %d", len(flowWire), len(FlowColumns), flowCols)
+	}
+	texts := 0
+	for _, w := range flowWire {
+		if w.text != "" {
+			texts++
+		}
+	}
+	if texts != flowTextCols {
+		t.Fatalf("%d text columns, want %d", texts, flowTextCols)
+	}
+	recs := columnarCases()
+	var ref nativeBuilder
+	wantBlock, err := ref.build(FlowColumns, flowWire, len(recs), encodeRows(recs))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := joinParts(wantBlock)
+	var lc labelCache
+	for _, cache := range []*labelCache{nil, &lc, &lc} {
+		var nb nativeBuilder
+		for round := range 2 {
+			nb.reset(flowWire)
+			for i := range recs {
+				nb.appendRecord(&recs[i], cache)
+			}
+			if nb.rows != len(recs) {
+				t.Fatalf("rows %d, want %d", nb.rows, len(recs))
+			}
+			got := joinParts(nb.assemble(FlowColumns, flowWire))
+			if !bytes.Equal(got, want) {
+				for i := range flowWire {
+					g, w := nb.cols[i], ref.cols[i]
+					if !bytes.Equal(g.data, w.data) || !bytes.Equal(g.values, w.values) || len(g.offsets) != len(w.offsets) {
+						t.Errorf("cache %v round %d: column %s differs", cache != nil, round, FlowColumns[i])
+					}
+				}
+				for i := range nb.texts {
+					if !bytes.Equal(nb.texts[i].data, ref.texts[i].data) {
+						t.Errorf("cache %v round %d: text column %d differs", cache != nil, round, i)
+					}
+				}
+				t.Fatalf("cache %v round %d: block of %d bytes differs from build's %d", cache != nil, round, len(got), len(want))
+			}
+			if sz := nb.size(); sz <= 0 || sz > len(got) {
+				t.Errorf("size %d for a block of %d bytes", sz, len(got))
+			}
+		}
+	}
+}
+
+// TestColumnsToRowBinary: a columnar batch turned back into rows (for the
+// spool) gives AppendFlowRow's bytes, and a damaged block is an error.
+func TestColumnsToRowBinary(t *testing.T) {
+	recs := columnarCases()
+	var nb nativeBuilder
+	nb.reset(flowWire)
+	var lc labelCache
+	for i := range recs {
+		nb.appendRecord(&recs[i], &lc)
+	}
+	got, err := nb.rowBinary([]byte("prefix"), flowWire)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := append([]byte("prefix"), encodeRows(recs)...); !bytes.Equal(got, want) {
+		t.Fatalf("rowBinary gives %d bytes, AppendFlowRow %d", len(got), len(want))
+	}
+	var back []flow.Record
+	for b := got[len("prefix"):]; len(b) > 0; {
+		var r flow.Record
+		if b, err = DecodeFlowRow(b, &r); err != nil {
+			t.Fatal(err)
+		}
+		back = append(back, r)
+	}
+	if len(back) != len(recs) {
+		t.Fatalf("%d rows back, want %d", len(back), len(recs))
+	}
+
+	// Damage: one row more than the columns hold, a string column cut
+	// short, a fixed column cut short.
+	nb.rows++
+	if _, err := nb.rowBinary(nil, flowWire); err == nil {
+		t.Error("rows beyond the columns: no error")
+	}
+	nb.rows--
+	for _, i := range []int{22, 0} {
+		saved := nb.cols[i].data
+		nb.cols[i].data = saved[:len(saved)-1]
+		if _, err := nb.rowBinary(nil, flowWire); err == nil {
+			t.Errorf("column %s cut by a byte: no error", FlowColumns[i])
+		}
+		nb.cols[i].data = saved
+	}
+}
+
+// BenchmarkAppendRecord is the writer's per-row cost for the embedded
+// engine, to compare with BenchmarkAppendFlowRowCached plus
+// BenchmarkNativeBuild's per-row time (the RowBinary path).
+func BenchmarkAppendRecord(b *testing.B) {
+	recs := benchFlows(50_000)
+	var nb nativeBuilder
+	var lc labelCache
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		nb.reset(flowWire)
+		for i := range recs {
+			nb.appendRecord(&recs[i], &lc)
+		}
+		nb.assemble(FlowColumns, flowWire)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(recs)), "ns/row")
+}
+
+// BenchmarkRowBinaryThenBuild is the same work as BenchmarkAppendRecord
+// the RowBinary way: rows encoded by Write, transposed by build.
+func BenchmarkRowBinaryThenBuild(b *testing.B) {
+	recs := benchFlows(50_000)
+	var nb nativeBuilder
+	var lc labelCache
+	var data []byte
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		data = data[:0]
+		for i := range recs {
+			data = appendFlowRow(data, &recs[i], &lc)
+		}
+		if _, err := nb.build(FlowColumns, flowWire, len(recs), data); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(recs)), "ns/row")
+}
