@@ -3,9 +3,15 @@ package correlate
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dualflow/dualflow/collector/pipeline"
 	"github.com/dualflow/dualflow/flow"
@@ -268,4 +274,114 @@ func BenchmarkCorrelate(b *testing.B) {
 		out = c.Add(&dst, c.Add(&src, out[:0]))
 	}
 	b.ReportMetric(float64(2*b.N)/b.Elapsed().Seconds(), "records/s")
+}
+
+// TestInventoryMatchesPrefixScan holds NodeForIP's integer-keyed tables to a
+// plain scan with netip.Prefix.Contains, longest prefix first, node
+// addresses before pod CIDRs, on prefixes of many lengths in both families
+// (nested ones included) and random lab addresses, IPv4-mapped and zoned
+// forms too.
+func TestInventoryMatchesPrefixScan(t *testing.T) {
+	type cidr struct {
+		p    netip.Prefix
+		node string
+	}
+	var (
+		nodes []corev1.Node
+		cidrs []cidr
+		addrs = map[netip.Addr]string{}
+	)
+	for i, spec := range []struct{ v4, v6 string }{
+		{"198.18.0.0/16", "fd00:10::/32"},
+		{"198.18.1.0/24", "fd00:10:0:1::/64"},
+		{"198.18.1.64/26", "fd00:10:0:1:1::/80"},
+		{"198.18.2.0/31", "fd00:10:0:2::/127"},
+		{"198.18.3.7/32", "fd00:10:0:3::7/128"},
+		{"198.19.0.0/17", "fd00:10:8000::/33"},
+		{"198.18.4.0/23", "fd00:10:0:4::/63"},
+	} {
+		n := corev1.Node{}
+		n.Name = fmt.Sprintf("node-%d", i)
+		n.Spec.PodCIDRs = []string{spec.v4, spec.v6}
+		a4 := netip.AddrFrom4([4]byte{198, 19, 255, byte(i)})
+		a6 := netip.MustParseAddr(fmt.Sprintf("fd00:10:ffff::%x", i))
+		n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: a4.String()}, {Type: corev1.NodeExternalIP, Address: a6.String()}}
+		addrs[a4], addrs[a6] = n.Name, n.Name
+		for _, s := range n.Spec.PodCIDRs {
+			cidrs = append(cidrs, cidr{netip.MustParsePrefix(s).Masked(), n.Name})
+		}
+		nodes = append(nodes, n)
+	}
+	inv, err := NewInventory(nodes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.SortStableFunc(cidrs, func(a, b cidr) int { return b.p.Bits() - a.p.Bits() })
+	want := func(a netip.Addr) string {
+		a = a.Unmap().WithZone("")
+		if n, ok := addrs[a]; ok {
+			return n
+		}
+		for _, c := range cidrs {
+			if c.p.Contains(a) {
+				return c.node
+			}
+		}
+		return ""
+	}
+	r := rand.New(rand.NewPCG(3, 4))
+	var probes []netip.Addr
+	for a := range addrs {
+		probes = append(probes, a)
+	}
+	for _, c := range cidrs { // each prefix's first and last address, and just outside
+		first := c.p.Addr()
+		last := first
+		for range 1 << min(c.p.Addr().BitLen()-c.p.Bits(), 10) {
+			last = last.Next()
+		}
+		probes = append(probes, first, first.Prev(), last, last.Next())
+	}
+	for range 20000 {
+		var b [16]byte
+		if r.IntN(2) == 0 {
+			b4 := [4]byte{198, 18 + byte(r.IntN(2)), byte(r.IntN(8)), byte(r.IntN(256))}
+			probes = append(probes, netip.AddrFrom4(b4))
+			continue
+		}
+		copy(b[:], []byte{0xfd, 0x00, 0x00, 0x10})
+		for i := 4; i < 16; i++ {
+			if r.IntN(3) == 0 {
+				b[i] = byte(r.IntN(256))
+			}
+		}
+		b[5] = byte(r.IntN(2)) << 7
+		probes = append(probes, netip.AddrFrom16(b))
+	}
+	checked := map[string]int{}
+	for _, a := range probes {
+		if !a.IsValid() {
+			continue
+		}
+		forms := []netip.Addr{a}
+		if a.Is4() {
+			forms = append(forms, netip.AddrFrom16(a.As16()))
+		} else {
+			forms = append(forms, a.WithZone("eth0"))
+		}
+		w := want(a)
+		for _, f := range forms {
+			got, ok := inv.NodeForIP(f)
+			if got != w || ok != (w != "") {
+				t.Errorf("NodeForIP(%s) = %q, %v; want %q", f, got, ok, w)
+			}
+		}
+		checked[w]++
+	}
+	if len(checked) < len(nodes)+1 {
+		t.Errorf("probes reached %d nodes (and none): %v", len(checked), checked)
+	}
+	if _, err := NewInventory(append(nodes, corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "dup"}, Spec: corev1.NodeSpec{PodCIDRs: []string{"198.18.1.0/24"}}})); err == nil {
+		t.Error("a pod CIDR on two nodes: no error")
+	}
 }
