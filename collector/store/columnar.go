@@ -142,17 +142,20 @@ func (c *nativeColumn) str(s string) {
 // addr appends a as an IPv6 value (appendAddr's bytes) and its text to the
 // text column.
 func (c *nativeColumn) addr(text *nativeColumn, ipc *ipTextCache, a netip.Addr) {
-	var a16 [16]byte
+	var k0, k1 uint64
 	if a.IsValid() {
-		a16 = a.As16()
+		a16 := a.As16()
+		k0, k1 = binary.LittleEndian.Uint64(a16[:8]), binary.LittleEndian.Uint64(a16[8:])
 	}
-	if l := len(c.data); cap(c.data)-l >= 16 {
-		c.data = c.data[:l+16]
-		*(*[16]byte)(c.data[l:]) = a16 // a fixed copy, no memmove call
-	} else {
-		c.data = append(c.data, a16[:]...)
+	l := len(c.data)
+	if cap(c.data)-l < 16 {
+		c.data = slices.Grow(c.data, 16)
 	}
-	text.data = ipc.appendColumn(text.data, a16)
+	c.data = c.data[:l+16]
+	// Two word stores: see appendWords.
+	binary.LittleEndian.PutUint64(c.data[l:], k0)
+	binary.LittleEndian.PutUint64(c.data[l+8:], k1)
+	text.data = ipc.appendWords(text.data, k0, k1)
 }
 
 // labels appends m as one Map(String, String) value, in key order.

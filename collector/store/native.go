@@ -169,7 +169,7 @@ func (nb *nativeBuilder) transpose(columns []string, wire []wireColumn, rows int
 				if w.text != "" && w.size == 16 {
 					tc := &nb.texts[t]
 					t++
-					tc.data = nb.ipc.appendColumn(tc.data, [16]byte(b[:16]))
+					tc.data = nb.ipc.appendWords(tc.data, binary.LittleEndian.Uint64(b), binary.LittleEndian.Uint64(b[8:]))
 				}
 				b = b[w.size:]
 			case wireString:
@@ -286,9 +286,9 @@ func (nb *nativeBuilder) assemble(columns []string, wire []wireColumn) [][]byte 
 // bring new ones, and a lookup is several times cheaper than formatting.
 type ipTextCache struct {
 	e [1 << 12]struct {
-		key  [16]byte
-		n    uint8 // text length + 1; 0: empty slot
-		text [maxIPText]byte
+		k0, k1 uint64 // the address's bytes, as two little-endian words
+		n      uint8  // text length + 1; 0: empty slot
+		text   [maxIPText]byte
 	}
 }
 
@@ -296,13 +296,31 @@ const maxIPText = 45 // longest IPv6 text, dotted tail included
 
 // appendColumn appends the Native/RowBinary string of appendIPText(a).
 func (c *ipTextCache) appendColumn(b []byte, a [16]byte) []byte {
-	h := (binary.LittleEndian.Uint64(a[:8])*0x9e3779b97f4a7c15 ^ binary.LittleEndian.Uint64(a[8:])) * 0xbf58476d1ce4e5b9
+	return c.appendWords(b, binary.LittleEndian.Uint64(a[:8]), binary.LittleEndian.Uint64(a[8:]))
+}
+
+// appendWords is appendColumn for the address whose bytes are the
+// little-endian words k0, k1. Words rather than a [16]byte: a 16-byte load
+// of a value just stored as two words stalls the CPU (no store forwarding).
+func (c *ipTextCache) appendWords(b []byte, k0, k1 uint64) []byte {
+	h := (k0*0x9e3779b97f4a7c15 ^ k1) * 0xbf58476d1ce4e5b9
 	slot := &c.e[h>>(64-12)]
-	if slot.n == 0 || slot.key != a {
+	if slot.n == 0 || slot.k0 != k0 || slot.k1 != k1 {
+		var a [16]byte
+		binary.LittleEndian.PutUint64(a[:8], k0)
+		binary.LittleEndian.PutUint64(a[8:], k1)
 		t := appendIPText(slot.text[:0], a)
-		slot.key, slot.n = a, uint8(copy(slot.text[:], t)+1)
+		slot.k0, slot.k1, slot.n = k0, k1, uint8(copy(slot.text[:], t)+1)
 	}
 	n := int(slot.n - 1)
+	l := len(b)
+	if n <= 31 && cap(b)-l >= 32 {
+		// One fixed 32-byte copy (the text array is longer), no memmove.
+		b = b[:l+32]
+		b[l] = byte(n)
+		*(*[31]byte)(b[l+1:]) = [31]byte(slot.text[:31])
+		return b[:l+1+n]
+	}
 	b = append(b, byte(n)) // at most maxIPText: a one-byte uvarint
 	return append(b, slot.text[:n]...)
 }
