@@ -142,11 +142,7 @@ func (c *nativeColumn) str(s string) {
 // addr appends a as an IPv6 value (appendAddr's bytes) and its text to the
 // text column.
 func (c *nativeColumn) addr(text *nativeColumn, ipc *ipTextCache, a netip.Addr) {
-	var k0, k1 uint64
-	if a.IsValid() {
-		a16 := a.As16()
-		k0, k1 = binary.LittleEndian.Uint64(a16[:8]), binary.LittleEndian.Uint64(a16[8:])
-	}
+	k0, k1 := addrWords(a)
 	l := len(c.data)
 	if cap(c.data)-l < 16 {
 		c.data = slices.Grow(c.data, 16)
@@ -156,6 +152,21 @@ func (c *nativeColumn) addr(text *nativeColumn, ipc *ipTextCache, a netip.Addr) 
 	binary.LittleEndian.PutUint64(c.data[l:], k0)
 	binary.LittleEndian.PutUint64(c.data[l+8:], k1)
 	text.data = ipc.appendWords(text.data, k0, k1)
+}
+
+// addrWords returns appendAddr's 16 bytes for a as two little-endian
+// words. It reads them through AsSlice, which the compiler keeps on the
+// stack and reads back a word at a time. As16 would store its [16]byte as
+// two words and copy it as one 16-byte value: a load the CPU cannot
+// forward from those stores, a stall that was most of addr's time.
+func addrWords(a netip.Addr) (k0, k1 uint64) {
+	switch s := a.AsSlice(); len(s) {
+	case 4: // ::ffff:a.b.c.d
+		return 0, 0xffff<<16 | uint64(binary.LittleEndian.Uint32(s))<<32
+	case 16:
+		return binary.LittleEndian.Uint64(s[:8]), binary.LittleEndian.Uint64(s[8:])
+	}
+	return 0, 0
 }
 
 // labels appends m as one Map(String, String) value, in key order.

@@ -2,6 +2,7 @@ package store
 
 import (
 	"bytes"
+	"encoding/binary"
 	"net/netip"
 	"strings"
 	"testing"
@@ -173,4 +174,22 @@ func BenchmarkRowBinaryThenBuild(b *testing.B) {
 		}
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(recs)), "ns/row")
+}
+
+// TestAddrWords: the words are appendAddr's bytes for every kind of
+// address.
+func TestAddrWords(t *testing.T) {
+	for _, s := range []string{"198.18.0.1", "0.0.0.0", "198.19.255.255", "::ffff:198.18.0.1", "fd00:10::1", "fd00:10:ffff:ffff:ffff:ffff:ffff:ffff", "::", "::1", "fd00:10::1%eth0"} {
+		a := netip.MustParseAddr(s)
+		k0, k1 := addrWords(a)
+		var got [16]byte
+		binary.LittleEndian.PutUint64(got[:8], k0)
+		binary.LittleEndian.PutUint64(got[8:], k1)
+		if want := appendAddr(nil, a); !bytes.Equal(got[:], want) {
+			t.Errorf("%s: words give % x, appendAddr % x", s, got, want)
+		}
+	}
+	if k0, k1 := addrWords(netip.Addr{}); k0 != 0 || k1 != 0 {
+		t.Errorf("zero Addr: %x %x", k0, k1)
+	}
 }
