@@ -121,9 +121,9 @@ func (e *Embedded) builder() *nativeBuilder {
 	return new(nativeBuilder)
 }
 
-// release keeps nb for the next insert: up to maxIdleBuilders (the
-// writer's two inserters and its spool replay), each holding a batch-sized
-// block.
+// release keeps nb for the next RowBinary insert: up to maxIdleBuilders,
+// each holding a batch-sized block. The writer's own batches come as columns
+// (insertColumns); RowBinary batches are the spool replay's, one at a time.
 func (e *Embedded) release(nb *nativeBuilder) {
 	e.mu.Lock()
 	defer e.mu.Unlock()

@@ -2,9 +2,10 @@
 //
 // Two backends implement Conn: the embedded chDB engine loaded in-process
 // (NewEmbedded, the default), and a ClickHouse server reached through
-// clickhouse-go/v2 (NewServer). The Writer batches records, encodes them once
-// as RowBinary, retries with backoff and spools to disk while ClickHouse is
-// unreachable.
+// clickhouse-go/v2 (NewServer). The Writer batches records, encodes each once
+// (for the embedded engine straight into the columns of a Native block, for a
+// server as RowBinary rows), retries with backoff and spools to disk, as
+// RowBinary, while ClickHouse is unreachable.
 package store
 
 import (

@@ -21,11 +21,12 @@ import (
 	"github.com/dualflow/dualflow/flow"
 )
 
-// Writer defaults. A RowBinary flow row with Kubernetes metadata is 400-600
-// bytes, so a default batch is 40-60 MB and the default memory bound
-// ((MaxPending+1) batches) is about 180 MB. The embedded store adds a
-// batch-sized Native block per insert in flight (Inserters, plus the spool
-// replay), kept for reuse: about 150 MB more with the defaults.
+// Writer defaults. A flow row with Kubernetes metadata is 400-600 bytes
+// (RowBinary, or the columns of a Native block, which add the address texts),
+// so a default batch is 40-60 MB and the default memory bound
+// ((MaxPending+1) batches) is about 180 MB. The embedded store keeps one more
+// batch-sized Native block for the spool replay, which turns RowBinary rows
+// into columns (made the first time a spooled batch is replayed).
 //
 // Batches of 100k rows rather than 50k took the embedded store from about
 // 210k to 250k rows/s (BenchmarkWriterEmbedded1M): each insert writes one
@@ -176,8 +177,11 @@ type WriterStats struct {
 	BufferedBytes  int64 // encoded bytes of those rows
 }
 
-// Writer batches flow records, encodes each row once as RowBinary, and
-// inserts the batches into FlowsTable, Inserters at a time. Failed inserts
+// Writer batches flow records, encodes each row once, and inserts the
+// batches into FlowsTable, Inserters at a time. A Conn that takes columnar
+// batches (the embedded engine) gets the columns of a Native block, built as
+// records arrive (columnar.go); any other Conn gets RowBinary rows. Spooled
+// batches are RowBinary rows either way. Failed inserts
 // are retried with backoff and then spooled to disk; the spool is replayed
 // oldest-first, and while it holds anything new batches queue behind it.
 // With one inserter rows arrive in order; with more, a batch may overtake
