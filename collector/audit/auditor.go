@@ -219,7 +219,8 @@ func (a *Auditor) Audit(rec *flow.Record) {
 		return
 	}
 	var c counts
-	a.audit(set, rec, &c)
+	m := memo{lookup: a.lookup}
+	a.audit(set, rec, &c, &m)
 	a.m.add(&c)
 }
 
@@ -232,19 +233,56 @@ func (a *Auditor) AuditBatch(recs []flow.Record) {
 		return
 	}
 	var c counts
+	m := memo{lookup: a.lookup}
 	for i := range recs {
-		a.audit(set, &recs[i], &c)
+		a.audit(set, &recs[i], &c, &m)
 	}
 	a.m.add(&c)
 }
 
-func (a *Auditor) audit(set *policy.Set, rec *flow.Record, c *counts) {
+// memo answers a batch's lookups, remembering the last namespace and the
+// last destination port asked: records of a batch come in runs of the same
+// pods, and each lookup takes the enrichment's lock and hashes strings. It
+// lives for one batch, so it is never staler than the batch's snapshot.
+type memo struct {
+	lookup Lookup
+
+	ns       string
+	nsLabels map[string]string
+	nsOK     bool
+	nsValid  bool
+
+	port      PortQuery
+	portName  string
+	portValid bool
+}
+
+func (m *memo) namespaceLabels(name string) (map[string]string, bool) {
+	if !m.nsValid || m.ns != name {
+		m.ns, m.nsValid = name, true
+		m.nsLabels, m.nsOK = m.lookup.NamespaceLabels(name)
+	}
+	return m.nsLabels, m.nsOK
+}
+
+func (m *memo) portNameOf(q PortQuery) string {
+	// At matters only for a pod deleted since (PortName's fallback); the
+	// pod named by Namespace and Pod at Addr has the same ports then.
+	if !m.portValid || m.port.Namespace != q.Namespace || m.port.Pod != q.Pod || m.port.Addr != q.Addr ||
+		m.port.Port != q.Port || m.port.Proto != q.Proto {
+		m.port, m.portValid = q, true
+		m.portName = m.lookup.PortName(q)
+	}
+	return m.portName
+}
+
+func (a *Auditor) audit(set *policy.Set, rec *flow.Record, c *counts, m *memo) {
 	var f policy.Flow
 	f.Proto, f.DstPort = rec.Proto, rec.DstPort
-	a.peer(&f.Src, rec.SrcAddr, &rec.Src)
-	a.peer(&f.Dst, rec.DstAddr, &rec.Dst)
+	peer(&f.Src, rec.SrcAddr, &rec.Src, m)
+	peer(&f.Dst, rec.DstAddr, &rec.Dst, m)
 	if f.Dst.IsPod && (f.Proto == flow.ProtoTCP || f.Proto == flow.ProtoUDP || f.Proto == flow.ProtoSCTP) {
-		f.Dst.PortName = a.lookup.PortName(PortQuery{Namespace: rec.Dst.PodNamespace, Pod: rec.Dst.PodName,
+		f.Dst.PortName = m.portNameOf(PortQuery{Namespace: rec.Dst.PodNamespace, Pod: rec.Dst.PodName,
 			Addr: f.Dst.Addr, At: rec.FlowStart, Port: rec.DstPort, Proto: rec.Proto})
 	}
 	r := set.Evaluate(&f)
@@ -257,7 +295,7 @@ func (a *Auditor) audit(set *policy.Set, rec *flow.Record, c *counts) {
 	}
 }
 
-func (a *Auditor) peer(p *policy.Peer, addr netip.Addr, e *flow.Endpoint) {
+func peer(p *policy.Peer, addr netip.Addr, e *flow.Endpoint, m *memo) {
 	p.Addr = addr.Unmap()
 	if e.PodNamespace == "" {
 		return
@@ -265,7 +303,7 @@ func (a *Auditor) peer(p *policy.Peer, addr netip.Addr, e *flow.Endpoint) {
 	p.IsPod = true
 	p.Namespace = e.PodNamespace
 	p.Labels = e.Labels
-	p.NamespaceLabels, _ = a.lookup.NamespaceLabels(e.PodNamespace)
+	p.NamespaceLabels, _ = m.namespaceLabels(e.PodNamespace)
 }
 
 func setPolicy(p *flow.Policy, d policy.Decision) {

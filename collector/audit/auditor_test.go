@@ -3,7 +3,9 @@ package audit
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -292,5 +294,111 @@ func TestConcurrentAudit(t *testing.T) {
 	}
 	for range 4 {
 		<-done
+	}
+}
+
+// countingLookup counts the calls that reach the inventory.
+type countingLookup struct {
+	Lookup
+	ns, ports int
+}
+
+func (c *countingLookup) NamespaceLabels(name string) (map[string]string, bool) {
+	c.ns++
+	return c.Lookup.NamespaceLabels(name)
+}
+
+func (c *countingLookup) PortName(q PortQuery) string {
+	c.ports++
+	return c.Lookup.PortName(q)
+}
+
+// TestAuditBatchMemo: AuditBatch, which remembers the last namespace and
+// destination port of a batch, gives every record the verdicts Audit gives
+// it alone, on a batch of runs and alternations of pods, ports, protocols
+// and both families; and it asks the lookup less often.
+func TestAuditBatchMemo(t *testing.T) {
+	m, inv := labInventory(t, manifest.ModeDual, 3)
+	lk := &countingLookup{Lookup: inv}
+	a, _ := New(Config{}, lk, nil)
+	if err := a.SetPolicies(inv.NetworkPolicies()); err != nil {
+		t.Fatal(err)
+	}
+	var recs []flow.Record
+	for i := range 600 {
+		src, dst := &m.Pods[(i/7)%len(m.Pods)], &m.Pods[(i/3*5+1)%len(m.Pods)]
+		var s, d *corev1.Pod = src, dst
+		if i%11 == 0 {
+			s = nil // from outside
+		}
+		f := corev1.IPv4Protocol
+		if (i/5)%2 == 1 {
+			f = corev1.IPv6Protocol
+		}
+		proto := []uint8{flow.ProtoTCP, flow.ProtoUDP, flow.ProtoTCP}[i%3]
+		recs = append(recs, record(t, inv, s, d, f, proto, []uint16{8080, 9090, 8080, 5353, 7070}[(i/2)%5]))
+	}
+	want := slices.Clone(recs)
+	for i := range want {
+		a.Audit(&want[i])
+	}
+	alone := lk.ns + lk.ports
+	lk.ns, lk.ports = 0, 0
+	got := slices.Clone(recs)
+	a.AuditBatch(got)
+	for i := range got {
+		if got[i].Ingress != want[i].Ingress || got[i].Egress != want[i].Egress {
+			t.Fatalf("record %d: batch %+v %+v, alone %+v %+v", i, got[i].Ingress, got[i].Egress, want[i].Ingress, want[i].Egress)
+		}
+	}
+	if batch := lk.ns + lk.ports; batch >= alone || batch == 0 {
+		t.Errorf("batch asked the lookup %d times, records alone %d", batch, alone)
+	}
+	verdicts := map[flow.Verdict]int{}
+	for i := range got {
+		verdicts[got[i].Ingress.Verdict]++
+	}
+	if len(verdicts) < 2 {
+		t.Errorf("the batch has one ingress verdict only (%v): not a test of anything", verdicts)
+	}
+}
+
+// echoLookup answers with the question: a wrong memo hit shows.
+type echoLookup struct{}
+
+func (echoLookup) NamespaceLabels(name string) (map[string]string, bool) {
+	return map[string]string{"name": name}, name != "unknown"
+}
+
+func (echoLookup) PortName(q PortQuery) string {
+	return fmt.Sprintf("%s/%s/%s/%d/%d", q.Namespace, q.Pod, q.Addr, q.Port, q.Proto)
+}
+
+// TestMemoKeys: every field of a question counts in the memo's key.
+func TestMemoKeys(t *testing.T) {
+	m := memo{lookup: echoLookup{}}
+	base := PortQuery{Namespace: "a", Pod: "p", Addr: netip.MustParseAddr("198.18.0.1"), Port: 80, Proto: flow.ProtoTCP}
+	qs := []PortQuery{base, base}
+	for _, change := range []func(*PortQuery){
+		func(q *PortQuery) { q.Namespace = "b" },
+		func(q *PortQuery) { q.Pod = "q" },
+		func(q *PortQuery) { q.Addr = netip.MustParseAddr("fd00:10::1") },
+		func(q *PortQuery) { q.Port = 81 },
+		func(q *PortQuery) { q.Proto = flow.ProtoUDP },
+	} {
+		q := base
+		change(&q)
+		qs = append(qs, q, q, base)
+	}
+	for i, q := range qs {
+		if got, want := m.portNameOf(q), (echoLookup{}).PortName(q); got != want {
+			t.Errorf("query %d: %q, want %q", i, got, want)
+		}
+	}
+	for _, name := range []string{"x", "x", "y", "unknown", "unknown", "x"} {
+		labels, ok := m.namespaceLabels(name)
+		if labels["name"] != name || ok != (name != "unknown") {
+			t.Errorf("namespace %s: %v %v", name, labels, ok)
+		}
 	}
 }
