@@ -178,6 +178,11 @@ func (c *Correlator) Add(r *flow.Record, out []flow.Record) []flow.Record {
 		out[len(out)-1].Correlation = flow.CorrelationNone
 		return out
 	}
+	return c.addHalf(r, sd, k, out)
+}
+
+// addHalf is Add for a half that classify gave side sd and key k.
+func (c *Correlator) addHalf(r *flow.Record, sd side, k key, out []flow.Record) []flow.Record {
 	if e := c.held[k]; e != nil {
 		if e.side == sd {
 			coalesce(&e.rec, r)
@@ -384,17 +389,23 @@ func coalesce(h, r *flow.Record) {
 func (c *Correlator) Run(ctx context.Context, in, out *pipeline.Queue, pool *pipeline.Pool, pm *pipeline.Metrics) error {
 	defer out.Close()
 	recIn, recOut := pm.RecordsIn.WithLabelValues(Stage), pm.RecordsOut.WithLabelValues(Stage)
-	put := func(b *pipeline.Batch) *pipeline.Batch {
-		if len(b.Recs) == 0 {
-			return b
-		}
+	// send hands b on; false when ctx ended first (b's records are
+	// counted as dropped and b is emptied, still the caller's).
+	send := func(b *pipeline.Batch) bool {
 		n := len(b.Recs)
 		if err := out.Put(ctx, b); err != nil {
 			pm.Dropped.WithLabelValues(Stage, "aborted").Add(float64(n))
 			b.Recs = b.Recs[:0]
-			return b
+			return false
 		}
 		recOut.Add(float64(n))
+		return true
+	}
+	// put sends b unless empty and returns the batch to fill next.
+	put := func(b *pipeline.Batch) *pipeline.Batch {
+		if len(b.Recs) == 0 || !send(b) {
+			return b
+		}
 		return pool.Get()
 	}
 	tick := time.NewTicker(max(c.cfg.Timeout/4, 50*time.Millisecond))
@@ -410,13 +421,33 @@ func (c *Correlator) Run(ctx context.Context, in, out *pipeline.Queue, pool *pip
 			}
 			in.Taken()
 			recIn.Add(float64(len(b.Recs)))
+			// Records with nothing to pair (intra-node, external, no
+			// inventory: most of them) go on in their own batch,
+			// compacted in place; halves and merged records go through
+			// ob. Copying every record into a new batch was most of
+			// this stage's time.
+			kept := 0
 			for i := range b.Recs {
-				if len(ob.Recs)+2 > cap(ob.Recs) { // Add appends at most 2
+				r := &b.Recs[i]
+				sd, k := c.classify(r)
+				if sd == sideNone {
+					r.Correlation = flow.CorrelationNone
+					if kept != i {
+						b.Recs[kept] = *r
+					}
+					kept++
+					continue
+				}
+				if len(ob.Recs)+2 > cap(ob.Recs) { // addHalf appends at most 2
 					ob = put(ob)
 				}
-				ob.Recs = c.Add(&b.Recs[i], ob.Recs)
+				ob.Recs = c.addHalf(r, sd, k, ob.Recs)
 			}
-			b.Release()
+			c.m.records[flow.CorrelationNone].Add(float64(kept))
+			b.Recs = b.Recs[:kept]
+			if kept == 0 || !send(b) {
+				b.Release()
+			}
 			ob = put(ob)
 		case now := <-tick.C:
 			ob.Recs = c.Expire(now, ob.Recs)

@@ -385,3 +385,51 @@ func TestInventoryMatchesPrefixScan(t *testing.T) {
 		t.Error("a pod CIDR on two nodes: no error")
 	}
 }
+
+// TestRunPassesThroughInPlace: records with nothing to pair are compacted
+// in their own batch while halves around them are held, merged or left
+// alone; every record comes out once, with its own fields.
+func TestRunPassesThroughInPlace(t *testing.T) {
+	c := New(Config{Timeout: 50 * time.Millisecond}, labInventory(t), nil)
+	pm := pipeline.NewMetrics(nil)
+	pool := pipeline.NewPool(16)
+	in, out := pipeline.NewQueue("in", 4, pm), pipeline.NewQueue("out", 4, pm)
+	done := make(chan error)
+	go func() { done <- c.Run(context.Background(), in, out, pool, pm) }()
+	b := pool.Get()
+	b.Recs = append(b.Recs,
+		half("node-1", "198.18.1.10", "198.18.2.11", 1, 80, 2),          // half: merged with the 4th
+		half("node-1", "198.18.1.10", "198.18.1.11", 2, 80, 2),          // intra-node
+		half("node-1", "fd00:10:0:1::10", "fd00:10:ffff::1", 3, 443, 2), // to outside
+		half("node-2", "198.18.1.10", "198.18.2.11", 1, 80, 2),          // the other half
+		half("node-2", "fd00:10:0:2::11", "fd00:10:0:2::12", 5, 53, 2),  // intra-node
+		half("node-1", "fd00:10:0:1::10", "fd00:10:0:2::11", 6, 80, 2),  // half: alone (timeout)
+		half("node-2", "198.19.255.1", "198.18.2.11", 7, 80, 2),         // from outside
+	)
+	in.Put(context.Background(), b)
+	got := map[uint16]flow.Correlation{}
+	deadline := time.After(5 * time.Second)
+	for len(got) < 6 {
+		select {
+		case ob := <-out.C():
+			for _, r := range ob.Recs {
+				if _, dup := got[r.SrcPort]; dup {
+					t.Errorf("record %d out twice", r.SrcPort)
+				}
+				got[r.SrcPort] = r.Correlation
+			}
+			ob.Release()
+		case <-deadline:
+			t.Fatalf("timeout; got %v", got)
+		}
+	}
+	in.Close()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	want := map[uint16]flow.Correlation{1: flow.CorrelationMerged, 2: flow.CorrelationNone, 3: flow.CorrelationNone,
+		5: flow.CorrelationNone, 6: flow.CorrelationSourceOnly, 7: flow.CorrelationNone}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("got %v, want %v", got, want)
+	}
+}
