@@ -72,7 +72,7 @@ const DefaultMetricsAddr = "127.0.0.1:9464"
 func (c *Config) BindFlags(fs *flag.FlagSet) {
 	c.Store.BindFlags(fs)
 	w := &c.Writer
-	fs.IntVar(&w.BatchRows, "clickhouse.batch-rows", store.DefaultBatchRows, "rows per insert batch")
+	fs.IntVar(&w.BatchRows, "clickhouse.batch-rows", store.DefaultBatchRows, "rows per insert batch: bigger batches make fewer, larger parts (less merging) for more memory, about 70 MB per 100k enriched rows, times max-pending-batches + 1")
 	fs.DurationVar(&w.FlushInterval, "clickhouse.flush-interval", store.DefaultFlushInterval, "send a batch at least this often")
 	fs.IntVar(&w.MaxPending, "clickhouse.max-pending-batches", store.DefaultMaxPending, "sealed batches held in memory before the pipeline is slowed down (back-pressure)")
 	fs.IntVar(&w.Inserters, "clickhouse.inserters", store.DefaultInserters, "batches inserted at once (capped at max-pending-batches; 1 keeps rows in arrival order)")
