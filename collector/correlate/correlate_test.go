@@ -222,13 +222,43 @@ func TestCorrelate(t *testing.T) {
 	})
 }
 
-func TestRun(t *testing.T) {
-	c := New(Config{Timeout: 100 * time.Millisecond}, labInventory(t), nil)
+// runStage starts a Correlator's Run over the lab inventory and returns
+// its queues, its pool and the channel Run's error arrives on.
+func runStage(t *testing.T, timeout time.Duration) (in, out *pipeline.Queue, pool *pipeline.Pool, done chan error) {
+	t.Helper()
+	c := New(Config{Timeout: timeout}, labInventory(t), nil)
 	pm := pipeline.NewMetrics(nil)
-	pool := pipeline.NewPool(16)
-	in, out := pipeline.NewQueue("in", 4, pm), pipeline.NewQueue("out", 4, pm)
-	done := make(chan error)
+	pool = pipeline.NewPool(16)
+	in, out = pipeline.NewQueue("in", 4, pm), pipeline.NewQueue("out", 4, pm)
+	done = make(chan error)
 	go func() { done <- c.Run(context.Background(), in, out, pool, pm) }()
+	return in, out, pool, done
+}
+
+// drain reads n records from out (within 5 s), then closes in and waits
+// for Run to return.
+func drain(t *testing.T, in, out *pipeline.Queue, done chan error, n int) []flow.Record {
+	t.Helper()
+	var recs []flow.Record
+	deadline := time.After(5 * time.Second)
+	for len(recs) < n {
+		select {
+		case ob := <-out.C():
+			recs = append(recs, ob.Recs...)
+			ob.Release()
+		case <-deadline:
+			t.Fatalf("timeout after %d records of %d", len(recs), n)
+		}
+	}
+	in.Close()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	return recs
+}
+
+func TestRun(t *testing.T) {
+	in, out, pool, done := runStage(t, 100*time.Millisecond)
 	b := pool.Get()
 	b.Recs = append(b.Recs,
 		half("node-1", "198.18.1.10", "198.18.2.11", 1, 80, 2),         // merged below
@@ -238,22 +268,8 @@ func TestRun(t *testing.T) {
 	)
 	in.Put(context.Background(), b)
 	got := map[flow.Correlation]int{}
-	deadline := time.After(5 * time.Second)
-	for n := 0; n < 3; {
-		select {
-		case ob := <-out.C():
-			for _, r := range ob.Recs {
-				got[r.Correlation]++
-				n++
-			}
-			ob.Release()
-		case <-deadline:
-			t.Fatalf("timeout; got %v", got)
-		}
-	}
-	in.Close()
-	if err := <-done; err != nil {
-		t.Fatal(err)
+	for _, r := range drain(t, in, out, done, 3) {
+		got[r.Correlation]++
 	}
 	if got[flow.CorrelationMerged] != 1 || got[flow.CorrelationSourceOnly] != 1 || got[flow.CorrelationNone] != 1 {
 		t.Errorf("got %v", got)
@@ -390,12 +406,7 @@ func TestInventoryMatchesPrefixScan(t *testing.T) {
 // in their own batch while halves around them are held, merged or left
 // alone; every record comes out once, with its own fields.
 func TestRunPassesThroughInPlace(t *testing.T) {
-	c := New(Config{Timeout: 50 * time.Millisecond}, labInventory(t), nil)
-	pm := pipeline.NewMetrics(nil)
-	pool := pipeline.NewPool(16)
-	in, out := pipeline.NewQueue("in", 4, pm), pipeline.NewQueue("out", 4, pm)
-	done := make(chan error)
-	go func() { done <- c.Run(context.Background(), in, out, pool, pm) }()
+	in, out, pool, done := runStage(t, 50*time.Millisecond)
 	b := pool.Get()
 	b.Recs = append(b.Recs,
 		half("node-1", "198.18.1.10", "198.18.2.11", 1, 80, 2),          // half: merged with the 4th
@@ -408,24 +419,11 @@ func TestRunPassesThroughInPlace(t *testing.T) {
 	)
 	in.Put(context.Background(), b)
 	got := map[uint16]flow.Correlation{}
-	deadline := time.After(5 * time.Second)
-	for len(got) < 6 {
-		select {
-		case ob := <-out.C():
-			for _, r := range ob.Recs {
-				if _, dup := got[r.SrcPort]; dup {
-					t.Errorf("record %d out twice", r.SrcPort)
-				}
-				got[r.SrcPort] = r.Correlation
-			}
-			ob.Release()
-		case <-deadline:
-			t.Fatalf("timeout; got %v", got)
+	for _, r := range drain(t, in, out, done, 6) {
+		if _, dup := got[r.SrcPort]; dup {
+			t.Errorf("record %d out twice", r.SrcPort)
 		}
-	}
-	in.Close()
-	if err := <-done; err != nil {
-		t.Fatal(err)
+		got[r.SrcPort] = r.Correlation
 	}
 	want := map[uint16]flow.Correlation{1: flow.CorrelationMerged, 2: flow.CorrelationNone, 3: flow.CorrelationNone,
 		5: flow.CorrelationNone, 6: flow.CorrelationSourceOnly, 7: flow.CorrelationNone}

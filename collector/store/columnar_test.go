@@ -4,29 +4,16 @@ import (
 	"bytes"
 	"encoding/binary"
 	"net/netip"
-	"strings"
 	"testing"
 
 	"github.com/dualflow/dualflow/flow"
 )
 
 // columnarCases are records whose strings cross every fast-path boundary
-// (see TestNativeBuildMatchesPlainTransposition), records of both families
-// with every optional field set, zero records (no addresses, no times) and
+// (edgeStringRecords, both families, every optional field set), zero records (no addresses, no times) and
 // benchmark-shaped records with shared label maps.
 func columnarCases() []flow.Record {
-	var recs []flow.Record
-	for i, n := range []int{0, 1, 15, 16, 17, 31, 32, 33, 127, 128, 200, 0, 1, 2} {
-		r := sampleRecord(i, i%2 == 1)
-		s := strings.Repeat(string(rune('a'+i)), n)
-		r.TCPState, r.ExporterNode, r.Src.PodName, r.Dst.WorkloadName, r.Egress.ReportedName = s, s, s, s, s
-		r.Src.Labels = map[string]string{s + "k": s, "app": s}
-		if n == 0 {
-			r.Dst.Labels = nil
-		}
-		recs = append(recs, r)
-	}
-	recs = append(recs, flow.Record{}, flow.Record{SrcAddr: netip.MustParseAddr("fd00:10::1")}, flow.Record{IPVersion: 4})
+	recs := append(edgeStringRecords(), flow.Record{}, flow.Record{SrcAddr: netip.MustParseAddr("fd00:10::1")}, flow.Record{IPVersion: 4})
 	return append(recs, benchFlows(500)...)
 }
 

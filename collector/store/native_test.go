@@ -124,6 +124,24 @@ func TestNativeBuildRejectsShortRows(t *testing.T) {
 	}
 }
 
+// edgeStringRecords are records, of both families, whose strings and
+// labels are 0, 1, 15, 16, 17, 31, 32, 33, 127, 128 and 200 bytes long:
+// every boundary of the encoders' fast paths, a two-byte length included.
+func edgeStringRecords() []flow.Record {
+	var recs []flow.Record
+	for i, n := range []int{0, 1, 15, 16, 17, 31, 32, 33, 127, 128, 200, 0, 1, 2} {
+		r := sampleRecord(i, i%2 == 1)
+		s := strings.Repeat(string(rune('a'+i)), n)
+		r.TCPState, r.ExporterNode, r.Src.PodName, r.Dst.WorkloadName, r.Egress.ReportedName = s, s, s, s, s
+		r.Src.Labels = map[string]string{s + "k": s, "app": s}
+		if n == 0 {
+			r.Dst.Labels = nil
+		}
+		recs = append(recs, r)
+	}
+	return recs
+}
+
 // encodeRows encodes recs as RowBinary rows of FlowColumns.
 func encodeRows(recs []flow.Record) []byte {
 	var data []byte
@@ -140,17 +158,7 @@ func encodeRows(recs []flow.Record) []byte {
 // map column, with the last rows closer to the end of the data than the
 // fast path's 32-byte copy.
 func TestNativeBuildMatchesPlainTransposition(t *testing.T) {
-	var recs []flow.Record
-	for i, n := range []int{0, 1, 15, 16, 17, 31, 32, 33, 127, 128, 200, 0, 1, 2} {
-		r := sampleRecord(i, i%2 == 1)
-		s := strings.Repeat(string(rune('a'+i)), n)
-		r.TCPState, r.ExporterNode, r.Src.PodName, r.Dst.WorkloadName, r.Egress.ReportedName = s, s, s, s, s
-		r.Src.Labels = map[string]string{s + "k": s, "app": s}
-		if n == 0 {
-			r.Dst.Labels = nil
-		}
-		recs = append(recs, r)
-	}
+	recs := edgeStringRecords()
 	data := encodeRows(recs)
 	var nb nativeBuilder
 	if _, err := nb.build(FlowColumns, flowWire, len(recs), data); err != nil {
