@@ -238,9 +238,9 @@ func (db *DB) Exec(ctx context.Context, query string) error {
 }
 
 // Run runs one statement with its options. It blocks until the engine
-// finishes the statement: ctx is checked before the statement starts (and
-// while waiting for a free connection), not while the engine runs it; bound
-// long statements with Settings["max_execution_time"].
+// finishes the statement or, once ctx ends, until the engine has killed it
+// (killOnDone); Settings["max_execution_time"] bounds a statement without
+// a deadline on ctx.
 func (db *DB) Run(ctx context.Context, st Statement) (res *Result, err error) {
 	if ins, ok := SplitInsert(st.Query); ok && ins.DataOffset < len(st.Query) && len(st.Params) == 0 {
 		// INSERT ... VALUES (...) or FORMAT x with inline data: stream the
@@ -259,43 +259,49 @@ func (db *DB) Run(ctx context.Context, st Statement) (res *Result, err error) {
 	if err != nil {
 		return nil, err
 	}
-	var (
-		stop   func() bool
-		killed = make(chan struct{}) // closed when a started kill is done
-	)
-	if ctx.Done() != nil {
-		// Tag the statement so a cancelled context can KILL it; the tag goes
-		// last so error positions in the text stay right.
-		tag := fmt.Sprintf("dualflow-q:%x", queryTag.Add(1))
-		suffix := "\n/* " + tag + " */"
-		st.Query += suffix
-		stop = context.AfterFunc(ctx, func() {
-			defer close(killed)
-			db.kill(tag)
-		})
-		defer func() {
-			// Engine messages quote the text around an error; drop the tag.
-			var ce *Error
-			if errors.As(err, &ce) {
-				ce.Message = strings.ReplaceAll(ce.Message, suffix, "")
-			}
-		}()
-	}
+	var over func(error) error
+	st.Query, over = db.killOnDone(ctx, st.Query)
 	res, err = db.l.run(*c.h, st)
-	if stop != nil && !stop() {
-		// Killed on our behalf: wait for the kill (so it never outlives the
-		// DB) and report a failure as the cancellation, not the kill. A
-		// statement that finished first keeps its result.
-		<-killed
-		if err != nil {
-			err = fmt.Errorf("chdb: statement cancelled: %w (engine: %v)", ctx.Err(), err)
-		}
-	}
+	err = over(err)
 	db.release(c, st.Query, err != nil)
 	return res, err
 }
 
 var queryTag atomic.Uint64
+
+// killOnDone tags query so that the end of ctx KILLs the statement in the
+// engine, and returns the tagged query and the function to call with the
+// statement's error once it is over. That function stops the watch; when
+// the kill fired it waits for it (so a kill never outlives the DB) and
+// reports a failure as the cancellation, not as the kill; a statement that
+// finished first keeps its result. The tag goes last, in a comment, so
+// error positions in the text stay right, and is dropped from engine
+// messages.
+func (db *DB) killOnDone(ctx context.Context, query string) (string, func(error) error) {
+	if ctx.Done() == nil {
+		return query, func(err error) error { return err }
+	}
+	tag := fmt.Sprintf("dualflow-q:%x", queryTag.Add(1))
+	suffix := "\n/* " + tag + " */"
+	killed := make(chan struct{}) // closed when a started kill is done
+	stop := context.AfterFunc(ctx, func() {
+		defer close(killed)
+		db.kill(tag)
+	})
+	return query + suffix, func(err error) error {
+		var ce *Error
+		if errors.As(err, &ce) {
+			ce.Message = strings.ReplaceAll(ce.Message, suffix, "")
+		}
+		if !stop() {
+			<-killed
+			if err != nil && !errors.Is(err, ctx.Err()) {
+				err = fmt.Errorf("chdb: statement cancelled: %w (engine: %v)", ctx.Err(), err)
+			}
+		}
+		return err
+	}
+}
 
 // kill asks the engine to cancel the statement carrying tag. The pattern is
 // split so the KILL statement does not match itself.
@@ -315,8 +321,11 @@ func (db *DB) kill(tag string) {
 // FORMAT RowBinary"), into the engine in chunks, and returns the rows
 // written (including rows written by materialized views). INSERT ... VALUES
 // works too, with the tuples as data. Inline data after the FORMAT clause
-// is sent before data. ctx is checked between chunks; a cancelled insert is
-// aborted without committing the rest.
+// is sent before data. ctx is checked between chunks, and once the data is
+// sent the engine's work is killed when ctx ends: a cancelled insert
+// returns soon, with ctx's error. Like any interrupted insert, it may have
+// committed to some of the tables it writes (the target, each view's) and
+// not others: retry it with the same insert_deduplication_token.
 func (db *DB) Insert(ctx context.Context, insertQuery string, data io.Reader) (uint64, error) {
 	stats, err := db.InsertStatement(ctx, Statement{Query: insertQuery}, data)
 	return stats.RowsWritten, err
@@ -339,7 +348,12 @@ func (db *DB) InsertStatement(ctx context.Context, st Statement, data io.Reader)
 	if err != nil {
 		return Stats{}, err
 	}
-	stats, err := db.l.insert(ctx, *c.h, ins.Query, ins.Format, data)
+	// ctx is checked between chunks of data; once they are all sent the
+	// engine finishes the insert (parts, materialized views) in one call,
+	// which the kill interrupts.
+	query, over := db.killOnDone(ctx, ins.Query)
+	stats, err := db.l.insert(ctx, *c.h, query, ins.Format, data)
+	err = over(err)
 	db.release(c, "", err != nil)
 	return stats, err
 }

@@ -560,3 +560,39 @@ func TestBuffersRead(t *testing.T) {
 		t.Fatalf("Read after end = %d, %v", n, err)
 	}
 }
+
+// TestCancelInsertInEngine: an insert whose data is all sent but that the
+// engine is still working on (a slow materialized view here) ends soon
+// after ctx does, as a cancellation; the connection stays usable.
+func TestCancelInsertInEngine(t *testing.T) {
+	db := testDB(t)
+	ctx := context.Background()
+	d := newDatabase(t, db)
+	for _, q := range []string{
+		"CREATE TABLE " + d + ".t (a UInt64) ENGINE = MergeTree ORDER BY a",
+		"CREATE TABLE " + d + ".slow (s UInt8) ENGINE = Null",
+		"CREATE MATERIALIZED VIEW " + d + ".mv TO " + d + ".slow AS SELECT sleepEachRow(0.1) AS s FROM " + d + ".t",
+	} {
+		if err := db.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var data strings.Builder
+	for r := range 100 { // 10 s of view work
+		data.WriteString(strconv.Itoa(r) + "\n")
+	}
+	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	st := Statement{Query: "INSERT INTO " + d + ".t FORMAT TSV", Settings: map[string]string{"function_sleep_max_microseconds_per_block": "0"}}
+	_, err := db.InsertStatement(cctx, st, strings.NewReader(data.String()))
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("err = %v, want deadline exceeded", err)
+	}
+	if el := time.Since(start); el > 5*time.Second {
+		t.Errorf("cancelled insert took %v", el)
+	}
+	if out, err := db.Query(ctx, "SELECT 1", "TSV"); err != nil || strings.TrimSpace(string(out)) != "1" {
+		t.Errorf("after the cancel: %q, %v", out, err)
+	}
+}
