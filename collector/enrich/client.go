@@ -17,7 +17,7 @@ import (
 const userAgent = "dualflow-collector"
 
 // newClient returns the clientset for cfg's (resolved) source.
-func newClient(cfg Config, log *slog.Logger) (kubernetes.Interface, error) {
+func newClient(cfg Config, log *slog.Logger) (kubernetes.Interface, *inventorySource, error) {
 	var rc *rest.Config
 	var err error
 	switch cfg.Source {
@@ -25,17 +25,17 @@ func newClient(cfg Config, log *slog.Logger) (kubernetes.Interface, error) {
 		return inventoryClient(cfg.Inventory, log)
 	case SourceInCluster:
 		if rc, err = rest.InClusterConfig(); err != nil {
-			return nil, fmt.Errorf("kubernetes in-cluster config: %w", err)
+			return nil, nil, fmt.Errorf("kubernetes in-cluster config: %w", err)
 		}
 	case SourceKubeconfig:
 		rules := clientcmd.NewDefaultClientConfigLoadingRules()
 		rules.ExplicitPath = cfg.Kubeconfig
 		cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: cfg.Context})
 		if rc, err = cc.ClientConfig(); err != nil {
-			return nil, fmt.Errorf("kubeconfig: %w", err)
+			return nil, nil, fmt.Errorf("kubeconfig: %w", err)
 		}
 	default:
-		return nil, fmt.Errorf("kubernetes source %q has no client", cfg.Source)
+		return nil, nil, fmt.Errorf("kubernetes source %q has no client", cfg.Source)
 	}
 	rc.UserAgent = userAgent
 	// Protobuf lists and watches cost the API server and us less than
@@ -44,24 +44,24 @@ func newClient(cfg Config, log *slog.Logger) (kubernetes.Interface, error) {
 	rc.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
 	cs, err := kubernetes.NewForConfig(rc)
 	if err != nil {
-		return nil, fmt.Errorf("kubernetes client: %w", err)
+		return nil, nil, fmt.Errorf("kubernetes client: %w", err)
 	}
-	return cs, nil
+	return cs, nil, nil
 }
 
 // inventoryClient loads the manifest files into a fake clientset, so that
 // inventory mode runs the same informers, transforms and handlers as a
-// cluster.
-func inventoryClient(files []string, log *slog.Logger) (kubernetes.Interface, error) {
+// cluster. The source it returns reloads the files when they change.
+func inventoryClient(files []string, log *slog.Logger) (kubernetes.Interface, *inventorySource, error) {
+	stamps := stampFiles(files) // before reading: a change during the load shows at the next check
 	res, err := inventory.Load(files...)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	cs := fake.NewClientset()
-	for _, o := range res.Objects {
-		if err := cs.Tracker().Add(o.Object); err != nil {
-			return nil, fmt.Errorf("inventory %s: %w", o.Where(), err)
-		}
+	src, err := newInventorySource(files, stamps, cs.Tracker(), res)
+	if err != nil {
+		return nil, nil, err
 	}
 	if len(res.Skipped) > 0 {
 		kinds := make([]string, 0, len(res.Skipped))
@@ -72,5 +72,5 @@ func inventoryClient(files []string, log *slog.Logger) (kubernetes.Interface, er
 		log.Info("inventory: skipped objects of kinds enrichment does not use", "kinds", kinds)
 	}
 	log.Info("inventory loaded", "files", files, "objects", len(res.Objects))
-	return cs, nil
+	return cs, src, nil
 }

@@ -71,6 +71,9 @@ type Config struct {
 	GracePeriod time.Duration
 	// SyncTimeout bounds the wait for the initial list of every kind.
 	SyncTimeout time.Duration
+	// InventoryReload is how often the inventory source checks its files
+	// and applies what changed (0: never).
+	InventoryReload time.Duration
 	// ServiceCIDRs and ClusterCIDRs are the Service and pod networks of
 	// both families, for the flow type of addresses no object names. Pod
 	// CIDRs of nodes and known Service addresses are used without them.
@@ -79,7 +82,8 @@ type Config struct {
 
 // NewConfig returns a Config holding the defaults.
 func NewConfig() Config {
-	return Config{Source: SourceAuto, EnableIPv6: DefaultEnableIPv6, GracePeriod: DefaultGracePeriod, SyncTimeout: DefaultSyncTimeout}
+	return Config{Source: SourceAuto, EnableIPv6: DefaultEnableIPv6, GracePeriod: DefaultGracePeriod, SyncTimeout: DefaultSyncTimeout,
+		InventoryReload: DefaultInventoryReload}
 }
 
 // BindFlags registers the --k8s.* flags on fs. The flag defaults are the
@@ -100,6 +104,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.BoolVar(&c.EnableIPv6, "k8s.enable-ipv6", d.EnableIPv6, "index IPv6 addresses; false drops them entirely (IPv6 records stay unenriched, address selection never picks IPv6)")
 	fs.DurationVar(&c.GracePeriod, "k8s.grace-period", d.GracePeriod, "keep deleted objects and reused addresses' previous holders this long, so late records still resolve")
 	fs.DurationVar(&c.SyncTimeout, "k8s.sync-timeout", d.SyncTimeout, "give up when the initial list of a kind takes longer")
+	fs.DurationVar(&c.InventoryReload, "k8s.inventory-reload", d.InventoryReload, "how often the inventory source checks its files and applies what changed, as creates, updates and deletes, once a change has stayed the same for one check (0: load once); a file that does not load is logged and counted, and the objects stay")
 	fs.Var((*netaddr.PrefixList)(&c.ServiceCIDRs), "k8s.service-cidrs", "comma-separated Service CIDRs of both families, for flow types (known ClusterIPs count without it)")
 	fs.Var((*netaddr.PrefixList)(&c.ClusterCIDRs), "k8s.cluster-cidrs", "comma-separated pod network CIDRs of both families, for flow types (nodes' spec.podCIDRs count without it)")
 }
@@ -153,6 +158,9 @@ func (c Config) Validate() error {
 	}
 	if c.SyncTimeout < 0 {
 		errs = append(errs, fmt.Errorf("--k8s.sync-timeout %v: must not be negative", c.SyncTimeout))
+	}
+	if c.InventoryReload < 0 {
+		errs = append(errs, fmt.Errorf("--k8s.inventory-reload %v: must not be negative", c.InventoryReload))
 	}
 	for _, p := range slices.Concat(c.ServiceCIDRs, c.ClusterCIDRs) {
 		if !p.IsValid() {

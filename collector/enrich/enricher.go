@@ -65,6 +65,7 @@ type Enricher struct {
 	x      *index
 	tr     *transformer
 	m      *metrics
+	inv    *inventorySource // the inventory source's files, reloaded when they change; else nil
 
 	started  atomic.Bool
 	synced   chan struct{} // closed once every informer's initial list is indexed
@@ -89,11 +90,16 @@ func New(cfg Config, reg prometheus.Registerer, log *slog.Logger) (*Enricher, er
 	if log == nil {
 		log = slog.Default()
 	}
-	client, err := newClient(cfg, log)
+	client, inv, err := newClient(cfg, log)
 	if err != nil {
 		return nil, err
 	}
-	return NewForClient(cfg, client, reg, log)
+	e, err := NewForClient(cfg, client, reg, log)
+	if err != nil {
+		return nil, err
+	}
+	e.inv = inv
+	return e, nil
 }
 
 // NewForClient builds an Enricher that watches through client (a real or
@@ -226,6 +232,12 @@ func (e *Enricher) Run(ctx context.Context) (err error) {
 
 	tick := time.NewTicker(collectInterval(e.cfg.GracePeriod))
 	defer tick.Stop()
+	var reload <-chan time.Time
+	if e.inv != nil && e.cfg.InventoryReload > 0 {
+		t := time.NewTicker(e.cfg.InventoryReload)
+		defer t.Stop()
+		reload = t.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -234,8 +246,28 @@ func (e *Enricher) Run(ctx context.Context) (err error) {
 			if n := e.x.collect(); n > 0 {
 				e.m.collected.Add(float64(n))
 			}
+		case <-reload:
+			e.reloadInventory()
 		}
 	}
+}
+
+// reloadInventory applies changed inventory files. A file that does not
+// load is logged and counted, and the objects stay as they were.
+func (e *Enricher) reloadInventory() {
+	start := time.Now()
+	r, err := e.inv.reload()
+	switch {
+	case errors.Is(err, errUnchanged):
+		return
+	case err != nil:
+		e.m.reloads.WithLabelValues("error").Inc()
+		e.log.Error("inventory reload failed; keeping the objects loaded before", "files", e.inv.files, "err", err)
+		return
+	}
+	e.m.reloads.WithLabelValues("ok").Inc()
+	e.log.Info("inventory reloaded", "files", e.inv.files, "created", r.created, "updated", r.updated,
+		"deleted", r.deleted, "took", time.Since(start).Round(time.Millisecond))
 }
 
 // collectInterval is how often ended claims are collected: a tenth of the

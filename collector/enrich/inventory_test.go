@@ -3,12 +3,15 @@ package enrich
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/dualflow/dualflow/collector/enrich/inventory"
@@ -141,5 +144,166 @@ func TestInventoryMalformed(t *testing.T) {
 	cfg.Inventory = []string{filepath.Join(dir, "nope.yaml")}
 	if _, err := New(cfg, nil, discard()); err == nil || !strings.Contains(err.Error(), "nope.yaml") {
 		t.Errorf("missing file: %v", err)
+	}
+}
+
+// TestInventoryReload: with --k8s.inventory-reload, a changed manifest
+// reaches the index as the events a cluster would send (a pod deleted, a
+// pod created with new addresses, a namespace's labels changed), in every
+// mode; a manifest that does not load is counted and changes nothing.
+func TestInventoryReload(t *testing.T) {
+	for _, mode := range manifest.Modes {
+		t.Run(string(mode), func(t *testing.T) {
+			m, err := manifest.Generate(manifest.Spec{Mode: mode, Nodes: 2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(t.TempDir(), "manifest.yaml")
+			write := func(m *manifest.Manifest) {
+				t.Helper()
+				var b strings.Builder
+				if err := m.Encode(&b); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			write(m)
+			cfg := NewConfig()
+			cfg.InventoryReload = 20 * time.Millisecond
+			e := runInventory(t, cfg, path)
+
+			gone := m.Pods[0]
+			if _, ok := e.Pod(gone.Namespace, gone.Name); !ok {
+				t.Fatalf("pod %s/%s not loaded", gone.Namespace, gone.Name)
+			}
+			// The next manifest: the first pod deleted, a new one on new
+			// addresses of every family of the mode, frontend relabelled.
+			next := *m
+			next.Pods = slices.Clone(m.Pods[1:])
+			added := *m.Pods[1].DeepCopy()
+			added.Name, added.UID = "added", "added-uid"
+			added.Status.PodIPs = nil
+			var addedAddrs []netip.Addr
+			for _, a := range manifest.PodAddrs(&m.Pods[1]) {
+				b := a.As16()
+				b[15] = 250
+				na := netip.AddrFrom16(b)
+				if a.Is4() {
+					na = na.Unmap()
+				}
+				addedAddrs = append(addedAddrs, na)
+				added.Status.PodIPs = append(added.Status.PodIPs, corev1.PodIP{IP: na.String()})
+			}
+			added.Status.PodIP = added.Status.PodIPs[0].IP
+			next.Pods = append(next.Pods, added)
+			next.Namespaces = slices.Clone(m.Namespaces)
+			for i := range next.Namespaces {
+				if ns := &next.Namespaces[i]; ns.Name == manifest.NSFrontend {
+					*ns = *ns.DeepCopy()
+					ns.Labels["team"] = "web2"
+				}
+			}
+			write(&next)
+			eventually(t, "the changed manifest in the index", func() bool {
+				if _, ok := e.Pod(gone.Namespace, gone.Name); ok {
+					return false
+				}
+				if ns, ok := e.Namespace(manifest.NSFrontend); !ok || ns.Labels["team"] != "web2" {
+					return false
+				}
+				for _, a := range addedAddrs {
+					if p, ok := e.LookupPod(a, time.Time{}); !ok || p.Name != "added" {
+						return false
+					}
+				}
+				return true
+			})
+			if n := testutil.ToFloat64(e.m.reloads.WithLabelValues("ok")); n < 1 {
+				t.Errorf("ok reloads %v", n)
+			}
+
+			// A manifest that does not load: counted, nothing changes.
+			if err := os.WriteFile(path, []byte("apiVersion: v1\nkind: Pod\nmetadata: {name: broken}\nspec: [\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "the failed reload counted", func() bool {
+				return testutil.ToFloat64(e.m.reloads.WithLabelValues("error")) >= 1
+			})
+			time.Sleep(100 * time.Millisecond) // more checks: the file is not read again until it changes
+			if n := testutil.ToFloat64(e.m.reloads.WithLabelValues("error")); n != 1 {
+				t.Errorf("error reloads %v, want 1 (one per change)", n)
+			}
+			if p, ok := e.LookupPod(addedAddrs[0], time.Time{}); !ok || p.Name != "added" {
+				t.Errorf("after a failed reload: %v %v", p, ok)
+			}
+			if ns, ok := e.Namespace(manifest.NSFrontend); !ok || ns.Labels["team"] != "web2" {
+				t.Errorf("after a failed reload: namespace %+v", ns)
+			}
+		})
+	}
+}
+
+// eventually polls cond every 10 ms for up to 5 s.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestInventoryReloadWaitsForStableFiles: a change is applied only once
+// the files have stayed the same for one check, so a file caught empty
+// in the middle of a rewrite deletes nothing.
+func TestInventoryReloadWaitsForStableFiles(t *testing.T) {
+	m, err := manifest.Generate(manifest.Spec{Mode: manifest.ModeDual, Nodes: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var full strings.Builder
+	if err := m.Encode(&full); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "manifest.yaml")
+	if err := os.WriteFile(path, []byte(full.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, src, err := inventoryClient([]string{path}, discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	loaded := len(src.objects)
+	if _, err := src.reload(); !errors.Is(err, errUnchanged) {
+		t.Fatalf("reload of unchanged files: %v", err)
+	}
+	// The rewrite: caught empty by one check, complete (one more pod) at
+	// the next ones.
+	if err := os.WriteFile(path, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.reload(); !errors.Is(err, errUnchanged) {
+		t.Fatalf("first sight of a change: %v", err)
+	}
+	extra := *m.Pods[0].DeepCopy()
+	extra.Name, extra.Status.PodIPs, extra.Status.PodIP = "extra", nil, ""
+	m.Pods = append(m.Pods, extra)
+	full.Reset()
+	if err := m.Encode(&full); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(full.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := src.reload(); !errors.Is(err, errUnchanged) || len(src.objects) != loaded {
+		t.Fatalf("the file changed again: %v, %d objects", err, len(src.objects))
+	}
+	r, err := src.reload()
+	if err != nil || r.created != 1 || r.deleted != 0 || len(src.objects) != loaded+1 {
+		t.Fatalf("stable change: %+v %v, %d objects (loaded %d)", r, err, len(src.objects), loaded)
 	}
 }

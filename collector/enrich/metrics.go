@@ -22,6 +22,7 @@ type metrics struct {
 	watchErrors *prometheus.CounterVec   // kind
 	collected   prometheus.Counter
 	synced      prometheus.Gauge
+	reloads     *prometheus.CounterVec // result
 }
 
 func newMetrics(reg prometheus.Registerer, x *index) *metrics {
@@ -46,13 +47,19 @@ func newMetrics(reg prometheus.Registerer, x *index) *metrics {
 			Name: "dualflow_enrich_synced",
 			Help: "1 once the initial list of every watched kind is indexed.",
 		}),
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dualflow_enrich_inventory_reloads_total",
+			Help: "Reloads of changed inventory files (inventory source), by result: ok, or error (the file did not load; the objects loaded before stay).",
+		}, []string{"result"}),
 	}
+	m.reloads.WithLabelValues("ok")
+	m.reloads.WithLabelValues("error")
 	for f := range families {
 		m.lookups[f][0] = lookups.WithLabelValues(families[f], resultHit)
 		m.lookups[f][1] = lookups.WithLabelValues(families[f], resultMiss)
 	}
 	if reg != nil {
-		reg.MustRegister(lookups, m.invalid, m.watchErrors, m.collected, m.synced, &indexCollector{x: x})
+		reg.MustRegister(lookups, m.invalid, m.watchErrors, m.collected, m.synced, m.reloads, &indexCollector{x: x})
 	}
 	return m
 }

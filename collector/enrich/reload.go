@@ -1,0 +1,166 @@
+package enrich
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"time"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	apimeta "k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	clienttesting "k8s.io/client-go/testing"
+
+	"github.com/dualflow/dualflow/collector/enrich/inventory"
+)
+
+// DefaultInventoryReload is how often the inventory source looks for
+// changed manifest files.
+const DefaultInventoryReload = 10 * time.Second
+
+// inventorySource keeps the inventory files' objects in the fake clientset
+// the informers watch. A reload turns the difference between two loads
+// into creates, updates and deletes, so the index follows a changed file
+// through the same events as a cluster (deleted pods are kept for the
+// grace period, addresses change hands, and so on).
+type inventorySource struct {
+	files   []string
+	tracker clienttesting.ObjectTracker
+	objects map[objectKey]runtime.Object // as last loaded
+	stamps  []fileStamp                  // of the files when last read
+	pending []fileStamp                  // of changed files, seen once: read when seen again unchanged
+}
+
+type objectKey struct {
+	gvr             schema.GroupVersionResource
+	namespace, name string
+}
+
+// fileStamp is what tells a changed file: size and modification time, or
+// the error stat gave.
+type fileStamp struct {
+	size int64
+	mod  time.Time
+	err  string
+}
+
+func stampFiles(files []string) []fileStamp {
+	out := make([]fileStamp, len(files))
+	for i, f := range files {
+		if fi, err := os.Stat(f); err != nil {
+			out[i].err = err.Error()
+		} else {
+			out[i].size, out[i].mod = fi.Size(), fi.ModTime()
+		}
+	}
+	return out
+}
+
+// kindResources maps the inventory's kinds to their API resources.
+var kindResources = func() map[string]schema.GroupVersionResource {
+	m := map[string]schema.GroupVersionResource{}
+	for _, k := range inventory.Kinds {
+		m[k.Kind], _ = apimeta.UnsafeGuessKindToResource(k)
+	}
+	return m
+}()
+
+func keyOf(o *inventory.Object) (objectKey, error) {
+	gvr, ok := kindResources[o.Kind]
+	if !ok {
+		return objectKey{}, fmt.Errorf("inventory %s: kind %s is not kept", o.Where(), o.Kind)
+	}
+	return objectKey{gvr: gvr, namespace: o.Namespace, name: o.Name}, nil
+}
+
+// newInventorySource loads res's objects into tracker.
+func newInventorySource(files []string, stamps []fileStamp, tracker clienttesting.ObjectTracker, res *inventory.Result) (*inventorySource, error) {
+	s := &inventorySource{files: files, tracker: tracker, objects: map[objectKey]runtime.Object{}, stamps: stamps}
+	for i := range res.Objects {
+		o := &res.Objects[i]
+		k, err := keyOf(o)
+		if err != nil {
+			return nil, err
+		}
+		if err := tracker.Create(k.gvr, o.Object, k.namespace); err != nil {
+			return nil, fmt.Errorf("inventory %s: %w", o.Where(), err)
+		}
+		s.objects[k] = o.Object
+	}
+	return s, nil
+}
+
+// reloadResult says what a reload did.
+type reloadResult struct {
+	created, updated, deleted int
+}
+
+// errUnchanged is reload's answer when no file changed since the last
+// read.
+var errUnchanged = errors.New("inventory files unchanged")
+
+// reload reads the files again if any changed since the last read and
+// has not changed since the previous call (a file being written is not
+// read half-way: an editor or a copy that truncates it first would
+// otherwise delete objects for a moment), and applies the difference. A
+// file that fails to load leaves the objects as they were; it is not read
+// again until it changes.
+func (s *inventorySource) reload() (reloadResult, error) {
+	stamps := stampFiles(s.files)
+	if slices.Equal(stamps, s.stamps) {
+		s.pending = nil
+		return reloadResult{}, errUnchanged
+	}
+	if !slices.Equal(stamps, s.pending) {
+		s.pending = stamps
+		return reloadResult{}, errUnchanged
+	}
+	s.stamps, s.pending = stamps, nil
+	res, err := inventory.Load(s.files...)
+	if err != nil {
+		return reloadResult{}, err
+	}
+	next := make(map[objectKey]runtime.Object, len(res.Objects))
+	for i := range res.Objects {
+		o := &res.Objects[i]
+		k, err := keyOf(o)
+		if err != nil {
+			return reloadResult{}, err
+		}
+		next[k] = o.Object
+	}
+	var r reloadResult
+	var errs []error
+	for k, obj := range next {
+		old, had := s.objects[k]
+		switch {
+		case !had:
+			if err := s.tracker.Create(k.gvr, obj, k.namespace); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			r.created++
+		case !equality.Semantic.DeepEqual(old, obj):
+			if err := s.tracker.Update(k.gvr, obj, k.namespace); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			r.updated++
+		}
+		s.objects[k] = obj
+	}
+	for k := range s.objects {
+		if _, keep := next[k]; keep {
+			continue
+		}
+		if err := s.tracker.Delete(k.gvr, k.namespace, k.name); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		delete(s.objects, k)
+		r.deleted++
+	}
+	return r, errors.Join(errs...)
+}
