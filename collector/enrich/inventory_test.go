@@ -19,6 +19,31 @@ import (
 	"github.com/dualflow/dualflow/lab/manifest"
 )
 
+// labManifest generates the lab's 2-node manifest of mode and writes it to
+// a file, as `dualflow lab` does.
+func labManifest(t *testing.T, mode manifest.Mode) (*manifest.Manifest, string) {
+	t.Helper()
+	m, err := manifest.Generate(manifest.Spec{Mode: mode, Nodes: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "manifest.yaml")
+	writeManifest(t, path, m)
+	return m, path
+}
+
+// writeManifest (re)writes the manifest file at path.
+func writeManifest(t *testing.T, path string, m *manifest.Manifest) {
+	t.Helper()
+	var b strings.Builder
+	if err := m.Encode(&b); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // runInventory starts an Enricher on inventory files and waits for sync.
 func runInventory(t *testing.T, cfg Config, files ...string) *Enricher {
 	t.Helper()
@@ -50,19 +75,7 @@ func runInventory(t *testing.T, cfg Config, files ...string) *Enricher {
 func TestInventoryLabManifest(t *testing.T) {
 	for _, mode := range manifest.Modes {
 		t.Run(string(mode), func(t *testing.T) {
-			m, err := manifest.Generate(manifest.Spec{Mode: mode, Nodes: 2})
-			if err != nil {
-				t.Fatal(err)
-			}
-			path := filepath.Join(t.TempDir(), "manifest.yaml")
-			f, err := os.Create(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := m.Encode(f); err != nil {
-				t.Fatal(err)
-			}
-			f.Close()
+			m, path := labManifest(t, mode)
 			e := runInventory(t, NewConfig(), path)
 
 			for i := range m.Pods {
@@ -154,22 +167,7 @@ func TestInventoryMalformed(t *testing.T) {
 func TestInventoryReload(t *testing.T) {
 	for _, mode := range manifest.Modes {
 		t.Run(string(mode), func(t *testing.T) {
-			m, err := manifest.Generate(manifest.Spec{Mode: mode, Nodes: 2})
-			if err != nil {
-				t.Fatal(err)
-			}
-			path := filepath.Join(t.TempDir(), "manifest.yaml")
-			write := func(m *manifest.Manifest) {
-				t.Helper()
-				var b strings.Builder
-				if err := m.Encode(&b); err != nil {
-					t.Fatal(err)
-				}
-				if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
-					t.Fatal(err)
-				}
-			}
-			write(m)
+			m, path := labManifest(t, mode)
 			cfg := NewConfig()
 			cfg.InventoryReload = 20 * time.Millisecond
 			e := runInventory(t, cfg, path)
@@ -205,7 +203,7 @@ func TestInventoryReload(t *testing.T) {
 					ns.Labels["team"] = "web2"
 				}
 			}
-			write(&next)
+			writeManifest(t, path, &next)
 			eventually(t, "the changed manifest in the index", func() bool {
 				if _, ok := e.Pod(gone.Namespace, gone.Name); ok {
 					return false
@@ -261,18 +259,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // the files have stayed the same for one check, so a file caught empty
 // in the middle of a rewrite deletes nothing.
 func TestInventoryReloadWaitsForStableFiles(t *testing.T) {
-	m, err := manifest.Generate(manifest.Spec{Mode: manifest.ModeDual, Nodes: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var full strings.Builder
-	if err := m.Encode(&full); err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "manifest.yaml")
-	if err := os.WriteFile(path, []byte(full.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	m, path := labManifest(t, manifest.ModeDual)
 	_, src, err := inventoryClient([]string{path}, discard())
 	if err != nil {
 		t.Fatal(err)
@@ -292,13 +279,7 @@ func TestInventoryReloadWaitsForStableFiles(t *testing.T) {
 	extra := *m.Pods[0].DeepCopy()
 	extra.Name, extra.Status.PodIPs, extra.Status.PodIP = "extra", nil, ""
 	m.Pods = append(m.Pods, extra)
-	full.Reset()
-	if err := m.Encode(&full); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, []byte(full.String()), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	writeManifest(t, path, m)
 	if _, err := src.reload(); !errors.Is(err, errUnchanged) || len(src.objects) != loaded {
 		t.Fatalf("the file changed again: %v, %d objects", err, len(src.objects))
 	}
