@@ -24,9 +24,10 @@ import (
 // Writer defaults. A flow row with Kubernetes metadata is 400-600 bytes as
 // RowBinary and about 700 as the columns of a Native block (which add the
 // address texts and map offsets), so a default batch is 40-70 MB and the
-// default memory bound ((MaxPending+1) batches) is about 210 MB. The embedded store keeps one more
-// batch-sized Native block for the spool replay, which turns RowBinary rows
-// into columns (made the first time a spooled batch is replayed).
+// default memory bound ((MaxPending+1) batches) is about 210 MB. The
+// embedded store keeps one more batch-sized Native block for the spool
+// replay, which turns RowBinary rows into columns (made the first time a
+// spooled batch is replayed).
 //
 // Batches of 100k rows rather than 50k took the embedded store from about
 // 210k to 250k rows/s (BenchmarkWriterEmbedded1M): each insert writes one
@@ -181,9 +182,9 @@ type WriterStats struct {
 // batches into FlowsTable, Inserters at a time. A Conn that takes columnar
 // batches (the embedded engine) gets the columns of a Native block, built as
 // records arrive (columnar.go); any other Conn gets RowBinary rows. Spooled
-// batches are RowBinary rows either way. Failed inserts
-// are retried with backoff and then spooled to disk; the spool is replayed
-// oldest-first, and while it holds anything new batches queue behind it.
+// batches are RowBinary rows either way. Failed inserts are retried with
+// backoff and then spooled to disk; the spool is replayed oldest-first, and
+// while it holds anything new batches queue behind it.
 // With one inserter rows arrive in order; with more, a batch may overtake
 // one of the others in flight (by at most Inserters-1 batches, or the
 // length of an outage for a batch that was spooled). Every batch carries a random dedup token kept across retries,
