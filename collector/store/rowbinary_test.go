@@ -209,20 +209,36 @@ func TestLabelCache(t *testing.T) {
 	}
 	var lc labelCache
 	var b []byte
-	for range 3 {
+	// Both encodings of a slot, asked for in turn (RowBinary for a server,
+	// columns for the embedded engine).
+	checkCols := func(what string, m map[string]string) {
+		t.Helper()
+		keys, vals := lc.columns(m)
+		wk, wv := appendLabelColumns(nil, nil, m)
+		if string(keys) != string(wk) || string(vals) != string(wv) {
+			t.Fatalf("%s: cached columns %q %q, want %q %q", what, keys, vals, wk, wv)
+		}
+	}
+	for round := range 3 {
 		for _, i := range rand.Perm(len(sets)) {
 			b = lc.append(b[:0], sets[i])
 			if want := appendLabels(nil, sets[i]); string(b) != string(want) {
 				t.Fatalf("set %d: cached %q, want %q", i, b, want)
 			}
+			if round > 0 {
+				checkCols(fmt.Sprint("set ", i), sets[i])
+			}
 		}
 	}
 	m := sets[0]
 	lc.append(nil, m)
+	checkCols("set 0", m)
 	m["zone"] = "a" // breaks flow.Endpoint's rule; the length guard notices
 	if got, want := lc.append(nil, m), appendLabels(nil, m); string(got) != string(want) {
 		t.Errorf("grown map: cached %q, want %q", got, want)
 	}
+	m["rack"] = "r1"
+	checkCols("grown map", m)
 }
 
 // BenchmarkAppendFlowRowCached is the writer's encoding: label maps shared
