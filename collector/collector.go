@@ -165,6 +165,8 @@ type Collector struct {
 	conn   store.Conn
 	writer *store.Writer
 	http   *chhttp.Server // nil unless embedded with HTTPAddr
+	httpLn net.Listener   // http's listener, bound by New
+	metLn  net.Listener   // the metrics listener, bound by New (nil: off)
 	ready  chan struct{}
 
 	pm         *pipeline.Metrics
@@ -177,6 +179,7 @@ type Collector struct {
 	enricher   pipeline.Enricher
 	k8s        *enrich.Enricher // nil when the enrichment is off
 	auditor    *audit.Auditor   // nil when the enrichment is off
+	cluster    clusterView      // Inventory's cache
 }
 
 // New opens the store, applies pending migrations and builds the stages.
@@ -213,10 +216,64 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Collector, error) 
 		}
 	}
 	if err := c.buildPipeline(); err != nil {
-		conn.Close()
+		c.Close()
+		return nil, err
+	}
+	if err := c.bind(); err != nil {
+		c.Close()
 		return nil, err
 	}
 	return c, nil
+}
+
+// bind opens the ClickHouse HTTP and metrics listeners, so that a port in
+// use fails New and port 0 gets its address before Run.
+func (c *Collector) bind() error {
+	var err error
+	if c.http != nil {
+		if c.httpLn, err = net.Listen("tcp", c.cfg.Store.HTTPAddr); err != nil {
+			return fmt.Errorf("clickhouse http listener: %w", err)
+		}
+	}
+	if c.cfg.MetricsAddr != "" {
+		if c.metLn, err = net.Listen("tcp", c.cfg.MetricsAddr); err != nil {
+			return fmt.Errorf("metrics listener: %w", err)
+		}
+	}
+	return nil
+}
+
+// Close releases a collector that will not Run: its listeners and the
+// store. Run does this itself.
+func (c *Collector) Close() error {
+	var errs []error
+	if c.listener != nil {
+		errs = append(errs, c.listener.Close())
+	}
+	for _, ln := range []net.Listener{c.httpLn, c.metLn} {
+		if ln != nil {
+			errs = append(errs, ln.Close())
+		}
+	}
+	errs = append(errs, c.conn.Close())
+	return errors.Join(errs...)
+}
+
+// Database is the database holding the dualflow tables.
+func (c *Collector) Database() string { return c.cfg.Store.Database }
+
+// HTTPAddr is the bound address of the ClickHouse HTTP interface of the
+// embedded store (nil when not served).
+func (c *Collector) HTTPAddr() net.Addr { return addrOf(c.httpLn) }
+
+// MetricsAddr is the bound address of /metrics (nil when off).
+func (c *Collector) MetricsAddr() net.Addr { return addrOf(c.metLn) }
+
+func addrOf(ln net.Listener) net.Addr {
+	if ln == nil {
+		return nil
+	}
+	return ln.Addr()
 }
 
 // buildPipeline creates the queues and stages and binds the listeners.
@@ -342,10 +399,10 @@ func (c *Collector) Run(ctx context.Context) error {
 		})
 	}
 	if c.http != nil {
-		g.Go(func() error { return c.http.Run(gctx) })
-		c.log.Info("serving the ClickHouse HTTP interface", "url", "http://"+c.cfg.Store.HTTPAddr+"/")
+		g.Go(func() error { return c.http.Serve(gctx, c.httpLn) })
+		c.log.Info("serving the ClickHouse HTTP interface", "url", "http://"+c.httpLn.Addr().String()+"/")
 	}
-	if c.cfg.MetricsAddr != "" {
+	if c.metLn != nil {
 		g.Go(func() error { return c.serveMetrics(gctx) })
 	}
 	if c.listener != nil {
@@ -394,8 +451,9 @@ func cmpErr(err, fallback error) error {
 	return fallback
 }
 
-// Enricher returns the Kubernetes enrichment (nil when it is off), for the
-// web API and traceflow, which resolve names through the same indexes.
+// Enricher returns the Kubernetes enrichment (nil when it is off): the
+// live view that traceflow resolves pod and Service names through (see
+// also Inventory).
 func (c *Collector) Enricher() *enrich.Enricher { return c.k8s }
 
 // Auditor returns the policy auditor (nil when the enrichment is off).
@@ -455,10 +513,7 @@ func (c *Collector) serveMetrics(ctx context.Context) error {
 			http.Error(w, "starting", http.StatusServiceUnavailable)
 		}
 	})
-	ln, err := net.Listen("tcp", c.cfg.MetricsAddr)
-	if err != nil {
-		return fmt.Errorf("metrics listener: %w", err)
-	}
+	ln := c.metLn
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
 		<-ctx.Done()

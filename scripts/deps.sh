@@ -23,6 +23,8 @@ APT_PACKAGES=(
   libpcap-dev
   # browser tests
   chromium
+  # the real-API-server test tier: etcd for a kube-apiserver built from source
+  etcd-server
   # misc
   ca-certificates curl
 )
@@ -41,8 +43,8 @@ install_apt() {
   fi
   log "installing apt packages: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  apt-get -o DPkg::Lock::Timeout=600 update -qq
+  apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
 install_chdb() {

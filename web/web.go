@@ -49,6 +49,9 @@ type Config struct {
 	Evaluator Evaluator
 	Tracer    Tracer
 	Auditor   Auditor
+	// AuditAPI and Traceflows are mounted under /api/v1 (see api.Config).
+	AuditAPI   http.Handler
+	Traceflows http.Handler
 	// TokensFile holds "token role [name]" lines; Tokens, when set, is
 	// used instead. Neither: no authentication, loopback only.
 	TokensFile string
@@ -99,6 +102,7 @@ func New(cfg Config) (*Server, error) {
 	a, err := api.New(api.Config{
 		Store: cfg.Store, Database: cfg.Database, SQL: cfg.SQL,
 		Evaluator: cfg.Evaluator, Tracer: cfg.Tracer, Auditor: cfg.Auditor,
+		AuditAPI: cfg.AuditAPI, Traceflows: cfg.Traceflows,
 		Tokens: tokens, SQLMaxRows: cfg.SQLMaxRows, SQLMaxTime: cfg.SQLMaxTime, SQLMaxMemory: cfg.SQLMaxMemory,
 		Registerer: cfg.Registerer, Gatherer: cfg.Gatherer, Logger: cfg.Logger,
 	})

@@ -63,7 +63,9 @@ func badRequest(format string, args ...any) error {
 	return &httpError{http.StatusBadRequest, fmt.Errorf(format, args...)}
 }
 
-var errUnavailable = errors.New("not configured on this server")
+// ErrUnavailable is answered as 503: the inventory or the store is not
+// configured, or not ready (wrap it to say why).
+var ErrUnavailable = errors.New("not available on this server")
 
 func reply(w http.ResponseWriter, v any, err error) {
 	w.Header().Set("Content-Type", "application/json")
@@ -73,7 +75,7 @@ func reply(w http.ResponseWriter, v any, err error) {
 		switch {
 		case errors.As(err, &he):
 			code = he.code
-		case errors.Is(err, errUnavailable):
+		case errors.Is(err, ErrUnavailable):
 			code = http.StatusServiceUnavailable
 		}
 		w.WriteHeader(code)
@@ -145,14 +147,14 @@ func intParam(r *http.Request, name string, max int) (int, error) {
 
 func (a *API) inventory() (*Inventory, error) {
 	if a.Inventory == nil {
-		return nil, fmt.Errorf("cluster inventory: %w", errUnavailable)
+		return nil, fmt.Errorf("cluster inventory: %w", ErrUnavailable)
 	}
 	return a.Inventory()
 }
 
 func (a *API) reports() (*Reports, error) {
 	if a.Reports == nil {
-		return nil, fmt.Errorf("flow store: %w", errUnavailable)
+		return nil, fmt.Errorf("flow store: %w", ErrUnavailable)
 	}
 	return a.Reports, nil
 }

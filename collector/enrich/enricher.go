@@ -68,6 +68,7 @@ type Enricher struct {
 	inv    *inventorySource // the inventory source's files, reloaded when they change; else nil
 
 	started  atomic.Bool
+	gen      atomic.Uint64 // counts the events applied to the index (Generation)
 	synced   chan struct{} // closed once every informer's initial list is indexed
 	failed   chan struct{} // closed when Run returns before sync
 	failOnce sync.Once
@@ -197,7 +198,7 @@ func (e *Enricher) Run(ctx context.Context) (err error) {
 		if err := w.informer.SetWatchErrorHandlerWithContext(e.watchErrorHandler(w.kind)); err != nil {
 			return fmt.Errorf("enrich: %s informer error handler: %w", w.kind, err)
 		}
-		regs[i], err = w.informer.AddEventHandler(handler(w))
+		regs[i], err = w.informer.AddEventHandler(e.handler(w))
 		if err != nil {
 			return fmt.Errorf("enrich: %s informer handler: %w", w.kind, err)
 		}
@@ -276,15 +277,19 @@ func collectInterval(grace time.Duration) time.Duration {
 	return min(max(grace/10, time.Second), time.Minute)
 }
 
-func handler(w watched) cache.ResourceEventHandler {
+// handler applies w's events to the index, then counts a new generation
+// (after the change, so that a Snapshot taken in between is refreshed
+// again rather than kept stale).
+func (e *Enricher) handler(w watched) cache.ResourceEventHandler {
 	return cache.ResourceEventHandlerFuncs{
-		AddFunc:    w.set,
-		UpdateFunc: func(_, obj any) { w.set(obj) },
+		AddFunc:    func(obj any) { w.set(obj); e.gen.Add(1) },
+		UpdateFunc: func(_, obj any) { w.set(obj); e.gen.Add(1) },
 		DeleteFunc: func(obj any) {
 			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				obj = t.Obj
 			}
 			w.remove(obj)
+			e.gen.Add(1)
 		},
 	}
 }

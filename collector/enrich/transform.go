@@ -190,6 +190,9 @@ func (tr *transformer) service(s *corev1.Service) *Service {
 		rv:        s.ResourceVersion,
 	}
 	out.id = unique.Make(nsName{out.Namespace, out.Name})
+	if out.selectorRef = in.labelSet(s.Spec.Selector); out.selectorRef != nil {
+		out.Selector = *out.selectorRef
+	}
 	switch s.Spec.Type {
 	case "", corev1.ServiceTypeClusterIP:
 		out.Type = corev1.ServiceTypeClusterIP

@@ -112,9 +112,13 @@ type Service struct {
 	// status.loadBalancer.ingress[].ip.
 	ExternalIPs     []netip.Addr
 	LoadBalancerIPs []netip.Addr
-	Created         time.Time
+	// Selector is spec.selector (nil: endpoints managed by hand). Shared
+	// between Services with the same selector: read-only.
+	Selector map[string]string
+	Created  time.Time
 
-	rv string
+	rv          string
+	selectorRef *map[string]string
 }
 
 // HasFamily reports whether the Service has family f in spec.ipFamilies.

@@ -130,6 +130,14 @@ type Config struct {
 	Evaluator Evaluator
 	Tracer    Tracer
 	Auditor   Auditor
+	// AuditAPI serves /api/v1/audit/{findings,unprotected,denied,unused,
+	// whatif,evaluate} (collector/audit.API.Handler), for viewers; nil
+	// answers them 501.
+	AuditAPI http.Handler
+	// Traceflows serves POST /api/v1/traceflows (operators) and GET
+	// /api/v1/traceflows/{id} (viewers) (traceflow.Handler); nil answers
+	// them 501.
+	Traceflows http.Handler
 	// Tokens authorizes requests; nil or empty lets everyone in as operator
 	// (the caller then binds to loopback only).
 	Tokens *Tokens

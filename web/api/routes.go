@@ -4,6 +4,7 @@ import (
 	"context"
 	"embed"
 	"errors"
+	"fmt"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -43,8 +44,16 @@ func (a *API) routes() *gin.Engine {
 	viewer.POST("/reachability", a.reachability)
 	viewer.GET("/audit", a.audit)
 	viewer.GET("/filters", a.filterDoc)
+	auditAPI := a.mounted(a.cfg.AuditAPI, "audit")
+	for _, p := range []string{"findings", "unprotected", "denied", "unused", "evaluate"} {
+		viewer.GET("/audit/"+p, auditAPI)
+	}
+	viewer.POST("/audit/whatif", auditAPI)
+	traceflows := a.mounted(a.cfg.Traceflows, "traceflow")
+	viewer.GET("/traceflows/:id", traceflows)
 	op := v1.Group("", a.auth(RoleOperator))
 	op.POST("/traceflow", a.traceflow)
+	op.POST("/traceflows", traceflows)
 	op.POST("/sql", a.sql)
 	metricsHandler := promhttp.HandlerFor(a.metrics.gatherer(a.cfg.Gatherer), promhttp.HandlerOpts{})
 	r.GET("/metrics", a.auth(RoleViewer), gin.WrapH(metricsHandler))
@@ -56,6 +65,15 @@ func (a *API) routes() *gin.Engine {
 		c.JSON(http.StatusMethodNotAllowed, errorBody{Message: "method " + c.Request.Method + " not allowed on " + c.Request.URL.Path})
 	})
 	return r
+}
+
+// mounted serves a net/http handler of another package under the API's
+// authentication and same-site checks; nil answers 501 naming what.
+func (a *API) mounted(h http.Handler, what string) gin.HandlerFunc {
+	if h == nil {
+		return func(c *gin.Context) { a.fail(c, fmt.Errorf("%s: %w", what, ErrNotConfigured)) }
+	}
+	return gin.WrapH(h)
 }
 
 // fail answers err: a FieldError or bad JSON is 400, ErrNotConfigured 501,

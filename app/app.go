@@ -1,0 +1,225 @@
+// Package app assembles the running product from one Config: the
+// collector pipeline and its store (package collector), the web UI and
+// REST API (package web), the policy audit over REST (collector/audit)
+// and the traceflow controller (package traceflow). Everything the web
+// answers about the cluster (names, reachability, audit findings,
+// traceflow resolution) comes from the collector's live Kubernetes view:
+// informers in a cluster or through a kubeconfig, or the reloaded
+// inventory files.
+//
+// `dualflow collector` runs an App; `dualflow demo` runs the same App
+// next to a lab, and adds only the lab, its exporters and the lab's node
+// tracer (Options.NodeTracer).
+//
+//	a, err := app.New(ctx, cfg, log, app.Options{})
+//	err = a.Run(ctx) // until ctx ends; flushes the store and stops the web
+package app
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/dualflow/dualflow/collector"
+	"github.com/dualflow/dualflow/collector/audit"
+	"github.com/dualflow/dualflow/collector/audit/policy"
+	"github.com/dualflow/dualflow/collector/store"
+	"github.com/dualflow/dualflow/traceflow"
+	"github.com/dualflow/dualflow/web"
+	"github.com/dualflow/dualflow/web/api"
+)
+
+// Config configures the product.
+type Config struct {
+	Collector collector.Config
+	Web       WebConfig
+	// Traceflow configures the trace controller (timeouts, results kept).
+	Traceflow traceflow.Config
+}
+
+// WebConfig configures the web UI and REST API.
+type WebConfig struct {
+	// Addr is the listen address ("" disables the web). Without tokens it
+	// is forced to loopback.
+	Addr string
+	// TokensFile holds "token role [name]" lines (roles viewer, operator).
+	TokensFile string
+}
+
+// BindFlags registers the collector's flags and the web's (--web.*).
+func (c *Config) BindFlags(fs *flag.FlagSet) {
+	c.Collector.BindFlags(fs)
+	fs.StringVar(&c.Web.Addr, "web.addr", web.DefaultAddr, "serve the web UI and REST API (/api/v1) here; empty disables. Without --web.tokens-file it is forced to loopback")
+	fs.StringVar(&c.Web.TokensFile, "web.tokens-file", "", "bearer tokens file (\"token role [name]\" lines; roles viewer, operator); required to listen on a non-loopback address")
+}
+
+// NodeTracer sends one traceflow probe and observes it on the nodes it
+// crosses (traceflow/local in the lab).
+type NodeTracer interface {
+	Trace(ctx context.Context, p traceflow.Probe) (traceflow.Path, error)
+}
+
+// Options are the parts an App does not build itself.
+type Options struct {
+	// NodeTracer runs traces. nil: the traceflow routes answer 501 (a
+	// collector on a cluster has no node agents to inject probes yet).
+	NodeTracer NodeTracer
+}
+
+// App is the running product. Create it with New, then call Run once.
+type App struct {
+	cfg Config
+	log *slog.Logger
+	c   *collector.Collector
+
+	web   *web.Server // nil when the web is off
+	webLn net.Listener
+	tf    *traceflow.Controller // nil without a node tracer
+}
+
+// New builds the collector (opening the store and applying migrations)
+// and the web server, and binds the web's listener, so that a bad address
+// fails here. The caller must call Run, which releases everything.
+func New(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (*App, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	c, err := collector.New(ctx, cfg.Collector, log)
+	if err != nil {
+		return nil, err
+	}
+	a := &App{cfg: cfg, log: log, c: c}
+	if cfg.Web.Addr == "" {
+		return a, nil
+	}
+	if err := a.buildWeb(opts); err != nil {
+		a.close()
+		return nil, fmt.Errorf("web: %w", err)
+	}
+	return a, nil
+}
+
+// close releases what New built, for a failed New.
+func (a *App) close() {
+	if a.webLn != nil {
+		a.webLn.Close()
+	}
+	if a.tf != nil {
+		a.tf.Close()
+	}
+	a.c.Close()
+}
+
+func (a *App) buildWeb(opts Options) error {
+	c := a.c
+	db := c.Database()
+	reports, err := audit.NewReports(c.Conn(), db)
+	if err != nil {
+		return err
+	}
+	v := &view{c: c, reports: reports}
+	cfg := web.Config{
+		Addr:       a.cfg.Web.Addr,
+		Store:      c.Conn(),
+		Database:   db,
+		TokensFile: a.cfg.Web.TokensFile,
+		Evaluator: api.PolicyEvaluator{
+			Policies: func() *policy.Set {
+				if au := c.Auditor(); au != nil {
+					return au.Policies()
+				}
+				return nil
+			},
+			Resolver: v,
+			PortName: v.portName,
+		},
+		Auditor: api.AuditorFunc(v.findings),
+		AuditAPI: (&audit.API{
+			Reports:   reports,
+			Inventory: v.inventory,
+		}).Handler(),
+		Registerer: c.Registry(),
+		Gatherer:   c.Registry(),
+		Logger:     a.log.With("stage", "web"),
+	}
+	if e, ok := c.Conn().(*store.Embedded); ok {
+		cfg.SQL = api.EngineSQL{Engine: e.DB(), Database: db}
+	}
+	if opts.NodeTracer != nil {
+		tcfg := a.cfg.Traceflow
+		tcfg.Logger = a.log.With("stage", "traceflow")
+		a.tf = traceflow.New(tcfg, opts.NodeTracer, resolver{c: c}, traceflow.NewStore(c.Conn(), db))
+		cfg.Tracer = api.TracerFunc(func(ctx context.Context, req api.TraceRequest) (*api.TraceResult, error) {
+			return v.trace(ctx, a.tf, req)
+		})
+		cfg.Traceflows = traceflow.Handler(a.tf)
+	}
+	srv, err := web.New(cfg)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", srv.Addr())
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", srv.Addr(), err)
+	}
+	a.web, a.webLn = srv, ln
+	return nil
+}
+
+// Collector returns the collector (its store, registry, IPFIX addresses).
+func (a *App) Collector() *collector.Collector { return a.c }
+
+// WebURL returns the web's base URL ("http://127.0.0.1:8080/"), "" when
+// the web is off.
+func (a *App) WebURL() string {
+	if a.webLn == nil {
+		return ""
+	}
+	return "http://" + a.webLn.Addr().String() + "/"
+}
+
+// Ready is closed once the collector serves (Kubernetes caches synced,
+// IPFIX listeners on).
+func (a *App) Ready() <-chan struct{} { return a.c.Ready() }
+
+// webShutdown bounds the web's drain at shutdown, before the collector
+// flushes.
+const webShutdown = 5 * time.Second
+
+// Run runs the collector and the web until ctx ends, then stops the web
+// (requests in flight get webShutdown), cancels traces in flight, and
+// lets the collector flush its pipeline and store. It returns the first
+// error of either.
+func (a *App) Run(ctx context.Context) error {
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	collectorDone := make(chan error, 1)
+	go func() { collectorDone <- a.c.Run(runCtx) }()
+	var webErr error
+	webDone := make(chan struct{})
+	if a.web != nil {
+		go func() {
+			defer close(webDone)
+			webErr = a.web.Serve(runCtx, a.webLn)
+			if webErr != nil {
+				cancel() // a dead web stops the product: the operator must see it
+			}
+		}()
+	} else {
+		close(webDone)
+	}
+	err := <-collectorDone
+	cancel()
+	<-webDone
+	if a.tf != nil {
+		a.tf.Close()
+	}
+	if webErr != nil && !errors.Is(webErr, context.Canceled) {
+		err = errors.Join(err, webErr)
+	}
+	return err
+}
