@@ -106,4 +106,3 @@ func hasServicePort(svc *enrich.Service, proto traceflow.Protocol, port uint16) 
 	}
 	return false
 }
-
