@@ -8,7 +8,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
+	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -34,6 +37,11 @@ Subcommands:
   unused       policy rules that allowed no flow in a window (store + --inventory)
   whatif       recorded flows a proposed policy would newly deny or allow (store + --inventory + --policy)
 
+With --server URL every subcommand asks a running collector instead (its
+REST API, /api/v1/audit/...): the cluster is the collector's live
+Kubernetes view, the flows its store; --inventory is then not needed.
+
+  dualflow audit findings --server http://127.0.0.1:8080 --dual-stack
   dualflow audit findings --inventory /run/dualflow/lab/manifest.yaml
   dualflow audit eval --inventory m.yaml --from frontend/web-6b7f9c5d84-w6ntt --to 198.18.2.11 --port 9090
   dualflow audit denied --since 1h --family 6
@@ -49,9 +57,9 @@ func runAudit(ctx context.Context, args []string) error {
 	case "findings":
 		return runAuditFindings(ctx, rest)
 	case "unprotected":
-		return runAuditUnprotected(rest)
+		return runAuditUnprotected(ctx, rest)
 	case "eval":
-		return runAuditEval(rest)
+		return runAuditEval(ctx, rest)
 	case "denied":
 		return runAuditDenied(ctx, rest)
 	case "unused":
@@ -78,6 +86,7 @@ type auditFlags struct {
 	url       string
 	direct    bool
 	timeout   time.Duration
+	srv       serverFlags
 }
 
 func (a *auditFlags) bindInventory(fs *flag.FlagSet) {
@@ -95,6 +104,22 @@ func (a *auditFlags) bindStore(fs *flag.FlagSet, since string) {
 
 func (a *auditFlags) bindOutput(fs *flag.FlagSet) {
 	fs.BoolVar(&a.json, "json", false, "print JSON instead of text")
+	a.srv.bind(fs)
+}
+
+// remote calls the audit API of the collector named by --server, with the
+// command's timeout; ok is false when --server is not set.
+func (a *auditFlags) remote(ctx context.Context, method, path string, q url.Values, body io.Reader, out any) (ok bool, err error) {
+	c, err := a.srv.client()
+	if err != nil || c == nil {
+		return false, err
+	}
+	if a.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, a.timeout)
+		defer cancel()
+	}
+	return true, c.do(ctx, method, "/audit/"+path, q, body, out)
 }
 
 func (a *auditFlags) loadInventory() (*audit.Inventory, error) {
@@ -193,43 +218,36 @@ func printFindings(fs []audit.Finding) {
 }
 
 func runAuditFindings(ctx context.Context, args []string) error {
-	fs := newFlagSet("audit findings", "--inventory FILE [flags]", `Static analysis of the manifests: invalid policies, workloads no policy
+	fs := newFlagSet("audit findings", "--inventory FILE | --server URL [flags]", `Static analysis of the manifests: invalid policies, workloads no policy
 isolates, and dual-stack gaps (workload pairs allowed over one family and
 denied over the other, ipBlocks covering one family of dual-stack pods,
 single-stack Services in front of dual-stack pods). --observed adds the
-gaps seen in the recorded flows of the window.`)
+gaps seen in the recorded flows of the window. With --server, the
+collector's findings for its live cluster view, observed gaps included.`)
 	var a auditFlags
 	a.bindInventory(fs)
 	a.bindOutput(fs)
 	a.bindStore(fs, "1h")
-	observed := fs.Bool("observed", false, "also analyse the recorded flows of the window (needs the store)")
+	observed := fs.Bool("observed", false, "also analyse the recorded flows of the window (needs the store; always on with --server)")
 	dualOnly := fs.Bool("dual-stack", false, "only the dual-stack findings")
 	maxPairs := fs.Int("max-pairs", 0, "bound of the pod-class pairs evaluated for verdict gaps (0: default 250000)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	inv, err := a.loadInventory()
-	if err != nil {
+	var out []audit.Finding
+	var res audit.FindingsResponse
+	ok, err := a.remote(ctx, http.MethodGet, "findings", windowQuery(a.since, a.until), nil, &res)
+	switch {
+	case err != nil:
 		return err
-	}
-	out := audit.Findings(inv, audit.Options{MaxPairs: *maxPairs})
-	if *observed {
-		w, err := a.window()
-		if err != nil {
+	case ok && res.ObservedError != "":
+		return fmt.Errorf("observed findings: %s", res.ObservedError)
+	case ok:
+		out = res.Findings
+	default:
+		if out, err = a.localFindings(ctx, *maxPairs, *observed); err != nil {
 			return err
 		}
-		r, closeStore, err := a.reports()
-		if err != nil {
-			return err
-		}
-		defer closeStore()
-		ctx, cancel := context.WithTimeout(ctx, a.timeout)
-		defer cancel()
-		obs, err := r.ObservedGaps(ctx, inv, w, 0)
-		if err != nil {
-			return err
-		}
-		out = append(out, obs...)
 	}
 	if *dualOnly {
 		var d []audit.Finding
@@ -247,20 +265,56 @@ gaps seen in the recorded flows of the window.`)
 	return nil
 }
 
-func runAuditUnprotected(args []string) error {
-	fs := newFlagSet("audit unprotected", "--inventory FILE [--json]", "List the workloads with pods that no NetworkPolicy isolates, for ingress and for egress.")
+// localFindings computes the findings of --inventory (and the store's
+// observed gaps with observed).
+func (a *auditFlags) localFindings(ctx context.Context, maxPairs int, observed bool) ([]audit.Finding, error) {
+	inv, err := a.loadInventory()
+	if err != nil {
+		return nil, err
+	}
+	out := audit.Findings(inv, audit.Options{MaxPairs: maxPairs})
+	if !observed {
+		return out, nil
+	}
+	w, err := a.window()
+	if err != nil {
+		return nil, err
+	}
+	r, closeStore, err := a.reports()
+	if err != nil {
+		return nil, err
+	}
+	defer closeStore()
+	ctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	obs, err := r.ObservedGaps(ctx, inv, w, 0)
+	if err != nil {
+		return nil, err
+	}
+	return append(out, obs...), nil
+}
+
+func runAuditUnprotected(ctx context.Context, args []string) error {
+	fs := newFlagSet("audit unprotected", "--inventory FILE | --server URL [--json]", "List the workloads with pods that no NetworkPolicy isolates, for ingress and for egress.")
 	var a auditFlags
 	a.bindInventory(fs)
 	a.bindOutput(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	inv, err := a.loadInventory()
+	var us []audit.UnprotectedWorkload
+	ok, err := a.remote(ctx, http.MethodGet, "unprotected", nil, nil, &us)
 	if err != nil {
 		return err
 	}
-	set, _ := inv.Compile()
-	us := audit.Unprotected(inv, set)
+	if !ok {
+		inv, err := a.loadInventory()
+		if err != nil {
+			return err
+		}
+		set, _ := inv.Compile()
+		us = audit.Unprotected(inv, set)
+	}
 	if a.json {
 		return printJSON(append([]audit.UnprotectedWorkload{}, us...))
 	}
@@ -272,8 +326,8 @@ func runAuditUnprotected(args []string) error {
 	return tw.Flush()
 }
 
-func runAuditEval(args []string) error {
-	fs := newFlagSet("audit eval", "--inventory FILE --from ns/pod|IP --to ns/pod|IP --port N [flags]",
+func runAuditEval(ctx context.Context, args []string) error {
+	fs := newFlagSet("audit eval", "--inventory FILE | --server URL --from ns/pod|IP --to ns/pod|IP --port N [flags]",
 		"Say what the policies of the manifests do to one flow, per family: the verdict of each side and the deciding policy and rule.")
 	var a auditFlags
 	a.bindInventory(fs)
@@ -289,22 +343,29 @@ func runAuditEval(args []string) error {
 	if *port > 65535 {
 		return fmt.Errorf("--port %d out of range", *port)
 	}
-	inv, err := a.loadInventory()
+	var res []audit.ProbeResult
+	q := url.Values{"from": {*from}, "to": {*to}, "port": {strconv.FormatUint(uint64(*port), 10)}, "proto": {*proto}, "family": {*family}}
+	ok, err := a.remote(ctx, http.MethodGet, "evaluate", q, nil, &res)
 	if err != nil {
 		return err
 	}
-	p, err := audit.ParseProto(*proto)
-	if err != nil {
-		return err
-	}
-	fam, err := audit.ParseFamily(*family)
-	if err != nil {
-		return err
-	}
-	set, _ := inv.Compile()
-	res, err := audit.Evaluate(inv, set, audit.Probe{From: *from, To: *to, Proto: p, Port: uint16(*port), Family: fam})
-	if err != nil {
-		return err
+	if !ok {
+		inv, err := a.loadInventory()
+		if err != nil {
+			return err
+		}
+		p, err := audit.ParseProto(*proto)
+		if err != nil {
+			return err
+		}
+		fam, err := audit.ParseFamily(*family)
+		if err != nil {
+			return err
+		}
+		set, _ := inv.Compile()
+		if res, err = audit.Evaluate(inv, set, audit.Probe{From: *from, To: *to, Proto: p, Port: uint16(*port), Family: fam}); err != nil {
+			return err
+		}
 	}
 	if a.json {
 		return printJSON(res)
@@ -326,24 +387,34 @@ func runAuditDenied(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	w, err := a.window()
+	var gs []audit.DeniedGroup
+	q := windowQuery(a.since, a.until)
+	q.Set("namespace", *ns)
+	q.Set("family", *family)
+	q.Set("limit", strconv.Itoa(*limit))
+	ok, err := a.remote(ctx, http.MethodGet, "denied", q, nil, &gs)
 	if err != nil {
 		return err
 	}
-	fam, err := audit.ParseFamily(*family)
-	if err != nil {
-		return err
-	}
-	r, closeStore, err := a.reports()
-	if err != nil {
-		return err
-	}
-	defer closeStore()
-	ctx, cancel := context.WithTimeout(ctx, a.timeout)
-	defer cancel()
-	gs, err := r.Denied(ctx, audit.DeniedOptions{Window: w, Namespace: *ns, Family: fam, Limit: *limit})
-	if err != nil {
-		return err
+	if !ok {
+		w, err := a.window()
+		if err != nil {
+			return err
+		}
+		fam, err := audit.ParseFamily(*family)
+		if err != nil {
+			return err
+		}
+		r, closeStore, err := a.reports()
+		if err != nil {
+			return err
+		}
+		defer closeStore()
+		ctx, cancel := context.WithTimeout(ctx, a.timeout)
+		defer cancel()
+		if gs, err = r.Denied(ctx, audit.DeniedOptions{Window: w, Namespace: *ns, Family: fam, Limit: *limit}); err != nil {
+			return err
+		}
 	}
 	if a.json {
 		return printJSON(append([]audit.DeniedGroup{}, gs...))
@@ -358,7 +429,7 @@ func runAuditDenied(ctx context.Context, args []string) error {
 }
 
 func runAuditUnused(ctx context.Context, args []string) error {
-	fs := newFlagSet("audit unused", "--inventory FILE [flags]", "Rules of the manifests' NetworkPolicies that allowed no recorded flow in the window.")
+	fs := newFlagSet("audit unused", "--inventory FILE | --server URL [flags]", "Rules of the NetworkPolicies that allowed no recorded flow in the window.")
 	var a auditFlags
 	a.bindInventory(fs)
 	a.bindOutput(fs)
@@ -366,24 +437,30 @@ func runAuditUnused(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	inv, err := a.loadInventory()
+	rep := new(audit.UnusedReport)
+	ok, err := a.remote(ctx, http.MethodGet, "unused", windowQuery(a.since, a.until), nil, rep)
 	if err != nil {
 		return err
 	}
-	w, err := a.window()
-	if err != nil {
-		return err
-	}
-	r, closeStore, err := a.reports()
-	if err != nil {
-		return err
-	}
-	defer closeStore()
-	ctx, cancel := context.WithTimeout(ctx, a.timeout)
-	defer cancel()
-	rep, err := r.Unused(ctx, inv.NetworkPolicies(), w)
-	if err != nil {
-		return err
+	if !ok {
+		inv, err := a.loadInventory()
+		if err != nil {
+			return err
+		}
+		w, err := a.window()
+		if err != nil {
+			return err
+		}
+		r, closeStore, err := a.reports()
+		if err != nil {
+			return err
+		}
+		defer closeStore()
+		ctx, cancel := context.WithTimeout(ctx, a.timeout)
+		defer cancel()
+		if rep, err = r.Unused(ctx, inv.NetworkPolicies(), w); err != nil {
+			return err
+		}
 	}
 	if a.json {
 		return printJSON(rep)
@@ -399,7 +476,7 @@ func runAuditUnused(ctx context.Context, args []string) error {
 }
 
 func runAuditWhatIf(ctx context.Context, args []string) error {
-	fs := newFlagSet("audit whatif", "--inventory FILE --policy FILE [flags]", `Re-evaluate the distinct flows recorded in the window with the manifests'
+	fs := newFlagSet("audit whatif", "--inventory FILE | --server URL --policy FILE [flags]", `Re-evaluate the distinct flows recorded in the window with the manifests'
 policies, and with them plus the proposed ones (a proposed policy replaces
 the one of the same namespace and name), and list the flows whose verdict
 changes.`)
@@ -417,10 +494,7 @@ changes.`)
 	if len(proposed) == 0 {
 		return errors.New("--policy is required")
 	}
-	inv, err := a.loadInventory()
-	if err != nil {
-		return err
-	}
+	var docs bytes.Buffer
 	var pols []*networkingv1.NetworkPolicy
 	for _, f := range proposed {
 		b, err := os.ReadFile(f)
@@ -432,21 +506,42 @@ changes.`)
 			return err
 		}
 		pols = append(pols, ps...)
+		for _, p := range ps {
+			j, err := json.Marshal(p)
+			if err != nil {
+				return err
+			}
+			docs.WriteString("---\n")
+			docs.Write(j)
+			docs.WriteString("\n")
+		}
 	}
-	w, err := a.window()
+	rep := new(audit.WhatIfReport)
+	q := windowQuery(a.since, a.until)
+	q.Set("limit", strconv.Itoa(*limit))
+	ok, err := a.remote(ctx, http.MethodPost, "whatif", q, &docs, rep)
 	if err != nil {
 		return err
 	}
-	r, closeStore, err := a.reports()
-	if err != nil {
-		return err
-	}
-	defer closeStore()
-	ctx, cancel := context.WithTimeout(ctx, a.timeout)
-	defer cancel()
-	rep, err := r.WhatIf(ctx, inv, pols, w, *limit)
-	if err != nil {
-		return err
+	if !ok {
+		inv, err := a.loadInventory()
+		if err != nil {
+			return err
+		}
+		w, err := a.window()
+		if err != nil {
+			return err
+		}
+		r, closeStore, err := a.reports()
+		if err != nil {
+			return err
+		}
+		defer closeStore()
+		ctx, cancel := context.WithTimeout(ctx, a.timeout)
+		defer cancel()
+		if rep, err = r.WhatIf(ctx, inv, pols, w, *limit); err != nil {
+			return err
+		}
 	}
 	if a.json {
 		return printJSON(rep)

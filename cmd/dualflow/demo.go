@@ -11,13 +11,13 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/dualflow/dualflow/collector"
+	"github.com/dualflow/dualflow/app"
 	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/collector/store"
 	"github.com/dualflow/dualflow/exporter"
 	"github.com/dualflow/dualflow/lab"
 	"github.com/dualflow/dualflow/lab/manifest"
-	"github.com/dualflow/dualflow/web"
+	"github.com/dualflow/dualflow/traceflow/local"
 )
 
 // demoIPFIXPort is the loopback port the demo's exporters send to.
@@ -30,16 +30,15 @@ and a dual-stack policy gap), one exporter per lab node, and the collector on
 the embedded ClickHouse with the lab's Kubernetes objects as inventory. It
 prints the URLs and runs until Ctrl-C, then stops everything and removes the
 lab. Needs root for the lab.`)
-	var cfg collector.Config
+	var acfg app.Config
+	cfg := &acfg.Collector
 	cfg.Store.HTTPAddr = store.DefaultHTTPAddr
 	cfg.Store.TTLDays = 7
-	cfg.BindFlags(fs)
+	acfg.BindFlags(fs)
 	dataDir := fs.String("data-dir", "var/data", "embedded store data directory (same as --clickhouse.data-dir)")
 	var labCfg lab.Config
 	bindLab(fs, &labCfg)
 	fs.StringVar(&labCfg.Datapath, "datapath", lab.DatapathKernel, "lab node datapath: kernel (nftables) or ovs (Open vSwitch userspace)")
-	webAddr := fs.String("web.addr", web.DefaultAddr, "serve the web UI and REST API here")
-	webTokens := fs.String("web.tokens-file", "", "bearer tokens file (\"token role [name]\" lines; roles viewer, operator); without it the UI binds to loopback only")
 	activeTimeout := fs.Duration("demo.active-timeout", 10*time.Second, "exporters' active timeout: how often long connections are exported")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -75,37 +74,33 @@ lab. Needs root for the lab.`)
 		}
 	}()
 
-	// The collector enriches from the lab's Kubernetes objects and listens
-	// for the exporters on loopback only, in every family of the lab.
+	// The product runs as on a cluster, with the lab's Kubernetes objects
+	// as its inventory (reloaded if the lab changes them), IPFIX from the
+	// exporters on loopback only, in every family of the lab, and the lab's
+	// node tracer to inject traceflow probes.
 	cfg.K8s = enrich.NewConfig()
 	cfg.K8s.Source = enrich.SourceInventory
 	cfg.K8s.Inventory = []string{l.ManifestPath()}
 	cfg.IPFIX.TCPAddrs = []string{"127.0.0.1:" + demoIPFIXPort, "[::1]:" + demoIPFIXPort}
 	cfg.IPFIX.UDPAddrs = nil
-	c, err := collector.New(ctx, cfg, log)
+	tracer, err := local.NewTracer(l, local.Inventory{M: l.Manifest})
 	if err != nil {
 		return err
 	}
-	// The collector outlives the signal until the exporters have flushed.
+	a, err := app.New(ctx, acfg, log, app.Options{NodeTracer: tracer})
+	if err != nil {
+		return err
+	}
+	// The product outlives the signal until the exporters have flushed.
 	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
 	defer stop()
 	done := make(chan error, 1)
-	go func() { done <- c.Run(runCtx) }()
+	go func() { done <- a.Run(runCtx) }()
 	select {
-	case <-c.Ready():
+	case <-a.Ready():
 	case err := <-done:
 		return err
 	}
-
-	srv, tf, err := demoWeb(c, l, *webAddr, *webTokens)
-	if err != nil {
-		stop()
-		<-done
-		return fmt.Errorf("web: %w", err)
-	}
-	defer tf.Close()
-	webDone := make(chan error, 1)
-	go func() { webDone <- srv.Run(runCtx) }()
 
 	// One exporter per node, reading the node's conntrack (or OVS), sending
 	// over IPv6 when the lab has IPv6 (as a dual-stack node would).
@@ -145,23 +140,23 @@ lab. Needs root for the lab.`)
 	abs, _ := filepath.Abs(cfg.Store.DataDir)
 	fmt.Printf(`
 dualflow is running: lab mode %[4]s (%[5]s datapath), %[6]d nodes, exporters on every node.
-  Web UI and API   http://%[10]s/   (REST under /api/v1, OpenAPI at /api/v1/openapi.json)
+  Web UI and API   %[10]s   (REST under /api/v1, OpenAPI at /api/v1/openapi.json)
   ClickHouse HTTP  http://%[1]s/   (embedded store in %[2]s)
       curl 'http://%[1]s/?query=SELECT+ip_version,count()+FROM+dualflow.flows+GROUP+BY+ip_version'
       bin/dualflow sql "SELECT src_pod_name, dst_pod_name, ip_version, ingress_verdict FROM dualflow.flows ORDER BY flow_end DESC LIMIT 10"
   Metrics          http://%[3]s/metrics
   Lab              bin/dualflow lab status
-  Audit            bin/dualflow audit findings --inventory %[7]s
-  Traceflow        bin/dualflow trace -s frontend/%[8]s -d svc:backend/api:80 --family dual
+  Audit            bin/dualflow audit findings --server %[10]s
+  Traceflow        bin/dualflow trace --server %[10]s -s frontend/%[8]s -d svc:backend/api:80 --family dual
 Flows appear within about %[9]s. Press Ctrl-C to stop and remove the lab.
 
-`, cfg.Store.HTTPAddr, abs, cfg.MetricsAddr, mode, labCfg.Datapath, len(l.Manifest.Nodes), l.ManifestPath(), webPod(l), *activeTimeout+5*time.Second, *webAddr)
+`, a.Collector().HTTPAddr(), abs, a.Collector().MetricsAddr(), mode, labCfg.Datapath, len(l.Manifest.Nodes), l.ManifestPath(), webPod(l), *activeTimeout+5*time.Second, a.WebURL())
 
 	var runErr error
-	collectorDone := false
+	productDone := false
 	select {
 	case runErr = <-done:
-		collectorDone = true
+		productDone = true
 	case <-ctx.Done():
 	}
 	stopExporters()
@@ -171,11 +166,8 @@ Flows appear within about %[9]s. Press Ctrl-C to stop and remove the lab.
 		}
 	}
 	stop()
-	if !collectorDone {
+	if !productDone {
 		runErr = <-done
-	}
-	if err := <-webDone; err != nil && !errors.Is(err, context.Canceled) {
-		runErr = errors.Join(runErr, fmt.Errorf("web: %w", err))
 	}
 	return runErr
 }

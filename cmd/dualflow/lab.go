@@ -11,6 +11,9 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
 	"github.com/dualflow/dualflow/lab"
 	"github.com/dualflow/dualflow/lab/agent"
 	"github.com/dualflow/dualflow/lab/manifest"
@@ -27,7 +30,9 @@ Subcommands:
   down     remove the lab, its processes and namespaces (also after a crash)
   status   show nodes, pods, addresses and services
   manifest print the default lab manifest without building anything
-  rules    print the nftables ruleset of a node (the OpenFlow flows with --datapath ovs)`
+  rules    print the nftables ruleset of a node (the OpenFlow flows with --datapath ovs)
+  publish  write the lab's Kubernetes objects into an API server (--kubeconfig), so a
+           collector can watch them as it watches a cluster (lab up --kubeconfig does it too)`
 
 func runLab(ctx context.Context, args []string) error {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
@@ -46,10 +51,12 @@ func runLab(ctx context.Context, args []string) error {
 		return runLabManifest(rest)
 	case "rules":
 		return runLabRules(rest)
+	case "publish":
+		return runLabPublish(ctx, rest)
 	case "agent": // hidden: the workload inside pods and the traffic generator
 		return runLabAgent(ctx, rest)
 	}
-	return fmt.Errorf("lab: unknown subcommand %q (want up, down, status, manifest or rules)", sub)
+	return fmt.Errorf("lab: unknown subcommand %q (want up, down, status, manifest, rules or publish)", sub)
 }
 
 // bindLab binds the lab flags onto fs with their dotted names.
@@ -72,6 +79,8 @@ func runLabUp(ctx context.Context, args []string) error {
 	fs.StringVar(&cfg.ManifestFile, "manifest", "", "build this manifest instead of the default lab")
 	fs.BoolVar(&cfg.Traffic, "traffic", true, "run the traffic generator (default lab only)")
 	fs.DurationVar(&cfg.TrafficInterval, "traffic.interval", time.Second, "traffic generator round period")
+	var pub publishFlags
+	pub.bind(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -86,7 +95,89 @@ func runLabUp(ctx context.Context, args []string) error {
 	}
 	st := l.State()
 	fmt.Printf("lab up: mode %s, %d nodes, %d pods in %v; manifest %s\n", st.Mode, len(l.Manifest.Nodes), len(l.Manifest.Pods), st.BuildTime.Round(time.Millisecond), l.ManifestPath())
+	if pub.kubeconfig == "" {
+		return nil
+	}
+	return pub.publish(ctx, l.Manifest)
+}
+
+// publishFlags say where and how to publish a lab's objects.
+type publishFlags struct {
+	kubeconfig, context, order string
+	seed                       uint64
+}
+
+func (p *publishFlags) bind(fs *flag.FlagSet) {
+	fs.StringVar(&p.kubeconfig, "kubeconfig", "", "publish the lab's Kubernetes objects into the API server of this kubeconfig (a test cluster: objects of the same names must not exist)")
+	fs.StringVar(&p.context, "context", "", "kubeconfig context (default: the current one)")
+	fs.StringVar(&p.order, "order", string(lab.OrderForward), "order of publication after the namespaces: forward, reverse (EndpointSlices before Services, pods before nodes) or random")
+	fs.Uint64Var(&p.seed, "seed", 0, "seed of --order random (default: the time)")
+}
+
+func (p *publishFlags) publish(ctx context.Context, m *manifest.Manifest) error {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	rules.ExplicitPath = p.kubeconfig
+	rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: p.context}).ClientConfig()
+	if err != nil {
+		return fmt.Errorf("kubeconfig: %w", err)
+	}
+	rc.QPS, rc.Burst = 50, 100
+	c, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return err
+	}
+	if p.seed == 0 {
+		p.seed = uint64(time.Now().UnixNano())
+	}
+	start := time.Now()
+	if err := lab.Publish(ctx, c, m, lab.PublishOptions{Order: lab.PublishOrder(p.order), Seed: p.seed}); err != nil {
+		return err
+	}
+	fmt.Printf("published %d nodes, %d pods, %d services, %d endpointslices, %d networkpolicies to %s (%s order", len(m.Nodes), len(m.Pods),
+		len(m.Services), len(m.EndpointSlices), len(m.NetworkPolicies), rc.Host, p.order)
+	if p.order == string(lab.OrderRandom) {
+		fmt.Printf(", seed %d", p.seed)
+	}
+	fmt.Printf(") in %v\n", time.Since(start).Round(time.Millisecond))
 	return nil
+}
+
+func runLabPublish(ctx context.Context, args []string) error {
+	fs := newFlagSet("lab publish", "--kubeconfig FILE [flags]", `Write the running lab's Kubernetes objects (or --manifest's) into an API
+server, as a cluster's controllers and kubelets would leave them: namespaces
+with their default ServiceAccount, nodes and pods with their status
+(addresses of every family), Services with their exact clusterIPs, one
+EndpointSlice per Service and family, NetworkPolicies. A collector with
+--k8s.source kubeconfig then watches the lab as it watches a cluster.`)
+	var cfg lab.Config
+	bindLab(fs, &cfg)
+	var pub publishFlags
+	pub.bind(fs)
+	file := fs.String("manifest", "", "publish this manifest instead of the running lab's")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if pub.kubeconfig == "" {
+		return errors.New("lab publish: --kubeconfig is required")
+	}
+	var m *manifest.Manifest
+	if *file != "" {
+		f, err := os.Open(*file)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if m, err = manifest.Decode(f); err != nil {
+			return fmt.Errorf("%s: %w", *file, err)
+		}
+	} else {
+		l, err := lab.Open(cfg.StateDir, cfg)
+		if err != nil {
+			return err
+		}
+		m = l.Manifest
+	}
+	return pub.publish(ctx, m)
 }
 
 func runLabDown(args []string) error {

@@ -1,11 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
+	"net/url"
 	"os"
 	"strings"
 	"text/tabwriter"
@@ -23,7 +26,8 @@ var errFamilyMissing = errors.New("a requested family did not arrive")
 
 func runTrace(ctx context.Context, args []string) error {
 	fs := newFlagSet("trace", "-s ns/pod -d DEST [flags]",
-		"Inject a probe at a pod of the running lab and print its path per IP family, side by side.\n"+
+		"Inject a probe at a pod and print its path per IP family, side by side: in the running lab of\n"+
+			"--state-dir, or through a collector's REST API with --server URL (an operator token).\n"+
 			"DEST is pod:ns/name:PORT (or ns/name:PORT), svc:ns/name:PORT or ip:ADDR[:PORT] ([v6]:PORT).\n"+
 			"Exits non-zero when a requested family does not arrive (dropped, no address, timeout).")
 	var (
@@ -46,6 +50,8 @@ func runTrace(ctx context.Context, args []string) error {
 	fs.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	fs.BoolVar(&live, "live", false, "trace the next real connection instead of injecting a probe (kernel datapath)")
 	fs.BoolVar(&droppedOnly, "dropped-only", false, "with --live: skip delivered connections, report the next dropped one")
+	var srv serverFlags
+	srv.bind(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -64,30 +70,7 @@ func runTrace(ctx context.Context, args []string) error {
 		SrcPort: uint16(sport), TCPFlags: uint8(flags), TTL: uint8(ttl), Timeout: traceflow.Duration(timeout),
 		LiveTraffic: live, DroppedOnly: droppedOnly}
 
-	l, err := lab.Open(stateDir, lab.Config{})
-	if err != nil {
-		return err
-	}
-	inv := local.Inventory{M: l.Manifest}
-	if inventory != "" {
-		f, err := os.Open(inventory)
-		if err != nil {
-			return fmt.Errorf("inventory: %w", err)
-		}
-		m, err := manifest.Decode(f)
-		f.Close()
-		if err != nil {
-			return fmt.Errorf("inventory: %w", err)
-		}
-		inv.M = m
-	}
-	tr, err := local.NewTracer(l, inv)
-	if err != nil {
-		return err
-	}
-	c := traceflow.New(traceflow.Config{MaxTimeout: time.Hour}, tr, inv, nil)
-	defer c.Close()
-	res, err := c.Trace(ctx, req)
+	res, err := traceHere(ctx, req, &srv, stateDir, inventory)
 	if err != nil {
 		return err
 	}
@@ -106,6 +89,49 @@ func runTrace(ctx context.Context, args []string) error {
 		}
 	}
 	return nil
+}
+
+// traceHere runs req through a collector's REST API (--server: POST
+// /api/v1/traceflows?wait=true, an operator token), or in the lab of
+// stateDir.
+func traceHere(ctx context.Context, req traceflow.Request, srv *serverFlags, stateDir, inventory string) (traceflow.Result, error) {
+	c, err := srv.client()
+	if err != nil {
+		return traceflow.Result{}, err
+	}
+	if c != nil {
+		body, err := json.Marshal(req)
+		if err != nil {
+			return traceflow.Result{}, err
+		}
+		var res traceflow.Result
+		err = c.do(ctx, http.MethodPost, "/traceflows", url.Values{"wait": {"true"}}, bytes.NewReader(body), &res)
+		return res, err
+	}
+	l, err := lab.Open(stateDir, lab.Config{})
+	if err != nil {
+		return traceflow.Result{}, err
+	}
+	inv := local.Inventory{M: l.Manifest}
+	if inventory != "" {
+		f, err := os.Open(inventory)
+		if err != nil {
+			return traceflow.Result{}, fmt.Errorf("inventory: %w", err)
+		}
+		m, err := manifest.Decode(f)
+		f.Close()
+		if err != nil {
+			return traceflow.Result{}, fmt.Errorf("inventory: %w", err)
+		}
+		inv.M = m
+	}
+	tr, err := local.NewTracer(l, inv)
+	if err != nil {
+		return traceflow.Result{}, err
+	}
+	c2 := traceflow.New(traceflow.Config{MaxTimeout: time.Hour}, tr, inv, nil)
+	defer c2.Close()
+	return c2.Trace(ctx, req)
 }
 
 func parseProtocol(s string) traceflow.Protocol {

@@ -24,7 +24,12 @@ const active = math.MaxInt64
 // (conntrack timestamps) and the API server's clock (creationTimestamp)
 // differ, and an address added by an update is stamped when the watch
 // event arrives, a little after the kubelet assigned it.
-const clockSkew = int64(5 * time.Second)
+const clockSkew = int64(ClockSkew)
+
+// ClockSkew is how long after an object gave up an address (a Service
+// its ClusterIP, a deleted pod its IP with no new holder) flows that
+// start still resolve to it; a new holder takes over at once.
+const ClockSkew = 5 * time.Second
 
 // claimer is a claim's value: it names its claimant, so that an update can
 // find the claim it made and ties resolve the same way in every order.

@@ -295,8 +295,8 @@ func (s *Server) spawn(cmd *exec.Cmd, name string, w io.Writer) error {
 		out = io.MultiWriter(f, w)
 	}
 	cmd.Stdout, cmd.Stderr = out, out
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := StartTied(cmd); err != nil {
 		return fmt.Errorf("kubeapi: start %s: %w", name, err)
 	}
 	done := make(chan error, 1)
@@ -480,6 +480,40 @@ func (s *Server) Stop() {
 		f.Close()
 	}
 	s.logs = nil
+}
+
+// spawnReqs feeds the spawner: one goroutine locked to its OS thread for
+// the life of the process, which starts every tied process.
+var spawnReqs = make(chan spawnReq)
+
+type spawnReq struct {
+	cmd  *exec.Cmd
+	done chan error
+}
+
+func init() {
+	go func() {
+		// Pdeathsig fires when the thread that forked the child ends, not
+		// the process: Go ends threads that a goroutine left locked (the
+		// lab's netns code does), which would kill the child mid-test. This
+		// thread never ends.
+		runtime.LockOSThread()
+		for r := range spawnReqs {
+			r.done <- r.cmd.Start()
+		}
+	}()
+}
+
+// StartTied starts cmd so that it is killed (SIGKILL) when the test
+// process dies, even by a signal that skips every cleanup.
+func StartTied(cmd *exec.Cmd) error {
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	r := spawnReq{cmd, make(chan error, 1)}
+	spawnReqs <- r
+	return <-r.done
 }
 
 // freePorts returns n loopback TCP ports that were free a moment ago.

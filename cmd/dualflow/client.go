@@ -1,0 +1,116 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+)
+
+// envToken names the environment variable holding the bearer token of
+// --server (a viewer token reads; traces need an operator token).
+const envToken = "DUALFLOW_TOKEN"
+
+// serverFlags point a CLI command at a running collector's REST API.
+type serverFlags struct {
+	url       string
+	tokenFile string
+}
+
+func (s *serverFlags) bind(fs *flag.FlagSet) {
+	fs.StringVar(&s.url, "server", "", "ask a running collector's REST API (its --web.addr, e.g. http://127.0.0.1:8080) instead of working locally; token from $"+envToken+" or --token-file")
+	fs.StringVar(&s.tokenFile, "token-file", "", "file holding the bearer token for --server (default $"+envToken+")")
+}
+
+// client returns the API client, nil when --server is not set.
+func (s *serverFlags) client() (*apiClient, error) {
+	if s.url == "" {
+		return nil, nil
+	}
+	u, err := url.Parse(s.url)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("--server %q: want http(s)://host:port", s.url)
+	}
+	token := os.Getenv(envToken)
+	if s.tokenFile != "" {
+		b, err := os.ReadFile(s.tokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("--token-file: %w", err)
+		}
+		token = strings.TrimSpace(string(b))
+	}
+	u.Path = strings.TrimSuffix(u.Path, "/")
+	return &apiClient{base: u, token: token, http: &http.Client{}}, nil
+}
+
+// apiClient calls the REST API under /api/v1.
+type apiClient struct {
+	base  *url.URL
+	token string
+	http  *http.Client
+}
+
+// maxAPIResponse bounds what the CLI reads of one answer.
+const maxAPIResponse = 256 << 20
+
+// do sends method path?q with body and decodes a 2xx JSON answer into
+// out; other answers become an error with the server's message.
+func (c *apiClient) do(ctx context.Context, method, path string, q url.Values, body io.Reader, out any) error {
+	u := *c.base
+	u.Path += "/api/v1" + path
+	u.RawQuery = q.Encode()
+	req, err := http.NewRequestWithContext(ctx, method, u.String(), body)
+	if err != nil {
+		return err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", method, u.Redacted(), err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxAPIResponse))
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", method, u.Redacted(), err)
+	}
+	if resp.StatusCode/100 != 2 {
+		var e struct {
+			Message string `json:"message"`
+			Error   string `json:"error"`
+		}
+		msg := strings.TrimSpace(string(b))
+		if json.Unmarshal(b, &e) == nil && e.Message+e.Error != "" {
+			msg = e.Message + e.Error
+		}
+		return fmt.Errorf("%s %s: %s: %s", method, u.Path, resp.Status, msg)
+	}
+	if out == nil {
+		return nil
+	}
+	if err := json.Unmarshal(b, out); err != nil {
+		return fmt.Errorf("%s %s: decode answer: %w", method, u.Path, err)
+	}
+	return nil
+}
+
+// windowQuery is the since/until of an audit request.
+func windowQuery(since, until string) url.Values {
+	q := url.Values{}
+	if since != "" {
+		q.Set("since", since)
+	}
+	if until != "" {
+		q.Set("until", until)
+	}
+	return q
+}
