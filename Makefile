@@ -12,7 +12,8 @@ COMMIT       ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 LDFLAGS      := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 CHDB_LIB     := $(CURDIR)/.cache/chdb/current/libchdb.so
 DATA_DIR     ?= $(CURDIR)/var/data
-# Go packages whose tests need root, network namespaces or browsers.
+# Go packages whose tests need root, network namespaces, browsers or the
+# real kube-apiserver.
 E2E_PKGS     := ./test/e2e/...
 BENCH_TIME   ?= 1s
 BENCH_PKGS   ?= ./...
@@ -24,7 +25,7 @@ export CGO_ENABLED   ?= 0
 
 .PHONY: help
 help: ## list the targets
-	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  \033[1m%-10s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  \033[1m%-15s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: deps
 deps: ## install apt packages, the pinned libchdb and Go modules (idempotent)
@@ -43,16 +44,32 @@ vet: ## go vet and gofmt check
 	$(GO) vet ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
+# make test builds the pinned kube-apiserver (first time: minutes, then
+# cached in .cache/kube-apiserver) in the background while vet and the unit
+# tier run, and waits for it before the e2e tier.
 .PHONY: test
-test: deps vet test-unit test-e2e ## install what tests need and run every test tier
+test: deps ## install what tests need and run every test tier
+	@mkdir -p var; \
+	scripts/kube-apiserver.sh >var/kube-apiserver.log 2>&1 & kpid=$$!; \
+	trap 'kill $$kpid 2>/dev/null' INT TERM; \
+	status=0; $(MAKE) --no-print-directory vet test-unit || status=$$?; \
+	if [ $$status != 0 ]; then kill $$kpid 2>/dev/null; wait $$kpid; exit $$status; fi; \
+	echo "waiting for the kube-apiserver build (var/kube-apiserver.log)"; \
+	if ! wait $$kpid; then cat var/kube-apiserver.log; echo "kube-apiserver build failed"; exit 1; fi; \
+	cat var/kube-apiserver.log; \
+	$(MAKE) --no-print-directory test-e2e
 	@echo "make test: all tiers passed"
+
+.PHONY: kube-apiserver
+kube-apiserver: ## build the pinned kube-apiserver of the real-API-server tests (cached)
+	@scripts/kube-apiserver.sh
 
 .PHONY: test-unit
 test-unit: ## unit and integration tests (real chDB engine, fake Kubernetes)
 	DUALFLOW_REQUIRE_CHDB=1 $(GO) test -count=1 -timeout 15m $$($(GO) list ./... | grep -v /test/e2e)
 
 .PHONY: test-e2e
-test-e2e: build ## end-to-end tests in network-namespace labs (root), three IP modes
+test-e2e: build kube-apiserver ## end-to-end tests in network-namespace labs (root), three IP modes
 	@if [ "$$(id -u)" != 0 ]; then echo "test-e2e needs root (network namespaces)"; exit 1; fi
 	DUALFLOW_E2E=1 DUALFLOW_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m -v $(E2E_PKGS) 2>&1 | scripts/e2e-summary.sh
 

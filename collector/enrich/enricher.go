@@ -261,6 +261,10 @@ func (e *Enricher) reloadInventory() {
 	switch {
 	case errors.Is(err, errUnchanged):
 		return
+	case errors.Is(err, ErrEmptyInventoryFile):
+		e.m.reloads.WithLabelValues("empty").Inc()
+		e.log.Warn("inventory reload refused: a file is empty; keeping its objects until it has objects again", "err", err)
+		return
 	case err != nil:
 		e.m.reloads.WithLabelValues("error").Inc()
 		e.log.Error("inventory reload failed; keeping the objects loaded before", "files", e.inv.files, "err", err)

@@ -288,3 +288,45 @@ func TestInventoryReloadWaitsForStableFiles(t *testing.T) {
 		t.Fatalf("stable change: %+v %v, %d objects (loaded %d)", r, err, len(src.objects), loaded)
 	}
 }
+
+// TestInventoryReloadKeepsObjectsOfEmptyFile: a file caught empty for
+// longer than a check (kubectl get -A -o yaml > file truncates the file,
+// then writes it when the list is done, seconds later) deletes nothing;
+// the complete file, when it comes, is applied.
+func TestInventoryReloadKeepsObjectsOfEmptyFile(t *testing.T) {
+	for _, mode := range manifest.Modes {
+		t.Run(string(mode), func(t *testing.T) {
+			m, path := labManifest(t, mode)
+			_, src, err := inventoryClient([]string{path}, discard())
+			if err != nil {
+				t.Fatal(err)
+			}
+			loaded := len(src.objects)
+			for _, empty := range []string{"", "# comments only\n---\n", "apiVersion: v1\nkind: List\nitems: []\n"} {
+				if err := os.WriteFile(path, []byte(empty), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				_, _ = src.reload() // first sight of the change
+				for range 3 {       // the writer stalls: the file stays the same
+					if _, err := src.reload(); !errors.Is(err, ErrEmptyInventoryFile) && !errors.Is(err, errUnchanged) {
+						t.Fatalf("file %q: reload: %v", empty, err)
+					}
+				}
+				if len(src.objects) != loaded {
+					t.Fatalf("file %q: %d objects after the reloads, want the %d loaded", empty, len(src.objects), loaded)
+				}
+				// Stamps of equal size and time would hide the next write.
+				time.Sleep(10 * time.Millisecond)
+			}
+			extra := *m.Pods[0].DeepCopy()
+			extra.Name, extra.Status.PodIPs, extra.Status.PodIP = "extra", nil, ""
+			m.Pods = append(m.Pods, extra)
+			writeManifest(t, path, m)
+			_, _ = src.reload()
+			r, err := src.reload()
+			if err != nil || r.created != 1 || r.deleted != 0 || len(src.objects) != loaded+1 {
+				t.Fatalf("complete file: %+v %v, %d objects (loaded %d)", r, err, len(src.objects), loaded)
+			}
+		})
+	}
+}

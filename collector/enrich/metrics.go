@@ -49,11 +49,12 @@ func newMetrics(reg prometheus.Registerer, x *index) *metrics {
 		}),
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dualflow_enrich_inventory_reloads_total",
-			Help: "Reloads of changed inventory files (inventory source), by result: ok, or error (the file did not load; the objects loaded before stay).",
+			Help: "Reloads of changed inventory files (inventory source), by result: ok; error (a file did not load); empty (a file that held objects has none, e.g. caught mid-rewrite). On error and empty the objects loaded before stay.",
 		}, []string{"result"}),
 	}
 	m.reloads.WithLabelValues("ok")
 	m.reloads.WithLabelValues("error")
+	m.reloads.WithLabelValues("empty")
 	for f := range families {
 		m.lookups[f][0] = lookups.WithLabelValues(families[f], resultHit)
 		m.lookups[f][1] = lookups.WithLabelValues(families[f], resultMiss)

@@ -31,6 +31,7 @@ type inventorySource struct {
 	objects map[objectKey]runtime.Object // as last loaded
 	stamps  []fileStamp                  // of the files when last read
 	pending []fileStamp                  // of changed files, seen once: read when seen again unchanged
+	perFile map[string]int               // objects each file held when last loaded
 }
 
 type objectKey struct {
@@ -77,7 +78,7 @@ func keyOf(o *inventory.Object) (objectKey, error) {
 
 // newInventorySource loads res's objects into tracker.
 func newInventorySource(files []string, stamps []fileStamp, tracker clienttesting.ObjectTracker, res *inventory.Result) (*inventorySource, error) {
-	s := &inventorySource{files: files, tracker: tracker, objects: map[objectKey]runtime.Object{}, stamps: stamps}
+	s := &inventorySource{files: files, tracker: tracker, objects: map[objectKey]runtime.Object{}, stamps: stamps, perFile: countPerFile(res)}
 	for i := range res.Objects {
 		o := &res.Objects[i]
 		k, err := keyOf(o)
@@ -101,11 +102,28 @@ type reloadResult struct {
 // read.
 var errUnchanged = errors.New("inventory files unchanged")
 
+// ErrEmptyInventoryFile is reload's answer when a file that held objects
+// holds none now: most likely caught while being rewritten
+// (`kubectl get -A -o yaml > file` truncates the file, then writes it
+// seconds later), so nothing is deleted. Remove the file from
+// --k8s.inventory to remove its objects.
+var ErrEmptyInventoryFile = errors.New("inventory file has no objects now; keeping its objects (a file being rewritten?)")
+
+func countPerFile(res *inventory.Result) map[string]int {
+	m := map[string]int{}
+	for i := range res.Objects {
+		m[res.Objects[i].File]++
+	}
+	return m
+}
+
 // reload reads the files again if any changed since the last read and
 // has not changed since the previous call (a file being written is not
 // read half-way: an editor or a copy that truncates it first would
 // otherwise delete objects for a moment), and applies the difference. A
-// file that fails to load leaves the objects as they were; it is not read
+// file that fails to load, or that held objects and is empty now (caught
+// between the truncation and the write, however long the writer takes:
+// ErrEmptyInventoryFile), leaves the objects as they were; it is not read
 // again until it changes.
 func (s *inventorySource) reload() (reloadResult, error) {
 	stamps := stampFiles(s.files)
@@ -122,6 +140,13 @@ func (s *inventorySource) reload() (reloadResult, error) {
 	if err != nil {
 		return reloadResult{}, err
 	}
+	perFile := countPerFile(res)
+	for _, f := range s.files {
+		if s.perFile[f] > 0 && perFile[f] == 0 {
+			return reloadResult{}, fmt.Errorf("%s (had %d): %w", f, s.perFile[f], ErrEmptyInventoryFile)
+		}
+	}
+	s.perFile = perFile
 	next := make(map[objectKey]runtime.Object, len(res.Objects))
 	for i := range res.Objects {
 		o := &res.Objects[i]
