@@ -405,27 +405,28 @@ func (c *Collector) Run(ctx context.Context) error {
 	if c.metLn != nil {
 		g.Go(func() error { return c.serveMetrics(gctx) })
 	}
-	if c.listener != nil {
-		g.Go(func() error {
-			// Serve IPFIX once the Kubernetes caches are synced, so records
-			// are never written unenriched at start (the kernel buffers them).
-			if c.k8s != nil {
-				if err := c.k8s.WaitForSync(gctx); err != nil {
-					return err
-				}
-				c.log.Info("kubernetes caches synced")
+	g.Go(func() error {
+		// Serve IPFIX (and say ready) once the Kubernetes caches are
+		// synced, so records are never written unenriched at start (the
+		// kernel buffers them) and the cluster view is whole.
+		if c.k8s != nil {
+			if err := c.k8s.WaitForSync(gctx); err != nil {
+				return err
 			}
-			for tr, addrs := range c.IPFIXAddrs() {
-				for _, a := range addrs {
-					c.log.Info("receiving IPFIX", "transport", tr, "addr", a.String())
-				}
-			}
+			c.log.Info("kubernetes caches synced")
+		}
+		if c.listener == nil {
 			close(c.ready)
-			return c.listener.Run(gctx)
-		})
-	} else {
+			return nil
+		}
+		for tr, addrs := range c.IPFIXAddrs() {
+			for _, a := range addrs {
+				c.log.Info("receiving IPFIX", "transport", tr, "addr", a.String())
+			}
+		}
 		close(c.ready)
-	}
+		return c.listener.Run(gctx)
+	})
 	<-gctx.Done()
 	err := g.Wait()
 	// Every producer of the decoded queue has returned.

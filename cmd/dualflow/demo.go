@@ -26,10 +26,11 @@ const demoIPFIXPort = "4739"
 func runDemo(ctx context.Context, args []string) error {
 	fs := newFlagSet("demo", "[flags]", `Start the whole product on one machine (what 'make run' does): a dual-stack
 lab of network namespaces with live traffic (allowed and denied connections,
-and a dual-stack policy gap), one exporter per lab node, and the collector on
-the embedded ClickHouse with the lab's Kubernetes objects as inventory. It
-prints the URLs and runs until Ctrl-C, then stops everything and removes the
-lab. Needs root for the lab.`)
+and a dual-stack policy gap), one exporter per lab node, and the product of
+'dualflow collector' (embedded ClickHouse, web UI and REST API) with the lab's
+Kubernetes objects as its inventory and the lab's node tracer for traceflow.
+It prints the URLs and runs until Ctrl-C, then stops everything and removes
+the lab. Needs root for the lab. Every collector and web flag applies.`)
 	var acfg app.Config
 	cfg := &acfg.Collector
 	cfg.Store.HTTPAddr = store.DefaultHTTPAddr

@@ -26,12 +26,12 @@ type command struct {
 
 func commands() []command {
 	return []command{
-		{"collector", "receive flows, enrich them and write them to ClickHouse", runCollector},
+		{"collector", "receive flows, enrich them, write them to ClickHouse; serve the web UI and REST API", runCollector},
 		{"exporter", "export kernel conntrack connections as IPFIX (one per node)", runExporter},
 		{"lab", "build a dual-stack lab cluster in network namespaces", runLab},
-		{"demo", "run the whole product on one machine: lab, collector, embedded ClickHouse (make run)", runDemo},
+		{"demo", "run the whole product on one machine: the collector plus a lab and its exporters (make run)", runDemo},
 		{"migrate", "apply the ClickHouse schema migrations (or print them)", runMigrate},
-		{"trace", "inject a probe at a lab pod and print its path per IP family", runTrace},
+		{"trace", "inject a probe at a pod and print its path per IP family (lab, or a collector with --server)", runTrace},
 		{"sql", "run a SQL query against the flow store and print the result", runSQL},
 		{"audit", "audit NetworkPolicies: verdicts, denied flows, unused rules, dual-stack gaps, what-if", runAudit},
 		{"version", "print version and commit", runVersion},

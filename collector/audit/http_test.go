@@ -60,7 +60,7 @@ func TestAPIStatic(t *testing.T) {
 	get(t, h, "GET", "/api/v1/audit/evaluate?from=nope&to=x/y", "", 400, &e)
 	get(t, h, "GET", "/api/v1/audit/evaluate?from=a/b&to=x/y&proto=gre", "", 400, &e)
 	get(t, h, "GET", "/api/v1/audit/denied", "", 503, &e)
-	if !strings.Contains(e["error"], "not configured") {
+	if !strings.Contains(e["error"], "not available") {
 		t.Errorf("503 body %v", e)
 	}
 	get(t, h, "GET", "/api/v1/audit/findings?since=-1h", "", 400, &e)

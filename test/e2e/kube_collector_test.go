@@ -739,4 +739,3 @@ func (k *kubeEnv) churnPolicy(t *testing.T) {
 	k.awaitRows(t, "IPv6 metrics flows after the policy change",
 		cond+" AND ingress_verdict = 'allowed' AND ingress_policy_name = '"+manifest.PolicyMetricsIPv4+"'", cond+" AND ingress_verdict != 'allowed'")
 }
-

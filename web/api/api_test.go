@@ -527,3 +527,86 @@ func TestFilterSQL(t *testing.T) {
 		}
 	}
 }
+
+// TestMountedHandlers: the audit and traceflow APIs of other packages are
+// served under /api/v1 with the API's roles (viewers read, operators
+// start traces), and answer 501 when the process has none.
+func TestMountedHandlers(t *testing.T) {
+	tok := &Tokens{}
+	tok.Add("view-secret", Principal{Name: "v", Role: RoleViewer})
+	tok.Add("op-secret", Principal{Name: "o", Role: RoleOperator})
+	echo := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"path":%q}`, r.Method+" "+r.URL.Path)
+	})
+	h := testAPI(t, Config{Store: &fakeStore{}, Tokens: tok, AuditAPI: echo, Traceflows: echo})
+	none := testAPI(t, Config{Store: &fakeStore{}})
+	for _, tc := range []struct {
+		method, url, token string
+		code               int
+	}{
+		{"GET", "/api/v1/audit/findings", "", 401},
+		{"GET", "/api/v1/audit/findings", "view-secret", 200},
+		{"GET", "/api/v1/audit/unprotected", "view-secret", 200},
+		{"GET", "/api/v1/audit/denied", "view-secret", 200},
+		{"GET", "/api/v1/audit/unused", "view-secret", 200},
+		{"GET", "/api/v1/audit/evaluate", "view-secret", 200},
+		{"POST", "/api/v1/audit/whatif", "view-secret", 200},
+		{"POST", "/api/v1/audit/findings", "view-secret", 405},
+		{"GET", "/api/v1/audit/nope", "view-secret", 404},
+		{"POST", "/api/v1/traceflows", "view-secret", 403},
+		{"POST", "/api/v1/traceflows", "op-secret", 200},
+		{"GET", "/api/v1/traceflows/abc", "view-secret", 200},
+		{"GET", "/api/v1/traceflows/abc", "", 401},
+	} {
+		r := do(t, h, tc.method, tc.url, "{}", "Authorization", "Bearer "+tc.token)
+		if r.code != tc.code {
+			t.Errorf("%s %s as %q: %d %s, want %d", tc.method, tc.url, tc.token, r.code, r.body, tc.code)
+		}
+		if r.code == 200 && !strings.Contains(r.body, tc.method+" "+tc.url) {
+			t.Errorf("%s %s: the mounted handler saw %s", tc.method, tc.url, r.body)
+		}
+	}
+	for _, u := range []string{"/api/v1/audit/findings", "/api/v1/traceflows/abc"} {
+		if r := do(t, none, "GET", u, ""); r.code != http.StatusNotImplemented {
+			t.Errorf("GET %s with nothing mounted: %d %s, want 501", u, r.code, r.body)
+		}
+	}
+}
+
+// TestOpenAPICoversRoutes: every route under /api/v1 is documented with
+// its method in openapi.json.
+func TestOpenAPICoversRoutes(t *testing.T) {
+	a, err := New(Config{Store: &fakeStore{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var spec struct {
+		Paths map[string]map[string]any `json:"paths"`
+	}
+	b, _ := openapiFS.ReadFile("openapi.json")
+	if err := json.Unmarshal(b, &spec); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, r := range a.engine.Routes() {
+		p, ok := strings.CutPrefix(r.Path, "/api/v1")
+		if !ok {
+			continue
+		}
+		parts := strings.Split(p, "/")
+		for i, s := range parts {
+			if strings.HasPrefix(s, ":") {
+				parts[i] = "{" + s[1:] + "}"
+			}
+		}
+		p = strings.Join(parts, "/")
+		if spec.Paths[p][strings.ToLower(r.Method)] == nil {
+			t.Errorf("openapi.json lacks %s %s", r.Method, p)
+		}
+		n++
+	}
+	if n < 18 {
+		t.Errorf("only %d routes under /api/v1", n)
+	}
+}
