@@ -101,6 +101,9 @@ the lab. Needs root for the lab. Every collector and web flag applies.`)
 	case <-a.Ready():
 	case err := <-done:
 		return err
+	case <-ctx.Done():
+		stop()
+		return <-done
 	}
 
 	// One exporter per node, reading the node's conntrack (or OVS), sending
@@ -115,6 +118,17 @@ the lab. Needs root for the lab. Every collector and web flag applies.`)
 	expCtx, stopExporters := context.WithCancel(ctx)
 	defer stopExporters()
 	exporters := make(chan error, len(l.Manifest.Nodes))
+	started := 0
+	// abort stops what runs after a failed start: the exporters started,
+	// then the product (which flushes the store).
+	abort := func(err error) error {
+		stopExporters()
+		for range started {
+			<-exporters
+		}
+		stop()
+		return errors.Join(err, <-done)
+	}
 	for _, n := range l.Manifest.Nodes {
 		ecfg := exporter.NewConfig()
 		ecfg.NodeName, ecfg.MetricsAddr, ecfg.Logger = n.Name, "", log.With("exporter", n.Name)
@@ -129,12 +143,13 @@ the lab. Needs root for the lab. Every collector and web flag applies.`)
 		ecfg.IPFIX.Address = collectorAddr
 		ecfg.SetDefaults()
 		if err := ecfg.Validate(); err != nil {
-			return fmt.Errorf("exporter %s: %w", n.Name, err)
+			return abort(fmt.Errorf("exporter %s: %w", n.Name, err))
 		}
 		e, err := exporter.New(ecfg)
 		if err != nil {
-			return fmt.Errorf("exporter %s: %w", n.Name, err)
+			return abort(fmt.Errorf("exporter %s: %w", n.Name, err))
 		}
+		started++
 		go func() { exporters <- e.Run(expCtx) }()
 	}
 

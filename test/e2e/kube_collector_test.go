@@ -79,9 +79,11 @@ func TestKubeCollector(t *testing.T) {
 				name string
 				fn   func(*testing.T)
 			}{
+				{"UI served", k.checkUI},
 				{"flows enriched and correlated", k.checkFlows},
 				{"reachability per family", func(t *testing.T) { k.checkReachability(t, manifest.PortMetrics, k.metricsVerdicts()) }},
 				{"audit findings", k.checkFindings},
+				{"CLI against the collector", func(t *testing.T) { k.checkCLI(t, bin) }},
 				{"EndpointSlice recreated", k.churnEndpointSlice},
 				{"Service dual to IPv4 to dual", k.churnServiceFamilies},
 				{"pod replaced on its addresses", k.churnPodReplaced},
@@ -328,6 +330,21 @@ func famVersion(f corev1.IPFamily) int {
 	return 4
 }
 
+// checkUI: the collector serves the browser UI and its assets.
+func (k *kubeEnv) checkUI(t *testing.T) {
+	for path, want := range map[string]string{"/": "<title>dualflow</title>", "/app.js": "/api/v1", "/style.css": "{"} {
+		resp, err := http.Get(k.web + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), want) {
+			t.Errorf("GET %s: %s, %d bytes, want %q in it", path, resp.Status, len(b), want)
+		}
+	}
+}
+
 // checkFlows waits for enriched flows of each family through /flows, and
 // for correlated rows through SQL.
 func (k *kubeEnv) checkFlows(t *testing.T) {
@@ -480,6 +497,54 @@ func (k *kubeEnv) checkFindings(t *testing.T) {
 		return hasFinding(fs, audit.KindVerdictGap, metricsPolicyRef) && hasFinding(fs, audit.KindIPBlockOneFamily, metricsPolicyRef) &&
 			hasFinding(fs, audit.KindServiceSingleStack, "Service backend/"+manifest.ServiceAPISingle), kinds(fs)
 	})
+}
+
+// checkCLI runs the CLI clients against the collector's REST API
+// (--server), as an operator would against a deployed collector.
+func (k *kubeEnv) checkCLI(t *testing.T, bin string) {
+	run := func(args ...string) ([]byte, error) {
+		cmd := exec.Command(bin, args...)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			return append(out, stderr.Bytes()...), err
+		}
+		return out, nil
+	}
+	out, err := run("audit", "findings", "--server", k.web, "--dual-stack", "--json")
+	if err != nil {
+		t.Fatalf("audit findings --server: %v\n%s", err, out)
+	}
+	var fs []audit.Finding
+	if err := json.Unmarshal(out, &fs); err != nil {
+		t.Fatalf("audit findings --json: %v\n%s", err, out)
+	}
+	if got := hasFinding(fs, audit.KindVerdictGap, metricsPolicyRef); got != (k.mode == manifest.ModeDual) {
+		t.Errorf("audit findings --server --dual-stack in %s mode: metrics gap %v (%s)", k.mode, got, kinds(fs))
+	}
+	// The lab's traffic has denied flows; the first ones are exported
+	// once their connection attempt is idle.
+	await(t, time.Minute, "audit denied --server", func() (bool, string) {
+		out, err := run("audit", "denied", "--server", k.web, "--since", "10m", "--json")
+		if err != nil {
+			t.Fatalf("audit denied --server: %v\n%s", err, out)
+		}
+		var gs []audit.DeniedGroup
+		if err := json.Unmarshal(out, &gs); err != nil {
+			t.Fatalf("audit denied --server --json: %v\n%s", err, out)
+		}
+		return len(gs) > 0, string(out)
+	})
+	out, err = run("audit", "eval", "--server", k.web, "--from", ref(k.web1), "--to", ref(k.apiN), "--port", "9090")
+	if err != nil || !strings.Contains(string(out), "9090/TCP") {
+		t.Errorf("audit eval --server: %v\n%s", err, out)
+	}
+	// No node agents on a collector: the trace is refused, and says why.
+	out, err = run("trace", "--server", k.web, "-s", ref(k.web1), "-d", "svc:backend/api:80")
+	if err == nil || !strings.Contains(string(out), "501") {
+		t.Errorf("trace --server against a collector without node agents: %v\n%s", err, out)
+	}
 }
 
 // reflected records how long the REST API took to show a change.

@@ -42,7 +42,10 @@ func newTraceEnv(t *testing.T, l *lab.Lab, mode manifest.Mode) *traceEnv {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := traceflow.New(traceflow.Config{Timeout: 3 * time.Second}, tr, inv, nil)
+	// A delivered or dropped probe ends as soon as it is seen; the timeout
+	// only bounds what never arrives, so it is generous: a dozen traces at
+	// once on a loaded 2-core machine take seconds to set up.
+	c := traceflow.New(traceflow.Config{Timeout: 10 * time.Second}, tr, inv, nil)
 	t.Cleanup(func() { c.Close() })
 	e := &traceEnv{l: l, mode: mode, c: c, web: map[int]*corev1.Pod{}, api: map[int]*corev1.Pod{}, probe: map[int]*corev1.Pod{}}
 	for i := 1; i <= 2; i++ {

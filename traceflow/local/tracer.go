@@ -121,6 +121,12 @@ func (t *Tracer) Trace(ctx context.Context, p traceflow.Probe) (traceflow.Path, 
 	setup.Wait()
 	defer t.cleanup(nodes, mons, p.Tag)
 	if err := errors.Join(errs...); err != nil {
+		if ctx.Err() != nil {
+			// The trace's own deadline cut the setup short (a loaded node):
+			// a timeout, not a failure of the datapath.
+			return traceflow.Path{Outcome: traceflow.TimedOut,
+				Reason: fmt.Sprintf("timeout before the probe was sent: watching the nodes took longer than the trace's timeout (%v)", err)}, nil
+		}
 		return traceflow.Path{}, err
 	}
 
