@@ -144,14 +144,26 @@ func (t *Tracer) traceOVS(ctx context.Context, p traceflow.Probe, src *corev1.Po
 	if err := send(); err != nil {
 		return traceflow.Path{}, err
 	}
+	rs := newResender(send)
+	defer rs.stop()
 	c := collector{p: p, t: t, srcNode: src.Spec.NodeName}
 	var drop *packetIn
-	select {
-	case d := <-delivered:
-		c.deliver(d)
-	case pi := <-pins:
-		drop = &pi
-	case <-ctx.Done():
+wait:
+	for {
+		select {
+		case d := <-delivered:
+			c.deliver(d)
+			break wait
+		case pi := <-pins:
+			drop = &pi
+			break wait
+		case <-rs.timer.C:
+			if err := rs.fire(); err != nil {
+				return traceflow.Path{}, err
+			}
+		case <-ctx.Done():
+			break wait
+		}
 	}
 
 	// The path: the source node, then the node that delivered or dropped.

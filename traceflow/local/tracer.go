@@ -31,6 +31,39 @@ const podIface = "eth0"
 // moved on) are in the path.
 const settle = 60 * time.Millisecond
 
+// resendAfter is how long a trace waits for its probe to be delivered or
+// dropped before sending it again (at most maxSends times in all): one
+// packet can be lost on any hop, or its drop report (a packet-in under a
+// meter, a trace event on a busy netlink socket) can be, and a trace that
+// then waits out its whole timeout says nothing. The copies are the same
+// packet (same tag and tuple), so they are observed as one probe.
+const (
+	resendAfter = time.Second
+	maxSends    = 3
+)
+
+// resender re-sends the probe every resendAfter until maxSends are out.
+type resender struct {
+	send  func() error
+	sent  int
+	timer *time.Timer
+}
+
+func newResender(send func() error) *resender {
+	return &resender{send: send, sent: 1, timer: time.NewTimer(resendAfter)}
+}
+
+// fire sends another copy and re-arms the timer (unless all are out).
+func (r *resender) fire() error {
+	r.sent++
+	if r.sent < maxSends {
+		r.timer.Reset(resendAfter)
+	}
+	return r.send()
+}
+
+func (r *resender) stop() { r.timer.Stop() }
+
 // cleanupTimeout bounds removing the trace tables after a trace.
 const cleanupTimeout = 2 * time.Second
 
@@ -139,11 +172,19 @@ func (t *Tracer) Trace(ctx context.Context, p traceflow.Probe) (traceflow.Path, 
 	if err := send(); err != nil {
 		return traceflow.Path{}, err
 	}
+	rs := newResender(send)
+	defer rs.stop()
 
 	c := collector{p: p, t: t, srcNode: src.Spec.NodeName}
 	var settleC <-chan time.Time
 	for {
 		select {
+		case <-rs.timer.C:
+			if c.outcome == "" {
+				if err := rs.fire(); err != nil {
+					return traceflow.Path{}, err
+				}
+			}
 		case ne := <-events:
 			c.add(ne)
 			if c.outcome == traceflow.Dropped || c.outcome == traceflow.Rejected {
