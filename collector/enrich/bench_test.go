@@ -340,3 +340,19 @@ func heap() uint64 {
 	runtime.ReadMemStats(&m)
 	return m.HeapAlloc
 }
+
+// BenchmarkSnapshot takes the cluster view that the audit, the
+// reachability matrix and traceflow read (Collector.Inventory builds it at
+// most once a second while the cluster changes) from the 100k-pod index.
+func BenchmarkSnapshot(b *testing.B) {
+	e := benchIndex()
+	b.ReportAllocs()
+	var s *Snapshot
+	for b.Loop() {
+		s = e.Snapshot()
+	}
+	if len(s.Pods) != benchPods || len(s.Workloads) != benchPods {
+		b.Fatalf("snapshot of %d pods, want %d", len(s.Pods), benchPods)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/benchPods, "ns/pod")
+}
