@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -333,6 +335,38 @@ func TestSQLReadOnlyAndLimits(t *testing.T) {
 	r = do(t, h, "POST", "/api/v1/sql", `{"query":"SELECT count() AS n FROM flows"}`)
 	if res := decode[SQLResult](t, r); r.code != 200 || len(res.Rows) != 1 || res.Rows[0][0] == "0" {
 		t.Errorf("count after the refused statements: %v", r)
+	}
+	// What readonly=1 lets through on the embedded engine: files written
+	// and read, programs, the network, KILL of the collector's inserts,
+	// and a second statement after the first.
+	victim := filepath.Join(t.TempDir(), "victim")
+	if err := os.WriteFile(victim, []byte("keep\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for name, q := range map[string]string{
+		"outfile":           "SELECT 'owned' INTO OUTFILE '" + victim + ".new' FORMAT RawBLOB",
+		"outfile append":    "SELECT 'owned' INTO OUTFILE '" + victim + "' APPEND FORMAT RawBLOB",
+		"outfile truncate":  "SELECT 'owned' INTO OUTFILE '" + victim + "' TRUNCATE FORMAT RawBLOB",
+		"file read":         "SELECT * FROM file('" + victim + "', 'LineAsString')",
+		"file function":     "SELECT file('" + victim + "')",
+		"executable":        "SELECT * FROM executable('id', 'TSV', 'a String')",
+		"url":               "SELECT * FROM url('http://127.0.0.1:1/', 'CSV', 'a String')",
+		"kill":              "KILL QUERY WHERE 1",
+		"second statement":  "SELECT 1; SELECT 'owned' INTO OUTFILE '" + victim + ".2' FORMAT RawBLOB",
+		"hidden in comment": "SELECT 1 /* a */ INTO /* b */ OUTFILE '" + victim + ".3'",
+	} {
+		r := do(t, h, "POST", "/api/v1/sql", `{"query":`+jsonString(q)+`}`)
+		if r.code != 400 || !strings.Contains(r.body, `"field":"query"`) {
+			t.Errorf("%s: %d %s, want 400 refused", name, r.code, r.body)
+		}
+	}
+	if b, err := os.ReadFile(victim); err != nil || string(b) != "keep\n" {
+		t.Errorf("victim file after the attacks: %q %v", b, err)
+	}
+	for _, f := range []string{".new", ".2", ".3"} {
+		if _, err := os.Stat(victim + f); err == nil {
+			t.Errorf("the attacks wrote %s", victim+f)
+		}
 	}
 	r = do(t, h, "POST", "/api/v1/sql", `{"query":"SELECT ip_version, count() FROM flows GROUP BY ip_version ORDER BY 1","format":"csv"}`)
 	if r.code != 200 || !strings.HasPrefix(r.body, "\"ip_version\",\"count()\"\n4,") || !strings.Contains(r.hdr.Get("Content-Disposition"), "attachment") {

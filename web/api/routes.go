@@ -169,9 +169,10 @@ func (a *API) filterDoc(c *gin.Context) {
 }
 
 type metrics struct {
-	reg      *prometheus.Registry
-	requests *prometheus.CounterVec
-	duration *prometheus.HistogramVec
+	reg        *prometheus.Registry
+	requests   *prometheus.CounterVec
+	duration   *prometheus.HistogramVec
+	sqlRefused *prometheus.CounterVec
 }
 
 func newMetrics(r prometheus.Registerer) (*metrics, error) {
@@ -183,12 +184,16 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 			Name: "dualflow_web_request_duration_seconds", Help: "API request duration by route.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 4, 9),
 		}, []string{"route"}),
+		sqlRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dualflow_web_sql_refused_total",
+			Help: "POST /sql queries refused before they ran, by reason: statement (not SELECT, SHOW, DESCRIBE or EXISTS), outfile, table_function, function (reaches the host), engine (not one statement the engine accepts read-only).",
+		}, []string{"reason"}),
 	}
 	if r == nil {
 		m.reg = prometheus.NewRegistry()
 		r = m.reg
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.sqlRefused} {
 		if err := r.Register(c); err != nil {
 			return nil, err
 		}

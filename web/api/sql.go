@@ -18,6 +18,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/dualflow/dualflow/collector/store/chdb"
+	"github.com/dualflow/dualflow/collector/store/sqlguard"
 )
 
 // SQLRequest is the body of POST /sql.
@@ -55,8 +56,8 @@ type SQLLimits struct {
 const maxQueryBytes = 64 << 10
 
 // sqlSettings are the engine settings every /sql query runs with:
-// readonly=1 forbids writes, DDL, table functions and changing settings
-// (so a SETTINGS clause in the query cannot lift the limits).
+// readonly=1 forbids writes, DDL and changing settings (so a SETTINGS
+// clause in the query cannot lift the limits); sqlguard refuses the rest.
 func sqlSettings(l SQLLimits) map[string]string {
 	return map[string]string{
 		"readonly":             "1",
@@ -107,7 +108,33 @@ func (a *API) sql(c *gin.Context) {
 	ctx, cancel := context.WithTimeout(c.Request.Context(), a.cfg.SQLMaxTime+5*time.Second)
 	defer cancel()
 	start := time.Now()
-	out, err := a.cfg.SQL.RunSQL(ctx, req.Query, format, sqlSettings(lim))
+	settings := sqlSettings(lim)
+	// readonly=1 does not stop the embedded engine from writing files
+	// (INTO OUTFILE), reading them (file()), reaching the network or
+	// running programs (table functions), or killing the collector's
+	// inserts; and it runs every statement of a text. The engine's own
+	// parse of the query decides (sqlguard) before anything runs.
+	// The vetting statements run read-only too, without the row limit
+	// (a parse has a line per node).
+	vetSettings := maps.Clone(settings)
+	delete(vetSettings, "max_result_rows")
+	delete(vetSettings, "result_overflow_mode")
+	vet := func(ctx context.Context, q, f string) ([]byte, error) { return a.cfg.SQL.RunSQL(ctx, q, f, vetSettings) }
+	if err := sqlguard.Vet(ctx, vet, req.Query); err != nil {
+		var re *sqlguard.RefusedError
+		switch {
+		case errors.As(err, &re):
+			a.metrics.sqlRefused.WithLabelValues(re.Reason).Inc()
+			a.fail(c, fieldErr("query", "%v", err))
+		case errors.Is(err, sqlguard.ErrNotAccepted):
+			a.metrics.sqlRefused.WithLabelValues("engine").Inc()
+			a.fail(c, sqlError(err))
+		default:
+			a.fail(c, sqlError(err))
+		}
+		return
+	}
+	out, err := a.cfg.SQL.RunSQL(ctx, req.Query, format, settings)
 	if err != nil {
 		a.fail(c, sqlError(err))
 		return
