@@ -119,7 +119,9 @@ func (a *API) sql(c *gin.Context) {
 	vetSettings := maps.Clone(settings)
 	delete(vetSettings, "max_result_rows")
 	delete(vetSettings, "result_overflow_mode")
-	vet := func(ctx context.Context, q, f string) ([]byte, error) { return a.cfg.SQL.RunSQL(ctx, q, f, vetSettings) }
+	vet := func(ctx context.Context, q, f string) ([]byte, error) {
+		return a.cfg.SQL.RunSQL(ctx, q, f, vetSettings)
+	}
 	if err := sqlguard.Vet(ctx, vet, req.Query); err != nil {
 		var re *sqlguard.RefusedError
 		switch {
