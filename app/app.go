@@ -28,6 +28,7 @@ import (
 	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/collector/audit/policy"
 	"github.com/dualflow/dualflow/collector/store"
+	"github.com/dualflow/dualflow/netaddr"
 	"github.com/dualflow/dualflow/traceflow"
 	"github.com/dualflow/dualflow/web"
 	"github.com/dualflow/dualflow/web/api"
@@ -48,12 +49,16 @@ type WebConfig struct {
 	Addr string
 	// TokensFile holds "token role [name]" lines (roles viewer, operator).
 	TokensFile string
+	// AllowedHosts are the host names the web answers to besides IP
+	// literals and localhost (DNS rebinding protection).
+	AllowedHosts netaddr.HostList
 }
 
 // BindFlags registers the collector's flags and the web's (--web.*).
 func (c *Config) BindFlags(fs *flag.FlagSet) {
 	c.Collector.BindFlags(fs)
 	fs.StringVar(&c.Web.Addr, "web.addr", web.DefaultAddr, "serve the web UI and REST API (/api/v1) here; empty disables. Without --web.tokens-file it is forced to loopback")
+	fs.Var(&c.Web.AllowedHosts, "web.allowed-hosts", "host names the web answers to besides IP addresses and localhost, comma-separated (the names operators browse it by); other Host headers get 403 (DNS rebinding protection)")
 	fs.StringVar(&c.Web.TokensFile, "web.tokens-file", "", "bearer tokens file (\"token role [name]\" lines; roles viewer, operator); required to listen on a non-loopback address")
 }
 
@@ -123,10 +128,11 @@ func (a *App) buildWeb(opts Options) error {
 	}
 	v := &view{c: c, reports: reports}
 	cfg := web.Config{
-		Addr:       a.cfg.Web.Addr,
-		Store:      c.Conn(),
-		Database:   db,
-		TokensFile: a.cfg.Web.TokensFile,
+		Addr:         a.cfg.Web.Addr,
+		Store:        c.Conn(),
+		Database:     db,
+		TokensFile:   a.cfg.Web.TokensFile,
+		AllowedHosts: a.cfg.Web.AllowedHosts,
 		Evaluator: api.PolicyEvaluator{
 			Policies: func() *policy.Set {
 				if au := c.Auditor(); au != nil {

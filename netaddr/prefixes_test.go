@@ -27,3 +27,34 @@ func TestPrefixList(t *testing.T) {
 		}
 	}
 }
+
+func TestHostAllowed(t *testing.T) {
+	names := []string{"dualflow.example.", "Flows.Corp"}
+	for _, tc := range []struct {
+		host string
+		ok   bool
+	}{
+		{"127.0.0.1:8080", true},
+		{"127.0.0.1", true},
+		{"[::1]:8080", true},
+		{"::1", true},
+		{"198.18.0.1:8080", true},
+		{"[fd00:10::1]:8123", true},
+		{"localhost:8080", true},
+		{"LOCALHOST", true},
+		{"ui.localhost:8080", true},
+		{"dualflow.example:8080", true},
+		{"flows.corp", true},
+		{"flows.corp.", true},
+		{"attacker.example:8080", false},
+		{"127.0.0.1.nip.io:8080", false},
+		{"localhost.attacker.example", false},
+		{"[fe80::1%eth0]:80", false},
+		{"", false},
+		{":8080", false},
+	} {
+		if got := HostAllowed(tc.host, names); got != tc.ok {
+			t.Errorf("HostAllowed(%q) = %v, want %v", tc.host, got, tc.ok)
+		}
+	}
+}

@@ -17,6 +17,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dualflow/dualflow/netaddr"
 	"github.com/dualflow/dualflow/web/api"
 	"github.com/dualflow/dualflow/web/ui"
 )
@@ -52,6 +53,11 @@ type Config struct {
 	// AuditAPI and Traceflows are mounted under /api/v1 (see api.Config).
 	AuditAPI   http.Handler
 	Traceflows http.Handler
+	// AllowedHosts are the names (besides IP literals and localhost) the
+	// server answers to in the Host header; other requests get 403, so a
+	// page of a name rebound to this server's address (DNS rebinding)
+	// cannot use it. Set it to the names operators browse it by.
+	AllowedHosts []string
 	// TokensFile holds "token role [name]" lines; Tokens, when set, is
 	// used instead. Neither: no authentication, loopback only.
 	TokensFile string
@@ -126,8 +132,22 @@ func New(cfg Config) (*Server, error) {
 	mux.Handle("/readyz", apiH)
 	mux.Handle("/metrics", apiH)
 	mux.Handle("/", ui.Handler())
-	s.handler = mux
+	s.handler = hostCheck(mux, cfg.AllowedHosts)
 	return s, nil
+}
+
+// hostCheck refuses requests whose Host is not an IP literal, localhost
+// or an allowed name (DNS rebinding protection).
+func hostCheck(next http.Handler, names []string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !netaddr.HostAllowed(r.Host, names) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusForbidden)
+			fmt.Fprintf(w, "{\"message\": %q}\n", "Host "+r.Host+" refused: use an IP address or localhost, or add the name to --web.allowed-hosts (DNS rebinding protection)")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // Handler returns the server's handler (API and UI), for tests.

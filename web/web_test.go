@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strings"
@@ -108,5 +109,39 @@ func TestTokensFileAndRun(t *testing.T) {
 	}
 	if d := time.Since(start); d > 3*time.Second {
 		t.Errorf("shutdown took %s with a follow stream open", d)
+	}
+}
+
+// TestDNSRebinding: a page of the attacker's name rebound to the server's
+// address is same-origin with itself; the server answers only to IP
+// literals, localhost and the names it is given.
+func TestDNSRebinding(t *testing.T) {
+	s, err := New(Config{Addr: "127.0.0.1:0", Store: nopStore{}, AllowedHosts: []string{"dualflow.example"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		host string
+		code int
+	}{
+		{"attacker.example:8080", http.StatusForbidden},
+		{"127.0.0.1.attacker.example", http.StatusForbidden},
+		{"127.0.0.1:8080", http.StatusOK},
+		{"[::1]:8080", http.StatusOK},
+		{"localhost:8080", http.StatusOK},
+		{"dualflow.example", http.StatusOK},
+		{"DUALFLOW.example:8080", http.StatusOK},
+	} {
+		for _, path := range []string{"/api/v1/whoami", "/", "/metrics"} {
+			req, _ := http.NewRequest("GET", "http://127.0.0.1:8080"+path, nil)
+			req.Host = tc.host
+			req.Header.Set("Sec-Fetch-Site", "same-origin")
+			req.Header.Set("Origin", "http://"+tc.host)
+			rec := httptest.NewRecorder()
+			s.Handler().ServeHTTP(rec, req)
+			if rec.Code != tc.code {
+				t.Errorf("Host %s %s: %d, want %d", tc.host, path, rec.Code, tc.code)
+			}
+		}
 	}
 }

@@ -34,6 +34,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dualflow/dualflow/collector/store/chdb"
+	"github.com/dualflow/dualflow/netaddr"
 )
 
 // Engine runs statements; *chdb.DB implements it.
@@ -134,12 +135,21 @@ func New(cfg Config) (*Server, error) {
 }
 
 // rejectBrowsers refuses requests a web browser sends on behalf of another
-// site. The interface has no authentication and listens on loopback, so any
+// site, and requests whose Host is a name other than localhost. The interface has no authentication and listens on loopback, so any
 // page the user opens could otherwise POST SQL (DROP TABLE, url() table
 // functions) to it. ClickHouse clients, curl and dualflow send neither
 // header; browsers send Sec-Fetch-Site and, on cross-origin requests, Origin.
 func (s *Server) rejectBrowsers(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// DNS rebinding: a page of the attacker's name, rebound to
+		// 127.0.0.1, is same-origin with itself, so the Origin check alone
+		// lets it in; its requests carry the attacker's name as Host.
+		if !netaddr.HostAllowed(r.Host, nil) {
+			s.metrics.requests.WithLabelValues("other", "403").Inc()
+			s.writeError(w, newError(codeAccessDenied, http.StatusForbidden,
+				"Host %q refused: the interface answers only to an IP address or localhost (DNS rebinding protection)", r.Host))
+			return
+		}
 		site := r.Header.Get("Sec-Fetch-Site")
 		origin := r.Header.Get("Origin")
 		crossSite := (site != "" && site != "same-origin" && site != "none") ||

@@ -433,12 +433,21 @@ func TestRejectsCrossSiteBrowsers(t *testing.T) {
 		{"cross-site fetch", map[string]string{"Sec-Fetch-Site": "cross-site", "Origin": "http://evil.example"}, http.StatusForbidden},
 		{"same-site other port", map[string]string{"Sec-Fetch-Site": "same-site", "Origin": "http://127.0.0.1:8080"}, http.StatusForbidden},
 		{"origin only", map[string]string{"Origin": "http://[fd00:10::1]:80"}, http.StatusForbidden},
-		{"same origin", map[string]string{"Sec-Fetch-Site": "same-origin", "Origin": "http://example.com"}, http.StatusOK},
+		{"same origin", map[string]string{"Sec-Fetch-Site": "same-origin", "Origin": "http://127.0.0.1:8123"}, http.StatusOK},
 		{"typed in the address bar", map[string]string{"Sec-Fetch-Site": "none"}, http.StatusOK},
+		// DNS rebinding: the attacker's name resolves to 127.0.0.1, its
+		// page is same-origin with itself.
+		{"rebound name", map[string]string{"Host": "attacker.example:8123", "Sec-Fetch-Site": "same-origin", "Origin": "http://attacker.example:8123"}, http.StatusForbidden},
+		{"rebound name, no browser headers", map[string]string{"Host": "attacker.example:8123"}, http.StatusForbidden},
+		{"localhost", map[string]string{"Host": "localhost:8123", "Sec-Fetch-Site": "same-origin", "Origin": "http://localhost:8123"}, http.StatusOK},
+		{"IPv6 literal", map[string]string{"Host": "[::1]:8123"}, http.StatusOK},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			req := httptest.NewRequest(http.MethodPost, "http://example.com/", strings.NewReader("SELECT 1"))
+			req := httptest.NewRequest(http.MethodPost, "http://127.0.0.1:8123/", strings.NewReader("SELECT 1"))
+			if h, ok := tt.headers["Host"]; ok {
+				req.Host = h
+			}
 			for k, v := range tt.headers {
 				req.Header.Set(k, v)
 			}
