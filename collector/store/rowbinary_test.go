@@ -166,6 +166,11 @@ func TestMarkTemporary(t *testing.T) {
 	if err := markTemporary(241, base); !errors.Is(err, ErrUnavailable) || !errors.Is(err, base) {
 		t.Errorf("241 not marked temporary: %v", err)
 	}
+	// A cancelled insert (KILL QUERY) is retried with its dedup token, not
+	// dropped after the reject limit.
+	if err := markTemporary(394, base); !errors.Is(err, ErrUnavailable) {
+		t.Errorf("394 QUERY_WAS_CANCELLED: %v, want retryable", err)
+	}
 	if err := markTemporary(62, base); errors.Is(err, ErrUnavailable) {
 		t.Errorf("62 (syntax error) marked temporary")
 	}

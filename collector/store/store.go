@@ -52,6 +52,7 @@ func temporaryCode(code int) bool {
 		252, // TOO_MANY_PARTS
 		285, // TOO_FEW_LIVE_REPLICAS
 		319, // UNKNOWN_STATUS_OF_INSERT
+		394, // QUERY_WAS_CANCELLED (KILL QUERY, a server stopping): not a refusal of the rows
 		999: // KEEPER_EXCEPTION
 		return true
 	}
