@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -34,6 +35,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dualflow/dualflow/collector/store/chdb"
+	"github.com/dualflow/dualflow/collector/store/sqlguard"
 	"github.com/dualflow/dualflow/netaddr"
 )
 
@@ -162,6 +164,35 @@ func (s *Server) rejectBrowsers(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// vet checks a read-only request's statement with the engine's parse, under
+// the request's settings (without its row limits: a parse has a line per
+// node).
+func (s *Server) vet(ctx context.Context, st chdb.Statement) error {
+	settings := maps.Clone(st.Settings)
+	delete(settings, "max_result_rows")
+	delete(settings, "result_overflow_mode")
+	run := func(ctx context.Context, q, format string) ([]byte, error) {
+		res, err := s.cfg.Engine.Run(ctx, chdb.Statement{Query: q, Format: format, Settings: settings, Params: st.Params, Database: st.Database})
+		if err != nil {
+			return nil, err
+		}
+		return res.Data, nil
+	}
+	err := sqlguard.Vet(ctx, run, st.Query)
+	var re *sqlguard.RefusedError
+	if errors.As(err, &re) {
+		s.metrics.refused.WithLabelValues(re.Reason).Inc()
+		// What ClickHouse answers a read-only user: READONLY, HTTP 500.
+		return newError(codeReadonly, httpStatus(codeReadonly), "Cannot execute query in readonly mode: %v", err)
+	}
+	var na *sqlguard.NotAcceptedError
+	if errors.As(err, &na) {
+		s.metrics.refused.WithLabelValues("engine").Inc()
+		return na.Err // the engine's own error, as ClickHouse would give it
+	}
+	return err
 }
 
 // Handler returns the HTTP handler, for tests and for mounting elsewhere.
@@ -336,6 +367,15 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) (kind string, er
 	if f := chdb.OutputFormat(text); f != "" {
 		format = f
 	}
+	if ro := st.Settings["readonly"]; ro == "1" || ro == "2" {
+		// A read-only request (GET, readonly=N, a ReadOnly server) reads
+		// the store only: the engine would still write and read files,
+		// reach the network, run programs and KILL, and run a second
+		// statement (sqlguard).
+		if err := s.vet(r.Context(), st); err != nil {
+			return kind, err
+		}
+	}
 	res, err := s.cfg.Engine.Run(r.Context(), st)
 	if err != nil {
 		return kind, err
@@ -464,6 +504,7 @@ type metrics struct {
 	inFlight     prometheus.Gauge
 	rejected     prometheus.Counter
 	insertedRows prometheus.Counter
+	refused      *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -488,9 +529,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "dualflow_chhttp_inserted_rows_total",
 			Help: "Rows written by INSERTs through the ClickHouse HTTP interface.",
 		}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dualflow_chhttp_refused_total",
+			Help: "Read-only requests refused before they ran, by reason: statement, outfile, table_function, function, engine (see sqlguard).",
+		}, []string{"reason"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.requests, m.errors, m.inFlight, m.rejected, m.insertedRows} {
+		for _, c := range []prometheus.Collector{m.requests, m.errors, m.inFlight, m.rejected, m.insertedRows, m.refused} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("chhttp: register metrics: %w", err)
 			}

@@ -11,6 +11,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -121,6 +123,10 @@ func TestReadonly(t *testing.T) {
 	if r := do(t, "POST", ts.URL+"/", strings.NewReader("CREATE TABLE "+d+".t (a UInt32) ENGINE = Memory"), nil); r.status != 200 {
 		t.Fatalf("create: %d %s", r.status, r.body)
 	}
+	victim := filepath.Join(t.TempDir(), "victim")
+	if err := os.WriteFile(victim, []byte("keep\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		name, method, path, body string
 	}{
@@ -132,17 +138,38 @@ func TestReadonly(t *testing.T) {
 		{"readonly settings change", "POST", "/?readonly=1", "SELECT 1 SETTINGS max_threads = 1"},
 		{"get insert", "GET", "/?query=INSERT+INTO+" + d + ".t+VALUES+(1)", ""},
 		{"get create", "GET", "/?query=CREATE+TABLE+" + d + ".v+(a+UInt8)+ENGINE+%3D+Memory", ""},
+		// What readonly alone lets through on the embedded engine.
+		{"get outfile", "GET", "/?query=" + url.QueryEscape("SELECT 'owned' INTO OUTFILE '"+victim+".new' FORMAT RawBLOB"), ""},
+		{"get outfile append", "GET", "/?query=" + url.QueryEscape("SELECT 'owned' INTO OUTFILE '"+victim+"' APPEND FORMAT RawBLOB"), ""},
+		{"get file function", "GET", "/?query=" + url.QueryEscape("SELECT file('"+victim+"')"), ""},
+		{"get kill", "GET", "/?query=" + url.QueryEscape("KILL QUERY WHERE 1"), ""},
+		{"get second statement", "GET", "/?query=" + url.QueryEscape("SELECT 1; SELECT 'owned' INTO OUTFILE '"+victim+".2' FORMAT RawBLOB"), ""},
+		{"readonly outfile", "POST", "/?readonly=1", "SELECT 'owned' INTO OUTFILE '" + victim + ".3' TRUNCATE FORMAT RawBLOB"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			r := do(t, tt.method, ts.URL+tt.path, strings.NewReader(tt.body), nil)
-			if r.status != 500 || r.header.Get("X-ClickHouse-Exception-Code") != "164" || !strings.HasPrefix(r.body, "Code: 164. DB::Exception: ") {
-				t.Errorf("got %d code %q: %s", r.status, r.header.Get("X-ClickHouse-Exception-Code"), r.body)
+			// READONLY as ClickHouse answers it, or SYNTAX_ERROR from the
+			// engine's single-statement parse (an INSERT with inline data,
+			// two statements).
+			code := r.header.Get("X-ClickHouse-Exception-Code")
+			ok := (r.status == 500 && code == "164" && strings.HasPrefix(r.body, "Code: 164. DB::Exception: ")) ||
+				(r.status == 400 && code == "62" && strings.HasPrefix(r.body, "Code: 62. DB::Exception: "))
+			if !ok {
+				t.Errorf("got %d code %q: %s", r.status, code, r.body)
 			}
 		})
 	}
 	if r := do(t, "GET", ts.URL+"/?readonly=1&query=SELECT+count()+FROM+"+d+".t", nil, nil); r.status != 200 || r.body != "0\n" {
 		t.Errorf("readonly select: %d %s", r.status, r.body)
+	}
+	if b, err := os.ReadFile(victim); err != nil || string(b) != "keep\n" {
+		t.Errorf("victim file after the attacks: %q %v", b, err)
+	}
+	for _, f := range []string{".new", ".2", ".3"} {
+		if _, err := os.Stat(victim + f); err == nil {
+			t.Errorf("a read-only request wrote %s", victim+f)
+		}
 	}
 
 	// A server configured read-only ignores readonly=0 from the client.
@@ -366,8 +393,10 @@ func TestRunGraceful(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan error, 1)
 			go func() { done <- s.Serve(ctx, ln) }()
+			// POST: a GET is read-only, and its statement is first parsed by
+			// the engine, which this fake is not.
 			u := url.URL{Scheme: "http", Host: ln.Addr().String(), Path: "/", RawQuery: "query=SELECT+1"}
-			if r := do(t, "GET", u.String(), nil, nil); r.body != "1\n" {
+			if r := do(t, "POST", u.String(), nil, nil); r.body != "1\n" {
 				t.Errorf("over %s: %d %q", addr, r.status, r.body)
 			}
 			cancel()

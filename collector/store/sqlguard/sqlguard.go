@@ -32,22 +32,28 @@ import (
 // same read-only settings.
 type Runner func(ctx context.Context, query, format string) ([]byte, error)
 
-// ErrNotAccepted wraps the engine's error for a text it does not accept
-// as one statement under the caller's settings: a syntax error, several
-// statements, a setting readonly=1 forbids.
+// ErrNotAccepted matches (errors.Is) a NotAcceptedError.
 var ErrNotAccepted = errors.New("not one statement the engine accepts")
 
+// NotAcceptedError carries the engine's error for a text it does not
+// accept as one statement under the caller's settings: a syntax error,
+// several statements, a setting readonly=1 forbids.
+type NotAcceptedError struct{ Err error }
+
+func (e *NotAcceptedError) Error() string        { return ErrNotAccepted.Error() + ": " + e.Err.Error() }
+func (e *NotAcceptedError) Unwrap() error        { return e.Err }
+func (e *NotAcceptedError) Is(target error) bool { return target == ErrNotAccepted }
+
 // Vet checks query on the engine through run: it must parse as exactly
-// one statement, and Check must accept its parse. It returns
-// ErrNotAccepted (wrapping the engine's error), a *RefusedError, or
-// the error of run.
+// one statement, and Check must accept its parse. It returns a
+// *NotAcceptedError (the engine's error) or a *RefusedError.
 func Vet(ctx context.Context, run Runner, query string) error {
 	if _, err := run(ctx, "SELECT formatQuery("+literal(query)+")", "TabSeparatedRaw"); err != nil {
-		return fmt.Errorf("%w: %w", ErrNotAccepted, err)
+		return &NotAcceptedError{err}
 	}
 	ast, err := run(ctx, Explain(query), "TabSeparatedRaw")
 	if err != nil {
-		return fmt.Errorf("%w: %w", ErrNotAccepted, err)
+		return &NotAcceptedError{err}
 	}
 	return Check(string(ast))
 }
@@ -92,7 +98,7 @@ var ErrRefused = errors.New("refused")
 func (e *RefusedError) Is(target error) bool { return target == ErrRefused }
 
 // readOnlyRoots are the statements (the AST's root node) a read-only user
-// may run: queries, SHOW, DESCRIBE, EXISTS.
+// may run: queries, SHOW, DESCRIBE, EXISTS (and EXPLAIN of those).
 var readOnlyRoots = []string{"Select", "Show", "Describe", "Exists"}
 
 // TableFunctions are the table functions a query may use: they read
@@ -134,12 +140,17 @@ func (n node) kind() string {
 // stays inside the store, else a *RefusedError.
 func Check(ast string) error {
 	nodes := parse(ast)
+	// EXPLAIN runs nothing itself: what it explains is checked (it is the
+	// first child).
+	for len(nodes) > 1 && nodes[0].kind() == "Explain" && nodes[1].depth > nodes[0].depth {
+		nodes = nodes[1:]
+	}
 	if len(nodes) == 0 {
 		return &RefusedError{"statement", "the engine returned no parse of the statement"}
 	}
 	root := nodes[0]
 	if !slices.ContainsFunc(readOnlyRoots, func(p string) bool { return strings.HasPrefix(root.kind(), p) }) {
-		return &RefusedError{"statement", fmt.Sprintf("%s is not a read-only statement (only SELECT, SHOW, DESCRIBE and EXISTS are)", statementName(root.kind()))}
+		return &RefusedError{"statement", fmt.Sprintf("%s is not a read-only statement (only SELECT, SHOW, DESCRIBE, EXISTS and EXPLAIN of them are)", statementName(root.kind()))}
 	}
 	for i, n := range nodes {
 		// INTO OUTFILE is a literal child of the top-level query.

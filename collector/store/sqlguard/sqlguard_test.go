@@ -64,6 +64,11 @@ func TestCheckOnTheEngine(t *testing.T) {
 		{"SHOW TABLES FROM g", ""},
 		{"DESCRIBE TABLE g.t", ""},
 		{"EXISTS TABLE g.t", ""},
+		{"EXPLAIN SELECT count() FROM g.t", ""},
+		{"EXPLAIN AST SELECT 1", ""},
+		{"EXPLAIN AST SELECT * FROM file('/etc/passwd', 'LineAsString')", "table_function"},
+		{"EXPLAIN AST KILL QUERY WHERE 1", "statement"},
+		{"EXPLAIN PIPELINE INSERT INTO g.t SELECT * FROM g.t", "statement"},
 		{"SELECT '\\'; DROP TABLE g.t; SELECT '", ""}, // one string literal
 		{"SELECT 1 INTO OUTFILE '" + out + "' FORMAT RawBLOB", "outfile"},
 		{"select 1 /* hidden */ into   outfile '" + out + "' APPEND", "outfile"},
