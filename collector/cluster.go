@@ -15,8 +15,14 @@ import (
 // clusterRefresh bounds how often the cluster view is rebuilt while the
 // cluster keeps changing: a view is at most this old when asked for, and a
 // busy cluster (pods coming and going every second) costs one rebuild per
-// interval, not one per request.
-const clusterRefresh = time.Second
+// interval, not one per request. A rebuild that takes long stretches the
+// interval to clusterRebuildShare times its duration, so rebuilding takes
+// at most a tenth of a core (100k pods: ~0.26 s per rebuild, so a view up
+// to ~2.6 s old; BenchmarkSnapshot, BenchmarkInventoryFromSnapshot).
+const (
+	clusterRefresh      = time.Second
+	clusterRebuildShare = 10
+)
 
 // ErrNoCluster is returned by Inventory when the collector has no
 // Kubernetes view (--k8s.source off) or has not listed the cluster yet.
@@ -28,6 +34,7 @@ type clusterView struct {
 	mu    sync.Mutex
 	gen   uint64
 	built time.Time
+	took  time.Duration // the last rebuild
 	inv   *audit.Inventory
 }
 
@@ -37,7 +44,8 @@ type clusterView struct {
 // (selector, families, ClusterIPs) and NetworkPolicies, taken from the
 // collector's live Kubernetes view (informers, or the reloaded inventory
 // files). It follows the cluster: a change is visible within
-// clusterRefresh. The inventory is shared and read-only. It wraps
+// clusterRefresh (longer for very large clusters, see there). The
+// inventory is shared and read-only. It wraps
 // ErrNoCluster when the enrichment is off or not synced yet.
 func (c *Collector) Inventory() (*audit.Inventory, error) {
 	if c.k8s == nil {
@@ -50,11 +58,14 @@ func (c *Collector) Inventory() (*audit.Inventory, error) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	gen := c.k8s.Generation()
-	if v.inv != nil && (v.gen == gen || time.Since(v.built) < clusterRefresh) {
+	if v.inv != nil && (v.gen == gen || time.Since(v.built) < max(clusterRefresh, clusterRebuildShare*v.took)) {
 		return v.inv, nil
 	}
+	start := time.Now()
 	snap := c.k8s.Snapshot()
-	v.inv, v.gen, v.built = InventoryFromSnapshot(snap), snap.Generation, time.Now()
+	v.inv, v.gen = InventoryFromSnapshot(snap), snap.Generation
+	v.built = time.Now()
+	v.took = v.built.Sub(start)
 	return v.inv, nil
 }
 
