@@ -144,6 +144,23 @@ func (a *auditFlags) window() (audit.Window, error) {
 	return w, nil
 }
 
+// withReports runs fn on the store's reports for the command's window,
+// under its timeout, and closes the store.
+func (a *auditFlags) withReports(ctx context.Context, fn func(ctx context.Context, r *audit.Reports, w audit.Window) error) error {
+	w, err := a.window()
+	if err != nil {
+		return err
+	}
+	r, closeStore, err := a.reports()
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	ctx, cancel := context.WithTimeout(ctx, a.timeout)
+	defer cancel()
+	return fn(ctx, r, w)
+}
+
 // reports returns the store reports and a function closing the store.
 func (a *auditFlags) reports() (*audit.Reports, func(), error) {
 	a.store.SetDefaults()
@@ -276,22 +293,12 @@ func (a *auditFlags) localFindings(ctx context.Context, maxPairs int, observed b
 	if !observed {
 		return out, nil
 	}
-	w, err := a.window()
-	if err != nil {
-		return nil, err
-	}
-	r, closeStore, err := a.reports()
-	if err != nil {
-		return nil, err
-	}
-	defer closeStore()
-	ctx, cancel := context.WithTimeout(ctx, a.timeout)
-	defer cancel()
-	obs, err := r.ObservedGaps(ctx, inv, w, 0)
-	if err != nil {
-		return nil, err
-	}
-	return append(out, obs...), nil
+	err = a.withReports(ctx, func(ctx context.Context, r *audit.Reports, w audit.Window) error {
+		obs, err := r.ObservedGaps(ctx, inv, w, 0)
+		out = append(out, obs...)
+		return err
+	})
+	return out, err
 }
 
 func runAuditUnprotected(ctx context.Context, args []string) error {
@@ -397,22 +404,15 @@ func runAuditDenied(ctx context.Context, args []string) error {
 		return err
 	}
 	if !ok {
-		w, err := a.window()
-		if err != nil {
-			return err
-		}
 		fam, err := audit.ParseFamily(*family)
 		if err != nil {
 			return err
 		}
-		r, closeStore, err := a.reports()
-		if err != nil {
+		err = a.withReports(ctx, func(ctx context.Context, r *audit.Reports, w audit.Window) (err error) {
+			gs, err = r.Denied(ctx, audit.DeniedOptions{Window: w, Namespace: *ns, Family: fam, Limit: *limit})
 			return err
-		}
-		defer closeStore()
-		ctx, cancel := context.WithTimeout(ctx, a.timeout)
-		defer cancel()
-		if gs, err = r.Denied(ctx, audit.DeniedOptions{Window: w, Namespace: *ns, Family: fam, Limit: *limit}); err != nil {
+		})
+		if err != nil {
 			return err
 		}
 	}
@@ -447,18 +447,11 @@ func runAuditUnused(ctx context.Context, args []string) error {
 		if err != nil {
 			return err
 		}
-		w, err := a.window()
-		if err != nil {
+		err = a.withReports(ctx, func(ctx context.Context, r *audit.Reports, w audit.Window) (err error) {
+			rep, err = r.Unused(ctx, inv.NetworkPolicies(), w)
 			return err
-		}
-		r, closeStore, err := a.reports()
+		})
 		if err != nil {
-			return err
-		}
-		defer closeStore()
-		ctx, cancel := context.WithTimeout(ctx, a.timeout)
-		defer cancel()
-		if rep, err = r.Unused(ctx, inv.NetworkPolicies(), w); err != nil {
 			return err
 		}
 	}
@@ -528,18 +521,11 @@ changes.`)
 		if err != nil {
 			return err
 		}
-		w, err := a.window()
-		if err != nil {
+		err = a.withReports(ctx, func(ctx context.Context, r *audit.Reports, w audit.Window) (err error) {
+			rep, err = r.WhatIf(ctx, inv, pols, w, *limit)
 			return err
-		}
-		r, closeStore, err := a.reports()
+		})
 		if err != nil {
-			return err
-		}
-		defer closeStore()
-		ctx, cancel := context.WithTimeout(ctx, a.timeout)
-		defer cancel()
-		if rep, err = r.WhatIf(ctx, inv, pols, w, *limit); err != nil {
 			return err
 		}
 	}

@@ -137,6 +137,12 @@ func startEnricher(t *testing.T, files ...string) *enrich.Enricher {
 	cfg := enrich.NewConfig()
 	cfg.Source = enrich.SourceInventory
 	cfg.Inventory = files
+	return runEnricher(t, cfg)
+}
+
+// runEnricher runs an Enricher of cfg for the test and waits for its sync.
+func runEnricher(t *testing.T, cfg enrich.Config) *enrich.Enricher {
+	t.Helper()
 	e, err := enrich.New(cfg, nil, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -150,7 +156,7 @@ func startEnricher(t *testing.T, files ...string) *enrich.Enricher {
 			t.Errorf("enricher: %v", err)
 		}
 	})
-	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+	wctx, wcancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer wcancel()
 	if err := e.WaitForSync(wctx); err != nil {
 		t.Fatal(err)

@@ -102,25 +102,7 @@ func startKubeEnricher(t *testing.T, kubeconfig string) *enrich.Enricher {
 	cfg.Source = enrich.SourceKubeconfig
 	cfg.Kubeconfig = kubeconfig
 	cfg.SyncTimeout = 2 * time.Minute
-	e, err := enrich.New(cfg, nil, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- e.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("enricher: %v", err)
-		}
-	})
-	wctx, wcancel := context.WithTimeout(ctx, 2*time.Minute)
-	defer wcancel()
-	if err := e.WaitForSync(wctx); err != nil {
-		t.Fatal(err)
-	}
-	return e
+	return runEnricher(t, cfg)
 }
 
 // TestKubePublishOrders publishes each mode's lab objects into a real API
