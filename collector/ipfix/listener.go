@@ -11,6 +11,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,6 +28,17 @@ const (
 	// listener: a node runs one exporter, so this is the cluster size
 	// with a wide margin.
 	DefaultMaxSessions = 4096
+	// DefaultMaxSessionsPerSource: a node's exporter holds one session
+	// (one per family at most); more from one address is a fault or an
+	// attack.
+	DefaultMaxSessionsPerSource = 16
+	// DefaultIdleTimeout closes TCP/TLS sessions silent for this long. An
+	// exporter with flows sends at least every active timeout (ours: 1 min
+	// at most by default).
+	DefaultIdleTimeout = 10 * time.Minute
+	// DefaultMessageTimeout bounds the arrival of a message after its
+	// header: at most 65,535 bytes, from a host on the same network.
+	DefaultMessageTimeout = 30 * time.Second
 	// DefaultBatchRecords is the size of the batches handed to the
 	// pipeline: big enough to amortize the queue, small enough (~0.7 MB)
 	// to keep latency low.
@@ -55,10 +67,23 @@ type Config struct {
 	// Direction selects records by flowDirection (default ingress: an
 	// exporter that reports each packet in and out counts it once).
 	Direction Direction
-	// MaxSessions caps the sessions of each listener: further TCP/TLS
-	// connections are closed at once and further UDP exporters' messages
-	// dropped (too_many_sessions), both counted.
+	// MaxSessions caps the sessions of each listener: further UDP
+	// exporters' messages are dropped (too_many_sessions); a further
+	// TCP/TLS connection takes the place of the session idle the longest
+	// if that one sent nothing for evictIdle, else it is closed at once;
+	// all counted.
 	MaxSessions int
+	// MaxSessionsPerSource caps the TCP/TLS sessions from one address, so
+	// that one host cannot take every session.
+	MaxSessionsPerSource int
+	// IdleTimeout closes a TCP/TLS session that sent no message for this
+	// long; the exporter reconnects (and resends its templates) when it has
+	// flows again.
+	IdleTimeout time.Duration
+	// MessageTimeout bounds the arrival of the rest of a message once its
+	// header is in: a header that promises bytes that never come holds the
+	// session no longer than this.
+	MessageTimeout time.Duration
 	// BatchRecords is the number of records per batch handed on.
 	BatchRecords int
 	// UDPReadBuffer is the UDP socket receive buffer in bytes. As root,
@@ -71,6 +96,15 @@ func (c *Config) SetDefaults() {
 	c.Limits.SetDefaults()
 	if c.MaxSessions <= 0 {
 		c.MaxSessions = DefaultMaxSessions
+	}
+	if c.MaxSessionsPerSource <= 0 {
+		c.MaxSessionsPerSource = DefaultMaxSessionsPerSource
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = DefaultIdleTimeout
+	}
+	if c.MessageTimeout <= 0 {
+		c.MessageTimeout = DefaultMessageTimeout
 	}
 	if c.BatchRecords <= 0 {
 		c.BatchRecords = DefaultBatchRecords
@@ -119,6 +153,8 @@ type Listener struct {
 
 	tcp, tls []net.Listener
 	udp      []*net.UDPConn
+
+	refusedAt [2]atomic.Int64 // last refusal logged: full, per source (unix ns)
 }
 
 // New binds every configured socket. The caller must call Run, which
@@ -239,7 +275,7 @@ func (l *Listener) Close() error {
 // not close the output queue.
 func (l *Listener) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	conns := &connSet{m: map[net.Conn]struct{}{}}
+	conns := newConnSet(l.cfg.MaxSessions, l.cfg.MaxSessionsPerSource)
 	for _, ln := range l.tcp {
 		wg.Go(func() { l.accept(ctx, ln, TCP, conns, &wg) })
 	}
@@ -257,37 +293,6 @@ func (l *Listener) Run(ctx context.Context) error {
 }
 
 // connSet tracks live connections so Run can close them.
-type connSet struct {
-	mu     sync.Mutex
-	m      map[net.Conn]struct{}
-	closed bool
-}
-
-func (s *connSet) add(c net.Conn, max int) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed || len(s.m) >= max {
-		return false
-	}
-	s.m[c] = struct{}{}
-	return true
-}
-
-func (s *connSet) remove(c net.Conn) {
-	s.mu.Lock()
-	delete(s.m, c)
-	s.mu.Unlock()
-}
-
-func (s *connSet) closeAll() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.closed = true
-	for c := range s.m {
-		c.Close()
-	}
-}
-
 // deliver hands a non-empty batch on. TCP and TLS block while the queue is
 // full (back-pressure reaches the exporter through TCP flow control); UDP
 // drops and counts (blocking would only move the loss into the kernel

@@ -9,6 +9,8 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
+	"fmt"
 	"math/big"
 	"net"
 	"net/netip"
@@ -365,5 +367,154 @@ func TestUDPListener(t *testing.T) {
 	}
 	if !found {
 		t.Error("kernel drop metric missing")
+	}
+}
+
+// awaitClosed waits until the server closes c (a read returns an error).
+func awaitClosed(t *testing.T, c net.Conn, within time.Duration) bool {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(within))
+	_, err := c.Read(make([]byte, 1))
+	var ne net.Error
+	return err != nil && !(errors.As(err, &ne) && ne.Timeout())
+}
+
+// TestIdleSocketsDoNotLockExportersOut: sockets opened and left idle
+// cannot take every session: one address gets MaxSessionsPerSource, idle
+// sessions give their place to a new connection once all are taken, idle
+// sessions end after IdleTimeout, and a header that promises a message
+// that never comes holds the session for MessageTimeout only. A
+// well-behaved exporter delivers through all of it.
+func TestIdleSocketsDoNotLockExportersOut(t *testing.T) {
+	defer func(d time.Duration) { evictIdle = d }(evictIdle)
+	evictIdle = 300 * time.Millisecond
+	l, q, reg := startListener(t, Config{TCPAddrs: []string{"[::]:0"}, MaxSessions: 8, MaxSessionsPerSource: 4,
+		IdleTimeout: time.Hour, MessageTimeout: 500 * time.Millisecond})
+	port := l.TCPAddrs()[0].(*net.TCPAddr).Port
+	dial := func(src string) net.Conn {
+		t.Helper()
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
+		c, err := d.Dial("tcp", net.JoinHostPort(src, fmt.Sprint(port)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	// An attacker on 127.0.0.2 opens 6 idle sockets: 4 are kept.
+	var idle []net.Conn
+	for range 6 {
+		idle = append(idle, dial("127.0.0.2"))
+	}
+	for _, c := range idle[4:] {
+		if !awaitClosed(t, c, 10*time.Second) {
+			t.Error("a fifth session from one address was kept")
+		}
+	}
+	// A slow message: a header promising 65,535 bytes, then 10 bytes.
+	slow := dial("::1")
+	slow.Write(cat(be16(fipfix.Version), be16(65535), make([]byte, 8)))
+	if !awaitClosed(t, slow, 20*time.Second) {
+		t.Error("a message that never completes held its session")
+	}
+	if n := testutil.ToFloat64(closedCounter(t, reg, "tcp", "slow_message")); n != 1 {
+		t.Errorf("slow_message closes %v, want 1", n)
+	}
+	// Another attacker on 127.0.0.3 fills the listener (8 sessions).
+	for range 4 {
+		idle = append(idle, dial("127.0.0.3"))
+	}
+	// All 8 taken by idle sockets: the exporter's connection takes the
+	// place of one idle for evictIdle.
+	time.Sleep(evictIdle) // the age that makes a socket evictable, not a wait for the code under test
+	good := dial("127.0.0.1")
+	r := sampleRecords()[2]
+	e := mustEncoder(6, 256)
+	if _, err := good.Write(encoderMessage(e, 1, 0, true, &r)); err != nil {
+		t.Fatal(err)
+	}
+	if got := collect(t, q, 1); got[0].SrcAddr != r.SrcAddr {
+		t.Errorf("record %+v", got[0])
+	}
+	if n := testutil.ToFloat64(closedCounter(t, reg, "tcp", "evicted")); n != 1 {
+		t.Errorf("evicted %v, want 1", n)
+	}
+	if n := testutil.ToFloat64(closedCounter(t, reg, "tcp", "source_limit")); n != 2 {
+		t.Errorf("source_limit refusals %v, want 2", n)
+	}
+}
+
+// TestIdleTimeout: a session that sends nothing for IdleTimeout ends.
+func TestIdleTimeout(t *testing.T) {
+	l, _, reg := startListener(t, Config{TCPAddrs: []string{"127.0.0.1:0"}, IdleTimeout: 300 * time.Millisecond})
+	c, err := net.Dial("tcp", l.TCPAddrs()[0].String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if !awaitClosed(t, c, 20*time.Second) {
+		t.Fatal("idle session kept")
+	}
+	if n := testutil.ToFloat64(closedCounter(t, reg, "tcp", "idle")); n != 1 {
+		t.Errorf("idle closes %v, want 1", n)
+	}
+}
+
+// addrConn is a net.Conn with a remote address, that records Close.
+type addrConn struct {
+	net.Conn
+	remote net.Addr
+	closed bool
+}
+
+func (c *addrConn) RemoteAddr() net.Addr { return c.remote }
+func (c *addrConn) Close() error         { c.closed = true; return nil }
+
+// TestConnSet: the bounds of the session set, per source and in all, and
+// which session gives its place when all are taken, on a clock of the
+// test's.
+func TestConnSet(t *testing.T) {
+	conn := func(ip string) *addrConn {
+		return &addrConn{remote: &net.TCPAddr{IP: net.ParseIP(ip), Port: 40000}}
+	}
+	t0 := time.Unix(1_800_000_000, 0)
+	s := newConnSet(3, 2)
+	a1, a2, a3 := conn("198.18.0.1"), conn("::ffff:198.18.0.1"), conn("198.18.0.1")
+	b1, c1, d1 := conn("fd00:10::2"), conn("fd00:10::3"), conn("fd00:10::4")
+	mustAdd := func(c *addrConn, at time.Time) *connInfo {
+		t.Helper()
+		ci, r := s.add(c, at)
+		if r != refusedNone {
+			t.Fatalf("add %v: refused %d", c.remote, r)
+		}
+		return ci
+	}
+	ia1 := mustAdd(a1, t0)
+	mustAdd(a2, t0) // the same address, 4-in-6
+	if _, r := s.add(a3, t0); r != refusedSource {
+		t.Errorf("third session of one address: %d, want refusedSource", r)
+	}
+	ib1 := mustAdd(b1, t0.Add(time.Second))
+	if _, r := s.add(c1, t0.Add(evictIdle-time.Millisecond)); r != refusedFull {
+		t.Errorf("full, nothing idle for evictIdle: %d, want refusedFull", r)
+	}
+	ia1.touch(t0.Add(2 * time.Second)) // a1 sent a message: a2 is now the oldest
+	mustAdd(c1, t0.Add(evictIdle+time.Millisecond))
+	if !a2.closed || a1.closed || b1.closed {
+		t.Errorf("evicted a1 %v a2 %v b1 %v, want a2 only", a1.closed, a2.closed, b1.closed)
+	}
+	s.remove(a2) // its goroutine's defer
+	ib1.touch(t0.Add(evictIdle))
+	mustAdd(d1, t0.Add(evictIdle+2*time.Second+time.Millisecond))
+	if !a1.closed {
+		t.Error("a1, idle the longest, kept")
+	}
+	s.remove(a1)
+	if _, r := s.add(a3, t0.Add(time.Hour)); r != refusedFull && r != refusedNone {
+		t.Errorf("after removals: %d", r)
+	}
+	s.closeAll()
+	if _, r := s.add(conn("198.18.0.9"), t0); r == refusedNone {
+		t.Error("add after closeAll")
 	}
 }

@@ -44,7 +44,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "dualflow_ipfix_sessions", Help: "Live IPFIX sessions (connections, UDP exporters).",
 		}, []string{"transport"}),
 		closed: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "dualflow_ipfix_sessions_closed_total", Help: "IPFIX sessions ended, by reason (eof, bad_framing, error, limit, idle, shutdown).",
+			Name: "dualflow_ipfix_sessions_closed_total", Help: "IPFIX sessions ended, by reason: eof, bad_framing, error, shutdown, idle (nothing sent for the idle timeout), slow_message (a message not completed within the message timeout), evicted (an idle session gave its place when all were taken), limit and source_limit (refused: all sessions, or all of this address, taken; TCP/TLS), tls_handshake.",
 		}, []string{"transport", "reason"}),
 		kernelDrop: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "dualflow_ipfix_udp_kernel_drops_total", Help: "UDP datagrams the kernel dropped on the IPFIX sockets (receive buffer full, SO_RXQ_OVFL).",

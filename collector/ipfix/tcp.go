@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -22,42 +23,78 @@ const tcpReadBuffer = 256 << 10
 // is no way to find the next message, so the session must end.
 var errFraming = errors.New("ipfix stream framing lost")
 
+// errIdle and errSlowMessage end a session whose exporter sent no message
+// for the idle timeout, or did not finish a message within the message
+// timeout after its header.
+var (
+	errIdle        = errors.New("ipfix session idle")
+	errSlowMessage = errors.New("ipfix message not completed in time")
+)
+
+// deadliner is the part of net.Conn the framer bounds its reads with.
+type deadliner interface{ SetReadDeadline(time.Time) error }
+
 // framer cuts a TCP/TLS stream into IPFIX messages using the length field
-// of each message header.
+// of each message header. With a deadliner, waiting for a message header
+// is bounded by idle and the rest of a message by message.
 type framer struct {
-	r    *bufio.Reader
-	prev int // length of the message returned last, discarded on next
+	r             *bufio.Reader
+	prev          int // length of the message returned last, discarded on next
+	d             deadliner
+	idle, message time.Duration
 }
 
 func newFramer(c io.Reader) *framer {
 	return &framer{r: bufio.NewReaderSize(c, tcpReadBuffer)}
 }
 
+// deadline bounds the reads that may follow when fewer than n bytes are
+// buffered.
+func (f *framer) deadline(n int, d time.Duration) {
+	if f.d != nil && d > 0 && f.r.Buffered() < n {
+		f.d.SetReadDeadline(time.Now().Add(d))
+	}
+}
+
 // next returns the next message; it is valid until the following call. A
 // header with the wrong version or a length below the header size returns
-// errFraming.
+// errFraming; a read that hits a deadline returns errIdle or
+// errSlowMessage.
 func (f *framer) next() ([]byte, error) {
 	if f.prev > 0 {
 		f.r.Discard(f.prev)
 		f.prev = 0
 	}
+	f.deadline(4, f.idle)
 	h, err := f.r.Peek(4)
 	if err != nil {
+		if isTimeout(err) {
+			err = fmt.Errorf("%w: %w", errIdle, err)
+		}
 		return nil, err
 	}
 	l := int(binary.BigEndian.Uint16(h[2:]))
 	if binary.BigEndian.Uint16(h) != fipfix.Version || l < fipfix.MessageHeaderLen {
 		return nil, errFraming
 	}
+	f.deadline(l, f.message)
 	m, err := f.r.Peek(l)
 	if err != nil {
-		if errors.Is(err, io.EOF) {
+		switch {
+		case errors.Is(err, io.EOF):
 			err = io.ErrUnexpectedEOF
+		case isTimeout(err):
+			err = fmt.Errorf("%w: %w", errSlowMessage, err)
 		}
 		return nil, err
 	}
 	f.prev = l
 	return m, nil
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // ready reports whether the next message is already buffered, so reading
@@ -86,21 +123,28 @@ func (l *Listener) accept(ctx context.Context, ln net.Listener, tr Transport, co
 			continue
 		}
 		delay = 0
-		if !conns.add(c, l.cfg.MaxSessions) {
+		ci, refused := conns.add(c, time.Now())
+		if refused != refusedNone {
 			c.Close()
 			l.m.dropped[ReasonTooManySessions].Inc()
-			l.m.closed.WithLabelValues(tr.String(), "limit").Inc()
+			reason := "limit"
+			if refused == refusedSource {
+				reason = "source_limit"
+			}
+			l.m.closed.WithLabelValues(tr.String(), reason).Inc()
+			l.refusedLog(tr, c.RemoteAddr(), reason)
 			continue
 		}
 		wg.Go(func() {
 			defer conns.remove(c)
-			l.serveConn(ctx, c, tr)
+			l.serveConn(ctx, ci, tr)
 		})
 	}
 }
 
 // serveConn decodes one TCP or TLS session until it ends.
-func (l *Listener) serveConn(ctx context.Context, c net.Conn, tr Transport) {
+func (l *Listener) serveConn(ctx context.Context, ci *connInfo, tr Transport) {
+	c := ci.conn
 	defer c.Close()
 	t := tr.String()
 	l.m.sessions.WithLabelValues(t).Inc()
@@ -121,6 +165,7 @@ func (l *Listener) serveConn(ctx context.Context, c net.Conn, tr Transport) {
 	d.Direction = l.cfg.Direction
 	var prev Stats
 	f := newFramer(c)
+	f.d, f.idle, f.message = c, l.cfg.IdleTimeout, l.cfg.MessageTimeout
 	b := l.pool.Get()
 	defer func() {
 		l.deliver(ctx, b, tr).Release()
@@ -140,14 +185,37 @@ func (l *Listener) serveConn(ctx context.Context, c net.Conn, tr Transport) {
 				l.log.Warn("ipfix session closed: bad message header", "remote", remote)
 			case ctx.Err() != nil:
 				reason = "shutdown"
+			case ci.evicted.Load():
+				reason = "evicted"
+			case errors.Is(err, errIdle):
+				reason = "idle"
+			case errors.Is(err, errSlowMessage):
+				reason = "slow_message"
+				l.log.Warn("ipfix session closed: a message did not complete in time", "remote", remote, "timeout", l.cfg.MessageTimeout)
 			}
 			l.m.closed.WithLabelValues(t, reason).Inc()
 			return
 		}
-		b.Recs, _ = d.Decode(s, msg, time.Now(), b.Recs)
+		now := time.Now()
+		ci.touch(now)
+		b.Recs, _ = d.Decode(s, msg, now, b.Recs)
 		if len(b.Recs) >= l.cfg.BatchRecords || !f.ready() {
 			b = l.deliver(ctx, b, tr)
 			l.m.flush(tr, d, &prev, l.log)
 		}
 	}
+}
+
+// refusedLog logs a refused connection at most once a minute per reason.
+func (l *Listener) refusedLog(tr Transport, remote net.Addr, reason string) {
+	now := time.Now().UnixNano()
+	last := &l.refusedAt[0]
+	if reason == "source_limit" {
+		last = &l.refusedAt[1]
+	}
+	if prev := last.Load(); now-prev < int64(time.Minute) || !last.CompareAndSwap(prev, now) {
+		return
+	}
+	l.log.Warn("ipfix connection refused (logged once a minute; see dualflow_ipfix_sessions_closed_total)", "transport", tr, "remote", remote, "reason", reason,
+		"max_sessions", l.cfg.MaxSessions, "max_sessions_per_source", l.cfg.MaxSessionsPerSource)
 }
