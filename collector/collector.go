@@ -90,6 +90,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&ic.MaxSessions, "collector.ipfix.max-sessions", ipfix.DefaultMaxSessions, "IPFIX sessions (connections, UDP exporters) per listener; past it a new TCP/TLS connection takes the place of one idle for 10 s, else it is refused and counted")
 	fs.IntVar(&ic.MaxSessionsPerSource, "collector.ipfix.max-sessions-per-source", ipfix.DefaultMaxSessionsPerSource, "IPFIX TCP/TLS sessions from one address; more are refused and counted")
 	fs.DurationVar(&ic.IdleTimeout, "collector.ipfix.idle-timeout", ipfix.DefaultIdleTimeout, "close an IPFIX TCP/TLS session that sent no message for this long (the exporter reconnects when it has flows)")
+	fs.Int64Var(&ic.MaxTemplateBytesTotal, "collector.ipfix.max-template-bytes-total", ipfix.DefaultMaxTemplateBytesTotal, "template memory of all IPFIX sessions together; further templates are refused and counted (each session is also capped at 1 MiB)")
 	fs.DurationVar(&ic.MessageTimeout, "collector.ipfix.message-timeout", ipfix.DefaultMessageTimeout, "close an IPFIX TCP/TLS session whose message does not complete within this long after its header")
 	fs.IntVar(&ic.UDPReadBuffer, "collector.ipfix.udp-read-buffer", ipfix.DefaultUDPReadBuffer, "UDP socket receive buffer in bytes (SO_RCVBUFFORCE as root)")
 	fs.DurationVar(&ic.Limits.TemplateLifetime, "collector.ipfix.template-lifetime", ipfix.DefaultTemplateLifetime, "lifetime of a UDP template that is not refreshed")

@@ -92,6 +92,9 @@ type Stats struct {
 	// TemplatesRejected counts definitions ignored by Limits
 	// (too_many_templates, too many fields).
 	TemplatesRejected uint64
+	// TemplatesOverBudget counts definitions ignored because the
+	// collector's template budget (Limits.Budget) was spent.
+	TemplatesOverBudget uint64
 	// SequenceLost counts data records that sequence numbers show missing.
 	SequenceLost uint64
 }
@@ -372,6 +375,10 @@ func (d *Decoder) install(s *Session, dom *domain, id uint16, options bool, raw 
 	t := compile(id, options, raw, specs)
 	if s.bytes+t.size() > s.lim.MaxTemplateBytes {
 		d.Stats.TemplatesRejected++
+		return
+	}
+	if !s.lim.Budget.take(t.size()) {
+		d.Stats.TemplatesOverBudget++
 		return
 	}
 	t.seen = now

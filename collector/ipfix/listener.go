@@ -39,6 +39,10 @@ const (
 	// DefaultMessageTimeout bounds the arrival of a message after its
 	// header: at most 65,535 bytes, from a host on the same network.
 	DefaultMessageTimeout = 30 * time.Second
+	// DefaultMaxTemplateBytesTotal is the template memory of all sessions
+	// together: 64 sessions at their own 1 MiB cap, while a node's exporter
+	// needs a few KiB (OVS about 40 templates).
+	DefaultMaxTemplateBytesTotal = 64 << 20
 	// DefaultBatchRecords is the size of the batches handed to the
 	// pipeline: big enough to amortize the queue, small enough (~0.7 MB)
 	// to keep latency low.
@@ -84,6 +88,9 @@ type Config struct {
 	// header is in: a header that promises bytes that never come holds the
 	// session no longer than this.
 	MessageTimeout time.Duration
+	// MaxTemplateBytesTotal bounds the template memory of all sessions
+	// together (Limits.Budget); further templates are refused and counted.
+	MaxTemplateBytesTotal int64
 	// BatchRecords is the number of records per batch handed on.
 	BatchRecords int
 	// UDPReadBuffer is the UDP socket receive buffer in bytes. As root,
@@ -105,6 +112,9 @@ func (c *Config) SetDefaults() {
 	}
 	if c.MessageTimeout <= 0 {
 		c.MessageTimeout = DefaultMessageTimeout
+	}
+	if c.MaxTemplateBytesTotal <= 0 {
+		c.MaxTemplateBytesTotal = DefaultMaxTemplateBytesTotal
 	}
 	if c.BatchRecords <= 0 {
 		c.BatchRecords = DefaultBatchRecords
@@ -170,7 +180,16 @@ func New(cfg Config, out *pipeline.Queue, pool *pipeline.Pool, pm *pipeline.Metr
 	if pm == nil {
 		pm = pipeline.NewMetrics(nil)
 	}
+	if cfg.Limits.Budget == nil {
+		cfg.Limits.Budget = NewTemplateBudget(cfg.MaxTemplateBytesTotal)
+	}
 	l := &Listener{cfg: cfg, out: out, pool: pool, m: newMetrics(reg), pm: pm, log: log}
+	if reg != nil {
+		budget := cfg.Limits.Budget
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "dualflow_ipfix_template_bytes", Help: "Template memory held by all IPFIX sessions (bounded by --collector.ipfix.max-template-bytes-total).",
+		}, func() float64 { return float64(budget.Used()) }))
+	}
 	if err := l.bind(); err != nil {
 		l.Close()
 		return nil, err

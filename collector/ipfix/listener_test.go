@@ -518,3 +518,66 @@ func TestConnSet(t *testing.T) {
 		t.Error("add after closeAll")
 	}
 }
+
+// TestTemplateBudget: the template memory of all sessions together is
+// bounded: past the budget a session's templates are refused (its data
+// sets then unknown) and counted; memory comes back when a session ends.
+// Sessions come from both families.
+func TestTemplateBudget(t *testing.T) {
+	r4, r6 := sampleRecords()[0], sampleRecords()[2]
+	// What one session's templates (one IPv4 and one IPv6 encoder) take.
+	probe := NewSession(netip.MustParseAddrPort("[fd00:10::1]:1"), TCP, Limits{Budget: NewTemplateBudget(1 << 30)})
+	d := NewDecoder()
+	e4, e6 := mustEncoder(4, 256), mustEncoder(6, 257)
+	d.Decode(probe, encoderMessage(e4, 1, 0, true), time.Now(), nil)
+	d.Decode(probe, encoderMessage(e6, 1, 1, true), time.Now(), nil)
+	per := probe.lim.Budget.Used()
+	probe.Close()
+	if per == 0 || probe.lim.Budget.Used() != 0 {
+		t.Fatalf("one session holds %d bytes; after Close %d", per, probe.lim.Budget.Used())
+	}
+
+	l, q, _ := startListener(t, Config{TCPAddrs: []string{"[::]:0"}, MaxTemplateBytesTotal: 2*per + per/2})
+	port := l.TCPAddrs()[0].(*net.TCPAddr).Port
+	budget := l.cfg.Limits.Budget
+	session := func(host string) net.Conn {
+		t.Helper()
+		c, err := net.Dial("tcp", net.JoinHostPort(host, fmt.Sprint(port)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		e4, e6 := mustEncoder(4, 256), mustEncoder(6, 257)
+		c.Write(encoderMessage(e4, 1, 0, true, &r4))
+		c.Write(encoderMessage(e6, 1, 1, true, &r6))
+		return c
+	}
+	a, _ := session("127.0.0.1"), session("::1")
+	collect(t, q, 4)
+	if used := budget.Used(); used != 2*per {
+		t.Fatalf("two sessions hold %d bytes, want %d", used, 2*per)
+	}
+	session("127.0.0.1") // a third session: over the budget, its records unknown
+	deadline := time.Now().Add(10 * time.Second)
+	for testutil.ToFloat64(l.m.templates.WithLabelValues("over_budget")) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("no template refused over the budget")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if used := budget.Used(); used > l.cfg.MaxTemplateBytesTotal {
+		t.Errorf("budget %d exceeded: %d bytes held", l.cfg.MaxTemplateBytesTotal, used)
+	}
+	// A session ends: its templates' memory comes back, a new one fits.
+	a.Close()
+	for budget.Used() > per+per/2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d bytes held after a session ended", budget.Used())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	session("::1")
+	if got := collect(t, q, 2); got[0].SrcAddr != r4.SrcAddr && got[0].SrcAddr != r6.SrcAddr {
+		t.Errorf("records after the budget freed: %+v", got[0])
+	}
+}

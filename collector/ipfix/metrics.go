@@ -2,6 +2,7 @@ package ipfix
 
 import (
 	"log/slog"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -18,6 +19,8 @@ type metrics struct {
 	sessions   *prometheus.GaugeVec   // {transport}
 	closed     *prometheus.CounterVec // {transport, reason}
 	kernelDrop prometheus.Counter
+	// overBudgetLog is set once the spent template budget was logged.
+	overBudgetLog atomic.Bool
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -35,7 +38,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "dualflow_ipfix_sets_unknown_template_total", Help: "IPFIX data sets skipped because their template is unknown or expired.",
 		}),
 		templates: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "dualflow_ipfix_templates_total", Help: "IPFIX template events: added, refreshed, withdrawn, expired, rejected (limits).",
+			Name: "dualflow_ipfix_templates_total", Help: "IPFIX template events: added, refreshed, withdrawn, expired, rejected (a session's limits), over_budget (the collector's template budget).",
 		}, []string{"event"}),
 		seqLost: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dualflow_ipfix_sequence_lost_records_total", Help: "Data records missing according to IPFIX sequence numbers (per observation domain, summed).",
@@ -92,6 +95,11 @@ func (m *metrics) flush(tr Transport, d *Decoder, prev *Stats, log *slog.Logger)
 	add(m.templates.WithLabelValues("withdrawn"), s.Withdrawn, prev.Withdrawn)
 	add(m.templates.WithLabelValues("expired"), s.Expired, prev.Expired)
 	add(m.templates.WithLabelValues("rejected"), s.TemplatesRejected, prev.TemplatesRejected)
+	add(m.templates.WithLabelValues("over_budget"), s.TemplatesOverBudget, prev.TemplatesOverBudget)
+	if s.TemplatesOverBudget > prev.TemplatesOverBudget && log != nil && !m.overBudgetLog.Swap(true) {
+		log.Warn("ipfix templates refused: the collector's template budget is spent (logged once; see dualflow_ipfix_templates_total and --collector.ipfix.max-template-bytes-total)",
+			"transport", tr.String())
+	}
 	add(m.seqLost.WithLabelValues(t), s.SequenceLost, prev.SequenceLost)
 	*prev = *s
 }

@@ -2,6 +2,7 @@ package ipfix
 
 import (
 	"net/netip"
+	"sync/atomic"
 	"time"
 )
 
@@ -41,6 +42,42 @@ type Limits struct {
 	// refreshed (RFC 7011 8.4). TCP and TLS templates live as long as the
 	// connection.
 	TemplateLifetime time.Duration
+	// Budget bounds the template memory of every session sharing it (the
+	// Listener gives all its sessions one); nil bounds nothing beyond
+	// MaxTemplateBytes per session.
+	Budget *TemplateBudget
+}
+
+// TemplateBudget is the template memory of many sessions together: a
+// session's caps bound one exporter, the budget bounds all of them (1,500
+// hostile sessions at MaxTemplateBytes each would otherwise hold 1.5 GB).
+// Safe for concurrent use.
+type TemplateBudget struct {
+	max  int64
+	used atomic.Int64
+}
+
+// NewTemplateBudget returns a budget of maxBytes.
+func NewTemplateBudget(maxBytes int64) *TemplateBudget { return &TemplateBudget{max: maxBytes} }
+
+// Used is the template memory held now, in bytes.
+func (b *TemplateBudget) Used() int64 { return b.used.Load() }
+
+func (b *TemplateBudget) take(n int) bool {
+	if b == nil {
+		return true
+	}
+	if b.used.Add(int64(n)) > b.max {
+		b.used.Add(-int64(n))
+		return false
+	}
+	return true
+}
+
+func (b *TemplateBudget) give(n int) {
+	if b != nil {
+		b.used.Add(-int64(n))
+	}
 }
 
 // Defaults of Limits. Our exporter sends 2 templates per domain and OVS about
@@ -151,7 +188,17 @@ func (s *Session) removeTemplate(d *domain, id uint16) bool {
 	delete(d.templates, id)
 	s.templates--
 	s.bytes -= t.size()
+	s.lim.Budget.give(t.size())
 	return true
+}
+
+// Close forgets the session's templates and gives their memory back to the
+// budget. Call it when the session ends; it may be called more than once.
+func (s *Session) Close() {
+	s.lim.Budget.give(s.bytes)
+	s.bytes, s.templates = 0, 0
+	clear(s.domains)
+	s.last = nil
 }
 
 // withdrawAll removes every template (options false) or every options

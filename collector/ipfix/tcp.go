@@ -161,6 +161,7 @@ func (l *Listener) serveConn(ctx context.Context, ci *connInfo, tr Transport) {
 	}
 	remote, _ := netip.ParseAddrPort(c.RemoteAddr().String())
 	s := NewSession(remote, tr, l.cfg.Limits)
+	defer s.Close()
 	d := NewDecoder()
 	d.Direction = l.cfg.Direction
 	var prev Stats

@@ -45,6 +45,9 @@ func (l *Listener) serveUDP(ctx context.Context, c *net.UDPConn) {
 		l.m.flush(UDP, d, &prev, l.log)
 		gauge.Sub(float64(len(sessions)))
 		l.m.closed.WithLabelValues(UDP.String(), "shutdown").Add(float64(len(sessions)))
+		for _, s := range sessions {
+			s.Close()
+		}
 	}()
 	for {
 		n, drops, hasDrops, err := rd.read(dgs)
@@ -107,6 +110,7 @@ func (l *Listener) expire(sessions map[netip.AddrPort]*Session, now time.Time, i
 	for k, s := range sessions {
 		if idle > 0 {
 			if now.Sub(s.LastSeen) > idle {
+				s.Close()
 				delete(sessions, k)
 				l.m.sessions.WithLabelValues(UDP.String()).Dec()
 				l.m.closed.WithLabelValues(UDP.String(), "idle").Inc()
@@ -118,6 +122,7 @@ func (l *Listener) expire(sessions map[netip.AddrPort]*Session, now time.Time, i
 		}
 	}
 	if idle == 0 && oldest.IsValid() && now.Sub(oldestSeen) > time.Minute {
+		sessions[oldest].Close()
 		delete(sessions, oldest)
 		l.m.sessions.WithLabelValues(UDP.String()).Dec()
 		l.m.closed.WithLabelValues(UDP.String(), "limit").Inc()
