@@ -22,7 +22,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"time"
 
 	"github.com/dualflow/dualflow/collector"
 	"github.com/dualflow/dualflow/collector/audit"
@@ -63,7 +62,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 }
 
 // NodeTracer sends one traceflow probe and observes it on the nodes it
-// crosses (traceflow/local in the lab).
+// crosses (lab/tracer in the lab).
 type NodeTracer interface {
 	Trace(ctx context.Context, p traceflow.Probe) (traceflow.Path, error)
 }
@@ -192,14 +191,10 @@ func (a *App) WebURL() string {
 // IPFIX listeners on).
 func (a *App) Ready() <-chan struct{} { return a.c.Ready() }
 
-// webShutdown bounds the web's drain at shutdown, before the collector
-// flushes.
-const webShutdown = 5 * time.Second
-
-// Run runs the collector and the web until ctx ends, then stops the web
-// (requests in flight get webShutdown), cancels traces in flight, and
-// lets the collector flush its pipeline and store. It returns the first
-// error of either.
+// Run runs the collector and the web until ctx ends (or either fails),
+// then stops both: the web stops taking requests and gives those in flight
+// its shutdown timeout, the collector flushes its pipeline and store, and
+// traces still in flight are cancelled. It returns the errors of either.
 func (a *App) Run(ctx context.Context) error {
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -15,10 +15,10 @@ import (
 
 	"github.com/dualflow/dualflow/exporter/connstore"
 	"github.com/dualflow/dualflow/exporter/conntrack"
-	"github.com/dualflow/dualflow/exporter/internal/ctlab"
 	"github.com/dualflow/dualflow/flow"
 	"github.com/dualflow/dualflow/flow/ipfix/ipfixtest"
-	"github.com/dualflow/dualflow/lab/nsrun"
+	"github.com/dualflow/dualflow/lab/ctlab"
+	"github.com/dualflow/dualflow/nsrun"
 )
 
 // exchange is one connection the test made through the lab router.

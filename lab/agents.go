@@ -18,8 +18,8 @@ import (
 
 	"github.com/dualflow/dualflow/lab/agent"
 	"github.com/dualflow/dualflow/lab/manifest"
-	"github.com/dualflow/dualflow/lab/nsrun"
 	"github.com/dualflow/dualflow/lab/topology"
+	"github.com/dualflow/dualflow/nsrun"
 )
 
 // agentReadyTimeout bounds how long Up waits for an agent process to listen.

@@ -32,8 +32,8 @@ import (
 	"github.com/dualflow/dualflow/lab/agent"
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/lab/nft"
-	"github.com/dualflow/dualflow/lab/nsrun"
 	"github.com/dualflow/dualflow/lab/topology"
+	"github.com/dualflow/dualflow/nsrun"
 )
 
 // Files in the state directory.

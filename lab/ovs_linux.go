@@ -11,8 +11,8 @@ import (
 	"github.com/vishvananda/netns"
 
 	"github.com/dualflow/dualflow/lab/manifest"
-	"github.com/dualflow/dualflow/lab/nsrun"
 	"github.com/dualflow/dualflow/lab/ovs"
+	"github.com/dualflow/dualflow/nsrun"
 )
 
 // ovsEnv reads the MACs of every pod's and node's eth0.

@@ -5,8 +5,8 @@ package lab
 import (
 	"context"
 
-	"github.com/dualflow/dualflow/lab/nsrun"
 	"github.com/dualflow/dualflow/lab/ovs"
+	"github.com/dualflow/dualflow/nsrun"
 )
 
 func (l *Lab) ovsEnv() (ovs.Env, error)            { return ovs.Env{}, nsrun.ErrUnsupported }

@@ -10,7 +10,7 @@ import (
 
 	"github.com/dualflow/dualflow/lab/agent"
 	"github.com/dualflow/dualflow/lab/manifest"
-	"github.com/dualflow/dualflow/lab/nsrun"
+	"github.com/dualflow/dualflow/nsrun"
 )
 
 // Pod returns the pod "namespace/name".

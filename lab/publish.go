@@ -64,8 +64,7 @@ func Publish(ctx context.Context, c kubernetes.Interface, m *manifest.Manifest, 
 			return err
 		}
 	}
-	var steps [][]publishStep // per kind, in forward order
-	var nodes, deps, rss, pods, svcs, slices_, pols []publishStep
+	var nodes, deps, rss, pods, svcs, epSlices, pols []publishStep
 	for i := range m.Nodes {
 		n := m.Nodes[i].DeepCopy()
 		nodes = append(nodes, publishStep{"node " + n.Name, func(ctx context.Context) error {
@@ -108,7 +107,7 @@ func Publish(ctx context.Context, c kubernetes.Interface, m *manifest.Manifest, 
 	}
 	for i := range m.EndpointSlices {
 		s := m.EndpointSlices[i].DeepCopy()
-		slices_ = append(slices_, publishStep{"endpointslice " + s.Namespace + "/" + s.Name, func(ctx context.Context) error {
+		epSlices = append(epSlices, publishStep{"endpointslice " + s.Namespace + "/" + s.Name, func(ctx context.Context) error {
 			_, err := c.DiscoveryV1().EndpointSlices(s.Namespace).Create(ctx, clean(s), metav1.CreateOptions{})
 			return err
 		}})
@@ -120,7 +119,7 @@ func Publish(ctx context.Context, c kubernetes.Interface, m *manifest.Manifest, 
 			return err
 		}})
 	}
-	steps = [][]publishStep{nodes, deps, rss, pods, svcs, slices_, pols}
+	steps := [][]publishStep{nodes, deps, rss, pods, svcs, epSlices, pols} // per kind, in forward order
 	var all []publishStep
 	switch o.Order {
 	case "", OrderForward:

@@ -2,7 +2,7 @@
 
 package lab
 
-import "github.com/dualflow/dualflow/lab/nsrun"
+import "github.com/dualflow/dualflow/nsrun"
 
 // Conntrack returns nsrun.ErrUnsupported: kernel conntrack of a namespace
 // needs Linux.

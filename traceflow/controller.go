@@ -68,7 +68,7 @@ type Path struct {
 // nodeTracer sends one probe and observes it on the nodes it crosses. It
 // returns when the probe is delivered or dropped, or when ctx ends (then
 // with Outcome TimedOut and what it saw so far). Implementations: the
-// in-process lab tracer (traceflow/local); an exporter agent API later.
+// in-process lab tracer (lab/tracer); an exporter agent API later.
 type nodeTracer interface {
 	Trace(ctx context.Context, p Probe) (Path, error)
 }

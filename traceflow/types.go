@@ -7,7 +7,7 @@
 // and `GET /api/v1/traceflows/{id}`: Start validates and resolves a Request
 // and traces each requested family concurrently in the background; Get
 // returns the Result so far. The per-family work is done by a node tracer
-// (package traceflow/local for the lab's namespaces: gopacket probe
+// (package lab/tracer for the lab's namespaces: gopacket probe
 // injected from the source pod's netns, nftables trace + conntrack on the
 // nodes, capture in the destination pod).
 //

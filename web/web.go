@@ -7,6 +7,7 @@ package web
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -143,7 +144,7 @@ func hostCheck(next http.Handler, names []string) http.Handler {
 		if !netaddr.HostAllowed(r.Host, names) {
 			w.Header().Set("Content-Type", "application/json")
 			w.WriteHeader(http.StatusForbidden)
-			fmt.Fprintf(w, "{\"message\": %q}\n", "Host "+r.Host+" refused: use an IP address or localhost, or add the name to --web.allowed-hosts (DNS rebinding protection)")
+			_ = json.NewEncoder(w).Encode(map[string]string{"message": "Host " + r.Host + " refused: use an IP address or localhost, or add the name to --web.allowed-hosts (DNS rebinding protection)"})
 			return
 		}
 		next.ServeHTTP(w, r)

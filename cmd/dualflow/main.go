@@ -14,6 +14,8 @@ import (
 	"syscall"
 
 	"k8s.io/klog/v2"
+
+	"github.com/dualflow/dualflow/lab/labcmd"
 )
 
 // command is one subcommand. run gets the arguments after the subcommand
@@ -28,8 +30,8 @@ func commands() []command {
 	return []command{
 		{"collector", "receive flows, enrich them, write them to ClickHouse; serve the web UI and REST API", runCollector},
 		{"exporter", "export kernel conntrack connections as IPFIX (one per node)", runExporter},
-		{"lab", "build a dual-stack lab cluster in network namespaces", runLab},
-		{"demo", "run the whole product on one machine: the collector plus a lab and its exporters (make run)", runDemo},
+		{"lab", "build a dual-stack lab cluster in network namespaces", labCommands().Lab},
+		{"demo", "run the whole product on one machine: the collector plus a lab and its exporters (make run)", labCommands().Demo},
 		{"migrate", "apply the ClickHouse schema migrations (or print them)", runMigrate},
 		{"trace", "inject a probe at a pod and print its path per IP family (lab, or a collector with --server)", runTrace},
 		{"sql", "run a SQL query against the flow store and print the result", runSQL},
@@ -79,6 +81,12 @@ func main() {
 	fmt.Fprintf(os.Stderr, "dualflow: unknown command %q\n\n", name)
 	usage(os.Stderr)
 	os.Exit(2)
+}
+
+// labCommands are the lab side of the binary (package labcmd): the lab,
+// the demo and in-lab traces.
+func labCommands() *labcmd.Commands {
+	return &labcmd.Commands{Version: version, NewFlagSet: newFlagSet}
 }
 
 // newFlagSet returns a flag set for a subcommand whose --help prints the

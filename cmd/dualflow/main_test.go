@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"log/slog"
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -23,5 +24,33 @@ func TestRouteKlog(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("slog output lacks %q:\n%s", want, out)
 		}
+	}
+}
+
+// TestProductDoesNotImportLab: the demo is the product plus a lab. No
+// product package imports the lab; the binary reaches the lab's commands
+// through lab/labcmd only.
+func TestProductDoesNotImportLab(t *testing.T) {
+	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}} {{join .Imports " "}}`, "github.com/dualflow/dualflow/...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	const mod = "github.com/dualflow/dualflow/"
+	isLab := func(p string) bool { return p == mod+"lab" || strings.HasPrefix(p, mod+"lab/") }
+	checked := 0
+	for line := range strings.SplitSeq(strings.TrimSpace(string(out)), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 || isLab(f[0]) || strings.HasPrefix(f[0], mod+"test/") {
+			continue
+		}
+		checked++
+		for _, imp := range f[1:] {
+			if isLab(imp) && !(f[0] == mod+"cmd/dualflow" && imp == mod+"lab/labcmd") {
+				t.Errorf("%s imports %s", f[0], imp)
+			}
+		}
+	}
+	if checked < 20 {
+		t.Errorf("only %d product packages listed", checked)
 	}
 }

@@ -14,10 +14,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/dualflow/dualflow/lab"
-	"github.com/dualflow/dualflow/lab/manifest"
+	"github.com/dualflow/dualflow/lab/labcmd"
 	"github.com/dualflow/dualflow/traceflow"
-	"github.com/dualflow/dualflow/traceflow/local"
 )
 
 // errFamilyMissing makes `dualflow trace` exit non-zero when a requested
@@ -46,7 +44,7 @@ func runTrace(ctx context.Context, args []string) error {
 	fs.UintVar(&ttl, "ttl", 0, "TTL / hop limit (default 64)")
 	fs.DurationVar(&timeout, "timeout", 3*time.Second, "per-family timeout")
 	fs.StringVar(&inventory, "inventory", "", "resolve names in this manifest instead of the lab's own")
-	fs.StringVar(&stateDir, "state-dir", lab.DefaultStateDir, "state directory of the running lab")
+	fs.StringVar(&stateDir, "state-dir", labcmd.DefaultStateDir, "state directory of the running lab")
 	fs.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	fs.BoolVar(&live, "live", false, "trace the next real connection instead of injecting a probe (kernel datapath)")
 	fs.BoolVar(&droppedOnly, "dropped-only", false, "with --live: skip delivered connections, report the next dropped one")
@@ -108,30 +106,7 @@ func traceHere(ctx context.Context, req traceflow.Request, srv *serverFlags, sta
 		err = c.do(ctx, http.MethodPost, "/traceflows", url.Values{"wait": {"true"}}, bytes.NewReader(body), &res)
 		return res, err
 	}
-	l, err := lab.Open(stateDir, lab.Config{})
-	if err != nil {
-		return traceflow.Result{}, err
-	}
-	inv := local.Inventory{M: l.Manifest}
-	if inventory != "" {
-		f, err := os.Open(inventory)
-		if err != nil {
-			return traceflow.Result{}, fmt.Errorf("inventory: %w", err)
-		}
-		m, err := manifest.Decode(f)
-		f.Close()
-		if err != nil {
-			return traceflow.Result{}, fmt.Errorf("inventory: %w", err)
-		}
-		inv.M = m
-	}
-	tr, err := local.NewTracer(l, inv)
-	if err != nil {
-		return traceflow.Result{}, err
-	}
-	c2 := traceflow.New(traceflow.Config{MaxTimeout: time.Hour}, tr, inv, nil)
-	defer c2.Close()
-	return c2.Trace(ctx, req)
+	return labCommands().Trace(ctx, req, stateDir, inventory)
 }
 
 func parseProtocol(s string) traceflow.Protocol {

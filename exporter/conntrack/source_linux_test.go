@@ -14,9 +14,9 @@ import (
 	ct "github.com/ti-mo/conntrack"
 
 	"github.com/dualflow/dualflow/exporter/connstore"
-	"github.com/dualflow/dualflow/exporter/internal/ctlab"
 	"github.com/dualflow/dualflow/flow"
-	"github.com/dualflow/dualflow/lab/nsrun"
+	"github.com/dualflow/dualflow/lab/ctlab"
+	"github.com/dualflow/dualflow/nsrun"
 )
 
 func open(t *testing.T, cfg Config) *Source {

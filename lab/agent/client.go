@@ -16,7 +16,7 @@ import (
 	"golang.org/x/net/ipv4"
 	"golang.org/x/net/ipv6"
 
-	"github.com/dualflow/dualflow/lab/nsrun"
+	"github.com/dualflow/dualflow/nsrun"
 )
 
 // ErrNoAnswer means the peer never answered within the timeout: for a lab

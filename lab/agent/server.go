@@ -20,7 +20,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/dualflow/dualflow/lab/nsrun"
+	"github.com/dualflow/dualflow/nsrun"
 )
 
 // Protocols understood by the servers and clients.

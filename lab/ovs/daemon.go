@@ -13,8 +13,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/dualflow/dualflow/lab/nsrun"
 	"github.com/dualflow/dualflow/lab/topology"
+	"github.com/dualflow/dualflow/nsrun"
 )
 
 // cmdTimeout bounds every OVS CLI run.

@@ -17,7 +17,7 @@ import (
 	"github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
-	"github.com/dualflow/dualflow/lab/nsrun"
+	"github.com/dualflow/dualflow/nsrun"
 )
 
 // Build creates every namespace, link, address and route of spec. On error

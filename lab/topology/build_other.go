@@ -6,7 +6,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/dualflow/dualflow/lab/nsrun"
+	"github.com/dualflow/dualflow/nsrun"
 )
 
 // Build returns nsrun.ErrUnsupported.

@@ -25,7 +25,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/dualflow/dualflow/lab/nsrun"
+	"github.com/dualflow/dualflow/nsrun"
 )
 
 // GatewayMAC is the MAC of every node-side pod veth (Calico uses the same).

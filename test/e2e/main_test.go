@@ -23,8 +23,8 @@ import (
 
 	"github.com/dualflow/dualflow/lab"
 	"github.com/dualflow/dualflow/lab/manifest"
-	"github.com/dualflow/dualflow/lab/nsrun"
 	"github.com/dualflow/dualflow/lab/topology"
+	"github.com/dualflow/dualflow/nsrun"
 )
 
 // prefixRoot starts the namespace prefix of every lab of this package:

@@ -22,9 +22,9 @@ import (
 	labagent "github.com/dualflow/dualflow/lab/agent"
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/lab/nft"
+	"github.com/dualflow/dualflow/lab/tracer"
 	"github.com/dualflow/dualflow/traceflow"
 	"github.com/dualflow/dualflow/traceflow/agent"
-	"github.com/dualflow/dualflow/traceflow/local"
 )
 
 // traceEnv is one lab with a traceflow controller on it.
@@ -37,8 +37,8 @@ type traceEnv struct {
 
 func newTraceEnv(t *testing.T, l *lab.Lab, mode manifest.Mode) *traceEnv {
 	t.Helper()
-	inv := local.Inventory{M: l.Manifest}
-	tr, err := local.NewTracer(l, inv)
+	inv := tracer.Inventory{M: l.Manifest}
+	tr, err := tracer.NewTracer(l, inv)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -453,8 +453,8 @@ func benchTraceDual(b *testing.B, datapath string) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	inv := local.Inventory{M: l.Manifest}
-	tr, err := local.NewTracer(l, inv)
+	inv := tracer.Inventory{M: l.Manifest}
+	tr, err := tracer.NewTracer(l, inv)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -530,8 +530,8 @@ func TestTraceflowAgent(t *testing.T) {
 	requirePrereqs(t)
 	recordAs(t, "dual/trace-agent")
 	l := startLab(t, manifest.ModeDual)
-	inv := local.Inventory{M: l.Manifest}
-	tr, err := local.NewTracer(l, inv)
+	inv := tracer.Inventory{M: l.Manifest}
+	tr, err := tracer.NewTracer(l, inv)
 	if err != nil {
 		t.Fatal(err)
 	}

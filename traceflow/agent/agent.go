@@ -44,7 +44,7 @@ const replyMargin = 250 * time.Millisecond
 // ErrUnauthorized is returned by Client when the agent refuses the token.
 var ErrUnauthorized = errors.New("traceflow agent: unauthorized")
 
-// tracer sends and follows one probe (local.Tracer).
+// tracer sends and follows one probe (lab/tracer.Tracer).
 type tracer interface {
 	Trace(ctx context.Context, p traceflow.Probe) (traceflow.Path, error)
 }

@@ -2,7 +2,7 @@
 // namespace and captures them where they arrive, with raw AF_PACKET
 // sockets (pure Go, no cgo, no libpcap).
 //
-// The sockets are created inside the namespace (package lab/nsrun) and
+// The sockets are created inside the namespace (package nsrun) and
 // stay there for their whole life, so the caller's goroutines never change
 // namespace. Linux only: elsewhere every function returns ErrUnsupported.
 package inject

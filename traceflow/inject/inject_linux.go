@@ -11,7 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/dualflow/dualflow/lab/nsrun"
+	"github.com/dualflow/dualflow/nsrun"
 )
 
 // htons converts a 16-bit value to network byte order for AF_PACKET.

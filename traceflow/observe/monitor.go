@@ -9,7 +9,7 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/dualflow/dualflow/lab/nsrun"
+	"github.com/dualflow/dualflow/nsrun"
 )
 
 // monitorBuffer is how many lines a Monitor holds for a slow reader; when

@@ -1,4 +1,4 @@
-package local
+package tracer
 
 import (
 	"context"
@@ -15,8 +15,8 @@ import (
 
 	"github.com/dualflow/dualflow/lab"
 	"github.com/dualflow/dualflow/lab/nft"
-	"github.com/dualflow/dualflow/lab/nsrun"
 	"github.com/dualflow/dualflow/lab/topology"
+	"github.com/dualflow/dualflow/nsrun"
 	"github.com/dualflow/dualflow/traceflow"
 	"github.com/dualflow/dualflow/traceflow/inject"
 	"github.com/dualflow/dualflow/traceflow/observe"

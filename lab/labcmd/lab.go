@@ -1,4 +1,4 @@
-package main
+package labcmd
 
 import (
 	"context"
@@ -34,7 +34,8 @@ Subcommands:
   publish  write the lab's Kubernetes objects into an API server (--kubeconfig), so a
            collector can watch them as it watches a cluster (lab up --kubeconfig does it too)`
 
-func runLab(ctx context.Context, args []string) error {
+// Lab runs `dualflow lab <sub> [flags]`.
+func (lc *Commands) Lab(ctx context.Context, args []string) error {
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Println("Usage: dualflow lab <up|down|status|manifest|rules> [flags]\n\n" + labHelp)
 		return nil
@@ -42,19 +43,19 @@ func runLab(ctx context.Context, args []string) error {
 	sub, rest := args[0], args[1:]
 	switch sub {
 	case "up":
-		return runLabUp(ctx, rest)
+		return lc.labUp(ctx, rest)
 	case "down":
-		return runLabDown(rest)
+		return lc.labDown(rest)
 	case "status":
-		return runLabStatus(rest)
+		return lc.labStatus(rest)
 	case "manifest":
-		return runLabManifest(rest)
+		return lc.labManifest(rest)
 	case "rules":
-		return runLabRules(rest)
+		return lc.labRules(rest)
 	case "publish":
-		return runLabPublish(ctx, rest)
+		return lc.labPublish(ctx, rest)
 	case "agent": // hidden: the workload inside pods and the traffic generator
-		return runLabAgent(ctx, rest)
+		return lc.labAgent(ctx, rest)
 	}
 	return fmt.Errorf("lab: unknown subcommand %q (want up, down, status, manifest, rules or publish)", sub)
 }
@@ -71,8 +72,8 @@ func bindLab(fs *flag.FlagSet, cfg *lab.Config) {
 	fs.StringVar(&cfg.StateDir, "state-dir", lab.DefaultStateDir, "directory for the manifest, state, pid files and agent logs")
 }
 
-func runLabUp(ctx context.Context, args []string) error {
-	fs := newFlagSet("lab up", "[flags]", "Build the lab and start the pod agents (and the traffic generator).")
+func (lc *Commands) labUp(ctx context.Context, args []string) error {
+	fs := lc.NewFlagSet("lab up", "[flags]", "Build the lab and start the pod agents (and the traffic generator).")
 	var cfg lab.Config
 	bindLab(fs, &cfg)
 	fs.StringVar(&cfg.Datapath, "datapath", lab.DatapathKernel, "node datapath: kernel (nftables, kernel conntrack) or ovs (an Open vSwitch bridge per node, userspace datapath)")
@@ -142,8 +143,8 @@ func (p *publishFlags) publish(ctx context.Context, m *manifest.Manifest) error 
 	return nil
 }
 
-func runLabPublish(ctx context.Context, args []string) error {
-	fs := newFlagSet("lab publish", "--kubeconfig FILE [flags]", `Write the running lab's Kubernetes objects (or --manifest's) into an API
+func (lc *Commands) labPublish(ctx context.Context, args []string) error {
+	fs := lc.NewFlagSet("lab publish", "--kubeconfig FILE [flags]", `Write the running lab's Kubernetes objects (or --manifest's) into an API
 server, as a cluster's controllers and kubelets would leave them: namespaces
 with their default ServiceAccount, nodes and pods with their status
 (addresses of every family), Services with their exact clusterIPs, one
@@ -180,8 +181,8 @@ EndpointSlice per Service and family, NetworkPolicies. A collector with
 	return pub.publish(ctx, m)
 }
 
-func runLabDown(args []string) error {
-	fs := newFlagSet("lab down", "[flags]", "Remove the lab: agent processes, every namespace named <prefix>*, and the state files.")
+func (lc *Commands) labDown(args []string) error {
+	fs := lc.NewFlagSet("lab down", "[flags]", "Remove the lab: agent processes, every namespace named <prefix>*, and the state files.")
 	var cfg lab.Config
 	bindLab(fs, &cfg)
 	if err := fs.Parse(args); err != nil {
@@ -195,8 +196,8 @@ func runLabDown(args []string) error {
 	return nil
 }
 
-func runLabStatus(args []string) error {
-	fs := newFlagSet("lab status", "[flags]", "Show the nodes, pods, addresses and services of the running lab.")
+func (lc *Commands) labStatus(args []string) error {
+	fs := lc.NewFlagSet("lab status", "[flags]", "Show the nodes, pods, addresses and services of the running lab.")
 	var cfg lab.Config
 	bindLab(fs, &cfg)
 	if err := fs.Parse(args); err != nil {
@@ -209,8 +210,8 @@ func runLabStatus(args []string) error {
 	return l.WriteStatus(os.Stdout)
 }
 
-func runLabManifest(args []string) error {
-	fs := newFlagSet("lab manifest", "[flags]", "Print the default lab manifest (multi-document YAML).")
+func (lc *Commands) labManifest(args []string) error {
+	fs := lc.NewFlagSet("lab manifest", "[flags]", "Print the default lab manifest (multi-document YAML).")
 	var cfg lab.Config
 	bindLab(fs, &cfg)
 	if err := fs.Parse(args); err != nil {
@@ -223,8 +224,8 @@ func runLabManifest(args []string) error {
 	return m.Encode(os.Stdout)
 }
 
-func runLabRules(args []string) error {
-	fs := newFlagSet("lab rules", "[flags] NODE", "Print the nftables ruleset the lab loads on NODE (from the running lab's manifest, or the default one); for a running OVS lab, the node's OpenFlow flows with their statistics.")
+func (lc *Commands) labRules(args []string) error {
+	fs := lc.NewFlagSet("lab rules", "[flags] NODE", "Print the nftables ruleset the lab loads on NODE (from the running lab's manifest, or the default one); for a running OVS lab, the node's OpenFlow flows with their statistics.")
 	var cfg lab.Config
 	bindLab(fs, &cfg)
 	if err := fs.Parse(args); err != nil {
@@ -256,11 +257,11 @@ func runLabRules(args []string) error {
 }
 
 // runLabAgent is the hidden `lab agent serve|traffic` used by `lab up`.
-func runLabAgent(ctx context.Context, args []string) error {
+func (lc *Commands) labAgent(ctx context.Context, args []string) error {
 	if len(args) == 0 {
 		return errors.New("lab agent: want serve or traffic")
 	}
-	fs := newFlagSet("lab agent "+args[0], "[flags]", "Internal: run by `dualflow lab up`.")
+	fs := lc.NewFlagSet("lab agent "+args[0], "[flags]", "Internal: run by `dualflow lab up`.")
 	readyFD := fs.Int("ready-fd", 0, "write \"ready\" to this fd once serving")
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	ready := func() {

@@ -1,4 +1,4 @@
-package main
+package labcmd
 
 import (
 	"context"
@@ -17,14 +17,16 @@ import (
 	"github.com/dualflow/dualflow/exporter"
 	"github.com/dualflow/dualflow/lab"
 	"github.com/dualflow/dualflow/lab/manifest"
-	"github.com/dualflow/dualflow/traceflow/local"
+	"github.com/dualflow/dualflow/lab/tracer"
 )
 
 // demoIPFIXPort is the loopback port the demo's exporters send to.
 const demoIPFIXPort = "4739"
 
-func runDemo(ctx context.Context, args []string) error {
-	fs := newFlagSet("demo", "[flags]", `Start the whole product on one machine (what 'make run' does): a dual-stack
+// Demo runs `dualflow demo [flags]`: the product (package app) next to a
+// lab, its exporters and its node tracer.
+func (lc *Commands) Demo(ctx context.Context, args []string) error {
+	fs := lc.NewFlagSet("demo", "[flags]", `Start the whole product on one machine (what 'make run' does): a dual-stack
 lab of network namespaces with live traffic (allowed and denied connections,
 and a dual-stack policy gap), one exporter per lab node, and the product of
 'dualflow collector' (embedded ClickHouse, web UI and REST API) with the lab's
@@ -50,7 +52,7 @@ the lab. Needs root for the lab. Every collector and web flag applies.`)
 	if os.Geteuid() != 0 {
 		return errors.New("demo: the lab needs root (network namespaces); run it as root")
 	}
-	cfg.Version = version
+	cfg.Version = lc.Version
 	log := slog.Default()
 
 	exe, err := os.Executable()
@@ -84,11 +86,11 @@ the lab. Needs root for the lab. Every collector and web flag applies.`)
 	cfg.K8s.Inventory = []string{l.ManifestPath()}
 	cfg.IPFIX.TCPAddrs = []string{"127.0.0.1:" + demoIPFIXPort, "[::1]:" + demoIPFIXPort}
 	cfg.IPFIX.UDPAddrs = nil
-	tracer, err := local.NewTracer(l, local.Inventory{M: l.Manifest})
+	tr, err := tracer.NewTracer(l, tracer.Inventory{M: l.Manifest})
 	if err != nil {
 		return err
 	}
-	a, err := app.New(ctx, acfg, log, app.Options{NodeTracer: tracer})
+	a, err := app.New(ctx, acfg, log, app.Options{NodeTracer: tr})
 	if err != nil {
 		return err
 	}

@@ -1,10 +1,10 @@
-// Package local is traceflow's in-process node tracer for the lab: it
+// Package tracer is traceflow's in-process node tracer for the lab: it
 // resolves requests against the lab manifest (Inventory), injects the probe
 // from inside the source pod's network namespace, watches it on every node
 // with nftables tracing and conntrack, and captures it in the destination
 // pod (Tracer). It is what the exporter agents will run per node; here one
 // process reaches every node namespace of the lab.
-package local
+package tracer
 
 import (
 	"fmt"

@@ -39,8 +39,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dualflow/dualflow/lab/nsrun"
 	"github.com/dualflow/dualflow/lab/topology"
+	"github.com/dualflow/dualflow/nsrun"
 )
 
 // Addresses of the lab, per IP family.

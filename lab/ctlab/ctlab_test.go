@@ -7,7 +7,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/dualflow/dualflow/lab/nsrun"
+	"github.com/dualflow/dualflow/nsrun"
 )
 
 // TestToolPath finds the lab's commands in the sbin directories when PATH
