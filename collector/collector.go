@@ -213,7 +213,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Collector, error) 
 		return nil, err
 	}
 	if e, ok := conn.(*store.Embedded); ok && cfg.Store.HTTPAddr != "" {
-		c.http, err = chhttp.New(chhttp.Config{Addr: cfg.Store.HTTPAddr, Engine: e.DB(), Registerer: reg, Logger: log.With("stage", "clickhouse-http")})
+		c.http, err = newHTTPInterface(cfg.Store, e, reg, log.With("stage", "clickhouse-http"))
 		if err != nil {
 			conn.Close()
 			return nil, err
@@ -228,6 +228,24 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Collector, error) 
 		return nil, err
 	}
 	return c, nil
+}
+
+// newHTTPInterface builds the embedded engine's ClickHouse HTTP interface
+// with its users, creating the users file at first start.
+func newHTTPInterface(cfg store.Config, e *store.Embedded, reg prometheus.Registerer, log *slog.Logger) (*chhttp.Server, error) {
+	users, created, err := chhttp.LoadOrCreateUsers(cfg.HTTPUsersFile)
+	if err != nil {
+		return nil, fmt.Errorf("clickhouse http interface: %w", err)
+	}
+	if created {
+		log.Info("created the users of the ClickHouse HTTP interface (mode 0600): dualflow sql reads it; curl -u admin:PASSWORD", "file", cfg.HTTPUsersFile,
+			"users", chhttp.AdminUser+" (read-write), "+chhttp.ReaderUser+" (read-only)")
+	}
+	anon, err := chhttp.ParseAccess(cfg.HTTPAnonymous)
+	if err != nil {
+		return nil, err
+	}
+	return chhttp.New(chhttp.Config{Addr: cfg.HTTPAddr, Engine: e.DB(), Users: users, Anonymous: anon, Registerer: reg, Logger: log})
 }
 
 // bind opens the ClickHouse HTTP and metrics listeners, so that a port in

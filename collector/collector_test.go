@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -18,6 +19,7 @@ import (
 	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/collector/store"
 	"github.com/dualflow/dualflow/collector/store/chdb"
+	"github.com/dualflow/dualflow/collector/store/chhttp"
 	"github.com/dualflow/dualflow/flow"
 	fipfix "github.com/dualflow/dualflow/flow/ipfix"
 	"github.com/dualflow/dualflow/lab/manifest"
@@ -401,4 +403,44 @@ func processCPU(tb testing.TB) time.Duration {
 		tb.Fatal(err)
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// TestHTTPInterfaceAuth: the embedded store's HTTP interface authenticates
+// with the users the collector writes at first start (it had no
+// authentication: any local user could read and write through it).
+func TestHTTPInterfaceAuth(t *testing.T) {
+	c, _ := startCollector(t, func(c *Config) { c.Store.HTTPAddr = "127.0.0.1:0" })
+	path := filepath.Join(dataDir, "http-users.json")
+	fi, err := os.Stat(path)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("users file: %v %v, want mode 0600", err, fi)
+	}
+	users, err := chhttp.LoadUsers(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	post := func(user, password, q string) (int, string) {
+		req, _ := http.NewRequest("POST", "http://"+c.HTTPAddr().String()+"/", strings.NewReader(q))
+		if user != "" {
+			req.SetBasicAuth(user, password)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, body := post("", "", "SELECT count() FROM dualflow.flows"); code != 401 {
+		t.Errorf("anonymous: %d %s", code, body)
+	}
+	admin, _ := chhttp.Find(users, chhttp.AdminUser)
+	reader, _ := chhttp.Find(users, chhttp.ReaderUser)
+	if code, body := post(admin.Name, admin.Password, "SELECT count() > -1 FROM dualflow.flows"); code != 200 || strings.TrimSpace(body) != "1" {
+		t.Errorf("admin: %d %s", code, body)
+	}
+	if code, body := post(reader.Name, reader.Password, "CREATE TABLE dualflow.reader_was_here (a UInt8) ENGINE = Memory"); code == 200 {
+		t.Errorf("reader created a table: %s", body)
+	}
 }

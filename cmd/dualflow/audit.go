@@ -194,7 +194,8 @@ func (c *cliQuerier) Query(ctx context.Context, query, format string) ([]byte, e
 	}
 	if c.conn == nil && !c.direct && (c.cfg.DSN == "" || endpoint == c.cfg.DSN) {
 		var buf bytes.Buffer
-		err := queryHTTP(ctx, endpoint, query, format, &buf)
+		user, password := httpCredentials(c.cfg)
+		err := queryHTTP(ctx, endpoint, user, password, query, format, &buf)
 		if err == nil || !isConnRefused(err) || c.cfg.DSN != "" {
 			return buf.Bytes(), err
 		}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/dualflow/dualflow/collector/store"
+	"github.com/dualflow/dualflow/collector/store/chhttp"
 )
 
 func runSQL(ctx context.Context, args []string) error {
@@ -23,7 +24,10 @@ It goes through the ClickHouse HTTP interface of a running collector (the
 embedded store serves it on 127.0.0.1:8123), or of a ClickHouse server with
 --url. When nothing answers there and the store is embedded, it opens the data
 directory directly (only one process may own it, so stop the collector first
-or let it answer over HTTP).
+or let it answer over HTTP). Over HTTP it authenticates as
+$DUALFLOW_CLICKHOUSE_USER/$DUALFLOW_CLICKHOUSE_PASSWORD, else --clickhouse.user
+and --clickhouse.password-file, else the admin user of the embedded store's
+users file (<data-dir>/http-users.json, readable by the collector's user only).
 
   dualflow sql "SELECT ip_version, count() FROM dualflow.flows GROUP BY ip_version"
   dualflow sql --format JSONEachRow "SELECT * FROM dualflow.flows LIMIT 3"
@@ -56,7 +60,8 @@ or let it answer over HTTP).
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	if !*direct {
-		err := queryHTTP(ctx, *endpoint, query, *format, os.Stdout)
+		user, password := httpCredentials(cfg)
+		err := queryHTTP(ctx, *endpoint, user, password, query, *format, os.Stdout)
 		if err == nil || !isConnRefused(err) || cfg.DSN != "" {
 			return err
 		}
@@ -77,7 +82,7 @@ or let it answer over HTTP).
 
 // queryHTTP posts query to a ClickHouse HTTP interface and copies the
 // result to w.
-func queryHTTP(ctx context.Context, endpoint, query, format string, w io.Writer) error {
+func queryHTTP(ctx context.Context, endpoint, user, password, query, format string, w io.Writer) error {
 	u, err := url.Parse(endpoint)
 	if err != nil {
 		return fmt.Errorf("--url: %w", err)
@@ -89,8 +94,8 @@ func queryHTTP(ctx context.Context, endpoint, query, format string, w io.Writer)
 	if err != nil {
 		return err
 	}
-	if user := os.Getenv("DUALFLOW_CLICKHOUSE_USER"); user != "" {
-		req.SetBasicAuth(user, os.Getenv("DUALFLOW_CLICKHOUSE_PASSWORD"))
+	if user != "" {
+		req.SetBasicAuth(user, password)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -103,6 +108,35 @@ func queryHTTP(ctx context.Context, endpoint, query, format string, w io.Writer)
 	}
 	_, err = io.Copy(w, resp.Body)
 	return err
+}
+
+// httpCredentials picks the user of the HTTP interface: the environment
+// (DUALFLOW_CLICKHOUSE_USER and _PASSWORD), else --clickhouse.user and
+// --clickhouse.password-file, else the admin user of the embedded store's
+// users file when this user may read it.
+func httpCredentials(cfg store.Config) (user, password string) {
+	if user = os.Getenv("DUALFLOW_CLICKHOUSE_USER"); user != "" {
+		return user, os.Getenv("DUALFLOW_CLICKHOUSE_PASSWORD")
+	}
+	if cfg.Username != "" {
+		if cfg.PasswordFile != "" {
+			b, _ := os.ReadFile(cfg.PasswordFile)
+			password = strings.TrimSpace(string(b))
+		}
+		return cfg.Username, password
+	}
+	cfg.SetDefaults()
+	if cfg.HTTPUsersFile == "" {
+		return "", ""
+	}
+	users, err := chhttp.LoadUsers(cfg.HTTPUsersFile)
+	if err != nil {
+		return "", "" // the server's 401 says what to do
+	}
+	if u, ok := chhttp.Find(users, chhttp.AdminUser); ok && u.Password != "" {
+		return u.Name, u.Password
+	}
+	return "", ""
 }
 
 func isConnRefused(err error) bool {

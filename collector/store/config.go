@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"path/filepath"
 	"strconv"
 	"strings"
 
+	"github.com/dualflow/dualflow/collector/store/chhttp"
 	"github.com/dualflow/dualflow/migrations"
 )
 
@@ -29,8 +31,15 @@ type Config struct {
 	LibPath   string
 	MaxMemory ByteSize
 	// HTTPAddr is where the embedded engine serves the ClickHouse HTTP
-	// interface ("" disables it). Loopback by default: it has no auth.
+	// interface ("" disables it). Loopback only: it has no TLS.
 	HTTPAddr string
+	// HTTPUsersFile holds the HTTP interface's users (see
+	// chhttp.LoadOrCreateUsers); empty means <DataDir>/http-users.json,
+	// created at first start with an admin and a reader user.
+	HTTPUsersFile string
+	// HTTPAnonymous is what a request without credentials may do: "none"
+	// (default) or "readonly".
+	HTTPAnonymous string
 
 	// Schema.
 	Database string
@@ -49,7 +58,9 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.DataDir, "clickhouse.data-dir", c.DataDir, "data directory of the embedded engine (one process owns it)")
 	fs.StringVar(&c.LibPath, "clickhouse.chdb-lib", c.LibPath, "path of libchdb.so (default: $CHDB_LIB_PATH, then .cache/chdb/current/libchdb.so; fetched by make deps)")
 	fs.Var(&c.MaxMemory, "clickhouse.max-memory", "memory cap of the embedded engine, e.g. 2GiB (0: ClickHouse default)")
-	fs.StringVar(&c.HTTPAddr, "clickhouse.http-addr", c.HTTPAddr, "serve the ClickHouse HTTP interface of the embedded engine here (empty disables; no auth, keep it on loopback)")
+	fs.StringVar(&c.HTTPAddr, "clickhouse.http-addr", c.HTTPAddr, "serve the ClickHouse HTTP interface of the embedded engine here, loopback only (empty disables); users authenticate as with a ClickHouse server")
+	fs.StringVar(&c.HTTPUsersFile, "clickhouse.http-users-file", c.HTTPUsersFile, "users of the embedded HTTP interface, JSON {\"users\":[{\"name\",\"password\" or \"password_sha256_hex\",\"readonly\"}]}, mode 0600 (default <data-dir>/http-users.json, created at first start with users admin and reader)")
+	fs.StringVar(&c.HTTPAnonymous, "clickhouse.http-anonymous", c.HTTPAnonymous, "what requests without credentials may do on the embedded HTTP interface: none or readonly (default none)")
 	fs.StringVar(&c.Database, "clickhouse.database", c.Database, "database holding the dualflow tables")
 	fs.StringVar(&c.Cluster, "clickhouse.cluster", c.Cluster, "render the schema for this ClickHouse cluster (ON CLUSTER, Replicated*MergeTree + Distributed); empty: single node")
 	fs.IntVar(&c.TTLDays, "clickhouse.ttl-days", c.TTLDays, "keep flows and rollups this many days (0: forever); applied to existing tables at start")
@@ -63,6 +74,12 @@ func (c *Config) SetDefaults() {
 	if c.DataDir == "" && c.DSN == "" {
 		c.DataDir = "var/data"
 	}
+	if c.HTTPUsersFile == "" && c.DataDir != "" {
+		c.HTTPUsersFile = filepath.Join(c.DataDir, "http-users.json")
+	}
+	if c.HTTPAnonymous == "" {
+		c.HTTPAnonymous = "none"
+	}
 }
 
 // Validate checks the configuration.
@@ -73,7 +90,10 @@ func (c Config) Validate() error {
 			return fmt.Errorf("--clickhouse.http-addr %q: %w", c.HTTPAddr, err)
 		}
 		if ip, err := netip.ParseAddr(host); (err != nil && host != "localhost") || (err == nil && !ip.IsLoopback()) {
-			return fmt.Errorf("--clickhouse.http-addr %q: the embedded ClickHouse HTTP interface has no authentication and must listen on loopback (127.0.0.1 or [::1])", c.HTTPAddr)
+			return fmt.Errorf("--clickhouse.http-addr %q: the embedded ClickHouse HTTP interface has no TLS, so passwords would cross the network in clear: it must listen on loopback (127.0.0.1 or [::1])", c.HTTPAddr)
+		}
+		if a, err := chhttp.ParseAccess(c.HTTPAnonymous); err != nil || a == chhttp.AccessFull {
+			return fmt.Errorf("--clickhouse.http-anonymous %q: want none or readonly", c.HTTPAnonymous)
 		}
 	}
 	if c.DSN != "" && strings.Contains(c.DSN, "password=") {

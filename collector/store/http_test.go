@@ -3,6 +3,8 @@ package store
 import (
 	"context"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
@@ -45,7 +47,8 @@ func (h *httpStore) start() {
 		h.t.Fatal(err)
 	}
 	h.addr = ln.Addr().String()
-	srv, err := chhttp.New(chhttp.Config{Engine: e.DB(), ShutdownTimeout: time.Second})
+	srv, err := chhttp.New(chhttp.Config{Engine: e.DB(), ShutdownTimeout: time.Second,
+		Users: []chhttp.User{{Name: "writer", Password: "w-secret"}}})
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -64,7 +67,11 @@ func (h *httpStore) down() {
 
 // server returns a clickhouse-go (Protocol HTTP) backend for the store.
 func (h *httpStore) server() *Server {
-	s, err := NewServer(ServerConfig{DSN: "http://" + h.addr + "/", DialTimeout: time.Second})
+	pw := filepath.Join(h.t.TempDir(), "password")
+	if err := os.WriteFile(pw, []byte("w-secret\n"), 0o600); err != nil {
+		h.t.Fatal(err)
+	}
+	s, err := NewServer(ServerConfig{DSN: "http://" + h.addr + "/", DialTimeout: time.Second, Username: "writer", PasswordFile: pw})
 	if err != nil {
 		h.t.Fatal(err)
 	}

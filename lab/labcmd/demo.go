@@ -156,11 +156,15 @@ the lab. Needs root for the lab. Every collector and web flag applies.`)
 	}
 
 	abs, _ := filepath.Abs(cfg.Store.DataDir)
+	st := cfg.Store
+	st.SetDefaults()
+	usersFile, _ := filepath.Abs(st.HTTPUsersFile)
 	fmt.Printf(`
 dualflow is running: lab mode %[4]s (%[5]s datapath), %[6]d nodes, exporters on every node.
   Web UI and API   %[10]s   (REST under /api/v1, OpenAPI at /api/v1/openapi.json)
   ClickHouse HTTP  http://%[1]s/   (embedded store in %[2]s)
-      curl 'http://%[1]s/?query=SELECT+ip_version,count()+FROM+dualflow.flows+GROUP+BY+ip_version'
+      users admin (read-write) and reader (read-only); passwords in %[11]s
+      curl -u reader:PASSWORD 'http://%[1]s/?query=SELECT+ip_version,count()+FROM+dualflow.flows+GROUP+BY+ip_version'
       bin/dualflow sql "SELECT src_pod_name, dst_pod_name, ip_version, ingress_verdict FROM dualflow.flows ORDER BY flow_end DESC LIMIT 10"
   Metrics          http://%[3]s/metrics
   Lab              bin/dualflow lab status
@@ -168,7 +172,7 @@ dualflow is running: lab mode %[4]s (%[5]s datapath), %[6]d nodes, exporters on 
   Traceflow        bin/dualflow trace --server %[10]s -s frontend/%[8]s -d svc:backend/api:80 --family dual
 Flows appear within about %[9]s. Press Ctrl-C to stop and remove the lab.
 
-`, a.Collector().HTTPAddr(), abs, a.Collector().MetricsAddr(), mode, labCfg.Datapath, len(l.Manifest.Nodes), l.ManifestPath(), webPod(l), *activeTimeout+5*time.Second, a.WebURL())
+`, a.Collector().HTTPAddr(), abs, a.Collector().MetricsAddr(), mode, labCfg.Datapath, len(l.Manifest.Nodes), l.ManifestPath(), webPod(l), *activeTimeout+5*time.Second, a.WebURL(), usersFile)
 
 	var runErr error
 	productDone := false

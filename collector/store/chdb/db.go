@@ -134,6 +134,23 @@ var engine struct {
 	dbs int
 }
 
+// privateDir creates dir for its owner only, and takes group and other
+// access away from an existing one: the engine writes its files 0644, and
+// the flows (and the HTTP interface's users file) are nobody else's to read.
+func privateDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return err
+	}
+	fi, err := os.Stat(dir)
+	if err != nil {
+		return err
+	}
+	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
+		return os.Chmod(dir, perm&^0o077)
+	}
+	return nil
+}
+
 // Open loads libchdb.so if needed and connects to the engine on
 // cfg.DataDir. It fails with ErrLocked (wrapped) when another process owns
 // the directory, with ErrOtherDir when this process has another directory
@@ -145,7 +162,7 @@ func Open(cfg Config) (*DB, error) {
 		if err != nil {
 			return nil, fmt.Errorf("chdb: data dir: %w", err)
 		}
-		if err := os.MkdirAll(abs, 0o755); err != nil {
+		if err := privateDir(abs); err != nil {
 			return nil, fmt.Errorf("chdb: data dir: %w", err)
 		}
 		dir = abs

@@ -596,3 +596,29 @@ func TestCancelInsertInEngine(t *testing.T) {
 		t.Errorf("after the cancel: %q, %v", out, err)
 	}
 }
+
+// TestDataDirPrivate: the data directory is its owner's only (it was 0755
+// with 0644 files: any local user could read every flow).
+func TestDataDirPrivate(t *testing.T) {
+	testDB(t)
+	fi, err := os.Stat(filepath.Join(shared.dir, "data"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
+		t.Errorf("data dir mode %#o, want no group or other access", perm)
+	}
+	loose := filepath.Join(t.TempDir(), "loose")
+	if err := os.Mkdir(loose, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(loose, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := privateDir(loose); err != nil {
+		t.Fatal(err)
+	}
+	if fi, err := os.Stat(loose); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("existing 0755 dir: %v %v, want 0700", fi.Mode().Perm(), err)
+	}
+}

@@ -26,6 +26,7 @@ func openClickHouseGo(t testing.TB, serverURL string, comp *clickhouse.Compressi
 	conn, err := clickhouse.Open(&clickhouse.Options{
 		Addr:        []string{u.Host},
 		Protocol:    clickhouse.HTTP,
+		Auth:        clickhouse.Auth{Username: "writer", Password: "w-secret"},
 		Compression: comp,
 		DialTimeout: 10 * time.Second,
 		ReadTimeout: 60 * time.Second,
@@ -36,6 +37,10 @@ func openClickHouseGo(t testing.TB, serverURL string, comp *clickhouse.Compressi
 	t.Cleanup(func() { _ = conn.Close() })
 	return conn
 }
+
+// goUsers are the accounts of the clickhouse-go tests: the driver sends
+// its credentials as ClickHouse servers expect them.
+var goUsers = []User{{Name: "writer", Password: "w-secret"}}
 
 // flowRow holds one row of every modern type the project uses.
 type flowRow struct {
@@ -71,7 +76,7 @@ func testRows() []flowRow {
 }
 
 func TestClickHouseGoRoundTrip(t *testing.T) {
-	ts, _ := testServer(t, Config{})
+	ts, _ := testServer(t, Config{Users: goUsers})
 	compressions := []struct {
 		name string
 		comp *clickhouse.Compression
@@ -179,7 +184,7 @@ func TestClickHouseGoRoundTrip(t *testing.T) {
 }
 
 func TestClickHouseGoBatch100k(t *testing.T) {
-	ts, _ := testServer(t, Config{})
+	ts, _ := testServer(t, Config{Users: goUsers})
 	d := newDatabase(t)
 	ctx := context.Background()
 	conn := openClickHouseGo(t, ts.URL, nil)
@@ -227,7 +232,7 @@ func insertFlows(t testing.TB, ctx context.Context, conn driver.Conn, d string, 
 }
 
 func BenchmarkClickHouseGoBatchInsert(b *testing.B) {
-	ts, _ := testServer(b, Config{})
+	ts, _ := testServer(b, Config{Users: goUsers})
 	d := newDatabase(b)
 	ctx := context.Background()
 	conn := openClickHouseGo(b, ts.URL, nil)

@@ -16,6 +16,8 @@ const (
 	codeCannotDecompress         = 271
 	codeQueryWasCancelled        = 394
 	codeAccessDenied             = 497
+	codeRequiredPassword         = 194
+	codeAuthenticationFailed     = 516
 	codeStdException             = 1001
 )
 
@@ -31,6 +33,8 @@ var codeNames = map[int]string{
 	codeCannotDecompress:         "CANNOT_DECOMPRESS",
 	codeQueryWasCancelled:        "QUERY_WAS_CANCELLED",
 	codeAccessDenied:             "ACCESS_DENIED",
+	codeRequiredPassword:         "REQUIRED_PASSWORD",
+	codeAuthenticationFailed:     "AUTHENTICATION_FAILED",
 	codeStdException:             "STD_EXCEPTION",
 }
 

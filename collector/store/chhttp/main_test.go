@@ -70,6 +70,10 @@ func testServer(t testing.TB, cfg Config) (*httptest.Server, *Server) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
+	if len(cfg.Users) == 0 && cfg.Anonymous == AccessNone {
+		// Tests of the interface itself; auth_test.go tests authentication.
+		cfg.Anonymous = AccessFull
+	}
 	s, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

@@ -55,6 +55,11 @@ const (
 	DefaultMaxQuerySize    = 1 << 20 // bytes of query text in a body; INSERT data is streamed and not capped
 	DefaultMaxConcurrent   = 32      // requests served at once; the engine runs chdb.Config.MaxConns of them in parallel
 	DefaultShutdownTimeout = 10 * time.Second
+	DefaultBodyTimeout     = 30 * time.Second
+	// readersPerSlot bounds requests still sending their query text, per
+	// engine slot, so that slow senders cannot hold engine slots (nor
+	// unbounded memory: each reads at most MaxQuerySize bytes).
+	readersPerSlot = 4
 	// readHeaderTimeout bounds slow clients before a request is parsed.
 	readHeaderTimeout = 10 * time.Second
 	// maxHeaderBytes caps the request line plus headers, so the URL too.
@@ -77,6 +82,16 @@ type Config struct {
 	// MaxConcurrent caps requests being served at once; more get HTTP 503
 	// with code 202 (TOO_MANY_SIMULTANEOUS_QUERIES). 0 means DefaultMaxConcurrent.
 	MaxConcurrent int
+	// Users are the accounts that may authenticate (see LoadOrCreateUsers).
+	Users []User
+	// Anonymous is what a request without credentials may do. The zero
+	// value refuses it: the interface authenticates by default. AccessFull
+	// is for a Handler mounted behind its own authentication, and tests.
+	Anonymous Access
+	// BodyTimeout bounds reading a request's query text, and the wait for
+	// each next chunk of an INSERT's data; 0 means DefaultBodyTimeout. A
+	// request holds an engine slot only once its query text has arrived.
+	BodyTimeout time.Duration
 	// ShutdownTimeout bounds how long Run waits for requests in flight
 	// after its context is cancelled; 0 means DefaultShutdownTimeout.
 	ShutdownTimeout time.Duration
@@ -94,6 +109,8 @@ type Server struct {
 	cfg     Config
 	log     *slog.Logger
 	sem     chan struct{} // one token per request being served; full → 503
+	readers chan struct{} // one token per request reading its query text; full → 503
+	auth    *authenticator
 	metrics *metrics
 	handler http.Handler
 }
@@ -116,6 +133,9 @@ func New(cfg Config) (*Server, error) {
 	if cfg.ShutdownTimeout <= 0 {
 		cfg.ShutdownTimeout = DefaultShutdownTimeout
 	}
+	if cfg.BodyTimeout <= 0 {
+		cfg.BodyTimeout = DefaultBodyTimeout
+	}
 	if cfg.DisplayName == "" {
 		cfg.DisplayName, _ = os.Hostname()
 	}
@@ -126,7 +146,12 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{cfg: cfg, log: cfg.Logger, sem: make(chan struct{}, cfg.MaxConcurrent), metrics: m}
+	auth, err := newAuthenticator(cfg.Users, cfg.Anonymous)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{cfg: cfg, log: cfg.Logger, sem: make(chan struct{}, cfg.MaxConcurrent),
+		readers: make(chan struct{}, readersPerSlot*cfg.MaxConcurrent), auth: auth, metrics: m}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/ping", s.ping)
 	mux.HandleFunc("/replicas_status", s.ping)
@@ -270,20 +295,59 @@ func (s *Server) recoverPanics(next http.Handler) http.Handler {
 
 // serveQuery is the ClickHouse HTTP interface's main handler.
 func (s *Server) serveQuery(w http.ResponseWriter, r *http.Request) {
-	select {
-	case s.sem <- struct{}{}:
-		defer func() { <-s.sem }()
-	default:
-		s.metrics.rejected.Inc()
-		s.metrics.requests.WithLabelValues("query", "503").Inc()
-		s.writeError(w, newError(codeTooManySimultaneous, http.StatusServiceUnavailable,
-			"Too many simultaneous queries. Maximum: %d", s.cfg.MaxConcurrent))
+	user, access, err := s.auth.authenticate(r)
+	if access == AccessNone {
+		s.metrics.authFailures.Inc()
+		s.log.Debug("chhttp: authentication failed", "user", user, "remote", r.RemoteAddr)
+		// As ClickHouse: no password is REQUIRED_PASSWORD (401, with a
+		// challenge so that curl and browsers ask), a wrong one
+		// AUTHENTICATION_FAILED (403).
+		if user == "" {
+			w.Header().Set("WWW-Authenticate", `Basic realm="ClickHouse", charset="UTF-8"`)
+			s.writeError(w, newError(codeRequiredPassword, http.StatusUnauthorized, "%v", err))
+			s.metrics.requests.WithLabelValues("query", "401").Inc()
+		} else {
+			s.metrics.requests.WithLabelValues("query", "403").Inc()
+			s.writeError(w, newError(codeAuthenticationFailed, http.StatusForbidden, "%v", err))
+		}
 		return
 	}
-	s.metrics.inFlight.Inc()
-	defer s.metrics.inFlight.Dec()
-
-	kind, err := s.handle(w, r)
+	select {
+	case s.readers <- struct{}{}:
+	default:
+		s.reject(w, "Too many requests sending their query. Maximum: %d", cap(s.readers))
+		return
+	}
+	held := false
+	release := func() {
+		if held {
+			<-s.sem
+			s.metrics.inFlight.Dec()
+		}
+	}
+	// acquire takes an engine slot once the query text has been read.
+	acquire := func() bool {
+		<-s.readers
+		select {
+		case s.sem <- struct{}{}:
+			held = true
+			s.metrics.inFlight.Inc()
+			return true
+		default:
+			return false
+		}
+	}
+	kind, err := s.handle(w, r, access, acquire)
+	release()
+	if !held && err == nil {
+		// Refused for want of a slot (handle wrote nothing), or a ping.
+		if kind == "ping" {
+			s.metrics.requests.WithLabelValues(kind, "200").Inc()
+			return
+		}
+		s.reject(w, "Too many simultaneous queries. Maximum: %d", s.cfg.MaxConcurrent)
+		return
+	}
 	status := http.StatusOK
 	if err != nil {
 		status = s.fail(w, r, kind, err)
@@ -291,9 +355,37 @@ func (s *Server) serveQuery(w http.ResponseWriter, r *http.Request) {
 	s.metrics.requests.WithLabelValues(kind, strconv.Itoa(status)).Inc()
 }
 
-// handle serves one request; on error nothing has been written yet.
-func (s *Server) handle(w http.ResponseWriter, r *http.Request) (kind string, err error) {
+func (s *Server) reject(w http.ResponseWriter, format string, max int) {
+	s.metrics.rejected.Inc()
+	s.metrics.requests.WithLabelValues("query", "503").Inc()
+	s.writeError(w, newError(codeTooManySimultaneous, http.StatusServiceUnavailable, format, max))
+}
+
+// deadlineReader extends the connection's read deadline before each read:
+// a client that stops sending for BodyTimeout is cut off, however long its
+// data goes on.
+type deadlineReader struct {
+	r       io.Reader
+	rc      *http.ResponseController
+	timeout time.Duration
+}
+
+func (d deadlineReader) Read(p []byte) (int, error) {
+	_ = d.rc.SetReadDeadline(time.Now().Add(d.timeout))
+	return d.r.Read(p)
+}
+
+// handle serves one request; on error nothing has been written yet. It
+// calls acquire once the query text is read; when acquire fails it returns
+// with neither a write nor an error.
+func (s *Server) handle(w http.ResponseWriter, r *http.Request, access Access, acquire func() bool) (kind string, err error) {
 	kind = "query"
+	acquired := false
+	defer func() {
+		if !acquired {
+			<-s.readers
+		}
+	}()
 	req, err := parseRequest(r.Method, r.URL, r.Header)
 	if err != nil {
 		return kind, err
@@ -301,6 +393,15 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) (kind string, er
 	if s.cfg.ReadOnly {
 		req.settings["readonly"] = "1"
 	}
+	if access == AccessReadOnly && req.settings["readonly"] != "1" {
+		// As a ClickHouse user with readonly=2: settings may change,
+		// nothing may be written.
+		req.settings["readonly"] = "2"
+	}
+	rc := http.NewResponseController(w)
+	// The query text must arrive within BodyTimeout; INSERT data after it
+	// within BodyTimeout per read.
+	_ = rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout))
 	body, closeBody, err := requestBody(r.Body, r.Header.Get("Content-Encoding"), req.nativeDecompress)
 	if err != nil {
 		return kind, err
@@ -330,6 +431,11 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request) (kind string, er
 		}
 		return kind, newError(codeSyntaxError, http.StatusBadRequest, "Empty query")
 	}
+	acquired = true
+	if !acquire() {
+		return kind, nil
+	}
+	body = deadlineReader{r: body, rc: rc, timeout: s.cfg.BodyTimeout}
 
 	st := chdb.Statement{Format: req.format, Params: req.params, Settings: req.settings, Database: req.database}
 	queryID := req.queryID
@@ -505,6 +611,7 @@ type metrics struct {
 	rejected     prometheus.Counter
 	insertedRows prometheus.Counter
 	refused      *prometheus.CounterVec
+	authFailures prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -529,13 +636,17 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "dualflow_chhttp_inserted_rows_total",
 			Help: "Rows written by INSERTs through the ClickHouse HTTP interface.",
 		}),
+		authFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "dualflow_chhttp_auth_failures_total",
+			Help: "Requests refused with 401: no credentials where anonymous access is off, or a wrong user or password.",
+		}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dualflow_chhttp_refused_total",
 			Help: "Read-only requests refused before they ran, by reason: statement, outfile, table_function, function, engine (see sqlguard).",
 		}, []string{"reason"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.requests, m.errors, m.inFlight, m.rejected, m.insertedRows, m.refused} {
+		for _, c := range []prometheus.Collector{m.requests, m.errors, m.inFlight, m.rejected, m.insertedRows, m.refused, m.authFailures} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("chhttp: register metrics: %w", err)
 			}

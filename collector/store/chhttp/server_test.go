@@ -386,7 +386,7 @@ func TestRunGraceful(t *testing.T) {
 			if err != nil {
 				t.Skipf("no %s: %v", addr, err)
 			}
-			s, err := New(Config{Engine: eng})
+			s, err := New(Config{Engine: eng, Users: []User{{Name: "u", Password: "p"}}})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -395,7 +395,7 @@ func TestRunGraceful(t *testing.T) {
 			go func() { done <- s.Serve(ctx, ln) }()
 			// POST: a GET is read-only, and its statement is first parsed by
 			// the engine, which this fake is not.
-			u := url.URL{Scheme: "http", Host: ln.Addr().String(), Path: "/", RawQuery: "query=SELECT+1"}
+			u := url.URL{Scheme: "http", User: url.UserPassword("u", "p"), Host: ln.Addr().String(), Path: "/", RawQuery: "query=SELECT+1"}
 			if r := do(t, "POST", u.String(), nil, nil); r.body != "1\n" {
 				t.Errorf("over %s: %d %q", addr, r.status, r.body)
 			}

@@ -1,0 +1,252 @@
+package chhttp
+
+import (
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// Access is what a request may do.
+type Access int
+
+const (
+	// AccessNone refuses the request (401).
+	AccessNone Access = iota
+	// AccessReadOnly runs reads only: readonly=2 at least (settings may
+	// change, nothing may be written) and the sqlguard check.
+	AccessReadOnly
+	// AccessFull runs anything the engine runs, writes included.
+	AccessFull
+)
+
+// ParseAccess reads "none", "readonly" or "full".
+func ParseAccess(s string) (Access, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "none", "":
+		return AccessNone, nil
+	case "readonly", "read-only":
+		return AccessReadOnly, nil
+	case "full":
+		return AccessFull, nil
+	}
+	return AccessNone, fmt.Errorf("access %q: want none, readonly or full", s)
+}
+
+func (a Access) String() string {
+	switch a {
+	case AccessReadOnly:
+		return "readonly"
+	case AccessFull:
+		return "full"
+	}
+	return "none"
+}
+
+// User is one account of the HTTP interface, as in ClickHouse's users.xml:
+// a name, a password (plain or its SHA-256), and whether it may write.
+type User struct {
+	Name string `json:"name"`
+	// Password in clear; dualflow writes the generated file this way so
+	// that `dualflow sql` can read it (the file is 0600).
+	Password string `json:"password,omitempty"`
+	// PasswordSHA256Hex is the hex SHA-256 of the password, as ClickHouse's
+	// password_sha256_hex; for files written by an operator.
+	PasswordSHA256Hex string `json:"password_sha256_hex,omitempty"`
+	// ReadOnly users run reads only (see AccessReadOnly).
+	ReadOnly bool `json:"readonly,omitempty"`
+}
+
+// UsersFile is the JSON document of a users file.
+type UsersFile struct {
+	Users []User `json:"users"`
+}
+
+// Generated users of a new users file.
+const (
+	AdminUser  = "admin"  // full access: INSERT, DDL, dualflow sql
+	ReaderUser = "reader" // reads only
+)
+
+// LoadOrCreateUsers reads the users file at path, or creates it with an
+// admin and a reader user with random passwords (0600, in a 0700
+// directory) when it does not exist. It refuses a file that group or other
+// may read or write, as ssh does with keys. created reports a new file.
+func LoadOrCreateUsers(path string) (users []User, created bool, err error) {
+	users, err = LoadUsers(path)
+	if err == nil || !errors.Is(err, fs.ErrNotExist) {
+		return users, false, err
+	}
+	users = []User{{Name: AdminUser, Password: randomPassword()}, {Name: ReaderUser, Password: randomPassword(), ReadOnly: true}}
+	b, err := json.MarshalIndent(UsersFile{Users: users}, "", "  ")
+	if err != nil {
+		return nil, false, err
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, false, fmt.Errorf("users file: %w", err)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, fs.ErrExist) { // another process won the race
+		users, err = LoadUsers(path)
+		return users, false, err
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("users file: %w", err)
+	}
+	_, err = f.Write(append(b, '\n'))
+	if err2 := f.Close(); err == nil {
+		err = err2
+	}
+	if err != nil {
+		_ = os.Remove(path)
+		return nil, false, fmt.Errorf("users file %s: %w", path, err)
+	}
+	return users, true, nil
+}
+
+// LoadUsers reads and checks a users file.
+func LoadUsers(path string) ([]User, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("users file: %w", err)
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("users file %s has mode %#o: it holds passwords, so group and other must have no access (chmod 600 %s)", path, fi.Mode().Perm(), path)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("users file: %w", err)
+	}
+	var uf UsersFile
+	dec := json.NewDecoder(strings.NewReader(string(b)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&uf); err != nil {
+		return nil, fmt.Errorf("users file %s: %w", path, err)
+	}
+	if err := validateUsers(uf.Users); err != nil {
+		return nil, fmt.Errorf("users file %s: %w", path, err)
+	}
+	return uf.Users, nil
+}
+
+func validateUsers(users []User) error {
+	seen := map[string]bool{}
+	for i, u := range users {
+		switch {
+		case u.Name == "":
+			return fmt.Errorf("user %d has no name", i)
+		case seen[u.Name]:
+			return fmt.Errorf("user %q appears twice", u.Name)
+		case (u.Password == "") == (u.PasswordSHA256Hex == ""):
+			return fmt.Errorf("user %q needs exactly one of password and password_sha256_hex", u.Name)
+		case u.PasswordSHA256Hex != "":
+			if b, err := hex.DecodeString(u.PasswordSHA256Hex); err != nil || len(b) != sha256.Size {
+				return fmt.Errorf("user %q: password_sha256_hex is not 64 hex digits", u.Name)
+			}
+		}
+		seen[u.Name] = true
+	}
+	return nil
+}
+
+// Find returns the named user of a users file, for clients of the
+// interface such as `dualflow sql`.
+func Find(users []User, name string) (User, bool) {
+	for _, u := range users {
+		if u.Name == name {
+			return u, true
+		}
+	}
+	return User{}, false
+}
+
+func randomPassword() string {
+	var b [24]byte
+	_, _ = rand.Read(b[:])
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// authenticator checks the credentials of a request.
+type authenticator struct {
+	users     map[string][sha256.Size]byte // name → SHA-256 of the password
+	readOnly  map[string]bool
+	anonymous Access
+}
+
+func newAuthenticator(users []User, anonymous Access) (*authenticator, error) {
+	if err := validateUsers(users); err != nil {
+		return nil, fmt.Errorf("chhttp: %w", err)
+	}
+	a := &authenticator{users: map[string][sha256.Size]byte{}, readOnly: map[string]bool{}, anonymous: anonymous}
+	for _, u := range users {
+		var sum [sha256.Size]byte
+		if u.PasswordSHA256Hex != "" {
+			b, _ := hex.DecodeString(u.PasswordSHA256Hex)
+			copy(sum[:], b)
+		} else {
+			sum = sha256.Sum256([]byte(u.Password))
+		}
+		a.users[u.Name] = sum
+		a.readOnly[u.Name] = u.ReadOnly
+	}
+	return a, nil
+}
+
+// credentials reads a request's user and password the ways ClickHouse
+// clients send them: HTTP Basic (curl -u, clickhouse-go),
+// X-ClickHouse-User/X-ClickHouse-Key headers, or user/password URL
+// parameters. A password without a user is the "default" user's, as in
+// ClickHouse. ok is false when the request carries none.
+func credentials(r *http.Request) (user, password string, ok bool) {
+	if u, p, found := r.BasicAuth(); found {
+		return u, p, true
+	}
+	h := r.Header
+	if u, p := h.Get("X-ClickHouse-User"), h.Get("X-ClickHouse-Key"); u != "" || p != "" {
+		if u == "" {
+			u = "default"
+		}
+		return u, p, true
+	}
+	q := r.URL.Query()
+	if u, p := q.Get("user"), q.Get("password"); u != "" || p != "" {
+		if u == "" {
+			u = "default"
+		}
+		return u, p, true
+	}
+	return "", "", false
+}
+
+// authenticate returns what the request may do and, when it may do
+// nothing, why.
+func (a *authenticator) authenticate(r *http.Request) (user string, access Access, err error) {
+	user, password, ok := credentials(r)
+	if !ok {
+		if a.anonymous == AccessNone {
+			return "", AccessNone, errors.New("authentication required: send a user and password (curl -u user:password, HTTP Basic, X-ClickHouse-User/X-ClickHouse-Key, or ?user=&password=); the collector wrote them to its users file at first start")
+		}
+		return "", a.anonymous, nil
+	}
+	want, known := a.users[user]
+	got := sha256.Sum256([]byte(password))
+	// Compare even for an unknown user, so that timing does not tell which
+	// names exist.
+	match := subtle.ConstantTimeCompare(got[:], want[:]) == 1
+	if !known || !match {
+		return user, AccessNone, fmt.Errorf("%s: Authentication failed: password is incorrect, or there is no user with such name", user)
+	}
+	if a.readOnly[user] {
+		return user, AccessReadOnly, nil
+	}
+	return user, AccessFull, nil
+}
