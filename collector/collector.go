@@ -86,6 +86,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&ic.TLSCertFile, "collector.ipfix.tls-cert", "", "PEM certificate of the TLS listener")
 	fs.StringVar(&ic.TLSKeyFile, "collector.ipfix.tls-key", "", "PEM private key file of the TLS listener")
 	fs.StringVar(&ic.TLSClientCAFile, "collector.ipfix.tls-client-ca", "", "PEM CA bundle: require client certificates signed by it (mutual TLS)")
+	fs.Var(&ic.AllowedSources, "collector.ipfix.allowed-sources", "exporter addresses accepted by the IPFIX listeners: comma-separated CIDRs or addresses, both families (IPv4-mapped sources match IPv4 CIDRs); others are dropped before decoding and counted (empty: any, with a warning when a listener is on a non-loopback address without mutual TLS)")
 	fs.Var(&ic.Direction, "collector.ipfix.flow-direction", "records kept by their flowDirection element: ingress (default; an exporter that reports each packet in and out, like Open vSwitch, counts it once), egress, or both; records without it are always kept")
 	fs.IntVar(&ic.MaxSessions, "collector.ipfix.max-sessions", ipfix.DefaultMaxSessions, "IPFIX sessions (connections, UDP exporters) per listener; past it a new TCP/TLS connection takes the place of one idle for 10 s, else it is refused and counted")
 	fs.IntVar(&ic.MaxSessionsPerSource, "collector.ipfix.max-sessions-per-source", ipfix.DefaultMaxSessionsPerSource, "IPFIX TCP/TLS sessions from one address; more are refused and counted")

@@ -32,21 +32,22 @@ import (
 type Reason uint8
 
 const (
-	ReasonNone            Reason = iota
-	ReasonShort                  // shorter than a message header
-	ReasonVersion                // version is not 10
-	ReasonLength                 // header length disagrees with the bytes received
-	ReasonSetLength              // a set header is truncated, below 4 or past the end
-	ReasonTemplate               // a malformed template or options template record
-	ReasonRecordLength           // a data record runs past its set (variable-length overflow)
-	ReasonTooManyDomains         // the session has Limits.MaxDomains domains already
-	ReasonTooManySessions        // the listener has its maximum number of sessions
-	ReasonQueueFull              // decoded, then dropped: the pipeline queue was full (UDP)
+	ReasonNone             Reason = iota
+	ReasonShort                   // shorter than a message header
+	ReasonVersion                 // version is not 10
+	ReasonLength                  // header length disagrees with the bytes received
+	ReasonSetLength               // a set header is truncated, below 4 or past the end
+	ReasonTemplate                // a malformed template or options template record
+	ReasonRecordLength            // a data record runs past its set (variable-length overflow)
+	ReasonTooManyDomains          // the session has Limits.MaxDomains domains already
+	ReasonTooManySessions         // the listener has its maximum number of sessions
+	ReasonQueueFull               // decoded, then dropped: the pipeline queue was full (UDP)
+	ReasonSourceNotAllowed        // from an address outside Config.AllowedSources (TCP/TLS: per connection refused)
 	numReasons
 )
 
 var reasonNames = [numReasons]string{"none", "short", "version", "length", "set_length", "template",
-	"record_length", "too_many_domains", "too_many_sessions", "queue_full"}
+	"record_length", "too_many_domains", "too_many_sessions", "queue_full", "source_not_allowed"}
 
 func (r Reason) String() string {
 	if r < numReasons {

@@ -62,6 +62,12 @@ type Config struct {
 	// address without a host (":4739") takes IPv4 and IPv6. Empty lists
 	// disable the transport.
 	TCPAddrs, UDPAddrs, TLSAddrs []string
+	// AllowedSources are the exporter addresses accepted on every
+	// listener; messages and connections from others are dropped before
+	// decoding and counted (source_not_allowed). Empty allows all, and New
+	// then warns about listeners bound to non-loopback addresses (TLS ones
+	// too, unless they require client certificates).
+	AllowedSources AllowList
 	// TLSCertFile and TLSKeyFile are the server certificate (PEM). With
 	// TLSClientCAFile set, clients must present a certificate signed by
 	// one of its CAs (mutual TLS).
@@ -133,6 +139,11 @@ func (c Config) Validate() error {
 	if len(c.TLSAddrs) == 0 && c.TLSClientCAFile != "" {
 		errs = append(errs, errors.New("ipfix tls client CA set without a tls listener"))
 	}
+	for _, p := range c.AllowedSources {
+		if !p.IsValid() {
+			errs = append(errs, fmt.Errorf("ipfix allowed sources: invalid prefix %v", p))
+		}
+	}
 	if len(c.TCPAddrs)+len(c.UDPAddrs)+len(c.TLSAddrs) == 0 {
 		errs = append(errs, errors.New("ipfix: no listener address"))
 	}
@@ -165,6 +176,9 @@ type Listener struct {
 	udp      []*net.UDPConn
 
 	refusedAt [2]atomic.Int64 // last refusal logged: full, per source (unix ns)
+	// warns rate-limits the warnings about what exporters send (bad
+	// framing, malformed messages, refused sources, failed handshakes).
+	warns *logLimiter
 }
 
 // New binds every configured socket. The caller must call Run, which
@@ -183,7 +197,9 @@ func New(cfg Config, out *pipeline.Queue, pool *pipeline.Pool, pm *pipeline.Metr
 	if cfg.Limits.Budget == nil {
 		cfg.Limits.Budget = NewTemplateBudget(cfg.MaxTemplateBytesTotal)
 	}
-	l := &Listener{cfg: cfg, out: out, pool: pool, m: newMetrics(reg), pm: pm, log: log}
+	cfg.AllowedSources = cfg.AllowedSources.normalize()
+	l := &Listener{cfg: cfg, out: out, pool: pool, m: newMetrics(reg), pm: pm, log: log,
+		warns: newLogLimiter(log, warnEvery, warnSources)}
 	if reg != nil {
 		budget := cfg.Limits.Budget
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -194,6 +210,7 @@ func New(cfg Config, out *pipeline.Queue, pool *pipeline.Pool, pm *pipeline.Metr
 		l.Close()
 		return nil, err
 	}
+	l.warnOpen()
 	return l, nil
 }
 
@@ -311,12 +328,13 @@ func (l *Listener) Run(ctx context.Context) error {
 	return nil
 }
 
-// connSet tracks live connections so Run can close them.
-// deliver hands a non-empty batch on. TCP and TLS block while the queue is
-// full (back-pressure reaches the exporter through TCP flow control); UDP
-// drops and counts (blocking would only move the loss into the kernel
-// socket buffer, and stall every other exporter of the socket).
-func (l *Listener) deliver(ctx context.Context, b *pipeline.Batch, tr Transport) *pipeline.Batch {
+// deliver hands a non-empty batch on; msgs is the number of messages
+// whose records it holds (a message's records are never split between
+// batches). TCP and TLS block while the queue is full (back-pressure
+// reaches the exporter through TCP flow control); UDP drops and counts the
+// records and their messages (blocking would only move the loss into the
+// kernel socket buffer, and stall every other exporter of the socket).
+func (l *Listener) deliver(ctx context.Context, b *pipeline.Batch, tr Transport, msgs int) *pipeline.Batch {
 	if len(b.Recs) == 0 {
 		return b
 	}
@@ -324,7 +342,7 @@ func (l *Listener) deliver(ctx context.Context, b *pipeline.Batch, tr Transport)
 	if tr == UDP {
 		if !l.out.TryPut(b) {
 			l.pm.Dropped.WithLabelValues(stageDecode, "queue_full").Add(n)
-			l.m.dropped[ReasonQueueFull].Inc()
+			l.m.dropped[ReasonQueueFull].Add(float64(msgs))
 			b.Recs = b.Recs[:0]
 			return b
 		}

@@ -11,6 +11,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/big"
 	"net"
 	"net/netip"
@@ -35,10 +36,16 @@ import (
 // queue and registry.
 func startListener(t *testing.T, cfg Config) (*Listener, *pipeline.Queue, *prometheus.Registry) {
 	t.Helper()
+	return startListenerLog(t, cfg, nil)
+}
+
+// startListenerLog is startListener logging to log (nil: slog.Default()).
+func startListenerLog(t *testing.T, cfg Config, log *slog.Logger) (*Listener, *pipeline.Queue, *prometheus.Registry) {
+	t.Helper()
 	reg := prometheus.NewRegistry()
 	pm := pipeline.NewMetrics(reg)
 	q := pipeline.NewQueue("decoded", 64, pm)
-	l, err := New(cfg, q, pipeline.NewPool(256), pm, reg, nil)
+	l, err := New(cfg, q, pipeline.NewPool(256), pm, reg, log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -123,6 +123,14 @@ func (l *Listener) accept(ctx context.Context, ln net.Listener, tr Transport, co
 			continue
 		}
 		delay = 0
+		if src := addrOfNet(c.RemoteAddr()); !l.cfg.AllowedSources.Allows(src) {
+			c.Close() // before the TLS handshake, before any byte is read
+			l.m.dropped[ReasonSourceNotAllowed].Inc()
+			l.m.closed.WithLabelValues(tr.String(), "source_not_allowed").Inc()
+			l.warns.warn("source_not_allowed", src, "ipfix connection from a source outside --collector.ipfix.allowed-sources refused (one line per source a minute; see dualflow_ipfix_sessions_closed_total)",
+				"transport", tr.String(), "remote", c.RemoteAddr())
+			continue
+		}
 		ci, refused := conns.add(c, time.Now())
 		if refused != refusedNone {
 			c.Close()
@@ -155,7 +163,8 @@ func (l *Listener) serveConn(ctx context.Context, ci *connInfo, tr Transport) {
 		cancel()
 		if err != nil {
 			l.m.closed.WithLabelValues(t, "tls_handshake").Inc()
-			l.log.Warn("ipfix tls handshake", "remote", c.RemoteAddr(), "err", err)
+			l.warns.warn("tls_handshake", ci.src, "ipfix tls handshake failed (one line per source a minute; see dualflow_ipfix_sessions_closed_total)",
+				"remote", c.RemoteAddr(), "err", err)
 			return
 		}
 	}
@@ -168,8 +177,9 @@ func (l *Listener) serveConn(ctx context.Context, ci *connInfo, tr Transport) {
 	f := newFramer(c)
 	f.d, f.idle, f.message = c, l.cfg.IdleTimeout, l.cfg.MessageTimeout
 	b := l.pool.Get()
+	msgs := 0 // messages with records in b
 	defer func() {
-		l.deliver(ctx, b, tr).Release()
+		l.deliver(ctx, b, tr, msgs).Release()
 		l.m.flush(tr, d, &prev, l.log)
 	}()
 	for {
@@ -183,7 +193,8 @@ func (l *Listener) serveConn(ctx context.Context, ci *connInfo, tr Transport) {
 				reason = "bad_framing"
 				d.Stats.Messages++
 				d.Stats.Dropped[ReasonLength]++
-				l.log.Warn("ipfix session closed: bad message header", "remote", remote)
+				l.warns.warn("bad_framing", ci.src, "ipfix session closed: bad message header (one line per source a minute; see dualflow_ipfix_sessions_closed_total)",
+					"transport", t, "remote", remote)
 			case ctx.Err() != nil:
 				reason = "shutdown"
 			case ci.evicted.Load():
@@ -192,16 +203,23 @@ func (l *Listener) serveConn(ctx context.Context, ci *connInfo, tr Transport) {
 				reason = "idle"
 			case errors.Is(err, errSlowMessage):
 				reason = "slow_message"
-				l.log.Warn("ipfix session closed: a message did not complete in time", "remote", remote, "timeout", l.cfg.MessageTimeout)
+				l.warns.warn("slow_message", ci.src, "ipfix session closed: a message did not complete in time (one line per source a minute; see dualflow_ipfix_sessions_closed_total)",
+					"transport", t, "remote", remote, "timeout", l.cfg.MessageTimeout)
 			}
 			l.m.closed.WithLabelValues(t, reason).Inc()
 			return
 		}
 		now := time.Now()
 		ci.touch(now)
-		b.Recs, _ = d.Decode(s, msg, now, b.Recs)
+		had := len(b.Recs)
+		if b.Recs, err = d.Decode(s, msg, now, b.Recs); err != nil {
+			l.warnDropped(tr, remote, err)
+		}
+		if len(b.Recs) > had {
+			msgs++
+		}
 		if len(b.Recs) >= l.cfg.BatchRecords || !f.ready() {
-			b = l.deliver(ctx, b, tr)
+			b, msgs = l.deliver(ctx, b, tr, msgs), 0
 			l.m.flush(tr, d, &prev, l.log)
 		}
 	}
@@ -219,4 +237,12 @@ func (l *Listener) refusedLog(tr Transport, remote net.Addr, reason string) {
 	}
 	l.log.Warn("ipfix connection refused (logged once a minute; see dualflow_ipfix_sessions_closed_total)", "transport", tr, "remote", remote, "reason", reason,
 		"max_sessions", l.cfg.MaxSessions, "max_sessions_per_source", l.cfg.MaxSessionsPerSource)
+}
+
+// warnDropped logs a message the decoder dropped, at most once a minute per
+// source with the number held back; dualflow_ipfix_messages_dropped_total
+// counts them all.
+func (l *Listener) warnDropped(tr Transport, remote netip.AddrPort, err error) {
+	l.warns.warn("malformed", remote.Addr().Unmap(), "ipfix message dropped (one line per source a minute; see dualflow_ipfix_messages_dropped_total)",
+		"transport", tr.String(), "remote", remote, "err", err)
 }

@@ -26,7 +26,12 @@ type udpReader interface {
 // serveUDP reads one UDP socket. Sessions are keyed by exporter address
 // and port; each socket has its own sessions, decoder and batch.
 func (l *Listener) serveUDP(ctx context.Context, c *net.UDPConn) {
-	rd := newUDPReader(c)
+	l.readUDP(ctx, newUDPReader(c), c.LocalAddr())
+}
+
+// readUDP serves the datagrams of rd, read from the socket bound to local,
+// until a read fails after ctx is done or with net.ErrClosed.
+func (l *Listener) readUDP(ctx context.Context, rd udpReader, local net.Addr) {
 	dgs := make([]datagram, udpBatch)
 	for i := range dgs {
 		dgs[i].buf = make([]byte, fipfix.MaxMessageLen)
@@ -38,10 +43,11 @@ func (l *Listener) serveUDP(ctx context.Context, c *net.UDPConn) {
 	var lastDrops uint32
 	dropsKnown := false
 	b := l.pool.Get()
+	msgs := 0 // messages with records in b
 	sweep := time.Now()
 	gauge := l.m.sessions.WithLabelValues(UDP.String())
 	defer func() {
-		l.deliver(ctx, b, UDP).Release()
+		l.deliver(ctx, b, UDP, msgs).Release()
 		l.m.flush(UDP, d, &prev, l.log)
 		gauge.Sub(float64(len(sessions)))
 		l.m.closed.WithLabelValues(UDP.String(), "shutdown").Add(float64(len(sessions)))
@@ -55,7 +61,7 @@ func (l *Listener) serveUDP(ctx context.Context, c *net.UDPConn) {
 			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return
 			}
-			l.log.Warn("ipfix udp read", "addr", c.LocalAddr(), "err", err)
+			l.log.Warn("ipfix udp read", "addr", local, "err", err)
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
@@ -69,6 +75,13 @@ func (l *Listener) serveUDP(ctx context.Context, c *net.UDPConn) {
 		for i := range n {
 			dg := &dgs[i]
 			from := netip.AddrPortFrom(dg.from.Addr().Unmap(), dg.from.Port())
+			if !l.cfg.AllowedSources.Allows(from.Addr()) {
+				d.Stats.Messages++
+				d.Stats.Dropped[ReasonSourceNotAllowed]++
+				l.warns.warn("source_not_allowed", from.Addr(), "ipfix datagram from a source outside --collector.ipfix.allowed-sources dropped (one line per source a minute; see dualflow_ipfix_messages_dropped_total)",
+					"transport", UDP.String(), "remote", from)
+				continue
+			}
 			s := sessions[from]
 			if s == nil {
 				if len(sessions) >= l.cfg.MaxSessions {
@@ -83,15 +96,22 @@ func (l *Listener) serveUDP(ctx context.Context, c *net.UDPConn) {
 				sessions[from] = s
 				gauge.Inc()
 			}
-			b.Recs, _ = d.Decode(s, dg.buf[:dg.n], now, b.Recs)
+			had := len(b.Recs)
+			var err error
+			if b.Recs, err = d.Decode(s, dg.buf[:dg.n], now, b.Recs); err != nil {
+				l.warnDropped(UDP, from, err)
+			}
+			if len(b.Recs) > had {
+				msgs++
+			}
 			if len(b.Recs) >= l.cfg.BatchRecords {
-				b = l.deliver(ctx, b, UDP)
+				b, msgs = l.deliver(ctx, b, UDP, msgs), 0
 			}
 		}
 		// Hand on what we have whenever the socket is drained (a short
 		// batch), so records never wait for more traffic.
 		if n < len(dgs) || len(b.Recs) >= l.cfg.BatchRecords {
-			b = l.deliver(ctx, b, UDP)
+			b, msgs = l.deliver(ctx, b, UDP, msgs), 0
 			l.m.flush(UDP, d, &prev, l.log)
 		}
 		if now.Sub(sweep) > sessionSweep {
