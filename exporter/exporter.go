@@ -100,13 +100,16 @@ func newExporter(cfg Config, src source) (*Exporter, error) {
 	if err != nil {
 		return nil, err
 	}
-	sender, err := ipfix.New(cfg.IPFIX)
-	if err != nil {
-		return nil, err
-	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
+	}
+	if cfg.IPFIX.Logger == nil {
+		cfg.IPFIX.Logger = log
+	}
+	sender, err := ipfix.New(cfg.IPFIX)
+	if err != nil {
+		return nil, err
 	}
 	e := &Exporter{
 		cfg: cfg, src: src, store: store, sender: sender, reg: prometheus.NewRegistry(),
@@ -245,7 +248,8 @@ loop:
 	wg.Wait()
 	st := e.sender.Stats()
 	e.log.Info("exporter stopped", "records_sent", st.Records[0]+st.Records[1],
-		"dropped_buffer_full", st.DroppedBufferFull, "dropped_shutdown", st.DroppedShutdown, "dropped_oversize", st.DroppedOversize)
+		"dropped_buffer_full", st.DroppedBufferFull, "dropped_shutdown", st.DroppedShutdown, "dropped_oversize", st.DroppedOversize,
+		"dropped_invalid", st.DroppedInvalid, "retried", st.RetriedRecords)
 	return nil
 }
 

@@ -436,9 +436,12 @@ func TestFamilies(t *testing.T) {
 }
 
 // TestCollectorDownKeepsPolling: with no collector the exporter keeps
-// polling and counts; its buffer stays bounded.
+// polling and counts; its buffer stays bounded. The outage is logged once
+// through Config.Logger, not once per attempt.
 func TestCollectorDownKeepsPolling(t *testing.T) {
+	var logs syncBuffer
 	cfg := testConfig("127.0.0.1:1") // nothing listens on port 1
+	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	cfg.IPFIX.BufferBytes = 64 << 10
 	cfg.IPFIX.BackoffMin, cfg.IPFIX.BackoffMax = 10*time.Millisecond, 50*time.Millisecond
 	cfg.IPFIX.DrainTimeout = 100 * time.Millisecond
@@ -466,6 +469,17 @@ func TestCollectorDownKeepsPolling(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("want drops, dial failures and the buffer within %d bytes; sender stats %+v", cfg.IPFIX.BufferBytes, st)
+		}
+	}
+	waitFor(t, 5*time.Second, "a second failed attempt", func() bool { return e.sender.Stats().DialFailures >= 2 })
+	if n := strings.Count(logs.String(), "ipfix collector unreachable"); n != 1 {
+		t.Errorf("%d lines about the unreachable collector, want 1:\n%s", n, logs.String())
+	}
+	m := scrape(t, e)
+	for _, want := range []string{"dualflow_exporter_ipfix_dial_failures_total", `dualflow_records_dropped_total{reason="buffer_full",stage="exporter"}`,
+		"dualflow_exporter_ipfix_records_retried_total"} {
+		if !strings.Contains(m, want) {
+			t.Errorf("metrics lack %s", want)
 		}
 	}
 	if err := stop(); err != nil {

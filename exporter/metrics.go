@@ -97,6 +97,7 @@ var (
 	descReconnects   = prometheus.NewDesc("dualflow_exporter_ipfix_reconnects_total", "Connection attempts to the collector after the first.", nil, nil)
 	descDialFailures = prometheus.NewDesc("dualflow_exporter_ipfix_dial_failures_total", "Failed connection attempts to the collector.", nil, nil)
 	descDisconnects  = prometheus.NewDesc("dualflow_exporter_ipfix_disconnects_total", "Established collector connections lost.", nil, nil)
+	descRetried      = prometheus.NewDesc("dualflow_exporter_ipfix_records_retried_total", "Records whose write to the collector failed, put back at the head of the send buffer for the next connection.", nil, nil)
 	descBuffered     = prometheus.NewDesc("dualflow_exporter_ipfix_buffered_records", "Records waiting for the collector.", nil, nil)
 	descBufferedB    = prometheus.NewDesc("dualflow_exporter_ipfix_buffered_bytes", "Encoded bytes waiting for the collector (bounded by --exporter.ipfix.buffer-bytes).", nil, nil)
 	descDropped      = prometheus.NewDesc("dualflow_records_dropped_total", "Records dropped, by pipeline stage and reason.", []string{"stage", "reason"}, nil)
@@ -111,7 +112,7 @@ type statsCollector struct {
 
 func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descConns, descOverflow, descReused, descSwept, descTombs, descTombsEvicted, descLate, descSent, descMessages, descBytes,
-		descConnected, descReconnects, descDialFailures, descDisconnects, descBuffered, descBufferedB, descDropped} {
+		descConnected, descReconnects, descDialFailures, descDisconnects, descRetried, descBuffered, descBufferedB, descDropped} {
 		ch <- d
 	}
 }
@@ -143,6 +144,7 @@ func (c *statsCollector) Collect(ch chan<- prometheus.Metric) {
 		{descReconnects, prometheus.CounterValue, float64(sn.Reconnects)},
 		{descDialFailures, prometheus.CounterValue, float64(sn.DialFailures)},
 		{descDisconnects, prometheus.CounterValue, float64(sn.Disconnects)},
+		{descRetried, prometheus.CounterValue, float64(sn.RetriedRecords)},
 		{descBuffered, prometheus.GaugeValue, float64(sn.BufferedRecords)},
 		{descBufferedB, prometheus.GaugeValue, float64(sn.BufferedBytes)},
 	} {

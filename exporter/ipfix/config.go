@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"time"
@@ -57,6 +58,9 @@ type Config struct {
 	// DrainTimeout bounds how long Run keeps sending buffered records
 	// after its context is done.
 	DrainTimeout time.Duration
+	// Logger receives the connection's logs (outages, drops); nil:
+	// slog.Default() at New.
+	Logger *slog.Logger
 }
 
 // Defaults of Config.

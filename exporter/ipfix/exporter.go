@@ -10,6 +10,10 @@
 // again on the next connection; one the collector accepted into its socket
 // but never read is lost (IPFIX has no acknowledgements).
 //
+// Run logs the first failure of an outage at once, then a summary (failed
+// attempts, records dropped and retried) at most once a minute, and one
+// line when the connection is back; the counters are in Stats.
+//
 // Memory is bounded by BufferBytes plus three messages (one being filled per
 // family, one being written). A record that cannot fit in a message of
 // Config.MaxMessageSize on its own (long strings) is dropped and counted:
@@ -22,6 +26,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"sync"
@@ -69,6 +74,9 @@ type Stats struct {
 	DroppedShutdown   uint64 // still buffered when the drain timeout expired
 	DroppedInvalid    uint64 // record with neither an IPv4 nor an IPv6 source
 	DroppedOversize   uint64 // record larger than a whole message (Config.MaxMessageSize)
+	// RetriedRecords counts records of messages whose write failed, put
+	// back at the head of the buffer for the next connection.
+	RetriedRecords uint64
 }
 
 // Exporter buffers and sends records. Export is safe for concurrent use;
@@ -91,6 +99,7 @@ type Exporter struct {
 	wake     chan struct{} // cap 1: queue went non-empty
 	started  atomic.Bool
 	dropHook func(n int) // tests
+	link     *linkLog    // Run's goroutine only
 }
 
 // maxFree is how many sent message buffers are kept for reuse.
@@ -102,7 +111,11 @@ func New(cfg Config) (*Exporter, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("ipfix exporter: %w", err)
 	}
-	e := &Exporter{cfg: cfg, wake: make(chan struct{}, 1)}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	e := &Exporter{cfg: cfg, wake: make(chan struct{}, 1), link: newLinkLog(log, cfg)}
 	if cfg.Transport == TLS {
 		t, err := cfg.tlsConfig()
 		if err != nil {
@@ -226,6 +239,7 @@ func (e *Exporter) pushFront(m *message) {
 	e.queue[0] = m
 	e.queued += len(m.buf)
 	e.queuedN += m.records
+	e.stats.RetriedRecords += uint64(m.records)
 	e.evict()
 }
 
@@ -300,6 +314,7 @@ func (e *Exporter) Run(ctx context.Context) error {
 	defer flush.Stop()
 	defer e.dropRest()
 	backoff := e.cfg.BackoffMin
+	e.link.start(time.Now())
 	for attempt := 0; ; attempt++ {
 		if ctx.Err() != nil {
 			// Down at shutdown: one last try within the drain timeout.
@@ -317,6 +332,9 @@ func (e *Exporter) Run(ctx context.Context) error {
 		nc, err := e.dial(ctx)
 		if err != nil {
 			e.count(func(s *Stats) { s.DialFailures++ })
+			if ctx.Err() == nil {
+				e.link.failed(time.Now(), err, e.Stats())
+			}
 			sleep(ctx, jitter(backoff), flush, e.Flush)
 			backoff = min(2*backoff, e.cfg.BackoffMax)
 			continue
@@ -329,6 +347,7 @@ func (e *Exporter) Run(ctx context.Context) error {
 			return nil // drained on this connection
 		}
 		e.count(func(s *Stats) { s.Disconnects++ })
+		e.link.failed(time.Now(), err, e.Stats())
 		sleep(ctx, jitter(backoff), flush, e.Flush)
 	}
 }
@@ -428,7 +447,9 @@ func (e *Exporter) session(ctx context.Context, nc net.Conn, flush *time.Ticker)
 		return err
 	}
 	e.count(func(s *Stats) { s.Connected = true; s.Connects++ })
+	e.link.connected(time.Now())
 	for {
+		e.link.tick(time.Now(), e.Stats())
 		if err := e.sendQueued(ctx, c); err != nil {
 			if ctx.Err() != nil {
 				return nil // the drain deadline cut the write: no time left
