@@ -3,8 +3,11 @@ package labcmd
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
+	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"time"
@@ -13,6 +16,7 @@ import (
 
 	"github.com/dualflow/dualflow/app"
 	"github.com/dualflow/dualflow/collector/enrich"
+	"github.com/dualflow/dualflow/collector/ipfix"
 	"github.com/dualflow/dualflow/collector/store"
 	"github.com/dualflow/dualflow/exporter"
 	"github.com/dualflow/dualflow/lab"
@@ -20,7 +24,8 @@ import (
 	"github.com/dualflow/dualflow/lab/tracer"
 )
 
-// demoIPFIXPort is the loopback port the demo's exporters send to.
+// demoIPFIXPort is the loopback port the demo's exporters send to, unless
+// --collector.ipfix.tcp-addr or udp-addr say otherwise.
 const demoIPFIXPort = "4739"
 
 // Demo runs `dualflow demo [flags]`: the product (package app) next to a
@@ -32,7 +37,13 @@ and a dual-stack policy gap), one exporter per lab node, and the product of
 'dualflow collector' (embedded ClickHouse, web UI and REST API) with the lab's
 Kubernetes objects as its inventory and the lab's node tracer for traceflow.
 It prints the URLs and runs until Ctrl-C, then stops everything and removes
-the lab. Needs root for the lab. Every collector and web flag applies.`)
+the lab. Needs root for the lab. Every collector and web flag applies.
+
+IPFIX listens on TCP 127.0.0.1:4739 and [::1]:4739 only, unless
+--collector.ipfix.tcp-addr or --collector.ipfix.udp-addr are given: then
+they are used as given, and the lab's exporters send to the first TCP
+listener (UDP if there is none), over IPv6 when the lab has IPv6 and a
+listener takes it.`)
 	var acfg app.Config
 	cfg := &acfg.Collector
 	cfg.Store.HTTPAddr = store.DefaultHTTPAddr
@@ -44,6 +55,9 @@ the lab. Needs root for the lab. Every collector and web flag applies.`)
 	fs.StringVar(&labCfg.Datapath, "datapath", lab.DatapathKernel, "lab node datapath: kernel (nftables) or ovs (Open vSwitch userspace)")
 	activeTimeout := fs.Duration("demo.active-timeout", 10*time.Second, "exporters' active timeout: how often long connections are exported")
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := demoListeners(fs, &cfg.IPFIX); err != nil {
 		return err
 	}
 	if cfg.Store.DataDir == "" {
@@ -79,13 +93,11 @@ the lab. Needs root for the lab. Every collector and web flag applies.`)
 
 	// The product runs as on a cluster, with the lab's Kubernetes objects
 	// as its inventory (reloaded if the lab changes them), IPFIX from the
-	// exporters on loopback only, in every family of the lab, and the lab's
-	// node tracer to inject traceflow probes.
+	// exporters (see demoListeners), and the lab's node tracer to inject
+	// traceflow probes.
 	cfg.K8s = enrich.NewConfig()
 	cfg.K8s.Source = enrich.SourceInventory
 	cfg.K8s.Inventory = []string{l.ManifestPath()}
-	cfg.IPFIX.TCPAddrs = []string{"127.0.0.1:" + demoIPFIXPort, "[::1]:" + demoIPFIXPort}
-	cfg.IPFIX.UDPAddrs = nil
 	tr, err := tracer.NewTracer(l, tracer.Inventory{M: l.Manifest})
 	if err != nil {
 		return err
@@ -111,9 +123,10 @@ the lab. Needs root for the lab. Every collector and web flag applies.`)
 	// One exporter per node, reading the node's conntrack (or OVS), sending
 	// over IPv6 when the lab has IPv6 (as a dual-stack node would).
 	mode := l.Mode()
-	collectorAddr := "[::1]:" + demoIPFIXPort
-	if !mode.Has(corev1.IPv6Protocol) {
-		collectorAddr = "127.0.0.1:" + demoIPFIXPort
+	collectorAddr, transport, err := demoTarget(a.Collector().IPFIXAddrs(), mode.Has(corev1.IPv6Protocol))
+	if err != nil {
+		stop()
+		return errors.Join(err, <-done)
 	}
 	// Exporters stop first at shutdown and flush their last records to the
 	// collector, which is still running then.
@@ -142,7 +155,7 @@ the lab. Needs root for the lab. Every collector and web flag applies.`)
 		}
 		ecfg.PollInterval = 2 * time.Second
 		ecfg.Store.ActiveTimeout, ecfg.Store.IdleTimeout = *activeTimeout, 5*time.Second
-		ecfg.IPFIX.Address = collectorAddr
+		ecfg.IPFIX.Address, ecfg.IPFIX.Transport = collectorAddr, transport
 		ecfg.SetDefaults()
 		if err := ecfg.Validate(); err != nil {
 			return abort(fmt.Errorf("exporter %s: %w", n.Name, err))
@@ -167,12 +180,13 @@ dualflow is running: lab mode %[4]s (%[5]s datapath), %[6]d nodes, exporters on 
       curl -u reader:PASSWORD 'http://%[1]s/?query=SELECT+ip_version,count()+FROM+dualflow.flows+GROUP+BY+ip_version'
       bin/dualflow sql "SELECT src_pod_name, dst_pod_name, ip_version, ingress_verdict FROM dualflow.flows ORDER BY flow_end DESC LIMIT 10"
   Metrics          http://%[3]s/metrics
+  IPFIX            the lab's exporters send to %[12]s
   Lab              bin/dualflow lab status
   Audit            bin/dualflow audit findings --server %[10]s
   Traceflow        bin/dualflow trace --server %[10]s -s frontend/%[8]s -d svc:backend/api:80 --family dual
 Flows appear within about %[9]s. Press Ctrl-C to stop and remove the lab.
 
-`, a.Collector().HTTPAddr(), abs, a.Collector().MetricsAddr(), mode, labCfg.Datapath, len(l.Manifest.Nodes), l.ManifestPath(), webPod(l), *activeTimeout+5*time.Second, a.WebURL(), usersFile)
+`, a.Collector().HTTPAddr(), abs, a.Collector().MetricsAddr(), mode, labCfg.Datapath, len(l.Manifest.Nodes), l.ManifestPath(), webPod(l), *activeTimeout+5*time.Second, a.WebURL(), usersFile, transport+" "+collectorAddr)
 
 	var runErr error
 	productDone := false
@@ -200,4 +214,60 @@ func webPod(l *lab.Lab) string {
 		return p.Name
 	}
 	return "web"
+}
+
+// demoListeners sets the IPFIX listeners of the demo: TCP on loopback
+// only, in both families, unless --collector.ipfix.tcp-addr or udp-addr
+// were given, which are then kept as given (the other transport keeps the
+// demo's choice). The lab's exporters need a TCP or UDP listener: they
+// have no client certificate for TLS.
+func demoListeners(fs *flag.FlagSet, ic *ipfix.Config) error {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if !set["collector.ipfix.tcp-addr"] {
+		ic.TCPAddrs = []string{"127.0.0.1:" + demoIPFIXPort, "[::1]:" + demoIPFIXPort}
+	}
+	if !set["collector.ipfix.udp-addr"] {
+		ic.UDPAddrs = nil
+	}
+	if len(ic.TCPAddrs)+len(ic.UDPAddrs) == 0 {
+		return errors.New("demo: --collector.ipfix.tcp-addr and --collector.ipfix.udp-addr are both empty: the lab's exporters send over TCP or UDP")
+	}
+	return nil
+}
+
+// demoTarget picks where the lab's exporters send, among the bound IPFIX
+// listeners (by transport, as Collector.IPFIXAddrs gives them): the first
+// TCP one, else the first UDP one, in IPv6 when ipv6 and a listener of
+// that transport takes it. A listener on every address is reached on
+// loopback.
+func demoTarget(bound map[string][]net.Addr, ipv6 bool) (addr, transport string, err error) {
+	for _, tr := range []string{"tcp", "udp"} {
+		var first netip.AddrPort
+		for _, a := range bound[tr] {
+			ap, err := netip.ParseAddrPort(a.String())
+			if err != nil {
+				continue
+			}
+			ip := ap.Addr().Unmap()
+			v6 := ip.Is6() // "[::]" takes both families
+			switch {
+			case ip.IsUnspecified() && (ip.Is6() && ipv6):
+				ip = netip.IPv6Loopback()
+			case ip.IsUnspecified():
+				ip, v6 = netip.AddrFrom4([4]byte{127, 0, 0, 1}), false
+			}
+			ap = netip.AddrPortFrom(ip, ap.Port())
+			if v6 == ipv6 {
+				return ap.String(), tr, nil
+			}
+			if !first.IsValid() {
+				first = ap
+			}
+		}
+		if first.IsValid() {
+			return first.String(), tr, nil
+		}
+	}
+	return "", "", errors.New("demo: no TCP or UDP IPFIX listener for the lab's exporters")
 }
