@@ -36,6 +36,7 @@ import (
 	"github.com/dualflow/dualflow/collector/pipeline"
 	"github.com/dualflow/dualflow/collector/store"
 	"github.com/dualflow/dualflow/collector/store/chhttp"
+	"github.com/dualflow/dualflow/collector/wal"
 	"github.com/dualflow/dualflow/flow"
 	"github.com/dualflow/dualflow/migrations"
 )
@@ -59,6 +60,10 @@ type Config struct {
 	// Audit configures the NetworkPolicy evaluation of every flow; it runs
 	// whenever the enrichment does.
 	Audit audit.Config
+	// WAL journals received records until they are durable, so a crash
+	// loses none (see package wal). Dir "" means <data-dir>/../wal for the
+	// embedded store and off for a server; "off" disables it.
+	WAL wal.Config
 	// MetricsAddr serves /metrics, /healthz and /readyz ("" disables).
 	MetricsAddr string
 	// Version is recorded with applied migrations.
@@ -78,6 +83,8 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&w.Inserters, "clickhouse.inserters", store.DefaultInserters, "batches inserted at once (capped at max-pending-batches; 1 keeps rows in arrival order)")
 	fs.StringVar(&w.SpoolDir, "clickhouse.spool-dir", "", "spool batches here while ClickHouse is unreachable (default <data-dir>/../spool for the embedded store, disabled for a server unless set)")
 	fs.Int64Var(&w.SpoolMaxBytes, "clickhouse.spool-max-bytes", store.DefaultSpoolMaxBytes, "spool size bound; past it failed batches are dropped and counted")
+	fs.StringVar(&c.WAL.Dir, "collector.wal.dir", "", "write-ahead log of received records, replayed after a crash (default <data-dir>/../wal for the embedded store; off for a ClickHouse server unless set; \"off\" disables)")
+	fs.DurationVar(&c.WAL.SyncInterval, "collector.wal.sync-interval", wal.DefaultSyncInterval, "fsync the write-ahead log this often (a killed process loses nothing either way; a power loss loses at most this much); negative: never")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", DefaultMetricsAddr, "serve /metrics, /healthz and /readyz here (empty disables)")
 	ic := &c.IPFIX
 	addrList(fs, &ic.TCPAddrs, "collector.ipfix.tcp-addr", ipfix.DefaultTCPAddr, "IPFIX over TCP listen addresses, comma-separated (\":4739\" is IPv4 and IPv6; empty disables)")
@@ -122,6 +129,12 @@ func (c *Config) SetDefaults() {
 	c.Store.SetDefaults()
 	if c.Writer.SpoolDir == "" && c.Store.Embedded() {
 		c.Writer.SpoolDir = filepath.Join(filepath.Dir(filepath.Clean(c.Store.DataDir)), "spool")
+	}
+	if c.WAL.Dir == "" && c.Store.Embedded() {
+		c.WAL.Dir = filepath.Join(filepath.Dir(filepath.Clean(c.Store.DataDir)), "wal")
+	}
+	if c.WAL.Dir == "off" {
+		c.WAL.Dir = ""
 	}
 	c.Writer.SetDefaults()
 	c.IPFIX.SetDefaults()
@@ -180,6 +193,7 @@ type Collector struct {
 	correlated *pipeline.Queue
 	enriched   *pipeline.Queue
 	listener   *ipfix.Listener // nil without ingest
+	wal        *wal.Log        // nil when off or without ingest
 	correlator *correlate.Correlator
 	enricher   pipeline.Enricher
 	k8s        *enrich.Enricher // nil when the enrichment is off
@@ -278,6 +292,9 @@ func (c *Collector) Close() error {
 			errs = append(errs, ln.Close())
 		}
 	}
+	if c.wal != nil {
+		errs = append(errs, c.wal.Close())
+	}
 	errs = append(errs, c.conn.Close())
 	return errors.Join(errs...)
 }
@@ -334,6 +351,14 @@ func (c *Collector) buildPipeline() error {
 		c.correlator = correlate.New(c.cfg.Correlate, c.k8s, c.reg)
 	default:
 		c.correlator = correlate.New(c.cfg.Correlate, nil, c.reg)
+	}
+	if c.cfg.ingest() && c.cfg.WAL.Dir != "" {
+		var err error
+		if c.wal, err = wal.Open(c.cfg.WAL, c.reg, c.log.With("stage", "wal")); err != nil {
+			return err
+		}
+		c.decoded.SetJournal(c.wal)
+		c.writer.SetAcker(c.wal)
 	}
 	if c.cfg.ingest() {
 		l, err := ipfix.New(c.cfg.IPFIX, c.decoded, c.pool, c.pm, c.reg, c.log.With("stage", "ipfix"))
@@ -442,6 +467,9 @@ func (c *Collector) Run(ctx context.Context) error {
 			close(c.ready)
 			return nil
 		}
+		if err := c.replay(gctx); err != nil {
+			return err
+		}
 		for tr, addrs := range c.IPFIXAddrs() {
 			for _, a := range addrs {
 				c.log.Info("receiving IPFIX", "transport", tr, "addr", a.String())
@@ -459,6 +487,13 @@ func (c *Collector) Run(ctx context.Context) error {
 	abort.Stop()
 	stopWriter()
 	<-writerDone
+	if c.wal != nil {
+		// Every record the writer took is acknowledged by now; what
+		// remains (aborted at shutdown) is replayed at the next start.
+		if werr := c.wal.Close(); werr != nil {
+			err = errors.Join(err, werr)
+		}
+	}
 	if writerErr != nil && !errors.Is(writerErr, context.Canceled) && !errors.Is(err, writerErr) {
 		err = errors.Join(err, writerErr)
 	}
@@ -466,6 +501,32 @@ func (c *Collector) Run(ctx context.Context) error {
 		err = nil
 	}
 	return err
+}
+
+// replay feeds the records a crashed run left in the write-ahead log into
+// the pipeline, before the listeners take new ones.
+func (c *Collector) replay(ctx context.Context) error {
+	if c.wal == nil {
+		return nil
+	}
+	start := time.Now()
+	n, err := c.wal.Replay(c.cfg.IPFIX.BatchRecords, func(recs []flow.Record) error {
+		b := c.pool.Get()
+		b.Recs = append(b.Recs, recs...)
+		if err := c.decoded.Put(ctx, b); err != nil {
+			b.Release()
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("replay the write-ahead log: %w", err)
+	}
+	if n > 0 {
+		c.log.Warn("replayed records of a previous run that had not reached the store (the collector was killed or crashed); some may be stored twice",
+			"records", n, "took", time.Since(start).Round(time.Millisecond), "dir", c.cfg.WAL.Dir)
+	}
+	return nil
 }
 
 func cmpErr(err, fallback error) error {

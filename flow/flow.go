@@ -248,6 +248,51 @@ type Record struct {
 	// Policy auditing.
 	Ingress Policy // columns ingress_*
 	Egress  Policy // columns egress_*
+
+	// Journal is collector bookkeeping, not a column: the write-ahead log
+	// frames holding the received records this one was made from.
+	Journal JournalRefs
+}
+
+// JournalRefs names the write-ahead log frames a record stands for: one for
+// a received record, more once the correlator merged halves or coalesced
+// updates into it. The collector acknowledges them when the record is
+// durable (in ClickHouse or the spool). Zero means not journaled.
+type JournalRefs struct {
+	Frame, Frame2 uint64   // the first two; 0 when unused
+	More          []uint64 // the rest (rare: coalesced updates)
+}
+
+// Absorb adds o's frames to j, for a record made from both.
+func (j *JournalRefs) Absorb(o JournalRefs) {
+	j.add(o.Frame)
+	j.add(o.Frame2)
+	for _, f := range o.More {
+		j.add(f)
+	}
+}
+
+func (j *JournalRefs) add(f uint64) {
+	switch {
+	case f == 0:
+	case j.Frame == 0:
+		j.Frame = f
+	case j.Frame2 == 0:
+		j.Frame2 = f
+	default:
+		j.More = append(j.More, f)
+	}
+}
+
+// All appends j's frames to dst and returns it.
+func (j *JournalRefs) All(dst []uint64) []uint64 {
+	if j.Frame != 0 {
+		dst = append(dst, j.Frame)
+	}
+	if j.Frame2 != 0 {
+		dst = append(dst, j.Frame2)
+	}
+	return append(dst, j.More...)
 }
 
 // Tuple returns the record's connection tuple.

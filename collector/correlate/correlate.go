@@ -308,6 +308,7 @@ func (c *Correlator) release(k key, e *entry) {
 // and destination half dst.
 func merge(m, src, dst *flow.Record) {
 	*m = *src
+	m.Journal.Absorb(dst.Journal) // acknowledged when m is durable
 	m.Correlation = flow.CorrelationMerged
 	m.Type = flow.FlowTypeInterNode
 	if dst.FlowStart.Before(m.FlowStart) && !dst.FlowStart.IsZero() || m.FlowStart.IsZero() {
@@ -360,6 +361,7 @@ func mergeEndpoint(primary, other flow.Endpoint) flow.Endpoint {
 // active-timeout slice exported before the other node's half arrived):
 // deltas add up, totals, end and state are the later ones.
 func coalesce(h, r *flow.Record) {
+	h.Journal.Absorb(r.Journal) // h now stands for r too
 	h.PacketsDelta += r.PacketsDelta
 	h.BytesDelta += r.BytesDelta
 	h.ReversePacketsDelta += r.ReversePacketsDelta

@@ -113,6 +113,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 // is full (back-pressure); TryPut does not, and the caller counts the drop.
 // It is safe for concurrent use by many producers and one consumer.
 type Queue struct {
+	journal Journal // nil: not journaled
 	name    string
 	ch      chan *Batch
 	length  prometheus.Gauge
@@ -131,6 +132,18 @@ func NewQueue(name string, capacity int, m *Metrics) *Queue {
 	return q
 }
 
+// Journal is a write-ahead log of the records entering a queue
+// (*wal.Log): Append journals them, AckRecords forgets records dropped on
+// purpose (a full queue) so that a restart does not bring them back.
+type Journal interface {
+	Append(recs []flow.Record) error
+	AckRecords(recs []flow.Record)
+}
+
+// SetJournal journals every batch put on the queue before it is queued.
+// Call it before the first Put.
+func (q *Queue) SetJournal(j Journal) { q.journal = j }
+
 // Name returns the queue's name.
 func (q *Queue) Name() string { return q.name }
 
@@ -140,6 +153,13 @@ func (q *Queue) Len() int { return len(q.ch) }
 // Put appends b, blocking while the queue is full. It returns ctx.Err() if
 // ctx ends first; b is then still the caller's.
 func (q *Queue) Put(ctx context.Context, b *Batch) error {
+	if q.journal != nil {
+		// A failed append is counted and logged by the journal; the
+		// records go on without crash protection. If ctx ends before
+		// they are queued (shutdown), they stay journaled: the next
+		// start replays them.
+		_ = q.journal.Append(b.Recs)
+	}
 	select {
 	case q.ch <- b:
 		q.length.Set(float64(len(q.ch)))
@@ -160,11 +180,20 @@ func (q *Queue) Put(ctx context.Context, b *Batch) error {
 // TryPut appends b if there is room and reports whether it did; if not, b
 // is still the caller's.
 func (q *Queue) TryPut(b *Batch) bool {
+	if len(q.ch) == cap(q.ch) {
+		return false // full: do not journal what will be dropped
+	}
+	if q.journal != nil {
+		_ = q.journal.Append(b.Recs)
+	}
 	select {
 	case q.ch <- b:
 		q.length.Set(float64(len(q.ch)))
 		return true
 	default:
+		if q.journal != nil {
+			q.journal.AckRecords(b.Recs) // dropped and counted by the caller
+		}
 		return false
 	}
 }

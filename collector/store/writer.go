@@ -231,6 +231,8 @@ type Writer struct {
 	exited    bool            // Run has returned
 	changed   chan struct{}   // closed and replaced on every state change above
 
+	acker Acker // nil: records are not journaled
+
 	started atomic.Bool
 	spool   atomic.Pointer[spool.Spool]
 	kick    chan struct{} // wakes the drain loop after a Push; size 1, extra kicks are dropped
@@ -250,6 +252,45 @@ type pendingBatch struct {
 	bytes int  // encoded size, as counted in Writer.bufBytes
 	taken bool // a sender is delivering it
 	done  bool // written, spooled or dropped
+	// journal counts the batch's records by write-ahead log frame, to
+	// acknowledge once the batch is written, spooled or dropped.
+	journal []journalRun
+}
+
+// journalRun is n records of one write-ahead log frame.
+type journalRun struct {
+	frame uint64
+	n     int
+}
+
+// Acker is told when records of a write-ahead log frame are durable:
+// written to ClickHouse, spooled, or dropped and counted. *wal.Log
+// implements it.
+type Acker interface {
+	Ack(frame uint64, n int)
+}
+
+// SetAcker makes the writer acknowledge the journal frames of the records
+// it is given (flow.Record.Journal). Call it before Write.
+func (w *Writer) SetAcker(a Acker) { w.acker = a }
+
+// addJournal counts a record's frames in the batch.
+func (b *pendingBatch) addJournal(j *flow.JournalRefs) {
+	add := func(f uint64) {
+		if f == 0 {
+			return
+		}
+		if k := len(b.journal); k > 0 && b.journal[k-1].frame == f {
+			b.journal[k-1].n++
+			return
+		}
+		b.journal = append(b.journal, journalRun{f, 1})
+	}
+	add(j.Frame)
+	add(j.Frame2)
+	for _, f := range j.More {
+		add(f)
+	}
 }
 
 // batchBuf holds a batch's rows: RowBinary rows in data, or, when the Conn
@@ -320,6 +361,9 @@ func (w *Writer) Write(ctx context.Context, recs []flow.Record) error {
 			cols.appendRecord(&recs[i], &w.labels)
 		} else {
 			w.cur.data = appendFlowRow(w.cur.data, &recs[i], &w.labels)
+		}
+		if w.acker != nil {
+			w.cur.addJournal(&recs[i].Journal)
 		}
 		w.cur.rows++
 		w.bufRows++
@@ -554,6 +598,11 @@ func (w *Writer) send(ctx context.Context, sp *spool.Spool, stop <-chan struct{}
 		b.taken = true
 		w.mu.Unlock()
 		w.deliver(ctx, sp, stop, b)
+		if w.acker != nil {
+			for _, r := range b.journal {
+				w.acker.Ack(r.frame, r.n)
+			}
+		}
 		w.mu.Lock()
 		b.done = true
 		for len(w.queue) > 0 && w.queue[0].done {

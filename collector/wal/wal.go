@@ -1,0 +1,678 @@
+// Package wal is the collector's write-ahead log of received flow records.
+// The IPFIX listeners journal each decoded batch before it enters the
+// pipeline; the store writer acknowledges records once they are in
+// ClickHouse or in the spool. A crash (kill -9, OOM) loses the in-memory
+// queues, the correlator's held halves and the writer's pending batches;
+// at the next start Replay feeds every record not acknowledged back into
+// the pipeline, so nothing decoded is lost.
+//
+// The log is a directory of segments (00000000000000000007.wal), the
+// newest one open for appends. A segment holds frames: a data frame is one
+// journaled batch with its frame id; an ack frame lists frames whose every
+// record is durable. A segment is rotated after SegmentBytes or SegmentAge
+// and deleted once it and every older segment are fully acknowledged, so
+// the log stays about as large as what is in flight. Acknowledgement is per
+// frame: a frame partly durable at a crash is replayed whole, and its
+// durable records are written twice (at-least-once; see
+// dualflow_wal_replayed_records_total).
+//
+// Writes go to the page cache at once (a killed process loses nothing
+// written) and are fsynced every SyncInterval (a power loss loses at most
+// that much).
+package wal
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dualflow/dualflow/flow"
+)
+
+// Defaults for Config.
+const (
+	DefaultSegmentBytes = 16 << 20
+	DefaultSegmentAge   = 2 * time.Second
+	DefaultSyncInterval = time.Second
+	// maxFrameBytes bounds one frame when reading, so a corrupt length
+	// cannot make Replay allocate gigabytes.
+	maxFrameBytes = 256 << 20
+)
+
+// Config configures a Log.
+type Config struct {
+	// Dir is the log directory (created 0700). Required.
+	Dir string
+	// SegmentBytes and SegmentAge rotate the active segment; 0 means the
+	// defaults.
+	SegmentBytes int64
+	SegmentAge   time.Duration
+	// SyncInterval is how often appends are fsynced; 0 means the default,
+	// negative never (a process crash still loses nothing; a power loss
+	// loses what the kernel had not written back).
+	SyncInterval time.Duration
+}
+
+const (
+	segSuffix  = ".wal"
+	lockName   = "LOCK"
+	segMagic   = "DFWAL01\n"
+	frameData  = 'D'
+	frameAck   = 'A'
+	headerSize = 8 // payload length, CRC-32C of the payload
+)
+
+var crcTable = crc32.MakeTable(crc32.Castagnoli)
+
+// Log is a write-ahead log. Append, Ack and Replay are safe for concurrent
+// use.
+type Log struct {
+	cfg  Config
+	log  *slog.Logger
+	m    *metrics
+	lock *os.File
+
+	nextFrame atomic.Uint64
+
+	mu       sync.Mutex
+	f        *os.File
+	active   *segment
+	segs     []*segment // alive, oldest first; the active one last
+	frames   map[uint64]*frameState
+	acks     []uint64 // acknowledged frames not yet written
+	dirty    bool     // written since the last fsync
+	closed   bool
+	old      []*segment // left by a previous run, for Replay
+	acked    map[uint64]bool
+	replayed bool
+	errLog   time.Time
+
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+type segment struct {
+	n       uint64
+	path    string
+	size    int64
+	opened  time.Time
+	unacked int  // data frames not fully acknowledged
+	sealed  bool // no more frames will be registered: deletable once acknowledged
+}
+
+type frameState struct {
+	seg       *segment
+	remaining int
+}
+
+// Open opens (or creates) the log in cfg.Dir, takes its lock, and reads
+// what a previous run left: Replay feeds it back.
+func Open(cfg Config, reg prometheus.Registerer, log *slog.Logger) (*Log, error) {
+	if cfg.Dir == "" {
+		return nil, errors.New("wal: Config.Dir is required")
+	}
+	if cfg.SegmentBytes <= 0 {
+		cfg.SegmentBytes = DefaultSegmentBytes
+	}
+	if cfg.SegmentAge <= 0 {
+		cfg.SegmentAge = DefaultSegmentAge
+	}
+	if cfg.SyncInterval == 0 {
+		cfg.SyncInterval = DefaultSyncInterval
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("wal: %w", err)
+	}
+	lf, err := os.OpenFile(filepath.Join(cfg.Dir, lockName), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("wal: %w", err)
+	}
+	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		lf.Close()
+		return nil, fmt.Errorf("wal: %s is in use by another process: %w", cfg.Dir, err)
+	}
+	l := &Log{cfg: cfg, log: log, lock: lf, frames: map[uint64]*frameState{}, acked: map[uint64]bool{}, stop: make(chan struct{})}
+	l.m = newMetrics(l)
+	if err := l.scan(); err != nil {
+		lf.Close()
+		return nil, err
+	}
+	if reg != nil {
+		if err := l.m.register(reg); err != nil {
+			lf.Close()
+			return nil, err
+		}
+	}
+	if len(l.old) > 0 {
+		log.Info("write-ahead log holds records of a previous run; they will be replayed", "dir", cfg.Dir, "segments", len(l.old))
+	}
+	if cfg.SyncInterval > 0 {
+		l.wg.Go(l.syncLoop)
+	}
+	return l, nil
+}
+
+// scan lists the segments of a previous run and reads their ack frames
+// and largest frame id.
+func (l *Log) scan() error {
+	ents, err := os.ReadDir(l.cfg.Dir)
+	if err != nil {
+		return fmt.Errorf("wal: %w", err)
+	}
+	var maxID uint64
+	for _, e := range ents {
+		name := e.Name()
+		n, err := strconv.ParseUint(strings.TrimSuffix(name, segSuffix), 10, 64)
+		if !strings.HasSuffix(name, segSuffix) || err != nil {
+			continue
+		}
+		s := &segment{n: n, path: filepath.Join(l.cfg.Dir, name), sealed: false}
+		err = readSegment(s.path, func(kind byte, id uint64, payload []byte) error {
+			switch kind {
+			case frameData:
+				maxID = max(maxID, id)
+			case frameAck:
+				d := decoder{b: payload}
+				n := d.uvarint()
+				if n > uint64(len(payload)) {
+					return nil
+				}
+				for range n {
+					id := d.uvarint()
+					l.acked[id] = true
+					// New frames must not reuse an id an old ack names.
+					maxID = max(maxID, id)
+				}
+			}
+			return nil
+		}, l.corrupt)
+		if err != nil {
+			return err
+		}
+		l.old = append(l.old, s)
+	}
+	slices.SortFunc(l.old, func(a, b *segment) int { return cmpU64(a.n, b.n) })
+	l.segs = append(l.segs, l.old...)
+	l.nextFrame.Store(maxID)
+	return nil
+}
+
+func cmpU64(a, b uint64) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// corrupt counts and logs a segment's unreadable tail.
+func (l *Log) corrupt(path string, off int64, err error) {
+	l.m.corrupt.Inc()
+	l.log.Warn("write-ahead log segment has an unreadable tail (a write cut by a crash, or damage); records after it are skipped",
+		"segment", path, "offset", off, "err", err)
+}
+
+// readSegment calls fn for each frame of the segment at path. A bad frame
+// ends the segment: onBad is told, and the frames before it count.
+func readSegment(path string, fn func(kind byte, id uint64, payload []byte) error, onBad func(string, int64, error)) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("wal: %w", err)
+	}
+	defer f.Close()
+	r := bufio.NewReaderSize(f, 1<<20)
+	magic := make([]byte, len(segMagic))
+	if _, err := io.ReadFull(r, magic); err != nil || string(magic) != segMagic {
+		if err == io.EOF { // created, nothing written yet
+			return nil
+		}
+		onBad(path, 0, fmt.Errorf("not a wal segment"))
+		return nil
+	}
+	off := int64(len(segMagic))
+	var hdr [headerSize]byte
+	var payload []byte
+	for {
+		if _, err := io.ReadFull(r, hdr[:]); err != nil {
+			if err != io.EOF {
+				onBad(path, off, fmt.Errorf("frame header: %w", err))
+			}
+			return nil
+		}
+		n := binary.LittleEndian.Uint32(hdr[0:])
+		if n == 0 || n > maxFrameBytes {
+			onBad(path, off, fmt.Errorf("frame length %d", n))
+			return nil
+		}
+		if cap(payload) < int(n) {
+			payload = make([]byte, n)
+		}
+		payload = payload[:n]
+		if _, err := io.ReadFull(r, payload); err != nil {
+			onBad(path, off, fmt.Errorf("frame payload: %w", err))
+			return nil
+		}
+		if crc32.Checksum(payload, crcTable) != binary.LittleEndian.Uint32(hdr[4:]) {
+			onBad(path, off, errors.New("frame checksum mismatch"))
+			return nil
+		}
+		off += headerSize + int64(n)
+		kind := payload[0]
+		d := decoder{b: payload[1:]}
+		var id uint64
+		if kind == frameData {
+			id = d.uvarint()
+		}
+		if d.err != nil || (kind != frameData && kind != frameAck) {
+			onBad(path, off, fmt.Errorf("frame kind %q", kind))
+			return nil
+		}
+		if err := fn(kind, id, d.b); err != nil {
+			return err
+		}
+	}
+}
+
+// Replay feeds fn, oldest first, the records of the previous run that no
+// ack frame covers, in batches of at most batch records, each record
+// journaled under its original frame. Call it once, before new records are
+// appended matter; it may run concurrently with Append. It returns the
+// number of records replayed.
+func (l *Log) Replay(batch int, fn func([]flow.Record) error) (int, error) {
+	l.mu.Lock()
+	if l.replayed {
+		l.mu.Unlock()
+		return 0, errors.New("wal: Replay called twice")
+	}
+	l.replayed = true
+	old := l.old
+	l.old = nil
+	l.mu.Unlock()
+	total := 0
+	var recs []flow.Record
+	for _, s := range old {
+		err := readSegment(s.path, func(kind byte, id uint64, payload []byte) error {
+			if kind != frameData || l.acked[id] {
+				return nil
+			}
+			d := decoder{b: payload}
+			n := d.uvarint()
+			if n == 0 || n > uint64(len(payload)) {
+				return nil
+			}
+			recs = recs[:0]
+			for range n {
+				recs = append(recs, flow.Record{})
+				r := &recs[len(recs)-1]
+				d.record(r)
+				r.Journal = flow.JournalRefs{Frame: id}
+			}
+			if d.err != nil {
+				l.corrupt(s.path, -1, fmt.Errorf("frame %d: %w", id, d.err))
+				return nil
+			}
+			l.mu.Lock()
+			l.frames[id] = &frameState{seg: s, remaining: len(recs)}
+			s.unacked++
+			l.mu.Unlock()
+			for i := 0; i < len(recs); i += batch {
+				if err := fn(recs[i:min(i+batch, len(recs))]); err != nil {
+					return err
+				}
+			}
+			total += len(recs)
+			l.m.replayed.Add(float64(len(recs)))
+			return nil
+		}, func(string, int64, error) {}) // counted by scan
+		l.mu.Lock()
+		s.sealed = true
+		l.deleteAckedLocked()
+		l.mu.Unlock()
+		if err != nil {
+			return total, err
+		}
+	}
+	l.mu.Lock()
+	l.acked = nil
+	l.mu.Unlock()
+	return total, nil
+}
+
+// Append journals recs as one frame and marks them with it. Records that
+// carry a frame already (replayed ones) are not journaled again. On a
+// write error the records go on unjournaled: the error is counted, logged
+// at most once a minute, and returned.
+func (l *Log) Append(recs []flow.Record) error {
+	if len(recs) == 0 || recs[0].Journal.Frame != 0 {
+		return nil
+	}
+	id := l.nextFrame.Add(1)
+	buf := getBuf()
+	defer putBuf(buf)
+	b := append((*buf)[:0], make([]byte, headerSize)...)
+	b = append(b, frameData)
+	b = binary.AppendUvarint(b, id)
+	b = binary.AppendUvarint(b, uint64(len(recs)))
+	for i := range recs {
+		b = appendRecord(b, &recs[i])
+	}
+	payload := b[headerSize:]
+	binary.LittleEndian.PutUint32(b[0:], uint32(len(payload)))
+	binary.LittleEndian.PutUint32(b[4:], crc32.Checksum(payload, crcTable))
+	*buf = b
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return errors.New("wal: closed")
+	}
+	if err := l.writeLocked(b, true); err != nil {
+		l.m.errors.Inc()
+		if time.Since(l.errLog) > time.Minute {
+			l.errLog = time.Now()
+			l.log.Error("write-ahead log append failed: records go on without crash protection", "err", err)
+		}
+		return err
+	}
+	l.frames[id] = &frameState{seg: l.active, remaining: len(recs)}
+	l.active.unacked++
+	l.m.records.Add(float64(len(recs)))
+	for i := range recs {
+		recs[i].Journal = flow.JournalRefs{Frame: id}
+	}
+	return nil
+}
+
+// writeLocked writes a frame (data or not) to the active segment, opening
+// or rotating it first, and writes pending acks before it.
+func (l *Log) writeLocked(frame []byte, data bool) error {
+	if l.active != nil && (l.active.size >= l.cfg.SegmentBytes || time.Since(l.active.opened) >= l.cfg.SegmentAge) {
+		l.rotateLocked()
+	}
+	if l.active == nil {
+		if err := l.openSegmentLocked(); err != nil {
+			return err
+		}
+	}
+	if len(l.acks) > 0 && data {
+		if err := l.writeAcksLocked(); err != nil {
+			return err
+		}
+	}
+	n, err := l.f.Write(frame)
+	l.active.size += int64(n)
+	l.m.bytes.Add(float64(n))
+	l.dirty = true
+	return err
+}
+
+func (l *Log) openSegmentLocked() error {
+	var n uint64 = 1
+	if k := len(l.segs); k > 0 {
+		n = l.segs[k-1].n + 1
+	}
+	path := filepath.Join(l.cfg.Dir, fmt.Sprintf("%020d%s", n, segSuffix))
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("wal: %w", err)
+	}
+	if _, err := f.WriteString(segMagic); err != nil {
+		f.Close()
+		os.Remove(path)
+		return fmt.Errorf("wal: %w", err)
+	}
+	l.f = f
+	l.active = &segment{n: n, path: path, size: int64(len(segMagic)), opened: time.Now()}
+	l.segs = append(l.segs, l.active)
+	return nil
+}
+
+// rotateLocked seals the active segment; the next write opens a new one.
+func (l *Log) rotateLocked() {
+	if l.active == nil {
+		return
+	}
+	if len(l.acks) > 0 {
+		_ = l.writeAcksLocked()
+	}
+	if l.dirty && l.cfg.SyncInterval > 0 {
+		_ = l.f.Sync()
+	}
+	_ = l.f.Close()
+	l.f, l.dirty = nil, false
+	l.active.sealed = true
+	l.active = nil
+	l.deleteAckedLocked()
+}
+
+func (l *Log) writeAcksLocked() error {
+	b := []byte{0, 0, 0, 0, 0, 0, 0, 0, frameAck}
+	b = binary.AppendUvarint(b, uint64(len(l.acks)))
+	for _, id := range l.acks {
+		b = binary.AppendUvarint(b, id)
+	}
+	payload := b[headerSize:]
+	binary.LittleEndian.PutUint32(b[0:], uint32(len(payload)))
+	binary.LittleEndian.PutUint32(b[4:], crc32.Checksum(payload, crcTable))
+	l.acks = l.acks[:0]
+	n, err := l.f.Write(b)
+	l.active.size += int64(n)
+	l.dirty = true
+	return err
+}
+
+// Ack acknowledges n records of frame: they are durable. When every record
+// of a frame is, the frame is acknowledged in the log.
+func (l *Log) Ack(frame uint64, n int) {
+	if frame == 0 {
+		return
+	}
+	l.mu.Lock()
+	l.ackLocked(frame, n)
+	l.mu.Unlock()
+}
+
+// AckRecords acknowledges every frame recs stand for.
+func (l *Log) AckRecords(recs []flow.Record) {
+	if len(recs) == 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var run uint64 // records of one frame come together: count runs
+	n := 0
+	for i := range recs {
+		j := &recs[i].Journal
+		if j.Frame != run {
+			l.ackLocked(run, n)
+			run, n = j.Frame, 0
+		}
+		n++
+		if j.Frame2 != 0 {
+			l.ackLocked(j.Frame2, 1)
+		}
+		for _, f := range j.More {
+			l.ackLocked(f, 1)
+		}
+	}
+	l.ackLocked(run, n)
+}
+
+func (l *Log) ackLocked(frame uint64, n int) {
+	if frame == 0 || n == 0 {
+		return
+	}
+	fs := l.frames[frame]
+	if fs == nil {
+		return
+	}
+	fs.remaining -= n
+	if fs.remaining > 0 {
+		return
+	}
+	delete(l.frames, frame)
+	if !l.closed {
+		l.acks = append(l.acks, frame)
+	}
+	fs.seg.unacked--
+	if fs.seg.unacked == 0 {
+		l.deleteAckedLocked()
+	}
+}
+
+// deleteAckedLocked deletes the oldest segments while they are sealed and
+// fully acknowledged. Only a prefix goes: the ack frames of a segment are
+// about frames of it or of older segments.
+func (l *Log) deleteAckedLocked() {
+	for len(l.segs) > 0 {
+		s := l.segs[0]
+		if s == l.active || !s.sealed || s.unacked > 0 {
+			return
+		}
+		if err := os.Remove(s.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			l.m.errors.Inc()
+			l.log.Warn("write-ahead log: cannot delete an acknowledged segment", "segment", s.path, "err", err)
+			return
+		}
+		l.segs = l.segs[1:]
+	}
+}
+
+func (l *Log) syncLoop() {
+	t := time.NewTicker(l.cfg.SyncInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-l.stop:
+			return
+		case <-t.C:
+		}
+		l.mu.Lock()
+		if l.active != nil && len(l.acks) > 0 {
+			_ = l.writeAcksLocked()
+		}
+		if l.active != nil && time.Since(l.active.opened) >= l.cfg.SegmentAge {
+			l.rotateLocked()
+		}
+		var f *os.File
+		if l.dirty && l.f != nil {
+			f, l.dirty = l.f, false
+		}
+		l.mu.Unlock()
+		if f != nil {
+			// Outside the lock: appends go on while the disk syncs. A
+			// rotation may close f meanwhile, after its own sync.
+			if err := f.Sync(); err != nil && !errors.Is(err, os.ErrClosed) {
+				l.m.errors.Inc()
+			}
+		}
+	}
+}
+
+// Close writes the pending acks, syncs and closes the log, deleting every
+// fully acknowledged segment: after a clean shutdown the log is empty
+// unless some records were not made durable.
+func (l *Log) Close() error {
+	l.mu.Lock()
+	if l.closed {
+		l.mu.Unlock()
+		return nil
+	}
+	l.rotateLocked()
+	l.closed = true
+	left := 0
+	for _, fs := range l.frames {
+		left += fs.remaining
+	}
+	l.mu.Unlock()
+	close(l.stop)
+	l.wg.Wait()
+	if left > 0 {
+		l.log.Warn("write-ahead log keeps records that were not made durable; the next start replays them", "records", left, "dir", l.cfg.Dir)
+	}
+	return l.lock.Close()
+}
+
+// Stats are the log's figures.
+type Stats struct {
+	Segments       int // segment files
+	UnackedFrames  int // frames with records not yet durable
+	PendingRecords int // their records
+}
+
+// Stats returns the log's figures.
+func (l *Log) Stats() Stats {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	st := Stats{Segments: len(l.segs), UnackedFrames: len(l.frames)}
+	for _, fs := range l.frames {
+		st.PendingRecords += fs.remaining
+	}
+	return st
+}
+
+var bufs = sync.Pool{New: func() any { b := make([]byte, 0, 256<<10); return &b }}
+
+func getBuf() *[]byte  { return bufs.Get().(*[]byte) }
+func putBuf(b *[]byte) { bufs.Put(b) }
+
+type metrics struct {
+	records  prometheus.Counter
+	bytes    prometheus.Counter
+	replayed prometheus.Counter
+	corrupt  prometheus.Counter
+	errors   prometheus.Counter
+	gauges   []prometheus.Collector
+}
+
+func newMetrics(l *Log) *metrics {
+	m := &metrics{
+		records: prometheus.NewCounter(prometheus.CounterOpts{Name: "dualflow_wal_records_total",
+			Help: "Received records journaled in the write-ahead log."}),
+		bytes: prometheus.NewCounter(prometheus.CounterOpts{Name: "dualflow_wal_bytes_total",
+			Help: "Bytes written to the write-ahead log."}),
+		replayed: prometheus.NewCounter(prometheus.CounterOpts{Name: "dualflow_wal_replayed_records_total",
+			Help: "Records of a previous run replayed from the write-ahead log at start (after a crash; some may have been written before it)."}),
+		corrupt: prometheus.NewCounter(prometheus.CounterOpts{Name: "dualflow_wal_corrupt_segments_total",
+			Help: "Write-ahead log segments with an unreadable tail, skipped from there."}),
+		errors: prometheus.NewCounter(prometheus.CounterOpts{Name: "dualflow_wal_errors_total",
+			Help: "Write-ahead log write, sync or delete failures (records then go on without crash protection)."}),
+	}
+	stat := func(f func(Stats) int) func() float64 { return func() float64 { return float64(f(l.Stats())) } }
+	m.gauges = []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "dualflow_wal_segments", Help: "Write-ahead log segment files."},
+			stat(func(s Stats) int { return s.Segments })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "dualflow_wal_pending_records", Help: "Journaled records not yet in ClickHouse or the spool."},
+			stat(func(s Stats) int { return s.PendingRecords })),
+	}
+	return m
+}
+
+func (m *metrics) register(reg prometheus.Registerer) error {
+	for _, c := range append([]prometheus.Collector{m.records, m.bytes, m.replayed, m.corrupt, m.errors}, m.gauges...) {
+		if err := reg.Register(c); err != nil {
+			return fmt.Errorf("wal metrics: %w", err)
+		}
+	}
+	return nil
+}
