@@ -292,16 +292,25 @@ func TestShutdownFlushesHeld(t *testing.T) {
 // names, labels, workloads, nodes and zones, and the policy verdicts the
 // auditor evaluates: the widest rows the collector writes.
 func BenchmarkEndToEnd(b *testing.B) {
-	b.Run("bare", func(b *testing.B) {
-		benchEndToEnd(b, false, "198.18.1.10", "198.18.2.11", "fd00:10:0:1::10", "fd00:10:0:2::11")
-	})
-	b.Run("enriched", func(b *testing.B) {
-		benchEndToEnd(b, true, "198.18.1.10", "198.18.1.11", "fd00:10:0:1::10", "fd00:10:0:1::11")
-	})
+	for _, wal := range []bool{true, false} {
+		name := ""
+		if !wal {
+			name = "/no-wal" // the cost of crash protection: compare with the default
+		}
+		b.Run("bare"+name, func(b *testing.B) {
+			benchEndToEnd(b, false, wal, "198.18.1.10", "198.18.2.11", "fd00:10:0:1::10", "fd00:10:0:2::11")
+		})
+		b.Run("enriched"+name, func(b *testing.B) {
+			benchEndToEnd(b, true, wal, "198.18.1.10", "198.18.1.11", "fd00:10:0:1::10", "fd00:10:0:1::11")
+		})
+	}
 }
 
-func benchEndToEnd(b *testing.B, enriched bool, src4, dst4, src6, dst6 string) {
+func benchEndToEnd(b *testing.B, enriched, wal bool, src4, dst4, src6, dst6 string) {
 	c, stop := startCollector(b, func(c *Config) {
+		if !wal {
+			c.WAL.Dir = "off"
+		}
 		if enriched {
 			c.K8s = enrich.NewConfig()
 			c.K8s.Source, c.K8s.Inventory = enrich.SourceInventory, []string{c.InventoryFile}

@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -47,16 +48,15 @@ type crashCollector struct {
 	cmd              *exec.Cmd
 	exited           chan error
 	ipfix, ch, metrs string
+	ipfixAll         []string // every TCP listener: IPv4 then IPv6 in dual-stack
+	web              string
 	log              string
 }
 
-func startCrashCollector(t *testing.T, bin, dir string, mode manifest.Mode, run int) *crashCollector {
+func startCrashCollector(t *testing.T, bin, dir string, mode manifest.Mode, run int, extra ...string) *crashCollector {
 	t.Helper()
-	listen := "[::1]:0"
-	if mode == manifest.ModeIPv4 {
-		listen = "127.0.0.1:0"
-	}
-	cmd := exec.Command(bin, "collector",
+	listen := map[manifest.Mode]string{manifest.ModeIPv4: "127.0.0.1:0", manifest.ModeIPv6: "[::1]:0", manifest.ModeDual: "127.0.0.1:0,[::1]:0"}[mode]
+	args := []string{"collector",
 		"--k8s.source", "off",
 		"--clickhouse.data-dir", filepath.Join(dir, "data"),
 		"--clickhouse.http-addr", "127.0.0.1:0",
@@ -66,7 +66,8 @@ func startCrashCollector(t *testing.T, bin, dir string, mode manifest.Mode, run 
 		"--web.addr", "",
 		"--collector.ipfix.tcp-addr", listen,
 		"--collector.ipfix.udp-addr", "",
-	)
+	}
+	cmd := exec.Command(bin, append(args, extra...)...)
 	c := &crashCollector{cmd: cmd, exited: make(chan error, 1), log: filepath.Join(dir, fmt.Sprintf("collector-%d.log", run))}
 	lf, err := os.Create(c.log)
 	if err != nil {
@@ -89,8 +90,10 @@ func startCrashCollector(t *testing.T, bin, dir string, mode manifest.Mode, run 
 			t.Logf("collector run %d log (end):\n%s", run, b)
 		}
 	})
+	wantWeb := slices.Contains(extra, "--web.addr")
 	ready := make(chan struct{})
 	go func() {
+		closed := false
 		sc := bufio.NewScanner(pr)
 		for sc.Scan() {
 			line := sc.Text()
@@ -100,8 +103,16 @@ func startCrashCollector(t *testing.T, bin, dir string, mode manifest.Mode, run 
 			if m := logMetrics.FindStringSubmatch(line); m != nil {
 				c.metrs = m[1] + "/metrics"
 			}
+			if m := logWebURL.FindStringSubmatch(line); m != nil {
+				c.web = m[1]
+			}
 			if m := logIPFIXTCP.FindStringSubmatch(line); m != nil {
-				c.ipfix = m[1]
+				c.ipfixAll = append(c.ipfixAll, m[1])
+				slices.SortFunc(c.ipfixAll, func(a, b string) int { return strings.Compare(a, b) }) // "127…" before "[::1]…"
+				c.ipfix = c.ipfixAll[0]
+			}
+			if !closed && len(c.ipfixAll) == strings.Count(listen, ",")+1 && (c.web != "" || !wantWeb) {
+				closed = true
 				close(ready)
 			}
 		}
@@ -120,6 +131,13 @@ func startCrashCollector(t *testing.T, bin, dir string, mode manifest.Mode, run 
 // metric reads one unlabelled sample from the collector's /metrics.
 func (c *crashCollector) metric(t *testing.T, name string) float64 {
 	t.Helper()
+	return c.metricWith(t, name, "")
+}
+
+// metricWith sums the samples of name whose labels contain label
+// (e.g. reason="source_limit").
+func (c *crashCollector) metricWith(t *testing.T, name, label string) float64 {
+	t.Helper()
 	resp, err := http.Get(c.metrs)
 	if err != nil {
 		t.Fatal(err)
@@ -127,13 +145,19 @@ func (c *crashCollector) metric(t *testing.T, name string) float64 {
 	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	sum := 0.0
 	for sc.Scan() {
-		if f := strings.Fields(sc.Text()); len(f) == 2 && f[0] == name {
+		f := strings.Fields(sc.Text())
+		if len(f) != 2 {
+			continue
+		}
+		n, labels, _ := strings.Cut(f[0], "{")
+		if n == name && strings.Contains(labels, label) {
 			v, _ := strconv.ParseFloat(f[1], 64)
-			return v
+			sum += v
 		}
 	}
-	return 0
+	return sum
 }
 
 // query runs SQL as the admin user of the users file.
