@@ -235,4 +235,3 @@ func testSecurity(t *testing.T, bin string, mode manifest.Mode) {
 		})
 	})
 }
-
