@@ -1,12 +1,17 @@
 package ovs
 
 import (
+	"math"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/dualflow/dualflow/flow"
 )
+
+// maxDurationSeconds is the longest flow duration time.Duration holds
+// (about 292 years).
+const maxDurationSeconds = float64(math.MaxInt64) / float64(time.Second)
 
 // Flow is one OpenFlow flow of `ovs-ofctl dump-flows`, with its
 // statistics. Match and Actions are kept as text.
@@ -76,7 +81,9 @@ func ParseFlowLine(line string, f *Flow) error {
 		case "duration":
 			s, ok := strings.CutSuffix(val, "s")
 			var d float64
-			if d, err = strconv.ParseFloat(s, 64); !ok || err != nil || d < 0 {
+			// !(0 <= d < max) also refuses NaN; from maxDurationSeconds on
+			// time.Duration would overflow (to a negative duration).
+			if d, err = strconv.ParseFloat(s, 64); !ok || err != nil || !(d >= 0 && d < maxDurationSeconds) {
 				err = syntaxErr("duration %q", clip(val))
 			}
 			f.Duration = time.Duration(d * float64(time.Second))

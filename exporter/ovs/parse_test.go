@@ -227,6 +227,9 @@ func TestParseFlowLine(t *testing.T) {
 		{"no actions", " cookie=0x1, duration=1.5s, table=3, n_packets=1, n_bytes=2", Flow{}, true},
 		{"bad counter", " cookie=0x1, duration=1.5s, table=3, n_packets=-1, n_bytes=2, priority=0 actions=drop", Flow{}, true},
 		{"bad duration", " cookie=0x1, duration=xs, table=3, n_packets=1, n_bytes=2, priority=0 actions=drop", Flow{}, true},
+		{"duration past time.Duration", " cookie=0x1, duration=3e87s, table=3, n_packets=1, n_bytes=2, priority=0 actions=drop", Flow{}, true},
+		{"duration NaN", " cookie=0x1, duration=NaNs, table=3, n_packets=1, n_bytes=2, priority=0 actions=drop", Flow{}, true},
+		{"duration infinite", " cookie=0x1, duration=+Infs, table=3, n_packets=1, n_bytes=2, priority=0 actions=drop", Flow{}, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
