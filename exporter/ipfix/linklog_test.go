@@ -11,7 +11,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
 )
 
 // logBuffer is a concurrency-safe text log to assert on.
