@@ -8,16 +8,17 @@ import (
 	"github.com/dualflow/dualflow/collector/store/chhttp"
 )
 
-// TestHTTPSQL runs /sql through the collector's ClickHouse HTTP interface.
+// TestHTTPSQL runs /sql through the collector's ClickHouse HTTP interface,
+// as one of its users (it refuses anonymous requests).
 func TestHTTPSQL(t *testing.T) {
 	e := needEngine(t)
-	ch, err := chhttp.New(chhttp.Config{Engine: e.DB()})
+	ch, err := chhttp.New(chhttp.Config{Engine: e.DB(), Users: []chhttp.User{{Name: "web", Password: "web-secret"}}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer(ch.Handler())
 	defer srv.Close()
-	h := testAPI(t, Config{SQL: HTTPSQL{URL: srv.URL + "/", Database: "dualflow"}, SQLMaxRows: 10})
+	h := testAPI(t, Config{SQL: HTTPSQL{URL: srv.URL + "/", Database: "dualflow", User: "web", Password: "web-secret"}, SQLMaxRows: 10})
 	r := do(t, h, "POST", "/api/v1/sql", `{"query":"SELECT ip_version, count() AS n FROM flows GROUP BY ip_version ORDER BY ip_version"}`)
 	if res := decode[SQLResult](t, r); r.code != 200 || len(res.Rows) != 2 || res.Columns[1].Name != "n" {
 		t.Fatalf("select: %v", r)
