@@ -47,13 +47,22 @@ type Tokens struct {
 func (t *Tokens) Enabled() bool { return t != nil && len(t.byHash) > 0 }
 
 // LoadTokens reads a token file: one "token role [name]" per line, role
-// viewer or operator; blank lines and # comments are skipped.
+// viewer or operator; blank lines and # comments are skipped. Like ssh
+// with a private key, it refuses a file group or others may read or
+// write (the tokens are secrets).
 func LoadTokens(path string) (*Tokens, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, fmt.Errorf("tokens: %w", err)
 	}
 	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("tokens: %w", err)
+	}
+	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
+		return nil, fmt.Errorf("tokens file %s has mode %#o: it holds secrets, so group and others must have no access (chmod 600 %s)", path, perm, path)
+	}
 	t := &Tokens{byHash: map[[32]byte]Principal{}}
 	sc := bufio.NewScanner(f)
 	for n := 1; sc.Scan(); n++ {
@@ -116,14 +125,13 @@ func (a *API) auth(min Role) gin.HandlerFunc {
 			c.Set(principalKey, Principal{Name: "local", Role: RoleOperator})
 			return
 		}
-		h := c.GetHeader("Authorization")
-		tok, ok := strings.CutPrefix(h, "Bearer ")
-		if !ok || tok == "" {
+		tok, ok := bearerToken(c.GetHeader("Authorization"))
+		if !ok {
 			c.Header("WWW-Authenticate", `Bearer realm="dualflow"`)
 			c.AbortWithStatusJSON(http.StatusUnauthorized, errorBody{Message: "a bearer token is required", Field: "Authorization"})
 			return
 		}
-		p, ok := a.cfg.Tokens.lookup(strings.TrimSpace(tok))
+		p, ok := a.cfg.Tokens.lookup(tok)
 		if !ok {
 			c.AbortWithStatusJSON(http.StatusUnauthorized, errorBody{Message: "unknown token", Field: "Authorization"})
 			return
@@ -134,6 +142,17 @@ func (a *API) auth(min Role) gin.HandlerFunc {
 		}
 		c.Set(principalKey, p)
 	}
+}
+
+// bearerToken returns the token of an Authorization header of the Bearer
+// scheme, which RFC 7235 makes case-insensitive ("bearer", "BEARER").
+func bearerToken(h string) (string, bool) {
+	scheme, tok, ok := strings.Cut(strings.TrimSpace(h), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	tok = strings.TrimSpace(tok)
+	return tok, tok != ""
 }
 
 func principalOf(c *gin.Context) Principal {
