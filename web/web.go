@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"net"
@@ -67,6 +68,8 @@ type Config struct {
 	SQLMaxRows   int
 	SQLMaxTime   time.Duration
 	SQLMaxMemory int64
+	// Limits cap the heavy requests in flight (0: api defaults).
+	Limits Limits
 	// Registerer receives the server's metrics and Gatherer is served at
 	// /metrics (e.g. the collector's registry for both); nil: a private
 	// registry.
@@ -75,6 +78,29 @@ type Config struct {
 	Logger     *slog.Logger
 	// ShutdownTimeout bounds Run's wait for requests in flight (default 5s).
 	ShutdownTimeout time.Duration
+}
+
+// Limits cap the requests that load the store: POST /api/v1/sql queries
+// and follow streams. A request past a cap is answered 429 with
+// Retry-After and counted in dualflow_web_concurrency_refused_total.
+type Limits struct {
+	// SQLConcurrency is the /sql queries running at once per role (only
+	// operators run SQL, so it is also the cap over all roles).
+	SQLConcurrency int
+	// SQLMaxThreads is the engine threads of one /sql query.
+	SQLMaxThreads int
+	// FollowStreams is the follow streams open at once, all roles
+	// together; FollowStreamsPerRole those of one role.
+	FollowStreams        int
+	FollowStreamsPerRole int
+}
+
+// BindFlags registers the --web.sql.* and --web.follow.* limit flags on fs.
+func (l *Limits) BindFlags(fs *flag.FlagSet) {
+	fs.IntVar(&l.SQLConcurrency, "web.sql.max-concurrent", api.DefaultSQLConcurrency, "POST /api/v1/sql queries running at once per role; more are answered 429 (the embedded engine runs 4 statements at once: keep room for the collector's inserts)")
+	fs.IntVar(&l.SQLMaxThreads, "web.sql.max-threads", api.DefaultSQLMaxThreads, "engine threads (max_threads) of one /sql query")
+	fs.IntVar(&l.FollowStreams, "web.follow.max-streams", api.DefaultFollowStreams, "follow streams (GET /api/v1/flows?follow=true) open at once, all roles together; more are answered 429 (each polls the store every second)")
+	fs.IntVar(&l.FollowStreamsPerRole, "web.follow.max-streams-per-role", api.DefaultFollowStreamsPerRole, "follow streams open at once per role (viewer, operator), so viewers cannot take them all")
 }
 
 // Server serves the API and the UI.
@@ -111,6 +137,8 @@ func New(cfg Config) (*Server, error) {
 		Evaluator: cfg.Evaluator, Tracer: cfg.Tracer, Auditor: cfg.Auditor,
 		AuditAPI: cfg.AuditAPI, Traceflows: cfg.Traceflows,
 		Tokens: tokens, SQLMaxRows: cfg.SQLMaxRows, SQLMaxTime: cfg.SQLMaxTime, SQLMaxMemory: cfg.SQLMaxMemory,
+		SQLConcurrency: cfg.Limits.SQLConcurrency, SQLMaxThreads: cfg.Limits.SQLMaxThreads,
+		FollowStreams: cfg.Limits.FollowStreams, FollowStreamsPerRole: cfg.Limits.FollowStreamsPerRole,
 		Registerer: cfg.Registerer, Gatherer: cfg.Gatherer, Logger: cfg.Logger,
 	})
 	if err != nil {

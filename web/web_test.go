@@ -2,6 +2,7 @@ package web
 
 import (
 	"context"
+	"flag"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -10,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dualflow/dualflow/web/api"
 )
 
 type nopStore struct{}
@@ -109,6 +112,68 @@ func TestTokensFileAndRun(t *testing.T) {
 	}
 	if d := time.Since(start); d > 3*time.Second {
 		t.Errorf("shutdown took %s with a follow stream open", d)
+	}
+}
+
+// TestTokensFileMode: the server does not start on a tokens file group or
+// others may read (the tokens are secrets).
+func TestTokensFileMode(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(path, []byte("o-tok operator bob\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(Config{Addr: "[::]:0", TokensFile: path, Store: nopStore{}}); err == nil || !strings.Contains(err.Error(), "chmod 600") {
+		t.Errorf("a 0644 tokens file: %v, want a refusal saying chmod 600", err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(Config{Addr: "[::]:0", TokensFile: path, Store: nopStore{}}); err != nil {
+		t.Errorf("a 0600 tokens file: %v", err)
+	}
+}
+
+// TestLimitFlags: the --web.sql.* and --web.follow.* flags fill Limits
+// (with the api defaults), and the server enforces them.
+func TestLimitFlags(t *testing.T) {
+	var l Limits
+	fs := flag.NewFlagSet("test", flag.ContinueOnError)
+	l.BindFlags(fs)
+	if l != (Limits{SQLConcurrency: api.DefaultSQLConcurrency, SQLMaxThreads: api.DefaultSQLMaxThreads,
+		FollowStreams: api.DefaultFollowStreams, FollowStreamsPerRole: api.DefaultFollowStreamsPerRole}) {
+		t.Errorf("defaults %+v", l)
+	}
+	if err := fs.Parse([]string{"--web.sql.max-concurrent=3", "--web.sql.max-threads=1", "--web.follow.max-streams=1", "--web.follow.max-streams-per-role=1"}); err != nil {
+		t.Fatal(err)
+	}
+	if l != (Limits{SQLConcurrency: 3, SQLMaxThreads: 1, FollowStreams: 1, FollowStreamsPerRole: 1}) {
+		t.Errorf("parsed %+v", l)
+	}
+	s, err := New(Config{Addr: "127.0.0.1:0", Store: nopStore{}, Limits: l})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(s.Handler())
+	defer srv.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	follow := func() *http.Response {
+		req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/api/v1/flows?follow=true", nil)
+		r, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	first := follow()
+	defer first.Body.Close()
+	second := follow()
+	second.Body.Close()
+	if first.StatusCode != 200 || second.StatusCode != http.StatusTooManyRequests {
+		t.Errorf("with --web.follow.max-streams=1: streams answered %d and %d, want 200 and 429", first.StatusCode, second.StatusCode)
 	}
 }
 

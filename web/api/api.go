@@ -153,6 +153,18 @@ type Config struct {
 	Logger          *slog.Logger
 	Now             func() time.Time // for tests
 	ReadyCheckQuery string           // default SELECT 1
+
+	// SQLMaxThreads is the engine's max_threads of a /sql query.
+	SQLMaxThreads int
+	// SQLConcurrency caps the /sql queries running at once per role;
+	// past it a query is answered 429.
+	SQLConcurrency int
+	// FollowStreams caps the follow streams (GET /flows?follow=true) open
+	// at once, FollowStreamsPerRole those of one role (so viewers cannot
+	// take every stream from operators); past either a new stream is
+	// answered 429.
+	FollowStreams        int
+	FollowStreamsPerRole int
 }
 
 // Defaults.
@@ -163,6 +175,18 @@ const (
 	DefaultQueryTimeout   = 30 * time.Second
 	DefaultTraceTimeout   = 20 * time.Second
 	DefaultFollowInterval = time.Second
+	// DefaultSQLConcurrency leaves the embedded engine's other
+	// connections (chdb.DefaultMaxConns, 4) to the collector's inserts and
+	// the UI's reads: eight heavy queries at once stalled both.
+	DefaultSQLConcurrency = 2
+	// DefaultSQLMaxThreads keeps one /sql query to two cores of the
+	// engine, whatever the machine has.
+	DefaultSQLMaxThreads = 2
+	// DefaultFollowStreams: each stream polls the store every
+	// FollowInterval, about 15 ms of engine time each (100 streams took
+	// 1.4 cores), so 20 take at most about a third of a core.
+	DefaultFollowStreams        = 20
+	DefaultFollowStreamsPerRole = 16
 )
 
 func (c *Config) setDefaults() {
@@ -187,6 +211,18 @@ func (c *Config) setDefaults() {
 	if c.FollowInterval <= 0 {
 		c.FollowInterval = DefaultFollowInterval
 	}
+	if c.SQLMaxThreads <= 0 {
+		c.SQLMaxThreads = DefaultSQLMaxThreads
+	}
+	if c.SQLConcurrency <= 0 {
+		c.SQLConcurrency = DefaultSQLConcurrency
+	}
+	if c.FollowStreams <= 0 {
+		c.FollowStreams = DefaultFollowStreams
+	}
+	if c.FollowStreamsPerRole <= 0 {
+		c.FollowStreamsPerRole = DefaultFollowStreamsPerRole
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -205,6 +241,10 @@ type API struct {
 	engine  *gin.Engine
 	metrics *metrics
 	table   string // qualified flows table
+	// sqlGate and followGate cap the /sql queries and follow streams in
+	// flight.
+	sqlGate    *gate
+	followGate *gate
 }
 
 // New builds the router. It fails when Store is nil.
@@ -218,6 +258,14 @@ func New(cfg Config) (*API, error) {
 	var err error
 	if a.metrics, err = newMetrics(cfg.Registerer); err != nil {
 		return nil, err
+	}
+	a.sqlGate = newGate("sql", "SQL queries", cfg.SQLConcurrency, 0, sqlRetryAfter)
+	a.followGate = newGate("follow", "follow streams", cfg.FollowStreamsPerRole, cfg.FollowStreams, followRetryAfter)
+	for _, g := range []*gate{a.sqlGate, a.followGate} { // export zeros, not absent series
+		a.metrics.inFlight.WithLabelValues(g.kind)
+		for _, r := range []Role{RoleViewer, RoleOperator} {
+			a.metrics.refused.WithLabelValues(g.kind, r.String())
+		}
 	}
 	a.engine = a.routes()
 	return a, nil

@@ -257,10 +257,20 @@ type Filter struct {
 	conds []string
 }
 
-// Default time windows.
+// Default time window and filter bounds. A filter past a bound is a 400
+// naming the field: the engine refuses a query text over max_query_size
+// (256 KiB by default) as a syntax error, which would otherwise surface as
+// a store failure (502).
 const (
 	defaultWindow = time.Hour
-	maxValues     = 64 // values per field; more is a 400, bounding the SQL size
+	maxValues     = 64 // values per field
+	// maxValueBytes bounds one value: Kubernetes names are at most 253
+	// bytes, label keys 317 and values 63.
+	maxValueBytes = 1024
+	// maxFilterSQL bounds the conditions' SQL text, which with the largest
+	// query around them (under 4 KiB) stays well within max_query_size.
+	// A field's value can appear up to four times in it (policy).
+	maxFilterSQL = 64 << 10
 )
 
 // parseFilter reads a filter from query parameters. Unknown parameters in
@@ -287,6 +297,7 @@ func parseFilter(q url.Values, now time.Time, skip ...string) (*Filter, error) {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
+	size := 0 // bytes of f.conds
 	for _, k := range keys {
 		if k == "since" || k == "until" || contains(skip, k) {
 			continue
@@ -315,6 +326,9 @@ func parseFilter(q url.Values, now time.Time, skip ...string) (*Filter, error) {
 		}
 		ors := make([]string, 0, len(vals))
 		for _, v := range vals {
+			if len(v) > maxValueBytes {
+				return nil, fieldErr(k, "a value is %d bytes long; at most %d", len(v), maxValueBytes)
+			}
 			c, err := spec.build(v)
 			if err != nil {
 				return nil, fieldErr(k, "%v", err)
@@ -324,6 +338,9 @@ func parseFilter(q url.Values, now time.Time, skip ...string) (*Filter, error) {
 		c := "(" + strings.Join(ors, " OR ") + ")"
 		if neg {
 			c = "NOT " + c
+		}
+		if size += len(c); size > maxFilterSQL {
+			return nil, fieldErr(k, "the filter is too large (over %d KiB as SQL): use fewer or shorter values", maxFilterSQL>>10)
 		}
 		f.conds = append(f.conds, c)
 	}

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"sort"
@@ -14,6 +15,8 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
+
+	"github.com/dualflow/dualflow/collector/store/chdb"
 )
 
 // Flow is one row of GET /flows.
@@ -76,8 +79,10 @@ const flowColumns = `toUnixTimestamp64Milli(flow_start) AS flow_start_ms, toUnix
 // keyExpr is the tiebreaker of the cursor.
 const keyExpr = `cityHash64(flow_start, src_ip, dst_ip, src_port, dst_port, protocol, exporter_node, time_received)`
 
-// jsonSettings make 64-bit integers numbers, not strings.
-const jsonSettings = ` SETTINGS output_format_json_quote_64bit_integers = 0`
+// jsonSettings end every query of the API's own: 64-bit integers as
+// numbers, not strings, and the engine priority that runs them before
+// operator SQL (see sqlPriority).
+const jsonSettings = ` SETTINGS output_format_json_quote_64bit_integers = 0, priority = ` + uiPriority
 
 // Page sizes.
 const (
@@ -130,6 +135,11 @@ func (a *API) flows(c *gin.Context) {
 		return
 	}
 	if v := q.Get("follow"); v == "true" || v == "1" {
+		release, ok := a.admit(c, a.followGate)
+		if !ok {
+			return
+		}
+		defer release()
 		a.follow(c, f)
 		return
 	}
@@ -262,6 +272,9 @@ func (a *API) queryRows(ctx context.Context, sql string) ([][]byte, error) {
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
+		if queryTooLarge(err) {
+			return nil, &queryError{err: fmt.Errorf("the request is too large for the engine, use fewer or shorter values: %w", err), user: true}
+		}
 		return nil, fmt.Errorf("store query: %w", err)
 	}
 	var rows [][]byte
@@ -273,6 +286,22 @@ func (a *API) queryRows(ctx context.Context, sql string) ([][]byte, error) {
 		}
 	}
 	return rows, sc.Err()
+}
+
+// queryTooLarge reports the engine refusing a query for its size: the
+// request's values made it (the filter bounds should prevent it).
+func queryTooLarge(err error) bool {
+	var ce *chdb.Error
+	if !errors.As(err, &ce) {
+		return false
+	}
+	switch ce.Code {
+	case 167, 168: // TOO_DEEP_AST, TOO_BIG_AST
+		return true
+	case chdb.CodeSyntaxError:
+		return strings.Contains(ce.Message, "Max query size exceeded")
+	}
+	return false
 }
 
 // follow streams flows received after the request as server-sent events

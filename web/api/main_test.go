@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"os"
 	"testing"
@@ -23,6 +24,10 @@ var seedNow = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 func TestMain(m *testing.M) { os.Exit(runMain(m)) }
 
 func runMain(m *testing.M) int {
+	flag.Parse()
+	if listOrFuzzWorker() {
+		return m.Run()
+	}
 	dir, err := os.MkdirTemp("", "dualflow-web-api-test-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -45,6 +50,18 @@ func runMain(m *testing.M) int {
 	}
 	engine = e
 	return m.Run()
+}
+
+// listOrFuzzWorker reports a run that needs no store: listing the tests
+// (scripts/fuzz.sh finds the fuzz targets so), or a fuzzing worker, which
+// runs only the fuzz target (FuzzFilterSQL builds SQL without running
+// it); an engine seeded in each worker would slow the fuzzing down.
+func listOrFuzzWorker() bool {
+	if f := flag.Lookup("test.list"); f != nil && f.Value.String() != "" {
+		return true
+	}
+	f := flag.Lookup("test.fuzzworker")
+	return f != nil && f.Value.String() == "true"
 }
 
 func needEngine(t testing.TB) *store.Embedded {

@@ -83,6 +83,9 @@ type observedRow struct {
 
 // endpointCond is the condition matching e on one side of a flow.
 func endpointCond(side string, e Endpoint, field string) (string, error) {
+	if len(e.Namespace) > maxValueBytes || len(e.Name) > maxValueBytes {
+		return "", fieldErr(field, "namespace or name longer than %d bytes", maxValueBytes)
+	}
 	switch e.Kind {
 	case "pod", "workload":
 		if e.Namespace == "" || e.Name == "" {

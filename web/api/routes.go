@@ -173,6 +173,8 @@ type metrics struct {
 	requests   *prometheus.CounterVec
 	duration   *prometheus.HistogramVec
 	sqlRefused *prometheus.CounterVec
+	refused    *prometheus.CounterVec
+	inFlight   *prometheus.GaugeVec
 }
 
 func newMetrics(r prometheus.Registerer) (*metrics, error) {
@@ -188,12 +190,20 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 			Name: "dualflow_web_sql_refused_total",
 			Help: "POST /sql queries refused before they ran, by reason: statement (not SELECT, SHOW, DESCRIBE or EXISTS), outfile, table_function, function (reaches the host), engine (not one statement the engine accepts read-only).",
 		}, []string{"reason"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dualflow_web_concurrency_refused_total",
+			Help: "Requests answered 429 because as many of their kind as allowed were in flight, by kind (sql: POST /sql queries, follow: GET /flows?follow=true streams) and role.",
+		}, []string{"kind", "role"}),
+		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "dualflow_web_in_flight",
+			Help: "POST /sql queries (kind sql) and follow streams (kind follow) in flight.",
+		}, []string{"kind"}),
 	}
 	if r == nil {
 		m.reg = prometheus.NewRegistry()
 		r = m.reg
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.sqlRefused} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.sqlRefused, m.refused, m.inFlight} {
 		if err := r.Register(c); err != nil {
 			return nil, err
 		}

@@ -50,6 +50,7 @@ type SQLLimits struct {
 	MaxRows          int     `json:"max_rows"`
 	MaxExecutionTime float64 `json:"max_execution_seconds"`
 	MaxMemoryBytes   int64   `json:"max_memory_bytes"`
+	MaxThreads       int     `json:"max_threads"`
 }
 
 // maxQueryBytes bounds the query text.
@@ -58,6 +59,8 @@ const maxQueryBytes = 64 << 10
 // sqlSettings are the engine settings every /sql query runs with:
 // readonly=1 forbids writes, DDL and changing settings (so a SETTINGS
 // clause in the query cannot lift the limits); sqlguard refuses the rest.
+// max_threads and a priority below the API's own reads (uiPriority) keep
+// an operator's query from starving the collector's inserts and the UI.
 func sqlSettings(l SQLLimits) map[string]string {
 	return map[string]string{
 		"readonly":             "1",
@@ -65,6 +68,8 @@ func sqlSettings(l SQLLimits) map[string]string {
 		"result_overflow_mode": "throw",
 		"max_execution_time":   strconv.FormatFloat(l.MaxExecutionTime, 'f', -1, 64),
 		"max_memory_usage":     strconv.FormatInt(l.MaxMemoryBytes, 10),
+		"max_threads":          strconv.Itoa(l.MaxThreads),
+		"priority":             sqlPriority,
 	}
 }
 
@@ -87,7 +92,7 @@ func (a *API) sql(c *gin.Context) {
 		a.fail(c, fieldErr("query", "longer than %d bytes", maxQueryBytes))
 		return
 	}
-	lim := SQLLimits{MaxRows: a.cfg.SQLMaxRows, MaxExecutionTime: a.cfg.SQLMaxTime.Seconds(), MaxMemoryBytes: a.cfg.SQLMaxMemory}
+	lim := SQLLimits{MaxRows: a.cfg.SQLMaxRows, MaxExecutionTime: a.cfg.SQLMaxTime.Seconds(), MaxMemoryBytes: a.cfg.SQLMaxMemory, MaxThreads: a.cfg.SQLMaxThreads}
 	if req.MaxRows < 0 {
 		a.fail(c, fieldErr("max_rows", "must not be negative"))
 		return
@@ -104,6 +109,12 @@ func (a *API) sql(c *gin.Context) {
 		a.fail(c, fieldErr("format", "want json or csv"))
 		return
 	}
+	// The vetting statements count too: they run on the engine.
+	release, ok := a.admit(c, a.sqlGate)
+	if !ok {
+		return
+	}
+	defer release()
 	// The engine enforces max_execution_time; the context is a backstop.
 	ctx, cancel := context.WithTimeout(c.Request.Context(), a.cfg.SQLMaxTime+5*time.Second)
 	defer cancel()
