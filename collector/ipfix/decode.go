@@ -373,15 +373,16 @@ func (d *Decoder) install(s *Session, dom *domain, id uint16, options bool, raw 
 		d.Stats.TemplatesRejected++
 		return
 	}
-	t := compile(id, options, raw, specs)
-	if s.bytes+t.size() > s.lim.MaxTemplateBytes {
+	size := templateSize(len(raw), len(specs))
+	if s.bytes+size > s.lim.MaxTemplateBytes {
 		d.Stats.TemplatesRejected++
 		return
 	}
-	if !s.lim.Budget.take(t.size()) {
+	if !s.lim.Budget.take(size) {
 		d.Stats.TemplatesOverBudget++
 		return
 	}
+	t := compile(id, options, raw, specs)
 	t.seen = now
 	dom.templates[id] = t
 	s.templates++

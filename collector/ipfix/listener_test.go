@@ -18,6 +18,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"testing"
 	"time"
 
@@ -586,5 +587,68 @@ func TestTemplateBudget(t *testing.T) {
 	session("::1")
 	if got := collect(t, q, 2); got[0].SrcAddr != r4.SrcAddr && got[0].SrcAddr != r6.SrcAddr {
 		t.Errorf("records after the budget freed: %+v", got[0])
+	}
+}
+
+// TestIdleSessionsHoldLittleMemory: a session waiting for its exporter
+// holds no batch and a small read buffer. 1,500 sessions once took the
+// collector past 2 GB: each held a pooled batch (2,048 records, 1.5 MB)
+// and a 256 KiB buffer, whatever it sent.
+func TestIdleSessionsHoldLittleMemory(t *testing.T) {
+	const sessions = 300
+	reg := prometheus.NewRegistry()
+	pm := pipeline.NewMetrics(reg)
+	q := pipeline.NewQueue("decoded", 4*sessions, pm)
+	pool := pipeline.NewPool(2 * DefaultBatchRecords)
+	// The pool keeps a bounded free list whatever the sessions do: fill it
+	// before the baseline.
+	var warm []*pipeline.Batch
+	for range 128 {
+		warm = append(warm, pool.Get())
+	}
+	for _, b := range warm {
+		b.Release()
+	}
+	l, err := New(Config{TCPAddrs: []string{"127.0.0.1:0"}, MaxSessions: 2 * sessions, MaxSessionsPerSource: 2 * sessions},
+		q, pool, pm, reg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { l.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	heap := func() uint64 {
+		runtime.GC()
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapInuse
+	}
+	before := heap()
+	r := sampleRecords()[0]
+	e := mustEncoder(4, 256)
+	var conns []net.Conn
+	defer func() {
+		for _, c := range conns {
+			c.Close()
+		}
+	}()
+	for i := range sessions {
+		c, err := net.Dial("tcp", l.TCPAddrs()[0].String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns = append(conns, c)
+		if _, err := c.Write(encoderMessage(e, uint32(i+1), 0, true, &r)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	collect(t, q, sessions) // every session decoded its message, then waits
+	per := (int64(heap()) - int64(before)) / sessions
+	t.Logf("%d idle sessions: %d bytes of heap each", sessions, per)
+	if per > 256<<10 {
+		t.Errorf("an idle session holds %d bytes of heap, want under 256 KiB", per)
 	}
 }

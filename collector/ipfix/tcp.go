@@ -12,12 +12,14 @@ import (
 	"net/netip"
 	"time"
 
+	"github.com/dualflow/dualflow/collector/pipeline"
 	fipfix "github.com/dualflow/dualflow/flow/ipfix"
 )
 
-// tcpReadBuffer is the framer's buffer: several maximum-size messages, so
-// one read syscall brings many messages at full rate.
-const tcpReadBuffer = 256 << 10
+// tcpReadBuffer is the framer's buffer: one maximum-size message. Every
+// session holds one, so it stays small (1,500 sessions with 256 KiB each
+// took 375 MB); at full rate one read still brings many messages.
+const tcpReadBuffer = 64 << 10
 
 // errFraming means a message header cannot be trusted: on a stream there
 // is no way to find the next message, so the session must end.
@@ -176,10 +178,15 @@ func (l *Listener) serveConn(ctx context.Context, ci *connInfo, tr Transport) {
 	var prev Stats
 	f := newFramer(c)
 	f.d, f.idle, f.message = c, l.cfg.IdleTimeout, l.cfg.MessageTimeout
-	b := l.pool.Get()
+	// A batch is held only while messages are being decoded: an idle
+	// session holds none (1,500 sessions each holding a 1.5 MB batch took
+	// the collector past 2 GB).
+	var b *pipeline.Batch
 	msgs := 0 // messages with records in b
 	defer func() {
-		l.deliver(ctx, b, tr, msgs).Release()
+		if b != nil {
+			l.deliver(ctx, b, tr, msgs).Release()
+		}
 		l.m.flush(tr, d, &prev, l.log)
 	}()
 	for {
@@ -211,6 +218,9 @@ func (l *Listener) serveConn(ctx context.Context, ci *connInfo, tr Transport) {
 		}
 		now := time.Now()
 		ci.touch(now)
+		if b == nil {
+			b = l.pool.Get()
+		}
 		had := len(b.Recs)
 		if b.Recs, err = d.Decode(s, msg, now, b.Recs); err != nil {
 			l.warnDropped(tr, remote, err)
@@ -218,9 +228,13 @@ func (l *Listener) serveConn(ctx context.Context, ci *connInfo, tr Transport) {
 		if len(b.Recs) > had {
 			msgs++
 		}
-		if len(b.Recs) >= l.cfg.BatchRecords || !f.ready() {
+		if idle := !f.ready(); len(b.Recs) >= l.cfg.BatchRecords || idle {
 			b, msgs = l.deliver(ctx, b, tr, msgs), 0
 			l.m.flush(tr, d, &prev, l.log)
+			if idle { // the next read may wait: give the batch back
+				b.Release()
+				b = nil
+			}
 		}
 	}
 }

@@ -213,7 +213,12 @@ func postOf(o op) post {
 }
 
 // size is the memory a template holds, charged to its session's budget.
-func (t *template) size() int { return len(t.raw) + 4*len(t.fields) + 128 }
+func (t *template) size() int { return templateSize(len(t.raw), len(t.fields)) }
+
+// templateSize is what a template of rawLen bytes and fields fields counts
+// against the limits, known before it is compiled: a refused definition
+// costs no allocation.
+func templateSize(rawLen, fields int) int { return rawLen + 4*fields + 128 }
 
 // IANA ICMP type and code elements, sent separately by Open vSwitch.
 const (
