@@ -38,6 +38,15 @@ if [ ${#targets[@]} -eq 0 ]; then
   exit 1
 fi
 
+# seconds converts a Go duration as the fuzzer prints it (1h2m3s) to seconds.
+seconds() {
+  local d=$1 s=0
+  if [[ $d =~ ([0-9]+)h ]]; then s=$((s + BASH_REMATCH[1] * 3600)); fi
+  if [[ $d =~ ([0-9]+)m ]]; then s=$((s + BASH_REMATCH[1] * 60)); fi
+  if [[ $d =~ ([0-9]+)s ]]; then s=$((s + BASH_REMATCH[1])); fi
+  echo "$s"
+}
+
 failed=0
 summary=()
 for i in "${!targets[@]}"; do
@@ -54,11 +63,11 @@ for i in "${!targets[@]}"; do
     result=FAIL
     failed=1
   fi
-  # The last progress line: "fuzz: elapsed: 31s, execs: 123456 (0/sec), ...";
+  # The last progress line: "fuzz: elapsed: 1m0s, execs: 123456 (0/sec), ...";
   # none when the baseline coverage (the seed corpus) took all the time.
-  last=$(grep -E 'fuzz: elapsed: [0-9]+s, execs: [0-9]+' "$out" | tail -n 1)
+  last=$(grep -E 'fuzz: elapsed: [0-9hms]+, execs: [0-9]+' "$out" | tail -n 1)
   execs=$(sed -nE 's/.*execs: ([0-9]+).*/\1/p' <<<"$last")
-  elapsed=$(sed -nE 's/fuzz: elapsed: ([0-9]+)s.*/\1/p' <<<"$last")
+  elapsed=$(seconds "$(sed -nE 's/fuzz: elapsed: ([0-9hms]+),.*/\1/p' <<<"$last")")
   note=""
   if [ -z "$execs" ]; then
     execs=0 elapsed=0 note=" (baseline coverage not done)"
