@@ -51,12 +51,15 @@ type WebConfig struct {
 	// AllowedHosts are the host names the web answers to besides IP
 	// literals and localhost (DNS rebinding protection).
 	AllowedHosts netaddr.HostList
+	// Limits bound concurrent /sql queries and follow streams per role.
+	Limits web.Limits
 }
 
 // BindFlags registers the collector's flags and the web's (--web.*).
 func (c *Config) BindFlags(fs *flag.FlagSet) {
 	c.Collector.BindFlags(fs)
 	fs.StringVar(&c.Web.Addr, "web.addr", web.DefaultAddr, "serve the web UI and REST API (/api/v1) here; empty disables. Without --web.tokens-file it is forced to loopback")
+	c.Web.Limits.BindFlags(fs)
 	fs.Var(&c.Web.AllowedHosts, "web.allowed-hosts", "host names the web answers to besides IP addresses and localhost, comma-separated (the names operators browse it by); other Host headers get 403 (DNS rebinding protection)")
 	fs.StringVar(&c.Web.TokensFile, "web.tokens-file", "", "bearer tokens file (\"token role [name]\" lines; roles viewer, operator); required to listen on a non-loopback address")
 }
@@ -132,6 +135,7 @@ func (a *App) buildWeb(opts Options) error {
 		Database:     db,
 		TokensFile:   a.cfg.Web.TokensFile,
 		AllowedHosts: a.cfg.Web.AllowedHosts,
+		Limits:       a.cfg.Web.Limits,
 		Evaluator: api.PolicyEvaluator{
 			Policies: func() *policy.Set {
 				if au := c.Auditor(); au != nil {
