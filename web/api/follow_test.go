@@ -39,7 +39,7 @@ func TestFollowStreamsNewFlows(t *testing.T) {
 	}
 	srv := httptest.NewServer(a.Handler())
 	defer srv.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "GET", srv.URL+"/api/v1/flows?follow=true&ip_version=6&dst_ip=fd00:10::/32", nil)
 	r, err := http.DefaultClient.Do(req)
