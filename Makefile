@@ -78,6 +78,16 @@ test-e2e: build kube-apiserver ## end-to-end tests in network-namespace labs (ro
 	@if [ "$$(id -u)" != 0 ]; then echo "test-e2e needs root (network namespaces)"; exit 1; fi
 	DUALFLOW_E2E=1 DUALFLOW_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m -v $(E2E_PKGS) 2>&1 | scripts/e2e-summary.sh
 
+# The security tier runs within test-unit and test-e2e; this target runs it
+# alone: the attacks of docs/security.md against the real engine and
+# listeners (unit), the collector binary (e2e TestSecurity) and the kill -9
+# test (TestCrashLosesNothing), in three IP modes.
+SECURITY_UNIT = 'TestAuth|TestAnonymous|TestSlowSenders|TestReadonly|TestRejectsCrossSite|TestIdleSockets|TestIdleTimeout|TestIdleSessions|TestTemplateBudget|TestAllowedSources|TestCrashReplays|TestHTTPInterfaceAuth|TestDataDirPrivate|Refuse|Outfile|TestBearer|TestLoadTokens|TestTokensFileMode|TestSQLConcurrency|TestFollowStreamLimits|TestFilterTooLarge|TestHostCheck|Rebind'
+.PHONY: test-security
+test-security: build ## the security tier alone (attacks, crash test), three IP modes
+	DUALFLOW_REQUIRE_CHDB=1 $(GO) test -count=1 -run $(SECURITY_UNIT) ./collector/... ./web/... ./netaddr/...
+	DUALFLOW_E2E=1 DUALFLOW_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -v -run 'TestSecurity|TestCrashLosesNothing' ./test/e2e/ 2>&1 | scripts/e2e-summary.sh
+
 .PHONY: bench
 bench: deps ## run every Go benchmark and print a table
 	@mkdir -p var
