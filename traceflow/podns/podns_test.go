@@ -150,7 +150,6 @@ func TestPodsComeAndGo(t *testing.T) {
 	}
 }
 
-
 // BenchmarkScan measures one scan of the node's namespaces (the cost of a
 // cache miss) with 20 pods of both families.
 func BenchmarkScan(b *testing.B) {
