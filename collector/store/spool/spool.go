@@ -113,7 +113,7 @@ func Open(dir string, maxBytes int64) (*Spool, error) {
 	if maxBytes <= 0 {
 		return nil, fmt.Errorf("spool open %s: max bytes %d must be positive", dir, maxBytes)
 	}
-	if err := os.MkdirAll(dir, 0o750); err != nil {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("spool open: %w", err)
 	}
 	lock, err := lockDir(dir)
@@ -380,7 +380,7 @@ func (s *Spool) removeHeadLocked(seq uint64) {
 // overwriting an earlier file of the same name.
 func (s *Spool) moveAside(seq uint64, sub string) (string, error) {
 	dst := filepath.Join(s.dir, sub)
-	if err := os.MkdirAll(dst, 0o750); err != nil {
+	if err := os.MkdirAll(dst, 0o700); err != nil {
 		return "", err
 	}
 	name := segName(seq)

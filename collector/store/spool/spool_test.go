@@ -69,6 +69,11 @@ func TestOpenEmptyDir(t *testing.T) {
 			if err := s.Pop(); !errors.Is(err, ErrEmpty) {
 				t.Fatalf("Pop on empty = %v, want ErrEmpty", err)
 			}
+			if tc.name == "missing" { // the spool holds flows: its owner's only
+				if fi, err := os.Stat(s.Dir()); err != nil || fi.Mode().Perm() != 0o700 {
+					t.Errorf("spool dir mode %v (%v), want 0700", fi.Mode().Perm(), err)
+				}
+			}
 		})
 	}
 }
