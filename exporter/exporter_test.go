@@ -1,7 +1,6 @@
 package exporter
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -19,6 +18,7 @@ import (
 	"github.com/dualflow/dualflow/exporter/conntrack"
 	"github.com/dualflow/dualflow/flow"
 	"github.com/dualflow/dualflow/flow/ipfix/ipfixtest"
+	"github.com/dualflow/dualflow/internal/logtest"
 )
 
 // fakeSource is a conntrack table in memory.
@@ -343,7 +343,7 @@ func checkDeltas(t *testing.T, col *ipfixtest.Collector, total uint64) {
 
 // TestLogger checks the exporter logs through Config.Logger.
 func TestLogger(t *testing.T) {
-	var buf syncBuffer
+	var buf logtest.Buffer
 	cfg := testConfig("127.0.0.1:1")
 	cfg.IPFIX.DrainTimeout = 50 * time.Millisecond
 	cfg.Logger = slog.New(slog.NewTextHandler(&buf, nil))
@@ -360,23 +360,6 @@ func TestLogger(t *testing.T) {
 			t.Errorf("log lacks %q:\n%s", want, buf.String())
 		}
 	}
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 func scrape(t *testing.T, e *Exporter) string {
@@ -439,7 +422,7 @@ func TestFamilies(t *testing.T) {
 // polling and counts; its buffer stays bounded. The outage is logged once
 // through Config.Logger, not once per attempt.
 func TestCollectorDownKeepsPolling(t *testing.T) {
-	var logs syncBuffer
+	var logs logtest.Buffer
 	cfg := testConfig("127.0.0.1:1") // nothing listens on port 1
 	cfg.Logger = slog.New(slog.NewTextHandler(&logs, nil))
 	cfg.IPFIX.BufferBytes = 64 << 10

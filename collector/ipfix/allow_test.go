@@ -1,14 +1,12 @@
 package ipfix
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,34 +15,8 @@ import (
 
 	"github.com/dualflow/dualflow/collector/pipeline"
 	"github.com/dualflow/dualflow/flow"
+	"github.com/dualflow/dualflow/internal/logtest"
 )
-
-// logBuffer is a concurrency-safe text log to assert on.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// lines returns the log lines containing s.
-func (b *logBuffer) lines(s string) []string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	var out []string
-	for l := range strings.SplitSeq(b.buf.String(), "\n") {
-		if strings.Contains(l, s) {
-			out = append(out, l)
-		}
-	}
-	return out
-}
-
-func (b *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(b, nil)) }
 
 // eventually waits up to 20 s for cond, polling.
 func eventually(t *testing.T, what string, cond func() bool) {
@@ -140,7 +112,7 @@ func TestAllowedSources(t *testing.T) {
 	} {
 		for _, tr := range []string{"tcp", "udp"} {
 			t.Run(tc.name+"/"+tr, func(t *testing.T) {
-				var logs logBuffer
+				var logs logtest.Buffer
 				var allowed AllowList
 				if err := allowed.Set(tc.allowed); err != nil {
 					t.Fatal(err)
@@ -151,7 +123,7 @@ func TestAllowedSources(t *testing.T) {
 				} else {
 					cfg.UDPAddrs = []string{"[::]:0"}
 				}
-				l, q, reg := startListenerLog(t, cfg, logs.logger())
+				l, q, reg := startListenerLog(t, cfg, logs.Logger())
 				port := append(l.TCPAddrs(), l.UDPAddrs()...)[0].(interface{ AddrPort() netip.AddrPort }).AddrPort().Port()
 				e := mustEncoder(flow.Version(tc.r.SrcAddr), 256)
 				msg := encoderMessage(e, 1, 0, true, &tc.r)
@@ -182,7 +154,7 @@ func TestAllowedSources(t *testing.T) {
 				if n := testutil.ToFloat64(l.m.records.WithLabelValues(tr)); n != 1 {
 					t.Errorf("records decoded: %v, want 1 (the allowed source's)", n)
 				}
-				if lines := logs.lines("allowed-sources"); len(lines) != 1 {
+				if lines := logs.Lines("allowed-sources"); len(lines) != 1 {
 					t.Errorf("%d log lines about refused sources, want 1: %q", len(lines), lines)
 				}
 			})
@@ -208,13 +180,13 @@ func TestWarnOpen(t *testing.T) {
 		{"mutual tls", Config{TLSAddrs: []string{":0"}, TLSCertFile: p("server.pem"), TLSKeyFile: p("server-key.pem"), TLSClientCAFile: p("ca.pem")}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var logs logBuffer
-			l, err := New(tc.cfg, pipeline.NewQueue("decoded", 1, nil), pipeline.NewPool(16), nil, nil, logs.logger())
+			var logs logtest.Buffer
+			l, err := New(tc.cfg, pipeline.NewQueue("decoded", 1, nil), pipeline.NewPool(16), nil, nil, logs.Logger())
 			if err != nil {
 				t.Fatal(err)
 			}
 			l.Close()
-			if got := len(logs.lines("accept flows from any host")) == 1; got != tc.warn {
+			if got := len(logs.Lines("accept flows from any host")) == 1; got != tc.warn {
 				t.Errorf("warned %v, want %v", got, tc.warn)
 			}
 		})
@@ -289,8 +261,8 @@ func TestQueueFullCountsMessages(t *testing.T) {
 // TestBadFramingLogRateLimited: sessions closed for a bad header are each
 // counted, but one source gets one log line per interval.
 func TestBadFramingLogRateLimited(t *testing.T) {
-	var logs logBuffer
-	l, _, reg := startListenerLog(t, Config{TCPAddrs: []string{"127.0.0.1:0", "[::1]:0"}}, logs.logger())
+	var logs logtest.Buffer
+	l, _, reg := startListenerLog(t, Config{TCPAddrs: []string{"127.0.0.1:0", "[::1]:0"}}, logs.Logger())
 	const n = 5
 	for _, a := range l.TCPAddrs() {
 		for range n {
@@ -308,7 +280,7 @@ func TestBadFramingLogRateLimited(t *testing.T) {
 	eventually(t, "every bad session counted", func() bool {
 		return testutil.ToFloat64(closedCounter(t, reg, "tcp", "bad_framing")) == 2*n
 	})
-	lines := logs.lines("bad message header")
+	lines := logs.Lines("bad message header")
 	if len(lines) != 2 {
 		t.Fatalf("%d log lines, want 1 per source: %q", len(lines), lines)
 	}
@@ -320,8 +292,8 @@ func TestBadFramingLogRateLimited(t *testing.T) {
 // TestMalformedLogRateLimited: malformed messages on a session that
 // survives them are logged, once per interval per source.
 func TestMalformedLogRateLimited(t *testing.T) {
-	var logs logBuffer
-	l, q, _ := startListenerLog(t, Config{UDPAddrs: []string{"[::1]:0"}}, logs.logger())
+	var logs logtest.Buffer
+	l, q, _ := startListenerLog(t, Config{UDPAddrs: []string{"[::1]:0"}}, logs.Logger())
 	c, err := net.Dial("udp", l.UDPAddrs()[0].String())
 	if err != nil {
 		t.Fatal(err)
@@ -335,7 +307,7 @@ func TestMalformedLogRateLimited(t *testing.T) {
 	c.Write(encoderMessage(mustEncoder(6, 256), 1, 0, true, &r))
 	collect(t, q, 1)
 	eventually(t, "five drops counted", func() bool { return testutil.ToFloat64(l.m.dropped[ReasonSetLength]) == 5 })
-	if lines := logs.lines("ipfix message dropped"); len(lines) != 1 || !strings.Contains(lines[0], "set_length") {
+	if lines := logs.Lines("ipfix message dropped"); len(lines) != 1 || !strings.Contains(lines[0], "set_length") {
 		t.Errorf("log lines %q, want 1 naming the reason", lines)
 	}
 }
@@ -344,8 +316,8 @@ func TestMalformedLogRateLimited(t *testing.T) {
 // the held-back ones with the next, a bounded number of sources.
 func TestLogLimiter(t *testing.T) {
 	clock := time.Unix(1_800_000_000, 0)
-	var logs logBuffer
-	l := newLogLimiter(logs.logger(), time.Minute, 3)
+	var logs logtest.Buffer
+	l := newLogLimiter(logs.Logger(), time.Minute, 3)
 	l.now = func() time.Time { return clock }
 	a4, a6 := netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("fd00:10::1")
 	type step struct {

@@ -1,9 +1,7 @@
 package ipfix
 
 import (
-	"bytes"
 	"io"
-	"log/slog"
 	"net"
 	"regexp"
 	"strconv"
@@ -11,34 +9,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/dualflow/dualflow/internal/logtest"
 )
-
-// logBuffer is a concurrency-safe text log to assert on.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// lines returns the log lines containing s.
-func (b *logBuffer) lines(s string) []string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	var out []string
-	for l := range strings.SplitSeq(b.buf.String(), "\n") {
-		if strings.Contains(l, s) {
-			out = append(out, l)
-		}
-	}
-	return out
-}
-
-func (b *logBuffer) logger() *slog.Logger { return slog.New(slog.NewTextHandler(b, nil)) }
 
 // attr returns the integer value of key=N in line, or -1.
 func attr(line, key string) int {
@@ -94,9 +67,9 @@ func sink(t *testing.T, addr string) (stop func()) {
 }
 
 // outageConfig is a fast-retrying exporter to addr logging to logs.
-func outageConfig(addr string, logs *logBuffer) Config {
+func outageConfig(addr string, logs *logtest.Buffer) Config {
 	return Config{Address: addr, BufferBytes: 64 << 10, FlushInterval: 20 * time.Millisecond,
-		BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond, Logger: logs.logger()}
+		BackoffMin: 10 * time.Millisecond, BackoffMax: 50 * time.Millisecond, Logger: logs.Logger()}
 }
 
 // TestOutageLogs: while the collector is unreachable the exporter says so
@@ -105,7 +78,7 @@ func outageConfig(addr string, logs *logBuffer) Config {
 func TestOutageLogs(t *testing.T) {
 	for _, listen := range []string{"127.0.0.1:0", "[::1]:0"} {
 		t.Run(listen, func(t *testing.T) {
-			var logs logBuffer
+			var logs logtest.Buffer
 			addr := freePort(t, listen)
 			e := newExporter(t, outageConfig(addr, &logs))
 			e.link.settle = 10 * time.Millisecond
@@ -115,7 +88,7 @@ func TestOutageLogs(t *testing.T) {
 			}
 			e.Flush()
 			waitFor(t, 20*time.Second, "5 failed attempts", func() bool { return e.Stats().DialFailures >= 5 })
-			warns := logs.lines("level=WARN")
+			warns := logs.Lines("level=WARN")
 			if len(warns) != 1 || !strings.Contains(warns[0], "collector unreachable") || !strings.Contains(warns[0], addr) {
 				t.Fatalf("warnings while down: %q, want 1", warns)
 			}
@@ -124,14 +97,14 @@ func TestOutageLogs(t *testing.T) {
 			}
 			sink(t, addr)
 			waitFor(t, 20*time.Second, "the line saying the collector is back", func() bool {
-				return len(logs.lines("collector is back")) > 0
+				return len(logs.Lines("collector is back")) > 0
 			})
-			back := logs.lines("collector is back")
+			back := logs.Lines("collector is back")
 			st := e.Stats()
 			if len(back) != 1 || attr(back[0], "failed_attempts") < 5 || attr(back[0], "records_dropped") != int(st.DroppedBufferFull) {
 				t.Errorf("back: %q; stats %+v", back, st)
 			}
-			if n := len(logs.lines("level=WARN")); n != 1 {
+			if n := len(logs.Lines("level=WARN")); n != 1 {
 				t.Errorf("%d warnings, want 1", n)
 			}
 		})
@@ -141,7 +114,7 @@ func TestOutageLogs(t *testing.T) {
 // TestOutageSummary: a long outage is summarized every interval; a lost
 // connection starts a new outage.
 func TestOutageSummary(t *testing.T) {
-	var logs logBuffer
+	var logs logtest.Buffer
 	addr := freePort(t, "[::1]:0")
 	e := newExporter(t, outageConfig(addr, &logs))
 	e.link.settle, e.link.every = 10*time.Millisecond, 30*time.Millisecond
@@ -149,7 +122,7 @@ func TestOutageSummary(t *testing.T) {
 	waitFor(t, 20*time.Second, "a summary with dropped records", func() bool {
 		e.Export(records(4, 100, 0))
 		e.Flush()
-		for _, l := range logs.lines("still unreachable") {
+		for _, l := range logs.Lines("still unreachable") {
 			if attr(l, "records_dropped") > 0 && attr(l, "failed_attempts") > 1 {
 				return true
 			}
@@ -158,12 +131,12 @@ func TestOutageSummary(t *testing.T) {
 	})
 	stopSink := sink(t, addr)
 	waitFor(t, 20*time.Second, "the line saying the collector is back", func() bool {
-		return len(logs.lines("collector is back")) > 0
+		return len(logs.Lines("collector is back")) > 0
 	})
-	before := len(logs.lines("collector unreachable"))
+	before := len(logs.Lines("collector unreachable"))
 	stopSink()
 	waitFor(t, 20*time.Second, "a warning about the lost connection", func() bool {
-		for _, l := range logs.lines("collector unreachable")[before:] {
+		for _, l := range logs.Lines("collector unreachable")[before:] {
 			if attr(l, "connections_lost") == 1 {
 				return true
 			}
@@ -179,7 +152,7 @@ func TestOutageSummary(t *testing.T) {
 func TestRefusingCollectorIsNotBack(t *testing.T) {
 	for _, network := range []string{TCP, UDP} {
 		t.Run(network, func(t *testing.T) {
-			var logs logBuffer
+			var logs logtest.Buffer
 			var addr string
 			if network == TCP {
 				ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -214,10 +187,10 @@ func TestRefusingCollectorIsNotBack(t *testing.T) {
 				e.Flush()
 				return e.Stats().Disconnects >= 5
 			})
-			if info := logs.lines("level=INFO"); len(info) != 0 {
+			if info := logs.Lines("level=INFO"); len(info) != 0 {
 				t.Errorf("info lines: %q", info)
 			}
-			if warns := logs.lines("level=WARN"); len(warns) != 1 {
+			if warns := logs.Lines("level=WARN"); len(warns) != 1 {
 				t.Errorf("warnings %q, want 1", warns)
 			}
 		})
@@ -228,19 +201,19 @@ func TestRefusingCollectorIsNotBack(t *testing.T) {
 // collector that reads slower than records come) are logged, once per
 // interval.
 func TestBufferFullWhileConnectedLogged(t *testing.T) {
-	var logs logBuffer
-	l := newLinkLog(logs.logger(), Config{Address: "[::1]:4739", Transport: TCP})
+	var logs logtest.Buffer
+	l := newLinkLog(logs.Logger(), Config{Address: "[::1]:4739", Transport: TCP})
 	now := time.Unix(1_800_000_000, 0)
 	l.start(now)
 	l.connected(now)
 	l.tick(now.Add(l.settle), Stats{})
-	if got := logs.lines("connected to the collector"); len(got) != 1 {
+	if got := logs.Lines("connected to the collector"); len(got) != 1 {
 		t.Fatalf("first connection: %q", got)
 	}
 	l.tick(now.Add(2*time.Second), Stats{DroppedBufferFull: 10})
 	l.tick(now.Add(3*time.Second), Stats{DroppedBufferFull: 20})
 	l.tick(now.Add(2*time.Second+l.every), Stats{DroppedBufferFull: 50})
-	got := logs.lines("send buffer full")
+	got := logs.Lines("send buffer full")
 	if len(got) != 2 || attr(got[0], "records_dropped") != 10 || attr(got[1], "records_dropped") != 40 {
 		t.Errorf("drop warnings %q", got)
 	}
