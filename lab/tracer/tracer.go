@@ -15,12 +15,13 @@ import (
 
 	"github.com/dualflow/dualflow/lab"
 	"github.com/dualflow/dualflow/lab/nft"
-	"github.com/dualflow/dualflow/lab/topology"
 	"github.com/dualflow/dualflow/nsrun"
 	"github.com/dualflow/dualflow/traceflow"
 	"github.com/dualflow/dualflow/traceflow/inject"
+	"github.com/dualflow/dualflow/traceflow/node"
 	"github.com/dualflow/dualflow/traceflow/observe"
 	"github.com/dualflow/dualflow/traceflow/packet"
+	"github.com/dualflow/dualflow/traceflow/podns"
 )
 
 // podIface is the pod side of every lab pod veth.
@@ -74,6 +75,8 @@ type Tracer struct {
 	lab *lab.Lab
 	inv Inventory
 	nft string
+	// pods finds source pods by address, as the node agent does.
+	pods *podns.Finder
 	// Raw, when set before the first Trace, receives every `nft monitor`
 	// line of every probe (for debugging the kernel datapath's tracing).
 	// Writes from concurrent probes interleave by line.
@@ -90,7 +93,7 @@ func NewTracer(l *lab.Lab, inv Inventory) (*Tracer, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Tracer{lab: l, inv: inv, nft: nftBin}, nil
+	return &Tracer{lab: l, inv: inv, nft: nftBin, pods: &podns.Finder{Dirs: []string{nsrun.Dir}}}, nil
 }
 
 type nodeEvent struct {
@@ -116,18 +119,19 @@ func (t *Tracer) Trace(ctx context.Context, p traceflow.Probe) (traceflow.Path, 
 		}
 		return t.traceLive(ctx, p, src)
 	}
-	srcNS := t.lab.PodNetNSPath(src)
-	srcMAC, err := inject.InterfaceMAC(srcNS, podIface)
+	// The source pod is found and the probe sent as on a node of a real
+	// cluster: by the pod's address, to the node side of its veth.
+	in := node.Injector{Pods: t.pods, NodeNS: t.lab.NodeNetNSPath(src.Spec.NodeName)}
+	from, err := in.Locate(p.Src)
 	if err != nil {
-		return traceflow.Path{}, err
+		return traceflow.Path{}, fmt.Errorf("pod %s: %w", p.SourcePod, err)
 	}
 	proto := p.ProtoNumber()
-	frame, err := packet.Build(packet.Spec{SrcMAC: srcMAC, DstMAC: topology.GatewayMAC, Src: p.Src, Dst: p.Dst,
-		Proto: proto, SrcPort: p.SrcPort, DstPort: p.DstPort, TCPFlags: p.TCPFlags, TTL: p.TTL, Tag: p.Tag})
+	frame, err := from.Frame(p)
 	if err != nil {
 		return traceflow.Path{}, err
 	}
-	send := func() error { return inject.Send(srcNS, podIface, frame) }
+	send := func() error { return from.Send(frame) }
 	if t.lab.State().Datapath == lab.DatapathOVS {
 		return t.traceOVS(ctx, p, src, frame, send)
 	}

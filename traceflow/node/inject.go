@@ -1,0 +1,72 @@
+// Package node is the part of traceflow that runs on a node of a real
+// cluster (in the exporter, the node agent): it knows the node, not the
+// cluster. It finds a probe's source pod by its address (package podns) and
+// sends the probe from the pod's interface, addressed to the node side of
+// the pod's veth, as the pod's own packets would be.
+package node
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+
+	"github.com/dualflow/dualflow/traceflow"
+	"github.com/dualflow/dualflow/traceflow/inject"
+	"github.com/dualflow/dualflow/traceflow/packet"
+	"github.com/dualflow/dualflow/traceflow/podns"
+)
+
+// ErrPodNotOnNode means the probe's source address is in no namespace of
+// this node (the pod is elsewhere, or gone).
+var ErrPodNotOnNode = errors.New("source pod not found on this node")
+
+// Injector sends probes from the pods of its node.
+type Injector struct {
+	// Pods finds a pod's namespace by address.
+	Pods *podns.Finder
+	// NodeNS is the node's network namespace, where the pods' veth peers
+	// are ("" means the caller's: /proc/self/ns/net).
+	NodeNS string
+}
+
+// Source is where a probe leaves from.
+type Source struct {
+	NS     podns.Namespace
+	SrcMAC net.HardwareAddr // the pod interface's
+	DstMAC net.HardwareAddr // the node side of the pod's veth
+}
+
+// Locate finds the pod holding src on this node and the MACs a packet
+// from it carries.
+func (in *Injector) Locate(src netip.Addr) (Source, error) {
+	ns, err := in.Pods.Find(src)
+	if errors.Is(err, podns.ErrNotFound) {
+		return Source{}, fmt.Errorf("%s: %w", src, ErrPodNotOnNode)
+	}
+	if err != nil {
+		return Source{}, err
+	}
+	srcMAC, err := inject.InterfaceMAC(ns.Path, ns.Iface)
+	if err != nil {
+		return Source{}, err
+	}
+	nodeNS := in.NodeNS
+	if nodeNS == "" {
+		nodeNS = "/proc/self/ns/net"
+	}
+	dstMAC, err := peerMAC(ns.Path, ns.Iface, nodeNS)
+	if err != nil {
+		return Source{}, err
+	}
+	return Source{NS: ns, SrcMAC: srcMAC, DstMAC: dstMAC}, nil
+}
+
+// Frame builds p's packet as sent from s.
+func (s Source) Frame(p traceflow.Probe) ([]byte, error) {
+	return packet.Build(packet.Spec{SrcMAC: s.SrcMAC, DstMAC: s.DstMAC, Src: p.Src, Dst: p.Dst,
+		Proto: p.ProtoNumber(), SrcPort: p.SrcPort, DstPort: p.DstPort, TCPFlags: p.TCPFlags, TTL: p.TTL, Tag: p.Tag})
+}
+
+// Send sends frame out of the source pod's interface.
+func (s Source) Send(frame []byte) error { return inject.Send(s.NS.Path, s.NS.Iface, frame) }
