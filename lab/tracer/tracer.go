@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/dualflow/dualflow/lab"
+	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/lab/nft"
 	"github.com/dualflow/dualflow/nsrun"
 	"github.com/dualflow/dualflow/traceflow"
@@ -212,7 +213,20 @@ func (t *Tracer) Trace(ctx context.Context, p traceflow.Probe) (traceflow.Path, 
 
 // capture listens on dp's eth0 until done and sends the probe's arrival.
 func (t *Tracer) capture(ctx context.Context, p traceflow.Probe, dp *corev1.Pod, delivered chan<- delivery, done <-chan struct{}, wg *sync.WaitGroup) error {
-	c, err := inject.Listen(t.lab.PodNetNSPath(dp), podIface)
+	// Found by its address, as a node finds its pods.
+	fam := corev1.IPv6Protocol
+	if p.Src.Unmap().Is4() {
+		fam = corev1.IPv4Protocol
+	}
+	addr, ok := manifest.PodAddr(dp, fam)
+	if !ok {
+		return fmt.Errorf("pod %s/%s has no %s address", dp.Namespace, dp.Name, fam)
+	}
+	ns, err := t.pods.Find(addr)
+	if err != nil {
+		return fmt.Errorf("pod %s/%s: %w", dp.Namespace, dp.Name, err)
+	}
+	c, err := inject.Listen(ns.Path, ns.Iface)
 	if err != nil {
 		return err
 	}
