@@ -194,8 +194,11 @@ func (c *cliQuerier) Query(ctx context.Context, query, format string) ([]byte, e
 	}
 	if c.conn == nil && !c.direct && (c.cfg.DSN == "" || endpoint == c.cfg.DSN) {
 		var buf bytes.Buffer
-		user, password := httpCredentials(c.cfg)
-		err := queryHTTP(ctx, endpoint, user, password, query, format, &buf)
+		user, password, err := httpCredentials(c.cfg)
+		if err != nil {
+			return nil, err
+		}
+		err = queryHTTP(ctx, endpoint, user, password, query, format, &buf)
 		if err == nil || !isConnRefused(err) || c.cfg.DSN != "" {
 			return buf.Bytes(), err
 		}

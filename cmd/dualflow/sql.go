@@ -24,9 +24,9 @@ It goes through the ClickHouse HTTP interface of a running collector (the
 embedded store serves it on 127.0.0.1:8123), or of a ClickHouse server with
 --url. When nothing answers there and the store is embedded, it opens the data
 directory directly (only one process may own it, so stop the collector first
-or let it answer over HTTP). Over HTTP it authenticates as
-$DUALFLOW_CLICKHOUSE_USER/$DUALFLOW_CLICKHOUSE_PASSWORD, else --clickhouse.user
-and --clickhouse.password-file, else the admin user of the embedded store's
+or let it answer over HTTP). Over HTTP it authenticates as --clickhouse.user
+(or $DUALFLOW_CLICKHOUSE_USER) with --clickhouse.password-file (or
+$DUALFLOW_CLICKHOUSE_PASSWORD), else as the admin user of the embedded store's
 users file (<data-dir>/http-users.json, readable by the collector's user only).
 
   dualflow sql "SELECT ip_version, count() FROM dualflow.flows GROUP BY ip_version"
@@ -60,8 +60,11 @@ users file (<data-dir>/http-users.json, readable by the collector's user only).
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	if !*direct {
-		user, password := httpCredentials(cfg)
-		err := queryHTTP(ctx, *endpoint, user, password, query, *format, os.Stdout)
+		user, password, err := httpCredentials(cfg)
+		if err != nil {
+			return err
+		}
+		err = queryHTTP(ctx, *endpoint, user, password, query, *format, os.Stdout)
 		if err == nil || !isConnRefused(err) || cfg.DSN != "" {
 			return err
 		}
@@ -110,33 +113,25 @@ func queryHTTP(ctx context.Context, endpoint, user, password, query, format stri
 	return err
 }
 
-// httpCredentials picks the user of the HTTP interface: the environment
-// (DUALFLOW_CLICKHOUSE_USER and _PASSWORD), else --clickhouse.user and
-// --clickhouse.password-file, else the admin user of the embedded store's
-// users file when this user may read it.
-func httpCredentials(cfg store.Config) (user, password string) {
-	if user = os.Getenv("DUALFLOW_CLICKHOUSE_USER"); user != "" {
-		return user, os.Getenv("DUALFLOW_CLICKHOUSE_PASSWORD")
-	}
-	if cfg.Username != "" {
-		if cfg.PasswordFile != "" {
-			b, _ := os.ReadFile(cfg.PasswordFile)
-			password = strings.TrimSpace(string(b))
-		}
-		return cfg.Username, password
+// httpCredentials picks the user of the HTTP interface: the flags and the
+// environment as for a ClickHouse server (store.Credentials), else the
+// admin user of the embedded store's users file when this user may read it.
+func httpCredentials(cfg store.Config) (user, password string, err error) {
+	if user, password, err = store.Credentials(cfg.Username, cfg.PasswordFile); err != nil || user != "" {
+		return user, password, err
 	}
 	cfg.SetDefaults()
 	if cfg.HTTPUsersFile == "" {
-		return "", ""
+		return "", "", nil
 	}
 	users, err := chhttp.LoadUsers(cfg.HTTPUsersFile)
 	if err != nil {
-		return "", "" // the server's 401 says what to do
+		return "", "", nil // the server's 401 says what to do
 	}
 	if u, ok := chhttp.Find(users, chhttp.AdminUser); ok && u.Password != "" {
-		return u.Name, u.Password
+		return u.Name, u.Password, nil
 	}
-	return "", ""
+	return "", "", nil
 }
 
 func isConnRefused(err error) bool {

@@ -328,15 +328,26 @@ func (l *Listener) Run(ctx context.Context) error {
 	return nil
 }
 
-// deliver hands a non-empty batch on; msgs is the number of messages
-// whose records it holds (a message's records are never split between
-// batches). TCP and TLS block while the queue is full (back-pressure
-// reaches the exporter through TCP flow control); UDP drops and counts the
-// records and their messages (blocking would only move the loss into the
-// kernel socket buffer, and stall every other exporter of the socket).
+// deliver hands a non-empty batch on and returns a fresh one, or b itself,
+// emptied, when its records were dropped; see handOn.
 func (l *Listener) deliver(ctx context.Context, b *pipeline.Batch, tr Transport, msgs int) *pipeline.Batch {
+	if l.handOn(ctx, b, tr, msgs) {
+		return l.pool.Get()
+	}
+	return b
+}
+
+// handOn puts a non-empty batch on the queue and reports whether the queue
+// took it; when not, b is still the caller's, emptied. msgs is the number
+// of messages whose records it holds (a message's records are never split
+// between batches). TCP and TLS block while the queue is full
+// (back-pressure reaches the exporter through TCP flow control); UDP drops
+// and counts the records and their messages (blocking would only move the
+// loss into the kernel socket buffer, and stall every other exporter of the
+// socket).
+func (l *Listener) handOn(ctx context.Context, b *pipeline.Batch, tr Transport, msgs int) bool {
 	if len(b.Recs) == 0 {
-		return b
+		return false
 	}
 	n := float64(len(b.Recs))
 	if tr == UDP {
@@ -344,15 +355,15 @@ func (l *Listener) deliver(ctx context.Context, b *pipeline.Batch, tr Transport,
 			l.pm.Dropped.WithLabelValues(stageDecode, "queue_full").Add(n)
 			l.m.dropped[ReasonQueueFull].Add(float64(msgs))
 			b.Recs = b.Recs[:0]
-			return b
+			return false
 		}
 	} else if err := l.out.Put(context.WithoutCancel(ctx), b); err != nil {
 		l.pm.Dropped.WithLabelValues(stageDecode, "aborted").Add(n)
 		b.Recs = b.Recs[:0]
-		return b
+		return false
 	}
 	l.pm.RecordsOut.WithLabelValues(stageDecode).Add(n)
-	return l.pool.Get()
+	return true
 }
 
 // stageDecode is the stage label of the listeners' pipeline metrics.

@@ -184,8 +184,8 @@ func (l *Listener) serveConn(ctx context.Context, ci *connInfo, tr Transport) {
 	var b *pipeline.Batch
 	msgs := 0 // messages with records in b
 	defer func() {
-		if b != nil {
-			l.deliver(ctx, b, tr, msgs).Release()
+		if b != nil && !l.handOn(ctx, b, tr, msgs) {
+			b.Release()
 		}
 		l.m.flush(tr, d, &prev, l.log)
 	}()
@@ -229,12 +229,14 @@ func (l *Listener) serveConn(ctx context.Context, ci *connInfo, tr Transport) {
 			msgs++
 		}
 		if idle := !f.ready(); len(b.Recs) >= l.cfg.BatchRecords || idle {
-			b, msgs = l.deliver(ctx, b, tr, msgs), 0
-			l.m.flush(tr, d, &prev, l.log)
-			if idle { // the next read may wait: give the batch back
+			if l.handOn(ctx, b, tr, msgs) {
+				b = nil // the queue has it; the next message takes a batch
+			} else if idle { // the next read may wait: hold no batch
 				b.Release()
 				b = nil
 			}
+			msgs = 0
+			l.m.flush(tr, d, &prev, l.log)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package store
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -48,6 +49,23 @@ type Server struct {
 
 var _ Conn = (*Server)(nil)
 
+// Credentials returns the ClickHouse user and password given by flags or
+// the environment: username (--clickhouse.user) over DUALFLOW_CLICKHOUSE_USER,
+// the password file (trailing newline trimmed) over
+// DUALFLOW_CLICKHOUSE_PASSWORD. Empty means not given.
+func Credentials(username, passwordFile string) (user, password string, err error) {
+	user = cmp.Or(username, os.Getenv("DUALFLOW_CLICKHOUSE_USER"))
+	password = os.Getenv("DUALFLOW_CLICKHOUSE_PASSWORD")
+	if passwordFile != "" {
+		b, err := os.ReadFile(passwordFile)
+		if err != nil {
+			return "", "", fmt.Errorf("clickhouse password file: %w", err)
+		}
+		password = strings.TrimRight(string(b), "\r\n")
+	}
+	return user, password, nil
+}
+
 // NewServer opens a connection pool to a ClickHouse server. It does not fail
 // when the server is down: the first operation does, with ErrUnavailable.
 func NewServer(cfg ServerConfig) (*Server, error) {
@@ -58,21 +76,15 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if opt.Auth.Password != "" {
 		return nil, errors.New("clickhouse dsn: contains a password; use --clickhouse.password-file or DUALFLOW_CLICKHOUSE_PASSWORD")
 	}
-	if u := os.Getenv("DUALFLOW_CLICKHOUSE_USER"); u != "" {
-		opt.Auth.Username = u
+	user, password, err := Credentials(cfg.Username, cfg.PasswordFile)
+	if err != nil {
+		return nil, err
 	}
-	if cfg.Username != "" {
-		opt.Auth.Username = cfg.Username
+	if user != "" {
+		opt.Auth.Username = user
 	}
-	if p := os.Getenv("DUALFLOW_CLICKHOUSE_PASSWORD"); p != "" {
-		opt.Auth.Password = p
-	}
-	if cfg.PasswordFile != "" {
-		b, err := os.ReadFile(cfg.PasswordFile)
-		if err != nil {
-			return nil, fmt.Errorf("clickhouse password file: %w", err)
-		}
-		opt.Auth.Password = strings.TrimRight(string(b), "\r\n")
+	if password != "" {
+		opt.Auth.Password = password
 	}
 	if cfg.CAFile != "" || cfg.CertFile != "" {
 		if opt.TLS == nil {

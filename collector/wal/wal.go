@@ -386,7 +386,7 @@ func (l *Log) Append(recs []flow.Record) error {
 	if l.closed {
 		return errors.New("wal: closed")
 	}
-	if err := l.writeLocked(b, true); err != nil {
+	if err := l.writeLocked(b); err != nil {
 		l.m.errors.Inc()
 		if time.Since(l.errLog) > time.Minute {
 			l.errLog = time.Now()
@@ -403,9 +403,9 @@ func (l *Log) Append(recs []flow.Record) error {
 	return nil
 }
 
-// writeLocked writes a frame (data or not) to the active segment, opening
-// or rotating it first, and writes pending acks before it.
-func (l *Log) writeLocked(frame []byte, data bool) error {
+// writeLocked writes a data frame to the active segment, opening or
+// rotating it first, and writes pending acks before it.
+func (l *Log) writeLocked(frame []byte) error {
 	if l.active != nil && (l.active.size >= l.cfg.SegmentBytes || time.Since(l.active.opened) >= l.cfg.SegmentAge) {
 		l.rotateLocked()
 	}
@@ -414,7 +414,7 @@ func (l *Log) writeLocked(frame []byte, data bool) error {
 			return err
 		}
 	}
-	if len(l.acks) > 0 && data {
+	if len(l.acks) > 0 {
 		if err := l.writeAcksLocked(); err != nil {
 			return err
 		}

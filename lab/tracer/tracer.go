@@ -214,13 +214,9 @@ func (t *Tracer) Trace(ctx context.Context, p traceflow.Probe) (traceflow.Path, 
 // capture listens on dp's eth0 until done and sends the probe's arrival.
 func (t *Tracer) capture(ctx context.Context, p traceflow.Probe, dp *corev1.Pod, delivered chan<- delivery, done <-chan struct{}, wg *sync.WaitGroup) error {
 	// Found by its address, as a node finds its pods.
-	fam := corev1.IPv6Protocol
-	if p.Src.Unmap().Is4() {
-		fam = corev1.IPv4Protocol
-	}
-	addr, ok := manifest.PodAddr(dp, fam)
+	addr, ok := manifest.PodAddr(dp, k8sFamily(p.Family))
 	if !ok {
-		return fmt.Errorf("pod %s/%s has no %s address", dp.Namespace, dp.Name, fam)
+		return fmt.Errorf("pod %s/%s has no %s address", dp.Namespace, dp.Name, familyName(p.Family))
 	}
 	ns, err := t.pods.Find(addr)
 	if err != nil {

@@ -43,8 +43,8 @@ var (
 	logCHHTTP = regexp.MustCompile(`serving the ClickHouse HTTP interface.* url=(http://[^ ]+)/`)
 )
 
-// crashCollector is one run of the collector binary.
-type crashCollector struct {
+// binaryCollector is one run of the collector binary.
+type binaryCollector struct {
 	cmd              *exec.Cmd
 	exited           chan error
 	ipfix, ch, metrs string
@@ -53,7 +53,7 @@ type crashCollector struct {
 	log              string
 }
 
-func startCrashCollector(t *testing.T, bin, dir string, mode manifest.Mode, run int, extra ...string) *crashCollector {
+func startBinaryCollector(t *testing.T, bin, dir string, mode manifest.Mode, run int, extra ...string) *binaryCollector {
 	t.Helper()
 	listen := map[manifest.Mode]string{manifest.ModeIPv4: "127.0.0.1:0", manifest.ModeIPv6: "[::1]:0", manifest.ModeDual: "127.0.0.1:0,[::1]:0"}[mode]
 	args := []string{"collector",
@@ -68,7 +68,7 @@ func startCrashCollector(t *testing.T, bin, dir string, mode manifest.Mode, run 
 		"--collector.ipfix.udp-addr", "",
 	}
 	cmd := exec.Command(bin, append(args, extra...)...)
-	c := &crashCollector{cmd: cmd, exited: make(chan error, 1), log: filepath.Join(dir, fmt.Sprintf("collector-%d.log", run))}
+	c := &binaryCollector{cmd: cmd, exited: make(chan error, 1), log: filepath.Join(dir, fmt.Sprintf("collector-%d.log", run))}
 	lf, err := os.Create(c.log)
 	if err != nil {
 		t.Fatal(err)
@@ -129,14 +129,14 @@ func startCrashCollector(t *testing.T, bin, dir string, mode manifest.Mode, run 
 }
 
 // metric reads one unlabelled sample from the collector's /metrics.
-func (c *crashCollector) metric(t *testing.T, name string) float64 {
+func (c *binaryCollector) metric(t *testing.T, name string) float64 {
 	t.Helper()
 	return c.metricWith(t, name, "")
 }
 
 // metricWith sums the samples of name whose labels contain label
 // (e.g. reason="source_limit").
-func (c *crashCollector) metricWith(t *testing.T, name, label string) float64 {
+func (c *binaryCollector) metricWith(t *testing.T, name, label string) float64 {
 	t.Helper()
 	resp, err := http.Get(c.metrs)
 	if err != nil {
@@ -161,7 +161,7 @@ func (c *crashCollector) metricWith(t *testing.T, name, label string) float64 {
 }
 
 // query runs SQL as the admin user of the users file.
-func (c *crashCollector) query(t *testing.T, dir, q string) string {
+func (c *binaryCollector) query(t *testing.T, dir, q string) string {
 	t.Helper()
 	users, err := chhttp.LoadUsers(filepath.Join(dir, "data", "http-users.json"))
 	if err != nil {
@@ -264,7 +264,7 @@ func waitFor(t *testing.T, what string, d time.Duration, ok func() bool) {
 func testCrash(t *testing.T, bin string, mode manifest.Mode) {
 	const half = 60000
 	dir := t.TempDir()
-	a := startCrashCollector(t, bin, dir, mode, 1)
+	a := startBinaryCollector(t, bin, dir, mode, 1)
 	// A first part reaches the store (its frames are acknowledged and must
 	// not come back), then the rest of the half follows.
 	sendIPFIX(t, a.ipfix, crashRecords(mode, 1, half/2))
@@ -282,7 +282,7 @@ func testCrash(t *testing.T, bin string, mode manifest.Mode) {
 	<-a.exited
 	t.Logf("killed with %s of %d rows stored", stored, half)
 
-	b := startCrashCollector(t, bin, dir, mode, 2)
+	b := startBinaryCollector(t, bin, dir, mode, 2)
 	replayed := b.metric(t, "dualflow_wal_replayed_records_total")
 	sendIPFIX(t, b.ipfix, crashRecords(mode, half+1, half))
 	var uniq, rows, v4, v6 int

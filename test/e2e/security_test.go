@@ -60,7 +60,7 @@ func doHTTP(t *testing.T, method, target, host string, body string, header map[s
 
 func testSecurity(t *testing.T, bin string, mode manifest.Mode) {
 	dir := t.TempDir()
-	c := startCrashCollector(t, bin, dir, mode, 1, "--web.addr", "127.0.0.1:0", "--clickhouse.flush-interval", "200ms")
+	c := startBinaryCollector(t, bin, dir, mode, 1, "--web.addr", "127.0.0.1:0", "--clickhouse.flush-interval", "200ms")
 	users, err := chhttp.LoadUsers(filepath.Join(dir, "data", "http-users.json"))
 	if err != nil {
 		t.Fatal(err)

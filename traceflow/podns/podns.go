@@ -55,10 +55,9 @@ type Finder struct {
 	// from a host-network pod is not what a pod address means.
 	SkipOwn bool
 
-	mu     sync.Mutex
-	cache  map[netip.Addr]Namespace
-	scans  int
-	listFn func(path string) ([]ifaceAddr, error) // tests may replace it
+	mu    sync.Mutex
+	cache map[netip.Addr]Namespace
+	scans int
 }
 
 // ifaceAddr is an address of an interface.
@@ -99,18 +98,11 @@ func (f *Finder) still(ns Namespace, addr netip.Addr) bool {
 	if ino, err := inode(ns.Path); err != nil || ino != ns.Inode {
 		return false
 	}
-	addrs, err := f.list(ns.Path)
+	addrs, err := listAddrs(ns.Path)
 	if err != nil {
 		return false
 	}
 	return slices.Contains(addrs, ifaceAddr{addr, ns.Iface})
-}
-
-func (f *Finder) list(path string) ([]ifaceAddr, error) {
-	if f.listFn != nil {
-		return f.listFn(path)
-	}
-	return listAddrs(path)
 }
 
 // scanLocked rebuilds the cache from every namespace of the node.
@@ -132,7 +124,7 @@ func (f *Finder) scanLocked() error {
 			continue // gone since it was listed, or read already
 		}
 		seen[ino] = true
-		addrs, err := f.list(p)
+		addrs, err := listAddrs(p)
 		if err != nil {
 			continue // gone meanwhile
 		}

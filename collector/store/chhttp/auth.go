@@ -1,6 +1,7 @@
 package chhttp
 
 import (
+	"bytes"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -127,7 +128,7 @@ func LoadUsers(path string) ([]User, error) {
 		return nil, fmt.Errorf("users file: %w", err)
 	}
 	var uf UsersFile
-	dec := json.NewDecoder(strings.NewReader(string(b)))
+	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&uf); err != nil {
 		return nil, fmt.Errorf("users file %s: %w", path, err)

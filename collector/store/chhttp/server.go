@@ -312,39 +312,12 @@ func (s *Server) serveQuery(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	select {
-	case s.readers <- struct{}{}:
-	default:
+	kind, err := s.handle(w, r, access)
+	switch {
+	case errors.Is(err, errNoReader):
 		s.reject(w, "Too many requests sending their query. Maximum: %d", cap(s.readers))
 		return
-	}
-	held := false
-	release := func() {
-		if held {
-			<-s.sem
-			s.metrics.inFlight.Dec()
-		}
-	}
-	// acquire takes an engine slot once the query text has been read.
-	acquire := func() bool {
-		<-s.readers
-		select {
-		case s.sem <- struct{}{}:
-			held = true
-			s.metrics.inFlight.Inc()
-			return true
-		default:
-			return false
-		}
-	}
-	kind, err := s.handle(w, r, access, acquire)
-	release()
-	if !held && err == nil {
-		// Refused for want of a slot (handle wrote nothing), or a ping.
-		if kind == "ping" {
-			s.metrics.requests.WithLabelValues(kind, "200").Inc()
-			return
-		}
+	case errors.Is(err, errNoSlot):
 		s.reject(w, "Too many simultaneous queries. Maximum: %d", s.cfg.MaxConcurrent)
 		return
 	}
@@ -354,6 +327,13 @@ func (s *Server) serveQuery(w http.ResponseWriter, r *http.Request) {
 	}
 	s.metrics.requests.WithLabelValues(kind, strconv.Itoa(status)).Inc()
 }
+
+// errNoReader and errNoSlot are handle's answers when every place for a
+// request reading its query text, or every engine slot, is taken: 503.
+var (
+	errNoReader = errors.New("no place to read the query")
+	errNoSlot   = errors.New("no engine slot")
+)
 
 func (s *Server) reject(w http.ResponseWriter, format string, max int) {
 	s.metrics.rejected.Inc()
@@ -376,13 +356,18 @@ func (d deadlineReader) Read(p []byte) (int, error) {
 }
 
 // handle serves one request; on error nothing has been written yet. It
-// calls acquire once the query text is read; when acquire fails it returns
-// with neither a write nor an error.
-func (s *Server) handle(w http.ResponseWriter, r *http.Request, access Access, acquire func() bool) (kind string, err error) {
+// reads the query text in one of the reading places, and only then takes
+// an engine slot, so slow senders hold no slot.
+func (s *Server) handle(w http.ResponseWriter, r *http.Request, access Access) (kind string, err error) {
 	kind = "query"
-	acquired := false
+	select {
+	case s.readers <- struct{}{}:
+	default:
+		return kind, errNoReader
+	}
+	reading := true
 	defer func() {
-		if !acquired {
+		if reading {
 			<-s.readers
 		}
 	}()
@@ -431,10 +416,16 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, access Access, a
 		}
 		return kind, newError(codeSyntaxError, http.StatusBadRequest, "Empty query")
 	}
-	acquired = true
-	if !acquire() {
-		return kind, nil
+	<-s.readers
+	reading = false
+	select {
+	case s.sem <- struct{}{}:
+	default:
+		return kind, errNoSlot
 	}
+	defer func() { <-s.sem }()
+	s.metrics.inFlight.Inc()
+	defer s.metrics.inFlight.Dec()
 	body = deadlineReader{r: body, rc: rc, timeout: s.cfg.BodyTimeout}
 
 	st := chdb.Statement{Format: req.format, Params: req.params, Settings: req.settings, Database: req.database}
