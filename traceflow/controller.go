@@ -35,11 +35,46 @@ type Probe struct {
 	TCPFlags uint8    `json:"tcpFlags,omitempty"`
 	TTL      uint8    `json:"ttl,omitempty"`
 	Tag      uint8    `json:"tag"` // DSCP, packet.MinTag..packet.MaxTag
+	// Nodes are the nodes whose agents watch for the probe: the source
+	// node and every node the probe may be delivered on (the destination
+	// pod's, the Service endpoints'). Empty: every node with an agent.
+	Nodes []string `json:"nodes,omitempty"`
+	// Targets are the addresses the probe may be delivered to, with the
+	// pod holding each: the destination pod, the Service's endpoints of
+	// the family, or the given address. A node captures at the targets
+	// it hosts.
+	Targets []Target `json:"targets,omitempty"`
 	// Live traces the next real packet of a new connection from SourcePod
 	// to Dst:DstPort (SrcPort, when set, must match) instead of sending
 	// one; DroppedOnly skips delivered ones and waits for a drop.
 	Live        bool `json:"live,omitempty"`
 	DroppedOnly bool `json:"droppedOnly,omitempty"`
+}
+
+// Target is an address a probe may be delivered to and the pod holding it
+// ("namespace/name", empty when unknown).
+type Target struct {
+	Addr netip.Addr `json:"addr"`
+	Pod  string     `json:"pod,omitempty"`
+}
+
+// WatchEvent is one message of a node agent's watch stream (JSON lines):
+// first Ready once the node observes, then observations as the probe
+// crosses the node, an Outcome when the node delivered, dropped or
+// rejected it, and Error when watching failed.
+type WatchEvent struct {
+	Ready       bool         `json:"ready,omitempty"`
+	Observation *Observation `json:"observation,omitempty"`
+	Outcome     Outcome      `json:"outcome,omitempty"`
+	Reason      string       `json:"reason,omitempty"`
+	// SrcPort is the source port (or echo id) of the connection a live
+	// trace follows, once the source node picked it.
+	SrcPort uint16 `json:"srcPort,omitempty"`
+	// Conn is, in a live trace, the source port of the connection the
+	// event belongs to: every node reports each new connection of the
+	// source pod, and the controller keeps the one the source node picked.
+	Conn  uint16 `json:"conn,omitempty"`
+	Error string `json:"error,omitempty"`
 }
 
 // ProtoNumber returns the IANA number of p.Protocol.

@@ -1,19 +1,29 @@
-// Package agent is the node-side HTTP API of traceflow: the controller (in
-// the collector) asks the tracer of a node (in the exporter) to send and
-// follow one probe. Requests carry a bearer token; the token comes from the
-// environment or a file, never from a flag.
+// Package agent is the node agent API of traceflow and its controller
+// side. The exporter on every node serves Handler (a node's tracer:
+// package traceflow/node); the collector's traceflow controller reaches
+// the agents through Cluster, which asks every node the probe may cross to
+// watch for it, asks the source node to inject it, and merges what the
+// nodes saw into one path.
 //
-//	POST /agent/v1/trace   body {"probe": Probe, "timeout": "2s"} → 200 Path
+//	POST /agent/v1/watch   {"probe": Probe, "timeout": "3s"} → 200 JSON lines of traceflow.WatchEvent:
+//	                       {"ready":true} once the node observes, then what it sees, until the
+//	                       caller closes the request or the timeout ends
+//	POST /agent/v1/inject  {"probe": Probe} → 200 {"node": …}; 404 when the source pod is not on the node
+//	GET  /agent/v1/info    → 200 {"node": …, "datapath": …}
 //
-// Client implements the controller's node tracer over this API, so a
-// Controller works the same with the in-process lab tracer or with remote
-// agents.
+// Every call needs "Authorization: Bearer <token>"; the token comes from
+// the environment or a file, never from a flag. TLS, with client
+// certificates when the agent is given a client CA, is configured by
+// ServerTLS and ClientTLS.
 package agent
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/subtle"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,38 +31,57 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/dualflow/dualflow/traceflow"
+	"github.com/dualflow/dualflow/traceflow/node"
 )
 
-// Path of the trace endpoint.
-const Path = "/agent/v1/trace"
+// Paths of the agent API.
+const (
+	WatchPath  = "/agent/v1/watch"
+	InjectPath = "/agent/v1/inject"
+	InfoPath   = "/agent/v1/info"
+)
 
 // TokenEnv is the environment variable holding the bearer token.
 const TokenEnv = "DUALFLOW_TRACEFLOW_TOKEN"
 
-// maxBody caps request and response bodies (a path is a few KiB).
+// maxBody caps request bodies and one line of a watch stream.
 const maxBody = 1 << 20
 
-// maxTimeout caps the timeout a caller may ask for.
-const maxTimeout = time.Minute
+// MaxTimeout caps the timeout of a watch.
+const MaxTimeout = time.Minute
 
-// replyMargin is the most a Client keeps of its deadline for the reply.
-const replyMargin = 250 * time.Millisecond
+// MaxWatches bounds the watches an agent serves at once (a controller has
+// at most 63 probes in flight).
+const MaxWatches = 128
 
 // ErrUnauthorized is returned by Client when the agent refuses the token.
-var ErrUnauthorized = errors.New("traceflow agent: unauthorized")
+var ErrUnauthorized = errors.New("unauthorized (wrong or missing traceflow token)")
 
-// tracer sends and follows one probe (lab/tracer.Tracer).
-type tracer interface {
-	Trace(ctx context.Context, p traceflow.Probe) (traceflow.Path, error)
+// Node is a node's tracer (traceflow/node.Tracer).
+type Node interface {
+	Watch(ctx context.Context, p traceflow.Probe, emit func(traceflow.WatchEvent) error) error
+	Inject(ctx context.Context, p traceflow.Probe) error
 }
 
-// request is the body of POST /agent/v1/trace.
-type request struct {
+// Info describes an agent.
+type Info struct {
+	Node     string `json:"node"`
+	Datapath string `json:"datapath"`
+}
+
+type watchRequest struct {
 	Probe   traceflow.Probe    `json:"probe"`
 	Timeout traceflow.Duration `json:"timeout"`
+}
+
+type injectRequest struct {
+	Probe traceflow.Probe `json:"probe"`
 }
 
 type errorBody struct {
@@ -76,49 +105,180 @@ func LoadToken(file string) (string, error) {
 	return tok, nil
 }
 
-// Handler serves the agent API for t, accepting only "Authorization:
-// Bearer <token>". It panics if token is empty (an open agent would inject
-// packets for anyone).
-func Handler(t tracer, token string) http.Handler {
+// ServerTLS returns the agent's TLS configuration: its certificate, and
+// when clientCA is set, client certificates required and verified against
+// it (mutual TLS with the collector).
+func ServerTLS(certFile, keyFile, clientCA string) (*tls.Config, error) {
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("traceflow agent TLS: %w", err)
+	}
+	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if clientCA != "" {
+		pool, err := loadPool(clientCA)
+		if err != nil {
+			return nil, err
+		}
+		cfg.ClientCAs, cfg.ClientAuth = pool, tls.RequireAndVerifyClientCert
+	}
+	return cfg, nil
+}
+
+// ClientTLS returns the controller's TLS configuration for the agents:
+// their CA (empty: the system's), and a client certificate when certFile
+// is set.
+func ClientTLS(caFile, certFile, keyFile string) (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if caFile != "" {
+		pool, err := loadPool(caFile)
+		if err != nil {
+			return nil, err
+		}
+		cfg.RootCAs = pool
+	}
+	if certFile != "" {
+		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("traceflow client certificate: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, nil
+}
+
+func loadPool(file string) (*x509.CertPool, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("traceflow CA: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("traceflow CA %s: no PEM certificate", file)
+	}
+	return pool, nil
+}
+
+// Metrics of an agent.
+type Metrics struct {
+	requests *prometheus.CounterVec
+	watches  prometheus.Gauge
+}
+
+// NewMetrics registers the agent's metrics with reg (nil: unregistered).
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dualflow_traceflow_agent_requests_total",
+			Help: "Traceflow agent calls by call (watch, inject, info) and result (ok, unauthorized, invalid, not_found, busy, error)."},
+			[]string{"call", "result"}),
+		watches: prometheus.NewGauge(prometheus.GaugeOpts{Name: "dualflow_traceflow_agent_watches",
+			Help: "Traceflow probes the agent is watching for now."}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.requests, m.watches)
+	}
+	return m
+}
+
+// Handler serves the agent API of node n, accepting only "Authorization:
+// Bearer <token>". It panics if token is empty: an open agent would inject
+// packets for anyone.
+func Handler(n Node, info Info, token string, m *Metrics) http.Handler {
 	if token == "" {
 		panic("traceflow agent: empty token")
 	}
+	if m == nil {
+		m = NewMetrics(nil)
+	}
 	want := []byte("Bearer " + token)
+	var active atomic.Int64
+	auth := func(call string, h http.HandlerFunc) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+				m.requests.WithLabelValues(call, "unauthorized").Inc()
+				w.Header().Set("WWW-Authenticate", `Bearer realm="dualflow-traceflow"`)
+				writeJSON(w, http.StatusUnauthorized, errorBody{"unauthorized"})
+				return
+			}
+			h(w, r)
+		}
+	}
+	fail := func(w http.ResponseWriter, call string, err error) {
+		status, result := http.StatusInternalServerError, "error"
+		switch {
+		case errors.Is(err, traceflow.ErrInvalid):
+			status, result = http.StatusBadRequest, "invalid"
+		case errors.Is(err, node.ErrPodNotOnNode):
+			status, result = http.StatusNotFound, "not_found"
+		case errors.Is(err, traceflow.ErrNotSupported):
+			status, result = http.StatusNotImplemented, "invalid"
+		}
+		m.requests.WithLabelValues(call, result).Inc()
+		writeJSON(w, status, errorBody{err.Error()})
+	}
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST "+Path, func(w http.ResponseWriter, r *http.Request) {
-		if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
-			w.Header().Set("WWW-Authenticate", `Bearer realm="dualflow-traceflow"`)
-			writeJSON(w, http.StatusUnauthorized, errorBody{"unauthorized"})
+	mux.HandleFunc("GET "+InfoPath, auth("info", func(w http.ResponseWriter, r *http.Request) {
+		m.requests.WithLabelValues("info", "ok").Inc()
+		writeJSON(w, http.StatusOK, info)
+	}))
+	mux.HandleFunc("POST "+InjectPath, auth("inject", func(w http.ResponseWriter, r *http.Request) {
+		var req injectRequest
+		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody)).Decode(&req); err != nil {
+			fail(w, "inject", fmt.Errorf("%w: decode request: %v", traceflow.ErrInvalid, err))
 			return
 		}
-		var req request
+		if err := n.Inject(r.Context(), req.Probe); err != nil {
+			fail(w, "inject", err)
+			return
+		}
+		m.requests.WithLabelValues("inject", "ok").Inc()
+		writeJSON(w, http.StatusOK, Info{Node: info.Node})
+	}))
+	mux.HandleFunc("POST "+WatchPath, auth("watch", func(w http.ResponseWriter, r *http.Request) {
+		var req watchRequest
 		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody)).Decode(&req); err != nil {
-			writeJSON(w, http.StatusBadRequest, errorBody{"decode request: " + err.Error()})
+			fail(w, "watch", fmt.Errorf("%w: decode request: %v", traceflow.ErrInvalid, err))
 			return
 		}
 		timeout := time.Duration(req.Timeout)
-		if timeout <= 0 || timeout > maxTimeout {
-			writeJSON(w, http.StatusBadRequest, errorBody{fmt.Sprintf("timeout %v: want 0 < timeout <= %v", timeout, maxTimeout)})
+		if timeout <= 0 || timeout > MaxTimeout {
+			fail(w, "watch", fmt.Errorf("%w: timeout %v: want 0 < timeout <= %v", traceflow.ErrInvalid, timeout, MaxTimeout))
 			return
 		}
+		if active.Add(1) > MaxWatches {
+			active.Add(-1)
+			m.requests.WithLabelValues("watch", "busy").Inc()
+			writeJSON(w, http.StatusTooManyRequests, errorBody{fmt.Sprintf("more than %d watches at once", MaxWatches)})
+			return
+		}
+		defer active.Add(-1)
+		m.watches.Inc()
+		defer m.watches.Dec()
 		ctx, cancel := context.WithTimeout(r.Context(), timeout)
 		defer cancel()
-		path, err := t.Trace(ctx, req.Probe)
+		rc := http.NewResponseController(w)
+		enc := json.NewEncoder(w)
+		started := false
+		err := n.Watch(ctx, req.Probe, func(ev traceflow.WatchEvent) error {
+			if !started {
+				started = true
+				w.Header().Set("Content-Type", "application/x-ndjson")
+				w.WriteHeader(http.StatusOK)
+			}
+			if err := enc.Encode(ev); err != nil {
+				return err
+			}
+			return rc.Flush()
+		})
 		switch {
-		case errors.Is(err, context.DeadlineExceeded):
-			path.Outcome, path.Reason = traceflow.TimedOut, fmt.Sprintf("no delivery or drop seen within %v", timeout)
-		case errors.Is(err, traceflow.ErrNotSupported):
-			writeJSON(w, http.StatusNotImplemented, errorBody{err.Error()})
-			return
-		case err != nil:
-			writeJSON(w, http.StatusInternalServerError, errorBody{err.Error()})
-			return
+		case err == nil || ctx.Err() != nil && started:
+			m.requests.WithLabelValues("watch", "ok").Inc()
+		case !started:
+			fail(w, "watch", err)
+		default:
+			m.requests.WithLabelValues("watch", "error").Inc()
+			enc.Encode(traceflow.WatchEvent{Error: err.Error()})
 		}
-		if path.Observations == nil {
-			path.Observations = []traceflow.Observation{}
-		}
-		writeJSON(w, http.StatusOK, path)
-	})
+	}))
 	return mux
 }
 
@@ -130,65 +290,169 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 
 // Client calls one node's agent. It is safe for concurrent use.
 type Client struct {
-	// URL is the agent's base URL, e.g. https://node-1:9444.
+	// Node is the node's name (in errors).
+	Node string
+	// URL is the agent's base URL, e.g. https://[fd00:10::1]:9444.
 	URL   string
 	Token string
-	// HTTP is the client to use (default http.DefaultClient); give it TLS
-	// settings for a real deployment.
+	// HTTP is the client to use (default http.DefaultClient); give it the
+	// TLS settings of a real deployment (ClientTLS). Its Timeout must be
+	// zero: a watch lasts as long as its context.
 	HTTP *http.Client
 }
 
-// Trace asks the agent to trace p within ctx's deadline (required: it is
-// the probe's timeout).
-func (c *Client) Trace(ctx context.Context, p traceflow.Probe) (traceflow.Path, error) {
-	dl, ok := ctx.Deadline()
-	if !ok {
-		return traceflow.Path{}, errors.New("traceflow agent: the context needs a deadline")
+func (c *Client) hc() *http.Client {
+	if c.HTTP != nil {
+		return c.HTTP
 	}
-	// The agent gets a little less than what is left, so that its answer
-	// (a timed-out path with what it saw) arrives before ctx ends.
-	left := time.Until(dl)
-	left -= min(left/10, replyMargin)
-	if left <= 0 {
-		return traceflow.Path{}, fmt.Errorf("traceflow agent: %w", context.DeadlineExceeded)
+	return http.DefaultClient
+}
+
+// AgentError is an agent call that failed: the node, what was asked, and
+// why (unreachable, unauthorized, an error of the agent).
+type AgentError struct {
+	Node, URL, Call string
+	Err             error
+}
+
+func (e *AgentError) Error() string {
+	return fmt.Sprintf("node %s: traceflow agent %s: %s: %v", e.Node, e.URL, e.Call, e.Err)
+}
+
+func (e *AgentError) Unwrap() error { return e.Err }
+
+func (c *Client) fail(call string, err error) error {
+	return &AgentError{Node: c.Node, URL: c.URL, Call: call, Err: err}
+}
+
+func (c *Client) do(ctx context.Context, method, path string, body any) (*http.Response, error) {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return nil, err
+		}
+		rd = bytes.NewReader(b)
 	}
-	body, err := json.Marshal(request{Probe: p, Timeout: traceflow.Duration(left)})
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(c.URL, "/")+path, rd)
 	if err != nil {
-		return traceflow.Path{}, err
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(c.URL, "/")+Path, bytes.NewReader(body))
-	if err != nil {
-		return traceflow.Path{}, fmt.Errorf("traceflow agent: %w", err)
+		return nil, err
 	}
 	req.Header.Set("Authorization", "Bearer "+c.Token)
-	req.Header.Set("Content-Type", "application/json")
-	hc := c.HTTP
-	if hc == nil {
-		hc = http.DefaultClient
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
 	}
-	resp, err := hc.Do(req)
+	resp, err := c.hc().Do(req)
 	if err != nil {
-		return traceflow.Path{}, fmt.Errorf("traceflow agent %s: %w", c.URL, err)
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("unreachable: %w", err)
+	}
+	if resp.StatusCode == http.StatusOK {
+		return resp, nil
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
-	if err != nil {
-		return traceflow.Path{}, fmt.Errorf("traceflow agent %s: %w", c.URL, err)
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, maxBody))
+	var eb errorBody
+	json.Unmarshal(b, &eb)
+	switch resp.StatusCode {
+	case http.StatusUnauthorized:
+		return nil, ErrUnauthorized
+	case http.StatusNotFound:
+		return nil, fmt.Errorf("%w: %s", node.ErrPodNotOnNode, eb.Error)
+	case http.StatusNotImplemented:
+		return nil, fmt.Errorf("%w: %s", traceflow.ErrNotSupported, eb.Error)
+	case http.StatusBadRequest:
+		return nil, fmt.Errorf("%w: %s", traceflow.ErrInvalid, eb.Error)
 	}
-	if resp.StatusCode != http.StatusOK {
-		var eb errorBody
-		json.Unmarshal(b, &eb)
-		switch resp.StatusCode {
-		case http.StatusUnauthorized:
-			return traceflow.Path{}, ErrUnauthorized
-		case http.StatusNotImplemented:
-			return traceflow.Path{}, fmt.Errorf("traceflow agent %s: %w: %s", c.URL, traceflow.ErrNotSupported, eb.Error)
-		}
-		return traceflow.Path{}, fmt.Errorf("traceflow agent %s: %s: %s", c.URL, resp.Status, eb.Error)
-	}
-	var path traceflow.Path
-	if err := json.Unmarshal(b, &path); err != nil {
-		return traceflow.Path{}, fmt.Errorf("traceflow agent %s: decode path: %w", c.URL, err)
-	}
-	return path, nil
+	return nil, fmt.Errorf("%s: %s", resp.Status, cmpOr(eb.Error, strings.TrimSpace(string(b))))
 }
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// Info asks the agent who it is.
+func (c *Client) Info(ctx context.Context) (Info, error) {
+	resp, err := c.do(ctx, http.MethodGet, InfoPath, nil)
+	if err != nil {
+		return Info{}, c.fail("info", err)
+	}
+	defer resp.Body.Close()
+	var in Info
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxBody)).Decode(&in); err != nil {
+		return Info{}, c.fail("info", err)
+	}
+	return in, nil
+}
+
+// Inject asks the agent to send p from its source pod.
+func (c *Client) Inject(ctx context.Context, p traceflow.Probe) error {
+	resp, err := c.do(ctx, http.MethodPost, InjectPath, injectRequest{Probe: p})
+	if err != nil {
+		return c.fail("inject", err)
+	}
+	resp.Body.Close()
+	return nil
+}
+
+// Stream is a watch in progress.
+type Stream struct {
+	c    *Client
+	body io.ReadCloser
+	sc   *bufio.Scanner
+}
+
+// Watch asks the agent to watch for p until ctx ends (it needs a
+// deadline) and returns once the agent observes.
+func (c *Client) Watch(ctx context.Context, p traceflow.Probe) (*Stream, error) {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return nil, c.fail("watch", errors.New("the context needs a deadline"))
+	}
+	timeout := min(time.Until(dl), MaxTimeout)
+	if timeout <= 0 {
+		return nil, c.fail("watch", context.DeadlineExceeded)
+	}
+	resp, err := c.do(ctx, http.MethodPost, WatchPath, watchRequest{Probe: p, Timeout: traceflow.Duration(timeout)})
+	if err != nil {
+		return nil, c.fail("watch", err)
+	}
+	s := &Stream{c: c, body: resp.Body, sc: bufio.NewScanner(resp.Body)}
+	s.sc.Buffer(make([]byte, 4096), maxBody)
+	ev, err := s.Next()
+	if err != nil {
+		s.Close()
+		return nil, err
+	}
+	if !ev.Ready {
+		s.Close()
+		return nil, c.fail("watch", fmt.Errorf("first event is not ready: %+v", ev))
+	}
+	return s, nil
+}
+
+// Next returns the next event; io.EOF when the agent ended the stream.
+func (s *Stream) Next() (traceflow.WatchEvent, error) {
+	if !s.sc.Scan() {
+		if err := s.sc.Err(); err != nil {
+			return traceflow.WatchEvent{}, s.c.fail("watch", err)
+		}
+		return traceflow.WatchEvent{}, io.EOF
+	}
+	var ev traceflow.WatchEvent
+	if err := json.Unmarshal(s.sc.Bytes(), &ev); err != nil {
+		return ev, s.c.fail("watch", fmt.Errorf("bad event: %w", err))
+	}
+	if ev.Error != "" {
+		return ev, s.c.fail("watch", errors.New(ev.Error))
+	}
+	return ev, nil
+}
+
+// Close ends the watch.
+func (s *Stream) Close() error { return s.body.Close() }

@@ -19,7 +19,10 @@ import (
 
 // ErrPodNotOnNode means the probe's source address is in no namespace of
 // this node (the pod is elsewhere, or gone).
-var ErrPodNotOnNode = errors.New("source pod not found on this node")
+var ErrPodNotOnNode = errors.New("pod not found on this node")
+
+// errNotOnNode is a namespace found whose veth peer is on another node.
+var errNotOnNode = ErrPodNotOnNode
 
 // Injector sends probes from the pods of its node.
 type Injector struct {
@@ -35,6 +38,8 @@ type Source struct {
 	NS     podns.Namespace
 	SrcMAC net.HardwareAddr // the pod interface's
 	DstMAC net.HardwareAddr // the node side of the pod's veth
+	// HostIface is the node side of the pod's veth.
+	HostIface string
 }
 
 // Locate finds the pod holding src on this node and the MACs a packet
@@ -47,19 +52,22 @@ func (in *Injector) Locate(src netip.Addr) (Source, error) {
 	if err != nil {
 		return Source{}, err
 	}
-	srcMAC, err := inject.InterfaceMAC(ns.Path, ns.Iface)
-	if err != nil {
-		return Source{}, err
-	}
 	nodeNS := in.NodeNS
 	if nodeNS == "" {
 		nodeNS = "/proc/self/ns/net"
 	}
-	dstMAC, err := peerMAC(ns.Path, ns.Iface, nodeNS)
+	pr, err := peerOf(ns.Path, ns.Iface, nodeNS)
+	if errors.Is(err, errNotOnNode) {
+		return Source{}, fmt.Errorf("%s: %w", src, ErrPodNotOnNode)
+	}
 	if err != nil {
 		return Source{}, err
 	}
-	return Source{NS: ns, SrcMAC: srcMAC, DstMAC: dstMAC}, nil
+	srcMAC, err := inject.InterfaceMAC(ns.Path, ns.Iface)
+	if err != nil {
+		return Source{}, err
+	}
+	return Source{NS: ns, SrcMAC: srcMAC, DstMAC: pr.MAC, HostIface: pr.Name}, nil
 }
 
 // Frame builds p's packet as sent from s.

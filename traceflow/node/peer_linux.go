@@ -11,35 +11,57 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// peerMAC returns the MAC of the node-side peer of the pod's veth iface:
-// the address a pod's packets leave for, whether the node routes them
-// (proxy-ARP gateway, Calico-style) or bridges them (the bridge takes
-// frames for its ports' own addresses up to the node's stack).
-func peerMAC(podNS, iface, nodeNS string) (net.HardwareAddr, error) {
-	link, err := linkIn(podNS, func(h *netlink.Handle) (netlink.Link, error) { return h.LinkByName(iface) })
-	if err != nil {
-		return nil, fmt.Errorf("pod interface %s: %w", iface, err)
-	}
-	if link.Type() != "veth" || link.Attrs().ParentIndex == 0 {
-		return nil, fmt.Errorf("pod interface %s is a %s, not a veth with a peer on the node", iface, link.Type())
-	}
-	peer, err := linkIn(nodeNS, func(h *netlink.Handle) (netlink.Link, error) { return h.LinkByIndex(link.Attrs().ParentIndex) })
-	if err != nil {
-		return nil, fmt.Errorf("node side of %s (index %d): %w", iface, link.Attrs().ParentIndex, err)
-	}
-	return peer.Attrs().HardwareAddr, nil
+// peer is the node side of a pod's veth.
+type peer struct {
+	Name string
+	MAC  net.HardwareAddr
 }
 
-func linkIn(path string, get func(*netlink.Handle) (netlink.Link, error)) (netlink.Link, error) {
-	ns, err := netns.GetFromPath(path)
+// peerOf returns the node-side peer of the pod's veth iface: the interface
+// a pod's packets leave for, whether the node routes them (proxy-ARP
+// gateway, Calico-style) or bridges them (the bridge takes frames for its
+// ports' own addresses up to the node's stack). It returns errNotOnNode
+// when the peer is in another namespace than nodeNS: the pod belongs to
+// another node (several nodes share a host in a lab; a node only ever
+// answers for its own pods).
+func peerOf(podNS, iface, nodeNS string) (peer, error) {
+	pod, err := netns.GetFromPath(podNS)
 	if err != nil {
-		return nil, err
+		return peer{}, err
 	}
-	defer ns.Close()
-	h, err := netlink.NewHandleAt(ns, unix.NETLINK_ROUTE)
+	defer pod.Close()
+	node, err := netns.GetFromPath(nodeNS)
 	if err != nil {
-		return nil, err
+		return peer{}, err
 	}
-	defer h.Close()
-	return get(h)
+	defer node.Close()
+	ph, err := netlink.NewHandleAt(pod, unix.NETLINK_ROUTE)
+	if err != nil {
+		return peer{}, err
+	}
+	defer ph.Close()
+	link, err := ph.LinkByName(iface)
+	if err != nil {
+		return peer{}, fmt.Errorf("pod interface %s: %w", iface, err)
+	}
+	if link.Type() != "veth" || link.Attrs().ParentIndex == 0 {
+		return peer{}, fmt.Errorf("pod interface %s is a %s, not a veth with a peer on the node", iface, link.Type())
+	}
+	// Interface indexes are per namespace: the peer's namespace is the
+	// node's only if the pod's view of the node namespace has the id its
+	// veth names as the peer's (IFLA_LINK_NETNSID).
+	id, err := ph.GetNetNsIdByFd(int(node))
+	if err != nil || id < 0 || id != link.Attrs().NetNsID {
+		return peer{}, errNotOnNode
+	}
+	nh, err := netlink.NewHandleAt(node, unix.NETLINK_ROUTE)
+	if err != nil {
+		return peer{}, err
+	}
+	defer nh.Close()
+	pl, err := nh.LinkByIndex(link.Attrs().ParentIndex)
+	if err != nil {
+		return peer{}, fmt.Errorf("node side of %s (index %d): %w", iface, link.Attrs().ParentIndex, err)
+	}
+	return peer{Name: pl.Attrs().Name, MAC: pl.Attrs().HardwareAddr}, nil
 }

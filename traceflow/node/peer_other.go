@@ -7,6 +7,11 @@ import (
 	"net"
 )
 
-func peerMAC(podNS, iface, nodeNS string) (net.HardwareAddr, error) {
-	return nil, errors.New("traceflow node: network namespaces are a Linux feature")
+type peer struct {
+	Name string
+	MAC  net.HardwareAddr
+}
+
+func peerOf(podNS, iface, nodeNS string) (peer, error) {
+	return peer{}, errors.New("traceflow node: network namespaces are a Linux feature")
 }

@@ -1,0 +1,368 @@
+package agent
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/dualflow/dualflow/traceflow"
+	"github.com/dualflow/dualflow/traceflow/node"
+)
+
+// Defaults of a Cluster.
+const (
+	// DefaultSettle is how long a trace keeps reading the nodes' events
+	// after the probe was delivered (half of it after a drop), so the last
+	// hooks a node reports after the packet moved on are in the path.
+	DefaultSettle = 60 * time.Millisecond
+	// DefaultResendAfter is how long a trace waits for its probe to be
+	// delivered or dropped before injecting it again, DefaultMaxSends
+	// times in all: one packet can be lost on any hop, or its drop report
+	// can be. The copies are the same packet (tag and tuple), observed as
+	// one probe.
+	DefaultResendAfter = time.Second
+	DefaultMaxSends    = 3
+)
+
+// Directory finds node agents.
+type Directory interface {
+	// Agent returns the client of node's agent.
+	Agent(node string) (*Client, error)
+	// Nodes returns every node with an agent (watched when a probe does not
+	// say where it may go).
+	Nodes() []string
+}
+
+// PolicyNamer names the NetworkPolicies that isolate a pod in a direction
+// ("ingress", "egress"): the policies whose default deny an isolation
+// drop rule enforces. The controller knows them from the cluster's view;
+// a node only knows the pod and the direction.
+type PolicyNamer interface {
+	IsolatingPolicies(namespace, pod, direction string) []string
+}
+
+// Cluster is the controller's node tracer: it traces a probe through the
+// agents of the nodes it may cross. It is safe for concurrent use.
+type Cluster struct {
+	Agents   Directory
+	Policies PolicyNamer // may be nil
+	// Settle, ResendAfter and MaxSends default to the constants above.
+	Settle      time.Duration
+	ResendAfter time.Duration
+	MaxSends    int
+}
+
+type nodeEvent struct {
+	node string
+	ev   traceflow.WatchEvent
+	err  error // the stream ended (io.EOF) or failed
+}
+
+// Trace implements traceflow's node tracer: watch on every node the probe
+// may cross, inject at the source node, merge.
+func (c *Cluster) Trace(ctx context.Context, p traceflow.Probe) (traceflow.Path, error) {
+	settle := cmp.Or(c.Settle, DefaultSettle)
+	resendAfter := cmp.Or(c.ResendAfter, DefaultResendAfter)
+	maxSends := cmp.Or(c.MaxSends, DefaultMaxSends)
+	nodes := c.nodes(p)
+	if p.SourceNode == "" {
+		return traceflow.Path{}, fmt.Errorf("pod %s has no node", p.SourcePod)
+	}
+	src, err := c.Agents.Agent(p.SourceNode)
+	if err != nil {
+		return traceflow.Path{}, fmt.Errorf("node %s: %w", p.SourceNode, err)
+	}
+
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	streams := make([]*Stream, len(nodes))
+	errs := make([]error, len(nodes))
+	var setup sync.WaitGroup
+	for i, n := range nodes {
+		setup.Go(func() {
+			a, err := c.Agents.Agent(n)
+			if err != nil {
+				errs[i] = fmt.Errorf("node %s: %w", n, err)
+				return
+			}
+			streams[i], errs[i] = a.Watch(wctx, p)
+		})
+	}
+	setup.Wait()
+	events := make(chan nodeEvent, 64)
+	var readers sync.WaitGroup
+	defer func() {
+		cancel()
+		for _, s := range streams {
+			if s != nil {
+				s.Close()
+			}
+		}
+		readers.Wait()
+	}()
+	if err := errors.Join(errs...); err != nil {
+		if ctx.Err() != nil {
+			return traceflow.Path{Outcome: traceflow.TimedOut,
+				Reason: fmt.Sprintf("timeout before the probe was sent: the nodes took longer than the trace's timeout to start watching (%v)", err)}, nil
+		}
+		return traceflow.Path{}, err
+	}
+	for i, s := range streams {
+		readers.Go(func() {
+			for {
+				ev, err := s.Next()
+				select {
+				case events <- nodeEvent{node: nodes[i], ev: ev, err: err}:
+				case <-wctx.Done():
+					return
+				}
+				if err != nil {
+					return
+				}
+			}
+		})
+	}
+
+	m := merger{p: p, policies: c.Policies}
+	var resendC <-chan time.Time
+	if !p.Live {
+		if err := src.Inject(ctx, p); err != nil {
+			return traceflow.Path{}, err
+		}
+		resend := time.NewTimer(resendAfter)
+		defer resend.Stop()
+		resendC = resend.C
+		sent := 1
+		m.resend = func() error {
+			sent++
+			if sent < maxSends {
+				resend.Reset(resendAfter)
+			} else {
+				resendC = nil
+			}
+			return src.Inject(ctx, p)
+		}
+	}
+	var settleC <-chan time.Time
+	for {
+		select {
+		case <-resendC:
+			if !m.decided() {
+				if err := m.resend(); err != nil && ctx.Err() == nil {
+					return traceflow.Path{}, err
+				}
+			}
+		case ne := <-events:
+			if ne.err != nil {
+				if !errors.Is(ne.err, io.EOF) || ctx.Err() == nil {
+					m.lost = append(m.lost, fmt.Sprintf("%s: %v", ne.node, ne.err))
+				}
+				continue
+			}
+			m.add(ne.node, ne.ev)
+			if settleC == nil && m.decided() {
+				d := settle
+				if m.outcome != traceflow.Delivered {
+					d = settle / 2
+				}
+				settleC = time.After(d)
+			}
+		case <-settleC:
+			if p.DroppedOnly && m.outcome == traceflow.Delivered {
+				// Skip a delivered connection; wait for a dropped one.
+				m.skip()
+				settleC = nil
+				continue
+			}
+			return m.path(), nil
+		case <-ctx.Done():
+			path := m.path()
+			path.Outcome, path.Reason = traceflow.TimedOut, m.timeoutReason(ctx)
+			return path, nil
+		}
+	}
+}
+
+// nodes returns the nodes to watch: the source node first, then the
+// probe's, or every agent's.
+func (c *Cluster) nodes(p traceflow.Probe) []string {
+	all := p.Nodes
+	if len(all) == 0 {
+		all = c.Agents.Nodes()
+	}
+	out := []string{p.SourceNode}
+	for _, n := range all {
+		if n != "" && !slices.Contains(out, n) {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// merger turns the nodes' events into one path.
+type merger struct {
+	p        traceflow.Probe
+	policies PolicyNamer
+	resend   func() error
+
+	order   []string // nodes in the order they saw the probe
+	obs     map[string][]traceflow.Observation
+	last    []traceflow.Observation // deliveries: the end of the path
+	outcome traceflow.Outcome
+	reason  string
+	lastAt  string
+	lost    []string // streams that failed
+
+	// Live traces: the connections the source node picked, in order, and
+	// each one's events until one is chosen.
+	conns   []uint16
+	byConn  map[uint16][]nodeEventLite
+	chosen  uint16
+	skipped int
+}
+
+type nodeEventLite struct {
+	node string
+	ev   traceflow.WatchEvent
+}
+
+func (m *merger) decided() bool { return m.outcome != "" }
+
+func (m *merger) add(n string, ev traceflow.WatchEvent) {
+	if !m.p.Live {
+		m.apply(n, ev)
+		return
+	}
+	if m.byConn == nil {
+		m.byConn = map[uint16][]nodeEventLite{}
+	}
+	if ev.SrcPort != 0 && n == m.p.SourceNode && !slices.Contains(m.conns, ev.SrcPort) {
+		m.conns = append(m.conns, ev.SrcPort)
+	}
+	if m.chosen != 0 {
+		if ev.Conn == m.chosen {
+			m.apply(n, ev)
+		}
+		return
+	}
+	m.byConn[ev.Conn] = append(m.byConn[ev.Conn], nodeEventLite{n, ev})
+	m.choose()
+}
+
+// choose picks the live connection to report: the first one the source
+// node picked (with droppedOnly, the first one some node dropped).
+func (m *merger) choose() {
+	for _, conn := range m.conns {
+		var outcome traceflow.Outcome
+		for _, e := range m.byConn[conn] {
+			if e.ev.Outcome != "" && outcome == "" {
+				outcome = e.ev.Outcome
+			}
+		}
+		if m.p.DroppedOnly && outcome != traceflow.Dropped && outcome != traceflow.Rejected {
+			continue
+		}
+		m.chosen = conn
+		for _, e := range m.byConn[conn] {
+			m.apply(e.node, e.ev)
+		}
+		return
+	}
+}
+
+// skip forgets a delivered live connection (droppedOnly).
+func (m *merger) skip() {
+	m.skipped++
+	delete(m.byConn, m.chosen)
+	m.conns = slices.DeleteFunc(m.conns, func(c uint16) bool { return c == m.chosen })
+	m.chosen, m.outcome, m.reason = 0, "", ""
+	m.order, m.obs, m.last = nil, nil, nil
+	m.choose()
+}
+
+func (m *merger) apply(n string, ev traceflow.WatchEvent) {
+	if o := ev.Observation; o != nil {
+		o.Node = n
+		if o.Component == traceflow.Delivery {
+			m.last = append(m.last, *o)
+		} else {
+			if m.obs == nil {
+				m.obs = map[string][]traceflow.Observation{}
+			}
+			if _, ok := m.obs[n]; !ok {
+				m.order = append(m.order, n)
+			}
+			m.obs[n] = append(m.obs[n], *o)
+		}
+		m.lastAt = n
+	}
+	if ev.Outcome != "" && m.outcome == "" {
+		m.outcome, m.reason = ev.Outcome, ev.Reason
+		if ev.Outcome == traceflow.Delivered {
+			m.reason = ""
+		}
+	}
+}
+
+// path orders the observations: the source node first, then the nodes in
+// the order they reported the probe, deliveries last; and names the
+// policies behind isolation drops.
+func (m *merger) path() traceflow.Path {
+	order := slices.Clone(m.order)
+	if i := slices.Index(order, m.p.SourceNode); i > 0 {
+		order = append([]string{m.p.SourceNode}, slices.Delete(order, i, i+1)...)
+	}
+	out := []traceflow.Observation{}
+	for _, n := range order {
+		out = append(out, m.obs[n]...)
+	}
+	if len(m.last) > 0 {
+		out = append(out, m.last[0])
+	}
+	reason := m.reason
+	for i := range out {
+		o := &out[i]
+		if o.Component != traceflow.NetworkPolicy || o.Policy != "" || m.policies == nil {
+			continue
+		}
+		if dir, ns, pod, ok := node.IsolationOfRule(o.Rule); ok {
+			o.Policy = strings.Join(m.policies.IsolatingPolicies(ns, pod, dir), ",")
+			if o.Action == traceflow.ActionDropped && o.Policy != "" {
+				reason = fmt.Sprintf("dropped by NetworkPolicy %s (rule %s) on %s", o.Policy, o.Rule, o.Node)
+			}
+		}
+	}
+	if m.skipped > 0 {
+		reason = fmt.Sprintf("%s (after %d delivered connections)", reason, m.skipped)
+	}
+	outcome := m.outcome
+	if outcome == "" {
+		outcome = traceflow.TimedOut
+	}
+	return traceflow.Path{Outcome: outcome, Reason: reason, Observations: out, SrcPort: m.chosen}
+}
+
+func (m *merger) timeoutReason(ctx context.Context) string {
+	if m.p.Live && m.chosen == 0 {
+		what := "new connection"
+		if m.p.DroppedOnly {
+			what = "dropped connection"
+		}
+		return fmt.Sprintf("no %s from %s to %s port %d seen before the timeout (%d delivered skipped)", what, m.p.SourcePod, m.p.Dst, m.p.DstPort, m.skipped)
+	}
+	last := "the probe was not seen on any node"
+	if m.lastAt != "" {
+		last = "last seen on " + m.lastAt
+	}
+	s := fmt.Sprintf("no delivery or drop seen before the timeout (%v); %s", context.Cause(ctx), last)
+	if len(m.lost) > 0 {
+		s += "; watches lost: " + strings.Join(m.lost, "; ")
+	}
+	return s
+}

@@ -1,0 +1,195 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"sync"
+
+	"github.com/dualflow/dualflow/traceflow"
+	"github.com/dualflow/dualflow/traceflow/inject"
+	"github.com/dualflow/dualflow/traceflow/packet"
+	"github.com/dualflow/dualflow/traceflow/podns"
+)
+
+// Tracer is a node's side of traceflow (the agent the exporter serves): it
+// injects probes from the node's pods and watches for them on the node's
+// own datapath only. A controller that merges what every node saw into one
+// path is in package traceflow/agent.
+//
+// The kernel datapath is observed with an nftables trace table per probe
+// (`nft monitor` in the node's namespace), conntrack for the DNAT a
+// Service applied, and an AF_PACKET capture at each local pod the probe
+// may reach. The OVS datapath with drop flows' packet-ins,
+// `ofproto/trace` and the same captures.
+//
+// It is safe for concurrent use; concurrent probes carry distinct tags
+// (the controller's job).
+type Tracer struct {
+	// Name is the node's name, in every observation.
+	Name string
+	// NetNS is the node's network namespace ("" is the caller's, as for an
+	// agent in a hostNetwork pod).
+	NetNS string
+	// NFT is the nft binary (the kernel datapath).
+	NFT string
+	// Pods finds the node's pods by address (nil: a Finder of the default
+	// runtime directories and /proc).
+	Pods *podns.Finder
+	// OVS, when set, selects the Open vSwitch datapath.
+	OVS *OVS
+	// Logger logs the traces (nil: slog.Default()).
+	Logger *slog.Logger
+	// Raw, when set, receives every `nft monitor` line (debugging).
+	Raw io.Writer
+
+	once sync.Once
+}
+
+func (t *Tracer) init() {
+	t.once.Do(func() {
+		if t.Pods == nil {
+			t.Pods = &podns.Finder{}
+		}
+		if t.Logger == nil {
+			t.Logger = slog.Default()
+		}
+	})
+}
+
+func (t *Tracer) nodeNS() string {
+	if t.NetNS == "" {
+		return "/proc/self/ns/net"
+	}
+	return t.NetNS
+}
+
+func (t *Tracer) injector() *Injector { return &Injector{Pods: t.Pods, NodeNS: t.NetNS} }
+
+// Inject sends p from its source pod, which must be on this node
+// (ErrPodNotOnNode otherwise).
+func (t *Tracer) Inject(ctx context.Context, p traceflow.Probe) error {
+	t.init()
+	if p.Live {
+		return fmt.Errorf("%w: a live trace sends nothing", traceflow.ErrInvalid)
+	}
+	from, err := t.injector().Locate(p.Src)
+	if err != nil {
+		return fmt.Errorf("pod %s: %w", p.SourcePod, err)
+	}
+	frame, err := from.Frame(p)
+	if err != nil {
+		return err
+	}
+	return from.Send(frame)
+}
+
+// Watch observes p on this node until ctx ends, calling emit with a Ready
+// event once every observer is in place (the probe may be sent then), and
+// with what the node sees of the probe afterwards. It returns when ctx
+// ends (nil) or when watching fails or emit fails (the caller went away).
+func (t *Tracer) Watch(ctx context.Context, p traceflow.Probe, emit func(traceflow.WatchEvent) error) error {
+	t.init()
+	if !p.Src.IsValid() || !p.Dst.IsValid() || p.Src.Is4() != p.Dst.Is4() {
+		return fmt.Errorf("%w: probe %s -> %s", traceflow.ErrInvalid, p.Src, p.Dst)
+	}
+	if p.Tag < packet.MinTag || p.Tag > packet.MaxTag {
+		return fmt.Errorf("%w: tag %d (want %d..%d)", traceflow.ErrInvalid, p.Tag, packet.MinTag, packet.MaxTag)
+	}
+	switch {
+	case t.OVS != nil && p.Live:
+		return fmt.Errorf("live traffic on the OVS datapath: %w", traceflow.ErrNotSupported)
+	case t.OVS != nil:
+		return t.watchOVS(ctx, p, emit)
+	case p.Live:
+		return t.watchLive(ctx, p, emit)
+	}
+	return t.watchKernel(ctx, p, emit)
+}
+
+// localTarget is a target pod of the probe hosted on this node.
+type localTarget struct {
+	traceflow.Target
+	ns   podns.Namespace
+	host string // the node side of its veth
+}
+
+// localTargets returns the probe's targets that are pods of this node.
+func (t *Tracer) localTargets(p traceflow.Probe) ([]localTarget, error) {
+	var out []localTarget
+	for _, tg := range p.Targets {
+		if !tg.Addr.IsValid() || tg.Addr.Is4() != p.Src.Is4() {
+			continue
+		}
+		ns, err := t.Pods.Find(tg.Addr)
+		if errors.Is(err, podns.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		pr, err := peerOf(ns.Path, ns.Iface, t.nodeNS())
+		if errors.Is(err, errNotOnNode) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("target %s: %w", tg.Addr, err)
+		}
+		out = append(out, localTarget{Target: tg, ns: ns, host: pr.Name})
+	}
+	return out, nil
+}
+
+// delivery is a probe captured at a local target pod.
+type delivery struct {
+	target localTarget
+	seen   packet.Seen
+}
+
+// capture listens at each target's interface until ctx ends and sends the
+// first packet of the probe each one sees to out.
+func capture(ctx context.Context, p traceflow.Probe, targets []localTarget, out chan<- delivery, wg *sync.WaitGroup) error {
+	proto := p.ProtoNumber()
+	for _, tg := range targets {
+		c, err := inject.Listen(tg.ns.Path, tg.ns.Iface)
+		if err != nil {
+			return fmt.Errorf("capture at %s: %w", tg.Addr, err)
+		}
+		wg.Go(func() {
+			defer c.Close()
+			for {
+				f, err := c.Next(ctx)
+				if err != nil {
+					return
+				}
+				if seen, ok := packet.Match(f, p.Tag, p.Src, proto, p.SrcPort); ok {
+					select {
+					case out <- delivery{target: tg, seen: seen}:
+					case <-ctx.Done():
+					}
+					return
+				}
+			}
+		})
+	}
+	return nil
+}
+
+// deliveryObs is the observation of a capture at a target pod.
+func (t *Tracer) deliveryObs(p traceflow.Probe, d delivery) traceflow.Observation {
+	o := traceflow.Observation{Node: t.Name, Component: traceflow.Delivery, Action: traceflow.ActionDelivered,
+		Interface: d.target.ns.Iface, Pod: d.target.Pod}
+	if d.seen.Dst != p.Dst || d.seen.DstPort != p.DstPort {
+		o.TranslatedDst = netip.AddrPortFrom(d.seen.Dst, d.seen.DstPort)
+	}
+	if d.seen.Src != p.Src {
+		o.TranslatedSrc = netip.AddrPortFrom(d.seen.Src, d.seen.SrcPort)
+	}
+	if o.Pod == "" {
+		o.Detail = "delivered to the pod holding " + d.target.Addr.String()
+	}
+	return o
+}
