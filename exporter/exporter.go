@@ -72,11 +72,12 @@ type Exporter struct {
 	dumpBuf  []connstore.Conn // poll goroutine only
 	recBuf   []flow.Record    // poll goroutine only
 
-	ready       chan struct{} // see Ready
-	metricsAddr net.Addr      // set before ready is closed
-	pollLog     rateLog
-	eventLog    rateLog
-	sourceName  string // Record.Source of every record
+	ready         chan struct{} // see Ready
+	metricsAddr   net.Addr      // set before ready is closed
+	traceflowAddr net.Addr      // set before ready is closed
+	pollLog       rateLog
+	eventLog      rateLog
+	sourceName    string // Record.Source of every record
 }
 
 // expireEvery is how often the store is checked for records due. It bounds
@@ -178,6 +179,14 @@ func (e *Exporter) Run(ctx context.Context) error {
 		srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	}
 
+	stopAgent, err := e.serveTraceflow()
+	if err != nil {
+		if ln != nil {
+			ln.Close()
+		}
+		return err
+	}
+	defer stopAgent()
 	var wg sync.WaitGroup
 	sendCtx, stopSend := context.WithCancel(context.Background())
 	defer stopSend()

@@ -67,6 +67,12 @@ type WatchEvent struct {
 	Observation *Observation `json:"observation,omitempty"`
 	Outcome     Outcome      `json:"outcome,omitempty"`
 	Reason      string       `json:"reason,omitempty"`
+	// Left says the probe left the node (the last hook it crosses there),
+	// so the node has reported all it saw of it. The controller waits for
+	// the source node's Left (or a cap) before it closes a path delivered
+	// elsewhere: the capture at a remote pod can beat the source node's
+	// report.
+	Left bool `json:"left,omitempty"`
 	// SrcPort is the source port (or echo id) of the connection a live
 	// trace follows, once the source node picked it.
 	SrcPort uint16 `json:"srcPort,omitempty"`

@@ -9,6 +9,7 @@ package tracer
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -98,6 +99,21 @@ func (inv Inventory) Resolve(req traceflow.Request, f traceflow.Family) (tracefl
 			p.DstPod = dp.Namespace + "/" + dp.Name
 		}
 	}
+	p.Family = f
+	nodes := []string{p.SourceNode}
+	for _, dp := range inv.Endpoints(p) {
+		if a, ok := manifest.PodAddr(dp, kf); ok {
+			p.Targets = append(p.Targets, traceflow.Target{Addr: a, Pod: dp.Namespace + "/" + dp.Name})
+		}
+		if !slices.Contains(nodes, dp.Spec.NodeName) {
+			nodes = append(nodes, dp.Spec.NodeName)
+		}
+	}
+	if len(p.Targets) == 0 {
+		p.Targets = []traceflow.Target{{Addr: p.Dst}}
+		nodes = nil // anywhere: every node watches
+	}
+	p.Nodes = nodes
 	return p, nil
 }
 

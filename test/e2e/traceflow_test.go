@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http/httptest"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -38,10 +38,7 @@ type traceEnv struct {
 func newTraceEnv(t *testing.T, l *lab.Lab, mode manifest.Mode) *traceEnv {
 	t.Helper()
 	inv := tracer.Inventory{M: l.Manifest}
-	tr, err := tracer.NewTracer(l, inv)
-	if err != nil {
-		t.Fatal(err)
-	}
+	tr := &agent.Cluster{Agents: startNodeAgents(t, l, "e2e-token"), Policies: inventoryPolicies{inv}}
 	// A delivered or dropped probe ends as soon as it is seen; the timeout
 	// only bounds what never arrives, so it is generous: a dozen traces at
 	// once on a loaded 2-core machine take seconds to set up.
@@ -524,32 +521,60 @@ func TestTraceCLI(t *testing.T) {
 	}
 }
 
-// TestTraceflowAgent runs the controller against the node tracer through
-// the authenticated agent API (what the collector → exporter split uses).
+// TestTraceflowAgent checks the failures of the agent API: a wrong token
+// is refused by the agent and reported as unauthorized, and an agent that
+// is down is reported as unreachable, naming the node.
 func TestTraceflowAgent(t *testing.T) {
 	requirePrereqs(t)
 	recordAs(t, "dual/trace-agent")
 	l := startLab(t, manifest.ModeDual)
 	inv := tracer.Inventory{M: l.Manifest}
-	tr, err := tracer.NewTracer(l, inv)
+	dir := startNodeAgents(t, l, "e2e-token")
+	web, _ := l.PodOn(manifest.NSFrontend, "web", 1)
+	api2, _ := l.PodOn(manifest.NSBackend, "api", 2)
+	req := traceflow.Request{Source: ref(web), Destination: traceflow.Destination{Pod: ref(api2), Port: 8080}, Family: traceflow.Dual}
+	try := func(d agentDir) traceflow.Result {
+		c := traceflow.New(traceflow.Config{Timeout: 10 * time.Second}, &agent.Cluster{Agents: d}, inv, nil)
+		defer c.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		defer cancel()
+		res, err := c.Trace(ctx, req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	res := try(dir)
+	for _, fr := range res.Families {
+		if fr.Outcome != traceflow.Delivered {
+			t.Errorf("%s: %s %s", fr.Family, fr.Outcome, fr.Reason)
+		}
+	}
+
+	bad := agentDir{}
+	for n, c := range dir {
+		cc := *c
+		cc.Token = "nope"
+		bad[n] = &cc
+	}
+	res = try(bad)
+	if res.Phase != traceflow.Failed || !strings.Contains(res.Reason, "unauthorized") || !strings.Contains(res.Reason, "node-1") {
+		t.Errorf("wrong token: phase %s, reason %q; want failed, unauthorized, naming the node", res.Phase, res.Reason)
+	}
+
+	down := agentDir{}
+	for n, c := range dir {
+		cc := *c
+		down[n] = &cc
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(agent.Handler(tr, "e2e-token"))
-	defer srv.Close()
-	c := traceflow.New(traceflow.Config{}, &agent.Client{URL: srv.URL, Token: "e2e-token"}, inv, nil)
-	defer c.Close()
-	e := &traceEnv{l: l, mode: manifest.ModeDual, c: c}
-	web, _ := l.PodOn(manifest.NSFrontend, "web", 1)
-	api1, _ := l.PodOn(manifest.NSBackend, "api", 1)
-	api2, _ := l.PodOn(manifest.NSBackend, "api", 2)
-	res := e.trace(t, traceflow.Request{Source: ref(web), Destination: traceflow.Destination{Service: "backend/api", Port: 80}})
-	wantDelivered(t, e, res, api1, api2)
-
-	bad := traceflow.New(traceflow.Config{}, &agent.Client{URL: srv.URL, Token: "nope"}, inv, nil)
-	defer bad.Close()
-	res, err = bad.Trace(context.Background(), traceflow.Request{Source: ref(web), Destination: traceflow.Destination{Pod: ref(api1), Port: 8080}, Family: traceflow.IPv4})
-	if err != nil || res.Phase != traceflow.Failed || !strings.Contains(res.Reason, "unauthorized") {
-		t.Errorf("wrong token: %+v %v", res, err)
+	down["node-2"].URL = "http://" + ln.Addr().String() // nobody serves it once closed
+	ln.Close()
+	res = try(down)
+	if res.Phase != traceflow.Failed || !strings.Contains(res.Reason, "node node-2") || !strings.Contains(res.Reason, "unreachable") {
+		t.Errorf("agent down: phase %s, reason %q; want failed, node-2 unreachable", res.Phase, res.Reason)
 	}
 }

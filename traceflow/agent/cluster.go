@@ -30,6 +30,10 @@ const (
 	DefaultMaxSends    = 3
 )
 
+// sourceWait caps how long a decided trace waits for the source node to
+// report that the probe left it.
+const sourceWait = time.Second
+
 // Directory finds node agents.
 type Directory interface {
 	// Agent returns the client of node's agent.
@@ -149,7 +153,7 @@ func (c *Cluster) Trace(ctx context.Context, p traceflow.Probe) (traceflow.Path,
 			return src.Inject(ctx, p)
 		}
 	}
-	var settleC <-chan time.Time
+	var settleC, waitC <-chan time.Time
 	for {
 		select {
 		case <-resendC:
@@ -166,18 +170,28 @@ func (c *Cluster) Trace(ctx context.Context, p traceflow.Probe) (traceflow.Path,
 				continue
 			}
 			m.add(ne.node, ne.ev)
-			if settleC == nil && m.decided() {
+			switch {
+			case settleC != nil || !m.decided():
+			case m.sourceDone():
 				d := settle
 				if m.outcome != traceflow.Delivered {
 					d = settle / 2
 				}
 				settleC = time.After(d)
+			case waitC == nil:
+				waitC = time.After(sourceWait)
+			}
+		case <-waitC:
+			// The source node never said the probe left it (a report
+			// lost): close the path with what arrived.
+			if settleC == nil {
+				settleC = time.After(0)
 			}
 		case <-settleC:
 			if p.DroppedOnly && m.outcome == traceflow.Delivered {
 				// Skip a delivered connection; wait for a dropped one.
 				m.skip()
-				settleC = nil
+				settleC, waitC = nil, nil
 				continue
 			}
 			return m.path(), nil
@@ -211,13 +225,15 @@ type merger struct {
 	policies PolicyNamer
 	resend   func() error
 
-	order   []string // nodes in the order they saw the probe
-	obs     map[string][]traceflow.Observation
-	last    []traceflow.Observation // deliveries: the end of the path
-	outcome traceflow.Outcome
-	reason  string
-	lastAt  string
-	lost    []string // streams that failed
+	order     []string // nodes in the order they saw the probe
+	obs       map[string][]traceflow.Observation
+	last      []traceflow.Observation // deliveries: the end of the path
+	outcome   traceflow.Outcome
+	reason    string
+	outcomeAt string // the node that decided the outcome
+	srcLeft   bool   // the source node reported the probe leaving
+	lastAt    string
+	lost      []string // streams that failed
 
 	// Live traces: the connections the source node picked, in order, and
 	// each one's events until one is chosen.
@@ -233,6 +249,10 @@ type nodeEventLite struct {
 }
 
 func (m *merger) decided() bool { return m.outcome != "" }
+
+// sourceDone reports whether the source node has said all it saw: the
+// probe left it, or it decided the outcome there.
+func (m *merger) sourceDone() bool { return m.srcLeft || m.outcomeAt == m.p.SourceNode }
 
 func (m *merger) add(n string, ev traceflow.WatchEvent) {
 	if !m.p.Live {
@@ -281,7 +301,7 @@ func (m *merger) skip() {
 	m.skipped++
 	delete(m.byConn, m.chosen)
 	m.conns = slices.DeleteFunc(m.conns, func(c uint16) bool { return c == m.chosen })
-	m.chosen, m.outcome, m.reason = 0, "", ""
+	m.chosen, m.outcome, m.reason, m.outcomeAt, m.srcLeft = 0, "", "", "", false
 	m.order, m.obs, m.last = nil, nil, nil
 	m.choose()
 }
@@ -302,8 +322,11 @@ func (m *merger) apply(n string, ev traceflow.WatchEvent) {
 		}
 		m.lastAt = n
 	}
+	if ev.Left && n == m.p.SourceNode {
+		m.srcLeft = true
+	}
 	if ev.Outcome != "" && m.outcome == "" {
-		m.outcome, m.reason = ev.Outcome, ev.Reason
+		m.outcome, m.reason, m.outcomeAt = ev.Outcome, ev.Reason, n
 		if ev.Outcome == traceflow.Delivered {
 			m.reason = ""
 		}

@@ -190,7 +190,9 @@ func (k *kernelPath) add(ev observe.Event) []traceflow.WatchEvent {
 			if ev.Src.IsValid() && ev.Src != k.p.Src {
 				o.TranslatedSrc = netip.AddrPortFrom(ev.Src, ev.SrcPort)
 			}
-			return append(k.flush(), k.obs(o))
+			left := k.obs(o)
+			left.Left = true
+			return append(k.flush(), left)
 		}
 	case ev.Kind == observe.KindPacket && ev.Chain == "forward":
 		o := traceflow.Observation{Component: traceflow.Routing, Action: traceflow.ActionForwarded, Interface: ev.OIf}

@@ -1,0 +1,164 @@
+package exporter
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	"github.com/dualflow/dualflow/nsrun"
+	"github.com/dualflow/dualflow/traceflow/agent"
+	"github.com/dualflow/dualflow/traceflow/node"
+)
+
+// TraceflowConfig configures the node's traceflow agent: the API the
+// collector's traceflow controller calls to watch for probes on this node
+// and to inject them from this node's pods (package traceflow/agent).
+type TraceflowConfig struct {
+	// Addr is where the agent listens; empty disables it (the default).
+	Addr string
+	// TokenFile holds the bearer token every call must carry, unless
+	// $DUALFLOW_TRACEFLOW_TOKEN is set. The agent never runs without one.
+	TokenFile string
+	// CertFile and KeyFile serve TLS; required on a non-loopback address.
+	CertFile, KeyFile string
+	// ClientCAFile, when set, requires client certificates signed by it
+	// (mutual TLS with the collector).
+	ClientCAFile string
+	// NFT is the nft binary the kernel datapath traces with (default: nft
+	// on PATH).
+	NFT string
+	// Listener, when set, is used instead of listening on Addr (tests, the
+	// demo).
+	Listener net.Listener
+
+	token string // loaded by Validate
+	tls   *tls.Config
+}
+
+func (c *TraceflowConfig) bindFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.Addr, "traceflow.addr", c.Addr, "serve the traceflow node agent here (empty: off); needs a token (--traceflow.token-file or $"+agent.TokenEnv+"), and TLS on a non-loopback address")
+	fs.StringVar(&c.TokenFile, "traceflow.token-file", c.TokenFile, "file holding the bearer token the collector must send (or $"+agent.TokenEnv+")")
+	fs.StringVar(&c.CertFile, "traceflow.tls-cert", c.CertFile, "PEM certificate the agent serves TLS with")
+	fs.StringVar(&c.KeyFile, "traceflow.tls-key", c.KeyFile, "PEM key of --traceflow.tls-cert")
+	fs.StringVar(&c.ClientCAFile, "traceflow.client-ca", c.ClientCAFile, "PEM CA: require collector client certificates signed by it (mutual TLS)")
+	fs.StringVar(&c.NFT, "traceflow.nft", c.NFT, "nft binary for the kernel datapath's traces (empty: nft on PATH)")
+}
+
+func (c *TraceflowConfig) enabled() bool { return c.Addr != "" || c.Listener != nil }
+
+// validate loads the token and the TLS files, and refuses an agent that
+// would listen beyond loopback without TLS.
+func (c *TraceflowConfig) validate() error {
+	if !c.enabled() {
+		return nil
+	}
+	tok, err := agent.LoadToken(c.TokenFile)
+	if err != nil {
+		return fmt.Errorf("--traceflow.addr: the agent injects packets, so it needs a token: %w", err)
+	}
+	c.token = tok
+	if (c.CertFile == "") != (c.KeyFile == "") {
+		return errors.New("--traceflow.tls-cert and --traceflow.tls-key go together")
+	}
+	if c.ClientCAFile != "" && c.CertFile == "" {
+		return errors.New("--traceflow.client-ca needs --traceflow.tls-cert and --traceflow.tls-key")
+	}
+	if c.CertFile != "" {
+		if c.tls, err = agent.ServerTLS(c.CertFile, c.KeyFile, c.ClientCAFile); err != nil {
+			return err
+		}
+	}
+	if c.Listener == nil && c.tls == nil {
+		host, _, err := net.SplitHostPort(c.Addr)
+		if err != nil {
+			return fmt.Errorf("--traceflow.addr %q: %w", c.Addr, err)
+		}
+		if a, err := netip.ParseAddr(host); host != "localhost" && (err != nil || !a.IsLoopback()) {
+			return fmt.Errorf("--traceflow.addr %q is not loopback: serve it with TLS (--traceflow.tls-cert, --traceflow.tls-key), the token must not cross the network in clear", c.Addr)
+		}
+	}
+	return nil
+}
+
+// tracer returns the node tracer of this exporter's node and datapath.
+func (e *Exporter) tracer() (*node.Tracer, string, error) {
+	t := &node.Tracer{Name: e.cfg.NodeName, Logger: e.log.With("stage", "traceflow")}
+	if ns := e.cfg.NetNS; ns != "" {
+		if !filepath.IsAbs(ns) {
+			ns = nsrun.Path(ns)
+		}
+		t.NetNS = ns
+	}
+	if e.cfg.Source == SourceOVS {
+		t.OVS = &node.OVS{RunDir: e.cfg.OVS.RunDir, Bridge: e.cfg.OVS.Bridge, RulesFile: e.cfg.OVS.RulesFile}
+		return t, "ovs", nil
+	}
+	t.NFT = e.cfg.Traceflow.NFT
+	if t.NFT == "" {
+		p, err := exec.LookPath("nft")
+		if err != nil {
+			// Injection and OVS-less captures still work; kernel watches
+			// answer "not supported" until nft is installed.
+			e.log.Warn("traceflow agent: nft not found: kernel datapath traces will fail", "err", err)
+		}
+		t.NFT = p
+	}
+	return t, "kernel", nil
+}
+
+// serveTraceflow starts the agent; the returned function stops it.
+func (e *Exporter) serveTraceflow() (func(), error) {
+	c := &e.cfg.Traceflow
+	if !c.enabled() {
+		return func() {}, nil
+	}
+	t, dp, err := e.tracer()
+	if err != nil {
+		return nil, err
+	}
+	ln := c.Listener
+	if ln == nil {
+		if ln, err = net.Listen("tcp", c.Addr); err != nil {
+			return nil, fmt.Errorf("traceflow agent listener: %w", err)
+		}
+	}
+	e.traceflowAddr = ln.Addr()
+	h := agent.Handler(t, agent.Info{Node: e.cfg.NodeName, Datapath: dp}, c.token, agent.NewMetrics(e.reg))
+	// No write timeout: a watch streams for as long as its own timeout
+	// (at most agent.MaxTimeout), which the handler enforces.
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
+		IdleTimeout: 2 * time.Minute, TLSConfig: c.tls, ErrorLog: nil}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var err error
+		if c.tls != nil {
+			err = srv.ServeTLS(ln, "", "")
+		} else {
+			err = srv.Serve(ln)
+		}
+		if err != nil && !errors.Is(err, http.ErrServerClosed) {
+			e.log.Error("traceflow agent stopped", "err", err)
+		}
+	}()
+	e.log.Info("traceflow agent listening", "addr", ln.Addr().String(), "datapath", dp, "tls", c.tls != nil, "mtls", c.ClientCAFile != "")
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+		defer cancel()
+		if srv.Shutdown(ctx) != nil {
+			srv.Close() // watches still streaming: cut them
+		}
+		<-done
+	}, nil
+}
+
+// TraceflowAddr returns the traceflow agent's address once Ready, or nil.
+func (e *Exporter) TraceflowAddr() net.Addr { return e.traceflowAddr }

@@ -1,0 +1,181 @@
+package agent
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// DefaultPort is the agents' port when the collector finds them by node
+// address.
+const DefaultPort = 9444
+
+// DirectoryConfig tells the controller where the node agents are and how
+// to call them.
+type DirectoryConfig struct {
+	// Static maps node names to agent base URLs; nodes not in it are
+	// reached at Scheme://<node address>:Port.
+	Static map[string]string
+	// Port and Scheme ("https", or "http" for agents on loopback or behind
+	// a mesh) of agents found by node address.
+	Port   int
+	Scheme string
+	// TokenFile holds the agents' bearer token (or $DUALFLOW_TRACEFLOW_TOKEN).
+	TokenFile string
+	// CAFile verifies the agents' certificates (empty: system roots);
+	// CertFile and KeyFile are the collector's client certificate (mutual
+	// TLS).
+	CAFile, CertFile, KeyFile string
+	// DisableIPv6 picks the node's IPv4 address even when it has both.
+	DisableIPv6 bool
+}
+
+// Enabled reports whether the controller should trace through agents.
+func (c *DirectoryConfig) Enabled() bool { return c.TokenFile != "" || len(c.Static) > 0 }
+
+// BindFlags registers the --traceflow.* flags of the collector.
+func (c *DirectoryConfig) BindFlags(fs *flag.FlagSet) {
+	fs.Var((*agentMap)(&c.Static), "traceflow.agents", "node agents by name, NODE=URL comma-separated (e.g. node-1=https://10.0.0.1:9444); other nodes are reached at their InternalIP and --traceflow.agent-port")
+	fs.IntVar(&c.Port, "traceflow.agent-port", DefaultPort, "port of the exporters' traceflow agents (--traceflow.addr on the nodes)")
+	fs.StringVar(&c.Scheme, "traceflow.agent-scheme", "https", "https, or http for agents reached over loopback")
+	fs.StringVar(&c.TokenFile, "traceflow.token-file", "", "file holding the agents' bearer token (or $"+TokenEnv+"); traces through node agents are on when it is set")
+	fs.StringVar(&c.CAFile, "traceflow.ca-file", "", "PEM CA verifying the agents' certificates (empty: system roots)")
+	fs.StringVar(&c.CertFile, "traceflow.cert-file", "", "PEM client certificate for agents that require one (mutual TLS)")
+	fs.StringVar(&c.KeyFile, "traceflow.key-file", "", "PEM key of --traceflow.cert-file")
+}
+
+type agentMap map[string]string
+
+func (m *agentMap) String() string {
+	if m == nil || *m == nil {
+		return ""
+	}
+	var kv []string
+	for k, v := range *m {
+		kv = append(kv, k+"="+v)
+	}
+	sort.Strings(kv)
+	return strings.Join(kv, ",")
+}
+
+func (m *agentMap) Set(s string) error {
+	if *m == nil {
+		*m = map[string]string{}
+	}
+	for _, kv := range strings.Split(s, ",") {
+		if kv = strings.TrimSpace(kv); kv == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("%q: want NODE=URL", kv)
+		}
+		u, err := url.Parse(v)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("%q: want an http:// or https:// URL", v)
+		}
+		(*m)[k] = v
+	}
+	return nil
+}
+
+// NodeView is what the directory needs of the cluster: the nodes and
+// their addresses (the collector's Kubernetes view).
+type NodeView interface {
+	NodeAddrs(node string) ([]netip.Addr, bool)
+	NodeNames() []string
+}
+
+// NodeDirectory finds agents by node name: the static map, else the node's
+// InternalIP (IPv6 preferred when it has both) and the agent port.
+type NodeDirectory struct {
+	cfg   DirectoryConfig
+	view  NodeView
+	token string
+	http  *http.Client
+}
+
+// NewDirectory loads the token and TLS files of cfg.
+func NewDirectory(cfg DirectoryConfig, view NodeView) (*NodeDirectory, error) {
+	tok, err := LoadToken(cfg.TokenFile)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.Port == 0 {
+		cfg.Port = DefaultPort
+	}
+	if cfg.Scheme == "" {
+		cfg.Scheme = "https"
+	}
+	if cfg.Scheme != "http" && cfg.Scheme != "https" {
+		return nil, fmt.Errorf("--traceflow.agent-scheme %q: want https or http", cfg.Scheme)
+	}
+	if (cfg.CertFile == "") != (cfg.KeyFile == "") {
+		return nil, errors.New("--traceflow.cert-file and --traceflow.key-file go together")
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.TLSClientConfig, err = ClientTLS(cfg.CAFile, cfg.CertFile, cfg.KeyFile)
+	if err != nil {
+		return nil, err
+	}
+	tr.DialContext = (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+	tr.ResponseHeaderTimeout = 0 // a watch answers once the node observes
+	return &NodeDirectory{cfg: cfg, view: view, token: tok, http: &http.Client{Transport: tr}}, nil
+}
+
+// Agent implements Directory.
+func (d *NodeDirectory) Agent(node string) (*Client, error) {
+	if u, ok := d.cfg.Static[node]; ok {
+		return &Client{Node: node, URL: u, Token: d.token, HTTP: d.http}, nil
+	}
+	addrs, ok := d.view.NodeAddrs(node)
+	if !ok {
+		return nil, fmt.Errorf("node %s: unknown (not in the Kubernetes view, not in --traceflow.agents)", node)
+	}
+	a, ok := pick(addrs, !d.cfg.DisableIPv6)
+	if !ok {
+		return nil, fmt.Errorf("node %s: no InternalIP to reach its traceflow agent at (set --traceflow.agents)", node)
+	}
+	u := d.cfg.Scheme + "://" + net.JoinHostPort(a.String(), strconv.Itoa(d.cfg.Port))
+	return &Client{Node: node, URL: u, Token: d.token, HTTP: d.http}, nil
+}
+
+// pick prefers an IPv6 address when ipv6 is allowed and there is one.
+func pick(addrs []netip.Addr, ipv6 bool) (netip.Addr, bool) {
+	var v4 netip.Addr
+	for _, a := range addrs {
+		a = a.Unmap()
+		if a.Is6() && ipv6 {
+			return a, true
+		}
+		if a.Is4() && !v4.IsValid() {
+			v4 = a
+		}
+	}
+	return v4, v4.IsValid()
+}
+
+// Nodes implements Directory: the static map's nodes and the view's.
+func (d *NodeDirectory) Nodes() []string {
+	seen := map[string]bool{}
+	var out []string
+	for n := range d.cfg.Static {
+		seen[n] = true
+		out = append(out, n)
+	}
+	for _, n := range d.view.NodeNames() {
+		if !seen[n] {
+			out = append(out, n)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
