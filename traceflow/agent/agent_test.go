@@ -3,99 +3,303 @@ package agent
 import (
 	"context"
 	"errors"
+	"net"
+	"net/http"
 	"net/http/httptest"
 	"net/netip"
-	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/dualflow/dualflow/traceflow"
+	"github.com/dualflow/dualflow/traceflow/node"
 )
 
-type fakeTracer func(ctx context.Context, p traceflow.Probe) (traceflow.Path, error)
-
-func (f fakeTracer) Trace(ctx context.Context, p traceflow.Probe) (traceflow.Path, error) {
-	return f(ctx, p)
+// fakeNode plays a node: Watch emits Ready, then waits for the probe to be
+// injected (on any fake node of the same wire) and emits script.
+type fakeNode struct {
+	name    string
+	wire    *wire
+	script  []traceflow.WatchEvent
+	hasPod  bool
+	watchFn func(ctx context.Context) error // optional failure
 }
 
-func probe(v6 bool) traceflow.Probe {
-	p := traceflow.Probe{Family: traceflow.IPv4, SourcePod: "frontend/web-1", Src: netip.MustParseAddr("198.18.1.10"), Dst: netip.MustParseAddr("198.19.0.11"),
-		Service: "backend/api", Protocol: traceflow.TCP, SrcPort: 40000, DstPort: 80, TCPFlags: 2, Tag: 3}
-	if v6 {
-		p.Family, p.Src, p.Dst = traceflow.IPv6, netip.MustParseAddr("fd00:10:0:1::10"), netip.MustParseAddr("fd00:10:ff::11")
+// wire connects fake nodes: Inject on the source closes sent.
+type wire struct {
+	once sync.Once
+	sent chan struct{}
+	n    int // injections
+	mu   sync.Mutex
+}
+
+func newWire() *wire { return &wire{sent: make(chan struct{})} }
+
+func (f *fakeNode) Watch(ctx context.Context, p traceflow.Probe, emit func(traceflow.WatchEvent) error) error {
+	if f.watchFn != nil {
+		if err := f.watchFn(ctx); err != nil {
+			return err
+		}
 	}
-	return p
+	if err := emit(traceflow.WatchEvent{Ready: true}); err != nil {
+		return err
+	}
+	select {
+	case <-f.wire.sent:
+	case <-ctx.Done():
+		return nil
+	}
+	for _, ev := range f.script {
+		if err := emit(ev); err != nil {
+			return err
+		}
+	}
+	<-ctx.Done()
+	return nil
 }
 
-func TestAgent(t *testing.T) {
-	var got traceflow.Probe
-	tr := fakeTracer(func(ctx context.Context, p traceflow.Probe) (traceflow.Path, error) {
-		got = p
-		if _, ok := ctx.Deadline(); !ok {
-			t.Error("tracer context has no deadline")
-		}
-		if p.DstPort == 81 {
-			<-ctx.Done()
-			return traceflow.Path{}, ctx.Err()
-		}
-		return traceflow.Path{Outcome: traceflow.Delivered, Observations: []traceflow.Observation{
-			{Node: "node-1", Component: traceflow.LoadBalancing, Action: traceflow.ActionForwarded, TranslatedDst: netip.MustParseAddrPort("[fd00:10:0:2::11]:8080")},
-		}}, nil
-	})
-	srv := httptest.NewServer(Handler(tr, "s3cret"))
+func (f *fakeNode) Inject(ctx context.Context, p traceflow.Probe) error {
+	if !f.hasPod {
+		return node.ErrPodNotOnNode
+	}
+	f.wire.mu.Lock()
+	f.wire.n++
+	f.wire.mu.Unlock()
+	f.wire.once.Do(func() { close(f.wire.sent) })
+	return nil
+}
+
+type dir map[string]*Client
+
+func (d dir) Agent(n string) (*Client, error) {
+	c, ok := d[n]
+	if !ok {
+		return nil, errors.New("unknown node " + n)
+	}
+	return c, nil
+}
+
+func (d dir) Nodes() []string {
+	var out []string
+	for n := range d {
+		out = append(out, n)
+	}
+	return out
+}
+
+func serve(t *testing.T, nodes ...*fakeNode) dir {
+	t.Helper()
+	d := dir{}
+	for _, n := range nodes {
+		srv := httptest.NewServer(Handler(n, Info{Node: n.name, Datapath: "kernel"}, "tok", nil))
+		t.Cleanup(srv.Close)
+		d[n.name] = &Client{Node: n.name, URL: srv.URL, Token: "tok"}
+	}
+	return d
+}
+
+type policies map[string][]string
+
+func (p policies) IsolatingPolicies(ns, pod, dir string) []string { return p[ns+"/"+pod+"/"+dir] }
+
+var probe = traceflow.Probe{Family: traceflow.IPv4, SourcePod: "a/web", SourceNode: "n1", Src: netip.MustParseAddr("198.18.1.10"),
+	Dst: netip.MustParseAddr("198.18.2.11"), Protocol: traceflow.TCP, SrcPort: 40000, DstPort: 8080, Tag: 5, Nodes: []string{"n1", "n2"}}
+
+func obs(c traceflow.Component, a traceflow.Action) *traceflow.Observation {
+	return &traceflow.Observation{Component: c, Action: a}
+}
+
+func TestClusterMergesNodesInPathOrder(t *testing.T) {
+	w := newWire()
+	// Whichever node's events arrive first, the path starts at the source
+	// node and ends with the delivery.
+	n1 := &fakeNode{name: "n1", wire: w, hasPod: true, script: []traceflow.WatchEvent{
+		{Observation: obs(traceflow.Forwarding, traceflow.ActionReceived)},
+		{Observation: obs(traceflow.Forwarding, traceflow.ActionForwarded), Left: true},
+	}}
+	n2 := &fakeNode{name: "n2", wire: w, script: []traceflow.WatchEvent{
+		{Observation: obs(traceflow.Delivery, traceflow.ActionDelivered), Outcome: traceflow.Delivered},
+		{Observation: obs(traceflow.Forwarding, traceflow.ActionReceived)},
+	}}
+	d := serve(t, n1, n2)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	path, err := (&Cluster{Agents: d}).Trace(ctx, probe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if path.Outcome != traceflow.Delivered {
+		t.Fatalf("outcome %s %q", path.Outcome, path.Reason)
+	}
+	var got []string
+	for _, o := range path.Observations {
+		got = append(got, o.Node+":"+string(o.Action))
+	}
+	want := "n1:received n1:forwarded n2:received n2:delivered"
+	if strings.Join(got, " ") != want {
+		t.Errorf("path %v, want %s", got, want)
+	}
+}
+
+func TestClusterNamesIsolatingPolicies(t *testing.T) {
+	w := newWire()
+	drop := obs(traceflow.NetworkPolicy, traceflow.ActionDropped)
+	drop.Rule = "drop/ingress/b/api"
+	n1 := &fakeNode{name: "n1", wire: w, hasPod: true, script: []traceflow.WatchEvent{{Observation: obs(traceflow.Forwarding, traceflow.ActionForwarded), Left: true}}}
+	n2 := &fakeNode{name: "n2", wire: w, script: []traceflow.WatchEvent{{Observation: drop, Outcome: traceflow.Dropped, Reason: "dropped by rule"}}}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	path, err := (&Cluster{Agents: serve(t, n1, n2), Policies: policies{"b/api/ingress": {"b/deny-all", "b/other"}}}).Trace(ctx, probe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := path.Observations[len(path.Observations)-1]
+	if path.Outcome != traceflow.Dropped || last.Policy != "b/deny-all,b/other" || !strings.Contains(path.Reason, "b/deny-all") || last.Node != "n2" {
+		t.Errorf("path %+v", path)
+	}
+}
+
+func TestClusterResendsAndTimesOut(t *testing.T) {
+	w := newWire()
+	n1 := &fakeNode{name: "n1", wire: w, hasPod: true, script: []traceflow.WatchEvent{{Observation: obs(traceflow.Forwarding, traceflow.ActionReceived)}}}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	p := probe
+	p.Nodes = []string{"n1"}
+	path, err := (&Cluster{Agents: serve(t, n1), ResendAfter: 50 * time.Millisecond, MaxSends: 3}).Trace(ctx, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if path.Outcome != traceflow.TimedOut || !strings.Contains(path.Reason, "last seen on n1") {
+		t.Errorf("outcome %s %q", path.Outcome, path.Reason)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.n != 3 {
+		t.Errorf("%d injections, want 3", w.n)
+	}
+}
+
+func TestClusterAgentFailures(t *testing.T) {
+	w := newWire()
+	n1 := &fakeNode{name: "n1", wire: w, hasPod: true}
+	n2 := &fakeNode{name: "n2", wire: w}
+	d := serve(t, n1, n2)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+
+	bad := dir{"n1": {Node: "n1", URL: d["n1"].URL, Token: "wrong"}, "n2": d["n2"]}
+	_, err := (&Cluster{Agents: bad}).Trace(ctx, probe)
+	if !errors.Is(err, ErrUnauthorized) || !strings.Contains(err.Error(), "node n1") {
+		t.Errorf("wrong token: %v", err)
+	}
+
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	addr := ln.Addr().String()
+	ln.Close()
+	down := dir{"n1": d["n1"], "n2": {Node: "n2", URL: "http://" + addr, Token: "tok"}}
+	_, err = (&Cluster{Agents: down}).Trace(ctx, probe)
+	if err == nil || !strings.Contains(err.Error(), "node n2") || !strings.Contains(err.Error(), "unreachable") {
+		t.Errorf("agent down: %v", err)
+	}
+
+	// The source pod is not where the controller thinks it is.
+	wrong := probe
+	wrong.SourceNode = "n2"
+	_, err = (&Cluster{Agents: d}).Trace(ctx, wrong)
+	if !errors.Is(err, node.ErrPodNotOnNode) || !strings.Contains(err.Error(), "node n2") {
+		t.Errorf("pod not on node: %v", err)
+	}
+
+	// A node that fails to watch.
+	n3 := &fakeNode{name: "n3", wire: w, watchFn: func(context.Context) error { return errors.New("nft: no such file") }}
+	d3 := serve(t, n3)
+	d3["n1"] = d["n1"]
+	p := probe
+	p.Nodes = []string{"n1", "n3"}
+	_, err = (&Cluster{Agents: d3}).Trace(ctx, p)
+	if err == nil || !strings.Contains(err.Error(), "node n3") || !strings.Contains(err.Error(), "nft: no such file") {
+		t.Errorf("watch failure: %v", err)
+	}
+}
+
+func TestHandlerRefusesAndBounds(t *testing.T) {
+	n := &fakeNode{name: "n1", wire: newWire(), hasPod: true}
+	srv := httptest.NewServer(Handler(n, Info{Node: "n1"}, "tok", nil))
 	defer srv.Close()
-	ctx := func(d time.Duration) context.Context {
-		c, cancel := context.WithTimeout(context.Background(), d)
-		t.Cleanup(cancel)
-		return c
-	}
-	for _, v6 := range []bool{false, true} {
-		c := &Client{URL: srv.URL, Token: "s3cret"}
-		path, err := c.Trace(ctx(2*time.Second), probe(v6))
+	for _, tc := range []struct {
+		method, path, auth, body string
+		want                     int
+	}{
+		{"GET", InfoPath, "", "", 401},
+		{"GET", InfoPath, "Bearer nope", "", 401},
+		{"GET", InfoPath, "bearer tok", "", 401},
+		{"GET", InfoPath, "Bearer tok", "", 200},
+		{"POST", WatchPath, "Bearer tok", "{", 400},
+		{"POST", WatchPath, "Bearer tok", `{"probe":{},"timeout":"2h"}`, 400},
+		{"POST", InjectPath, "Bearer tok", `{"probe":`, 400},
+		{"GET", WatchPath, "Bearer tok", "", 405},
+	} {
+		req, _ := http.NewRequest(tc.method, srv.URL+tc.path, strings.NewReader(tc.body))
+		if tc.auth != "" {
+			req.Header.Set("Authorization", tc.auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got != probe(v6) {
-			t.Errorf("agent got %+v, want %+v", got, probe(v6))
-		}
-		if path.Outcome != traceflow.Delivered || len(path.Observations) != 1 || path.Observations[0].TranslatedDst.Port() != 8080 {
-			t.Errorf("path %+v", path)
+		resp.Body.Close()
+		if resp.StatusCode != tc.want {
+			t.Errorf("%s %s %q %q: %d, want %d", tc.method, tc.path, tc.auth, tc.body, resp.StatusCode, tc.want)
 		}
 	}
-	if _, err := (&Client{URL: srv.URL, Token: "wrong"}).Trace(ctx(time.Second), probe(false)); !errors.Is(err, ErrUnauthorized) {
-		t.Errorf("wrong token: %v", err)
+	c := &Client{Node: "n1", URL: srv.URL, Token: "tok"}
+	in, err := c.Info(context.Background())
+	if err != nil || in.Node != "n1" {
+		t.Errorf("info %+v %v", in, err)
 	}
-	if _, err := (&Client{URL: srv.URL}).Trace(ctx(time.Second), probe(false)); !errors.Is(err, ErrUnauthorized) {
-		t.Errorf("no token: %v", err)
-	}
-	if _, err := (&Client{URL: srv.URL, Token: "s3cret"}).Trace(context.Background(), probe(false)); err == nil {
-		t.Error("no deadline: want an error")
-	}
-	p := probe(true)
-	p.DstPort = 81
-	path, err := (&Client{URL: srv.URL, Token: "s3cret"}).Trace(ctx(200*time.Millisecond+time.Second), p)
-	if err != nil || path.Outcome != traceflow.TimedOut || !strings.Contains(path.Reason, "within") {
-		t.Errorf("timeout: %+v %v", path, err)
+	if _, err := c.Watch(context.Background(), probe); err == nil || !strings.Contains(err.Error(), "deadline") {
+		t.Errorf("watch without a deadline: %v", err)
 	}
 }
 
-func TestLoadToken(t *testing.T) {
-	t.Setenv(TokenEnv, "")
-	if _, err := LoadToken(""); err == nil {
-		t.Error("no token: want an error")
-	}
-	f := t.TempDir() + "/token"
-	if err := writeFile(f, "abc\n"); err != nil {
-		t.Fatal(err)
-	}
-	if tok, err := LoadToken(f); err != nil || tok != "abc" {
-		t.Errorf("file token %q %v", tok, err)
-	}
-	t.Setenv(TokenEnv, "env")
-	if tok, _ := LoadToken(f); tok != "env" {
-		t.Errorf("env token %q", tok)
-	}
+func TestHandlerPanicsWithoutToken(t *testing.T) {
+	defer func() {
+		if recover() == nil {
+			t.Error("no panic")
+		}
+	}()
+	Handler(&fakeNode{}, Info{}, "", nil)
 }
 
-func writeFile(path, s string) error { return os.WriteFile(path, []byte(s), 0o600) }
+func TestDirectoryPrefersIPv6(t *testing.T) {
+	v4, v6 := netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("fd00:10::1")
+	for _, tc := range []struct {
+		addrs []netip.Addr
+		ipv6  bool
+		want  string
+	}{
+		{[]netip.Addr{v4, v6}, true, "fd00:10::1"},
+		{[]netip.Addr{v4, v6}, false, "198.18.0.1"},
+		{[]netip.Addr{v4}, true, "198.18.0.1"},
+		{[]netip.Addr{v6}, true, "fd00:10::1"},
+	} {
+		got, ok := pick(tc.addrs, tc.ipv6)
+		if !ok || got.String() != tc.want {
+			t.Errorf("pick(%v, %v) = %v, want %s", tc.addrs, tc.ipv6, got, tc.want)
+		}
+	}
+	if _, ok := pick([]netip.Addr{v6}, false); ok {
+		t.Error("IPv6 picked with IPv6 disabled")
+	}
+	var m agentMap
+	if err := m.Set("n1=http://127.0.0.1:1,n2=https://[fd00:10::2]:9444"); err != nil || len(m) != 2 {
+		t.Errorf("agentMap %v %v", m, err)
+	}
+	for _, bad := range []string{"n1", "=http://x", "n1=ftp://x", "n1=http://"} {
+		if err := m.Set(bad); err == nil {
+			t.Errorf("agentMap accepted %q", bad)
+		}
+	}
+}
