@@ -22,6 +22,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"time"
 
 	"github.com/dualflow/dualflow/collector"
 	"github.com/dualflow/dualflow/collector/audit"
@@ -29,6 +30,7 @@ import (
 	"github.com/dualflow/dualflow/collector/store"
 	"github.com/dualflow/dualflow/netaddr"
 	"github.com/dualflow/dualflow/traceflow"
+	"github.com/dualflow/dualflow/traceflow/agent"
 	"github.com/dualflow/dualflow/web"
 	"github.com/dualflow/dualflow/web/api"
 )
@@ -39,6 +41,9 @@ type Config struct {
 	Web       WebConfig
 	// Traceflow configures the trace controller (timeouts, results kept).
 	Traceflow traceflow.Config
+	// TraceAgents says where the exporters' traceflow agents are and how
+	// to call them; traces go through them when it is enabled (a token).
+	TraceAgents agent.DirectoryConfig
 }
 
 // WebConfig configures the web UI and REST API.
@@ -62,18 +67,21 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	c.Web.Limits.BindFlags(fs)
 	fs.Var(&c.Web.AllowedHosts, "web.allowed-hosts", "host names the web answers to besides IP addresses and localhost, comma-separated (the names operators browse it by); other Host headers get 403 (DNS rebinding protection)")
 	fs.StringVar(&c.Web.TokensFile, "web.tokens-file", "", "bearer tokens file (\"token role [name]\" lines; roles viewer, operator); required to listen on a non-loopback address")
+	c.TraceAgents.BindFlags(fs)
+	fs.DurationVar(&c.Traceflow.Timeout, "traceflow.timeout", 3*time.Second, "default timeout of one family's trace")
 }
 
 // NodeTracer sends one traceflow probe and observes it on the nodes it
-// crosses (lab/tracer in the lab).
+// crosses: the exporters' agents (traceflow/agent.Cluster).
 type NodeTracer interface {
 	Trace(ctx context.Context, p traceflow.Probe) (traceflow.Path, error)
 }
 
 // Options are the parts an App does not build itself.
 type Options struct {
-	// NodeTracer runs traces. nil: the traceflow routes answer 501 (a
-	// collector on a cluster has no node agents to inject probes yet).
+	// NodeTracer runs traces. nil: the node agents of
+	// Config.TraceAgents, or, when that is not enabled, the traceflow
+	// routes answer 501.
 	NodeTracer NodeTracer
 }
 
@@ -157,6 +165,15 @@ func (a *App) buildWeb(opts Options) error {
 	}
 	if e, ok := c.Conn().(*store.Embedded); ok {
 		cfg.SQL = api.EngineSQL{Engine: e.DB(), Database: db}
+	}
+	if opts.NodeTracer == nil && a.cfg.TraceAgents.Enabled() {
+		ac := a.cfg.TraceAgents
+		ac.DisableIPv6 = !a.cfg.Collector.K8s.EnableIPv6
+		dir, err := agent.NewDirectory(ac, nodeView{c})
+		if err != nil {
+			return fmt.Errorf("traceflow agents: %w", err)
+		}
+		opts.NodeTracer = &agent.Cluster{Agents: dir, Policies: resolver{c: c}}
 	}
 	if opts.NodeTracer != nil {
 		tcfg := a.cfg.Traceflow

@@ -2,10 +2,16 @@ package app
 
 import (
 	"fmt"
+	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/dualflow/dualflow/collector"
 	"github.com/dualflow/dualflow/collector/enrich"
@@ -95,7 +101,122 @@ func (r resolver) Resolve(req traceflow.Request, f traceflow.Family) (traceflow.
 			p.DstPod = dp.Namespace + "/" + dp.Name
 		}
 	}
+	r.targets(e, &p, v)
 	return p, nil
+}
+
+// targets fills where the probe may be delivered (the destination pod,
+// or the Service's ready endpoints of the family, from its EndpointSlice
+// of that family) and the nodes to watch: the source node and the
+// targets'. A destination the view cannot place is watched on every node.
+func (r resolver) targets(e *enrich.Enricher, p *traceflow.Probe, v uint8) {
+	p.Nodes = []string{p.SourceNode}
+	add := func(a netip.Addr, pod, node string) {
+		p.Targets = append(p.Targets, traceflow.Target{Addr: a, Pod: pod})
+		if node != "" && !slices.Contains(p.Nodes, node) {
+			p.Nodes = append(p.Nodes, node)
+		}
+	}
+	switch {
+	case p.DstPod != "":
+		ns, name, _ := strings.Cut(p.DstPod, "/")
+		if dp, ok := e.Pod(ns, name); ok {
+			add(p.Dst, p.DstPod, dp.NodeName)
+		}
+	case p.Service != "":
+		ns, name, _ := strings.Cut(p.Service, "/")
+		at := discoveryv1.AddressTypeIPv4
+		if v == 6 {
+			at = discoveryv1.AddressTypeIPv6
+		}
+		for _, es := range e.EndpointSlices(ns, name) {
+			if es.AddressType != at {
+				continue
+			}
+			for _, ep := range es.Endpoints {
+				if !ep.Ready {
+					continue
+				}
+				for _, a := range ep.Addrs {
+					pod := ""
+					if ep.Pod.Name != "" {
+						pod = ep.Pod.Namespace + "/" + ep.Pod.Name
+					}
+					add(a, pod, ep.NodeName)
+				}
+			}
+		}
+	}
+	if len(p.Targets) == 0 {
+		p.Targets = []traceflow.Target{{Addr: p.Dst}}
+		p.Nodes = nil // unplaced: every node watches
+	}
+}
+
+// IsolatingPolicies implements traceflow/agent.PolicyNamer from the live
+// view: the policies of the pod's namespace that select it and have the
+// direction among their policyTypes.
+func (r resolver) IsolatingPolicies(namespace, pod, direction string) []string {
+	e := r.c.Enricher()
+	if e == nil {
+		return nil
+	}
+	p, ok := e.Pod(namespace, pod)
+	if !ok {
+		return nil
+	}
+	want := networkingv1.PolicyTypeIngress
+	if direction == "egress" {
+		want = networkingv1.PolicyTypeEgress
+	}
+	var out []string
+	for _, np := range e.NetworkPolicies(namespace) {
+		if !slices.Contains(policyTypes(np), want) {
+			continue
+		}
+		sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
+		if err != nil || !sel.Matches(labels.Set(p.Labels)) {
+			continue
+		}
+		out = append(out, np.Namespace+"/"+np.Name)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// policyTypes are the policy's types, defaulted as the API does: Ingress,
+// plus Egress when it has egress rules.
+func policyTypes(np *networkingv1.NetworkPolicy) []networkingv1.PolicyType {
+	if len(np.Spec.PolicyTypes) > 0 {
+		return np.Spec.PolicyTypes
+	}
+	t := []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}
+	if len(np.Spec.Egress) > 0 {
+		t = append(t, networkingv1.PolicyTypeEgress)
+	}
+	return t
+}
+
+// nodeView gives the agent directory the nodes of the live view.
+type nodeView struct{ c *collector.Collector }
+
+func (v nodeView) NodeAddrs(node string) ([]netip.Addr, bool) {
+	e := v.c.Enricher()
+	if e == nil {
+		return nil, false
+	}
+	n, ok := e.Node(node)
+	if !ok {
+		return nil, false
+	}
+	return n.InternalIPs, true
+}
+
+func (v nodeView) NodeNames() []string {
+	if e := v.c.Enricher(); e != nil {
+		return e.NodeNames()
+	}
+	return nil
 }
 
 func hasServicePort(svc *enrich.Service, proto traceflow.Protocol, port uint16) bool {

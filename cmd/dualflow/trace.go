@@ -24,16 +24,18 @@ var errFamilyMissing = errors.New("a requested family did not arrive")
 
 func runTrace(ctx context.Context, args []string) error {
 	fs := newFlagSet("trace", "-s ns/pod -d DEST [flags]",
-		"Inject a probe at a pod and print its path per IP family, side by side: in the running lab of\n"+
-			"--state-dir, or through a collector's REST API with --server URL (an operator token).\n"+
+		"Inject a probe at a pod and print its path per IP family, side by side, through a collector's\n"+
+			"REST API (--server URL, an operator token): the collector resolves the names in its live\n"+
+			"Kubernetes view and traces through the exporters' node agents. Without --server, the REST API\n"+
+			"of the demo running on the lab of --state-dir.\n"+
 			"DEST is pod:ns/name:PORT (or ns/name:PORT), svc:ns/name:PORT or ip:ADDR[:PORT] ([v6]:PORT).\n"+
 			"Exits non-zero when a requested family does not arrive (dropped, no address, timeout).")
 	var (
-		src, dst, proto, family, inventory, stateDir string
-		sport                                        uint
-		flags, ttl                                   uint
-		timeout                                      time.Duration
-		asJSON, live, droppedOnly                    bool
+		src, dst, proto, family, stateDir string
+		sport                             uint
+		flags, ttl                        uint
+		timeout                           time.Duration
+		asJSON, live, droppedOnly         bool
 	)
 	fs.StringVar(&src, "s", "", "source pod namespace/name")
 	fs.StringVar(&dst, "d", "", "destination (pod:ns/name:port, svc:ns/name:port, ip:addr:port)")
@@ -43,8 +45,7 @@ func runTrace(ctx context.Context, args []string) error {
 	fs.UintVar(&flags, "tcp-flags", 0, "TCP flags (default 0x02, SYN)")
 	fs.UintVar(&ttl, "ttl", 0, "TTL / hop limit (default 64)")
 	fs.DurationVar(&timeout, "timeout", 3*time.Second, "per-family timeout")
-	fs.StringVar(&inventory, "inventory", "", "resolve names in this manifest instead of the lab's own")
-	fs.StringVar(&stateDir, "state-dir", labcmd.DefaultStateDir, "state directory of the running lab")
+	fs.StringVar(&stateDir, "state-dir", labcmd.DefaultStateDir, "without --server: the state directory of a running demo, whose REST API is used")
 	fs.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	fs.BoolVar(&live, "live", false, "trace the next real connection instead of injecting a probe (kernel datapath)")
 	fs.BoolVar(&droppedOnly, "dropped-only", false, "with --live: skip delivered connections, report the next dropped one")
@@ -68,7 +69,7 @@ func runTrace(ctx context.Context, args []string) error {
 		SrcPort: uint16(sport), TCPFlags: uint8(flags), TTL: uint8(ttl), Timeout: traceflow.Duration(timeout),
 		LiveTraffic: live, DroppedOnly: droppedOnly}
 
-	res, err := traceHere(ctx, req, &srv, stateDir, inventory)
+	res, err := traceThrough(ctx, req, &srv, stateDir)
 	if err != nil {
 		return err
 	}
@@ -89,24 +90,28 @@ func runTrace(ctx context.Context, args []string) error {
 	return nil
 }
 
-// traceHere runs req through a collector's REST API (--server: POST
-// /api/v1/traceflows?wait=true, an operator token), or in the lab of
-// stateDir.
-func traceHere(ctx context.Context, req traceflow.Request, srv *serverFlags, stateDir, inventory string) (traceflow.Result, error) {
+// traceThrough runs req through a collector's REST API (--server: POST
+// /api/v1/traceflows?wait=true, an operator token), by default the one of
+// the demo running on the lab of stateDir.
+func traceThrough(ctx context.Context, req traceflow.Request, srv *serverFlags, stateDir string) (traceflow.Result, error) {
+	if srv.url == "" {
+		u, err := labcmd.DemoWebURL(stateDir)
+		if err != nil {
+			return traceflow.Result{}, fmt.Errorf("trace: no --server, and %w", err)
+		}
+		srv.url = u
+	}
 	c, err := srv.client()
 	if err != nil {
 		return traceflow.Result{}, err
 	}
-	if c != nil {
-		body, err := json.Marshal(req)
-		if err != nil {
-			return traceflow.Result{}, err
-		}
-		var res traceflow.Result
-		err = c.do(ctx, http.MethodPost, "/traceflows", url.Values{"wait": {"true"}}, bytes.NewReader(body), &res)
-		return res, err
+	body, err := json.Marshal(req)
+	if err != nil {
+		return traceflow.Result{}, err
 	}
-	return labCommands().Trace(ctx, req, stateDir, inventory)
+	var res traceflow.Result
+	err = c.do(ctx, http.MethodPost, "/traceflows", url.Values{"wait": {"true"}}, bytes.NewReader(body), &res)
+	return res, err
 }
 
 func parseProtocol(s string) traceflow.Protocol {

@@ -36,6 +36,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -527,6 +528,18 @@ func (e *Enricher) Node(name string) (*Node, bool) {
 	defer e.x.mu.RUnlock()
 	n, ok := e.x.nodes[name]
 	return n, ok
+}
+
+// NodeNames returns the names of the live nodes, sorted.
+func (e *Enricher) NodeNames() []string {
+	e.x.mu.RLock()
+	out := make([]string, 0, len(e.x.nodes))
+	for n := range e.x.nodes {
+		out = append(out, n)
+	}
+	e.x.mu.RUnlock()
+	slices.Sort(out)
+	return out
 }
 
 // Zone returns the zone of node name ("" if unknown). A deleted node's

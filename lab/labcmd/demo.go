@@ -2,14 +2,19 @@ package labcmd
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -21,7 +26,6 @@ import (
 	"github.com/dualflow/dualflow/exporter"
 	"github.com/dualflow/dualflow/lab"
 	"github.com/dualflow/dualflow/lab/manifest"
-	"github.com/dualflow/dualflow/lab/tracer"
 )
 
 // demoIPFIXPort is the loopback port the demo's exporters send to, unless
@@ -91,82 +95,20 @@ listener takes it.`)
 		}
 	}()
 
-	// The product runs as on a cluster, with the lab's Kubernetes objects
-	// as its inventory (reloaded if the lab changes them), IPFIX from the
-	// exporters (see demoListeners), and the lab's node tracer to inject
-	// traceflow probes.
-	cfg.K8s = enrich.NewConfig()
-	cfg.K8s.Source = enrich.SourceInventory
-	cfg.K8s.Inventory = []string{l.ManifestPath()}
-	tr, err := tracer.NewTracer(l, tracer.Inventory{M: l.Manifest})
+	// The product runs as on a cluster (see StartProduct).
+	p, err := StartProduct(ctx, l, acfg, ProductOptions{ActiveTimeout: *activeTimeout, Logger: log})
 	if err != nil {
 		return err
 	}
-	a, err := app.New(ctx, acfg, log, app.Options{NodeTracer: tr})
-	if err != nil {
-		return err
-	}
-	// The product outlives the signal until the exporters have flushed.
-	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
-	defer stop()
-	done := make(chan error, 1)
-	go func() { done <- a.Run(runCtx) }()
-	select {
-	case <-a.Ready():
-	case err := <-done:
-		return err
-	case <-ctx.Done():
-		stop()
-		return <-done
-	}
-
-	// One exporter per node, reading the node's conntrack (or OVS), sending
-	// over IPv6 when the lab has IPv6 (as a dual-stack node would).
+	a := p.App
 	mode := l.Mode()
-	collectorAddr, transport, err := demoTarget(a.Collector().IPFIXAddrs(), mode.Has(corev1.IPv6Protocol))
-	if err != nil {
-		stop()
-		return errors.Join(err, <-done)
+	// `dualflow trace` without --server finds the REST API here.
+	urlFile := filepath.Join(labCfg.StateDir, webURLFile)
+	if err := os.WriteFile(urlFile, []byte(a.WebURL()+"\n"), 0o644); err != nil {
+		log.Warn("writing the web URL for dualflow trace", "err", err)
 	}
-	// Exporters stop first at shutdown and flush their last records to the
-	// collector, which is still running then.
-	expCtx, stopExporters := context.WithCancel(ctx)
-	defer stopExporters()
-	exporters := make(chan error, len(l.Manifest.Nodes))
-	started := 0
-	// abort stops what runs after a failed start: the exporters started,
-	// then the product (which flushes the store).
-	abort := func(err error) error {
-		stopExporters()
-		for range started {
-			<-exporters
-		}
-		stop()
-		return errors.Join(err, <-done)
-	}
-	for _, n := range l.Manifest.Nodes {
-		ecfg := exporter.NewConfig()
-		ecfg.NodeName, ecfg.MetricsAddr, ecfg.Logger = n.Name, "", log.With("exporter", n.Name)
-		ecfg.IPv4, ecfg.IPv6 = mode.Has(corev1.IPv4Protocol), mode.Has(corev1.IPv6Protocol)
-		ecfg.NetNS = l.NodeNetNSPath(n.Name)
-		if labCfg.Datapath == lab.DatapathOVS {
-			ecfg.Source = exporter.SourceOVS
-			ecfg.OVS.RunDir, ecfg.OVS.RulesFile = l.OVSDir(n.Name), l.OVSRulesPath()
-		}
-		ecfg.PollInterval = 2 * time.Second
-		ecfg.Store.ActiveTimeout, ecfg.Store.IdleTimeout = *activeTimeout, 5*time.Second
-		ecfg.IPFIX.Address, ecfg.IPFIX.Transport = collectorAddr, transport
-		ecfg.SetDefaults()
-		if err := ecfg.Validate(); err != nil {
-			return abort(fmt.Errorf("exporter %s: %w", n.Name, err))
-		}
-		e, err := exporter.New(ecfg)
-		if err != nil {
-			return abort(fmt.Errorf("exporter %s: %w", n.Name, err))
-		}
-		started++
-		go func() { exporters <- e.Run(expCtx) }()
-	}
+	defer os.Remove(urlFile)
+	collectorAddr, transport := p.IPFIXTarget, p.IPFIXTransport
 
 	abs, _ := filepath.Abs(cfg.Store.DataDir)
 	st := cfg.Store
@@ -184,28 +126,22 @@ dualflow is running: lab mode %[4]s (%[5]s datapath), %[6]d nodes, exporters on 
   Lab              bin/dualflow lab status
   Audit            bin/dualflow audit findings --server %[10]s
   Traceflow        bin/dualflow trace --server %[10]s -s frontend/%[8]s -d svc:backend/api:80 --family dual
+                   (through the exporters' node agents: %[13]s)
 Flows appear within about %[9]s. Press Ctrl-C to stop and remove the lab.
 
-`, a.Collector().HTTPAddr(), abs, a.Collector().MetricsAddr(), mode, labCfg.Datapath, len(l.Manifest.Nodes), l.ManifestPath(), webPod(l), *activeTimeout+5*time.Second, a.WebURL(), usersFile, transport+" "+collectorAddr)
+`, a.Collector().HTTPAddr(), abs, a.Collector().MetricsAddr(), mode, labCfg.Datapath, len(l.Manifest.Nodes), l.ManifestPath(), webPod(l), *activeTimeout+5*time.Second, a.WebURL(), usersFile, transport+" "+collectorAddr, agentList(p.Agents))
 
-	var runErr error
-	productDone := false
-	select {
-	case runErr = <-done:
-		productDone = true
-	case <-ctx.Done():
+	return p.Run(ctx)
+}
+
+// agentList is "node-1 URL, node-2 URL".
+func agentList(m map[string]string) string {
+	var out []string
+	for n, u := range m {
+		out = append(out, n+" "+u)
 	}
-	stopExporters()
-	for range l.Manifest.Nodes {
-		if err := <-exporters; err != nil && !errors.Is(err, context.Canceled) {
-			log.Error("exporter", "err", err)
-		}
-	}
-	stop()
-	if !productDone {
-		runErr = <-done
-	}
-	return runErr
+	slices.Sort(out)
+	return strings.Join(out, ", ")
 }
 
 // webPod names the first web pod of the lab, for the trace example.
@@ -270,4 +206,192 @@ func demoTarget(bound map[string][]net.Addr, ipv6 bool) (addr, transport string,
 		}
 	}
 	return "", "", errors.New("demo: no TCP or UDP IPFIX listener for the lab's exporters")
+}
+
+// ProductOptions tune StartProduct.
+type ProductOptions struct {
+	// ActiveTimeout is the exporters' active timeout (default 10s).
+	ActiveTimeout time.Duration
+	Logger        *slog.Logger
+	// AgentURLs override the controller's URL of some nodes' agents, and
+	// ControllerTokenFile its token file (tests of an agent that is down,
+	// or that refuses the controller's token).
+	AgentURLs           map[string]string
+	ControllerTokenFile string
+}
+
+// Product is the product running on a lab: the app (collector, store, web
+// and REST API, traceflow controller) and one exporter per lab node, each
+// serving its node's traceflow agent.
+type Product struct {
+	App *app.App
+	// IPFIXTarget and IPFIXTransport are where the exporters send.
+	IPFIXTarget, IPFIXTransport string
+	// Agents are the traceflow agents' URLs by node.
+	Agents map[string]string
+
+	stop      context.CancelFunc // the app
+	done      chan error         // the app's Run
+	stopExp   context.CancelFunc
+	exporters chan error
+	started   int
+	log       *slog.Logger
+}
+
+// StartProduct runs the product as on a cluster next to lab l: the app
+// configured by cfg with the lab's Kubernetes objects as its inventory
+// (reloaded when the lab changes them), and one exporter per lab node
+// reading the node's conntrack (or OVS) and sending IPFIX to the app,
+// each serving the node's traceflow agent (on loopback, with a token) that
+// the app's traceflow controller reaches through --traceflow.agents.
+// Nothing lab-specific is added to the product: the same flags drive it
+// on a cluster. Stop stops it all.
+func StartProduct(ctx context.Context, l *lab.Lab, cfg app.Config, opts ProductOptions) (*Product, error) {
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	if opts.ActiveTimeout == 0 {
+		opts.ActiveTimeout = 10 * time.Second
+	}
+	cfg.Collector.K8s = enrich.NewConfig()
+	cfg.Collector.K8s.Source = enrich.SourceInventory
+	cfg.Collector.K8s.Inventory = []string{l.ManifestPath()}
+
+	// The traceflow agents: a token shared with the controller, and one
+	// loopback listener per node, bound now so the app knows the URLs.
+	tokenFile, err := writeToken(l)
+	if err != nil {
+		return nil, err
+	}
+	p := &Product{Agents: map[string]string{}, log: log}
+	listeners := map[string]net.Listener{}
+	closeAll := func() {
+		for _, ln := range listeners {
+			ln.Close()
+		}
+	}
+	for _, n := range l.Manifest.Nodes {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			closeAll()
+			return nil, fmt.Errorf("traceflow agent of %s: %w", n.Name, err)
+		}
+		listeners[n.Name] = ln
+		p.Agents[n.Name] = "http://" + ln.Addr().String()
+	}
+	cfg.TraceAgents.TokenFile, cfg.TraceAgents.Static = tokenFile, maps.Clone(p.Agents)
+	maps.Copy(cfg.TraceAgents.Static, opts.AgentURLs)
+	if opts.ControllerTokenFile != "" {
+		cfg.TraceAgents.TokenFile = opts.ControllerTokenFile
+	}
+	a, err := app.New(ctx, cfg, log, app.Options{})
+	if err != nil {
+		closeAll()
+		return nil, err
+	}
+	p.App = a
+	// The product outlives the signal until the exporters have flushed.
+	runCtx, stop := context.WithCancel(context.WithoutCancel(ctx))
+	p.stop, p.done = stop, make(chan error, 1)
+	go func() { p.done <- a.Run(runCtx) }()
+	select {
+	case <-a.Ready():
+	case err := <-p.done:
+		closeAll()
+		return nil, err
+	case <-ctx.Done():
+		closeAll()
+		stop()
+		return nil, errors.Join(ctx.Err(), <-p.done)
+	}
+
+	// One exporter per node, sending over IPv6 when the lab has IPv6 (as
+	// a dual-stack node would).
+	mode := l.Mode()
+	p.IPFIXTarget, p.IPFIXTransport, err = demoTarget(a.Collector().IPFIXAddrs(), mode.Has(corev1.IPv6Protocol))
+	if err != nil {
+		closeAll()
+		stop()
+		return nil, errors.Join(err, <-p.done)
+	}
+	nftBin, _ := lab.NFTPath() // the OVS datapath does without
+	// ctx bounds the start only: Stop ends them.
+	expCtx, stopExporters := context.WithCancel(context.WithoutCancel(ctx))
+	p.stopExp, p.exporters = stopExporters, make(chan error, len(l.Manifest.Nodes))
+	for _, n := range l.Manifest.Nodes {
+		ecfg := exporter.NewConfig()
+		ecfg.NodeName, ecfg.MetricsAddr, ecfg.Logger = n.Name, "", log.With("exporter", n.Name)
+		ecfg.IPv4, ecfg.IPv6 = mode.Has(corev1.IPv4Protocol), mode.Has(corev1.IPv6Protocol)
+		ecfg.NetNS = l.NodeNetNSPath(n.Name)
+		if l.State().Datapath == lab.DatapathOVS {
+			ecfg.Source = exporter.SourceOVS
+			ecfg.OVS.RunDir, ecfg.OVS.RulesFile = l.OVSDir(n.Name), l.OVSRulesPath()
+		}
+		ecfg.PollInterval = 2 * time.Second
+		ecfg.Store.ActiveTimeout, ecfg.Store.IdleTimeout = opts.ActiveTimeout, 5*time.Second
+		ecfg.IPFIX.Address, ecfg.IPFIX.Transport = p.IPFIXTarget, p.IPFIXTransport
+		ecfg.Traceflow.Listener, ecfg.Traceflow.TokenFile, ecfg.Traceflow.NFT = listeners[n.Name], tokenFile, nftBin
+		delete(listeners, n.Name) // the exporter owns it now
+		ecfg.SetDefaults()
+		if err := ecfg.Validate(); err != nil {
+			closeAll()
+			return nil, errors.Join(fmt.Errorf("exporter %s: %w", n.Name, err), p.Stop())
+		}
+		e, err := exporter.New(ecfg)
+		if err != nil {
+			closeAll()
+			return nil, errors.Join(fmt.Errorf("exporter %s: %w", n.Name, err), p.Stop())
+		}
+		p.started++
+		go func() { p.exporters <- e.Run(expCtx) }()
+	}
+	return p, nil
+}
+
+// writeToken writes a fresh random traceflow token to the lab's state
+// directory (mode 0600) and returns its path.
+func writeToken(l *lab.Lab) (string, error) {
+	b := make([]byte, 24)
+	if _, err := rand.Read(b); err != nil {
+		return "", err
+	}
+	f := filepath.Join(filepath.Dir(l.ManifestPath()), "traceflow-token")
+	if err := os.WriteFile(f, []byte(hex.EncodeToString(b)+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("traceflow token: %w", err)
+	}
+	return f, nil
+}
+
+// Run waits until ctx ends or the app stops by itself, then stops
+// everything.
+func (p *Product) Run(ctx context.Context) error {
+	select {
+	case err := <-p.done:
+		p.done <- err // for Stop
+	case <-ctx.Done():
+	}
+	return p.Stop()
+}
+
+// Stop stops the exporters (they flush their last records to the
+// collector, still running), then the app.
+func (p *Product) Stop() error {
+	if p.stopExp != nil {
+		p.stopExp()
+	}
+	var errs []error
+	for range p.started {
+		if err := <-p.exporters; err != nil && !errors.Is(err, context.Canceled) {
+			p.log.Error("exporter", "err", err)
+			errs = append(errs, err)
+		}
+	}
+	p.started = 0
+	if p.stop != nil {
+		p.stop()
+		errs = append(errs, <-p.done)
+		p.stop = nil
+	}
+	return errors.Join(errs...)
 }

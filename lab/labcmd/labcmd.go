@@ -1,21 +1,18 @@
 // Package labcmd is the lab side of the dualflow binary: `dualflow lab`,
-// `dualflow demo` (the product of package app, next to a lab, the lab's
-// exporters and its node tracer) and the in-lab mode of `dualflow trace`.
+// `dualflow demo` (the product, package app and one exporter per lab node,
+// next to a lab) and the demo's address for `dualflow trace`.
 // cmd/dualflow hands them the binary's flag-set style and version; no
 // product package imports the lab.
 package labcmd
 
 import (
-	"context"
 	"flag"
 	"fmt"
 	"os"
-	"time"
+	"path/filepath"
+	"strings"
 
 	"github.com/dualflow/dualflow/lab"
-	"github.com/dualflow/dualflow/lab/manifest"
-	"github.com/dualflow/dualflow/lab/tracer"
-	"github.com/dualflow/dualflow/traceflow"
 )
 
 // DefaultStateDir is where a running lab keeps its state.
@@ -30,31 +27,16 @@ type Commands struct {
 	NewFlagSet func(name, synopsis, help string) *flag.FlagSet
 }
 
-// Trace runs req in the running lab of stateDir, resolving names in its
-// manifest or in the manifest file inventory.
-func (lc *Commands) Trace(ctx context.Context, req traceflow.Request, stateDir, inventory string) (traceflow.Result, error) {
-	l, err := lab.Open(stateDir, lab.Config{})
+// webURLFile, in a lab's state directory, holds the web URL of the demo
+// running on it.
+const webURLFile = "web-url"
+
+// DemoWebURL returns the web URL of the demo running on the lab of
+// stateDir.
+func DemoWebURL(stateDir string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(stateDir, webURLFile))
 	if err != nil {
-		return traceflow.Result{}, err
+		return "", fmt.Errorf("no demo running on the lab of %s (start `dualflow demo`, or pass --server): %w", stateDir, err)
 	}
-	inv := tracer.Inventory{M: l.Manifest}
-	if inventory != "" {
-		f, err := os.Open(inventory)
-		if err != nil {
-			return traceflow.Result{}, fmt.Errorf("inventory: %w", err)
-		}
-		m, err := manifest.Decode(f)
-		f.Close()
-		if err != nil {
-			return traceflow.Result{}, fmt.Errorf("inventory: %w", err)
-		}
-		inv.M = m
-	}
-	tr, err := tracer.NewTracer(l, inv)
-	if err != nil {
-		return traceflow.Result{}, err
-	}
-	c := traceflow.New(traceflow.Config{MaxTimeout: time.Hour}, tr, inv, nil)
-	defer c.Close()
-	return c.Trace(ctx, req)
+	return strings.TrimSpace(string(b)), nil
 }

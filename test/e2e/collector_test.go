@@ -20,7 +20,6 @@ import (
 
 	"github.com/dualflow/dualflow/collector"
 	"github.com/dualflow/dualflow/collector/ipfix"
-	"github.com/dualflow/dualflow/collector/store/chdb"
 	"github.com/dualflow/dualflow/exporter"
 	"github.com/dualflow/dualflow/flow"
 	"github.com/dualflow/dualflow/lab"
@@ -40,13 +39,8 @@ import (
 // process at a time, and the labs' addresses are the same in every mode.
 func TestCollector(t *testing.T) {
 	requirePrereqs(t)
-	if _, err := chdb.FindLibrary(""); err != nil {
-		if os.Getenv("DUALFLOW_E2E") == "1" {
-			t.Fatalf("libchdb: %v (run make deps)", err)
-		}
-		t.Skip("libchdb not available (make deps)")
-	}
-	dataDir := filepath.Join(t.TempDir(), "data")
+	requireCHDB(t)
+	dataDir := sharedDataDir(t)
 	for _, mode := range manifest.Modes {
 		t.Run(string(mode), func(t *testing.T) {
 			record(t, mode)

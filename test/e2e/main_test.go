@@ -43,6 +43,7 @@ func TestMain(m *testing.M) {
 		sweepDeadRuns()
 	}
 	code := m.Run()
+	removeSharedDataDir()
 	printSummary()
 	os.Exit(code)
 }

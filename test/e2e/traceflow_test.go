@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -22,29 +23,23 @@ import (
 	labagent "github.com/dualflow/dualflow/lab/agent"
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/lab/nft"
-	"github.com/dualflow/dualflow/lab/tracer"
+	"github.com/dualflow/dualflow/lab/labcmd"
 	"github.com/dualflow/dualflow/traceflow"
-	"github.com/dualflow/dualflow/traceflow/agent"
 )
 
-// traceEnv is one lab with a traceflow controller on it.
+// traceEnv is one lab with the product on it: every trace goes through the
+// REST API, the controller and the exporters' node agents.
 type traceEnv struct {
 	l               *lab.Lab
 	mode            manifest.Mode
-	c               *traceflow.Controller
+	base            string // the web's URL
 	web, api, probe map[int]*corev1.Pod
 }
 
 func newTraceEnv(t *testing.T, l *lab.Lab, mode manifest.Mode) *traceEnv {
 	t.Helper()
-	inv := tracer.Inventory{M: l.Manifest}
-	tr := &agent.Cluster{Agents: startNodeAgents(t, l, "e2e-token"), Policies: inventoryPolicies{inv}}
-	// A delivered or dropped probe ends as soon as it is seen; the timeout
-	// only bounds what never arrives, so it is generous: a dozen traces at
-	// once on a loaded 2-core machine take seconds to set up.
-	c := traceflow.New(traceflow.Config{Timeout: 10 * time.Second}, tr, inv, nil)
-	t.Cleanup(func() { c.Close() })
-	e := &traceEnv{l: l, mode: mode, c: c, web: map[int]*corev1.Pod{}, api: map[int]*corev1.Pod{}, probe: map[int]*corev1.Pod{}}
+	_, base := startProduct(t, l)
+	e := &traceEnv{l: l, mode: mode, base: base, web: map[int]*corev1.Pod{}, api: map[int]*corev1.Pod{}, probe: map[int]*corev1.Pod{}}
 	for i := 1; i <= 2; i++ {
 		for _, x := range []struct {
 			m       map[int]*corev1.Pod
@@ -65,28 +60,29 @@ func ref(p *corev1.Pod) string { return p.Namespace + "/" + p.Name }
 // family is the request family covering the lab's mode.
 func (e *traceEnv) family() traceflow.Family { return traceflow.Family(e.mode) }
 
-// trace runs req (family defaulted to the mode's) and checks the result is
-// final and has one result per requested family.
+// trace runs req (family defaulted to the mode's) through the REST API and
+// checks the result is final, has one result per requested family, and is
+// what GET /api/v1/traceflows/{id} answers too.
 func (e *traceEnv) trace(t *testing.T, req traceflow.Request) traceflow.Result {
 	t.Helper()
 	if req.Family == "" {
 		req.Family = e.family()
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	res, err := e.c.Trace(ctx, req)
+	res, _, err := restTrace(ctx, e.base, req)
 	if err != nil {
 		t.Fatalf("trace %s -> %s: %v", req.Source, req.Destination, err)
 	}
 	if res.Phase == traceflow.Running {
-		t.Fatalf("trace %s still running after Wait", res.ID)
+		t.Fatalf("trace %s still running after ?wait=true", res.ID)
 	}
 	if len(res.Families) != len(req.Family.Families()) {
 		t.Fatalf("got %d family results, want %d", len(res.Families), len(req.Family.Families()))
 	}
-	got, _ := e.c.Get(res.ID)
-	if got.Phase != res.Phase {
-		t.Errorf("Get phase %s, Wait phase %s", got.Phase, res.Phase)
+	got, err := restWait(ctx, e.base, res.ID)
+	if err != nil || got.Phase != res.Phase {
+		t.Errorf("GET phase %s (%v), POST phase %s", got.Phase, err, res.Phase)
 	}
 	return res
 }
@@ -95,9 +91,9 @@ func (e *traceEnv) trace(t *testing.T, req traceflow.Request) traceflow.Result {
 // 150 ms until it ends, and returns its result.
 func (e *traceEnv) traceLive(t *testing.T, req traceflow.Request, from *corev1.Pod, to netip.AddrPort) traceflow.Result {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	id, err := e.c.Start(ctx, req)
+	id, err := restStart(ctx, e.base, req)
 	if err != nil {
 		t.Fatalf("live trace: %v", err)
 	}
@@ -115,7 +111,7 @@ func (e *traceEnv) traceLive(t *testing.T, req traceflow.Request, from *corev1.P
 			}
 		}
 	})
-	res, err := e.c.Wait(ctx, id)
+	res, err := restWait(ctx, e.base, id)
 	close(stop)
 	wg.Wait()
 	if err != nil {
@@ -450,20 +446,14 @@ func benchTraceDual(b *testing.B, datapath string) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	inv := tracer.Inventory{M: l.Manifest}
-	tr, err := tracer.NewTracer(l, inv)
-	if err != nil {
-		b.Fatal(err)
-	}
-	c := traceflow.New(traceflow.Config{}, tr, inv, nil)
-	defer c.Close()
+	_, base := startProduct(b, l)
 	web, _ := l.PodOn(manifest.NSFrontend, "web", 1)
 	req := traceflow.Request{Source: ref(web), Destination: traceflow.Destination{Service: "backend/api", Port: 80}, Family: traceflow.Dual}
 	var took []time.Duration
 	b.ReportAllocs()
 	for b.Loop() {
 		start := time.Now()
-		res, err := c.Trace(ctx, req)
+		res, _, err := restTrace(ctx, base, req)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -475,12 +465,14 @@ func benchTraceDual(b *testing.B, datapath string) {
 	slices.Sort(took)
 	med := took[len(took)/2]
 	b.ReportMetric(float64(med.Microseconds())/1000, "ms/median")
+	b.ReportMetric(float64(took[len(took)*95/100].Microseconds())/1000, "ms/p95")
 	if med > time.Second {
 		b.Errorf("median dual trace %v, want under 1s", med)
 	}
 }
 
-// TestTraceCLI runs `dualflow trace` against a running lab's state dir:
+// TestTraceCLI runs `dualflow trace` against the REST API of the product
+// running on a lab (found through the lab's state dir, as for the demo):
 // both families side by side, exit 0 when both arrive, non-zero with a
 // clear reason when one family has no address (backend/api-single).
 func TestTraceCLI(t *testing.T) {
@@ -488,7 +480,12 @@ func TestTraceCLI(t *testing.T) {
 	recordAs(t, "dual/trace-cli")
 	bin := buildBinary(t)
 	l := startLab(t, manifest.ModeDual)
+	_, base := startProduct(t, l)
+	// What the demo writes for `dualflow trace` without --server.
 	dir := filepath.Dir(l.ManifestPath())
+	if err := os.WriteFile(filepath.Join(dir, "web-url"), []byte(base+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	web, err := l.PodOn(manifest.NSFrontend, "web", 1)
 	if err != nil {
 		t.Fatal(err)
@@ -514,66 +511,65 @@ func TestTraceCLI(t *testing.T) {
 	if !strings.Contains(out, "service backend/api-single has no IPv6 ClusterIP") || !strings.Contains(out, "=> DELIVERED") {
 		t.Errorf("want IPv4 delivered and a clear IPv6 reason:\n%s", out)
 	}
-	out, err = run("-d", "pod:"+ref(web)+":8080", "--family", "ipv6", "--json")
+	out, err = run("-d", "pod:"+ref(web)+":8080", "--family", "ipv6", "--json", "--server", base)
 	var res traceflow.Result
 	if err != nil || json.Unmarshal([]byte(out), &res) != nil || res.Phase != traceflow.Succeeded {
 		t.Errorf("--json: %v\n%s", err, out)
 	}
 }
 
-// TestTraceflowAgent checks the failures of the agent API: a wrong token
-// is refused by the agent and reported as unauthorized, and an agent that
-// is down is reported as unreachable, naming the node.
+// TestTraceflowAgent checks the failures of the agent API through REST: an
+// agent refuses a wrong token (and the trace says unauthorized, naming the
+// node), and an agent that is down is reported as unreachable.
 func TestTraceflowAgent(t *testing.T) {
 	requirePrereqs(t)
 	recordAs(t, "dual/trace-agent")
 	l := startLab(t, manifest.ModeDual)
-	inv := tracer.Inventory{M: l.Manifest}
-	dir := startNodeAgents(t, l, "e2e-token")
 	web, _ := l.PodOn(manifest.NSFrontend, "web", 1)
 	api2, _ := l.PodOn(manifest.NSBackend, "api", 2)
 	req := traceflow.Request{Source: ref(web), Destination: traceflow.Destination{Pod: ref(api2), Port: 8080}, Family: traceflow.Dual}
-	try := func(d agentDir) traceflow.Result {
-		c := traceflow.New(traceflow.Config{Timeout: 10 * time.Second}, &agent.Cluster{Agents: d}, inv, nil)
-		defer c.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	try := func(opts labcmd.ProductOptions, also func(p *labcmd.Product)) traceflow.Result {
+		p, base := startProductWith(t, l, opts)
+		defer p.Stop()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		res, err := c.Trace(ctx, req)
+		res, _, err := restTrace(ctx, base, req)
 		if err != nil {
 			t.Fatal(err)
 		}
+		if also != nil {
+			also(p)
+		}
 		return res
 	}
-	res := try(dir)
+
+	res := try(labcmd.ProductOptions{}, func(p *labcmd.Product) {
+		// The agent itself refuses a call without the token.
+		code, err := restCall(context.Background(), http.MethodGet, p.Agents["node-1"]+"/agent/v1/info", nil, nil)
+		if code != http.StatusUnauthorized {
+			t.Errorf("agent without a token: %d %v, want 401", code, err)
+		}
+	})
 	for _, fr := range res.Families {
 		if fr.Outcome != traceflow.Delivered {
 			t.Errorf("%s: %s %s", fr.Family, fr.Outcome, fr.Reason)
 		}
 	}
 
-	bad := agentDir{}
-	for n, c := range dir {
-		cc := *c
-		cc.Token = "nope"
-		bad[n] = &cc
-	}
-	res = try(bad)
-	if res.Phase != traceflow.Failed || !strings.Contains(res.Reason, "unauthorized") || !strings.Contains(res.Reason, "node-1") {
+	wrong := filepath.Join(t.TempDir(), "token")
+	os.WriteFile(wrong, []byte("not-the-token\n"), 0o600)
+	res = try(labcmd.ProductOptions{ControllerTokenFile: wrong}, nil)
+	if res.Phase != traceflow.Failed || !strings.Contains(res.Reason, "unauthorized") || !strings.Contains(res.Reason, "node node-1") {
 		t.Errorf("wrong token: phase %s, reason %q; want failed, unauthorized, naming the node", res.Phase, res.Reason)
 	}
 
-	down := agentDir{}
-	for n, c := range dir {
-		cc := *c
-		down[n] = &cc
-	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	down["node-2"].URL = "http://" + ln.Addr().String() // nobody serves it once closed
+	dead := "http://" + ln.Addr().String() // nobody serves it once closed
 	ln.Close()
-	res = try(down)
+	res = try(labcmd.ProductOptions{AgentURLs: map[string]string{"node-2": dead}}, nil)
 	if res.Phase != traceflow.Failed || !strings.Contains(res.Reason, "node node-2") || !strings.Contains(res.Reason, "unreachable") {
 		t.Errorf("agent down: phase %s, reason %q; want failed, node-2 unreachable", res.Phase, res.Reason)
 	}

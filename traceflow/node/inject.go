@@ -45,21 +45,7 @@ type Source struct {
 // Locate finds the pod holding src on this node and the MACs a packet
 // from it carries.
 func (in *Injector) Locate(src netip.Addr) (Source, error) {
-	ns, err := in.Pods.Find(src)
-	if errors.Is(err, podns.ErrNotFound) {
-		return Source{}, fmt.Errorf("%s: %w", src, ErrPodNotOnNode)
-	}
-	if err != nil {
-		return Source{}, err
-	}
-	nodeNS := in.NodeNS
-	if nodeNS == "" {
-		nodeNS = "/proc/self/ns/net"
-	}
-	pr, err := peerOf(ns.Path, ns.Iface, nodeNS)
-	if errors.Is(err, errNotOnNode) {
-		return Source{}, fmt.Errorf("%s: %w", src, ErrPodNotOnNode)
-	}
+	ns, pr, err := in.find(src)
 	if err != nil {
 		return Source{}, err
 	}
@@ -68,6 +54,36 @@ func (in *Injector) Locate(src netip.Addr) (Source, error) {
 		return Source{}, err
 	}
 	return Source{NS: ns, SrcMAC: srcMAC, DstMAC: pr.MAC, HostIface: pr.Name}, nil
+}
+
+// find returns the namespace of this node holding addr, and the node side
+// of its veth.
+func (in *Injector) find(addr netip.Addr) (podns.Namespace, peer, error) {
+	all, err := in.Pods.FindAll(addr)
+	if errors.Is(err, podns.ErrNotFound) {
+		return podns.Namespace{}, peer{}, fmt.Errorf("%s: %w", addr, ErrPodNotOnNode)
+	}
+	if err != nil {
+		return podns.Namespace{}, peer{}, err
+	}
+	nodeNS := in.NodeNS
+	if nodeNS == "" {
+		nodeNS = "/proc/self/ns/net"
+	}
+	var errs []error
+	for _, ns := range all {
+		pr, err := peerOf(ns.Path, ns.Iface, nodeNS)
+		if err == nil {
+			return ns, pr, nil
+		}
+		if !errors.Is(err, errNotOnNode) {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return podns.Namespace{}, peer{}, errors.Join(errs...)
+	}
+	return podns.Namespace{}, peer{}, fmt.Errorf("%s: %w", addr, ErrPodNotOnNode)
 }
 
 // Frame builds p's packet as sent from s.

@@ -124,15 +124,8 @@ func (t *Tracer) localTargets(p traceflow.Probe) ([]localTarget, error) {
 		if !tg.Addr.IsValid() || tg.Addr.Is4() != p.Src.Is4() {
 			continue
 		}
-		ns, err := t.Pods.Find(tg.Addr)
-		if errors.Is(err, podns.ErrNotFound) {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		pr, err := peerOf(ns.Path, ns.Iface, t.nodeNS())
-		if errors.Is(err, errNotOnNode) {
+		ns, pr, err := t.injector().find(tg.Addr)
+		if errors.Is(err, ErrPodNotOnNode) {
 			continue
 		}
 		if err != nil {

@@ -56,7 +56,7 @@ type Finder struct {
 	SkipOwn bool
 
 	mu    sync.Mutex
-	cache map[netip.Addr]Namespace
+	cache map[netip.Addr][]Namespace
 	scans int
 }
 
@@ -73,24 +73,37 @@ func (f *Finder) Scans() int {
 	return f.scans
 }
 
-// Find returns the namespace holding addr (IPv4-mapped IPv6 is unmapped).
+// Find returns the namespace holding addr (IPv4-mapped IPv6 is unmapped);
+// the first one found when several do (see FindAll).
 func (f *Finder) Find(addr netip.Addr) (Namespace, error) {
+	all, err := f.FindAll(addr)
+	if err != nil {
+		return Namespace{}, err
+	}
+	return all[0], nil
+}
+
+// FindAll returns every namespace holding addr. On a node of a cluster a
+// pod address is in one namespace; several labs on one host (or a stale
+// namespace) can hold the same address, and the caller then keeps the one
+// that is its node's (its veth peer is in the node's namespace).
+func (f *Finder) FindAll(addr netip.Addr) ([]Namespace, error) {
 	addr = addr.Unmap()
 	if !addr.IsValid() {
-		return Namespace{}, errors.New("podns: invalid address")
+		return nil, errors.New("podns: invalid address")
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if ns, ok := f.cache[addr]; ok && f.still(ns, addr) {
-		return ns, nil
+	if nss, ok := f.cache[addr]; ok && !slices.ContainsFunc(nss, func(ns Namespace) bool { return !f.still(ns, addr) }) {
+		return slices.Clone(nss), nil
 	}
 	if err := f.scanLocked(); err != nil {
-		return Namespace{}, err
+		return nil, err
 	}
-	if ns, ok := f.cache[addr]; ok {
-		return ns, nil
+	if nss, ok := f.cache[addr]; ok {
+		return slices.Clone(nss), nil
 	}
-	return Namespace{}, fmt.Errorf("%s: %w", addr, ErrNotFound)
+	return nil, fmt.Errorf("%s: %w", addr, ErrNotFound)
 }
 
 // still reports whether ns is still the namespace holding addr on iface.
@@ -116,7 +129,7 @@ func (f *Finder) scanLocked() error {
 	if f.SkipOwn {
 		own, _ = inode(filepath.Join(f.proc(), "self", "ns", "net"))
 	}
-	cache := map[netip.Addr]Namespace{}
+	cache := map[netip.Addr][]Namespace{}
 	seen := map[uint64]bool{}
 	for _, p := range paths {
 		ino, err := inode(p)
@@ -129,9 +142,7 @@ func (f *Finder) scanLocked() error {
 			continue // gone meanwhile
 		}
 		for _, a := range addrs {
-			if _, dup := cache[a.addr]; !dup {
-				cache[a.addr] = Namespace{Path: p, Iface: a.iface, Inode: ino}
-			}
+			cache[a.addr] = append(cache[a.addr], Namespace{Path: p, Iface: a.iface, Inode: ino})
 		}
 	}
 	f.cache = cache
