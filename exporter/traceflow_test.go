@@ -1,0 +1,140 @@
+package exporter
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"math/big"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dualflow/dualflow/traceflow/agent"
+)
+
+func TestTraceflowConfig(t *testing.T) {
+	dir := t.TempDir()
+	tok := filepath.Join(dir, "token")
+	os.WriteFile(tok, []byte("s3cret\n"), 0o600)
+	cert, key, _, _, _ := writePKI(t, dir)
+	t.Setenv(agent.TokenEnv, "")
+	for _, tc := range []struct {
+		name    string
+		cfg     TraceflowConfig
+		wantErr string
+	}{
+		{"off", TraceflowConfig{}, ""},
+		{"no token", TraceflowConfig{Addr: "127.0.0.1:9444"}, "needs a token"},
+		{"loopback", TraceflowConfig{Addr: "127.0.0.1:9444", TokenFile: tok}, ""},
+		{"loopback v6", TraceflowConfig{Addr: "[::1]:9444", TokenFile: tok}, ""},
+		{"all addresses in clear", TraceflowConfig{Addr: ":9444", TokenFile: tok}, "not loopback"},
+		{"node address in clear", TraceflowConfig{Addr: "198.18.0.1:9444", TokenFile: tok}, "not loopback"},
+		{"TLS", TraceflowConfig{Addr: ":9444", TokenFile: tok, CertFile: cert, KeyFile: key}, ""},
+		{"cert without key", TraceflowConfig{Addr: ":9444", TokenFile: tok, CertFile: cert}, "go together"},
+		{"client CA without TLS", TraceflowConfig{Addr: "127.0.0.1:9444", TokenFile: tok, ClientCAFile: cert}, "needs --traceflow.tls-cert"},
+		{"missing token file", TraceflowConfig{Addr: "127.0.0.1:9444", TokenFile: filepath.Join(dir, "nope")}, "no such file"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.cfg.validate()
+			if (err == nil) != (tc.wantErr == "") || (err != nil && !strings.Contains(err.Error(), tc.wantErr)) {
+				t.Errorf("validate: %v, want %q", err, tc.wantErr)
+			}
+		})
+	}
+	t.Setenv(agent.TokenEnv, "from-env")
+	c := TraceflowConfig{Addr: "127.0.0.1:9444"}
+	if err := c.validate(); err != nil || c.token != "from-env" {
+		t.Errorf("token from the environment: %v %q", err, c.token)
+	}
+}
+
+// TestTraceflowAgentMutualTLS serves the agent of a running exporter over
+// mutual TLS: a controller with the client certificate and the token gets
+// in; without the certificate the handshake fails; with a wrong token the
+// agent answers 401.
+func TestTraceflowAgentMutualTLS(t *testing.T) {
+	dir := t.TempDir()
+	cert, key, ca, clientCert, clientKey := writePKI(t, dir)
+	tok := filepath.Join(dir, "token")
+	os.WriteFile(tok, []byte("s3cret\n"), 0o600)
+	t.Setenv(agent.TokenEnv, "")
+	cfg := testConfig("127.0.0.1:1")
+	cfg.Traceflow = TraceflowConfig{Addr: "127.0.0.1:0", TokenFile: tok, CertFile: cert, KeyFile: key, ClientCAFile: ca}
+	e, err := newExporter(cfg, newFake())
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, e)
+	defer stop()
+	url := "https://" + e.TraceflowAddr().String()
+
+	client := func(withCert bool) *http.Client {
+		c, k := "", ""
+		if withCert {
+			c, k = clientCert, clientKey
+		}
+		tc, err := agent.ClientTLS(ca, c, k)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tc.ServerName = "localhost"
+		return &http.Client{Transport: &http.Transport{TLSClientConfig: tc}, Timeout: 10 * time.Second}
+	}
+	ctx := context.Background()
+	in, err := (&agent.Client{Node: "n1", URL: url, Token: "s3cret", HTTP: client(true)}).Info(ctx)
+	if err != nil || in.Node != cfg.NodeName || in.Datapath != "kernel" {
+		t.Errorf("mutual TLS with the token: %+v %v", in, err)
+	}
+	if _, err := (&agent.Client{Node: "n1", URL: url, Token: "wrong", HTTP: client(true)}).Info(ctx); !errors.Is(err, agent.ErrUnauthorized) {
+		t.Errorf("wrong token: %v, want unauthorized", err)
+	}
+	if _, err := (&agent.Client{Node: "n1", URL: url, Token: "s3cret", HTTP: client(false)}).Info(ctx); err == nil || !strings.Contains(err.Error(), "unreachable") {
+		t.Errorf("no client certificate: %v, want a failed handshake", err)
+	}
+	if m := scrape(t, e); !strings.Contains(m, `dualflow_traceflow_agent_requests_total{call="info",result="unauthorized"} 1`) {
+		t.Errorf("metrics lack the refused call:\n%s", m)
+	}
+}
+
+// writePKI writes a CA, a server certificate for localhost and 127.0.0.1
+// and a client certificate, all signed by the CA.
+func writePKI(t *testing.T, dir string) (cert, key, ca, clientCert, clientKey string) {
+	t.Helper()
+	caKey, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	caTmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "test CA"}, NotBefore: time.Now().Add(-time.Hour),
+		NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caCert, _ := x509.ParseCertificate(caDER)
+	issue := func(name string, serial int64, usage x509.ExtKeyUsage) (string, string) {
+		k, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name}, NotBefore: time.Now().Add(-time.Hour),
+			NotAfter: time.Now().Add(time.Hour), ExtKeyUsage: []x509.ExtKeyUsage{usage}, DNSNames: []string{"localhost"},
+			IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, KeyUsage: x509.KeyUsageDigitalSignature}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &k.PublicKey, caKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kb, _ := x509.MarshalECPrivateKey(k)
+		c, kf := filepath.Join(dir, name+".crt"), filepath.Join(dir, name+".key")
+		os.WriteFile(c, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600)
+		os.WriteFile(kf, pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb}), 0o600)
+		return c, kf
+	}
+	ca = filepath.Join(dir, "ca.crt")
+	os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: caDER}), 0o600)
+	cert, key = issue("agent", 2, x509.ExtKeyUsageServerAuth)
+	clientCert, clientKey = issue("collector", 3, x509.ExtKeyUsageClientAuth)
+	return
+}
