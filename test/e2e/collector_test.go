@@ -200,8 +200,13 @@ func nodeOfPod(l *lab.Lab, a netip.Addr) string {
 	return ""
 }
 
-func startExporter(t *testing.T, l *lab.Lab, mode manifest.Mode, node, addr string) {
+func startExporter(t *testing.T, l *lab.Lab, mode manifest.Mode, node, addr string, agents ...*nodeAgents) {
 	cfg := exporter.NewConfig()
+	for _, a := range agents {
+		// The node's traceflow agent, on its listener, with the token.
+		cfg.Traceflow.Listener, cfg.Traceflow.TokenFile = a.listeners[node], a.tokenFile
+		cfg.Traceflow.NFT, _ = lab.NFTPath()
+	}
 	cfg.NodeName = node
 	cfg.MetricsAddr = ""
 	cfg.NetNS = l.NodeNetNSPath(node)

@@ -7,12 +7,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -29,6 +31,7 @@ import (
 	"github.com/dualflow/dualflow/lab"
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/test/kubeapi"
+	"github.com/dualflow/dualflow/traceflow"
 	"github.com/dualflow/dualflow/web/api"
 )
 
@@ -84,6 +87,7 @@ func TestKubeCollector(t *testing.T) {
 				{"reachability per family", func(t *testing.T) { k.checkReachability(t, manifest.PortMetrics, k.metricsVerdicts()) }},
 				{"audit findings", k.checkFindings},
 				{"CLI against the collector", func(t *testing.T) { k.checkCLI(t, bin) }},
+				{"traceflow through the node agents", k.checkTraceflow},
 				{"EndpointSlice recreated", k.churnEndpointSlice},
 				{"Service dual to IPv4 to dual", k.churnServiceFamilies},
 				{"pod replaced on its addresses", k.churnPodReplaced},
@@ -120,10 +124,11 @@ func newKubeEnv(t *testing.T, mode manifest.Mode, bin string, order lab.PublishO
 	k.kube = startKubeAPI(t)
 	publish(t, k.kube, k.l.Manifest, order, uint64(time.Now().UnixNano()))
 	kc := collectorKubeconfig(t, k.kube)
-	p := startCollectorProcess(t, bin, mode, kc)
+	agents := bindNodeAgents(t, k.l)
+	p := startCollectorProcess(t, bin, mode, kc, "--traceflow.token-file", agents.tokenFile, "--traceflow.agents", agents.flag())
 	k.web, k.metrics = p.web, p.metrics
 	for _, n := range k.l.Manifest.Nodes {
-		startExporter(t, k.l, mode, n.Name, p.ipfix)
+		startExporter(t, k.l, mode, n.Name, p.ipfix, agents)
 	}
 	var err error
 	if k.web1, err = k.l.PodOn(manifest.NSFrontend, "web", 1); err != nil {
@@ -172,7 +177,7 @@ var (
 // startCollectorProcess runs the collector binary as an operator would
 // on a cluster, with every listener on a free loopback port, and stops
 // it (SIGTERM: it must exit cleanly) when the test ends.
-func startCollectorProcess(t *testing.T, bin string, mode manifest.Mode, kubeconfig string) *collectorProcess {
+func startCollectorProcess(t *testing.T, bin string, mode manifest.Mode, kubeconfig string, extra ...string) *collectorProcess {
 	t.Helper()
 	dir := t.TempDir()
 	listen := "[::1]:0"
@@ -191,6 +196,7 @@ func startCollectorProcess(t *testing.T, bin string, mode manifest.Mode, kubecon
 		"--collector.correlate.timeout", "3s",
 		"--audit.refresh", "1s",
 	)
+	cmd.Args = append(cmd.Args, extra...)
 	logPath := filepath.Join(dir, "collector.log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
@@ -540,10 +546,10 @@ func (k *kubeEnv) checkCLI(t *testing.T, bin string) {
 	if err != nil || !strings.Contains(string(out), "9090/TCP") {
 		t.Errorf("audit eval --server: %v\n%s", err, out)
 	}
-	// No node agents on a collector: the trace is refused, and says why.
-	out, err = run("trace", "--server", k.web, "-s", ref(k.web1), "-d", "svc:backend/api:80")
-	if err == nil || !strings.Contains(string(out), "501") {
-		t.Errorf("trace --server against a collector without node agents: %v\n%s", err, out)
+	// Through the node agents: every family of the mode delivered (exit 0).
+	out, err = run("trace", "--server", k.web, "-s", ref(k.web1), "-d", "svc:backend/api:80", "--family", string(k.mode), "--timeout", "10s")
+	if err != nil || strings.Count(string(out), "=> DELIVERED") != len(k.fams) {
+		t.Errorf("trace --server: %v\n%s", err, out)
 	}
 }
 
@@ -803,4 +809,76 @@ func (k *kubeEnv) churnPolicy(t *testing.T) {
 		k.web1.Name, a, manifest.PortMetrics, since(after))
 	k.awaitRows(t, "IPv6 metrics flows after the policy change",
 		cond+" AND ingress_verdict = 'allowed' AND ingress_policy_name = '"+manifest.PolicyMetricsIPv4+"'", cond+" AND ingress_verdict != 'allowed'")
+}
+
+// nodeAgents are the loopback listeners of the exporters' traceflow
+// agents, bound before the collector starts so it is given their URLs,
+// and the token they share with it.
+type nodeAgents struct {
+	listeners map[string]net.Listener
+	tokenFile string
+}
+
+func bindNodeAgents(t *testing.T, l *lab.Lab) *nodeAgents {
+	t.Helper()
+	a := &nodeAgents{listeners: map[string]net.Listener{}, tokenFile: filepath.Join(t.TempDir(), "traceflow-token")}
+	if err := os.WriteFile(a.tokenFile, []byte(fmt.Sprintf("kube-e2e-%d\n", time.Now().UnixNano())), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range l.Manifest.Nodes {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.listeners[n.Name] = ln
+	}
+	return a
+}
+
+// flag is the collector's --traceflow.agents value.
+func (a *nodeAgents) flag() string {
+	var kv []string
+	for n, ln := range a.listeners {
+		kv = append(kv, n+"=http://"+ln.Addr().String())
+	}
+	return strings.Join(kv, ",")
+}
+
+// checkTraceflow traces through the collector process's REST API, which
+// resolves names in the API server's view and reaches the exporters'
+// agents: a pod-to-Service probe per family with its DNAT, and a probe
+// dropped by backend's default deny, named from the API server's policies.
+func (k *kubeEnv) checkTraceflow(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	fam := traceflow.Family(k.mode)
+	res, _, err := restTrace(ctx, k.web, traceflow.Request{Source: ref(k.web1), Destination: traceflow.Destination{Service: "backend/api", Port: 80},
+		Family: fam, Timeout: traceflow.Duration(10 * time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Phase != traceflow.Succeeded || len(res.Families) != len(k.fams) {
+		t.Fatalf("trace to backend/api: phase %s (%s), %d families", res.Phase, res.Reason, len(res.Families))
+	}
+	for _, fr := range res.Families {
+		lb := slices.IndexFunc(fr.Observations, func(o traceflow.Observation) bool { return o.Component == traceflow.LoadBalancing })
+		if fr.Outcome != traceflow.Delivered || lb < 0 || !fr.Observations[lb].TranslatedDst.IsValid() ||
+			fr.Observations[lb].TranslatedDst.Addr().Is4() != (fr.Family == traceflow.IPv4) {
+			t.Errorf("%s: %s", fr.Family, dump(fr))
+		}
+	}
+	probe, err := k.l.PodOn(manifest.NSTools, "probe", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, _, err = restTrace(ctx, k.web, traceflow.Request{Source: ref(probe), Destination: traceflow.Destination{Pod: ref(k.apiN), Port: 8080},
+		Family: fam, Timeout: traceflow.Duration(10 * time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, fr := range res.Families {
+		if fr.Outcome != traceflow.Dropped || !strings.Contains(fr.Reason, "backend/default-deny-ingress") {
+			t.Errorf("%s: want dropped by backend/default-deny-ingress: %s", fr.Family, dump(fr))
+		}
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -33,11 +34,22 @@ func (t *Tracer) startTrace(ctx context.Context, tag uint8, rules string) (*obse
 	if err != nil {
 		return nil, nil, err
 	}
+	// handle is the trace table's as last loaded, and stop removes that
+	// table only: the controller frees a tag as soon as its trace returns,
+	// maybe before this watch has cleaned up, and removing the table by
+	// name could then remove the next trace's table of the same tag.
+	var handle string
 	stop := func() {
 		mon.Close()
 		cctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
 		defer cancel()
-		if _, err := nsrun.Output(cctx, ns, []byte(observe.DeleteTable(tag)), t.NFT, "-f", "-"); err != nil {
+		del := observe.DeleteTable(tag)
+		if handle != "" {
+			del = "delete table inet handle " + handle + "\n"
+		}
+		_, err := nsrun.Output(cctx, ns, []byte(del), t.NFT, "-f", "-")
+		// No such table: the next trace of the tag replaced it.
+		if err != nil && (handle == "" || !strings.Contains(err.Error(), "No such file or directory")) {
 			t.Logger.Warn("traceflow: remove trace table", "table", observe.TableName(tag), "err", err)
 		}
 	}
@@ -45,12 +57,14 @@ func (t *Tracer) startTrace(ctx context.Context, tag uint8, rules string) (*obse
 	// until the monitor echoes it (loading is idempotent).
 	echo := "add rule inet " + observe.TableName(tag) + " " + observe.ChainPost + " "
 	for wait := 20 * time.Millisecond; ; wait = min(2*wait, time.Second) {
-		if _, err := nsrun.Output(ctx, ns, []byte(rules), t.NFT, "-f", "-"); err != nil {
+		out, err := nsrun.Output(ctx, ns, []byte(rules), t.NFT, "--echo", "--handle", "-f", "-")
+		if err != nil {
 			stop()
 			return nil, nil, fmt.Errorf("load trace table: %w", err)
 		}
+		handle = tableHandle(string(out), observe.TableName(tag))
 		wctx, cancel := context.WithTimeout(ctx, wait)
-		_, err := mon.WaitFor(wctx, echo)
+		_, err = mon.WaitFor(wctx, echo)
 		cancel()
 		if err == nil {
 			return mon, stop, nil
@@ -60,6 +74,19 @@ func (t *Tracer) startTrace(ctx context.Context, tag uint8, rules string) (*obse
 			return nil, nil, fmt.Errorf("nft monitor not subscribed: %w", ctx.Err())
 		}
 	}
+}
+
+// tableHandle returns the handle of table in `nft --echo --handle` output
+// ("add table inet NAME # handle 12"), or "" when it is not there.
+func tableHandle(out, table string) string {
+	for l := range strings.Lines(out) {
+		if h, ok := strings.CutPrefix(strings.TrimSpace(l), "add table inet "+table+" # handle "); ok {
+			if _, err := strconv.ParseUint(h, 10, 64); err == nil {
+				return h
+			}
+		}
+	}
+	return ""
 }
 
 // traceEvents filters the monitor's lines down to the trace events of the
@@ -88,6 +115,9 @@ func (t *Tracer) traceEvents(ctx context.Context, mon *observe.Monitor, tag uint
 		ev, ok := observe.ParseTrace(l)
 		if !ok {
 			continue
+		}
+		if ev.Kind == observe.KindPacket && ev.SrcPort == 0 {
+			ev.SrcPort, _ = echoID(l) // ParseTrace reads no echo id; a live trace keys by it
 		}
 		if strings.HasPrefix(ev.Table, observe.TablePrefix) {
 			switch {
@@ -139,21 +169,50 @@ func (t *Tracer) watchKernel(ctx context.Context, p traceflow.Probe, emit func(t
 		return err
 	}
 	k := kernelPath{t: t, p: p}
+	// A capture sees the probe before nft monitor has printed the hooks it
+	// crossed here: the delivery is held until the node's trace saw the
+	// probe leave towards the pod (so the node's report is whole when the
+	// controller reads its outcome), or deliveryWait passed.
+	var (
+		held  *delivery
+		left  bool
+		waitC <-chan time.Time
+	)
+	deliver := func() error {
+		for _, we := range k.flush() {
+			if err := emit(we); err != nil {
+				return err
+			}
+		}
+		err := emit(traceflow.WatchEvent{Observation: ptr(t.deliveryObs(p, *held)), Outcome: traceflow.Delivered})
+		held, waitC = nil, nil
+		return err
+	}
 	for {
 		select {
 		case ev := <-events:
 			for _, we := range k.add(ev) {
+				left = left || we.Left
 				if err := emit(we); err != nil {
+					return err
+				}
+			}
+			if held != nil && left {
+				if err := deliver(); err != nil {
 					return err
 				}
 			}
 		case d := <-delivered:
-			for _, we := range k.flush() {
-				if err := emit(we); err != nil {
+			held = &d
+			if left {
+				if err := deliver(); err != nil {
 					return err
 				}
+			} else {
+				waitC = time.After(deliveryWait)
 			}
-			if err := emit(traceflow.WatchEvent{Observation: ptr(t.deliveryObs(p, d)), Outcome: traceflow.Delivered}); err != nil {
+		case <-waitC:
+			if err := deliver(); err != nil {
 				return err
 			}
 		case <-ctx.Done():
@@ -162,6 +221,10 @@ func (t *Tracer) watchKernel(ctx context.Context, p traceflow.Probe, emit func(t
 	}
 }
 
+// deliveryWait caps how long a captured delivery waits for the node's
+// trace of the probe leaving towards the pod.
+const deliveryWait = time.Second
+
 func ptr[T any](v T) *T { return &v }
 
 // kernelPath turns one node's trace events of one probe into observations.
@@ -169,8 +232,10 @@ type kernelPath struct {
 	t *Tracer
 	p traceflow.Probe
 	// lb is a load-balancing observation held until the probe leaves the
-	// node, when conntrack has the translation.
-	lb *traceflow.Observation
+	// node, when conntrack has the translation; held are the events after
+	// it, kept back so the path stays in hook order.
+	lb   *traceflow.Observation
+	held []traceflow.WatchEvent
 }
 
 func (k *kernelPath) obs(o traceflow.Observation) traceflow.WatchEvent {
@@ -178,8 +243,18 @@ func (k *kernelPath) obs(o traceflow.Observation) traceflow.WatchEvent {
 	return traceflow.WatchEvent{Observation: &o}
 }
 
-// add returns the watch events of trace event ev.
+// add returns the watch events of trace event ev (none while a
+// load-balancing observation waits for conntrack).
 func (k *kernelPath) add(ev observe.Event) []traceflow.WatchEvent {
+	out := k.events(ev)
+	if k.lb != nil {
+		k.held = append(k.held, out...)
+		return nil
+	}
+	return out
+}
+
+func (k *kernelPath) events(ev observe.Event) []traceflow.WatchEvent {
 	switch {
 	case strings.HasPrefix(ev.Table, observe.TablePrefix):
 		switch {
@@ -213,7 +288,8 @@ func (k *kernelPath) flush() []traceflow.WatchEvent {
 		return nil
 	}
 	o := *k.lb
-	k.lb = nil
+	held := k.held
+	k.lb, k.held = nil, nil
 	if ct, ok := k.t.conntrackOf(k.p); ok {
 		if ct.DstNAT.IsValid() {
 			o.TranslatedDst = ct.DstNAT
@@ -223,7 +299,7 @@ func (k *kernelPath) flush() []traceflow.WatchEvent {
 		}
 		o.Detail = strings.TrimSpace(o.Detail + " (conntrack: " + ct.Text + ")")
 	}
-	return []traceflow.WatchEvent{k.obs(o)}
+	return append([]traceflow.WatchEvent{k.obs(o)}, held...)
 }
 
 // rule handles a rule line: a DNAT of a Service, a policy verdict, a drop.
