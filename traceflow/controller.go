@@ -108,8 +108,8 @@ type Path struct {
 
 // nodeTracer sends one probe and observes it on the nodes it crosses. It
 // returns when the probe is delivered or dropped, or when ctx ends (then
-// with Outcome TimedOut and what it saw so far). Implementations: the
-// in-process lab tracer (lab/tracer); an exporter agent API later.
+// with Outcome TimedOut and what it saw so far). Implementation: the node
+// agents of the exporters (traceflow/agent.Cluster).
 type nodeTracer interface {
 	Trace(ctx context.Context, p Probe) (Path, error)
 }

@@ -6,10 +6,11 @@
 // Controller is the gin-independent service behind `POST /api/v1/traceflows`
 // and `GET /api/v1/traceflows/{id}`: Start validates and resolves a Request
 // and traces each requested family concurrently in the background; Get
-// returns the Result so far. The per-family work is done by a node tracer
-// (package lab/tracer for the lab's namespaces: gopacket probe
-// injected from the source pod's netns, nftables trace + conntrack on the
-// nodes, capture in the destination pod).
+// returns the Result so far. The per-family work is done by the node
+// agents in the exporters (package traceflow/agent: watch on every node the
+// probe may cross, inject at the source node, merge; package
+// traceflow/node: gopacket probe injected from the source pod's netns,
+// nftables trace, conntrack and captures on the node itself).
 //
 // Every probe carries a tag in its DSCP bits (packet.MinTag..packet.MaxTag),
 // one per family trace in flight, so at most packet.MaxTag family traces
