@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -137,4 +138,50 @@ func writePKI(t *testing.T, dir string) (cert, key, ca, clientCert, clientKey st
 	cert, key = issue("agent", 2, x509.ExtKeyUsageServerAuth)
 	clientCert, clientKey = issue("collector", 3, x509.ExtKeyUsageClientAuth)
 	return
+}
+
+// BenchmarkTraceflowAgentAtRest reports what a running exporter's
+// traceflow agent holds while no trace runs: heap in use and goroutines
+// (the exporter with the agent, minus the same exporter without it).
+func BenchmarkTraceflowAgentAtRest(b *testing.B) {
+	dir := b.TempDir()
+	tok := filepath.Join(dir, "token")
+	os.WriteFile(tok, []byte("s3cret\n"), 0o600)
+	measure := func(agentOn bool) (heap uint64, goroutines int) {
+		cfg := testConfig("127.0.0.1:1")
+		cfg.MetricsAddr = ""
+		if agentOn {
+			cfg.Traceflow = TraceflowConfig{Addr: "127.0.0.1:0", TokenFile: tok}
+		}
+		e, err := newExporter(cfg, newFake())
+		if err != nil {
+			b.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- e.Run(ctx) }()
+		<-e.Ready()
+		if agentOn {
+			// One call, so the server's connection state exists too.
+			if _, err := (&agent.Client{Node: "n", URL: "http://" + e.TraceflowAddr().String(), Token: "s3cret"}).Info(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+		var ms runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&ms)
+		heap, goroutines = ms.HeapInuse, runtime.NumGoroutine()
+		cancel()
+		<-done
+		return heap, goroutines
+	}
+	var dHeap, dG float64
+	for b.Loop() {
+		h0, g0 := measure(false)
+		h1, g1 := measure(true)
+		dHeap += float64(int64(h1) - int64(h0))
+		dG += float64(g1 - g0)
+	}
+	b.ReportMetric(dHeap/float64(b.N)/1024, "KiB-heap")
+	b.ReportMetric(dG/float64(b.N), "goroutines")
 }
