@@ -35,6 +35,9 @@ type TraceflowConfig struct {
 	// NFT is the nft binary the kernel datapath traces with (default: nft
 	// on PATH).
 	NFT string
+	// OVSUplink is the OVS port packets from other nodes enter the bridge
+	// by (default eth0; e.g. a tunnel port such as antrea-tun0).
+	OVSUplink string
 	// Listener, when set, is used instead of listening on Addr (tests, the
 	// demo).
 	Listener net.Listener
@@ -50,6 +53,7 @@ func (c *TraceflowConfig) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.KeyFile, "traceflow.tls-key", c.KeyFile, "PEM key of --traceflow.tls-cert")
 	fs.StringVar(&c.ClientCAFile, "traceflow.client-ca", c.ClientCAFile, "PEM CA: require collector client certificates signed by it (mutual TLS)")
 	fs.StringVar(&c.NFT, "traceflow.nft", c.NFT, "nft binary for the kernel datapath's traces (empty: nft on PATH)")
+	fs.StringVar(&c.OVSUplink, "traceflow.ovs-uplink", c.OVSUplink, "OVS datapath: the bridge port packets from other nodes enter by (default eth0; a tunnel port such as antrea-tun0)")
 }
 
 func (c *TraceflowConfig) enabled() bool { return c.Addr != "" || c.Listener != nil }
@@ -98,7 +102,7 @@ func (e *Exporter) tracer() (*node.Tracer, string, error) {
 		t.NetNS = ns
 	}
 	if e.cfg.Source == SourceOVS {
-		t.OVS = &node.OVS{RunDir: e.cfg.OVS.RunDir, Bridge: e.cfg.OVS.Bridge, RulesFile: e.cfg.OVS.RulesFile}
+		t.OVS = &node.OVS{RunDir: e.cfg.OVS.RunDir, Bridge: e.cfg.OVS.Bridge, RulesFile: e.cfg.OVS.RulesFile, Uplink: e.cfg.Traceflow.OVSUplink}
 		return t, "ovs", nil
 	}
 	t.NFT = e.cfg.Traceflow.NFT
