@@ -161,6 +161,7 @@ func (e *Exporter) serveTraceflow() (func(), error) {
 			srv.Close() // watches still streaming: cut them
 		}
 		<-done
+		t.Close()
 	}, nil
 }
 

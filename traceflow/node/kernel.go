@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"strconv"
@@ -25,12 +26,12 @@ const conntrackWait = 100 * time.Millisecond
 // table rules and waits until the monitor echoes them, so the monitor is
 // subscribed before the probe is sent. The caller must call the returned
 // stop function.
-func (t *Tracer) startTrace(ctx context.Context, tag uint8, rules string) (*observe.Monitor, func(), error) {
+func (t *Tracer) startTrace(ctx context.Context, tag uint8, rules string) (*monitorSub, func(), error) {
 	if t.NFT == "" {
 		return nil, nil, fmt.Errorf("%w: no nft binary (the kernel datapath needs nftables)", traceflow.ErrNotSupported)
 	}
 	ns := t.nodeNS()
-	mon, err := observe.StartMonitor(ns, t.NFT)
+	mon, fresh, err := t.hub.subscribe()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -53,10 +54,15 @@ func (t *Tracer) startTrace(ctx context.Context, tag uint8, rules string) (*obse
 			t.Logger.Warn("traceflow: remove trace table", "table", observe.TableName(tag), "err", err)
 		}
 	}
-	// The monitor subscribes some time after it starts: load the table
-	// until the monitor echoes it (loading is idempotent).
+	// A monitor just started subscribes some time later: load the table
+	// until the monitor echoes it (loading is idempotent). One already
+	// running echoes the first load.
 	echo := "add rule inet " + observe.TableName(tag) + " " + observe.ChainPost + " "
-	for wait := 20 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+	wait := 20 * time.Millisecond
+	if !fresh {
+		wait = 250 * time.Millisecond
+	}
+	for ; ; wait = min(2*wait, time.Second) {
 		out, err := nsrun.Output(ctx, ns, []byte(rules), t.NFT, "--echo", "--handle", "-f", "-")
 		if err != nil {
 			stop()
@@ -72,6 +78,10 @@ func (t *Tracer) startTrace(ctx context.Context, tag uint8, rules string) (*obse
 		if ctx.Err() != nil {
 			stop()
 			return nil, nil, fmt.Errorf("nft monitor not subscribed: %w", ctx.Err())
+		}
+		if errors.Is(err, errMonitorExited) {
+			stop()
+			return nil, nil, fmt.Errorf("nft monitor of node %s: %w", t.Name, err)
 		}
 	}
 }
@@ -96,7 +106,7 @@ func tableHandle(out, table string) string {
 // trace tables included; and the kernel reuses trace ids. A packet is this
 // probe's when the rule of this probe's pre chain matched it (only that
 // rule can); events of other trace tables are skipped.
-func (t *Tracer) traceEvents(ctx context.Context, mon *observe.Monitor, tag uint8, out chan<- observe.Event) {
+func (t *Tracer) traceEvents(ctx context.Context, mon *monitorSub, tag uint8, out chan<- observe.Event) {
 	table := observe.TableName(tag)
 	mine := map[string]bool{}             // trace id -> belongs to this probe
 	pending := map[string]observe.Event{} // trace id -> this table's pre packet line, until decided

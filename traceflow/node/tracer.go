@@ -11,6 +11,7 @@ import (
 
 	"github.com/dualflow/dualflow/traceflow"
 	"github.com/dualflow/dualflow/traceflow/inject"
+	"github.com/dualflow/dualflow/traceflow/observe"
 	"github.com/dualflow/dualflow/traceflow/packet"
 	"github.com/dualflow/dualflow/traceflow/podns"
 )
@@ -47,6 +48,7 @@ type Tracer struct {
 	Raw io.Writer
 
 	once sync.Once
+	hub  *monitorHub // the node's shared nft monitor
 }
 
 func (t *Tracer) init() {
@@ -57,7 +59,16 @@ func (t *Tracer) init() {
 		if t.Logger == nil {
 			t.Logger = slog.Default()
 		}
+		t.hub = &monitorHub{start: func() (*observe.Monitor, error) { return observe.StartMonitor(t.nodeNS(), t.NFT) }}
 	})
+}
+
+// Close stops what the tracer keeps between traces (the node's nft
+// monitor, which lingers a while after the last watch).
+func (t *Tracer) Close() error {
+	t.init()
+	t.hub.close()
+	return nil
 }
 
 func (t *Tracer) nodeNS() string {
