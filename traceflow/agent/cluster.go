@@ -87,18 +87,27 @@ func (c *Cluster) Trace(ctx context.Context, p traceflow.Probe) (traceflow.Path,
 	defer cancel()
 	streams := make([]*Stream, len(nodes))
 	errs := make([]error, len(nodes))
+	watch := func(i int) {
+		a, err := c.Agents.Agent(nodes[i])
+		if err != nil {
+			errs[i] = fmt.Errorf("node %s: %w", nodes[i], err)
+			return
+		}
+		streams[i], errs[i] = a.Watch(wctx, p)
+	}
+	// A live trace follows the connections the source node announces:
+	// watch there only once every other node is ready, so each announced
+	// connection is one the other nodes see too.
 	var setup sync.WaitGroup
-	for i, n := range nodes {
-		setup.Go(func() {
-			a, err := c.Agents.Agent(n)
-			if err != nil {
-				errs[i] = fmt.Errorf("node %s: %w", n, err)
-				return
-			}
-			streams[i], errs[i] = a.Watch(wctx, p)
-		})
+	for i := range nodes {
+		if i > 0 || !p.Live {
+			setup.Go(func() { watch(i) })
+		}
 	}
 	setup.Wait()
+	if p.Live && errors.Join(errs...) == nil {
+		watch(0)
+	}
 	events := make(chan nodeEvent, 64)
 	var readers sync.WaitGroup
 	defer func() {
