@@ -197,12 +197,6 @@ func (c *Cluster) Trace(ctx context.Context, p traceflow.Probe) (traceflow.Path,
 				settleC = time.After(0)
 			}
 		case <-settleC:
-			if p.DroppedOnly && m.outcome == traceflow.Delivered {
-				// Skip a delivered connection; wait for a dropped one.
-				m.skip()
-				settleC, waitC = nil, nil
-				continue
-			}
 			return m.path(), nil
 		case <-ctx.Done():
 			path := m.path()
@@ -287,6 +281,7 @@ func (m *merger) add(n string, ev traceflow.WatchEvent) {
 // choose picks the live connection to report: the first one the source
 // node picked (with droppedOnly, the first one some node dropped).
 func (m *merger) choose() {
+	skipped := 0
 	for _, conn := range m.conns {
 		var outcome traceflow.Outcome
 		for _, e := range m.byConn[conn] {
@@ -295,24 +290,40 @@ func (m *merger) choose() {
 			}
 		}
 		if m.p.DroppedOnly && outcome != traceflow.Dropped && outcome != traceflow.Rejected {
+			if outcome == traceflow.Delivered {
+				skipped++
+			}
 			continue
 		}
 		m.chosen = conn
 		for _, e := range m.byConn[conn] {
 			m.apply(e.node, e.ev)
 		}
-		return
+		m.byConn = nil // only the chosen one's events matter now
+		break
 	}
+	m.skipped = skipped
+	m.bound()
 }
 
-// skip forgets a delivered live connection (droppedOnly).
-func (m *merger) skip() {
-	m.skipped++
-	delete(m.byConn, m.chosen)
-	m.conns = slices.DeleteFunc(m.conns, func(c uint16) bool { return c == m.chosen })
-	m.chosen, m.outcome, m.reason, m.outcomeAt, m.srcLeft = 0, "", "", "", false
-	m.order, m.obs, m.last = nil, nil, nil
-	m.choose()
+// maxConns bounds the live connections a trace keeps events of before it
+// chooses one (a busy pod opens many); the oldest go first.
+const maxConns = 256
+
+// bound forgets the oldest connections beyond maxConns.
+func (m *merger) bound() {
+	if m.chosen != 0 || len(m.byConn) <= maxConns {
+		return
+	}
+	for conn := range m.byConn {
+		if !slices.Contains(m.conns, conn) {
+			delete(m.byConn, conn) // announced by no source node: noise
+		}
+	}
+	for len(m.conns) > maxConns {
+		delete(m.byConn, m.conns[0])
+		m.conns = m.conns[1:]
+	}
 }
 
 func (m *merger) apply(n string, ev traceflow.WatchEvent) {

@@ -149,8 +149,20 @@ func (t *Tracer) traceEvents(ctx context.Context, mon *monitorSub, tag uint8, ou
 		if mine[ev.ID] && !send(ev) {
 			return
 		}
+		if ev.Table == table && ev.Chain == observe.ChainPost && ev.Kind == observe.KindPolicy {
+			delete(mine, ev.ID) // the packet left: its last line
+		}
+		if len(mine) > maxTraced || len(pending) > maxTraced {
+			// Dropped packets never reach post: a live trace of a busy pod
+			// could grow these without end.
+			clear(mine)
+			clear(pending)
+		}
 	}
 }
+
+// maxTraced bounds the trace ids a watch remembers.
+const maxTraced = 4096
 
 func (t *Tracer) watchKernel(ctx context.Context, p traceflow.Probe, emit func(traceflow.WatchEvent) error) error {
 	ctx, cancel := context.WithCancel(ctx)
