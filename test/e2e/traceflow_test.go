@@ -21,9 +21,9 @@ import (
 
 	"github.com/dualflow/dualflow/lab"
 	labagent "github.com/dualflow/dualflow/lab/agent"
+	"github.com/dualflow/dualflow/lab/labcmd"
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/lab/nft"
-	"github.com/dualflow/dualflow/lab/labcmd"
 	"github.com/dualflow/dualflow/traceflow"
 )
 
