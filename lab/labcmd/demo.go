@@ -33,13 +33,15 @@ import (
 const demoIPFIXPort = "4739"
 
 // Demo runs `dualflow demo [flags]`: the product (package app) next to a
-// lab, its exporters and its node tracer.
+// lab, with one exporter per lab node (each serving its node's traceflow
+// agent).
 func (lc *Commands) Demo(ctx context.Context, args []string) error {
 	fs := lc.NewFlagSet("demo", "[flags]", `Start the whole product on one machine (what 'make run' does): a dual-stack
 lab of network namespaces with live traffic (allowed and denied connections,
 and a dual-stack policy gap), one exporter per lab node, and the product of
 'dualflow collector' (embedded ClickHouse, web UI and REST API) with the lab's
-Kubernetes objects as its inventory and the lab's node tracer for traceflow.
+Kubernetes objects as its inventory; traces go through the exporters' node
+agents, as on a cluster.
 It prints the URLs and runs until Ctrl-C, then stops everything and removes
 the lab. Needs root for the lab. Every collector and web flag applies.
 

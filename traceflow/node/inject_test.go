@@ -59,8 +59,10 @@ func (e *nodeEnv) netns(name string) string {
 	return name
 }
 
-func newNode(t *testing.T) *nodeEnv {
-	e := &nodeEnv{t: t, prefix: fmt.Sprintf("dftest-node-%d-", os.Getpid())}
+func newNode(t *testing.T) *nodeEnv { return newNodeNamed(t, "node") }
+
+func newNodeNamed(t *testing.T, name string) *nodeEnv {
+	e := &nodeEnv{t: t, prefix: fmt.Sprintf("dftest-%s-%d-", name, os.Getpid())}
 	e.node = e.netns(e.prefix + "n")
 	e.sysctl(e.node, "net.ipv4.ip_forward=1")
 	e.sysctl(e.node, "net.ipv6.conf.all.forwarding=1")
@@ -185,5 +187,36 @@ func TestInjectFromPodFoundByAddress(t *testing.T) {
 	}
 	if _, err := in.Locate(netip.MustParseAddr("198.18.201.99")); !errors.Is(err, ErrPodNotOnNode) {
 		t.Errorf("absent pod: %v", err)
+	}
+}
+
+// TestLocateOnItsOwnNode puts a pod with the same addresses on two nodes
+// of one host (labs side by side do that): each node's injector finds its
+// own pod, through the veth peer in its namespace.
+func TestLocateOnItsOwnNode(t *testing.T) {
+	needRoot(t)
+	n1, n2 := newNodeNamed(t, "na"), newNodeNamed(t, "nb")
+	p1 := n1.routedPod("a", "198.18.201.1", "fd00:10:201::1")
+	p2 := n2.routedPod("a", "198.18.201.1", "fd00:10:201::1")
+	pods := &podns.Finder{Dirs: []string{"/run/netns"}}
+	for _, c := range []struct {
+		node, pod string
+	}{{n1.node, p1}, {n2.node, p2}} {
+		in := &Injector{Pods: pods, NodeNS: filepath.Join("/run/netns", c.node)}
+		for _, a := range []string{"198.18.201.1", "fd00:10:201::1"} {
+			src, err := in.Locate(netip.MustParseAddr(a))
+			if err != nil {
+				t.Fatalf("%s on %s: %v", a, c.node, err)
+			}
+			if src.NS.Path != filepath.Join("/run/netns", c.pod) || src.HostIface != "va" {
+				t.Errorf("%s on %s: found %s (%s), want %s", a, c.node, src.NS.Path, src.HostIface, c.pod)
+			}
+		}
+	}
+	// A third node has neither.
+	n3 := newNodeNamed(t, "nc")
+	in := &Injector{Pods: pods, NodeNS: filepath.Join("/run/netns", n3.node)}
+	if _, err := in.Locate(netip.MustParseAddr("198.18.201.1")); !errors.Is(err, ErrPodNotOnNode) {
+		t.Errorf("node without the pod: %v", err)
 	}
 }
