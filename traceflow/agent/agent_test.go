@@ -303,3 +303,56 @@ func TestDirectoryPrefersIPv6(t *testing.T) {
 		}
 	}
 }
+
+type view map[string][]netip.Addr
+
+func (v view) NodeAddrs(n string) ([]netip.Addr, bool) { a, ok := v[n]; return a, ok }
+func (v view) NodeNames() []string {
+	var out []string
+	for n := range v {
+		out = append(out, n)
+	}
+	return out
+}
+
+func TestNodeDirectory(t *testing.T) {
+	t.Setenv(TokenEnv, "tok")
+	v := view{
+		"dual": {netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("fd00:10::1")},
+		"v4":   {netip.MustParseAddr("198.18.0.2")},
+		"none": nil,
+	}
+	d, err := NewDirectory(DirectoryConfig{Static: map[string]string{"pinned": "http://127.0.0.1:1234"}}, v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for node, want := range map[string]string{
+		"dual":   "https://[fd00:10::1]:9444",
+		"v4":     "https://198.18.0.2:9444",
+		"pinned": "http://127.0.0.1:1234",
+	} {
+		c, err := d.Agent(node)
+		if err != nil || c.URL != want || c.Token != "tok" || c.Node != node {
+			t.Errorf("%s: %+v %v, want %s", node, c, err, want)
+		}
+	}
+	for _, node := range []string{"none", "gone"} {
+		if _, err := d.Agent(node); err == nil || !strings.Contains(err.Error(), "node "+node) {
+			t.Errorf("%s: %v", node, err)
+		}
+	}
+	if got := d.Nodes(); strings.Join(got, ",") != "dual,none,pinned,v4" {
+		t.Errorf("nodes %v", got)
+	}
+	d4, _ := NewDirectory(DirectoryConfig{DisableIPv6: true, Port: 1, Scheme: "http"}, v)
+	if c, _ := d4.Agent("dual"); c == nil || c.URL != "http://198.18.0.1:1" {
+		t.Errorf("IPv6 disabled: %+v", c)
+	}
+	if _, err := NewDirectory(DirectoryConfig{Scheme: "ftp"}, v); err == nil {
+		t.Error("scheme ftp accepted")
+	}
+	t.Setenv(TokenEnv, "")
+	if _, err := NewDirectory(DirectoryConfig{}, v); err == nil {
+		t.Error("no token accepted")
+	}
+}

@@ -44,7 +44,8 @@ type Tracer struct {
 	OVS *OVS
 	// Logger logs the traces (nil: slog.Default()).
 	Logger *slog.Logger
-	// Raw, when set, receives every `nft monitor` line (debugging).
+	// Raw, when set, receives every `nft monitor` line, and on OVS the
+	// monitor's lines and the ofproto/trace output (debugging).
 	Raw io.Writer
 
 	once sync.Once
