@@ -111,8 +111,10 @@ func (r resolver) Resolve(req traceflow.Request, f traceflow.Family) (traceflow.
 // targets'. A destination the view cannot place is watched on every node.
 func (r resolver) targets(e *enrich.Enricher, p *traceflow.Probe, v uint8) {
 	p.Nodes = []string{p.SourceNode}
+	unplaced := false
 	add := func(a netip.Addr, pod, node string) {
 		p.Targets = append(p.Targets, traceflow.Target{Addr: a, Pod: pod})
+		unplaced = unplaced || node == ""
 		if node != "" && !slices.Contains(p.Nodes, node) {
 			p.Nodes = append(p.Nodes, node)
 		}
@@ -147,9 +149,12 @@ func (r resolver) targets(e *enrich.Enricher, p *traceflow.Probe, v uint8) {
 			}
 		}
 	}
-	if len(p.Targets) == 0 {
+	switch {
+	case len(p.Targets) == 0:
 		p.Targets = []traceflow.Target{{Addr: p.Dst}}
 		p.Nodes = nil // unplaced: every node watches
+	case unplaced:
+		p.Nodes = nil // a target of no known node: every node watches
 	}
 }
 

@@ -128,6 +128,11 @@ func (e *Exporter) serveTraceflow() (func(), error) {
 	if err != nil {
 		return nil, err
 	}
+	rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	if err := t.RemoveStaleTables(rctx); err != nil {
+		e.log.Warn("traceflow agent", "err", err)
+	}
+	cancel()
 	ln := c.Listener
 	if ln == nil {
 		if ln, err = net.Listen("tcp", c.Addr); err != nil {

@@ -56,6 +56,9 @@ const maxBody = 1 << 20
 // MaxTimeout caps the timeout of a watch.
 const MaxTimeout = time.Minute
 
+// writeTimeout bounds writing one watch event to the controller.
+const writeTimeout = 10 * time.Second
+
 // MaxWatches bounds the watches an agent serves at once (a controller has
 // at most 63 probes in flight).
 const MaxWatches = 128
@@ -91,7 +94,7 @@ type errorBody struct {
 // LoadToken reads the token from $DUALFLOW_TRACEFLOW_TOKEN, else from
 // file (trailing whitespace trimmed). An empty token is an error.
 func LoadToken(file string) (string, error) {
-	tok := os.Getenv(TokenEnv)
+	tok := strings.TrimSpace(os.Getenv(TokenEnv))
 	if tok == "" && file != "" {
 		b, err := os.ReadFile(file)
 		if err != nil {
@@ -168,7 +171,7 @@ type Metrics struct {
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dualflow_traceflow_agent_requests_total",
-			Help: "Traceflow agent calls by call (watch, inject, info) and result (ok, unauthorized, invalid, not_found, busy, error)."},
+			Help: "Traceflow agent calls by call (watch, inject, info) and result (ok, unauthorized, invalid, not_found, not_supported, busy, error)."},
 			[]string{"call", "result"}),
 		watches: prometheus.NewGauge(prometheus.GaugeOpts{Name: "dualflow_traceflow_agent_watches",
 			Help: "Traceflow probes the agent is watching for now."}),
@@ -210,7 +213,7 @@ func Handler(n Node, info Info, token string, m *Metrics) http.Handler {
 		case errors.Is(err, node.ErrPodNotOnNode):
 			status, result = http.StatusNotFound, "not_found"
 		case errors.Is(err, traceflow.ErrNotSupported):
-			status, result = http.StatusNotImplemented, "invalid"
+			status, result = http.StatusNotImplemented, "not_supported"
 		}
 		m.requests.WithLabelValues(call, result).Inc()
 		writeJSON(w, status, errorBody{err.Error()})
@@ -264,6 +267,9 @@ func Handler(n Node, info Info, token string, m *Metrics) http.Handler {
 				w.Header().Set("Content-Type", "application/x-ndjson")
 				w.WriteHeader(http.StatusOK)
 			}
+			// A controller that stops reading ends the watch instead of
+			// blocking it (and the node's monitor) until TCP gives up.
+			rc.SetWriteDeadline(time.Now().Add(writeTimeout))
 			if err := enc.Encode(ev); err != nil {
 				return err
 			}
@@ -360,6 +366,9 @@ func (c *Client) do(ctx context.Context, method, path string, body any) (*http.R
 	case http.StatusUnauthorized:
 		return nil, ErrUnauthorized
 	case http.StatusNotFound:
+		if eb.Error == "" { // not the agent's answer: a wrong URL or port
+			return nil, fmt.Errorf("%s (is this a dualflow traceflow agent?)", resp.Status)
+		}
 		return nil, fmt.Errorf("%w: %s", node.ErrPodNotOnNode, eb.Error)
 	case http.StatusNotImplemented:
 		return nil, fmt.Errorf("%w: %s", traceflow.ErrNotSupported, eb.Error)

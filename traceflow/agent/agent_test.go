@@ -344,9 +344,16 @@ func TestNodeDirectory(t *testing.T) {
 	if got := d.Nodes(); strings.Join(got, ",") != "dual,none,pinned,v4" {
 		t.Errorf("nodes %v", got)
 	}
-	d4, _ := NewDirectory(DirectoryConfig{DisableIPv6: true, Port: 1, Scheme: "http"}, v)
-	if c, _ := d4.Agent("dual"); c == nil || c.URL != "http://198.18.0.1:1" {
+	d4, _ := NewDirectory(DirectoryConfig{DisableIPv6: true, Port: 1}, v)
+	if c, _ := d4.Agent("dual"); c == nil || c.URL != "https://198.18.0.1:1" {
 		t.Errorf("IPv6 disabled: %+v", c)
+	}
+	d4, _ = NewDirectory(DirectoryConfig{Scheme: "http"}, v)
+	if c, err := d4.Agent("dual"); err == nil {
+		t.Errorf("http to a node address accepted: %+v", c)
+	}
+	if _, err := NewDirectory(DirectoryConfig{Static: map[string]string{"n": "http://198.18.0.9:9444"}}, v); err == nil {
+		t.Error("a static http URL beyond loopback accepted")
 	}
 	if _, err := NewDirectory(DirectoryConfig{Scheme: "ftp"}, v); err == nil {
 		t.Error("scheme ftp accepted")

@@ -105,6 +105,18 @@ func (c *Cluster) Trace(ctx context.Context, p traceflow.Probe) (traceflow.Path,
 		}
 	}
 	setup.Wait()
+	// The source node and the nodes of the targets must watch; when the
+	// probe could go anywhere every node is asked, and one that cannot
+	// watch only makes the path less complete.
+	var lost []string
+	if len(p.Nodes) == 0 {
+		for i := 1; i < len(nodes); i++ {
+			if errs[i] != nil && ctx.Err() == nil {
+				lost = append(lost, errs[i].Error())
+				errs[i] = nil
+			}
+		}
+	}
 	if p.Live && errors.Join(errs...) == nil {
 		watch(0)
 	}
@@ -127,6 +139,9 @@ func (c *Cluster) Trace(ctx context.Context, p traceflow.Probe) (traceflow.Path,
 		return traceflow.Path{}, err
 	}
 	for i, s := range streams {
+		if s == nil {
+			continue // a node that could not watch (in lost)
+		}
 		readers.Go(func() {
 			for {
 				ev, err := s.Next()
@@ -142,7 +157,7 @@ func (c *Cluster) Trace(ctx context.Context, p traceflow.Probe) (traceflow.Path,
 		})
 	}
 
-	m := merger{p: p, policies: c.Policies}
+	m := merger{p: p, policies: c.Policies, lost: lost}
 	var resendC <-chan time.Time
 	if !p.Live {
 		if err := src.Inject(ctx, p); err != nil {
@@ -174,7 +189,7 @@ func (c *Cluster) Trace(ctx context.Context, p traceflow.Probe) (traceflow.Path,
 		case ne := <-events:
 			if ne.err != nil {
 				if !errors.Is(ne.err, io.EOF) || ctx.Err() == nil {
-					m.lost = append(m.lost, fmt.Sprintf("%s: %v", ne.node, ne.err))
+					m.lose(fmt.Sprintf("%s: %v", ne.node, ne.err))
 				}
 				continue
 			}
@@ -253,6 +268,13 @@ type nodeEventLite struct {
 
 func (m *merger) decided() bool { return m.outcome != "" }
 
+// lose notes a problem with a node's stream (once per text, bounded).
+func (m *merger) lose(what string) {
+	if len(m.lost) < maxLost && !slices.Contains(m.lost, what) {
+		m.lost = append(m.lost, what)
+	}
+}
+
 // sourceDone reports whether the source node has said all it saw: the
 // probe left it, or it decided the outcome there.
 func (m *merger) sourceDone() bool { return m.srcLeft || m.outcomeAt == m.p.SourceNode }
@@ -272,6 +294,10 @@ func (m *merger) add(n string, ev traceflow.WatchEvent) {
 		if ev.Conn == m.chosen {
 			m.apply(n, ev)
 		}
+		return
+	}
+	if len(m.byConn[ev.Conn]) >= maxEventsConn {
+		m.lose(fmt.Sprintf("%s: more than %d events of connection %d, the rest dropped", n, maxEventsConn, ev.Conn))
 		return
 	}
 	m.byConn[ev.Conn] = append(m.byConn[ev.Conn], nodeEventLite{n, ev})
@@ -326,7 +352,21 @@ func (m *merger) bound() {
 	}
 }
 
+// Bounds of what a trace keeps of the nodes' streams: a real path is a
+// few dozen observations; a broken or hostile agent must not fill the
+// collector's memory.
+const (
+	maxObsPerNode = 256
+	maxEventsConn = 512
+	maxLost       = 16
+	maxDeliveries = 8
+)
+
 func (m *merger) apply(n string, ev traceflow.WatchEvent) {
+	if o := ev.Observation; o != nil && (len(m.obs[n]) >= maxObsPerNode || len(m.last) >= maxDeliveries && o.Component == traceflow.Delivery) {
+		m.lose(fmt.Sprintf("%s: more than %d observations, the rest dropped", n, maxObsPerNode))
+		ev.Observation = nil
+	}
 	if o := ev.Observation; o != nil {
 		o.Node = n
 		if o.Component == traceflow.Delivery {

@@ -45,7 +45,7 @@ func (c *DirectoryConfig) Enabled() bool { return c.TokenFile != "" || len(c.Sta
 func (c *DirectoryConfig) BindFlags(fs *flag.FlagSet) {
 	fs.Var((*agentMap)(&c.Static), "traceflow.agents", "node agents by name, NODE=URL comma-separated (e.g. node-1=https://10.0.0.1:9444); other nodes are reached at their InternalIP and --traceflow.agent-port")
 	fs.IntVar(&c.Port, "traceflow.agent-port", DefaultPort, "port of the exporters' traceflow agents (--traceflow.addr on the nodes)")
-	fs.StringVar(&c.Scheme, "traceflow.agent-scheme", "https", "https, or http for agents reached over loopback")
+	fs.StringVar(&c.Scheme, "traceflow.agent-scheme", "https", "https, or http for agents on loopback only (the token is never sent in clear over the network)")
 	fs.StringVar(&c.TokenFile, "traceflow.token-file", "", "file holding the agents' bearer token (or $"+TokenEnv+"); traces through node agents are on when it is set")
 	fs.StringVar(&c.CAFile, "traceflow.ca-file", "", "PEM CA verifying the agents' certificates (empty: system roots)")
 	fs.StringVar(&c.CertFile, "traceflow.cert-file", "", "PEM client certificate for agents that require one (mutual TLS)")
@@ -121,7 +121,13 @@ func NewDirectory(cfg DirectoryConfig, view NodeView) (*NodeDirectory, error) {
 	if (cfg.CertFile == "") != (cfg.KeyFile == "") {
 		return nil, errors.New("--traceflow.cert-file and --traceflow.key-file go together")
 	}
+	for n, u := range cfg.Static {
+		if err := clearTextOK(u); err != nil {
+			return nil, fmt.Errorf("--traceflow.agents %s: %w", n, err)
+		}
+	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.Proxy = nil // the token goes to the node itself, never through a proxy
 	tr.TLSClientConfig, err = ClientTLS(cfg.CAFile, cfg.CertFile, cfg.KeyFile)
 	if err != nil {
 		return nil, err
@@ -145,7 +151,29 @@ func (d *NodeDirectory) Agent(node string) (*Client, error) {
 		return nil, fmt.Errorf("node %s: no InternalIP to reach its traceflow agent at (set --traceflow.agents)", node)
 	}
 	u := d.cfg.Scheme + "://" + net.JoinHostPort(a.String(), strconv.Itoa(d.cfg.Port))
+	if err := clearTextOK(u); err != nil {
+		return nil, fmt.Errorf("node %s: %w", node, err)
+	}
 	return &Client{Node: node, URL: u, Token: d.token, HTTP: d.http}, nil
+}
+
+// clearTextOK refuses an http:// agent URL whose host is not loopback: the
+// bearer token must not cross the network in clear (the agent refuses to
+// serve that way too).
+func clearTextOK(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return err
+	}
+	if u.Scheme != "http" {
+		return nil
+	}
+	if h := u.Hostname(); h == "localhost" {
+		return nil
+	} else if a, err := netip.ParseAddr(h); err == nil && a.IsLoopback() {
+		return nil
+	}
+	return fmt.Errorf("%s: plain http beyond loopback would send the traceflow token in clear; use https", raw)
 }
 
 // pick prefers an IPv6 address when ipv6 is allowed and there is one.

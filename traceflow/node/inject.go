@@ -21,8 +21,12 @@ import (
 // this node (the pod is elsewhere, or gone).
 var ErrPodNotOnNode = errors.New("pod not found on this node")
 
-// errNotOnNode is a namespace found whose veth peer is on another node.
-var errNotOnNode = ErrPodNotOnNode
+// errNotOnNode is a namespace found whose veth peer is on another node;
+// errNotAPod one whose interface is no pod's veth.
+var (
+	errNotOnNode = ErrPodNotOnNode
+	errNotAPod   = errors.New("not a pod interface")
+)
 
 // Injector sends probes from the pods of its node.
 type Injector struct {
@@ -76,7 +80,7 @@ func (in *Injector) find(addr netip.Addr) (podns.Namespace, peer, error) {
 		if err == nil {
 			return ns, pr, nil
 		}
-		if !errors.Is(err, errNotOnNode) {
+		if !errors.Is(err, errNotOnNode) && !errors.Is(err, errNotAPod) {
 			errs = append(errs, err)
 		}
 	}

@@ -86,6 +86,36 @@ func (t *Tracer) startTrace(ctx context.Context, tag uint8, rules string) (*moni
 	}
 }
 
+// RemoveStaleTables deletes the trace tables a previous agent of this node
+// left behind (killed in the middle of a watch): a live trace's table
+// would keep tracing every new connection of its pod. Call it before
+// serving.
+func (t *Tracer) RemoveStaleTables(ctx context.Context) error {
+	t.init()
+	if t.NFT == "" || t.OVS != nil {
+		return nil
+	}
+	out, err := nsrun.Output(ctx, t.nodeNS(), nil, t.NFT, "list", "tables")
+	if err != nil {
+		return fmt.Errorf("nft list tables: %w", err)
+	}
+	var del strings.Builder
+	for l := range strings.Lines(string(out)) {
+		f := strings.Fields(l)
+		if len(f) == 3 && f[0] == "table" && f[1] == "inet" && strings.HasPrefix(f[2], observe.TablePrefix) {
+			fmt.Fprintf(&del, "delete table inet %s\n", f[2])
+		}
+	}
+	if del.Len() == 0 {
+		return nil
+	}
+	t.Logger.Info("traceflow: removing trace tables a previous agent left", "node", t.Name, "tables", strings.Count(del.String(), "\n"))
+	if _, err := nsrun.Output(ctx, t.nodeNS(), []byte(del.String()), t.NFT, "-f", "-"); err != nil {
+		return fmt.Errorf("remove stale trace tables: %w", err)
+	}
+	return nil
+}
+
 // tableHandle returns the handle of table in `nft --echo --handle` output
 // ("add table inet NAME # handle 12"), or "" when it is not there.
 func tableHandle(out, table string) string {
@@ -106,6 +136,9 @@ func tableHandle(out, table string) string {
 // trace tables included; and the kernel reuses trace ids. A packet is this
 // probe's when the rule of this probe's pre chain matched it (only that
 // rule can); events of other trace tables are skipped.
+//
+// It closes out when the monitor exits (the watch then fails: it would
+// see nothing more) and returns, without closing out, when ctx ends.
 func (t *Tracer) traceEvents(ctx context.Context, mon *monitorSub, tag uint8, out chan<- observe.Event) {
 	table := observe.TableName(tag)
 	mine := map[string]bool{}             // trace id -> belongs to this probe
@@ -118,7 +151,18 @@ func (t *Tracer) traceEvents(ctx context.Context, mon *monitorSub, tag uint8, ou
 			return false
 		}
 	}
-	for l := range mon.Lines() {
+	for {
+		var l string
+		select {
+		case line, ok := <-mon.Lines():
+			if !ok {
+				close(out)
+				return
+			}
+			l = line
+		case <-ctx.Done():
+			return
+		}
 		if t.Raw != nil {
 			fmt.Fprintf(t.Raw, "probe %d %s: %s\n", tag, t.Name, l)
 		}
@@ -212,7 +256,10 @@ func (t *Tracer) watchKernel(ctx context.Context, p traceflow.Probe, emit func(t
 	}
 	for {
 		select {
-		case ev := <-events:
+		case ev, ok := <-events:
+			if !ok {
+				return fmt.Errorf("node %s: %w", t.Name, mon.Err())
+			}
 			for _, we := range k.add(ev) {
 				left = left || we.Left
 				if err := emit(we); err != nil {

@@ -61,7 +61,10 @@ func (t *Tracer) watchLive(ctx context.Context, p traceflow.Probe, emit func(tra
 	l := newLiveNode(t, p, source, targets)
 	for {
 		select {
-		case ev := <-events:
+		case ev, ok := <-events:
+			if !ok {
+				return fmt.Errorf("node %s: %w", t.Name, mon.Err())
+			}
 			for _, we := range l.add(ev) {
 				if err := emit(we); err != nil {
 					return err

@@ -17,8 +17,13 @@ import (
 // instead of a process start and a subscription race.
 const monitorLinger = 30 * time.Second
 
-// subBuffer is the lines a watch may lag behind the monitor.
-const subBuffer = 1024
+// subBuffer is the lines a watch may lag behind the monitor before it is
+// ended.
+const subBuffer = 4096
+
+// lagTimeout is how long the fan-out waits for a watch whose buffer is
+// full before it ends that watch.
+const lagTimeout = 5 * time.Second
 
 // errMonitorExited: the node's nft monitor exited during a watch.
 var errMonitorExited = errors.New("nft monitor exited")
@@ -37,10 +42,22 @@ type monitorHub struct {
 
 // monitorSub is one watch's view of the monitor's lines.
 type monitorSub struct {
-	h     *monitorHub
-	lines chan string
-	done  chan struct{}
-	once  sync.Once
+	h      *monitorHub
+	lines  chan string
+	done   chan struct{}
+	once   sync.Once
+	lagged bool // set before lines is closed
+}
+
+// errLagged: a watch fell too far behind the node's nft monitor.
+var errLagged = errors.New("the watch fell behind the node's nft monitor (is its controller still reading?)")
+
+// Err says why Lines closed.
+func (s *monitorSub) Err() error {
+	if s.lagged {
+		return errLagged
+	}
+	return errMonitorExited
 }
 
 // Lines returns the monitor's lines since the subscription; the channel
@@ -141,13 +158,15 @@ func (h *monitorHub) close() {
 }
 
 // fanOut copies each line of mon to every subscription; a subscription
-// that lags by more than subBuffer lines holds the others back (a watch
-// reads its lines at once, so this is a loaded machine, not a lost line).
+// whose buffer stays full for lagTimeout is ended (its watch fails with
+// errLagged) instead of holding the others back longer.
 // When mon exits, every subscription's channel closes and the next
 // subscribe starts a new monitor.
 func (h *monitorHub) fanOut(mon *observe.Monitor, gen int, ended chan struct{}) {
 	defer close(ended)
 	var subs []*monitorSub
+	lag := time.NewTimer(lagTimeout)
+	lag.Stop()
 	for l := range mon.Lines() {
 		h.mu.Lock()
 		subs = subs[:0]
@@ -158,11 +177,31 @@ func (h *monitorHub) fanOut(mon *observe.Monitor, gen int, ended chan struct{}) 
 		for _, s := range subs {
 			select {
 			case s.lines <- l:
+				continue
 			case <-s.done:
+				continue
+			default:
+			}
+			lag.Reset(lagTimeout)
+			select {
+			case s.lines <- l:
+			case <-s.done:
+			case <-lag.C:
+				// The watch stayed subBuffer lines behind for lagTimeout
+				// (its controller stopped reading): end it rather than
+				// hold every other watch of the node, and nft, back.
+				h.mu.Lock()
+				if _, ok := h.subs[s]; ok {
+					delete(h.subs, s)
+					s.lagged = true
+					close(s.lines)
+				}
+				h.mu.Unlock()
 			}
 		}
 	}
 	h.mu.Lock()
+	current := h.gen == gen && h.mon == mon
 	if h.gen == gen {
 		for s := range h.subs {
 			close(s.lines)
@@ -173,4 +212,9 @@ func (h *monitorHub) fanOut(mon *observe.Monitor, gen int, ended chan struct{}) 
 		}
 	}
 	h.mu.Unlock()
+	if current {
+		// nft exited (or its output stopped) by itself: reap it. A
+		// monitor stopped by stopIdle or close is reaped there.
+		mon.Close()
+	}
 }

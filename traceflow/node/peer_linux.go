@@ -45,7 +45,9 @@ func peerOf(podNS, iface, nodeNS string) (peer, error) {
 		return peer{}, fmt.Errorf("pod interface %s: %w", iface, err)
 	}
 	if link.Type() != "veth" || link.Attrs().ParentIndex == 0 {
-		return peer{}, fmt.Errorf("pod interface %s is a %s, not a veth with a peer on the node", iface, link.Type())
+		// The host's own namespace, a kube-ipvs0 or cilium_host address:
+		// not a pod's.
+		return peer{}, fmt.Errorf("%w: %s is a %s, not a veth with a peer on the node", errNotAPod, iface, link.Type())
 	}
 	// Interface indexes are per namespace: the peer's namespace is the
 	// node's only if the pod's view of the node namespace has the id its

@@ -85,6 +85,7 @@ func (t *Tracer) injector() *Injector { return &Injector{Pods: t.Pods, NodeNS: t
 // (ErrPodNotOnNode otherwise).
 func (t *Tracer) Inject(ctx context.Context, p traceflow.Probe) error {
 	t.init()
+	p = normalize(p)
 	if p.Live {
 		return fmt.Errorf("%w: a live trace sends nothing", traceflow.ErrInvalid)
 	}
@@ -94,9 +95,31 @@ func (t *Tracer) Inject(ctx context.Context, p traceflow.Probe) error {
 	}
 	frame, err := from.Frame(p)
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: %v", traceflow.ErrInvalid, err)
 	}
 	return from.Send(frame)
+}
+
+// maxTargets bounds the targets a watch captures at (a Service's
+// endpoints on one node; the request's body could list thousands).
+const maxTargets = 256
+
+// normalize unmaps the probe's addresses (an IPv4-mapped IPv6 address is
+// the IPv4 address) and drops duplicate targets.
+func normalize(p traceflow.Probe) traceflow.Probe {
+	p.Src, p.Dst = p.Src.Unmap(), p.Dst.Unmap()
+	seen := map[netip.Addr]bool{}
+	var tgs []traceflow.Target
+	for _, tg := range p.Targets {
+		tg.Addr = tg.Addr.Unmap()
+		if seen[tg.Addr] {
+			continue
+		}
+		seen[tg.Addr] = true
+		tgs = append(tgs, tg)
+	}
+	p.Targets = tgs
+	return p
 }
 
 // Watch observes p on this node until ctx ends, calling emit with a Ready
@@ -105,6 +128,10 @@ func (t *Tracer) Inject(ctx context.Context, p traceflow.Probe) error {
 // ends (nil) or when watching fails or emit fails (the caller went away).
 func (t *Tracer) Watch(ctx context.Context, p traceflow.Probe, emit func(traceflow.WatchEvent) error) error {
 	t.init()
+	p = normalize(p)
+	if len(p.Targets) > maxTargets {
+		return fmt.Errorf("%w: %d targets (at most %d)", traceflow.ErrInvalid, len(p.Targets), maxTargets)
+	}
 	if !p.Src.IsValid() || !p.Dst.IsValid() || p.Src.Is4() != p.Dst.Is4() {
 		return fmt.Errorf("%w: probe %s -> %s", traceflow.ErrInvalid, p.Src, p.Dst)
 	}
@@ -141,7 +168,10 @@ func (t *Tracer) localTargets(p traceflow.Probe) ([]localTarget, error) {
 			continue
 		}
 		if err != nil {
-			return nil, fmt.Errorf("target %s: %w", tg.Addr, err)
+			// One target this node cannot capture at must not fail the
+			// trace: the others, and the other nodes, still report.
+			t.Logger.Warn("traceflow: no capture at a target", "node", t.Name, "target", tg.Addr, "err", err)
+			continue
 		}
 		out = append(out, localTarget{Target: tg, ns: ns, host: pr.Name})
 	}

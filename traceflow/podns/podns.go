@@ -24,6 +24,7 @@ import (
 	"strconv"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // DefaultDirs are where container runtimes and iproute2 bind-mount network
@@ -44,6 +45,10 @@ type Namespace struct {
 	Inode uint64
 }
 
+// missTTL is how long an address not found in a scan is answered "not
+// found" without scanning again.
+const missTTL = time.Second
+
 // Finder finds namespaces by address. The zero value scans DefaultDirs and
 // /proc. It is safe for concurrent use.
 type Finder struct {
@@ -55,9 +60,10 @@ type Finder struct {
 	// from a host-network pod is not what a pod address means.
 	SkipOwn bool
 
-	mu    sync.Mutex
-	cache map[netip.Addr][]Namespace
-	scans int
+	mu        sync.Mutex
+	cache     map[netip.Addr][]Namespace
+	scannedAt time.Time
+	scans     int
 }
 
 // ifaceAddr is an address of an interface.
@@ -96,6 +102,12 @@ func (f *Finder) FindAll(addr netip.Addr) ([]Namespace, error) {
 	defer f.mu.Unlock()
 	if nss, ok := f.cache[addr]; ok && !slices.ContainsFunc(nss, func(ns Namespace) bool { return !f.still(ns, addr) }) {
 		return slices.Clone(nss), nil
+	}
+	if _, cached := f.cache[addr]; !cached && time.Since(f.scannedAt) < missTTL {
+		// Scanned a moment ago and not there: most targets of a Service
+		// are on other nodes, and each would cost a scan of every
+		// namespace otherwise.
+		return nil, fmt.Errorf("%s: %w", addr, ErrNotFound)
 	}
 	if err := f.scanLocked(); err != nil {
 		return nil, err
@@ -145,7 +157,7 @@ func (f *Finder) scanLocked() error {
 			cache[a.addr] = append(cache[a.addr], Namespace{Path: p, Iface: a.iface, Inode: ino})
 		}
 	}
-	f.cache = cache
+	f.cache, f.scannedAt = cache, time.Now()
 	return nil
 }
 
