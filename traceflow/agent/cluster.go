@@ -378,7 +378,10 @@ func (m *merger) apply(n string, ev traceflow.WatchEvent) {
 			if _, ok := m.obs[n]; !ok {
 				m.order = append(m.order, n)
 			}
-			m.obs[n] = append(m.obs[n], *o)
+			// A resent copy crosses the same hops again: keep one.
+			if !slices.Contains(m.obs[n], *o) {
+				m.obs[n] = append(m.obs[n], *o)
+			}
 		}
 		m.lastAt = n
 	}
