@@ -100,3 +100,7 @@ fuzz: ## run each fuzz target for FUZZ_TIME (default 20s)
 .PHONY: clean
 clean: ## remove build outputs and local data (keeps the libchdb cache)
 	rm -rf bin var test/artifacts
+
+.PHONY: ui-vendor
+ui-vendor: ## re-fetch the UI's pinned npm packages and verify their sha256 (UPDATE=1 rewrites them)
+	@web/ui/vendor.sh $(if $(UPDATE),update,verify)
