@@ -23,6 +23,7 @@ import (
 	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/collector/ipfix"
 	"github.com/dualflow/dualflow/collector/store"
+	"github.com/dualflow/dualflow/collector/store/chdb"
 	"github.com/dualflow/dualflow/exporter"
 	"github.com/dualflow/dualflow/lab"
 	"github.com/dualflow/dualflow/lab/manifest"
@@ -69,6 +70,21 @@ listener takes it.`)
 	if cfg.Store.DataDir == "" {
 		cfg.Store.DataDir = *dataDir
 	}
+	labCfg.SetDefaults()
+	// A second demo on the same lab or data directory refuses before it
+	// touches either: Down below would otherwise remove the running
+	// demo's lab.
+	lock, err := lockDemo(labCfg.StateDir)
+	if err != nil {
+		if errors.Is(err, os.ErrPermission) && os.Geteuid() != 0 {
+			return errors.New("demo: the lab needs root (network namespaces); run it as root")
+		}
+		return err
+	}
+	defer lock.Unlock()
+	if err := chdb.CheckDir(cfg.Store.DataDir); err != nil {
+		return fmt.Errorf("%w: its data directory %s is in use (%w); it was left as it is: stop it first, or pass another --data-dir", ErrDemoRunning, cfg.Store.DataDir, err)
+	}
 	if os.Geteuid() != 0 {
 		return errors.New("demo: the lab needs root (network namespaces); run it as root")
 	}
@@ -80,7 +96,6 @@ listener takes it.`)
 		return err
 	}
 	labCfg.AgentBinary, labCfg.Traffic = exe, true
-	labCfg.SetDefaults()
 	// A previous demo killed hard may have left a lab behind.
 	if err := lab.Down(labCfg.StateDir, labCfg.Prefix); err != nil {
 		log.Warn("removing a previous lab", "err", err)

@@ -208,6 +208,24 @@ func Open(cfg Config) (*DB, error) {
 	}, nil
 }
 
+// CheckDir fails with ErrLocked (wrapped, naming the holder) when another
+// process holds the engine on dir, so that a caller can refuse before it
+// starts anything else. Open checks the same; call CheckDir only when
+// this process has no engine open on dir.
+func CheckDir(dir string) error {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return fmt.Errorf("chdb: data dir: %w", err)
+	}
+	if locked, holder := lockedBy(abs); locked {
+		if holder != "" {
+			return fmt.Errorf("open %s (held by %s): %w", abs, holder, ErrLocked)
+		}
+		return fmt.Errorf("open %s: %w", abs, ErrLocked)
+	}
+	return nil
+}
+
 func displayDir(dir string) string {
 	if dir == "" {
 		return ":memory:"

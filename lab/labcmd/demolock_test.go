@@ -1,0 +1,98 @@
+//go:build unix
+
+package labcmd
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/dualflow/dualflow/collector/store/chdb"
+)
+
+func testCommands() *Commands {
+	return &Commands{NewFlagSet: func(name, _, _ string) *flag.FlagSet {
+		fs := flag.NewFlagSet(name, flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		return fs
+	}}
+}
+
+// TestDemoRefusesWhileOneRuns: a second demo on the lab of a running one
+// refuses with the first one's pid and web URL, and leaves its lab's
+// state as it is; once the first stops, the lock is free again.
+func TestDemoRefusesWhileOneRuns(t *testing.T) {
+	stateDir := filepath.Join(t.TempDir(), "lab")
+	first, err := lockDemo(stateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What the running demo has in its state directory.
+	stateFile := filepath.Join(stateDir, "state.json")
+	if err := os.WriteFile(stateFile, []byte(`{"prefix":"df-"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	const url = "http://127.0.0.1:18080"
+	if err := os.WriteFile(filepath.Join(stateDir, webURLFile), []byte(url+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	err = testCommands().Demo(context.Background(), []string{"--state-dir", stateDir, "--data-dir", t.TempDir()})
+	if !errors.Is(err, ErrDemoRunning) {
+		t.Fatalf("second demo: err = %v, want ErrDemoRunning", err)
+	}
+	for _, want := range []string{"pid " + strconv.Itoa(os.Getpid()), url, stateDir} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("second demo: %q does not say %q", err, want)
+		}
+	}
+	if _, err := os.Stat(stateFile); err != nil {
+		t.Errorf("the running demo's lab state was touched: %v", err)
+	}
+	if _, err := lockDemo(stateDir); !errors.Is(err, ErrDemoRunning) {
+		t.Fatalf("lock while held: err = %v, want ErrDemoRunning", err)
+	}
+
+	first.Unlock()
+	again, err := lockDemo(stateDir)
+	if err != nil {
+		t.Fatalf("lock after the first demo stopped: %v", err)
+	}
+	again.Unlock()
+}
+
+// TestDemoRefusesHeldDataDir: a demo whose data directory another process
+// holds (the engine's flock on dir/status) refuses before it builds a
+// lab, naming the holder, and leaves no state behind.
+func TestDemoRefusesHeldDataDir(t *testing.T) {
+	dataDir := t.TempDir()
+	f, err := os.OpenFile(filepath.Join(dataDir, "status"), os.O_RDWR|os.O_CREATE, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString("PID: 4242\nStarted at: now\n"); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatal(err)
+	}
+	stateDir := filepath.Join(t.TempDir(), "lab")
+	err = testCommands().Demo(context.Background(), []string{"--state-dir", stateDir, "--data-dir", dataDir})
+	if !errors.Is(err, ErrDemoRunning) || !errors.Is(err, chdb.ErrLocked) {
+		t.Fatalf("demo on a held data dir: err = %v, want ErrDemoRunning and chdb.ErrLocked", err)
+	}
+	if !strings.Contains(err.Error(), "PID: 4242") {
+		t.Errorf("%q does not name the holder", err)
+	}
+	if _, err := os.Stat(stateDir); !os.IsNotExist(err) {
+		t.Errorf("state dir left behind: %v", err)
+	}
+}
