@@ -49,8 +49,14 @@ const (
 )
 
 // add admits c, or returns why not. When every session is taken, the
-// session idle the longest is closed (evicted) to make room if it has been
-// idle for evictIdle.
+// session idle the longest is evicted to make room if it has been idle for
+// evictIdle: it leaves the set and is closed (its goroutine sees the close
+// and counts the eviction).
+//
+// A session gives its place back before its connection closes (here, or
+// remove before Close when it ends), so an exporter that sees its session
+// closed can connect again at once, and a new connection never evicts a
+// live session for the place of one that has already ended.
 func (s *connSet) add(c net.Conn, now time.Time) (*connInfo, int) {
 	src := netip.Addr{}
 	if ap, err := netip.ParseAddrPort(c.RemoteAddr().String()); err == nil {
@@ -67,7 +73,7 @@ func (s *connSet) add(c net.Conn, now time.Time) (*connInfo, int) {
 	if len(s.m) >= s.max {
 		var victim *connInfo
 		for _, ci := range s.m {
-			if !ci.evicted.Load() && (victim == nil || ci.active.Load() < victim.active.Load()) {
+			if victim == nil || ci.active.Load() < victim.active.Load() {
 				victim = ci
 			}
 		}
@@ -75,7 +81,8 @@ func (s *connSet) add(c net.Conn, now time.Time) (*connInfo, int) {
 			return nil, refusedFull
 		}
 		victim.evicted.Store(true)
-		victim.conn.Close() // its goroutine removes it
+		s.removeLocked(victim.conn)
+		victim.conn.Close()
 	}
 	ci := &connInfo{conn: c, src: src}
 	ci.touch(now)
@@ -84,9 +91,15 @@ func (s *connSet) add(c net.Conn, now time.Time) (*connInfo, int) {
 	return ci, refusedNone
 }
 
+// remove gives c's place back; call it before closing c. Removing a
+// session that is not in the set (evicted) does nothing.
 func (s *connSet) remove(c net.Conn) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.removeLocked(c)
+}
+
+func (s *connSet) removeLocked(c net.Conn) {
 	if ci, ok := s.m[c]; ok {
 		delete(s.m, c)
 		if s.bySrc[ci.src]--; s.bySrc[ci.src] <= 0 {

@@ -145,17 +145,19 @@ func (l *Listener) accept(ctx context.Context, ln net.Listener, tr Transport, co
 			l.refusedLog(tr, c.RemoteAddr(), reason)
 			continue
 		}
-		wg.Go(func() {
-			defer conns.remove(c)
-			l.serveConn(ctx, ci, tr)
-		})
+		wg.Go(func() { l.serveConn(ctx, ci, tr, conns) })
 	}
 }
 
-// serveConn decodes one TCP or TLS session until it ends.
-func (l *Listener) serveConn(ctx context.Context, ci *connInfo, tr Transport) {
+// serveConn decodes one TCP or TLS session of conns until it ends.
+func (l *Listener) serveConn(ctx context.Context, ci *connInfo, tr Transport, conns *connSet) {
 	c := ci.conn
-	defer c.Close()
+	// Last, once the final batch is handed on: the place in conns is given
+	// back before the exporter can see the close (see connSet.add).
+	defer func() {
+		conns.remove(c)
+		c.Close()
+	}()
 	t := tr.String()
 	l.m.sessions.WithLabelValues(t).Inc()
 	defer l.m.sessions.WithLabelValues(t).Dec()
