@@ -293,7 +293,9 @@ GROUP BY direction, policy_namespace, policy_name, policy_rule`, r.db, w.minutes
 // port: traffic allowed over one family and denied over the other
 // (KindObservedVerdictGap, from the evaluated or reported verdicts), and,
 // when inv is given, traffic seen over one family only although both
-// workloads have dual-stack pods (KindObservedOneFamily). At most limit
+// workloads have dual-stack pods (KindObservedOneFamily). ICMP and ICMPv6
+// count as one protocol (see icmpProtoKey): a ping over both families is
+// not "IPv4 only" and "IPv6 only". At most limit
 // (default 10000) workload pairs and ports are examined.
 func (r *Reports) ObservedGaps(ctx context.Context, inv *Inventory, win Window, limit int) ([]Finding, error) {
 	w, err := win.resolve()
@@ -303,20 +305,20 @@ func (r *Reports) ObservedGaps(ctx context.Context, inv *Inventory, win Window, 
 	const blocked = "('denied', 'rejected')"
 	q := fmt.Sprintf(`SELECT src_pod_namespace AS src_namespace, src_workload_kind AS src_kind, src_workload_name AS src_name,
        dst_pod_namespace AS dst_namespace, dst_workload_kind AS dst_kind, dst_workload_name AS dst_name,
-       protocol, dst_port,
+       proto_key AS protocol, port_key AS dst_port,
        countIf(ip_version = 4 AND NOT blocked) AS allowed4, countIf(ip_version = 6 AND NOT blocked) AS allowed6,
        countIf(ip_version = 4 AND blocked) AS blocked4, countIf(ip_version = 6 AND blocked) AS blocked6
 FROM (
     SELECT src_pod_namespace, src_workload_kind, src_workload_name, dst_pod_namespace, dst_workload_kind, dst_workload_name,
-           protocol, dst_port, ip_version,
+           %[5]s AS proto_key, %[6]s AS port_key, ip_version,
            ingress_verdict IN %[3]s OR egress_verdict IN %[3]s OR ingress_reported_verdict IN %[3]s OR egress_reported_verdict IN %[3]s AS blocked
     FROM %[1]s.flows
     WHERE %[2]s AND src_workload_name != '' AND dst_workload_name != ''
 )
-GROUP BY src_namespace, src_kind, src_name, dst_namespace, dst_kind, dst_name, protocol, dst_port
+GROUP BY src_namespace, src_kind, src_name, dst_namespace, dst_kind, dst_name, proto_key, port_key
 HAVING NOT (allowed4 > 0 AND allowed6 > 0)
-ORDER BY src_namespace, src_kind, src_name, dst_namespace, dst_kind, dst_name, protocol, dst_port
-LIMIT %[4]d`, r.db, w.flowEnd(), blocked, cmp.Or(limit, 10000))
+ORDER BY src_namespace, src_kind, src_name, dst_namespace, dst_kind, dst_name, proto_key, port_key
+LIMIT %[4]d`, r.db, w.flowEnd(), blocked, cmp.Or(limit, 10000), icmpProtoKey, icmpPortKey)
 	type row struct {
 		SrcNamespace string `json:"src_namespace"`
 		SrcKind      string `json:"src_kind"`
@@ -348,7 +350,7 @@ LIMIT %[4]d`, r.db, w.flowEnd(), blocked, cmp.Or(limit, 10000))
 	for _, x := range rs {
 		src := Ref{Kind: x.SrcKind, Namespace: x.SrcNamespace, Name: x.SrcName}
 		dst := Ref{Kind: x.DstKind, Namespace: x.DstNamespace, Name: x.DstName}
-		proto := protoName(x.Protocol)
+		proto, on := protoName(x.Protocol), portText(x.Protocol, x.DstPort)
 		switch {
 		case x.Allowed4 > 0 && x.Blocked6 > 0 || x.Allowed6 > 0 && x.Blocked4 > 0:
 			ok, bad, nOK, nBad := 4, 6, x.Allowed4, x.Blocked6
@@ -356,19 +358,45 @@ LIMIT %[4]d`, r.db, w.flowEnd(), blocked, cmp.Or(limit, 10000))
 				ok, bad, nOK, nBad = 6, 4, x.Allowed6, x.Blocked4
 			}
 			out = append(out, Finding{Kind: KindObservedVerdictGap, Objects: []Ref{src, dst}, Port: x.DstPort, Protocol: proto, Count: nOK + nBad,
-				Message: fmt.Sprintf("Flows %s → %s on %d/%s were allowed over IPv%d (%d records) but denied over IPv%d (%d records) %s.",
-					src, dst, x.DstPort, proto, ok, nOK, bad, nBad, window)})
+				Message: fmt.Sprintf("Flows %s → %s on %s were allowed over IPv%d (%d records) but denied over IPv%d (%d records) %s.",
+					src, dst, on, ok, nOK, bad, nBad, window)})
 		case inv != nil && dual[src] && dual[dst] && (x.Allowed4 > 0) != (x.Allowed6 > 0) && x.Blocked4+x.Blocked6 == 0:
 			seen, missing, n := 4, 6, x.Allowed4
 			if x.Allowed6 > 0 {
 				seen, missing, n = 6, 4, x.Allowed6
 			}
 			out = append(out, Finding{Kind: KindObservedOneFamily, Objects: []Ref{src, dst}, Port: x.DstPort, Protocol: proto, Count: n,
-				Message: fmt.Sprintf("%s → %s on %d/%s was seen over IPv%d only (%d records) %s although both have dual-stack pods, so IPv%d is never used or never works.",
-					src, dst, x.DstPort, proto, seen, n, window, missing)})
+				Message: fmt.Sprintf("%s → %s on %s was seen over IPv%d only (%d records) %s although both have dual-stack pods, so IPv%d is never used or never works.",
+					src, dst, on, seen, n, window, missing)})
 		}
 	}
 	return out, nil
+}
+
+// ICMP and ICMPv6 are one protocol when the families are compared: a
+// ping over each family is the same ping. icmpProtoKey groups ICMPv6
+// (58) with ICMP (1); icmpPortKey maps the ICMPv6 echo types in dst_port
+// (type<<8 | code: echo request 128, echo reply 129) to their ICMP
+// numbers (8, 0), so both families' pings share a key.
+const (
+	icmpProtoKey = "if(protocol = 58, toUInt8(1), protocol)"
+	icmpPortKey  = "toUInt16(if(protocol = 58, multiIf(intDiv(dst_port, 256) = 128, 2048 + dst_port % 256, intDiv(dst_port, 256) = 129, dst_port % 256, dst_port), dst_port))"
+)
+
+// portText names a destination port of a finding: "9090/TCP", or for
+// ICMP (the ICMP numbering, see icmpPortKey) the message type.
+func portText(proto uint8, port uint16) string {
+	if proto != flow.ProtoICMP {
+		return fmt.Sprintf("%d/%s", port, protoName(proto))
+	}
+	switch typ, code := port>>8, port&0xff; {
+	case typ == 8 && code == 0:
+		return "ping (ICMP/ICMPv6 echo request)"
+	case typ == 0 && code == 0:
+		return "ping reply (ICMP/ICMPv6 echo reply)"
+	default:
+		return fmt.Sprintf("ICMP type %d code %d", typ, code)
+	}
 }
 
 // SideVerdict is one side's decision in report form.

@@ -72,6 +72,14 @@ func needEngine(t testing.TB) *store.Embedded {
 // -> api@1 denied by ingress, web@1 -> web@2 over IPv4 only.
 func labFlows(t *testing.T) (*Inventory, time.Time) {
 	t.Helper()
+	return labFlowsWith(t, false)
+}
+
+// labFlowsWith stores labFlows' flows and, with pings, web@1 -> web@2
+// pings in both families (ICMP echo request 8<<8, ICMPv6 128<<8) and
+// web@2 -> web@1 pings over IPv4 only.
+func labFlowsWith(t *testing.T, pings bool) (*Inventory, time.Time) {
+	t.Helper()
 	e := needEngine(t)
 	for _, tbl := range []string{"flows", "rollup_pod_to_pod_1m", "rollup_pod_to_service_1m", "rollup_node_to_node_1m", "rollup_policy_1m"} {
 		if err := e.Exec(context.Background(), "TRUNCATE TABLE dualflow."+tbl); err != nil {
@@ -89,15 +97,18 @@ func labFlows(t *testing.T) (*Inventory, time.Time) {
 	v4, v6 := corev1.IPv4Protocol, corev1.IPv6Protocol
 	now := time.Now().UTC().Truncate(time.Millisecond)
 	var recs []flow.Record
-	add := func(n int, src, dst *corev1.Pod, f corev1.IPFamily, port uint16) {
+	addProto := func(n int, src, dst *corev1.Pod, f corev1.IPFamily, proto uint8, port uint16) {
 		for i := range n {
-			r := record(t, inv, src, dst, f, flow.ProtoTCP, port)
+			r := record(t, inv, src, dst, f, proto, port)
 			r.SrcPort = uint16(30000 + len(recs))
 			r.FlowStart, r.FlowEnd, r.TimeReceived = now.Add(-10*time.Minute), now.Add(-time.Duration(i+1)*time.Minute), now
 			r.Packets, r.PacketsDelta, r.Bytes, r.BytesDelta = 3, 3, 180, 180
 			a.Audit(&r)
 			recs = append(recs, r)
 		}
+	}
+	add := func(n int, src, dst *corev1.Pod, f corev1.IPFamily, port uint16) {
+		addProto(n, src, dst, f, flow.ProtoTCP, port)
 	}
 	add(3, web1, api2, v4, manifest.PortHTTP)
 	add(3, web1, api2, v6, manifest.PortHTTP)
@@ -107,6 +118,11 @@ func labFlows(t *testing.T) (*Inventory, time.Time) {
 	add(1, probe1, web2, v6, manifest.PortHTTP)
 	add(1, probe1, api1, v4, manifest.PortHTTP)
 	add(4, web1, web2, v4, manifest.PortHTTP)
+	if pings {
+		addProto(2, web1, web2, v4, flow.ProtoICMP, 8<<8)
+		addProto(3, web1, web2, v6, flow.ProtoICMPv6, 128<<8)
+		addProto(5, web2, web1, v4, flow.ProtoICMP, 8<<8)
+	}
 	var b []byte
 	for i := range recs {
 		b = store.AppendFlowRow(b, &recs[i])
@@ -175,7 +191,7 @@ func TestUnusedReport(t *testing.T) {
 }
 
 func TestObservedGaps(t *testing.T) {
-	inv, now := labFlows(t)
+	inv, now := labFlowsWith(t, true)
 	r, _ := NewReports(engine, "")
 	fs, err := r.ObservedGaps(context.Background(), inv, Window{Since: now.Add(-time.Hour)}, 0)
 	if err != nil {
@@ -188,8 +204,16 @@ func TestObservedGaps(t *testing.T) {
 	if len(gaps) != 1 || gaps[0].Port != manifest.PortMetrics || gaps[0].Objects[1].Name != "api" || !strings.Contains(gaps[0].Message, "allowed over IPv4 (2 records) but denied over IPv6 (2 records)") {
 		t.Errorf("verdict gaps %+v", gaps)
 	}
-	if len(one) != 1 || one[0].Objects[0].Name != "web" || one[0].Objects[1].Name != "web" || one[0].Count != 4 {
-		t.Errorf("one-family %+v: want web -> web over IPv4 only", one)
+	// web -> web on 8080/TCP over IPv4 only; the pings over both
+	// families (ICMP and ICMPv6) are no gap; the IPv4-only ping of web@2
+	// is in the same workload pair and protocol as the dual ones.
+	if len(one) != 1 || one[0].Objects[0].Name != "web" || one[0].Objects[1].Name != "web" || one[0].Count != 4 || one[0].Protocol != "TCP" {
+		t.Errorf("one-family %+v: want web -> web on TCP over IPv4 only", one)
+	}
+	for _, f := range fs {
+		if strings.Contains(f.Message, "ICMP") {
+			t.Errorf("a ping over both families is reported: %s", f.Message)
+		}
 	}
 	// probe@1 -> api@1 over IPv4 only was denied: not an observed gap.
 	fs, err = r.ObservedGaps(context.Background(), nil, Window{Since: now.Add(-time.Hour)}, 0)
