@@ -32,6 +32,9 @@ const chromium = "/usr/bin/chromium"
 var (
 	engine  *store.Embedded
 	baseURL string
+	// modeURL serves the same lab restricted to one family: "4" (an
+	// IPv4-only cluster), "6" (IPv6-only); baseURL is the dual-stack one.
+	modeURL = map[string]string{}
 )
 
 func TestMain(m *testing.M) { os.Exit(runMain(m)) }
@@ -57,26 +60,53 @@ func runMain(m *testing.M) int {
 		return 1
 	}
 	engine = e
-	srv, err := web.New(web.Config{
-		Addr: "127.0.0.1:0", Store: e, SQL: api.EngineSQL{Engine: e.DB()},
-		Evaluator: fakes.Evaluator{}, Tracer: fakes.Tracer{Delay: 200 * time.Millisecond}, Auditor: fakes.Auditor{},
-	})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
 	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, ln) }()
-	baseURL = "http://" + ln.Addr().String()
+	defer cancel()
+	var done []chan error
+	serve := func(db string) (string, error) {
+		srv, err := web.New(web.Config{
+			Addr: "127.0.0.1:0", Store: e, SQL: api.EngineSQL{Engine: e.DB()}, Database: db,
+			Evaluator: fakes.Evaluator{}, Tracer: fakes.Tracer{Delay: 200 * time.Millisecond}, Auditor: fakes.Auditor{},
+		})
+		if err != nil {
+			return "", err
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return "", err
+		}
+		ch := make(chan error, 1)
+		done = append(done, ch)
+		go func() { ch <- srv.Serve(ctx, ln) }()
+		return "http://" + ln.Addr().String(), nil
+	}
+	if baseURL, err = serve("dualflow"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	// Single-family labs: copies of the seeded flows of one family.
+	for _, fam := range []string{"4", "6"} {
+		db := "dualflow_v" + fam
+		for _, sql := range []string{
+			"CREATE DATABASE IF NOT EXISTS " + db,
+			"CREATE TABLE " + db + ".flows AS dualflow.flows",
+			"INSERT INTO " + db + ".flows SELECT * FROM dualflow.flows WHERE ip_version = " + fam,
+		} {
+			if err := e.Exec(context.Background(), sql); err != nil {
+				fmt.Fprintln(os.Stderr, "seed", db+":", err)
+				return 1
+			}
+		}
+		if modeURL[fam], err = serve(db); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	}
 	code := m.Run()
 	cancel()
-	<-done
+	for _, ch := range done {
+		<-ch
+	}
 	return code
 }
 
@@ -189,7 +219,8 @@ func TestPagesLoadWithoutConsoleErrors(t *testing.T) {
 	ctx, errs := browser(t)
 	pages := []struct{ hash, ready string }{
 		{"flows", `#flow-table tbody tr`},
-		{"map", `#map svg .node`},
+		{"charts", `#chart-flows .uplot`},
+		{"map", `#map canvas`},
 		{"reach", `#reach-form`},
 		{"trace", `#trace-form`},
 		{"audit", `#audit-list li.dual`},
@@ -224,12 +255,20 @@ func rowFamilies(t *testing.T, ctx context.Context) map[string]int {
 
 func TestFlowFiltersChangeRows(t *testing.T) {
 	ctx, errs := browser(t)
-	do(t, ctx, chromedp.Navigate(baseURL+"/#/flows"), chromedp.WaitVisible(css(`#flow-table tbody tr`)), chromedp.WaitVisible(css(`#flow-chart svg`)))
+	do(t, ctx, chromedp.Navigate(baseURL+"/#/flows"), chromedp.WaitVisible(css(`#flow-table tbody tr`)), chromedp.WaitVisible(css(`#flow-chart .uplot`)))
 	before := rowFamilies(t, ctx)
 	if before["4"] == 0 || before["6"] == 0 {
 		t.Fatalf("unfiltered rows: %v", before)
 	}
-	// Family select: only IPv6 rows.
+	// Local time with the zone in the header; policy and drop-reason columns.
+	if th := eval[string](t, ctx, `document.querySelector('#flow-time-h').textContent`); !strings.HasPrefix(th, "Time (") || th == "Time ()" {
+		t.Errorf("time header %q", th)
+	}
+	heads := eval[[]string](t, ctx, `[...document.querySelectorAll('#flow-table thead th')].map(th => th.textContent)`)
+	if !slices.Contains(heads, "Policy") || !slices.Contains(heads, "Drop reason") {
+		t.Errorf("columns %v", heads)
+	}
+	// Family select: only IPv6 rows, and the URL keeps the filter.
 	do(t, ctx,
 		js(`const s = document.querySelector('#f-family'); s.value = '6'; s.dispatchEvent(new Event('change'))`),
 		poll(`document.querySelectorAll('#flow-table tbody tr').length > 0 && [...document.querySelectorAll('#flow-table tbody tr')].every(r => r.dataset.family === '6')`),
@@ -237,31 +276,77 @@ func TestFlowFiltersChangeRows(t *testing.T) {
 	if got := rowFamilies(t, ctx); got["4"] != 0 || got["6"] == 0 {
 		t.Errorf("IPv6 filter rows: %v", got)
 	}
-	// Expression filter: every row is denied.
+	if h := eval[string](t, ctx, `location.hash`); !strings.Contains(h, "ip_version=6") {
+		t.Errorf("URL %q does not keep the family", h)
+	}
+	// Expression filter: every row is denied, and dropped rows name a reason.
 	do(t, ctx,
 		chromedp.SendKeys(css(`#f-expr`), "verdict=denied\r"),
 		poll(`document.querySelectorAll('#flow-table tbody tr').length > 0 && [...document.querySelectorAll('#flow-table tbody td.verdict')].every(td => td.textContent === 'denied')`),
 	)
-	// A bad filter shows the API's field error.
+	if n := eval[int](t, ctx, `[...document.querySelectorAll('#flow-table tbody td.reason')].filter(td => td.textContent.includes('denied')).length`); n == 0 {
+		t.Error("denied rows without a drop reason")
+	}
+	// Reloading the URL restores the page state.
+	do(t, ctx,
+		chromedp.Reload(),
+		poll(`document.querySelector('#f-family').value === '6' && document.querySelector('#f-expr').value.includes('verdict=denied') && document.querySelectorAll('#flow-table tbody tr').length > 0`),
+	)
+	// A bad filter shows the API's field error, once.
 	do(t, ctx,
 		js(`document.querySelector('#f-expr').value = ''`),
 		chromedp.SendKeys(css(`#f-expr`), "dst_ip=not-an-ip\r"),
 		chromedp.WaitVisible(css(`#banner`)),
 	)
-	if msg := eval[string](t, ctx, `document.querySelector('#banner').textContent`); !strings.Contains(msg, "dst_ip") {
+	msg := eval[string](t, ctx, `document.querySelector('#banner').textContent`)
+	if !strings.Contains(msg, "dst_ip") || strings.Count(msg, "dst_ip:") > 1 {
 		t.Errorf("banner %q", msg)
 	}
-	// Detail drawer.
+	if n := eval[int](t, ctx, `document.body.innerText.split('not-an-ip').length - 1 - (document.querySelector('#f-expr').value.includes('not-an-ip') ? 0 : 0)`); n > 1 {
+		t.Errorf("the error shows %d times", n)
+	}
+	// Detail drawer with actions.
 	do(t, ctx,
 		js(`document.querySelector('#f-expr').value = ''`),
 		chromedp.SendKeys(css(`#f-expr`), "\r"),
 		poll(`!document.querySelector('#banner').textContent.includes('dst_ip') && document.querySelectorAll('#flow-table tbody tr').length > 0`),
 		chromedp.Click(css(`#flow-table tbody tr`)),
 		chromedp.WaitVisible(css(`#drawer dl.kv`)),
+		chromedp.WaitVisible(css(`#drawer #trace-this`)),
 	)
 	screenshot(t, ctx, "flows-drawer")
+	href := eval[string](t, ctx, `document.querySelector('#trace-this').getAttribute('href')`)
+	if !strings.HasPrefix(href, "#/trace?") || !strings.Contains(href, "family=0") || !strings.Contains(href, "run=1") {
+		t.Errorf("trace action %q", href)
+	}
+	// "Filter by source pod" opens Flows of that pod.
+	do(t, ctx,
+		chromedp.Click(css(`#drawer .actions a.act`)),
+		poll(`location.hash.includes('pod=') && document.querySelectorAll('#flow-table tbody tr').length > 0 && document.querySelector('#f-expr').value.includes('pod=')`),
+	)
+	// "Trace this flow" runs a prefilled dual trace.
+	do(t, ctx,
+		chromedp.Click(css(`#flow-table tbody tr`)),
+		chromedp.WaitVisible(css(`#drawer #trace-this`)),
+		chromedp.Click(css(`#drawer #trace-this`)),
+		chromedp.WaitVisible(css(`#trace-out .trace[data-family="4"]`)),
+		chromedp.WaitVisible(css(`#trace-out .trace[data-family="6"]`)),
+	)
+	screenshot(t, ctx, "flows-trace-this")
 	// The bad filter's 400 is logged by Chromium as a failed resource.
 	noConsoleErrors(t, errs, "400")
+}
+
+func TestICMPTypeNames(t *testing.T) {
+	ctx, errs := browser(t)
+	// The lab has no ICMP flows: check the names the column would show.
+	do(t, ctx, chromedp.Navigate(baseURL+"/#/flows"), chromedp.WaitVisible(css(`#flow-table tbody tr`)))
+	got := eval[[]string](t, ctx, `[icmpName({protocol_name: 'ICMP', ip_version: 4, dst_port: 2048}), icmpName({protocol_name: 'ICMPv6', ip_version: 6, dst_port: 32768}), icmpName({protocol_name: 'ICMP', ip_version: 4, dst_port: 0x0303})]`)
+	want := []string{"echo request", "echo request", "destination unreachable code 3"}
+	if !slices.Equal(got, want) {
+		t.Errorf("ICMP names %v, want %v", got, want)
+	}
+	noConsoleErrors(t, errs, "")
 }
 
 func TestLiveFollowShowsNewFlows(t *testing.T) {
@@ -284,17 +369,142 @@ func TestLiveFollowShowsNewFlows(t *testing.T) {
 	if !slices.Contains(fams, "4") || !slices.Contains(fams, "6") {
 		t.Errorf("live rows of families %v", fams)
 	}
+	// Rows stay in time order, newest first, live or not.
+	if !eval[bool](t, ctx, `[...document.querySelectorAll('#flow-table tbody tr')].map(r => Number(r.dataset.end)).every((t, i, a) => i === 0 || a[i-1] >= t)`) {
+		t.Error("rows out of time order")
+	}
 	screenshot(t, ctx, "flows-follow")
 	do(t, ctx, chromedp.Click(css(`#f-follow`)))
 	noConsoleErrors(t, errs, "")
 }
 
-func TestReachabilityMatrixAndCellTrace(t *testing.T) {
+func TestCharts(t *testing.T) {
 	ctx, errs := browser(t)
 	do(t, ctx,
-		chromedp.Navigate(baseURL+"/#/reach"),
-		chromedp.WaitVisible(css(`#reach-form`)),
-		chromedp.Click(css(`#reach-form button[type=submit]`)),
+		chromedp.Navigate(baseURL+"/#/charts?since=1h"),
+		chromedp.WaitVisible(css(`#chart-bytes .uplot`)),
+		chromedp.WaitVisible(css(`#chart-flows .uplot`)),
+		chromedp.WaitVisible(css(`#talkers tbody tr`)),
+		chromedp.WaitVisible(css(`#drops tbody tr`)),
+	)
+	// One hour in one-minute buckets, the last one partial; series for
+	// both families and the dropped flows of each.
+	if n := eval[string](t, ctx, `document.querySelector('#chart-flows').dataset.buckets`); n != "60" {
+		t.Errorf("%s buckets", n)
+	}
+	labels := eval[[]string](t, ctx, `[...document.querySelectorAll('#chart-flows .u-legend .u-label')].map(e => e.textContent)`)
+	for _, l := range []string{"IPv4", "IPv6", "IPv4 dropped", "IPv6 dropped"} {
+		if !slices.Contains(labels, l) {
+			t.Errorf("legend %v lacks %s", labels, l)
+		}
+	}
+	if n := eval[int](t, ctx, `document.querySelectorAll('#chart-bytes .u-axis').length`); n < 2 {
+		t.Errorf("%d axes", n)
+	}
+	fams := eval[[]string](t, ctx, `[...new Set([...document.querySelectorAll('#talkers tbody tr')].map(r => r.dataset.family))].sort()`)
+	if !slices.Equal(fams, []string{"4", "6"}) {
+		t.Errorf("top talkers of families %v", fams)
+	}
+	screenshot(t, ctx, "charts")
+	// A top talker links to its flows.
+	do(t, ctx,
+		chromedp.Click(css(`#talkers tbody tr a`)),
+		poll(`location.hash.startsWith('#/flows') && document.querySelectorAll('#flow-table tbody tr').length > 0`),
+	)
+	noConsoleErrors(t, errs, "")
+}
+
+func TestServiceMap(t *testing.T) {
+	ctx, errs := browser(t)
+	do(t, ctx,
+		chromedp.Navigate(baseURL+"/#/map"),
+		chromedp.WaitVisible(css(`#map canvas`)),
+		poll(`window.dualflowMap && window.dualflowMap.edges().length > 0`),
+	)
+	type stats struct {
+		V4, V6, Dropped, Backend, Namespaces, Arrows int
+		Labels                                       []string
+	}
+	st := eval[stats](t, ctx, `(() => { const cy = window.dualflowMap; return {
+		V4: cy.edges('.v4').length, V6: cy.edges('.v6').length, Dropped: cy.edges('.dropped').length,
+		Backend: cy.edges('.backend').length, Namespaces: cy.nodes('.namespace').length,
+		Arrows: cy.edges().filter(e => e.style('target-arrow-shape') !== 'none').length,
+		Labels: cy.edges('.v4, .v6').map(e => e.data('label')) }; })()`)
+	if st.V4 == 0 || st.V6 == 0 || st.Dropped == 0 || st.Namespaces < 2 || st.Arrows != st.V4+st.V6+st.Backend {
+		t.Errorf("map: %+v", st)
+	}
+	if st.Backend == 0 {
+		t.Error("no Service → backend edge")
+	}
+	for _, l := range st.Labels {
+		if !strings.HasPrefix(l, "v4 ") && !strings.HasPrefix(l, "v6 ") || !strings.Contains(l, "/s") && !strings.Contains(l, "dropped") {
+			t.Errorf("edge label %q", l)
+		}
+	}
+	// Dropped edges are drawn apart from the allowed ones, in red.
+	if c := eval[string](t, ctx, `window.dualflowMap.edges('.dropped')[0].style('line-color')`); c != "rgb(220,38,38)" {
+		t.Errorf("dropped edge colour %q", c)
+	}
+	screenshot(t, ctx, "map-graph")
+	// Clicking an IPv6 dropped edge opens its flows.
+	do(t, ctx,
+		js(`window.dualflowMap.edges('.dropped.v6')[0].emit('tap')`),
+		poll(`location.hash.startsWith('#/flows') && document.querySelectorAll('#flow-table tbody tr').length > 0`),
+	)
+	h := eval[string](t, ctx, `location.hash`)
+	if !strings.Contains(h, "ip_version=6") || !strings.Contains(h, "verdict=dropped") || !strings.Contains(h, "src_workload=") {
+		t.Errorf("edge click opened %q", h)
+	}
+	if got := rowFamilies(t, ctx); got["4"] != 0 {
+		t.Errorf("edge flows: %v", got)
+	}
+	// Clicking a node opens the flows of that workload.
+	do(t, ctx,
+		chromedp.Navigate(baseURL+"/#/map"),
+		poll(`window.dualflowMap && window.dualflowMap.nodes('.workload').length > 0`),
+		js(`window.dualflowMap.getElementById('shop/db').emit('tap')`),
+		poll(`location.hash.includes('workload=shop%2Fdb') && document.querySelectorAll('#flow-table tbody tr').length > 0`),
+	)
+	noConsoleErrors(t, errs, "")
+}
+
+// TestServiceMapManyWorkloads draws 200 workloads and checks the layout
+// keeps nodes apart (readable) within a bounded time.
+func TestServiceMapManyWorkloads(t *testing.T) {
+	ctx, errs := browser(t)
+	do(t, ctx, chromedp.Navigate(baseURL+"/#/map"), poll(`window.dualflowMap && window.dualflowMap.edges().length > 0`))
+	type res struct {
+		Ms      float64
+		Overlap int
+		Nodes   int
+	}
+	r := eval[res](t, ctx, `(() => {
+		const nodes = [], edges = [];
+		for (let i = 0; i < 200; i++) nodes.push({ id: 'ns' + (i % 8) + '/w' + i, kind: 'workload', families: [4, 6] });
+		for (let i = 0; i < 200; i++) for (const d of [1, 7]) edges.push({ src: nodes[i].id, dst: nodes[(i + d) % 200].id, ip_version: d === 1 ? 4 : 6, verdict: i % 13 ? 'allowed' : 'dropped', flows: 10, bytes: 1000 * (i + 1) });
+		const t0 = performance.now();
+		drawMap(document.querySelector('#map'), { nodes, edges }, [], new URLSearchParams('since=1h'));
+		const ms = performance.now() - t0;
+		const ps = window.dualflowMap.nodes('.workload').map(n => n.position());
+		let overlap = 0;
+		for (let i = 0; i < ps.length; i++) for (let j = i + 1; j < ps.length; j++) if (Math.hypot(ps[i].x - ps[j].x, ps[i].y - ps[j].y) < 15) overlap++;
+		return { Ms: ms, Overlap: overlap, Nodes: ps.length };
+	})()`)
+	t.Logf("200 workloads laid out in %.0f ms, %d overlapping pairs", r.Ms, r.Overlap)
+	if r.Nodes != 200 || r.Overlap > 2 || r.Ms > 20000 {
+		t.Errorf("layout: %+v", r)
+	}
+	do(t, ctx, chromedp.Sleep(300*time.Millisecond))
+	screenshot(t, ctx, "map-200")
+	noConsoleErrors(t, errs, "")
+}
+
+const reachURL = "/#/reach?sources=workload:shop/frontend,workload:shop/cart&destinations=workload:shop/cart,workload:shop/db,service:infra/dns&protocol=TCP&run=1"
+
+func TestReachabilityMatrixAndCellDetails(t *testing.T) {
+	ctx, errs := browser(t)
+	do(t, ctx,
+		chromedp.Navigate(baseURL+reachURL),
 		chromedp.WaitVisible(css(`.matrix table[data-family="4"]`)),
 		chromedp.WaitVisible(css(`.matrix table[data-family="6"]`)),
 	)
@@ -311,19 +521,109 @@ func TestReachabilityMatrixAndCellTrace(t *testing.T) {
 	screenshot(t, ctx, "reach-matrix")
 	do(t, ctx,
 		chromedp.Click(css(`.matrix table[data-family="6"] `+cell)),
+		chromedp.WaitVisible(css(`#drawer .celldetail .famdetail[data-family="4"]`)),
+		chromedp.WaitVisible(css(`#drawer .celldetail .famdetail[data-family="6"]`)),
 		chromedp.WaitVisible(css(`#drawer .trace[data-family="6"][data-outcome="dropped"]`)),
 		chromedp.WaitVisible(css(`#drawer .trace[data-family="4"][data-outcome="delivered"]`)),
 	)
+	links := eval[[]string](t, ctx, `[...document.querySelectorAll('#drawer .celldetail .actions a')].map(a => a.getAttribute('href'))`)
+	if len(links) != 3 || !strings.Contains(links[0], "src_workload=shop%2Ffrontend") || !strings.Contains(links[0], "dst_workload=shop%2Fdb") {
+		t.Errorf("cell links %v", links)
+	}
 	screenshot(t, ctx, "reach-cell-trace")
+	noConsoleErrors(t, errs, "")
+}
+
+// TestReachabilityCellShapes renders the cell shapes the API may answer:
+// partial k/n with its pairs, a family the Service lacks, an evaluation
+// error, a policy/flows disagreement and fields this UI does not know.
+func TestReachabilityCellShapes(t *testing.T) {
+	ctx, errs := browser(t)
+	do(t, ctx, chromedp.Navigate(baseURL+"/#/reach"), chromedp.WaitVisible(css(`#reach-form`)))
+	do(t, ctx, js(`(() => {
+		const m = { sources: [{kind: 'workload', namespace: 'frontend', name: 'web'}], destinations: [{kind: 'workload', namespace: 'backend', name: 'api'}, {kind: 'service', namespace: 'backend', name: 'api-single'}, {kind: 'workload', namespace: 'shop', name: 'gone'}],
+			asymmetric: 1, elapsed_ms: 3, cells: [[
+				{ asymmetric: true, families: {
+					'4': { outcome: 'partial', partial: {k: 2, n: 4}, policy: {verdict: 'allow'}, observed: {flows: 271, verdicts: {allowed: 138, dropped: 133}},
+						pairs: [{src: {namespace: 'frontend', name: 'web-0'}, dst: {namespace: 'backend', name: 'api-0'}, outcome: 'allow'}, {src: {namespace: 'frontend', name: 'web-0'}, dst: {namespace: 'backend', name: 'api-1'}, outcome: 'deny', policy: 'backend/deny-web'}] },
+					'6': { outcome: 'allow', observed: {flows: 0}, new_field: 'shown as is' } } },
+				{ asymmetric: true, families: { '4': { outcome: 'allow', observed: {flows: 3} }, '6': { outcome: 'unavailable', reason: 'no IPv6 ClusterIP', observed: {flows: 0} } } },
+				{ asymmetric: false, families: { '4': { outcome: 'unknown', policy_error: 'workload shop/gone not found', observed: {flows: 0} }, '6': { outcome: 'unknown', policy_error: 'workload shop/gone not found', observed: {flows: 0} } } },
+			]] };
+		const out = document.querySelector('#reach-out'); out.replaceChildren();
+		const req = { protocol: 'TCP', port: 8080, since: '1h' };
+		for (const fam of ['4', '6']) out.append(matrix(m, fam, req));
+	})()`))
+	type cellInfo struct{ Text, Class string }
+	cells := eval[[]cellInfo](t, ctx, `[...document.querySelectorAll('.matrix table[data-family="4"] td.cell, .matrix table[data-family="6"] td.cell')].map(td => ({Text: td.textContent, Class: td.className}))`)
+	if len(cells) != 6 {
+		t.Fatalf("cells %v", cells)
+	}
+	if !strings.Contains(cells[0].Text, "partial 2/4") || !strings.Contains(cells[0].Class, "disagree") {
+		t.Errorf("partial cell %+v", cells[0])
+	}
+	if !strings.Contains(cells[4].Text, "no IPv6 ClusterIP") {
+		t.Errorf("IPv6 of an IPv4-only Service %+v", cells[4])
+	}
+	if !strings.Contains(cells[2].Text, "not found") || !strings.Contains(cells[2].Class, "error") {
+		t.Errorf("error cell %+v", cells[2])
+	}
+	do(t, ctx,
+		chromedp.Click(css(`.matrix table[data-family="4"] td.cell`)),
+		chromedp.WaitVisible(css(`#drawer .famdetail[data-family="4"] ul.pairs li`)),
+	)
+	txt := eval[string](t, ctx, `document.querySelector('#drawer .celldetail').innerText`)
+	for _, want := range []string{"partial 2/4", "2 pairs", "web-0 → backend/api-1", "policy allows, 133 flows were dropped", "shown as is"} {
+		if !strings.Contains(txt, want) {
+			t.Errorf("cell details lack %q:\n%s", want, txt)
+		}
+	}
+	screenshot(t, ctx, "reach-cell-details")
+	noConsoleErrors(t, errs, "")
+}
+
+func TestDefaultFormsNameExistingObjects(t *testing.T) {
+	ctx, errs := browser(t)
+	do(t, ctx,
+		chromedp.Navigate(baseURL+"/#/reach"),
+		poll(`document.querySelector('#reach-form [name=sources]').value.trim() !== ''`),
+	)
+	known := []string{"workload:shop/frontend", "workload:shop/cart", "workload:shop/db", "workload:infra/dns", "service:shop/cart", "service:shop/db", "service:infra/dns"}
+	for _, field := range []string{"sources", "destinations"} {
+		for _, l := range strings.Split(eval[string](t, ctx, `document.querySelector('#reach-form [name=`+field+`]').value`), "\n") {
+			if !slices.Contains(known, l) {
+				t.Errorf("%s default %q is not in the lab", field, l)
+			}
+		}
+	}
+	do(t, ctx,
+		chromedp.Navigate(baseURL+"/#/trace"),
+		poll(`document.querySelector('#trace-form [name=source]').value.startsWith('pod:')`),
+	)
+	src := eval[string](t, ctx, `document.querySelector('#trace-form [name=source]').value`)
+	port := eval[string](t, ctx, `document.querySelector('#trace-form [name=port]').value`)
+	if !strings.HasPrefix(src, "pod:shop/") && !strings.HasPrefix(src, "pod:infra/") || !slices.Contains([]string{"8080", "5432", "53"}, port) {
+		t.Errorf("trace defaults %q port %q", src, port)
+	}
+	// Autocomplete offers the live view's names.
+	opts := eval[[]string](t, ctx, `[...document.querySelectorAll('#dl-endpoints option')].map(o => o.value)`)
+	for _, want := range []string{"workload:shop/frontend", "service:infra/dns"} {
+		if !slices.Contains(opts, want) {
+			t.Errorf("autocomplete lacks %s: %v", want, opts)
+		}
+	}
+	if n := eval[int](t, ctx, `[...document.querySelectorAll('#dl-endpoints option')].filter(o => o.value.startsWith('pod:')).length`); n == 0 {
+		t.Error("no pods offered")
+	}
+	do(t, ctx, chromedp.Click(css(`#trace-form button[type=submit]`)), chromedp.WaitVisible(css(`#trace-out .trace`)))
+	screenshot(t, ctx, "trace")
 	noConsoleErrors(t, errs, "")
 }
 
 func TestTraceflowPage(t *testing.T) {
 	ctx, errs := browser(t)
 	do(t, ctx,
-		chromedp.Navigate(baseURL+"/#/trace"),
-		chromedp.WaitVisible(css(`#trace-form`)),
-		chromedp.Click(css(`#trace-form button[type=submit]`)),
+		chromedp.Navigate(baseURL+"/#/trace?source=pod:shop/frontend-0&destination=workload:shop/db&protocol=TCP&port=5432&family=0&run=1"),
 		chromedp.WaitVisible(css(`#trace-out .trace[data-family="6"][data-outcome="dropped"] li.drop`)),
 		chromedp.WaitVisible(css(`#trace-out .trace[data-family="4"][data-outcome="delivered"]`)),
 	)
@@ -331,6 +631,52 @@ func TestTraceflowPage(t *testing.T) {
 		t.Errorf("%d hops drawn", n)
 	}
 	screenshot(t, ctx, "trace-result")
+	// A family error in the old 200 {errors} shape shows once, in its block.
+	do(t, ctx, js(`renderTraces(document.querySelector('#trace-out'), { results: [], errors: { '6': 'no IPv6 ClusterIP' } })`))
+	if n := eval[int](t, ctx, `document.body.innerText.split('no IPv6 ClusterIP').length - 1`); n != 1 {
+		t.Errorf("trace error shown %d times", n)
+	}
+	// Both error shapes read the same.
+	msgs := eval[[]string](t, ctx, `[errText(new APIError(400, {message: 'want 1..65535', field: 'port'})), errText(new APIError(400, {errors: {port: 'want 1..65535'}})), errText(new APIError(400, {message: 'port: want 1..65535', field: 'port'}))]`)
+	for _, m := range msgs {
+		if m != "port: want 1..65535" {
+			t.Errorf("error text %q", m)
+		}
+	}
+	noConsoleErrors(t, errs, "")
+}
+
+func TestAuditLinks(t *testing.T) {
+	ctx, errs := browser(t)
+	do(t, ctx, chromedp.Navigate(baseURL+"/#/audit"), chromedp.WaitVisible(css(`#audit-list li.dual .actions a`)))
+	links := eval[[]string](t, ctx, `[...document.querySelectorAll('#audit-list li.dual .actions a')].map(a => a.getAttribute('href'))`)
+	if len(links) != 3 || !strings.HasPrefix(links[0], "#/flows?") || !strings.HasPrefix(links[1], "#/reach?") || !strings.HasPrefix(links[2], "#/trace?") {
+		t.Fatalf("finding links %v", links)
+	}
+	screenshot(t, ctx, "audit-links")
+	// Denied flows of the finding: IPv6 frontend → db, all dropped.
+	do(t, ctx,
+		chromedp.Click(css(`#audit-list li.dual .actions a:nth-child(1)`)),
+		poll(`document.querySelectorAll('#flow-table tbody tr').length > 0 && [...document.querySelectorAll('#flow-table tbody td.verdict')].every(td => td.textContent === 'denied')`),
+	)
+	if got := rowFamilies(t, ctx); got["4"] != 0 {
+		t.Errorf("denied flows of the finding: %v", got)
+	}
+	// Its reachability cell opens with the details.
+	do(t, ctx,
+		chromedp.Navigate(baseURL+"/"+links[1]),
+		chromedp.WaitVisible(css(`.matrix table[data-family="6"] td.cell.focus`)),
+		chromedp.WaitVisible(css(`#drawer .celldetail`)),
+	)
+	// Its dual trace runs prefilled.
+	do(t, ctx,
+		chromedp.Navigate(baseURL+"/"+links[2]),
+		chromedp.WaitVisible(css(`#trace-out .trace[data-family="4"]`)),
+		chromedp.WaitVisible(css(`#trace-out .trace[data-family="6"]`)),
+	)
+	if v := eval[string](t, ctx, `document.querySelector('#trace-form [name=port]').value`); v != "5432" {
+		t.Errorf("trace port %q", v)
+	}
 	noConsoleErrors(t, errs, "")
 }
 
@@ -348,6 +694,33 @@ func TestSQLConsole(t *testing.T) {
 	}
 	screenshot(t, ctx, "sql-result")
 	noConsoleErrors(t, errs, "")
+}
+
+// TestSingleFamilyLabs runs the pages against IPv4-only and IPv6-only labs.
+func TestSingleFamilyLabs(t *testing.T) {
+	for _, fam := range []string{"4", "6"} {
+		t.Run("IPv"+fam, func(t *testing.T) {
+			ctx, errs := browser(t)
+			base := modeURL[fam]
+			do(t, ctx, chromedp.Navigate(base+"/#/flows"), chromedp.WaitVisible(css(`#flow-table tbody tr`)), chromedp.WaitVisible(css(`#flow-chart .uplot`)))
+			if got := rowFamilies(t, ctx); len(got) != 1 || got[fam] == 0 {
+				t.Errorf("rows %v", got)
+			}
+			screenshot(t, ctx, "v"+fam+"-flows")
+			do(t, ctx, chromedp.Navigate(base+"/#/map"), poll(`window.dualflowMap && window.dualflowMap.edges().length > 0`))
+			other := map[string]string{"4": "6", "6": "4"}[fam]
+			if n := eval[int](t, ctx, `window.dualflowMap.edges('.v`+other+`').length`); n != 0 {
+				t.Errorf("%d IPv%s edges", n, other)
+			}
+			screenshot(t, ctx, "v"+fam+"-map")
+			do(t, ctx, chromedp.Navigate(base+"/#/charts"), chromedp.WaitVisible(css(`#chart-flows .uplot`)), chromedp.WaitVisible(css(`#talkers tbody tr`)))
+			screenshot(t, ctx, "v"+fam+"-charts")
+			do(t, ctx, chromedp.Navigate(base+reachURL), chromedp.WaitVisible(css(`.matrix table[data-family="`+fam+`"]`)))
+			screenshot(t, ctx, "v"+fam+"-reach")
+			do(t, ctx, chromedp.Navigate(base+"/#/audit"), chromedp.WaitVisible(css(`#audit-list li`)))
+			noConsoleErrors(t, errs, "")
+		})
+	}
 }
 
 // TestServerHealth checks the process-level endpoints through the web server.

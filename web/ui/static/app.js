@@ -1,9 +1,11 @@
-// dualflow UI: a dependency-free single-page app over /api/v1.
+// dualflow UI: a single-page app over /api/v1. The graph (cytoscape) and
+// the charts (uPlot) are vendored, pinned npm packages (static/vendor).
 'use strict';
 
 const API = '/api/v1';
 const $ = (sel, root = document) => root.querySelector(sel);
 const SVGNS = 'http://www.w3.org/2000/svg';
+const C4 = '#2563eb', C6 = '#9333ea', CDROP = '#dc2626';
 
 // h builds an element: h('td', {class: 'x', onclick: f}, 'text', child).
 function h(tag, attrs, ...kids) {
@@ -34,10 +36,17 @@ function headers(extra) {
   if (token()) hd.Authorization = 'Bearer ' + token();
   return hd;
 }
+// APIError reads both error shapes: {message, field} (4xx JSON) and the
+// older {error} / {errors: {field: message}} bodies.
 class APIError extends Error {
   constructor(status, body) {
-    super((body && body.message) || ('HTTP ' + status));
-    this.status = status; this.field = body && body.field;
+    let msg = body && (body.message || body.error), field = body && body.field;
+    if (!msg && body && body.errors && typeof body.errors === 'object') {
+      const [k, v] = Object.entries(body.errors)[0] || [];
+      if (k) { field = field || k; msg = String(v); }
+    }
+    super(msg || ('HTTP ' + status));
+    this.status = status; this.field = field || '';
   }
 }
 async function api(path, opts = {}) {
@@ -50,7 +59,7 @@ async function api(path, opts = {}) {
     if (opts.raw && r.ok) return r;
     const text = await r.text();
     let body = null;
-    try { body = text ? JSON.parse(text) : null; } catch (e) { body = { message: text }; }
+    try { body = text ? JSON.parse(text) : null; } catch (e) { body = { message: text.trim() }; }
     if (!r.ok) {
       if (r.status === 401) $('#token-dialog').showModal();
       throw new APIError(r.status, body);
@@ -63,18 +72,48 @@ function banner(msg, info) {
   if (!msg) { b.hidden = true; b.textContent = ''; return; }
   b.textContent = msg; b.className = 'banner' + (info ? ' info' : ''); b.hidden = false;
 }
-function showError(e) {
-  banner(e.field ? e.field + ': ' + e.message : e.message);
+// errText names the field once: "dst_ip: want an address" (a message that
+// already starts with its field is not prefixed again).
+function errText(e) {
+  const m = e.message || String(e);
+  return e.field && !m.startsWith(e.field) ? e.field + ': ' + m : m;
 }
+// showError puts an error in the banner, the one place errors show.
+function showError(e) { banner(errText(e)); }
 
 // ---- formatting ----
-const fmtTime = ms => { const d = new Date(ms); return d.toISOString().replace('T', ' ').slice(0, 23); };
+const tzName = (() => {
+  const p = new Intl.DateTimeFormat(undefined, { timeZoneName: 'short' }).formatToParts(new Date()).find(x => x.type === 'timeZoneName');
+  return p ? p.value : 'local';
+})();
+const pad2 = n => String(n).padStart(2, '0');
+// fmtTime shows local time; the zone is in the column header (tzName).
+function fmtTime(ms) {
+  const d = new Date(ms);
+  return `${d.getFullYear()}-${pad2(d.getMonth() + 1)}-${pad2(d.getDate())} ${pad2(d.getHours())}:${pad2(d.getMinutes())}:${pad2(d.getSeconds())}.${String(d.getMilliseconds()).padStart(3, '0')}`;
+}
+const fmtTimeZ = ms => fmtTime(ms) + ' ' + tzName;
 function fmtBytes(n) {
   const u = ['B', 'kB', 'MB', 'GB', 'TB']; let i = 0; n = Number(n) || 0;
-  while (n >= 1000 && i < u.length - 1) { n /= 1000; i++; }
-  return (i ? n.toFixed(1) : n) + ' ' + u[i];
+  while (Math.abs(n) >= 1000 && i < u.length - 1) { n /= 1000; i++; }
+  return (i ? n.toFixed(1) : Math.round(n)) + ' ' + u[i];
+}
+function fmtCount(n) {
+  n = Number(n) || 0;
+  if (n >= 1e6) return (n / 1e6).toFixed(1) + 'M';
+  if (n >= 1e3) return (n / 1e3).toFixed(1) + 'k';
+  return String(Math.round(n * 10) / 10);
 }
 const famBadge = v => h('span', { class: 'badge v' + v, title: 'IPv' + v }, 'IPv' + v);
+// ICMP carries type and code in dst_port as type<<8 | code (IPFIX icmpTypeCode).
+const icmp4 = { 0: 'echo reply', 3: 'destination unreachable', 5: 'redirect', 8: 'echo request', 11: 'time exceeded', 12: 'parameter problem', 13: 'timestamp', 14: 'timestamp reply' };
+const icmp6 = { 1: 'destination unreachable', 2: 'packet too big', 3: 'time exceeded', 4: 'parameter problem', 128: 'echo request', 129: 'echo reply', 133: 'router solicitation', 134: 'router advertisement', 135: 'neighbor solicitation', 136: 'neighbor advertisement' };
+function isICMP(f) { return /^icmp/i.test(f.protocol_name || ''); }
+function icmpName(f) {
+  const type = (f.dst_port >> 8) & 255, code = f.dst_port & 255;
+  const names = /v6$/i.test(f.protocol_name) || f.ip_version === 6 ? icmp6 : icmp4;
+  return (names[type] || 'type ' + type) + (code ? ' code ' + code : '');
+}
 function side(f, s) {
   const ns = f[s + '_namespace'], pod = f[s + '_pod'];
   return pod ? ns + '/' + pod : f[s + '_ip'];
@@ -85,6 +124,15 @@ function flowVerdict(f) {
   if (vs.includes('allowed')) return 'allowed';
   if (vs.includes('not_isolated')) return 'not_isolated';
   return 'unknown';
+}
+function flowPolicy(f) { return [...new Set([f.egress_policy, f.ingress_policy].filter(Boolean))].join(', '); }
+// dropReason says which direction's policy dropped the flow.
+function dropReason(f) {
+  const out = [];
+  for (const [dir, v, p] of [['egress', f.egress_verdict, f.egress_policy], ['ingress', f.ingress_verdict, f.ingress_policy]]) {
+    if (v === 'denied' || v === 'rejected') out.push(dir + ' ' + v + (p ? ' by ' + p : ' (default deny)'));
+  }
+  return out.join('; ');
 }
 // parseEndpoint reads "kind:ns/name" (kind defaults to workload; ip:addr).
 function parseEndpoint(s) {
@@ -97,6 +145,14 @@ function parseEndpoint(s) {
   return j < 0 ? { kind, name: rest } : { kind, namespace: rest.slice(0, j), name: rest.slice(j + 1) };
 }
 const epLabel = e => e.kind + ':' + (e.namespace ? e.namespace + '/' : '') + e.name;
+// hashURL builds "#/page?k=v" from an object (empty values left out).
+function hashURL(page, params) {
+  const p = new URLSearchParams();
+  for (const [k, v] of Object.entries(params || {})) if (v !== '' && v !== undefined && v !== null) p.append(k, v);
+  const q = p.toString();
+  return '#/' + page + (q ? '?' + q : '');
+}
+const link = (href, text, title) => h('a', { href, title, class: 'act' }, text);
 
 // ---- drawer ----
 function openDrawer(title, ...content) {
@@ -110,13 +166,69 @@ function kv(obj) {
   const dl = h('dl', { class: 'kv' });
   for (const [k, v] of Object.entries(obj)) {
     if (v === '' || v === undefined || v === null) continue;
-    dl.append(h('dt', {}, k), h('dd', {}, typeof v === 'object' ? JSON.stringify(v) : String(v)));
+    dl.append(h('dt', {}, k), h('dd', {}, v instanceof Node ? v : typeof v === 'object' ? JSON.stringify(v) : String(v)));
   }
   return dl;
 }
 
+// ---- live view: names for autocomplete and default forms ----
+// There is no inventory endpoint: the catalog is what the service map and
+// the latest flows name, refreshed at most once a minute.
+const catalog = { at: 0, sample: null, workloads: [], services: [], pods: [], namespaces: [], ports: [], backends: [] };
+async function loadCatalog(force) {
+  if (!force && Date.now() - catalog.at < 60000) return catalog;
+  catalog.at = Date.now();
+  let sample = null;
+  const w = new Set(), s = new Set(), p = new Set(), ns = new Set(), ports = new Map(), back = new Map();
+  try {
+    const [m, fl] = await Promise.all([api('/servicemap?since=24h'), api('/flows?since=1h&limit=1000')]);
+    for (const n of m.nodes) {
+      if (n.kind === 'workload') { w.add(n.id); ns.add(n.id.split('/')[0]); }
+      if (n.kind === 'service') { s.add(n.id.slice(4)); ns.add(n.id.slice(4).split('/')[0]); }
+    }
+    for (const f of fl.flows) {
+      for (const sd of ['src', 'dst']) {
+        if (f[sd + '_pod']) { p.add(f[sd + '_namespace'] + '/' + f[sd + '_pod']); ns.add(f[sd + '_namespace']); }
+      }
+      if (!sample && f.src_pod && (f.service_name || f.dst_pod) && !isICMP(f) && /^(TCP|UDP|SCTP)$/.test(f.protocol_name)) sample = f;
+      if (f.dst_port && !isICMP(f)) ports.set(f.dst_port, (ports.get(f.dst_port) || 0) + 1);
+      if (f.service_name && f.dst_pod) {
+        const svc = f.service_namespace + '/' + f.service_name;
+        const be = f.dst_workload ? f.dst_namespace + '/' + f.dst_workload : f.dst_namespace + '/' + f.dst_pod;
+        back.set(svc + ' ' + be + ' ' + f.ip_version, { svc, backend: be, ip_version: f.ip_version });
+      }
+    }
+  } catch (e) { catalog.at = 0; return catalog; }
+  const sorted = x => [...x].sort();
+  Object.assign(catalog, {
+    workloads: sorted(w), services: sorted(s), pods: sorted(p), namespaces: sorted(ns),
+    ports: [...ports.entries()].sort((a, b) => b[1] - a[1]).map(x => x[0]), backends: [...back.values()], sample,
+  });
+  fillDatalists();
+  return catalog;
+}
+function fillDatalists() {
+  const opts = (id, vals) => $('#' + id).replaceChildren(...vals.map(v => h('option', { value: v })));
+  opts('dl-endpoints', [...catalog.workloads.map(x => 'workload:' + x), ...catalog.services.map(x => 'service:' + x), ...catalog.pods.map(x => 'pod:' + x)]);
+  opts('dl-filter', [...catalog.namespaces.map(x => 'namespace=' + x), ...catalog.workloads.map(x => 'workload=' + x),
+    ...catalog.services.map(x => 'service=' + x), ...catalog.pods.map(x => 'pod=' + x), ...catalog.ports.map(x => 'dst_port=' + x)]);
+  opts('dl-ports', catalog.ports.map(String));
+}
+
 // ---- Flows page ----
+// Page state (family, verdict, window, filter) lives in the URL:
+// #/flows?ip_version=6&verdict=dropped&since=1h&src_workload=shop/web
 const flows = { next: '', rows: 0, follow: null };
+const flowFormKeys = ['ip_version', 'verdict', 'since'];
+// applyFlowParams puts URL parameters into the filter form.
+function applyFlowParams(params) {
+  $('#f-family').value = params.get('ip_version') || '';
+  $('#f-verdict').value = params.get('verdict') || '';
+  $('#f-since').value = params.get('since') || '1h';
+  const expr = [];
+  for (const [k, v] of params) if (!flowFormKeys.includes(k) && k !== 'follow') expr.push(k + '=' + v);
+  $('#f-expr').value = expr.join(' ');
+}
 function flowQuery() {
   const p = new URLSearchParams();
   const fam = $('#f-family').value, verdict = $('#f-verdict').value;
@@ -131,31 +243,75 @@ function flowQuery() {
   }
   return p;
 }
+// keepFlowURL records the filters in the address bar without reloading.
+function keepFlowURL(p) {
+  const url = '#/flows' + (p.toString() ? '?' + p : '');
+  if (location.hash !== url) { history.replaceState(null, '', url); current.hash = url; }
+}
 function flowRow(f, fresh) {
   const v = flowVerdict(f);
-  const tr = h('tr', { tabindex: 0, class: fresh ? 'fresh' : null, 'data-family': f.ip_version },
-    h('td', {}, fmtTime(f.flow_end_ms)),
+  const proto = isICMP(f) ? h('span', { title: 'type ' + (f.dst_port >> 8) + ' code ' + (f.dst_port & 255) }, f.protocol_name + ' ' + icmpName(f)) : f.protocol_name;
+  const tr = h('tr', { tabindex: 0, class: fresh ? 'fresh' : null, 'data-family': f.ip_version, 'data-end': f.flow_end_ms },
+    h('td', { class: 'time', title: new Date(f.flow_end_ms).toString() }, fmtTime(f.flow_end_ms)),
     h('td', {}, famBadge(f.ip_version)),
     h('td', { title: f.src_ip }, side(f, 'src')),
     h('td', { title: f.dst_ip }, f.service_name ? side(f, 'dst') + ' (svc ' + f.service_namespace + '/' + f.service_name + ')' : side(f, 'dst')),
-    h('td', {}, f.protocol_name),
-    h('td', {}, f.dst_port),
-    h('td', {}, fmtBytes(f.bytes + f.reverse_bytes)),
-    h('td', { class: 'verdict ' + v }, v));
-  const open = () => openDrawer('Flow', h('p', {}, famBadge(f.ip_version), ' ', f.src_ip + ':' + f.src_port + ' → ' + f.dst_ip + ':' + f.dst_port), kv(f));
+    h('td', { class: 'proto' }, proto),
+    h('td', {}, isICMP(f) ? '' : f.dst_port),
+    h('td', { class: 'num' }, fmtBytes(f.bytes + f.reverse_bytes)),
+    h('td', { class: 'verdict ' + v }, v),
+    h('td', { class: 'policy' }, flowPolicy(f)),
+    h('td', { class: 'reason' }, dropReason(f)));
+  const open = () => flowDrawer(f);
   tr.addEventListener('click', open);
   tr.addEventListener('keydown', e => { if (e.key === 'Enter') open(); });
   return tr;
+}
+// endpointOf names a flow's side as an endpoint for traces and filters.
+function endpointOf(f, s) {
+  if (f[s + '_pod']) return { kind: 'pod', namespace: f[s + '_namespace'], name: f[s + '_pod'] };
+  return { kind: 'ip', name: f[s + '_ip'] };
+}
+function flowDrawer(f) {
+  const v = flowVerdict(f);
+  const ep = s => kv({
+    pod: f[s + '_pod'] ? f[s + '_namespace'] + '/' + f[s + '_pod'] : '',
+    workload: f[s + '_workload'] ? (f[s + '_workload_kind'] ? f[s + '_workload_kind'] + ' ' : '') + f[s + '_namespace'] + '/' + f[s + '_workload'] : '',
+    address: f[s + '_ip'] + (f[s + '_port'] && !isICMP(f) ? ' port ' + f[s + '_port'] : ''),
+    node: f[s + '_node'],
+    labels: f[s + '_labels'] ? Object.entries(f[s + '_labels']).map(([k, x]) => k + '=' + x).join(', ') : '',
+  });
+  const dst = f.service_name ? { kind: 'service', namespace: f.service_namespace, name: f.service_name } : endpointOf(f, 'dst');
+  const traceHref = hashURL('trace', { source: epLabel(endpointOf(f, 'src')), destination: epLabel(dst), protocol: isICMP(f) ? '' : f.protocol_name, port: isICMP(f) ? '' : (f.service_port || f.dst_port), family: 0, run: 1 });
+  const actions = h('div', { class: 'actions' },
+    f.src_pod ? link(hashURL('flows', { since: $('#f-since').value, pod: f.src_namespace + '/' + f.src_pod }), 'Filter by source pod ' + f.src_pod) : link(hashURL('flows', { since: $('#f-since').value, ip: f.src_ip }), 'Filter by source ' + f.src_ip),
+    f.dst_pod ? link(hashURL('flows', { since: $('#f-since').value, pod: f.dst_namespace + '/' + f.dst_pod }), 'Filter by destination pod ' + f.dst_pod) : link(hashURL('flows', { since: $('#f-since').value, ip: f.dst_ip }), 'Filter by destination ' + f.dst_ip),
+    h('a', { href: traceHref, class: 'act primary', id: 'trace-this' }, 'Trace this flow (dual)'));
+  openDrawer('Flow',
+    h('p', { class: 'flowline' }, famBadge(f.ip_version), ' ', h('span', { class: 'verdict ' + v }, v), ' ',
+      f.protocol_name + (isICMP(f) ? ' ' + icmpName(f) : '')),
+    actions,
+    h('h3', {}, 'Source'), ep('src'),
+    h('h3', {}, 'Destination'), ep('dst'),
+    f.service_name ? h('h3', {}, 'Service') : null,
+    f.service_name ? kv({ service: f.service_namespace + '/' + f.service_name, address: (f.service_ip || '') + (f.service_port ? ' port ' + f.service_port : '') }) : null,
+    h('h3', {}, 'Policy'),
+    kv({ egress: f.egress_verdict + (f.egress_policy ? ' by ' + f.egress_policy : ''), ingress: f.ingress_verdict + (f.ingress_policy ? ' by ' + f.ingress_policy : ''), 'drop reason': dropReason(f), 'datapath disagrees': f.verdict_mismatch ? 'yes' : '' }),
+    h('h3', {}, 'Traffic'),
+    kv({ start: fmtTimeZ(f.flow_start_ms), end: fmtTimeZ(f.flow_end_ms), sent: fmtBytes(f.bytes) + ' in ' + f.packets + ' packets', received: fmtBytes(f.reverse_bytes) + ' in ' + f.reverse_packets + ' packets', 'tcp state': f.tcp_state, 'end reason': f.end_reason, 'flow type': f.flow_type, exporter: f.exporter_node }),
+    h('details', {}, h('summary', {}, 'All fields'), kv(f)));
 }
 async function loadFlows(more) {
   stopFollow();
   let p;
   try { p = flowQuery(); } catch (e) { showError(e); return; }
-  if (more && flows.next) p.append('cursor', flows.next);
-  p.append('limit', '100');
+  if (!more) keepFlowURL(p);
+  const q = new URLSearchParams(p);
+  if (more && flows.next) q.append('cursor', flows.next);
+  q.append('limit', '100');
   const tbody = $('#flow-table tbody');
   try {
-    const page = await api('/flows?' + p);
+    const page = await api('/flows?' + q);
     banner('');
     if (!more) { tbody.replaceChildren(); flows.rows = 0; }
     for (const f of page.flows) tbody.append(flowRow(f));
@@ -163,41 +319,17 @@ async function loadFlows(more) {
     flows.next = page.next || '';
     $('#flow-more').hidden = !flows.next;
     $('#flow-count').textContent = flows.rows + ' flows' + (flows.next ? ' (more available)' : '');
-    if (!more) loadChart(p);
+    if (!more) loadSummaryInto($('#flow-chart'), p, { compact: true });
   } catch (e) { showError(e); }
   if ($('#f-follow').checked) startFollow();
 }
-async function loadChart(p) {
-  const q = new URLSearchParams(p); q.delete('limit'); q.delete('cursor');
-  try {
-    const s = await api('/flows/summary?' + q);
-    drawChart($('#flow-chart'), s);
-  } catch (e) { $('#flow-chart').replaceChildren(h('span', { class: 'err' }, e.message)); }
-}
-function drawChart(box, s) {
-  const W = 1000, H = 140, pad = 28;
-  const byFam = { 4: [], 6: [] };
-  for (const pt of s.series) (byFam[pt.ip_version] || []).push(pt);
-  const all = s.series.map(p => p.time_ms);
-  const t0 = Math.min(...all), t1 = Math.max(...all);
-  const maxB = Math.max(1, ...s.series.map(p => p.bytes));
-  const x = t => pad + (t1 > t0 ? (t - t0) / (t1 - t0) : 0.5) * (W - 2 * pad);
-  const y = b => H - pad + 8 - (b / maxB) * (H - pad - 8);
-  const svg = h('svg', { viewBox: `0 0 ${W} ${H}`, preserveAspectRatio: 'none', role: 'img', 'aria-label': 'bytes over time, IPv4 and IPv6' });
-  svg.append(h('line', { x1: pad, y1: H - pad + 8, x2: W - pad, y2: H - pad + 8, stroke: '#cbd5e1' }));
-  for (const fam of [4, 6]) {
-    const pts = byFam[fam];
-    if (!pts.length) continue;
-    svg.append(h('polyline', { fill: 'none', stroke: fam === 4 ? '#2563eb' : '#9333ea', 'stroke-width': 2, points: pts.map(p => x(p.time_ms) + ',' + y(p.bytes)).join(' ') },
-      h('title', {}, 'IPv' + fam + ' bytes')));
+// insertLive puts a live row where its end time belongs (newest first).
+function insertLive(tbody, tr) {
+  const t = Number(tr.dataset.end);
+  for (const r of tbody.rows) {
+    if (Number(r.dataset.end) <= t) { tbody.insertBefore(tr, r); return; }
   }
-  if (all.length) {
-    svg.append(h('text', { x: pad, y: H - 4, 'font-size': 11, fill: '#64748b' }, fmtTime(t0).slice(11, 16)));
-    svg.append(h('text', { x: W - pad, y: H - 4, 'font-size': 11, fill: '#64748b', 'text-anchor': 'end' }, fmtTime(t1).slice(11, 16)));
-    svg.append(h('text', { x: pad, y: 12, 'font-size': 11, fill: '#64748b' }, 'max ' + fmtBytes(maxB) + ' / ' + s.step_seconds + 's'));
-  }
-  const totals = h('div', { class: 'totals' }, s.families.map(f => h('span', {}, famBadge(f.ip_version), ' ', fmtBytes(f.bytes), ' · ', f.flows + ' flows · ', h('span', { class: f.dropped ? 'verdict dropped' : 'muted' }, f.dropped + ' dropped'))));
-  box.replaceChildren(totals, svg);
+  tbody.append(tr);
 }
 // Follow mode reads the server-sent events with fetch, so the bearer
 // token can be sent (EventSource cannot set headers).
@@ -227,7 +359,7 @@ async function startFollow() {
           else if (line.startsWith('data:')) data += line.slice(5);
         }
         if (ev === 'flow') {
-          tbody.prepend(flowRow(JSON.parse(data), true));
+          insertLive(tbody, flowRow(JSON.parse(data), true));
           flows.rows++;
           while (tbody.rows.length > 500) tbody.deleteRow(-1);
           $('#flow-count').textContent = flows.rows + ' flows (live)';
@@ -238,7 +370,172 @@ async function startFollow() {
   if (flows.follow === ctl) { flows.follow = null; banner(''); }
 }
 
-// ---- Service map ----
+// ---- Charts (uPlot) ----
+const niceSteps = [10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400];
+function parseDur(s) {
+  const m = /^(\d+)(s|m|h)$/.exec(s || ''); if (!m) return 3600;
+  return Number(m[1]) * { s: 1, m: 60, h: 3600 }[m[2]];
+}
+// bucketWindow aligns the window to whole buckets: until is the end of the
+// bucket that holds now (the partial one), since is a whole number of
+// steps before it, so every bucket but the last is complete.
+function bucketWindow(sinceStr, now) {
+  const win = parseDur(sinceStr);
+  const step = niceSteps.find(s => win / s <= 60) || 86400;
+  const until = Math.ceil(now / 1000 / step) * step;
+  const n = Math.ceil(win / step);
+  return { step, since: until - n * step, until, n, now: now / 1000 };
+}
+function chartParams(p, w) {
+  const q = new URLSearchParams(p);
+  for (const k of ['since', 'until', 'limit', 'cursor', 'follow']) q.delete(k);
+  q.append('since', String(w.since * 1000)); q.append('until', String(w.until * 1000)); q.append('step', w.step + 's');
+  return q;
+}
+// buckets turns the summary's points into one value per bucket and family
+// (missing buckets are zero, not a gap).
+function buckets(s, w) {
+  const xs = [], idx = {};
+  for (let i = 0; i < w.n; i++) { const t = w.since + i * w.step; idx[t] = i; xs.push(t + w.step / 2); }
+  const z = () => new Array(w.n).fill(0);
+  const d = { xs, bytes: { 4: z(), 6: z() }, flows: { 4: z(), 6: z() }, dropped: { 4: z(), 6: z() } };
+  for (const p of s.series) {
+    const i = idx[Math.floor(p.time_ms / 1000)];
+    if (i === undefined || !d.bytes[p.ip_version]) continue;
+    d.bytes[p.ip_version][i] += p.bytes; d.flows[p.ip_version][i] += p.flows; d.dropped[p.ip_version][i] += p.dropped;
+  }
+  return d;
+}
+// partialPlugin shades the bucket that is still filling and labels it.
+function partialPlugin(w) {
+  return {
+    hooks: {
+      draw: u => {
+        const b0 = w.until - w.step;
+        if (w.now >= w.until || w.now < b0) return;
+        const x0 = u.valToPos(b0, 'x', true), x1 = u.valToPos(w.until, 'x', true);
+        const ctx = u.ctx; ctx.save();
+        ctx.fillStyle = 'rgba(148,163,184,0.25)';
+        ctx.fillRect(x0, u.bbox.top, x1 - x0, u.bbox.height);
+        ctx.fillStyle = '#475569'; ctx.font = `${10 * devicePixelRatio}px sans-serif`; ctx.textAlign = 'right';
+        ctx.fillText('partial ' + Math.round(100 * (w.now - b0) / w.step) + '%', x1 - 2, u.bbox.top + 12 * devicePixelRatio);
+        ctx.restore();
+      },
+    },
+  };
+}
+function timeAxisLabel(w) { return 'time (' + tzName + '), ' + (w.step >= 60 ? w.step / 60 + ' min' : w.step + ' s') + ' buckets'; }
+// stackedChart draws IPv4 and IPv6 stacked (IPv6 on top of IPv4) as bars,
+// and optional dropped lines per family.
+function stackedChart(el, title, w, d, key, unit, fmt, opts) {
+  const v4 = d[key][4], v6 = d[key][6];
+  const top = v4.map((x, i) => x + v6[i]);
+  const bars = uPlot.paths.bars({ size: [0.9, 60] });
+  const series = [
+    { label: 'time', value: (u, v) => v == null ? '' : fmtTime((v - w.step / 2) * 1000).slice(11, 19) },
+    { label: 'IPv6', stroke: C6, fill: C6 + 'cc', paths: bars, points: { show: false }, value: (u, v, si, i) => i == null ? '' : fmt(v6[i]) },
+    { label: 'IPv4', stroke: C4, fill: C4 + 'cc', paths: bars, points: { show: false }, value: (u, v, si, i) => i == null ? '' : fmt(v4[i]) },
+  ];
+  const data = [d.xs, top, v4];
+  if (opts.dropped) {
+    series.push({ label: 'IPv4 dropped', stroke: CDROP, width: 2, points: { show: false }, value: (u, v) => v == null ? '' : fmt(v) });
+    series.push({ label: 'IPv6 dropped', stroke: '#f97316', width: 2, dash: [6, 4], points: { show: false }, value: (u, v) => v == null ? '' : fmt(v) });
+    data.push(d.dropped[4], d.dropped[6]);
+  }
+  const width = Math.max(320, (el.clientWidth || el.parentElement.clientWidth || 900) - 8);
+  const u = new uPlot({
+    title, width, height: opts.height || 200,
+    scales: { x: { time: true, range: [w.since, w.until] }, y: { range: (u, mn, mx) => [0, Math.max(1, mx) * 1.1] } },
+    axes: [
+      { label: opts.compact ? null : timeAxisLabel(w), stroke: '#475569', grid: { stroke: '#e2e8f0' } },
+      { label: unit, stroke: '#475569', grid: { stroke: '#e2e8f0' }, size: 70, values: (u, vals) => vals.map(fmt) },
+    ],
+    series, plugins: [partialPlugin(w)], legend: { show: true },
+  }, data, el);
+  el.dataset.buckets = String(w.n);
+  return u;
+}
+// loadSummaryInto fills box with the summary charts of the filter p.
+async function loadSummaryInto(box, p, opts) {
+  const w = bucketWindow(p.get('since') || '1h', Date.now());
+  try {
+    const s = await api('/flows/summary?' + chartParams(p, w));
+    drawSummary(box, s, w, opts);
+    return s;
+  } catch (e) { box.replaceChildren(h('span', { class: 'err' }, errText(e))); return null; }
+}
+function familyTotals(s) {
+  return h('div', { class: 'totals' }, s.families.map(f => h('span', { 'data-family': f.ip_version }, famBadge(f.ip_version), ' ', fmtBytes(f.bytes), ' · ', f.flows + ' flows · ',
+    h('span', { class: f.dropped ? 'verdict dropped' : 'muted' }, f.dropped + ' dropped'))));
+}
+function drawSummary(box, s, w, opts) {
+  const d = buckets(s, w);
+  const perSec = opts.compact ? '' : '';
+  box.replaceChildren(familyTotals(s));
+  const c1 = h('div', { class: 'uchart', id: opts.compact ? null : 'chart-bytes', 'data-kind': 'bytes' });
+  box.append(c1);
+  stackedChart(c1, opts.compact ? null : 'Bytes per family (stacked)', w, d, 'bytes', 'bytes / bucket' + perSec, fmtBytes, { compact: opts.compact, height: opts.compact ? 150 : 220 });
+  if (opts.compact) return;
+  const c2 = h('div', { class: 'uchart', id: 'chart-flows', 'data-kind': 'flows' });
+  box.append(c2);
+  stackedChart(c2, 'Flows per family (stacked) and dropped flows per family', w, d, 'flows', 'flows / bucket', fmtCount, { dropped: true, height: 220 });
+}
+
+// ---- Charts page ----
+async function loadCharts() {
+  const f = $('#charts-form');
+  const p = new URLSearchParams();
+  if (f.ip_version.value) p.append('ip_version', f.ip_version.value);
+  p.append('since', f.since.value);
+  for (const tok of f.expr.value.trim().split(/\s+/)) {
+    const i = tok.indexOf('='); if (i > 0) p.append(tok.slice(0, i), tok.slice(i + 1));
+  }
+  history.replaceState(null, '', '#/charts?' + p); current.hash = location.hash;
+  const s = await loadSummaryInto($('#charts-out'), p, {});
+  if (!s) return;
+  banner('');
+  const rows = s.top_talkers.map(t => h('tr', { 'data-family': t.ip_version },
+    h('td', {}, famBadge(t.ip_version)), h('td', {}, t.src), h('td', {}, t.dst), h('td', { class: 'num' }, fmtBytes(t.bytes)), h('td', { class: 'num' }, t.flows),
+    h('td', {}, link(hashURL('flows', talkerFilter(t, p.get('since'))), 'flows'))));
+  $('#talkers tbody').replaceChildren(...rows);
+  loadDropsByPolicy(p);
+}
+// talkerFilter turns a map/talker label into flow filters.
+function labelFilter(label, s) {
+  if (label.startsWith('svc:')) return s === 'dst' ? { service: label.slice(4) } : {};
+  if (label.includes('/')) return { [s + '_workload']: label };
+  return { [s + '_ip']: label };
+}
+function talkerFilter(t, since) {
+  return Object.assign({ since, ip_version: t.ip_version }, labelFilter(t.src, 'src'), labelFilter(t.dst, 'dst'));
+}
+// loadDropsByPolicy counts the window's dropped flows by deciding policy
+// (from the latest 1000 dropped flows: there is no aggregate endpoint).
+async function loadDropsByPolicy(p) {
+  const q = new URLSearchParams(p); q.set('verdict', 'dropped'); q.set('limit', '1000');
+  const tb = $('#drops tbody');
+  try {
+    const r = await api('/flows?' + q);
+    const by = new Map();
+    for (const f of r.flows) {
+      const k = flowPolicy(f) || '(default deny, no policy named)';
+      const e = by.get(k) || { policy: k, 4: 0, 6: 0 };
+      e[f.ip_version]++; by.set(k, e);
+    }
+    const list = [...by.values()].sort((a, b) => (b[4] + b[6]) - (a[4] + a[6]));
+    $('#drops-note').textContent = r.next ? 'from the latest 1000 dropped flows' : r.flows.length + ' dropped flows';
+    tb.replaceChildren(...list.map(e => h('tr', {}, h('td', {}, e.policy), h('td', { class: 'num' }, e[4]), h('td', { class: 'num' }, e[6]),
+      h('td', {}, e.policy.startsWith('(') ? '' : link(hashURL('flows', { since: p.get('since'), verdict: 'dropped', policy: e.policy }), 'flows')))));
+    if (!list.length) tb.replaceChildren(h('tr', {}, h('td', { colspan: 4, class: 'muted' }, 'No dropped flows in this window.')));
+  } catch (e) { tb.replaceChildren(h('tr', {}, h('td', { colspan: 4, class: 'err' }, errText(e)))); }
+}
+
+// ---- Service map (cytoscape) ----
+// Nodes are grouped in their namespace (compound nodes); each edge is one
+// family and verdict class: IPv4 blue, IPv6 purple, dropped red and dashed,
+// labelled with its rate. Services link to the backends their flows reached
+// (grey dotted edges). A click opens Flows filtered to the node or edge.
+let cy = null;
 async function loadMap() {
   const f = $('#map-form');
   const p = new URLSearchParams();
@@ -247,49 +544,116 @@ async function loadMap() {
   for (const tok of f.expr.value.trim().split(/\s+/)) {
     const i = tok.indexOf('='); if (i > 0) p.append(tok.slice(0, i), tok.slice(i + 1));
   }
+  history.replaceState(null, '', '#/map?' + p); current.hash = location.hash;
   try {
-    const m = await api('/servicemap?' + p);
+    const [m, backends] = await Promise.all([api('/servicemap?' + p), serviceBackends(p)]);
     banner('');
-    drawMap($('#map'), m);
+    drawMap($('#map'), m, backends, p);
   } catch (e) { showError(e); }
 }
-function drawMap(box, m) {
-  const W = 1100, H = 640, cx = W / 2, cy = H / 2, R = Math.min(W, H) / 2 - 80;
-  const pos = {};
-  m.nodes.forEach((n, i) => {
-    const a = (2 * Math.PI * i) / Math.max(1, m.nodes.length) - Math.PI / 2;
-    pos[n.id] = [cx + R * Math.cos(a), cy + R * Math.sin(a)];
-  });
-  const maxB = Math.max(1, ...m.edges.map(e => e.bytes));
-  const svg = h('svg', { viewBox: `0 0 ${W} ${H}`, role: 'img', 'aria-label': 'service map' });
-  for (const e of m.edges) {
-    const [x1, y1] = pos[e.src], [x2, y2] = pos[e.dst];
-    // IPv4 and IPv6 edges of a pair bend to opposite sides.
-    const bend = e.ip_version === 4 ? 0.12 : -0.12;
-    const mx = (x1 + x2) / 2 - (y2 - y1) * bend, my = (y1 + y2) / 2 + (x2 - x1) * bend;
-    const dropped = e.verdict === 'dropped';
-    svg.append(h('path', {
-      d: `M${x1},${y1} Q${mx},${my} ${x2},${y2}`, fill: 'none',
-      stroke: dropped ? '#dc2626' : (e.ip_version === 4 ? '#2563eb' : '#9333ea'),
-      'stroke-width': 1.5 + 5 * (e.bytes / maxB), 'stroke-dasharray': dropped ? '6 4' : null, opacity: 0.8,
-      class: 'edge v' + e.ip_version + ' ' + e.verdict,
-    }, h('title', {}, `${e.src} → ${e.dst} IPv${e.ip_version} ${e.verdict}: ${e.flows} flows, ${fmtBytes(e.bytes)}`)));
-  }
+// serviceBackends reads which workloads answered for each Service from the
+// latest flows through a Service (the map groups them under the Service).
+async function serviceBackends(p) {
+  const q = new URLSearchParams(p); q.set('limit', '1000');
+  try {
+    const r = await api('/flows?' + q);
+    const out = new Map();
+    for (const f of r.flows) {
+      if (!f.service_name || !(f.dst_workload || f.dst_pod)) continue;
+      const svc = 'svc:' + f.service_namespace + '/' + f.service_name;
+      const be = f.dst_namespace + '/' + (f.dst_workload || f.dst_pod);
+      out.set(svc + ' ' + be, { svc, backend: be });
+    }
+    return [...out.values()];
+  } catch (e) { return []; }
+}
+function nodeNamespace(id) {
+  const s = id.startsWith('svc:') ? id.slice(4) : id;
+  return s.includes('/') ? s.split('/')[0] : '';
+}
+function fmtRate(bytes, secs) { return fmtBytes(bytes / Math.max(1, secs)) + '/s'; }
+function mapElements(m, backends, secs) {
+  const els = [], nss = new Set(), ids = new Set(m.nodes.map(n => n.id));
   for (const n of m.nodes) {
-    const [x, y] = pos[n.id];
-    const fill = n.kind === 'service' ? '#0d9488' : n.kind === 'external' ? '#94a3b8' : '#334155';
-    const g = h('g', { class: 'node ' + n.kind },
-      h('circle', { cx: x, cy: y, r: 16, fill },
-        h('title', {}, n.id + ' (' + n.kind + ', IPv' + n.families.join('+IPv') + ')')),
-      h('text', { x, y: y + 30, 'text-anchor': 'middle' }, n.id));
-    n.families.forEach((f, i) => g.append(h('circle', { cx: x + 12 + i * 8, cy: y - 12, r: 4, fill: f === 4 ? '#2563eb' : '#9333ea' })));
-    svg.append(g);
+    const ns = nodeNamespace(n.id);
+    if (ns) nss.add(ns);
+    const name = n.kind === 'external' ? n.id : n.id.replace(/^svc:/, '').split('/').slice(1).join('/');
+    els.push({ group: 'nodes', data: { id: n.id, label: (n.kind === 'service' ? 'svc ' : '') + name + '\n' + n.families.map(f => 'v' + f).join('+'), kind: n.kind, parent: ns ? 'ns:' + ns : undefined, families: n.families.join(',') }, classes: n.kind });
   }
-  if (!m.nodes.length) svg.append(h('text', { x: cx, y: cy, 'text-anchor': 'middle' }, 'No flows in this window.'));
-  box.replaceChildren(svg);
+  for (const ns of nss) els.push({ group: 'nodes', data: { id: 'ns:' + ns, label: ns, kind: 'namespace' }, classes: 'namespace' });
+  m.edges.forEach((e, i) => {
+    const dropped = e.verdict === 'dropped';
+    els.push({ group: 'edges', data: {
+      id: 'e' + i, source: e.src, target: e.dst, ip_version: e.ip_version, verdict: e.verdict, flows: e.flows, bytes: e.bytes,
+      label: 'v' + e.ip_version + (dropped ? ' dropped ' + e.flows + ' flows' : ' ' + fmtRate(e.bytes, secs)),
+      width: 1.5 + 5 * Math.sqrt(e.bytes / Math.max(1, ...m.edges.map(x => x.bytes))),
+    }, classes: ['v' + e.ip_version, dropped ? 'dropped' : 'ok', e.src === e.dst ? 'self' : ''].join(' ') });
+  });
+  backends.forEach((b, i) => {
+    if (!ids.has(b.svc)) return;
+    if (!ids.has(b.backend)) {
+      const ns = nodeNamespace(b.backend);
+      els.push({ group: 'nodes', data: { id: b.backend, label: b.backend.split('/').slice(1).join('/'), kind: 'workload', parent: 'ns:' + ns }, classes: 'workload' });
+      ids.add(b.backend);
+      if (!nss.has(ns)) { nss.add(ns); els.push({ group: 'nodes', data: { id: 'ns:' + ns, label: ns, kind: 'namespace' }, classes: 'namespace' }); }
+    }
+    els.push({ group: 'edges', data: { id: 'b' + i, source: b.svc, target: b.backend, label: 'backend', kind: 'backend' }, classes: 'backend' });
+  });
+  return els;
+}
+const mapStyle = [
+  { selector: 'node', style: { label: 'data(label)', 'text-wrap': 'wrap', 'font-size': 11, 'text-valign': 'bottom', 'text-margin-y': 4, 'background-color': '#334155', width: 22, height: 22, color: '#0f172a', 'min-zoomed-font-size': 7 } },
+  { selector: 'node.service', style: { shape: 'round-rectangle', 'background-color': '#0d9488' } },
+  { selector: 'node.external', style: { shape: 'diamond', 'background-color': '#94a3b8' } },
+  { selector: 'node.namespace', style: { shape: 'round-rectangle', 'background-color': '#f1f5f9', 'background-opacity': 1, 'border-color': '#94a3b8', 'border-width': 1, 'border-style': 'dashed', label: 'data(label)', 'text-valign': 'top', 'text-halign': 'center', 'font-size': 13, 'font-weight': 'bold', color: '#475569', padding: 18 } },
+  { selector: 'edge', style: { width: 'data(width)', 'curve-style': 'bezier', 'target-arrow-shape': 'triangle', 'arrow-scale': 1.1, label: 'data(label)', 'font-size': 9, 'text-rotation': 'autorotate', 'text-background-color': '#fff', 'text-background-opacity': 0.85, 'text-background-padding': 1, 'min-zoomed-font-size': 8, opacity: 0.85 } },
+  { selector: 'edge.v4', style: { 'line-color': C4, 'target-arrow-color': C4, color: C4 } },
+  { selector: 'edge.v6', style: { 'line-color': C6, 'target-arrow-color': C6, color: C6 } },
+  { selector: 'edge.dropped', style: { 'line-color': CDROP, 'target-arrow-color': CDROP, color: CDROP, 'line-style': 'dashed', 'target-arrow-shape': 'tee' } },
+  { selector: 'edge.self', style: { 'loop-direction': '-45deg', 'loop-sweep': '-60deg', 'control-point-step-size': 40 } },
+  { selector: 'edge.backend', style: { width: 1.5, 'line-color': '#64748b', 'target-arrow-color': '#64748b', 'line-style': 'dotted', color: '#64748b' } },
+  { selector: ':selected', style: { 'overlay-color': '#f59e0b', 'overlay-opacity': 0.25 } },
+];
+// nodeFilter is the flow filter that selects a map node on one side ('' = either).
+function nodeFilter(id, s) {
+  const pre = s ? s + '_' : '';
+  if (id.startsWith('svc:')) return { service: id.slice(4) };
+  if (id.startsWith('ns:')) return { [pre + 'namespace']: id.slice(3) };
+  if (id.includes('/')) return { [pre + 'workload']: id };
+  return { [pre + 'ip']: id };
+}
+function drawMap(box, m, backends, p) {
+  if (cy) { cy.destroy(); cy = null; }
+  box.replaceChildren();
+  if (!m.nodes.length) { box.append(h('p', { class: 'empty muted' }, 'No flows in this window.')); return; }
+  const secs = parseDur(p.get('since'));
+  const n = m.nodes.length;
+  cy = cytoscape({
+    container: box, elements: mapElements(m, backends, secs), style: mapStyle,
+    wheelSensitivity: 0.3, minZoom: 0.1, maxZoom: 4, boxSelectionEnabled: false,
+    layout: { name: 'cose', animate: false, randomize: false, nodeDimensionsIncludeLabels: true, idealEdgeLength: () => n > 60 ? 60 : 120, nodeRepulsion: () => n > 60 ? 8000 : 20000, nestingFactor: 0.8, gravity: 0.6, numIter: n > 100 ? 600 : 1500, componentSpacing: 60, padding: 30 },
+  });
+  window.dualflowMap = cy; // for the browser tests and the console
+  const since = p.get('since'), fam = p.get('ip_version') || '';
+  cy.on('tap', 'node', ev => {
+    const id = ev.target.id();
+    location.hash = hashURL('flows', Object.assign({ since, ip_version: fam }, nodeFilter(id, '')));
+  });
+  cy.on('tap', 'edge', ev => {
+    const d = ev.target.data();
+    const q = Object.assign({ since }, nodeFilter(d.source, d.kind === 'backend' ? '' : 'src'), nodeFilter(d.target, 'dst'));
+    if (d.kind === 'backend') Object.assign(q, { service: d.source.slice(4), dst_workload: d.target }, { workload: undefined });
+    else { q.ip_version = d.ip_version; if (d.verdict === 'dropped') q.verdict = 'dropped'; }
+    location.hash = hashURL('flows', q);
+  });
+  $('#map-count').textContent = `${n} nodes, ${m.edges.length} edges over ${since}; rates are averages over the window. Click a node or an edge for its flows; scroll to zoom.`;
 }
 
 // ---- Reachability ----
+function reachParams() {
+  const f = $('#reach-form');
+  return { sources: f.sources.value.trim().split('\n').join(','), destinations: f.destinations.value.trim().split('\n').join(','), protocol: f.protocol.value, port: f.port.value, since: f.since.value };
+}
 async function runReach(ev) {
   ev && ev.preventDefault();
   const f = $('#reach-form');
@@ -298,16 +662,53 @@ async function runReach(ev) {
     destinations: f.destinations.value.split('\n').map(parseEndpoint).filter(Boolean),
     protocol: f.protocol.value, port: Number(f.port.value) || 0, since: f.since.value,
   };
+  history.replaceState(null, '', hashURL('reach', Object.assign(reachParams(), { run: 1 }))); current.hash = location.hash;
   const btn = f.querySelector('button[type=submit]'); btn.disabled = true;
-  $('#reach-summary').textContent = 'Checking ' + body.sources.length + ' × ' + body.destinations.length + ' pairs over both families…';
+  $('#reach-summary').textContent = 'Checking ' + body.sources.length + ' × ' + body.destinations.length + ' cells over both families…';
   try {
     const m = await api('/reachability', { method: 'POST', body });
     banner('');
-    $('#reach-summary').textContent = `${m.asymmetric} of ${m.sources.length * m.destinations.length} pairs differ between IPv4 and IPv6 (outlined) · ${m.elapsed_ms} ms. Click a cell for a dual trace.`;
+    const disagree = countDisagree(m);
+    $('#reach-summary').textContent = `${m.asymmetric} of ${m.sources.length * m.destinations.length} cells differ between IPv4 and IPv6 (outlined)` +
+      (disagree ? `, ${disagree} where policy and observed flows disagree (⚠)` : '') + ` · ${m.elapsed_ms} ms. Click a cell for its pairs and a dual trace.`;
     const out = $('#reach-out'); out.replaceChildren();
     for (const fam of ['4', '6']) out.append(matrix(m, fam, body));
   } catch (e) { showError(e); $('#reach-summary').textContent = ''; }
   btn.disabled = false;
+}
+// partialText reads "k/n" from a partial cell, whatever the server names it.
+function partialText(f) {
+  if (typeof f.partial === 'string') return f.partial;
+  if (f.partial && typeof f.partial === 'object') {
+    const k = f.partial.k ?? f.partial.allowed, n = f.partial.n ?? f.partial.total;
+    if (k !== undefined && n !== undefined) return k + '/' + n;
+  }
+  for (const [k, n] of [['allowed_pairs', 'total_pairs'], ['allowed', 'total'], ['k', 'n'], ['allowed', 'pairs_total']]) {
+    if (typeof f[k] === 'number' && typeof f[n] === 'number') return f[k] + '/' + f[n];
+  }
+  if (Array.isArray(f.pairs) && f.pairs.length) {
+    const ok = f.pairs.filter(p => /allow/.test(p.outcome || p.verdict || '')).length;
+    return ok + '/' + f.pairs.length;
+  }
+  return '';
+}
+// disagrees says that the policy's verdict and the observed flows differ.
+function disagrees(f) {
+  const pol = f.policy && f.policy.verdict, v = (f.observed && f.observed.verdicts) || {};
+  const dropped = (v.dropped || 0) + (v.denied || 0) + (v.rejected || 0), allowed = v.allowed || 0;
+  if (/^allow/.test(pol || f.outcome) && dropped > 0) return `policy allows, ${dropped} flows were dropped`;
+  if (/^deny|^denied/.test(pol || f.outcome) && allowed > 0) return `policy denies, ${allowed} flows were allowed`;
+  return '';
+}
+function countDisagree(m) {
+  let n = 0;
+  for (const row of m.cells) for (const c of row) for (const f of Object.values(c.families || {})) if (f && disagrees(f)) n++;
+  return n;
+}
+// cellNote is the short reason a family has no verdict (no IPv6 ClusterIP,
+// no such port, an evaluation error).
+function cellNote(f) {
+  return f.policy_error || f.error || f.unavailable || f.reason || (Array.isArray(f.reasons) ? f.reasons.join('; ') : '') || '';
 }
 function matrix(m, fam, req) {
   const table = h('table', { class: 'reach', 'data-family': fam });
@@ -315,14 +716,22 @@ function matrix(m, fam, req) {
   m.sources.forEach((s, i) => {
     const tr = h('tr', {}, h('th', { class: 'rowh' }, epLabel(s)));
     m.destinations.forEach((d, j) => {
-      const c = m.cells[i][j], f = c.families[fam];
-      const sub = f.observed.flows ? f.observed.flows + ' flows' + (f.observed.verdicts && f.observed.verdicts.dropped ? ', ' + f.observed.verdicts.dropped + ' dropped' : '') : 'no flows';
+      const c = m.cells[i][j], f = (c.families && c.families[fam]) || { outcome: 'unknown', observed: { flows: 0 } };
+      const obs = f.observed || { flows: 0 };
+      const sub = obs.flows ? obs.flows + ' flows' + (obs.verdicts && obs.verdicts.dropped ? ', ' + obs.verdicts.dropped + ' dropped' : '') : 'no flows';
+      const part = f.outcome === 'partial' ? partialText(f) : '';
+      const note = cellNote(f), dis = disagrees(f);
+      const outcomeClass = note && f.policy_error ? 'error' : f.outcome;
       const td = h('td', {
-        class: 'cell ' + f.outcome + (c.asymmetric ? ' asym' : ''), tabindex: 0,
-        title: (c.reasons || []).join('; ') || 'families agree',
-        'data-outcome': f.outcome, 'data-asym': c.asymmetric ? 'true' : 'false',
-      }, h('span', { class: 'verdict ' + f.outcome }, f.outcome), h('span', { class: 'sub' }, f.policy ? 'policy ' + f.policy.verdict : ''), h('span', { class: 'sub' }, sub));
-      const go = () => cellTrace(s, d, req, c);
+        class: 'cell ' + outcomeClass + (c.asymmetric ? ' asym' : '') + (dis ? ' disagree' : ''), tabindex: 0,
+        title: [dis, note, (c.reasons || []).join('; ') || 'families agree'].filter(Boolean).join(' · '),
+        'data-outcome': f.outcome, 'data-asym': c.asymmetric ? 'true' : 'false', 'data-si': i, 'data-di': j,
+      },
+      h('span', { class: 'verdict ' + f.outcome }, f.outcome + (part ? ' ' + part : '')),
+      dis ? h('span', { class: 'warn', title: dis }, '⚠') : null,
+      note ? h('span', { class: 'sub note' }, note) : null,
+      h('span', { class: 'sub' }, f.policy ? 'policy ' + f.policy.verdict : ''), h('span', { class: 'sub' }, sub));
+      const go = () => cellDetails(s, d, req, c, i, j);
       td.addEventListener('click', go);
       td.addEventListener('keydown', e => { if (e.key === 'Enter' || e.key === ' ') { e.preventDefault(); go(); } });
       tr.append(td);
@@ -331,25 +740,71 @@ function matrix(m, fam, req) {
   });
   return h('div', { class: 'matrix' }, h('h2', {}, famBadge(Number(fam)), 'IPv' + fam), table);
 }
-async function cellTrace(src, dst, req, cell) {
-  const info = h('div', {}, h('p', {}, epLabel(src) + ' → ' + epLabel(dst)),
+const knownFamilyKeys = ['outcome', 'policy', 'policy_error', 'observed', 'trace', 'trace_error', 'pairs'];
+// pairList renders a cell's pod pairs, whatever their shape.
+function pairList(pairs) {
+  return h('ul', { class: 'pairs' }, pairs.map(p => {
+    if (typeof p !== 'object' || p === null) return h('li', {}, String(p));
+    const src = p.src || p.source, dst = p.dst || p.destination;
+    const name = x => typeof x === 'object' && x ? (x.namespace ? x.namespace + '/' : '') + (x.name || x.ip || '') + (x.ip && x.name ? ' ' + x.ip : '') : (x || '');
+    const out = p.outcome || p.verdict || '';
+    const rest = Object.fromEntries(Object.entries(p).filter(([k]) => !['src', 'dst', 'source', 'destination', 'outcome', 'verdict'].includes(k)));
+    return h('li', { class: 'pair', 'data-outcome': out }, h('span', { class: 'verdict ' + out }, out || '?'), ' ', name(src), ' → ', name(dst),
+      Object.keys(rest).length ? h('span', { class: 'muted' }, ' ' + Object.entries(rest).map(([k, v]) => k + ' ' + (typeof v === 'object' ? JSON.stringify(v) : v)).join(', ')) : '');
+  }));
+}
+function familyDetails(fam, f) {
+  const extra = Object.fromEntries(Object.entries(f).filter(([k]) => !knownFamilyKeys.includes(k)));
+  const v = (f.observed && f.observed.verdicts) || {};
+  return h('div', { class: 'famdetail v' + fam, 'data-family': fam },
+    h('h3', {}, famBadge(Number(fam)), ' ', h('span', { class: 'verdict ' + f.outcome }, f.outcome + (f.outcome === 'partial' ? ' ' + partialText(f) : ''))),
+    disagrees(f) ? h('p', { class: 'warnline' }, '⚠ ' + disagrees(f)) : null,
+    f.policy_error ? h('p', { class: 'err' }, 'policy error: ' + f.policy_error) : null,
+    kv({
+      policy: f.policy ? f.policy.verdict + [f.policy.egress && ' egress ' + f.policy.egress, f.policy.ingress && ' ingress ' + f.policy.ingress].filter(Boolean).join(',') : '',
+      addresses: f.policy && f.policy.src_ip ? f.policy.src_ip + ' → ' + f.policy.dst_ip : '',
+      observed: f.observed ? (f.observed.flows || 0) + ' flows' + (Object.keys(v).length ? ' (' + Object.entries(v).map(([k, n]) => n + ' ' + k).join(', ') + ')' : '') : '',
+      'last seen': f.observed && f.observed.last_seen_ms ? fmtTimeZ(f.observed.last_seen_ms) : '',
+    }),
+    Array.isArray(f.pairs) && f.pairs.length ? [h('h4', {}, f.pairs.length + ' pairs'), pairList(f.pairs)] : null,
+    Object.keys(extra).length ? kv(Object.fromEntries(Object.entries(extra).map(([k, x]) => [k.replace(/_/g, ' '), Array.isArray(x) && x.length && typeof x[0] === 'object' ? pairList(x) : x]))) : null);
+}
+// endpointFilter turns a reachability endpoint into flow filters.
+function endpointFilter(e, s) {
+  const full = (e.namespace ? e.namespace + '/' : '') + e.name;
+  switch (e.kind) {
+    case 'pod': return { [s + '_pod']: full };
+    case 'service': return s === 'dst' ? { service: full } : {};
+    case 'ip': return { [s + '_ip']: e.name };
+    default: return { [s + '_workload']: full };
+  }
+}
+async function cellDetails(src, dst, req, cell, i, j) {
+  const flowsQ = Object.assign({ since: req.since, protocol: req.protocol, dst_port: req.port || '' }, endpointFilter(src, 'src'), endpointFilter(dst, 'dst'));
+  const traceQ = { source: epLabel(src), destination: epLabel(dst), protocol: req.protocol, port: req.port || '', family: 0, run: 1 };
+  const info = h('div', { class: 'celldetail', 'data-si': i, 'data-di': j },
+    h('p', { class: 'flowline' }, epLabel(src) + ' → ' + epLabel(dst) + ' · ' + req.protocol + (req.port ? ' ' + req.port : ' any port')),
     (cell.reasons || []).length ? h('p', { class: 'verdict unavailable' }, cell.reasons.join('; ')) : null,
+    h('div', { class: 'actions' }, link(hashURL('flows', flowsQ), 'Flows of this cell'), link(hashURL('flows', Object.assign({ verdict: 'dropped' }, flowsQ)), 'Dropped flows'), link(hashURL('trace', traceQ), 'Open in Traceflow')),
+    Object.entries(cell.families || {}).sort().map(([fam, f]) => familyDetails(fam, f || {})),
+    h('h3', {}, 'Dual trace'),
     h('p', { class: 'muted', id: 'cell-trace-status' }, 'Running a dual trace…'));
-  openDrawer('Reachability', info);
+  openDrawer('Reachability cell', info);
   const out = h('div', { class: 'traces' });
+  info.append(out);
   try {
     const r = await api('/traceflow', { method: 'POST', body: { source: src, destination: dst, protocol: req.protocol, port: req.port, family: 0 } });
     $('#cell-trace-status').textContent = 'Dual trace done.';
     renderTraces(out, r);
-  } catch (e) { $('#cell-trace-status').textContent = e.message; $('#cell-trace-status').className = 'err'; }
-  info.append(out);
+  } catch (e) { $('#cell-trace-status').textContent = errText(e); $('#cell-trace-status').className = 'err'; }
 }
 
 // ---- Traceflow ----
 async function runTrace(ev) {
-  ev.preventDefault();
+  ev && ev.preventDefault();
   const f = $('#trace-form');
   const body = { source: parseEndpoint(f.source.value), destination: parseEndpoint(f.destination.value), protocol: f.protocol.value, port: Number(f.port.value) || 0, family: Number(f.family.value) };
+  history.replaceState(null, '', hashURL('trace', { source: f.source.value, destination: f.destination.value, protocol: f.protocol.value, port: f.port.value, family: f.family.value })); current.hash = location.hash;
   const out = $('#trace-out');
   const btn = f.querySelector('button[type=submit]'); btn.disabled = true;
   out.replaceChildren(h('p', { class: 'muted' }, 'Tracing… injecting a packet per family and collecting observations.'));
@@ -360,9 +815,13 @@ async function runTrace(ev) {
   } catch (e) { showError(e); out.replaceChildren(); }
   btn.disabled = false;
 }
+// renderTraces draws each family's path. A family's error shows once: in
+// its own block (the old 200 {errors} shape), never also in the banner.
 function renderTraces(out, r) {
   out.replaceChildren();
-  for (const t of r.results) {
+  const seen = new Set();
+  for (const t of r.results || []) {
+    seen.add(String(t.family));
     const path = h('ol', { class: 'path' });
     for (const hop of t.hops || []) {
       path.append(h('li', { class: hop.action === 'dropped' ? 'drop' : '' },
@@ -371,29 +830,57 @@ function renderTraces(out, r) {
         hop.detail ? ' · ' + hop.detail : '',
         hop.policy ? h('span', { class: hop.action === 'dropped' ? 'pol' : 'muted' }, ' · policy ' + hop.policy) : ''));
     }
+    const err = (r.errors || {})[String(t.family)];
     out.append(h('div', { class: 'trace v' + t.family, 'data-family': t.family, 'data-outcome': t.outcome },
       h('h2', {}, famBadge(t.family), ' ', t.src_ip || '', ' → ', t.dst_ip || ''),
       h('p', {}, h('span', { class: 'verdict ' + t.outcome }, t.outcome),
         t.drop_node ? ' at ' + t.drop_node : '', t.policy ? ' by ' + t.policy : ''),
+      err ? h('p', { class: 'err' }, err) : null,
       path));
   }
   for (const [fam, msg] of Object.entries(r.errors || {})) {
-    out.append(h('div', { class: 'trace v' + fam }, h('h2', {}, famBadge(Number(fam))), h('p', { class: 'err' }, msg)));
+    if (seen.has(fam)) continue;
+    out.append(h('div', { class: 'trace v' + fam, 'data-family': fam, 'data-outcome': 'error' }, h('h2', {}, famBadge(Number(fam)), ' IPv' + fam), h('p', { class: 'err' }, msg)));
   }
 }
 
 // ---- Audit ----
+// refEndpoint turns an audit object into a reachability/trace endpoint.
+function refEndpoint(o) {
+  const kind = o.kind === 'Pod' ? 'pod' : o.kind === 'Service' ? 'service' : 'workload';
+  return { kind, namespace: o.namespace, name: o.name };
+}
+function findingLinks(f) {
+  const eps = (f.objects || []).filter(o => o.kind !== 'NetworkPolicy').map(refEndpoint);
+  const pols = (f.objects || []).filter(o => o.kind === 'NetworkPolicy');
+  const base = { protocol: f.protocol || '', port: f.port || '' };
+  const links = [];
+  if (eps.length >= 2) {
+    const [s, d] = eps;
+    links.push(link(hashURL('flows', Object.assign({ since: '24h', verdict: 'dropped', dst_port: f.port || '' }, endpointFilter(s, 'src'), endpointFilter(d, 'dst'))), 'Denied flows', 'flows of this pair the policies dropped'));
+    links.push(link(hashURL('reach', { sources: epLabel(s), destinations: epLabel(d), protocol: base.protocol || 'TCP', port: base.port, run: 1, cell: '0,0' }), 'Reachability cell'));
+    links.push(link(hashURL('trace', { source: epLabel(s), destination: epLabel(d), protocol: base.protocol || 'TCP', port: base.port, family: 0, run: 1 }), 'Dual trace'));
+  } else if (eps.length === 1) {
+    const d = eps[0];
+    links.push(link(hashURL('flows', Object.assign({ since: '24h', verdict: 'dropped' }, endpointFilter(d, 'dst'))), 'Denied flows'));
+    links.push(link(hashURL('reach', { sources: catalog.workloads.filter(w => 'workload:' + w !== epLabel(d)).slice(0, 3).map(w => 'workload:' + w).join(','), destinations: epLabel(d), protocol: base.protocol || 'TCP', port: base.port, run: 1 }), 'Reachability to it'));
+  }
+  for (const p of pols) links.push(link(hashURL('flows', { since: '24h', policy: p.namespace + '/' + p.name }), 'Flows of ' + p.name));
+  return h('div', { class: 'actions' }, links);
+}
 async function loadAudit() {
   const list = $('#audit-list');
+  await loadCatalog();
   try {
     const r = await api('/audit');
     banner('');
     $('#audit-summary').textContent = `${r.findings.length} findings, ${r.dual_stack} dual-stack gaps (listed first).`;
-    list.replaceChildren(...r.findings.map(f => h('li', { class: f.kind.startsWith('dual-stack-') ? 'dual' : '' },
-      h('div', { class: 'kind' }, f.kind, f.port ? ' · ' + (f.protocol || '') + ' ' + f.port : ''),
+    list.replaceChildren(...r.findings.map(f => h('li', { class: f.kind.startsWith('dual-stack-') ? 'dual' : '', 'data-kind': f.kind },
+      h('div', { class: 'kind' }, f.kind, f.port ? ' · ' + (f.protocol || '') + ' ' + f.port : '', f.count ? ' · ' + f.count + ' flows' : ''),
       h('div', {}, f.message),
-      h('div', { class: 'objs' }, (f.objects || []).map(o => o.kind + ' ' + (o.namespace ? o.namespace + '/' : '') + o.name + (o.direction ? ' (' + o.direction + (o.rule !== undefined ? ' rule ' + o.rule : '') + ')' : '')).join(' · ')))));
-  } catch (e) { $('#audit-summary').textContent = ''; list.replaceChildren(h('li', { class: 'err' }, e.message)); }
+      h('div', { class: 'objs' }, (f.objects || []).map(o => o.kind + ' ' + (o.namespace ? o.namespace + '/' : '') + o.name + (o.direction ? ' (' + o.direction + (o.rule !== undefined ? ' rule ' + o.rule : '') + ')' : '')).join(' · ')),
+      findingLinks(f))));
+  } catch (e) { $('#audit-summary').textContent = ''; list.replaceChildren(h('li', { class: 'err' }, errText(e))); }
 }
 
 // ---- SQL ----
@@ -406,8 +893,10 @@ async function runSQL(ev) {
     banner('');
     $('#sql-table thead').replaceChildren(h('tr', {}, r.columns.map(c => h('th', { title: c.type }, c.name))));
     $('#sql-table tbody').replaceChildren(...r.rows.map(row => h('tr', {}, row.map(v => h('td', {}, typeof v === 'object' && v !== null ? JSON.stringify(v) : String(v))))));
-    st.textContent = `${r.rows.length} rows in ${(r.elapsed_seconds * 1000).toFixed(0)} ms (limits: ${r.limits.max_rows} rows, ${r.limits.max_execution_seconds} s)`;
-  } catch (e) { st.textContent = e.message; st.className = 'err'; }
+    const lim = r.limits || {};
+    st.textContent = `${r.rows.length} rows in ${((r.elapsed_seconds || 0) * 1000).toFixed(0)} ms` + (lim.max_rows ? ` (limits: ${lim.max_rows} rows, ${lim.max_execution_seconds} s)` : '');
+    if (r.truncated) { st.textContent += ' · truncated: only the first ' + r.rows.length + ' rows are shown'; st.className = 'warnline'; }
+  } catch (e) { st.textContent = errText(e); st.className = 'err'; }
 }
 async function downloadCSV() {
   try {
@@ -415,21 +904,87 @@ async function downloadCSV() {
     const blob = await r.blob();
     const a = h('a', { href: URL.createObjectURL(blob), download: 'dualflow-query.csv' });
     document.body.append(a); a.click(); a.remove();
-  } catch (e) { $('#sql-status').textContent = e.message; $('#sql-status').className = 'err'; }
+  } catch (e) { $('#sql-status').textContent = errText(e); $('#sql-status').className = 'err'; }
 }
 
 // ---- routing ----
-const loaders = { flows: () => loadFlows(false), map: loadMap, reach: () => {}, trace: () => {}, audit: loadAudit, sql: () => {} };
-const loaded = {};
+// A page's state is in its hash: #/page?params. Links from one page to
+// another (map → flows, audit → reachability) are plain hrefs.
+const current = { hash: null };
+function applyFormParams(form, params, exprName) {
+  const expr = [];
+  for (const [k, v] of params) {
+    if (form.elements[k] && k !== exprName) form.elements[k].value = v;
+    else expr.push(k + '=' + v);
+  }
+  if (exprName) form.elements[exprName].value = expr.join(' ');
+}
+async function enterReach(params) {
+  const f = $('#reach-form');
+  if (params.has('sources') || params.has('destinations')) {
+    f.sources.value = (params.get('sources') || '').split(',').join('\n');
+    f.destinations.value = (params.get('destinations') || '').split(',').join('\n');
+    f.protocol.value = params.get('protocol') || 'TCP';
+    f.port.value = params.get('port') || '';
+    if (params.get('since')) f.since.value = params.get('since');
+  } else if (!f.sources.value.trim()) {
+    await loadCatalog();
+    const ws = catalog.workloads.map(w => 'workload:' + w);
+    f.sources.value = ws.slice(0, 3).join('\n');
+    f.destinations.value = [...ws.slice(0, 3), ...catalog.services.slice(0, 2).map(s => 'service:' + s)].join('\n');
+  }
+  if (params.get('run')) {
+    await runReach();
+    const cell = (params.get('cell') || '').split(',');
+    if (cell.length === 2) {
+      const td = $(`.matrix table[data-family="${params.get('family') || 6}"] td.cell[data-si="${cell[0]}"][data-di="${cell[1]}"]`);
+      if (td) { td.classList.add('focus'); td.click(); }
+    }
+  }
+}
+async function enterTrace(params) {
+  const f = $('#trace-form');
+  if (params.has('source') || params.has('destination')) {
+    f.source.value = params.get('source') || '';
+    f.destination.value = params.get('destination') || '';
+    f.protocol.value = params.get('protocol') || 'TCP';
+    f.port.value = params.get('port') || '';
+    f.family.value = params.get('family') || '0';
+  } else if (!f.source.value.trim()) {
+    await loadCatalog();
+    const s = catalog.sample;
+    if (s) {
+      f.source.value = 'pod:' + s.src_namespace + '/' + s.src_pod;
+      f.destination.value = s.service_name ? 'service:' + s.service_namespace + '/' + s.service_name : 'pod:' + s.dst_namespace + '/' + s.dst_pod;
+      f.protocol.value = s.protocol_name; f.port.value = s.service_port || s.dst_port;
+    } else if (catalog.pods.length) f.source.value = 'pod:' + catalog.pods[0];
+  }
+  if (params.get('run')) runTrace();
+}
+const pages = {
+  flows: params => {
+    if ([...params].length || !current.flowsLoaded) { applyFlowParams(params); current.flowsLoaded = true; loadFlows(false); return; }
+    try { keepFlowURL(flowQuery()); } catch (e) { /* the form shows its own error on submit */ }
+  },
+  charts: params => { applyFormParams($('#charts-form'), params, 'expr'); loadCharts(); },
+  map: params => { applyFormParams($('#map-form'), params, 'expr'); loadMap(); },
+  reach: enterReach,
+  trace: enterTrace,
+  audit: () => loadAudit(),
+  sql: () => {},
+};
 function route() {
-  const page = (location.hash.match(/^#\/(\w+)/) || [])[1] || 'flows';
-  const name = loaders[page] ? page : 'flows';
+  if (location.hash === current.hash) return; // our own replaceState
+  current.hash = location.hash;
+  const m = location.hash.match(/^#\/(\w+)\??(.*)$/) || [];
+  const name = pages[m[1]] ? m[1] : 'flows';
+  const params = new URLSearchParams(m[2] || '');
   document.querySelectorAll('.page').forEach(s => { s.hidden = s.id !== 'page-' + name; });
   document.querySelectorAll('#nav a').forEach(a => a.classList.toggle('active', a.dataset.page === name));
   if (name !== 'flows') stopFollow();
   closeDrawer(); banner('');
   document.title = 'dualflow · ' + $('#nav a[data-page=' + name + ']').textContent;
-  if (!loaded[name] || name === 'audit') { loaded[name] = true; loaders[name](); }
+  pages[name](params);
 }
 
 async function whoami() {
@@ -440,11 +995,14 @@ async function whoami() {
 }
 
 function init() {
+  $('#flow-time-h').textContent = 'Time (' + tzName + ')';
   $('#flow-filter').addEventListener('submit', e => { e.preventDefault(); loadFlows(false); });
   for (const id of ['#f-family', '#f-verdict', '#f-since']) $(id).addEventListener('change', () => loadFlows(false));
   $('#f-follow').addEventListener('change', e => { if (e.target.checked) startFollow(); else { stopFollow(); banner(''); } });
   $('#flow-more').addEventListener('click', () => loadFlows(true));
   $('#map-form').addEventListener('submit', e => { e.preventDefault(); loadMap(); });
+  $('#charts-form').addEventListener('submit', e => { e.preventDefault(); loadCharts(); });
+  for (const sel of ['#charts-form select', '#map-form select']) document.querySelectorAll(sel).forEach(s => s.addEventListener('change', () => s.form.requestSubmit()));
   $('#reach-form').addEventListener('submit', runReach);
   $('#trace-form').addEventListener('submit', runTrace);
   $('#sql-form').addEventListener('submit', runSQL);
@@ -462,10 +1020,11 @@ function init() {
     const v = $('#token-dialog').returnValue;
     if (v === 'save') localStorage.setItem('dualflow.token', $('#token-input').value.trim());
     if (v === 'clear') localStorage.removeItem('dualflow.token');
-    if (v) { whoami(); Object.keys(loaded).forEach(k => delete loaded[k]); route(); }
+    if (v) { whoami(); current.hash = null; current.flowsLoaded = false; route(); }
   });
   window.addEventListener('hashchange', route);
   whoami();
+  loadCatalog();
   route();
 }
 document.addEventListener('DOMContentLoaded', init);
