@@ -8,11 +8,14 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/dualflow/dualflow/collector"
 	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/collector/audit/policy"
+	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/flow"
 	"github.com/dualflow/dualflow/traceflow"
 	"github.com/dualflow/dualflow/web/api"
@@ -58,31 +61,53 @@ func (v *view) findings(ctx context.Context) ([]audit.Finding, error) {
 	return append(out, obs...), nil
 }
 
-// Resolve implements api.Resolver: a pod, one pod of a workload, or a
-// Service's first selected pod; one peer per family the end has an
-// address of.
-func (v *view) Resolve(_ context.Context, e api.Endpoint) (map[int]policy.Peer, error) {
-	if e.Kind == "ip" {
-		a, err := netip.ParseAddr(e.Name)
-		if err != nil {
-			return nil, fmt.Errorf("bad address %q: %w", e.Name, err)
-		}
-		a = a.Unmap()
-		return map[int]policy.Peer{int(flow.Version(a)): {Addr: a}}, nil
+// Resolve implements api.Resolver from the live view: pods, workloads
+// and Service backends from the inventory, the Service's families and
+// ports from the enrichment's Service.
+func (v *view) Resolve(ctx context.Context, e api.Endpoint) (*api.Target, error) {
+	return api.InventoryResolver{Inventory: v.inventory, Service: v.service}.Resolve(ctx, e)
+}
+
+// service is a Service of the live view in reachability's terms.
+func (v *view) service(namespace, name string) (*api.ServiceSpec, bool) {
+	e := v.c.Enricher()
+	if e == nil {
+		return nil, false
 	}
-	inv, err := v.inventory()
-	if err != nil {
-		return nil, err
-	}
-	p, ok := podFor(inv, e)
+	s, ok := e.Service(namespace, name)
 	if !ok {
-		return nil, fmt.Errorf("%s %s/%s not found", e.Kind, e.Namespace, e.Name)
+		return nil, false
 	}
-	out := map[int]policy.Peer{}
-	for _, a := range p.Addrs {
-		out[int(flow.Version(a))] = inv.Peer(p, a)
+	return serviceSpec(s), true
+}
+
+// serviceSpec converts an enrichment Service: its families are those of
+// spec.ipFamilies it has a ClusterIP of (headless: of spec.ipFamilies).
+func serviceSpec(s *enrich.Service) *api.ServiceSpec {
+	out := &api.ServiceSpec{Namespace: s.Namespace, Name: s.Name, Headless: s.Headless, Selector: s.Selector}
+	for _, f := range []struct {
+		v  uint8
+		kf corev1.IPFamily
+	}{{4, corev1.IPv4Protocol}, {6, corev1.IPv6Protocol}} {
+		_, hasIP := enrich.AddrOfFamily(s.ClusterIPs, f.v)
+		if s.HasFamily(f.kf) && (hasIP || s.Headless) {
+			out.Families = append(out.Families, int(f.v))
+		}
 	}
-	return out, nil
+	for _, sp := range s.Ports {
+		if sp.Port <= 0 || sp.Port > 65535 {
+			continue
+		}
+		p := api.ServicePort{Name: sp.Name, Proto: policy.ProtoNumber(&sp.Protocol), Port: uint16(sp.Port)}
+		switch {
+		case sp.TargetPort.Type == intstr.String:
+			p.TargetPortName = sp.TargetPort.StrVal
+		case sp.TargetPort.IntVal > 0 && sp.TargetPort.IntVal <= 65535:
+			p.TargetPort = uint16(sp.TargetPort.IntVal)
+		}
+		out.Ports = append(out.Ports, p)
+	}
+	return out
 }
 
 // portName names the destination's container port serving proto/port.

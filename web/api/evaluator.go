@@ -2,72 +2,485 @@ package api
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 
 	"github.com/dualflow/dualflow/collector/audit/policy"
 	"github.com/dualflow/dualflow/flow"
 )
 
-// Resolver turns an endpoint into the policy peer of each IP family it
-// has an address of (4 and/or 6): for a workload or Service a
-// representative pod, for an ip endpoint the address alone. It is what
-// the caller provides from the enrichment indexes.
+// Resolver turns an endpoint into what it stands for: every pod of a pod,
+// workload or Service endpoint (a Service's backends, with the Service's
+// families and ports), or the address of an ip endpoint. It is what the
+// caller provides from the cluster view (InventoryResolver).
 type Resolver interface {
-	Resolve(ctx context.Context, e Endpoint) (map[int]policy.Peer, error)
+	Resolve(ctx context.Context, e Endpoint) (*Target, error)
+}
+
+// ErrNotEvaluated is wrapped by a Resolver for an endpoint that policies
+// cannot be evaluated for (an ip endpoint naming a prefix): its cells
+// carry the reason as policy_error and are summed up from what was
+// observed or traced.
+var ErrNotEvaluated = errors.New("not evaluated")
+
+// Target is what an endpoint stands for in policy terms.
+type Target struct {
+	// Members are the pods of the endpoint (for a Service its backend
+	// pods), or the one address of an ip endpoint.
+	Members []Member
+	// Service is set for a Service endpoint.
+	Service *ServiceSpec
+}
+
+// Member is one pod (or address) of a Target.
+type Member struct {
+	// Name is namespace/pod, or the address of an end that is no pod.
+	Name string
+	// Pod says Name names a pod (a pod is never evaluated to itself).
+	Pod bool
+	// Peers is the member as policies see it, per family (4, 6) it has an
+	// address of.
+	Peers map[int]policy.Peer
+	// Ports are the pod's container ports (Service named target ports
+	// and named-port rules are resolved on them).
+	Ports []ContainerPort
+}
+
+// ContainerPort is a port a pod's container declares.
+type ContainerPort struct {
+	Name  string
+	Proto uint8
+	Port  uint16
+}
+
+// ServiceSpec is what reachability needs of a Service.
+type ServiceSpec struct {
+	Namespace, Name string
+	// Families are the families (4, 6) the Service has: a ClusterIP of the
+	// family in spec.clusterIPs (and the family in spec.ipFamilies), or for
+	// a headless Service the family in spec.ipFamilies.
+	Families []int
+	Headless bool
+	// Selector selects the backend pods in the Service's namespace (nil: no
+	// selector, endpoints managed by hand: no backend is known).
+	Selector map[string]string
+	Ports    []ServicePort
+}
+
+// ServicePort is one port of a Service.
+type ServicePort struct {
+	Name  string
+	Proto uint8
+	Port  uint16
+	// TargetPort is the backend's port number, or TargetPortName the name
+	// of the backend's container port, resolved per backend pod; neither
+	// set: Port.
+	TargetPort     uint16
+	TargetPortName string
+}
+
+// Outcomes of one family of a cell (CellFamily.Outcome). The first three
+// sum up every pod pair the cell covers; the next five say why the family
+// has no pair to evaluate.
+const (
+	OutcomeAllow   = "allow"   // every pair allowed
+	OutcomeDeny    = "deny"    // every pair denied
+	OutcomePartial = "partial" // some pairs allowed (pairs_allowed of pairs_total)
+	// OutcomeUnavailable: an end has no address of the family.
+	OutcomeUnavailable = "unavailable"
+	// OutcomeNoFamily: the destination Service has no ClusterIP of the
+	// family ("no IPv6 ClusterIP").
+	OutcomeNoFamily = "no_family"
+	// OutcomeNoPort: the destination Service exposes no such port.
+	OutcomeNoPort = "no_port"
+	// OutcomeNoBackends: no backend pod of the Service serves the port in
+	// the family.
+	OutcomeNoBackends = "no_backends"
+	// OutcomeSelf: the only pair is a pod to itself, which policies do not
+	// govern.
+	OutcomeSelf = "self"
+	// OutcomeError: an end could not be resolved (reason says why).
+	OutcomeError = "error"
+)
+
+// Bounds of a matrix evaluation.
+const (
+	// maxMatrixPairs bounds the pod pairs one request evaluates (both
+	// families, every Service port): ~1 µs each, so at most a few tenths
+	// of a second of one core.
+	maxMatrixPairs = 200_000
+	// maxListedPairs bounds the pairs listed per cell and family, and
+	// maxListedTotal per response (~150 bytes each in JSON); the counts
+	// always cover every pair.
+	maxListedPairs = 64
+	maxListedTotal = 10_000
+)
+
+// FamilyPolicy is the evaluated policy of one family of a cell: every pod
+// pair the cell covers.
+type FamilyPolicy struct {
+	// Outcome is one of the Outcome constants; Reason explains the ones
+	// that are not allow, deny or partial ("no IPv6 ClusterIP").
+	Outcome string
+	Reason  string
+	// Allowed of Total pairs are allowed.
+	Allowed, Total int
+	// Pairs lists the pairs (at most maxListedPairs; Truncated when more).
+	Pairs     []PairVerdict
+	Truncated bool
+	// Summary sums the pairs up (see PolicyEvaluator.Evaluate).
+	Summary PolicyVerdict
+}
+
+// PairVerdict is the policy verdict of one pod pair of a cell.
+type PairVerdict struct {
+	// Src and Dst are namespace/pod (or the address of an end that is no
+	// pod); SrcIP and DstIP the addresses evaluated.
+	Src   string `json:"src"`
+	Dst   string `json:"dst"`
+	SrcIP string `json:"src_ip"`
+	DstIP string `json:"dst_ip"`
+	// Port is the destination port evaluated (a Service's target port on
+	// this backend; 0: any); ServicePort the Service port it came from.
+	Port        uint16 `json:"port,omitempty"`
+	ServicePort uint16 `json:"service_port,omitempty"`
+	// Verdict is allowed, denied, rejected, not_isolated or unknown;
+	// Egress and Ingress the deciding policies.
+	Verdict string `json:"verdict"`
+	Egress  string `json:"egress,omitempty"`
+	Ingress string `json:"ingress,omitempty"`
+}
+
+// MatrixEvaluator is an Evaluator that answers a whole matrix for every
+// pod pair of every cell. Reachability uses it when the configured
+// Evaluator implements it. The result is indexed [source][destination]
+// then family (4, 6); an error is a failure of the whole request (a
+// *FieldError for one too large); an end that cannot be resolved is an
+// OutcomeError family, not an error.
+type MatrixEvaluator interface {
+	EvaluateMatrix(ctx context.Context, srcs, dsts []Endpoint, proto uint8, port uint16) ([][]map[int]*FamilyPolicy, error)
 }
 
 // PolicyEvaluator is an Evaluator over compiled NetworkPolicies: it
-// resolves both ends per family and evaluates the flow with each family's
-// addresses, so ipBlock rules that cover one family only show up as a
-// difference between the families.
+// resolves both ends into their pods and evaluates, per family, every pod
+// pair with that family's addresses, so ipBlock rules that cover one
+// family only show up as a difference between the families. A Service
+// destination is evaluated only in the families it has and on the ports
+// it exposes, mapped to each backend's target port.
 type PolicyEvaluator struct {
 	// Policies returns the policies in use (audit.Auditor.Policies); nil
 	// or a nil Set isolates nothing.
 	Policies func() *policy.Set
 	Resolver Resolver
-	// PortName returns the name of the destination's container port that
-	// serves proto/port (named-port rules); nil: unnamed.
+	// PortName is not used: members carry their container ports
+	// (Member.Ports). Kept so callers that set it still compile.
 	PortName func(dst Endpoint, proto uint8, port uint16) string
 }
 
-var _ Evaluator = PolicyEvaluator{}
+var (
+	_ Evaluator       = PolicyEvaluator{}
+	_ MatrixEvaluator = PolicyEvaluator{}
+)
 
-// Evaluate implements Evaluator.
+// Evaluate implements Evaluator: the summary of each family that has
+// pairs to evaluate (allowed, denied, not_isolated when every pair says
+// so, or partial).
 func (p PolicyEvaluator) Evaluate(ctx context.Context, src, dst Endpoint, proto uint8, port uint16) (map[int]PolicyVerdict, error) {
-	sp, err := p.Resolver.Resolve(ctx, src)
+	m, err := p.EvaluateMatrix(ctx, []Endpoint{src}, []Endpoint{dst}, proto, port)
 	if err != nil {
-		return nil, fmt.Errorf("source %s: %w", src, err)
+		return nil, err
 	}
-	dp, err := p.Resolver.Resolve(ctx, dst)
-	if err != nil {
-		return nil, fmt.Errorf("destination %s: %w", dst, err)
+	out := map[int]PolicyVerdict{}
+	for fam, f := range m[0][0] {
+		switch f.Outcome {
+		case OutcomeAllow, OutcomeDeny, OutcomePartial:
+			out[fam] = f.Summary
+		case "":
+			return nil, errors.New(f.Reason)
+		case OutcomeError:
+			return nil, errors.New(f.Reason)
+		}
+	}
+	return out, nil
+}
+
+type resolved struct {
+	t   *Target
+	err error
+}
+
+// EvaluateMatrix implements MatrixEvaluator.
+func (p PolicyEvaluator) EvaluateMatrix(ctx context.Context, srcs, dsts []Endpoint, proto uint8, port uint16) ([][]map[int]*FamilyPolicy, error) {
+	resolve := func(eps []Endpoint, side string) []resolved {
+		out := make([]resolved, len(eps))
+		for i, e := range eps {
+			t, err := p.Resolver.Resolve(ctx, e)
+			if err != nil {
+				err = fmt.Errorf("%s %s: %w", side, e, err)
+			}
+			out[i] = resolved{t, err}
+		}
+		return out
+	}
+	rs, rd := resolve(srcs, "source"), resolve(dsts, "destination")
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	// The pairs of the whole matrix, counted before evaluating any.
+	n := 0
+	for _, s := range rs {
+		for _, d := range rd {
+			if s.t != nil && d.t != nil {
+				n += 2 * len(s.t.Members) * len(d.t.Members) * max(1, len(d.t.servicePorts(proto, port)))
+			}
+		}
+	}
+	if n > maxMatrixPairs {
+		return nil, fieldErr("destinations", "the matrix covers %d pod pairs, more than %d: ask about fewer or smaller endpoints", n, maxMatrixPairs)
 	}
 	var set *policy.Set
 	if p.Policies != nil {
 		set = p.Policies()
 	}
-	out := map[int]PolicyVerdict{}
-	for _, fam := range []int{4, 6} {
-		s, ok1 := sp[fam]
-		d, ok2 := dp[fam]
-		if !ok1 || !ok2 {
-			continue
-		}
-		if p.PortName != nil {
-			d.PortName = p.PortName(dst, proto, port)
-		}
-		f := policy.Flow{Src: s, Dst: d, Proto: proto, DstPort: port}
-		res := set.Evaluate(&f)
-		out[fam] = PolicyVerdict{
-			Verdict: overall(res),
-			Egress:  decisionText(res.Egress),
-			Ingress: decisionText(res.Ingress),
-			SrcIP:   s.Addr.String(),
-			DstIP:   d.Addr.String(),
+	listed := 0
+	out := make([][]map[int]*FamilyPolicy, len(srcs))
+	for i, s := range rs {
+		out[i] = make([]map[int]*FamilyPolicy, len(dsts))
+		for j, d := range rd {
+			cell := map[int]*FamilyPolicy{}
+			for _, fam := range []int{4, 6} {
+				var f *FamilyPolicy
+				switch err := errors.Join(s.err, d.err); {
+				case errors.Is(err, ErrNotEvaluated):
+					f = &FamilyPolicy{Reason: err.Error()}
+				case err != nil:
+					f = &FamilyPolicy{Outcome: OutcomeError, Reason: err.Error()}
+				default:
+					f = evaluateFamily(set, s.t, d.t, fam, proto, port, &listed)
+				}
+				cell[fam] = f
+			}
+			out[i][j] = cell
 		}
 	}
 	return out, nil
+}
+
+// familyProto is the protocol of a question in family fam: ICMP and
+// ICMPv6 are one question, asked with each family's number.
+func familyProto(proto uint8, fam int) uint8 {
+	if proto == flow.ProtoICMP || proto == flow.ProtoICMPv6 {
+		if fam == 6 {
+			return flow.ProtoICMPv6
+		}
+		return flow.ProtoICMP
+	}
+	return proto
+}
+
+// hasPorts reports whether proto has ports a Service exposes.
+func hasPorts(proto uint8) bool {
+	return proto == flow.ProtoTCP || proto == flow.ProtoUDP || proto == flow.ProtoSCTP
+}
+
+// servicePorts are the ports of t's Service a question on proto/port
+// reaches (port 0: every port of proto); nil for other targets and
+// protocols without ports.
+func (t *Target) servicePorts(proto uint8, port uint16) []ServicePort {
+	if t.Service == nil || !hasPorts(proto) {
+		return nil
+	}
+	var out []ServicePort
+	for _, sp := range t.Service.Ports {
+		if sp.Proto == proto && (port == 0 || sp.Port == port) {
+			out = append(out, sp)
+		}
+	}
+	return out
+}
+
+func familyName(fam int) string { return "IPv" + strconv.Itoa(fam) }
+
+// slot is one place a pair's destination is evaluated at: a member on a
+// port.
+type slot struct {
+	m           *Member
+	port, svcPt uint16
+}
+
+// evaluateFamily evaluates every pair of one family of a cell.
+func evaluateFamily(set *policy.Set, src, dst *Target, fam int, proto uint8, port uint16, listed *int) *FamilyPolicy {
+	fname := familyName(fam)
+	fproto := familyProto(proto, fam)
+	if svc := dst.Service; svc != nil && !slices.Contains(svc.Families, fam) {
+		reason := "no " + fname + " ClusterIP"
+		if svc.Headless {
+			reason = "the headless Service has no " + fname + " family"
+		}
+		return &FamilyPolicy{Outcome: OutcomeNoFamily, Reason: reason}
+	}
+	var srcs []*Member
+	for i := range src.Members {
+		if _, ok := src.Members[i].Peers[fam]; ok {
+			srcs = append(srcs, &src.Members[i])
+		}
+	}
+	if len(srcs) == 0 {
+		return &FamilyPolicy{Outcome: OutcomeUnavailable, Reason: "the source has no " + fname + " address"}
+	}
+	var sps []ServicePort
+	if dst.Service != nil && hasPorts(proto) {
+		sps = dst.servicePorts(proto, port)
+		if len(sps) == 0 {
+			what := fmt.Sprintf("no port %d/%s", port, protoText(proto))
+			if port == 0 {
+				what = "no " + protoText(proto) + " port"
+			}
+			return &FamilyPolicy{Outcome: OutcomeNoPort, Reason: "the Service has " + what}
+		}
+	}
+	var slots []slot
+	for i := range dst.Members {
+		m := &dst.Members[i]
+		if _, ok := m.Peers[fam]; !ok {
+			continue
+		}
+		if sps == nil {
+			slots = append(slots, slot{m: m, port: port})
+			continue
+		}
+		for _, sp := range sps {
+			tp := sp.Port
+			switch {
+			case sp.TargetPortName != "":
+				tp = 0
+				for _, cp := range m.Ports {
+					if cp.Name == sp.TargetPortName && cp.Proto == proto {
+						tp = cp.Port
+						break
+					}
+				}
+			case sp.TargetPort != 0:
+				tp = sp.TargetPort
+			}
+			if tp != 0 {
+				slots = append(slots, slot{m: m, port: tp, svcPt: sp.Port})
+			}
+		}
+	}
+	if len(slots) == 0 {
+		switch {
+		case dst.Service == nil:
+			return &FamilyPolicy{Outcome: OutcomeUnavailable, Reason: "the destination has no " + fname + " address"}
+		case dst.Service.Selector == nil:
+			return &FamilyPolicy{Outcome: OutcomeNoBackends, Reason: "the Service has no selector: its backends are not known"}
+		case sps != nil:
+			return &FamilyPolicy{Outcome: OutcomeNoBackends, Reason: "no " + fname + " backend pod serves the port"}
+		}
+		return &FamilyPolicy{Outcome: OutcomeNoBackends, Reason: "the Service selects no " + fname + " pod"}
+	}
+	out := &FamilyPolicy{}
+	var first PairVerdict
+	same := struct{ verdict, egress, ingress, src, dst bool }{true, true, true, true, true}
+	self := 0
+	for _, s := range srcs {
+		for _, sl := range slots {
+			if s.Pod && sl.m.Pod && s.Name == sl.m.Name {
+				self++
+				continue
+			}
+			f := policy.Flow{Src: s.Peers[fam], Dst: sl.m.Peers[fam], Proto: fproto, DstPort: sl.port}
+			if sl.port != 0 {
+				f.Dst.PortName = portNameOf(sl.m.Ports, sl.port, fproto)
+			}
+			res := set.Evaluate(&f)
+			pv := PairVerdict{Src: s.Name, Dst: sl.m.Name, SrcIP: f.Src.Addr.String(), DstIP: f.Dst.Addr.String(),
+				Port: sl.port, ServicePort: sl.svcPt, Verdict: overall(res), Egress: decisionText(res.Egress), Ingress: decisionText(res.Ingress)}
+			if res.Allowed() {
+				out.Allowed++
+			}
+			if out.Total == 0 {
+				first = pv
+			} else {
+				same.verdict = same.verdict && pv.Verdict == first.Verdict
+				same.egress = same.egress && pv.Egress == first.Egress
+				same.ingress = same.ingress && pv.Ingress == first.Ingress
+				same.src = same.src && pv.SrcIP == first.SrcIP
+				same.dst = same.dst && pv.DstIP == first.DstIP
+			}
+			out.Total++
+			if len(out.Pairs) < maxListedPairs && *listed < maxListedTotal {
+				out.Pairs = append(out.Pairs, pv)
+				*listed++
+			} else {
+				out.Truncated = true
+			}
+		}
+	}
+	if out.Total == 0 {
+		return &FamilyPolicy{Outcome: OutcomeSelf, Reason: fmt.Sprintf("only a pod to itself (%d pairs), which NetworkPolicies do not govern", self)}
+	}
+	switch out.Allowed {
+	case out.Total:
+		out.Outcome = OutcomeAllow
+	case 0:
+		out.Outcome = OutcomeDeny
+	default:
+		out.Outcome = OutcomePartial
+		out.Reason = fmt.Sprintf("%d of %d pod pairs allowed", out.Allowed, out.Total)
+	}
+	sum := PolicyVerdict{Verdict: first.Verdict}
+	if !same.verdict {
+		switch out.Outcome {
+		case OutcomeAllow:
+			sum.Verdict = flow.VerdictAllowed.String()
+		case OutcomeDeny:
+			sum.Verdict = flow.VerdictDenied.String()
+		default:
+			sum.Verdict = OutcomePartial
+		}
+	}
+	if same.egress {
+		sum.Egress = first.Egress
+	}
+	if same.ingress {
+		sum.Ingress = first.Ingress
+	}
+	if same.src {
+		sum.SrcIP = first.SrcIP
+	}
+	if same.dst {
+		sum.DstIP = first.DstIP
+	}
+	out.Summary = sum
+	return out
+}
+
+func portNameOf(ports []ContainerPort, port uint16, proto uint8) string {
+	for _, cp := range ports {
+		if cp.Port == port && cp.Proto == proto {
+			return cp.Name
+		}
+	}
+	return ""
+}
+
+func protoText(p uint8) string {
+	switch p {
+	case flow.ProtoTCP:
+		return "TCP"
+	case flow.ProtoUDP:
+		return "UDP"
+	case flow.ProtoSCTP:
+		return "SCTP"
+	case flow.ProtoICMP:
+		return "ICMP"
+	case flow.ProtoICMPv6:
+		return "ICMPv6"
+	}
+	return strconv.Itoa(int(p))
 }
 
 // overall is the verdict of the flow: denied if a side denies, allowed if

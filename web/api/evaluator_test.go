@@ -2,92 +2,167 @@ package api
 
 import (
 	"context"
-	"fmt"
-	"net/netip"
+	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
-	networkingv1 "k8s.io/api/networking/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/collector/audit/policy"
+	"github.com/dualflow/dualflow/lab/manifest"
 )
 
-type mapResolver map[string]map[int]policy.Peer
-
-func (m mapResolver) Resolve(_ context.Context, e Endpoint) (map[int]policy.Peer, error) {
-	p, ok := m[e.String()]
-	if !ok {
-		return nil, fmt.Errorf("unknown %s", e)
-	}
-	return p, nil
-}
-
-func pod(ns, app, v4, v6 string) map[int]policy.Peer {
-	out := map[int]policy.Peer{}
-	for fam, a := range map[int]string{4: v4, 6: v6} {
-		if a != "" {
-			out[fam] = policy.Peer{Addr: netip.MustParseAddr(a), IsPod: true, Namespace: ns, Labels: map[string]string{"app": app}, NamespaceLabels: map[string]string{"kubernetes.io/metadata.name": ns}}
+// specOf converts a Service as the app does from its live view (families
+// it has a ClusterIP of, ports with target ports).
+func specOf(s *corev1.Service) *ServiceSpec {
+	out := &ServiceSpec{Namespace: s.Namespace, Name: s.Name, Selector: s.Spec.Selector}
+	for _, f := range []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol} {
+		if _, ok := manifest.ServiceAddr(s, f); ok {
+			out.Families = append(out.Families, map[corev1.IPFamily]int{corev1.IPv4Protocol: 4, corev1.IPv6Protocol: 6}[f])
 		}
+	}
+	for _, sp := range s.Spec.Ports {
+		p := ServicePort{Name: sp.Name, Proto: policy.ProtoNumber(&sp.Protocol), Port: uint16(sp.Port)}
+		if sp.TargetPort.Type == intstr.String {
+			p.TargetPortName = sp.TargetPort.StrVal
+		} else {
+			p.TargetPort = uint16(sp.TargetPort.IntVal)
+		}
+		out.Ports = append(out.Ports, p)
 	}
 	return out
 }
 
-// TestPolicyEvaluator: db admits its clients by ipBlock, written for IPv4
-// only, so frontend → db is allowed over IPv4 and denied over IPv6.
-func TestPolicyEvaluator(t *testing.T) {
-	tcp := corev1.ProtocolTCP
-	port := intstr.FromInt32(5432)
-	set, err := policy.Compile([]*networkingv1.NetworkPolicy{{
-		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "db"},
-		Spec: networkingv1.NetworkPolicySpec{
-			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "db"}},
-			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
-			Ingress: []networkingv1.NetworkPolicyIngressRule{{
-				From:  []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "198.18.0.0/16"}}},
-				Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &port}},
-			}},
-		},
-	}})
+// labEvaluator evaluates the default lab of mode with 2 nodes.
+func labEvaluator(t testing.TB, mode manifest.Mode) PolicyEvaluator {
+	t.Helper()
+	m, err := manifest.Generate(manifest.Spec{Mode: mode, Nodes: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ev := PolicyEvaluator{
+	inv, err := audit.InventoryFromObjects(m.Objects()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set, err := inv.Compile()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return PolicyEvaluator{
 		Policies: func() *policy.Set { return set },
-		Resolver: mapResolver{
-			"workload:shop/frontend": pod("shop", "frontend", "198.18.1.1", "fd00:10:244:1::1"),
-			"workload:shop/db":       pod("shop", "db", "198.18.3.1", "fd00:10:244:3::1"),
-			"workload:shop/legacy":   pod("shop", "legacy", "198.18.4.1", ""),
-			"ip:fd00:10:99::1":       {6: {Addr: netip.MustParseAddr("fd00:10:99::1")}},
+		Resolver: InventoryResolver{
+			Inventory: func() (*audit.Inventory, error) { return inv, nil },
+			Service: func(ns, name string) (*ServiceSpec, bool) {
+				s, ok := m.Service(ns, name)
+				if !ok {
+					return nil, false
+				}
+				return specOf(s), true
+			},
 		},
 	}
-	ep := func(s string) Endpoint { return Endpoint{Kind: "workload", Namespace: "shop", Name: s} }
-	got, err := ev.Evaluate(context.Background(), ep("frontend"), ep("db"), 6, 5432)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got[4].Verdict != "allowed" || got[6].Verdict != "denied" || got[4].Ingress != "shop/db rule 0 (allowed)" || got[6].DstIP != "fd00:10:244:3::1" {
-		t.Errorf("frontend→db %+v", got)
-	}
-	got, _ = ev.Evaluate(context.Background(), ep("frontend"), ep("db"), 6, 80)
-	if got[4].Verdict != "denied" {
-		t.Errorf("other port %+v", got)
-	}
-	got, _ = ev.Evaluate(context.Background(), ep("legacy"), ep("frontend"), 6, 80)
-	if _, ok := got[6]; ok || got[4].Verdict != "not_isolated" {
-		t.Errorf("IPv4-only source %+v", got)
-	}
-	got, _ = ev.Evaluate(context.Background(), Endpoint{Kind: "ip", Name: "fd00:10:99::1"}, ep("db"), 6, 5432)
-	if got[6].Verdict != "denied" || len(got) != 1 {
-		t.Errorf("outside IPv6 address %+v", got)
-	}
-	if _, err := ev.Evaluate(context.Background(), ep("nope"), ep("db"), 6, 5432); err == nil {
-		t.Error("unknown endpoint accepted")
-	}
-	// No policies yet: nothing is isolated.
-	none := PolicyEvaluator{Resolver: ev.Resolver}
-	if got, _ := none.Evaluate(context.Background(), ep("frontend"), ep("db"), 6, 5432); got[6].Verdict != "not_isolated" {
-		t.Errorf("without policies %+v", got)
+}
+
+// TestPolicyEvaluatorLab checks the cases of issue 19 in each lab mode:
+// a Service is evaluated in its families and on its ports only, a
+// workload cell covers every pod pair, a pod is never paired with itself,
+// and an unknown endpoint is a clear error.
+func TestPolicyEvaluatorLab(t *testing.T) {
+	web := Endpoint{Kind: "workload", Namespace: manifest.NSFrontend, Name: "web"}
+	api := Endpoint{Kind: "workload", Namespace: manifest.NSBackend, Name: "api"}
+	single := Endpoint{Kind: "service", Namespace: manifest.NSBackend, Name: manifest.ServiceAPISingle}
+	apiSvc := Endpoint{Kind: "service", Namespace: manifest.NSBackend, Name: manifest.ServiceAPI}
+	missing := Endpoint{Kind: "workload", Namespace: "shop", Name: "frontend"}
+	for _, mode := range manifest.Modes {
+		t.Run(string(mode), func(t *testing.T) {
+			ev := labEvaluator(t, mode)
+			m, err := ev.EvaluateMatrix(context.Background(), []Endpoint{web, api}, []Endpoint{single, api, apiSvc, missing}, 6, 8080)
+			if err != nil {
+				t.Fatal(err)
+			}
+			m9090, err := ev.EvaluateMatrix(context.Background(), []Endpoint{web}, []Endpoint{single, api, apiSvc}, 6, 9090)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The single-stack Service has the mode's first family only.
+			first := 4
+			if mode == manifest.ModeIPv6 {
+				first = 6
+			}
+			for _, fam := range []int{4, 6} {
+				has := mode == manifest.ModeDual || fam == first
+				got := m[0][0][fam]
+				switch {
+				case fam != first:
+					if got.Outcome != OutcomeNoFamily || !strings.Contains(got.Reason, "no IPv"+string(rune('0'+fam))+" ClusterIP") {
+						t.Errorf("web → api-single:8080 IPv%d: %+v, want no ClusterIP", fam, got)
+					}
+					if g := m9090[0][0][fam]; g.Outcome != OutcomeNoFamily {
+						t.Errorf("web → api-single:9090 IPv%d: %+v, want no ClusterIP", fam, g)
+					}
+				default:
+					if got.Outcome != OutcomeAllow || got.Total != 4 || got.Allowed != 4 || len(got.Pairs) != 4 || got.Pairs[0].Port != 8080 {
+						t.Errorf("web → api-single:8080 IPv%d: %+v, want 4 pairs allowed", fam, got)
+					}
+					if g := m9090[0][0][fam]; g.Outcome != OutcomeNoPort || !strings.Contains(g.Reason, "no port 9090/TCP") {
+						t.Errorf("web → api-single:9090 IPv%d: %+v, want no such port", fam, g)
+					}
+				}
+				// web → api on 9090: the metrics policy admits IPv4 from
+				// node 1's pod CIDR only: 2 of 4 pairs over IPv4, none
+				// over IPv6.
+				for _, c := range []*FamilyPolicy{m9090[0][1][fam], m9090[0][2][fam]} {
+					switch {
+					case !has:
+						if c.Outcome != OutcomeUnavailable && c.Outcome != OutcomeNoFamily {
+							t.Errorf("web → api:9090 IPv%d without the family: %+v", fam, c)
+						}
+					case fam == 4:
+						if c.Outcome != OutcomePartial || c.Allowed != 2 || c.Total != 4 || c.Summary.Verdict != OutcomePartial {
+							t.Errorf("web → api:9090 IPv4: %+v, want partial 2/4", c)
+						}
+					default:
+						if c.Outcome != OutcomeDeny || c.Total != 4 {
+							t.Errorf("web → api:9090 IPv6: %+v, want deny 0/4", c)
+						}
+					}
+				}
+				if !has {
+					continue
+				}
+				// api → api: 2 pods, 2 pairs (never a pod to itself),
+				// denied by the default deny.
+				if c := m[1][1][fam]; c.Outcome != OutcomeDeny || c.Total != 2 || c.Pairs[0].Src == c.Pairs[0].Dst {
+					t.Errorf("api → api IPv%d: %+v, want 2 pairs denied", fam, c)
+				}
+				// web → service api:8080 has no such port (80 → http).
+				if c := m[0][2][fam]; c.Outcome != OutcomeNoPort {
+					t.Errorf("web → service api:8080 IPv%d: %+v", fam, c)
+				}
+				if c := m[0][3][fam]; c.Outcome != OutcomeError || !strings.Contains(c.Reason, "workload shop/frontend not found") {
+					t.Errorf("web → missing IPv%d: %+v", fam, c)
+				}
+			}
+			// Port 80 of Service api reaches the named target port http
+			// (8080) on every backend.
+			m80, err := ev.EvaluateMatrix(context.Background(), []Endpoint{web}, []Endpoint{apiSvc}, 6, 80)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c := m80[0][0][first]; c.Outcome != OutcomeAllow || c.Total != 4 || c.Pairs[0].Port != 8080 || c.Pairs[0].ServicePort != 80 {
+				t.Errorf("web → service api:80: %+v", c)
+			}
+			// A pod to itself only is not evaluated.
+			p := m80[0][0][first].Pairs[0].Dst
+			ns, name, _ := strings.Cut(p, "/")
+			self, err := ev.EvaluateMatrix(context.Background(), []Endpoint{{Kind: "pod", Namespace: ns, Name: name}}, []Endpoint{{Kind: "pod", Namespace: ns, Name: name}}, 6, 8080)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c := self[0][0][first]; c.Outcome != OutcomeSelf {
+				t.Errorf("pod to itself: %+v", c)
+			}
+		})
 	}
 }

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
+
+	"github.com/dualflow/dualflow/flow"
 )
 
 // ReachabilityRequest is the body of POST /reachability.
@@ -48,14 +50,38 @@ type Cell struct {
 
 // CellFamily is what is known about one family of a cell.
 type CellFamily struct {
-	// Outcome sums it up: allow, deny, unavailable (an end has no address
-	// of the family) or unknown.
-	Outcome     string         `json:"outcome"`
+	// Outcome sums it up. From the evaluated policies of every pod pair
+	// the cell covers: allow (all pairs), deny (none), partial
+	// (PairsAllowed of PairsTotal); or why the family has no pair:
+	// unavailable (an end has no address of the family), no_family (the
+	// Service has no ClusterIP of the family), no_port (the Service
+	// exposes no such port), no_backends (no backend pod serves it), self
+	// (a pod to itself only); error (an end could not be resolved:
+	// PolicyError). Without an evaluation: from a trace or the observed
+	// flows, allow, deny, mixed or unknown.
+	Outcome string `json:"outcome"`
+	// Reason explains an outcome other than allow and deny ("no IPv6
+	// ClusterIP", "the Service has no port 9090/TCP", "2 of 4 pod pairs
+	// allowed").
+	Reason string `json:"reason,omitempty"`
+	// Policy sums the evaluated pairs up: Verdict is allowed, denied,
+	// not_isolated or rejected when all pairs agree, partial otherwise;
+	// the deciding policies and addresses when all pairs share them.
 	Policy      *PolicyVerdict `json:"policy,omitempty"`
 	PolicyError string         `json:"policy_error,omitempty"`
-	Observed    Observed       `json:"observed"`
-	Trace       *TraceResult   `json:"trace,omitempty"`
-	TraceError  string         `json:"trace_error,omitempty"`
+	// PairsAllowed of PairsTotal pod pairs are allowed; Pairs lists them
+	// (at most 64 per family; PairsTruncated when more).
+	PairsAllowed   int           `json:"pairs_allowed"`
+	PairsTotal     int           `json:"pairs_total"`
+	Pairs          []PairVerdict `json:"pairs,omitempty"`
+	PairsTruncated bool          `json:"pairs_truncated,omitempty"`
+	// Mismatch says how the evaluated policy and what was observed or
+	// traced disagree ("policy allows every pair, but 133 of 271 observed
+	// flows were dropped"); empty when they agree.
+	Mismatch   string       `json:"mismatch,omitempty"`
+	Observed   Observed     `json:"observed"`
+	Trace      *TraceResult `json:"trace,omitempty"`
+	TraceError string       `json:"trace_error,omitempty"`
 }
 
 // Observed sums the flows recorded in the window.
@@ -184,7 +210,12 @@ func (a *API) runReachability(ctx context.Context, req *ReachabilityRequest) (*R
 	if err != nil {
 		return nil, err
 	}
-	where := "flow_end >= " + timeLiteral(since) + " AND flow_end < " + timeLiteral(now) + " AND protocol = " + strconv.Itoa(int(proto))
+	protoCond := "protocol = " + strconv.Itoa(int(proto))
+	if proto == flow.ProtoICMP || proto == flow.ProtoICMPv6 {
+		// One question over both families: ICMP over IPv4, ICMPv6 over IPv6.
+		protoCond = "protocol IN (1, 58)"
+	}
+	where := "flow_end >= " + timeLiteral(since) + " AND flow_end < " + timeLiteral(now) + " AND " + protoCond
 	if req.Port != 0 {
 		where += " AND (dst_port = " + strconv.Itoa(int(req.Port)) + " OR service_port = " + strconv.Itoa(int(req.Port)) + ")"
 	}
@@ -248,7 +279,19 @@ func (a *API) runReachability(ctx context.Context, req *ReachabilityRequest) (*R
 		}
 		f.Observed.Verdicts[r.Verdict] += r.Flows
 	}
-	if a.cfg.Evaluator != nil {
+	if me, ok := a.cfg.Evaluator.(MatrixEvaluator); ok {
+		m, err := me.EvaluateMatrix(ctx, req.Sources, req.Destinations, proto, req.Port)
+		if err != nil {
+			return nil, err
+		}
+		for i := range out.Cells {
+			for j := range out.Cells[i] {
+				for fam, fp := range m[i][j] {
+					setPolicy(out.Cells[i][j].Families[strconv.Itoa(fam)], fp)
+				}
+			}
+		}
+	} else if a.cfg.Evaluator != nil {
 		for i, s := range req.Sources {
 			for j, d := range req.Destinations {
 				cell := &out.Cells[i][j]
@@ -283,6 +326,7 @@ func (a *API) runReachability(ctx context.Context, req *ReachabilityRequest) (*R
 				if f.Outcome == "" {
 					f.Outcome = outcome(f)
 				}
+				f.Mismatch = mismatch(f)
 			}
 			cell.Reasons = asymmetry(cell.Families["4"], cell.Families["6"])
 			cell.Asymmetric = len(cell.Reasons) > 0
@@ -293,6 +337,55 @@ func (a *API) runReachability(ctx context.Context, req *ReachabilityRequest) (*R
 	}
 	out.ElapsedMs = time.Since(start).Milliseconds()
 	return out, nil
+}
+
+// setPolicy puts one family's evaluation into its cell family.
+func setPolicy(f *CellFamily, fp *FamilyPolicy) {
+	f.Outcome, f.Reason = fp.Outcome, fp.Reason
+	f.PairsAllowed, f.PairsTotal, f.Pairs, f.PairsTruncated = fp.Allowed, fp.Total, fp.Pairs, fp.Truncated
+	switch fp.Outcome {
+	case OutcomeAllow, OutcomeDeny, OutcomePartial:
+		v := fp.Summary
+		f.Policy = &v
+	case OutcomeError:
+		f.PolicyError = fp.Reason
+	case "": // not evaluated (ErrNotEvaluated): summed up from the flows
+		f.PolicyError, f.Reason = fp.Reason, ""
+	}
+}
+
+// evaluated reports whether f's outcome is the evaluated policy of its
+// pairs.
+func evaluated(f *CellFamily) bool {
+	return f.Outcome == OutcomeAllow && f.PairsTotal > 0 || f.Outcome == OutcomeDeny && f.PairsTotal > 0 || f.Outcome == OutcomePartial
+}
+
+// mismatch says how the evaluated policy and the flows observed or the
+// trace disagree.
+func mismatch(f *CellFamily) string {
+	if !evaluated(f) {
+		return ""
+	}
+	var r []string
+	o := f.Observed
+	dropped, passed := o.Verdicts["dropped"], o.Verdicts["allowed"]+o.Verdicts["not_isolated"]
+	switch f.Outcome {
+	case OutcomeAllow:
+		if dropped > 0 {
+			r = append(r, fmt.Sprintf("policy allows every pair, but %d of %d observed flows were dropped", dropped, o.Flows))
+		}
+		if f.Trace != nil && f.Trace.Outcome == "dropped" {
+			r = append(r, "policy allows every pair, but the trace was dropped")
+		}
+	case OutcomeDeny:
+		if passed > 0 {
+			r = append(r, fmt.Sprintf("policy denies every pair, but %d of %d observed flows passed", passed, o.Flows))
+		}
+		if f.Trace != nil && f.Trace.Outcome == "delivered" {
+			r = append(r, "policy denies every pair, but the trace was delivered")
+		}
+	}
+	return strings.Join(r, "; ")
 }
 
 func hasKind(eps []Endpoint, kind string) bool {
@@ -337,7 +430,13 @@ func outcome(f *CellFamily) string {
 // asymmetry lists how the two families of a cell disagree.
 func asymmetry(v4, v6 *CellFamily) []string {
 	var r []string
-	if v4.Outcome != v6.Outcome && v4.Outcome != "unknown" && v6.Outcome != "unknown" {
+	switch {
+	case v4.Outcome == "unknown" || v6.Outcome == "unknown" || v4.Outcome == OutcomeError || v6.Outcome == OutcomeError:
+	case v4.Outcome == OutcomePartial && v6.Outcome == OutcomePartial:
+		if v4.PairsAllowed*v6.PairsTotal != v6.PairsAllowed*v4.PairsTotal {
+			r = append(r, fmt.Sprintf("IPv4 %d of %d pairs allowed, IPv6 %d of %d", v4.PairsAllowed, v4.PairsTotal, v6.PairsAllowed, v6.PairsTotal))
+		}
+	case v4.Outcome != v6.Outcome:
 		r = append(r, fmt.Sprintf("IPv4 %s, IPv6 %s", v4.Outcome, v6.Outcome))
 	}
 	if v4.Policy != nil && v6.Policy != nil && v4.Policy.Verdict != v6.Policy.Verdict {
@@ -347,10 +446,20 @@ func asymmetry(v4, v6 *CellFamily) []string {
 	if v4.Observed.Flows > 0 && v6.Observed.Flows > 0 && d4 != d6 {
 		r = append(r, "observed drops over one family only")
 	}
-	if (v4.Observed.Flows == 0) != (v6.Observed.Flows == 0) && v4.Outcome != "unavailable" && v6.Outcome != "unavailable" {
+	if (v4.Observed.Flows == 0) != (v6.Observed.Flows == 0) && !noPair(v4) && !noPair(v6) {
 		r = append(r, "traffic observed over one family only")
 	}
 	return r
+}
+
+// noPair reports an outcome that says the family has nothing to carry
+// traffic between the ends.
+func noPair(f *CellFamily) bool {
+	switch f.Outcome {
+	case OutcomeUnavailable, OutcomeNoFamily, OutcomeNoPort, OutcomeNoBackends, OutcomeSelf, OutcomeError:
+		return true
+	}
+	return false
 }
 
 // traceCells runs one trace per cell and available family, at most
@@ -364,7 +473,7 @@ func (a *API) traceCells(ctx context.Context, req *ReachabilityRequest, proto ui
 		for j := range out.Cells[i] {
 			for _, fam := range []int{4, 6} {
 				f := out.Cells[i][j].Families[strconv.Itoa(fam)]
-				if f.Outcome == "unavailable" {
+				if noPair(f) {
 					continue
 				}
 				tr := TraceRequest{Source: req.Sources[i], Destination: req.Destinations[j], Family: fam, Protocol: proto, Port: req.Port}

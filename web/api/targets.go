@@ -1,0 +1,111 @@
+package api
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/dualflow/dualflow/collector/audit"
+	"github.com/dualflow/dualflow/collector/audit/policy"
+	"github.com/dualflow/dualflow/flow"
+)
+
+// InventoryResolver is a Resolver over a cluster view: pods, workloads
+// and Service backends from an audit.Inventory, Services (families,
+// ports) from Service.
+type InventoryResolver struct {
+	// Inventory returns the cluster view (collector.Inventory).
+	Inventory func() (*audit.Inventory, error)
+	// Service returns a Service's spec; false when there is no such
+	// Service.
+	Service func(namespace, name string) (*ServiceSpec, bool)
+}
+
+var _ Resolver = InventoryResolver{}
+
+// Resolve implements Resolver: a pod; every pod of a workload (the pods
+// of the namespace whose top-level controller has the name); a Service
+// and every pod its selector selects; an address, as the pod holding it
+// when there is one. An endpoint that does not exist is an error naming
+// it ("workload shop/frontend not found").
+func (r InventoryResolver) Resolve(_ context.Context, e Endpoint) (*Target, error) {
+	if e.Kind == "ip" {
+		a, err := netip.ParseAddr(e.Name)
+		if err != nil {
+			if _, perr := netip.ParsePrefix(e.Name); perr == nil {
+				return nil, fmt.Errorf("%w: policies are evaluated for an address, not a prefix (%s)", ErrNotEvaluated, e.Name)
+			}
+			return nil, fmt.Errorf("bad address %q: %w", e.Name, err)
+		}
+		a = a.Unmap()
+		if inv, err := r.Inventory(); err == nil {
+			if p, ok := inv.PodByAddr(a); ok {
+				m := member(inv, p)
+				m.Peers = map[int]policy.Peer{int(flow.Version(a)): inv.Peer(p, a)}
+				return &Target{Members: []Member{m}}, nil
+			}
+		}
+		return &Target{Members: []Member{{Name: a.String(), Peers: map[int]policy.Peer{int(flow.Version(a)): {Addr: a}}}}}, nil
+	}
+	inv, err := r.Inventory()
+	if err != nil {
+		return nil, err
+	}
+	t := &Target{}
+	switch e.Kind {
+	case "pod":
+		p, ok := inv.Pod(e.Namespace, e.Name)
+		if !ok {
+			return nil, fmt.Errorf("pod %s/%s not found", e.Namespace, e.Name)
+		}
+		t.Members = []Member{member(inv, p)}
+	case "workload":
+		for _, p := range inv.Pods() {
+			if p.Namespace == e.Namespace && inv.Workload(p).Name == e.Name {
+				t.Members = append(t.Members, member(inv, p))
+			}
+		}
+		if len(t.Members) == 0 {
+			return nil, fmt.Errorf("workload %s/%s not found", e.Namespace, e.Name)
+		}
+	case "service":
+		var svc *ServiceSpec
+		ok := false
+		if r.Service != nil {
+			svc, ok = r.Service(e.Namespace, e.Name)
+		}
+		if !ok {
+			return nil, fmt.Errorf("service %s/%s not found", e.Namespace, e.Name)
+		}
+		t.Service = svc
+		if svc.Selector != nil {
+			sel := labels.SelectorFromSet(svc.Selector)
+			for _, p := range inv.Pods() {
+				if p.Namespace == svc.Namespace && sel.Matches(labels.Set(p.Labels)) {
+					t.Members = append(t.Members, member(inv, p))
+				}
+			}
+		}
+	default:
+		return nil, fmt.Errorf("kind %q is not pod, workload, service or ip", e.Kind)
+	}
+	return t, nil
+}
+
+// member is pod p as a Target member: its first address of each family.
+func member(inv *audit.Inventory, p *audit.Pod) Member {
+	m := Member{Name: p.Namespace + "/" + p.Name, Pod: true, Peers: map[int]policy.Peer{}}
+	for _, a := range p.Addrs {
+		if fam := int(flow.Version(a)); m.Peers[fam].Addr == (netip.Addr{}) {
+			m.Peers[fam] = inv.Peer(p, a)
+		}
+	}
+	for _, cp := range p.Ports {
+		if cp.Port > 0 && cp.Port <= 65535 {
+			m.Ports = append(m.Ports, ContainerPort{Name: cp.Name, Proto: cp.Proto, Port: uint16(cp.Port)})
+		}
+	}
+	return m
+}
