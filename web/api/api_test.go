@@ -284,6 +284,12 @@ func TestBadInput4xx(t *testing.T) {
 		{"POST", "/api/v1/reachability", `{"sources":[{"kind":"pod","namespace":"a","name":"b"}],"destinations":[{"kind":"pod","namespace":"a","name":"c"}],"protocol":"xyz"}`, "protocol"},
 		{"POST", "/api/v1/traceflow", `{"source":{"kind":"pod","name":"x"},"destination":{"kind":"ip","name":"198.18.0.1"}}`, "source"},
 		{"POST", "/api/v1/traceflow", `{"source":{"kind":"pod","namespace":"a","name":"x"},"destination":{"kind":"ip","name":"198.18.0.1"},"family":5}`, "family"},
+		{"POST", "/api/v1/traceflow", `{"source":{"kind":"pod","namespace":"a","name":"x"},"destination":{"kind":"ip","name":"198.18.0.1"},"famly":4}`, "famly"},
+		{"POST", "/api/v1/traceflow", `{"source":{"kind":"pod","namespace":"a","name":"x","nmae":"y"},"destination":{"kind":"ip","name":"198.18.0.1"}}`, "source.nmae"},
+		{"POST", "/api/v1/traceflow", `{"source":{"kind":"pod","namespace":"a","name":"x"},"destination":{"kind":"ip","name":"198.18.0.1"},"port":"80"}`, "port"},
+		{"POST", "/api/v1/traceflow", `{"source":{"kind":"pod","namespace":"a","name":"x"},"destination":{"kind":"ip","name":"198.18.0.1"}} {}`, "body"},
+		{"POST", "/api/v1/traceflow", ``, "body"},
+		{"POST", "/api/v1/sql", `{"query":"SELECT 1","max_row":5}`, "max_row"},
 		{"POST", "/api/v1/sql", `{"query":""}`, "query"},
 		{"POST", "/api/v1/sql", `{"query":"SELEC 1"}`, "query"},
 		{"POST", "/api/v1/sql", `{"query":"SELECT 1","format":"xml"}`, "format"},
@@ -323,13 +329,47 @@ func TestSQLReadOnlyAndLimits(t *testing.T) {
 		"lift the limit": "SELECT number FROM numbers(100) SETTINGS max_result_rows = 1000",
 		"readonly=0":     "SELECT 1 SETTINGS readonly = 0",
 		"table function": "SELECT * FROM file('/etc/hostname', 'LineAsString')",
-		"too many rows":  "SELECT number FROM numbers(100)",
 		"memory":         "SELECT groupArray(repeat('x', 1000)) FROM numbers(10000000)",
 		"set":            "SET max_result_rows = 0",
 	} {
 		r := do(t, h, "POST", "/api/v1/sql", `{"query":`+jsonString(q)+`}`)
 		if r.code != 400 {
 			t.Errorf("%s: %d %s", name, r.code, r.body)
+		}
+	}
+	// Past the row limit: the first rows and the truncated flag; exactly
+	// at it: every row, not truncated.
+	for _, tc := range []struct {
+		query     string
+		rows      int
+		truncated bool
+	}{
+		{"SELECT number FROM numbers(100)", 50, true},
+		{"SELECT number FROM numbers(1000000)", 50, true},
+		{"SELECT number FROM numbers(50)", 50, false},
+		{"SELECT number FROM numbers(49)", 49, false},
+	} {
+		r := do(t, h, "POST", "/api/v1/sql", `{"query":`+jsonString(tc.query)+`}`)
+		res := decode[SQLResult](t, r)
+		if r.code != 200 || len(res.Rows) != tc.rows || res.Truncated != tc.truncated || (tc.rows > 0 && fmt.Sprint(res.Rows[0][0]) != "0") {
+			t.Errorf("%s: %d, %d rows, truncated %v; want 200, %d rows, truncated %v", tc.query, r.code, len(res.Rows), res.Truncated, tc.rows, tc.truncated)
+		}
+		if !strings.Contains(r.body, `"truncated":`+strconv.FormatBool(tc.truncated)) {
+			t.Errorf("%s: body %.200s has no truncated flag", tc.query, r.body)
+		}
+	}
+	// CSV: the header and the first rows, byte for byte, cut between
+	// records even when one spans lines; the header says it was cut.
+	for _, tc := range []struct {
+		query, want, truncated string
+	}{
+		{"SELECT number AS n, if(number = 1, 'a\\nb', 'c') AS s FROM numbers(100)", "\"n\",\"s\"\n0,\"c\"\n1,\"a\nb\"\n2,\"c\"\n", "true"},
+		{"SELECT number AS n FROM numbers(3)", "\"n\"\n0\n1\n2\n", "false"},
+	} {
+		small := testAPI(t, Config{SQL: EngineSQL{Engine: e.DB()}, SQLMaxRows: 3})
+		r := do(t, small, "POST", "/api/v1/sql", `{"format":"csv","query":`+jsonString(tc.query)+`}`)
+		if r.code != 200 || r.body != tc.want || r.hdr.Get("X-Dualflow-Truncated") != tc.truncated {
+			t.Errorf("csv %s: %d %q truncated %q; want %q truncated %s", tc.query, r.code, r.body, r.hdr.Get("X-Dualflow-Truncated"), tc.want, tc.truncated)
 		}
 	}
 	r = do(t, h, "POST", "/api/v1/sql", `{"query":"SELECT count() AS n FROM flows"}`)
@@ -528,6 +568,98 @@ func TestTraceflowAndAudit(t *testing.T) {
 	none := testAPI(t, Config{Store: &fakeStore{}})
 	if r := do(t, none, "GET", "/api/v1/audit", ""); r.code != 501 {
 		t.Errorf("no auditor: %d", r.code)
+	}
+}
+
+// TestTraceflowErrors: a trace no family can be traced for is a 4xx
+// {message, field} (the message once when both families fail alike, per
+// family otherwise), a timeout 504; a dual trace with one family that
+// cannot be traced answers the other's result and says why in errors.
+// Each 400 is counted.
+func TestTraceflowErrors(t *testing.T) {
+	const body = `{"source":{"kind":"pod","namespace":"shop","name":"frontend-0"},"destination":{"kind":"service","namespace":"shop","name":"api"},"port":9090}`
+	for _, tc := range []struct {
+		name   string
+		family string
+		trace  func(TraceRequest) (*TraceResult, error)
+		code   int
+		field  string
+		msg    string
+		errors map[string]string
+	}{
+		{"same error in both families", "", func(TraceRequest) (*TraceResult, error) {
+			return nil, errors.New("source pod shop/frontend-0 not found")
+		}, 400, "source", "source pod shop/frontend-0 not found", nil},
+		{"field error of the tracer", "", func(TraceRequest) (*TraceResult, error) {
+			return nil, &FieldError{Field: "port", Message: "no port 9090/TCP on service shop/api"}
+		}, 400, "port", "no port 9090/TCP on service shop/api", nil},
+		{"each family its own error", "", func(r TraceRequest) (*TraceResult, error) {
+			if r.Family == 6 {
+				return nil, errors.New("no IPv6 ClusterIP")
+			}
+			return nil, errors.New("no port 9090/TCP")
+		}, 400, "destination", "IPv4: no port 9090/TCP; IPv6: no IPv6 ClusterIP", nil},
+		{"one family asked", `,"family":6`, func(TraceRequest) (*TraceResult, error) {
+			return nil, errors.New("no IPv6 ClusterIP")
+		}, 400, "destination", "no IPv6 ClusterIP", nil},
+		{"timeout", "", func(TraceRequest) (*TraceResult, error) {
+			return nil, context.DeadlineExceeded
+		}, 504, "", "", nil},
+		{"one family of two", "", func(r TraceRequest) (*TraceResult, error) {
+			if r.Family == 6 {
+				return nil, errors.New("no IPv6 ClusterIP")
+			}
+			return &TraceResult{Outcome: "delivered"}, nil
+		}, 200, "", "", map[string]string{"6": "no IPv6 ClusterIP"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a, err := New(Config{Store: &fakeStore{}, Tracer: TracerFunc(func(_ context.Context, r TraceRequest) (*TraceResult, error) { return tc.trace(r) })})
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := a.Handler()
+			r := do(t, h, "POST", "/api/v1/traceflow", strings.TrimSuffix(body, "}")+tc.family+"}")
+			if r.code != tc.code {
+				t.Fatalf("%v, want %d", r, tc.code)
+			}
+			if tc.code == 200 {
+				tr := decode[TraceflowResponse](t, r)
+				if len(tr.Results) != 1 || tr.Results[0].Family != 4 || fmt.Sprint(tr.Errors) != fmt.Sprint(tc.errors) {
+					t.Errorf("partial trace %s", r.body)
+				}
+				return
+			}
+			if strings.Contains(r.body, `"errors"`) || strings.Contains(r.body, `"results"`) {
+				t.Errorf("error body %s has the result shape", r.body)
+			}
+			e := decode[errorBody](t, r)
+			if tc.code == 400 && (e.Field != tc.field || e.Message != tc.msg) {
+				t.Errorf("error %+v, want field %q message %q", e, tc.field, tc.msg)
+			}
+			m := do(t, h, "GET", "/metrics", "")
+			want := `dualflow_web_bad_requests_total{reason="invalid",route="/api/v1/traceflow"} 1`
+			if got := strings.Contains(m.body, want); got != (tc.code == 400) {
+				t.Errorf("metrics: %q counted %v, want %v", want, got, tc.code == 400)
+			}
+		})
+	}
+}
+
+// TestUnknownFieldsCounted: a body field the request does not have is a
+// 400 naming it, counted by reason.
+func TestUnknownFieldsCounted(t *testing.T) {
+	a, err := New(Config{Store: &fakeStore{}, Tracer: fakeTracer{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := a.Handler()
+	r := do(t, h, "POST", "/api/v1/traceflow", `{"source":{"kind":"pod","namespace":"a","name":"x"},"destination":{"kind":"ip","name":"198.18.0.1"},"protocl":"udp"}`)
+	if e := decode[errorBody](t, r); r.code != 400 || e.Field != "protocl" || !strings.Contains(e.Message, `unknown field "protocl"`) {
+		t.Errorf("unknown field: %v", r)
+	}
+	m := do(t, h, "GET", "/metrics", "")
+	if want := `dualflow_web_bad_requests_total{reason="unknown_field",route="/api/v1/traceflow"} 1`; !strings.Contains(m.body, want) {
+		t.Errorf("metrics lack %q", want)
 	}
 }
 

@@ -15,7 +15,18 @@ import (
 type FieldError struct {
 	Field   string
 	Message string
+	// reason labels dualflow_web_bad_requests_total; empty is
+	// reasonInvalid.
+	reason string
 }
+
+// Reasons of dualflow_web_bad_requests_total.
+const (
+	reasonInvalid      = "invalid"       // a value out of its domain
+	reasonBadJSON      = "bad_json"      // a body that is not the JSON wanted
+	reasonUnknownField = "unknown_field" // a body field the request has not
+	reasonQuery        = "query"         // SQL or a filter the engine refused
+)
 
 func (e *FieldError) Error() string { return e.Field + ": " + e.Message }
 

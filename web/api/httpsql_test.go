@@ -24,15 +24,18 @@ func TestHTTPSQL(t *testing.T) {
 		t.Fatalf("select: %v", r)
 	}
 	for name, q := range map[string]string{
-		"insert":        "INSERT INTO dualflow.flows (ip_version) VALUES (4)",
-		"drop":          "DROP TABLE dualflow.flows",
-		"too many rows": "SELECT number FROM numbers(100)",
-		"lift limit":    "SELECT number FROM numbers(100) SETTINGS max_result_rows = 1000",
-		"syntax":        "SELEKT 1",
+		"insert":     "INSERT INTO dualflow.flows (ip_version) VALUES (4)",
+		"drop":       "DROP TABLE dualflow.flows",
+		"lift limit": "SELECT number FROM numbers(100) SETTINGS max_result_rows = 1000",
+		"syntax":     "SELEKT 1",
 	} {
 		if r := do(t, h, "POST", "/api/v1/sql", `{"query":`+jsonString(q)+`}`); r.code != 400 || !strings.Contains(r.body, `"field":"query"`) {
 			t.Errorf("%s: %v", name, r)
 		}
+	}
+	r = do(t, h, "POST", "/api/v1/sql", `{"query":"SELECT number FROM numbers(100)"}`)
+	if res := decode[SQLResult](t, r); r.code != 200 || len(res.Rows) != 10 || !res.Truncated {
+		t.Errorf("past the row limit: %v, want 10 rows and truncated", r)
 	}
 	if r := do(t, h, "POST", "/api/v1/sql", `{"query":"SELECT 42 AS answer"}`); !strings.Contains(r.body, `"answer"`) {
 		t.Errorf("after refused statements: %v", r)

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"cmp"
 	"context"
 	"embed"
 	"errors"
@@ -83,6 +84,7 @@ func (a *API) fail(c *gin.Context, err error) {
 	var qe *queryError
 	switch {
 	case errors.As(err, &fe):
+		a.badRequest(c, cmp.Or(fe.reason, reasonInvalid))
 		c.AbortWithStatusJSON(http.StatusBadRequest, errorBody{Message: fe.Message, Field: fe.Field})
 	case errors.Is(err, ErrNotConfigured):
 		c.AbortWithStatusJSON(http.StatusNotImplemented, errorBody{Message: err.Error()})
@@ -91,11 +93,21 @@ func (a *API) fail(c *gin.Context, err error) {
 	case errors.Is(err, context.Canceled):
 		c.AbortWithStatus(499)
 	case errors.As(err, &qe) && qe.user:
+		a.badRequest(c, reasonQuery)
 		c.AbortWithStatusJSON(http.StatusBadRequest, errorBody{Message: qe.Error(), Field: qe.field})
 	default:
 		a.log.Error("api request failed", "method", c.Request.Method, "path", c.FullPath(), "err", err)
 		c.AbortWithStatusJSON(http.StatusBadGateway, errorBody{Message: err.Error()})
 	}
+}
+
+// badRequest counts a request answered 400, by route and reason.
+func (a *API) badRequest(c *gin.Context, reason string) {
+	route := c.FullPath()
+	if route == "" {
+		route = "unmatched"
+	}
+	a.metrics.badRequests.WithLabelValues(route, reason).Inc()
 }
 
 // queryError is a store error; user means the input caused it (bad SQL).
@@ -173,8 +185,11 @@ type metrics struct {
 	requests   *prometheus.CounterVec
 	duration   *prometheus.HistogramVec
 	sqlRefused *prometheus.CounterVec
-	refused    *prometheus.CounterVec
-	inFlight   *prometheus.GaugeVec
+	// badRequests counts the requests answered 400 (the field at fault is
+	// in the answer, not a label: it comes from the client).
+	badRequests *prometheus.CounterVec
+	refused     *prometheus.CounterVec
+	inFlight    *prometheus.GaugeVec
 }
 
 func newMetrics(r prometheus.Registerer) (*metrics, error) {
@@ -190,6 +205,10 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 			Name: "dualflow_web_sql_refused_total",
 			Help: "POST /sql queries refused before they ran, by reason: statement (not SELECT, SHOW, DESCRIBE or EXISTS), outfile, table_function, function (reaches the host), engine (not one statement the engine accepts read-only).",
 		}, []string{"reason"}),
+		badRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dualflow_web_bad_requests_total",
+			Help: "API requests answered 400 {message, field}, by route and reason: invalid (a value out of its domain), bad_json (a body that is not the JSON wanted), unknown_field (a body field the request does not have), query (SQL or a filter the engine refused).",
+		}, []string{"route", "reason"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dualflow_web_concurrency_refused_total",
 			Help: "Requests answered 429 because as many of their kind as allowed were in flight, by kind (sql: POST /sql queries, follow: GET /flows?follow=true streams) and role.",
@@ -203,7 +222,7 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 		m.reg = prometheus.NewRegistry()
 		r = m.reg
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.sqlRefused, m.refused, m.inFlight} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.sqlRefused, m.badRequests, m.refused, m.inFlight} {
 		if err := r.Register(c); err != nil {
 			return nil, err
 		}

@@ -3,6 +3,7 @@ package api
 import (
 	"bytes"
 	"context"
+	"encoding/csv"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -34,10 +35,19 @@ type SQLRequest struct {
 // SQLResult is the json answer of POST /sql.
 type SQLResult struct {
 	Columns []SQLColumn `json:"columns"`
-	Rows    [][]any     `json:"rows"`
-	Elapsed float64     `json:"elapsed_seconds"`
-	Limits  SQLLimits   `json:"limits"`
+	// Rows are the result's first Limits.MaxRows rows.
+	Rows [][]any `json:"rows"`
+	// Truncated says the result had more rows than Limits.MaxRows: Rows
+	// are its first ones (add a LIMIT, or ask for CSV, which says it in
+	// the X-Dualflow-Truncated header).
+	Truncated bool      `json:"truncated"`
+	Elapsed   float64   `json:"elapsed_seconds"`
+	Limits    SQLLimits `json:"limits"`
 }
+
+// truncatedHeader is set to "true" on a CSV answer of POST /sql cut at
+// its row limit.
+const truncatedHeader = "X-Dualflow-Truncated"
 
 // SQLColumn is a result column.
 type SQLColumn struct {
@@ -61,11 +71,15 @@ const maxQueryBytes = 64 << 10
 // clause in the query cannot lift the limits); sqlguard refuses the rest.
 // max_threads and a priority below the API's own reads (uiPriority) keep
 // an operator's query from starving the collector's inserts and the UI.
+// Past the row limit the engine stops reading (result_overflow_mode
+// break) and returns what it has, at least MaxRows+1 rows (it stops at a
+// block boundary) so that the handler can tell a cut result from one of
+// exactly MaxRows; the handler keeps MaxRows of them.
 func sqlSettings(l SQLLimits) map[string]string {
 	return map[string]string{
 		"readonly":             "1",
-		"max_result_rows":      strconv.Itoa(l.MaxRows),
-		"result_overflow_mode": "throw",
+		"max_result_rows":      strconv.Itoa(l.MaxRows + 1),
+		"result_overflow_mode": "break",
 		"max_execution_time":   strconv.FormatFloat(l.MaxExecutionTime, 'f', -1, 64),
 		"max_memory_usage":     strconv.FormatInt(l.MaxMemoryBytes, 10),
 		"max_threads":          strconv.Itoa(l.MaxThreads),
@@ -79,9 +93,12 @@ func (a *API) sql(c *gin.Context) {
 		return
 	}
 	var req SQLRequest
-	c.Request.Body = http.MaxBytesReader(c.Writer, c.Request.Body, maxQueryBytes+4096)
-	if err := c.ShouldBindJSON(&req); err != nil {
-		a.fail(c, fieldErr("body", "bad JSON: %v", err))
+	if c.Request.Body == nil {
+		a.fail(c, &FieldError{Field: "body", Message: "empty body: want a JSON object", reason: reasonBadJSON})
+		return
+	}
+	if err := decodeStrict(http.MaxBytesReader(c.Writer, c.Request.Body, maxQueryBytes+4096), &req); err != nil {
+		a.fail(c, err)
 		return
 	}
 	if strings.TrimSpace(req.Query) == "" {
@@ -153,7 +170,9 @@ func (a *API) sql(c *gin.Context) {
 		return
 	}
 	if format == "CSVWithNames" {
+		out, cut := csvRows(out, lim.MaxRows)
 		c.Header("Content-Disposition", `attachment; filename="dualflow-query.csv"`)
+		c.Header(truncatedHeader, strconv.FormatBool(cut))
 		c.Data(http.StatusOK, "text/csv; charset=utf-8", out)
 		return
 	}
@@ -173,7 +192,30 @@ func (a *API) sql(c *gin.Context) {
 	if raw.Meta == nil {
 		raw.Meta = []SQLColumn{}
 	}
-	c.JSON(http.StatusOK, SQLResult{Columns: raw.Meta, Rows: raw.Data, Elapsed: time.Since(start).Seconds(), Limits: lim})
+	cut := len(raw.Data) > lim.MaxRows
+	if cut {
+		raw.Data = raw.Data[:lim.MaxRows]
+	}
+	c.JSON(http.StatusOK, SQLResult{Columns: raw.Meta, Rows: raw.Data, Truncated: cut, Elapsed: time.Since(start).Seconds(), Limits: lim})
+}
+
+// csvRows keeps the header and the first max records of a CSVWithNames
+// output (byte for byte; records may span lines), and reports whether
+// there were more.
+func csvRows(out []byte, max int) ([]byte, bool) {
+	r := csv.NewReader(bytes.NewReader(out))
+	r.FieldsPerRecord = -1
+	r.LazyQuotes = true
+	for range max + 1 { // the header, then max records
+		if _, err := r.Read(); err != nil {
+			return out, false // the end (or not CSV: left as it is)
+		}
+	}
+	end := r.InputOffset()
+	if _, err := r.Read(); err != nil {
+		return out, false
+	}
+	return out[:end], true
 }
 
 // sqlError classifies an engine error: a ClickHouse exception is the

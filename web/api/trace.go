@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"sort"
@@ -24,7 +25,11 @@ type TraceflowRequest struct {
 	Family int `json:"family,omitempty"`
 }
 
-// TraceflowResponse has one result or error per family traced.
+// TraceflowResponse has the result of each family traced. A request no
+// family can be traced for is answered 400 {message, field} instead (504
+// when it timed out); Errors holds, by family ("4", "6"), why a family of
+// a dual trace could not be traced while the other was (e.g. a Service
+// without an IPv6 ClusterIP).
 type TraceflowResponse struct {
 	Results []*TraceResult    `json:"results"`
 	Errors  map[string]string `json:"errors,omitempty"`
@@ -52,8 +57,8 @@ func (a *API) traceflow(c *gin.Context) {
 		return
 	}
 	var req TraceflowRequest
-	if err := c.ShouldBindJSON(&req); err != nil {
-		a.fail(c, fieldErr("body", "bad JSON: %v", err))
+	if err := bindJSON(c, &req); err != nil {
+		a.fail(c, err)
 		return
 	}
 	if err := validEndpoint(req.Source, "source"); err != nil {
@@ -90,6 +95,7 @@ func (a *API) traceflow(c *gin.Context) {
 	ctx, cancel := context.WithTimeout(c.Request.Context(), a.cfg.TraceTimeout)
 	defer cancel()
 	resp := TraceflowResponse{Results: []*TraceResult{}, Errors: map[string]string{}}
+	failed := map[int]error{}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	for _, fam := range fams {
@@ -99,6 +105,7 @@ func (a *API) traceflow(c *gin.Context) {
 			defer mu.Unlock()
 			if err != nil {
 				resp.Errors[strconv.Itoa(fam)] = err.Error()
+				failed[fam] = err
 				return
 			}
 			res.Family = fam
@@ -106,8 +113,71 @@ func (a *API) traceflow(c *gin.Context) {
 		})
 	}
 	wg.Wait()
+	if len(resp.Results) == 0 {
+		a.fail(c, traceFailed(fams, failed))
+		return
+	}
 	sort.Slice(resp.Results, func(i, j int) bool { return resp.Results[i].Family < resp.Results[j].Family })
 	c.JSON(http.StatusOK, resp)
+}
+
+// traceFailed is the error of a trace no family of fams could be traced
+// for: the tracer's FieldError, a timeout (504), or else a 400 naming what
+// the message is about, said once when the families failed alike.
+func traceFailed(fams []int, failed map[int]error) error {
+	msgs := make([]string, 0, len(fams))
+	same := true
+	timeouts := 0
+	var fe *FieldError
+	for _, fam := range fams {
+		err := failed[fam]
+		if err == nil {
+			continue
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			timeouts++
+		}
+		if errors.Is(err, ErrNotConfigured) || errors.Is(err, context.Canceled) {
+			return err
+		}
+		var e *FieldError
+		if errors.As(err, &e) && fe == nil {
+			fe = e
+		}
+		msg := err.Error()
+		if e != nil {
+			msg = e.Message
+		}
+		same = same && (len(msgs) == 0 || msgs[0] == msg)
+		msgs = append(msgs, msg)
+	}
+	if timeouts == len(fams) {
+		return fmt.Errorf("traceflow: %w", context.DeadlineExceeded)
+	}
+	msg := ""
+	if same && len(msgs) > 0 {
+		msg = msgs[0]
+	} else {
+		parts := make([]string, len(msgs))
+		for i, m := range msgs {
+			parts[i] = "IPv" + strconv.Itoa(fams[i]) + ": " + m
+		}
+		msg = strings.Join(parts, "; ")
+	}
+	field := ""
+	switch {
+	case fe != nil:
+		field = fe.Field
+	case strings.HasPrefix(msg, "source"):
+		field = "source"
+	case strings.HasPrefix(msg, "destination"), strings.Contains(msg, "ClusterIP"):
+		field = "destination"
+	case strings.Contains(msg, "no port"):
+		field = "port"
+	case len(fams) == 1:
+		field = "family"
+	}
+	return &FieldError{Field: field, Message: msg, reason: reasonInvalid}
 }
 
 // AuditResponse is the answer of GET /audit.

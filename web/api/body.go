@@ -1,0 +1,125 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/gin-gonic/gin"
+)
+
+// maxBodyBytes bounds a JSON request body other than POST /sql's (which
+// has its own, sized for the query): a request is a few hundred bytes.
+const maxBodyBytes = 1 << 20
+
+// bindJSON decodes the request body into v strictly: one JSON value, no
+// field v does not have (a misspelt field would otherwise be ignored and
+// its default silently used). Its errors are FieldErrors naming the field
+// at fault ("body" when there is none), answered 400 by fail.
+func bindJSON(c *gin.Context, v any) error {
+	if c.Request.Body == nil {
+		return &FieldError{Field: "body", Message: "empty body: want a JSON object", reason: reasonBadJSON}
+	}
+	body := http.MaxBytesReader(c.Writer, c.Request.Body, maxBodyBytes)
+	return decodeStrict(body, v)
+}
+
+// decodeStrict is bindJSON's decoding of r.
+func decodeStrict(r io.Reader, v any) error {
+	b, err := io.ReadAll(r)
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		return &FieldError{Field: "body", Message: "larger than " + itoa(mbe.Limit) + " bytes", reason: reasonBadJSON}
+	}
+	if err != nil {
+		return &FieldError{Field: "body", Message: "read: " + err.Error(), reason: reasonBadJSON}
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	err = dec.Decode(v)
+	if err == nil {
+		if dec.More() {
+			return &FieldError{Field: "body", Message: "bad JSON: more than one value", reason: reasonBadJSON}
+		}
+		if _, err := dec.Token(); err != nil && !errors.Is(err, io.EOF) {
+			return &FieldError{Field: "body", Message: "bad JSON: " + err.Error(), reason: reasonBadJSON}
+		}
+		return nil
+	}
+	var te *json.UnmarshalTypeError
+	switch {
+	case errors.Is(err, io.EOF):
+		return &FieldError{Field: "body", Message: "empty body: want a JSON object", reason: reasonBadJSON}
+	case errors.As(err, &te) && te.Field != "":
+		return &FieldError{Field: te.Field, Message: "want " + jsonKind(te.Type.Kind().String()) + ", not " + te.Value, reason: reasonBadJSON}
+	}
+	// encoding/json has no type for it: `json: unknown field "name"`.
+	if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+		name = strings.Trim(name, `"`)
+		var doc any
+		if json.Unmarshal(b, &doc) == nil {
+			if p, ok := keyPath(doc, name, ""); ok {
+				return &FieldError{Field: p, Message: "unknown field " + strconv.Quote(name) + " (see /api/v1/openapi.json for the request's fields)", reason: reasonUnknownField}
+			}
+		}
+		return &FieldError{Field: name, Message: "unknown field " + strconv.Quote(name) + " (see /api/v1/openapi.json for the request's fields)", reason: reasonUnknownField}
+	}
+	return &FieldError{Field: "body", Message: "bad JSON: " + strings.TrimPrefix(err.Error(), "json: "), reason: reasonBadJSON}
+}
+
+// jsonKind names a Go kind in JSON's terms.
+func jsonKind(k string) string {
+	switch {
+	case strings.HasPrefix(k, "int"), strings.HasPrefix(k, "uint"), strings.HasPrefix(k, "float"):
+		return "a number in range"
+	case k == "string":
+		return "a string"
+	case k == "bool":
+		return "true or false"
+	case k == "slice", k == "array":
+		return "an array"
+	case k == "struct", k == "map":
+		return "an object"
+	}
+	return k
+}
+
+// keyPath finds where key occurs in the decoded JSON doc first (objects'
+// keys in sorted order, so a key at several places is named the same way
+// every time) and returns its path, e.g. "sources[0].nmae".
+func keyPath(doc any, key, at string) (string, bool) {
+	switch d := doc.(type) {
+	case map[string]any:
+		join := func(k string) string {
+			if at == "" {
+				return k
+			}
+			return at + "." + k
+		}
+		if _, ok := d[key]; ok {
+			return join(key), true
+		}
+		keys := make([]string, 0, len(d))
+		for k := range d {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		for _, k := range keys {
+			if p, ok := keyPath(d[k], key, join(k)); ok {
+				return p, true
+			}
+		}
+	case []any:
+		for i, e := range d {
+			if p, ok := keyPath(e, key, at+"["+strconv.Itoa(i)+"]"); ok {
+				return p, true
+			}
+		}
+	}
+	return "", false
+}
