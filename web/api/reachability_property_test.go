@@ -1,0 +1,386 @@
+package api
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/netip"
+	"slices"
+	"sort"
+	"strconv"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/dualflow/dualflow/collector/audit"
+	"github.com/dualflow/dualflow/collector/audit/policy"
+	"github.com/dualflow/dualflow/flow"
+)
+
+// labGen builds a random lab-shaped cluster: namespaces with team
+// labels, workloads of 1-3 pods (each pod with the mode's families, in
+// dual mode now and then one family only), container ports from the
+// lab's set (sometimes unnamed or missing), Services with random
+// families, ports and target ports (numbers, names, unset), and random
+// NetworkPolicies (default denies, pod/namespace selectors, ipBlocks of
+// either family with excepts, numbered and named ports, egress rules).
+type labGen struct {
+	r         *rand.Rand
+	inv       *audit.Inventory
+	services  map[string]*ServiceSpec
+	workloads []Endpoint
+	pods      []Endpoint
+	policies  []*networkingv1.NetworkPolicy
+}
+
+var genPorts = []audit.Port{{Name: "http", Port: 8080, Proto: flow.ProtoTCP}, {Name: "metrics", Port: 9090, Proto: flow.ProtoTCP}, {Name: "udp-echo", Port: 5353, Proto: flow.ProtoUDP}}
+
+func newLabGen(seed uint64, fams []int) *labGen {
+	g := &labGen{r: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), inv: audit.NewInventory(), services: map[string]*ServiceSpec{}}
+	nss := []string{"frontend", "backend", "tools"}[:1+g.r.IntN(3)]
+	teams := []string{"web", "api", "ops"}
+	apps := []string{"web", "api", "db", "probe"}
+	k := 0
+	for ni, ns := range nss {
+		g.inv.AddNamespace(audit.Namespace{Name: ns, Labels: map[string]string{corev1.LabelMetadataName: ns, "team": teams[g.r.IntN(len(teams))]}})
+		for wi := range 1 + g.r.IntN(3) {
+			app := apps[g.r.IntN(len(apps))]
+			wl := app + strconv.Itoa(wi)
+			g.workloads = append(g.workloads, Endpoint{Kind: "workload", Namespace: ns, Name: wl})
+			var ports []audit.Port
+			for _, p := range genPorts {
+				if g.r.IntN(4) > 0 {
+					if g.r.IntN(5) == 0 {
+						p.Name = ""
+					}
+					ports = append(ports, p)
+				}
+			}
+			for pi := range 1 + g.r.IntN(3) {
+				k++
+				node := 1 + g.r.IntN(2)
+				p := audit.Pod{Namespace: ns, Name: fmt.Sprintf("%s-%d", wl, pi), Labels: map[string]string{"app": app}, Ports: ports,
+					Owner: audit.Workload{Kind: "StatefulSet", Name: wl}}
+				for _, f := range fams {
+					if len(fams) == 2 && g.r.IntN(8) == 0 {
+						continue // a pod with one family of a dual-stack cluster
+					}
+					if f == 4 {
+						p.Addrs = append(p.Addrs, netip.AddrFrom4([4]byte{198, 18, byte(node), byte(10 + k)}))
+					} else {
+						p.Addrs = append(p.Addrs, netip.MustParseAddr(fmt.Sprintf("fd00:10:0:%d::%d", node, 10+k)))
+					}
+				}
+				if len(p.Addrs) == 0 {
+					p.Addrs = append(p.Addrs, netip.AddrFrom4([4]byte{198, 18, byte(node), byte(10 + k)}))
+				}
+				g.inv.AddPod(p)
+				g.pods = append(g.pods, Endpoint{Kind: "pod", Namespace: ns, Name: p.Name})
+			}
+			if g.r.IntN(3) > 0 {
+				s := &ServiceSpec{Namespace: ns, Name: "svc-" + wl, Selector: map[string]string{"app": app}}
+				for _, f := range fams {
+					if g.r.IntN(3) > 0 {
+						s.Families = append(s.Families, f)
+					}
+				}
+				for _, p := range genPorts {
+					if g.r.IntN(2) == 0 {
+						continue
+					}
+					sp := ServicePort{Name: p.Name, Proto: p.Proto, Port: uint16(p.Port)}
+					switch g.r.IntN(4) {
+					case 0:
+						sp.Port = 80 + uint16(g.r.IntN(2))
+						sp.TargetPortName = p.Name
+					case 1:
+						sp.TargetPort = uint16(p.Port)
+						sp.Port = 80
+					case 2:
+						sp.TargetPortName = "nope"
+					}
+					s.Ports = append(s.Ports, sp)
+				}
+				g.services[ns+"/"+s.Name] = s
+			}
+		}
+		_ = ni
+	}
+	for i := range g.r.IntN(6) {
+		g.policies = append(g.policies, g.policy(nss, apps, i))
+	}
+	for _, p := range g.policies {
+		g.inv.AddPolicy(p)
+	}
+	return g
+}
+
+func (g *labGen) policy(nss, apps []string, i int) *networkingv1.NetworkPolicy {
+	ns := nss[g.r.IntN(len(nss))]
+	np := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "p" + strconv.Itoa(i)}}
+	if g.r.IntN(2) == 0 {
+		np.Spec.PodSelector.MatchLabels = map[string]string{"app": apps[g.r.IntN(len(apps))]}
+	}
+	tcp, udp := corev1.ProtocolTCP, corev1.ProtocolUDP
+	peers := func() []networkingv1.NetworkPolicyPeer {
+		var out []networkingv1.NetworkPolicyPeer
+		for range g.r.IntN(3) {
+			var p networkingv1.NetworkPolicyPeer
+			switch g.r.IntN(4) {
+			case 0:
+				p.PodSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"app": apps[g.r.IntN(len(apps))]}}
+			case 1:
+				p.NamespaceSelector = &metav1.LabelSelector{MatchLabels: map[string]string{"team": []string{"web", "api", "ops"}[g.r.IntN(3)]}}
+			case 2:
+				p.IPBlock = &networkingv1.IPBlock{CIDR: "198.18.0.0/16", Except: []string{"198.18." + strconv.Itoa(1+g.r.IntN(2)) + ".0/24"}}
+			default:
+				p.IPBlock = &networkingv1.IPBlock{CIDR: "fd00:10::/56"}
+				if g.r.IntN(2) == 0 {
+					p.IPBlock.Except = []string{"fd00:10:0:" + strconv.Itoa(1+g.r.IntN(2)) + "::/64"}
+				}
+			}
+			out = append(out, p)
+		}
+		return out
+	}
+	ports := func() []networkingv1.NetworkPolicyPort {
+		var out []networkingv1.NetworkPolicyPort
+		for range g.r.IntN(3) {
+			p := genPorts[g.r.IntN(len(genPorts))]
+			proto := &tcp
+			if p.Proto == flow.ProtoUDP {
+				proto = &udp
+			}
+			v := intstr.FromInt32(p.Port)
+			if g.r.IntN(2) == 0 {
+				v = intstr.FromString(p.Name)
+			}
+			out = append(out, networkingv1.NetworkPolicyPort{Protocol: proto, Port: &v})
+		}
+		return out
+	}
+	if g.r.IntN(3) > 0 {
+		np.Spec.PolicyTypes = append(np.Spec.PolicyTypes, networkingv1.PolicyTypeIngress)
+		for range g.r.IntN(3) {
+			np.Spec.Ingress = append(np.Spec.Ingress, networkingv1.NetworkPolicyIngressRule{From: peers(), Ports: ports()})
+		}
+	}
+	if len(np.Spec.PolicyTypes) == 0 || g.r.IntN(3) == 0 {
+		np.Spec.PolicyTypes = append(np.Spec.PolicyTypes, networkingv1.PolicyTypeEgress)
+		for range g.r.IntN(3) {
+			np.Spec.Egress = append(np.Spec.Egress, networkingv1.NetworkPolicyEgressRule{To: peers(), Ports: ports()})
+		}
+	}
+	return np
+}
+
+// oracle is what a cell family must say, computed pair by pair from the
+// inventory without the evaluator's code: the pods of each end, the
+// Service's families and ports, and audit.Inventory.Flow per pair.
+type oracle struct {
+	outcome        string
+	allowed, total int
+	pairs          []string
+}
+
+func (g *labGen) members(e Endpoint) []*audit.Pod {
+	var out []*audit.Pod
+	for _, p := range g.inv.Pods() {
+		switch e.Kind {
+		case "pod":
+			if p.Namespace == e.Namespace && p.Name == e.Name {
+				out = append(out, p)
+			}
+		case "workload":
+			if p.Namespace == e.Namespace && p.Owner.Name == e.Name {
+				out = append(out, p)
+			}
+		case "service":
+			s := g.services[e.Namespace+"/"+e.Name]
+			if p.Namespace == e.Namespace && p.Labels["app"] == s.Selector["app"] {
+				out = append(out, p)
+			}
+		}
+	}
+	return out
+}
+
+func (g *labGen) expect(set *policy.Set, src, dst Endpoint, fam int, proto uint8, port uint16) oracle {
+	svc := g.services[dst.Namespace+"/"+dst.Name]
+	if dst.Kind != "service" {
+		svc = nil
+	}
+	if svc != nil && !slices.Contains(svc.Families, fam) {
+		return oracle{outcome: OutcomeNoFamily}
+	}
+	type target struct {
+		p        *audit.Pod
+		port, sp uint16
+	}
+	var srcs []*audit.Pod
+	for _, p := range g.members(src) {
+		if _, ok := p.Addr(uint8(fam)); ok {
+			srcs = append(srcs, p)
+		}
+	}
+	if len(srcs) == 0 {
+		return oracle{outcome: OutcomeUnavailable}
+	}
+	var sps []ServicePort
+	if svc != nil {
+		for _, sp := range svc.Ports {
+			if sp.Proto == proto && (port == 0 || sp.Port == port) {
+				sps = append(sps, sp)
+			}
+		}
+		if len(sps) == 0 {
+			return oracle{outcome: OutcomeNoPort}
+		}
+	}
+	var dsts []target
+	for _, p := range g.members(dst) {
+		if _, ok := p.Addr(uint8(fam)); !ok {
+			continue
+		}
+		if svc == nil {
+			dsts = append(dsts, target{p, port, 0})
+			continue
+		}
+		for _, sp := range sps {
+			switch {
+			case sp.TargetPortName != "":
+				for _, cp := range p.Ports {
+					if cp.Name == sp.TargetPortName && cp.Proto == proto {
+						dsts = append(dsts, target{p, uint16(cp.Port), sp.Port})
+						break
+					}
+				}
+			case sp.TargetPort != 0:
+				dsts = append(dsts, target{p, sp.TargetPort, sp.Port})
+			default:
+				dsts = append(dsts, target{p, sp.Port, sp.Port})
+			}
+		}
+	}
+	if len(dsts) == 0 {
+		if svc != nil {
+			return oracle{outcome: OutcomeNoBackends}
+		}
+		return oracle{outcome: OutcomeUnavailable}
+	}
+	var o oracle
+	for _, s := range srcs {
+		for _, d := range dsts {
+			if s == d.p {
+				continue
+			}
+			sa, _ := s.Addr(uint8(fam))
+			da, _ := d.p.Addr(uint8(fam))
+			f := g.inv.Flow(s, sa, d.p, da, proto, d.port)
+			res := set.Evaluate(&f)
+			o.total++
+			if res.Allowed() {
+				o.allowed++
+			}
+			o.pairs = append(o.pairs, fmt.Sprintf("%s/%s→%s/%s:%d %v", s.Namespace, s.Name, d.p.Namespace, d.p.Name, d.port, res.Allowed()))
+		}
+	}
+	switch {
+	case o.total == 0:
+		o.outcome = OutcomeSelf
+	case o.allowed == o.total:
+		o.outcome = OutcomeAllow
+	case o.allowed == 0:
+		o.outcome = OutcomeDeny
+	default:
+		o.outcome = OutcomePartial
+	}
+	return o
+}
+
+// TestReachabilityProperty: for random lab-shaped clusters and policies
+// in each family setup, every cell of the matrix the API answers equals
+// the policy evaluation of every pod pair it covers, in both families,
+// and the Service rules hold (evaluated only in the Service's families,
+// on its ports, mapped to each backend's target port).
+func TestReachabilityProperty(t *testing.T) {
+	needEngine(t)
+	for _, setup := range []struct {
+		name string
+		fams []int
+	}{{"ipv4", []int{4}}, {"ipv6", []int{6}}, {"dual", []int{4, 6}}} {
+		t.Run(setup.name, func(t *testing.T) {
+			cells := map[string]int{}
+			for seed := range uint64(40) {
+				g := newLabGen(seed, setup.fams)
+				set, err := policy.Compile(g.policies)
+				if err != nil {
+					t.Fatalf("seed %d: compile: %v", seed, err)
+				}
+				h := testAPI(t, Config{Evaluator: PolicyEvaluator{
+					Policies: func() *policy.Set { return set },
+					Resolver: InventoryResolver{
+						Inventory: func() (*audit.Inventory, error) { return g.inv, nil },
+						Service:   func(ns, name string) (*ServiceSpec, bool) { s, ok := g.services[ns+"/"+name]; return s, ok },
+					},
+				}})
+				srcs := append(slices.Clone(g.workloads), g.pods[g.r.IntN(len(g.pods))])
+				dsts := append(slices.Clone(g.workloads), g.pods[g.r.IntN(len(g.pods))])
+				for _, s := range g.services {
+					dsts = append(dsts, Endpoint{Kind: "service", Namespace: s.Namespace, Name: s.Name})
+				}
+				sort.Slice(dsts[len(g.workloads)+1:], func(i, j int) bool {
+					return dsts[len(g.workloads)+1+i].String() < dsts[len(g.workloads)+1+j].String()
+				})
+				srcs, dsts = srcs[:min(len(srcs), maxMatrixSide)], dsts[:min(len(dsts), maxMatrixSide)]
+				q := []struct {
+					proto string
+					n     uint8
+					port  uint16
+				}{{"tcp", 6, 8080}, {"tcp", 6, 9090}, {"tcp", 6, 80}, {"udp", 17, 5353}, {"tcp", 6, 0}}[g.r.IntN(5)]
+				body, _ := json.Marshal(ReachabilityRequest{Sources: srcs, Destinations: dsts, Protocol: q.proto, Port: q.port})
+				r := do(t, h, "POST", "/api/v1/reachability", string(body))
+				if r.code != 200 {
+					t.Fatalf("seed %d: %s", seed, r)
+				}
+				m := decode[Reachability](t, r)
+				for i, s := range srcs {
+					for j, d := range dsts {
+						for _, fam := range []int{4, 6} {
+							got := m.Cells[i][j].Families[strconv.Itoa(fam)]
+							want := g.expect(set, s, d, fam, q.n, q.port)
+							cells[want.outcome]++
+							var pairs []string
+							for _, p := range got.Pairs {
+								pairs = append(pairs, fmt.Sprintf("%s→%s:%d %v", p.Src, p.Dst, p.Port, p.Verdict != "denied" && p.Verdict != "rejected"))
+							}
+							sort.Strings(pairs)
+							sort.Strings(want.pairs)
+							if got.Outcome != want.outcome || got.PairsAllowed != want.allowed || got.PairsTotal != want.total ||
+								!got.PairsTruncated && !slices.Equal(pairs, want.pairs) {
+								t.Fatalf("seed %d %s → %s on %s/%d IPv%d:\n got %s %d/%d %v (%s)\nwant %s %d/%d %v",
+									seed, s, d, q.proto, q.port, fam, got.Outcome, got.PairsAllowed, got.PairsTotal, pairs, got.Reason,
+									want.outcome, want.allowed, want.total, want.pairs)
+							}
+						}
+					}
+				}
+			}
+			t.Logf("cells by outcome: %v", cells)
+			// The generator must reach every kind of answer, or the
+			// property says little.
+			want := []string{OutcomeAllow, OutcomeDeny, OutcomeSelf, OutcomeNoPort}
+			if len(setup.fams) == 2 {
+				want = append(want, OutcomePartial, OutcomeNoFamily)
+			}
+			for _, o := range want {
+				if cells[o] == 0 {
+					t.Errorf("no cell came out %s", o)
+				}
+			}
+		})
+	}
+}
