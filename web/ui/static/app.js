@@ -175,9 +175,14 @@ function kv(obj) {
 // There is no inventory endpoint: the catalog is what the service map and
 // the latest flows name, refreshed at most once a minute.
 const catalog = { at: 0, sample: null, workloads: [], services: [], pods: [], namespaces: [], ports: [], backends: [] };
-async function loadCatalog(force) {
-  if (!force && Date.now() - catalog.at < 60000) return catalog;
+let catalogLoading = null;
+function loadCatalog(force) {
+  if (!force && Date.now() - catalog.at < 60000) return catalogLoading || Promise.resolve(catalog);
   catalog.at = Date.now();
+  catalogLoading = fetchCatalog();
+  return catalogLoading;
+}
+async function fetchCatalog() {
   let sample = null;
   const w = new Set(), s = new Set(), p = new Set(), ns = new Set(), ports = new Map(), back = new Map();
   try {
@@ -740,7 +745,7 @@ function matrix(m, fam, req) {
   });
   return h('div', { class: 'matrix' }, h('h2', {}, famBadge(Number(fam)), 'IPv' + fam), table);
 }
-const knownFamilyKeys = ['outcome', 'policy', 'policy_error', 'observed', 'trace', 'trace_error', 'pairs'];
+const knownFamilyKeys = ['outcome', 'policy', 'policy_error', 'observed', 'trace', 'trace_error', 'pairs', 'partial'];
 // pairList renders a cell's pod pairs, whatever their shape.
 function pairList(pairs) {
   return h('ul', { class: 'pairs' }, pairs.map(p => {
