@@ -545,11 +545,12 @@ func TestReachabilityCellShapes(t *testing.T) {
 		const m = { sources: [{kind: 'workload', namespace: 'frontend', name: 'web'}], destinations: [{kind: 'workload', namespace: 'backend', name: 'api'}, {kind: 'service', namespace: 'backend', name: 'api-single'}, {kind: 'workload', namespace: 'shop', name: 'gone'}],
 			asymmetric: 1, elapsed_ms: 3, cells: [[
 				{ asymmetric: true, families: {
-					'4': { outcome: 'partial', partial: {k: 2, n: 4}, policy: {verdict: 'allow'}, observed: {flows: 271, verdicts: {allowed: 138, dropped: 133}},
-						pairs: [{src: {namespace: 'frontend', name: 'web-0'}, dst: {namespace: 'backend', name: 'api-0'}, outcome: 'allow'}, {src: {namespace: 'frontend', name: 'web-0'}, dst: {namespace: 'backend', name: 'api-1'}, outcome: 'deny', policy: 'backend/deny-web'}] },
-					'6': { outcome: 'allow', observed: {flows: 0}, new_field: 'shown as is' } } },
-				{ asymmetric: true, families: { '4': { outcome: 'allow', observed: {flows: 3} }, '6': { outcome: 'unavailable', reason: 'no IPv6 ClusterIP', observed: {flows: 0} } } },
-				{ asymmetric: false, families: { '4': { outcome: 'unknown', policy_error: 'workload shop/gone not found', observed: {flows: 0} }, '6': { outcome: 'unknown', policy_error: 'workload shop/gone not found', observed: {flows: 0} } } },
+					'4': { outcome: 'partial', reason: '2 of 4 pod pairs allowed', pairs_allowed: 2, pairs_total: 4, policy: {verdict: 'partial'}, observed: {flows: 271, verdicts: {allowed: 138, dropped: 133}},
+						mismatch: 'policy allows 2 of 4 pairs, 133 of 271 observed flows were dropped',
+						pairs: [{src: 'frontend/web-0', dst: 'backend/api-0', src_ip: '10.0.0.1', dst_ip: '10.0.1.1', port: 9090, verdict: 'allowed'}, {src: 'frontend/web-0', dst: 'backend/api-1', src_ip: '10.0.0.1', dst_ip: '10.0.1.2', port: 9090, verdict: 'denied', ingress: 'backend/deny-web'}] },
+					'6': { outcome: 'allow', pairs_allowed: 4, pairs_total: 4, observed: {flows: 0}, new_field: 'shown as is' } } },
+				{ asymmetric: true, families: { '4': { outcome: 'allow', pairs_allowed: 2, pairs_total: 2, observed: {flows: 3} }, '6': { outcome: 'no_family', reason: 'no IPv6 ClusterIP', pairs_allowed: 0, pairs_total: 0, observed: {flows: 0} } } },
+				{ asymmetric: false, families: { '4': { outcome: 'error', policy_error: 'workload shop/gone not found', observed: {flows: 0} }, '6': { outcome: 'unknown', partial: {k: 1, n: 2}, policy_error: 'workload shop/gone not found', observed: {flows: 0} } } },
 			]] };
 		const out = document.querySelector('#reach-out'); out.replaceChildren();
 		const req = { protocol: 'TCP', port: 8080, since: '1h' };
@@ -563,7 +564,7 @@ func TestReachabilityCellShapes(t *testing.T) {
 	if !strings.Contains(cells[0].Text, "partial 2/4") || !strings.Contains(cells[0].Class, "disagree") {
 		t.Errorf("partial cell %+v", cells[0])
 	}
-	if !strings.Contains(cells[4].Text, "no IPv6 ClusterIP") {
+	if !strings.Contains(cells[4].Text, "no IPv6 ClusterIP") || !strings.Contains(cells[4].Text, "no family") {
 		t.Errorf("IPv6 of an IPv4-only Service %+v", cells[4])
 	}
 	if !strings.Contains(cells[2].Text, "not found") || !strings.Contains(cells[2].Class, "error") {
@@ -574,7 +575,7 @@ func TestReachabilityCellShapes(t *testing.T) {
 		chromedp.WaitVisible(css(`#drawer .famdetail[data-family="4"] ul.pairs li`)),
 	)
 	txt := eval[string](t, ctx, `document.querySelector('#drawer .celldetail').innerText`)
-	for _, want := range []string{"partial 2/4", "2 pairs", "web-0 → backend/api-1", "policy allows, 133 flows were dropped", "shown as is"} {
+	for _, want := range []string{"partial 2/4", "4 pod pairs, 2 allowed", "web-0 → backend/api-1", "ingress backend/deny-web", "133 of 271 observed flows were dropped", "shown as is"} {
 		if !strings.Contains(txt, want) {
 			t.Errorf("cell details lack %q:\n%s", want, txt)
 		}

@@ -681,24 +681,25 @@ async function runReach(ev) {
   } catch (e) { showError(e); $('#reach-summary').textContent = ''; }
   btn.disabled = false;
 }
-// partialText reads "k/n" from a partial cell, whatever the server names it.
+// partialText reads "k/n" from a partial cell: pairs_allowed/pairs_total,
+// or an older {partial: {k, n}} / pairs list.
 function partialText(f) {
+  if (typeof f.pairs_total === 'number' && f.pairs_total > 0) return (f.pairs_allowed || 0) + '/' + f.pairs_total;
   if (typeof f.partial === 'string') return f.partial;
   if (f.partial && typeof f.partial === 'object') {
     const k = f.partial.k ?? f.partial.allowed, n = f.partial.n ?? f.partial.total;
     if (k !== undefined && n !== undefined) return k + '/' + n;
   }
-  for (const [k, n] of [['allowed_pairs', 'total_pairs'], ['allowed', 'total'], ['k', 'n'], ['allowed', 'pairs_total']]) {
-    if (typeof f[k] === 'number' && typeof f[n] === 'number') return f[k] + '/' + f[n];
-  }
   if (Array.isArray(f.pairs) && f.pairs.length) {
-    const ok = f.pairs.filter(p => /allow/.test(p.outcome || p.verdict || '')).length;
+    const ok = f.pairs.filter(p => /^allow/.test(p.verdict || p.outcome || '')).length;
     return ok + '/' + f.pairs.length;
   }
   return '';
 }
-// disagrees says that the policy's verdict and the observed flows differ.
+// disagrees says how the policy's verdict and the observed flows differ:
+// the server's mismatch when it says so, else from the observed verdicts.
 function disagrees(f) {
+  if (f.mismatch) return f.mismatch;
   const pol = f.policy && f.policy.verdict, v = (f.observed && f.observed.verdicts) || {};
   const dropped = (v.dropped || 0) + (v.denied || 0) + (v.rejected || 0), allowed = v.allowed || 0;
   if (/^allow/.test(pol || f.outcome) && dropped > 0) return `policy allows, ${dropped} flows were dropped`;
@@ -710,10 +711,16 @@ function countDisagree(m) {
   for (const row of m.cells) for (const c of row) for (const f of Object.values(c.families || {})) if (f && disagrees(f)) n++;
   return n;
 }
-// cellNote is the short reason a family has no verdict (no IPv6 ClusterIP,
-// no such port, an evaluation error).
+// cellNote is the short reason a family has no plain verdict (no IPv6
+// ClusterIP, no such port, an evaluation error).
 function cellNote(f) {
-  return f.policy_error || f.error || f.unavailable || f.reason || (Array.isArray(f.reasons) ? f.reasons.join('; ') : '') || '';
+  if (f.outcome === 'partial' && f.reason && /pairs? allowed/.test(f.reason)) return '';
+  return f.policy_error || f.reason || f.error || f.unavailable || (Array.isArray(f.reasons) ? f.reasons.join('; ') : '') || '';
+}
+// outcomeLabel: "no_family" reads "no family"; partial adds k/n.
+function outcomeLabel(f) {
+  const o = String(f.outcome || 'unknown').replace(/_/g, ' ');
+  return f.outcome === 'partial' ? o + ' ' + partialText(f) : o;
 }
 function matrix(m, fam, req) {
   const table = h('table', { class: 'reach', 'data-family': fam });
@@ -724,15 +731,16 @@ function matrix(m, fam, req) {
       const c = m.cells[i][j], f = (c.families && c.families[fam]) || { outcome: 'unknown', observed: { flows: 0 } };
       const obs = f.observed || { flows: 0 };
       const sub = obs.flows ? obs.flows + ' flows' + (obs.verdicts && obs.verdicts.dropped ? ', ' + obs.verdicts.dropped + ' dropped' : '') : 'no flows';
-      const part = f.outcome === 'partial' ? partialText(f) : '';
       const note = cellNote(f), dis = disagrees(f);
-      const outcomeClass = note && f.policy_error ? 'error' : f.outcome;
+      const outcomeClass = f.policy_error ? 'error' : f.outcome;
+      const pairs = f.pairs_total > 1 && f.outcome !== 'partial' ? f.pairs_total + ' pairs' : '';
       const td = h('td', {
         class: 'cell ' + outcomeClass + (c.asymmetric ? ' asym' : '') + (dis ? ' disagree' : ''), tabindex: 0,
         title: [dis, note, (c.reasons || []).join('; ') || 'families agree'].filter(Boolean).join(' · '),
         'data-outcome': f.outcome, 'data-asym': c.asymmetric ? 'true' : 'false', 'data-si': i, 'data-di': j,
       },
-      h('span', { class: 'verdict ' + f.outcome }, f.outcome + (part ? ' ' + part : '')),
+      h('span', { class: 'verdict ' + f.outcome }, outcomeLabel(f)),
+      pairs ? h('span', { class: 'sub' }, pairs) : null,
       dis ? h('span', { class: 'warn', title: dis }, '⚠') : null,
       note ? h('span', { class: 'sub note' }, note) : null,
       h('span', { class: 'sub' }, f.policy ? 'policy ' + f.policy.verdict : ''), h('span', { class: 'sub' }, sub));
@@ -745,33 +753,39 @@ function matrix(m, fam, req) {
   });
   return h('div', { class: 'matrix' }, h('h2', {}, famBadge(Number(fam)), 'IPv' + fam), table);
 }
-const knownFamilyKeys = ['outcome', 'policy', 'policy_error', 'observed', 'trace', 'trace_error', 'pairs', 'partial'];
-// pairList renders a cell's pod pairs, whatever their shape.
+const knownFamilyKeys = ['outcome', 'reason', 'policy', 'policy_error', 'observed', 'trace', 'trace_error', 'pairs', 'partial', 'pairs_allowed', 'pairs_total', 'pairs_truncated', 'mismatch'];
+// pairList renders a cell's pod pairs: "allowed ns/a-0 → ns/b-1 (addr →
+// addr:port) egress P ingress Q"; unknown fields are shown as they are.
 function pairList(pairs) {
+  const name = x => typeof x === 'object' && x ? (x.namespace ? x.namespace + '/' : '') + (x.name || x.ip || '') : (x || '');
   return h('ul', { class: 'pairs' }, pairs.map(p => {
     if (typeof p !== 'object' || p === null) return h('li', {}, String(p));
-    const src = p.src || p.source, dst = p.dst || p.destination;
-    const name = x => typeof x === 'object' && x ? (x.namespace ? x.namespace + '/' : '') + (x.name || x.ip || '') + (x.ip && x.name ? ' ' + x.ip : '') : (x || '');
-    const out = p.outcome || p.verdict || '';
-    const rest = Object.fromEntries(Object.entries(p).filter(([k]) => !['src', 'dst', 'source', 'destination', 'outcome', 'verdict'].includes(k)));
-    return h('li', { class: 'pair', 'data-outcome': out }, h('span', { class: 'verdict ' + out }, out || '?'), ' ', name(src), ' → ', name(dst),
-      Object.keys(rest).length ? h('span', { class: 'muted' }, ' ' + Object.entries(rest).map(([k, v]) => k + ' ' + (typeof v === 'object' ? JSON.stringify(v) : v)).join(', ')) : '');
+    const out = p.verdict || p.outcome || '';
+    const known = ['src', 'dst', 'source', 'destination', 'outcome', 'verdict', 'src_ip', 'dst_ip', 'port', 'service_port', 'egress', 'ingress', 'policy'];
+    const rest = Object.entries(p).filter(([k]) => !known.includes(k));
+    const addr = p.src_ip || p.dst_ip ? ' (' + (p.src_ip || '?') + ' → ' + (p.dst_ip || '?') + (p.port ? ' port ' + p.port : '') + (p.service_port ? ' from Service port ' + p.service_port : '') + ')' : (p.port ? ' port ' + p.port : '');
+    const pols = [p.egress && 'egress ' + p.egress, p.ingress && 'ingress ' + p.ingress, p.policy && 'policy ' + p.policy].filter(Boolean).join(', ');
+    return h('li', { class: 'pair', 'data-verdict': out }, h('span', { class: 'verdict ' + out }, out || '?'), ' ', name(p.src || p.source), ' → ', name(p.dst || p.destination),
+      h('span', { class: 'muted' }, addr), pols ? h('span', { class: 'pol' }, ' · ' + pols) : '',
+      rest.length ? h('span', { class: 'muted' }, ' · ' + rest.map(([k, v]) => k + ' ' + (typeof v === 'object' ? JSON.stringify(v) : v)).join(', ')) : '');
   }));
 }
 function familyDetails(fam, f) {
   const extra = Object.fromEntries(Object.entries(f).filter(([k]) => !knownFamilyKeys.includes(k)));
   const v = (f.observed && f.observed.verdicts) || {};
   return h('div', { class: 'famdetail v' + fam, 'data-family': fam },
-    h('h3', {}, famBadge(Number(fam)), ' ', h('span', { class: 'verdict ' + f.outcome }, f.outcome + (f.outcome === 'partial' ? ' ' + partialText(f) : ''))),
+    h('h3', {}, famBadge(Number(fam)), ' ', h('span', { class: 'verdict ' + f.outcome }, outcomeLabel(f))),
+    f.reason ? h('p', { class: f.outcome === 'error' ? 'err' : 'note' }, f.reason) : null,
     disagrees(f) ? h('p', { class: 'warnline' }, '⚠ ' + disagrees(f)) : null,
     f.policy_error ? h('p', { class: 'err' }, 'policy error: ' + f.policy_error) : null,
     kv({
       policy: f.policy ? f.policy.verdict + [f.policy.egress && ' egress ' + f.policy.egress, f.policy.ingress && ' ingress ' + f.policy.ingress].filter(Boolean).join(',') : '',
       addresses: f.policy && f.policy.src_ip ? f.policy.src_ip + ' → ' + f.policy.dst_ip : '',
+      'pod pairs': f.pairs_total ? (f.pairs_allowed || 0) + ' of ' + f.pairs_total + ' allowed' : '',
       observed: f.observed ? (f.observed.flows || 0) + ' flows' + (Object.keys(v).length ? ' (' + Object.entries(v).map(([k, n]) => n + ' ' + k).join(', ') + ')' : '') : '',
       'last seen': f.observed && f.observed.last_seen_ms ? fmtTimeZ(f.observed.last_seen_ms) : '',
     }),
-    Array.isArray(f.pairs) && f.pairs.length ? [h('h4', {}, f.pairs.length + ' pairs'), pairList(f.pairs)] : null,
+    Array.isArray(f.pairs) && f.pairs.length ? [h('h4', {}, (f.pairs_total || f.pairs.length) + ' pod pairs' + (f.pairs_total ? ', ' + (f.pairs_allowed || 0) + ' allowed' : '') + (f.pairs_truncated ? ' (first ' + f.pairs.length + ' listed)' : '')), pairList(f.pairs)] : null,
     Object.keys(extra).length ? kv(Object.fromEntries(Object.entries(extra).map(([k, x]) => [k.replace(/_/g, ' '), Array.isArray(x) && x.length && typeof x[0] === 'object' ? pairList(x) : x]))) : null);
 }
 // endpointFilter turns a reachability endpoint into flow filters.
