@@ -591,7 +591,7 @@ function mapElements(m, backends, secs) {
     els.push({ group: 'edges', data: {
       id: 'e' + i, source: e.src, target: e.dst, ip_version: e.ip_version, verdict: e.verdict, flows: e.flows, bytes: e.bytes,
       label: 'v' + e.ip_version + (dropped ? ' dropped ' + e.flows + ' flows' : ' ' + fmtRate(e.bytes, secs)),
-      width: 1.5 + 5 * Math.sqrt(e.bytes / Math.max(1, ...m.edges.map(x => x.bytes))),
+      width: 1.2 + 3 * Math.sqrt(e.bytes / Math.max(1, ...m.edges.map(x => x.bytes))),
     }, classes: ['v' + e.ip_version, dropped ? 'dropped' : 'ok', e.src === e.dst ? 'self' : ''].join(' ') });
   });
   backends.forEach((b, i) => {
@@ -627,16 +627,65 @@ function nodeFilter(id, s) {
   if (id.includes('/')) return { [pre + 'workload']: id };
   return { [pre + 'ip']: id };
 }
+// gridPositions places each namespace's nodes on a small grid, in an
+// order that keeps neighbours (by edges inside the namespace) together,
+// and the namespaces in rows, largest first.
+function gridPositions(els) {
+  const groups = new Map(), adj = new Map();
+  for (const e of els) {
+    if (e.group === 'nodes' && e.data.kind !== 'namespace') {
+      const g = e.data.parent || 'external';
+      if (!groups.has(g)) groups.set(g, []);
+      groups.get(g).push(e.data.id);
+    } else if (e.group === 'edges') {
+      for (const [a, b] of [[e.data.source, e.data.target], [e.data.target, e.data.source]]) {
+        if (!adj.has(a)) adj.set(a, new Set());
+        adj.get(a).add(b);
+      }
+    }
+  }
+  const dx = 110, dy = 80, gap = 90, pos = {};
+  const list = [...groups.entries()].sort((a, b) => b[1].length - a[1].length || a[0].localeCompare(b[0]));
+  const area = list.reduce((s, [, ids]) => s + ids.length, 0) * dx * dy;
+  const rowWidth = Math.max(800, Math.sqrt(area) * 1.8);
+  let x = 0, y = 0, rowH = 0;
+  for (const [, ids] of list) {
+    // Breadth-first order inside the namespace: neighbours end up close.
+    const inGroup = new Set(ids), seen = new Set(), order = [];
+    for (const start of ids.sort()) {
+      if (seen.has(start)) continue;
+      const q = [start]; seen.add(start);
+      while (q.length) {
+        const v = q.shift(); order.push(v);
+        for (const w of [...(adj.get(v) || [])].sort()) if (inGroup.has(w) && !seen.has(w)) { seen.add(w); q.push(w); }
+      }
+    }
+    const cols = Math.ceil(Math.sqrt(order.length * 1.5)), rows = Math.ceil(order.length / cols);
+    const w = cols * dx, hgt = rows * dy;
+    if (x > 0 && x + w > rowWidth) { x = 0; y += rowH + gap; rowH = 0; }
+    order.forEach((id, i) => {
+      const r = Math.floor(i / cols), c = r % 2 ? cols - 1 - (i % cols) : i % cols; // snake rows keep chains adjacent
+      pos[id] = { x: x + c * dx, y: y + r * dy };
+    });
+    x += w + gap; rowH = Math.max(rowH, hgt);
+  }
+  return pos;
+}
 function drawMap(box, m, backends, p) {
   if (cy) { cy.destroy(); cy = null; }
   box.replaceChildren();
   if (!m.nodes.length) { box.append(h('p', { class: 'empty muted' }, 'No flows in this window.')); return; }
   const secs = parseDur(p.get('since'));
   const n = m.nodes.length;
+  const els = mapElements(m, backends, secs);
+  // Up to 60 nodes a force layout reads best; beyond, namespaces are laid
+  // out as a grid of boxes (fast, and nodes never overlap).
+  const layout = n <= 60
+    ? { name: 'cose', animate: false, randomize: false, nodeDimensionsIncludeLabels: true, idealEdgeLength: () => 120, nodeRepulsion: () => 20000, nestingFactor: 0.8, gravity: 0.6, numIter: 1500, componentSpacing: 60, padding: 30 }
+    : { name: 'preset', positions: gridPositions(els), fit: true, padding: 20 };
   cy = cytoscape({
-    container: box, elements: mapElements(m, backends, secs), style: mapStyle,
-    wheelSensitivity: 0.3, minZoom: 0.1, maxZoom: 4, boxSelectionEnabled: false,
-    layout: { name: 'cose', animate: false, randomize: false, nodeDimensionsIncludeLabels: true, idealEdgeLength: () => n > 60 ? 60 : 120, nodeRepulsion: () => n > 60 ? 8000 : 20000, nestingFactor: 0.8, gravity: 0.6, numIter: n > 100 ? 600 : 1500, componentSpacing: 60, padding: 30 },
+    container: box, elements: els, style: mapStyle,
+    wheelSensitivity: 0.3, minZoom: 0.05, maxZoom: 4, boxSelectionEnabled: false, layout,
   });
   window.dualflowMap = cy; // for the browser tests and the console
   const since = p.get('since'), fam = p.get('ip_version') || '';
