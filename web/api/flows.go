@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"sort"
 	"strconv"
@@ -129,18 +130,23 @@ type FlowPage struct {
 
 func (a *API) flows(c *gin.Context) {
 	q := c.Request.URL.Query()
-	f, err := parseFilter(q, a.cfg.Now(), "limit", "cursor", "follow")
+	f, err := parseFilter(q, a.cfg.Now(), "limit", "cursor", "follow", "last_event_id")
 	if err != nil {
 		a.fail(c, err)
 		return
 	}
 	if v := q.Get("follow"); v == "true" || v == "1" {
+		resume, err := resumeFrom(c)
+		if err != nil {
+			a.fail(c, err)
+			return
+		}
 		release, ok := a.admit(c, a.followGate)
 		if !ok {
 			return
 		}
 		defer release()
-		a.follow(c, f)
+		a.follow(c, f, resume)
 		return
 	}
 	limit := defaultLimit
@@ -304,73 +310,193 @@ func queryTooLarge(err error) bool {
 	return false
 }
 
+// eventID is the SSE id of a flow event: the flow's time_received and
+// key, "<ms>-<key>", which orders the events of a stream. A client that
+// reconnects with it (Last-Event-ID) gets the flows after it.
+type eventID struct {
+	RecvMs int64
+	Key    uint64
+}
+
+func (e eventID) String() string {
+	return strconv.FormatInt(e.RecvMs, 10) + "-" + strconv.FormatUint(e.Key, 10)
+}
+
+func (e eventID) after(o eventID) bool {
+	return e.RecvMs > o.RecvMs || (e.RecvMs == o.RecvMs && e.Key > o.Key)
+}
+
+func parseEventID(s string) (eventID, error) {
+	a, k, ok := strings.Cut(s, "-")
+	ms, err1 := strconv.ParseInt(a, 10, 64)
+	key, err2 := strconv.ParseUint(k, 10, 64)
+	if !ok || err1 != nil || err2 != nil || ms < 0 {
+		return eventID{}, fieldErr("Last-Event-ID", "not the id of a flow event of this API (<ms>-<key>)")
+	}
+	return eventID{ms, key}, nil
+}
+
+// followResumeWindow bounds how far back a resumed stream starts: a
+// client away longer gets a lag event and the flows of the last
+// followResumeWindow, not the whole table.
+const followResumeWindow = time.Hour
+
+// resumeFrom reads where a follow stream resumes: the Last-Event-ID
+// header a reconnecting EventSource sends, or the last_event_id
+// parameter; nil for a new stream.
+func resumeFrom(c *gin.Context) (*eventID, error) {
+	v := c.GetHeader("Last-Event-ID")
+	if q := c.Query("last_event_id"); q != "" {
+		v = q
+	}
+	if v == "" {
+		return nil, nil
+	}
+	id, err := parseEventID(v)
+	if err != nil {
+		return nil, err
+	}
+	return &id, nil
+}
+
+// writeEvent writes one server-sent event; id may be empty.
+func writeEvent(w io.Writer, id, event string, data any) {
+	b, err := json.Marshal(data)
+	if err != nil {
+		b, _ = json.Marshal(errorBody{Message: "encode " + event + ": " + err.Error()})
+		event = "error"
+	}
+	if id != "" {
+		io.WriteString(w, "id:"+id+"\n")
+	}
+	io.WriteString(w, "event:"+event+"\ndata:"+string(b)+"\n\n") // a write error ends the stream at ctx
+}
+
 // follow streams flows received after the request as server-sent events
-// ("flow" events with a Flow, "lag" when a poll had more than followBatch
-// rows), polling the store every FollowInterval until the client leaves.
-func (a *API) follow(c *gin.Context, f *Filter) {
+// ("flow" events with a Flow and an id, "lag" when a poll had more than
+// followBatch rows), polling the store every FollowInterval until the
+// client leaves. A stream resumed from an event id (resume non-nil) first
+// sends the flows after it, oldest first, followBatch per query, as far
+// back as followResumeWindow; then it follows as a new one.
+func (a *API) follow(c *gin.Context, f *Filter, resume *eventID) {
 	ctx := c.Request.Context()
 	c.Header("Content-Type", "text/event-stream")
 	c.Header("Cache-Control", "no-cache")
 	c.Header("X-Accel-Buffering", "no")
 	c.Status(http.StatusOK)
 	c.Writer.Flush()
+	w := c.Writer
 	since := a.cfg.Now().Add(-a.cfg.FollowInterval).UnixMilli()
 	if v := c.Request.URL.Query().Get("since"); v != "" {
 		since = f.Since.UnixMilli()
 	}
+	// floor: the rows at or before it were sent (to the client's previous
+	// stream when resumed).
+	var floor eventID
+	if resume != nil {
+		floor = *resume
+		if oldest := a.cfg.Now().Add(-followResumeWindow).UnixMilli(); floor.RecvMs < oldest {
+			writeEvent(w, "", "lag", gin.H{"message": "the stream resumes at most " + followResumeWindow.String() + " back: older flows are not sent (see GET /flows)"})
+			floor = eventID{RecvMs: oldest}
+		}
+		since = floor.RecvMs
+	}
+	catchUp := resume != nil
 	where := f.conds
 	tick := time.NewTicker(a.cfg.FollowInterval)
 	defer tick.Stop()
 	// Inserts can land out of time_received order (concurrent batches, an
 	// INSERT split into several parts), so each poll looks back
 	// followOverlap before the newest row sent and skips the rows it sent.
-	sent := map[string]int64{} // key@time_received → time_received
-	for {
-		from := since - followOverlap.Milliseconds()
-		sql := "SELECT " + flowColumns + ", toString(" + keyExpr + ") AS key FROM " + a.table +
-			" WHERE time_received > fromUnixTimestamp64Milli(" + itoa(from) + ", 'UTC')" +
-			" AND flow_end >= fromUnixTimestamp64Milli(" + itoa(from) + ", 'UTC') - INTERVAL 1 HOUR"
-		for _, w := range where {
-			sql += " AND " + w
+	sent := map[eventID]bool{}
+	send := func(fl Flow) {
+		key, _ := strconv.ParseUint(fl.Key, 10, 64)
+		id := eventID{fl.TimeRecvMs, key}
+		if sent[id] || !id.after(floor) {
+			return
 		}
-		sql += " ORDER BY time_received DESC LIMIT " + strconv.Itoa(followBatch+1) + jsonSettings
+		sent[id] = true
+		if fl.TimeRecvMs > since {
+			since = fl.TimeRecvMs
+		}
+		writeEvent(w, id.String(), "flow", fl)
+	}
+	for {
+		var sql string
+		if catchUp {
+			// After the floor, oldest first: what the client missed.
+			sql = "SELECT " + flowColumns + ", toString(" + keyExpr + ") AS key FROM " + a.table +
+				" WHERE (toUnixTimestamp64Milli(time_received), " + keyExpr + ") > (" + itoa(floor.RecvMs) + ", " + strconv.FormatUint(floor.Key, 10) + ")" +
+				" AND time_received >= fromUnixTimestamp64Milli(" + itoa(floor.RecvMs) + ", 'UTC')" +
+				" AND flow_end >= fromUnixTimestamp64Milli(" + itoa(floor.RecvMs) + ", 'UTC') - INTERVAL 1 HOUR"
+			for _, c := range where {
+				sql += " AND " + c
+			}
+			sql += " ORDER BY time_received, " + keyExpr + " LIMIT " + strconv.Itoa(followBatch+1) + jsonSettings
+		} else {
+			from := since - followOverlap.Milliseconds()
+			sql = "SELECT " + flowColumns + ", toString(" + keyExpr + ") AS key FROM " + a.table +
+				" WHERE time_received > fromUnixTimestamp64Milli(" + itoa(from) + ", 'UTC')" +
+				" AND flow_end >= fromUnixTimestamp64Milli(" + itoa(from) + ", 'UTC') - INTERVAL 1 HOUR"
+			for _, c := range where {
+				sql += " AND " + c
+			}
+			sql += " ORDER BY time_received DESC, " + keyExpr + " DESC LIMIT " + strconv.Itoa(followBatch+1) + jsonSettings
+		}
 		qctx, cancel := context.WithTimeout(ctx, a.cfg.QueryTimeout)
 		rows, err := a.queryRows(qctx, sql)
 		cancel()
-		if err != nil {
-			if ctx.Err() != nil {
-				return
+		more := false
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return
+		case err != nil:
+			writeEvent(w, "", "error", errorBody{Message: err.Error()})
+		case catchUp:
+			more = len(rows) > followBatch
+			if more {
+				rows = rows[:followBatch]
 			}
-			c.SSEvent("error", errorBody{Message: err.Error()})
-		} else {
+			for _, r := range rows {
+				var fl Flow
+				if json.Unmarshal(r, &fl) == nil {
+					send(fl)
+				}
+			}
+			if len(rows) > 0 {
+				var last Flow
+				if json.Unmarshal(rows[len(rows)-1], &last) == nil {
+					key, _ := strconv.ParseUint(last.Key, 10, 64)
+					floor = eventID{last.TimeRecvMs, key}
+				}
+			}
+			catchUp = more
+		default:
 			if len(rows) > followBatch {
 				rows = rows[:followBatch]
-				c.SSEvent("lag", gin.H{"message": "more flows arrived than one poll sends; showing the newest"})
+				writeEvent(w, "", "lag", gin.H{"message": "more flows arrived than one poll sends; showing the newest"})
 			}
 			// Oldest first.
 			for i := len(rows) - 1; i >= 0; i-- {
 				var fl Flow
-				if json.Unmarshal(rows[i], &fl) != nil {
-					continue
-				}
-				id := fl.Key + "@" + strconv.FormatInt(fl.TimeRecvMs, 10)
-				if _, dup := sent[id]; dup {
-					continue
-				}
-				sent[id] = fl.TimeRecvMs
-				if fl.TimeRecvMs > since {
-					since = fl.TimeRecvMs
-				}
-				c.SSEvent("flow", fl)
-			}
-			for id, tr := range sent {
-				if tr <= since-followOverlap.Milliseconds() {
-					delete(sent, id)
+				if json.Unmarshal(rows[i], &fl) == nil {
+					send(fl)
 				}
 			}
 		}
-		c.SSEvent("heartbeat", gin.H{"time_ms": a.cfg.Now().UnixMilli()})
+		for id := range sent {
+			if id.RecvMs <= since-followOverlap.Milliseconds() {
+				delete(sent, id)
+			}
+		}
+		writeEvent(w, "", "heartbeat", gin.H{"time_ms": a.cfg.Now().UnixMilli()})
 		c.Writer.Flush()
+		if more {
+			if ctx.Err() != nil {
+				return
+			}
+			continue // catching up: the next batch now
+		}
 		select {
 		case <-ctx.Done():
 			return
