@@ -165,4 +165,3 @@ func answered(err error) string {
 	}
 	return "drops (" + strconv.Quote(err.Error()) + ")"
 }
-
