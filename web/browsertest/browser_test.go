@@ -607,6 +607,11 @@ func TestDefaultFormsNameExistingObjects(t *testing.T) {
 			}
 		}
 	}
+	// The adder puts a suggestion on a new line.
+	do(t, ctx, chromedp.SendKeys(css(`#reach-form .adder[data-target=destinations]`), "service:infra/dns\r"))
+	if v := eval[string](t, ctx, `document.querySelector('#reach-form [name=destinations]').value`); !strings.HasSuffix(v, "\nservice:infra/dns") {
+		t.Errorf("destinations after adding: %q", v)
+	}
 	do(t, ctx,
 		chromedp.Navigate(baseURL+"/#/trace"),
 		poll(`document.querySelector('#trace-form [name=source]').value.startsWith('pod:')`),

@@ -1072,6 +1072,16 @@ function init() {
   $('#charts-form').addEventListener('submit', e => { e.preventDefault(); loadCharts(); });
   for (const sel of ['#charts-form select', '#map-form select']) document.querySelectorAll(sel).forEach(s => s.addEventListener('change', () => s.form.requestSubmit()));
   $('#reach-form').addEventListener('submit', runReach);
+  // The adders put a suggested endpoint on its own line of the list.
+  document.querySelectorAll('#reach-form .adder').forEach(inp => {
+    const add = () => {
+      const v = inp.value.trim(); if (!v) return;
+      const ta = $('#reach-form').elements[inp.dataset.target];
+      ta.value = (ta.value.trim() ? ta.value.trim() + '\n' : '') + v; inp.value = '';
+    };
+    inp.addEventListener('change', add);
+    inp.addEventListener('keydown', e => { if (e.key === 'Enter') { e.preventDefault(); add(); } });
+  });
   $('#trace-form').addEventListener('submit', runTrace);
   $('#sql-form').addEventListener('submit', runSQL);
   $('#sql-csv').addEventListener('click', downloadCSV);
