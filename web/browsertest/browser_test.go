@@ -475,9 +475,9 @@ func TestServiceMapManyWorkloads(t *testing.T) {
 	ctx, errs := browser(t)
 	do(t, ctx, chromedp.Navigate(baseURL+"/#/map"), poll(`window.dualflowMap && window.dualflowMap.edges().length > 0`))
 	type res struct {
-		Ms      float64
-		Overlap int
-		Nodes   int
+		Ms                    float64
+		Overlap, Nodes, Loops int
+		Namespaces            int
 	}
 	r := eval[res](t, ctx, `(() => {
 		const nodes = [], edges = [];
@@ -491,16 +491,18 @@ func TestServiceMapManyWorkloads(t *testing.T) {
 			if (i % 25 === 0) e(nodes[i].id, nodes[(i + 25) % 200].id, 4, 'allowed');
 			if (i % 5 === 0) e(nodes[i].id, 'svc:kube-system/dns', i % 10 ? 4 : 6, 'allowed');
 		}
+		e(nodes[3].id, nodes[3].id, 6, 'allowed'); // a workload calling itself
 		const t0 = performance.now();
 		drawMap(document.querySelector('#map'), { nodes, edges }, [], new URLSearchParams('since=1h'));
 		const ms = performance.now() - t0;
 		const ps = window.dualflowMap.nodes('.workload').map(n => n.position());
 		let overlap = 0;
 		for (let i = 0; i < ps.length; i++) for (let j = i + 1; j < ps.length; j++) if (Math.hypot(ps[i].x - ps[j].x, ps[i].y - ps[j].y) < 15) overlap++;
-		return { Ms: ms, Overlap: overlap, Nodes: ps.length };
+		const self = window.dualflowMap.edges('.self');
+		return { Ms: ms, Overlap: overlap, Nodes: ps.length, Loops: self.filter(x => x.isLoop()).length, Namespaces: window.dualflowMap.nodes('.namespace').length };
 	})()`)
 	t.Logf("200 workloads laid out in %.0f ms, %d overlapping pairs", r.Ms, r.Overlap)
-	if r.Nodes != 200 || r.Overlap > 0 || r.Ms > 20000 {
+	if r.Nodes != 200 || r.Overlap > 0 || r.Ms > 20000 || r.Loops != 1 || r.Namespaces != 9 {
 		t.Errorf("layout: %+v", r)
 	}
 	do(t, ctx, chromedp.Sleep(300*time.Millisecond))

@@ -337,7 +337,9 @@ function insertLive(tbody, tr) {
   tbody.append(tr);
 }
 // Follow mode reads the server-sent events with fetch, so the bearer
-// token can be sent (EventSource cannot set headers).
+// token can be sent (EventSource cannot set headers). Each event's id is
+// kept: a dropped stream reconnects with Last-Event-ID and the server
+// sends what was missed, so no flow is lost or shown twice.
 function stopFollow() { if (flows.follow) { flows.follow.abort(); flows.follow = null; } }
 async function startFollow() {
   stopFollow();
@@ -345,34 +347,46 @@ async function startFollow() {
   try { p = flowQuery(); } catch (e) { showError(e); return; }
   p.delete('since'); p.append('follow', 'true');
   const ctl = new AbortController(); flows.follow = ctl;
-  try {
-    const r = await fetch(API + '/flows?' + p, { headers: headers(), signal: ctl.signal });
-    if (!r.ok) { const b = await r.json().catch(() => ({})); throw new APIError(r.status, b); }
-    banner('Following new flows…', true);
-    const reader = r.body.getReader(); const dec = new TextDecoder(); let buf = '';
-    const tbody = $('#flow-table tbody');
-    for (;;) {
-      const { value, done } = await reader.read();
-      if (done) break;
-      buf += dec.decode(value, { stream: true });
-      let i;
-      while ((i = buf.indexOf('\n\n')) >= 0) {
-        const chunk = buf.slice(0, i); buf = buf.slice(i + 2);
-        let ev = 'message', data = '';
-        for (const line of chunk.split('\n')) {
-          if (line.startsWith('event:')) ev = line.slice(6).trim();
-          else if (line.startsWith('data:')) data += line.slice(5);
+  let lastID = '', tries = 0;
+  const tbody = $('#flow-table tbody');
+  while (flows.follow === ctl) {
+    try {
+      const hd = lastID ? headers({ 'Last-Event-ID': lastID }) : headers();
+      const r = await fetch(API + '/flows?' + p, { headers: hd, signal: ctl.signal });
+      if (!r.ok) { const b = await r.json().catch(() => ({})); throw new APIError(r.status, b); }
+      banner('Following new flows…', true); tries = 0;
+      const reader = r.body.getReader(); const dec = new TextDecoder(); let buf = '';
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done) break;
+        buf += dec.decode(value, { stream: true });
+        let i;
+        while ((i = buf.indexOf('\n\n')) >= 0) {
+          const chunk = buf.slice(0, i); buf = buf.slice(i + 2);
+          let ev = 'message', data = '', id = '';
+          for (const line of chunk.split('\n')) {
+            if (line.startsWith('event:')) ev = line.slice(6).trim();
+            else if (line.startsWith('data:')) data += line.slice(5);
+            else if (line.startsWith('id:')) id = line.slice(3).trim();
+          }
+          if (id) lastID = id;
+          if (ev === 'flow') {
+            insertLive(tbody, flowRow(JSON.parse(data), true));
+            flows.rows++;
+            while (tbody.rows.length > 500) tbody.deleteRow(-1);
+            $('#flow-count').textContent = flows.rows + ' flows (live)';
+          } else if (ev === 'error' || ev === 'lag') banner(JSON.parse(data).message);
         }
-        if (ev === 'flow') {
-          insertLive(tbody, flowRow(JSON.parse(data), true));
-          flows.rows++;
-          while (tbody.rows.length > 500) tbody.deleteRow(-1);
-          $('#flow-count').textContent = flows.rows + ' flows (live)';
-        } else if (ev === 'error' || ev === 'lag') banner(JSON.parse(data).message);
       }
+    } catch (e) {
+      if (e.name === 'AbortError') break;
+      if (e instanceof APIError && e.status >= 400 && e.status < 500) { showError(e); break; }
+      banner('Live follow interrupted (' + errText(e) + '), reconnecting…', true);
     }
-  } catch (e) { if (e.name !== 'AbortError') showError(e); }
-  if (flows.follow === ctl) { flows.follow = null; banner(''); }
+    if (flows.follow !== ctl) break;
+    await new Promise(res => setTimeout(res, Math.min(10000, 500 * 2 ** tries++)));
+  }
+  if (flows.follow === ctl) { flows.follow = null; $('#f-follow').checked = false; }
 }
 
 // ---- Charts (uPlot) ----
