@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"strings"
 	"time"
 )
 
@@ -18,7 +19,8 @@ const maxRequestBody = 64 << 10
 //	                              with ?wait=true → 200 Result once finished
 //	GET  /api/v1/traceflows/{id}  → 200 Result (phase running, succeeded or failed)
 //
-// Errors are JSON {"error": "..."}: 400 invalid request, 501 not supported,
+// Errors are JSON {"message": "...", "field": "..."} (field for a request
+// body that does not decode), as in the rest of /api/v1: 400 invalid request, 501 not supported,
 // 404 unknown id, 429 too many traces in flight.
 func Handler(c *Controller) http.Handler {
 	mux := http.NewServeMux()
@@ -27,7 +29,16 @@ func Handler(c *Controller) http.Handler {
 		dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxRequestBody))
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&req); err != nil {
-			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "decode request: " + err.Error()})
+			e := errorBody{Message: "decode request: " + err.Error(), Field: "body"}
+			// encoding/json has no type for it: `json: unknown field "name"`.
+			if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+				e.Field = strings.Trim(name, `"`)
+			}
+			var te *json.UnmarshalTypeError
+			if errors.As(err, &te) && te.Field != "" {
+				e.Field = te.Field
+			}
+			writeJSON(w, http.StatusBadRequest, e)
 			return
 		}
 		id, err := c.Start(r.Context(), req)
@@ -77,8 +88,14 @@ func StatusOf(err error) int {
 	return http.StatusInternalServerError
 }
 
+// errorBody is an error answer.
+type errorBody struct {
+	Message string `json:"message"`
+	Field   string `json:"field,omitempty"`
+}
+
 func writeError(w http.ResponseWriter, err error) {
-	writeJSON(w, StatusOf(err), map[string]string{"error": err.Error()})
+	writeJSON(w, StatusOf(err), errorBody{Message: err.Error()})
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

@@ -63,9 +63,12 @@ func TestHandler(t *testing.T) {
 		{`{"source":"frontend/web-1","bogus":1}`, http.StatusBadRequest},
 		{`not json`, http.StatusBadRequest},
 	} {
-		if resp, m := post(tt.body, ""); resp.StatusCode != tt.want || m["error"] == nil {
+		if resp, m := post(tt.body, ""); resp.StatusCode != tt.want || m["message"] == nil {
 			t.Errorf("POST %s: %d %v, want %d with an error", tt.body, resp.StatusCode, m, tt.want)
 		}
+	}
+	if resp, m := post(`{"source":"frontend/web-1","bogus":1}`, ""); resp.StatusCode != http.StatusBadRequest || m["field"] != "bogus" {
+		t.Errorf("unknown field: %d %v, want 400 naming the field", resp.StatusCode, m)
 	}
 	r, err := http.Get(srv.URL + "/api/v1/traceflows/tf-unknown")
 	if err != nil {

@@ -84,13 +84,18 @@ func (c *apiClient) do(ctx context.Context, method, path string, q url.Values, b
 		return fmt.Errorf("%s %s: %w", method, u.Redacted(), err)
 	}
 	if resp.StatusCode/100 != 2 {
+		// Errors are {message, field}; {error} from older servers.
 		var e struct {
 			Message string `json:"message"`
+			Field   string `json:"field"`
 			Error   string `json:"error"`
 		}
 		msg := strings.TrimSpace(string(b))
 		if json.Unmarshal(b, &e) == nil && e.Message+e.Error != "" {
 			msg = e.Message + e.Error
+			if e.Field != "" && !strings.HasPrefix(msg, e.Field) {
+				msg = e.Field + ": " + msg
+			}
 		}
 		return fmt.Errorf("%s %s: %s: %s", method, u.Path, resp.Status, msg)
 	}

@@ -51,16 +51,30 @@ func (a *API) Handler() http.Handler {
 	return mux
 }
 
-// httpError is an error with a status code.
+// httpError is an error with a status code and, for bad input, the
+// parameter at fault.
 type httpError struct {
-	code int
-	err  error
+	code  int
+	err   error
+	field string
 }
 
 func (e *httpError) Error() string { return e.err.Error() }
 
 func badRequest(format string, args ...any) error {
-	return &httpError{http.StatusBadRequest, fmt.Errorf(format, args...)}
+	return &httpError{code: http.StatusBadRequest, err: fmt.Errorf(format, args...)}
+}
+
+// badField is a 400 about one parameter (or "body").
+func badField(field, format string, args ...any) error {
+	return &httpError{code: http.StatusBadRequest, err: fmt.Errorf(format, args...), field: field}
+}
+
+// errorBody is every error answer, as in the rest of /api/v1: a message
+// and, for bad input, the parameter at fault.
+type errorBody struct {
+	Message string `json:"message"`
+	Field   string `json:"field,omitempty"`
 }
 
 // ErrUnavailable is answered as 503: the inventory or the store is not
@@ -71,15 +85,16 @@ func reply(w http.ResponseWriter, v any, err error) {
 	w.Header().Set("Content-Type", "application/json")
 	if err != nil {
 		code := http.StatusInternalServerError
+		body := errorBody{Message: err.Error()}
 		var he *httpError
 		switch {
 		case errors.As(err, &he):
-			code = he.code
+			code, body.Field = he.code, he.field
 		case errors.Is(err, ErrUnavailable):
 			code = http.StatusServiceUnavailable
 		}
 		w.WriteHeader(code)
-		v = map[string]string{"error": err.Error()}
+		v = body
 	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
@@ -100,19 +115,19 @@ func (a *API) window(r *http.Request, def time.Duration) (Window, error) {
 	if s := r.URL.Query().Get("since"); s != "" {
 		t, err := ParseSince(s, now)
 		if err != nil {
-			return w, badRequest("since: %v", err)
+			return w, badField("since", "since: %v", err)
 		}
 		w.Since = t
 	}
 	if s := r.URL.Query().Get("until"); s != "" {
 		t, err := time.Parse(time.RFC3339, s)
 		if err != nil {
-			return w, badRequest("until: %v", err)
+			return w, badField("until", "until: %v", err)
 		}
 		w.Until = t
 	}
 	if !w.Since.Before(w.Until) {
-		return w, badRequest("since must be before until")
+		return w, badField("since", "since must be before until")
 	}
 	return w, nil
 }
@@ -140,7 +155,7 @@ func intParam(r *http.Request, name string, max int) (int, error) {
 	}
 	n, err := strconv.Atoi(s)
 	if err != nil || n < 0 || n > max {
-		return 0, badRequest("%s %q: want 0-%d", name, s, max)
+		return 0, badField(name, "%s %q: want 0-%d", name, s, max)
 	}
 	return n, nil
 }
@@ -220,7 +235,7 @@ func (a *API) denied(w http.ResponseWriter, r *http.Request) {
 		}
 		fam, err := ParseFamily(r.URL.Query().Get("family"))
 		if err != nil {
-			return nil, badRequest("%v", err)
+			return nil, badField("family", "%v", err)
 		}
 		limit, err := intParam(r, "limit", 100_000)
 		if err != nil {
@@ -271,11 +286,11 @@ func (a *API) whatif(w http.ResponseWriter, r *http.Request) {
 		}
 		pols, err := DecodePolicies("request body", io.LimitReader(r.Body, maxPolicyBody), "default")
 		if err != nil {
-			return nil, badRequest("%v", err)
+			return nil, badField("body", "%v", err)
 		}
 		out, err := rep.WhatIf(r.Context(), inv, pols, win, limit)
 		if errors.Is(err, ErrInvalidPolicy) {
-			return nil, badRequest("%v", err)
+			return nil, badField("body", "%v", err)
 		}
 		return out, err
 	}()
@@ -291,11 +306,11 @@ func (a *API) evaluate(w http.ResponseWriter, r *http.Request) {
 		q := r.URL.Query()
 		proto, err := ParseProto(q.Get("proto"))
 		if err != nil {
-			return nil, badRequest("%v", err)
+			return nil, badField("proto", "%v", err)
 		}
 		fam, err := ParseFamily(q.Get("family"))
 		if err != nil {
-			return nil, badRequest("%v", err)
+			return nil, badField("family", "%v", err)
 		}
 		port, err := intParam(r, "port", 65535)
 		if err != nil {

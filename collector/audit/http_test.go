@@ -60,10 +60,13 @@ func TestAPIStatic(t *testing.T) {
 	get(t, h, "GET", "/api/v1/audit/evaluate?from=nope&to=x/y", "", 400, &e)
 	get(t, h, "GET", "/api/v1/audit/evaluate?from=a/b&to=x/y&proto=gre", "", 400, &e)
 	get(t, h, "GET", "/api/v1/audit/denied", "", 503, &e)
-	if !strings.Contains(e["error"], "not available") {
+	if !strings.Contains(e["message"], "not available") {
 		t.Errorf("503 body %v", e)
 	}
 	get(t, h, "GET", "/api/v1/audit/findings?since=-1h", "", 400, &e)
+	if e["field"] != "since" || e["message"] == "" {
+		t.Errorf("400 body %v, want {message, field: since}", e)
+	}
 	get(t, (&API{}).Handler(), "GET", "/api/v1/audit/unprotected", "", 503, &e)
 }
 
@@ -103,7 +106,7 @@ spec: {podSelector: {}, policyTypes: [Ingress]}
 	var e map[string]string
 	get(t, h, "POST", "/api/v1/audit/whatif", "kind: Nothing\n", 400, &e)
 	get(t, h, "POST", "/api/v1/audit/whatif", strings.Replace(proposed, "spec: {", "spec: {ingress: [{from: [{}]}], ", 1), 400, &e)
-	if !strings.Contains(e["error"], "empty peer") {
+	if !strings.Contains(e["message"], "empty peer") {
 		t.Errorf("invalid proposed policy: %v", e)
 	}
 	get(t, h, "GET", "/api/v1/audit/denied?family=5", "", 400, &e)
