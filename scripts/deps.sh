@@ -31,6 +31,30 @@ APT_PACKAGES=(
 
 log() { printf '[deps] %s\n' "$*" >&2; }
 
+# with_progress WHAT DIR CMD...: runs CMD and, while it runs, says every
+# 10 s for how long (and how many MB DIR holds, when DIR is not empty), so
+# that a first run that downloads for minutes does not look hung.
+with_progress() {
+  local what=$1 dir=$2 start=$SECONDS rc=0
+  shift 2
+  "$@" &
+  local pid=$!
+  (
+    while sleep 10 >/dev/null 2>&1; do
+      kill -0 "$pid" 2>/dev/null || exit 0
+      size=""
+      if [ -n "$dir" ] && [ -d "$dir" ]; then size=", $(du -sm "$dir" 2>/dev/null | cut -f1) MB in $dir"; fi
+      log "$what: $((SECONDS - start)) s so far$size"
+    done
+  ) &
+  local ticker=$!
+  wait "$pid" || rc=$?
+  kill "$ticker" 2>/dev/null || true
+  wait "$ticker" 2>/dev/null || true
+  [ "$rc" = 0 ] && [ $((SECONDS - start)) -ge 10 ] && log "$what: done in $((SECONDS - start)) s"
+  return "$rc"
+}
+
 install_apt() {
   if [ "${DEPS_SKIP_APT:-0}" = 1 ]; then return; fi
   local missing=()
@@ -41,10 +65,10 @@ install_apt() {
   if [ "$(id -u)" != 0 ]; then
     log "missing apt packages (${missing[*]}); re-run as root or install them"; return 1
   fi
-  log "installing apt packages: ${missing[*]}"
+  log "installing apt packages (a few minutes on a fresh machine): ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get -o DPkg::Lock::Timeout=600 update -qq
-  apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  with_progress "apt-get update" "" apt-get -o DPkg::Lock::Timeout=600 update -qq
+  with_progress "apt-get install" "" apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
 install_chdb() {
@@ -61,7 +85,8 @@ install_chdb() {
   log "fetching $CHDB_NPM_PKG@$CHDB_VERSION (about 180 MB, npm verifies its sha512)"
   local tmp; tmp=$(mktemp -d "$CACHE_DIR/.chdb-XXXXXX" 2>/dev/null || { mkdir -p "$CACHE_DIR"; mktemp -d "$CACHE_DIR/.chdb-XXXXXX"; })
   trap 'rm -rf "$tmp"' RETURN
-  (cd "$tmp" && npm pack --silent "$CHDB_NPM_PKG@$CHDB_VERSION" >/dev/null)
+  with_progress "fetching libchdb" "$(npm config get cache 2>/dev/null)/_cacache" \
+    bash -c 'cd "$1" && npm pack --silent "$2" >/dev/null' _ "$tmp" "$CHDB_NPM_PKG@$CHDB_VERSION"
   tar -xzf "$tmp"/*.tgz -C "$tmp" package/libchdb.so
   mkdir -p "$CHDB_DIR"
   mv "$tmp/package/libchdb.so" "$CHDB_DIR/libchdb.so"
@@ -71,7 +96,10 @@ install_chdb() {
 
 install_go() {
   command -v go >/dev/null || { log "go 1.26 is required on the PATH (expected at /usr/local/go/bin)"; return 1; }
-  go mod download
+  # Quick when the modules are in the cache; on a fresh machine about
+  # 500 MB, which takes minutes.
+  log "go mod download (first run: a few minutes)"
+  with_progress "go mod download" "$(go env GOMODCACHE)/cache/download" go mod download
   log "go modules present"
 }
 
