@@ -2,6 +2,9 @@ package api
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -164,5 +167,39 @@ func TestPolicyEvaluatorLab(t *testing.T) {
 				t.Errorf("pod to itself: %+v", c)
 			}
 		})
+	}
+}
+
+// TestPolicyEvaluatorBounds: a matrix of too many pod pairs is refused
+// with a field error (400), before anything is evaluated; an ip prefix
+// is not evaluated (its cell sums up the flows) but says why; an address
+// of a pod is that pod.
+func TestPolicyEvaluatorBounds(t *testing.T) {
+	inv := audit.NewInventory()
+	for i := range 320 {
+		inv.AddPod(audit.Pod{Namespace: "big", Name: fmt.Sprintf("w-%d", i), Owner: audit.Workload{Kind: "StatefulSet", Name: "w"},
+			Addrs: []netip.Addr{netip.AddrFrom4([4]byte{198, 18, byte(1 + i/200), byte(i % 200)}), netip.MustParseAddr(fmt.Sprintf("fd00:10:0:1::%x", i+1))}})
+	}
+	ev := PolicyEvaluator{Resolver: InventoryResolver{Inventory: func() (*audit.Inventory, error) { return inv, nil }}}
+	w := Endpoint{Kind: "workload", Namespace: "big", Name: "w"}
+	_, err := ev.EvaluateMatrix(context.Background(), []Endpoint{w, w}, []Endpoint{w}, 6, 80)
+	var fe *FieldError
+	if !errors.As(err, &fe) || !strings.Contains(fe.Message, "409600 pod pairs") {
+		t.Errorf("too many pairs: %v", err)
+	}
+	m, err := ev.EvaluateMatrix(context.Background(), []Endpoint{{Kind: "ip", Name: "198.18.1.5"}}, []Endpoint{{Kind: "ip", Name: "fd00:10::/64"}, w}, 6, 80)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := m[0][0][4]; f.Outcome != "" || !strings.Contains(f.Reason, "not a prefix") {
+		t.Errorf("prefix: %+v", f)
+	}
+	// 198.18.1.5 is pod w-5: its pairs to the other 319 pods, not to
+	// itself; it has no IPv6 address as an ip endpoint.
+	if f := m[0][1][4]; f.Outcome != OutcomeAllow || f.Total != 319 || len(f.Pairs) != maxListedPairs || !f.Truncated || f.Pairs[0].Src != "big/w-5" {
+		t.Errorf("pod address → workload: %s %d/%d %d listed %v", f.Outcome, f.Allowed, f.Total, len(f.Pairs), f.Truncated)
+	}
+	if f := m[0][1][6]; f.Outcome != OutcomeUnavailable {
+		t.Errorf("IPv4 address over IPv6: %+v", f)
 	}
 }
