@@ -31,7 +31,7 @@ func (t *Tracer) startTrace(ctx context.Context, tag uint8, rules string) (*moni
 		return nil, nil, fmt.Errorf("%w: no nft binary (the kernel datapath needs nftables)", traceflow.ErrNotSupported)
 	}
 	ns := t.nodeNS()
-	mon, fresh, err := t.hub.subscribe()
+	mon, confirmed, err := t.hub.subscribe()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -55,14 +55,15 @@ func (t *Tracer) startTrace(ctx context.Context, tag uint8, rules string) (*moni
 		}
 	}
 	// A monitor just started subscribes some time later: load the table
-	// until the monitor echoes it (loading is idempotent). One already
-	// running echoes the first load.
+	// until the monitor echoes it (loading is idempotent). One known to be
+	// subscribed echoes the first load, however late on a loaded node: no
+	// reload then (each is an nft process, the expensive part of a watch).
 	echo := "add rule inet " + observe.TableName(tag) + " " + observe.ChainPost + " "
 	wait := 20 * time.Millisecond
-	if !fresh {
-		wait = 250 * time.Millisecond
+	if confirmed {
+		wait = time.Hour // bounded by ctx
 	}
-	for ; ; wait = min(2*wait, time.Second) {
+	for ; ; wait = min(2*wait, max(wait, time.Second)) {
 		out, err := nsrun.Output(ctx, ns, []byte(rules), t.NFT, "--echo", "--handle", "-f", "-")
 		if err != nil {
 			stop()
@@ -73,6 +74,7 @@ func (t *Tracer) startTrace(ctx context.Context, tag uint8, rules string) (*moni
 		_, err = mon.WaitFor(wctx, echo)
 		cancel()
 		if err == nil {
+			t.hub.confirm(mon)
 			return mon, stop, nil
 		}
 		if ctx.Err() != nil {

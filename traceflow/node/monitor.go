@@ -38,6 +38,10 @@ type monitorHub struct {
 	idle  *time.Timer
 	gen   int // bumps at each monitor start
 	ended chan struct{}
+	// subscribed is set once a watch saw the echo of its table load: the
+	// monitor is subscribed to the kernel's events, and every later load
+	// is echoed.
+	subscribed bool
 }
 
 // monitorSub is one watch's view of the monitor's lines.
@@ -93,9 +97,10 @@ func (s *monitorSub) Close() {
 }
 
 // subscribe returns a subscription to the node's monitor, starting it if
-// needed. fresh reports whether the monitor was just started (it may not be
-// subscribed to the kernel's events yet).
-func (h *monitorHub) subscribe() (s *monitorSub, fresh bool, err error) {
+// needed. confirmed reports whether the monitor is known to be subscribed
+// to the kernel's events (see confirm); until then a table load may not be
+// echoed.
+func (h *monitorHub) subscribe() (s *monitorSub, confirmed bool, err error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.idle != nil {
@@ -107,13 +112,22 @@ func (h *monitorHub) subscribe() (s *monitorSub, fresh bool, err error) {
 		if err != nil {
 			return nil, false, err
 		}
-		h.mon, h.subs, h.ended, fresh = mon, map[*monitorSub]struct{}{}, make(chan struct{}), true
+		h.mon, h.subs, h.ended, h.subscribed = mon, map[*monitorSub]struct{}{}, make(chan struct{}), false
 		h.gen++
 		go h.fanOut(mon, h.gen, h.ended)
 	}
 	s = &monitorSub{h: h, lines: make(chan string, subBuffer), done: make(chan struct{})}
 	h.subs[s] = struct{}{}
-	return s, fresh, nil
+	return s, h.subscribed, nil
+}
+
+// confirm records that the monitor s listens to echoed a load.
+func (h *monitorHub) confirm(s *monitorSub) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if _, ok := h.subs[s]; ok {
+		h.subscribed = true
+	}
 }
 
 func (h *monitorHub) unsubscribe(s *monitorSub) {
