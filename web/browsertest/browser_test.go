@@ -406,6 +406,13 @@ func TestCharts(t *testing.T) {
 	if !slices.Equal(fams, []string{"4", "6"}) {
 		t.Errorf("top talkers of families %v", fams)
 	}
+	// Drops by policy count every dropped flow of the window (the lab's
+	// IPv6 frontend → db flows, denied by shop/db-policy).
+	drops := eval[[]string](t, ctx, `[...document.querySelectorAll('#drops tbody tr')].map(r => [...r.cells].slice(0, 3).map(c => c.textContent).join(' '))`)
+	total := eval[string](t, ctx, `document.querySelector('#charts-out .totals [data-family="6"] .verdict').textContent`)
+	if len(drops) != 1 || !strings.HasPrefix(drops[0], "shop/db-policy 0 ") || !strings.HasSuffix(total, " dropped") || strings.TrimSuffix(total, " dropped") != strings.TrimPrefix(drops[0], "shop/db-policy 0 ") {
+		t.Errorf("drops by policy %v, IPv6 total %q", drops, total)
+	}
 	screenshot(t, ctx, "charts")
 	// A top talker links to its flows.
 	do(t, ctx,

@@ -476,7 +476,7 @@ function stackedChart(el, title, w, d, key, unit, fmt, opts) {
 }
 // loadSummaryInto fills box with the summary charts of the filter p.
 async function loadSummaryInto(box, p, opts) {
-  const w = bucketWindow(p.get('since') || '1h', Date.now());
+  const w = opts.window || bucketWindow(p.get('since') || '1h', Date.now());
   try {
     const s = await api('/flows/summary?' + chartParams(p, w));
     drawSummary(box, s, w, opts);
@@ -510,14 +510,16 @@ async function loadCharts() {
     const i = tok.indexOf('='); if (i > 0) p.append(tok.slice(0, i), tok.slice(i + 1));
   }
   history.replaceState(null, '', '#/charts?' + p); current.hash = location.hash;
-  const s = await loadSummaryInto($('#charts-out'), p, {});
+  // One aligned window for the charts, the talkers and the drops.
+  const w = bucketWindow(p.get('since') || '1h', Date.now());
+  const s = await loadSummaryInto($('#charts-out'), p, { window: w });
   if (!s) return;
   banner('');
   const rows = s.top_talkers.map(t => h('tr', { 'data-family': t.ip_version },
     h('td', {}, famBadge(t.ip_version)), h('td', {}, t.src), h('td', {}, t.dst), h('td', { class: 'num' }, fmtBytes(t.bytes)), h('td', { class: 'num' }, t.flows),
     h('td', {}, link(hashURL('flows', talkerFilter(t, p.get('since'))), 'flows'))));
   $('#talkers tbody').replaceChildren(...rows);
-  loadDropsByPolicy(p);
+  loadDropsByPolicy(p, w);
 }
 // talkerFilter turns a map/talker label into flow filters.
 function labelFilter(label, s) {
@@ -529,12 +531,20 @@ function talkerFilter(t, since) {
   return Object.assign({ since, ip_version: t.ip_version }, labelFilter(t.src, 'src'), labelFilter(t.dst, 'dst'));
 }
 // loadDropsByPolicy counts the window's dropped flows by deciding policy
-// (from the latest 1000 dropped flows: there is no aggregate endpoint).
-async function loadDropsByPolicy(p) {
+// (from the latest 5000 dropped flows: there is no aggregate endpoint).
+async function loadDropsByPolicy(p, w) {
   const q = new URLSearchParams(p); q.set('verdict', 'dropped'); q.set('limit', '1000');
+  q.set('since', String(w.since * 1000)); q.set('until', String(w.until * 1000));
   const tb = $('#drops tbody');
   try {
-    const r = await api('/flows?' + q);
+    // Up to 5 pages of 1000: exact for most windows, a sample past that.
+    const r = { flows: [], next: '' };
+    for (let page = 0; page < 5; page++) {
+      const pq = new URLSearchParams(q); if (r.next) pq.set('cursor', r.next);
+      const part = await api('/flows?' + pq);
+      r.flows.push(...part.flows); r.next = part.next || '';
+      if (!r.next) break;
+    }
     const by = new Map();
     for (const f of r.flows) {
       const k = flowPolicy(f) || '(default deny, no policy named)';
@@ -542,7 +552,7 @@ async function loadDropsByPolicy(p) {
       e[f.ip_version]++; by.set(k, e);
     }
     const list = [...by.values()].sort((a, b) => (b[4] + b[6]) - (a[4] + a[6]));
-    $('#drops-note').textContent = r.next ? 'from the latest 1000 dropped flows' : r.flows.length + ' dropped flows';
+    $('#drops-note').textContent = r.next ? 'from the latest ' + r.flows.length + ' dropped flows' : r.flows.length + ' dropped flows';
     tb.replaceChildren(...list.map(e => h('tr', {}, h('td', {}, e.policy), h('td', { class: 'num' }, e[4]), h('td', { class: 'num' }, e[6]),
       h('td', {}, e.policy.startsWith('(') ? '' : link(hashURL('flows', { since: p.get('since'), verdict: 'dropped', policy: e.policy }), 'flows')))));
     if (!list.length) tb.replaceChildren(h('tr', {}, h('td', { colspan: 4, class: 'muted' }, 'No dropped flows in this window.')));
