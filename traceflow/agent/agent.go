@@ -299,7 +299,10 @@ type Client struct {
 	// Node is the node's name (in errors).
 	Node string
 	// URL is the agent's base URL, e.g. https://[fd00:10::1]:9444.
-	URL   string
+	URL string
+	// Fallback are other base URLs of the same agent, tried in order when
+	// URL cannot be reached (the node's other family).
+	Fallback []string
 	Token string
 	// HTTP is the client to use (default http.DefaultClient); give it the
 	// TLS settings of a real deployment (ClientTLS). Its Timeout must be
@@ -332,34 +335,43 @@ func (c *Client) fail(call string, err error) error {
 }
 
 func (c *Client) do(ctx context.Context, method, path string, body any) (*http.Response, error) {
-	var rd io.Reader
+	var b []byte
 	if body != nil {
-		b, err := json.Marshal(body)
+		var err error
+		if b, err = json.Marshal(body); err != nil {
+			return nil, err
+		}
+	}
+	// The agent's URL, then its other addresses (a dual-stack node's IPv4
+	// one when the agent does not answer on IPv6), on connection errors.
+	var resp *http.Response
+	var errs []error
+	for _, base := range append([]string{c.URL}, c.Fallback...) {
+		req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(base, "/")+path, bytes.NewReader(b))
 		if err != nil {
 			return nil, err
 		}
-		rd = bytes.NewReader(b)
-	}
-	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(c.URL, "/")+path, rd)
-	if err != nil {
-		return nil, err
-	}
-	req.Header.Set("Authorization", "Bearer "+c.Token)
-	if body != nil {
-		req.Header.Set("Content-Type", "application/json")
-	}
-	resp, err := c.hc().Do(req)
-	if err != nil {
+		req.Header.Set("Authorization", "Bearer "+c.Token)
+		if body != nil {
+			req.Header.Set("Content-Type", "application/json")
+		}
+		resp, err = c.hc().Do(req)
+		if err == nil {
+			break
+		}
 		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
-		return nil, fmt.Errorf("unreachable: %w", err)
+		errs = append(errs, err)
+	}
+	if resp == nil {
+		return nil, fmt.Errorf("unreachable: %w", errors.Join(errs...))
 	}
 	if resp.StatusCode == http.StatusOK {
 		return resp, nil
 	}
 	defer resp.Body.Close()
-	b, _ := io.ReadAll(io.LimitReader(resp.Body, maxBody))
+	b, _ = io.ReadAll(io.LimitReader(resp.Body, maxBody))
 	var eb errorBody
 	json.Unmarshal(b, &eb)
 	switch resp.StatusCode {

@@ -336,6 +336,9 @@ func TestNodeDirectory(t *testing.T) {
 			t.Errorf("%s: %+v %v, want %s", node, c, err, want)
 		}
 	}
+	if c, _ := d.Agent("dual"); c == nil || len(c.Fallback) != 1 || c.Fallback[0] != "https://198.18.0.1:9444" {
+		t.Errorf("dual-stack node without its IPv4 fallback: %+v", c)
+	}
 	for _, node := range []string{"none", "gone"} {
 		if _, err := d.Agent(node); err == nil || !strings.Contains(err.Error(), "node "+node) {
 			t.Errorf("%s: %v", node, err)
@@ -361,5 +364,27 @@ func TestNodeDirectory(t *testing.T) {
 	t.Setenv(TokenEnv, "")
 	if _, err := NewDirectory(DirectoryConfig{}, v); err == nil {
 		t.Error("no token accepted")
+	}
+}
+
+// TestClientFallsBackToTheOtherFamily: an agent that listens on IPv4 only
+// is reached through the node's IPv4 address when IPv6 is refused.
+func TestClientFallsBackToTheOtherFamily(t *testing.T) {
+	n := &fakeNode{name: "n1", wire: newWire(), hasPod: true}
+	srv := httptest.NewServer(Handler(n, Info{Node: "n1"}, "tok", nil)) // 127.0.0.1 only
+	defer srv.Close()
+	ln, err := net.Listen("tcp", "[::1]:0")
+	if err != nil {
+		t.Skip("no IPv6 loopback")
+	}
+	dead := "http://" + ln.Addr().String()
+	ln.Close()
+	c := &Client{Node: "n1", URL: dead, Fallback: []string{srv.URL}, Token: "tok"}
+	if in, err := c.Info(context.Background()); err != nil || in.Node != "n1" {
+		t.Errorf("fallback: %+v %v", in, err)
+	}
+	c.Fallback = nil
+	if _, err := c.Info(context.Background()); err == nil || !strings.Contains(err.Error(), "unreachable") {
+		t.Errorf("no fallback: %v", err)
 	}
 }

@@ -150,11 +150,25 @@ func (d *NodeDirectory) Agent(node string) (*Client, error) {
 	if !ok {
 		return nil, fmt.Errorf("node %s: no InternalIP to reach its traceflow agent at (set --traceflow.agents)", node)
 	}
-	u := d.cfg.Scheme + "://" + net.JoinHostPort(a.String(), strconv.Itoa(d.cfg.Port))
-	if err := clearTextOK(u); err != nil {
+	urlOf := func(a netip.Addr) (string, error) {
+		u := d.cfg.Scheme + "://" + net.JoinHostPort(a.String(), strconv.Itoa(d.cfg.Port))
+		return u, clearTextOK(u)
+	}
+	u, err := urlOf(a)
+	if err != nil {
 		return nil, fmt.Errorf("node %s: %w", node, err)
 	}
-	return &Client{Node: node, URL: u, Token: d.token, HTTP: d.http}, nil
+	c := &Client{Node: node, URL: u, Token: d.token, HTTP: d.http}
+	// The node's address of the other family, if the agent does not
+	// answer on the preferred one.
+	if a.Is6() {
+		if v4, ok := pick(addrs, false); ok {
+			if u, err := urlOf(v4); err == nil {
+				c.Fallback = []string{u}
+			}
+		}
+	}
+	return c, nil
 }
 
 // clearTextOK refuses an http:// agent URL whose host is not loopback: the
