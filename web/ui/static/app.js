@@ -61,7 +61,7 @@ async function api(path, opts = {}) {
     let body = null;
     try { body = text ? JSON.parse(text) : null; } catch (e) { body = { message: text.trim() }; }
     if (!r.ok) {
-      if (r.status === 401) $('#token-dialog').showModal();
+      if (r.status === 401 && !$('#token-dialog').open) $('#token-dialog').showModal();
       throw new APIError(r.status, body);
     }
     return body;
