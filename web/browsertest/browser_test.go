@@ -453,6 +453,10 @@ func TestServiceMap(t *testing.T) {
 	if c := eval[string](t, ctx, `window.dualflowMap.edges('.dropped')[0].style('line-color')`); c != "rgb(220,38,38)" {
 		t.Errorf("dropped edge colour %q", c)
 	}
+	do(t, ctx, js(`window.dualflowMap.edges('.dropped.v6')[0].emit('mouseover')`))
+	if hv := eval[string](t, ctx, `document.querySelector('#map-hover').textContent`); !strings.Contains(hv, "IPv6 dropped") {
+		t.Errorf("hover %q", hv)
+	}
 	screenshot(t, ctx, "map-graph")
 	// Clicking an IPv6 dropped edge opens its flows.
 	do(t, ctx,

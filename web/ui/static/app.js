@@ -724,6 +724,17 @@ function drawMap(box, m, backends, p) {
     else { q.ip_version = d.ip_version; if (d.verdict === 'dropped') q.verdict = 'dropped'; }
     location.hash = hashURL('flows', q);
   });
+  // Hovering says what an element is (labels hide when zoomed out).
+  cy.on('mouseover', 'edge', ev => {
+    const d = ev.target.data();
+    $('#map-hover').textContent = d.kind === 'backend' ? d.source + ' → ' + d.target + ': a backend of the Service'
+      : `${d.source} → ${d.target} · IPv${d.ip_version} ${d.verdict} · ${d.flows} flows, ${fmtBytes(d.bytes)} (${fmtRate(d.bytes, secs)})`;
+  });
+  cy.on('mouseover', 'node', ev => {
+    const d = ev.target.data();
+    $('#map-hover').textContent = d.kind === 'namespace' ? 'namespace ' + d.label : `${d.id} · ${d.kind}` + (d.families ? ' · IPv' + String(d.families).split(',').join(' + IPv') : '') + ` · ${ev.target.connectedEdges().length} edges`;
+  });
+  cy.on('mouseout', () => { $('#map-hover').textContent = ''; });
   $('#map-count').textContent = `${n} nodes, ${m.edges.length} edges over ${since}; rates are averages over the window. Click a node or an edge for its flows; scroll to zoom.`;
 }
 
