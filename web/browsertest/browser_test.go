@@ -379,6 +379,40 @@ func TestLiveFollowShowsNewFlows(t *testing.T) {
 	noConsoleErrors(t, errs, "")
 }
 
+// TestLiveFollowResumes ends the first follow stream after one event and
+// checks the reconnect sends that event's id as Last-Event-ID.
+func TestLiveFollowResumes(t *testing.T) {
+	ctx, errs := browser(t)
+	do(t, ctx, chromedp.Navigate(baseURL+"/#/flows"), chromedp.WaitVisible(css(`#flow-table tbody tr`)))
+	do(t, ctx, js(`(() => {
+		const real = window.fetch, enc = new TextEncoder();
+		window.followCalls = [];
+		const flow = { flow_end_ms: Date.now() + 60000, flow_start_ms: Date.now(), ip_version: 6, src_ip: 'fd00::1', dst_ip: 'fd00::2', src_port: 1, dst_port: 80, protocol_name: 'TCP', bytes: 1, reverse_bytes: 1, ingress_verdict: 'allowed', egress_verdict: 'allowed' };
+		window.fetch = (url, init) => {
+			if (!String(url).includes('follow=true')) return real(url, init);
+			window.followCalls.push((init.headers || {})['Last-Event-ID'] || '');
+			const first = window.followCalls.length === 1;
+			const body = new ReadableStream({ start(c) {
+				if (first) { c.enqueue(enc.encode('id:1700000000000-abcd\nevent:flow\ndata:' + JSON.stringify(flow) + '\n\n')); c.close(); }
+			} });
+			return Promise.resolve(new Response(body, { status: 200, headers: { 'Content-Type': 'text/event-stream' } }));
+		};
+	})()`))
+	do(t, ctx,
+		chromedp.Click(css(`#f-follow`)),
+		poll(`window.followCalls.length >= 2`),
+	)
+	calls := eval[[]string](t, ctx, `window.followCalls`)
+	if calls[0] != "" || calls[1] != "1700000000000-abcd" {
+		t.Errorf("follow requests sent Last-Event-ID %q", calls)
+	}
+	if n := eval[int](t, ctx, `document.querySelectorAll('#flow-table tbody tr.fresh').length`); n != 1 {
+		t.Errorf("%d live rows", n)
+	}
+	do(t, ctx, chromedp.Click(css(`#f-follow`)))
+	noConsoleErrors(t, errs, "")
+}
+
 func TestCharts(t *testing.T) {
 	ctx, errs := browser(t)
 	do(t, ctx,
