@@ -1,6 +1,7 @@
 package labcmd
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -82,8 +83,11 @@ listener takes it.`)
 		return err
 	}
 	defer lock.Unlock()
-	if err := chdb.CheckDir(cfg.Store.DataDir); err != nil {
-		return fmt.Errorf("%w: its data directory %s is in use (%w); it was left as it is: stop it first, or pass another --data-dir", ErrDemoRunning, cfg.Store.DataDir, err)
+	if held, holder := chdb.DirHolder(cfg.Store.DataDir); held {
+		return &refusal{
+			msg:    fmt.Sprintf("%v: the data directory %s is in use (%s); it was left as it is: stop that process first, or pass another --data-dir", ErrDemoRunning, cfg.Store.DataDir, cmp.Or(holder, "holder unknown")),
+			causes: []error{ErrDemoRunning, chdb.ErrLocked},
+		}
 	}
 	if os.Geteuid() != 0 {
 		return errors.New("demo: the lab needs root (network namespaces); run it as root")

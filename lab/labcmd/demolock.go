@@ -103,3 +103,13 @@ func (l *demoLock) Unlock() {
 	l.f = nil
 	os.Remove(filepath.Dir(l.path)) // only if empty, as lab.Down leaves it
 }
+
+// refusal is an error with its own message that still matches its causes
+// (errors.Is).
+type refusal struct {
+	msg    string
+	causes []error
+}
+
+func (r *refusal) Error() string   { return r.msg }
+func (r *refusal) Unwrap() []error { return r.causes }

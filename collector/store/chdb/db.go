@@ -208,22 +208,17 @@ func Open(cfg Config) (*DB, error) {
 	}, nil
 }
 
-// CheckDir fails with ErrLocked (wrapped, naming the holder) when another
-// process holds the engine on dir, so that a caller can refuse before it
-// starts anything else. Open checks the same; call CheckDir only when
-// this process has no engine open on dir.
-func CheckDir(dir string) error {
+// DirHolder reports whether another process holds the engine on dir, and
+// its description from the engine's lock file ("PID: 123 Started at:
+// ..."), so that a caller can refuse before it starts anything else (Open
+// fails with ErrLocked then). Call it only when this process has no
+// engine open on dir.
+func DirHolder(dir string) (held bool, holder string) {
 	abs, err := filepath.Abs(dir)
 	if err != nil {
-		return fmt.Errorf("chdb: data dir: %w", err)
+		return false, ""
 	}
-	if locked, holder := lockedBy(abs); locked {
-		if holder != "" {
-			return fmt.Errorf("open %s (held by %s): %w", abs, holder, ErrLocked)
-		}
-		return fmt.Errorf("open %s: %w", abs, ErrLocked)
-	}
-	return nil
+	return lockedBy(abs)
 }
 
 func displayDir(dir string) string {
