@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/netip"
 	"strconv"
@@ -129,7 +130,9 @@ func checkReachability(t *testing.T, l *lab.Lab, mode manifest.Mode, base string
 		}
 	}
 
-	// Every pair listed, dialled on the lab's datapath.
+	// Every pair listed, dialled on the lab's datapath. The products of
+	// the modes share one store: only flows from now on are this lab's.
+	dialStart := time.Now().Add(-time.Second).UTC().Format(time.RFC3339)
 	dialled := 0
 	for _, cell := range []api.Cell{m8080.Cells[0][0], m8080.Cells[1][1], m9090.Cells[0][1]} {
 		for fam, f := range cell.Families {
@@ -157,6 +160,39 @@ func checkReachability(t *testing.T, l *lab.Lab, mode manifest.Mode, base string
 	if dialled != want {
 		t.Errorf("dialled %d pairs, want %d", dialled, want)
 	}
+
+	// The dials, exported and recorded, show beside the evaluation: web →
+	// api on 9090 has dropped and passed flows over IPv4 (partial) and
+	// dropped ones only over IPv6, and no cell marks a mismatch.
+	await(t, 2*time.Minute, "the dials observed beside the evaluation", func() (bool, string) {
+		var res api.Reachability
+		req := api.ReachabilityRequest{Sources: []api.Endpoint{web}, Destinations: []api.Endpoint{apiW}, Protocol: "tcp", Port: manifest.PortMetrics, Since: dialStart}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := restCall(ctx, http.MethodPost, base+"/api/v1/reachability", req, &res); err != nil {
+			return false, err.Error()
+		}
+		var state []string
+		ok := true
+		for _, fam := range []string{"4", "6"} {
+			if !mode.Has(famOf[fam]) {
+				continue
+			}
+			f := res.Cells[0][0].Families[fam]
+			v := f.Observed.Verdicts
+			passed := v["allowed"] + v["not_isolated"]
+			state = append(state, fmt.Sprintf("IPv%s %s %d/%d observed %v mismatch %q", fam, f.Outcome, f.PairsAllowed, f.PairsTotal, v, f.Mismatch))
+			switch {
+			case f.Mismatch != "":
+				ok = false
+			case fam == "4":
+				ok = ok && v["dropped"] > 0 && passed > 0
+			default:
+				ok = ok && v["dropped"] > 0 && passed == 0
+			}
+		}
+		return ok, strings.Join(state, "; ")
+	})
 }
 
 func answered(err error) string {
