@@ -756,6 +756,16 @@ func TestSQLConsole(t *testing.T) {
 		t.Errorf("families %v", cells)
 	}
 	screenshot(t, ctx, "sql-result")
+	// Past the row limit the answer keeps its first rows and says so.
+	do(t, ctx,
+		js(`document.querySelector('#sql-text').value = 'SELECT number FROM numbers(100000)'`),
+		chromedp.Click(css(`#sql-form button[type=submit]`)),
+		poll(`document.querySelector('#sql-status').textContent.includes('truncated')`),
+	)
+	if n := eval[int](t, ctx, `document.querySelectorAll('#sql-table tbody tr').length`); n == 0 || n >= 100000 {
+		t.Errorf("%d rows of a truncated answer", n)
+	}
+	screenshot(t, ctx, "sql-truncated")
 	noConsoleErrors(t, errs, "")
 }
 

@@ -987,6 +987,7 @@ async function loadAudit() {
 }
 
 // ---- SQL ----
+const sqlShown = 2000;
 async function runSQL(ev) {
   ev && ev.preventDefault();
   const q = $('#sql-text').value;
@@ -995,10 +996,14 @@ async function runSQL(ev) {
     const r = await api('/sql', { method: 'POST', body: { query: q } });
     banner('');
     $('#sql-table thead').replaceChildren(h('tr', {}, r.columns.map(c => h('th', { title: c.type }, c.name))));
-    $('#sql-table tbody').replaceChildren(...r.rows.map(row => h('tr', {}, row.map(v => h('td', {}, typeof v === 'object' && v !== null ? JSON.stringify(v) : String(v))))));
+    // The table draws at most sqlShown rows (a browser slows down past
+    // that); CSV download has them all.
+    const shown = r.rows.slice(0, sqlShown);
+    $('#sql-table tbody').replaceChildren(...shown.map(row => h('tr', {}, row.map(v => h('td', {}, typeof v === 'object' && v !== null ? JSON.stringify(v) : String(v))))));
     const lim = r.limits || {};
     st.textContent = `${r.rows.length} rows in ${((r.elapsed_seconds || 0) * 1000).toFixed(0)} ms` + (lim.max_rows ? ` (limits: ${lim.max_rows} rows, ${lim.max_execution_seconds} s)` : '');
-    if (r.truncated) { st.textContent += ' · truncated: only the first ' + r.rows.length + ' rows are shown'; st.className = 'warnline'; }
+    if (shown.length < r.rows.length) st.textContent += ` · the first ${shown.length} drawn (Download CSV has all ${r.rows.length})`;
+    if (r.truncated) { st.textContent += ' · truncated: the query has more rows than the ' + (lim.max_rows || r.rows.length) + '-row limit'; st.className = 'warnline'; }
   } catch (e) { st.textContent = errText(e); st.className = 'err'; }
 }
 async function downloadCSV() {
