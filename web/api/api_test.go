@@ -278,6 +278,7 @@ func TestBadInput4xx(t *testing.T) {
 		{"GET", "/api/v1/flows/summary?step=1ms&since=24h", "", "step"},
 		{"GET", "/api/v1/servicemap?limit=100000", "", "limit"},
 		{"POST", "/api/v1/reachability", "{", "body"},
+		{"POST", "/api/v1/reachability", `{"sources":[{"kind":"pod","namespace":"a","name":"b"}],"destinations":[{"kind":"pod","namespace":"a","name":"c"}],"prot":"TCP"}`, "prot"},
 		{"POST", "/api/v1/reachability", `{"sources":[],"destinations":[{"kind":"pod","namespace":"a","name":"b"}]}`, "sources"},
 		{"POST", "/api/v1/reachability", `{"sources":[{"kind":"service","namespace":"a","name":"b"}],"destinations":[{"kind":"pod","namespace":"a","name":"b"}]}`, "sources[0]"},
 		{"POST", "/api/v1/reachability", `{"sources":[{"kind":"pod","namespace":"a","name":"b"}],"destinations":[{"kind":"ip","name":"nope"}]}`, "destinations[0]"},

@@ -156,8 +156,8 @@ func matchArray(side string, eps []Endpoint, field string) (string, error) {
 
 func (a *API) reachability(c *gin.Context) {
 	var req ReachabilityRequest
-	if err := c.ShouldBindJSON(&req); err != nil {
-		a.fail(c, fieldErr("body", "bad JSON: %v", err))
+	if err := bindJSON(c, &req); err != nil {
+		a.fail(c, err) // 400 naming the field (unknown fields refused too)
 		return
 	}
 	if req.Trace && principalOf(c).Role < RoleOperator {
