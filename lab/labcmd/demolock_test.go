@@ -60,6 +60,16 @@ func TestDemoRefusesWhileOneRuns(t *testing.T) {
 		t.Fatalf("lock while held: err = %v, want ErrDemoRunning", err)
 	}
 
+	// lab down and lab up would remove the demo's lab: refused too.
+	for _, cmd := range [][]string{{"down", "--state-dir", stateDir}, {"up", "--state-dir", stateDir}} {
+		if err := testCommands().Lab(context.Background(), cmd); !errors.Is(err, ErrDemoRunning) {
+			t.Errorf("lab %s while a demo runs: err = %v, want ErrDemoRunning", cmd[0], err)
+		}
+	}
+	if _, err := os.Stat(stateFile); err != nil {
+		t.Errorf("lab down touched the running demo's lab: %v", err)
+	}
+
 	first.Unlock()
 	again, err := lockDemo(stateDir)
 	if err != nil {

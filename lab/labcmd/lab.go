@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -90,6 +91,9 @@ func (lc *Commands) labUp(ctx context.Context, args []string) error {
 		return fmt.Errorf("find own binary: %w", err)
 	}
 	cfg.AgentBinary = exe
+	if err := noDemoOn(cfg.StateDir); err != nil {
+		return err
+	}
 	l, err := lab.Up(ctx, cfg)
 	if err != nil {
 		return err
@@ -186,6 +190,9 @@ func (lc *Commands) labDown(args []string) error {
 	var cfg lab.Config
 	bindLab(fs, &cfg)
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if err := noDemoOn(cfg.StateDir); err != nil {
 		return err
 	}
 	start := time.Now()
@@ -328,4 +335,22 @@ func parsePorts(s string) ([]uint16, error) {
 		out = append(out, uint16(n))
 	}
 	return out, nil
+}
+
+// noDemoOn refuses to touch the lab of stateDir while a demo runs on it
+// (lab up and lab down would remove the demo's lab under it).
+func noDemoOn(stateDir string) error {
+	abs, err := filepath.Abs(stateDir)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(abs); err != nil {
+		return nil // no lab there at all
+	}
+	l, err := lockDemo(abs)
+	if err != nil {
+		return err
+	}
+	l.Unlock()
+	return nil
 }
