@@ -155,6 +155,7 @@ func (a *App) buildWeb(opts Options) error {
 			PortName: v.portName,
 		},
 		Auditor: api.AuditorFunc(v.findings),
+		Catalog: v,
 		AuditAPI: (&audit.API{
 			Reports:   reports,
 			Inventory: v.inventory,

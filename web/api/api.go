@@ -138,6 +138,9 @@ type Config struct {
 	// /api/v1/traceflows/{id} (viewers) (traceflow.Handler); nil answers
 	// them 501.
 	Traceflows http.Handler
+	// Catalog answers GET /api/v1/catalog (the live Kubernetes view's
+	// names); nil answers it 501.
+	Catalog Catalog
 	// Tokens authorizes requests; nil or empty lets everyone in as operator
 	// (the caller then binds to loopback only).
 	Tokens *Tokens

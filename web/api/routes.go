@@ -42,6 +42,7 @@ func (a *API) routes() *gin.Engine {
 	viewer.GET("/flows", a.flows)
 	viewer.GET("/flows/summary", a.summary)
 	viewer.GET("/servicemap", a.servicemap)
+	viewer.GET("/catalog", a.catalog)
 	viewer.POST("/reachability", a.reachability)
 	viewer.GET("/audit", a.audit)
 	viewer.GET("/filters", a.filterDoc)

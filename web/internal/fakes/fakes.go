@@ -5,6 +5,7 @@ package fakes
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -112,4 +113,64 @@ func (Auditor) Findings(context.Context) ([]audit.Finding, error) {
 		{Kind: audit.KindUnprotectedIngress, Message: "2 pods of Deployment infra/dns are not isolated for ingress", Objects: []audit.Ref{{Kind: "Deployment", Namespace: "infra", Name: "dns"}}, Count: 2},
 		{Kind: audit.KindVerdictGap, Message: "shop/frontend → shop/db on TCP 5432 is allowed over IPv4 and denied over IPv6", Objects: []audit.Ref{{Kind: "Deployment", Namespace: "shop", Name: "frontend"}, {Kind: "StatefulSet", Namespace: "shop", Name: "db"}}, Port: 5432, Protocol: "TCP", Count: 3},
 	}, nil
+}
+
+// IdlePod, IdleWorkload and IdleService are objects of Catalog that no
+// seeded flow names: only the live view knows them. They sort after the
+// lab's, so the UI's default forms (the first names) stay seeded ones.
+const (
+	IdlePod      = "tools/idle-0"
+	IdleWorkload = "tools/idle"
+	IdleService  = "tools/idle"
+)
+
+// Catalog lists the lab (pods name-0..2 of each workload, a Service per
+// Pairs service, on both families) and the idle objects.
+type Catalog struct{}
+
+var _ api.Catalog = Catalog{}
+
+// Catalog implements api.Catalog.
+func (Catalog) Catalog(context.Context) (api.CatalogResponse, error) {
+	out := api.CatalogResponse{Nodes: []string{"node-a", "node-b"}}
+	ns := map[string]bool{}
+	add := func(w webtest.Workload, i, pods int) {
+		if !ns[w.Namespace] {
+			ns[w.Namespace] = true
+			out.Namespaces = append(out.Namespaces, w.Namespace)
+		}
+		for k := range pods {
+			out.Pods = append(out.Pods, api.CatalogPod{
+				Namespace: w.Namespace, Name: fmt.Sprintf("%s-%d", w.Name, k), Node: w.Node,
+				IPv4:         []netip.Addr{netip.MustParseAddr(addr(4, i, 100+k))},
+				IPv6:         []netip.Addr{netip.MustParseAddr(addr(6, i, 100+k))},
+				WorkloadKind: w.Kind, Workload: w.Name,
+			})
+		}
+		out.Workloads = append(out.Workloads, api.CatalogWorkload{Kind: w.Kind, Namespace: w.Namespace, Name: w.Name, Pods: pods})
+	}
+	for i, w := range webtest.Lab {
+		add(w, i, 3)
+	}
+	add(webtest.Workload{Namespace: "tools", Name: "idle", Kind: "Deployment", Node: "node-a"}, len(webtest.Lab), 1)
+	svcs := map[string]bool{}
+	for _, p := range webtest.Pairs {
+		if p.Service == "" || svcs[p.Service] {
+			continue
+		}
+		svcs[p.Service] = true
+		proto := "TCP"
+		if p.Port == 53 {
+			proto = "UDP"
+		}
+		out.Services = append(out.Services, api.CatalogService{
+			Namespace: webtest.Lab[p.Dst].Namespace, Name: p.Service, Type: "ClusterIP", Families: []int{4, 6},
+			Ports: []api.CatalogPort{{Protocol: proto, Port: uint16(p.Port)}},
+		})
+	}
+	out.Services = append(out.Services, api.CatalogService{
+		Namespace: "tools", Name: "idle", Type: "ClusterIP", Families: []int{6},
+		Ports: []api.CatalogPort{{Name: "http", Protocol: "TCP", Port: 9090}},
+	})
+	return out, nil
 }

@@ -172,8 +172,9 @@ function kv(obj) {
 }
 
 // ---- live view: names for autocomplete and default forms ----
-// There is no inventory endpoint: the catalog is what the service map and
-// the latest flows name, refreshed at most once a minute.
+// The catalog is the live Kubernetes view (/catalog), or when the server
+// has none what the service map and the latest flows name; refreshed at
+// most once a minute.
 const catalog = { at: 0, sample: null, workloads: [], services: [], pods: [], namespaces: [], ports: [], backends: [] };
 let catalogLoading = null;
 function loadCatalog(force) {
@@ -183,6 +184,7 @@ function loadCatalog(force) {
   return catalogLoading;
 }
 async function fetchCatalog() {
+  try { return liveCatalog(await api('/catalog')); } catch (e) { /* no live view: names from recent flows */ }
   let sample = null;
   const w = new Set(), s = new Set(), p = new Set(), ns = new Set(), ports = new Map(), back = new Map();
   try {
@@ -208,6 +210,27 @@ async function fetchCatalog() {
   Object.assign(catalog, {
     workloads: sorted(w), services: sorted(s), pods: sorted(p), namespaces: sorted(ns),
     ports: [...ports.entries()].sort((a, b) => b[1] - a[1]).map(x => x[0]), backends: [...back.values()], sample,
+  });
+  fillDatalists();
+  return catalog;
+}
+// liveCatalog fills the catalog from GET /catalog: every pod, workload and
+// Service, with or without flows; ports are the Services' (most used
+// first), the trace sample a pod to a Service of another workload.
+function liveCatalog(c) {
+  const nn = x => x.namespace + '/' + x.name;
+  const ports = new Map();
+  for (const s of c.services) for (const p of s.ports) ports.set(p.port, (ports.get(p.port) || 0) + 1);
+  let sample = null;
+  const pod = c.pods.find(p => p.workload && !p.host_network) || c.pods[0];
+  const svc = pod && c.services.find(s => s.ports.length && s.families.length && !(s.namespace === pod.namespace && s.name === pod.workload));
+  if (pod && svc) {
+    sample = { src_namespace: pod.namespace, src_pod: pod.name, service_namespace: svc.namespace, service_name: svc.name,
+      protocol_name: svc.ports[0].protocol, service_port: svc.ports[0].port };
+  }
+  Object.assign(catalog, {
+    workloads: [...new Set(c.workloads.map(nn))], services: c.services.map(nn), pods: c.pods.map(nn), namespaces: c.namespaces,
+    ports: [...ports.entries()].sort((a, b) => b[1] - a[1] || a[0] - b[0]).map(x => x[0]), backends: [], sample,
   });
   fillDatalists();
   return catalog;
