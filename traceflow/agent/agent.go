@@ -303,7 +303,7 @@ type Client struct {
 	// Fallback are other base URLs of the same agent, tried in order when
 	// URL cannot be reached (the node's other family).
 	Fallback []string
-	Token string
+	Token    string
 	// HTTP is the client to use (default http.DefaultClient); give it the
 	// TLS settings of a real deployment (ClientTLS). Its Timeout must be
 	// zero: a watch lasts as long as its context.
