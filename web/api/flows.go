@@ -333,6 +333,10 @@ func parseEventID(s string) (eventID, error) {
 	if !ok || err1 != nil || err2 != nil || ms < 0 {
 		return eventID{}, fieldErr("Last-Event-ID", "not the id of a flow event of this API (<ms>-<key>)")
 	}
+	if ms > time.Now().Add(time.Minute).UnixMilli() {
+		// A stream resumed from the future would wait for it in silence.
+		return eventID{}, fieldErr("Last-Event-ID", "an event id from the future (%d ms)", ms)
+	}
 	return eventID{ms, key}, nil
 }
 

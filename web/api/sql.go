@@ -75,15 +75,24 @@ const maxQueryBytes = 64 << 10
 // break) and returns what it has, at least MaxRows+1 rows (it stops at a
 // block boundary) so that the handler can tell a cut result from one of
 // exactly MaxRows; the handler keeps MaxRows of them.
+// maxSQLResultBytes bounds what one POST /sql may bring back from the
+// engine, whatever its row limit.
+const maxSQLResultBytes = 64 << 20
+
 func sqlSettings(l SQLLimits) map[string]string {
 	return map[string]string{
 		"readonly":             "1",
 		"max_result_rows":      strconv.Itoa(l.MaxRows + 1),
 		"result_overflow_mode": "break",
-		"max_execution_time":   strconv.FormatFloat(l.MaxExecutionTime, 'f', -1, 64),
-		"max_memory_usage":     strconv.FormatInt(l.MaxMemoryBytes, 10),
-		"max_threads":          strconv.Itoa(l.MaxThreads),
-		"priority":             sqlPriority,
+		// break stops at a block boundary (about 65k rows a thread), far
+		// past a small max_rows: limit cuts the result itself, and
+		// max_result_bytes bounds wide rows.
+		"limit":              strconv.Itoa(l.MaxRows + 1),
+		"max_result_bytes":   strconv.Itoa(maxSQLResultBytes),
+		"max_execution_time": strconv.FormatFloat(l.MaxExecutionTime, 'f', -1, 64),
+		"max_memory_usage":   strconv.FormatInt(l.MaxMemoryBytes, 10),
+		"max_threads":        strconv.Itoa(l.MaxThreads),
+		"priority":           sqlPriority,
 	}
 }
 

@@ -1067,8 +1067,10 @@ async function enterReach(params) {
   if (params.get('run')) {
     await runReach();
     const cell = (params.get('cell') || '').split(',');
-    if (cell.length === 2) {
-      const td = $(`.matrix table[data-family="${params.get('family') || 6}"] td.cell[data-si="${cell[0]}"][data-di="${cell[1]}"]`);
+    const fam = params.get('family') || '6';
+    // URL values go into a selector: only indexes and a family.
+    if (cell.length === 2 && /^\d+$/.test(cell[0]) && /^\d+$/.test(cell[1]) && /^[46]$/.test(fam)) {
+      const td = $(`.matrix table[data-family="${fam}"] td.cell[data-si="${cell[0]}"][data-di="${cell[1]}"]`);
       if (td) { td.classList.add('focus'); td.click(); }
     }
   }
