@@ -331,7 +331,10 @@ func evaluateFamily(set *policy.Set, src, dst *Target, fam int, proto uint8, por
 		return &FamilyPolicy{Outcome: OutcomeUnavailable, Reason: "the source has no " + fname + " address"}
 	}
 	var sps []ServicePort
-	if dst.Service != nil && hasPorts(proto) {
+	// A headless Service's clients dial the pods' addresses on the port
+	// they choose: no port mapping, no "no such port"; its pods are
+	// evaluated on the port asked.
+	if dst.Service != nil && !dst.Service.Headless && hasPorts(proto) {
 		sps = dst.servicePorts(proto, port)
 		if len(sps) == 0 {
 			what := fmt.Sprintf("no port %d/%s", port, protoText(proto))
