@@ -83,6 +83,13 @@ listener takes it.`)
 		return err
 	}
 	defer lock.Unlock()
+	// Down removes namespaces by prefix: another state directory with the
+	// same prefix is the same lab.
+	plock, err := lockPrefix(labCfg.Prefix)
+	if err != nil {
+		return err
+	}
+	defer plock.Unlock()
 	if held, holder := chdb.DirHolder(cfg.Store.DataDir); held {
 		return &refusal{
 			msg:    fmt.Sprintf("%v: the data directory %s is in use (%s); it was left as it is: stop that process first, or pass another --data-dir", ErrDemoRunning, cfg.Store.DataDir, cmp.Or(holder, "holder unknown")),

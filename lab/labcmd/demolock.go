@@ -113,3 +113,21 @@ type refusal struct {
 
 func (r *refusal) Error() string   { return r.msg }
 func (r *refusal) Unwrap() []error { return r.causes }
+
+// lockPrefix takes the lock of the lab namespace prefix (lab.Down removes
+// every namespace of a prefix, whatever the state directory): a lock
+// directory per prefix under the system's temporary directory.
+func lockPrefix(prefix string) (*demoLock, error) {
+	clean := strings.Map(func(r rune) rune {
+		if r == '/' || r == 0 {
+			return '_'
+		}
+		return r
+	}, prefix)
+	l, err := lockDemo(filepath.Join(os.TempDir(), "dualflow-lab-prefix-"+clean))
+	if err != nil && errors.Is(err, ErrDemoRunning) {
+		return nil, &refusal{msg: fmt.Sprintf("%v on the lab namespaces %s* (%v); pass another --prefix", ErrDemoRunning, prefix, err),
+			causes: []error{ErrDemoRunning}}
+	}
+	return l, err
+}

@@ -70,6 +70,16 @@ func TestDemoRefusesWhileOneRuns(t *testing.T) {
 		t.Errorf("lab down touched the running demo's lab: %v", err)
 	}
 
+	// Another state directory with the demo's prefix is the same lab.
+	pl, err := lockPrefix("dftest-prefix-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := testCommands().Lab(context.Background(), []string{"down", "--state-dir", filepath.Join(t.TempDir(), "other"), "--prefix", "dftest-prefix-"}); !errors.Is(err, ErrDemoRunning) {
+		t.Errorf("lab down of a running demo's prefix from another state dir: err = %v, want ErrDemoRunning", err)
+	}
+	pl.Unlock()
+
 	first.Unlock()
 	again, err := lockDemo(stateDir)
 	if err != nil {

@@ -91,7 +91,7 @@ func (lc *Commands) labUp(ctx context.Context, args []string) error {
 		return fmt.Errorf("find own binary: %w", err)
 	}
 	cfg.AgentBinary = exe
-	if err := noDemoOn(cfg.StateDir); err != nil {
+	if err := noDemoOn(cfg.StateDir, cfg.Prefix); err != nil {
 		return err
 	}
 	l, err := lab.Up(ctx, cfg)
@@ -192,7 +192,7 @@ func (lc *Commands) labDown(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if err := noDemoOn(cfg.StateDir); err != nil {
+	if err := noDemoOn(cfg.StateDir, cfg.Prefix); err != nil {
 		return err
 	}
 	start := time.Now()
@@ -337,9 +337,15 @@ func parsePorts(s string) ([]uint16, error) {
 	return out, nil
 }
 
-// noDemoOn refuses to touch the lab of stateDir while a demo runs on it
-// (lab up and lab down would remove the demo's lab under it).
-func noDemoOn(stateDir string) error {
+// noDemoOn refuses to touch the lab of stateDir, or the namespaces of
+// prefix, while a demo runs on them (lab up and lab down would remove the
+// demo's lab under it).
+func noDemoOn(stateDir, prefix string) error {
+	p, err := lockPrefix(prefix)
+	if err != nil {
+		return err
+	}
+	p.Unlock()
 	abs, err := filepath.Abs(stateDir)
 	if err != nil {
 		return err
