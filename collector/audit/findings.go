@@ -430,9 +430,9 @@ func verdictGaps(inv *Inventory, set *policy.Set, classes []*podClass, opt Optio
 		other := uint8(10 - k.allowedV)
 		total := totals[wpair{k.srcNS, k.dstNS, k.src, k.dst}]
 		msg := fmt.Sprintf("%s → %s on %d/%s is allowed over IPv%d but denied over IPv%d (%d of %d dual-stack pod pairs): IPv%d %s, IPv%d %s.",
-			src, dst, k.port, protoName(k.proto), k.allowedV, other, g.pairs, total,
+			src, dst, k.port, ProtoName(k.proto), k.allowedV, other, g.pairs, total,
 			k.allowedV, explain(g.allow, g.dir), other, explain(g.deny, g.dir))
-		out = append(out, Finding{Kind: KindVerdictGap, Message: msg, Port: k.port, Protocol: protoName(k.proto), Count: g.pairs,
+		out = append(out, Finding{Kind: KindVerdictGap, Message: msg, Port: k.port, Protocol: ProtoName(k.proto), Count: g.pairs,
 			Objects: append([]Ref{src, dst}, decisionRefs(g.dir, g.allow, g.deny)...)})
 	}
 	if truncated {
@@ -470,7 +470,9 @@ func decisionRefs(dir policy.Direction, ds ...policy.Decision) []Ref {
 	return out
 }
 
-func protoName(p uint8) string {
+// ProtoName is the name of IANA protocol number p ("TCP", "ICMPv6"), or
+// the number.
+func ProtoName(p uint8) string {
 	switch p {
 	case flow.ProtoTCP:
 		return "TCP"

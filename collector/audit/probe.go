@@ -57,7 +57,7 @@ func Evaluate(inv *Inventory, set *policy.Set, p Probe) ([]ProbeResult, error) {
 		}
 		f := inv.Flow(src, sa, dst, da, p.Proto, p.Port)
 		r := set.Evaluate(&f)
-		res := ProbeResult{Src: end(inv, src, sa), Dst: end(inv, dst, da), IPVersion: v, Protocol: protoName(p.Proto), Port: p.Port, Verdicts: verdicts(r)}
+		res := ProbeResult{Src: end(inv, src, sa), Dst: end(inv, dst, da), IPVersion: v, Protocol: ProtoName(p.Proto), Port: p.Port, Verdicts: verdicts(r)}
 		verdict := "allowed"
 		if !r.Allowed() {
 			verdict = "denied"

@@ -350,7 +350,7 @@ LIMIT %[4]d`, r.db, w.flowEnd(), blocked, cmp.Or(limit, 10000), icmpProtoKey, ic
 	for _, x := range rs {
 		src := Ref{Kind: x.SrcKind, Namespace: x.SrcNamespace, Name: x.SrcName}
 		dst := Ref{Kind: x.DstKind, Namespace: x.DstNamespace, Name: x.DstName}
-		proto, on := protoName(x.Protocol), portText(x.Protocol, x.DstPort)
+		proto, on := ProtoName(x.Protocol), portText(x.Protocol, x.DstPort)
 		switch {
 		case x.Allowed4 > 0 && x.Blocked6 > 0 || x.Allowed6 > 0 && x.Blocked4 > 0:
 			ok, bad, nOK, nBad := 4, 6, x.Allowed4, x.Blocked6
@@ -387,7 +387,7 @@ const (
 // ICMP (the ICMP numbering, see icmpPortKey) the message type.
 func portText(proto uint8, port uint16) string {
 	if proto != flow.ProtoICMP {
-		return fmt.Sprintf("%d/%s", port, protoName(proto))
+		return fmt.Sprintf("%d/%s", port, ProtoName(proto))
 	}
 	switch typ, code := port>>8, port&0xff; {
 	case typ == 8 && code == 0:
@@ -544,7 +544,7 @@ LIMIT %d`, r.db, w.flowEnd(), limit+1)
 		rep.Changes = append(rep.Changes, WhatIfFlow{
 			Src:      FlowEnd{IP: x.SrcIP, Namespace: x.SrcNS, Pod: x.SrcPod, WorkloadKind: x.SrcKind, WorkloadName: x.SrcName},
 			Dst:      FlowEnd{IP: x.DstIP, Namespace: x.DstNS, Pod: x.DstPod, WorkloadKind: x.DstKind, WorkloadName: x.DstName},
-			Protocol: protoName(x.Protocol), DstPort: x.DstPort, IPVersion: x.IPVersion, Records: x.Records,
+			Protocol: ProtoName(x.Protocol), DstPort: x.DstPort, IPVersion: x.IPVersion, Records: x.Records,
 			LastSeen: time.UnixMilli(x.LastMS).UTC(), Change: change, Before: verdicts(b), After: verdicts(a),
 		})
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -247,10 +248,8 @@ func (t *Tracer) watchKernel(ctx context.Context, p traceflow.Probe, emit func(t
 		waitC <-chan time.Time
 	)
 	deliver := func() error {
-		for _, we := range k.flush() {
-			if err := emit(we); err != nil {
-				return err
-			}
+		if err := emitAll(emit, k.flush()); err != nil {
+			return err
 		}
 		err := emit(traceflow.WatchEvent{Observation: ptr(t.deliveryObs(p, *held)), Outcome: traceflow.Delivered})
 		held, waitC = nil, nil
@@ -262,11 +261,10 @@ func (t *Tracer) watchKernel(ctx context.Context, p traceflow.Probe, emit func(t
 			if !ok {
 				return fmt.Errorf("node %s: %w", t.Name, mon.Err())
 			}
-			for _, we := range k.add(ev) {
-				left = left || we.Left
-				if err := emit(we); err != nil {
-					return err
-				}
+			evs := k.add(ev)
+			left = left || slices.ContainsFunc(evs, func(we traceflow.WatchEvent) bool { return we.Left })
+			if err := emitAll(emit, evs); err != nil {
+				return err
 			}
 			if held != nil && left {
 				if err := deliver(); err != nil {

@@ -65,10 +65,8 @@ func (t *Tracer) watchLive(ctx context.Context, p traceflow.Probe, emit func(tra
 			if !ok {
 				return fmt.Errorf("node %s: %w", t.Name, mon.Err())
 			}
-			for _, we := range l.add(ev) {
-				if err := emit(we); err != nil {
-					return err
-				}
+			if err := emitAll(emit, l.add(ev)); err != nil {
+				return err
 			}
 		case <-ctx.Done():
 			return nil

@@ -173,19 +173,11 @@ func (t *Tracer) watchOVS(ctx context.Context, p traceflow.Probe, emit func(trac
 	var held []traceflow.Observation
 	var poll <-chan time.Time
 	pollEvery := ctPollMin
-	emitAll := func(evs []traceflow.WatchEvent) error {
-		for _, ev := range evs {
-			if err := emit(ev); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
 	release := func(obs []traceflow.Observation) error {
 		held, poll = nil, nil
 		evs := w.events(obs)
 		evs[len(evs)-1].Left = true
-		return emitAll(evs)
+		return emitAll(emit, evs)
 	}
 	// flush releases the held path with what conntrack knows by now (the
 	// probe was delivered or dropped here: it went through the Service).
@@ -205,6 +197,19 @@ func (t *Tracer) watchOVS(ctx context.Context, p traceflow.Probe, emit func(trac
 		}
 	}
 	decided := false // this node delivered or dropped the probe
+	// decide marks the outcome as this node's and reports the path up to
+	// it: the source node's held path, or on another node the trace from
+	// the uplink with the destination the probe had when it arrived.
+	decide := func(dst netip.Addr, dport uint16) error {
+		decided = true
+		if err := flush(); err != nil {
+			return err
+		}
+		if w.source {
+			return nil
+		}
+		return emitAll(emit, w.events(w.ofTrace(ctx, w.cli.cfg.Uplink, dst, dport)))
+	}
 	for {
 		select {
 		case <-poll:
@@ -220,14 +225,8 @@ func (t *Tracer) watchOVS(ctx context.Context, p traceflow.Probe, emit func(trac
 			if decided {
 				continue
 			}
-			decided = true
-			if err := flush(); err != nil {
+			if err := decide(d.seen.Dst, d.seen.DstPort); err != nil {
 				return err
-			}
-			if !w.source {
-				if err := emitAll(w.events(w.ofTrace(ctx, w.cli.cfg.Uplink, d.seen.Dst, d.seen.DstPort))); err != nil {
-					return err
-				}
 			}
 			if err := emit(traceflow.WatchEvent{Observation: ptr(t.deliveryObs(p, d)), Outcome: traceflow.Delivered}); err != nil {
 				return err
@@ -236,14 +235,8 @@ func (t *Tracer) watchOVS(ctx context.Context, p traceflow.Probe, emit func(trac
 			if decided {
 				continue
 			}
-			decided = true
-			if err := flush(); err != nil {
+			if err := decide(pi.Tuple.Dst, pi.Tuple.DstPort); err != nil {
 				return err
-			}
-			if !w.source {
-				if err := emitAll(w.events(w.ofTrace(ctx, w.cli.cfg.Uplink, pi.Tuple.Dst, pi.Tuple.DstPort))); err != nil {
-					return err
-				}
 			}
 			o, reason := dropObs(p, t.Name, pi, w.rules)
 			if err := emit(traceflow.WatchEvent{Observation: &o, Outcome: traceflow.Dropped, Reason: reason}); err != nil {

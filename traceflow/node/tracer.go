@@ -228,3 +228,13 @@ func (t *Tracer) deliveryObs(p traceflow.Probe, d delivery) traceflow.Observatio
 	}
 	return o
 }
+
+// emitAll emits evs in order, stopping at the first error.
+func emitAll(emit func(traceflow.WatchEvent) error, evs []traceflow.WatchEvent) error {
+	for _, ev := range evs {
+		if err := emit(ev); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 
+	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/collector/audit/policy"
 	"github.com/dualflow/dualflow/flow"
 )
@@ -337,9 +338,9 @@ func evaluateFamily(set *policy.Set, src, dst *Target, fam int, proto uint8, por
 	if dst.Service != nil && !dst.Service.Headless && hasPorts(proto) {
 		sps = dst.servicePorts(proto, port)
 		if len(sps) == 0 {
-			what := fmt.Sprintf("no port %d/%s", port, protoText(proto))
+			what := fmt.Sprintf("no port %d/%s", port, audit.ProtoName(proto))
 			if port == 0 {
-				what = "no " + protoText(proto) + " port"
+				what = "no " + audit.ProtoName(proto) + " port"
 			}
 			return &FamilyPolicy{Outcome: OutcomeNoPort, Reason: "the Service has " + what}
 		}
@@ -468,22 +469,6 @@ func portNameOf(ports []ContainerPort, port uint16, proto uint8) string {
 		}
 	}
 	return ""
-}
-
-func protoText(p uint8) string {
-	switch p {
-	case flow.ProtoTCP:
-		return "TCP"
-	case flow.ProtoUDP:
-		return "UDP"
-	case flow.ProtoSCTP:
-		return "SCTP"
-	case flow.ProtoICMP:
-		return "ICMP"
-	case flow.ProtoICMPv6:
-		return "ICMPv6"
-	}
-	return strconv.Itoa(int(p))
 }
 
 // overall is the verdict of the flow: denied if a side denies, allowed if
