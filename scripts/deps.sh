@@ -25,6 +25,8 @@ APT_PACKAGES=(
   chromium
   # the real-API-server test tier: etcd for a kube-apiserver built from source
   etcd-server
+  # third-party flow exporters and collector, the judges of NetFlow/IPFIX interop
+  softflowd pmacct fprobe nfdump
   # misc
   ca-certificates curl
 )
