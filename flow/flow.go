@@ -201,8 +201,8 @@ type Record struct {
 	// Connection. Src/Dst are the actual ends: Dst is the endpoint after DNAT.
 	SrcAddr   netip.Addr // column src_ip
 	DstAddr   netip.Addr // column dst_ip
-	SrcPort   uint16     // column src_port
-	DstPort   uint16     // column dst_port
+	SrcPort   uint16     // column src_port; ICMP/ICMPv6: the echo identifier (0 for other types)
+	DstPort   uint16     // column dst_port; ICMP/ICMPv6: type<<8|code
 	Proto     uint8      // IANA protocol number; column protocol
 	IPVersion uint8      // 4 or 6; column ip_version
 

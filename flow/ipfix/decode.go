@@ -51,6 +51,7 @@ type decodeState struct {
 	ingressName, ingressNS      string
 	egressName, egressNS        string
 	ingressAction, egressAction uint8
+	icmpTypeCode                uint16 // icmpTypeCodeIPv4/IPv6: DstPort when no destinationTransportPort
 }
 
 type getFunc func(v entities.InfoElementWithValue, r *flow.Record, st *decodeState)
@@ -74,6 +75,8 @@ var getters = map[key]getFunc{
 	ieSrcPort.key():         func(v entities.InfoElementWithValue, r *flow.Record, _ *decodeState) { r.SrcPort = uint16(u64(v)) },
 	ieDstPort.key():         func(v entities.InfoElementWithValue, r *flow.Record, _ *decodeState) { r.DstPort = uint16(u64(v)) },
 	ieProto.key():           func(v entities.InfoElementWithValue, r *flow.Record, _ *decodeState) { r.Proto = uint8(u64(v)) },
+	ieICMPTypeCode4.key():   getICMPTypeCode,
+	ieICMPTypeCode6.key():   getICMPTypeCode,
 	iePacketTotal.key():     func(v entities.InfoElementWithValue, r *flow.Record, _ *decodeState) { r.Packets = u64(v) },
 	ieOctetTotal.key():      func(v entities.InfoElementWithValue, r *flow.Record, _ *decodeState) { r.Bytes = u64(v) },
 	iePacketDelta.key():     func(v entities.InfoElementWithValue, r *flow.Record, _ *decodeState) { r.PacketsDelta = u64(v) },
@@ -120,6 +123,12 @@ var getters = map[key]getFunc{
 	},
 }
 
+// getICMPTypeCode reads icmpTypeCodeIPv4/IPv6, which fill DstPort only when
+// destinationTransportPort is absent or 0 (see Decode), as in the collector.
+func getICMPTypeCode(v entities.InfoElementWithValue, _ *flow.Record, st *decodeState) {
+	st.icmpTypeCode = uint16(u64(v))
+}
+
 // Decode fills r from one decoded data record (go-ipfix's collector output)
 // and normalizes it. It reads the elements of our templates and the Antrea
 // elements listed in the package doc, by enterprise and element ID, so it
@@ -145,6 +154,9 @@ func Decode(rec entities.Record, r *flow.Record) error {
 	}
 	if r.FlowEnd.IsZero() && st.endSec != 0 {
 		r.FlowEnd = time.Unix(int64(st.endSec), 0)
+	}
+	if r.DstPort == 0 {
+		r.DstPort = st.icmpTypeCode // ICMP type<<8|code, the NetFlow convention
 	}
 	r.Ingress.Rule, r.Egress.Rule = -1, -1
 	r.Ingress.ReportedName = joinName(st.ingressNS, st.ingressName)

@@ -20,6 +20,12 @@
 //     SNAT-ed (masquerade); 0.0.0.0 / :: and 0 otherwise.
 //   - packet/octet Total and Delta counts are the forward direction; the RFC
 //     5103 reverse elements (PEN 29305) the reply direction.
+//   - For ICMP and ICMPv6, destinationTransportPort is type<<8|code (the
+//     NetFlow convention) and so is icmpTypeCodeIPv4/IPv6 (IANA 32/139,
+//     0 for other protocols), which nfdump and other IANA collectors read;
+//     sourceTransportPort is the echo identifier, except that it is 0 when
+//     type and code are both 0 (an IPv4 echo reply): nfdump 1.7 shows a
+//     nonzero sourceTransportPort as the type.code when icmpTypeCode is 0.
 //   - observationDomainName (IANA 300) is the exporting node's name.
 //   - ingress/egressNetworkPolicyRuleAction and ingress/egressNetworkPolicyName
 //     (Antrea 139/140, 110/112) carry a verdict the datapath itself reported
@@ -92,9 +98,11 @@ var (
 	ieDst4             = Element{"destinationIPv4Address", EnterpriseIANA, 12, entities.Ipv4Address, 4}
 	ieSrc6             = Element{"sourceIPv6Address", EnterpriseIANA, 27, entities.Ipv6Address, 16}
 	ieDst6             = Element{"destinationIPv6Address", EnterpriseIANA, 28, entities.Ipv6Address, 16}
+	ieICMPTypeCode4    = Element{"icmpTypeCodeIPv4", EnterpriseIANA, 32, entities.Unsigned16, 2}
 	ieOctetTotal       = Element{"octetTotalCount", EnterpriseIANA, 85, entities.Unsigned64, 8}
 	iePacketTotal      = Element{"packetTotalCount", EnterpriseIANA, 86, entities.Unsigned64, 8}
 	ieEndReason        = Element{"flowEndReason", EnterpriseIANA, 136, entities.Unsigned8, 1}
+	ieICMPTypeCode6    = Element{"icmpTypeCodeIPv6", EnterpriseIANA, 139, entities.Unsigned16, 2}
 	ieStartSec         = Element{"flowStartSeconds", EnterpriseIANA, 150, entities.DateTimeSeconds, 4}
 	ieEndSec           = Element{"flowEndSeconds", EnterpriseIANA, 151, entities.DateTimeSeconds, 4}
 	ieStartMs          = Element{"flowStartMilliseconds", EnterpriseIANA, 152, entities.DateTimeMilliseconds, 8}
@@ -141,7 +149,7 @@ var (
 var (
 	template4 = []Element{
 		ieStartMs, ieEndMs, ieEndReason,
-		ieSrc4, ieDst4, ieSrcPort, ieDstPort, ieProto,
+		ieSrc4, ieDst4, ieSrcPort, ieDstPort, ieProto, ieICMPTypeCode4,
 		iePacketTotal, ieOctetTotal, iePacketDelta, ieOctetDelta,
 		ieRevPacketTotal, ieRevOctetTotal, ieRevPacketDelta, ieRevOctetDelta,
 		iePostNATSrc4, iePostNAPTSrcPort, ieClusterIP4, ieServicePort,
@@ -151,7 +159,7 @@ var (
 	}
 	template6 = []Element{
 		ieStartMs, ieEndMs, ieEndReason,
-		ieSrc6, ieDst6, ieSrcPort, ieDstPort, ieProto,
+		ieSrc6, ieDst6, ieSrcPort, ieDstPort, ieProto, ieICMPTypeCode6,
 		iePacketTotal, ieOctetTotal, iePacketDelta, ieOctetDelta,
 		ieRevPacketTotal, ieRevOctetTotal, ieRevPacketDelta, ieRevOctetDelta,
 		iePostNATSrc6, iePostNAPTSrcPort, ieClusterIP6, ieServicePort,

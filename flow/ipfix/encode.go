@@ -40,9 +40,11 @@ var putters = map[key]putFunc{
 	ieDst4.key():            func(b []byte, r *flow.Record) []byte { return put4(b, r.DstAddr) },
 	ieSrc6.key():            func(b []byte, r *flow.Record) []byte { return put16(b, r.SrcAddr) },
 	ieDst6.key():            func(b []byte, r *flow.Record) []byte { return put16(b, r.DstAddr) },
-	ieSrcPort.key():         func(b []byte, r *flow.Record) []byte { return binary.BigEndian.AppendUint16(b, r.SrcPort) },
+	ieSrcPort.key():         func(b []byte, r *flow.Record) []byte { return binary.BigEndian.AppendUint16(b, srcPort(r)) },
 	ieDstPort.key():         func(b []byte, r *flow.Record) []byte { return binary.BigEndian.AppendUint16(b, r.DstPort) },
 	ieProto.key():           func(b []byte, r *flow.Record) []byte { return append(b, r.Proto) },
+	ieICMPTypeCode4.key():   func(b []byte, r *flow.Record) []byte { return putICMPTypeCode(b, r, flow.ProtoICMP) },
+	ieICMPTypeCode6.key():   func(b []byte, r *flow.Record) []byte { return putICMPTypeCode(b, r, flow.ProtoICMPv6) },
 	iePacketTotal.key():     func(b []byte, r *flow.Record) []byte { return binary.BigEndian.AppendUint64(b, r.Packets) },
 	ieOctetTotal.key():      func(b []byte, r *flow.Record) []byte { return binary.BigEndian.AppendUint64(b, r.Bytes) },
 	iePacketDelta.key():     func(b []byte, r *flow.Record) []byte { return binary.BigEndian.AppendUint64(b, r.PacketsDelta) },
@@ -187,6 +189,29 @@ func put16(b []byte, a netip.Addr) []byte {
 	}
 	v := a.As16()
 	return append(b, v[:]...)
+}
+
+// srcPort is the sourceTransportPort of r: SrcPort, which for ICMP and
+// ICMPv6 is the echo identifier, except that an ICMP record whose type and
+// code are both 0 (an IPv4 echo reply) sends 0. nfdump 1.7 shows a nonzero
+// sourceTransportPort as the ICMP type.code when icmpTypeCode is 0, so the
+// identifier would show as a bogus type (a reply with identifier 0x2b31
+// showed as 49.43); with 0 it shows 0.0.
+func srcPort(r *flow.Record) uint16 {
+	if (r.Proto == flow.ProtoICMP || r.Proto == flow.ProtoICMPv6) && r.DstPort == 0 {
+		return 0
+	}
+	return r.SrcPort
+}
+
+// putICMPTypeCode writes icmpTypeCodeIPv4/IPv6: type<<8|code, which a
+// record of protocol proto carries in DstPort, and 0 for other protocols.
+func putICMPTypeCode(b []byte, r *flow.Record, proto uint8) []byte {
+	var tc uint16
+	if r.Proto == proto {
+		tc = r.DstPort
+	}
+	return binary.BigEndian.AppendUint16(b, tc)
 }
 
 // putString writes s with the RFC 7011 variable-length prefix.

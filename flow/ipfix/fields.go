@@ -114,7 +114,10 @@ var fieldOf = map[key]Field{
 }
 
 // FieldOf returns the Field that element (enterprise, id) fills in the
-// shared mapping, or FieldNone. Every element Decode reads has a Field.
+// shared mapping, or FieldNone. Every element Decode reads has a Field,
+// except icmpTypeCodeIPv4/IPv6 (IANA 32/139): the collector maps those
+// itself, as IANA alternatives that fill DstPort only when
+// destinationTransportPort left it 0.
 func FieldOf(enterprise uint32, id uint16) Field { return fieldOf[key{enterprise, id}] }
 
 // ParseServicePortName splits Antrea's destinationServicePortName

@@ -64,6 +64,8 @@ func testRecords() []struct {
 	v6icmp := base("fd00:10:1::1", "fd00:10:1::2")
 	v6icmp.Proto, v6icmp.TCPState, v6icmp.SrcPort, v6icmp.DstPort = flow.ProtoICMPv6, "", 17, 128<<8
 	v6icmp.EndReason = flow.EndReasonLackOfResources
+	v4icmp := base("198.18.1.1", "198.18.1.2")
+	v4icmp.Proto, v4icmp.TCPState, v4icmp.SrcPort, v4icmp.DstPort = flow.ProtoICMP, "", 17, 8<<8
 	// A record the OVS source makes for a packet its drop rule dropped.
 	denied := func(src, dst string) flow.Record {
 		r := base(src, dst)
@@ -81,6 +83,7 @@ func testRecords() []struct {
 		{"ipv4/udp-no-start", v4udp},
 		{"ipv6/tcp", base("fd00:10:1::1", "fd00:10:1::2")},
 		{"ipv6/dnat+snat", v6nat},
+		{"ipv4/icmp", v4icmp},
 		{"ipv6/icmpv6", v6icmp},
 		{"ipv4/denied-by-datapath", denied("198.18.1.1", "198.18.2.2")},
 		{"ipv6/denied-by-datapath", denied("fd00:10:1::1", "fd00:10:2::2")},
