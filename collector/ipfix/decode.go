@@ -1,6 +1,8 @@
-// Package ipfix is the collector's IPFIX ingest: RFC 7011 message decoding
-// straight into flow.Records through per-template compiled decode plans, and
-// the TCP, UDP and TLS listeners that feed it.
+// Package ipfix is the collector's flow ingest: IPFIX (RFC 7011), NetFlow
+// v9 (RFC 3954) and NetFlow v5 message decoding straight into flow.Records
+// through per-template compiled decode plans, and the TCP, UDP and TLS
+// listeners that feed it. The version in each message's header picks the
+// decoder, so one listener serves all three.
 //
 // The decoder reads any standard exporter, not only ours: several templates
 // and data records per set, options templates, variable-length elements in
@@ -34,7 +36,7 @@ type Reason uint8
 const (
 	ReasonNone             Reason = iota
 	ReasonShort                   // shorter than a message header
-	ReasonVersion                 // version is not 10
+	ReasonVersion                 // version is not 10, 9 or 5 (9 and 5 only over UDP)
 	ReasonLength                  // header length disagrees with the bytes received
 	ReasonSetLength               // a set header is truncated, below 4 or past the end
 	ReasonTemplate                // a malformed template or options template record
@@ -81,6 +83,13 @@ type Stats struct {
 	// WrongDirection counts records skipped for their flowDirection (see
 	// Direction).
 	WrongDirection uint64
+	// BothFamilies counts records whose template carries addresses of
+	// both families and that filled both (a contradictory record): the
+	// IPv6 pair is kept.
+	BothFamilies uint64
+	// ByVersion counts messages decoded per protocol: IPFIX, NetFlow v9,
+	// NetFlow v5.
+	ByVersion [3]uint64
 	// OptionsRecords counts options data records (read, not forwarded).
 	OptionsRecords uint64
 	// UnknownSets counts data sets whose template is unknown or expired:
@@ -96,8 +105,12 @@ type Stats struct {
 	// TemplatesOverBudget counts definitions ignored because the
 	// collector's template budget (Limits.Budget) was spent.
 	TemplatesOverBudget uint64
-	// SequenceLost counts data records that sequence numbers show missing.
+	// SequenceLost counts data records (IPFIX; NetFlow v9 exporters that
+	// count flows; v5 flows) that sequence numbers show missing.
 	SequenceLost uint64
+	// SequenceLostMessages counts messages that sequence numbers show
+	// missing (NetFlow v9 counts export packets).
+	SequenceLostMessages uint64
 }
 
 // Decoder decodes IPFIX messages into flow records. It holds the string
@@ -112,17 +125,30 @@ type Decoder struct {
 	dir       int8   // flowDirection of the record just decoded, -1 for none
 }
 
-// Direction selects records by their flowDirection element (IANA 61). An
-// exporter that observes packets both where they enter and where they leave
-// (Open vSwitch samples at the input and the output port of a bridge by
-// default) reports each packet twice, once per direction, and the flows
-// table would count it twice. Records without the element are always kept.
+// Direction selects records by their flowDirection element (IANA 61;
+// NetFlow v9 field 61). Exporters mean two different things by it:
+//
+//   - Open vSwitch samples a packet at the input and at the output port of
+//     a bridge and reports it twice, once per direction, with the same
+//     tuple: counting both would double every counter.
+//   - softflowd (and routers reporting per interface) mark the reply flow
+//     of a connection egress: a different tuple, different packets.
+//
+// DirectionAuto, the default, tells them apart per observation domain and
+// tuple: for each directional tuple (source and destination address and
+// port, protocol) the records of the direction seen first are kept and
+// those of the other direction, the same packets seen again, are skipped.
+// Reply flows have the reversed tuple and are kept. Records without the
+// element are always kept.
 type Direction uint8
 
 const (
+	// DirectionAuto keeps one direction per tuple (see Direction). The
+	// default.
+	DirectionAuto Direction = iota
 	// DirectionIngress keeps records observed on the way in (and records
-	// without flowDirection): each packet counts once. The default.
-	DirectionIngress Direction = iota
+	// without flowDirection).
+	DirectionIngress
 	// DirectionEgress keeps records observed on the way out, for an
 	// exporter that samples output only.
 	DirectionEgress
@@ -130,17 +156,16 @@ const (
 	DirectionBoth
 )
 
-// ParseDirection parses "ingress", "egress" or "both".
+var directionNames = [...]string{"auto", "ingress", "egress", "both"}
+
+// ParseDirection parses "auto", "ingress", "egress" or "both".
 func ParseDirection(s string) (Direction, error) {
-	switch s {
-	case "ingress":
-		return DirectionIngress, nil
-	case "egress":
-		return DirectionEgress, nil
-	case "both":
-		return DirectionBoth, nil
+	for i, n := range directionNames {
+		if s == n {
+			return Direction(i), nil
+		}
 	}
-	return 0, fmt.Errorf("flow direction %q: want ingress, egress or both", s)
+	return 0, fmt.Errorf("flow direction %q: want auto, ingress, egress or both", s)
 }
 
 // Set implements flag.Value.
@@ -153,15 +178,24 @@ func (d *Direction) Set(s string) error {
 }
 
 func (d Direction) String() string {
-	switch d {
-	case DirectionIngress:
-		return "ingress"
-	case DirectionEgress:
-		return "egress"
-	case DirectionBoth:
-		return "both"
+	if int(d) < len(directionNames) {
+		return directionNames[d]
 	}
 	return fmt.Sprintf("Direction(%d)", uint8(d))
+}
+
+// keep reports whether a record of flowDirection dir (0 ingress, 1
+// egress) is kept.
+func (d *Decoder) keep(r *flow.Record, dir int8, mc *msgCtx) bool {
+	switch d.Direction {
+	case DirectionIngress:
+		return dir == 0
+	case DirectionEgress:
+		return dir == 1
+	case DirectionBoth:
+		return true
+	}
+	return mc.domain.dirs.keep(r, dir, mc.now)
 }
 
 // NewDecoder returns a Decoder.
@@ -173,17 +207,41 @@ type msgCtx struct {
 	exportTime uint32
 	domain     *domain
 	exporter   netip.Addr
+	// uptime is the exporter's sysUptime (ms) at export, which NetFlow
+	// v9's FIRST_SWITCHED and LAST_SWITCHED are relative to (hasUptime).
+	uptime    uint32
+	hasUptime bool
+	source    string // Source of records that do not carry one
 }
 
-// Decode decodes one IPFIX message of session s, received at now, and
-// appends its flow records to dst. On a malformed message it returns dst
+// Decode decodes one IPFIX, NetFlow v9 or NetFlow v5 message of session s,
+// received at now, and appends its flow records to dst. NetFlow has no
+// length field, so it is accepted over UDP only (a datagram is a message). On a malformed message it returns dst
 // unchanged and an *Error; template changes made by the sets before the
 // malformed one are kept. Records are Normalize()d and carry the exporter
 // address, observation domain and now as TimeReceived.
 func (d *Decoder) Decode(s *Session, msg []byte, now time.Time, dst []flow.Record) ([]flow.Record, error) {
 	d.Stats.Messages++
 	start := len(dst)
-	out, err := d.decode(s, msg, now, dst)
+	var out []flow.Record
+	var err error
+	switch v := version(msg); {
+	case v == fipfix.Version:
+		d.Stats.ByVersion[protoIPFIX]++
+		out, err = d.decode(s, msg, now, dst)
+	case v == 9 && s.Transport == UDP:
+		d.Stats.ByVersion[protoV9]++
+		out, err = d.decodeV9(s, msg, now, dst)
+	case v == 5 && s.Transport == UDP:
+		d.Stats.ByVersion[protoV5]++
+		out, err = d.decodeV5(s, msg, now, dst)
+	case len(msg) < 2:
+		err = dropf(ReasonShort, "%d bytes", len(msg))
+	case v == 9 || v == 5:
+		err = dropf(ReasonVersion, "NetFlow v%d over %s: NetFlow is accepted over UDP only", v, s.Transport)
+	default:
+		err = dropf(ReasonVersion, "version %d (want 10, 9 or 5)", v)
+	}
 	if err != nil {
 		if e, ok := err.(*Error); ok {
 			d.Stats.Dropped[e.Reason]++
@@ -195,12 +253,17 @@ func (d *Decoder) Decode(s *Session, msg []byte, now time.Time, dst []flow.Recor
 	return out, nil
 }
 
+// version is the version field of a message, or 0 when it is too short.
+func version(msg []byte) uint16 {
+	if len(msg) < 2 {
+		return 0
+	}
+	return binary.BigEndian.Uint16(msg)
+}
+
 func (d *Decoder) decode(s *Session, msg []byte, now time.Time, dst []flow.Record) ([]flow.Record, error) {
 	if len(msg) < fipfix.MessageHeaderLen {
 		return dst, dropf(ReasonShort, "%d bytes", len(msg))
-	}
-	if v := binary.BigEndian.Uint16(msg); v != fipfix.Version {
-		return dst, dropf(ReasonVersion, "version %d", v)
 	}
 	if l := int(binary.BigEndian.Uint16(msg[2:])); l != len(msg) {
 		return dst, dropf(ReasonLength, "header says %d bytes, got %d", l, len(msg))
@@ -210,10 +273,10 @@ func (d *Decoder) decode(s *Session, msg []byte, now time.Time, dst []flow.Recor
 	if dom == nil {
 		return dst, dropf(ReasonTooManyDomains, "domain %d", binary.BigEndian.Uint32(msg[12:]))
 	}
-	mc := msgCtx{now: now, exportTime: binary.BigEndian.Uint32(msg[4:]), domain: dom, exporter: s.exporter}
+	mc := msgCtx{now: now, exportTime: binary.BigEndian.Uint32(msg[4:]), domain: dom, exporter: s.exporter,
+		source: fipfix.SourceForeign}
 	body := msg[fipfix.MessageHeaderLen:]
-	records := uint32(0) // data records, for the sequence number
-	seqOK := true
+	var cnt seqCounts
 	for len(body) > 0 {
 		if len(body) < fipfix.SetHeaderLen {
 			return dst, dropf(ReasonSetLength, "%d bytes left for a set header", len(body))
@@ -228,22 +291,19 @@ func (d *Decoder) decode(s *Session, msg []byte, now time.Time, dst []flow.Recor
 		var err error
 		switch {
 		case id == setTemplate || id == setOptionsTemplate:
-			err = d.templateSet(s, dom, set, id == setOptionsTemplate, now)
+			var n int
+			n, err = d.templateSet(s, dom, set, id == setOptionsTemplate, now)
+			cnt.templates += uint32(n)
 		case id >= fipfix.MinDataSetID:
-			t := dom.templates[id]
-			if t != nil && s.Transport == UDP && now.Sub(t.seen) > s.lim.TemplateLifetime {
-				s.removeTemplate(dom, id)
-				d.Stats.Expired++
-				t = nil
-			}
+			t := d.liveTemplate(s, dom, id, now)
 			if t == nil {
 				d.Stats.UnknownSets++
-				seqOK = false
+				cnt.unknown = true
 				continue
 			}
 			var n int
 			dst, n, err = d.dataSet(t, set, &mc, dst)
-			records += uint32(n)
+			cnt.data += uint32(n)
 		default:
 			// Set IDs 0, 1 (NetFlow v9) and 4..255 are reserved: skipped.
 		}
@@ -251,13 +311,7 @@ func (d *Decoder) decode(s *Session, msg []byte, now time.Time, dst []flow.Recor
 			return dst, err
 		}
 	}
-	if dom.seqKnown && seqOK && seq != dom.nextSeq {
-		if gap := seq - dom.nextSeq; gap < 1<<31 { // else reordered or a restart
-			dom.lost += uint64(gap)
-			d.Stats.SequenceLost += uint64(gap)
-		}
-	}
-	dom.nextSeq, dom.seqKnown = seq+records, seqOK
+	d.sequence(dom, protoIPFIX, seq, cnt)
 	return dst, nil
 }
 
@@ -267,8 +321,10 @@ const (
 	setOptionsTemplate = 3
 )
 
-// templateSet reads the template (or options template) records of a set.
-func (d *Decoder) templateSet(s *Session, dom *domain, set []byte, options bool, now time.Time) error {
+// templateSet reads the template (or options template) records of a set
+// and returns how many definitions it held.
+func (d *Decoder) templateSet(s *Session, dom *domain, set []byte, options bool, now time.Time) (int, error) {
+	n := 0
 	wantID := uint16(setTemplate)
 	hdr := 4 // template ID, field count
 	if options {
@@ -288,36 +344,37 @@ func (d *Decoder) templateSet(s *Session, dom *domain, set []byte, options bool,
 					d.Stats.Withdrawn++
 				}
 			case allZero(set):
-				return nil // padding
+				return n, nil // padding
 			default:
-				return dropf(ReasonTemplate, "withdrawal of template %d", id)
+				return n, dropf(ReasonTemplate, "withdrawal of template %d", id)
 			}
 			set = set[4:]
 			continue
 		}
 		if id < fipfix.MinDataSetID {
 			if allZero(set) {
-				return nil
+				return n, nil
 			}
-			return dropf(ReasonTemplate, "template ID %d below 256", id)
+			return n, dropf(ReasonTemplate, "template ID %d below 256", id)
 		}
 		if len(set) < hdr {
-			return dropf(ReasonTemplate, "template %d: truncated header", id)
+			return n, dropf(ReasonTemplate, "template %d: truncated header", id)
 		}
 		if options {
 			scope := int(binary.BigEndian.Uint16(set[4:]))
 			if scope == 0 || scope > count {
-				return dropf(ReasonTemplate, "options template %d: %d scope fields of %d", id, scope, count)
+				return n, dropf(ReasonTemplate, "options template %d: %d scope fields of %d", id, scope, count)
 			}
 		}
-		specs, n, err := d.parseSpecs(set, hdr, count)
+		specs, l, err := d.parseSpecs(set, hdr, count)
 		if err != nil {
-			return dropf(ReasonTemplate, "template %d: %v", id, err)
+			return n, dropf(ReasonTemplate, "template %d: %v", id, err)
 		}
-		d.install(s, dom, id, options, set[:n], specs, now)
-		set = set[n:]
+		d.install(s, dom, id, options, set[:l], specs, now)
+		set = set[l:]
+		n++
 	}
-	return nil // fewer than 4 bytes left: padding
+	return n, nil // fewer than 4 bytes left: padding
 }
 
 // parseSpecs reads count field specifiers after the record header of hdr
@@ -428,7 +485,7 @@ func (d *Decoder) dataSet(t *template, set []byte, mc *msgCtx, dst []flow.Record
 		case !r.SrcAddr.IsValid() || !r.DstAddr.IsValid():
 			dst = dst[:len(dst)-1]
 			d.Stats.NoAddress++
-		case d.dir >= 0 && d.Direction != DirectionBoth && d.dir != int8(d.Direction):
+		case d.dir >= 0 && !d.keep(r, d.dir, mc):
 			dst = dst[:len(dst)-1]
 			d.Stats.WrongDirection++
 		}
@@ -506,6 +563,7 @@ type scratch struct {
 	startDelta, endDelta         uint64
 	duration                     uint64
 	natDst                       netip.Addr
+	src4, dst4, src6, dst6       netip.Addr // templates with both families' addresses
 	natDstPort                   uint16
 	hasStartDelta, hasEndDelta   bool
 	ingressName, ingressNS       string
@@ -543,13 +601,21 @@ func (d *Decoder) record(t *template, b []byte, r *flow.Record, mc *msgCtx) (int
 		case opField + op(fipfix.FieldEndReason):
 			r.EndReason = flow.EndReason(uintN(v))
 		case opField + op(fipfix.FieldSrcAddr4):
-			r.SrcAddr = addr4(v)
+			r.SrcAddr = netip.AddrFrom4([4]byte(v))
 		case opField + op(fipfix.FieldDstAddr4):
-			r.DstAddr = addr4(v)
+			r.DstAddr = netip.AddrFrom4([4]byte(v))
 		case opField + op(fipfix.FieldSrcAddr6):
-			r.SrcAddr = addr16(v)
+			r.SrcAddr = netip.AddrFrom16([16]byte(v))
 		case opField + op(fipfix.FieldDstAddr6):
-			r.DstAddr = addr16(v)
+			r.DstAddr = netip.AddrFrom16([16]byte(v))
+		case opDualSrc4:
+			sc.src4 = netip.AddrFrom4([4]byte(v))
+		case opDualDst4:
+			sc.dst4 = netip.AddrFrom4([4]byte(v))
+		case opDualSrc6:
+			sc.src6 = netip.AddrFrom16([16]byte(v))
+		case opDualDst6:
+			sc.dst6 = netip.AddrFrom16([16]byte(v))
 		case opField + op(fipfix.FieldSrcPort):
 			r.SrcPort = uint16(uintN(v))
 		case opField + op(fipfix.FieldDstPort):
@@ -667,9 +733,10 @@ func (d *Decoder) record(t *template, b []byte, r *flow.Record, mc *msgCtx) (int
 	if t.post != 0 {
 		d.fixup(t.post, &sc, r, mc)
 	}
+	pairAddrs(r)
 	r.Ingress.Rule, r.Egress.Rule = -1, -1
 	if r.Source == "" {
-		r.Source = fipfix.SourceForeign
+		r.Source = mc.source
 	}
 	r.ExporterAddr = mc.exporter
 	r.ObservationDomainID = mc.domain.id
@@ -700,17 +767,28 @@ func (d *Decoder) fixup(pf post, sc *scratch, r *flow.Record, mc *msgCtx) {
 			r.FlowEnd = fromNTP(sc.endNTP)
 		}
 	}
-	if pf&postUptime != 0 {
+	if pf&postUptime != 0 && mc.hasUptime {
+		// NetFlow v9: relative to the header's sysUptime.
+		export := time.Unix(int64(mc.exportTime), 0)
+		if r.FlowStart.IsZero() && sc.hasStartUp {
+			r.FlowStart = uptimeTime(export, mc.uptime, uint32(sc.startUp))
+		}
+		if r.FlowEnd.IsZero() && sc.hasEndUp {
+			r.FlowEnd = uptimeTime(export, mc.uptime, uint32(sc.endUp))
+		}
+	}
+	if pf&postUptime != 0 && !mc.hasUptime {
 		sys := mc.domain.sysInitMs
 		if sc.hasSys {
 			sys = sc.sysInit
 		}
 		if sys != 0 {
+			export := int64(mc.exportTime) * 1000
 			if r.FlowStart.IsZero() && sc.hasStartUp {
-				r.FlowStart = time.UnixMilli(int64(sys + sc.startUp))
+				r.FlowStart = time.UnixMilli(sysUpTime(sys, sc.startUp, export))
 			}
 			if r.FlowEnd.IsZero() && sc.hasEndUp {
-				r.FlowEnd = time.UnixMilli(int64(sys + sc.endUp))
+				r.FlowEnd = time.UnixMilli(sysUpTime(sys, sc.endUp, export))
 			}
 		}
 	}
@@ -735,12 +813,48 @@ func (d *Decoder) fixup(pf post, sc *scratch, r *flow.Record, mc *msgCtx) {
 			r.DstPort = sc.natDstPort
 		}
 	}
+	if pf&postDual != 0 {
+		v4 := filled(sc.src4, sc.dst4)
+		v6 := filled(sc.src6, sc.dst6)
+		switch {
+		case v6:
+			// Both pairs filled is a contradiction the record cannot
+			// resolve: counted, and IPv6 kept (preferred when both exist).
+			if v4 {
+				d.Stats.BothFamilies++
+			}
+			r.SrcAddr, r.DstAddr = sc.src6, sc.dst6
+		case v4:
+			r.SrcAddr, r.DstAddr = sc.src4, sc.dst4
+		}
+	}
 	if pf&postPolicy != 0 {
 		r.Ingress.ReportedName = joinName(sc.ingressNS, sc.ingressName)
 		r.Ingress.ReportedVerdict = fipfix.AntreaVerdict(sc.ingressAction)
 		r.Egress.ReportedName = joinName(sc.egressNS, sc.egressName)
 		r.Egress.ReportedVerdict = fipfix.AntreaVerdict(sc.egressAction)
 	}
+}
+
+// sysUpTime is the time (Unix ms) of flowStart/EndSysUpTime up, ms after
+// the exporter's initialisation at sys (Unix ms), in a message exported at
+// export (Unix ms). The element is 32 bits: past 49.7 days it wraps, and
+// softflowd reading a capture file sends flows from before its own start
+// as negative values. The reading taken is the one within 2^31 ms of the
+// export time, the only one a flow exported now can have.
+func sysUpTime(sys, up uint64, export int64) int64 {
+	t := int64(sys + up)
+	if up > 0xffff_ffff || export == 0 {
+		return t
+	}
+	const wrap = 1 << 32
+	for t-export > wrap/2 {
+		t -= wrap
+	}
+	for export-t > wrap/2 {
+		t += wrap
+	}
+	return t
 }
 
 func joinName(ns, name string) string {
@@ -781,6 +895,23 @@ func addr16(v []byte) netip.Addr {
 		return netip.Addr{}
 	}
 	return a
+}
+
+// filled reports whether an address pair read from a record holds an
+// address: both elements present and not both unspecified (a zero-filled
+// pair means "no address of this family").
+func filled(src, dst netip.Addr) bool {
+	return src.IsValid() && dst.IsValid() && !(src.IsUnspecified() && dst.IsUnspecified())
+}
+
+// pairAddrs leaves a record's source and destination as read when the pair
+// holds an address, an unspecified source included (IPv6 duplicate address
+// detection and MLD are sent from ::, DHCP discovery from 0.0.0.0), and
+// clears both when it does not: such a record has no address.
+func pairAddrs(r *flow.Record) {
+	if !filled(r.SrcAddr, r.DstAddr) {
+		r.SrcAddr, r.DstAddr = netip.Addr{}, netip.Addr{}
+	}
 }
 
 func setAddr(dst *netip.Addr, a netip.Addr) {

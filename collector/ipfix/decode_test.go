@@ -288,7 +288,7 @@ func TestMalformed(t *testing.T) {
 	}{
 		{"empty", nil, ReasonShort},
 		{"truncated header", good[:10], ReasonShort},
-		{"version 9", cat(be16(9), good[2:]), ReasonVersion},
+		{"version 7", cat(be16(7), good[2:]), ReasonVersion},
 		{"truncated message", good[:len(good)-5], ReasonLength},
 		{"length past the end", withLen(good, len(good)+10), ReasonLength},
 		{"length below header", withLen(good, 8), ReasonLength},

@@ -33,13 +33,15 @@ func readStream(t testing.TB, path string) [][]byte {
 // the e2e TestOVSIPFIX (-update-ovs-golden rewrites it). OVS packs many
 // templates per set and uses VMware (PEN 6876) elements; it samples each
 // packet at the input and at the output port (flowDirection ingress and
-// egress), so each echo packet is reported twice. The default keeps the
-// ingress records: 5 packets per direction, as sent.
+// egress), so each echo packet is reported twice. The default (auto) keeps
+// one direction per tuple, like ingress and egress do: 5 packets per
+// direction, as sent.
 func TestGoldenOVS(t *testing.T) {
 	for _, tc := range []struct {
 		dir     Direction
 		packets uint64 // echo packets per src>dst pair
 	}{
+		{DirectionAuto, 5},
 		{DirectionIngress, 5},
 		{DirectionEgress, 5},
 		{DirectionBoth, 10},
@@ -72,6 +74,9 @@ func TestGoldenOVS(t *testing.T) {
 			}
 			if d.Stats.Templates < 80 || d.Stats.UnknownSets != 0 || d.Stats.Dropped != [numReasons]uint64{} {
 				t.Errorf("stats %+v", d.Stats)
+			}
+			if d.Stats.SequenceLost != 0 || d.Stats.SequenceLostMessages != 0 {
+				t.Errorf("sequence numbers show %d records and %d messages lost; none were", d.Stats.SequenceLost, d.Stats.SequenceLostMessages)
 			}
 			if (d.Stats.WrongDirection == 0) != (tc.dir == DirectionBoth) {
 				t.Errorf("%d records skipped for their direction", d.Stats.WrongDirection)
@@ -109,9 +114,19 @@ func FuzzDecode(f *testing.F) {
 	}
 	f.Add(message(1, 0, set(2, templateRec(300, fs{0, 8, 4}, fs{0, 300, varLen})), set(300, []byte{1, 2, 3, 4, 255, 0, 1, 'x'})))
 	f.Add(message(1, 0, set(3, optionsRec(400, 1, fs{0, 149, 4}, fs{0, 160, 8}))))
+	// NetFlow v9 and v5 of real exporters; their templates are known to
+	// the fuzzed session too.
+	var netflow [][]byte
+	for _, name := range []string{"softflowd-v9", "pmacct-v9", "softflowd-v5", "softflowd-ipfix", "pmacct-ipfix"} {
+		netflow = append(netflow, readPcap(f, "testdata/netflow/"+name+".pcap")...)
+	}
+	for _, m := range netflow {
+		f.Add(m)
+	}
+	f.Add(v9Message(7, 1, 0, v9Set(1, v9Options(300, []fs{{0, 1, 4}}, []fs{{0, 34, 4}}))))
 	d := NewDecoder()
 	base := NewSession(exporterAP, UDP, Limits{MaxTemplates: 200, MaxDomains: 4})
-	for _, m := range ours[:1] {
+	for _, m := range append(ours[:1], netflow...) {
 		d.Decode(base, m, now, nil)
 	}
 	for _, m := range ovs[:min(len(ovs), 4)] { // OVS sends its templates first
@@ -148,6 +163,7 @@ func cloneSession(s *Session) *Session {
 	c.domains = make(map[uint32]*domain, len(s.domains))
 	for id, d := range s.domains {
 		dc := *d
+		dc.dirs = dirTracker{}
 		dc.templates = make(map[uint16]*template, len(d.templates))
 		for tid, t := range d.templates {
 			tc := *t

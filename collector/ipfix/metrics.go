@@ -16,6 +16,9 @@ type metrics struct {
 	unknownSet prometheus.Counter
 	templates  *prometheus.CounterVec // {event}
 	seqLost    *prometheus.CounterVec // {transport}
+	seqLostMsg *prometheus.CounterVec // {transport}
+	byVersion  *prometheus.CounterVec // {protocol}
+	bothFams   prometheus.Counter
 	sessions   *prometheus.GaugeVec   // {transport}
 	closed     *prometheus.CounterVec // {transport, reason}
 	kernelDrop prometheus.Counter
@@ -41,8 +44,17 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "dualflow_ipfix_templates_total", Help: "IPFIX template events: added, refreshed, withdrawn, expired, rejected (a session's limits), over_budget (the collector's template budget).",
 		}, []string{"event"}),
 		seqLost: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "dualflow_ipfix_sequence_lost_records_total", Help: "Data records missing according to IPFIX sequence numbers (per observation domain, summed).",
+			Name: "dualflow_ipfix_sequence_lost_records_total", Help: "Data records missing according to sequence numbers (IPFIX data records, NetFlow v5 flows, NetFlow v9 from exporters that count flows; per observation domain, summed).",
 		}, []string{"transport"}),
+		seqLostMsg: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dualflow_ipfix_sequence_lost_messages_total", Help: "Messages missing according to sequence numbers that count messages (NetFlow v9 export packets, RFC 3954).",
+		}, []string{"transport"}),
+		byVersion: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dualflow_ipfix_messages_by_protocol_total", Help: "Messages decoded, by protocol: ipfix, netflow9, netflow5 (the version in the message header).",
+		}, []string{"protocol"}),
+		bothFams: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "dualflow_ipfix_records_both_families_total", Help: "Records whose template carries both families' addresses and that filled both (contradictory): the IPv6 addresses are kept.",
+		}),
 		sessions: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "dualflow_ipfix_sessions", Help: "Live IPFIX sessions (connections, UDP exporters).",
 		}, []string{"transport"}),
@@ -60,7 +72,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.dropped[r] = dropped.WithLabelValues(r.String())
 	}
 	if reg != nil {
-		reg.MustRegister(m.messages, m.records, dropped, m.skipped, m.unknownSet, m.templates, m.seqLost, m.sessions, m.closed, m.kernelDrop)
+		reg.MustRegister(m.messages, m.records, dropped, m.skipped, m.unknownSet, m.templates, m.seqLost, m.seqLostMsg,
+			m.byVersion, m.bothFams, m.sessions, m.closed, m.kernelDrop)
 	}
 	return m
 }
@@ -72,7 +85,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 func (m *metrics) flush(tr Transport, d *Decoder, prev *Stats, log *slog.Logger) {
 	s := &d.Stats
 	if s.WrongDirection > 0 && prev.WrongDirection == 0 && log != nil {
-		log.Info("ipfix records skipped for their flowDirection (an exporter reporting packets in and out is counted once; see --collector.ipfix.flow-direction)",
+		log.Info("ipfix records skipped for their flowDirection (an exporter reporting the same packets in and out is counted once; see --collector.ipfix.flow-direction)",
 			"transport", tr.String(), "keep", d.Direction.String(), "skipped", s.WrongDirection)
 	}
 	add := func(c prometheus.Counter, now, was uint64) {
@@ -101,5 +114,10 @@ func (m *metrics) flush(tr Transport, d *Decoder, prev *Stats, log *slog.Logger)
 			"transport", tr.String())
 	}
 	add(m.seqLost.WithLabelValues(t), s.SequenceLost, prev.SequenceLost)
+	add(m.seqLostMsg.WithLabelValues(t), s.SequenceLostMessages, prev.SequenceLostMessages)
+	add(m.bothFams, s.BothFamilies, prev.BothFamilies)
+	for i, name := range [...]string{protoIPFIX: "ipfix", protoV9: "netflow9", protoV5: "netflow5"} {
+		add(m.byVersion.WithLabelValues(name), s.ByVersion[i], prev.ByVersion[i])
+	}
 	*prev = *s
 }

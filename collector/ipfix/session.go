@@ -134,10 +134,10 @@ type Session struct {
 type domain struct {
 	id        uint32
 	templates map[uint16]*template
-	nextSeq   uint32 // sequence number expected in the next message
-	seqKnown  bool
-	sysInitMs uint64 // systemInitTimeMilliseconds from options data
-	lost      uint64 // data records missing according to sequence numbers
+	proto     protocol // of the last message (IPFIX, NetFlow v9 or v5)
+	seq       seqState
+	sysInitMs uint64     // systemInitTimeMilliseconds from options data
+	dirs      dirTracker // DirectionAuto's kept direction per tuple
 }
 
 // NewSession returns the state of a new session of exporter over transport.
@@ -172,10 +172,21 @@ func (s *Session) domain(id uint32) *domain {
 func (s *Session) Templates() int { return s.templates }
 
 // Lost returns the number of data records that sequence numbers show as
-// missing in observation domain id.
+// missing in observation domain id (for a NetFlow v9 domain counting
+// packets, see LostMessages).
 func (s *Session) Lost(id uint32) uint64 {
 	if d := s.domains[id]; d != nil {
-		return d.lost
+		return d.seq.lostRecords
+	}
+	return 0
+}
+
+// LostMessages returns the number of messages that sequence numbers show
+// as missing in observation domain id, for exporters whose sequence
+// numbers count messages (NetFlow v9).
+func (s *Session) LostMessages(id uint32) uint64 {
+	if d := s.domains[id]; d != nil {
+		return d.seq.lostMessages
 	}
 	return 0
 }

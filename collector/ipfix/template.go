@@ -32,7 +32,13 @@ const (
 	opICMPType        // icmpTypeIPv4 / IPv6 (OVS): the high byte of DstPort
 	opICMPCode        // icmpCodeIPv4 / IPv6 (OVS): the low byte of DstPort
 	opFlowDirection   // flowDirection: 0 ingress, 1 egress (see Direction)
-	opField           // first of the shared-mapping ops: opField + fipfix.Field
+	// opDual*: the address elements of a template that has both families'
+	// (see postDual).
+	opDualSrc4
+	opDualDst4
+	opDualSrc6
+	opDualDst6
+	opField // first of the shared-mapping ops: opField + fipfix.Field
 )
 
 // IANA element IDs of the alternatives above.
@@ -100,6 +106,7 @@ const (
 	postDuration                  // end = start + duration
 	postNATDst                    // IANA postNAT destination → ServiceAddr/DstAddr
 	postPolicy                    // Antrea policy names and actions
+	postDual                      // addresses of both families: the filled pair wins
 )
 
 // template is a compiled template: the decode plan of its data records.
@@ -139,7 +146,41 @@ func compile(id uint16, options bool, raw []byte, specs []spec) *template {
 	if fixed {
 		t.fixed = t.minLen
 	}
+	t.dualFamily()
 	return t
+}
+
+// dualFamily makes a template that carries address elements of both
+// families (some exporters send one template for all flows, zero-filling
+// the other family) read its addresses into scratch, so that the filled
+// pair wins whatever the element order.
+func (t *template) dualFamily() {
+	var v4, v6 bool
+	for _, f := range t.fields {
+		switch f.op {
+		case opField + op(fipfix.FieldSrcAddr4), opField + op(fipfix.FieldDstAddr4):
+			v4 = true
+		case opField + op(fipfix.FieldSrcAddr6), opField + op(fipfix.FieldDstAddr6):
+			v6 = true
+		}
+	}
+	if !v4 || !v6 {
+		return
+	}
+	for i := range t.fields {
+		f := &t.fields[i]
+		switch f.op {
+		case opField + op(fipfix.FieldSrcAddr4):
+			f.op = opDualSrc4
+		case opField + op(fipfix.FieldDstAddr4):
+			f.op = opDualDst4
+		case opField + op(fipfix.FieldSrcAddr6):
+			f.op = opDualSrc6
+		case opField + op(fipfix.FieldDstAddr6):
+			f.op = opDualDst6
+		}
+	}
+	t.post |= postDual
 }
 
 // spec is one field specifier of a template record.

@@ -1,0 +1,371 @@
+package ipfix
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"time"
+
+	"github.com/dualflow/dualflow/flow"
+	fipfix "github.com/dualflow/dualflow/flow/ipfix"
+)
+
+// NetFlow v9 (RFC 3954) and v5 arrive on the same listeners as IPFIX: the
+// version is the first two bytes of every message. v9 is template based
+// like IPFIX and its field types 1-127 are IPFIX's element IDs, so its
+// templates compile into the same decode plans; v5 has one fixed record
+// layout and is decoded directly.
+//
+// Neither has a length field: a message is one UDP datagram. Over TCP,
+// where messages are framed by the IPFIX length field, they are refused
+// (reason version).
+
+// Source values of records decoded from NetFlow (the flows table's source
+// column); IPFIX from a foreign exporter is fipfix.SourceForeign.
+const (
+	SourceNetFlow9 = "netflow9"
+	SourceNetFlow5 = "netflow5"
+)
+
+// Wire constants of NetFlow v9 and v5.
+const (
+	v9HeaderLen         = 20 // version, count, sysUptime, unix secs, sequence, source ID
+	v9SetTemplate       = 0
+	v9SetOptions        = 1
+	v5HeaderLen         = 24
+	v5RecordLen         = 48
+	v5MaxRecords        = 30
+	enterpriseV9Vendor  = 0xffffffff // v9 field types ≥ 32768 and scope fields: skipped
+	v9ScopeFieldLen     = 4
+	maxV9FixedFieldSize = 0xfffe // 0xffff is IPFIX's variable length; v9 has none
+)
+
+// decodeV9 decodes a NetFlow v9 export packet.
+func (d *Decoder) decodeV9(s *Session, msg []byte, now time.Time, dst []flow.Record) ([]flow.Record, error) {
+	if len(msg) < v9HeaderLen {
+		return dst, dropf(ReasonShort, "netflow v9: %d bytes", len(msg))
+	}
+	uptime := binary.BigEndian.Uint32(msg[4:])
+	secs := binary.BigEndian.Uint32(msg[8:])
+	seq := binary.BigEndian.Uint32(msg[12:])
+	srcID := binary.BigEndian.Uint32(msg[16:])
+	dom := s.domain(srcID)
+	if dom == nil {
+		return dst, dropf(ReasonTooManyDomains, "source ID %d", srcID)
+	}
+	mc := msgCtx{now: now, exportTime: secs, domain: dom, exporter: s.exporter,
+		uptime: uptime, hasUptime: true, source: SourceNetFlow9}
+	body := msg[v9HeaderLen:]
+	var cnt seqCounts
+	for len(body) > 0 {
+		if len(body) < fipfix.SetHeaderLen {
+			if allZero(body) {
+				break // packet padding
+			}
+			return dst, dropf(ReasonSetLength, "netflow v9: %d bytes left for a flowset header", len(body))
+		}
+		id := binary.BigEndian.Uint16(body)
+		l := int(binary.BigEndian.Uint16(body[2:]))
+		if l < fipfix.SetHeaderLen || l > len(body) {
+			return dst, dropf(ReasonSetLength, "netflow v9 flowset %d: length %d with %d bytes left", id, l, len(body))
+		}
+		set := body[fipfix.SetHeaderLen:l]
+		body = body[l:]
+		var err error
+		switch {
+		case id == v9SetTemplate:
+			var n int
+			n, err = d.templateSetV9(s, dom, set, now)
+			cnt.templates += uint32(n)
+		case id == v9SetOptions:
+			var n int
+			n, err = d.optionsSetV9(s, dom, set, now)
+			cnt.templates += uint32(n)
+		case id >= fipfix.MinDataSetID:
+			t := d.liveTemplate(s, dom, id, now)
+			if t == nil {
+				d.Stats.UnknownSets++
+				cnt.unknown = true
+				continue
+			}
+			var n int
+			dst, n, err = d.dataSet(t, set, &mc, dst)
+			cnt.data += uint32(n)
+		default:
+			// FlowSet IDs 2-255 are reserved: skipped.
+		}
+		if err != nil {
+			return dst, err
+		}
+	}
+	d.sequence(dom, protoV9, seq, cnt)
+	return dst, nil
+}
+
+// templateSetV9 reads the template records of a v9 template flowset and
+// returns how many it held.
+func (d *Decoder) templateSetV9(s *Session, dom *domain, set []byte, now time.Time) (int, error) {
+	n := 0
+	for len(set) >= 4 {
+		id := binary.BigEndian.Uint16(set)
+		count := int(binary.BigEndian.Uint16(set[2:]))
+		if id < fipfix.MinDataSetID || count == 0 {
+			if allZero(set) {
+				return n, nil // padding
+			}
+			return n, dropf(ReasonTemplate, "netflow v9 template %d with %d fields", id, count)
+		}
+		if 4+4*count > len(set) {
+			return n, dropf(ReasonTemplate, "netflow v9 template %d: truncated after its header", id)
+		}
+		specs := d.specs[:0]
+		for i := range count {
+			p := 4 + 4*i
+			sp := spec{id: binary.BigEndian.Uint16(set[p:]), length: binary.BigEndian.Uint16(set[p+2:])}
+			if sp.id&0x8000 != 0 {
+				sp.enterprise = enterpriseV9Vendor
+			}
+			specs = append(specs, sp)
+		}
+		d.specs = specs
+		if err := checkV9Specs(specs); err != nil {
+			return n, dropf(ReasonTemplate, "netflow v9 template %d: %v", id, err)
+		}
+		rl := 4 + 4*count
+		d.install(s, dom, id, false, set[:rl], specs, now)
+		set = set[rl:]
+		n++
+	}
+	return n, nil
+}
+
+// optionsSetV9 reads the options template records of a v9 options
+// flowset: scope fields (system, interface, line card, cache, template)
+// are not IPFIX elements and are skipped; option fields are read like
+// IPFIX's.
+func (d *Decoder) optionsSetV9(s *Session, dom *domain, set []byte, now time.Time) (int, error) {
+	n := 0
+	for len(set) >= 6 {
+		id := binary.BigEndian.Uint16(set)
+		scopeLen := int(binary.BigEndian.Uint16(set[2:]))
+		optLen := int(binary.BigEndian.Uint16(set[4:]))
+		if id < fipfix.MinDataSetID {
+			if allZero(set) {
+				return n, nil
+			}
+			return n, dropf(ReasonTemplate, "netflow v9 options template ID %d below 256", id)
+		}
+		if scopeLen%4 != 0 || optLen%4 != 0 || scopeLen == 0 && optLen == 0 {
+			return n, dropf(ReasonTemplate, "netflow v9 options template %d: scope length %d, option length %d", id, scopeLen, optLen)
+		}
+		rl := 6 + scopeLen + optLen
+		if rl > len(set) {
+			return n, dropf(ReasonTemplate, "netflow v9 options template %d: %d bytes of fields, %d left", id, scopeLen+optLen, len(set)-6)
+		}
+		specs := d.specs[:0]
+		for p := 6; p < rl; p += 4 {
+			sp := spec{id: binary.BigEndian.Uint16(set[p:]), length: binary.BigEndian.Uint16(set[p+2:])}
+			if p < 6+scopeLen || sp.id&0x8000 != 0 {
+				sp.enterprise = enterpriseV9Vendor
+			}
+			specs = append(specs, sp)
+		}
+		d.specs = specs
+		if err := checkV9Specs(specs); err != nil {
+			return n, dropf(ReasonTemplate, "netflow v9 options template %d: %v", id, err)
+		}
+		d.install(s, dom, id, true, set[:rl], specs, now)
+		// Options template records are padded to 4 bytes (RFC 3954 6.1).
+		set = set[min(len(set), (rl+3)&^3):]
+		n++
+	}
+	return n, nil
+}
+
+// checkV9Specs refuses what v9 cannot express: variable-length fields
+// (IPFIX's 0xffff) and records of length 0.
+func checkV9Specs(specs []spec) error {
+	total := 0
+	for i, sp := range specs {
+		if sp.length > maxV9FixedFieldSize {
+			return fmt.Errorf("field %d (type %d) of length %d", i, sp.id, sp.length)
+		}
+		total += int(sp.length)
+	}
+	if total == 0 {
+		return fmt.Errorf("data records of length 0")
+	}
+	return nil
+}
+
+// liveTemplate returns template id of dom, or nil when it is unknown or,
+// over UDP, past its lifetime (then it is removed).
+func (d *Decoder) liveTemplate(s *Session, dom *domain, id uint16, now time.Time) *template {
+	t := dom.templates[id]
+	if t != nil && s.Transport == UDP && now.Sub(t.seen) > s.lim.TemplateLifetime {
+		s.removeTemplate(dom, id)
+		d.Stats.Expired++
+		t = nil
+	}
+	return t
+}
+
+// decodeV5 decodes a NetFlow v5 export packet: a 24-byte header and up to
+// 30 fixed 48-byte IPv4 records. The engine type and ID form the
+// observation domain (engine_type<<8 | engine_id).
+func (d *Decoder) decodeV5(s *Session, msg []byte, now time.Time, dst []flow.Record) ([]flow.Record, error) {
+	if len(msg) < v5HeaderLen {
+		return dst, dropf(ReasonShort, "netflow v5: %d bytes", len(msg))
+	}
+	count := int(binary.BigEndian.Uint16(msg[2:]))
+	if count == 0 || count > v5MaxRecords || len(msg) < v5HeaderLen+count*v5RecordLen {
+		return dst, dropf(ReasonLength, "netflow v5: %d records in %d bytes", count, len(msg))
+	}
+	uptime := binary.BigEndian.Uint32(msg[4:])
+	export := time.Unix(int64(binary.BigEndian.Uint32(msg[8:])), int64(binary.BigEndian.Uint32(msg[12:])%1e9))
+	seq := binary.BigEndian.Uint32(msg[16:])
+	domID := uint32(msg[20])<<8 | uint32(msg[21])
+	dom := s.domain(domID)
+	if dom == nil {
+		return dst, dropf(ReasonTooManyDomains, "engine %d/%d", msg[20], msg[21])
+	}
+	for i := range count {
+		b := msg[v5HeaderLen+i*v5RecordLen:][:v5RecordLen]
+		dst = append(dst, flow.Record{
+			SrcAddr:      netip.AddrFrom4([4]byte(b[0:4])),
+			DstAddr:      netip.AddrFrom4([4]byte(b[4:8])),
+			PacketsDelta: uint64(binary.BigEndian.Uint32(b[16:])),
+			BytesDelta:   uint64(binary.BigEndian.Uint32(b[20:])),
+			FlowStart:    uptimeTime(export, uptime, binary.BigEndian.Uint32(b[24:])),
+			FlowEnd:      uptimeTime(export, uptime, binary.BigEndian.Uint32(b[28:])),
+			SrcPort:      binary.BigEndian.Uint16(b[32:]),
+			DstPort:      binary.BigEndian.Uint16(b[34:]),
+			Proto:        b[38],
+		})
+		r := &dst[len(dst)-1]
+		if !filled(r.SrcAddr, r.DstAddr) {
+			dst = dst[:len(dst)-1]
+			d.Stats.NoAddress++
+			continue
+		}
+		if r.Proto == flow.ProtoICMP && r.SrcPort != 0 && r.SrcPort < 256 {
+			// Cisco puts type<<8|code in the destination port; fprobe
+			// puts the type in the source port and the code in the
+			// destination port. nfdump reads both as (src<<8)+dst.
+			r.DstPort, r.SrcPort = r.SrcPort<<8|r.DstPort&0xff, 0
+		}
+		r.Ingress.Rule, r.Egress.Rule = -1, -1
+		r.Source = SourceNetFlow5
+		r.ExporterAddr = s.exporter
+		r.ObservationDomainID = domID
+		r.TimeReceived = now
+		r.Normalize()
+	}
+	d.sequence(dom, protoV5, seq, seqCounts{data: uint32(count)})
+	return dst, nil
+}
+
+// uptimeTime is the wall-clock time of a sysUptime value t (ms) in a
+// message exported at export when the exporter's uptime was uptime. The
+// difference is taken modulo 2^32, so it survives the 49.7-day wrap.
+func uptimeTime(export time.Time, uptime, t uint32) time.Time {
+	if t == 0 {
+		return time.Time{}
+	}
+	return export.Add(-time.Duration(uptime-t) * time.Millisecond)
+}
+
+// protocol is the flow protocol of a message, for sequence accounting.
+type protocol uint8
+
+const (
+	protoIPFIX protocol = iota
+	protoV9
+	protoV5
+)
+
+// Sequence-number conventions. Each protocol defines what its sequence
+// number counts: IPFIX data records (RFC 7011 3.1), NetFlow v9 export
+// packets (RFC 3954 5.1), NetFlow v5 flows. Exporters differ: softflowd's
+// v9 counts flows, and some IPFIX exporters count template records or
+// messages. A domain's convention is learned: every convention that
+// explains each loss-free step stays a candidate, the protocol's own
+// first; a step none of them explains is a loss (or reordering), measured
+// with the best candidate.
+const (
+	convData     = iota // data records (options data records included)
+	convAll             // data and template records
+	convMessages        // messages
+	numConventions
+)
+
+// seqCounts is what one message held, for its sequence number.
+type seqCounts struct {
+	data, templates uint32
+	// unknown is set when a data set's template was unknown: its records
+	// could not be counted.
+	unknown bool
+}
+
+// seqState is a domain's sequence accounting.
+type seqState struct {
+	next  [numConventions]uint32
+	known [numConventions]bool
+	alive uint8 // bit per convention still consistent with every step
+	// lostRecords and lostMessages are the losses seen, in the unit of
+	// the convention that measured them.
+	lostRecords, lostMessages uint64
+}
+
+var specConvention = [...]int{protoIPFIX: convData, protoV9: convMessages, protoV5: convData}
+
+// sequence checks seq against what the domain's previous messages
+// announced and counts a loss.
+func (d *Decoder) sequence(dom *domain, p protocol, seq uint32, c seqCounts) {
+	st := &dom.seq
+	if st.alive == 0 || dom.proto != p {
+		*st = seqState{alive: 1<<numConventions - 1}
+		dom.proto = p
+	}
+	if !st.known[convMessages] && c.data == 0 {
+		// The baseline is the first message with data records: Open
+		// vSwitch numbers its first data message as if one record had gone
+		// before its template messages.
+		return
+	}
+	var matched, checked uint8
+	for i := range numConventions {
+		if st.known[i] && st.alive&(1<<i) != 0 {
+			checked |= 1 << i
+			if st.next[i] == seq {
+				matched |= 1 << i
+			}
+		}
+	}
+	switch {
+	case matched != 0:
+		st.alive &^= checked &^ matched
+	case checked != 0:
+		conv := specConvention[p]
+		if checked&(1<<conv) == 0 {
+			for i := range numConventions {
+				if checked&(1<<i) != 0 {
+					conv = i
+					break
+				}
+			}
+		}
+		if gap := seq - st.next[conv]; gap < 1<<31 { // else reordered or a restart
+			if conv == convMessages {
+				st.lostMessages += uint64(gap)
+				d.Stats.SequenceLostMessages += uint64(gap)
+			} else {
+				st.lostRecords += uint64(gap)
+				d.Stats.SequenceLost += uint64(gap)
+			}
+		}
+	}
+	st.next[convData], st.known[convData] = seq+c.data, !c.unknown
+	st.next[convAll], st.known[convAll] = seq+c.data+c.templates, !c.unknown
+	st.next[convMessages], st.known[convMessages] = seq+1, true
+}
