@@ -848,13 +848,11 @@ func sysUpTime(sys, up uint64, export int64) int64 {
 		return t
 	}
 	const wrap = 1 << 32
-	for t-export > wrap/2 {
-		t -= wrap
+	d := (t - export) & (wrap - 1) // t - export modulo 2^32, in [0, 2^32)
+	if d > wrap/2 {
+		d -= wrap
 	}
-	for export-t > wrap/2 {
-		t += wrap
-	}
-	return t
+	return export + d
 }
 
 func joinName(ns, name string) string {

@@ -3,6 +3,7 @@ package ipfix
 import (
 	"fmt"
 	"net/netip"
+	"path/filepath"
 	"sort"
 	"strings"
 	"testing"
@@ -202,4 +203,51 @@ func maxTime(a, b time.Time) time.Time {
 		return b
 	}
 	return a
+}
+
+// TestThirdPartyCapturesPerMode decodes the captures the e2e TestThirdParty
+// recorded in each IP mode (testdata/thirdparty/<exporter>-<version>-<mode>,
+// rewritten by its -update-thirdparty flag): every datagram decodes, no
+// record is skipped or lost by sequence number, and the families are the
+// mode's. The e2e test checks their values against nfdump and the traffic.
+func TestThirdPartyCapturesPerMode(t *testing.T) {
+	files, err := filepath.Glob("testdata/thirdparty/*.pcap")
+	if err != nil || len(files) < 10 {
+		t.Fatalf("%d captures (%v)", len(files), err)
+	}
+	for _, path := range files {
+		name := strings.TrimSuffix(filepath.Base(path), ".pcap")
+		t.Run(name, func(t *testing.T) {
+			mode := name[strings.LastIndex(name, "-")+1:]
+			d := NewDecoder()
+			s := NewSession(exporterAP, UDP, Limits{})
+			var recs []flow.Record
+			for i, m := range readPcap(t, path) {
+				if recs, err = d.Decode(s, m, now, recs); err != nil {
+					t.Fatalf("datagram %d: %v", i, err)
+				}
+			}
+			families := map[uint8]int{}
+			for _, r := range recs {
+				families[r.IPVersion]++
+			}
+			want := map[string][]uint8{"ipv4": {4}, "ipv6": {6}, "dual": {4, 6}}[mode]
+			if strings.Contains(name, "-v5-") {
+				want = []uint8{4}
+			}
+			for _, v := range want {
+				if families[v] == 0 {
+					t.Errorf("no IPv%d records: %v", v, families)
+				}
+			}
+			if len(families) != len(want) {
+				t.Errorf("families %v, want %v", families, want)
+			}
+			st := d.Stats
+			if st.Dropped != [numReasons]uint64{} || st.UnknownSets != 0 || st.WrongDirection != 0 || st.BothFamilies != 0 ||
+				st.SequenceLost != 0 || st.SequenceLostMessages != 0 {
+				t.Errorf("stats %+v", st)
+			}
+		})
+	}
 }

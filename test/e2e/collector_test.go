@@ -378,7 +378,7 @@ func TestOVSIPFIX(t *testing.T) {
 	key := func(r *flow.Record) string { return fmt.Sprintf("%v>%v/%d", r.SrcAddr, r.DstAddr, r.Proto) }
 	// OVS samples each packet at the input and at the output port of the
 	// bridge (two templates, flowDirection ingress and egress); the decoder
-	// keeps the ingress records by default, so each packet counts once.
+	// keeps one direction per tuple by default (auto), so each packet counts once.
 	want := map[string]uint64{
 		"198.18.3.5>198.18.3.6/1": pings, "198.18.3.6>198.18.3.5/1": pings,
 		"fd00:10:3::5>fd00:10:3::6/58": pings, "fd00:10:3::6>fd00:10:3::5/58": pings,
