@@ -83,7 +83,7 @@ func TestTraceflowAgentMutualTLS(t *testing.T) {
 		if withCert {
 			c, k = clientCert, clientKey
 		}
-		tc, err := agent.ClientTLS(ca, c, k)
+		tc, err := agent.ClientTLS(ca, c, k, "")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -128,10 +128,11 @@ func ServerTLS(certFile, keyFile, clientCA string) (*tls.Config, error) {
 }
 
 // ClientTLS returns the controller's TLS configuration for the agents:
-// their CA (empty: the system's), and a client certificate when certFile
-// is set.
-func ClientTLS(caFile, certFile, keyFile string) (*tls.Config, error) {
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+// their CA (empty: the system's), a client certificate when certFile is
+// set, and the name their certificates must hold when serverName is set
+// (else the address dialled).
+func ClientTLS(caFile, certFile, keyFile, serverName string) (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: serverName}
 	if caFile != "" {
 		pool, err := loadPool(caFile)
 		if err != nil {

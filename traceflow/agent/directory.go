@@ -34,6 +34,12 @@ type DirectoryConfig struct {
 	// CertFile and KeyFile are the collector's client certificate (mutual
 	// TLS).
 	CAFile, CertFile, KeyFile string
+	// ServerName is the name the agents' certificates are verified for
+	// (empty: the address dialled). One certificate shared by every node's
+	// agent cannot name each node's address; with a private CA that issues
+	// only dualflow's certificates (dualflow certs, cert-manager), a fixed
+	// name is as strong.
+	ServerName string
 	// DisableIPv6 picks the node's IPv4 address even when it has both.
 	DisableIPv6 bool
 }
@@ -50,6 +56,7 @@ func (c *DirectoryConfig) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.CAFile, "traceflow.ca-file", "", "PEM CA verifying the agents' certificates (empty: system roots)")
 	fs.StringVar(&c.CertFile, "traceflow.cert-file", "", "PEM client certificate for agents that require one (mutual TLS)")
 	fs.StringVar(&c.KeyFile, "traceflow.key-file", "", "PEM key of --traceflow.cert-file")
+	fs.StringVar(&c.ServerName, "traceflow.server-name", "", "name the agents' certificates are verified for (empty: the node address dialled); with one certificate for every node, its name, e.g. dualflow-agent (dualflow certs), and a private --traceflow.ca-file")
 }
 
 type agentMap map[string]string
@@ -128,7 +135,7 @@ func NewDirectory(cfg DirectoryConfig, view NodeView) (*NodeDirectory, error) {
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.Proxy = nil // the token goes to the node itself, never through a proxy
-	tr.TLSClientConfig, err = ClientTLS(cfg.CAFile, cfg.CertFile, cfg.KeyFile)
+	tr.TLSClientConfig, err = ClientTLS(cfg.CAFile, cfg.CertFile, cfg.KeyFile, cfg.ServerName)
 	if err != nil {
 		return nil, err
 	}
