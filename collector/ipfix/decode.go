@@ -83,6 +83,10 @@ type Stats struct {
 	// WrongDirection counts records skipped for their flowDirection (see
 	// Direction).
 	WrongDirection uint64
+	// DirectionUntracked counts records with flowDirection kept without
+	// tracking their tuple (DirectionAuto past its memory bound): an
+	// exporter reporting packets twice may be counted twice for them.
+	DirectionUntracked uint64
 	// BothFamilies counts records whose template carries addresses of
 	// both families and that filled both (a contradictory record): the
 	// IPv6 pair is kept.
@@ -195,7 +199,11 @@ func (d *Decoder) keep(r *flow.Record, dir int8, mc *msgCtx) bool {
 	case DirectionBoth:
 		return true
 	}
-	return mc.domain.dirs.keep(r, dir, mc.now)
+	keep, untracked := mc.domain.dirs.keep(r, dir, mc.now, mc.session)
+	if untracked {
+		d.Stats.DirectionUntracked++
+	}
+	return keep
 }
 
 // NewDecoder returns a Decoder.
@@ -212,6 +220,7 @@ type msgCtx struct {
 	uptime    uint32
 	hasUptime bool
 	source    string // Source of records that do not carry one
+	session   *Session
 }
 
 // Decode decodes one IPFIX, NetFlow v9 or NetFlow v5 message of session s,
@@ -274,7 +283,7 @@ func (d *Decoder) decode(s *Session, msg []byte, now time.Time, dst []flow.Recor
 		return dst, dropf(ReasonTooManyDomains, "domain %d", binary.BigEndian.Uint32(msg[12:]))
 	}
 	mc := msgCtx{now: now, exportTime: binary.BigEndian.Uint32(msg[4:]), domain: dom, exporter: s.exporter,
-		source: fipfix.SourceForeign}
+		source: fipfix.SourceForeign, session: s}
 	body := msg[fipfix.MessageHeaderLen:]
 	var cnt seqCounts
 	for len(body) > 0 {

@@ -9,8 +9,10 @@ import (
 
 // dirTracker remembers, per directional tuple of one observation domain,
 // which flowDirection's records are kept (DirectionAuto). It holds only the
-// tuples of exporters that send flowDirection, at most dirTrackMax of them
-// per domain; a tuple not seen for dirTrackIdle is forgotten.
+// tuples of exporters that send flowDirection: at most dirTrackMax per
+// session, each charged dirTupleBytes to the listener's state budget
+// (Limits.Budget, shared with templates), so a hostile exporter cannot grow
+// it without bound; a tuple not seen for dirTrackIdle is forgotten.
 type dirTracker struct {
 	m         map[dirKey]dirEntry
 	lastSweep int64 // unix seconds
@@ -28,15 +30,17 @@ type dirEntry struct {
 }
 
 const (
-	dirTrackMax  = 1 << 16
-	dirTrackIdle = 10 * 60 // seconds
+	dirTrackMax   = 1 << 16
+	dirTrackIdle  = 10 * 60 // seconds
+	dirTupleBytes = 128     // a map entry: key, value and the map's overhead
 )
 
 // keep reports whether the record r of direction dir is kept: a tuple's
 // first direction is, the other (the same packets observed at the other
-// end of the exporter) is not. Past dirTrackMax live tuples, records of
-// new tuples are kept (counting them twice rather than losing them).
-func (t *dirTracker) keep(r *flow.Record, dir int8, now time.Time) bool {
+// end of the exporter) is not. Past the session's or the budget's bound,
+// records of new tuples are kept untracked (counting them twice rather than
+// losing them); untracked reports that.
+func (t *dirTracker) keep(r *flow.Record, dir int8, now time.Time, s *Session) (keep, untracked bool) {
 	sec := now.Unix()
 	if t.m == nil {
 		t.m = make(map[dirKey]dirEntry)
@@ -45,22 +49,26 @@ func (t *dirTracker) keep(r *flow.Record, dir int8, now time.Time) bool {
 	k := dirKey{src: r.SrcAddr, dst: r.DstAddr, sport: r.SrcPort, dport: r.DstPort, proto: r.Proto}
 	if e, ok := t.m[k]; ok {
 		t.m[k] = dirEntry{dir: e.dir, seen: sec}
-		return e.dir == dir
+		return e.dir == dir, false
 	}
-	if sec-t.lastSweep >= 60 || len(t.m) >= dirTrackMax {
-		t.sweep(sec)
+	if sec-t.lastSweep >= 60 || s.tuples >= dirTrackMax {
+		t.sweep(sec, s)
 	}
-	if len(t.m) < dirTrackMax {
-		t.m[k] = dirEntry{dir: dir, seen: sec}
+	if s.tuples >= dirTrackMax || !s.lim.Budget.take(dirTupleBytes) {
+		return true, true
 	}
-	return true
+	t.m[k] = dirEntry{dir: dir, seen: sec}
+	s.tuples++
+	return true, false
 }
 
-func (t *dirTracker) sweep(sec int64) {
+func (t *dirTracker) sweep(sec int64, s *Session) {
 	t.lastSweep = sec
 	for k, e := range t.m {
 		if sec-e.seen > dirTrackIdle {
 			delete(t.m, k)
+			s.tuples--
+			s.lim.Budget.give(dirTupleBytes)
 		}
 	}
 }

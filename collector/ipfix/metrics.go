@@ -19,6 +19,7 @@ type metrics struct {
 	seqLostMsg *prometheus.CounterVec // {transport}
 	byVersion  *prometheus.CounterVec // {protocol}
 	bothFams   prometheus.Counter
+	untracked  prometheus.Counter
 	sessions   *prometheus.GaugeVec   // {transport}
 	closed     *prometheus.CounterVec // {transport, reason}
 	kernelDrop prometheus.Counter
@@ -52,6 +53,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		byVersion: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dualflow_ipfix_messages_by_protocol_total", Help: "Messages decoded, by protocol: ipfix, netflow9, netflow5 (the version in the message header).",
 		}, []string{"protocol"}),
+		untracked: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "dualflow_ipfix_direction_untracked_records_total", Help: "Records with flowDirection kept without tracking their tuple: --collector.ipfix.flow-direction auto past its memory bound (65,536 tuples per session, and the shared --collector.ipfix.max-template-bytes-total budget at 128 bytes a tuple). An exporter reporting packets in and out may be counted twice for them.",
+		}),
 		bothFams: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "dualflow_ipfix_records_both_families_total", Help: "Records whose template carries both families' addresses and that filled both (contradictory): the IPv6 addresses are kept.",
 		}),
@@ -73,7 +77,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.messages, m.records, dropped, m.skipped, m.unknownSet, m.templates, m.seqLost, m.seqLostMsg,
-			m.byVersion, m.bothFams, m.sessions, m.closed, m.kernelDrop)
+			m.byVersion, m.bothFams, m.untracked, m.sessions, m.closed, m.kernelDrop)
 	}
 	return m
 }
@@ -116,6 +120,7 @@ func (m *metrics) flush(tr Transport, d *Decoder, prev *Stats, log *slog.Logger)
 	add(m.seqLost.WithLabelValues(t), s.SequenceLost, prev.SequenceLost)
 	add(m.seqLostMsg.WithLabelValues(t), s.SequenceLostMessages, prev.SequenceLostMessages)
 	add(m.bothFams, s.BothFamilies, prev.BothFamilies)
+	add(m.untracked, s.DirectionUntracked, prev.DirectionUntracked)
 	for i, name := range [...]string{protoIPFIX: "ipfix", protoV9: "netflow9", protoV5: "netflow5"} {
 		add(m.byVersion.WithLabelValues(name), s.ByVersion[i], prev.ByVersion[i])
 	}

@@ -54,7 +54,7 @@ func (d *Decoder) decodeV9(s *Session, msg []byte, now time.Time, dst []flow.Rec
 		return dst, dropf(ReasonTooManyDomains, "source ID %d", srcID)
 	}
 	mc := msgCtx{now: now, exportTime: secs, domain: dom, exporter: s.exporter,
-		uptime: uptime, hasUptime: true, source: SourceNetFlow9}
+		uptime: uptime, hasUptime: true, source: SourceNetFlow9, session: s}
 	body := msg[v9HeaderLen:]
 	var cnt seqCounts
 	for len(body) > 0 {

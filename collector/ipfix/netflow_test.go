@@ -460,3 +460,34 @@ func BenchmarkDecodeNetFlow(b *testing.B) {
 		})
 	}
 }
+
+// TestDirectionAutoBounded: the tuples DirectionAuto remembers are charged
+// to the listener's state budget; past it records are kept untracked and
+// counted, and a closed session gives its tuples' memory back.
+func TestDirectionAutoBounded(t *testing.T) {
+	tmpl := v9Template(260, v9Src4, v9Dst4, v9SrcPort, v9DstPort, v9Proto, v9Dir)
+	budget := NewTemplateBudget(4096) // the template and a few tuples
+	d := NewDecoder()
+	s := NewSession(exporterAP, UDP, Limits{Budget: budget})
+	msgs := [][]byte{v9Message(0, 0, 0, v9Set(0, tmpl))}
+	for i := range 64 {
+		msgs = append(msgs, v9Message(0, uint32(i+1), 0, v9Set(260,
+			cat(lab4a, lab4b, be16(uint16(1000+i)), be16(80), []byte{6, 0}),
+			cat(lab4a, lab4b, be16(uint16(1000+i)), be16(80), []byte{6, 1}))))
+	}
+	out := decodeAll(t, d, s, msgs...)
+	if d.Stats.DirectionUntracked == 0 || s.tuples == 0 || s.tuples >= 64 {
+		t.Fatalf("%d tuples tracked, %d records untracked: the budget should bound the tracking", s.tuples, d.Stats.DirectionUntracked)
+	}
+	// Tracked tuples count once; untracked ones keep both records.
+	if want := s.tuples + 2*(64-s.tuples); len(out) != want {
+		t.Errorf("%d records, want %d", len(out), want)
+	}
+	if budget.Used() > 4096 {
+		t.Errorf("budget over its bound: %d", budget.Used())
+	}
+	s.Close()
+	if budget.Used() != 0 {
+		t.Errorf("a closed session still holds %d bytes", budget.Used())
+	}
+}

@@ -125,6 +125,7 @@ type Session struct {
 	last      *domain // the domain of the previous message
 	templates int     // templates over all domains
 	bytes     int     // template memory over all domains
+	tuples    int     // flowDirection tuples tracked over all domains (dirTracker)
 	// LastSeen is when the session's last message arrived.
 	LastSeen time.Time
 	exporter netip.Addr // Exporter's address, unmapped
@@ -206,8 +207,8 @@ func (s *Session) removeTemplate(d *domain, id uint16) bool {
 // Close forgets the session's templates and gives their memory back to the
 // budget. Call it when the session ends; it may be called more than once.
 func (s *Session) Close() {
-	s.lim.Budget.give(s.bytes)
-	s.bytes, s.templates = 0, 0
+	s.lim.Budget.give(s.bytes + s.tuples*dirTupleBytes)
+	s.bytes, s.templates, s.tuples = 0, 0, 0
 	clear(s.domains)
 	s.last = nil
 }
