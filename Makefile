@@ -44,6 +44,10 @@ build: ## build bin/dualflow
 	  awk '/^[A-Za-z0-9._~\/-]+$$/ { if (++n % 50 == 0) { printf "[build] %d packages compiled\n", n; fflush() }; next } { print; fflush() } END { if (n) printf "[build] %d packages compiled, done\n", n }'
 
 
+.PHONY: image
+image: deps ## build the OCI images dualflow and dualflow-chdb FROM scratch (scripts/image.sh)
+	VERSION=$(VERSION) COMMIT=$(COMMIT) scripts/image.sh
+
 .PHONY: run
 run: deps build ## start the product on the embedded ClickHouse and print the URLs
 	$(BIN) demo --data-dir $(DATA_DIR)

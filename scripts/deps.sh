@@ -27,6 +27,9 @@ APT_PACKAGES=(
   etcd-server
   # third-party flow exporters and collector, the judges of NetFlow/IPFIX interop
   softflowd pmacct fprobe nfdump
+  # container images built FROM scratch (make image) and run by the e2e tier;
+  # runc: crun refuses this kind of machine's hybrid cgroup hierarchy
+  podman buildah runc
   # misc
   ca-certificates curl
 )

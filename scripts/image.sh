@@ -1,0 +1,171 @@
+#!/usr/bin/env bash
+# image.sh builds dualflow's OCI images FROM scratch, offline (no base image,
+# no registry), with buildah, into a private container storage under
+# .cache/containers, so that nothing touches the machine's global storage.
+#
+#   scripts/image.sh                  # build dualflow:<tag> and dualflow-chdb:<tag>
+#   scripts/image.sh podman ARGS...   # podman on the private storage (run, images, rmi, ...)
+#   scripts/image.sh buildah ARGS...  # buildah on the private storage
+#
+# Environment: VERSION, COMMIT (as make build), IMAGE_TAG (default VERSION),
+# IMAGE_ARCHIVE=0 to skip the OCI archives in var/image, DUALFLOW_CONTAINERS
+# (default .cache/containers: storage, run root and podman's tmpdir).
+#
+# Two images, the second built on the first so that they share its layers:
+#   dualflow:<tag>       the binary, the glibc files it needs (purego's
+#                        fakecgo links it dynamically: ld.so, libc, libdl,
+#                        libpthread), CA certificates, /etc/passwd and
+#                        /etc/group with user nonroot (65532), the default
+#                        user. About 100 MB: the exporter DaemonSet (every
+#                        node), the web, and the collector on a ClickHouse
+#                        server (--clickhouse.dsn).
+#   dualflow-chdb:<tag>  plus the pinned libchdb.so (about 570 MB) and the
+#                        libraries it needs (libm, librt), CHDB_LIB_PATH set:
+#                        the collector with the embedded store. Kept apart so
+#                        that no node pulls 570 MB it never loads.
+# Both need root (or buildah unshare) only for the private storage's mounts.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+STORE="${DUALFLOW_CONTAINERS:-$PWD/.cache/containers}"
+# The storage driver: overlay (the kernel has it) shares layers between
+# images and containers; vfs works anywhere at the cost of copies.
+DRIVER="${STORAGE_DRIVER:-overlay}"
+STORE_FLAGS=(--root "$STORE/storage" --runroot "$STORE/run" --storage-driver "$DRIVER")
+
+bah() { buildah "${STORE_FLAGS[@]}" "$@"; }
+# No systemd on the test machines, and none needed: cgroupfs, file events,
+# libpod's state (tmpdir) next to the storage, and a private containers.conf
+# for what sandboxed machines (root without CAP_SYS_RESOURCE, cgroup v1+v2
+# hybrid) need:
+#  - podman as root gives containers nofile and nproc limits of 1048576,
+#    which the runtime cannot set without CAP_SYS_RESOURCE; when podman
+#    fails to raise its own nproc it falls back to 32768, so the containers
+#    get this shell's hard limits, nproc capped at that;
+#  - crun refuses a hybrid cgroup hierarchy (v1 controllers plus one on
+#    v2, "cgroups in hybrid mode not supported", even with --cgroups
+#    disabled): runc, which handles it, is the runtime there.
+pod() {
+  mkdir -p "$STORE"
+  local nofile nproc runtime=crun
+  nofile=$(ulimit -Hn) nproc=$(ulimit -Hu)
+  if [ "$nproc" = unlimited ] || [ "$nproc" -gt 32768 ]; then nproc=32768; fi
+  if [ "$nofile" = unlimited ]; then nofile=1048576; fi
+  if [ -n "$(cat /sys/fs/cgroup/unified/cgroup.controllers 2>/dev/null)" ]; then runtime=runc; fi
+  printf '[containers]\ndefault_ulimits = ["nofile=%s:%s", "nproc=%s:%s"]\n' \
+    "$nofile" "$nofile" "$nproc" "$nproc" >"$STORE/containers.conf"
+  CONTAINERS_CONF="$STORE/containers.conf" podman "${STORE_FLAGS[@]}" --runtime "$runtime" --tmpdir "$STORE/tmp" \
+    --cgroup-manager cgroupfs --events-backend file "$@"
+}
+
+case "${1:-}" in
+  podman) shift; mkdir -p "$STORE"; pod "$@"; exit ;;
+  buildah) shift; mkdir -p "$STORE"; bah "$@"; exit ;;
+  "") ;;
+  *) echo "usage: $0 [podman|buildah ARGS...]" >&2; exit 2 ;;
+esac
+
+log() { printf '[image] %s\n' "$*" >&2; }
+
+for tool in buildah tar; do
+  command -v "$tool" >/dev/null || { log "$tool is missing (make deps installs it)"; exit 1; }
+done
+VERSION="${VERSION:-$(git describe --tags --always --dirty 2>/dev/null || echo dev)}"
+COMMIT="${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
+TAG="${IMAGE_TAG:-$VERSION}"
+TAG="${TAG//[^A-Za-z0-9_.-]/-}" # a tag is [A-Za-z0-9_.-]
+CHDB_LIB="${CHDB_LIB_PATH:-$PWD/.cache/chdb/current/libchdb.so}"
+CHDB_LIB="$(readlink -f "$CHDB_LIB")"
+[ -f "$CHDB_LIB" ] || { log "libchdb not found at $CHDB_LIB (make deps)"; exit 1; }
+# Files and the images' creation time from the commit: same commit, same layers.
+EPOCH="$(git log -1 --format=%ct 2>/dev/null || echo 0)"
+NONROOT=65532
+
+WORK="$PWD/var/image"
+rm -rf "$WORK/base" "$WORK/chdb"
+mkdir -p "$WORK/base" "$WORK/chdb" "$STORE"
+
+# The binary: make build's flags plus -s -w (no symbol table or DWARF: a
+# third smaller; panics still print file:line). Only the link step differs
+# from make build, so no package is compiled again.
+log "go build (stripped) -> $WORK/dualflow"
+CGO_ENABLED=0 go build -ldflags "-s -w -X main.version=$VERSION -X main.commit=$COMMIT" -o "$WORK/dualflow" ./cmd/dualflow
+
+# copy_libs ROOT ELF: copies ELF's program interpreter and the shared
+# libraries ldd resolves for it, the exact host files, to the same paths
+# under ROOT (symlinks resolved), skipping those already in SKIP (a root).
+copy_libs() {
+  local root=$1 elf=$2 skip=${3:-} p
+  for p in $(ldd "$elf" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }'); do
+    if [ -n "$skip" ] && [ -e "$skip$p" ]; then continue; fi
+    mkdir -p "$root$(dirname "$p")"
+    cp -L "$p" "$root$p"
+  done
+}
+
+# Base layer.
+b="$WORK/base"
+install -D -m 0755 "$WORK/dualflow" "$b/usr/bin/dualflow"
+copy_libs "$b" "$WORK/dualflow"
+[ -e "$b/lib64/ld-linux-x86-64.so.2" ] || { log "the binary's loader was not found by ldd"; exit 1; }
+install -D -m 0644 /etc/ssl/certs/ca-certificates.crt "$b/etc/ssl/certs/ca-certificates.crt"
+mkdir -p "$b/etc"
+printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:%d:%d:nonroot:/home/nonroot:/sbin/nologin\n' $NONROOT $NONROOT >"$b/etc/passwd"
+printf 'root:x:0:\nnonroot:x:%d:\n' $NONROOT >"$b/etc/group"
+chmod 0644 "$b/etc/passwd" "$b/etc/group"
+mkdir -p "$b/root" "$b/tmp" "$b/home/nonroot" "$b/var/lib/dualflow"
+chmod 0700 "$b/root" "$b/home/nonroot" "$b/var/lib/dualflow"
+chmod 1777 "$b/tmp"
+
+# Embedded-store layer: libchdb and what it needs beyond the base.
+c="$WORK/chdb"
+install -D -m 0644 "$CHDB_LIB" "$c/usr/lib/dualflow/libchdb.so"
+copy_libs "$c" "$CHDB_LIB" "$b"
+
+# Layer tarballs: every file root's, but the nonroot user's home and data
+# directory (so no root is needed to build them).
+tar_layer() {
+  local dir=$1 out=$2
+  tar --sort=name --mtime="@$EPOCH" --numeric-owner --owner=0 --group=0 \
+    --exclude=./home/nonroot --exclude=./var/lib/dualflow -C "$dir" -cf "$out" .
+  if [ -d "$dir/home/nonroot" ]; then
+    tar --mtime="@$EPOCH" --numeric-owner --owner=$NONROOT --group=$NONROOT \
+      -C "$dir" -rf "$out" ./home/nonroot ./var/lib/dualflow
+  fi
+}
+tar_layer "$b" "$WORK/base.tar"
+tar_layer "$c" "$WORK/chdb.tar"
+
+labels=(--label "org.opencontainers.image.title=dualflow"
+  --label "org.opencontainers.image.version=$VERSION"
+  --label "org.opencontainers.image.revision=$COMMIT"
+  --label "org.opencontainers.image.source=https://github.com/dualflow/dualflow")
+
+log "dualflow:$TAG"
+ctr=$(bah from --name "dualflow-build-$$" scratch)
+trap 'bah rm "$ctr" >/dev/null 2>&1 || true' EXIT
+bah add --quiet "$ctr" "$WORK/base.tar" /
+bah config "${labels[@]}" --user "$NONROOT:$NONROOT" --workingdir /var/lib/dualflow \
+  --entrypoint '["/usr/bin/dualflow"]' --env HOME=/home/nonroot "$ctr"
+bah commit --quiet --timestamp "$EPOCH" "$ctr" "localhost/dualflow:$TAG" >/dev/null
+bah rm "$ctr" >/dev/null
+
+log "dualflow-chdb:$TAG (+ libchdb)"
+ctr=$(bah from --name "dualflow-chdb-build-$$" "localhost/dualflow:$TAG")
+bah add --quiet "$ctr" "$WORK/chdb.tar" /
+bah config --env CHDB_LIB_PATH=/usr/lib/dualflow/libchdb.so \
+  --label "org.opencontainers.image.title=dualflow-chdb" "$ctr"
+bah commit --quiet --timestamp "$EPOCH" "$ctr" "localhost/dualflow-chdb:$TAG" >/dev/null
+bah rm "$ctr" >/dev/null
+trap - EXIT
+rm -rf "$WORK/base.tar" "$WORK/chdb.tar" "$WORK/base" "$WORK/chdb"
+
+if [ "${IMAGE_ARCHIVE:-1}" = 1 ]; then
+  for img in dualflow dualflow-chdb; do
+    rm -f "$WORK/$img-$TAG.oci.tar"
+    bah push --quiet "localhost/$img:$TAG" "oci-archive:$WORK/$img-$TAG.oci.tar:$img:$TAG"
+    log "saved $WORK/$img-$TAG.oci.tar ($(du -m "$WORK/$img-$TAG.oci.tar" | cut -f1) MB)"
+  done
+fi
+bah images --filter "reference=localhost/dualflow*:$TAG"
+log "run: scripts/image.sh podman run --rm localhost/dualflow:$TAG version"
