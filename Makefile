@@ -88,6 +88,13 @@ test-e2e: build kube-apiserver ## end-to-end tests in network-namespace labs (ro
 	@if [ "$$(id -u)" != 0 ]; then echo "test-e2e needs root (network namespaces)"; exit 1; fi
 	DUALFLOW_E2E=1 DUALFLOW_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m -v $(E2E_PKGS) 2>&1 | scripts/e2e-summary.sh
 
+# The deployment tier runs within test-e2e; this target runs it alone:
+# deploy/kubernetes and deploy/helm rendered in-process, checked, applied
+# to the real kube-apiserver, and the deployed RBAC proven (docs/deploy.md).
+.PHONY: deploy-check
+deploy-check: kube-apiserver ## render, check and apply the Kubernetes manifests and Helm chart (real API server)
+	DUALFLOW_E2E=1 $(GO) test -count=1 -v -run 'TestDeploy' ./test/e2e/
+
 # The security tier runs within test-unit and test-e2e; this target runs it
 # alone: the attacks of docs/security.md against the real engine and
 # listeners (unit), the collector binary (e2e TestSecurity) and the kill -9
