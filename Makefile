@@ -58,14 +58,15 @@ vet: ## go vet and gofmt check
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
 # make test builds the pinned kube-apiserver (first time: minutes, then
-# cached in .cache/kube-apiserver) in the background while the dependencies
+# cached in .cache/kube-apiserver) and the deployment tier's renderer
+# (test/deploy/render: its modules and Go build cache) in the background while the dependencies
 # install and vet and the unit tier run, and waits for it before the e2e
 # tier. The build needs only Go, which is on the machine from the start;
 # it runs at nice 10 so that the timing-sensitive tests get the CPU first.
 .PHONY: test
 test: ## install what tests need and run every test tier
 	@mkdir -p var; \
-	setsid nice -n 10 scripts/kube-apiserver.sh >var/kube-apiserver.log 2>&1 & kpid=$$!; \
+	setsid nice -n 10 sh -c 'scripts/kube-apiserver.sh && echo "[deploy-render] building test/deploy/render (kustomize, Helm; first time: minutes)" && cd test/deploy/render && $(GO) build -mod=readonly -o /dev/null .' >var/kube-apiserver.log 2>&1 & kpid=$$!; \
 	trap 'kill -- -$$kpid 2>/dev/null' INT TERM; \
 	status=0; $(MAKE) --no-print-directory deps vet test-unit || status=$$?; \
 	if [ $$status != 0 ]; then kill -- -$$kpid 2>/dev/null; wait $$kpid; exit $$status; fi; \
@@ -86,7 +87,7 @@ test-unit: ## unit and integration tests (real chDB engine, fake Kubernetes)
 .PHONY: test-e2e
 test-e2e: build kube-apiserver ## end-to-end tests in network-namespace labs (root), three IP modes
 	@if [ "$$(id -u)" != 0 ]; then echo "test-e2e needs root (network namespaces)"; exit 1; fi
-	DUALFLOW_E2E=1 DUALFLOW_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 20m -v $(E2E_PKGS) 2>&1 | scripts/e2e-summary.sh
+	DUALFLOW_E2E=1 DUALFLOW_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 30m -v $(E2E_PKGS) 2>&1 | scripts/e2e-summary.sh
 
 # The deployment tier runs within test-e2e; this target runs it alone:
 # deploy/kubernetes and deploy/helm rendered in-process, checked, applied

@@ -20,6 +20,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -176,6 +177,24 @@ func (e *Exporter) Run(ctx context.Context) error {
 		e.metricsAddr = ln.Addr()
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(e.reg, promhttp.HandlerOpts{Registry: e.reg}))
+		// Liveness: the process serves. Readiness: Ready is closed (the
+		// table is open, events subscribed, the first dump merged) and Run
+		// is not stopping.
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+		mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+			select {
+			case <-ctx.Done():
+				http.Error(w, "stopping", http.StatusServiceUnavailable)
+				return
+			default:
+			}
+			select {
+			case <-e.ready:
+				io.WriteString(w, "ok\n")
+			default:
+				http.Error(w, "starting: first conntrack dump not merged yet", http.StatusServiceUnavailable)
+			}
+		})
 		srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	}
 

@@ -202,6 +202,17 @@ func TestPipeline(t *testing.T) {
 		body = scrape(t, e)
 		return strings.Contains(body, "dualflow_exporter_conntrack_event_loss_total 1")
 	})
+	// Ready: the probes the DaemonSet uses answer 200.
+	for _, path := range []string{"/healthz", "/readyz"} {
+		resp, err := http.Get("http://" + e.metricsAddr.String() + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("%s: %s, want 200 once Ready", path, resp.Status)
+		}
+	}
 	for _, want := range []string{
 		"dualflow_exporter_conntrack_event_loss_total 1",
 		`dualflow_exporter_conntrack_events_total{type="destroy"} 1`,

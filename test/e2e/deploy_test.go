@@ -258,7 +258,9 @@ func checkDeployObjects(t *testing.T, c deployCase, objs []*unstructured.Unstruc
 		!reflect.DeepEqual(sc.Capabilities.Add, []corev1.Capability{"NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_PTRACE"}) {
 		t.Errorf("exporter securityContext %+v: want unprivileged, drop ALL, add NET_ADMIN NET_RAW SYS_ADMIN SYS_PTRACE", sc)
 	}
-	if ec.ReadinessProbe == nil || ec.ReadinessProbe.HTTPGet == nil || ec.Resources.Requests.Memory().IsZero() || ec.Resources.Limits.Memory().IsZero() {
+	if ec.ReadinessProbe == nil || ec.ReadinessProbe.HTTPGet == nil || ec.ReadinessProbe.HTTPGet.Path != "/readyz" ||
+		ec.LivenessProbe == nil || ec.LivenessProbe.HTTPGet == nil || ec.LivenessProbe.HTTPGet.Path != "/healthz" ||
+		ec.Resources.Requests.Memory().IsZero() || ec.Resources.Limits.Memory().IsZero() {
 		t.Errorf("exporter probe %+v resources %+v", ec.ReadinessProbe, ec.Resources)
 	}
 	if !slices.ContainsFunc(ec.VolumeMounts, func(m corev1.VolumeMount) bool { return m.MountPath == "/run/netns" }) {
