@@ -277,6 +277,15 @@ func checkDeployObjects(t *testing.T, c deployCase, objs []*unstructured.Unstruc
 	if cp.ServiceAccountName != "dualflow-collector" || dep.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType {
 		t.Errorf("collector sa %s strategy %s", cp.ServiceAccountName, dep.Spec.Strategy.Type)
 	}
+	if psc := cp.SecurityContext; psc == nil || psc.RunAsUser == nil || *psc.RunAsUser != 65532 || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot ||
+		psc.FSGroup == nil || *psc.FSGroup != 65532 {
+		t.Errorf("collector pod security context %+v: want the image's non-root user 65532 with fsGroup 65532", psc)
+	}
+	for _, v := range cp.Volumes {
+		if v.Secret != nil && (v.Secret.DefaultMode == nil || *v.Secret.DefaultMode != 0o440) {
+			t.Errorf("collector Secret volume %s: mode %v, want 0440 (owner and the fsGroup)", v.Name, v.Secret.DefaultMode)
+		}
+	}
 	if cc.ReadinessProbe == nil || cc.ReadinessProbe.HTTPGet == nil || cc.ReadinessProbe.HTTPGet.Path != "/readyz" ||
 		cc.LivenessProbe == nil || cc.LivenessProbe.HTTPGet == nil || cc.LivenessProbe.HTTPGet.Path != "/healthz" {
 		t.Errorf("collector probes: readiness %+v liveness %+v", cc.ReadinessProbe, cc.LivenessProbe)
@@ -537,14 +546,16 @@ func checkPodSecurity(t *testing.T, ctx context.Context, s *kubeapi.Server, objs
 	var dep appsv1.Deployment
 	find(t, objs, "DaemonSet", "dualflow-exporter", &ds)
 	find(t, objs, "Deployment", "dualflow-collector", &dep)
-	const baselineNS = "pss-baseline"
-	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: baselineNS, Labels: map[string]string{"pod-security.kubernetes.io/enforce": "baseline"}}}
-	if _, err := s.Admin.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-		t.Fatal(err)
-	}
-	for _, sa := range []string{"dualflow-collector", "dualflow-exporter"} {
-		if _, err := s.Admin.CoreV1().ServiceAccounts(baselineNS).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+	const baselineNS, restrictedNS = "pss-baseline", "pss-restricted"
+	for level, name := range map[string]string{"baseline": baselineNS, "restricted": restrictedNS} {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"pod-security.kubernetes.io/enforce": level}}}
+		if _, err := s.Admin.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatal(err)
+		}
+		for _, sa := range []string{"dualflow-collector", "dualflow-exporter"} {
+			if _, err := s.Admin.CoreV1().ServiceAccounts(name).Create(ctx, &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: sa}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+				t.Fatal(err)
+			}
 		}
 	}
 	pod := func(name, ns string, tpl corev1.PodTemplateSpec) error {
@@ -561,6 +572,8 @@ func checkPodSecurity(t *testing.T, ctx context.Context, s *kubeapi.Server, objs
 		{"exporter", deployNS, ds.Spec.Template, true},
 		{"collector", deployNS, dep.Spec.Template, true},
 		{"collector", baselineNS, dep.Spec.Template, true},
+		// Non-root, no capability, no escalation, RuntimeDefault seccomp.
+		{"collector", restrictedNS, dep.Spec.Template, true},
 		{"exporter", baselineNS, ds.Spec.Template, false},
 	} {
 		err := pod("dualflow-"+tc.name+"-probe", tc.ns, tc.tpl)

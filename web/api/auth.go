@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"syscall"
 
 	"github.com/gin-gonic/gin"
 )
@@ -48,8 +49,11 @@ func (t *Tokens) Enabled() bool { return t != nil && len(t.byHash) > 0 }
 
 // LoadTokens reads a token file: one "token role [name]" per line, role
 // viewer or operator; blank lines and # comments are skipped. Like ssh
-// with a private key, it refuses a file group or others may read or
-// write (the tokens are secrets).
+// with a private key, it refuses a file others may read or write, or its
+// group may write (the tokens are secrets). Group read is accepted only for
+// a group the process belongs to: Kubernetes mounts a Secret root-owned,
+// readable by the pod's fsGroup (defaultMode 0440), so that a non-root
+// collector can read it and nobody else.
 func LoadTokens(path string) (*Tokens, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -60,8 +64,8 @@ func LoadTokens(path string) (*Tokens, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tokens: %w", err)
 	}
-	if perm := fi.Mode().Perm(); perm&0o077 != 0 {
-		return nil, fmt.Errorf("tokens file %s has mode %#o: it holds secrets, so group and others must have no access (chmod 600 %s)", path, perm, path)
+	if err := secretFileMode(path, fi); err != nil {
+		return nil, err
 	}
 	t := &Tokens{byHash: map[[32]byte]Principal{}}
 	sc := bufio.NewScanner(f)
@@ -160,4 +164,28 @@ func principalOf(c *gin.Context) Principal {
 		return v.(Principal)
 	}
 	return Principal{}
+}
+
+// secretFileMode refuses a secret file that others may access or its group
+// may write, and group read by a group the process is not in.
+func secretFileMode(path string, fi os.FileInfo) error {
+	perm := fi.Mode().Perm()
+	if perm&0o027 != 0 {
+		return fmt.Errorf("tokens file %s has mode %#o: it holds secrets, so others must have no access and the group no write (chmod 600 %s)", path, perm, path)
+	}
+	if perm&0o040 == 0 {
+		return nil
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fmt.Errorf("tokens file %s has mode %#o: group read is accepted only for the process's own group (chmod 600 %s)", path, perm, path)
+	}
+	groups, _ := os.Getgroups()
+	groups = append(groups, os.Getegid())
+	for _, g := range groups {
+		if uint32(g) == st.Gid {
+			return nil
+		}
+	}
+	return fmt.Errorf("tokens file %s has mode %#o and group %d, which this process is not in: group and others must have no access (chmod 600 %s)", path, perm, st.Gid, path)
 }

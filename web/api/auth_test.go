@@ -3,6 +3,7 @@ package api
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -46,7 +47,8 @@ func TestLoadTokensPermissions(t *testing.T) {
 		{0o400, true},
 		{0o700, true},
 		{0o644, false},
-		{0o640, false},
+		{0o640, true}, // the process's own group (a pod's fsGroup); another group: below
+		{0o440, true},
 		{0o604, false},
 		{0o620, false},
 		{0o602, false},
@@ -70,6 +72,22 @@ func TestLoadTokensPermissions(t *testing.T) {
 			t.Errorf("mode %#o: accepted", tc.mode)
 		case !tc.ok && !strings.Contains(err.Error(), "chmod 600 "+path):
 			t.Errorf("mode %#o: the error does not say the fix: %v", tc.mode, err)
+		}
+	}
+	// Group read for a group the process is not in is refused.
+	if os.Geteuid() == 0 {
+		path := filepath.Join(t.TempDir(), "tokens")
+		os.WriteFile(path, []byte("tok operator alice\n"), 0o600)
+		os.Chmod(path, 0o440)
+		const other = 54321 // in no group of this process (checked)
+		groups, _ := os.Getgroups()
+		if !slices.Contains(append(groups, os.Getegid()), other) {
+			if err := os.Chown(path, -1, other); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := LoadTokens(path); err == nil || !strings.Contains(err.Error(), "chmod 600 "+path) {
+				t.Errorf("mode 0440, group %d: %v, want refused", other, err)
+			}
 		}
 	}
 	// Through a symlink (a Kubernetes Secret volume), the file's own mode counts.
