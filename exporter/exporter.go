@@ -24,6 +24,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"sync"
 	"time"
 
@@ -166,6 +167,9 @@ func (e *Exporter) Run(ctx context.Context) error {
 		if err := e.checkAccounting(src); err != nil {
 			return err
 		}
+		if err := e.checkPermission(src); err != nil {
+			return err
+		}
 	}
 	var srv *http.Server
 	var ln net.Listener
@@ -298,6 +302,22 @@ func (e *Exporter) checkAccounting(src source) error {
 			return err
 		}
 		e.log.Warn("exporting with degraded records", "err", err)
+	}
+	return nil
+}
+
+// checkPermission dumps the table once: a dump refused for lack of
+// privilege will not succeed later, so the exporter fails at start with
+// what it needs rather than run exporting nothing. Other errors are left
+// to poll, which logs and retries them.
+func (e *Exporter) checkPermission(src source) error {
+	if len(e.versions) == 0 {
+		return nil
+	}
+	var err error
+	e.dumpBuf, err = src.Dump(e.versions[0], e.dumpBuf[:0])
+	if errors.Is(err, os.ErrPermission) {
+		return fmt.Errorf("conntrack dump refused (%w): the exporter needs CAP_NET_ADMIN in the target network namespace, and CAP_SYS_ADMIN to enter it with --exporter.netns", err)
 	}
 	return nil
 }

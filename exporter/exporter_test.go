@@ -4,13 +4,16 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/netip"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -30,6 +33,8 @@ type fakeSource struct {
 	dumps  atomic.Int32
 	events chan []connstore.Conn
 	errs   chan error
+	// dumpErr makes every Dump fail.
+	dumpErr error
 }
 
 func newFake(conns ...connstore.Conn) *fakeSource {
@@ -45,6 +50,9 @@ func (f *fakeSource) set(conns ...connstore.Conn) {
 
 func (f *fakeSource) Dump(v uint8, dst []connstore.Conn) ([]connstore.Conn, error) {
 	f.dumps.Add(1)
+	if f.dumpErr != nil {
+		return dst, f.dumpErr
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, c := range f.table {
@@ -612,5 +620,24 @@ func TestFlags(t *testing.T) {
 				tc.check(t, c)
 			}
 		})
+	}
+}
+
+// TestRunRefusedDump: without CAP_NET_ADMIN the kernel refuses conntrack
+// dumps; the exporter stops at start saying what it needs instead of
+// running, ready-looking, exporting nothing. Other dump errors are logged
+// and retried by the poll loop.
+func TestRunRefusedDump(t *testing.T) {
+	src := newFake()
+	src.dumpErr = fmt.Errorf("conntrack dump IPv4: netfilter query: netlink receive: %w", syscall.EPERM)
+	cfg := testConfig("127.0.0.1:1")
+	cfg.MetricsAddr = ""
+	e, err := newExporter(cfg, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = e.Run(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "CAP_NET_ADMIN") || !errors.Is(err, os.ErrPermission) {
+		t.Fatalf("Run: %v, want a refusal naming CAP_NET_ADMIN", err)
 	}
 }
