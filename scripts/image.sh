@@ -16,7 +16,8 @@
 #                        fakecgo links it dynamically: ld.so, libc, libdl,
 #                        libpthread), CA certificates, /etc/passwd and
 #                        /etc/group with user nonroot (65532), the default
-#                        user. About 100 MB: the exporter DaemonSet (every
+#                        user, and the node agent's nft, ovs-appctl and
+#                        ovs-ofctl. About 110 MB: the exporter DaemonSet (every
 #                        node), the web, and the collector on a ClickHouse
 #                        server (--clickhouse.dsn).
 #   dualflow-chdb:<tag>  plus the pinned libchdb.so (about 570 MB) and the
@@ -109,6 +110,17 @@ install -D -m 0755 "$WORK/dualflow" "$b/usr/bin/dualflow"
 copy_libs "$b" "$WORK/dualflow"
 [ -e "$b/lib64/ld-linux-x86-64.so.2" ] || { log "the binary's loader was not found by ldd"; exit 1; }
 install -D -m 0644 /etc/ssl/certs/ca-certificates.crt "$b/etc/ssl/certs/ca-certificates.crt"
+# The node agent's tools: nft (kernel-datapath traceflow: trace tables and
+# `nft monitor trace`), ovs-appctl and ovs-ofctl (the OVS source and
+# OVS-datapath traceflow), the host's files with their libraries. Each must
+# run inside the image's root, checked here.
+for tool in nft ovs-appctl ovs-ofctl; do
+  p=$(command -v "$tool") || { log "$tool not found (scripts/deps.sh installs nftables and openvswitch-switch)"; exit 1; }
+  p=$(readlink -f "$p")
+  install -D -m 0755 "$p" "$b$p"
+  copy_libs "$b" "$p"
+  chroot "$b" "$p" --version >/dev/null || { log "$tool does not run inside the image"; exit 1; }
+done
 mkdir -p "$b/etc"
 printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:%d:%d:nonroot:/home/nonroot:/sbin/nologin\n' $NONROOT $NONROOT >"$b/etc/passwd"
 printf 'root:x:0:\nnonroot:x:%d:\n' $NONROOT >"$b/etc/group"
