@@ -813,15 +813,6 @@ func (d *Decoder) fixup(pf post, sc *scratch, r *flow.Record, mc *msgCtx) {
 	if pf&postDuration != 0 && r.FlowEnd.IsZero() && !r.FlowStart.IsZero() && sc.duration != 0 {
 		r.FlowEnd = r.FlowStart.Add(time.Duration(sc.duration) * time.Millisecond)
 	}
-	if pf&postNATDst != 0 && sc.natDst.IsValid() && sc.natDst != r.DstAddr {
-		// IANA reading: destination* is pre-NAT (the Service), postNAT*
-		// the endpoint reached. Ours: DstAddr is the endpoint.
-		r.ServiceAddr, r.ServicePort = r.DstAddr, r.DstPort
-		r.DstAddr = sc.natDst
-		if sc.natDstPort != 0 {
-			r.DstPort = sc.natDstPort
-		}
-	}
 	if pf&postDual != 0 {
 		v4 := filled(sc.src4, sc.dst4)
 		v6 := filled(sc.src6, sc.dst6)
@@ -835,6 +826,15 @@ func (d *Decoder) fixup(pf post, sc *scratch, r *flow.Record, mc *msgCtx) {
 			r.SrcAddr, r.DstAddr = sc.src6, sc.dst6
 		case v4:
 			r.SrcAddr, r.DstAddr = sc.src4, sc.dst4
+		}
+	}
+	if pf&postNATDst != 0 && sc.natDst.IsValid() && sc.natDst != r.DstAddr {
+		// IANA reading: destination* is pre-NAT (the Service), postNAT*
+		// the endpoint reached. Ours: DstAddr is the endpoint.
+		r.ServiceAddr, r.ServicePort = r.DstAddr, r.DstPort
+		r.DstAddr = sc.natDst
+		if sc.natDstPort != 0 {
+			r.DstPort = sc.natDstPort
 		}
 	}
 	if pf&postPolicy != 0 {
@@ -908,7 +908,7 @@ func addr16(v []byte) netip.Addr {
 // address: both elements present and not both unspecified (a zero-filled
 // pair means "no address of this family").
 func filled(src, dst netip.Addr) bool {
-	return src.IsValid() && dst.IsValid() && !(src.IsUnspecified() && dst.IsUnspecified())
+	return src.IsValid() && dst.IsValid() && !(src.Unmap().IsUnspecified() && dst.Unmap().IsUnspecified())
 }
 
 // pairAddrs leaves a record's source and destination as read when the pair

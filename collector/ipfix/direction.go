@@ -10,9 +10,11 @@ import (
 // dirTracker remembers, per directional tuple of one observation domain,
 // which flowDirection's records are kept (DirectionAuto). It holds only the
 // tuples of exporters that send flowDirection: at most dirTrackMax per
-// session, each charged dirTupleBytes to the listener's state budget
-// (Limits.Budget, shared with templates), so a hostile exporter cannot grow
-// it without bound; a tuple not seen for dirTrackIdle is forgotten.
+// session, each charged dirTupleBytes to the listener's tuple budget
+// (Limits.TupleBudget, its own: a full one never refuses a template), so a
+// hostile exporter cannot grow it without bound; a tuple not seen for
+// dirTrackIdle is forgotten by a sweep at most once a minute per domain (a
+// full session does not sweep per record).
 type dirTracker struct {
 	m         map[dirKey]dirEntry
 	lastSweep int64 // unix seconds
@@ -35,6 +37,10 @@ const (
 	dirTupleBytes = 128     // a map entry: key, value and the map's overhead
 )
 
+// DefaultTupleBytesTotal bounds the tuples flowDirection auto tracks over
+// every session of a listener: 64 MiB, 524,288 tuples.
+const DefaultTupleBytesTotal = 64 << 20
+
 // keep reports whether the record r of direction dir is kept: a tuple's
 // first direction is, the other (the same packets observed at the other
 // end of the exporter) is not. Past the session's or the budget's bound,
@@ -51,10 +57,10 @@ func (t *dirTracker) keep(r *flow.Record, dir int8, now time.Time, s *Session) (
 		t.m[k] = dirEntry{dir: e.dir, seen: sec}
 		return e.dir == dir, false
 	}
-	if sec-t.lastSweep >= 60 || s.tuples >= dirTrackMax {
+	if sec-t.lastSweep >= 60 {
 		t.sweep(sec, s)
 	}
-	if s.tuples >= dirTrackMax || !s.lim.Budget.take(dirTupleBytes) {
+	if s.tuples >= dirTrackMax || !s.lim.TupleBudget.take(dirTupleBytes) {
 		return true, true
 	}
 	t.m[k] = dirEntry{dir: dir, seen: sec}
@@ -68,7 +74,7 @@ func (t *dirTracker) sweep(sec int64, s *Session) {
 		if sec-e.seen > dirTrackIdle {
 			delete(t.m, k)
 			s.tuples--
-			s.lim.Budget.give(dirTupleBytes)
+			s.lim.TupleBudget.give(dirTupleBytes)
 		}
 	}
 }

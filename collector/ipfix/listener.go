@@ -197,6 +197,9 @@ func New(cfg Config, out *pipeline.Queue, pool *pipeline.Pool, pm *pipeline.Metr
 	if cfg.Limits.Budget == nil {
 		cfg.Limits.Budget = NewTemplateBudget(cfg.MaxTemplateBytesTotal)
 	}
+	if cfg.Limits.TupleBudget == nil {
+		cfg.Limits.TupleBudget = NewTemplateBudget(DefaultTupleBytesTotal)
+	}
 	cfg.AllowedSources = cfg.AllowedSources.normalize()
 	l := &Listener{cfg: cfg, out: out, pool: pool, m: newMetrics(reg), pm: pm, log: log,
 		warns: newLogLimiter(log, warnEvery, warnSources)}

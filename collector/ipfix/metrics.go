@@ -54,7 +54,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "dualflow_ipfix_messages_by_protocol_total", Help: "Messages decoded, by protocol: ipfix, netflow9, netflow5 (the version in the message header).",
 		}, []string{"protocol"}),
 		untracked: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "dualflow_ipfix_direction_untracked_records_total", Help: "Records with flowDirection kept without tracking their tuple: --collector.ipfix.flow-direction auto past its memory bound (65,536 tuples per session, and the shared --collector.ipfix.max-template-bytes-total budget at 128 bytes a tuple). An exporter reporting packets in and out may be counted twice for them.",
+			Name: "dualflow_ipfix_direction_untracked_records_total", Help: "Records with flowDirection kept without tracking their tuple: --collector.ipfix.flow-direction auto past its memory bound (65,536 tuples per session, 64 MiB for all sessions at 128 bytes a tuple). An exporter reporting packets in and out may be counted twice for them.",
 		}),
 		bothFams: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "dualflow_ipfix_records_both_families_total", Help: "Records whose template carries both families' addresses and that filled both (contradictory): the IPv6 addresses are kept.",

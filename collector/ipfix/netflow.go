@@ -175,9 +175,15 @@ func (d *Decoder) optionsSetV9(s *Session, dom *domain, set []byte, now time.Tim
 			return n, dropf(ReasonTemplate, "netflow v9 options template %d: %v", id, err)
 		}
 		d.install(s, dom, id, true, set[:rl], specs, now)
-		// Options template records are padded to 4 bytes (RFC 3954 6.1).
-		set = set[min(len(set), (rl+3)&^3):]
+		set = set[rl:]
 		n++
+		// Records follow each other back to back (RFC 3954 6.1 pads the
+		// flowset's end); some exporters pad each record to 4 bytes. A
+		// template ID is at least 256, so its first byte is never 0: zero
+		// bytes up to the alignment are padding.
+		if pad := (4 - rl%4) % 4; pad > 0 && len(set) >= pad && allZero(set[:pad]) {
+			set = set[pad:]
+		}
 	}
 	return n, nil
 }
@@ -267,12 +273,15 @@ func (d *Decoder) decodeV5(s *Session, msg []byte, now time.Time, dst []flow.Rec
 
 // uptimeTime is the wall-clock time of a sysUptime value t (ms) in a
 // message exported at export when the exporter's uptime was uptime. The
-// difference is taken modulo 2^32, so it survives the 49.7-day wrap.
+// difference is taken modulo 2^32 as a signed value: it survives the
+// 49.7-day wrap, and a time stamped just after the header's uptime (an
+// exporter reading its clock twice) is a few ms after the export time,
+// not 49.7 days before it.
 func uptimeTime(export time.Time, uptime, t uint32) time.Time {
 	if t == 0 {
 		return time.Time{}
 	}
-	return export.Add(-time.Duration(uptime-t) * time.Millisecond)
+	return export.Add(-time.Duration(int32(uptime-t)) * time.Millisecond)
 }
 
 // protocol is the flow protocol of a message, for sequence accounting.
@@ -291,7 +300,10 @@ const (
 // messages. A domain's convention is learned: every convention that
 // explains each loss-free step stays a candidate, the protocol's own
 // first; a step none of them explains is a loss (or reordering), measured
-// with the best candidate.
+// with the best candidate. The protocol's own convention is dropped only
+// after another one explained two steps in a row that it did not (one
+// such step may be a loss that another convention explains by chance),
+// and three unexplained steps in a row start the learning again.
 const (
 	convData     = iota // data records (options data records included)
 	convAll             // data and template records
@@ -312,6 +324,10 @@ type seqState struct {
 	next  [numConventions]uint32
 	known [numConventions]bool
 	alive uint8 // bit per convention still consistent with every step
+	// otherStreak counts the steps in a row that another convention
+	// explained and the protocol's own did not; misses the steps in a row
+	// that none explained.
+	otherStreak, misses uint8
 	// lostRecords and lostMessages are the losses seen, in the unit of
 	// the convention that measured them.
 	lostRecords, lostMessages uint64
@@ -342,10 +358,23 @@ func (d *Decoder) sequence(dom *domain, p protocol, seq uint32, c seqCounts) {
 			}
 		}
 	}
+	spec := uint8(1) << specConvention[p]
 	switch {
 	case matched != 0:
-		st.alive &^= checked &^ matched
+		st.misses = 0
+		drop := checked &^ matched
+		if drop&spec != 0 {
+			if st.otherStreak++; st.otherStreak < 2 {
+				drop &^= spec
+			}
+		} else {
+			st.otherStreak = 0
+		}
+		st.alive &^= drop
 	case checked != 0:
+		if st.misses++; st.misses >= 3 {
+			st.alive, st.misses, st.otherStreak = 1<<numConventions-1, 0, 0
+		}
 		conv := specConvention[p]
 		if checked&(1<<conv) == 0 {
 			for i := range numConventions {

@@ -320,6 +320,21 @@ func TestSequenceConventions(t *testing.T) {
 			t.Errorf("lost %d records, %d messages; want 4 records", d.Stats.SequenceLost, d.Stats.SequenceLostMessages)
 		}
 	})
+	t.Run("v9 loss that another convention explains", func(t *testing.T) {
+		// An RFC 3954 exporter (packets), 3 records a packet. Packet 1
+		// loses nothing, then packets 1 and 2 are lost: packet 3's number,
+		// 3, is what counting records from packet 0 would expect (0+3),
+		// an ambiguous step that must not drop the protocol's own
+		// convention. Both losses are counted, in packets.
+		d := NewDecoder()
+		s := NewSession(exporterAP, UDP, Limits{})
+		three := v9Set(260, rec, rec, rec)
+		decodeAll(t, d, s, v9Message(0, 0, 0, v9Set(0, tmpl), three),
+			v9Message(0, 3, 0, three), v9Message(0, 4, 0, three), v9Message(0, 5, 0, three), v9Message(0, 7, 0, three))
+		if d.Stats.SequenceLostMessages != 1 || d.Stats.SequenceLost != 0 {
+			t.Errorf("lost %d messages, %d records; want 1 message (the first loss is hidden by the ambiguous step)", d.Stats.SequenceLostMessages, d.Stats.SequenceLost)
+		}
+	})
 	t.Run("ipfix counting messages", func(t *testing.T) {
 		d := NewDecoder()
 		s := NewSession(exporterAP, UDP, Limits{})
@@ -462,13 +477,15 @@ func BenchmarkDecodeNetFlow(b *testing.B) {
 }
 
 // TestDirectionAutoBounded: the tuples DirectionAuto remembers are charged
-// to the listener's state budget; past it records are kept untracked and
-// counted, and a closed session gives its tuples' memory back.
+// to the listener's tuple budget; past it records are kept untracked and
+// counted, templates are still accepted (their budget is another), and a
+// closed session gives its tuples' memory back.
 func TestDirectionAutoBounded(t *testing.T) {
 	tmpl := v9Template(260, v9Src4, v9Dst4, v9SrcPort, v9DstPort, v9Proto, v9Dir)
-	budget := NewTemplateBudget(4096) // the template and a few tuples
+	budget := NewTemplateBudget(10 * dirTupleBytes)
+	templates := NewTemplateBudget(1 << 20)
 	d := NewDecoder()
-	s := NewSession(exporterAP, UDP, Limits{Budget: budget})
+	s := NewSession(exporterAP, UDP, Limits{TupleBudget: budget, Budget: templates})
 	msgs := [][]byte{v9Message(0, 0, 0, v9Set(0, tmpl))}
 	for i := range 64 {
 		msgs = append(msgs, v9Message(0, uint32(i+1), 0, v9Set(260,
@@ -476,18 +493,79 @@ func TestDirectionAutoBounded(t *testing.T) {
 			cat(lab4a, lab4b, be16(uint16(1000+i)), be16(80), []byte{6, 1}))))
 	}
 	out := decodeAll(t, d, s, msgs...)
-	if d.Stats.DirectionUntracked == 0 || s.tuples == 0 || s.tuples >= 64 {
+	if d.Stats.DirectionUntracked == 0 || s.tuples != 10 {
 		t.Fatalf("%d tuples tracked, %d records untracked: the budget should bound the tracking", s.tuples, d.Stats.DirectionUntracked)
 	}
 	// Tracked tuples count once; untracked ones keep both records.
 	if want := s.tuples + 2*(64-s.tuples); len(out) != want {
 		t.Errorf("%d records, want %d", len(out), want)
 	}
-	if budget.Used() > 4096 {
+	if budget.Used() > 10*dirTupleBytes {
 		t.Errorf("budget over its bound: %d", budget.Used())
 	}
-	s.Close()
-	if budget.Used() != 0 {
-		t.Errorf("a closed session still holds %d bytes", budget.Used())
+	// A new template is accepted with the tuple budget spent.
+	decodeAll(t, d, s, v9Message(0, 100, 0, v9Set(0, v9Template(261, v9Src4, v9Dst4))))
+	if d.Stats.TemplatesOverBudget != 0 || s.Templates() != 2 {
+		t.Errorf("templates %d, over budget %d", s.Templates(), d.Stats.TemplatesOverBudget)
 	}
+	s.Close()
+	if budget.Used() != 0 || templates.Used() != 0 {
+		t.Errorf("a closed session still holds %d tuple and %d template bytes", budget.Used(), templates.Used())
+	}
+}
+
+// TestNetFlowReviewCases: times stamped just after the header's uptime,
+// a dual-family template with a postNAT destination, options templates
+// packed back to back, and an IPv4-mapped zero pair.
+func TestNetFlowReviewCases(t *testing.T) {
+	export := time.Unix(1_780_000_000, 0)
+	t.Run("last switched after the header uptime", func(t *testing.T) {
+		d := NewDecoder()
+		s := NewSession(exporterAP, UDP, Limits{})
+		recs := decodeAll(t, d, s, v9Message(0, 0, 100_000, v9Set(0, v9Template(260, v9Src4, v9Dst4, v9First, v9Last)),
+			v9Set(260, cat(lab4a, lab4b, be32(99_000), be32(100_001)))))
+		if len(recs) != 1 || !recs[0].FlowEnd.Equal(export.Add(time.Millisecond)) || !recs[0].FlowStart.Equal(export.Add(-time.Second)) {
+			t.Fatalf("records %+v", recs)
+		}
+	})
+	t.Run("dual family with postNAT destination", func(t *testing.T) {
+		d := NewDecoder()
+		s := NewSession(exporterAP, UDP, Limits{})
+		nat := []byte{198, 18, 0, 9}
+		recs := decodeAll(t, d, s, message(1, 0,
+			set(2, templateRec(300, fs{0, 8, 4}, fs{0, 12, 4}, fs{0, 27, 16}, fs{0, 28, 16}, fs{0, 226, 4})),
+			set(300, cat(lab4a, lab4b, zero6, zero6, nat))))
+		if len(recs) != 1 || recs[0].DstAddr.String() != "198.18.0.9" || recs[0].ServiceAddr.String() != "198.18.0.2" {
+			t.Fatalf("records %+v", recs)
+		}
+	})
+	t.Run("options templates back to back", func(t *testing.T) {
+		d := NewDecoder()
+		s := NewSession(exporterAP, UDP, Limits{})
+		// Each record is 6+4+2... = 14 bytes: not a multiple of 4.
+		o1 := cat(be16(300), be16(4), be16(4), be16(1), be16(4), be16(34), be16(2))
+		o2 := cat(be16(301), be16(4), be16(4), be16(1), be16(4), be16(35), be16(1))
+		decodeAll(t, d, s, v9Message(0, 0, 0, v9Set(1, o1, o2)))
+		if s.Templates() != 2 {
+			t.Errorf("%d templates, want 2", s.Templates())
+		}
+		// And padded to 4 bytes each, as some exporters do.
+		d2 := NewDecoder()
+		s2 := NewSession(exporterAP, UDP, Limits{})
+		decodeAll(t, d2, s2, v9Message(0, 0, 0, v9Set(1, cat(o1, []byte{0, 0}), o2)))
+		if s2.Templates() != 2 {
+			t.Errorf("padded: %d templates, want 2", s2.Templates())
+		}
+	})
+	t.Run("mapped zero pair", func(t *testing.T) {
+		d := NewDecoder()
+		s := NewSession(exporterAP, UDP, Limits{})
+		mapped0 := netip.MustParseAddr("::ffff:0.0.0.0").AsSlice()
+		recs := decodeAll(t, d, s, message(1, 0,
+			set(2, templateRec(300, fs{0, 8, 4}, fs{0, 12, 4}, fs{0, 27, 16}, fs{0, 28, 16})),
+			set(300, cat(lab4a, lab4b, mapped0, mapped0))))
+		if len(recs) != 1 || !recs[0].SrcAddr.Is4() || d.Stats.BothFamilies != 0 {
+			t.Fatalf("records %+v, stats %+v", recs, d.Stats)
+		}
+	})
 }

@@ -46,6 +46,10 @@ type Limits struct {
 	// Listener gives all its sessions one); nil bounds nothing beyond
 	// MaxTemplateBytes per session.
 	Budget *TemplateBudget
+	// TupleBudget bounds the memory of the tuples flowDirection auto
+	// tracks (dirTracker) over every session sharing it; nil bounds
+	// nothing beyond the per-session cap.
+	TupleBudget *TemplateBudget
 }
 
 // TemplateBudget is the template memory of many sessions together: a
@@ -207,7 +211,8 @@ func (s *Session) removeTemplate(d *domain, id uint16) bool {
 // Close forgets the session's templates and gives their memory back to the
 // budget. Call it when the session ends; it may be called more than once.
 func (s *Session) Close() {
-	s.lim.Budget.give(s.bytes + s.tuples*dirTupleBytes)
+	s.lim.Budget.give(s.bytes)
+	s.lim.TupleBudget.give(s.tuples * dirTupleBytes)
 	s.bytes, s.templates, s.tuples = 0, 0, 0
 	clear(s.domains)
 	s.last = nil
