@@ -83,9 +83,14 @@ func a(s string) netip.Addr { return netip.MustParseAddr(s) }
 
 // conn is a TCP connection client:sport → server:8080 with p packets each
 // way.
+// connStart is the start time of every conn: a connection's start time
+// does not change between observations (a new one means a new connection
+// on the tuple).
+var connStart = time.Now().Add(-time.Second).Truncate(time.Millisecond)
+
 func conn(client, server string, sport uint16, p uint64) connstore.Conn {
 	k := connstore.Key{Tuple: flow.Tuple{Src: a(client), Dst: a(server), Proto: flow.ProtoTCP, SrcPort: sport, DstPort: 8080}}
-	return connstore.Conn{Key: k, ID: uint32(sport), DstAddr: k.Dst, DstPort: k.DstPort, Start: time.Now().Add(-time.Second),
+	return connstore.Conn{Key: k, ID: uint32(sport), DstAddr: k.Dst, DstPort: k.DstPort, Start: connStart,
 		Packets: p, Bytes: 100 * p, ReversePackets: p, ReverseBytes: 100 * p, HasCounters: true, TCPState: "ESTABLISHED", Mark: 7}
 }
 

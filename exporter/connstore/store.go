@@ -522,13 +522,19 @@ func (e *entry) resume(base counters) {
 	}
 }
 
-// reusedBy reports whether c is a new connection on e's tuple.
+// reusedBy reports whether c is a new connection on e's tuple: a
+// different conntrack ID or a different start time. Either suffices: the
+// kernel may recycle a TIME_WAIT entry for the same tuple under the same
+// ID (its slab reused at once), and only the start time then tells.
 func (e *entry) reusedBy(c *Conn) bool {
-	if e.id != 0 && c.ID != 0 {
-		return e.id != c.ID
+	if e.id != 0 && c.ID != 0 && e.id != c.ID {
+		return true
 	}
 	if e.start != 0 && !c.Start.IsZero() && e.start != c.Start.UnixNano() {
 		return true
+	}
+	if e.id != 0 && c.ID != 0 {
+		return false // same ID and no start time that differs
 	}
 	if e.flags&flagCounters == 0 || !c.HasCounters {
 		return false

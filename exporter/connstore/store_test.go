@@ -39,6 +39,12 @@ func (f family) conn(sport uint16, id uint32, p uint64) Conn {
 		Packets: p, Bytes: 100 * p, ReversePackets: p, ReverseBytes: 200 * p, HasCounters: true, TCPState: "ESTABLISHED"}
 }
 
+// restarted is c as a new connection that started at start.
+func restarted(c Conn, start time.Time) Conn {
+	c.Start = start
+	return c
+}
+
 func ended(c Conn, stop time.Time) Conn {
 	c.Ended, c.Stop, c.TCPState = true, stop, "CLOSE"
 	return c
@@ -213,6 +219,17 @@ func TestStore(t *testing.T) {
 				{at: 7 * time.Second, merge: []Conn{ended(f.conn(1, 1, 12), t0.Add(5*time.Second))}, expire: true, len: n(1)},
 				{at: 8 * time.Second, merge: []Conn{ended(f.conn(1, 2, 2), t0.Add(8*time.Second))}, expire: true,
 					want: []got{f.want(flow.EndReasonEndOfFlow, 1, 2, 2, 8*time.Second)}, len: n(0)},
+			}},
+			// The kernel recycles a TIME_WAIT entry for the same tuple
+			// with the same conntrack id (destroy and new 15 µs apart):
+			// the new start time tells the new connection apart, so the
+			// old one is exported whole and the new one is its own.
+			{"a recycled entry: same id, new start", []step{
+				{at: 0, merge: []Conn{f.conn(1, 7, 10)}},
+				{at: 5 * time.Second, merge: []Conn{restarted(f.conn(1, 7, 2), t0.Add(5*time.Second))},
+					want: []got{f.want(flow.EndReasonEndOfFlow, 1, 10, 10, 0)}, len: n(1)},
+				{at: 6 * time.Second, merge: []Conn{ended(restarted(f.conn(1, 7, 3), t0.Add(5*time.Second)), t0.Add(6*time.Second))}, expire: true,
+					want: []got{f.want(flow.EndReasonEndOfFlow, 1, 3, 3, 6*time.Second)}, len: n(0)},
 			}},
 			{"flush forces out everything unexported", []step{
 				{at: 0, merge: []Conn{f.conn(1, 1, 10), f.conn(2, 2, 10)}},
