@@ -322,3 +322,85 @@ func fill(b *testing.B, ns string, n int) {
 		}
 	}
 }
+
+// TestNetNSRecycledTuple: a second TCP connection from the same client
+// port right after the first (closed with a reset) takes the same tuple;
+// conntrack replaces the entry, possibly under the same ID (issue 24 saw
+// destroy and new 15 µs apart with one ID). The exporter must export two
+// connections, each with its own start time and counters, in both
+// families.
+func TestNetNSRecycledTuple(t *testing.T) {
+	ctlab.Require(t)
+	l := ctlab.New(t, "exprecycle")
+	l.Echo(t)
+	col := ipfixtest.Start(t, ipfixtest.Options{Address: "[::1]:0"})
+	cfg := NewConfig()
+	cfg.NodeName = "node-recycle"
+	cfg.MetricsAddr = ""
+	cfg.NetNS = l.Router
+	cfg.RequireAccounting = true
+	cfg.PollInterval = 200 * time.Millisecond
+	cfg.Store.IdleTimeout = time.Second
+	cfg.Store.ActiveTimeout = time.Hour
+	cfg.IPFIX.Address = col.Addr
+	cfg.IPFIX.FlushInterval = 50 * time.Millisecond
+	cfg.SetDefaults()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	e, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := run(t, e)
+	// Payloads far enough apart that each connection's forward bytes
+	// (payload plus under 1,000 bytes of headers) tell which it is, and
+	// both merged would be neither.
+	const first, second, headers = 1200, 6000, 1000
+	ports := map[uint8]uint16{}
+	for _, f := range ctlab.Families {
+		port := uint16(41000 + int(f.Version))
+		ports[f.Version] = port
+		dst := netip.AddrPortFrom(f.Server, ctlab.ServerPort)
+		l.ExchangeTCPFrom(t, port, dst, make([]byte, first))
+		l.ExchangeTCPFrom(t, port, dst, make([]byte, second))
+	}
+	// Connections by start time: the largest byte total of each.
+	conns := func(recs []flow.Record, v uint8) map[time.Time]uint64 {
+		out := map[time.Time]uint64{}
+		for _, r := range recs {
+			if r.IPVersion == v && r.SrcPort == ports[v] && r.Proto == flow.ProtoTCP {
+				out[r.FlowStart] = max(out[r.FlowStart], r.Bytes)
+			}
+		}
+		return out
+	}
+	recs := col.Wait(t, 30*time.Second, func(recs []flow.Record) bool {
+		for _, f := range ctlab.Families {
+			if len(conns(recs, f.Version)) < 2 {
+				return false
+			}
+		}
+		return true
+	})
+	for _, f := range ctlab.Families {
+		got := conns(recs, f.Version)
+		var small, large int
+		for _, b := range got {
+			switch {
+			case b >= first && b < first+headers:
+				small++
+			case b >= second && b < second+headers:
+				large++
+			default:
+				t.Errorf("IPv%d: a connection of %d forward bytes: not one exchange (%d or %d payload bytes)", f.Version, b, first, second)
+			}
+		}
+		if len(got) != 2 || small != 1 || large != 1 {
+			t.Errorf("IPv%d: connections by start time %v, want one of each exchange", f.Version, got)
+		}
+	}
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+}

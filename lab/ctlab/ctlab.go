@@ -373,6 +373,37 @@ func (l *Lab) Exchange(t testing.TB, network string, dst netip.AddrPort, payload
 	return netip.MustParseAddrPort(c.LocalAddr().String())
 }
 
+// ExchangeTCPFrom is Exchange over TCP from the client's local port
+// srcPort, closed with a reset (SO_LINGER 0): no TIME_WAIT is left on the
+// client, so the next exchange from the same port opens the same tuple
+// again, and conntrack replaces its entry with a new connection's.
+func (l *Lab) ExchangeTCPFrom(t testing.TB, srcPort uint16, dst netip.AddrPort, payload []byte) netip.AddrPort {
+	t.Helper()
+	var c *net.TCPConn
+	err := nsrun.Do(nsrun.Path(l.Client), func() error {
+		d := net.Dialer{Timeout: 5 * time.Second, LocalAddr: &net.TCPAddr{Port: int(srcPort)}}
+		nc, err := d.Dial("tcp", dst.String())
+		if err == nil {
+			c = nc.(*net.TCPConn)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetLinger(0)
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write(payload); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(payload))
+	if _, err := io.ReadFull(c, got); err != nil {
+		t.Fatalf("tcp %v: read echo: %v", dst, err)
+	}
+	return netip.MustParseAddrPort(c.LocalAddr().String())
+}
+
 // Entry is one line of `conntrack -L -o extended`, the independent reading
 // of the table the tests compare against.
 type Entry struct {
