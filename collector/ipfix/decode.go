@@ -284,24 +284,46 @@ func (d *Decoder) decode(s *Session, msg []byte, now time.Time, dst []flow.Recor
 	}
 	mc := msgCtx{now: now, exportTime: binary.BigEndian.Uint32(msg[4:]), domain: dom, exporter: s.exporter,
 		source: fipfix.SourceForeign, session: s}
-	body := msg[fipfix.MessageHeaderLen:]
+	dst, err := d.sets(s, msg[fipfix.MessageHeaderLen:], protoIPFIX, seq, &mc, dst)
+	return dst, err
+}
+
+// sets decodes the sets (NetFlow v9: flowsets) of a message body of
+// protocol p, IPFIX or NetFlow v9, which differ only in their template set
+// IDs and in v9's tolerance of zero padding at the end of a packet, then
+// checks the message's sequence number seq.
+func (d *Decoder) sets(s *Session, body []byte, p protocol, seq uint32, mc *msgCtx, dst []flow.Record) ([]flow.Record, error) {
+	what := "set"
+	if p == protoV9 {
+		what = "netflow v9 flowset"
+	}
+	dom, now := mc.domain, mc.now
 	var cnt seqCounts
 	for len(body) > 0 {
 		if len(body) < fipfix.SetHeaderLen {
-			return dst, dropf(ReasonSetLength, "%d bytes left for a set header", len(body))
+			if p == protoV9 && allZero(body) {
+				break // packet padding
+			}
+			return dst, dropf(ReasonSetLength, "%d bytes left for a %s header", len(body), what)
 		}
 		id := binary.BigEndian.Uint16(body)
 		l := int(binary.BigEndian.Uint16(body[2:]))
 		if l < fipfix.SetHeaderLen || l > len(body) {
-			return dst, dropf(ReasonSetLength, "set %d: length %d with %d bytes left", id, l, len(body))
+			return dst, dropf(ReasonSetLength, "%s %d: length %d with %d bytes left", what, id, l, len(body))
 		}
 		set := body[fipfix.SetHeaderLen:l]
 		body = body[l:]
 		var err error
+		var n int
 		switch {
-		case id == setTemplate || id == setOptionsTemplate:
-			var n int
+		case p == protoIPFIX && (id == setTemplate || id == setOptionsTemplate):
 			n, err = d.templateSet(s, dom, set, id == setOptionsTemplate, now)
+			cnt.templates += uint32(n)
+		case p == protoV9 && id == v9SetTemplate:
+			n, err = d.templateSetV9(s, dom, set, now)
+			cnt.templates += uint32(n)
+		case p == protoV9 && id == v9SetOptions:
+			n, err = d.optionsSetV9(s, dom, set, now)
 			cnt.templates += uint32(n)
 		case id >= fipfix.MinDataSetID:
 			t := d.liveTemplate(s, dom, id, now)
@@ -310,17 +332,17 @@ func (d *Decoder) decode(s *Session, msg []byte, now time.Time, dst []flow.Recor
 				cnt.unknown = true
 				continue
 			}
-			var n int
-			dst, n, err = d.dataSet(t, set, &mc, dst)
+			dst, n, err = d.dataSet(t, set, mc, dst)
 			cnt.data += uint32(n)
 		default:
-			// Set IDs 0, 1 (NetFlow v9) and 4..255 are reserved: skipped.
+			// Reserved set IDs (IPFIX: 0, 1 (NetFlow v9's) and 4-255;
+			// v9: 2-255): skipped.
 		}
 		if err != nil {
 			return dst, err
 		}
 	}
-	d.sequence(dom, protoIPFIX, seq, cnt)
+	d.sequence(dom, p, seq, cnt)
 	return dst, nil
 }
 

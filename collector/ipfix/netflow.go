@@ -36,8 +36,7 @@ const (
 	v5RecordLen         = 48
 	v5MaxRecords        = 30
 	enterpriseV9Vendor  = 0xffffffff // v9 field types ≥ 32768 and scope fields: skipped
-	v9ScopeFieldLen     = 4
-	maxV9FixedFieldSize = 0xfffe // 0xffff is IPFIX's variable length; v9 has none
+	maxV9FixedFieldSize = 0xfffe     // 0xffff is IPFIX's variable length; v9 has none
 )
 
 // decodeV9 decodes a NetFlow v9 export packet.
@@ -55,51 +54,7 @@ func (d *Decoder) decodeV9(s *Session, msg []byte, now time.Time, dst []flow.Rec
 	}
 	mc := msgCtx{now: now, exportTime: secs, domain: dom, exporter: s.exporter,
 		uptime: uptime, hasUptime: true, source: SourceNetFlow9, session: s}
-	body := msg[v9HeaderLen:]
-	var cnt seqCounts
-	for len(body) > 0 {
-		if len(body) < fipfix.SetHeaderLen {
-			if allZero(body) {
-				break // packet padding
-			}
-			return dst, dropf(ReasonSetLength, "netflow v9: %d bytes left for a flowset header", len(body))
-		}
-		id := binary.BigEndian.Uint16(body)
-		l := int(binary.BigEndian.Uint16(body[2:]))
-		if l < fipfix.SetHeaderLen || l > len(body) {
-			return dst, dropf(ReasonSetLength, "netflow v9 flowset %d: length %d with %d bytes left", id, l, len(body))
-		}
-		set := body[fipfix.SetHeaderLen:l]
-		body = body[l:]
-		var err error
-		switch {
-		case id == v9SetTemplate:
-			var n int
-			n, err = d.templateSetV9(s, dom, set, now)
-			cnt.templates += uint32(n)
-		case id == v9SetOptions:
-			var n int
-			n, err = d.optionsSetV9(s, dom, set, now)
-			cnt.templates += uint32(n)
-		case id >= fipfix.MinDataSetID:
-			t := d.liveTemplate(s, dom, id, now)
-			if t == nil {
-				d.Stats.UnknownSets++
-				cnt.unknown = true
-				continue
-			}
-			var n int
-			dst, n, err = d.dataSet(t, set, &mc, dst)
-			cnt.data += uint32(n)
-		default:
-			// FlowSet IDs 2-255 are reserved: skipped.
-		}
-		if err != nil {
-			return dst, err
-		}
-	}
-	d.sequence(dom, protoV9, seq, cnt)
-	return dst, nil
+	return d.sets(s, msg[v9HeaderLen:], protoV9, seq, &mc, dst)
 }
 
 // templateSetV9 reads the template records of a v9 template flowset and

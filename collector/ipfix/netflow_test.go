@@ -245,36 +245,46 @@ func TestMalformedNetFlowV9(t *testing.T) {
 // egress (Open vSwitch) is counted once whichever record comes first, while
 // reply flows marked egress (softflowd) are kept.
 func TestDirectionAuto(t *testing.T) {
-	tmpl := v9Template(260, v9Src4, v9Dst4, v9SrcPort, v9DstPort, v9Proto, v9InPkts, v9Dir)
-	rec := func(src, dst []byte, sport, dport uint16, dir byte) []byte {
-		return cat(src, dst, be16(sport), be16(dport), []byte{6}, be32(5), []byte{dir})
-	}
-	for _, tc := range []struct {
-		name string
-		recs [][]byte
-		keep int
+	for _, fam := range []struct {
+		name         string
+		src, dst     fs
+		addrA, addrB []byte
 	}{
-		{"ovs ingress first", [][]byte{rec(lab4a, lab4b, 1, 2, 0), rec(lab4a, lab4b, 1, 2, 1), rec(lab4b, lab4a, 2, 1, 0), rec(lab4b, lab4a, 2, 1, 1)}, 2},
-		{"ovs egress first", [][]byte{rec(lab4a, lab4b, 1, 2, 1), rec(lab4a, lab4b, 1, 2, 0), rec(lab4b, lab4a, 2, 1, 1), rec(lab4b, lab4a, 2, 1, 0)}, 2},
-		{"softflowd reply flows", [][]byte{rec(lab4a, lab4b, 1, 2, 0), rec(lab4b, lab4a, 2, 1, 1)}, 2},
+		{"IPv4", v9Src4, v9Dst4, lab4a, lab4b},
+		{"IPv6", v9Src6, v9Dst6, lab6a, lab6b},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			d := NewDecoder()
-			s := NewSession(exporterAP, UDP, Limits{})
-			msgs := [][]byte{v9Message(0, 0, 0, v9Set(0, tmpl))}
-			for i, r := range tc.recs {
-				msgs = append(msgs, v9Message(0, uint32(i+1), 0, v9Set(260, r)))
-			}
-			out := decodeAll(t, d, s, msgs...)
-			if len(out) != tc.keep || int(d.Stats.WrongDirection) != len(tc.recs)-tc.keep {
-				t.Fatalf("kept %d, skipped %d; want %d kept", len(out), d.Stats.WrongDirection, tc.keep)
-			}
-			// Later records of a tuple follow its first direction.
-			out = decodeAll(t, d, s, v9Message(0, 9, 0, v9Set(260, tc.recs...)))
-			if len(out) != tc.keep {
-				t.Errorf("second round kept %d, want %d", len(out), tc.keep)
-			}
-		})
+		tmpl := v9Template(260, fam.src, fam.dst, v9SrcPort, v9DstPort, v9Proto, v9InPkts, v9Dir)
+		a, b := fam.addrA, fam.addrB
+		rec := func(src, dst []byte, sport, dport uint16, dir byte) []byte {
+			return cat(src, dst, be16(sport), be16(dport), []byte{6}, be32(5), []byte{dir})
+		}
+		for _, tc := range []struct {
+			name string
+			recs [][]byte
+			keep int
+		}{
+			{"ovs ingress first", [][]byte{rec(a, b, 1, 2, 0), rec(a, b, 1, 2, 1), rec(b, a, 2, 1, 0), rec(b, a, 2, 1, 1)}, 2},
+			{"ovs egress first", [][]byte{rec(a, b, 1, 2, 1), rec(a, b, 1, 2, 0), rec(b, a, 2, 1, 1), rec(b, a, 2, 1, 0)}, 2},
+			{"softflowd reply flows", [][]byte{rec(a, b, 1, 2, 0), rec(b, a, 2, 1, 1)}, 2},
+		} {
+			t.Run(fam.name+"/"+tc.name, func(t *testing.T) {
+				d := NewDecoder()
+				s := NewSession(exporterAP, UDP, Limits{})
+				msgs := [][]byte{v9Message(0, 0, 0, v9Set(0, tmpl))}
+				for i, r := range tc.recs {
+					msgs = append(msgs, v9Message(0, uint32(i+1), 0, v9Set(260, r)))
+				}
+				out := decodeAll(t, d, s, msgs...)
+				if len(out) != tc.keep || int(d.Stats.WrongDirection) != len(tc.recs)-tc.keep {
+					t.Fatalf("kept %d, skipped %d; want %d kept", len(out), d.Stats.WrongDirection, tc.keep)
+				}
+				// Later records of a tuple follow its first direction.
+				out = decodeAll(t, d, s, v9Message(0, 9, 0, v9Set(260, tc.recs...)))
+				if len(out) != tc.keep {
+					t.Errorf("second round kept %d, want %d", len(out), tc.keep)
+				}
+			})
+		}
 	}
 }
 
