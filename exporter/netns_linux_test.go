@@ -363,6 +363,11 @@ func TestNetNSRecycledTuple(t *testing.T) {
 		ports[f.Version] = port
 		dst := netip.AddrPortFrom(f.Server, ctlab.ServerPort)
 		l.ExchangeTCPFrom(t, port, dst, make([]byte, first))
+		// The records' start times have millisecond resolution (the
+		// exporter compares conntrack's nanoseconds): the two connections
+		// must start in different milliseconds for the test to tell them
+		// apart. Not a wait for a condition: a spacing of the two starts.
+		time.Sleep(2 * time.Millisecond)
 		l.ExchangeTCPFrom(t, port, dst, make([]byte, second))
 	}
 	// Connections by start time: the largest byte total of each.
