@@ -62,9 +62,10 @@ type Config struct {
 	// YAML or JSON, v1 List documents included (a `kubectl get -o yaml`
 	// dump).
 	Inventory []string
-	// EnableIPv6 indexes IPv6 addresses. When false they are dropped
-	// entirely: IPv6 records are not enriched and PreferAddr never picks
-	// IPv6.
+	// EnableIPv6 enriches IPv6 records. When false, IPv6 addresses are
+	// dropped from the objects, IPv6 records are not enriched and
+	// PreferAddr never picks IPv6; pod and node IPv6 addresses still
+	// answer NodeForIP, so the correlator pairs IPv6 halves.
 	EnableIPv6 bool
 	// GracePeriod keeps deleted objects and given-up addresses for late
 	// records (0: forget at once).
@@ -101,7 +102,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 		}
 		return nil
 	})
-	fs.BoolVar(&c.EnableIPv6, "k8s.enable-ipv6", d.EnableIPv6, "index IPv6 addresses; false drops them entirely (IPv6 records stay unenriched, address selection never picks IPv6)")
+	fs.BoolVar(&c.EnableIPv6, "k8s.enable-ipv6", d.EnableIPv6, "enrich IPv6 records and let address selection pick IPv6; false leaves IPv6 rows without pod, Service and policy columns and never picks IPv6 (IPv6 node halves are still paired, so rows are not doubled)")
 	fs.DurationVar(&c.GracePeriod, "k8s.grace-period", d.GracePeriod, "keep deleted objects and reused addresses' previous holders this long, so late records still resolve")
 	fs.DurationVar(&c.SyncTimeout, "k8s.sync-timeout", d.SyncTimeout, "give up when the initial list of a kind takes longer")
 	fs.DurationVar(&c.InventoryReload, "k8s.inventory-reload", d.InventoryReload, "how often the inventory source checks its files and applies what changed, as creates, updates and deletes, once a change has stayed the same for one check (0: load once); a file that does not load is logged and counted, and the objects stay")

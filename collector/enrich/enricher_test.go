@@ -20,6 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
+	"github.com/dualflow/dualflow/collector/correlate"
 	"github.com/dualflow/dualflow/flow"
 )
 
@@ -423,8 +424,24 @@ func TestIPv6Disabled(t *testing.T) {
 	if got := testutil.ToFloat64(v.e.m.lookups[1][1]); got != 2 {
 		t.Errorf("IPv6 misses %v, want 2", got)
 	}
-	if _, ok := v.e.NodeForIP(ip("fd00:10:1::10")); ok {
-		t.Error("NodeForIP resolves IPv6")
+	// The switch turns off IPv6 enrichment, not correlation: the node of
+	// an IPv6 pod, node address or pod CIDR is still known (issue 24).
+	for a, want := range map[string]string{"fd00:10:1::10": "node-1", "fd00:10:2::12": "node-2", "fd00:10:ff::2": "node-2", "fd00:10:2::99": "node-2"} {
+		if n, ok := v.e.NodeForIP(ip(a)); !ok || n != want {
+			t.Errorf("NodeForIP(%s) = %q, %v; want %s", a, n, ok, want)
+		}
+	}
+	// Both node halves of an IPv6 connection merge into one row.
+	c := correlate.New(correlate.Config{}, v.e, nil)
+	src := v.record("fd00:10:1::10", "fd00:10:2::12")
+	src.ExporterNode = "node-1"
+	dst := src
+	dst.ExporterNode = "node-2"
+	var out []flow.Record
+	out = c.Add(&src, out)
+	out = c.Add(&dst, out)
+	if len(out) != 1 || out[0].Correlation != flow.CorrelationMerged || c.Held() != 0 {
+		t.Errorf("IPv6 halves: %d rows, held %d: %+v", len(out), c.Held(), out)
 	}
 }
 
@@ -769,7 +786,7 @@ func TestSyncTimeoutNamesKind(t *testing.T) {
 	if werr := e.WaitForSync(context.Background()); werr != err {
 		t.Errorf("WaitForSync: %v", werr)
 	}
-	if n := testutil.ToFloat64(e.m.watchErrors.WithLabelValues("job")); n < 1 {
+	if n := testutil.ToFloat64(e.m.watchErrors.WithLabelValues("job", "informer")); n < 1 {
 		t.Errorf("watch errors %v", n)
 	}
 	if err := e.Run(context.Background()); err == nil {

@@ -148,7 +148,15 @@ func podKeys(p *Pod) []netip.Addr {
 	if p == nil || p.Terminated {
 		return nil
 	}
-	return p.Addrs
+	return allAddrs(p)
+}
+
+// allAddrs is p's addresses, the hidden IPv6 ones included.
+func allAddrs(p *Pod) []netip.Addr {
+	if len(p.hidden6) == 0 {
+		return p.Addrs
+	}
+	return slices.Concat(p.Addrs, p.hidden6)
 }
 
 func (x *index) setPod(p *Pod) {
@@ -182,9 +190,9 @@ func (x *index) setPod(p *Pod) {
 	if old == nil && p.Terminated && p.finished > from && x.grace > 0 && x.now().UnixNano()-p.finished < x.grace {
 		// First seen after it finished (a Job's pod, at start): it held
 		// its addresses until then, and late records may still come.
-		newPod, newHost = p.Addrs, nil
+		newPod, newHost = allAddrs(p), nil
 		if p.HostNetwork {
-			newPod, newHost = nil, p.Addrs
+			newPod, newHost = nil, allAddrs(p)
 		}
 		moveClaims(x, &x.podIPs, id, nil, newPod, func(int) *Pod { return p }, from, until)
 		moveClaims(x, &x.hostIPs, id, nil, newHost, func(int) nodeClaim { return nc }, from, until)
@@ -367,7 +375,7 @@ func nodeKeys(n *Node) []netip.Addr {
 		return nil
 	}
 	out := slices.Clone(n.InternalIPs)
-	for _, a := range n.ExternalIPs {
+	for _, a := range slices.Concat(n.ExternalIPs, n.hidden6) {
 		if !slices.Contains(out, a) {
 			out = append(out, a)
 		}
@@ -378,6 +386,9 @@ func nodeKeys(n *Node) []netip.Addr {
 func cidrKeys(n *Node) []netip.Prefix {
 	if n == nil {
 		return nil
+	}
+	if len(n.hidden6CIDRs) > 0 {
+		return slices.Concat(n.PodCIDRs, n.hidden6CIDRs)
 	}
 	return n.PodCIDRs
 }

@@ -51,16 +51,37 @@ func (tr *transformer) bad(kind, reason string) {
 // addr parses an address of any family, unmapped; ok is false for an
 // invalid one and for IPv6 when IPv6 is disabled (dropped entirely).
 func (tr *transformer) addr(kind, s string) (netip.Addr, bool) {
+	a, ok := tr.anyAddr(kind, s)
+	if ok && a.Is6() && !tr.ipv6 {
+		return netip.Addr{}, false
+	}
+	return a, ok
+}
+
+// anyAddr parses an address of any family, unmapped, whatever
+// --k8s.enable-ipv6 says; ok is false for an invalid one.
+func (tr *transformer) anyAddr(kind, s string) (netip.Addr, bool) {
 	a, err := netip.ParseAddr(s)
 	if err != nil {
 		tr.bad(kind, "invalid_ip")
 		return netip.Addr{}, false
 	}
-	a = a.Unmap().WithZone("")
+	return a.Unmap().WithZone(""), true
+}
+
+// place files a, an address that tells which node something is on, into
+// visible, or into hidden when it is IPv6 and IPv6 is disabled: hidden
+// addresses only answer NodeForIP, so that the correlator still pairs
+// the two node halves of an IPv6 connection (a switch that turns off
+// IPv6 enrichment must not double IPv6 rows).
+func (tr *transformer) place(a netip.Addr, visible, hidden *[]netip.Addr) {
+	list := visible
 	if a.Is6() && !tr.ipv6 {
-		return netip.Addr{}, false
+		list = hidden
 	}
-	return a, true
+	if !slices.Contains(*list, a) {
+		*list = append(*list, a)
+	}
 }
 
 // addrs parses a list, skipping invalid, disabled and repeated addresses.
@@ -143,13 +164,17 @@ func (tr *transformer) pod(p *corev1.Pod) *Pod {
 	if out.labelsRef = in.labelSet(p.Labels); out.labelsRef != nil {
 		out.Labels = *out.labelsRef
 	}
+	ips := make([]string, 0, max(len(p.Status.PodIPs), 1))
 	for _, ip := range p.Status.PodIPs {
-		if a, ok := tr.addr("pod", ip.IP); ok && !slices.Contains(out.Addrs, a) {
-			out.Addrs = append(out.Addrs, a)
-		}
+		ips = append(ips, ip.IP)
 	}
-	if len(p.Status.PodIPs) == 0 && p.Status.PodIP != "" {
-		out.Addrs = tr.addrs("pod", []string{p.Status.PodIP})
+	if len(ips) == 0 && p.Status.PodIP != "" {
+		ips = append(ips, p.Status.PodIP)
+	}
+	for _, ip := range ips {
+		if a, ok := tr.anyAddr("pod", ip); ok {
+			tr.place(a, &out.Addrs, &out.hidden6)
+		}
 	}
 	var ports []ContainerPort
 	for _, c := range p.Spec.Containers {
@@ -350,8 +375,8 @@ func (tr *transformer) node(n *corev1.Node) *Node {
 		default:
 			continue
 		}
-		if addr, ok := tr.addr("node", a.Address); ok && !slices.Contains(*list, addr) {
-			*list = append(*list, addr)
+		if addr, ok := tr.anyAddr("node", a.Address); ok {
+			tr.place(addr, list, &out.hidden6)
 		}
 	}
 	cidrs := n.Spec.PodCIDRs
@@ -365,11 +390,12 @@ func (tr *transformer) node(n *corev1.Node) *Node {
 			continue
 		}
 		p = p.Masked()
+		list := &out.PodCIDRs
 		if p.Addr().Is6() && !tr.ipv6 {
-			continue
+			list = &out.hidden6CIDRs // for NodeForIP only, as addresses
 		}
-		if !slices.Contains(out.PodCIDRs, p) {
-			out.PodCIDRs = append(out.PodCIDRs, p)
+		if !slices.Contains(*list, p) {
+			*list = append(*list, p)
 		}
 	}
 	return out

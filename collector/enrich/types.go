@@ -72,6 +72,9 @@ type Pod struct {
 	Terminated bool
 	// Ports are the container ports of every container. Shared: read-only.
 	Ports []ContainerPort
+	// hidden6 are the IPv6 addresses of status.podIPs when IPv6 is
+	// disabled: they answer NodeForIP only (see transformer.place).
+	hidden6 []netip.Addr
 	// Created is metadata.creationTimestamp.
 	Created time.Time
 
@@ -193,6 +196,10 @@ type Node struct {
 	// PodCIDRs is spec.podCIDRs, masked, both families.
 	PodCIDRs []netip.Prefix
 	Created  time.Time
+	// hidden6 and hidden6CIDRs are the IPv6 addresses and pod CIDRs when
+	// IPv6 is disabled: they answer NodeForIP only (see transformer.place).
+	hidden6      []netip.Addr
+	hidden6CIDRs []netip.Prefix
 
 	rv string
 }
