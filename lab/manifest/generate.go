@@ -95,6 +95,9 @@ const (
 // NodeName returns the name of node i (1-based).
 func NodeName(i int) string { return "node-" + strconv.Itoa(i) }
 
+// labRegion is the topology.kubernetes.io/region of every lab node.
+const labRegion = "lab"
+
 // Zone returns the zone of node i: zone-a, zone-b, ...
 func Zone(i int) string { return "zone-" + string(rune('a'+i-1)) }
 
@@ -231,7 +234,7 @@ func genNode(spec Spec, i int, fams []corev1.IPFamily) corev1.Node {
 			Name: name,
 			UID:  uid("node", name),
 			Labels: map[string]string{
-				LabelHostname: name, LabelZone: Zone(i), LabelRegion: "lab",
+				LabelHostname: name, LabelZone: Zone(i), LabelRegion: labRegion,
 				"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64",
 			},
 			Annotations: map[string]string{AnnotationNetNS: NodeNetNS(spec.Prefix, name), AnnotationMode: string(spec.Mode)},
@@ -319,7 +322,11 @@ func standalonePod(spec Spec, ns, name, app string, node, k int, fams []corev1.I
 		TypeMeta: metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
 		ObjectMeta: metav1.ObjectMeta{
 			Name: name, Namespace: ns, UID: uid("pod", ns+"/"+name),
-			Labels: map[string]string{"app": app},
+			// An API server of 1.35 or later (PodTopologyLabels admission)
+			// copies the node's zone and region labels onto a pod created
+			// with spec.nodeName; the lab's pods carry them as a real
+			// cluster's would.
+			Labels: map[string]string{"app": app, LabelZone: Zone(node), LabelRegion: labRegion},
 			Annotations: map[string]string{
 				AnnotationNetNS:     PodNetNS(spec.Prefix, ns, name),
 				AnnotationHostIface: HostIface(ns, name),

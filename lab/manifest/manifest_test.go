@@ -86,6 +86,11 @@ func TestGenerate(t *testing.T) {
 						t.Errorf("pod %s: %s outside node pod CIDR %s", p.Name, a, cidr)
 					}
 				}
+				// What a 1.35+ API server's PodTopologyLabels admission
+				// copies from the node (issue 24).
+				if n, _ := m.Node(p.Spec.NodeName); n == nil || p.Labels[LabelZone] != n.Labels[LabelZone] || p.Labels[LabelRegion] != n.Labels[LabelRegion] || p.Labels[LabelZone] == "" || p.Labels[LabelRegion] == "" {
+					t.Errorf("pod %s: topology labels %v, want its node's", p.Name, p.Labels)
+				}
 				if n := len(HostIface(p.Namespace, p.Name)); n > 15 {
 					t.Errorf("host iface name of %d bytes", n)
 				}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/flow"
@@ -128,6 +131,7 @@ func TestKubePublishOrders(t *testing.T) {
 					record(t, mode)
 					s := startKubeAPI(t)
 					publish(t, s, m, order, uint64(time.Now().UnixNano())+uint64(i))
+					checkStoredPodLabels(t, s, m)
 					e := startKubeEnricher(t, collectorKubeconfig(t, s))
 					var got string
 					// The initial lists are in; events of the last writes may
@@ -142,6 +146,33 @@ func TestKubePublishOrders(t *testing.T) {
 				})
 			}
 		})
+	}
+}
+
+// checkStoredPodLabels checks that the API server holds every pod with
+// exactly the manifest's labels: its admission (PodTopologyLabels, 1.35+)
+// adds the node's zone and region, so a lab manifest without them differs
+// from what a real cluster holds (issue 24).
+func checkStoredPodLabels(t *testing.T, s *kubeapi.Server, m *manifest.Manifest) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	pods, err := s.Admin.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pods.Items) != len(m.Pods) {
+		t.Errorf("the API server holds %d pods, the manifest %d", len(pods.Items), len(m.Pods))
+	}
+	for _, got := range pods.Items {
+		want, ok := m.Pod(got.Namespace, got.Name)
+		if !ok {
+			t.Errorf("pod %s/%s not in the manifest", got.Namespace, got.Name)
+			continue
+		}
+		if !maps.Equal(got.Labels, want.Labels) {
+			t.Errorf("pod %s/%s: the API server holds labels %v, the manifest %v", got.Namespace, got.Name, got.Labels, want.Labels)
+		}
 	}
 }
 
