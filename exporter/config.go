@@ -18,6 +18,7 @@ import (
 	"github.com/dualflow/dualflow/exporter/conntrack"
 	"github.com/dualflow/dualflow/exporter/ipfix"
 	"github.com/dualflow/dualflow/exporter/ovs"
+	"github.com/dualflow/dualflow/exporter/shard"
 	"github.com/dualflow/dualflow/netaddr"
 )
 
@@ -76,6 +77,11 @@ type Config struct {
 
 	Store connstore.Config // timeouts and bound of the connection store
 	IPFIX ipfix.Config     // the collector and the send buffer
+	// Shard spreads the records over several collectors (off unless
+	// Shard.Collectors or Shard.DNS is set): each gets a connection like
+	// IPFIX describes, with a buffer of IPFIX.BufferBytes, and
+	// IPFIX.Address is not used. Shard.IPFIX is filled from IPFIX.
+	Shard shard.Config
 
 	// Logger receives the exporter's logs; nil: slog.Default() at New.
 	Logger *slog.Logger
@@ -99,6 +105,9 @@ func NewConfig() Config {
 	c.Store.TombstoneTTL = 0 // depends on the poll interval
 	c.IPFIX.SetDefaults()
 	c.IPFIX.MaxMessageSize = 0 // depends on the transport
+	c.Shard.DNSInterval = shard.DefaultDNSInterval
+	c.Shard.DNSFamily = shard.FamilyAny
+	c.Shard.FailoverTimeout = shard.DefaultFailoverTimeout
 	return c
 }
 
@@ -125,7 +134,15 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Store.ActiveTimeout, "exporter.active-timeout", c.Store.ActiveTimeout, "export live connections this often")
 	fs.DurationVar(&c.Store.IdleTimeout, "exporter.idle-timeout", c.Store.IdleTimeout, "export a connection whose counters stood still this long")
 	fs.IntVar(&c.Store.MaxConns, "exporter.max-connections", c.Store.MaxConns, "most connections tracked; beyond it new ones are exported at once with reason lack of resources")
-	fs.StringVar(&c.IPFIX.Address, "exporter.ipfix.collector", c.IPFIX.Address, "collector address host:port, [::1]:4739 for IPv6")
+	fs.StringVar(&c.IPFIX.Address, "exporter.ipfix.collector", c.IPFIX.Address, "collector address host:port, [::1]:4739 for IPv6 (one collector; see --exporter.collectors for several)")
+	fs.Var((*listFlag)(&c.Shard.Collectors), "exporter.collectors", "comma-separated collectors host:port ([fd00:10::1]:4739 for IPv6) to shard records over, instead of --exporter.ipfix.collector: "+
+		"both halves of a cross-node connection go to the same collector, so every exporter must be given the same list")
+	fs.StringVar(&c.Shard.DNS, "exporter.collectors-dns", c.Shard.DNS, "name:port resolved to the collectors to shard records over (a headless Service), instead of --exporter.collectors; "+
+		"every exporter must be given the same name")
+	fs.DurationVar(&c.Shard.DNSInterval, "exporter.collectors-dns-interval", c.Shard.DNSInterval, "resolve --exporter.collectors-dns again this often (a failed or empty answer keeps the last collectors)")
+	fs.StringVar(&c.Shard.DNSFamily, "exporter.collectors-dns-family", c.Shard.DNSFamily, "addresses of --exporter.collectors-dns to use: any, ipv4 or ipv6 (a dual-stack headless Service lists each collector under both)")
+	fs.DurationVar(&c.Shard.FailoverTimeout, "exporter.collector-failover-timeout", c.Shard.FailoverTimeout, "with several collectors, a collector disconnected this long has its share of new records sent to the others "+
+		"(until then they wait in its buffer of --exporter.ipfix.buffer-bytes); its share returns when it is back")
 	fs.StringVar(&c.IPFIX.Transport, "exporter.ipfix.transport", c.IPFIX.Transport, "tcp, udp or tls")
 	fs.StringVar(&c.IPFIX.CAFile, "exporter.ipfix.ca-file", c.IPFIX.CAFile, "PEM CA bundle verifying the collector (tls; default system roots)")
 	fs.StringVar(&c.IPFIX.CertFile, "exporter.ipfix.cert-file", c.IPFIX.CertFile, "PEM client certificate (tls, optional)")
@@ -180,6 +197,10 @@ func (c *Config) SetDefaults() {
 		h.Write([]byte(c.NodeName))
 		c.IPFIX.ObservationDomainID = h.Sum32()
 	}
+	if c.Shard.Enabled() {
+		c.Shard.IPFIX = c.IPFIX
+		c.Shard.SetDefaults()
+	}
 }
 
 // Validate checks the configuration (and loads the traceflow agent's
@@ -215,7 +236,16 @@ func (c *Config) Validate() error {
 	if err := c.Store.Validate(); err != nil {
 		errs = append(errs, err)
 	}
-	if err := c.IPFIX.Validate(); err != nil {
+	if c.Shard.Enabled() {
+		if c.IPFIX.Address != ipfix.DefaultAddress {
+			errs = append(errs, errors.New("--exporter.ipfix.collector given with --exporter.collectors or --exporter.collectors-dns: use one"))
+		}
+		sc := c.Shard
+		sc.IPFIX = c.IPFIX
+		if err := sc.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	} else if err := c.IPFIX.Validate(); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
@@ -248,6 +278,21 @@ func (z *zonesFlag) Set(s string) error {
 		}
 		if !slices.Contains(*z, uint16(v)) {
 			*z = append(*z, uint16(v))
+		}
+	}
+	return nil
+}
+
+// listFlag is a comma-separated list of strings.
+type listFlag []string
+
+func (l *listFlag) String() string { return strings.Join(*l, ",") }
+
+func (l *listFlag) Set(s string) error {
+	*l = (*l)[:0]
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			*l = append(*l, f)
 		}
 	}
 	return nil

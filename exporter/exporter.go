@@ -1,7 +1,9 @@
 // Package exporter is `dualflow exporter`, run on every node: it turns the
 // kernel's connection tracking table (exporter/conntrack) into flow records
 // through the connection store (exporter/connstore) and ships them as IPFIX
-// to the collector (exporter/ipfix), IPv4 and IPv6 alike.
+// to the collector (exporter/ipfix), IPv4 and IPv6 alike; or, given
+// several collectors, shards them over those so both halves of a
+// connection meet at one (exporter/shard).
 //
 //	conntrack dumps + NEW/DESTROY events → connstore (deltas, timeouts) → IPFIX sender → collector
 //
@@ -36,6 +38,7 @@ import (
 	"github.com/dualflow/dualflow/exporter/conntrack"
 	"github.com/dualflow/dualflow/exporter/ipfix"
 	"github.com/dualflow/dualflow/exporter/ovs"
+	"github.com/dualflow/dualflow/exporter/shard"
 	"github.com/dualflow/dualflow/flow"
 	fipfix "github.com/dualflow/dualflow/flow/ipfix"
 )
@@ -59,12 +62,26 @@ type subscriber interface {
 
 var _ subscriber = (*conntrack.Source)(nil)
 
+// recordSender ships records to the collectors: *ipfix.Exporter for one
+// collector, *shard.Sharder for several.
+type recordSender interface {
+	Export([]flow.Record)
+	Flush()
+	Run(ctx context.Context) error
+	Stats() ipfix.Stats
+}
+
+var (
+	_ recordSender = (*ipfix.Exporter)(nil)
+	_ recordSender = (*shard.Sharder)(nil)
+)
+
 // Exporter runs the pipeline of one node.
 type Exporter struct {
 	cfg    Config
 	src    source // nil: opened by Run
 	store  *connstore.Store
-	sender *ipfix.Exporter
+	sender recordSender
 	reg    *prometheus.Registry
 	m      *metrics
 	cls    classifier
@@ -110,8 +127,16 @@ func newExporter(cfg Config, src source) (*Exporter, error) {
 	if cfg.IPFIX.Logger == nil {
 		cfg.IPFIX.Logger = log
 	}
-	sender, err := ipfix.New(cfg.IPFIX)
-	if err != nil {
+	var sender recordSender
+	var sharder *shard.Sharder
+	if cfg.Shard.Enabled() {
+		sc := cfg.Shard
+		sc.IPFIX, sc.Logger = cfg.IPFIX, log
+		if sharder, err = shard.New(sc); err != nil {
+			return nil, err
+		}
+		sender = sharder
+	} else if sender, err = ipfix.New(cfg.IPFIX); err != nil {
 		return nil, err
 	}
 	e := &Exporter{
@@ -129,6 +154,9 @@ func newExporter(cfg Config, src source) (*Exporter, error) {
 	}
 	e.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	e.m = newMetrics(e.reg, store, sender)
+	if sharder != nil {
+		e.reg.MustRegister(sharder)
+	}
 	return e, nil
 }
 
@@ -234,8 +262,15 @@ func (e *Exporter) Run(ctx context.Context) error {
 	if d, ok := src.(deniedSource); ok {
 		evWG.Go(func() { d.Denied(evCtx, e.post) })
 	}
+	collector := any(e.cfg.IPFIX.Address)
+	switch {
+	case e.cfg.Shard.DNS != "":
+		collector = "dns:" + e.cfg.Shard.DNS
+	case len(e.cfg.Shard.Collectors) > 0:
+		collector = e.cfg.Shard.Collectors
+	}
 	e.log.Info("exporter started", "node", e.cfg.NodeName, "netns", e.cfg.NetNS, "ipv4", e.cfg.IPv4, "ipv6", e.cfg.IPv6,
-		"zones", e.cfg.Zones, "collector", e.cfg.IPFIX.Address, "transport", e.cfg.IPFIX.Transport,
+		"zones", e.cfg.Zones, "collector", collector, "transport", e.cfg.IPFIX.Transport,
 		"metrics", e.metricsAddr, "events", e.cfg.Events)
 	// Subscribe first, then dump: a connection that starts in between is
 	// in the dump or its events, never in neither.

@@ -31,7 +31,7 @@ type metrics struct {
 	sysctl       *prometheus.GaugeVec // name
 }
 
-func newMetrics(reg prometheus.Registerer, store *connstore.Store, sender *ipfix.Exporter) *metrics {
+func newMetrics(reg prometheus.Registerer, store *connstore.Store, sender interface{ Stats() ipfix.Stats }) *metrics {
 	m := &metrics{
 		pollDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "dualflow_exporter_poll_duration_seconds", Help: "Time to dump the conntrack table of one family and merge it into the store.",
@@ -93,7 +93,7 @@ var (
 	descSent         = prometheus.NewDesc("dualflow_exporter_ipfix_records_sent_total", "Records written to the collector.", []string{"family"}, nil)
 	descMessages     = prometheus.NewDesc("dualflow_exporter_ipfix_messages_sent_total", "IPFIX data messages written to the collector.", nil, nil)
 	descBytes        = prometheus.NewDesc("dualflow_exporter_ipfix_bytes_sent_total", "Bytes written to the collector, templates included.", nil, nil)
-	descConnected    = prometheus.NewDesc("dualflow_exporter_ipfix_connected", "1 while connected to the collector.", nil, nil)
+	descConnected    = prometheus.NewDesc("dualflow_exporter_ipfix_connected", "1 while connected to the collector (with several collectors: to every one; see dualflow_exporter_collector_up).", nil, nil)
 	descReconnects   = prometheus.NewDesc("dualflow_exporter_ipfix_reconnects_total", "Connection attempts to the collector after the first.", nil, nil)
 	descDialFailures = prometheus.NewDesc("dualflow_exporter_ipfix_dial_failures_total", "Failed connection attempts to the collector.", nil, nil)
 	descDisconnects  = prometheus.NewDesc("dualflow_exporter_ipfix_disconnects_total", "Established collector connections lost.", nil, nil)
@@ -107,7 +107,7 @@ var (
 // scrape time.
 type statsCollector struct {
 	store  *connstore.Store
-	sender *ipfix.Exporter
+	sender interface{ Stats() ipfix.Stats } // summed over the collectors when sharding
 }
 
 func (c *statsCollector) Describe(ch chan<- *prometheus.Desc) {
