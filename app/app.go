@@ -156,6 +156,7 @@ func (a *App) buildWeb(opts Options) error {
 		},
 		Auditor: api.AuditorFunc(v.findings),
 		Catalog: v,
+		Status:  v,
 		AuditAPI: (&audit.API{
 			Reports:   reports,
 			Inventory: v.inventory,

@@ -20,6 +20,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -248,19 +249,7 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Collector, error) 
 // newHTTPInterface builds the embedded engine's ClickHouse HTTP interface
 // with its users, creating the users file at first start.
 func newHTTPInterface(cfg store.Config, e *store.Embedded, reg prometheus.Registerer, log *slog.Logger) (*chhttp.Server, error) {
-	users, created, err := chhttp.LoadOrCreateUsers(cfg.HTTPUsersFile)
-	if err != nil {
-		return nil, fmt.Errorf("clickhouse http interface: %w", err)
-	}
-	if created {
-		log.Info("created the users of the ClickHouse HTTP interface (mode 0600): dualflow sql reads it; curl -u admin:PASSWORD", "file", cfg.HTTPUsersFile,
-			"users", chhttp.AdminUser+" (read-write), "+chhttp.ReaderUser+" (read-only)")
-	}
-	anon, err := chhttp.ParseAccess(cfg.HTTPAnonymous)
-	if err != nil {
-		return nil, err
-	}
-	return chhttp.New(chhttp.Config{Addr: cfg.HTTPAddr, Engine: e.DB(), Users: users, Anonymous: anon, Registerer: reg, Logger: log})
+	return cfg.HTTPInterface(e, chhttp.Config{Registerer: reg, Logger: log})
 }
 
 // bind opens the ClickHouse HTTP and metrics listeners, so that a port in
@@ -586,6 +575,23 @@ func (l auditLookup) PortName(q audit.PortQuery) string {
 	return ""
 }
 
+// k8sStaleness describes a stale view of the cluster, "" when current.
+func (c *Collector) k8sStaleness() string {
+	if c.k8s == nil || !c.k8s.Stale() {
+		return ""
+	}
+	var kinds []string
+	var worst time.Duration
+	for _, s := range c.k8s.Status() {
+		if !s.Watching {
+			kinds = append(kinds, s.Kind)
+			worst = max(worst, s.StaleFor)
+		}
+	}
+	return fmt.Sprintf("kubernetes view stale: no watch of %s for %v (is the API server reachable?); names may be out of date, rows written meanwhile have k8s_view_stale = true",
+		strings.Join(kinds, ", "), worst.Round(time.Second))
+}
+
 func (c *Collector) serveMetrics(ctx context.Context) error {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(c.reg, promhttp.HandlerOpts{Registry: c.reg}))
@@ -594,6 +600,12 @@ func (c *Collector) serveMetrics(ctx context.Context) error {
 		select {
 		case <-c.ready:
 			fmt.Fprintln(w, "ok")
+			// A stale view of the cluster is said, not failed: failing
+			// readiness would take the collector out of its Service and
+			// lose flows, which is worse than names that may be late.
+			if msg := c.k8sStaleness(); msg != "" {
+				fmt.Fprintln(w, "warning: "+msg)
+			}
 		default:
 			http.Error(w, "starting", http.StatusServiceUnavailable)
 		}

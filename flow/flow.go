@@ -241,6 +241,10 @@ type Record struct {
 	Dst     Endpoint // columns dst_*
 	Service Service  // columns dst_service_*
 	Type    FlowType // column flow_type
+	// K8sViewStale: the record was enriched while the collector's view of
+	// the Kubernetes API was stale (a watched kind had no open watch for
+	// a few seconds); its names may be out of date. Column k8s_view_stale.
+	K8sViewStale bool
 
 	// Correlation of the two node halves.
 	Correlation Correlation // column correlation

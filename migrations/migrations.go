@@ -159,7 +159,11 @@ func funcs(o Options) template.FuncMap {
 			return fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s.%s ON CLUSTER %s AS %s.%s_local\nENGINE = Distributed(%s, %s, %s_local, %s);",
 				o.Database, table, q(o.Cluster), o.Database, table, q(o.Cluster), q(o.Database), table, shardingKey)
 		},
-		"ipText": ipText,
+		// clustered and dist are for ALTERs that must reach the
+		// Distributed table as well as the local one.
+		"clustered": func() bool { return o.Cluster != "" },
+		"dist":      func(table string) string { return o.Database + "." + table },
+		"ipText":    ipText,
 		"ttl": func(col string) string {
 			return ttlClause(col, o.TTLDays)
 		},

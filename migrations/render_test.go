@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"testing/fstest"
@@ -56,7 +57,7 @@ func TestClusterForm(t *testing.T) {
 	opt := Options{Cluster: "flows", TTLDays: 7}
 	createTable := regexp.MustCompile(`^CREATE TABLE IF NOT EXISTS (\S+) ON CLUSTER 'flows'`)
 	createMV := regexp.MustCompile(`^CREATE MATERIALIZED VIEW IF NOT EXISTS (\S+) ON CLUSTER 'flows'\s+TO (\S+) AS`)
-	alterTable := regexp.MustCompile(`^ALTER TABLE (\S+) ON CLUSTER 'flows' `)
+	alterTable := regexp.MustCompile(`(?s)^ALTER TABLE (\S+) ON CLUSTER 'flows'\s+(.*)$`)
 	locals := map[string]bool{}
 	distributed := map[string]bool{}
 	for _, m := range all {
@@ -100,10 +101,22 @@ func TestClusterForm(t *testing.T) {
 				}
 			case strings.HasPrefix(s, "ALTER TABLE"):
 				// Settings and columns change on the local tables, on every
-				// replica.
+				// replica; a column added there is added to the Distributed
+				// table too, in the same migration, or inserts through it
+				// could not name it.
 				mm := alterTable.FindStringSubmatch(s)
-				if mm == nil || !strings.HasSuffix(mm[1], "_local") {
-					t.Errorf("%s: ALTER TABLE must name a _local table ON CLUSTER: %.80s", m.Name, s)
+				switch {
+				case mm == nil:
+					t.Errorf("%s: ALTER TABLE must be ON CLUSTER: %.80s", m.Name, s)
+				case strings.HasSuffix(mm[1], "_local"):
+					if strings.HasPrefix(mm[2], "ADD COLUMN") && !slices.ContainsFunc(stmts, func(o string) bool {
+						om := alterTable.FindStringSubmatch(o)
+						return om != nil && om[1] == strings.TrimSuffix(mm[1], "_local") && om[2] == mm[2]
+					}) {
+						t.Errorf("%s: column added to %s but not to its Distributed table: %.80s", m.Name, mm[1], s)
+					}
+				case !strings.HasPrefix(mm[2], "ADD COLUMN"):
+					t.Errorf("%s: only ADD COLUMN may name a Distributed table: %.80s", m.Name, s)
 				}
 			default:
 				t.Errorf("%s: unexpected statement: %.80s", m.Name, s)

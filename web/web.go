@@ -57,6 +57,8 @@ type Config struct {
 	Traceflows http.Handler
 	// Catalog serves GET /api/v1/catalog; optional (nil: 501).
 	Catalog api.Catalog
+	// Status serves GET /api/v1/status; optional (nil: 501).
+	Status api.Status
 	// AllowedHosts are the names (besides IP literals and localhost) the
 	// server answers to in the Host header; other requests get 403, so a
 	// page of a name rebound to this server's address (DNS rebinding)
@@ -137,7 +139,7 @@ func New(cfg Config) (*Server, error) {
 	a, err := api.New(api.Config{
 		Store: cfg.Store, Database: cfg.Database, SQL: cfg.SQL,
 		Evaluator: cfg.Evaluator, Tracer: cfg.Tracer, Auditor: cfg.Auditor,
-		AuditAPI: cfg.AuditAPI, Traceflows: cfg.Traceflows, Catalog: cfg.Catalog,
+		AuditAPI: cfg.AuditAPI, Traceflows: cfg.Traceflows, Catalog: cfg.Catalog, Status: cfg.Status,
 		Tokens: tokens, SQLMaxRows: cfg.SQLMaxRows, SQLMaxTime: cfg.SQLMaxTime, SQLMaxMemory: cfg.SQLMaxMemory,
 		SQLConcurrency: cfg.Limits.SQLConcurrency, SQLMaxThreads: cfg.Limits.SQLMaxThreads,
 		FollowStreams: cfg.Limits.FollowStreams, FollowStreamsPerRole: cfg.Limits.FollowStreamsPerRole,

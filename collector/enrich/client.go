@@ -17,7 +17,7 @@ import (
 const userAgent = "dualflow-collector"
 
 // newClient returns the clientset for cfg's (resolved) source.
-func newClient(cfg Config, log *slog.Logger) (kubernetes.Interface, *inventorySource, error) {
+func newClient(cfg Config, log *slog.Logger, h *apiHealth) (kubernetes.Interface, *inventorySource, error) {
 	var rc *rest.Config
 	var err error
 	switch cfg.Source {
@@ -38,6 +38,9 @@ func newClient(cfg Config, log *slog.Logger) (kubernetes.Interface, *inventorySo
 		return nil, nil, fmt.Errorf("kubernetes source %q has no client", cfg.Source)
 	}
 	rc.UserAgent = userAgent
+	if h != nil {
+		rc.Wrap(h.wrap)
+	}
 	// Protobuf lists and watches cost the API server and us less than
 	// JSON (every kind watched here supports it).
 	rc.ContentType = "application/vnd.kubernetes.protobuf"

@@ -67,6 +67,7 @@ type Enricher struct {
 	tr     *transformer
 	m      *metrics
 	inv    *inventorySource // the inventory source's files, reloaded when they change; else nil
+	health *apiHealth       // the client transport's lists and watches; nil for a fake clientset
 
 	started  atomic.Bool
 	gen      atomic.Uint64 // counts the events applied to the index (Generation)
@@ -92,11 +93,15 @@ func New(cfg Config, reg prometheus.Registerer, log *slog.Logger) (*Enricher, er
 	if log == nil {
 		log = slog.Default()
 	}
-	client, inv, err := newClient(cfg, log)
+	var h *apiHealth
+	if cfg.Source == SourceInCluster || cfg.Source == SourceKubeconfig {
+		h = newAPIHealth(DefaultRetryInterval, DefaultStaleAfter, newWatchErrors(), log)
+	}
+	client, inv, err := newClient(cfg, log, h)
 	if err != nil {
 		return nil, err
 	}
-	e, err := NewForClient(cfg, client, reg, log)
+	e, err := newEnricher(cfg, client, reg, log, h)
 	if err != nil {
 		return nil, err
 	}
@@ -108,6 +113,12 @@ func New(cfg Config, reg prometheus.Registerer, log *slog.Logger) (*Enricher, er
 // a fake clientset); cfg's Source, Kubeconfig, Context and Inventory are
 // not used.
 func NewForClient(cfg Config, client kubernetes.Interface, reg prometheus.Registerer, log *slog.Logger) (*Enricher, error) {
+	return newEnricher(cfg, client, reg, log, nil)
+}
+
+// newEnricher is NewForClient with the API health tracker h of client's
+// transport (nil when client has no transport to watch: a fake clientset).
+func newEnricher(cfg Config, client kubernetes.Interface, reg prometheus.Registerer, log *slog.Logger, h *apiHealth) (*Enricher, error) {
 	cfg.SetDefaults()
 	v := cfg
 	v.Source, v.Kubeconfig, v.Inventory = SourceAuto, "", nil
@@ -120,10 +131,10 @@ func NewForClient(cfg Config, client kubernetes.Interface, reg prometheus.Regist
 	x := newIndex(time.Now, cfg.GracePeriod, cfg.EnableIPv6)
 	x.serviceCIDRs, x.clusterCIDRs = cfg.ServiceCIDRs, cfg.ClusterCIDRs
 	e := &Enricher{
-		cfg: cfg, log: log, client: client, x: x,
+		cfg: cfg, log: log, client: client, x: x, health: h,
 		synced: make(chan struct{}), failed: make(chan struct{}),
 	}
-	e.m = newMetrics(reg, x)
+	e.m = newMetrics(reg, x, h)
 	e.tr = &transformer{in: newInterner(), ipv6: cfg.EnableIPv6, invalid: func(kind, reason string) {
 		e.m.invalid.WithLabelValues(kind, reason).Inc()
 	}}
@@ -189,6 +200,9 @@ func (e *Enricher) Run(ctx context.Context) (err error) {
 	defer func() {
 		cancel()
 		factory.Shutdown() // waits for the informers' goroutines
+		if e.health != nil {
+			e.health.stop()
+		}
 	}()
 	ws := e.informers(factory)
 	regs := make([]cache.ResourceEventHandlerRegistration, len(ws))
@@ -304,9 +318,11 @@ func (e *Enricher) handler(w watched) cache.ResourceEventHandler {
 // otherwise log every attempt).
 func (e *Enricher) watchErrorHandler(kind string) cache.WatchErrorHandlerWithContext {
 	var last atomic.Int64
-	c := e.m.watchErrors.WithLabelValues(kind)
+	c := e.m.watchErrors.WithLabelValues(kind, "informer")
 	return func(_ context.Context, _ *cache.Reflector, err error) {
-		c.Inc()
+		if e.health == nil { // else the transport counted the failure
+			c.Inc()
+		}
 		now := time.Now().UnixNano()
 		if l := last.Load(); now-l >= int64(time.Minute) && last.CompareAndSwap(l, now) {
 			e.log.Warn("kubernetes list/watch failed; retrying", "kind", kind, "err", err)
@@ -356,6 +372,7 @@ func (e *Enricher) Synced() bool {
 // allocates nothing.
 func (e *Enricher) Enrich(rec *flow.Record) {
 	now := e.nowFor(rec)
+	rec.K8sViewStale = e.Stale()
 	e.x.mu.RLock()
 	r := e.x.enrich(rec, now)
 	e.x.mu.RUnlock()
@@ -371,11 +388,13 @@ func (e *Enricher) EnrichBatch(recs []flow.Record) {
 	}
 	var n [2][2]int
 	var now int64
+	stale := e.Stale()
 	e.x.mu.RLock()
 	for i := range recs {
 		if now == 0 {
 			now = e.nowFor(&recs[i])
 		}
+		recs[i].K8sViewStale = stale
 		r := e.x.enrich(&recs[i], now)
 		f := familyIndex(&recs[i])
 		n[f][hitIndex(r.srcHit)]++
@@ -389,6 +408,25 @@ func (e *Enricher) EnrichBatch(recs []flow.Record) {
 			}
 		}
 	}
+}
+
+// Stale reports whether the view of the cluster is stale: some watched
+// kind has had no open watch for DefaultStaleAfter (the API server is
+// unreachable, or refuses the collector). Records enriched meanwhile are
+// marked (flow.Record.K8sViewStale, column k8s_view_stale). Always false
+// for a fake clientset (inventory mode).
+func (e *Enricher) Stale() bool { return e.health != nil && e.health.stale.Load() }
+
+// Source returns where the objects come from (auto resolved).
+func (e *Enricher) Source() Source { return e.cfg.Source }
+
+// Status returns the state of the view of each watched kind, sorted by
+// kind; nil when the client is not an API server's (inventory mode).
+func (e *Enricher) Status() []KindStatus {
+	if e.health == nil {
+		return nil
+	}
+	return e.health.status()
 }
 
 // Batch returns the Enricher as the collector pipeline's batch stage
@@ -457,6 +495,9 @@ func (e *Enricher) NodeForIPAt(a netip.Addr, t time.Time) (string, bool) {
 // LookupPod returns the pod that held address a at time t (zero: now),
 // host-network pods excepted (their addresses are their node's).
 func (e *Enricher) LookupPod(a netip.Addr, t time.Time) (*Pod, bool) {
+	if a = a.Unmap(); a.Is6() && !e.cfg.EnableIPv6 {
+		return nil, false // indexed for NodeForIP only
+	}
 	ts := e.at(t)
 	e.x.mu.RLock()
 	defer e.x.mu.RUnlock()

@@ -292,7 +292,7 @@ func dump(x *index) string {
 		"fd00:10:1::60", "198.18.1.70", "198.18.2.70", "fd00:10:2::70", "198.19.200.1", "fd00:10:ff::1", "198.19.200.3", "198.18.3.10",
 		"198.18.3.99", "198.18.2.99", "198.19.252.8", "fd00:10:4861::8888"}
 	vips := []string{"", "198.19.0.10", "fd00:10:96::10", "fd00:10:96::20", "198.19.0.30", "198.19.251.20", "fd00:10:e::20", "198.19.200.2"}
-	e := &Enricher{x: x, m: newMetrics(nil, x)}
+	e := &Enricher{x: x, m: newMetrics(nil, x, nil)}
 	for _, at := range []time.Duration{-30 * time.Minute, 10 * time.Second, 45 * time.Second, 90 * time.Second, 150 * time.Second, 4 * time.Minute} {
 		for i, src := range addrs {
 			dst := addrs[(i+3)%len(addrs)]

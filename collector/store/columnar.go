@@ -28,7 +28,7 @@ type columnarConn interface {
 }
 
 const (
-	flowCols     = 61 // len(FlowColumns) and len(flowWire)
+	flowCols     = 62 // len(FlowColumns) and len(flowWire)
 	flowTextCols = 5  // address text columns of flowWire
 )
 
@@ -87,7 +87,15 @@ func (nb *nativeBuilder) appendRecord(r *flow.Record, lc *labelCache) {
 		mismatch = 1
 	}
 	c[60].u8(mismatch)
+	c[61].u8(boolByte(r.K8sViewStale))
 	nb.rows++
+}
+
+func boolByte(b bool) uint8 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func appendEndpointColumns(c *[7]nativeColumn, e *flow.Endpoint, lc *labelCache) {

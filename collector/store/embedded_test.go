@@ -133,6 +133,7 @@ func wantColumns(r flow.Record) map[string]any {
 		"egress_policy_namespace": "", "egress_policy_name": "", "egress_policy_rule": float64(-1),
 		"egress_verdict": "not_isolated", "egress_reported_verdict": "unknown", "egress_reported_policy": "",
 		"verdict_mismatch": false,
+		"k8s_view_stale":   r.K8sViewStale,
 	}
 }
 
@@ -171,6 +172,33 @@ func checkAllColumns(t *testing.T, w Conn) {
 
 func TestEmbeddedAllColumns(t *testing.T) {
 	checkAllColumns(t, needEngine(t))
+}
+
+func TestEmbeddedPre0006Spool(t *testing.T) {
+	checkPre0006Spool(t, needEngine(t))
+}
+
+// checkPre0006Spool inserts through w a batch in the layout an older
+// collector spooled, without k8s_view_stale (migration 0006): it is
+// written, and the column reads false.
+func checkPre0006Spool(t *testing.T, w Conn) {
+	c := needEngine(t)
+	truncate(t, c)
+	var b []byte
+	for i, rec := range []flow.Record{sampleRecord(1, false), sampleRecord(2, true)} {
+		rec.K8sViewStale = false
+		row := AppendFlowRow(nil, &rec)
+		if row[len(row)-1] != 0 {
+			t.Fatalf("row %d does not end with k8s_view_stale", i)
+		}
+		b = append(b, row[:len(row)-1]...)
+	}
+	if err := w.InsertRowBinary(context.Background(), FlowsTable, flowColumnsV5, "", 2, b); err != nil {
+		t.Fatal(err)
+	}
+	if got := queryString(t, c, "SELECT ip_version, src_pod_name, k8s_view_stale FROM dualflow.flows ORDER BY ip_version"); got != "4\tfrontend-7d9f-1\tfalse\n6\tfrontend-7d9f-2\tfalse" {
+		t.Errorf("rows %q", got)
+	}
 }
 
 // TestCIDRFilters runs the filters docs/schema.md recommends, for both

@@ -87,6 +87,11 @@ func TestServerOverHTTPAllColumns(t *testing.T) {
 	checkAllColumns(t, h.server())
 }
 
+func TestServerOverHTTPPre0006Spool(t *testing.T) {
+	h := newHTTPStore(t)
+	checkPre0006Spool(t, h.server())
+}
+
 func TestServerQueryTSV(t *testing.T) {
 	h := newHTTPStore(t)
 	s := h.server()

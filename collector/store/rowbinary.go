@@ -33,7 +33,12 @@ var FlowColumns = []string{
 	"ingress_policy_namespace", "ingress_policy_name", "ingress_policy_rule", "ingress_verdict", "ingress_reported_verdict", "ingress_reported_policy",
 	"egress_policy_namespace", "egress_policy_name", "egress_policy_rule", "egress_verdict", "egress_reported_verdict", "egress_reported_policy",
 	"verdict_mismatch",
+	"k8s_view_stale", // migration 0006
 }
+
+// flowColumnsV5 is FlowColumns before migration 0006 added
+// k8s_view_stale: the layout of batches spooled by an older collector.
+var flowColumnsV5 = FlowColumns[:len(FlowColumns)-1]
 
 // AppendFlowRow appends r encoded as one RowBinary row of FlowColumns to b
 // and returns the extended buffer. Label maps are encoded in key order, so
@@ -85,10 +90,7 @@ func appendFlowRow(b []byte, r *flow.Record, lc *labelCache) []byte {
 	b = append(b, byte(r.Type), byte(r.Correlation))
 	b = appendPolicy(b, &r.Ingress)
 	b = appendPolicy(b, &r.Egress)
-	if r.VerdictMismatch() {
-		return append(b, 1)
-	}
-	return append(b, 0)
+	return append(b, boolByte(r.VerdictMismatch()), boolByte(r.K8sViewStale))
 }
 
 func appendEndpoint(b []byte, e *flow.Endpoint, lc *labelCache) []byte {
@@ -336,6 +338,12 @@ func (r *rowReader) policy(p *flow.Policy) {
 // returns the rest of b. It is the inverse of AppendFlowRow and is used to
 // replay spooled batches into backends that take typed values.
 func DecodeFlowRow(b []byte, rec *flow.Record) ([]byte, error) {
+	return decodeFlowRow(b, rec, true)
+}
+
+// decodeFlowRow is DecodeFlowRow; without stale, the row has the layout
+// before k8s_view_stale (flowColumnsV5).
+func decodeFlowRow(b []byte, rec *flow.Record, stale bool) ([]byte, error) {
 	r := rowReader{b: b}
 	*rec = flow.Record{}
 	rec.FlowStart = r.time()
@@ -377,5 +385,8 @@ func DecodeFlowRow(b []byte, rec *flow.Record) ([]byte, error) {
 	r.policy(&rec.Ingress)
 	r.policy(&rec.Egress)
 	r.u8() // verdict_mismatch is derived
+	if stale {
+		rec.K8sViewStale = r.u8() != 0
+	}
 	return r.b, r.err
 }

@@ -39,6 +39,8 @@ func sampleRecord(i int, v6 bool) flow.Record {
 		Correlation: flow.CorrelationMerged,
 		Ingress:     flow.Policy{Namespace: "shop", Name: "cart-allow-frontend", Rule: 0, Verdict: flow.VerdictAllowed},
 		Egress:      flow.Policy{Rule: -1, Verdict: flow.VerdictNotIsolated},
+		// Both values of the flag, one per family.
+		K8sViewStale: v6,
 	}
 	r.Normalize()
 	return r

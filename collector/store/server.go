@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 
@@ -190,7 +191,8 @@ func (s *Server) Query(ctx context.Context, query, format string) ([]byte, error
 // AppendFlowRow) are decoded and appended to a driver batch; only the flows
 // table layout is supported.
 func (s *Server) InsertRowBinary(ctx context.Context, table string, columns []string, dedupToken string, rows int, data []byte) error {
-	if len(columns) != len(FlowColumns) {
+	current := slices.Equal(columns, FlowColumns)
+	if !current && !slices.Equal(columns, flowColumnsV5) {
 		return fmt.Errorf("insert %s: server backend only encodes the flows layout", table)
 	}
 	if dedupToken != "" {
@@ -207,10 +209,11 @@ func (s *Server) InsertRowBinary(ctx context.Context, table string, columns []st
 	var rec flow.Record
 	rest := data
 	for n := 0; len(rest) > 0; n++ {
-		if rest, err = DecodeFlowRow(rest, &rec); err != nil {
+		if rest, err = decodeFlowRow(rest, &rec, current); err != nil {
 			return fmt.Errorf("insert %s: decode row %d: %w", table, n, err)
 		}
-		if err := batch.Append(flowValues(&rec)...); err != nil {
+		vals := flowValues(&rec)
+		if err := batch.Append(vals[:len(columns)]...); err != nil {
 			return fmt.Errorf("insert %s: append row %d: %w", table, n, err)
 		}
 	}
@@ -254,7 +257,7 @@ func flowValues(r *flow.Record) []any {
 		int8(r.Type), int8(r.Correlation),
 		r.Ingress.Namespace, r.Ingress.Name, r.Ingress.Rule, int8(r.Ingress.Verdict), int8(r.Ingress.ReportedVerdict), r.Ingress.ReportedName,
 		r.Egress.Namespace, r.Egress.Name, r.Egress.Rule, int8(r.Egress.Verdict), int8(r.Egress.ReportedVerdict), r.Egress.ReportedName,
-		r.VerdictMismatch(),
+		r.VerdictMismatch(), r.K8sViewStale,
 	}
 }
 

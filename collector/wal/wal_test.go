@@ -33,6 +33,9 @@ func fill(rng *rand.Rand, v reflect.Value) {
 			return // not encoded: the frame id is the frame's
 		}
 		for i := range v.NumField() {
+			if v.Type().Field(i).Name == "K8sViewStale" {
+				continue // not encoded: set by enrichment, after the journal
+			}
 			fill(rng, v.Field(i))
 		}
 	case reflect.String:

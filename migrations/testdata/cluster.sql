@@ -315,3 +315,10 @@ ENGINE = Distributed('flows', 'dualflow', traceflows_local, rand());
 -- 0005_flows_merge_width.sql
 ALTER TABLE dualflow.flows_local ON CLUSTER 'flows' MODIFY SETTING merge_selector_base = 20;
 
+-- 0006_flows_k8s_view_stale.sql
+ALTER TABLE dualflow.flows_local ON CLUSTER 'flows'
+    ADD COLUMN IF NOT EXISTS k8s_view_stale Bool DEFAULT false COMMENT 'enriched while the view of the Kubernetes API was stale: names may be out of date' AFTER verdict_mismatch;
+
+ALTER TABLE dualflow.flows ON CLUSTER 'flows'
+    ADD COLUMN IF NOT EXISTS k8s_view_stale Bool DEFAULT false COMMENT 'enriched while the view of the Kubernetes API was stale: names may be out of date' AFTER verdict_mismatch;
+

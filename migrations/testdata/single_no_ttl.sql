@@ -297,3 +297,7 @@ COMMENT 'traceflow results, one row per trace and family';
 -- 0005_flows_merge_width.sql
 ALTER TABLE dualflow.flows MODIFY SETTING merge_selector_base = 20;
 
+-- 0006_flows_k8s_view_stale.sql
+ALTER TABLE dualflow.flows
+    ADD COLUMN IF NOT EXISTS k8s_view_stale Bool DEFAULT false COMMENT 'enriched while the view of the Kubernetes API was stale: names may be out of date' AFTER verdict_mismatch;
+

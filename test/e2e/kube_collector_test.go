@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -92,6 +93,7 @@ func TestKubeCollector(t *testing.T) {
 				{"Service dual to IPv4 to dual", k.churnServiceFamilies},
 				{"pod replaced on its addresses", k.churnPodReplaced},
 				{"NetworkPolicy closes the IPv6 gap", k.churnPolicy},
+				{"API server outage, then a pod replaced", k.apiOutage},
 			}
 			for _, s := range steps {
 				if s.name == "Service dual to IPv4 to dual" && mode != manifest.ModeDual {
@@ -751,6 +753,146 @@ func (k *kubeEnv) churnPodReplaced(t *testing.T) {
 			cond+" AND src_pod_name = 'web-replaced' AND src_workload_name = 'web'", cond+" AND src_pod_name != 'web-replaced'")
 	}
 	k.web1 = repl
+}
+
+// outageLength is how long the API server stays down in apiOutage (the
+// issue saw 13 s), and staleBound how soon after it is back a change must
+// show in the rows: the collector retries an unreachable API server every
+// second, where client-go's own backoff had grown to many seconds.
+const (
+	outageLength = 15 * time.Second
+	staleBound   = 6 * time.Second
+)
+
+// apiOutage kills the API server (SIGKILL) while traffic flows: the
+// collector says its view is stale (metrics, /readyz) and marks the rows
+// it writes meanwhile. The API server comes back after outageLength and a
+// pod is at once replaced by another on its addresses: rows of flows that
+// start staleBound after the replacement name the new pod, and rows
+// received after that are no longer marked stale (issue 24).
+func (k *kubeEnv) apiOutage(t *testing.T) {
+	if v, _ := k.metric(`dualflow_enrich_view_stale`); v != 0 {
+		t.Fatalf("view stale before the outage")
+	}
+	killed := time.Now()
+	k.kube.Kill()
+	t.Logf("API server killed")
+	d := await(t, time.Minute, "the collector says its view is stale", func() (bool, string) {
+		v, err := k.metric(`dualflow_enrich_view_stale`)
+		return v == 1, fmt.Sprint(v, err)
+	})
+	t.Logf("stale flagged %v after the kill", d.Round(time.Millisecond))
+	if body := k.readyz(t); !strings.Contains(body, "warning: kubernetes view stale") || !strings.Contains(body, "pod") {
+		t.Errorf("/readyz during the outage: %q", body)
+	}
+	if n, err := k.metric(`dualflow_enrich_watch_errors_total{kind="pod",reason="refused"}`); err != nil || n < 1 {
+		t.Errorf("refused pod watches counted %v (%v)", n, err)
+	}
+	k.awaitCount(t, "rows marked k8s_view_stale during the outage",
+		fmt.Sprintf("k8s_view_stale AND time_received > fromUnixTimestamp64Milli(%d)", killed.UnixMilli()))
+	await(t, time.Minute, "an outage of "+outageLength.String(), func() (bool, string) {
+		v, err := k.metric(`dualflow_enrich_view_stale_seconds{kind="pod"}`)
+		return v >= outageLength.Seconds(), fmt.Sprint(v, err)
+	})
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if err := k.kube.Restart(ctx); err != nil {
+		t.Fatal(err)
+	}
+	back := time.Now()
+	t.Logf("API server back after %v", back.Sub(killed).Round(time.Millisecond))
+	c := k.kube.Admin.CoreV1().Pods(manifest.NSFrontend)
+	zero := int64(0)
+	if err := c.Delete(kctx(t), k.web1.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+		t.Fatal(err)
+	}
+	repl := k.web1.DeepCopy()
+	repl.Name = "web-after-outage"
+	changed := time.Now()
+	if err := lab.CreatePod(kctx(t), k.kube.Admin, repl); err != nil {
+		t.Fatal(err)
+	}
+	d = await(t, reflectBudget, "replacement pod resolved after the outage", func() (bool, string) {
+		res, err := k.reachability(repl, manifest.PortHTTP)
+		if err != nil {
+			return false, err.Error()
+		}
+		c := res.Cells[0][0]
+		for _, f := range k.fams {
+			a, _ := manifest.PodAddr(repl, f)
+			if p := c.Families[fmt.Sprint(famVersion(f))].Policy; p == nil || p.SrcIP != a.String() {
+				return false, cellState(c)
+			}
+		}
+		return true, ""
+	})
+	k.reflected(t, "pod replaced right after an API outage", d)
+	if d > staleBound {
+		t.Errorf("the replacement took %v to show, over the %v bound", d.Round(time.Millisecond), staleBound)
+	}
+	for _, f := range k.fams {
+		a, _ := manifest.PodAddr(k.web1, f)
+		cond := fmt.Sprintf("src_ip = '%s' AND %s", ipString(a), since(changed.Add(staleBound)))
+		k.awaitRows(t, fmt.Sprintf("IPv%d flows from the replaced pod's address after the outage", famVersion(f)),
+			cond+" AND src_pod_name = 'web-after-outage' AND NOT k8s_view_stale", cond+" AND (src_pod_name != 'web-after-outage' OR k8s_view_stale)")
+	}
+	k.web1 = repl
+	if v, err := k.metric(`dualflow_enrich_view_stale`); v != 0 || err != nil {
+		t.Errorf("view still stale after the outage: %v %v", v, err)
+	}
+	if body := k.readyz(t); strings.Contains(body, "warning") {
+		t.Errorf("/readyz after the outage: %q", body)
+	}
+	late := fmt.Sprintf("k8s_view_stale AND time_received > fromUnixTimestamp64Milli(%d)", back.Add(staleBound).UnixMilli())
+	if rows := k.sql(t, "SELECT count() FROM dualflow.flows WHERE "+late); len(rows) != 1 || fmt.Sprint(rows[0][0]) != "0" {
+		t.Errorf("rows received %v after the API server came back still marked stale: %v", staleBound, rows)
+	}
+}
+
+// metric reads one sample of the collector's metrics: the line that
+// starts with series followed by a space.
+func (k *kubeEnv) metric(series string) (float64, error) {
+	resp, err := http.Get(k.metrics)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), series+" "); ok {
+			return strconv.ParseFloat(v, 64)
+		}
+	}
+	return 0, fmt.Errorf("no %s in %s", series, k.metrics)
+}
+
+// readyz returns the body of the collector's /readyz (next to /metrics).
+func (k *kubeEnv) readyz(t *testing.T) string {
+	t.Helper()
+	resp, err := http.Get(strings.TrimSuffix(k.metrics, "/metrics") + "/readyz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("/readyz: %d %s", resp.StatusCode, b)
+	}
+	return string(b)
+}
+
+// awaitCount waits until some row of flows matches cond.
+func (k *kubeEnv) awaitCount(t *testing.T, what, cond string) {
+	t.Helper()
+	await(t, 2*time.Minute, what, func() (bool, string) {
+		rows := k.sql(t, "SELECT count() FROM dualflow.flows WHERE "+cond)
+		if len(rows) != 1 {
+			return false, fmt.Sprint(rows)
+		}
+		n := fmt.Sprint(rows[0][0])
+		return n != "0", n + " rows"
+	})
 }
 
 // churnPolicy gives backend/allow-metrics-ipv4-only the IPv6 block it

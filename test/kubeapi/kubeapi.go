@@ -139,9 +139,13 @@ type Server struct {
 	caData     []byte
 	adminToken string
 	etcd, api  *exec.Cmd
+	apiArgs    []string // the API server's command line, for Restart
 	etcdURL    string
 	logs       []*os.File
 	waits      []chan error
+	apiWait    chan error // the running API server's exit
+	log        io.Writer
+	apiStarts  int
 }
 
 // Start starts etcd and kube-apiserver and waits until the API server is
@@ -225,7 +229,7 @@ func start(ctx context.Context, o Options, attempt int) (_ *Server, err error) {
 	}
 	port := strconv.Itoa(ports[2])
 	s.URL = "https://127.0.0.1:" + port
-	s.api = exec.Command(o.Binary,
+	s.apiArgs = []string{o.Binary,
 		"--etcd-servers", s.etcdURL,
 		"--bind-address", "127.0.0.1", "--secure-port", port, "--advertise-address", "127.0.0.1",
 		"--endpoint-reconciler-type", "none",
@@ -236,20 +240,21 @@ func start(ctx context.Context, o Options, attempt int) (_ *Server, err error) {
 		"--service-account-key-file", filepath.Join(dir, "sa.pem"),
 		"--service-account-signing-key-file", filepath.Join(dir, "sa.pem"),
 		"--service-cluster-ip-range", ServiceCIDRs,
-		// Objects are exactly what the test writes, in whatever order:
-		// PodTopologyLabels would copy a node's zone labels onto pods
-		// created after their node only, so the result would depend on
-		// the order of publication.
-		"--disable-admission-plugins", "PodTopologyLabels",
+		// PodTopologyLabels (1.35+) stays on, as on a real cluster: it
+		// copies a node's zone and region labels onto a pod created with
+		// spec.nodeName after its node. The lab's pods carry those labels
+		// already, so the stored objects do not depend on the order of
+		// publication (TestKubePublishOrders checks it).
 		"--enable-priority-and-fairness=false",
 		"--profiling=false",
-		"--v=1")
-	if err := s.spawn(s.api, "kube-apiserver", o.Log); err != nil {
+		"--v=1"}
+	s.log = o.Log
+	if err := s.spawnAPI(); err != nil {
 		return nil, err
 	}
 	began := time.Now()
 	crt := filepath.Join(dir, "certs", "apiserver.crt")
-	if err := waitFor(ctx, 2*time.Minute, s.waits[1], func() bool {
+	if err := waitFor(ctx, 2*time.Minute, s.apiWait, func() bool {
 		if s.caData == nil {
 			b, err := os.ReadFile(crt)
 			if err != nil || !bytes.Contains(b, []byte("END CERTIFICATE")) {
@@ -281,6 +286,50 @@ func start(ctx context.Context, o Options, attempt int) (_ *Server, err error) {
 		return nil, err
 	}
 	return s, nil
+}
+
+// spawnAPI starts the API server with s.apiArgs.
+func (s *Server) spawnAPI() error {
+	s.api = exec.Command(s.apiArgs[0], s.apiArgs[1:]...)
+	name := "kube-apiserver"
+	if s.apiStarts++; s.apiStarts > 1 {
+		name += "-" + strconv.Itoa(s.apiStarts) // keep the first run's log
+	}
+	if err := s.spawn(s.api, name, s.log); err != nil {
+		return err
+	}
+	s.apiWait = s.waits[len(s.waits)-1]
+	return nil
+}
+
+// Kill kills the API server (SIGKILL), as a crash or a node failure
+// would, and waits for it to exit; etcd keeps running. Restart brings it
+// back.
+func (s *Server) Kill() {
+	if s.api == nil || s.api.Process == nil {
+		return
+	}
+	_ = syscall.Kill(-s.api.Process.Pid, syscall.SIGKILL)
+	select {
+	case <-s.apiWait:
+	case <-time.After(30 * time.Second):
+	}
+	s.api, s.apiWait = nil, nil
+}
+
+// Restart starts the API server killed by Kill again, on the same port,
+// certificates and etcd, and waits until it is ready (up to two minutes).
+func (s *Server) Restart(ctx context.Context) error {
+	if s.api != nil {
+		return errors.New("kubeapi: Restart: the API server is running")
+	}
+	if err := s.spawnAPI(); err != nil {
+		return err
+	}
+	if err := waitFor(ctx, 2*time.Minute, s.apiWait, s.ready); err != nil {
+		return fmt.Errorf("kube-apiserver restart: %w%s", err, s.tail(len(s.logs)-1))
+	}
+	return nil
 }
 
 // spawn starts cmd in its own process group with its output in a log.
@@ -461,21 +510,18 @@ func (s *Server) Apply(ctx context.Context, manifest []byte) error {
 // Stop kills the API server, then etcd, and waits for both. It is safe to
 // call more than once.
 func (s *Server) Stop() {
-	for i, cmd := range []*exec.Cmd{s.api, s.etcd} {
-		if cmd == nil || cmd.Process == nil {
-			continue
-		}
+	s.Kill()
+	if cmd := s.etcd; cmd != nil && cmd.Process != nil {
 		_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-		w := 1 - i // waits are in start order: etcd, then the API server
-		if w < len(s.waits) && s.waits[w] != nil {
+		if len(s.waits) > 0 && s.waits[0] != nil { // etcd's, started first
 			select {
-			case <-s.waits[w]:
+			case <-s.waits[0]:
 			case <-time.After(30 * time.Second):
 			}
-			s.waits[w] = nil
+			s.waits[0] = nil
 		}
 	}
-	s.api, s.etcd = nil, nil
+	s.etcd = nil
 	for _, f := range s.logs {
 		f.Close()
 	}

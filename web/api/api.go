@@ -141,6 +141,9 @@ type Config struct {
 	// Catalog answers GET /api/v1/catalog (the live Kubernetes view's
 	// names); nil answers it 501.
 	Catalog Catalog
+	// Status answers GET /api/v1/status (the state of the collector's
+	// view of the cluster); nil answers it 501.
+	Status Status
 	// Tokens authorizes requests; nil or empty lets everyone in as operator
 	// (the caller then binds to loopback only).
 	Tokens *Tokens

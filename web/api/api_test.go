@@ -481,7 +481,7 @@ func TestHealthReadyMetrics(t *testing.T) {
 		t.Errorf("openapi: %v", err)
 	}
 	paths := spec["paths"].(map[string]any)
-	for _, p := range []string{"/flows", "/flows/summary", "/servicemap", "/reachability", "/traceflow", "/audit", "/sql"} {
+	for _, p := range []string{"/flows", "/flows/summary", "/servicemap", "/reachability", "/traceflow", "/audit", "/sql", "/status", "/catalog"} {
 		if paths[p] == nil {
 			t.Errorf("openapi lacks %s", p)
 		}

@@ -190,6 +190,15 @@ func buildFilterFields() {
 		}
 		return "", fmt.Errorf("want true or false")
 	})
+	add("k8s_view_stale", "true: enriched while the collector's view of the Kubernetes API was stale (names may be out of date)", func(v string) (string, error) {
+		switch v {
+		case "true", "1":
+			return "k8s_view_stale", nil
+		case "false", "0":
+			return "NOT k8s_view_stale", nil
+		}
+		return "", fmt.Errorf("want true or false")
+	})
 }
 
 const filterFieldsDocAlias = "alias of service"

@@ -43,6 +43,7 @@ func (a *API) routes() *gin.Engine {
 	viewer.GET("/flows/summary", a.summary)
 	viewer.GET("/servicemap", a.servicemap)
 	viewer.GET("/catalog", a.catalog)
+	viewer.GET("/status", a.status)
 	viewer.POST("/reachability", a.reachability)
 	viewer.GET("/audit", a.audit)
 	viewer.GET("/filters", a.filterDoc)

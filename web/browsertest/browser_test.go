@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -70,7 +71,7 @@ func runMain(m *testing.M) int {
 		srv, err := web.New(web.Config{
 			Addr: "127.0.0.1:0", Store: e, SQL: api.EngineSQL{Engine: e.DB()}, Database: db,
 			Evaluator: fakes.Evaluator{}, Tracer: fakes.Tracer{Delay: 200 * time.Millisecond}, Auditor: fakes.Auditor{},
-			Catalog: catalog,
+			Catalog: catalog, Status: fakes.Status{Stale: &kubeStale},
 		})
 		if err != nil {
 			return "", err
@@ -809,6 +810,36 @@ func TestSingleFamilyLabs(t *testing.T) {
 			noConsoleErrors(t, errs, "/api/v1/catalog")
 		})
 	}
+}
+
+// kubeStale makes every lab's /api/v1/status say the Kubernetes view is
+// stale.
+var kubeStale atomic.Bool
+
+// TestKubernetesStaleBadge: while the collector's view of the cluster is
+// stale (API server unreachable), the header says so on every page, with
+// the unwatched kinds; it goes once the view is current again.
+func TestKubernetesStaleBadge(t *testing.T) {
+	ctx, errs := browser(t)
+	do(t, ctx, chromedp.Navigate(baseURL+"/#/flows"), chromedp.WaitVisible(css(`#flow-table tbody tr`)))
+	if eval[bool](t, ctx, `!document.querySelector('#k8s-status').hidden`) {
+		t.Error("stale badge shown with a current view")
+	}
+	kubeStale.Store(true)
+	t.Cleanup(func() { kubeStale.Store(false) })
+	do(t, ctx, chromedp.Reload(), poll(`!document.querySelector('#k8s-status').hidden`))
+	if got := eval[string](t, ctx, `document.querySelector('#k8s-status').textContent`); got != "Kubernetes view stale 12 s" {
+		t.Errorf("badge %q", got)
+	}
+	if got := eval[string](t, ctx, `document.querySelector('#k8s-status').title`); !strings.Contains(got, "k8s_view_stale") || !strings.Contains(got, "Not watched: pod, service.") {
+		t.Errorf("badge title %q", got)
+	}
+	screenshot(t, ctx, "k8s-stale")
+	do(t, ctx, chromedp.Navigate(baseURL+"/#/map"), poll(`!document.querySelector('#k8s-status').hidden`))
+	kubeStale.Store(false)
+	// The page polls every 10 s: the badge goes without a reload.
+	do(t, ctx, poll(`document.querySelector('#k8s-status').hidden`))
+	noConsoleErrors(t, errs, "")
 }
 
 // TestServerHealth checks the process-level endpoints through the web server.

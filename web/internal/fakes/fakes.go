@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/dualflow/dualflow/collector/audit"
@@ -173,4 +174,21 @@ func (Catalog) Catalog(context.Context) (api.CatalogResponse, error) {
 		Ports: []api.CatalogPort{{Name: "http", Protocol: "TCP", Port: 9090}},
 	})
 	return out, nil
+}
+
+// Status answers /api/v1/status for a kubeconfig source whose view is
+// stale while Stale is set: pods and services unwatched for 12 s.
+type Status struct{ Stale *atomic.Bool }
+
+// Status implements api.Status.
+func (s Status) Status(context.Context) (api.StatusResponse, error) {
+	k := api.KubernetesStatus{Source: "kubeconfig", Synced: true}
+	for _, kind := range []string{"endpointslice", "namespace", "node", "pod", "service"} {
+		kk := api.KubernetesKind{Kind: kind, Watching: true}
+		if s.Stale != nil && s.Stale.Load() && (kind == "pod" || kind == "service") {
+			kk.Watching, kk.StaleSeconds, k.Stale = false, 12.4, true
+		}
+		k.Kinds = append(k.Kinds, kk)
+	}
+	return api.StatusResponse{Kubernetes: k}, nil
 }

@@ -326,7 +326,7 @@ function flowDrawer(f) {
     h('h3', {}, 'Policy'),
     kv({ egress: f.egress_verdict + (f.egress_policy ? ' by ' + f.egress_policy : ''), ingress: f.ingress_verdict + (f.ingress_policy ? ' by ' + f.ingress_policy : ''), 'drop reason': dropReason(f), 'datapath disagrees': f.verdict_mismatch ? 'yes' : '' }),
     h('h3', {}, 'Traffic'),
-    kv({ start: fmtTimeZ(f.flow_start_ms), end: fmtTimeZ(f.flow_end_ms), sent: fmtBytes(f.bytes) + ' in ' + f.packets + ' packets', received: fmtBytes(f.reverse_bytes) + ' in ' + f.reverse_packets + ' packets', 'tcp state': f.tcp_state, 'end reason': f.end_reason, 'flow type': f.flow_type, exporter: f.exporter_node }),
+    kv({ start: fmtTimeZ(f.flow_start_ms), end: fmtTimeZ(f.flow_end_ms), sent: fmtBytes(f.bytes) + ' in ' + f.packets + ' packets', received: fmtBytes(f.reverse_bytes) + ' in ' + f.reverse_packets + ' packets', 'tcp state': f.tcp_state, 'end reason': f.end_reason, 'flow type': f.flow_type, exporter: f.exporter_node, 'names may be stale': f.k8s_view_stale ? 'yes: enriched while the Kubernetes API was unreachable' : '' }),
     h('details', {}, h('summary', {}, 'All fields'), kv(f)));
 }
 async function loadFlows(more) {
@@ -1127,6 +1127,25 @@ async function whoami() {
   } catch (e) { $('#whoami').textContent = ''; }
 }
 
+// kubeStatus shows, in the header, when the collector's view of the
+// cluster is stale (the API server unreachable): names in the pages may
+// be out of date, and the rows written meanwhile say so (k8s_view_stale).
+async function kubeStatus() {
+  const el = $('#k8s-status');
+  try {
+    const k = (await api('/status')).kubernetes;
+    const down = (k.kinds || []).filter(x => !x.watching);
+    if (k.source === 'off' || k.source === 'inventory' || (!k.stale && k.synced)) {
+      el.hidden = true; el.textContent = ''; return;
+    }
+    const secs = Math.round(Math.max(0, ...down.map(x => x.stale_seconds)));
+    el.textContent = k.synced ? 'Kubernetes view stale ' + secs + ' s' : 'Kubernetes view syncing';
+    el.title = (k.synced ? 'The collector has not reached the Kubernetes API for ' + secs + ' s: names may be out of date (rows written meanwhile have k8s_view_stale = true).' : 'The initial lists are not indexed yet.') +
+      (down.length ? ' Not watched: ' + down.map(x => x.kind).join(', ') + '.' : '');
+    el.hidden = false;
+  } catch (e) { el.hidden = true; }
+}
+
 function init() {
   $('#flow-time-h').textContent = 'Time (' + tzName + ')';
   $('#flow-filter').addEventListener('submit', e => { e.preventDefault(); loadFlows(false); });
@@ -1167,6 +1186,7 @@ function init() {
   });
   window.addEventListener('hashchange', route);
   whoami();
+  kubeStatus(); setInterval(kubeStatus, 10000);
   loadCatalog();
   route();
 }
