@@ -9,6 +9,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/dualflow/dualflow/collector/correlate"
 	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/flow"
 	"github.com/dualflow/dualflow/lab"
@@ -32,6 +33,11 @@ func TestEnrich(t *testing.T) {
 			t.Parallel()
 			l := startLab(t, mode)
 			e := startEnricher(t, l.ManifestPath())
+			// off has IPv6 enrichment switched off: it must still pair the
+			// two node halves of an IPv6 connection (issue 24).
+			offCfg := enrich.NewConfig()
+			offCfg.Source, offCfg.Inventory, offCfg.EnableIPv6 = enrich.SourceInventory, []string{l.ManifestPath()}, false
+			off := runEnricher(t, offCfg)
 			pod := func(ns, app string, node int) *corev1.Pod {
 				p, err := l.PodOn(ns, app, node)
 				if err != nil {
@@ -92,7 +98,7 @@ func TestEnrich(t *testing.T) {
 						// sent (with DNAT); the server's node too when it is
 						// another node (after DNAT).
 						nodes := []string{c.from.Spec.NodeName}
-						var views []flow.Record
+						var views, raws []flow.Record
 						for i := 0; i < len(nodes); i++ {
 							conns, err := l.Conntrack(nodes[i])
 							if err != nil {
@@ -103,6 +109,9 @@ func TestEnrich(t *testing.T) {
 								t.Fatalf("%s has no conntrack entry from %v", nodes[i], r.Local)
 							}
 							rec := exportedRecord(conn, proto)
+							raw := rec
+							raw.ExporterNode = nodes[i]
+							raws = append(raws, raw)
 							e.Enrich(&rec)
 							views = append(views, rec)
 							if i == 0 {
@@ -114,6 +123,7 @@ func TestEnrich(t *testing.T) {
 						for i, rec := range views {
 							checkEnriched(t, l.Manifest, nodes[i], rec, c.from, c.svc, c.portName, i == 0 && c.svc != nil)
 						}
+						checkIPv6Off(t, off, raws)
 						if rec := views[0]; rec.Src.Zone != rec.Dst.Zone {
 							crossZone[rec.IPVersion]++
 						}
@@ -128,6 +138,33 @@ func TestEnrich(t *testing.T) {
 				t.Errorf("dual mode: cross-zone connections per family %v, want some in both", crossZone)
 			}
 		})
+	}
+}
+
+// checkIPv6Off feeds the nodes' records of one connection (the client's
+// node first) through a correlator backed by off, an Enricher with
+// --k8s.enable-ipv6=false: a cross-node connection of either family
+// becomes exactly one merged row (IPv6 rows were written twice when the
+// switch hid IPv6 nodes from the correlator), and only IPv4 rows are
+// enriched.
+func checkIPv6Off(t *testing.T, off *enrich.Enricher, raws []flow.Record) {
+	t.Helper()
+	c := correlate.New(correlate.Config{}, off, nil)
+	var out []flow.Record
+	for i := range raws {
+		out = c.Add(&raws[i], out)
+	}
+	want := flow.CorrelationNone
+	if len(raws) == 2 {
+		want = flow.CorrelationMerged
+	}
+	if len(out) != 1 || out[0].Correlation != want || c.Held() != 0 {
+		t.Fatalf("--k8s.enable-ipv6=false: %d rows (held %d) from %d node records, want one %s row", len(out), c.Held(), len(raws), want)
+	}
+	r := out[0]
+	off.Enrich(&r)
+	if v6 := r.IPVersion == 6; (r.Src.PodName == "") != v6 {
+		t.Errorf("--k8s.enable-ipv6=false: IPv%d row has source pod %q", r.IPVersion, r.Src.PodName)
 	}
 }
 
