@@ -8,6 +8,7 @@
 //	{{onCluster}}              "" or " ON CLUSTER 'name'"
 //	{{engine "MergeTree"}}     MergeTree or ReplicatedMergeTree('/clickhouse/tables/{shard}/db/table', '{replica}')
 //	{{distributed "flows" k}}  "" or a Distributed table "flows" over the local tables, sharded by k
+//	{{replaceDistributed "flows"}} "" or CREATE OR REPLACE of the Distributed table "flows", sharded by ShardingKeys["flows"]
 //	{{ttl "col"}}              "" or "TTL toDateTime(col) + INTERVAL N DAY"
 //	{{ipText "col"}}           an IPv6 column shown as text ('' / dotted quad / RFC 5952)
 //	{{.Database}}              the database name
@@ -54,6 +55,26 @@ func (o *Options) SetDefaults() {
 	if o.Database == "" {
 		o.Database = "dualflow"
 	}
+}
+
+// ShardingKeys are the sharding keys of the Distributed tables that rows
+// are inserted through, in the cluster form (migration 0007,
+// docs/cluster.md). Each is a deterministic function of the row, so a batch
+// replayed with the same insert_deduplication_token splits into the same
+// per-shard blocks and each shard deduplicates its block (with rand() a
+// replay would split differently and a shard would drop rows it never
+// stored under that token). The flows key sends every row of one
+// namespace/workload pair to one shard: each key of rollup_pod_to_pod_1m
+// and rollup_policy_1m (whose keys include both namespaces and workloads)
+// is then summed on one shard only, and a connection's records stay
+// together, at the price of skew when one workload pair dominates. The
+// keys use plain columns the collector always sends (not the DEFAULT
+// columns derived from the EPHEMERAL *_in ones). The rollup Distributed
+// tables keep rand(): nothing inserts through them, the materialized
+// views write each shard's local rollups.
+var ShardingKeys = map[string]string{
+	"flows":      "cityHash64(src_pod_namespace, src_workload_name, dst_pod_namespace, dst_workload_name)",
+	"traceflows": "cityHash64(trace_id)",
 }
 
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
@@ -158,6 +179,23 @@ func funcs(o Options) template.FuncMap {
 			}
 			return fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s.%s ON CLUSTER %s AS %s.%s_local\nENGINE = Distributed(%s, %s, %s_local, %s);",
 				o.Database, table, q(o.Cluster), o.Database, table, q(o.Cluster), q(o.Database), table, shardingKey)
+		},
+		// replaceDistributed recreates a Distributed table in place
+		// (CREATE OR REPLACE swaps it atomically in an Atomic database, so
+		// inserts never find it missing) with its key from ShardingKeys.
+		// A Distributed table holds no rows of its own; pending
+		// background sends are flushed by a SYSTEM FLUSH DISTRIBUTED
+		// before it.
+		"replaceDistributed": func(table string) (string, error) {
+			key, ok := ShardingKeys[table]
+			if !ok {
+				return "", fmt.Errorf("replaceDistributed %q: no sharding key in ShardingKeys", table)
+			}
+			if o.Cluster == "" {
+				return "", nil
+			}
+			return fmt.Sprintf("CREATE OR REPLACE TABLE %s.%s ON CLUSTER %s AS %s.%s_local\nENGINE = Distributed(%s, %s, %s_local, %s);",
+				o.Database, table, q(o.Cluster), o.Database, table, q(o.Cluster), q(o.Database), table, key), nil
 		},
 		// clustered and dist are for ALTERs that must reach the
 		// Distributed table as well as the local one.

@@ -55,7 +55,10 @@ func TestClusterForm(t *testing.T) {
 		t.Fatal(err)
 	}
 	opt := Options{Cluster: "flows", TTLDays: 7}
-	createTable := regexp.MustCompile(`^CREATE TABLE IF NOT EXISTS (\S+) ON CLUSTER 'flows'`)
+	createTable := regexp.MustCompile(`^CREATE (?:OR REPLACE )?TABLE (?:IF NOT EXISTS )?(\S+) ON CLUSTER 'flows'`)
+	distEngine := regexp.MustCompile(`(?s)ENGINE = Distributed\('flows', 'dualflow', (\w+), (.*)\)$`)
+	flushDist := regexp.MustCompile(`^SYSTEM FLUSH DISTRIBUTED (\S+) ON CLUSTER 'flows'$`)
+	shardingKey := map[string]string{} // Distributed table: its key after all migrations
 	createMV := regexp.MustCompile(`^CREATE MATERIALIZED VIEW IF NOT EXISTS (\S+) ON CLUSTER 'flows'\s+TO (\S+) AS`)
 	alterTable := regexp.MustCompile(`(?s)^ALTER TABLE (\S+) ON CLUSTER 'flows'\s+(.*)$`)
 	locals := map[string]bool{}
@@ -65,6 +68,7 @@ func TestClusterForm(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		flushed := map[string]bool{} // Distributed tables flushed earlier in m
 		for _, s := range stmts {
 			switch {
 			case strings.Contains(s, "ENGINE = Distributed("):
@@ -72,9 +76,31 @@ func TestClusterForm(t *testing.T) {
 				if mm == nil {
 					t.Fatalf("%s: Distributed table without ON CLUSTER: %.80s", m.Name, s)
 				}
+				if strings.HasPrefix(s, "CREATE OR REPLACE") && (!distributed[mm[1]] || !flushed[mm[1]]) {
+					// Replacing is only for a Distributed table that exists,
+					// after its pending background sends were flushed.
+					t.Errorf("%s: CREATE OR REPLACE of %s without an earlier Distributed table and SYSTEM FLUSH DISTRIBUTED", m.Name, mm[1])
+				}
 				distributed[mm[1]] = true
-				if !strings.Contains(s, "Distributed('flows', 'dualflow', "+strings.TrimPrefix(mm[1], "dualflow.")+"_local, rand())") {
+				em := distEngine.FindStringSubmatch(s)
+				if em == nil || em[1] != strings.TrimPrefix(mm[1], "dualflow.")+"_local" || !strings.Contains(s, " AS "+mm[1]+"_local\n") {
 					t.Errorf("%s: Distributed table %s does not point at its local table: %.200s", m.Name, mm[1], s)
+				} else {
+					shardingKey[mm[1]] = em[2]
+				}
+				// Retention is per shard, on the local tables.
+				if strings.Contains(s, "TTL") {
+					t.Errorf("%s: Distributed table %s has a TTL", m.Name, mm[1])
+				}
+			case strings.HasPrefix(s, "CREATE OR REPLACE"):
+				// Replacing a local table would drop its rows.
+				t.Errorf("%s: CREATE OR REPLACE of a table that is not Distributed: %.80s", m.Name, s)
+			case strings.HasPrefix(s, "SYSTEM FLUSH DISTRIBUTED"):
+				mm := flushDist.FindStringSubmatch(s)
+				if mm == nil || !distributed[mm[1]] {
+					t.Errorf("%s: SYSTEM FLUSH DISTRIBUTED must name a Distributed table ON CLUSTER: %.80s", m.Name, s)
+				} else {
+					flushed[mm[1]] = true
 				}
 			case strings.HasPrefix(s, "CREATE TABLE"):
 				mm := createTable.FindStringSubmatch(s)
@@ -96,8 +122,11 @@ func TestClusterForm(t *testing.T) {
 				if mm == nil {
 					t.Fatalf("%s: MV without ON CLUSTER or TO: %.120s", m.Name, s)
 				}
-				if !strings.HasSuffix(mm[2], "_local") || !strings.Contains(s, "FROM dualflow.flows_local") {
-					t.Errorf("%s: MV %s must read and write local tables", m.Name, mm[1])
+				// Rollups are per shard: each shard's view reads the rows
+				// inserted into that shard's flows_local and writes its own
+				// local rollup; reads sum across shards.
+				if !strings.HasSuffix(mm[1], "_local") || !strings.HasSuffix(mm[2], "_local") || !regexp.MustCompile(`(?m)^FROM dualflow\.flows_local$`).MatchString(s) || strings.Count(s, "FROM ") != 1 {
+					t.Errorf("%s: MV %s must read flows_local (only) and write a local table", m.Name, mm[1])
 				}
 			case strings.HasPrefix(s, "ALTER TABLE"):
 				// Settings and columns change on the local tables, on every
@@ -126,6 +155,23 @@ func TestClusterForm(t *testing.T) {
 	for l := range locals {
 		if !distributed[l] {
 			t.Errorf("local table %s_local has no Distributed table %s", l, l)
+		}
+	}
+	// The tables inserted through are sharded by the documented,
+	// deterministic keys (docs/cluster.md); the rollups' Distributed tables
+	// are only read, and keep rand().
+	for d, got := range shardingKey {
+		want, ok := ShardingKeys[strings.TrimPrefix(d, "dualflow.")]
+		if !ok {
+			want = "rand()"
+		}
+		if got != want {
+			t.Errorf("Distributed table %s is sharded by %s, want %s", d, got, want)
+		}
+	}
+	for table := range ShardingKeys {
+		if _, ok := shardingKey["dualflow."+table]; !ok {
+			t.Errorf("ShardingKeys names %s, which has no Distributed table", table)
 		}
 	}
 	for _, want := range []string{"flows", "rollup_pod_to_pod_1m", "rollup_pod_to_service_1m", "rollup_node_to_node_1m", "rollup_policy_1m", "traceflows"} {

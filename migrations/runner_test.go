@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"testing/fstest"
@@ -21,7 +22,7 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	d, err := chdb.Open(chdb.Config{DataDir: dir})
+	d, err := openWithCluster(dir)
 	switch {
 	case errors.Is(err, chdb.ErrLibraryNotFound) && os.Getenv("DUALFLOW_REQUIRE_CHDB") != "1":
 		fmt.Fprintln(os.Stderr, "libchdb not found: runner tests will skip (run make deps)")
@@ -37,6 +38,50 @@ func TestMain(m *testing.M) {
 	}
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// clusterConfig defines the cluster "flows" as one shard on this engine
+// (tcp_port makes localhost:9000 the local replica; nothing listens), so
+// the cluster form's Distributed tables can be created and written
+// through in-process (TestClusterFormOnLocalShard).
+const clusterConfig = `<clickhouse>
+  <tcp_port>9000</tcp_port>
+  <remote_servers>
+    <flows>
+      <shard>
+        <internal_replication>true</internal_replication>
+        <replica><host>localhost</host><port>9000</port></replica>
+      </shard>
+    </flows>
+  </remote_servers>
+</clickhouse>
+`
+
+// openWithCluster boots the engine from a directory holding config.xml
+// (read from the working directory at boot, as clickhouse-local does),
+// then returns to the package directory.
+func openWithCluster(dataDir string) (*chdb.DB, error) {
+	wd, err := os.Getwd()
+	if err != nil {
+		return nil, err
+	}
+	cfgDir, err := os.MkdirTemp("", "dualflow-migrations-config-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(cfgDir)
+	if err := os.WriteFile(filepath.Join(cfgDir, "config.xml"), []byte(clusterConfig), 0o644); err != nil {
+		return nil, err
+	}
+	if err := os.Chdir(cfgDir); err != nil {
+		return nil, err
+	}
+	d, err := chdb.Open(chdb.Config{DataDir: dataDir})
+	if cerr := os.Chdir(wd); cerr != nil && err == nil {
+		d.Close()
+		return nil, cerr
+	}
+	return d, err
 }
 
 func newRunner(t *testing.T, database string, all ...Migration) *Runner {

@@ -322,3 +322,30 @@ ALTER TABLE dualflow.flows_local ON CLUSTER 'flows'
 ALTER TABLE dualflow.flows ON CLUSTER 'flows'
     ADD COLUMN IF NOT EXISTS k8s_view_stale Bool DEFAULT false COMMENT 'enriched while the view of the Kubernetes API was stale: names may be out of date' AFTER verdict_mismatch;
 
+-- 0007_cluster_sharding.sql
+ALTER TABLE dualflow.flows_local ON CLUSTER 'flows'
+    MODIFY COLUMN src_ip_bin IPv6 MATERIALIZED toIPv6OrDefault(src_ip) COMMENT 'src_ip as IPv6 (IPv4 mapped as ::ffff:a.b.c.d), for fast range filters',
+    MODIFY COLUMN dst_ip_bin IPv6 MATERIALIZED toIPv6OrDefault(dst_ip) COMMENT 'dst_ip as IPv6 (IPv4 mapped as ::ffff:a.b.c.d), for fast range filters';
+
+SYSTEM FLUSH DISTRIBUTED dualflow.flows ON CLUSTER 'flows';
+
+CREATE OR REPLACE TABLE dualflow.flows ON CLUSTER 'flows' AS dualflow.flows_local
+ENGINE = Distributed('flows', 'dualflow', flows_local, cityHash64(src_pod_namespace, src_workload_name, dst_pod_namespace, dst_workload_name));
+
+SYSTEM FLUSH DISTRIBUTED dualflow.traceflows ON CLUSTER 'flows';
+
+CREATE OR REPLACE TABLE dualflow.traceflows ON CLUSTER 'flows' AS dualflow.traceflows_local
+ENGINE = Distributed('flows', 'dualflow', traceflows_local, cityHash64(trace_id));
+
+ALTER TABLE dualflow.flows_local ON CLUSTER 'flows' MODIFY SETTING replicated_deduplication_window = 10000, replicated_deduplication_window_seconds = 604800;
+
+ALTER TABLE dualflow.rollup_pod_to_pod_1m_local ON CLUSTER 'flows' MODIFY SETTING replicated_deduplication_window = 10000, replicated_deduplication_window_seconds = 604800;
+
+ALTER TABLE dualflow.rollup_pod_to_service_1m_local ON CLUSTER 'flows' MODIFY SETTING replicated_deduplication_window = 10000, replicated_deduplication_window_seconds = 604800;
+
+ALTER TABLE dualflow.rollup_node_to_node_1m_local ON CLUSTER 'flows' MODIFY SETTING replicated_deduplication_window = 10000, replicated_deduplication_window_seconds = 604800;
+
+ALTER TABLE dualflow.rollup_policy_1m_local ON CLUSTER 'flows' MODIFY SETTING replicated_deduplication_window = 10000, replicated_deduplication_window_seconds = 604800;
+
+ALTER TABLE dualflow.traceflows_local ON CLUSTER 'flows' MODIFY SETTING replicated_deduplication_window = 10000, replicated_deduplication_window_seconds = 604800;
+

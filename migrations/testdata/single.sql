@@ -301,3 +301,4 @@ ALTER TABLE dualflow.flows MODIFY SETTING merge_selector_base = 20;
 ALTER TABLE dualflow.flows
     ADD COLUMN IF NOT EXISTS k8s_view_stale Bool DEFAULT false COMMENT 'enriched while the view of the Kubernetes API was stale: names may be out of date' AFTER verdict_mismatch;
 
+-- 0007_cluster_sharding.sql
