@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -121,9 +122,13 @@ type resolver interface {
 	Resolve(req Request, f Family) (Probe, error)
 }
 
-// resultStore keeps finished results (the ClickHouse traceflows table).
+// resultStore keeps finished results (the ClickHouse traceflows table),
+// shared by every replica over the same store.
 type resultStore interface {
 	Save(ctx context.Context, r Result) error
+	// Load returns a saved result; its error wraps ErrNotFound when there
+	// is none.
+	Load(ctx context.Context, id string) (Result, error)
 }
 
 // Config configures a Controller.
@@ -135,7 +140,8 @@ type Config struct {
 	// Keep is how many finished results Get can return; the oldest are
 	// forgotten first (default 1000).
 	Keep int
-	// SaveTimeout bounds writing one result to the store (default 5s).
+	// SaveTimeout bounds writing one result to the store, and reading one
+	// back (default 5s).
 	SaveTimeout time.Duration
 	Logger      *slog.Logger
 }
@@ -330,6 +336,21 @@ func newID() (string, error) {
 	return "tf-" + hex.EncodeToString(b), nil
 }
 
+// validID reports whether id has newID's form: "tf-" and 16 lowercase hex
+// digits.
+func validID(id string) bool {
+	h, ok := strings.CutPrefix(id, "tf-")
+	if !ok || len(h) != 16 {
+		return false
+	}
+	for i := 0; i < len(h); i++ {
+		if c := h[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
+}
+
 // run traces each pending family concurrently, then finalises t.
 func (c *Controller) run(t *trace, probes []Probe, timeout time.Duration) {
 	defer c.wg.Done()
@@ -419,31 +440,53 @@ func finalPhase(frs []FamilyResult) (Phase, string) {
 }
 
 func cloneResult(r Result) Result {
-	r.Families = append([]FamilyResult(nil), r.Families...)
+	r.Families = slices.Clone(r.Families)
 	for i := range r.Families {
-		r.Families[i].Observations = append([]Observation(nil), r.Families[i].Observations...)
+		// Empty stays empty, not nil: the JSON says [] either way.
+		r.Families[i].Observations = slices.Clone(r.Families[i].Observations)
 	}
 	return r
 }
 
-// Get returns the current state of trace id (a copy), or ErrNotFound.
-func (c *Controller) Get(id string) (Result, error) {
+// Get returns the current state of trace id (a copy), or an error wrapping
+// ErrNotFound. A trace this controller ran (or runs) and still keeps comes
+// from memory; any other is read from the store, where every controller
+// over it saves finished traces: a trace running on another replica is not
+// found until it has finished and been saved. ctx bounds the store read.
+func (c *Controller) Get(ctx context.Context, id string) (Result, error) {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	t, ok := c.traces[id]
+	var res Result
+	if ok {
+		res = cloneResult(t.res)
+	}
+	c.mu.Unlock()
 	if !ok {
+		return c.load(ctx, id)
+	}
+	return res, nil
+}
+
+// load reads a finished trace from the store.
+func (c *Controller) load(ctx context.Context, id string) (Result, error) {
+	if c.store == nil {
 		return Result{}, fmt.Errorf("%w: %q", ErrNotFound, id)
 	}
-	return cloneResult(t.res), nil
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.SaveTimeout)
+	defer cancel()
+	return c.store.Load(ctx, id)
 }
 
 // Wait blocks until trace id finishes or ctx ends, and returns its result.
+// A trace not in memory is read from the store as by Get: found there, it
+// has finished; not found, Wait returns ErrNotFound at once (it does not
+// wait for a trace running on another replica).
 func (c *Controller) Wait(ctx context.Context, id string) (Result, error) {
 	c.mu.Lock()
 	t, ok := c.traces[id]
 	c.mu.Unlock()
 	if !ok {
-		return Result{}, fmt.Errorf("%w: %q", ErrNotFound, id)
+		return c.load(ctx, id)
 	}
 	select {
 	case <-t.done:

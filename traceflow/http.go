@@ -19,6 +19,11 @@ const maxRequestBody = 64 << 10
 //	                              with ?wait=true → 200 Result once finished
 //	GET  /api/v1/traceflows/{id}  → 200 Result (phase running, succeeded or failed)
 //
+// GET answers from the controller's memory, else from the store (see
+// Controller.Get): with several replicas over one store, a trace is found
+// on every replica once it has finished and been saved, and while it runs
+// only on the replica that runs it (404 elsewhere).
+//
 // Errors are JSON {"message": "...", "field": "..."} (field for a request
 // body that does not decode), as in the rest of /api/v1: 400 invalid request, 501 not supported,
 // 404 unknown id, 429 too many traces in flight.
@@ -61,7 +66,7 @@ func Handler(c *Controller) http.Handler {
 		writeJSON(w, http.StatusOK, res)
 	})
 	mux.HandleFunc("GET /api/v1/traceflows/{id}", func(w http.ResponseWriter, r *http.Request) {
-		res, err := c.Get(r.PathValue("id"))
+		res, err := c.Get(r.Context(), r.PathValue("id"))
 		if err != nil {
 			writeError(w, err)
 			return

@@ -1,9 +1,12 @@
 package traceflow
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -77,5 +80,87 @@ func TestHandler(t *testing.T) {
 	r.Body.Close()
 	if r.StatusCode != http.StatusNotFound {
 		t.Errorf("GET unknown: %d", r.StatusCode)
+	}
+}
+
+// TestHandlerSharedStoreChDB runs two controllers over one store, as two
+// web replicas: a trace started on A is not found on B while it runs, and
+// B answers GET with A's result once A saved it.
+func TestHandlerSharedStoreChDB(t *testing.T) {
+	st := NewStore(newEngine(t), "dualflow")
+	b := New(Config{}, &fakeTracer{trace: func(Probe) (Path, error) {
+		t.Error("replica B traced")
+		return Path{}, errors.New("not here")
+	}}, fakeResolver{}, st)
+	defer b.Close()
+	srvB := httptest.NewServer(Handler(b))
+	defer srvB.Close()
+	get := func(id string) (int, Result) {
+		t.Helper()
+		r, err := http.Get(srvB.URL + "/api/v1/traceflows/" + url.PathEscape(id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer r.Body.Close()
+		var res Result
+		if r.StatusCode == http.StatusOK {
+			if err := json.NewDecoder(r.Body).Decode(&res); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return r.StatusCode, res
+	}
+
+	for _, tt := range []struct {
+		name   string
+		family Family
+		res    fakeResolver
+	}{
+		{"ipv4", IPv4, fakeResolver{}},
+		{"ipv6", IPv6, fakeResolver{}},
+		{"dual", Dual, fakeResolver{}},
+		{"dual, no IPv6 address", Dual, fakeResolver{noV6: true}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			release := make(chan struct{})
+			a := New(Config{}, &fakeTracer{trace: func(p Probe) (Path, error) {
+				<-release
+				return delivered(p)
+			}}, tt.res, st)
+			defer a.Close()
+			rq := req()
+			rq.Family = tt.family
+			id, err := a.Start(context.Background(), rq)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if code, _ := get(id); code != http.StatusNotFound {
+				t.Errorf("GET on B while running on A: %d, want 404", code)
+			}
+			close(release)
+			want, err := a.Wait(context.Background(), id)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a.Close() // waits for the save
+			code, got := get(id)
+			if code != http.StatusOK {
+				t.Fatalf("GET on B after A saved: %d", code)
+			}
+			if g, w := jsonText(t, got), jsonText(t, stored(want)); g != w {
+				t.Errorf("B answered:\n%s\nA saved:\n%s", g, w)
+			}
+			if len(got.Families) != len(tt.family.Families()) || got.Phase != Succeeded {
+				t.Errorf("B answered %d families, phase %s", len(got.Families), got.Phase)
+			}
+			if w, err := b.Wait(context.Background(), id); err != nil || jsonText(t, w) != jsonText(t, got) {
+				t.Errorf("Wait on B: %v", err)
+			}
+		})
+	}
+	for _, id := range []string{"tf-0123456789abcdef", "tf-1' OR '1'='1", `tf-\'\\`, strings.Repeat(`\'`, 1<<14)} {
+		if code, _ := get(id); code != http.StatusNotFound {
+			t.Errorf("GET %.40q: %d, want 404", id, code)
+		}
 	}
 }

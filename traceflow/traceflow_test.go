@@ -90,11 +90,11 @@ func TestControllerDual(t *testing.T) {
 			t.Errorf("family %d: %+v", i, fr)
 		}
 	}
-	got, err := c.Get(res.ID)
+	got, err := c.Get(context.Background(), res.ID)
 	if err != nil || got.Phase != Succeeded {
 		t.Errorf("Get: %v %v", got.Phase, err)
 	}
-	if _, err := c.Get("tf-nope"); !errors.Is(err, ErrNotFound) {
+	if _, err := c.Get(context.Background(), "tf-nope"); !errors.Is(err, ErrNotFound) {
 		t.Errorf("Get unknown: %v", err)
 	}
 	// Tags are released when traces end.
@@ -286,5 +286,55 @@ func TestRequestJSON(t *testing.T) {
 	b, _ := json.Marshal(Request{Source: "a/b", Destination: Destination{Service: "c/d", Port: 80}})
 	if strings.Contains(string(b), `"ip"`) {
 		t.Errorf("zero IP marshalled: %s", b)
+	}
+}
+
+// fakeStore is a resultStore with function fields.
+type fakeStore struct {
+	save func(Result) error
+	load func(id string) (Result, error)
+}
+
+func (f fakeStore) Save(_ context.Context, r Result) error { return f.save(r) }
+
+func (f fakeStore) Load(_ context.Context, id string) (Result, error) { return f.load(id) }
+
+func TestControllerGetFromStore(t *testing.T) {
+	saved := Result{ID: "tf-00000000000000aa", Phase: Succeeded}
+	errDown := errors.New("clickhouse down")
+	var loads []string
+	s := fakeStore{
+		save: func(Result) error { return nil },
+		load: func(id string) (Result, error) {
+			loads = append(loads, id)
+			switch id {
+			case saved.ID:
+				return saved, nil
+			case "tf-00000000000000bb":
+				return Result{}, errDown
+			}
+			return Result{}, fmt.Errorf("%w: %q", ErrNotFound, id)
+		},
+	}
+	c := New(Config{}, &fakeTracer{trace: delivered}, fakeResolver{}, s)
+	defer c.Close()
+	ctx := context.Background()
+	res, err := c.Trace(ctx, req())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.Get(ctx, res.ID); err != nil || got.Phase != Succeeded || len(loads) != 0 {
+		t.Errorf("Get of a trace in memory: %v %v, store read %v", got.Phase, err, loads)
+	}
+	for _, get := range []func(context.Context, string) (Result, error){c.Get, c.Wait} {
+		if got, err := get(ctx, saved.ID); err != nil || got.ID != saved.ID {
+			t.Errorf("saved trace: %+v %v", got, err)
+		}
+		if _, err := get(ctx, "tf-00000000000000cc"); !errors.Is(err, ErrNotFound) {
+			t.Errorf("unknown trace: %v", err)
+		}
+		if _, err := get(ctx, "tf-00000000000000bb"); !errors.Is(err, errDown) || StatusOf(err) != 500 {
+			t.Errorf("store down: %v", err)
+		}
 	}
 }
