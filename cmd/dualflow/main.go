@@ -32,6 +32,7 @@ func commands() []command {
 		{"exporter", "export kernel conntrack connections as IPFIX (one per node)", runExporter},
 		{"lab", "build a dual-stack lab cluster in network namespaces", labCommands().Lab},
 		{"demo", "run the whole product on one machine: the collector plus a lab and its exporters (make run)", labCommands().Demo},
+		{"store", "own the embedded ClickHouse store and serve it to several collectors on one machine (HTTP interface)", runStore},
 		{"migrate", "apply the ClickHouse schema migrations (or print them)", runMigrate},
 		{"trace", "inject a probe at a pod and print its path per IP family (lab, or a collector with --server)", runTrace},
 		{"sql", "run a SQL query against the flow store and print the result", runSQL},

@@ -2,10 +2,12 @@ package store
 
 import (
 	"context"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -103,8 +105,14 @@ func TestServerQueryTSV(t *testing.T) {
 	if got, want := string(out), "198.18.0.1\tfd00:10::1\t42\n"; got != want {
 		t.Errorf("got %q, want %q", got, want)
 	}
-	if _, err := s.Query(context.Background(), "SELECT 1", "JSON"); err == nil {
-		t.Error("non-TSV format through the driver should be refused")
+	// Other formats are rendered by the server, over plain HTTP (the web
+	// API and the audit reports read JSONEachRow).
+	out, err = s.Query(context.Background(), "SELECT toIPv6('fd00:10::1') AS a, 42 AS n", "JSONEachRow")
+	if got, want := string(out), `{"a":"fd00:10::1","n":42}`+"\n"; err != nil || got != want {
+		t.Errorf("JSONEachRow: got %q, %v, want %q", got, err, want)
+	}
+	if _, err := s.Query(context.Background(), "SELECT nope", "JSONEachRow"); err == nil || errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "nope") {
+		t.Errorf("bad query: err = %v, want the server's exception, not unavailable", err)
 	}
 }
 

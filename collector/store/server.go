@@ -14,6 +14,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/ClickHouse/clickhouse-go/v2"
@@ -44,8 +45,10 @@ type ServerConfig struct {
 
 // Server is a Conn to a ClickHouse server through clickhouse-go/v2.
 type Server struct {
-	conn driver.Conn
-	db   string
+	conn    driver.Conn
+	db      string
+	http    *httpQuerier // nil for the native protocol
+	natives sync.Pool    // *nativeBuilder, reused between HTTP inserts of flows batches
 }
 
 var _ Conn = (*Server)(nil)
@@ -124,7 +127,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("clickhouse open: %w", err)
 	}
-	return &Server{conn: c, db: db}, nil
+	return &Server{conn: c, db: db, http: newHTTPQuerier(opt)}, nil
 }
 
 // classify wraps connection-level failures with ErrUnavailable so the
@@ -152,14 +155,19 @@ func (s *Server) Exec(ctx context.Context, query string) error {
 	return classify(s.conn.Exec(ctx, query))
 }
 
-// Query implements Conn for the TabSeparated family of formats (TSV,
-// TabSeparated, TabSeparatedRaw, TSVRaw): rows are scanned through the
-// driver and printed as tab-separated text.
+// Query implements Conn. Over the HTTP protocol (an http(s) DSN) any
+// output format works: the server renders it. Over the native protocol only
+// the TabSeparated family (TSV, TabSeparated, TabSeparatedRaw, TSVRaw)
+// does: rows are scanned through the driver and printed as tab-separated
+// text.
 func (s *Server) Query(ctx context.Context, query, format string) ([]byte, error) {
 	switch format {
 	case "", "TSV", "TabSeparated", "TSVRaw", "TabSeparatedRaw":
 	default:
-		return nil, fmt.Errorf("format %s: only TabSeparated output is available through the native driver; use the server's HTTP interface", format)
+		if s.http != nil {
+			return s.http.query(ctx, query, format)
+		}
+		return nil, fmt.Errorf("format %s: only TabSeparated output is available through the native driver; use an http(s):// DSN", format)
 	}
 	rows, err := s.conn.Query(ctx, query)
 	if err != nil {
@@ -187,10 +195,14 @@ func (s *Server) Query(ctx context.Context, query, format string) ([]byte, error
 	return buf.Bytes(), classify(rows.Err())
 }
 
-// InsertRowBinary implements Conn. The RowBinary rows (written by
-// AppendFlowRow) are decoded and appended to a driver batch; only the flows
-// table layout is supported.
+// InsertRowBinary implements Conn. Over the HTTP protocol the rows are
+// sent without the driver (see insertHTTP), for any table. Over the native
+// protocol the rows (written by AppendFlowRow) are decoded and appended to
+// a driver batch; only the flows table layout is supported.
 func (s *Server) InsertRowBinary(ctx context.Context, table string, columns []string, dedupToken string, rows int, data []byte) error {
+	if s.http != nil {
+		return s.insertHTTP(ctx, table, columns, dedupToken, rows, data)
+	}
 	current := slices.Equal(columns, FlowColumns)
 	if !current && !slices.Equal(columns, flowColumnsV5) {
 		return fmt.Errorf("insert %s: server backend only encodes the flows layout", table)
