@@ -271,3 +271,22 @@ func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestServerInsertsDistributedSync: the server backend asks for
+// synchronous inserts through Distributed tables unless the DSN says
+// otherwise (the driver's native path gets the same settings).
+func TestServerInsertsDistributedSync(t *testing.T) {
+	for dsn, want := range map[string]string{
+		"http://127.0.0.1:1/":                           "1",
+		"http://127.0.0.1:1/?insert_distributed_sync=0": "0",
+	} {
+		s, err := NewServer(ServerConfig{DSN: dsn})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := s.http.settings.Get(distributedSyncSetting); got != want {
+			t.Errorf("%s: %s = %q, want %q", dsn, distributedSyncSetting, got, want)
+		}
+		s.Close()
+	}
+}

@@ -123,12 +123,28 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	}
 	// The dualflow database may not exist before `migrate`; connect to default.
 	opt.Auth.Database = ""
+	// In a cluster the collector inserts through the Distributed tables:
+	// synchronously, so that a failed shard is the writer's error (and a
+	// retry under the same dedup token reaches every shard) rather than a
+	// line in one server's log (docs/cluster.md). A DSN that sets it wins.
+	// The old name is an alias of distributed_foreground_insert in new
+	// servers and the only name in old ones; other tables ignore it.
+	if opt.Settings == nil {
+		opt.Settings = clickhouse.Settings{}
+	}
+	if _, ok := opt.Settings[distributedSyncSetting]; !ok {
+		opt.Settings[distributedSyncSetting] = 1
+	}
 	c, err := clickhouse.Open(opt)
 	if err != nil {
 		return nil, fmt.Errorf("clickhouse open: %w", err)
 	}
 	return &Server{conn: c, db: db, http: newHTTPQuerier(opt)}, nil
 }
+
+// distributedSyncSetting makes inserts through a Distributed table
+// synchronous.
+const distributedSyncSetting = "insert_distributed_sync"
 
 // classify wraps connection-level failures with ErrUnavailable so the
 // writer retries and spools them; server-side exceptions pass unchanged.
