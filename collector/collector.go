@@ -588,6 +588,9 @@ func (c *Collector) k8sStaleness() string {
 			worst = max(worst, s.StaleFor)
 		}
 	}
+	if len(kinds) == 0 { // it came back between the two reads
+		return ""
+	}
 	return fmt.Sprintf("kubernetes view stale: no watch of %s for %v (is the API server reachable?); names may be out of date, rows written meanwhile have k8s_view_stale = true",
 		strings.Join(kinds, ", "), worst.Round(time.Second))
 }

@@ -43,6 +43,7 @@ import (
 	"time"
 
 	networkingv1 "k8s.io/api/networking/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -197,13 +198,18 @@ func (e *Enricher) Run(ctx context.Context) (err error) {
 	}()
 	runCtx, cancel := context.WithCancel(ctx)
 	factory := informers.NewSharedInformerFactoryWithOptions(e.client, 0)
+	var probing sync.WaitGroup
 	defer func() {
 		cancel()
 		factory.Shutdown() // waits for the informers' goroutines
+		probing.Wait()
 		if e.health != nil {
 			e.health.stop()
 		}
 	}()
+	if e.health != nil {
+		probing.Go(func() { e.health.runProbe(runCtx, DefaultProbeInterval, e.probeAPIServer) })
+	}
 	ws := e.informers(factory)
 	regs := make([]cache.ResourceEventHandlerRegistration, len(ws))
 	for i, w := range ws {
@@ -408,6 +414,17 @@ func (e *Enricher) EnrichBatch(recs []flow.Record) {
 			}
 		}
 	}
+}
+
+// probeAPIServer asks the API server's /readyz (readable by every
+// authenticated user: system:public-info-viewer). Only a failure to get
+// an answer counts: an answer of any status proves the host is there.
+func (e *Enricher) probeAPIServer(ctx context.Context) error {
+	err := e.client.Discovery().RESTClient().Get().AbsPath("/readyz").Do(ctx).Error()
+	if _, isStatus := err.(apierrors.APIStatus); isStatus {
+		return nil
+	}
+	return err
 }
 
 // Stale reports whether the view of the cluster is stale: some watched

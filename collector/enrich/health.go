@@ -74,6 +74,10 @@ type apiHealth struct {
 	lostAt  time.Time              // when down became > 0
 	lastLog time.Time              // of the last "unreachable" warning
 	timer   *time.Timer            // marks stale staleAfter after a loss
+	// unreachableSince is when the API server stopped answering its
+	// readiness probe (zero while it answers): the watches may look open
+	// and be dead.
+	unreachableSince time.Time
 
 	stale atomic.Bool // some kind has been without a watch for staleAfter
 }
@@ -158,9 +162,7 @@ func (t *healthTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			continue
 		}
 		if err == nil {
-			if resp.StatusCode >= 400 && resp.StatusCode != http.StatusGone {
-				// 410 Gone is an expired resource version: the reflector
-				// lists again, which is its normal course.
+			if resp.StatusCode >= 400 && !expectedRefusal(req, resp.StatusCode) {
 				h.failed(kind, fmt.Sprintf("http_%d", resp.StatusCode), fmt.Errorf("HTTP %s", resp.Status))
 				return resp, nil
 			}
@@ -171,6 +173,9 @@ func (t *healthTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 				h.ok(kind)
 			}
 			return resp, nil
+		}
+		if req.Context().Err() != nil {
+			return nil, err // the informer stopped: no failure
 		}
 		reason, ok := unreachable(err)
 		if !ok || !retryable {
@@ -184,6 +189,18 @@ func (t *healthTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 	}
+}
+
+// expectedRefusal says whether an error status is the informer's normal
+// course rather than a failure: 410 Gone (an expired resource version:
+// it lists again), and 4xx to a streaming list (sendInitialEvents) from an
+// API server without the WatchList feature (client-go falls back to a
+// list, at every start and relist).
+func expectedRefusal(req *http.Request, code int) bool {
+	if code == http.StatusGone {
+		return true
+	}
+	return code < 500 && code != http.StatusTooManyRequests && req.URL.Query().Get("sendInitialEvents") == "true"
 }
 
 // maxBusyRetries bounds the 429 answers a request waits out before the
@@ -255,13 +272,10 @@ func (h *apiHealth) opened(kind string) {
 		return
 	}
 	k.downSince = time.Time{}
-	if h.down--; h.down == 0 {
-		h.stale.Store(false)
-		if !h.lastLog.IsZero() { // an outage was logged: say it ended
-			h.log.Info("kubernetes API watches restored; names are current again", "after", k.lastOK.Sub(h.lostAt).Round(time.Millisecond))
-			h.lastLog = time.Time{}
-		}
-		return
+	if h.down--; h.down == 0 && h.unreachableSince.IsZero() && !h.lastLog.IsZero() {
+		// An outage was logged: say it ended.
+		h.log.Info("kubernetes API watches restored; names are current again", "after", k.lastOK.Sub(h.lostAt).Round(time.Millisecond))
+		h.lastLog = time.Time{}
 	}
 	h.recheckLocked()
 }
@@ -295,8 +309,11 @@ func (h *apiHealth) failed(kind, reason string, err error) {
 	defer h.mu.Unlock()
 	if now := h.now(); now.Sub(h.lastLog) >= time.Minute {
 		h.lastLog = now
-		h.log.Warn("kubernetes API request failed; names may go stale until it answers (retrying every "+h.retry.String()+")",
-			"kind", kind, "reason", reason, "err", err)
+		msg := "kubernetes API request failed; names may go stale until it answers"
+		if reason == "refused" || reason == "unreachable" || reason == "http_429" {
+			msg += " (retrying every " + h.retry.String() + ")"
+		}
+		h.log.Warn(msg, "kind", kind, "reason", reason, "err", err)
 	}
 }
 
@@ -312,10 +329,11 @@ func (h *apiHealth) recheckLocked() {
 	var next time.Duration
 	stale := false
 	for _, k := range h.kinds {
-		if k.downSince.IsZero() {
+		since := h.downSince(k)
+		if since.IsZero() {
 			continue
 		}
-		if age := now.Sub(k.downSince); age >= h.staleAfter {
+		if age := now.Sub(since); age >= h.staleAfter {
 			stale = true
 		} else if left := h.staleAfter - age; next == 0 || left < next {
 			next = left
@@ -327,10 +345,24 @@ func (h *apiHealth) recheckLocked() {
 	}
 }
 
+// downSince is since when k has had no trustworthy watch: its own loss,
+// or the API server's silence to the probe, whichever came first; zero
+// while it has one. Under h.mu.
+func (h *apiHealth) downSince(k *kindHealth) time.Time {
+	switch {
+	case h.unreachableSince.IsZero():
+		return k.downSince
+	case k.downSince.IsZero() || h.unreachableSince.Before(k.downSince):
+		return h.unreachableSince
+	}
+	return k.downSince
+}
+
 // KindStatus is the state of the view of one kind.
 type KindStatus struct {
 	Kind string `json:"kind"`
-	// Watching is true while a watch of the kind is open: its view is
+	// Watching is true while a watch of the kind is open and the API
+	// server answers its readiness probe: its view is
 	// current.
 	Watching bool `json:"watching"`
 	// StaleFor is how long the kind has been without a watch (0 while
@@ -347,9 +379,10 @@ func (h *apiHealth) status() []KindStatus {
 	now := h.now()
 	out := make([]KindStatus, 0, len(h.kinds))
 	for kind, k := range h.kinds {
-		s := KindStatus{Kind: kind, Watching: k.downSince.IsZero(), LastOK: k.lastOK}
+		since := h.downSince(k)
+		s := KindStatus{Kind: kind, Watching: since.IsZero(), LastOK: k.lastOK}
 		if !s.Watching {
-			s.StaleFor = now.Sub(k.downSince)
+			s.StaleFor = now.Sub(since)
 		}
 		out = append(out, s)
 	}
@@ -358,3 +391,55 @@ func (h *apiHealth) status() []KindStatus {
 }
 
 func (h *apiHealth) stop() { h.timer.Stop() }
+
+// DefaultProbeInterval is how often the API server's /readyz is probed.
+const DefaultProbeInterval = 5 * time.Second
+
+// runProbe asks probe every interval (each bounded by the interval) until
+// ctx ends. It catches what the streams do not show: a host that stops
+// answering without closing its connections (a partition) leaves every
+// watch open and silent until HTTP/2's own health check gives up, about
+// 45 s later. While probes fail, every kind counts as without a watch.
+func (h *apiHealth) runProbe(ctx context.Context, interval time.Duration, probe func(context.Context) error) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		pctx, cancel := context.WithTimeout(ctx, interval)
+		err := probe(pctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		h.probed(err)
+	}
+}
+
+// probed records a probe's outcome.
+func (h *apiHealth) probed(err error) {
+	if err != nil {
+		h.errs.WithLabelValues("apiserver", "probe").Inc()
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := h.now()
+	switch {
+	case err != nil && h.unreachableSince.IsZero():
+		h.unreachableSince = now
+		if now.Sub(h.lastLog) >= time.Minute {
+			h.lastLog = now
+			h.log.Warn("kubernetes API server does not answer its readiness probe; names may go stale until it does", "err", err)
+		}
+	case err == nil && !h.unreachableSince.IsZero():
+		h.unreachableSince = time.Time{}
+		if h.down == 0 && !h.lastLog.IsZero() {
+			h.log.Info("kubernetes API server answers again", "after", now.Sub(h.lostAt).Round(time.Millisecond))
+			h.lastLog = time.Time{}
+		}
+	}
+	h.recheckLocked()
+}

@@ -317,3 +317,151 @@ func TestHealthWaitsOutStartup(t *testing.T) {
 		t.Errorf("no Retry-After waits %v", d)
 	}
 }
+
+// freezingProxy forwards TCP to addr until frozen, then keeps every
+// connection open and forwards nothing: a partition, or a host that
+// stopped answering.
+type freezingProxy struct {
+	ln     net.Listener
+	mu     sync.Mutex
+	frozen bool
+}
+
+func newFreezingProxy(t *testing.T, addr string) *freezingProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &freezingProxy{ln: ln}
+	var conns []net.Conn
+	t.Cleanup(func() {
+		ln.Close()
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	go func() {
+		for {
+			cc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			sc, err := net.Dial("tcp", addr)
+			if err != nil {
+				cc.Close()
+				continue
+			}
+			p.mu.Lock()
+			conns = append(conns, cc, sc)
+			p.mu.Unlock()
+			pipe := func(dst, src net.Conn) {
+				buf := make([]byte, 4096)
+				for {
+					n, err := src.Read(buf)
+					if err != nil {
+						return
+					}
+					if !p.isFrozen() {
+						dst.Write(buf[:n])
+					}
+				}
+			}
+			go pipe(cc, sc)
+			go pipe(sc, cc)
+		}
+	}()
+	return p
+}
+
+func (p *freezingProxy) isFrozen() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.frozen
+}
+
+func (p *freezingProxy) freeze(v bool) {
+	p.mu.Lock()
+	p.frozen = v
+	p.mu.Unlock()
+}
+
+// TestHealthPartition: a host that stops answering without closing its
+// connections leaves the watches open and silent; the readiness probe
+// notices, the view goes stale, and comes back when the host answers.
+func TestHealthPartition(t *testing.T) {
+	f := newFakeAPI(t)
+	p := newFreezingProxy(t, f.addr)
+	h, c := newTestHealth(t)
+	url := "http://" + p.ln.Addr().String()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go watchPods(ctx, c, url, done)
+	for k := range h.kinds {
+		if k != "pod" {
+			h.opened(k)
+		}
+	}
+	waitUntil(t, "pod watch open", func() bool { return kindState(h, "pod").Watching })
+	probe := func(ctx context.Context) error {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/readyz", nil)
+		resp, err := c.Do(req)
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		return nil
+	}
+	probing := make(chan struct{})
+	go func() { defer close(probing); h.runProbe(ctx, 100*time.Millisecond, probe) }()
+	defer func() { cancel(); <-probing }()
+	time.Sleep(300 * time.Millisecond) // probes pass meanwhile
+	if h.stale.Load() {
+		t.Fatal("stale while the API server answers")
+	}
+	p.freeze(true)
+	waitUntil(t, "stale during the partition", h.stale.Load)
+	if s := kindState(h, "pod"); s.Watching || s.StaleFor < h.staleAfter {
+		t.Errorf("pod during the partition: %+v", s)
+	}
+	if n := testutil.ToFloat64(h.errs.WithLabelValues("apiserver", "probe")); n < 1 {
+		t.Errorf("failed probes counted %v", n)
+	}
+	p.freeze(false)
+	waitUntil(t, "current once the host answers", func() bool { return !h.stale.Load() })
+}
+
+// TestHealthExpectedRefusals: a 422 to a streaming list (an API server
+// without WatchList; client-go falls back to a list) and a 410 Gone are
+// the informer's normal course: not counted, not logged.
+func TestHealthExpectedRefusals(t *testing.T) {
+	f := newFakeAPI(t)
+	h, c := newTestHealth(t)
+	for code, path := range map[int]string{
+		http.StatusUnprocessableEntity: "/api/v1/pods?watch=true&sendInitialEvents=true&resourceVersionMatch=NotOlderThan",
+		http.StatusGone:                "/api/v1/pods?watch=true&resourceVersion=5",
+	} {
+		f.setCode(code)
+		resp, err := c.Get("http://" + f.addr + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	}
+	if n := testutil.CollectAndCount(h.errs, "dualflow_enrich_watch_errors_total"); n != 0 {
+		t.Errorf("%d failure series after expected refusals", n)
+	}
+	// A cancelled request (the informer stopping) is no failure either.
+	f.stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+f.addr+"/api/v1/pods", nil)
+	if _, err := c.Do(req); err == nil {
+		t.Error("cancelled request succeeded")
+	}
+	if n := testutil.CollectAndCount(h.errs, "dualflow_enrich_watch_errors_total"); n != 0 {
+		t.Errorf("%d failure series after a cancelled request", n)
+	}
+}

@@ -1133,7 +1133,11 @@ async function whoami() {
 async function kubeStatus() {
   const el = $('#k8s-status');
   try {
-    const k = (await api('/status')).kubernetes;
+    // A quiet fetch: a background poll neither flashes the progress bar
+    // nor reopens the token dialog every 10 s.
+    const r = await fetch(API + '/status', { headers: headers({}) });
+    if (!r.ok) throw new Error('HTTP ' + r.status);
+    const k = (await r.json()).kubernetes;
     const down = (k.kinds || []).filter(x => !x.watching);
     if (k.source === 'off' || k.source === 'inventory' || (!k.stale && k.synced)) {
       el.hidden = true; el.textContent = ''; return;
