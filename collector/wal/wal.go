@@ -489,7 +489,22 @@ func (l *Log) Ack(frame uint64, n int) {
 	}
 	l.mu.Lock()
 	l.ackLocked(frame, n)
+	l.flushAcksLocked()
 	l.mu.Unlock()
+}
+
+// flushAcksLocked writes the pending acknowledgements at once (to the page
+// cache, which a killed process does not lose). They used to wait for the
+// next data frame or the sync tick (1 s): a collector killed meanwhile
+// replayed, and stored again, batches that were already in ClickHouse,
+// which every SIGKILL of TestShardedCollectors showed.
+func (l *Log) flushAcksLocked() {
+	if l.active == nil || len(l.acks) == 0 {
+		return
+	}
+	if err := l.writeAcksLocked(); err != nil {
+		l.m.errors.Inc()
+	}
 }
 
 // AckRecords acknowledges every frame recs stand for.
@@ -516,6 +531,7 @@ func (l *Log) AckRecords(recs []flow.Record) {
 		}
 	}
 	l.ackLocked(run, n)
+	l.flushAcksLocked()
 }
 
 func (l *Log) ackLocked(frame uint64, n int) {
