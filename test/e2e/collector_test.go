@@ -201,6 +201,12 @@ func nodeOfPod(l *lab.Lab, a netip.Addr) string {
 }
 
 func startExporter(t *testing.T, l *lab.Lab, mode manifest.Mode, node, addr string, agents ...*nodeAgents) {
+	startExporterWith(t, l, mode, node, func(c *exporter.Config) { c.IPFIX.Address = addr }, agents...)
+}
+
+// startExporterWith is startExporter with set giving the collectors (and
+// any other change) before the defaults are filled.
+func startExporterWith(t *testing.T, l *lab.Lab, mode manifest.Mode, node string, set func(*exporter.Config), agents ...*nodeAgents) {
 	cfg := exporter.NewConfig()
 	for _, a := range agents {
 		// The node's traceflow agent, on its listener, with the token.
@@ -215,8 +221,8 @@ func startExporter(t *testing.T, l *lab.Lab, mode manifest.Mode, node, addr stri
 	cfg.PollInterval = 200 * time.Millisecond
 	cfg.Store.IdleTimeout = time.Second
 	cfg.Store.ActiveTimeout = time.Hour
-	cfg.IPFIX.Address = addr
 	cfg.IPFIX.FlushInterval = 50 * time.Millisecond
+	set(&cfg)
 	cfg.SetDefaults()
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
