@@ -180,15 +180,18 @@ func testShardedMode(t *testing.T, bin string, mode manifest.Mode) {
 	t.Logf("%d connections; collector-2 killed at +%v, back at +%v", len(churn), killed.Sub(churn[0].at).Round(time.Millisecond), back.Sub(churn[0].at).Round(time.Millisecond))
 
 	got = st.awaitConns(t, churn, false)
-	// At-least-once, documented: a collector killed between an insert and
-	// its acknowledgement in the write-ahead log (a window of a write
-	// call) replays and stores that batch again. Only what it replayed
-	// can be stored twice.
+	// At-least-once, documented: the killed collector replays what its
+	// write-ahead log had not acknowledged, and acknowledgement is per
+	// received message: a message whose records were partly stored is
+	// replayed whole, and a collector killed between an insert and its
+	// acknowledgement replays that batch. Only what it replayed can be
+	// stored twice: a whole merged row, or one half again beside the
+	// merged row.
 	replayed, err := cols[1].metric(`dualflow_wal_replayed_records_total`)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var merged, split, lost, twice int
+	var merged, split, lost, twice, strays int
 	for _, c := range churn {
 		rows := got[c.local]
 		sides := map[string]int{}
@@ -206,14 +209,17 @@ func testShardedMode(t *testing.T, bin string, mode manifest.Mode) {
 		case sides["merged"] == 2 && len(rows) == 2:
 			twice++
 			t.Logf("stored twice: %v", c.local)
+		case sides["merged"] == 1 && len(rows) == 2:
+			strays++
+			t.Logf("a half stored again beside the merged row: %v %+v", c.local, rows)
 		default:
 			t.Errorf("%v: rows %+v", c.local, rows)
 		}
 	}
-	t.Logf("after a collector's SIGKILL: %d connections, %d merged, %d split (written unmerged), %d lost, %d stored twice (%v records replayed)",
-		len(churn), merged, split, lost, twice, replayed)
-	if float64(2*twice) > replayed {
-		t.Errorf("%d connections stored twice, more than the %v records the killed collector replayed explain", twice, replayed)
+	t.Logf("after a collector's SIGKILL: %d connections, %d merged, %d split (written unmerged), %d lost, %d stored twice, %d with a half stored again (%v records replayed)",
+		len(churn), merged, split, lost, twice, strays, replayed)
+	if float64(2*twice+strays) > replayed {
+		t.Errorf("%d connections stored twice and %d halves stored again, more than the %v records the killed collector replayed explain", twice, strays, replayed)
 	}
 	checkCounters(t, l, got)
 	// The bound: what was in flight on the killed collector's
