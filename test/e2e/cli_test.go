@@ -22,7 +22,7 @@ const labUpBudget = 2 * time.Second
 
 // buildBinary returns $DUALFLOW_BIN (set by `make test-e2e`) or builds
 // cmd/dualflow into a temporary directory.
-func buildBinary(t *testing.T) string {
+func buildBinary(t testing.TB) string {
 	t.Helper()
 	if bin := os.Getenv("DUALFLOW_BIN"); bin != "" {
 		if _, err := os.Stat(bin); err != nil {

@@ -314,7 +314,7 @@ func (k *kubeEnv) sql(t *testing.T, q string) [][]any {
 
 // await polls cond (every 250 ms) until it holds or the budget ends; it
 // returns how long that took.
-func await(t *testing.T, budget time.Duration, what string, cond func() (bool, string)) time.Duration {
+func await(t testing.TB, budget time.Duration, what string, cond func() (bool, string)) time.Duration {
 	t.Helper()
 	start := time.Now()
 	var last string

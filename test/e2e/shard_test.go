@@ -121,12 +121,12 @@ func testShardedMode(t *testing.T, bin string, mode manifest.Mode) {
 		}
 	}
 	got := st.awaitConns(t, steady, true)
-	for _, c := range steady {
-		if rows := got[c.local]; len(rows) != 1 || rows[0].correlation != "merged" {
+	for i, c := range steady {
+		if rows := got[i]; len(rows) != 1 || rows[0].correlation != "merged" {
 			t.Errorf("%v: rows %+v, want one merged row", c.local, rows)
 		}
 	}
-	checkCounters(t, l, got)
+	checkCounters(t, l, steady, got)
 	for _, d := range cols {
 		if n, err := d.metric(`dualflow_ipfix_records_total`); err != nil || n == 0 {
 			t.Errorf("%s received %v records (%v): no share", d.name, n, err)
@@ -192,8 +192,8 @@ func testShardedMode(t *testing.T, bin string, mode manifest.Mode) {
 		t.Fatal(err)
 	}
 	var merged, split, lost, twice, strays int
-	for _, c := range churn {
-		rows := got[c.local]
+	for i, c := range churn {
+		rows := got[i]
 		sides := map[string]int{}
 		for _, r := range rows {
 			sides[r.correlation]++
@@ -221,7 +221,7 @@ func testShardedMode(t *testing.T, bin string, mode manifest.Mode) {
 	if float64(2*twice+strays) > replayed {
 		t.Errorf("%d connections stored twice and %d halves stored again, more than the %v records the killed collector replayed explain", twice, strays, replayed)
 	}
-	checkCounters(t, l, got)
+	checkCounters(t, l, churn, got)
 	// The bound: what was in flight on the killed collector's
 	// connections (its socket buffers and the exporters' last flush, 50 ms
 	// here), a few connections at this rate.
@@ -249,13 +249,14 @@ type shardRow struct {
 
 // checkCounters compares every merged row with the source node's
 // conntrack entry of its connection (it lingers in TIME_WAIT).
-func checkCounters(t *testing.T, l *lab.Lab, got map[netip.AddrPort][]shardRow) {
+func checkCounters(t *testing.T, l *lab.Lab, sent []shardConn, got map[int][]shardRow) {
 	t.Helper()
 	conns, err := l.Conntrack("node-1")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for local, rows := range got {
+	for i, rows := range got {
+		local := sent[i].local
 		for _, r := range rows {
 			if r.correlation != "merged" {
 				continue
@@ -283,7 +284,7 @@ type storeProcess struct {
 
 var logStoreHTTP = regexp.MustCompile(`serving the ClickHouse HTTP interface.* url=(http://[^ ]+)/`)
 
-func startStoreProcess(t *testing.T, bin string) *storeProcess {
+func startStoreProcess(t testing.TB, bin string) *storeProcess {
 	t.Helper()
 	dir := t.TempDir()
 	usersFile := filepath.Join(dir, "users.json")
@@ -341,21 +342,30 @@ func (s *storeProcess) query(q string) ([][]string, error) {
 // awaitConns waits until every connection has a row (merged ones when
 // merged is set), then past the correlation timeout for stray halves, and
 // returns the rows per connection.
-func (s *storeProcess) awaitConns(t *testing.T, conns []shardConn, merged bool) map[netip.AddrPort][]shardRow {
+//
+// Rows are matched to connections by client address and port and, since
+// the kernel reuses a client port within seconds, by time: a row belongs
+// to the first connection with its address and port made after the row's
+// flow_start, and within 5 s of it.
+func (s *storeProcess) awaitConns(t *testing.T, conns []shardConn, merged bool) map[int][]shardRow {
 	t.Helper()
-	read := func() (map[netip.AddrPort][]shardRow, error) {
+	byLocal := map[netip.AddrPort][]int{} // in the order made
+	for i, c := range conns {
+		byLocal[c.local] = append(byLocal[c.local], i)
+	}
+	read := func() (map[int][]shardRow, error) {
 		var ports []string
 		for _, c := range conns {
 			ports = append(ports, fmt.Sprint(c.local.Port()))
 		}
 		rows, err := s.query(fmt.Sprintf(`SELECT src_ip, src_port, toString(correlation), packets_total, bytes_total, reverse_packets_total, reverse_bytes_total,
-			src_node, dst_node, exporter_node FROM dualflow.flows WHERE protocol = 6 AND src_port IN (%s)`, strings.Join(ports, ",")))
+			src_node, dst_node, exporter_node, toUnixTimestamp64Milli(flow_start) FROM dualflow.flows WHERE protocol = 6 AND src_port IN (%s)`, strings.Join(ports, ",")))
 		if err != nil {
 			return nil, err
 		}
-		out := map[netip.AddrPort][]shardRow{}
+		out := map[int][]shardRow{}
 		for _, r := range rows {
-			if len(r) != 10 {
+			if len(r) != 11 {
 				return nil, fmt.Errorf("row %q", r)
 			}
 			a, err := netip.ParseAddr(r[0])
@@ -369,20 +379,31 @@ func (s *storeProcess) awaitConns(t *testing.T, conns []shardConn, merged bool) 
 			fmt.Sscan(r[4], &row.bytes)
 			fmt.Sscan(r[5], &row.rp)
 			fmt.Sscan(r[6], &row.rb)
-			k := netip.AddrPortFrom(a, port)
-			out[k] = append(out[k], row)
+			var start int64
+			fmt.Sscan(r[10], &start)
+			owner := -1
+			for _, i := range byLocal[netip.AddrPortFrom(a, port)] {
+				if at := conns[i].at.UnixMilli(); at >= start && at-start < 5000 {
+					owner = i
+					break
+				}
+			}
+			if owner < 0 {
+				continue // a connection of another phase on a reused port
+			}
+			out[owner] = append(out[owner], row)
 		}
 		return out, nil
 	}
-	var got map[netip.AddrPort][]shardRow
+	var got map[int][]shardRow
 	await(t, 2*time.Minute, "rows of every connection", func() (bool, string) {
 		var err error
 		if got, err = read(); err != nil {
 			return false, err.Error()
 		}
 		missing := 0
-		for _, c := range conns {
-			rows := got[c.local]
+		for i := range conns {
+			rows := got[i]
 			if len(rows) == 0 || merged && rows[len(rows)-1].correlation != "merged" {
 				missing++
 			}
@@ -403,7 +424,7 @@ func (s *storeProcess) awaitConns(t *testing.T, conns []shardConn, merged bool) 
 // daemon is a dualflow process the test can kill and start again with
 // the same arguments.
 type daemon struct {
-	t       *testing.T
+	t       testing.TB
 	name    string
 	bin     string
 	args    []string
@@ -414,7 +435,7 @@ type daemon struct {
 	starts  int
 }
 
-func newDaemon(t *testing.T, name, bin string, args ...string) *daemon {
+func newDaemon(t testing.TB, name, bin string, args ...string) *daemon {
 	d := &daemon{t: t, name: name, bin: bin, args: args}
 	t.Cleanup(d.stop)
 	return d
@@ -536,7 +557,7 @@ func (d *daemon) metric(name string) (float64, error) {
 
 // freePort returns a TCP port of host ("127.0.0.1" or "[::1]") that was
 // free a moment ago.
-func freePort(t *testing.T, host string) int {
+func freePort(t testing.TB, host string) int {
 	t.Helper()
 	ln, err := net.Listen("tcp", host+":0")
 	if err != nil {
