@@ -258,12 +258,14 @@ type Record struct {
 	Journal JournalRefs
 }
 
-// JournalRefs names the write-ahead log frames a record stands for: one for
-// a received record, more once the correlator merged halves or coalesced
-// updates into it. The collector acknowledges them when the record is
-// durable (in ClickHouse or the spool). Zero means not journaled.
+// JournalRefs names the write-ahead log records a record stands for: one
+// for a received record, more once the correlator merged halves or
+// coalesced updates into it. Each is a reference the log gave the received
+// record (its frame and index, wal.Ref). The collector acknowledges them
+// when the record is durable (in ClickHouse or the spool). Zero means not
+// journaled.
 type JournalRefs struct {
-	Frame, Frame2 uint64   // the first two; 0 when unused
+	Frame, Frame2 uint64   // the first two references; 0 when unused
 	More          []uint64 // the rest (rare: coalesced updates)
 }
 

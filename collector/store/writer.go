@@ -252,35 +252,39 @@ type pendingBatch struct {
 	bytes int  // encoded size, as counted in Writer.bufBytes
 	taken bool // a sender is delivering it
 	done  bool // written, spooled or dropped
-	// journal counts the batch's records by write-ahead log frame, to
-	// acknowledge once the batch is written, spooled or dropped.
+	// journal holds the batch's journal references, to acknowledge once
+	// the batch is written, spooled or dropped.
 	journal []journalRun
 }
 
-// journalRun is n records of one write-ahead log frame.
+// journalRun is n records journaled under consecutive references from
+// frame on.
 type journalRun struct {
-	frame uint64
+	frame uint64 // the first reference
 	n     int
 }
 
-// Acker is told when records of a write-ahead log frame are durable:
-// written to ClickHouse, spooled, or dropped and counted. *wal.Log
-// implements it.
+// Acker is told when journaled records are durable: written to
+// ClickHouse, spooled, or dropped and counted. Ack(ref, n) names n
+// records by their consecutive journal references ref, ref+1, ...
+// *wal.Log implements it.
 type Acker interface {
-	Ack(frame uint64, n int)
+	Ack(ref uint64, n int)
 }
 
 // SetAcker makes the writer acknowledge the journal frames of the records
 // it is given (flow.Record.Journal). Call it before Write.
 func (w *Writer) SetAcker(a Acker) { w.acker = a }
 
-// addJournal counts a record's frames in the batch.
+// addJournal adds a record's journal references to the batch, as runs of
+// consecutive references (the records of a received message mostly come
+// together and in order).
 func (b *pendingBatch) addJournal(j *flow.JournalRefs) {
 	add := func(f uint64) {
 		if f == 0 {
 			return
 		}
-		if k := len(b.journal); k > 0 && b.journal[k-1].frame == f {
+		if k := len(b.journal); k > 0 && b.journal[k-1].frame+uint64(b.journal[k-1].n) == f {
 			b.journal[k-1].n++
 			return
 		}

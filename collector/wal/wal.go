@@ -11,10 +11,18 @@
 // journaled batch with its frame id; an ack frame lists frames whose every
 // record is durable. A segment is rotated after SegmentBytes or SegmentAge
 // and deleted once it and every older segment are fully acknowledged, so
-// the log stays about as large as what is in flight. Acknowledgement is per
-// frame: a frame partly durable at a crash is replayed whole, and its
-// durable records are written twice (at-least-once; see
-// dualflow_wal_replayed_records_total).
+// the log stays about as large as what is in flight.
+//
+// Acknowledgement is per record. A record's journal reference
+// (flow.JournalRefs) is its frame id and its index in the frame
+// (frame<<RefBits | index). A frame all of whose records are durable is
+// named in an ack frame; records durable while others of their frame are
+// not are named, as runs of references, in a partial ack frame. Replay
+// skips both: a frame partly durable at a crash replays only its other
+// records. (It used to replay whole, and a half already stored in a merged
+// row was stored again beside it.) What remains at-least-once is a batch
+// stored in ClickHouse whose acknowledgement the crash cut off, a window of
+// one write call (dualflow_wal_replayed_records_total).
 //
 // Writes go to the page cache at once (a killed process loses nothing
 // written) and are fsynced every SyncInterval (a power loss loses at most
@@ -74,10 +82,27 @@ const (
 	segMagic   = "DFWAL01\n"
 	frameData  = 'D'
 	frameAck   = 'A'
-	headerSize = 8 // payload length, CRC-32C of the payload
+	framePart  = 'P' // runs (reference, count) of durable records of frames not all durable
+	headerSize = 8   // payload length, CRC-32C of the payload
 )
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
+
+// RefBits is the width of a record's index in its journal reference:
+// frame<<RefBits | index. A frame holds at most MaxFrameRecords records,
+// one less than the index allows, so that the reference after a frame's
+// last record never names the next frame's first (the writer counts runs
+// of consecutive references).
+const (
+	RefBits         = 16
+	MaxFrameRecords = 1<<RefBits - 1
+)
+
+// Ref returns the journal reference of record i of frame.
+func Ref(frame uint64, i int) uint64 { return frame<<RefBits | uint64(i) }
+
+func refFrame(ref uint64) uint64 { return ref >> RefBits }
+func refIndex(ref uint64) int    { return int(ref & (1<<RefBits - 1)) }
 
 // Log is a write-ahead log. Append, Ack and Replay are safe for concurrent
 // use.
@@ -95,10 +120,12 @@ type Log struct {
 	segs     []*segment // alive, oldest first; the active one last
 	frames   map[uint64]*frameState
 	acks     []uint64 // acknowledged frames not yet written
+	partial  []uint64 // (reference, count) runs of durable records of unfinished frames, not yet written
 	dirty    bool     // written since the last fsync
 	closed   bool
 	old      []*segment // left by a previous run, for Replay
 	acked    map[uint64]bool
+	durable  map[uint64][]uint64 // frame of a previous run → (index, count) runs of its durable records
 	replayed bool
 	errLog   time.Time
 
@@ -149,7 +176,7 @@ func Open(cfg Config, reg prometheus.Registerer, log *slog.Logger) (*Log, error)
 		lf.Close()
 		return nil, fmt.Errorf("wal: %s is in use by another process: %w", cfg.Dir, err)
 	}
-	l := &Log{cfg: cfg, log: log, lock: lf, frames: map[uint64]*frameState{}, acked: map[uint64]bool{}, stop: make(chan struct{})}
+	l := &Log{cfg: cfg, log: log, lock: lf, frames: map[uint64]*frameState{}, acked: map[uint64]bool{}, durable: map[uint64][]uint64{}, stop: make(chan struct{})}
 	l.m = newMetrics(l)
 	if err := l.scan(); err != nil {
 		lf.Close()
@@ -200,6 +227,21 @@ func (l *Log) scan() error {
 					l.acked[id] = true
 					// New frames must not reuse an id an old ack names.
 					maxID = max(maxID, id)
+				}
+			case framePart:
+				d := decoder{b: payload}
+				n := d.uvarint()
+				if n > uint64(len(payload)) {
+					return nil
+				}
+				for range n {
+					ref, count := d.uvarint(), d.uvarint()
+					if d.err != nil {
+						return nil
+					}
+					f := refFrame(ref)
+					l.durable[f] = append(l.durable[f], uint64(refIndex(ref)), count)
+					maxID = max(maxID, f)
 				}
 			}
 			return nil
@@ -283,7 +325,7 @@ func readSegment(path string, fn func(kind byte, id uint64, payload []byte) erro
 		if kind == frameData {
 			id = d.uvarint()
 		}
-		if d.err != nil || (kind != frameData && kind != frameAck) {
+		if d.err != nil || (kind != frameData && kind != frameAck && kind != framePart) {
 			onBad(path, off, fmt.Errorf("frame kind %q", kind))
 			return nil
 		}
@@ -321,14 +363,21 @@ func (l *Log) Replay(batch int, fn func([]flow.Record) error) (int, error) {
 				return nil
 			}
 			recs = recs[:0]
-			for range n {
-				recs = append(recs, flow.Record{})
-				r := &recs[len(recs)-1]
-				d.record(r)
-				r.Journal = flow.JournalRefs{Frame: id}
+			runs := l.durable[id]
+			for i := range int(n) {
+				var r flow.Record
+				d.record(&r)
+				if isDurable(runs, i) {
+					continue // stored before the crash
+				}
+				r.Journal = flow.JournalRefs{Frame: Ref(id, i)}
+				recs = append(recs, r)
 			}
 			if d.err != nil {
 				l.corrupt(s.path, -1, fmt.Errorf("frame %d: %w", id, d.err))
+				return nil
+			}
+			if len(recs) == 0 {
 				return nil
 			}
 			l.mu.Lock()
@@ -353,9 +402,19 @@ func (l *Log) Replay(batch int, fn func([]flow.Record) error) (int, error) {
 		}
 	}
 	l.mu.Lock()
-	l.acked = nil
+	l.acked, l.durable = nil, nil
 	l.mu.Unlock()
 	return total, nil
+}
+
+// isDurable says whether runs ((index, count) pairs) cover index i.
+func isDurable(runs []uint64, i int) bool {
+	for k := 0; k+1 < len(runs); k += 2 {
+		if uint64(i) >= runs[k] && uint64(i) < runs[k]+runs[k+1] {
+			return true
+		}
+	}
+	return false
 }
 
 // Append journals recs as one frame and marks them with it. Records that
@@ -366,6 +425,17 @@ func (l *Log) Append(recs []flow.Record) error {
 	if len(recs) == 0 || recs[0].Journal.Frame != 0 {
 		return nil
 	}
+	for len(recs) > MaxFrameRecords {
+		if err := l.appendFrame(recs[:MaxFrameRecords]); err != nil {
+			return err
+		}
+		recs = recs[MaxFrameRecords:]
+	}
+	return l.appendFrame(recs)
+}
+
+// appendFrame journals recs (at most MaxFrameRecords) as one frame.
+func (l *Log) appendFrame(recs []flow.Record) error {
 	id := l.nextFrame.Add(1)
 	buf := getBuf()
 	defer putBuf(buf)
@@ -398,7 +468,7 @@ func (l *Log) Append(recs []flow.Record) error {
 	l.active.unacked++
 	l.m.records.Add(float64(len(recs)))
 	for i := range recs {
-		recs[i].Journal = flow.JournalRefs{Frame: id}
+		recs[i].Journal = flow.JournalRefs{Frame: Ref(id, i)}
 	}
 	return nil
 }
@@ -414,7 +484,7 @@ func (l *Log) writeLocked(frame []byte) error {
 			return err
 		}
 	}
-	if len(l.acks) > 0 {
+	if len(l.acks)+len(l.partial) > 0 {
 		if err := l.writeAcksLocked(); err != nil {
 			return err
 		}
@@ -452,7 +522,7 @@ func (l *Log) rotateLocked() {
 	if l.active == nil {
 		return
 	}
-	if len(l.acks) > 0 {
+	if len(l.acks)+len(l.partial) > 0 {
 		_ = l.writeAcksLocked()
 	}
 	if l.dirty && l.cfg.SyncInterval > 0 {
@@ -466,29 +536,48 @@ func (l *Log) rotateLocked() {
 }
 
 func (l *Log) writeAcksLocked() error {
-	b := []byte{0, 0, 0, 0, 0, 0, 0, 0, frameAck}
-	b = binary.AppendUvarint(b, uint64(len(l.acks)))
-	for _, id := range l.acks {
-		b = binary.AppendUvarint(b, id)
+	var b []byte
+	if len(l.acks) > 0 {
+		b = l.appendAckFrame(b, frameAck, l.acks, 1)
+		l.acks = l.acks[:0]
 	}
-	payload := b[headerSize:]
-	binary.LittleEndian.PutUint32(b[0:], uint32(len(payload)))
-	binary.LittleEndian.PutUint32(b[4:], crc32.Checksum(payload, crcTable))
-	l.acks = l.acks[:0]
+	if len(l.partial) > 0 {
+		b = l.appendAckFrame(b, framePart, l.partial, 2)
+		l.partial = l.partial[:0]
+	}
+	if len(b) == 0 {
+		return nil
+	}
 	n, err := l.f.Write(b)
 	l.active.size += int64(n)
 	l.dirty = true
 	return err
 }
 
-// Ack acknowledges n records of frame: they are durable. When every record
-// of a frame is, the frame is acknowledged in the log.
-func (l *Log) Ack(frame uint64, n int) {
-	if frame == 0 {
+// appendAckFrame appends a frame of kind listing vals, per items of
+// width values each.
+func (l *Log) appendAckFrame(b []byte, kind byte, vals []uint64, width int) []byte {
+	start := len(b)
+	b = append(b, 0, 0, 0, 0, 0, 0, 0, 0, kind)
+	b = binary.AppendUvarint(b, uint64(len(vals)/width))
+	for _, v := range vals {
+		b = binary.AppendUvarint(b, v)
+	}
+	payload := b[start+headerSize:]
+	binary.LittleEndian.PutUint32(b[start:], uint32(len(payload)))
+	binary.LittleEndian.PutUint32(b[start+4:], crc32.Checksum(payload, crcTable))
+	return b
+}
+
+// Ack acknowledges n records from ref on (ref, ref+1, ...: consecutive
+// records of one frame): they are durable. When every record of a frame
+// is, the frame is acknowledged in the log; until then the run is.
+func (l *Log) Ack(ref uint64, n int) {
+	if ref == 0 {
 		return
 	}
 	l.mu.Lock()
-	l.ackLocked(frame, n)
+	l.ackLocked(ref, n)
 	l.flushAcksLocked()
 	l.mu.Unlock()
 }
@@ -498,27 +587,35 @@ func (l *Log) Ack(frame uint64, n int) {
 // next data frame or the sync tick (1 s): a collector killed meanwhile
 // replayed, and stored again, batches that were already in ClickHouse,
 // which every SIGKILL of TestShardedCollectors showed.
+// Acknowledgements of replayed records may come before any append: they
+// open the active segment.
 func (l *Log) flushAcksLocked() {
-	if l.active == nil || len(l.acks) == 0 {
+	if l.closed || len(l.acks)+len(l.partial) == 0 {
 		return
+	}
+	if l.active == nil {
+		if err := l.openSegmentLocked(); err != nil {
+			l.m.errors.Inc()
+			return
+		}
 	}
 	if err := l.writeAcksLocked(); err != nil {
 		l.m.errors.Inc()
 	}
 }
 
-// AckRecords acknowledges every frame recs stand for.
+// AckRecords acknowledges every record recs stand for.
 func (l *Log) AckRecords(recs []flow.Record) {
 	if len(recs) == 0 {
 		return
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	var run uint64 // records of one frame come together: count runs
+	var run uint64 // the first reference of a run of consecutive ones
 	n := 0
 	for i := range recs {
 		j := &recs[i].Journal
-		if j.Frame != run {
+		if j.Frame != run+uint64(n) || n == 0 {
 			l.ackLocked(run, n)
 			run, n = j.Frame, 0
 		}
@@ -534,16 +631,20 @@ func (l *Log) AckRecords(recs []flow.Record) {
 	l.flushAcksLocked()
 }
 
-func (l *Log) ackLocked(frame uint64, n int) {
-	if frame == 0 || n == 0 {
+func (l *Log) ackLocked(ref uint64, n int) {
+	if ref == 0 || n == 0 {
 		return
 	}
+	frame := refFrame(ref)
 	fs := l.frames[frame]
 	if fs == nil {
 		return
 	}
 	fs.remaining -= n
 	if fs.remaining > 0 {
+		if !l.closed {
+			l.partial = append(l.partial, ref, uint64(n))
+		}
 		return
 	}
 	delete(l.frames, frame)
@@ -584,7 +685,7 @@ func (l *Log) syncLoop() {
 		case <-t.C:
 		}
 		l.mu.Lock()
-		if l.active != nil && len(l.acks) > 0 {
+		if l.active != nil && len(l.acks)+len(l.partial) > 0 {
 			_ = l.writeAcksLocked()
 		}
 		if l.active != nil && time.Since(l.active.opened) >= l.cfg.SegmentAge {

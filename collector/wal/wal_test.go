@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -114,7 +115,8 @@ func segments(t *testing.T, dir string) int {
 }
 
 // TestCrashReplaysWhatIsNotDurable: records acknowledged before a crash
-// are not replayed, the others are, with their values, once.
+// are not replayed, the others are, with their values, once; a frame
+// partly durable replays only the records that were not.
 func TestCrashReplaysWhatIsNotDurable(t *testing.T) {
 	dir := t.TempDir()
 	l := open(t, dir)
@@ -129,9 +131,9 @@ func TestCrashReplaysWhatIsNotDurable(t *testing.T) {
 	if segments(t, dir) < 2 {
 		t.Fatalf("expected rotation by size, %d segments", segments(t, dir))
 	}
-	// The first 30 batches become durable, plus half of batch 30 (its
-	// frame stays unacknowledged: replayed whole), and the merged record
-	// of batches 31 and 32 (one record standing for a record of each).
+	// The first 30 batches become durable, plus half of batch 30, and the
+	// merged record of batches 31 and 32 (one record standing for the
+	// first record of each).
 	for _, b := range batches[:30] {
 		l.AckRecords(b)
 	}
@@ -153,13 +155,18 @@ func TestCrashReplaysWhatIsNotDurable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := 20 * 100 // batches 30..49, whole: a frame is acknowledged whole or replayed whole
-	if n != want || len(got) != want {
-		t.Fatalf("replayed %d (%d), want %d", n, len(got), want)
+	// Not durable: the second half of batch 30, batches 31 and 32 but
+	// their first records, batches 33..49.
+	want := slices.Concat(batches[30][50:], batches[31][1:], batches[32][1:], slices.Concat(batches[33:]...))
+	if n != len(want) || len(got) != len(want) {
+		t.Fatalf("replayed %d (%d), want %d", n, len(got), len(want))
 	}
 	for i := range got {
-		w := batches[30+i/100][i%100]
+		w := want[i]
 		j := got[i].Journal
+		if j.Frame != w.Journal.Frame {
+			t.Errorf("replayed record %d under reference %#x, journaled under %#x", i, j.Frame, w.Journal.Frame)
+		}
 		got[i].Journal, w.Journal = flow.JournalRefs{}, flow.JournalRefs{}
 		if !reflect.DeepEqual(got[i], w) {
 			t.Fatalf("replayed record %d differs", i)
@@ -208,6 +215,88 @@ func TestKillRightAfterAck(t *testing.T) {
 	n, err := l2.Replay(64, func([]flow.Record) error { return nil })
 	if err != nil || n != 0 {
 		t.Errorf("replayed %d records (%v), want none: both batches were acknowledged", n, err)
+	}
+}
+
+// TestPartlyDurableAcrossCrashes: a frame partly durable replays only its
+// other records, and what is acknowledged of those after the restart
+// counts at the next crash too.
+func TestPartlyDurableAcrossCrashes(t *testing.T) {
+	dir := t.TempDir()
+	l := open(t, dir)
+	recs := randomRecords(10, 7)
+	if err := l.Append(recs); err != nil {
+		t.Fatal(err)
+	}
+	l.Ack(recs[0].Journal.Frame, 3) // records 0, 1, 2
+	l.crash()
+	replay := func(l *Log) []flow.Record {
+		var got []flow.Record
+		if _, err := l.Replay(4, func(b []flow.Record) error { got = append(got, b...); return nil }); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	l2 := open(t, dir)
+	got := replay(l2)
+	if len(got) != 7 || got[0].Journal.Frame != recs[3].Journal.Frame {
+		t.Fatalf("first restart replayed %d records from %#x, want 7 from %#x", len(got), got[0].Journal.Frame, recs[3].Journal.Frame)
+	}
+	l2.AckRecords(got[:3]) // records 3, 4, 5
+	l2.crash()
+	l3 := open(t, dir)
+	got = replay(l3)
+	if len(got) != 4 || got[0].Journal.Frame != recs[6].Journal.Frame {
+		t.Fatalf("second restart replayed %d records, want 4 from record 6", len(got))
+	}
+	for i := range got {
+		w := recs[6+i]
+		got[i].Journal, w.Journal = flow.JournalRefs{}, flow.JournalRefs{}
+		if !reflect.DeepEqual(got[i], w) {
+			t.Fatalf("replayed record %d differs", i)
+		}
+	}
+	for i := range got {
+		got[i].Journal = recs[6+i].Journal
+	}
+	l3.AckRecords(got)
+	if err := l3.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if n := segments(t, dir); n != 0 {
+		t.Errorf("%d segments left once everything was acknowledged", n)
+	}
+}
+
+// TestBigBatchSplitIntoFrames: a batch of more records than a frame holds
+// is journaled as several frames, each record under its own reference.
+func TestBigBatchSplitIntoFrames(t *testing.T) {
+	dir := t.TempDir()
+	l, err := Open(Config{Dir: dir}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recs := make([]flow.Record, MaxFrameRecords+10)
+	if err := l.Append(recs); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[uint64]bool{}
+	for i := range recs {
+		if f := recs[i].Journal.Frame; f == 0 || seen[f] {
+			t.Fatalf("record %d: reference %#x", i, f)
+		} else {
+			seen[f] = true
+		}
+	}
+	if refFrame(recs[0].Journal.Frame) == refFrame(recs[len(recs)-1].Journal.Frame) {
+		t.Error("one frame for more than MaxFrameRecords records")
+	}
+	l.AckRecords(recs)
+	if st := l.Stats(); st.PendingRecords != 0 {
+		t.Errorf("pending %d", st.PendingRecords)
+	}
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
 	}
 }
 
