@@ -90,7 +90,7 @@ var _ columnarConn = (*Embedded)(nil)
 
 // insert streams body, rows rows in format, into table.
 func (e *Embedded) insert(ctx context.Context, table string, columns []string, dedupToken, format string, body io.Reader, rows int) error {
-	q := insertQuery(qualify(e.database, table), columns, dedupToken, format)
+	q := insertQuery(qualify(e.database, table), columns, dedupToken, format, false)
 	n, err := e.db.Insert(ctx, q, body)
 	if err != nil {
 		var ce *chdb.Error
@@ -138,8 +138,9 @@ var flowNativeColumns = nativeColumns(FlowColumns, flowWire)
 // Close implements Conn.
 func (e *Embedded) Close() error { return e.db.Close() }
 
-// insertQuery builds the INSERT with the deduplication settings.
-func insertQuery(table string, columns []string, dedupToken, format string) string {
+// insertQuery builds the INSERT with the deduplication settings, and with
+// syncDistributed a synchronous insert through a Distributed table.
+func insertQuery(table string, columns []string, dedupToken, format string, syncDistributed bool) string {
 	var b strings.Builder
 	b.WriteString("INSERT INTO ")
 	b.WriteString(table)
@@ -154,6 +155,9 @@ func insertQuery(table string, columns []string, dedupToken, format string) stri
 		b.WriteString(", insert_deduplication_token = '")
 		b.WriteString(strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(dedupToken))
 		b.WriteString("', deduplicate_blocks_in_dependent_materialized_views = 1")
+	}
+	if syncDistributed {
+		b.WriteString(", " + distributedSyncSetting + " = 1")
 	}
 	b.WriteString(" FORMAT ")
 	b.WriteString(format)

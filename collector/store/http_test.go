@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -273,20 +275,57 @@ func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 }
 
 // TestServerInsertsDistributedSync: the server backend asks for
-// synchronous inserts through Distributed tables unless the DSN says
-// otherwise (the driver's native path gets the same settings).
+// synchronous inserts through Distributed tables on inserts only (a
+// readonly = 1 user may change no setting, so queries must not carry it),
+// unless the DSN sets it under either name.
 func TestServerInsertsDistributedSync(t *testing.T) {
-	for dsn, want := range map[string]string{
-		"http://127.0.0.1:1/":                           "1",
-		"http://127.0.0.1:1/?insert_distributed_sync=0": "0",
+	for dsn, want := range map[string]bool{
+		"http://127.0.0.1:1/":                                 true,
+		"http://127.0.0.1:1/?insert_distributed_sync=0":       false,
+		"http://127.0.0.1:1/?distributed_foreground_insert=0": false,
+		"clickhouse://127.0.0.1:1":                            true,
 	} {
 		s, err := NewServer(ServerConfig{DSN: dsn})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := s.http.settings.Get(distributedSyncSetting); got != want {
-			t.Errorf("%s: %s = %q, want %q", dsn, distributedSyncSetting, got, want)
+		if s.syncInserts != want {
+			t.Errorf("%s: sync inserts %v, want %v", dsn, s.syncInserts, want)
+		}
+		if s.http != nil && s.http.settings.Has(distributedSyncSetting) != strings.Contains(dsn, distributedSyncSetting) {
+			t.Errorf("%s: query settings %v", dsn, s.http.settings)
+		}
+		if got := s.insertSettings("")[distributedSyncSetting] == 1; got != want {
+			t.Errorf("%s: native insert settings %v", dsn, s.insertSettings(""))
 		}
 		s.Close()
+	}
+	if q := insertQuery("dualflow.flows", []string{"a"}, "t1", "Native", true); !strings.Contains(q, "insert_distributed_sync = 1 FORMAT Native") {
+		t.Errorf("insert %q", q)
+	}
+	if q := insertQuery("dualflow.flows", []string{"a"}, "", "Native", false); strings.Contains(q, "distributed") {
+		t.Errorf("embedded insert %q", q)
+	}
+}
+
+// TestServerHTTPProxyRefusals: a proxy's 408, 425 or 429 (chproxy's
+// concurrency limit), or any answer with Retry-After, is temporary: the
+// writer retries or spools the batch instead of dropping it; other 4xx
+// answers without a ClickHouse exception are rejections.
+func TestServerHTTPProxyRefusals(t *testing.T) {
+	for code, temporary := range map[int]bool{408: true, 425: true, 429: true, 502: true, 503: true, 400: false, 404: false} {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			http.Error(w, "proxy says no", code)
+		}))
+		s, err := NewServer(ServerConfig{DSN: srv.URL + "/"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		err = s.InsertRowBinary(context.Background(), "t", []string{"a"}, "tok", 1, []byte{1})
+		if err == nil || errors.Is(err, ErrUnavailable) != temporary {
+			t.Errorf("HTTP %d: %v, temporary %v", code, err, errors.Is(err, ErrUnavailable))
+		}
+		s.Close()
+		srv.Close()
 	}
 }

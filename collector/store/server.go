@@ -49,6 +49,9 @@ type Server struct {
 	db      string
 	http    *httpQuerier // nil for the native protocol
 	natives sync.Pool    // *nativeBuilder, reused between HTTP inserts of flows batches
+	// syncInserts adds insert_distributed_sync = 1 to inserts, unless the
+	// DSN sets it (see NewServer).
+	syncInserts bool
 }
 
 var _ Conn = (*Server)(nil)
@@ -126,20 +129,31 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	// In a cluster the collector inserts through the Distributed tables:
 	// synchronously, so that a failed shard is the writer's error (and a
 	// retry under the same dedup token reaches every shard) rather than a
-	// line in one server's log (docs/cluster.md). A DSN that sets it wins.
+	// line in one server's log (docs/cluster.md). Only inserts carry it: a
+	// user whose profile is readonly = 1 may not change any setting, and
+	// would be refused every query. A DSN that sets it (either name) wins.
 	// The old name is an alias of distributed_foreground_insert in new
 	// servers and the only name in old ones; other tables ignore it.
-	if opt.Settings == nil {
-		opt.Settings = clickhouse.Settings{}
-	}
-	if _, ok := opt.Settings[distributedSyncSetting]; !ok {
-		opt.Settings[distributedSyncSetting] = 1
-	}
+	_, set := opt.Settings[distributedSyncSetting]
+	_, setNew := opt.Settings["distributed_foreground_insert"]
 	c, err := clickhouse.Open(opt)
 	if err != nil {
 		return nil, fmt.Errorf("clickhouse open: %w", err)
 	}
-	return &Server{conn: c, db: db, http: newHTTPQuerier(opt)}, nil
+	return &Server{conn: c, db: db, http: newHTTPQuerier(opt), syncInserts: !set && !setNew}, nil
+}
+
+// insertSettings are the settings of an insert over the native protocol.
+func (s *Server) insertSettings(dedupToken string) clickhouse.Settings {
+	settings := clickhouse.Settings{}
+	if dedupToken != "" {
+		settings["insert_deduplication_token"] = dedupToken
+		settings["deduplicate_blocks_in_dependent_materialized_views"] = 1
+	}
+	if s.syncInserts {
+		settings[distributedSyncSetting] = 1
+	}
+	return settings
 }
 
 // distributedSyncSetting makes inserts through a Distributed table
@@ -223,11 +237,8 @@ func (s *Server) InsertRowBinary(ctx context.Context, table string, columns []st
 	if !current && !slices.Equal(columns, flowColumnsV5) {
 		return fmt.Errorf("insert %s: server backend only encodes the flows layout", table)
 	}
-	if dedupToken != "" {
-		ctx = clickhouse.Context(ctx, clickhouse.WithSettings(clickhouse.Settings{
-			"insert_deduplication_token":                         dedupToken,
-			"deduplicate_blocks_in_dependent_materialized_views": 1,
-		}))
+	if settings := s.insertSettings(dedupToken); len(settings) > 0 {
+		ctx = clickhouse.Context(ctx, clickhouse.WithSettings(settings))
 	}
 	batch, err := s.conn.PrepareBatch(ctx, fmt.Sprintf("INSERT INTO %s (%s)", qualify(s.db, table), strings.Join(columns, ", ")))
 	if err != nil {

@@ -80,7 +80,7 @@ func (h *httpQuerier) insert(ctx context.Context, statement string, data io.Read
 // twice as fast as RowBinary rows of this wide table. Other batches (other
 // tables, a spooled batch of an older layout) go as RowBinary.
 func (s *Server) insertHTTP(ctx context.Context, table string, columns []string, dedupToken string, rows int, data []byte) error {
-	q := insertQuery(qualify(s.db, table), columns, dedupToken, "RowBinary")
+	q := insertQuery(qualify(s.db, table), columns, dedupToken, "RowBinary", s.syncInserts)
 	var body io.Reader = bytes.NewReader(data)
 	var nb *nativeBuilder
 	if slices.Equal(columns, FlowColumns) {
@@ -93,7 +93,7 @@ func (s *Server) insertHTTP(ctx context.Context, table string, columns []string,
 			return fmt.Errorf("insert into %s: %w", table, err)
 		}
 		bufs := chdb.Buffers(block)
-		q, body = insertQuery(qualify(s.db, table), flowNativeColumns, dedupToken, "Native"), &bufs
+		q, body = insertQuery(qualify(s.db, table), flowNativeColumns, dedupToken, "Native", s.syncInserts), &bufs
 	}
 	if err := s.http.insert(ctx, q, body); err != nil {
 		// nb is not reused: after a failure the transport may still be
@@ -140,7 +140,11 @@ func (h *httpQuerier) do(ctx context.Context, params url.Values, body io.Reader)
 	code, cerr := strconv.Atoi(resp.Header.Get("X-ClickHouse-Exception-Code"))
 	if cerr != nil {
 		err := fmt.Errorf("clickhouse http %d: %s", resp.StatusCode, msg)
-		if resp.StatusCode >= 500 { // a proxy or a server not answering as ClickHouse
+		// A proxy or a server not answering as ClickHouse: 5xx, and a
+		// timeout or a concurrency limit (chproxy answers 429) are
+		// temporary; treated as a rejection, the batch would be dropped.
+		if resp.StatusCode >= 500 || resp.StatusCode == http.StatusRequestTimeout || resp.StatusCode == http.StatusTooEarly ||
+			resp.StatusCode == http.StatusTooManyRequests || resp.Header.Get("Retry-After") != "" {
 			return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 		}
 		return nil, err

@@ -270,6 +270,8 @@ type journalRun struct {
 // *wal.Log implements it.
 type Acker interface {
 	Ack(ref uint64, n int)
+	// FlushAcks makes the acknowledgements given so far durable.
+	FlushAcks()
 }
 
 // SetAcker makes the writer acknowledge the journal frames of the records
@@ -606,6 +608,9 @@ func (w *Writer) send(ctx context.Context, sp *spool.Spool, stop <-chan struct{}
 			for _, r := range b.journal {
 				w.acker.Ack(r.frame, r.n)
 			}
+			// One write for the batch's acknowledgements, at once: a crash
+			// after it does not replay the batch.
+			w.acker.FlushAcks()
 		}
 		w.mu.Lock()
 		b.done = true

@@ -77,9 +77,13 @@ type Config struct {
 }
 
 const (
-	segSuffix  = ".wal"
-	lockName   = "LOCK"
-	segMagic   = "DFWAL01\n"
+	segSuffix = ".wal"
+	lockName  = "LOCK"
+	// segMagic starts every segment. 02 added partial ack frames: a
+	// binary that knows only 01 refuses such a segment whole, instead of
+	// reading it up to the first partial ack and skipping the rest.
+	segMagic   = "DFWAL02\n"
+	segMagicV1 = "DFWAL01\n" // read: no partial ack frames
 	frameData  = 'D'
 	frameAck   = 'A'
 	framePart  = 'P' // runs (reference, count) of durable records of frames not all durable
@@ -284,7 +288,7 @@ func readSegment(path string, fn func(kind byte, id uint64, payload []byte) erro
 	defer f.Close()
 	r := bufio.NewReaderSize(f, 1<<20)
 	magic := make([]byte, len(segMagic))
-	if _, err := io.ReadFull(r, magic); err != nil || string(magic) != segMagic {
+	if _, err := io.ReadFull(r, magic); err != nil || (string(magic) != segMagic && string(magic) != segMagicV1) {
 		if err == io.EOF { // created, nothing written yet
 			return nil
 		}
@@ -572,12 +576,21 @@ func (l *Log) appendAckFrame(b []byte, kind byte, vals []uint64, width int) []by
 // Ack acknowledges n records from ref on (ref, ref+1, ...: consecutive
 // records of one frame): they are durable. When every record of a frame
 // is, the frame is acknowledged in the log; until then the run is.
+//
+// The acknowledgement is written by FlushAcks (the writer calls it once per
+// batch), by the next append, or by the sync tick.
 func (l *Log) Ack(ref uint64, n int) {
 	if ref == 0 {
 		return
 	}
 	l.mu.Lock()
 	l.ackLocked(ref, n)
+	l.mu.Unlock()
+}
+
+// FlushAcks writes the acknowledgements given so far, in one write.
+func (l *Log) FlushAcks() {
+	l.mu.Lock()
 	l.flushAcksLocked()
 	l.mu.Unlock()
 }
