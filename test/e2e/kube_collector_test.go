@@ -718,32 +718,7 @@ func (k *kubeEnv) churnServiceFamilies(t *testing.T) {
 // another pod on its node and addresses: once the REST view resolves the
 // new pod to its addresses, every flow from them names the new pod.
 func (k *kubeEnv) churnPodReplaced(t *testing.T) {
-	c := k.kube.Admin.CoreV1().Pods(manifest.NSFrontend)
-	zero := int64(0)
-	if err := c.Delete(kctx(t), k.web1.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
-		t.Fatal(err)
-	}
-	repl := k.web1.DeepCopy()
-	repl.Name = "web-replaced"
-	start := time.Now()
-	if err := lab.CreatePod(kctx(t), k.kube.Admin, repl); err != nil {
-		t.Fatal(err)
-	}
-	d := await(t, reflectBudget, "replacement pod resolved", func() (bool, string) {
-		res, err := k.reachability(repl, manifest.PortHTTP)
-		if err != nil {
-			return false, err.Error()
-		}
-		c := res.Cells[0][0]
-		for _, f := range k.fams {
-			a, _ := manifest.PodAddr(repl, f)
-			p := c.Families[fmt.Sprint(famVersion(f))].Policy
-			if p == nil || p.SrcIP != a.String() {
-				return false, cellState(c)
-			}
-		}
-		return true, ""
-	})
+	repl, start, d := k.replaceWeb1(t, "web-replaced", "replacement pod resolved")
 	k.reflected(t, "pod replaced on the same addresses", d)
 	after := start.Add(d)
 	for _, f := range k.fams {
@@ -753,6 +728,39 @@ func (k *kubeEnv) churnPodReplaced(t *testing.T) {
 			cond+" AND src_pod_name = 'web-replaced' AND src_workload_name = 'web'", cond+" AND src_pod_name != 'web-replaced'")
 	}
 	k.web1 = repl
+}
+
+// replaceWeb1 deletes web@1 and creates a pod named name on its node and
+// addresses, and waits until the REST view resolves the new pod's
+// addresses in every family. It returns the pod, when it was created, and
+// how long the REST view took.
+func (k *kubeEnv) replaceWeb1(t *testing.T, name, what string) (*corev1.Pod, time.Time, time.Duration) {
+	c := k.kube.Admin.CoreV1().Pods(manifest.NSFrontend)
+	zero := int64(0)
+	if err := c.Delete(kctx(t), k.web1.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+		t.Fatal(err)
+	}
+	repl := k.web1.DeepCopy()
+	repl.Name = name
+	start := time.Now()
+	if err := lab.CreatePod(kctx(t), k.kube.Admin, repl); err != nil {
+		t.Fatal(err)
+	}
+	d := await(t, reflectBudget, what, func() (bool, string) {
+		res, err := k.reachability(repl, manifest.PortHTTP)
+		if err != nil {
+			return false, err.Error()
+		}
+		c := res.Cells[0][0]
+		for _, f := range k.fams {
+			a, _ := manifest.PodAddr(repl, f)
+			if p := c.Families[fmt.Sprint(famVersion(f))].Policy; p == nil || p.SrcIP != a.String() {
+				return false, cellState(c)
+			}
+		}
+		return true, ""
+	})
+	return repl, start, d
 }
 
 // outageLength is how long the API server stays down in apiOutage (the
@@ -802,31 +810,7 @@ func (k *kubeEnv) apiOutage(t *testing.T) {
 	}
 	back := time.Now()
 	t.Logf("API server back after %v", back.Sub(killed).Round(time.Millisecond))
-	c := k.kube.Admin.CoreV1().Pods(manifest.NSFrontend)
-	zero := int64(0)
-	if err := c.Delete(kctx(t), k.web1.Name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
-		t.Fatal(err)
-	}
-	repl := k.web1.DeepCopy()
-	repl.Name = "web-after-outage"
-	changed := time.Now()
-	if err := lab.CreatePod(kctx(t), k.kube.Admin, repl); err != nil {
-		t.Fatal(err)
-	}
-	d = await(t, reflectBudget, "replacement pod resolved after the outage", func() (bool, string) {
-		res, err := k.reachability(repl, manifest.PortHTTP)
-		if err != nil {
-			return false, err.Error()
-		}
-		c := res.Cells[0][0]
-		for _, f := range k.fams {
-			a, _ := manifest.PodAddr(repl, f)
-			if p := c.Families[fmt.Sprint(famVersion(f))].Policy; p == nil || p.SrcIP != a.String() {
-				return false, cellState(c)
-			}
-		}
-		return true, ""
-	})
+	repl, changed, d := k.replaceWeb1(t, "web-after-outage", "replacement pod resolved after the outage")
 	k.reflected(t, "pod replaced right after an API outage", d)
 	if d > staleBound {
 		t.Errorf("the replacement took %v to show, over the %v bound", d.Round(time.Millisecond), staleBound)
