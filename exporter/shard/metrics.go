@@ -4,6 +4,7 @@ import "github.com/prometheus/client_golang/prometheus"
 
 var (
 	descMembers   = prometheus.NewDesc("dualflow_exporter_collectors", "Collectors records are sharded over (static list or DNS).", nil, nil)
+	descGone      = prometheus.NewDesc("dualflow_exporter_collectors_gone", "Collectors out of the --exporter.collectors-dns answer that keep their share and buffer until --exporter.collector-failover-timeout (counted in dualflow_exporter_collectors).", nil, nil)
 	descHealthy   = prometheus.NewDesc("dualflow_exporter_collectors_healthy", "Collectors connected now.", nil, nil)
 	descUp        = prometheus.NewDesc("dualflow_exporter_collector_up", "1 while connected to this collector.", []string{"collector"}, nil)
 	descRouted    = prometheus.NewDesc("dualflow_exporter_collector_records_routed_total", "Records routed to this collector's send buffer.", []string{"collector"}, nil)
@@ -15,7 +16,7 @@ var (
 // Describe implements prometheus.Collector. The send counters summed over
 // the members are in Stats, for the exporter's own metrics.
 func (s *Sharder) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descMembers, descHealthy, descUp, descRouted, descFailovers, descDNSErrors, descUnrouted} {
+	for _, d := range []*prometheus.Desc{descMembers, descGone, descHealthy, descUp, descRouted, descFailovers, descDNSErrors, descUnrouted} {
 		ch <- d
 	}
 }
@@ -37,6 +38,7 @@ func (s *Sharder) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descRouted, prometheus.CounterValue, float64(m.routed.Load()), m.name)
 	}
 	ch <- prometheus.MustNewConstMetric(descMembers, prometheus.GaugeValue, float64(len(all)))
+	ch <- prometheus.MustNewConstMetric(descGone, prometheus.GaugeValue, float64(s.gone.Load()))
 	ch <- prometheus.MustNewConstMetric(descHealthy, prometheus.GaugeValue, float64(healthy))
 	ch <- prometheus.MustNewConstMetric(descFailovers, prometheus.CounterValue, float64(s.failovers.Load()))
 	ch <- prometheus.MustNewConstMetric(descDNSErrors, prometheus.CounterValue, float64(s.dnsErrors.Load()))

@@ -22,6 +22,16 @@
 // own connection, backoff and bounded buffer (ipfix.Config.BufferBytes,
 // drop-oldest).
 //
+// A member that leaves the DNS answer (a restarting collector pod behind a
+// Service without publishNotReadyAddresses) is treated like a member that
+// is down: it keeps its share and its buffer until Config.FailoverTimeout
+// has passed since it left the answer or, if earlier, since it went down.
+// Back in the answer before that, nothing has moved. After it, the member
+// is retired: its share moves to the survivors, and its exporter drains
+// its buffer for at most ipfix.Config.DrainTimeout, what is left being
+// counted as dropped (DroppedShutdown). A new address in the answer is a
+// member at once.
+//
 // Failover. A member that is not connected keeps its share for
 // Config.FailoverTimeout: its records wait in its buffer and are sent when
 // it is back, or are dropped oldest-first (and counted) when the buffer
@@ -47,6 +57,7 @@ import (
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -76,6 +87,9 @@ type member struct {
 	// The check's (Run's goroutine).
 	downSince time.Time // zero while connected
 	failed    bool      // down past the failover timeout: its share is elsewhere
+
+	// New's, then Run's goroutine.
+	goneSince time.Time // when it left the DNS answer; zero while in it
 
 	// Run's goroutine.
 	cancel context.CancelFunc // nil until started
@@ -112,6 +126,7 @@ type Sharder struct {
 	retired ipfix.Stats // counters of removed members, so totals never go down
 
 	failovers   atomic.Uint64
+	gone        atomic.Int64 // members out of the DNS answer, not yet retired
 	dnsErrors   atomic.Uint64
 	unrouted    atomic.Uint64 // records dropped while no member was known
 	unroutedLog atomic.Int64  // unix nanoseconds of the last warning
@@ -145,7 +160,7 @@ func New(cfg Config) (*Sharder, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := s.setMembers(names); err != nil {
+	if err := s.setMembers(names, false); err != nil {
 		return nil, err
 	}
 	return s, nil
@@ -303,10 +318,12 @@ func (s *Sharder) retire(m *member) {
 
 // check looks at every member's connection at now: a member disconnected
 // for Config.FailoverTimeout is failed over, a failed-over member that is
-// connected again gets its share back. Run's goroutine only (tests call it
-// with their own clock).
+// connected again gets its share back, and a member out of the DNS answer
+// past its grace (see expired) is retired. Run's goroutine only (tests
+// call it with their own clock).
 func (s *Sharder) check(now time.Time) {
 	changed := false
+	var kept, removed []*member
 	for _, m := range s.all {
 		up := m.snd.Stats().Connected
 		switch {
@@ -324,6 +341,18 @@ func (s *Sharder) check(now time.Time) {
 			s.log.Warn("collector down past the failover timeout: its share of new records moves to the other collectors",
 				"collector", m.name, "down_for", now.Sub(m.downSince), "buffered_records", m.snd.Stats().BufferedRecords)
 		}
+		if !m.goneSince.IsZero() && s.expired(m, now) {
+			removed = append(removed, m)
+			s.log.Warn("collector out of DNS past the failover timeout: retired, its share moves to the other collectors; its buffered records are sent if it is reachable, else dropped",
+				"collector", m.name, "gone_for", now.Sub(m.goneSince), "connected", m.downSince.IsZero(),
+				"buffered_records", m.snd.Stats().BufferedRecords)
+			continue
+		}
+		kept = append(kept, m)
+	}
+	if len(removed) > 0 {
+		s.change(kept, nil, removed) // routes kept, so also what changed above
+		return
 	}
 	if changed {
 		s.mu.Lock()
@@ -348,15 +377,34 @@ func routable(all []*member) []*member {
 }
 
 // setMembers makes names (normalised and sorted) the member set: new
-// members are built (and started when Run runs), removed ones stop routing
-// at once and drain their buffers. It returns the errors of members that
-// could not be built; the others are in place.
-func (s *Sharder) setMembers(names []string) error {
-	var next, added, removed []*member
+// members are built (and started when Run runs). The others are removed
+// at once (a static list), or, with grace (a DNS answer), kept with their
+// share and buffer like a member that is down, until the next check after
+// they expired retires them; one back in names before that is simply kept.
+// It returns the errors of members that could not be built; the others
+// are in place.
+func (s *Sharder) setMembers(names []string, grace bool) error {
+	now := s.now()
+	var next, added, removed, left, back []*member
 	var errs []error
+	for _, m := range s.all {
+		switch {
+		case slices.Contains(names, m.name):
+			if !m.goneSince.IsZero() {
+				m.goneSince, back = time.Time{}, append(back, m)
+			}
+			next = append(next, m)
+		case !grace:
+			removed = append(removed, m)
+		default: // retired by check when expired
+			if m.goneSince.IsZero() {
+				m.goneSince, left = now, append(left, m)
+			}
+			next = append(next, m)
+		}
+	}
 	for _, n := range names {
-		if i := slices.IndexFunc(s.all, func(m *member) bool { return m.name == n }); i >= 0 {
-			next = append(next, s.all[i])
+		if slices.ContainsFunc(s.all, func(m *member) bool { return m.name == n }) {
 			continue
 		}
 		m, err := s.newMember(n)
@@ -366,14 +414,35 @@ func (s *Sharder) setMembers(names []string) error {
 		}
 		next, added = append(next, m), append(added, m)
 	}
-	for _, m := range s.all {
-		if !slices.Contains(names, m.name) {
-			removed = append(removed, m)
-		}
+	slices.SortFunc(next, func(a, b *member) int { return strings.Compare(a.name, b.name) })
+	if len(added) > 0 || len(removed) > 0 {
+		s.change(next, added, removed)
+	} else {
+		s.gone.Store(int64(countGone(next)))
 	}
-	if len(added) == 0 && len(removed) == 0 {
-		return errors.Join(errs...)
+	if len(added)+len(removed)+len(left)+len(back) > 0 {
+		s.log.Info("collectors changed", "collectors", names, "added", memberList(added), "removed", memberList(removed),
+			"left_dns", memberList(left), "back_in_dns", memberList(back), "failover_timeout", s.cfg.FailoverTimeout)
 	}
+	return errors.Join(errs...)
+}
+
+// expired reports whether m, out of the DNS answer, has waited its grace:
+// Config.FailoverTimeout since it left the answer or, if earlier, since it
+// went down (as last checked).
+func (s *Sharder) expired(m *member, now time.Time) bool {
+	since := m.goneSince
+	if !m.downSince.IsZero() && m.downSince.Before(since) {
+		since = m.downSince
+	}
+	return now.Sub(since) >= s.cfg.FailoverTimeout
+}
+
+// change makes next (sorted by name) the members: added ones are started
+// if Run runs, removed ones stop routing at once, then drain their buffers
+// for at most ipfix.Config.DrainTimeout (what is left is counted as
+// dropped) and are retired.
+func (s *Sharder) change(next, added, removed []*member) {
 	// Both under statsMu, so Stats counts a removed member exactly once.
 	s.statsMu.Lock()
 	s.mu.Lock()
@@ -381,6 +450,7 @@ func (s *Sharder) setMembers(names []string) error {
 	s.mu.Unlock()
 	s.leaving = append(slices.Clone(s.leaving), removed...)
 	s.statsMu.Unlock()
+	s.gone.Store(int64(countGone(next)))
 	for _, m := range added {
 		if s.runCtx != nil {
 			s.start(m)
@@ -393,8 +463,17 @@ func (s *Sharder) setMembers(names []string) error {
 			s.retire(m)
 		}
 	}
-	s.log.Info("collectors changed", "collectors", names, "added", memberList(added), "removed", memberList(removed))
-	return errors.Join(errs...)
+}
+
+// countGone is the number of ms out of the DNS answer.
+func countGone(ms []*member) int {
+	n := 0
+	for _, m := range ms {
+		if !m.goneSince.IsZero() {
+			n++
+		}
+	}
+	return n
 }
 
 func memberList(ms []*member) []string {
@@ -448,7 +527,7 @@ func (s *Sharder) resolve(ctx context.Context) {
 		return
 	}
 	names, _ = memberNames(names) // IP literals: cannot fail
-	if err := s.setMembers(names); err != nil {
+	if err := s.setMembers(names, true); err != nil {
 		s.log.Warn("collectors DNS resolution: some collectors could not be set up", "name", s.cfg.DNS, "err", err)
 	}
 }

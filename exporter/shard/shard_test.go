@@ -181,7 +181,7 @@ func TestRendezvousMovement(t *testing.T) {
 
 			// Remove one: only its keys move, to the others.
 			gone := members[2]
-			if err := s.setMembers(slices.DeleteFunc(slices.Clone(members[:5]), func(m string) bool { return m == gone })); err != nil {
+			if err := s.setMembers(slices.DeleteFunc(slices.Clone(members[:5]), func(m string) bool { return m == gone }), false); err != nil {
 				t.Fatal(err)
 			}
 			after := owners(s, ks)
@@ -202,7 +202,7 @@ func TestRendezvousMovement(t *testing.T) {
 			}
 
 			// Add one (to the five): only keys to it move, about 1/6.
-			if err := s.setMembers(members[:6]); err != nil {
+			if err := s.setMembers(members[:6], false); err != nil {
 				t.Fatal(err)
 			}
 			grown := owners(s, ks)
@@ -338,8 +338,9 @@ func TestFailoverAll(t *testing.T) {
 	}
 }
 
-// TestDNS re-resolves the collectors' name: new addresses become members,
-// vanished ones stop, and a failed or empty resolution keeps the last set.
+// TestDNS re-resolves the collectors' name: new addresses become members
+// at once, vanished ones stay until the failover timeout (see
+// TestDNSGone), and a failed or empty resolution keeps the last set.
 func TestDNS(t *testing.T) {
 	type answer struct {
 		addrs []string
@@ -349,6 +350,7 @@ func TestDNS(t *testing.T) {
 		family  string
 		answers []answer
 		want    [][]string // members after each answer
+		final   []string   // after the failover timeout
 		errs    uint64
 	}{
 		{FamilyAny, []answer{
@@ -360,21 +362,22 @@ func TestDNS(t *testing.T) {
 			{"198.18.0.11:4739", "[fd00:10::12]:4739"},
 			{"198.18.0.11:4739", "[fd00:10::12]:4739"},
 			{"198.18.0.11:4739", "[fd00:10::12]:4739"},
-			{"198.18.0.11:4739", "198.18.0.13:4739"},
-		}, 2},
+			{"198.18.0.11:4739", "198.18.0.13:4739", "[fd00:10::12]:4739"},
+		}, []string{"198.18.0.11:4739", "198.18.0.13:4739"}, 2},
 		{FamilyIPv4, []answer{
 			{addrs: []string{"198.18.0.11", "fd00:10::12"}},
 			{addrs: []string{"fd00:10::12"}}, // nothing of the family: kept
-		}, [][]string{{"198.18.0.11:4739"}, {"198.18.0.11:4739"}}, 1},
+		}, [][]string{{"198.18.0.11:4739"}, {"198.18.0.11:4739"}}, []string{"198.18.0.11:4739"}, 1},
 		{FamilyIPv6, []answer{
 			{addrs: []string{"198.18.0.11", "fd00:10::12", "fd00:10::13"}},
 			{addrs: []string{"fd00:10::13"}},
-		}, [][]string{{"[fd00:10::12]:4739", "[fd00:10::13]:4739"}, {"[fd00:10::13]:4739"}}, 0},
+		}, [][]string{{"[fd00:10::12]:4739", "[fd00:10::13]:4739"}, {"[fd00:10::12]:4739", "[fd00:10::13]:4739"}},
+			[]string{"[fd00:10::13]:4739"}, 0},
 	} {
 		t.Run(tc.family, func(t *testing.T) {
-			fs := &fakes{}
+			fs, c := &fakes{}, &clock{t: t0}
 			var next atomic.Int32
-			cfg := testConfig(fs, nil)
+			cfg := testConfig(fs, c)
 			cfg.DNS, cfg.DNSFamily = "collector.dualflow.svc:4739", tc.family
 			cfg.lookup = func(_ context.Context, network, host string) ([]netip.Addr, error) {
 				if host != "collector.dualflow.svc" {
@@ -397,6 +400,11 @@ func TestDNS(t *testing.T) {
 					t.Fatalf("after answer %d: members %v, want %v", i, got, tc.want[i])
 				}
 			}
+			c.t = c.t.Add(cfg.FailoverTimeout)
+			s.check(c.now())
+			if got := memberList(s.all); !slices.Equal(got, tc.final) {
+				t.Fatalf("after the failover timeout: members %v, want %v", got, tc.final)
+			}
 			if e := s.dnsErrors.Load(); e != tc.errs {
 				t.Errorf("%d DNS errors, want %d", e, tc.errs)
 			}
@@ -405,8 +413,8 @@ func TestDNS(t *testing.T) {
 }
 
 // TestDNSRun: Run resolves again every interval, starts new members and
-// stops (and retires) removed ones; records with no member yet are
-// counted.
+// stops (and retires) removed ones after the failover timeout; records
+// with no member yet are counted.
 func TestDNSRun(t *testing.T) {
 	fs := &fakes{}
 	var mu sync.Mutex
@@ -421,6 +429,7 @@ func TestDNSRun(t *testing.T) {
 	}
 	cfg := testConfig(fs, nil)
 	cfg.DNS, cfg.DNSInterval = "collector.dualflow.svc:4739", 10*time.Millisecond
+	cfg.FailoverTimeout = 100 * time.Millisecond // the fakes never connect
 	cfg.lookup = func(context.Context, string, string) ([]netip.Addr, error) {
 		mu.Lock()
 		defer mu.Unlock()
