@@ -499,7 +499,8 @@ func (c *Collector) replay(ctx context.Context) error {
 		return nil
 	}
 	start := time.Now()
-	n, err := c.wal.Replay(c.cfg.IPFIX.BatchRecords, func(recs []flow.Record) error {
+	stored := func(intents []wal.Intent) (map[string]bool, error) { return c.storedBatches(ctx, intents) }
+	n, err := c.wal.ReplayVerified(c.cfg.IPFIX.BatchRecords, stored, func(recs []flow.Record) error {
 		b := c.pool.Get()
 		b.Recs = append(b.Recs, recs...)
 		if err := c.decoded.Put(ctx, b); err != nil {
@@ -512,10 +513,63 @@ func (c *Collector) replay(ctx context.Context) error {
 		return fmt.Errorf("replay the write-ahead log: %w", err)
 	}
 	if n > 0 {
-		c.log.Warn("replayed records of a previous run that had not reached the store (the collector was killed or crashed); some may be stored twice",
+		c.log.Warn("replayed records of a previous run that had not reached the store (the collector was killed or crashed)",
 			"records", n, "took", time.Since(start).Round(time.Millisecond), "dir", c.cfg.WAL.Dir)
 	}
 	return nil
+}
+
+// verifyTimeout bounds how long a starting collector keeps asking an
+// unreachable store which batches of its previous run it holds, before it
+// replays them (at-least-once) and goes on receiving.
+const verifyTimeout = 30 * time.Second
+
+// storedBatches tells the journal which batches of the previous run are
+// stored: in the writer's spool (asked first: see Writer.Spooled), or in
+// ClickHouse (flows.ingest_batch). It retries every second or so while
+// ClickHouse cannot be reached, for verifyTimeout.
+func (c *Collector) storedBatches(ctx context.Context, intents []wal.Intent) (map[string]bool, error) {
+	found := map[string]bool{}
+	var ask []store.BatchRange
+	for _, in := range intents {
+		ok, err := c.writer.Spooled(ctx, in.Token)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			found[in.Token] = true
+			continue
+		}
+		ask = append(ask, store.BatchRange{Token: in.Token, MinEnd: in.MinEnd, MaxEnd: in.MaxEnd})
+	}
+	if len(ask) == 0 {
+		return found, nil
+	}
+	deadline := time.Now().Add(verifyTimeout)
+	for attempt := 0; ; attempt++ {
+		qctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		in, err := store.StoredBatches(qctx, c.conn, c.cfg.Store.Database, ask)
+		cancel()
+		if err == nil {
+			for t := range in {
+				found[t] = true
+			}
+			c.log.Info("checked the store for the batches the previous run was inserting when it stopped",
+				"batches", len(intents), "stored", len(found))
+			return found, nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return nil, err
+		}
+		if attempt == 0 {
+			c.log.Warn("cannot ask the store which batches of the previous run it holds; retrying", "err", err, "for", verifyTimeout)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
 }
 
 func cmpErr(err, fallback error) error {

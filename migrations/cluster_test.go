@@ -226,6 +226,7 @@ func TestClusterFormOnLocalShard(t *testing.T) {
 			"198.18.0.10\t198.18.1.20\t::ffff:198.18.0.10\t::ffff:198.18.1.20\t1"},
 		{"IPv6 row", "SELECT src_ip, dst_ip, toString(src_ip_bin), toString(dst_ip_bin), _shard_num FROM " + database + ".flows WHERE ip_version = 6",
 			"fd00:10::a\tfd00:10:1::14\tfd00:10::a\tfd00:10:1::14\t1"},
+		{"ingest_batch from the token (0008)", "SELECT DISTINCT ingest_batch = cityHash64('cluster-test-1') FROM " + database + ".flows", "1"},
 		{"range filter on *_ip_bin", "SELECT count() FROM " + database + ".flows WHERE dst_ip_bin BETWEEN toIPv6('198.18.0.0') AND toIPv6('198.19.255.255')", "1"},
 		{"rollup summed through Distributed", "SELECT ip_version, sum(records), sum(bytes), sum(reverse_bytes) FROM " + database + ".rollup_pod_to_pod_1m GROUP BY ip_version ORDER BY ip_version",
 			"4\t1\t100\t10\n6\t1\t200\t20"},

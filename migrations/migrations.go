@@ -202,11 +202,18 @@ func funcs(o Options) template.FuncMap {
 		"clustered": func() bool { return o.Cluster != "" },
 		"dist":      func(table string) string { return o.Database + "." + table },
 		"ipText":    ipText,
+		// ingestBatch is flows.ingest_batch's expression (migration 0008).
+		"ingestBatch": func() string { return IngestBatchExpr },
 		"ttl": func(col string) string {
 			return ttlClause(col, o.TTLDays)
 		},
 	}
 }
+
+// IngestBatchExpr computes flows.ingest_batch (migration 0008) from the
+// insert's own insert_deduplication_token: cityHash64 of it, 0 without one.
+// The collector looks a batch up by cityHash64('<token>').
+const IngestBatchExpr = "if(getSetting('insert_deduplication_token') = '', 0, cityHash64(getSetting('insert_deduplication_token')))"
 
 // ipText renders the SQL expression that shows an IPv6 column as text: ”
 // for ::, a dotted quad for an IPv4-mapped address, RFC 5952 text otherwise.

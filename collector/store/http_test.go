@@ -130,11 +130,14 @@ func idRecords(base, n int) []flow.Record {
 	return recs
 }
 
+// testWriterConfig retries fast, but gives an insert 30 s: on a loaded
+// machine a 2 s timeout spooled batches of a healthy store (and the tests
+// that expect nothing spooled failed).
 func testWriterConfig(spool string) WriterConfig {
 	cfg := WriterConfig{
 		BatchRows: 1000, FlushInterval: 20 * time.Millisecond, MaxPending: 4,
 		Retries: 1, RetryBackoff: 10 * time.Millisecond, MaxBackoff: 100 * time.Millisecond,
-		InsertTimeout: 2 * time.Second, SpoolDir: spool, ShutdownTimeout: 2 * time.Second,
+		InsertTimeout: 30 * time.Second, SpoolDir: spool, ShutdownTimeout: 2 * time.Second,
 	}
 	cfg.SetDefaults()
 	return cfg

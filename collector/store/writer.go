@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -233,9 +234,10 @@ type Writer struct {
 
 	acker Acker // nil: records are not journaled
 
-	started atomic.Bool
-	spool   atomic.Pointer[spool.Spool]
-	kick    chan struct{} // wakes the drain loop after a Push; size 1, extra kicks are dropped
+	started   atomic.Bool
+	spool     atomic.Pointer[spool.Spool]
+	spoolOpen chan struct{} // closed once Run has opened the spool (or failed to)
+	kick      chan struct{} // wakes the drain loop after a Push; size 1, extra kicks are dropped
 
 	stats struct {
 		rowsWritten, batchesWritten, retries, insertErrors, spooledRows, droppedRows atomic.Int64
@@ -252,16 +254,12 @@ type pendingBatch struct {
 	bytes int  // encoded size, as counted in Writer.bufBytes
 	taken bool // a sender is delivering it
 	done  bool // written, spooled or dropped
-	// journal holds the batch's journal references, to acknowledge once
-	// the batch is written, spooled or dropped.
-	journal []journalRun
-}
-
-// journalRun is n records journaled under consecutive references from
-// frame on.
-type journalRun struct {
-	frame uint64 // the first reference
-	n     int
+	// journal holds the batch's journal references as (first reference,
+	// count) runs, to acknowledge once the batch is written, spooled or
+	// dropped; minEnd and maxEnd are its rows' flow_end range (Unix ms),
+	// for the journal's intent.
+	journal        []uint64
+	minEnd, maxEnd int64
 }
 
 // Acker is told when journaled records are durable: written to
@@ -269,6 +267,12 @@ type journalRun struct {
 // records by their consecutive journal references ref, ref+1, ...
 // *wal.Log implements it.
 type Acker interface {
+	// Intent is told before a batch is first sent: its dedup token, its
+	// rows' flow_end range (Unix ms) and its records' (reference, count)
+	// runs. After a crash that cut off the batch's acknowledgement, the
+	// journal asks the store whether the token's batch is there
+	// (Writer.Spooled, StoredBatches) instead of replaying it.
+	Intent(token string, minEnd, maxEnd int64, runs []uint64)
 	Ack(ref uint64, n int)
 	// FlushAcks makes the acknowledgements given so far durable.
 	FlushAcks()
@@ -280,23 +284,29 @@ func (w *Writer) SetAcker(a Acker) { w.acker = a }
 
 // addJournal adds a record's journal references to the batch, as runs of
 // consecutive references (the records of a received message mostly come
-// together and in order).
-func (b *pendingBatch) addJournal(j *flow.JournalRefs) {
+// together and in order), and its flow_end to the batch's range.
+func (b *pendingBatch) addJournal(r *flow.Record) {
+	j := &r.Journal
 	add := func(f uint64) {
 		if f == 0 {
 			return
 		}
-		if k := len(b.journal); k > 0 && b.journal[k-1].frame+uint64(b.journal[k-1].n) == f {
-			b.journal[k-1].n++
+		if k := len(b.journal); k > 0 && b.journal[k-2]+b.journal[k-1] == f {
+			b.journal[k-1]++
 			return
 		}
-		b.journal = append(b.journal, journalRun{f, 1})
+		b.journal = append(b.journal, f, 1)
 	}
 	add(j.Frame)
 	add(j.Frame2)
 	for _, f := range j.More {
 		add(f)
 	}
+	end := int64(timeMillis(r.FlowEnd))
+	if b.minEnd == 0 || end < b.minEnd {
+		b.minEnd = end
+	}
+	b.maxEnd = max(b.maxEnd, end)
 }
 
 // batchBuf holds a batch's rows: RowBinary rows in data, or, when the Conn
@@ -330,11 +340,12 @@ func NewWriter(cfg WriterConfig, conn Conn, reg prometheus.Registerer, log *slog
 		log = slog.New(slog.DiscardHandler)
 	}
 	w := &Writer{
-		cfg:     cfg,
-		conn:    conn,
-		log:     log,
-		changed: make(chan struct{}),
-		kick:    make(chan struct{}, 1),
+		cfg:       cfg,
+		conn:      conn,
+		log:       log,
+		changed:   make(chan struct{}),
+		kick:      make(chan struct{}, 1),
+		spoolOpen: make(chan struct{}),
 	}
 	w.columnar, _ = conn.(columnarConn)
 	w.cur = w.newBatchLocked()
@@ -369,7 +380,7 @@ func (w *Writer) Write(ctx context.Context, recs []flow.Record) error {
 			w.cur.data = appendFlowRow(w.cur.data, &recs[i], &w.labels)
 		}
 		if w.acker != nil {
-			w.cur.addJournal(&recs[i].Journal)
+			w.cur.addJournal(&recs[i])
 		}
 		w.cur.rows++
 		w.bufRows++
@@ -510,6 +521,13 @@ func (w *Writer) Run(ctx context.Context) error {
 	}()
 
 	var sp *spool.Spool
+	defer func() {
+		select {
+		case <-w.spoolOpen:
+		default:
+			close(w.spoolOpen)
+		}
+	}()
 	if w.cfg.SpoolDir != "" {
 		s, err := spool.Open(w.cfg.SpoolDir, w.cfg.SpoolMaxBytes)
 		if err != nil {
@@ -524,6 +542,8 @@ func (w *Writer) Run(ctx context.Context) error {
 			w.log.Error("corrupt spool files moved aside", "dir", sp.Dir(), "files", n)
 		}
 	}
+
+	close(w.spoolOpen)
 
 	// Inserts outlive ctx: they are cancelled ShutdownTimeout after it ends.
 	ioCtx, cancelIO := context.WithCancel(context.WithoutCancel(ctx))
@@ -603,10 +623,16 @@ func (w *Writer) send(ctx context.Context, sp *spool.Spool, stop <-chan struct{}
 		}
 		b.taken = true
 		w.mu.Unlock()
+		if w.acker != nil && len(b.journal) > 0 {
+			w.acker.Intent(b.token, b.minEnd, b.maxEnd, b.journal)
+		}
 		w.deliver(ctx, sp, stop, b)
+		if w.acker != nil && len(b.journal) > 0 && killAfterInsert {
+			killSelf() // a test's crash between an insert and its acknowledgement
+		}
 		if w.acker != nil {
-			for _, r := range b.journal {
-				w.acker.Ack(r.frame, r.n)
+			for k := 0; k+1 < len(b.journal); k += 2 {
+				w.acker.Ack(b.journal[k], int(b.journal[k+1]))
 			}
 			// One write for the batch's acknowledgements, at once: a crash
 			// after it does not replay the batch.
@@ -629,6 +655,21 @@ func (w *Writer) send(ctx context.Context, sp *spool.Spool, stop <-chan struct{}
 		}
 		w.broadcastLocked()
 	}
+}
+
+// FailpointEnv names the environment variable of the writer's failpoint.
+// FailpointEnv=kill-after-insert makes the process SIGKILL itself once the
+// first journaled batch is delivered (inserted or spooled) and before its
+// acknowledgement: the window a crash leaves a stored batch unacknowledged,
+// which the end-to-end crash test must hit every time, not by chance.
+// Operators never set it.
+const FailpointEnv = "DUALFLOW_FAILPOINT"
+
+var killAfterInsert = os.Getenv(FailpointEnv) == "kill-after-insert"
+
+func killSelf() {
+	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+	select {} // the signal is on its way
 }
 
 // outgoing is a batch on its way to ClickHouse: RowBinary rows in Data
@@ -869,6 +910,28 @@ func sleepOrStop(stop <-chan struct{}, d time.Duration) bool {
 	case <-stop:
 		return false
 	}
+}
+
+// Spooled reports whether the batch with this dedup token waits in the
+// spool. It waits for Run to open the spool; without a spool it is false.
+// A restarting collector asks it, before StoredBatches, about the batches
+// its journal holds unacknowledged: a batch spooled but not acknowledged at
+// a crash is stored by the spool's replay. (Asking the spool first leaves
+// no gap: a batch the replay moves to ClickHouse meanwhile is found there.)
+func (w *Writer) Spooled(ctx context.Context, token string) (bool, error) {
+	select {
+	case <-w.spoolOpen:
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+	sp := w.spool.Load()
+	if sp == nil {
+		if w.cfg.SpoolDir != "" {
+			return false, errors.New("store writer: spool not open")
+		}
+		return false, nil
+	}
+	return sp.Has(token), nil
 }
 
 // Stats returns a snapshot of the writer's counters.

@@ -20,9 +20,17 @@
 // not are named, as runs of references, in a partial ack frame. Replay
 // skips both: a frame partly durable at a crash replays only its other
 // records. (It used to replay whole, and a half already stored in a merged
-// row was stored again beside it.) What remains at-least-once is a batch
-// stored in ClickHouse whose acknowledgement the crash cut off, a window of
-// one write call (dualflow_wal_replayed_records_total).
+// row was stored again beside it.)
+//
+// An intent frame is written before each insert: the batch's dedup token,
+// the flow_end range of its rows and the references of its records. A
+// crash between the end of an insert and its acknowledgement leaves an
+// intent whose records are not acknowledged; ReplayVerified asks the store
+// whether the token's batch is there (flows.ingest_batch, migration 0008,
+// or the writer's spool) and treats its records as durable when it is, so
+// the batch is not stored twice. When the store cannot answer, those
+// records are replayed (at-least-once, counted in
+// dualflow_wal_unverified_batches_total).
 //
 // Writes go to the page cache at once (a killed process loses nothing
 // written) and are fsynced every SyncInterval (a power loss loses at most
@@ -79,15 +87,18 @@ type Config struct {
 const (
 	segSuffix = ".wal"
 	lockName  = "LOCK"
-	// segMagic starts every segment. 02 added partial ack frames: a
-	// binary that knows only 01 refuses such a segment whole, instead of
-	// reading it up to the first partial ack and skipping the rest.
-	segMagic   = "DFWAL02\n"
-	segMagicV1 = "DFWAL01\n" // read: no partial ack frames
-	frameData  = 'D'
-	frameAck   = 'A'
-	framePart  = 'P' // runs (reference, count) of durable records of frames not all durable
-	headerSize = 8   // payload length, CRC-32C of the payload
+	// segMagic starts every segment. 02 added partial ack frames, 03
+	// intent frames: a binary that knows only an older version refuses
+	// such a segment whole, instead of reading it up to the first frame
+	// of an unknown kind and skipping the rest.
+	segMagic    = "DFWAL03\n"
+	segMagicV2  = "DFWAL02\n" // read: no intent frames
+	segMagicV1  = "DFWAL01\n" // read: no partial ack frames
+	frameData   = 'D'
+	frameAck    = 'A'
+	framePart   = 'P' // runs (reference, count) of durable records of frames not all durable
+	frameIntent = 'I' // a batch about to be inserted: token, flow_end range, runs (reference, count)
+	headerSize  = 8   // payload length, CRC-32C of the payload
 )
 
 var crcTable = crc32.MakeTable(crc32.Castagnoli)
@@ -130,6 +141,7 @@ type Log struct {
 	old      []*segment // left by a previous run, for Replay
 	acked    map[uint64]bool
 	durable  map[uint64][]uint64 // frame of a previous run → (index, count) runs of its durable records
+	intents  []Intent            // intent frames of a previous run
 	replayed bool
 	errLog   time.Time
 
@@ -247,6 +259,10 @@ func (l *Log) scan() error {
 					l.durable[f] = append(l.durable[f], uint64(refIndex(ref)), count)
 					maxID = max(maxID, f)
 				}
+			case frameIntent:
+				if in, ok := decodeIntent(payload); ok {
+					l.intents = append(l.intents, in)
+				}
 			}
 			return nil
 		}, l.corrupt)
@@ -288,7 +304,7 @@ func readSegment(path string, fn func(kind byte, id uint64, payload []byte) erro
 	defer f.Close()
 	r := bufio.NewReaderSize(f, 1<<20)
 	magic := make([]byte, len(segMagic))
-	if _, err := io.ReadFull(r, magic); err != nil || (string(magic) != segMagic && string(magic) != segMagicV1) {
+	if _, err := io.ReadFull(r, magic); err != nil || (string(magic) != segMagic && string(magic) != segMagicV2 && string(magic) != segMagicV1) {
 		if err == io.EOF { // created, nothing written yet
 			return nil
 		}
@@ -329,7 +345,7 @@ func readSegment(path string, fn func(kind byte, id uint64, payload []byte) erro
 		if kind == frameData {
 			id = d.uvarint()
 		}
-		if d.err != nil || (kind != frameData && kind != frameAck && kind != framePart) {
+		if d.err != nil || (kind != frameData && kind != frameAck && kind != framePart && kind != frameIntent) {
 			onBad(path, off, fmt.Errorf("frame kind %q", kind))
 			return nil
 		}
@@ -339,12 +355,86 @@ func readSegment(path string, fn func(kind byte, id uint64, payload []byte) erro
 	}
 }
 
-// Replay feeds fn, oldest first, the records of the previous run that no
-// ack frame covers, in batches of at most batch records, each record
-// journaled under its original frame. Call it once, before new records are
-// appended matter; it may run concurrently with Append. It returns the
-// number of records replayed.
+// Intent is a batch the writer was about to insert: its dedup token, the
+// flow_end range of its rows (Unix milliseconds) and its records' journal
+// references as (reference, count) runs.
+type Intent struct {
+	Token          string
+	MinEnd, MaxEnd int64
+	Runs           []uint64
+}
+
+// StoredFunc reports which of the intents' batches are stored (in
+// ClickHouse, or in the writer's spool), by token. An error means the
+// store could not tell.
+type StoredFunc func(intents []Intent) (map[string]bool, error)
+
+// Intent journals that a batch is about to be inserted under token, with
+// rows whose flow_end spans [minEnd, maxEnd] (Unix ms) and records runs
+// ((reference, count) pairs). It writes at once (to the page cache, which
+// a killed process does not lose). A failure is counted, and the batch goes
+// on: after a crash its records are then replayed, as before intents.
+func (l *Log) Intent(token string, minEnd, maxEnd int64, runs []uint64) {
+	if token == "" || len(runs) == 0 {
+		return
+	}
+	buf := getBuf()
+	defer putBuf(buf)
+	b := append((*buf)[:0], make([]byte, headerSize)...)
+	b = append(b, frameIntent)
+	b = appendString(b, token)
+	b = binary.AppendVarint(b, minEnd)
+	b = binary.AppendVarint(b, maxEnd)
+	b = binary.AppendUvarint(b, uint64(len(runs)/2))
+	for _, v := range runs[:len(runs)/2*2] {
+		b = binary.AppendUvarint(b, v)
+	}
+	payload := b[headerSize:]
+	binary.LittleEndian.PutUint32(b[0:], uint32(len(payload)))
+	binary.LittleEndian.PutUint32(b[4:], crc32.Checksum(payload, crcTable))
+	*buf = b
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return
+	}
+	if err := l.writeLocked(b); err != nil {
+		l.m.errors.Inc()
+	}
+}
+
+// decodeIntent decodes an intent frame's payload.
+func decodeIntent(payload []byte) (Intent, bool) {
+	d := decoder{b: payload}
+	in := Intent{Token: d.string(), MinEnd: d.varint(), MaxEnd: d.varint()}
+	n := d.uvarint()
+	if d.err != nil || n > uint64(len(payload)) {
+		return Intent{}, false
+	}
+	in.Runs = make([]uint64, 0, 2*n)
+	for range n {
+		in.Runs = append(in.Runs, d.uvarint(), d.uvarint())
+	}
+	return in, d.err == nil && in.Token != ""
+}
+
+// Replay is ReplayVerified without a store to ask: every record no ack
+// frame covers is replayed.
 func (l *Log) Replay(batch int, fn func([]flow.Record) error) (int, error) {
+	return l.ReplayVerified(batch, nil, fn)
+}
+
+// ReplayVerified feeds fn, oldest first, the records of the previous run
+// that no ack frame covers, in batches of at most batch records, each
+// record journaled under its original frame. Call it once, before new
+// records are appended matter; it may run concurrently with Append. It
+// returns the number of records replayed.
+//
+// First, stored (when not nil) is asked about the intents whose records
+// are not all acknowledged: the records of a batch it reports stored are
+// durable, and are acknowledged instead of replayed.
+func (l *Log) ReplayVerified(batch int, stored StoredFunc, fn func([]flow.Record) error) (int, error) {
 	l.mu.Lock()
 	if l.replayed {
 		l.mu.Unlock()
@@ -353,7 +443,10 @@ func (l *Log) Replay(batch int, fn func([]flow.Record) error) (int, error) {
 	l.replayed = true
 	old := l.old
 	l.old = nil
+	intents := l.intents
+	l.intents = nil
 	l.mu.Unlock()
+	l.verify(intents, stored)
 	total := 0
 	var recs []flow.Record
 	for _, s := range old {
@@ -409,6 +502,67 @@ func (l *Log) Replay(batch int, fn func([]flow.Record) error) (int, error) {
 	l.acked, l.durable = nil, nil
 	l.mu.Unlock()
 	return total, nil
+}
+
+// verify asks stored about the intents with records not yet durable and
+// marks the records of those stored as durable.
+func (l *Log) verify(intents []Intent, stored StoredFunc) {
+	var open []Intent
+	for _, in := range intents {
+		if !l.allDurable(in.Runs) {
+			open = append(open, in)
+		}
+	}
+	if len(open) == 0 {
+		return
+	}
+	if stored == nil {
+		l.m.unverified.Add(float64(len(open)))
+		return
+	}
+	found, err := stored(open)
+	if err != nil {
+		l.m.unverified.Add(float64(len(open)))
+		l.log.Warn("write-ahead log: cannot ask the store which batches of the previous run it holds; their records are replayed and may be stored twice",
+			"batches", len(open), "err", err)
+		return
+	}
+	n := 0
+	for _, in := range open {
+		if !found[in.Token] {
+			continue
+		}
+		l.m.verified.Inc()
+		for k := 0; k+1 < len(in.Runs); k += 2 {
+			ref, count := in.Runs[k], in.Runs[k+1]
+			f := refFrame(ref)
+			l.durable[f] = append(l.durable[f], uint64(refIndex(ref)), count)
+			n += int(count)
+		}
+	}
+	if n > 0 {
+		l.m.skipped.Add(float64(n))
+		l.log.Info("write-ahead log: batches of the previous run found in the store; their records are not replayed",
+			"records", n)
+	}
+}
+
+// allDurable says whether every record of runs ((reference, count) pairs)
+// is acknowledged by an ack or partial ack frame of the previous run.
+func (l *Log) allDurable(runs []uint64) bool {
+	for k := 0; k+1 < len(runs); k += 2 {
+		ref, count := runs[k], runs[k+1]
+		f := refFrame(ref)
+		if l.acked[f] {
+			continue
+		}
+		for i := range int(count) {
+			if !isDurable(l.durable[f], refIndex(ref)+i) {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // isDurable says whether runs ((index, count) pairs) cover index i.
@@ -770,9 +924,13 @@ type metrics struct {
 	records  prometheus.Counter
 	bytes    prometheus.Counter
 	replayed prometheus.Counter
-	corrupt  prometheus.Counter
-	errors   prometheus.Counter
-	gauges   []prometheus.Collector
+	verified prometheus.Counter
+	skipped  prometheus.Counter
+	// unverified counts intents the store could not be asked about.
+	unverified prometheus.Counter
+	corrupt    prometheus.Counter
+	errors     prometheus.Counter
+	gauges     []prometheus.Collector
 }
 
 func newMetrics(l *Log) *metrics {
@@ -783,6 +941,12 @@ func newMetrics(l *Log) *metrics {
 			Help: "Bytes written to the write-ahead log."}),
 		replayed: prometheus.NewCounter(prometheus.CounterOpts{Name: "dualflow_wal_replayed_records_total",
 			Help: "Records of a previous run replayed from the write-ahead log at start (after a crash; some may have been written before it)."}),
+		verified: prometheus.NewCounter(prometheus.CounterOpts{Name: "dualflow_wal_verified_batches_total",
+			Help: "Batches of a previous run, inserted but not acknowledged at a crash, found in the store at start: their records were not replayed."}),
+		skipped: prometheus.NewCounter(prometheus.CounterOpts{Name: "dualflow_wal_verified_records_total",
+			Help: "Records of those batches (not replayed, since stored)."}),
+		unverified: prometheus.NewCounter(prometheus.CounterOpts{Name: "dualflow_wal_unverified_batches_total",
+			Help: "Batches of a previous run, inserted but not acknowledged at a crash, that the store could not be asked about: their records were replayed and may be stored twice."}),
 		corrupt: prometheus.NewCounter(prometheus.CounterOpts{Name: "dualflow_wal_corrupt_segments_total",
 			Help: "Write-ahead log segments with an unreadable tail, skipped from there."}),
 		errors: prometheus.NewCounter(prometheus.CounterOpts{Name: "dualflow_wal_errors_total",
@@ -799,7 +963,7 @@ func newMetrics(l *Log) *metrics {
 }
 
 func (m *metrics) register(reg prometheus.Registerer) error {
-	for _, c := range append([]prometheus.Collector{m.records, m.bytes, m.replayed, m.corrupt, m.errors}, m.gauges...) {
+	for _, c := range append([]prometheus.Collector{m.records, m.bytes, m.replayed, m.verified, m.skipped, m.unverified, m.corrupt, m.errors}, m.gauges...) {
 		if err := reg.Register(c); err != nil {
 			return fmt.Errorf("wal metrics: %w", err)
 		}

@@ -349,3 +349,10 @@ ALTER TABLE dualflow.rollup_policy_1m_local ON CLUSTER 'flows' MODIFY SETTING re
 
 ALTER TABLE dualflow.traceflows_local ON CLUSTER 'flows' MODIFY SETTING replicated_deduplication_window = 10000, replicated_deduplication_window_seconds = 604800;
 
+-- 0008_flows_ingest_batch.sql
+ALTER TABLE dualflow.flows_local ON CLUSTER 'flows'
+    ADD COLUMN IF NOT EXISTS ingest_batch UInt64 MATERIALIZED if(getSetting('insert_deduplication_token') = '', 0, cityHash64(getSetting('insert_deduplication_token'))) COMMENT 'cityHash64 of the insert_deduplication_token of the insert that stored the row (0: none); the collector checks its journal against it after a crash' AFTER k8s_view_stale;
+
+ALTER TABLE dualflow.flows ON CLUSTER 'flows'
+    ADD COLUMN IF NOT EXISTS ingest_batch UInt64 MATERIALIZED if(getSetting('insert_deduplication_token') = '', 0, cityHash64(getSetting('insert_deduplication_token'))) COMMENT 'cityHash64 of the insert_deduplication_token of the insert that stored the row (0: none); the collector checks its journal against it after a crash' AFTER k8s_view_stale;
+

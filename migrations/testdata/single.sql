@@ -302,3 +302,7 @@ ALTER TABLE dualflow.flows
     ADD COLUMN IF NOT EXISTS k8s_view_stale Bool DEFAULT false COMMENT 'enriched while the view of the Kubernetes API was stale: names may be out of date' AFTER verdict_mismatch;
 
 -- 0007_cluster_sharding.sql
+-- 0008_flows_ingest_batch.sql
+ALTER TABLE dualflow.flows
+    ADD COLUMN IF NOT EXISTS ingest_batch UInt64 MATERIALIZED if(getSetting('insert_deduplication_token') = '', 0, cityHash64(getSetting('insert_deduplication_token'))) COMMENT 'cityHash64 of the insert_deduplication_token of the insert that stored the row (0: none); the collector checks its journal against it after a crash' AFTER k8s_view_stale;
+

@@ -84,9 +84,10 @@ type Spool struct {
 
 // entry is one segment file in the queue.
 type entry struct {
-	seq  uint64
-	size int64
-	rows int
+	seq   uint64
+	size  int64
+	rows  int
+	token string // the batch's dedup token
 }
 
 func segName(seq uint64) string {
@@ -163,7 +164,7 @@ func (s *Spool) recover() error {
 			s.moveAside(seq, CorruptDir) // best effort: the file is skipped either way
 			continue
 		}
-		s.entries = append(s.entries, entry{seq: seq, size: size, rows: h.rows})
+		s.entries = append(s.entries, entry{seq: seq, size: size, rows: h.rows, token: h.token})
 		s.bytes += size
 		s.rows += int64(h.rows)
 	}
@@ -243,7 +244,7 @@ func (s *Spool) Push(b Batch) error {
 		s.bytes -= size
 		return err
 	}
-	s.entries = append(s.entries, entry{seq: seq, size: size, rows: b.Rows})
+	s.entries = append(s.entries, entry{seq: seq, size: size, rows: b.Rows, token: b.Token})
 	s.rows += int64(b.Rows)
 	return nil
 }
@@ -402,6 +403,22 @@ func (s *Spool) moveAside(seq uint64, sub string) (string, error) {
 		return "", err
 	}
 	return to, syncDir(dst)
+}
+
+// Has reports whether a batch with this dedup token is in the spool (not
+// the rejected or corrupt ones).
+func (s *Spool) Has(token string) bool {
+	if token == "" {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, e := range s.entries {
+		if e.token == token {
+			return true
+		}
+	}
+	return false
 }
 
 // Len returns the number of batches in the spool.
