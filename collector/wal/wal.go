@@ -647,11 +647,30 @@ func (l *Log) writeLocked(frame []byte) error {
 			return err
 		}
 	}
-	n, err := l.f.Write(frame)
+	return l.appendLocked(frame)
+}
+
+// appendLocked writes frames to the active segment. A short write (a full
+// disk) would leave a torn frame mid-segment, where a replay stops reading
+// the segment: the frames after it, written once space came back, would be
+// skipped. The tail is cut back to the last whole frame instead; if that
+// fails too, the segment is sealed so later frames go to a new one.
+func (l *Log) appendLocked(b []byte) error {
+	n, err := l.f.Write(b)
+	if err != nil {
+		if n > 0 {
+			if terr := l.f.Truncate(l.active.size); terr != nil {
+				l.active.size += int64(n)
+				l.sealActiveLocked()
+				return err
+			}
+		}
+		return err
+	}
 	l.active.size += int64(n)
 	l.m.bytes.Add(float64(n))
 	l.dirty = true
-	return err
+	return nil
 }
 
 func (l *Log) openSegmentLocked() error {
@@ -683,6 +702,13 @@ func (l *Log) rotateLocked() {
 	if len(l.acks)+len(l.partial) > 0 {
 		_ = l.writeAcksLocked()
 	}
+	if l.active != nil { // a failed write may have sealed it
+		l.sealActiveLocked()
+	}
+}
+
+// sealActiveLocked closes the active segment as it is.
+func (l *Log) sealActiveLocked() {
 	if l.dirty && l.cfg.SyncInterval > 0 {
 		_ = l.f.Sync()
 	}
@@ -693,23 +719,24 @@ func (l *Log) rotateLocked() {
 	l.deleteAckedLocked()
 }
 
+// writeAcksLocked writes the pending acknowledgements; they stay pending
+// if the write fails.
 func (l *Log) writeAcksLocked() error {
 	var b []byte
 	if len(l.acks) > 0 {
 		b = l.appendAckFrame(b, frameAck, l.acks, 1)
-		l.acks = l.acks[:0]
 	}
 	if len(l.partial) > 0 {
 		b = l.appendAckFrame(b, framePart, l.partial, 2)
-		l.partial = l.partial[:0]
 	}
 	if len(b) == 0 {
 		return nil
 	}
-	n, err := l.f.Write(b)
-	l.active.size += int64(n)
-	l.dirty = true
-	return err
+	if err := l.appendLocked(b); err != nil {
+		return err
+	}
+	l.acks, l.partial = l.acks[:0], l.partial[:0]
+	return nil
 }
 
 // appendAckFrame appends a frame of kind listing vals, per items of

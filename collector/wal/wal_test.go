@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
+	"syscall"
 	"testing"
 	"time"
 
@@ -545,5 +546,58 @@ func TestIntentAcrossTwoCrashes(t *testing.T) {
 			t.Fatalf("round %d: replayed %d (%v), want the 20 records of no stored batch", round, n, err)
 		}
 		l2.crash()
+	}
+}
+
+// TestShortWriteKeepsLaterFrames: a frame cut short by a full disk (here
+// the file size limit, EFBIG) is not left torn in the segment: the frames
+// written once space is back are replayed, not skipped with the rest of
+// the segment.
+func TestShortWriteKeepsLaterFrames(t *testing.T) {
+	dir := t.TempDir()
+	l, err := Open(Config{Dir: dir, SegmentAge: time.Hour, SegmentBytes: 64 << 20}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := randomRecords(20, 1)
+	if err := l.Append(before); err != nil {
+		t.Fatal(err)
+	}
+	l.mu.Lock()
+	size := l.active.size
+	l.mu.Unlock()
+	var old syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_FSIZE, &old); err != nil {
+		t.Fatal(err)
+	}
+	lim := old
+	lim.Cur = uint64(size) + 100 // room for part of the next frame only
+	if err := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &lim); err != nil {
+		t.Skipf("setrlimit: %v", err)
+	}
+	cut := randomRecords(200, 2)
+	err = l.Append(cut)
+	if rerr := syscall.Setrlimit(syscall.RLIMIT_FSIZE, &old); rerr != nil {
+		t.Fatal(rerr)
+	}
+	if err == nil {
+		t.Fatal("append over the file size limit succeeded")
+	}
+	if cut[0].Journal.Frame != 0 {
+		t.Fatal("records of the failed frame are marked journaled")
+	}
+	after := randomRecords(20, 3)
+	if err := l.Append(after); err != nil {
+		t.Fatal(err)
+	}
+	l.crash()
+	l2 := open(t, dir)
+	defer l2.Close()
+	var got []flow.Record
+	if _, err := l2.Replay(64, func(recs []flow.Record) error { got = append(got, recs...); return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(before)+len(after) {
+		t.Fatalf("replayed %d records, want the %d journaled before and after the failed write", len(got), len(before)+len(after))
 	}
 }
