@@ -2,7 +2,10 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"runtime"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -10,56 +13,146 @@ import (
 )
 
 // BenchmarkWriterEmbedded1M writes 1M realistic IPv4/IPv6 flow records
-// through the Writer, with its default configuration, into the embedded
-// ClickHouse engine (flows table and its four materialized-view rollups) and
-// stops the clock when every row is visible to a query. rows/s is the
-// end-to-end ingest rate of the storage path; buffered-B/row is the
-// writer's memory per row waiting in a batch.
+// into the embedded ClickHouse engine (flows table and its materialized-view
+// rollups) two ways, over the same rows, and stops each clock when every
+// row is visible to a query:
+//
+//   - the ceiling, the engine's own limit: the Native blocks the writer
+//     sends (the same records, the same batch size, encoded by the same
+//     appendRecord, so the same bytes) are built before the clock starts
+//     and inserted by as many goroutines as the writer has inserters, each
+//     with a fresh dedup token as the writer's: the engine's work and no Go
+//     work;
+//   - the writer with its default configuration: encoding, batching,
+//     sealing and inserting the same records.
+//
+// An op is one run of each, their order alternating from op to op (this
+// shared VM's speed drifts by tens of percent within minutes: runs far apart
+// compare badly). rows/s is the writer's rate, ceiling-rows/s the engine's,
+// and %-of-ceiling the writer's as a share of it (total times over all
+// ops). buffered-B/row is the writer's memory per row waiting in a batch.
 //
 // pods=2000 is the cluster shape of benchFlows; distinct-pods gives every
 // record a source pod of its own, so the pod rollups aggregate nothing:
 // their worst case.
 func BenchmarkWriterEmbedded1M(b *testing.B) {
-	b.Run("pods=2000", func(b *testing.B) { benchWriterEmbedded(b, benchSrcPods) })
-	b.Run("distinct-pods", func(b *testing.B) { benchWriterEmbedded(b, 0) })
+	b.Run("pods=2000", func(b *testing.B) { benchWriterEmbedded(b, 1_000_000, benchSrcPods) })
+	b.Run("distinct-pods", func(b *testing.B) { benchWriterEmbedded(b, 1_000_000, 0) })
 }
 
-func benchWriterEmbedded(b *testing.B, srcPods int) {
-	e := needEngine(b)
-	const total = 1_000_000
-	const chunk = 1000
+// BenchmarkWriterEmbedded5M is the pods=2000 pair over 5M rows, the stream
+// length of BenchmarkEndToEnd: long enough for the engine to merge the
+// flows table's parts (about 20 at a time, 2M rows at the default batch
+// size) while it inserts, as a sustained stream does. Its ceiling is the
+// reference of the end-to-end target, which test/benchtable prints as a
+// share of it. The prebuilt blocks take about 3.5 GB.
+func BenchmarkWriterEmbedded5M(b *testing.B) {
+	b.Run("pods=2000", func(b *testing.B) { benchWriterEmbedded(b, 5_000_000, benchSrcPods) })
+}
+
+// embeddedBenchChunk is how many records the writer benchmark passes per
+// Write call.
+const embeddedBenchChunk = 1000
+
+// embeddedBenchRecords returns the stream's record source: 64Ki distinct
+// records cycled, each row made distinct by embeddedBenchRecord.
+func embeddedBenchRecords(srcPods int) []flow.Record {
 	recs := benchFlowsShape(64*1024, srcPods)
 	now := time.Now().UTC()
 	for i := range recs {
 		recs[i].FlowEnd = now
 	}
+	return recs
+}
+
+// embeddedBenchRecord sets *dst to row i of the stream.
+func embeddedBenchRecord(dst *flow.Record, recs []flow.Record, i int) {
+	*dst = recs[i%len(recs)]
+	dst.Mark = uint32(i)
+}
+
+// ceilingBlocks returns the stream's rows as the Native blocks the writer
+// seals: batchRows rows each, and their size.
+func ceilingBlocks(recs []flow.Record, total, batchRows int) ([]*nativeBuilder, int) {
+	var blocks []*nativeBuilder
+	var lc labelCache
+	var r flow.Record
+	size := 0
+	for i := 0; i < total; i++ {
+		if i%batchRows == 0 {
+			nb := new(nativeBuilder)
+			nb.reset(flowWire)
+			blocks = append(blocks, nb)
+		}
+		embeddedBenchRecord(&r, recs, i)
+		blocks[len(blocks)-1].appendRecord(&r, &lc)
+	}
+	for _, nb := range blocks {
+		size += nb.size()
+	}
+	return blocks, size
+}
+
+// insertCeiling inserts the blocks, inserters at a time, each with a fresh
+// dedup token: what the writer's senders do, without the writer.
+func insertCeiling(e *Embedded, blocks []*nativeBuilder, inserters int) error {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, inserters)
+	for range inserters {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				k := int(next.Add(1)) - 1
+				if k >= len(blocks) {
+					return
+				}
+				if err := e.insertColumns(context.Background(), FlowsTable, newDedupToken(), blocks[k]); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
+}
+
+// benchWriterEmbedded runs the ceiling and the writer over total rows (see
+// BenchmarkWriterEmbedded1M).
+//
+// One Writer serves the warm-up and every timed run, as one serves a
+// collector's lifetime: a fresh Writer per run grew its batch buffers from
+// empty every time (1.1 GB of allocation and copying per 1M rows, half of
+// its encoding time), which a long-running writer pays once.
+func benchWriterEmbedded(b *testing.B, total, srcPods int) {
+	e := needEngine(b)
+	recs := embeddedBenchRecords(srcPods)
 	cfg := WriterConfig{SpoolDir: b.TempDir()}
 	cfg.SetDefaults()
+	blocks, blockBytes := ceilingBlocks(recs, total, cfg.BatchRows)
+	want := fmt.Sprint(total)
+	w, err := NewWriter(cfg, e, nil, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			b.Error(err)
+		}
+	}()
 	var bufferedPerRow float64
-	// One untimed warm-up run: a run takes seconds, so make bench times
-	// just one, which would otherwise include the heap and the engine's
-	// caches growing from cold.
-	for n := -1; n < b.N; n++ {
-		if n == 0 {
-			b.ReportAllocs()
-			b.ResetTimer()
-		}
-		b.StopTimer()
-		truncate(b, e)
-		w, err := NewWriter(cfg, e, nil, nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan error, 1)
-		go func() { done <- w.Run(ctx) }()
-		runtime.GC()
-		b.StartTimer()
-		batch := make([]flow.Record, chunk)
-		for i := 0; i < total; i += chunk {
+	batch := make([]flow.Record, embeddedBenchChunk)
+	writer := func() {
+		for i := 0; i < total; i += len(batch) {
 			for j := range batch {
-				batch[j] = recs[(i+j)%len(recs)]
-				batch[j].Mark = uint32(i + j)
+				embeddedBenchRecord(&batch[j], recs, i+j)
 			}
 			if err := w.Write(ctx, batch); err != nil {
 				b.Fatal(err)
@@ -71,19 +164,50 @@ func benchWriterEmbedded(b *testing.B, srcPods int) {
 		if err := w.Flush(ctx); err != nil {
 			b.Fatal(err)
 		}
-		if got := queryString(b, e, "SELECT count() FROM dualflow.flows"); got != "1000000" {
-			b.Fatalf("visible rows = %s, want 1000000", got)
-		}
-		b.StopTimer()
-		cancel()
-		if err := <-done; err != nil {
+	}
+	ceiling := func() {
+		if err := insertCeiling(e, blocks, cfg.Inserters); err != nil {
 			b.Fatal(err)
 		}
-		if st := w.Stats(); st.DroppedRows != 0 || st.SpooledRows != 0 {
-			b.Fatalf("writer dropped or spooled rows: %+v", st)
-		}
-		b.StartTimer()
 	}
-	b.ReportMetric(float64(total)*float64(b.N)/b.Elapsed().Seconds(), "rows/s")
+	// timed runs f on an empty table and returns its time to visible rows.
+	timed := func(f func()) time.Duration {
+		b.StopTimer()
+		truncate(b, e) // the writer is idle: its last run was flushed
+		runtime.GC()
+		b.StartTimer()
+		t0 := time.Now()
+		f()
+		if got := queryString(b, e, "SELECT count() FROM dualflow.flows"); got != want {
+			b.Fatalf("visible rows = %s, want %s", got, want)
+		}
+		return time.Since(t0)
+	}
+	// An untimed warm-up run of each: a run takes seconds, so bench times
+	// are a few ops, which would otherwise include the heap, the writer's
+	// buffers and the engine's caches growing from cold.
+	timed(ceiling)
+	timed(writer)
+	b.ReportAllocs()
+	b.ResetTimer()
+	var ceilingTime, writerTime time.Duration
+	for n := 0; n < b.N; n++ {
+		if n%2 == 0 {
+			ceilingTime += timed(ceiling)
+			writerTime += timed(writer)
+		} else {
+			writerTime += timed(writer)
+			ceilingTime += timed(ceiling)
+		}
+	}
+	b.StopTimer()
+	if st := w.Stats(); st.DroppedRows != 0 || st.SpooledRows != 0 {
+		b.Fatalf("writer dropped or spooled rows: %+v", st)
+	}
+	rows := float64(total) * float64(b.N)
+	b.ReportMetric(rows/writerTime.Seconds(), "rows/s")
+	b.ReportMetric(rows/ceilingTime.Seconds(), "ceiling-rows/s")
+	b.ReportMetric(100*ceilingTime.Seconds()/writerTime.Seconds(), "%-of-ceiling")
 	b.ReportMetric(bufferedPerRow, "buffered-B/row")
+	b.ReportMetric(float64(blockBytes)/float64(total), "block-B/row")
 }

@@ -1,6 +1,11 @@
 // Command benchtable reads `go test -bench -benchmem` output on stdin and
 // prints a readable table: one row per benchmark with ns/op, B/op,
-// allocs/op and every custom metric (records/s, bytes/row, …).
+// allocs/op and every custom metric (records/s, bytes/row, …), then the
+// shares of the engine's ceiling: the writer's (reported by
+// BenchmarkWriterEmbedded* as %-of-ceiling, from alternated runs) and the
+// end-to-end pipeline's (BenchmarkEndToEnd's records/s over the 5M ceiling
+// of the same `make bench` run), with the targets of the issue "the writer
+// close to the engine's own limit".
 package main
 
 import (
@@ -86,9 +91,76 @@ func main() {
 		}
 		fmt.Println()
 	}
+	printCeilingShares(results)
 	if failed {
 		os.Exit(1)
 	}
+}
+
+// Targets, as shares of the engine's ceiling.
+const (
+	writerTarget    = 85 // the writer (BenchmarkWriterEmbedded*)
+	endToEndTarget  = 70 // the enriched pipeline, IPFIX over TCP to rows (BenchmarkEndToEnd/enriched)
+	ceilingRef      = "collector/store WriterEmbedded5M/pods=2000"
+	endToEndPackage = "collector"
+)
+
+// printCeilingShares prints each writer's share of the engine's ceiling and
+// each end-to-end rate as a share of the 5M ceiling, when the run has them.
+func printCeilingShares(results []result) {
+	var lines []string
+	ceiling := 0.0
+	for _, r := range results {
+		name := r.pkg + " " + trimProcs(r.name)
+		if name == ceilingRef {
+			ceiling = r.metrics["ceiling-rows/s"]
+		}
+		share, ok := r.metrics["%-of-ceiling"]
+		if !ok {
+			continue
+		}
+		lines = append(lines, fmt.Sprintf("%s: writer %s rows/s, ceiling %s rows/s: %.1f%% (target %d%%: %s)",
+			name, format(r.metrics["rows/s"]), format(r.metrics["ceiling-rows/s"]), share, writerTarget, verdict(share, writerTarget)))
+	}
+	if ceiling > 0 {
+		for _, r := range results {
+			if r.pkg != endToEndPackage || !strings.HasPrefix(r.name, "EndToEnd/") || r.metrics["records/s"] == 0 {
+				continue
+			}
+			name := trimProcs(r.name)
+			share := 100 * r.metrics["records/s"] / ceiling
+			line := fmt.Sprintf("%s %s: %s records/s: %.1f%% of the 5M ceiling (%s rows/s)", r.pkg, name, format(r.metrics["records/s"]), share, format(ceiling))
+			if name == "EndToEnd/enriched" {
+				line += fmt.Sprintf(" (target %d%%: %s)", endToEndTarget, verdict(share, endToEndTarget))
+			}
+			lines = append(lines, line)
+		}
+	}
+	if len(lines) == 0 {
+		return
+	}
+	fmt.Println()
+	fmt.Println("shares of the engine's ceiling (the same Native blocks inserted with no Go work):")
+	for _, l := range lines {
+		fmt.Println("  " + l)
+	}
+}
+
+func verdict(share float64, target int) string {
+	if share >= float64(target) {
+		return "met"
+	}
+	return "not met"
+}
+
+// trimProcs removes the -GOMAXPROCS suffix go test adds to a name.
+func trimProcs(name string) string {
+	if i := strings.LastIndexByte(name, '-'); i > 0 {
+		if _, err := strconv.Atoi(name[i+1:]); err == nil {
+			return name[:i]
+		}
+	}
+	return name
 }
 
 func format(v float64) string {
