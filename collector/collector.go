@@ -67,9 +67,15 @@ type Config struct {
 	WAL wal.Config
 	// MetricsAddr serves /metrics, /healthz and /readyz ("" disables).
 	MetricsAddr string
+	// StoreWait is how long New waits for an unreachable ClickHouse (a
+	// store starting with the collector) before it gives up.
+	StoreWait time.Duration
 	// Version is recorded with applied migrations.
 	Version string
 }
+
+// DefaultStoreWait is Config.StoreWait's default.
+const DefaultStoreWait = 5 * time.Minute
 
 // DefaultMetricsAddr is where the collector serves its metrics by default.
 const DefaultMetricsAddr = "127.0.0.1:9464"
@@ -87,6 +93,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.WAL.Dir, "collector.wal.dir", "", "write-ahead log of received records, replayed after a crash (default <data-dir>/../wal for the embedded store; off for a ClickHouse server unless set; \"off\" disables)")
 	fs.DurationVar(&c.WAL.SyncInterval, "collector.wal.sync-interval", wal.DefaultSyncInterval, "fsync the write-ahead log this often (a killed process loses nothing either way; a power loss loses at most this much); negative: never")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", DefaultMetricsAddr, "serve /metrics, /healthz and /readyz here (empty disables)")
+	fs.DurationVar(&c.StoreWait, "clickhouse.start-timeout", DefaultStoreWait, "at start, wait this long for an unreachable ClickHouse server (or `dualflow store`) to answer before giving up; a refused query or login fails at once")
 	ic := &c.IPFIX
 	addrList(fs, &ic.TCPAddrs, "collector.ipfix.tcp-addr", ipfix.DefaultTCPAddr, "IPFIX over TCP listen addresses, comma-separated (\":4739\" is IPv4 and IPv6; empty disables)")
 	addrList(fs, &ic.UDPAddrs, "collector.ipfix.udp-addr", ipfix.DefaultUDPAddr, "IPFIX over UDP listen addresses, comma-separated (empty disables)")
@@ -371,17 +378,32 @@ func (c *Collector) IPFIXAddrs() map[string][]net.Addr {
 	return map[string][]net.Addr{"tcp": c.listener.TCPAddrs(), "udp": c.listener.UDPAddrs(), "tls": c.listener.TLSAddrs()}
 }
 
+// migrate applies the pending migrations. While ClickHouse cannot be
+// reached (a server, or `dualflow store`, starting with the collector) it
+// retries with backoff for StoreWait, logging each failure; a refusal
+// (bad credentials, bad SQL) fails at once.
 func (c *Collector) migrate(ctx context.Context) error {
 	r, err := migrations.NewRunner(c.conn, c.cfg.Store.Migrations())
 	if err != nil {
 		return err
 	}
 	r.Version = c.cfg.Version
-	done, err := r.Up(ctx)
-	for _, m := range done {
-		c.log.Info("applied migration", "name", m.Name)
+	deadline := time.Now().Add(c.cfg.StoreWait)
+	for delay := 250 * time.Millisecond; ; delay = min(2*delay, 10*time.Second) {
+		done, err := r.Up(ctx)
+		for _, m := range done {
+			c.log.Info("applied migration", "name", m.Name)
+		}
+		if err == nil || !store.Unavailable(err) || time.Now().Add(delay).After(deadline) {
+			return err
+		}
+		c.log.Warn("clickhouse not reachable yet; retrying", "err", err, "retry_in", delay, "gives_up_at", deadline.Format(time.RFC3339))
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
 	}
-	return err
 }
 
 // Writer returns the store writer that the ingest pipeline feeds.

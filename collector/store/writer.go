@@ -878,6 +878,10 @@ func (w *Writer) drain(ctx context.Context, sp *spool.Spool, stop <-chan struct{
 	}
 }
 
+// Unavailable reports whether err means ClickHouse could not be reached or
+// did not answer in time (worth retrying), as opposed to a refusal.
+func Unavailable(err error) bool { return isRetryable(err) }
+
 // isRetryable reports whether err means ClickHouse could not be reached or
 // did not answer in time, as opposed to refusing the insert. Timeouts and
 // cancellations are retryable: the outcome is unknown and the dedup token

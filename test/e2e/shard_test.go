@@ -296,6 +296,16 @@ var logStoreHTTP = regexp.MustCompile(`serving the ClickHouse HTTP interface.* u
 
 func startStoreProcess(t testing.TB, bin string) *storeProcess {
 	t.Helper()
+	s := newStoreProcess(t, bin, "127.0.0.1:0")
+	s.run()
+	return s
+}
+
+// newStoreProcess prepares a `dualflow store` serving its HTTP interface
+// on httpAddr, with its users and the admin's password file, without
+// starting it (run does).
+func newStoreProcess(t testing.TB, bin, httpAddr string) *storeProcess {
+	t.Helper()
 	dir := t.TempDir()
 	usersFile := filepath.Join(dir, "users.json")
 	users, _, err := chhttp.LoadOrCreateUsers(usersFile)
@@ -313,12 +323,16 @@ func startStoreProcess(t testing.TB, bin string) *storeProcess {
 	}
 	s.daemon = newDaemon(t, "store", bin, "store",
 		"--clickhouse.data-dir", filepath.Join(dir, "data"),
-		"--clickhouse.http-addr", "127.0.0.1:0", "--clickhouse.http-users-file", usersFile,
+		"--clickhouse.http-addr", httpAddr, "--clickhouse.http-users-file", usersFile,
 		"--metrics-addr", "127.0.0.1:0")
+	return s
+}
+
+// run starts the store and waits until it serves.
+func (s *storeProcess) run() {
 	m := s.start(logStoreHTTP)
 	s.httpURL = m[0]
 	s.dsn = m[0]
-	return s
 }
 
 // query runs SQL on the store's HTTP interface as the admin, TSV.
