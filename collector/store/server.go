@@ -10,9 +10,11 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"net/url"
 	"os"
 	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -28,6 +30,10 @@ type ServerConfig struct {
 	// DSN is a clickhouse-go DSN: clickhouse://host:9000/db for the native
 	// protocol (default), http://host:8123/db or https://… for HTTP.
 	// Parameters such as ?secure=true&skip_verify=false select TLS.
+	// Several hosts (http://h1:8123,h2:8123/db) are tried in turn, first
+	// to last unless connection_open_strategy says otherwise. compress
+	// (lz4, lz4hc, zstd, gzip, deflate, br) compresses inserts; a value
+	// the driver does not know is refused.
 	// Never put a password in it: use PasswordFile or the
 	// DUALFLOW_CLICKHOUSE_PASSWORD environment variable.
 	DSN string
@@ -41,6 +47,10 @@ type ServerConfig struct {
 	Database string
 	// DialTimeout bounds connection attempts. Default 5s.
 	DialTimeout time.Duration
+	// MaxQueryAnswer bounds the answer of a query over the HTTP protocol,
+	// which is held in memory; a larger one fails with ErrAnswerTooLarge.
+	// Default DefaultMaxQueryAnswer.
+	MaxQueryAnswer int64
 }
 
 // Server is a Conn to a ClickHouse server through clickhouse-go/v2.
@@ -79,6 +89,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	opt, err := clickhouse.ParseDSN(cfg.DSN)
 	if err != nil {
 		return nil, fmt.Errorf("clickhouse dsn: %w", err)
+	}
+	if err := checkCompress(cfg.DSN); err != nil {
+		return nil, err
 	}
 	if opt.Auth.Password != "" {
 		return nil, errors.New("clickhouse dsn: contains a password; use --clickhouse.password-file or DUALFLOW_CLICKHOUSE_PASSWORD")
@@ -140,7 +153,28 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("clickhouse open: %w", err)
 	}
-	return &Server{conn: c, db: db, http: newHTTPQuerier(opt), syncInserts: !set && !setNew}, nil
+	return &Server{conn: c, db: db, http: newHTTPQuerier(opt, cfg.MaxQueryAnswer), syncInserts: !set && !setNew}, nil
+}
+
+// checkCompress refuses a DSN whose compress parameter clickhouse-go
+// would silently ignore (compress=xz, compress=snappy, a typo): the
+// batches would go uncompressed while the operator believes otherwise.
+func checkCompress(dsn string) error {
+	_, query, _ := strings.Cut(dsn, "?")
+	query, _, _ = strings.Cut(query, "#")
+	params, err := url.ParseQuery(query)
+	if err != nil || !params.Has("compress") {
+		return nil // clickhouse-go parsed it; nothing to say about compress
+	}
+	v := params.Get("compress")
+	if _, err := strconv.ParseBool(v); err == nil {
+		return nil
+	}
+	switch v {
+	case "none", "lz4", "lz4hc", "zstd", "gzip", "deflate", "br":
+		return nil
+	}
+	return fmt.Errorf("clickhouse dsn: compress=%q is not supported (true, false, lz4, lz4hc, zstd, gzip, deflate, br or none)", v)
 }
 
 // insertSettings are the settings of an insert over the native protocol.
