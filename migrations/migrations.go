@@ -204,6 +204,10 @@ func funcs(o Options) template.FuncMap {
 		"ipText":    ipText,
 		// ingestBatch is flows.ingest_batch's expression (migration 0008).
 		"ingestBatch": func() string { return IngestBatchExpr },
+		// The label and verdict class columns (migration 0009).
+		"srcLabel":     func() string { return SrcLabelExpr },
+		"dstLabel":     func() string { return DstLabelExpr },
+		"verdictClass": func() string { return VerdictClassExpr },
 		"ttl": func(col string) string {
 			return ttlClause(col, o.TTLDays)
 		},
@@ -214,6 +218,15 @@ func funcs(o Options) template.FuncMap {
 // insert's own insert_deduplication_token: cityHash64 of it, 0 without one.
 // The collector looks a batch up by cityHash64('<token>').
 const IngestBatchExpr = "if(getSetting('insert_deduplication_token') = '', 0, cityHash64(getSetting('insert_deduplication_token')))"
+
+// The expressions of flows.src_label, dst_label and verdict_class
+// (migration 0009): how the web API names a flow's ends and classes its
+// verdicts. A flow is dropped when either direction was denied or rejected.
+const (
+	SrcLabelExpr     = "multiIf(src_workload_name != '', concat(src_pod_namespace, '/', src_workload_name), src_pod_name != '', concat(src_pod_namespace, '/', src_pod_name), src_ip)"
+	DstLabelExpr     = "multiIf(dst_service_name != '', concat('svc:', dst_service_namespace, '/', dst_service_name), dst_workload_name != '', concat(dst_pod_namespace, '/', dst_workload_name), dst_pod_name != '', concat(dst_pod_namespace, '/', dst_pod_name), dst_ip)"
+	VerdictClassExpr = "multiIf(ingress_verdict IN ('denied', 'rejected') OR egress_verdict IN ('denied', 'rejected'), 'dropped', ingress_verdict = 'allowed' OR egress_verdict = 'allowed', 'allowed', ingress_verdict = 'not_isolated' OR egress_verdict = 'not_isolated', 'not_isolated', 'unknown')"
+)
 
 // ipText renders the SQL expression that shows an IPv6 column as text: ”
 // for ::, a dotted quad for an IPv4-mapped address, RFC 5952 text otherwise.

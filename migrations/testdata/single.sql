@@ -306,3 +306,37 @@ ALTER TABLE dualflow.flows
 ALTER TABLE dualflow.flows
     ADD COLUMN IF NOT EXISTS ingest_batch UInt64 MATERIALIZED if(getSetting('insert_deduplication_token') = '', 0, cityHash64(getSetting('insert_deduplication_token'))) COMMENT 'cityHash64 of the insert_deduplication_token of the insert that stored the row (0: none); the collector checks its journal against it after a crash' AFTER k8s_view_stale;
 
+-- 0009_flows_edge_projections.sql
+ALTER TABLE dualflow.flows
+    ADD COLUMN IF NOT EXISTS src_label LowCardinality(String) MATERIALIZED multiIf(src_workload_name != '', concat(src_pod_namespace, '/', src_workload_name), src_pod_name != '', concat(src_pod_namespace, '/', src_pod_name), src_ip) COMMENT 'source as the API names it: namespace/workload, else namespace/pod, else the address' AFTER ingest_batch,
+    ADD COLUMN IF NOT EXISTS dst_label LowCardinality(String) MATERIALIZED multiIf(dst_service_name != '', concat('svc:', dst_service_namespace, '/', dst_service_name), dst_workload_name != '', concat(dst_pod_namespace, '/', dst_workload_name), dst_pod_name != '', concat(dst_pod_namespace, '/', dst_pod_name), dst_ip) COMMENT 'destination as the API names it: svc:namespace/name, else namespace/workload, namespace/pod, the address' AFTER src_label,
+    ADD COLUMN IF NOT EXISTS verdict_class LowCardinality(String) MATERIALIZED multiIf(ingress_verdict IN ('denied', 'rejected') OR egress_verdict IN ('denied', 'rejected'), 'dropped', ingress_verdict = 'allowed' OR egress_verdict = 'allowed', 'allowed', ingress_verdict = 'not_isolated' OR egress_verdict = 'not_isolated', 'not_isolated', 'unknown') COMMENT 'dropped (a direction denied or rejected), allowed, not_isolated or unknown' AFTER dst_label;
+
+ALTER TABLE dualflow.flows
+    ADD PROJECTION IF NOT EXISTS series_1m (
+        SELECT toStartOfMinute(flow_end), ip_version, verdict_class, count(), sum(bytes + reverse_bytes)
+        GROUP BY toStartOfMinute(flow_end), ip_version, verdict_class
+    ),
+    ADD PROJECTION IF NOT EXISTS edges_1m (
+        SELECT toStartOfMinute(flow_end), ip_version, protocol, src_pod_namespace, src_workload_kind, src_workload_name,
+            dst_pod_namespace, dst_workload_kind, dst_workload_name, dst_service_namespace, dst_service_name,
+            src_label, dst_label, verdict_class, count(), sum(bytes + reverse_bytes)
+        GROUP BY toStartOfMinute(flow_end), ip_version, protocol, src_pod_namespace, src_workload_kind, src_workload_name,
+            dst_pod_namespace, dst_workload_kind, dst_workload_name, dst_service_namespace, dst_service_name,
+            src_label, dst_label, verdict_class
+    ),
+    ADD PROJECTION IF NOT EXISTS edges_1h (
+        SELECT toStartOfHour(flow_end), ip_version, protocol, src_pod_namespace, src_workload_kind, src_workload_name,
+            dst_pod_namespace, dst_workload_kind, dst_workload_name, dst_service_namespace, dst_service_name,
+            src_label, dst_label, verdict_class, count(), sum(bytes + reverse_bytes)
+        GROUP BY toStartOfHour(flow_end), ip_version, protocol, src_pod_namespace, src_workload_kind, src_workload_name,
+            dst_pod_namespace, dst_workload_kind, dst_workload_name, dst_service_namespace, dst_service_name,
+            src_label, dst_label, verdict_class
+    );
+
+ALTER TABLE dualflow.flows MATERIALIZE PROJECTION series_1m;
+
+ALTER TABLE dualflow.flows MATERIALIZE PROJECTION edges_1m;
+
+ALTER TABLE dualflow.flows MATERIALIZE PROJECTION edges_1h;
+

@@ -368,6 +368,15 @@ func parseFilter(q url.Values, now time.Time, skip ...string) (*Filter, error) {
 }
 
 // where renders the conditions, time range first (the table's order key).
+// condsSQL is the filter's conditions without the time range, each
+// preceded by " AND " ("" without conditions).
+func (f *Filter) condsSQL() string {
+	if len(f.conds) == 0 {
+		return ""
+	}
+	return " AND " + strings.Join(f.conds, " AND ")
+}
+
 func (f *Filter) where() string {
 	c := []string{
 		"flow_end >= " + timeLiteral(f.Since),

@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"sort"
 	"strconv"
@@ -58,9 +57,13 @@ func (a *API) servicemap(c *gin.Context) {
 	}
 	ctx, cancel := context.WithTimeout(c.Request.Context(), a.cfg.QueryTimeout)
 	defer cancel()
-	sql := fmt.Sprintf(`SELECT %s AS src, %s AS dst, ip_version, %s AS verdict, count() AS flows, sum(bytes + reverse_bytes) AS bytes
- FROM %s WHERE %s GROUP BY src, dst, ip_version, verdict ORDER BY bytes DESC, flows DESC LIMIT %d`,
-		srcLabel, dstLabel, verdictClass, a.table, f.where(), limit) + jsonSettings
+	// Summed per tier (whole hours and minutes from the projections
+	// edges_1h and edges_1m, the edges as rows: tiers.go).
+	sql := `SELECT src, dst, ip_version, verdict, sum(n) AS flows, sum(b) AS bytes FROM (` +
+		a.tieredSQL(f, true, func(string) string {
+			return "src_label AS src, dst_label AS dst, ip_version, verdict_class AS verdict, count() AS n, sum(bytes + reverse_bytes) AS b"
+		}, "src, dst, ip_version, verdict") +
+		`) GROUP BY src, dst, ip_version, verdict ORDER BY bytes DESC, flows DESC, src, dst, ip_version, verdict LIMIT ` + strconv.Itoa(limit) + jsonSettings
 	m := &ServiceMap{Nodes: []MapNode{}, Edges: []MapEdge{}}
 	if err := a.decodeRows(ctx, sql, &m.Edges); err != nil {
 		a.fail(c, err)

@@ -45,10 +45,10 @@ type FamilyTotal struct {
 	Dropped   uint64 `json:"dropped"`
 }
 
-// Endpoint labels of a flow side: workload, else pod, else address.
+// Flows name their ends by the columns src_label and dst_label (migration
+// 0009: workload, else pod, else address; a destination Service first) and
+// class their verdicts by verdict_class.
 const (
-	srcLabel    = `multiIf(src_workload_name != '', concat(src_pod_namespace, '/', src_workload_name), src_pod_name != '', concat(src_pod_namespace, '/', src_pod_name), src_ip)`
-	dstLabel    = `multiIf(dst_service_name != '', concat('svc:', dst_service_namespace, '/', dst_service_name), dst_workload_name != '', concat(dst_pod_namespace, '/', dst_workload_name), dst_pod_name != '', concat(dst_pod_namespace, '/', dst_pod_name), dst_ip)`
 	droppedExpr = `(ingress_verdict IN ('denied', 'rejected') OR egress_verdict IN ('denied', 'rejected'))`
 	// maxPoints bounds the series length per family.
 	maxPoints = 720
@@ -62,7 +62,12 @@ func (a *API) summary(c *gin.Context) {
 		return
 	}
 	span := f.Until.Sub(f.Since)
+	// About 60 points; past a minute, whole minutes, which the minute
+	// tier sums from the series_1m projection (tiers.go).
 	step := span / 60
+	if step > time.Minute {
+		step = ceilDuration(step, time.Minute)
+	}
 	if v := q.Get("step"); v != "" {
 		if step, err = time.ParseDuration(v); err != nil || step <= 0 {
 			a.fail(c, fieldErr("step", "want a positive duration like 1m"))
@@ -95,13 +100,28 @@ func (a *API) summary(c *gin.Context) {
 
 func (a *API) querySummary(ctx context.Context, f *Filter, step time.Duration, top int) (*Summary, error) {
 	secs := int64(step / time.Second)
-	where := f.where()
 	s := &Summary{StepSeconds: secs, Series: []SeriesPoint{}, Talkers: []Talker{}, Families: []FamilyTotal{}}
-	series := fmt.Sprintf(`SELECT toUnixTimestamp(toStartOfInterval(flow_end, INTERVAL %d SECOND)) * 1000 AS time_ms, ip_version,
- sum(bytes + reverse_bytes) AS bytes, count() AS flows, countIf(%s) AS dropped
- FROM %s WHERE %s GROUP BY time_ms, ip_version ORDER BY time_ms, ip_version`, secs, droppedExpr, a.table, where) + jsonSettings
-	talkers := fmt.Sprintf(`SELECT %s AS src, %s AS dst, ip_version, sum(bytes + reverse_bytes) AS bytes, count() AS flows
- FROM %s WHERE %s GROUP BY src, dst, ip_version ORDER BY bytes DESC LIMIT %d`, srcLabel, dstLabel, a.table, where, top) + jsonSettings
+	// The series buckets are whole minutes (or hours) when the step is:
+	// then a bucket of a minute's start holds all of that minute's rows,
+	// and the minute (hour) tiers sum them from series_1m (edges_1h).
+	// Any other step reads rows.
+	var parts string
+	bucket := func(ts string) string {
+		return fmt.Sprintf(`toUnixTimestamp(toStartOfInterval(%s, INTERVAL %d SECOND)) * 1000 AS time_ms, ip_version, verdict_class, sum(bytes + reverse_bytes) AS b, count() AS n`, ts, secs)
+	}
+	const seriesGroup = "time_ms, ip_version, verdict_class"
+	if secs%60 == 0 {
+		parts = a.tieredSQL(f, secs%3600 == 0, bucket, seriesGroup)
+	} else {
+		parts = "SELECT " + bucket(tsRow) + " FROM " + a.table + " WHERE " + f.where() + " GROUP BY " + seriesGroup
+	}
+	series := `SELECT time_ms, ip_version, sum(b) AS bytes, sum(n) AS flows, sumIf(n, verdict_class = 'dropped') AS dropped
+ FROM (` + parts + `) GROUP BY time_ms, ip_version ORDER BY time_ms, ip_version` + jsonSettings
+	talkers := `SELECT src, dst, ip_version, sum(b) AS bytes, sum(n) AS flows FROM (` +
+		a.tieredSQL(f, true, func(string) string {
+			return "src_label AS src, dst_label AS dst, ip_version, sum(bytes + reverse_bytes) AS b, count() AS n"
+		}, "src, dst, ip_version") +
+		`) GROUP BY src, dst, ip_version ORDER BY bytes DESC, flows DESC, src, dst, ip_version LIMIT ` + strconv.Itoa(top) + jsonSettings
 	if err := a.decodeRows(ctx, series, &s.Series); err != nil {
 		return nil, err
 	}
@@ -157,4 +177,12 @@ func (a *API) decodeRows(ctx context.Context, sql string, dst any) error {
 		return decodeRowsInto(rows, d)
 	}
 	return fmt.Errorf("decodeRows: unsupported %T", dst)
+}
+
+// ceilDuration rounds d up to a multiple of m.
+func ceilDuration(d, m time.Duration) time.Duration {
+	if r := d % m; r != 0 {
+		return d + m - r
+	}
+	return d
 }
