@@ -280,3 +280,47 @@ func (nb *nativeBuilder) rowBinary(dst []byte, wire []wireColumn) ([]byte, error
 	}
 	return dst, nil
 }
+
+// colSizes are the lengths of a builder's column buffers: data, values
+// and offsets of each column, then data of each text column.
+type colSizes []int
+
+// sizes returns nb's buffer lengths.
+func (nb *nativeBuilder) sizes() colSizes {
+	out := make(colSizes, 0, 3*len(nb.cols)+len(nb.texts))
+	for i := range nb.cols {
+		c := &nb.cols[i]
+		out = append(out, len(c.data), len(c.values), len(c.offsets))
+	}
+	for i := range nb.texts {
+		out = append(out, len(nb.texts[i].data))
+	}
+	return out
+}
+
+// reserve gives nb's empty buffers room for about 1.1 times s (the sizes
+// of the last sealed batch), so a new batch's columns do not grow from
+// nothing by doubling: that copied about 1.1 GB per million rows.
+func (nb *nativeBuilder) reserve(s colSizes) {
+	if len(s) != 3*len(nb.cols)+len(nb.texts) {
+		return
+	}
+	room := func(n int) int { return n + n/10 }
+	for i := range nb.cols {
+		c := &nb.cols[i]
+		if n := room(s[3*i]); cap(c.data) < n {
+			c.data = make([]byte, 0, n)
+		}
+		if n := room(s[3*i+1]); cap(c.values) < n {
+			c.values = make([]byte, 0, n)
+		}
+		if n := room(s[3*i+2]); cap(c.offsets) < n {
+			c.offsets = make([]uint64, 0, n)
+		}
+	}
+	for i := range nb.texts {
+		if n := room(s[3*len(nb.cols)+i]); cap(nb.texts[i].data) < n {
+			nb.texts[i].data = make([]byte, 0, n)
+		}
+	}
+}

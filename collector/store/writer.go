@@ -223,6 +223,7 @@ type Writer struct {
 	queue     []*pendingBatch // sealed batches, oldest first; the head may be in flight
 	free      []batchBuf      // buffers of finished batches for reuse; with cur and queue, at most MaxPending+1
 	lastSize  int             // encoded size of the last sealed batch, to size new buffers
+	lastCols  colSizes        // column sizes of the last sealed columnar batch, likewise
 	labels    labelCache      // encodings of the label maps Write has seen
 	sealedSeq uint64          // sequence number of the last sealed batch
 	doneSeq   uint64          // sequence number of the last batch written, spooled or dropped
@@ -419,6 +420,7 @@ func (w *Writer) newBatchLocked() *pendingBatch {
 	}
 	if b.cols != nil {
 		b.cols.reset(flowWire)
+		b.cols.reserve(w.lastCols)
 	}
 	return b
 }
@@ -492,6 +494,11 @@ func (w *Writer) sealLocked() {
 	b.token = newDedupToken()
 	w.queue = append(w.queue, b)
 	w.lastSize = len(b.data)
+	if b.cols != nil && b.rows >= w.cfg.BatchRows/2 {
+		// Sized on full batches: a small one sealed by the flush tick
+		// would make the next buffers too small again.
+		w.lastCols = b.cols.sizes()
+	}
 	w.cur = w.newBatchLocked()
 	w.broadcastLocked()
 }
