@@ -82,9 +82,10 @@ const flowColumns = `toUnixTimestamp64Milli(flow_start) AS flow_start_ms, toUnix
 const keyExpr = `cityHash64(flow_start, src_ip, dst_ip, src_port, dst_port, protocol, exporter_node, time_received)`
 
 // jsonSettings end every query of the API's own: 64-bit integers as
-// numbers, not strings, and the engine priority that runs them before
-// operator SQL (see sqlPriority).
-const jsonSettings = ` SETTINGS output_format_json_quote_64bit_integers = 0, priority = ` + uiPriority
+// numbers, not strings, the engine priority that runs them before
+// operator SQL (see sqlPriority), and their memory bounds (uiMaxMemory).
+const jsonSettings = ` SETTINGS output_format_json_quote_64bit_integers = 0, priority = ` + uiPriority +
+	`, max_memory_usage = ` + uiMaxMemory + `, max_bytes_before_external_group_by = ` + uiSpillBytes + `, max_bytes_before_external_sort = ` + uiSpillBytes
 
 // Page sizes.
 const (

@@ -125,6 +125,9 @@ func TestQueryPriorities(t *testing.T) {
 		if !strings.Contains(st.last, "priority = "+uiPriority) {
 			t.Errorf("%s ran without priority %s: %s", u, uiPriority, st.last)
 		}
+		if !strings.Contains(st.last, "max_memory_usage = "+uiMaxMemory) || !strings.Contains(st.last, "max_bytes_before_external_group_by = "+uiSpillBytes) {
+			t.Errorf("%s ran without its memory bounds: %s", u, st.last)
+		}
 	}
 	if ui, _ := strconv.Atoi(uiPriority); ui != 1 {
 		t.Errorf("uiPriority %s: 1 is the engine's highest", uiPriority)
