@@ -135,3 +135,13 @@ clean: ## remove build outputs and local data (keeps the libchdb cache)
 .PHONY: ui-vendor
 ui-vendor: ## re-fetch the UI's pinned npm packages and verify their sha256 (UPDATE=1 rewrites them)
 	@web/ui/vendor.sh $(if $(UPDATE),update,verify)
+
+# Not part of make test or make bench: loads a generated data set (10M and
+# 100M rows, several minutes each the first time, reused afterwards from
+# var/scale) through the real store writer and times each REST endpoint
+# and UI page's queries through the API and directly on the engine
+# (docs/scale.md). SCALE_FLAGS passes flags, e.g. SCALE_FLAGS='-sizes 10M -iters 10'.
+.PHONY: bench-query
+bench-query: deps ## load (once) and benchmark the API's queries at 10M and 100M rows (docs/scale.md)
+	@mkdir -p var/scale
+	$(GO) run ./test/scale $(SCALE_FLAGS)
