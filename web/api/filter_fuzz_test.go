@@ -14,7 +14,7 @@ import (
 // literals: keywords, functions and column names. Input never adds one.
 var filterVocabulary = func() map[string]bool {
 	m := map[string]bool{}
-	for _, w := range strings.Fields(`AND OR NOT BETWEEN IN mapContains toIPv6 fromUnixTimestamp64Milli
+	for _, w := range strings.Fields(`AND OR NOT BETWEEN IN mapContains toIPv6 fromUnixTimestamp64Milli toStartOfMinute
 		flow_end ip_version protocol verdict_mismatch k8s_view_stale ingress_verdict egress_verdict
 		dst_service_name dst_service_namespace
 		ingress_policy_name ingress_policy_namespace egress_policy_name egress_policy_namespace`) {
@@ -206,7 +206,10 @@ func checkFilterSQL(q url.Values, f *Filter, sql string) error {
 		}
 		return false
 	}
-	numbers := map[string]bool{strconv.FormatInt(f.Since.UnixMilli(), 10): true, strconv.FormatInt(f.Until.UnixMilli(), 10): true}
+	numbers := map[string]bool{}
+	for _, t := range []time.Time{f.Since, f.Until, f.Since.Truncate(time.Minute), f.Until.Truncate(time.Minute)} {
+		numbers[strconv.FormatInt(t.UnixMilli(), 10)] = true
+	}
 	for _, n := range protoNumbers {
 		numbers[strconv.Itoa(int(n))] = true
 	}

@@ -215,7 +215,7 @@ func (a *API) runReachability(ctx context.Context, req *ReachabilityRequest) (*R
 		// One question over both families: ICMP over IPv4, ICMPv6 over IPv6.
 		protoCond = "protocol IN (1, 58)"
 	}
-	where := "flow_end >= " + timeLiteral(since) + " AND flow_end < " + timeLiteral(now) + " AND " + protoCond
+	where := flowEndRange(since, now) + " AND " + protoCond
 	if req.Port != 0 {
 		where += " AND (dst_port = " + strconv.Itoa(int(req.Port)) + " OR service_port = " + strconv.Itoa(int(req.Port)) + ")"
 	}

@@ -41,7 +41,11 @@ func splitTiers(since, until time.Time, hours bool) []tier {
 		if !from.Before(to) {
 			return
 		}
-		out = append(out, tier{ts: ts, cond: ts + " >= " + timeLiteral(from) + " AND " + ts + " < " + timeLiteral(to)})
+		cond := ts + " >= " + timeLiteral(from) + " AND " + ts + " < " + timeLiteral(to)
+		if ts == tsRow {
+			cond = flowEndRange(from, to)
+		}
+		out = append(out, tier{ts: ts, cond: cond})
 	}
 	m1, m2 := ceilTime(since, time.Minute), until.Truncate(time.Minute)
 	if !m1.Before(m2) {

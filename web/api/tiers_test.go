@@ -182,3 +182,23 @@ func TestTiersUseProjections(t *testing.T) {
 		t.Errorf("a filter on src_pod_name used a projection:\n%s", plan)
 	}
 }
+
+// TestWindowUsesSortKey: a window's rows are selected through the head of
+// the sort key, toStartOfMinute(flow_end), so the engine skips the
+// granules of a merged part outside it (flow_end alone does not).
+func TestWindowUsesSortKey(t *testing.T) {
+	e := needEngine(t)
+	w := flowEndRange(seedNow.Add(-10*time.Minute-500*time.Millisecond), seedNow.Add(-5*time.Minute))
+	out, err := e.Query(context.Background(), "EXPLAIN indexes = 1 SELECT count() FROM dualflow.flows WHERE "+w+" SETTINGS optimize_use_projections = 0", "TSVRaw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan := string(out)
+	i := strings.Index(plan, "PrimaryKey")
+	if i < 0 {
+		t.Fatalf("no primary key analysis:\n%s", plan)
+	}
+	if pk := plan[i:]; !strings.Contains(pk[:strings.Index(pk, "Granules")], "toStartOfMinute(flow_end) in [") {
+		t.Errorf("the primary key is not used for the window:\n%s", plan)
+	}
+}
