@@ -74,6 +74,48 @@ func (w Window) minutes() string {
 	return fmt.Sprintf("window_start >= toDateTime(%d) AND window_start < toDateTime(%d)", w.Since.Unix(), w.Until.Unix())
 }
 
+// policyTiers splits the minutes of the window (those minutes selects)
+// into whole hours, through toStartOfHour(window_start), which
+// rollup_policy_1m's projection policy_1h answers (migration 0010), and
+// the minutes at either end. The conditions are disjoint and cover the
+// same minutes as minutes().
+func (w Window) policyTiers() []string {
+	ceil := func(t time.Time, d time.Duration) time.Time {
+		if f := t.Truncate(d); f.Before(t) {
+			return f.Add(d)
+		}
+		return t
+	}
+	// window_start is a whole minute: >= since and < until select the
+	// minutes [m1, m2).
+	m1, m2 := ceil(w.Since.Truncate(time.Second), time.Minute), ceil(w.Until.Truncate(time.Second), time.Minute)
+	span := func(from, to time.Time) string {
+		return fmt.Sprintf("window_start >= toDateTime(%d, 'UTC') AND window_start < toDateTime(%d, 'UTC')", from.Unix(), to.Unix())
+	}
+	h1, h2 := ceil(m1, time.Hour), m2.Truncate(time.Hour)
+	if !h1.Before(h2) {
+		return []string{span(m1, m2)}
+	}
+	out := []string{fmt.Sprintf("toStartOfHour(window_start) >= toDateTime(%d, 'UTC') AND toStartOfHour(window_start) < toDateTime(%d, 'UTC')", h1.Unix(), h2.Unix())}
+	if m1.Before(h1) {
+		out = append(out, span(m1, h1))
+	}
+	if h2.Before(m2) {
+		out = append(out, span(h2, m2))
+	}
+	return out
+}
+
+// policyUnion is one SELECT per tier of the window, joined by UNION ALL:
+// sel(cond) is the SELECT for the tier's condition cond.
+func (w Window) policyUnion(sel func(cond string) string) string {
+	var parts []string
+	for _, c := range w.policyTiers() {
+		parts = append(parts, sel(c))
+	}
+	return strings.Join(parts, "\nUNION ALL\n")
+}
+
 // flowEnd is the filter of the flows table's flow_end.
 // The bounds on toStartOfMinute(flow_end), the head of the sort key, let
 // the engine skip the granules of a merged part (a whole day) outside the
@@ -156,7 +198,7 @@ func (r *Reports) Denied(ctx context.Context, opt DeniedOptions) ([]DeniedGroup,
 	if err != nil {
 		return nil, err
 	}
-	where := []string{w.minutes(), "(verdict IN ('denied', 'rejected') OR reported_verdict IN ('denied', 'rejected'))"}
+	where := []string{"(verdict IN ('denied', 'rejected') OR reported_verdict IN ('denied', 'rejected'))"}
 	if opt.Namespace != "" {
 		where = append(where, fmt.Sprintf("(src_pod_namespace = %s OR dst_pod_namespace = %s)", quote(opt.Namespace), quote(opt.Namespace)))
 	}
@@ -168,18 +210,25 @@ func (r *Reports) Denied(ctx context.Context, opt DeniedOptions) ([]DeniedGroup,
 		return nil, fmt.Errorf("family %d: want 4, 6 or 0 (both)", opt.Family)
 	}
 	limit := cmp.Or(opt.Limit, 1000)
+	// Summed per tier: whole hours from the projection policy_1h, the
+	// minutes at the ends as rows (policyTiers).
+	const keys = `direction, policy_namespace, policy_name, policy_rule, verdict, reported_verdict,
+         src_pod_namespace, src_workload_name, dst_pod_namespace, dst_workload_name, ip_version`
+	inner := w.policyUnion(func(cond string) string {
+		return fmt.Sprintf(`SELECT %s, sum(records) AS r, sum(packets) AS p, sum(bytes) AS b, min(window_start) AS f, max(window_start) AS l
+FROM %s.rollup_policy_1m WHERE %s AND %s GROUP BY %s`, keys, r.db, cond, strings.Join(where, " AND "), keys)
+	})
 	q := fmt.Sprintf(`SELECT toString(direction) AS direction, policy_namespace, policy_name, policy_rule AS rule,
        toString(verdict) AS verdict, toString(reported_verdict) AS reported_verdict,
        src_pod_namespace AS src_namespace, src_workload_name AS src_workload,
        dst_pod_namespace AS dst_namespace, dst_workload_name AS dst_workload, ip_version,
-       sum(records) AS records, sum(packets) AS packets, sum(bytes) AS bytes,
-       toUnixTimestamp(min(window_start)) AS first_unix, toUnixTimestamp(max(window_start)) AS last_unix
-FROM %s.rollup_policy_1m
-WHERE %s
+       sum(r) AS records, sum(p) AS packets, sum(b) AS bytes,
+       toUnixTimestamp(min(f)) AS first_unix, toUnixTimestamp(max(l)) AS last_unix
+FROM (%s)
 GROUP BY direction, policy_namespace, policy_name, policy_rule, verdict, reported_verdict,
          src_pod_namespace, src_workload_name, dst_pod_namespace, dst_workload_name, ip_version
 ORDER BY records DESC, direction, policy_namespace, policy_name, rule, src_namespace, src_workload, dst_namespace, dst_workload, ip_version
-LIMIT %d`, r.db, strings.Join(where, " AND "), limit)
+LIMIT %d`, inner, limit)
 	type row struct {
 		DeniedGroup
 		FirstUnix int64 `json:"first_unix"`
@@ -244,10 +293,13 @@ func (r *Reports) Unused(ctx context.Context, pols []*networkingv1.NetworkPolicy
 		Rule      int32  `json:"policy_rule"`
 		Records   uint64 `json:"records"`
 	}
-	q := fmt.Sprintf(`SELECT toString(direction) AS direction, policy_namespace, policy_name, policy_rule, sum(records) AS records
-FROM %s.rollup_policy_1m
-WHERE %s AND verdict = 'allowed' AND policy_rule >= 0
-GROUP BY direction, policy_namespace, policy_name, policy_rule`, r.db, w.minutes())
+	inner := w.policyUnion(func(cond string) string {
+		return fmt.Sprintf(`SELECT direction, policy_namespace, policy_name, policy_rule, sum(records) AS r
+FROM %s.rollup_policy_1m WHERE %s AND verdict = 'allowed' AND policy_rule >= 0
+GROUP BY direction, policy_namespace, policy_name, policy_rule`, r.db, cond)
+	})
+	q := `SELECT toString(direction) AS direction, policy_namespace, policy_name, policy_rule, sum(r) AS records
+FROM (` + inner + `) GROUP BY direction, policy_namespace, policy_name, policy_rule`
 	used, err := rows[useRow](ctx, r.q, q)
 	if err != nil {
 		return nil, fmt.Errorf("rule use: %w", err)
@@ -255,7 +307,9 @@ GROUP BY direction, policy_namespace, policy_name, policy_rule`, r.db, w.minutes
 	type totalRow struct {
 		Decisions uint64 `json:"decisions"`
 	}
-	total, err := rows[totalRow](ctx, r.q, fmt.Sprintf("SELECT sum(records) AS decisions FROM %s.rollup_policy_1m WHERE %s AND verdict != 'unknown'", r.db, w.minutes()))
+	total, err := rows[totalRow](ctx, r.q, "SELECT sum(n) AS decisions FROM ("+w.policyUnion(func(cond string) string {
+		return fmt.Sprintf("SELECT sum(records) AS n FROM %s.rollup_policy_1m WHERE %s AND verdict != 'unknown'", r.db, cond)
+	})+")")
 	if err != nil {
 		return nil, fmt.Errorf("rule use: %w", err)
 	}

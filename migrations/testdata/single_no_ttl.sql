@@ -340,3 +340,18 @@ ALTER TABLE dualflow.flows MATERIALIZE PROJECTION edges_1m;
 
 ALTER TABLE dualflow.flows MATERIALIZE PROJECTION edges_1h;
 
+-- 0010_rollup_policy_hourly.sql
+ALTER TABLE dualflow.rollup_policy_1m
+    MODIFY SETTING deduplicate_merge_projection_mode = 'rebuild';
+
+ALTER TABLE dualflow.rollup_policy_1m
+    ADD PROJECTION IF NOT EXISTS policy_1h (
+        SELECT toStartOfHour(window_start), ip_version, direction, policy_namespace, policy_name, policy_rule, verdict, reported_verdict,
+            src_pod_namespace, src_workload_name, dst_pod_namespace, dst_workload_name,
+            sum(records), sum(packets), sum(bytes), min(window_start), max(window_start)
+        GROUP BY toStartOfHour(window_start), ip_version, direction, policy_namespace, policy_name, policy_rule, verdict, reported_verdict,
+            src_pod_namespace, src_workload_name, dst_pod_namespace, dst_workload_name
+    );
+
+ALTER TABLE dualflow.rollup_policy_1m MATERIALIZE PROJECTION policy_1h;
+
