@@ -562,7 +562,7 @@ func (c *Collector) storedBatches(ctx context.Context, intents []wal.Intent) (ma
 			found[in.Token] = true
 			continue
 		}
-		ask = append(ask, store.BatchRange{Token: in.Token, MinEnd: in.MinEnd, MaxEnd: in.MaxEnd})
+		ask = append(ask, store.BatchRange{Token: in.Token, MinEnd: in.MinEnd, MaxEnd: in.MaxEnd, Rows: in.Rows})
 	}
 	if len(ask) == 0 {
 		return found, nil

@@ -3,28 +3,35 @@ package store
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 )
 
-// BatchRange names a batch the writer sent: its dedup token and the
-// flow_end range of its rows (Unix milliseconds; 0, 0 when unknown).
+// BatchRange names a batch the writer sent: its dedup token, the
+// flow_end range of its rows (Unix milliseconds; 0, 0 when unknown) and its
+// row count (0: unknown).
 type BatchRange struct {
 	Token          string
 	MinEnd, MaxEnd int64
+	Rows           int
 }
 
 // maxBatchesPerQuery bounds the tokens of one StoredBatches query.
 const maxBatchesPerQuery = 200
 
-// StoredBatches reports, by token, which of batches have rows in
-// database.flows. Each row carries ingest_batch, cityHash64 of its insert's
-// dedup token (migration 0008); an insert is atomic, so one row of a batch
-// means all of it (but for a batch whose rows span two days, which are two
-// parts, a crash of the embedded engine between them can keep one). The
-// flow_end ranges let the primary key skip all but a few minutes of the
-// table. In a replicated cluster a replica that has not fetched a part yet
-// answers "not stored": the batch is then replayed and stored twice, as
-// without this check.
+// StoredBatches reports, by token, which of batches are stored whole in
+// database.flows: as many rows carry the token's ingest_batch (cityHash64
+// of the insert's dedup token, migration 0008) as the batch had. An
+// insert is not atomic everywhere: through a Distributed table each shard
+// commits its block, and on one server a batch whose rows span two days is
+// two parts; a crash between them leaves part of the batch. Such a batch
+// is not reported (its records are replayed: the part stored is then
+// stored twice, rather than the rest lost). A batch without a row count
+// counts as stored with one row. The flow_end ranges let the primary key
+// skip all but a few minutes of the table. A replica that has not fetched
+// a part yet, or an insert still being committed when the collector
+// restarts (a slow Distributed insert), answers "not stored": the batch is
+// then replayed and stored twice, as without this check.
 func StoredBatches(ctx context.Context, conn Conn, database string, batches []BatchRange) (map[string]bool, error) {
 	found := map[string]bool{}
 	for len(batches) > 0 {
@@ -37,8 +44,18 @@ func StoredBatches(ctx context.Context, conn Conn, database string, batches []Ba
 		if err != nil {
 			return nil, fmt.Errorf("look up batches in %s.flows: %w", database, err)
 		}
-		for _, t := range strings.Fields(string(out)) {
-			found[t] = true
+		rows := map[string]int{}
+		for _, b := range batches[:n] {
+			rows[b.Token] = max(b.Rows, 1)
+		}
+		for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+			t, c, ok := strings.Cut(line, "\t")
+			if !ok {
+				continue
+			}
+			if cnt, err := strconv.Atoi(c); err == nil && cnt >= rows[t] {
+				found[t] = true
+			}
 		}
 		batches = batches[n:]
 	}
@@ -68,10 +85,11 @@ func storedBatchesQuery(database string, batches []BatchRange) (string, error) {
 		}
 		fmt.Fprintf(&ranges, "flow_end BETWEEN fromUnixTimestamp64Milli(toInt64(%d), 'UTC') AND fromUnixTimestamp64Milli(toInt64(%d), 'UTC')", b.MinEnd, b.MaxEnd)
 	}
-	return fmt.Sprintf(`SELECT t FROM (SELECT arrayJoin([%[2]s]) AS t)
-WHERE cityHash64(t) IN (
-    SELECT ingest_batch FROM %[1]s
-    WHERE (%[3]s) AND ingest_batch IN (SELECT cityHash64(arrayJoin([%[2]s]))))`,
+	return fmt.Sprintf(`SELECT t, n FROM (SELECT arrayJoin([%[2]s]) AS t, cityHash64(t) AS h) AS a
+INNER JOIN (
+    SELECT ingest_batch AS h, count() AS n FROM %[1]s
+    WHERE (%[3]s) AND ingest_batch IN (SELECT cityHash64(arrayJoin([%[2]s])))
+    GROUP BY ingest_batch) AS b USING (h)`,
 		qualify(database, FlowsTable), tokens.String(), ranges.String()), nil
 }
 

@@ -261,6 +261,7 @@ type pendingBatch struct {
 	// for the journal's intent.
 	journal        []uint64
 	minEnd, maxEnd int64
+	noEnd          bool // a row without flow_end: the range is unknown
 }
 
 // Acker is told when journaled records are durable: written to
@@ -269,11 +270,11 @@ type pendingBatch struct {
 // *wal.Log implements it.
 type Acker interface {
 	// Intent is told before a batch is first sent: its dedup token, its
-	// rows' flow_end range (Unix ms) and its records' (reference, count)
-	// runs. After a crash that cut off the batch's acknowledgement, the
+	// rows' flow_end range (Unix ms; 0, 0 when unknown), its row count and
+	// its records' (reference, count) runs. After a crash that cut off the batch's acknowledgement, the
 	// journal asks the store whether the token's batch is there
 	// (Writer.Spooled, StoredBatches) instead of replaying it.
-	Intent(token string, minEnd, maxEnd int64, runs []uint64)
+	Intent(token string, minEnd, maxEnd int64, rows int, runs []uint64)
 	Ack(ref uint64, n int)
 	// FlushAcks makes the acknowledgements given so far durable.
 	FlushAcks()
@@ -304,6 +305,10 @@ func (b *pendingBatch) addJournal(r *flow.Record) {
 		add(f)
 	}
 	end := int64(timeMillis(r.FlowEnd))
+	if end <= 0 {
+		b.noEnd = true
+		return
+	}
 	if b.minEnd == 0 || end < b.minEnd {
 		b.minEnd = end
 	}
@@ -631,7 +636,11 @@ func (w *Writer) send(ctx context.Context, sp *spool.Spool, stop <-chan struct{}
 		b.taken = true
 		w.mu.Unlock()
 		if w.acker != nil && len(b.journal) > 0 {
-			w.acker.Intent(b.token, b.minEnd, b.maxEnd, b.journal)
+			minEnd, maxEnd := b.minEnd, b.maxEnd
+			if b.noEnd {
+				minEnd, maxEnd = 0, 0 // look the batch up in the whole table
+			}
+			w.acker.Intent(b.token, minEnd, maxEnd, b.rows, b.journal)
 		}
 		w.deliver(ctx, sp, stop, b)
 		if w.acker != nil && len(b.journal) > 0 && killAfterInsert {

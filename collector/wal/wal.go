@@ -356,25 +356,29 @@ func readSegment(path string, fn func(kind byte, id uint64, payload []byte) erro
 }
 
 // Intent is a batch the writer was about to insert: its dedup token, the
-// flow_end range of its rows (Unix milliseconds) and its records' journal
-// references as (reference, count) runs.
+// flow_end range of its rows (Unix milliseconds; 0 when unknown), its row
+// count and its records' journal references as (reference, count) runs.
 type Intent struct {
 	Token          string
 	MinEnd, MaxEnd int64
+	Rows           int
 	Runs           []uint64
 }
 
-// StoredFunc reports which of the intents' batches are stored (in
-// ClickHouse, or in the writer's spool), by token. An error means the
+// StoredFunc reports which of the intents' batches are stored whole (in
+// ClickHouse, every one of its rows, or in the writer's spool), by token.
+// A batch partly stored (an insert cut short across shards or partitions)
+// must not be reported: its records are then replayed. An error means the
 // store could not tell.
 type StoredFunc func(intents []Intent) (map[string]bool, error)
 
-// Intent journals that a batch is about to be inserted under token, with
-// rows whose flow_end spans [minEnd, maxEnd] (Unix ms) and records runs
-// ((reference, count) pairs). It writes at once (to the page cache, which
-// a killed process does not lose). A failure is counted, and the batch goes
-// on: after a crash its records are then replayed, as before intents.
-func (l *Log) Intent(token string, minEnd, maxEnd int64, runs []uint64) {
+// Intent journals that a batch of rows rows is about to be inserted under
+// token, with rows whose flow_end spans [minEnd, maxEnd] (Unix ms; 0, 0
+// when unknown) and records runs ((reference, count) pairs). It writes at
+// once (to the page cache, which a killed process does not lose). A
+// failure is counted, and the batch goes on: after a crash its records are
+// then replayed, as before intents.
+func (l *Log) Intent(token string, minEnd, maxEnd int64, rows int, runs []uint64) {
 	if token == "" || len(runs) == 0 {
 		return
 	}
@@ -385,6 +389,7 @@ func (l *Log) Intent(token string, minEnd, maxEnd int64, runs []uint64) {
 	b = appendString(b, token)
 	b = binary.AppendVarint(b, minEnd)
 	b = binary.AppendVarint(b, maxEnd)
+	b = binary.AppendUvarint(b, uint64(rows))
 	b = binary.AppendUvarint(b, uint64(len(runs)/2))
 	for _, v := range runs[:len(runs)/2*2] {
 		b = binary.AppendUvarint(b, v)
@@ -408,6 +413,11 @@ func (l *Log) Intent(token string, minEnd, maxEnd int64, runs []uint64) {
 func decodeIntent(payload []byte) (Intent, bool) {
 	d := decoder{b: payload}
 	in := Intent{Token: d.string(), MinEnd: d.varint(), MaxEnd: d.varint()}
+	rows := d.uvarint()
+	if rows > uint64(MaxFrameRecords)<<RefBits {
+		return Intent{}, false
+	}
+	in.Rows = int(rows)
 	n := d.uvarint()
 	if d.err != nil || n > uint64(len(payload)) {
 		return Intent{}, false
@@ -528,6 +538,7 @@ func (l *Log) verify(intents []Intent, stored StoredFunc) {
 		return
 	}
 	n := 0
+	var acks []uint64
 	for _, in := range open {
 		if !found[in.Token] {
 			continue
@@ -537,8 +548,17 @@ func (l *Log) verify(intents []Intent, stored StoredFunc) {
 			ref, count := in.Runs[k], in.Runs[k+1]
 			f := refFrame(ref)
 			l.durable[f] = append(l.durable[f], uint64(refIndex(ref)), count)
+			acks = append(acks, ref, count)
 			n += int(count)
 		}
+	}
+	if len(acks) > 0 {
+		// Written as partial acks, so a crash before the old segments are
+		// gone does not ask the store again (it may not answer then).
+		l.mu.Lock()
+		l.partial = append(l.partial, acks...)
+		l.flushAcksLocked()
+		l.mu.Unlock()
 	}
 	if n > 0 {
 		l.m.skipped.Add(float64(n))
