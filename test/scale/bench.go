@@ -126,6 +126,62 @@ type Result struct {
 	Iters     int              `json:"iters"`
 	Scenarios []ScenarioResult `json:"scenarios"`
 	Explain   string           `json:"explain_file"`
+	// MutationsWait says how the background mutations (MATERIALIZE
+	// PROJECTION of migrations 0009 and 0010 on existing parts) stood
+	// when the measurement began.
+	MutationsWait string `json:"mutations_wait,omitempty"`
+}
+
+// waitMutations waits until the engine has no unfinished mutation in the
+// dualflow database (the MATERIALIZE PROJECTION mutations that migrations
+// issue on existing parts run in the background), at most max, logging
+// progress every 15 s. It returns what it saw, for the result.
+func waitMutations(ctx context.Context, e *store.Embedded, max time.Duration, log io.Writer) string {
+	const q = "SELECT count(), sum(length(parts_to_do_names)), groupArray(concat(table, ':', command)) FROM system.mutations WHERE database = 'dualflow' AND NOT is_done"
+	start := time.Now()
+	last := time.Time{}
+	for {
+		out, err := e.Query(ctx, q, "TSV")
+		if err != nil {
+			return "error: " + err.Error()
+		}
+		f := strings.SplitN(strings.TrimSpace(string(out)), "\t", 3)
+		n, _ := strconv.Atoi(f[0])
+		took := time.Since(start).Round(time.Second)
+		if n == 0 {
+			hist := ""
+			if out, err := e.Query(ctx, "SELECT count(), max(create_time), groupUniqArray(table) FROM system.mutations WHERE database = 'dualflow'", "TSV"); err == nil {
+				hist = ": " + strings.ReplaceAll(strings.TrimSpace(string(out)), "\t", " ")
+			}
+			msg := fmt.Sprintf("all mutations done (waited %s; mutations known, newest created, tables%s)", took, hist)
+			fmt.Fprintf(log, "scale: %s\n", msg)
+			return msg
+		}
+		partsLeft := ""
+		if len(f) > 1 {
+			partsLeft = f[1]
+		}
+		if took >= max || ctx.Err() != nil {
+			msg := fmt.Sprintf("%d mutations still running after %s (%s parts to do): projections only partly materialized", n, took, partsLeft)
+			fmt.Fprintf(log, "scale: %s\n", msg)
+			return msg
+		}
+		if time.Since(last) >= 15*time.Second {
+			cmds := ""
+			if len(f) > 2 {
+				cmds = f[2]
+				if len(cmds) > 300 {
+					cmds = cmds[:300] + "..."
+				}
+			}
+			fmt.Fprintf(log, "scale: waiting for %d mutations (%s parts to do) after %s, load %s: %s\n", n, partsLeft, took, loadavg(), cmds)
+			last = time.Now()
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(2 * time.Second):
+		}
+	}
 }
 
 func loadavg() string {
@@ -359,6 +415,7 @@ func bench(ctx context.Context, o options, m *Manifest) (*Result, error) {
 		return nil, err
 	}
 	defer e.Close()
+	res := &Result{MutationsWait: waitMutations(ctx, e, o.mutationWait, os.Stderr)}
 	c := NewCluster(m.Shape, m.Seed)
 	end := m.End
 	rows := m.Rows
@@ -399,7 +456,7 @@ func bench(ctx context.Context, o options, m *Manifest) (*Result, error) {
 		return nil, err
 	}
 	h := a.Handler()
-	res := &Result{Label: label, Rows: rows, Days: days, Partial: partial, End: end, Iters: o.iters, LoadStart: loadavg()}
+	res.Label, res.Rows, res.Days, res.Partial, res.End, res.Iters, res.LoadStart = label, rows, days, partial, end, o.iters, loadavg()
 	res.PartsFrom = parts(ctx, e)
 	explainPath := filepath.Join(filepath.Dir(filepath.Clean(o.data)), "explain-"+sizeName(m.Rows)+".txt")
 	var explain bytes.Buffer

@@ -45,6 +45,16 @@ type options struct {
 	only     string
 	out      string
 	result   string
+
+	mutationWait time.Duration
+
+	soak          bool
+	soakCopy      string
+	soakMaxMemory string
+	soakRate      int
+	soakClients   int
+	soakDuration  time.Duration
+	soakWAL       bool
 }
 
 func main() {
@@ -65,12 +75,22 @@ func main() {
 	flag.StringVar(&o.only, "only", "", "run only the scenarios whose name contains this")
 	flag.StringVar(&o.out, "out", "", "write the side-by-side markdown table here too (default <data>/bench.md)")
 	flag.StringVar(&o.result, "result", "", "(child) write the JSON results here")
+	flag.DurationVar(&o.mutationWait, "mutation-wait", 20*time.Minute, "before measuring, wait at most this long for the engine's background mutations (MATERIALIZE PROJECTION of the migrations) to finish")
+	flag.BoolVar(&o.soak, "soak", false, "instead of the benchmark: run the collector (embedded engine on the -data data set, or a copy of it with -soak-copy) with IPFIX ingest at -soak-rate while -soak-clients run the API's questions in a loop, sampling this process's RSS every second")
+	flag.StringVar(&o.soakCopy, "soak-copy", "", "copy the -data data set here first and soak the copy (the soak adds rows)")
+	flag.StringVar(&o.soakMaxMemory, "soak-max-memory", "3GiB", "--clickhouse.max-memory of the soak's collector")
+	flag.IntVar(&o.soakRate, "soak-rate", 100_000, "IPFIX records per second the soak's exporter sends")
+	flag.IntVar(&o.soakClients, "soak-clients", 3, "concurrent API clients of the soak")
+	flag.DurationVar(&o.soakDuration, "soak-duration", 4*time.Minute, "length of the soak")
+	flag.BoolVar(&o.soakWAL, "soak-wal", true, "the collector's write-ahead log on (its default with the embedded store)")
 	flag.Parse()
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	var err error
-	if o.rows > 0 {
+	if o.soak {
+		err = soak(ctx, o)
+	} else if o.rows > 0 {
 		err = runOne(ctx, o)
 	} else {
 		err = runAll(ctx, o)
@@ -130,7 +150,7 @@ func runAll(ctx context.Context, o options) error {
 		res := filepath.Join(o.data, "result-"+sizeName(n)+".json")
 		args := []string{"-rows", strconv.FormatInt(n, 10), "-data", dir, "-result", res,
 			"-seed", strconv.FormatUint(o.seed, 10), "-days", strconv.Itoa(o.days),
-			"-iters", strconv.Itoa(o.iters), "-warmup", strconv.Itoa(o.warmup), "-budget", o.budget.String(), "-min-iters", strconv.Itoa(o.minIters)}
+			"-iters", strconv.Itoa(o.iters), "-warmup", strconv.Itoa(o.warmup), "-budget", o.budget.String(), "-min-iters", strconv.Itoa(o.minIters), "-mutation-wait", o.mutationWait.String()}
 		if o.end != "" {
 			args = append(args, "-end", o.end)
 		}
