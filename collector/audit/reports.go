@@ -130,8 +130,12 @@ func quote(s string) string {
 	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(s) + "'"
 }
 
-// jsonSettings makes 64-bit integers plain JSON numbers.
-const jsonSettings = " SETTINGS output_format_json_quote_64bit_integers = 0"
+// jsonSettings makes 64-bit integers plain JSON numbers, and bounds a
+// report's memory as the web API bounds its own queries: aggregation and
+// sorting spill to disk past 512 MiB, the engine ends the query past
+// 1 GiB rather than let it take the process's memory.
+const jsonSettings = " SETTINGS output_format_json_quote_64bit_integers = 0, max_memory_usage = 1073741824," +
+	" max_bytes_before_external_group_by = 536870912, max_bytes_before_external_sort = 536870912"
 
 // rows runs query and decodes each JSONEachRow line into a new T.
 func rows[T any](ctx context.Context, q querier, query string) ([]T, error) {

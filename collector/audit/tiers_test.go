@@ -102,3 +102,27 @@ func tsvLines(t *testing.T, sql string, line func([]string) string) []string {
 	}
 	return rows
 }
+
+// lastQuery records the last query it is given and answers nothing.
+type lastQuery struct{ q string }
+
+func (l *lastQuery) Query(_ context.Context, q, _ string) ([]byte, error) { l.q = q; return nil, nil }
+
+// TestReportMemoryBound: the reports' queries carry the memory bounds the
+// web API's own have (spill past 512 MiB, fail past 1 GiB).
+func TestReportMemoryBound(t *testing.T) {
+	var l lastQuery
+	r, err := NewReports(&l, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := Window{Since: time.Now().Add(-time.Hour)}
+	if _, err := r.Denied(context.Background(), DeniedOptions{Window: w}); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"max_memory_usage = 1073741824", "max_bytes_before_external_group_by = 536870912"} {
+		if !strings.Contains(l.q, s) {
+			t.Errorf("denied report query without %s: %s", s, l.q)
+		}
+	}
+}
