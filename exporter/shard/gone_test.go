@@ -430,3 +430,32 @@ func TestDNSGoneRun(t *testing.T) {
 		})
 	}
 }
+
+// TestDNSReplacement: an answer that drops one address and brings a new
+// one (a collector pod recreated under a new address) retires the dropped
+// member at once: it will not come back there, and keeping its share
+// would buffer records for nobody until the failover timeout.
+func TestDNSReplacement(t *testing.T) {
+	fs, c, dns := &fakes{}, &clock{t: t0}, &dnsAnswer{}
+	cfg := testConfig(fs, c)
+	cfg.DNS, cfg.lookup = "collector.dualflow.svc:4739", dns.lookup
+	dns.set(members[:3]...)
+	s := newSharder(t, cfg)
+	dns.set(members[0], members[1], members[3])
+	s.resolve(context.Background())
+	if got, want := memberNamesOf(s), []string{members[0], members[1], members[3]}; !slices.Equal(got, want) {
+		t.Fatalf("after the replacement: members %v, want %v", got, want)
+	}
+	for i, o := range owners(s, keys(0, 3000)) {
+		if o == members[2] {
+			t.Fatalf("key %d still routed to the replaced member", i)
+		}
+	}
+	// An answer that only drops an address keeps the member for the
+	// failover timeout (a collector restarting in place).
+	dns.set(members[0], members[3])
+	s.resolve(context.Background())
+	if got := memberNamesOf(s); !slices.Contains(got, members[1]) {
+		t.Fatalf("a member only dropped from the answer went at once: %v", got)
+	}
+}

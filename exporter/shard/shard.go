@@ -387,6 +387,14 @@ func (s *Sharder) setMembers(names []string, grace bool) error {
 	now := s.now()
 	var next, added, removed, left, back []*member
 	var errs []error
+	// An answer that both drops and adds addresses is a replacement (a
+	// collector pod recreated under a new address): the dropped ones will
+	// not come back at that address, so keeping their share for the
+	// failover timeout would only buffer records for nobody. They go at
+	// once (draining what they hold, as any removed member).
+	replaced := slices.ContainsFunc(names, func(n string) bool {
+		return !slices.ContainsFunc(s.all, func(m *member) bool { return m.name == n })
+	})
 	for _, m := range s.all {
 		switch {
 		case slices.Contains(names, m.name):
@@ -394,7 +402,7 @@ func (s *Sharder) setMembers(names []string, grace bool) error {
 				m.goneSince, back = time.Time{}, append(back, m)
 			}
 			next = append(next, m)
-		case !grace:
+		case !grace || replaced:
 			removed = append(removed, m)
 		default: // retired by check when expired
 			if m.goneSince.IsZero() {
