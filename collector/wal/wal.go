@@ -384,8 +384,7 @@ func (l *Log) Intent(token string, minEnd, maxEnd int64, rows int, runs []uint64
 	}
 	buf := getBuf()
 	defer putBuf(buf)
-	b := append((*buf)[:0], make([]byte, headerSize)...)
-	b = append(b, frameIntent)
+	b := beginFrame((*buf)[:0], frameIntent)
 	b = appendString(b, token)
 	b = binary.AppendVarint(b, minEnd)
 	b = binary.AppendVarint(b, maxEnd)
@@ -394,9 +393,7 @@ func (l *Log) Intent(token string, minEnd, maxEnd int64, rows int, runs []uint64
 	for _, v := range runs[:len(runs)/2*2] {
 		b = binary.AppendUvarint(b, v)
 	}
-	payload := b[headerSize:]
-	binary.LittleEndian.PutUint32(b[0:], uint32(len(payload)))
-	binary.LittleEndian.PutUint32(b[4:], crc32.Checksum(payload, crcTable))
+	sealFrame(b, 0)
 	*buf = b
 
 	l.mu.Lock()
@@ -617,16 +614,13 @@ func (l *Log) appendFrame(recs []flow.Record) error {
 	id := l.nextFrame.Add(1)
 	buf := getBuf()
 	defer putBuf(buf)
-	b := append((*buf)[:0], make([]byte, headerSize)...)
-	b = append(b, frameData)
+	b := beginFrame((*buf)[:0], frameData)
 	b = binary.AppendUvarint(b, id)
 	b = binary.AppendUvarint(b, uint64(len(recs)))
 	for i := range recs {
 		b = appendRecord(b, &recs[i])
 	}
-	payload := b[headerSize:]
-	binary.LittleEndian.PutUint32(b[0:], uint32(len(payload)))
-	binary.LittleEndian.PutUint32(b[4:], crc32.Checksum(payload, crcTable))
+	sealFrame(b, 0)
 	*buf = b
 
 	l.mu.Lock()
@@ -763,15 +757,27 @@ func (l *Log) writeAcksLocked() error {
 // width values each.
 func (l *Log) appendAckFrame(b []byte, kind byte, vals []uint64, width int) []byte {
 	start := len(b)
-	b = append(b, 0, 0, 0, 0, 0, 0, 0, 0, kind)
+	b = beginFrame(b, kind)
 	b = binary.AppendUvarint(b, uint64(len(vals)/width))
 	for _, v := range vals {
 		b = binary.AppendUvarint(b, v)
 	}
+	sealFrame(b, start)
+	return b
+}
+
+// beginFrame appends the header of a frame of kind, to be filled by
+// sealFrame, and the kind byte.
+func beginFrame(b []byte, kind byte) []byte {
+	return append(b, 0, 0, 0, 0, 0, 0, 0, 0, kind)
+}
+
+// sealFrame fills the header of the frame starting at b[start:] (the rest
+// of b is its payload): payload length and CRC-32C.
+func sealFrame(b []byte, start int) {
 	payload := b[start+headerSize:]
 	binary.LittleEndian.PutUint32(b[start:], uint32(len(payload)))
 	binary.LittleEndian.PutUint32(b[start+4:], crc32.Checksum(payload, crcTable))
-	return b
 }
 
 // Ack acknowledges n records from ref on (ref, ref+1, ...: consecutive
