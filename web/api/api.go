@@ -11,6 +11,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -251,6 +252,9 @@ type API struct {
 	// flight.
 	sqlGate    *gate
 	followGate *gate
+	// virtualRow is whether the server knows virtualRowSetting: 0 not
+	// asked yet, 1 yes, 2 no.
+	virtualRow atomic.Int32
 }
 
 // New builds the router. It fails when Store is nil.

@@ -181,13 +181,56 @@ func (a *API) flows(c *gin.Context) {
 
 // flowsSQL builds the page query: newest first, from the cursor on.
 // Ordering by the minute first matches the table's sort key, so ClickHouse
-// reads in order and stops early. The tiebreaker is left out of the ORDER
-// BY (hashing every row read costs 2x); queryFlows settles ties at the
-// page boundary with a second query on that one flow_end.
-func (a *API) flowsSQL(f *Filter, cur *cursor, limit int) string {
+// reads in order. The tiebreaker is left out of the ORDER BY (hashing every
+// row read costs 2x); queryFlows settles ties at the page boundary with a
+// second query on that one flow_end.
+//
+// ClickHouse stops reading early for an ORDER BY on the sort key's head
+// alone, not for the (minute, flow_end) order the page needs: that reads
+// the whole window (an hour is ~600k rows at 100M rows a week). So a scalar
+// subquery first finds the minute of the limit+1-th newest matching row,
+// ordering by the minute only, and the page reads from that minute on. The
+// page is the same: at least limit+1 matching rows are at or after that
+// minute, so every row of the page is. No match at all makes the bound
+// NULL, and the page empty, as it is.
+func (a *API) flowsSQL(f *Filter, cur *cursor, limit int, settings string) string {
+	where := a.flowsWhere(f, cur)
+	n := strconv.Itoa(limit + 1)
 	return "SELECT " + flowColumns + ", toString(" + keyExpr + ") AS key FROM " + a.table +
-		" WHERE " + a.flowsWhere(f, cur) +
-		" ORDER BY toStartOfMinute(flow_end) DESC, flow_end DESC LIMIT " + strconv.Itoa(limit+1) + jsonSettings
+		" WHERE " + where +
+		" AND toStartOfMinute(flow_end) >= (SELECT minOrNull(m) FROM (SELECT toStartOfMinute(flow_end) AS m FROM " + a.table +
+		" WHERE " + where + " ORDER BY m DESC LIMIT " + n + "))" +
+		" ORDER BY toStartOfMinute(flow_end) DESC, flow_end DESC LIMIT " + n + settings
+}
+
+// virtualRowSetting lets ClickHouse skip the parts (and the blocks of the
+// parts) that start past the rows already found when it reads in order,
+// instead of reading a block of every part the window overlaps first: 60k
+// rows read instead of 370k for a selective filter's newest minute on the
+// 100M-row benchmark. It is off by default, and servers older than about
+// 25.1 do not know it, so pageSettings asks the server once.
+const virtualRowSetting = "read_in_order_use_virtual_row"
+
+// pageSettings is the SETTINGS clause of the page queries: jsonSettings,
+// and virtualRowSetting where the server has it. A failed probe is asked
+// again at the next page.
+func (a *API) pageSettings(ctx context.Context) string {
+	switch a.virtualRow.Load() {
+	case 1:
+		return jsonSettings + ", " + virtualRowSetting + " = 1"
+	case 2:
+		return jsonSettings
+	}
+	out, err := a.cfg.Store.Query(ctx, "SELECT count() FROM system.settings WHERE name = '"+virtualRowSetting+"'", "TabSeparated")
+	if err != nil {
+		return jsonSettings
+	}
+	if strings.TrimSpace(string(out)) == "1" {
+		a.virtualRow.Store(1)
+		return jsonSettings + ", " + virtualRowSetting + " = 1"
+	}
+	a.virtualRow.Store(2)
+	return jsonSettings
 }
 
 // flowsWhere is the filter and the cursor. The key is only hashed for
@@ -233,7 +276,7 @@ func (a *API) decodeFlows(ctx context.Context, sql string) ([]keyedFlow, error) 
 }
 
 func (a *API) queryFlows(ctx context.Context, f *Filter, cur *cursor, limit int) (*FlowPage, error) {
-	rows, err := a.decodeFlows(ctx, a.flowsSQL(f, cur, limit))
+	rows, err := a.decodeFlows(ctx, a.flowsSQL(f, cur, limit, a.pageSettings(ctx)))
 	if err != nil {
 		return nil, err
 	}
