@@ -32,6 +32,9 @@ type Manifest struct {
 	LoadSeconds   float64 `json:"load_seconds"`
 	RowsPerSecond float64 `json:"rows_per_second"`
 	Edges         int     `json:"edges"`
+	// ResumedAt is the rows an interrupted load had stored when -resume
+	// continued it (LoadSeconds and RowsPerSecond are then the rest's).
+	ResumedAt int64 `json:"resumed_at,omitempty"`
 }
 
 const generatorVersion = 1
@@ -114,8 +117,10 @@ func openStore(ctx context.Context, dir string) (*store.Embedded, error) {
 
 // load writes want.Rows generated rows through store.Writer (its default
 // configuration, as the collector runs it) into the engine in dir,
-// printing progress to log, and writes the manifest.
-func load(ctx context.Context, dir string, want Manifest, log io.Writer) (*Manifest, error) {
+// printing progress to log, and writes the manifest. With from > 0 it
+// continues an interrupted load whose first from rows are stored (see
+// resume).
+func load(ctx context.Context, dir string, want Manifest, from int64, log io.Writer) (*Manifest, error) {
 	e, err := openStore(ctx, dir)
 	if err != nil {
 		return nil, err
@@ -123,6 +128,11 @@ func load(ctx context.Context, dir string, want Manifest, log io.Writer) (*Manif
 	defer e.Close()
 	c := NewCluster(want.Shape, want.Seed)
 	g := NewGenerator(c, want.Seed, want.Rows, want.End, time.Duration(want.Days)*24*time.Hour)
+	if from > 0 {
+		if err := checkPrefix(ctx, e, g, from, log); err != nil {
+			return nil, err
+		}
+	}
 	// No spool: a batch that cannot be written is counted as dropped and
 	// fails the load. Inserts may wait behind merges on a busy 2-core
 	// machine: a long insert timeout.
@@ -141,7 +151,7 @@ func load(ctx context.Context, dir string, want Manifest, log io.Writer) (*Manif
 	last, lastRows := start, int64(0)
 	const chunk = 1000
 	batch := make([]flow.Record, chunk)
-	for i := int64(0); i < want.Rows; {
+	for i := from; i < want.Rows; {
 		n := min(int64(chunk), want.Rows-i)
 		for j := range n {
 			g.Fill(&batch[j], i+j)
@@ -156,10 +166,10 @@ func load(ctx context.Context, dir string, want Manifest, log io.Writer) (*Manif
 			avg := float64(st.RowsWritten) / now.Sub(start).Seconds()
 			eta := "?"
 			if avg > 0 {
-				eta = (time.Duration(float64(want.Rows-st.RowsWritten)/avg) * time.Second).Round(time.Second).String()
+				eta = (time.Duration(float64(want.Rows-from-st.RowsWritten)/avg) * time.Second).Round(time.Second).String()
 			}
 			fmt.Fprintf(log, "scale: %6.2f%% %11d rows written, %7.0f rows/s now, %7.0f average, ETA %s\n",
-				100*float64(st.RowsWritten)/float64(want.Rows), st.RowsWritten, rate, avg, eta)
+				100*float64(from+st.RowsWritten)/float64(want.Rows), from+st.RowsWritten, rate, avg, eta)
 			last, lastRows = now, st.RowsWritten
 		}
 	}
@@ -184,15 +194,105 @@ func load(ctx context.Context, dir string, want Manifest, log io.Writer) (*Manif
 	m := want
 	m.LoadedAt = time.Now().UTC()
 	m.LoadSeconds = elapsed.Seconds()
-	m.RowsPerSecond = float64(want.Rows) / elapsed.Seconds()
+	m.RowsPerSecond = float64(want.Rows-from) / elapsed.Seconds()
+	m.ResumedAt = from
 	m.Edges = len(c.Edges)
 	b, _ := json.MarshalIndent(m, "", "  ")
 	if err := os.WriteFile(filepath.Join(dir, manifestName), append(b, '\n'), 0o644); err != nil {
 		return nil, err
 	}
-	if err := os.Remove(filepath.Join(dir, incompleteName)); err != nil {
+	if err := os.Remove(filepath.Join(dir, incompleteName)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
 	fmt.Fprintf(log, "scale: loaded %d rows in %s (%.0f rows/s)\n", want.Rows, elapsed.Round(time.Second), m.RowsPerSecond)
 	return &m, nil
+}
+
+func isInterrupted(dir string) bool {
+	_, err := os.Stat(filepath.Join(dir, incompleteName))
+	_, merr := os.Stat(filepath.Join(dir, manifestName))
+	return err == nil && merr != nil
+}
+
+// resume continues the interrupted load in dir. The rows stored are
+// counted, and the data set's end is found from its oldest row (the
+// generator's row 0 is within a second of the start, a whole minute, and
+// the end is days later); load then checks that they are the generator's
+// first rows and writes the rest.
+func resume(ctx context.Context, dir string, want Manifest, log io.Writer) (*Manifest, error) {
+	e, err := openStore(ctx, dir)
+	if err != nil {
+		return nil, err
+	}
+	out, err := e.Query(ctx, "SELECT count(), toUnixTimestamp64Milli(min(flow_end)) FROM dualflow.flows", "TSV")
+	e.Close()
+	if err != nil {
+		return nil, err
+	}
+	var n, minMs int64
+	if _, err := fmt.Sscan(string(out), &n, &minMs); err != nil {
+		return nil, fmt.Errorf("count the stored rows: %q: %w", out, err)
+	}
+	if n == 0 || n >= want.Rows {
+		return nil, fmt.Errorf("-resume: %s holds %d rows of %d: nothing to resume", dir, n, want.Rows)
+	}
+	end := time.UnixMilli(minMs).UTC().Truncate(time.Minute).Add(time.Duration(want.Days) * 24 * time.Hour)
+	if !want.End.IsZero() && !want.End.Equal(end) {
+		return nil, fmt.Errorf("-resume: the stored rows end at %s, not -end %s", end.Format(time.RFC3339), want.End.Format(time.RFC3339))
+	}
+	want.End = end
+	fmt.Fprintf(log, "scale: resuming the load in %s at row %d of %d (data set ending %s)\n", dir, n, want.Rows, end.Format(time.RFC3339))
+	return load(ctx, dir, want, n, log)
+}
+
+// checkPrefix advances g past the first n rows and checks that the
+// engine holds them: the rows of the last tail ones, second by second
+// (an interrupted load loses its batches in flight, the newest), and the
+// count. It leaves g where row n comes next.
+func checkPrefix(ctx context.Context, e *store.Embedded, g *Generator, n int64, log io.Writer) error {
+	const tail = 300_000
+	first := max(0, n-tail)
+	// Rows before first end before the base time of row first plus the
+	// jitter (under a second): from the next whole second on, every row
+	// generated is one of the tail.
+	base := g.start.Add(time.Duration(float64(g.span) * float64(first) / float64(g.n)))
+	from := base.Add(time.Second).Truncate(time.Second).Add(time.Second)
+	want := map[int64]int64{}
+	var r flow.Record
+	start := time.Now()
+	for i := int64(0); i < n; i++ {
+		g.Fill(&r, i)
+		if i >= first && !r.FlowEnd.Before(from) {
+			want[r.FlowEnd.Unix()]++
+		}
+	}
+	fmt.Fprintf(log, "scale: generated the %d stored rows again in %s\n", n, time.Since(start).Round(time.Second))
+	out, err := e.Query(ctx, fmt.Sprintf("SELECT toUnixTimestamp(flow_end), count() FROM dualflow.flows WHERE flow_end >= fromUnixTimestamp64Milli(%d, 'UTC') GROUP BY 1", from.UnixMilli()), "TSV")
+	if err != nil {
+		return err
+	}
+	got := map[int64]int64{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		var s, c int64
+		if _, err := fmt.Sscan(line, &s, &c); err != nil {
+			return fmt.Errorf("row %q: %w", line, err)
+		}
+		got[s] = c
+	}
+	bad := 0
+	for s, c := range want {
+		if got[s] != c {
+			bad++
+		}
+	}
+	for s := range got {
+		if _, ok := want[s]; !ok {
+			bad++
+		}
+	}
+	if bad > 0 || len(want) == 0 {
+		return fmt.Errorf("the stored rows are not the generator's first %d (%d of %d seconds since %s differ): load anew without -resume", n, bad, len(want), from.Format(time.RFC3339))
+	}
+	fmt.Fprintf(log, "scale: the stored rows are the generator's first %d (their last %d seconds checked)\n", n, len(want))
+	return nil
 }

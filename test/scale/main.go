@@ -37,6 +37,7 @@ type options struct {
 	end      string
 	loadOnly bool
 	partial  bool
+	resume   bool
 	report   bool
 	iters    int
 	warmup   int
@@ -66,6 +67,7 @@ func main() {
 	flag.IntVar(&o.days, "days", 7, "days of timestamps, ending at -end")
 	flag.StringVar(&o.end, "end", "", "end of the data set, RFC 3339 (default: now, to the minute, at load time; an existing data set is reused whatever its end)")
 	flag.BoolVar(&o.loadOnly, "load-only", false, "load the data sets, do not benchmark")
+	flag.BoolVar(&o.resume, "resume", false, "continue a load that was interrupted (the rows stored must be the generator's first rows: the tail is checked second by second) instead of loading it anew")
 	flag.BoolVar(&o.partial, "partial", false, "benchmark a data set whose load was interrupted (the rows loaded so far, ending at the newest row) instead of loading it anew")
 	flag.BoolVar(&o.report, "report", false, "only print the side-by-side table of the results already measured (<data>/result-<size>.json)")
 	flag.IntVar(&o.iters, "iters", 20, "timed iterations per query")
@@ -163,6 +165,9 @@ func runAll(ctx context.Context, o options) error {
 		if o.partial {
 			args = append(args, "-partial")
 		}
+		if o.resume {
+			args = append(args, "-resume")
+		}
 		if !o.report {
 			cmd := exec.CommandContext(ctx, self, args...)
 			cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
@@ -220,6 +225,10 @@ func runOne(ctx context.Context, o options) error {
 			}
 			m = &want // LoadedAt zero: partial
 		}
+	} else if o.resume && isInterrupted(o.data) {
+		if m, err = resume(ctx, o.data, want, os.Stderr); err != nil {
+			return err
+		}
 	} else if m, err = prepare(o.data, want); err != nil {
 		return err
 	}
@@ -227,7 +236,7 @@ func runOne(ctx context.Context, o options) error {
 		if want.End.IsZero() {
 			want.End = time.Now().UTC().Truncate(time.Minute)
 		}
-		if m, err = load(ctx, o.data, want, os.Stderr); err != nil {
+		if m, err = load(ctx, o.data, want, 0, os.Stderr); err != nil {
 			return err
 		}
 	} else if !m.LoadedAt.IsZero() {
