@@ -10,13 +10,17 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/dualflow/dualflow/collector/enrich"
+	"github.com/dualflow/dualflow/collector/pipeline"
 	"github.com/dualflow/dualflow/collector/store"
 	"github.com/dualflow/dualflow/collector/store/chdb"
 	"github.com/dualflow/dualflow/collector/store/chhttp"
@@ -75,6 +79,13 @@ func inventoryFile(tb testing.TB) string {
 // waits for Run.
 func startCollector(tb testing.TB, mutate func(*Config)) (*Collector, func()) {
 	tb.Helper()
+	return startCollectorThen(tb, mutate, nil)
+}
+
+// startCollectorThen is startCollector, calling before (if not nil) on
+// the collector before it runs.
+func startCollectorThen(tb testing.TB, mutate func(*Config), before func(*Collector)) (*Collector, func()) {
+	tb.Helper()
 	needCHDB(tb)
 	var cfg Config
 	cfg.Store.DataDir = dataDir
@@ -90,6 +101,9 @@ func startCollector(tb testing.TB, mutate func(*Config)) (*Collector, func()) {
 	c, err := New(context.Background(), cfg, log)
 	if err != nil {
 		tb.Fatal(err)
+	}
+	if before != nil {
+		before(c)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -290,7 +304,9 @@ func TestShutdownFlushesHeld(t *testing.T) {
 // enriched: pod-to-pod connections of the lab inventory (same node, so no
 // correlation wait), so every row also carries both pods' namespaces,
 // names, labels, workloads, nodes and zones, and the policy verdicts the
-// auditor evaluates: the widest rows the collector writes.
+// auditor evaluates: the widest rows the collector writes. With the
+// write-ahead log (the default) it is measured against the engine's
+// ceiling for the same rows (benchEndToEndCeiling).
 func BenchmarkEndToEnd(b *testing.B) {
 	for _, wal := range []bool{true, false} {
 		name := ""
@@ -301,6 +317,10 @@ func BenchmarkEndToEnd(b *testing.B) {
 			benchEndToEnd(b, false, wal, "198.18.1.10", "198.18.2.11", "fd00:10:0:1::10", "fd00:10:0:2::11")
 		})
 		b.Run("enriched"+name, func(b *testing.B) {
+			if wal {
+				benchEndToEndCeiling(b, "198.18.1.10", "198.18.1.11", "fd00:10:0:1::10", "fd00:10:0:1::11")
+				return
+			}
 			benchEndToEnd(b, true, wal, "198.18.1.10", "198.18.1.11", "fd00:10:0:1::10", "fd00:10:0:1::11")
 		})
 	}
@@ -452,4 +472,197 @@ func TestHTTPInterfaceAuth(t *testing.T) {
 	if code, body := post(reader.Name, reader.Password, "CREATE TABLE dualflow.reader_was_here (a UInt8) ENGINE = Memory"); code == 200 {
 		t.Errorf("reader created a table: %s", body)
 	}
+}
+
+// captureEnricher passes records to next and keeps a copy of the first
+// want it enriched.
+type captureEnricher struct {
+	next pipeline.Enricher
+	want int
+	mu   sync.Mutex
+	recs []flow.Record
+	full atomic.Bool
+}
+
+func (c *captureEnricher) Enrich(recs []flow.Record) {
+	c.next.Enrich(recs)
+	if c.full.Load() {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.recs == nil {
+		c.recs = make([]flow.Record, 0, c.want)
+	}
+	n := min(len(recs), c.want-len(c.recs))
+	c.recs = append(c.recs, recs[:n]...)
+	if len(c.recs) == c.want {
+		c.full.Store(true)
+	}
+}
+
+// benchEndToEndCeiling measures the enriched pipeline (IPFIX over TCP ->
+// decode -> write-ahead log -> correlate -> enrich -> audit -> write), the
+// collector's default configuration, as a share of the engine's own limit
+// for the same rows, in the same process and on the same engine:
+//
+//   - the ceiling: the rows the pipeline wrote in the warm-up (one batch
+//     of them, captured after enrichment and auditing) encoded once as the
+//     writer's Native block, and inserted as many times as the stream has
+//     batches by as many goroutines as the writer has inserters: the
+//     engine's work with no Go work;
+//   - the pipeline: the exporter sends the same number of records.
+//
+// Each is timed from its start to the moment every row is visible to a
+// query, on emptied tables. An op runs ceiling, pipeline, pipeline,
+// ceiling (this shared VM's speed drifts: runs far apart compare badly).
+// records/s is the pipeline's rate, ceiling-rows/s the engine's,
+// %-of-ceiling their ratio (total times).
+func benchEndToEndCeiling(b *testing.B, src4, dst4, src6, dst6 string) {
+	capture := &captureEnricher{want: store.DefaultBatchRows}
+	c, stop := startCollectorThen(b, func(c *Config) {
+		c.K8s = enrich.NewConfig()
+		c.K8s.Source, c.K8s.Inventory = enrich.SourceInventory, []string{c.InventoryFile}
+		c.Writer.FlushInterval = time.Second
+	}, func(c *Collector) {
+		capture.next = c.enricher
+		c.SetEnricher(capture)
+	})
+	defer stop()
+	e, ok := c.Conn().(*store.Embedded)
+	if !ok {
+		b.Fatalf("the collector's store is %T, not the embedded engine", c.Conn())
+	}
+	x := dialExporter(b, c.IPFIXAddrs()["tcp"][0], 1)
+	const perMsg = 40
+	recs := make([]flow.Record, perMsg)
+	for i := range recs {
+		if i%5 < 3 {
+			recs[i] = half("node-1", src4, dst4, uint16(i), uint64(i+1))
+		} else {
+			recs[i] = half("node-1", src6, dst6, uint16(i), uint64(i+1))
+		}
+	}
+	ctx := context.Background()
+	count := func(q string) int {
+		out, err := e.Query(ctx, q, "TSV")
+		if err != nil {
+			b.Fatal(err)
+		}
+		n, _ := strconv.Atoi(strings.TrimSpace(string(out)))
+		return n
+	}
+	countRows := func() int { return count("SELECT count() FROM dualflow.flows") }
+	truncate := func() {
+		for _, t := range []string{"flows", "rollup_pod_to_pod_1m", "rollup_pod_to_service_1m", "rollup_node_to_node_1m", "rollup_policy_1m"} {
+			if err := e.Exec(ctx, "TRUNCATE TABLE dualflow."+t); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	// visible waits until n rows are in the (emptied) table, the writer's
+	// counter first (a query costs the engine CPU: see benchEndToEnd).
+	visible := func(n int, written func() int64, sent chan error) {
+		deadline := time.Now().Add(5 * time.Minute)
+		for written() < int64(n) || countRows() < n {
+			select {
+			case err := <-sent:
+				if err != nil {
+					b.Fatal(err)
+				}
+				sent <- nil
+			default:
+			}
+			if time.Now().After(deadline) {
+				b.Fatalf("%d rows of %d arrived", countRows(), n)
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		if got := countRows(); got != n {
+			b.Fatalf("%d rows, want %d", got, n)
+		}
+	}
+	// pipeline streams total records (whole batches: the last one is not
+	// left to the flush interval) and returns the time to visible rows.
+	const total = 5_000_000
+	var cpu time.Duration
+	pipeline := func(n int) time.Duration {
+		truncate()
+		runtime.GC()
+		w0 := c.Writer().Stats().RowsWritten
+		written := func() int64 { return c.Writer().Stats().RowsWritten - w0 }
+		cpu0 := processCPU(b)
+		t0 := time.Now()
+		sent := make(chan error, 1)
+		go func() { sent <- x.sendRepeated(recs, n/perMsg) }()
+		visible(n, written, sent)
+		d := time.Since(t0)
+		cpu += processCPU(b) - cpu0
+		if err := <-sent; err != nil {
+			b.Fatal(err)
+		}
+		return d
+	}
+	// The warm-up, untimed: the heap, the writer's buffers and the
+	// engine's caches grow from cold, and the capture fills.
+	pipeline(2 * store.DefaultBatchRows)
+	if !capture.full.Load() {
+		b.Fatalf("captured %d enriched records of %d", len(capture.recs), capture.want)
+	}
+	blocks := make([]*store.NativeBlock, store.DefaultInserters)
+	for i := range blocks {
+		blocks[i] = store.NewNativeBlock(capture.recs)
+	}
+	ceiling := func() time.Duration {
+		truncate()
+		runtime.GC()
+		t0 := time.Now()
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		errs := make(chan error, len(blocks))
+		for _, blk := range blocks {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for next.Add(1) <= total/int64(blk.Rows()) {
+					if err := e.InsertNativeBlock(ctx, blk); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		if err := <-errs; err != nil {
+			b.Fatal(err)
+		}
+		if got := countRows(); got != total {
+			b.Fatalf("ceiling: %d rows, want %d", got, total)
+		}
+		return time.Since(t0)
+	}
+	ceiling()
+	cpu = 0
+	b.ReportAllocs()
+	b.ResetTimer()
+	var ceilingTime, pipelineTime time.Duration
+	for range b.N {
+		ceilingTime += ceiling()
+		pipelineTime += pipeline(total)
+		pipelineTime += pipeline(total)
+		ceilingTime += ceiling()
+	}
+	b.StopTimer()
+	// The measurement is only what it says if the rows were enriched.
+	q := "SELECT count() FROM dualflow.flows WHERE src_port < " + strconv.Itoa(perMsg) +
+		" AND src_pod_name != '' AND dst_pod_name != '' AND mapContains(src_pod_labels, 'app') AND ingress_verdict != 'unknown'"
+	if got := count(q); got != total {
+		b.Fatalf("%d enriched rows of %d", got, total)
+	}
+	runs := float64(2 * total * b.N)
+	b.ReportMetric(runs/pipelineTime.Seconds(), "records/s")
+	b.ReportMetric(runs/ceilingTime.Seconds(), "ceiling-rows/s")
+	b.ReportMetric(100*ceilingTime.Seconds()/pipelineTime.Seconds(), "%-of-ceiling")
+	b.ReportMetric(float64(cpu.Microseconds())/runs, "cpu-µs/record")
 }

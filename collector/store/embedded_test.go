@@ -140,10 +140,16 @@ func wantColumns(r flow.Record) map[string]any {
 // checkAllColumns reads back (through the embedded engine) every column of
 // the flows table for an IPv4 and an IPv6 record written through w.
 func checkAllColumns(t *testing.T, w Conn) {
+	checkAllColumnsInsert(t, func(recs ...flow.Record) { insertRecords(t, w, "", recs...) })
+}
+
+// checkAllColumnsInsert is checkAllColumns with the rows inserted by
+// insert.
+func checkAllColumnsInsert(t *testing.T, insert func(...flow.Record)) {
 	c := needEngine(t)
 	truncate(t, c)
 	v4, v6 := sampleRecord(1, false), sampleRecord(2, true)
-	insertRecords(t, w, "", v4, v6)
+	insert(v4, v6)
 	rows := queryJSON(t, c, "SELECT * FROM dualflow.flows ORDER BY ip_version SETTINGS output_format_json_quote_64bit_integers = 1")
 	if len(rows) != 2 {
 		t.Fatalf("got %d rows, want 2", len(rows))
@@ -172,6 +178,30 @@ func checkAllColumns(t *testing.T, w Conn) {
 
 func TestEmbeddedAllColumns(t *testing.T) {
 	checkAllColumns(t, needEngine(t))
+}
+
+// TestNativeBlockAllColumns: a NativeBlock (the benchmarks' ceiling)
+// stores every column as the writer does, and again on each insert.
+func TestNativeBlockAllColumns(t *testing.T) {
+	e := needEngine(t)
+	checkAllColumnsInsert(t, func(recs ...flow.Record) {
+		b := NewNativeBlock(recs)
+		if b.Rows() != len(recs) {
+			t.Fatalf("block of %d rows, want %d", b.Rows(), len(recs))
+		}
+		if err := e.InsertNativeBlock(context.Background(), b); err != nil {
+			t.Fatal(err)
+		}
+	})
+	b := NewNativeBlock([]flow.Record{sampleRecord(3, false)})
+	for range 2 { // a fresh dedup token each time: not deduplicated
+		if err := e.InsertNativeBlock(context.Background(), b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := queryString(t, e, "SELECT count() FROM dualflow.flows"); got != "4" {
+		t.Errorf("%s rows after inserting a block twice more, want 4", got)
+	}
 }
 
 func TestEmbeddedPre0006Spool(t *testing.T) {
