@@ -179,28 +179,57 @@ func (a *API) flows(c *gin.Context) {
 	c.JSON(http.StatusOK, page)
 }
 
-// flowsSQL builds the page query: newest first, from the cursor on.
+// flowsSQL builds the page query: newest first, from the cursor on, and
+// from the minute bound on when bound is not nil (see pageBound).
 // Ordering by the minute first matches the table's sort key, so ClickHouse
 // reads in order. The tiebreaker is left out of the ORDER BY (hashing every
 // row read costs 2x); queryFlows settles ties at the page boundary with a
 // second query on that one flow_end.
-//
-// ClickHouse stops reading early for an ORDER BY on the sort key's head
-// alone, not for the (minute, flow_end) order the page needs: that reads
-// the whole window (an hour is ~600k rows at 100M rows a week). So a scalar
-// subquery first finds the minute of the limit+1-th newest matching row,
-// ordering by the minute only, and the page reads from that minute on. The
-// page is the same: at least limit+1 matching rows are at or after that
-// minute, so every row of the page is. No match at all makes the bound
-// NULL, and the page empty, as it is.
-func (a *API) flowsSQL(f *Filter, cur *cursor, limit int, settings string) string {
+func (a *API) flowsSQL(f *Filter, cur *cursor, limit int, bound *int64) string {
 	where := a.flowsWhere(f, cur)
-	n := strconv.Itoa(limit + 1)
+	if bound != nil {
+		where += " AND toStartOfMinute(flow_end) >= fromUnixTimestamp64Milli(" + itoa(*bound*1000) + ", 'UTC')"
+	}
 	return "SELECT " + flowColumns + ", toString(" + keyExpr + ") AS key FROM " + a.table +
 		" WHERE " + where +
-		" AND toStartOfMinute(flow_end) >= (SELECT minOrNull(m) FROM (SELECT toStartOfMinute(flow_end) AS m FROM " + a.table +
-		" WHERE " + where + " ORDER BY m DESC LIMIT " + n + "))" +
-		" ORDER BY toStartOfMinute(flow_end) DESC, flow_end DESC LIMIT " + n + settings
+		" ORDER BY toStartOfMinute(flow_end) DESC, flow_end DESC LIMIT " + strconv.Itoa(limit+1) + jsonSettings
+}
+
+// pageBound finds where a page starts. ClickHouse stops reading early for
+// an ORDER BY on the sort key's head alone, but not for the (minute,
+// flow_end) order the page needs: that reads the whole window (an hour is
+// ~600k rows at 100M rows a week). So this asks first for the minutes of
+// the limit+1 newest matching rows, ordered by the minute only, which does
+// stop early: the oldest of them is the bound, and the page reads from it
+// on. The page is the same: at least min(matched, limit+1) matching rows
+// are at or after the bound, and any limit+1 rows have their oldest minute
+// at or before that of the limit+1-th newest row, so whatever order the
+// engine read them in, the bound never cuts the page. matched is how many
+// rows it saw (at most limit+1), -1 if the store did not say; bound is nil
+// when none matched.
+func (a *API) pageBound(ctx context.Context, f *Filter, cur *cursor, limit int) (bound *int64, matched int, err error) {
+	sql := "SELECT toUnixTimestamp(minOrNull(m)) AS bound, count() AS matched FROM (SELECT toStartOfMinute(flow_end) AS m FROM " + a.table +
+		" WHERE " + a.flowsWhere(f, cur) + " ORDER BY m DESC LIMIT " + strconv.Itoa(limit+1) + ")" + a.boundSettings(ctx)
+	rows, err := a.queryRows(ctx, sql)
+	if err != nil {
+		return nil, 0, err
+	}
+	if len(rows) != 1 {
+		// An aggregate answers one row; a store that does not (a fake, a
+		// proxy) gets the page without a bound.
+		return nil, -1, nil
+	}
+	var b struct {
+		Bound   *int64 `json:"bound"`
+		Matched *int   `json:"matched"`
+	}
+	if err := json.Unmarshal(rows[0], &b); err != nil {
+		return nil, 0, fmt.Errorf("decode page bound: %w", err)
+	}
+	if b.Matched == nil {
+		return nil, -1, nil
+	}
+	return b.Bound, *b.Matched, nil
 }
 
 // virtualRowSetting lets ClickHouse skip the parts (and the blocks of the
@@ -208,13 +237,16 @@ func (a *API) flowsSQL(f *Filter, cur *cursor, limit int, settings string) strin
 // instead of reading a block of every part the window overlaps first: 60k
 // rows read instead of 370k for a selective filter's newest minute on the
 // 100M-row benchmark. It is off by default, and servers older than about
-// 25.1 do not know it, so pageSettings asks the server once.
+// 25.1 do not know it, so boundSettings asks the server once. Only the
+// bound query uses it: ClickHouse releases have had wrong-order bugs in
+// this reading, and a wrong order there can only lower the bound (see
+// pageBound), while the page itself is read without it.
 const virtualRowSetting = "read_in_order_use_virtual_row"
 
-// pageSettings is the SETTINGS clause of the page queries: jsonSettings,
+// boundSettings is the SETTINGS clause of the bound query: jsonSettings,
 // and virtualRowSetting where the server has it. A failed probe is asked
 // again at the next page.
-func (a *API) pageSettings(ctx context.Context) string {
+func (a *API) boundSettings(ctx context.Context) string {
 	switch a.virtualRow.Load() {
 	case 1:
 		return jsonSettings + ", " + virtualRowSetting + " = 1"
@@ -276,9 +308,30 @@ func (a *API) decodeFlows(ctx context.Context, sql string) ([]keyedFlow, error) 
 }
 
 func (a *API) queryFlows(ctx context.Context, f *Filter, cur *cursor, limit int) (*FlowPage, error) {
-	rows, err := a.decodeFlows(ctx, a.flowsSQL(f, cur, limit, a.pageSettings(ctx)))
+	bound, matched, err := a.pageBound(ctx, f, cur, limit)
 	if err != nil {
 		return nil, err
+	}
+	var rows []keyedFlow
+	if matched < 0 {
+		rows, err = a.decodeFlows(ctx, a.flowsSQL(f, cur, limit, nil))
+		if err != nil {
+			return nil, err
+		}
+	} else if matched > 0 {
+		if rows, err = a.decodeFlows(ctx, a.flowsSQL(f, cur, limit, bound)); err != nil {
+			return nil, err
+		}
+		if len(rows) < min(matched, limit+1) {
+			// The two reads disagree: on a cluster they may read different
+			// replicas, and the page's may not have a batch the bound's saw
+			// yet. A short page would end the pagination, so read the page
+			// without the bound.
+			a.metrics.pageRereads.Inc()
+			if rows, err = a.decodeFlows(ctx, a.flowsSQL(f, cur, limit, nil)); err != nil {
+				return nil, err
+			}
+		}
 	}
 	order := func(rows []keyedFlow) {
 		sort.SliceStable(rows, func(i, j int) bool {

@@ -192,6 +192,9 @@ type metrics struct {
 	badRequests *prometheus.CounterVec
 	refused     *prometheus.CounterVec
 	inFlight    *prometheus.GaugeVec
+	// pageRereads counts /flows pages read again without their minute
+	// bound because the two reads disagreed (queryFlows).
+	pageRereads prometheus.Counter
 }
 
 func newMetrics(r prometheus.Registerer) (*metrics, error) {
@@ -219,12 +222,16 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 			Name: "dualflow_web_in_flight",
 			Help: "POST /sql queries (kind sql) and follow streams (kind follow) in flight.",
 		}, []string{"kind"}),
+		pageRereads: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "dualflow_web_flow_page_rereads_total",
+			Help: "Flow pages read a second time without their minute bound, because the page's read found fewer rows than the bound's (on a cluster: a replica behind the other).",
+		}),
 	}
 	if r == nil {
 		m.reg = prometheus.NewRegistry()
 		r = m.reg
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.sqlRefused, m.badRequests, m.refused, m.inFlight} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.sqlRefused, m.badRequests, m.refused, m.inFlight, m.pageRereads} {
 		if err := r.Register(c); err != nil {
 			return nil, err
 		}
