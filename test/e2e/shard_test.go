@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -126,12 +125,9 @@ func testShardedMode(t *testing.T, bin string, mode manifest.Mode) {
 		// One merged row, or a few when a packet came after an idle
 		// export (a FIN late on a loaded machine): a continuation, with
 		// larger totals, never the same row twice.
-		gens := generations(got[i])
-		for _, g := range gens {
-			if g.merged != 1 || g.halves != 0 {
-				t.Errorf("%v: rows %+v, want merged rows with distinct totals", c.local, got[i])
-				break
-			}
+		sh := classify(got[i])
+		if sh.twice || sh.stray || sh.unknown || sh.halves > 0 {
+			t.Errorf("%v: rows %+v, want merged rows with distinct totals", c.local, got[i])
 		}
 	}
 	checkCounters(t, l, st, steady)
@@ -209,28 +205,24 @@ func testShardedMode(t *testing.T, bin string, mode manifest.Mode) {
 	var merged, split, lost, twice, strays, continued int
 	for i, c := range churn {
 		rows := got[i]
-		gens := generations(rows)
-		if len(gens) > 1 {
+		sh := classify(rows)
+		if sh.continued {
 			continued++
 			t.Logf("exported again after an idle export: %v %+v", c.local, rows)
 		}
-		dup, stray, anyMerged := false, false, false
-		for _, g := range gens {
-			dup = dup || g.merged > 1
-			stray = stray || g.merged == 1 && g.halves > 0
-			anyMerged = anyMerged || g.merged > 0
-		}
 		switch {
+		case sh.unknown:
+			t.Errorf("%v: rows %+v", c.local, rows)
 		case len(rows) == 0:
 			lost++
 			t.Logf("lost: %v made at +%v", c.local, c.at.Sub(killed).Round(time.Millisecond))
-		case dup:
+		case sh.twice:
 			twice++
 			t.Logf("stored twice: %v %+v", c.local, rows)
-		case stray:
+		case sh.stray:
 			strays++
 			t.Logf("a half stored again beside the merged row: %v %+v", c.local, rows)
-		case anyMerged:
+		case sh.merged:
 			merged++
 		default:
 			split++
@@ -270,46 +262,59 @@ type shardRow struct {
 	deltaPackets, sumDeltaBytes uint64
 }
 
-// generation is the rows of one connection with the same totals: one
-// export of it, merged (merged == 1) or in halves. A connection exported
-// again (a packet after its idle export) has a later generation with
-// larger totals; a generation with two merged rows, or a merged row and a
-// half, is a record stored twice.
-type generation struct {
-	merged, halves int
+// shape is what the rows of one connection say.
+type shape struct {
+	// twice: one row stored twice (the same correlation and totals: a
+	// record replayed after it was stored).
+	twice bool
+	// stray: a half beside a merged row that is not later than it (its
+	// totals not above the merged row's): a half stored again.
+	stray bool
+	// continued: rows of one correlation with different totals, a
+	// connection exported again after its idle export (a packet came
+	// later), which is no duplicate.
+	continued bool
+	merged    bool // some row is merged
+	halves    int  // source_only and destination_only rows
+	unknown   bool // a correlation the test does not know
 }
 
-// generations groups rows by their totals, oldest (smallest) first.
-func generations(rows []shardRow) []generation {
-	type totals struct{ p, b, rp, rb uint64 }
-	type gen struct {
-		totals
-		generation
+func classify(rows []shardRow) shape {
+	type key struct {
+		corr         string
+		p, b, rp, rb uint64
 	}
-	var gens []gen
+	var sh shape
+	seen := map[key]bool{}
+	totals := map[string]map[[4]uint64]bool{} // per correlation
+	newestMerged := int64(-1)                 // packets both ways of the largest merged row
 	for _, r := range rows {
-		k := totals{r.packets, r.bytes, r.rp, r.rb}
-		i := 0
-		for ; i < len(gens); i++ {
-			if gens[i].totals == k {
-				break
-			}
+		switch r.correlation {
+		case "merged":
+			sh.merged = true
+			newestMerged = max(newestMerged, int64(r.packets+r.rp))
+		case "source_only", "destination_only":
+			sh.halves++
+		default:
+			sh.unknown = true
 		}
-		if i == len(gens) {
-			gens = append(gens, gen{totals: k})
+		k := key{r.correlation, r.packets, r.bytes, r.rp, r.rb}
+		sh.twice = sh.twice || seen[k]
+		seen[k] = true
+		if totals[r.correlation] == nil {
+			totals[r.correlation] = map[[4]uint64]bool{}
 		}
-		if r.correlation == "merged" {
-			gens[i].merged++
-		} else {
-			gens[i].halves++
+		totals[r.correlation][[4]uint64{r.packets, r.bytes, r.rp, r.rb}] = true
+	}
+	for _, r := range rows {
+		if r.correlation != "merged" && newestMerged >= 0 && int64(r.packets+r.rp) <= newestMerged {
+			sh.stray = true
 		}
 	}
-	sort.Slice(gens, func(a, b int) bool { return gens[a].p+gens[a].rp < gens[b].p+gens[b].rp })
-	out := make([]generation, len(gens))
-	for i, g := range gens {
-		out[i] = g.generation
+	for _, t := range totals {
+		sh.continued = sh.continued || len(t) > 1
 	}
-	return out
+	return sh
 }
 
 // checkCounters compares the newest source-side row (merged, or the source
