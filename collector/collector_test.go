@@ -341,15 +341,7 @@ func benchEndToEnd(b *testing.B, enriched, wal bool, src4, dst4, src6, dst6 stri
 	})
 	defer stop()
 	x := dialExporter(b, c.IPFIXAddrs()["tcp"][0], 1)
-	const perMsg = 40
-	recs := make([]flow.Record, perMsg)
-	for i := range recs {
-		if i%5 < 3 {
-			recs[i] = half("node-1", src4, dst4, uint16(i), uint64(i+1))
-		} else {
-			recs[i] = half("node-1", src6, dst6, uint16(i), uint64(i+1))
-		}
-	}
+	recs := endToEndRecords(src4, dst4, src6, dst6)
 	count := func(q string) int {
 		out, err := c.Conn().Query(context.Background(), q, "TSV")
 		if err != nil {
@@ -377,29 +369,12 @@ func benchEndToEnd(b *testing.B, enriched, wal bool, src4, dst4, src6, dst6 stri
 	const total, warm = 5_000_000, 200_000
 	want := warm + total*b.N
 	sent := make(chan error, 1)
-	go func() { sent <- x.sendRepeated(recs, (want+2*store.DefaultBatchRows)/perMsg) }()
-	// Rows are visible once their insert returns. The writer's counter says
-	// when that may have happened; only then is the table asked (a query
-	// costs the engine about 1.3 ms of CPU: polling it every 20 ms took
-	// 3% of the machine from the pipeline being measured).
+	go func() { sent <- x.sendRepeated(recs, (want+2*store.DefaultBatchRows)/endToEndPerMsg) }()
+	// Rows are visible once their insert returns (see awaitRows).
 	written := func() int64 { return c.Writer().Stats().RowsWritten }
 	before64 := written()
 	waitRows := func(n int) {
-		deadline := time.Now().Add(2 * time.Minute)
-		for written()-before64 < int64(n) || countRows()-before < n {
-			select {
-			case err := <-sent:
-				if err != nil {
-					b.Fatal(err)
-				}
-				sent <- nil
-			default:
-			}
-			if time.Now().After(deadline) {
-				b.Fatalf("%d rows of %d arrived", countRows()-before, n)
-			}
-			time.Sleep(2 * time.Millisecond)
-		}
+		awaitRows(b, n, 2*time.Minute, func() int64 { return written() - before64 }, func() int { return countRows() - before }, sent)
 	}
 	waitRows(warm)
 	b.ReportAllocs()
@@ -416,12 +391,57 @@ func benchEndToEnd(b *testing.B, enriched, wal bool, src4, dst4, src6, dst6 stri
 	b.ReportMetric(float64(total*b.N)/b.Elapsed().Seconds(), "records/s")
 	if enriched {
 		// The measurement is only what it says if the rows were enriched.
-		q := "SELECT count() FROM dualflow.flows WHERE src_port < " + strconv.Itoa(perMsg) +
-			" AND src_pod_name != '' AND dst_pod_name != '' AND mapContains(src_pod_labels, 'app') AND ingress_verdict != 'unknown'"
-		if got := count(q); got < want {
-			out, _ := c.Conn().Query(context.Background(), "SELECT src_ip, dst_ip, src_pod_name, dst_pod_name, src_pod_labels, ingress_verdict, egress_verdict, correlation FROM dualflow.flows WHERE src_port < "+strconv.Itoa(perMsg)+" ORDER BY time_received DESC LIMIT 2", "TSV")
+		if got := count(enrichedRowsSQL); got < want {
+			out, _ := c.Conn().Query(context.Background(), "SELECT src_ip, dst_ip, src_pod_name, dst_pod_name, src_pod_labels, ingress_verdict, egress_verdict, correlation FROM dualflow.flows WHERE src_port < "+strconv.Itoa(endToEndPerMsg)+" ORDER BY time_received DESC LIMIT 2", "TSV")
 			b.Fatalf("%d enriched rows, want at least %d; newest rows:\n%s", got, want, out)
 		}
+	}
+}
+
+// endToEndPerMsg is the records per IPFIX message of the end-to-end
+// benchmarks: endToEndRecords, sent again and again.
+const endToEndPerMsg = 40
+
+// endToEndRecords returns the end-to-end benchmarks' records: node-1's
+// halves of endToEndPerMsg connections, 3 in 5 IPv4, the rest IPv6.
+func endToEndRecords(src4, dst4, src6, dst6 string) []flow.Record {
+	recs := make([]flow.Record, endToEndPerMsg)
+	for i := range recs {
+		if i%5 < 3 {
+			recs[i] = half("node-1", src4, dst4, uint16(i), uint64(i+1))
+		} else {
+			recs[i] = half("node-1", src6, dst6, uint16(i), uint64(i+1))
+		}
+	}
+	return recs
+}
+
+// enrichedRowsSQL counts the end-to-end benchmarks' rows that carry both
+// pods, labels and a verdict: a measurement of the enriched pipeline is
+// only what it says if its rows were enriched.
+var enrichedRowsSQL = "SELECT count() FROM dualflow.flows WHERE src_port < " + strconv.Itoa(endToEndPerMsg) +
+	" AND src_pod_name != '' AND dst_pod_name != '' AND mapContains(src_pod_labels, 'app') AND ingress_verdict != 'unknown'"
+
+// awaitRows waits until written() and rows() both reach n, the writer's
+// counter first: a query costs the engine CPU (about 1.3 ms; polling it
+// every 20 ms took 3% of the machine from the pipeline being measured), so
+// the table is asked only once the rows may be there. A send error on
+// sent fails the benchmark; a nil one is put back for the caller.
+func awaitRows(b *testing.B, n int, budget time.Duration, written func() int64, rows func() int, sent chan error) {
+	deadline := time.Now().Add(budget)
+	for written() < int64(n) || rows() < n {
+		select {
+		case err := <-sent:
+			if err != nil {
+				b.Fatal(err)
+			}
+			sent <- nil
+		default:
+		}
+		if time.Now().After(deadline) {
+			b.Fatalf("%d rows of %d arrived", rows(), n)
+		}
+		time.Sleep(2 * time.Millisecond)
 	}
 }
 
@@ -534,15 +554,7 @@ func benchEndToEndCeiling(b *testing.B, src4, dst4, src6, dst6 string) {
 		b.Fatalf("the collector's store is %T, not the embedded engine", c.Conn())
 	}
 	x := dialExporter(b, c.IPFIXAddrs()["tcp"][0], 1)
-	const perMsg = 40
-	recs := make([]flow.Record, perMsg)
-	for i := range recs {
-		if i%5 < 3 {
-			recs[i] = half("node-1", src4, dst4, uint16(i), uint64(i+1))
-		} else {
-			recs[i] = half("node-1", src6, dst6, uint16(i), uint64(i+1))
-		}
-	}
+	recs := endToEndRecords(src4, dst4, src6, dst6)
 	ctx := context.Background()
 	count := func(q string) int {
 		out, err := e.Query(ctx, q, "TSV")
@@ -560,30 +572,13 @@ func benchEndToEndCeiling(b *testing.B, src4, dst4, src6, dst6 string) {
 			}
 		}
 	}
-	// visible waits until n rows are in the (emptied) table, the writer's
-	// counter first (a query costs the engine CPU: see benchEndToEnd).
+	// visible waits until n rows are in the (emptied) table.
 	visible := func(n int, written func() int64, sent chan error) {
-		deadline := time.Now().Add(5 * time.Minute)
-		for written() < int64(n) || countRows() < n {
-			select {
-			case err := <-sent:
-				if err != nil {
-					b.Fatal(err)
-				}
-				sent <- nil
-			default:
-			}
-			if time.Now().After(deadline) {
-				b.Fatalf("%d rows of %d arrived", countRows(), n)
-			}
-			time.Sleep(2 * time.Millisecond)
-		}
+		awaitRows(b, n, 5*time.Minute, written, countRows, sent)
 		if got := countRows(); got != n {
 			b.Fatalf("%d rows, want %d", got, n)
 		}
 	}
-	enrichedRows := "SELECT count() FROM dualflow.flows WHERE src_port < " + strconv.Itoa(perMsg) +
-		" AND src_pod_name != '' AND dst_pod_name != '' AND mapContains(src_pod_labels, 'app') AND ingress_verdict != 'unknown'"
 	// pipeline streams n records (whole batches: the last one is not left
 	// to the flush interval), returns the time to visible rows, and checks
 	// (untimed) that every row was enriched.
@@ -597,7 +592,7 @@ func benchEndToEndCeiling(b *testing.B, src4, dst4, src6, dst6 string) {
 		cpu0 := processCPU(b)
 		t0 := time.Now()
 		sent := make(chan error, 1)
-		go func() { sent <- x.sendRepeated(recs, n/perMsg) }()
+		go func() { sent <- x.sendRepeated(recs, n/endToEndPerMsg) }()
 		visible(n, written, sent)
 		d := time.Since(t0)
 		cpu += processCPU(b) - cpu0
@@ -605,7 +600,7 @@ func benchEndToEndCeiling(b *testing.B, src4, dst4, src6, dst6 string) {
 			b.Fatal(err)
 		}
 		// The measurement is only what it says if the rows were enriched.
-		if got := count(enrichedRows); got != n {
+		if got := count(enrichedRowsSQL); got != n {
 			b.Fatalf("%d enriched rows of %d", got, n)
 		}
 		return d
@@ -624,24 +619,8 @@ func benchEndToEndCeiling(b *testing.B, src4, dst4, src6, dst6 string) {
 		truncate()
 		runtime.GC()
 		t0 := time.Now()
-		var next atomic.Int64
-		var wg sync.WaitGroup
-		errs := make(chan error, len(blocks))
-		for _, blk := range blocks {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for next.Add(1) <= total/int64(blk.Rows()) {
-					if err := e.InsertNativeBlock(ctx, blk); err != nil {
-						errs <- err
-						return
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		close(errs)
-		if err := <-errs; err != nil {
+		err := e.InsertNativeBlocks(ctx, len(blocks), total/blocks[0].Rows(), func(_, w int) *store.NativeBlock { return blocks[w] })
+		if err != nil {
 			b.Fatal(err)
 		}
 		if got := countRows(); got != total {

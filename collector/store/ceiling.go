@@ -2,6 +2,8 @@ package store
 
 import (
 	"context"
+	"sync"
+	"sync/atomic"
 
 	"github.com/dualflow/dualflow/flow"
 )
@@ -35,4 +37,31 @@ func (b *NativeBlock) Rows() int { return b.nb.rows }
 // with a fresh dedup token, as the writer inserts a batch.
 func (e *Embedded) InsertNativeBlock(ctx context.Context, b *NativeBlock) error {
 	return e.insertColumns(ctx, FlowsTable, newDedupToken(), &b.nb)
+}
+
+// InsertNativeBlocks inserts n blocks from inserters goroutines, as the
+// writer's inserters do, and returns the first error. Insert i (0 to n-1)
+// of goroutine worker inserts block(i, worker); goroutines must not share
+// a block.
+func (e *Embedded) InsertNativeBlocks(ctx context.Context, inserters, n int, block func(i, worker int) *NativeBlock) error {
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, inserters)
+	for w := range inserters {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n {
+					return
+				}
+				if err := e.InsertNativeBlock(ctx, block(i, w)); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	return <-errs
 }

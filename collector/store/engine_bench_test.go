@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"runtime"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -73,51 +71,20 @@ func embeddedBenchRecord(dst *flow.Record, recs []flow.Record, i int) {
 
 // ceilingBlocks returns the stream's rows as the Native blocks the writer
 // seals: batchRows rows each, and their size.
-func ceilingBlocks(recs []flow.Record, total, batchRows int) ([]*nativeBuilder, int) {
-	var blocks []*nativeBuilder
-	var lc labelCache
-	var r flow.Record
+func ceilingBlocks(recs []flow.Record, total, batchRows int) ([]*NativeBlock, int) {
+	var blocks []*NativeBlock
+	batch := make([]flow.Record, batchRows)
 	size := 0
-	for i := 0; i < total; i++ {
-		if i%batchRows == 0 {
-			nb := new(nativeBuilder)
-			nb.reset(flowWire)
-			blocks = append(blocks, nb)
+	for i := 0; i < total; i += batchRows {
+		n := min(batchRows, total-i)
+		for j := range n {
+			embeddedBenchRecord(&batch[j], recs, i+j)
 		}
-		embeddedBenchRecord(&r, recs, i)
-		blocks[len(blocks)-1].appendRecord(&r, &lc)
-	}
-	for _, nb := range blocks {
-		size += nb.size()
+		blk := NewNativeBlock(batch[:n])
+		blocks = append(blocks, blk)
+		size += blk.nb.size()
 	}
 	return blocks, size
-}
-
-// insertCeiling inserts the blocks, inserters at a time, each with a fresh
-// dedup token: what the writer's senders do, without the writer.
-func insertCeiling(e *Embedded, blocks []*nativeBuilder, inserters int) error {
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, inserters)
-	for range inserters {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				k := int(next.Add(1)) - 1
-				if k >= len(blocks) {
-					return
-				}
-				if err := e.insertColumns(context.Background(), FlowsTable, newDedupToken(), blocks[k]); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	return <-errs
 }
 
 // benchWriterEmbedded runs the ceiling and the writer over total rows (see
@@ -166,7 +133,9 @@ func benchWriterEmbedded(b *testing.B, total, srcPods int) {
 		}
 	}
 	ceiling := func() {
-		if err := insertCeiling(e, blocks, cfg.Inserters); err != nil {
+		// What the writer's senders do, without the writer.
+		err := e.InsertNativeBlocks(context.Background(), cfg.Inserters, len(blocks), func(i, _ int) *NativeBlock { return blocks[i] })
+		if err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -117,15 +117,20 @@ func openStore(ctx context.Context, dir string) (*store.Embedded, error) {
 
 // load writes want.Rows generated rows through store.Writer (its default
 // configuration, as the collector runs it) into the engine in dir,
-// printing progress to log, and writes the manifest. With from > 0 it
-// continues an interrupted load whose first from rows are stored (see
-// resume).
-func load(ctx context.Context, dir string, want Manifest, from int64, log io.Writer) (*Manifest, error) {
+// printing progress to log, and writes the manifest. With resume it
+// continues an interrupted load instead (see resumePoint).
+func load(ctx context.Context, dir string, want Manifest, resume bool, log io.Writer) (*Manifest, error) {
 	e, err := openStore(ctx, dir)
 	if err != nil {
 		return nil, err
 	}
 	defer e.Close()
+	var from int64
+	if resume {
+		if from, err = resumePoint(ctx, e, dir, &want, log); err != nil {
+			return nil, err
+		}
+	}
 	c := NewCluster(want.Shape, want.Seed)
 	g := NewGenerator(c, want.Seed, want.Rows, want.End, time.Duration(want.Days)*24*time.Hour)
 	if from > 0 {
@@ -214,35 +219,30 @@ func isInterrupted(dir string) bool {
 	return err == nil && merr != nil
 }
 
-// resume continues the interrupted load in dir. The rows stored are
-// counted, and the data set's end is found from its oldest row (the
-// generator's row 0 is within a second of the start, a whole minute, and
-// the end is days later); load then checks that they are the generator's
-// first rows and writes the rest.
-func resume(ctx context.Context, dir string, want Manifest, log io.Writer) (*Manifest, error) {
-	e, err := openStore(ctx, dir)
-	if err != nil {
-		return nil, err
-	}
+// resumePoint finds where the interrupted load in e stopped: the rows
+// stored are counted, and the data set's end is found from its oldest row
+// (the generator's row 0 is within a second of the start, a whole minute,
+// and the end is days later) and set in want. load then checks that they
+// are the generator's first rows and writes the rest.
+func resumePoint(ctx context.Context, e *store.Embedded, dir string, want *Manifest, log io.Writer) (int64, error) {
 	out, err := e.Query(ctx, "SELECT count(), toUnixTimestamp64Milli(min(flow_end)) FROM dualflow.flows", "TSV")
-	e.Close()
 	if err != nil {
-		return nil, err
+		return 0, err
 	}
 	var n, minMs int64
 	if _, err := fmt.Sscan(string(out), &n, &minMs); err != nil {
-		return nil, fmt.Errorf("count the stored rows: %q: %w", out, err)
+		return 0, fmt.Errorf("count the stored rows: %q: %w", out, err)
 	}
 	if n == 0 || n >= want.Rows {
-		return nil, fmt.Errorf("-resume: %s holds %d rows of %d: nothing to resume", dir, n, want.Rows)
+		return 0, fmt.Errorf("-resume: %s holds %d rows of %d: nothing to resume", dir, n, want.Rows)
 	}
 	end := time.UnixMilli(minMs).UTC().Truncate(time.Minute).Add(time.Duration(want.Days) * 24 * time.Hour)
 	if !want.End.IsZero() && !want.End.Equal(end) {
-		return nil, fmt.Errorf("-resume: the stored rows end at %s, not -end %s", end.Format(time.RFC3339), want.End.Format(time.RFC3339))
+		return 0, fmt.Errorf("-resume: the stored rows end at %s, not -end %s", end.Format(time.RFC3339), want.End.Format(time.RFC3339))
 	}
 	want.End = end
 	fmt.Fprintf(log, "scale: resuming the load in %s at row %d of %d (data set ending %s)\n", dir, n, want.Rows, end.Format(time.RFC3339))
-	return load(ctx, dir, want, n, log)
+	return n, nil
 }
 
 // checkPrefix advances g past the first n rows and checks that the

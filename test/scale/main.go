@@ -226,7 +226,7 @@ func runOne(ctx context.Context, o options) error {
 			m = &want // LoadedAt zero: partial
 		}
 	} else if o.resume && isInterrupted(o.data) {
-		if m, err = resume(ctx, o.data, want, os.Stderr); err != nil {
+		if m, err = load(ctx, o.data, want, true, os.Stderr); err != nil {
 			return err
 		}
 	} else if m, err = prepare(o.data, want); err != nil {
@@ -236,7 +236,7 @@ func runOne(ctx context.Context, o options) error {
 		if want.End.IsZero() {
 			want.End = time.Now().UTC().Truncate(time.Minute)
 		}
-		if m, err = load(ctx, o.data, want, 0, os.Stderr); err != nil {
+		if m, err = load(ctx, o.data, want, false, os.Stderr); err != nil {
 			return err
 		}
 	} else if !m.LoadedAt.IsZero() {

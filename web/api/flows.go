@@ -247,21 +247,20 @@ const virtualRowSetting = "read_in_order_use_virtual_row"
 // and virtualRowSetting where the server has it. A failed probe is asked
 // again at the next page.
 func (a *API) boundSettings(ctx context.Context) string {
-	switch a.virtualRow.Load() {
-	case 1:
+	if a.virtualRow.Load() == 0 {
+		out, err := a.cfg.Store.Query(ctx, "SELECT count() FROM system.settings WHERE name = '"+virtualRowSetting+"'", "TabSeparated")
+		if err != nil {
+			return jsonSettings
+		}
+		if strings.TrimSpace(string(out)) == "1" {
+			a.virtualRow.Store(1)
+		} else {
+			a.virtualRow.Store(2)
+		}
+	}
+	if a.virtualRow.Load() == 1 {
 		return jsonSettings + ", " + virtualRowSetting + " = 1"
-	case 2:
-		return jsonSettings
 	}
-	out, err := a.cfg.Store.Query(ctx, "SELECT count() FROM system.settings WHERE name = '"+virtualRowSetting+"'", "TabSeparated")
-	if err != nil {
-		return jsonSettings
-	}
-	if strings.TrimSpace(string(out)) == "1" {
-		a.virtualRow.Store(1)
-		return jsonSettings + ", " + virtualRowSetting + " = 1"
-	}
-	a.virtualRow.Store(2)
 	return jsonSettings
 }
 
@@ -313,16 +312,11 @@ func (a *API) queryFlows(ctx context.Context, f *Filter, cur *cursor, limit int)
 		return nil, err
 	}
 	var rows []keyedFlow
-	if matched < 0 {
-		rows, err = a.decodeFlows(ctx, a.flowsSQL(f, cur, limit, nil))
-		if err != nil {
-			return nil, err
-		}
-	} else if matched > 0 {
+	if matched != 0 { // none matched: the page is empty
 		if rows, err = a.decodeFlows(ctx, a.flowsSQL(f, cur, limit, bound)); err != nil {
 			return nil, err
 		}
-		if len(rows) < min(matched, limit+1) {
+		if bound != nil && len(rows) < min(matched, limit+1) {
 			// The two reads disagree: on a cluster they may read different
 			// replicas, and the page's may not have a batch the bound's saw
 			// yet. A short page would end the pagination, so read the page
