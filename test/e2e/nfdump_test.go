@@ -101,10 +101,23 @@ func startNfcapd(t *testing.T) *nfcapd {
 	return n
 }
 
-// stop terminates nfcapd (it writes its file on SIGTERM) and waits.
+// stop terminates nfcapd (it writes its file on SIGTERM) and waits. It
+// first waits for nfcapd to have read every datagram sent to it: one still
+// in its socket's queue at SIGTERM is lost (a loaded machine lost the only
+// datagram of a run so).
 func (n *nfcapd) stop(t *testing.T) {
 	if n.cmd.ProcessState != nil || n.done == nil {
 		return
+	}
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		if q, _ := udpQueued(n.addr.Port()); q == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Errorf("nfcapd left datagrams unread in its socket for 20 s")
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	n.cmd.Process.Signal(syscall.SIGTERM)
 	select {
@@ -240,16 +253,28 @@ func freeUDPPort(t *testing.T) uint16 {
 // udpPortTaken reports whether a UDP socket of the test's namespace is
 // bound to port (read from /proc: binding it to find out would race).
 func udpPortTaken(port uint16) bool {
+	_, taken := udpQueued(port)
+	return taken
+}
+
+// udpQueued returns the bytes waiting in the receive queue of the UDP
+// socket bound to port in this network namespace, and whether there is
+// one (/proc/net/udp{,6}: local_address, then tx_queue:rx_queue in hex).
+func udpQueued(port uint16) (int64, bool) {
 	suffix := fmt.Sprintf(":%04X", port)
 	for _, f := range []string{"/proc/net/udp", "/proc/net/udp6"} {
 		b, _ := os.ReadFile(f)
 		for _, l := range strings.Split(string(b), "\n")[1:] {
-			if fs := strings.Fields(l); len(fs) > 1 && strings.HasSuffix(fs[1], suffix) {
-				return true
+			fs := strings.Fields(l)
+			if len(fs) <= 4 || !strings.HasSuffix(fs[1], suffix) {
+				continue
 			}
+			_, rx, _ := strings.Cut(fs[4], ":")
+			n, _ := strconv.ParseInt(rx, 16, 64)
+			return n, true
 		}
 	}
-	return false
+	return 0, false
 }
 
 // datagram is one export message as the tee received it.
