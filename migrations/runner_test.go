@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"testing/fstest"
@@ -44,7 +43,7 @@ func TestMain(m *testing.M) {
 // (tcp_port makes localhost:9000 the local replica; nothing listens), so
 // the cluster form's Distributed tables can be created and written
 // through in-process (TestClusterFormOnLocalShard).
-const clusterConfig = `<clickhouse>
+const clusterConfig = `
   <tcp_port>9000</tcp_port>
   <remote_servers>
     <flows>
@@ -54,34 +53,12 @@ const clusterConfig = `<clickhouse>
       </shard>
     </flows>
   </remote_servers>
-</clickhouse>
 `
 
-// openWithCluster boots the engine from a directory holding config.xml
-// (read from the working directory at boot, as clickhouse-local does),
-// then returns to the package directory.
+// openWithCluster boots the engine with the cluster "flows" in its
+// configuration.
 func openWithCluster(dataDir string) (*chdb.DB, error) {
-	wd, err := os.Getwd()
-	if err != nil {
-		return nil, err
-	}
-	cfgDir, err := os.MkdirTemp("", "dualflow-migrations-config-")
-	if err != nil {
-		return nil, err
-	}
-	defer os.RemoveAll(cfgDir)
-	if err := os.WriteFile(filepath.Join(cfgDir, "config.xml"), []byte(clusterConfig), 0o644); err != nil {
-		return nil, err
-	}
-	if err := os.Chdir(cfgDir); err != nil {
-		return nil, err
-	}
-	d, err := chdb.Open(chdb.Config{DataDir: dataDir})
-	if cerr := os.Chdir(wd); cerr != nil && err == nil {
-		d.Close()
-		return nil, cerr
-	}
-	return d, err
+	return chdb.Open(chdb.Config{DataDir: dataDir, ExtraConfig: clusterConfig})
 }
 
 func newRunner(t *testing.T, database string, all ...Migration) *Runner {

@@ -159,7 +159,8 @@ func (a *API) sql(c *gin.Context) {
 	vet := func(ctx context.Context, q, f string) ([]byte, error) {
 		return a.cfg.SQL.RunSQL(ctx, q, f, vetSettings)
 	}
-	if err := sqlguard.Vet(ctx, vet, req.Query); err != nil {
+	// The statements run in the flow store's database, never in system.
+	if err := sqlguard.Vet(ctx, vet, "", req.Query); err != nil {
 		var re *sqlguard.RefusedError
 		switch {
 		case errors.As(err, &re):

@@ -36,7 +36,8 @@ type Config struct {
 	// LibPath is the path of libchdb.so; empty searches as FindLibrary does.
 	LibPath string
 	// DataDir is the engine's data directory, created if missing. Empty
-	// means an in-memory engine whose tables vanish on Close.
+	// means a throwaway engine in a new temporary directory, removed when
+	// the process's last DB closes: its tables vanish on Close.
 	DataDir string
 	// MaxMemoryBytes caps the engine's total memory
 	// (max_server_memory_usage); 0 leaves the engine's default (90% of RAM).
@@ -45,6 +46,11 @@ type Config struct {
 	// MaxConns caps statements running at once; further calls wait for a
 	// free connection or for their context. 0 means DefaultMaxConns.
 	MaxConns int
+	// ExtraConfig is XML added inside the engine's configuration file (for
+	// example a remote_servers cluster definition, in tests). It only
+	// takes effect when this Open boots the engine. The engine reads no
+	// other configuration: not a config.xml in the working directory.
+	ExtraConfig string
 }
 
 // DefaultMaxConns is the default Config.MaxConns: enough to overlap an
@@ -115,7 +121,8 @@ type Result struct {
 // DB is an open embedded ClickHouse engine. It is safe for concurrent use.
 type DB struct {
 	l      *lib
-	dir    string // data directory, or "" for in-memory
+	dir    string // data directory, or "" for a throwaway engine
+	path   string // the engine's --path: dir, or the throwaway engine's temporary directory
 	anchor *uintptr
 	slots  chan struct{} // one token per connection in use
 
@@ -130,8 +137,9 @@ type DB struct {
 // runs and how many DBs use it.
 var engine struct {
 	sync.Mutex
-	dir string
-	dbs int
+	dir  string
+	path string // dir, or the temporary directory of a throwaway engine
+	dbs  int
 }
 
 // privateDir creates dir for its owner only, and takes group and other
@@ -181,12 +189,36 @@ func Open(cfg Config) (*DB, error) {
 	if engine.dbs > 0 && engine.dir != dir {
 		return nil, fmt.Errorf("open %s (open: %s): %w", displayDir(dir), displayDir(engine.dir), ErrOtherDir)
 	}
-	args := []string{"--path=" + pathArg(dir)}
+	path := dir
+	if engine.dbs > 0 {
+		path = engine.path
+	} else if dir == "" {
+		// A throwaway engine: the engine takes --path=:memory: for a
+		// directory of that name in the working directory, so give it a
+		// temporary one.
+		tmp, err := os.MkdirTemp("", "dualflow-chdb-")
+		if err != nil {
+			return nil, fmt.Errorf("chdb: temporary data dir: %w", err)
+		}
+		path = tmp
+	}
+	removeTemp := func() {
+		if dir == "" && engine.dbs == 0 {
+			_ = os.RemoveAll(path)
+		}
+	}
+	confine, err := writeConfinement(path, cfg.ExtraConfig)
+	if err != nil {
+		removeTemp()
+		return nil, err
+	}
+	args := []string{"--path=" + path, confine}
 	if cfg.MaxMemoryBytes > 0 {
 		args = append(args, fmt.Sprintf("--max_server_memory_usage=%d", cfg.MaxMemoryBytes))
 	}
 	anchor := l.connectArgs(args)
 	if anchor == nil {
+		removeTemp()
 		if engine.dbs == 0 && dir != "" {
 			if locked, holder := lockedBy(dir); locked {
 				if holder != "" {
@@ -197,11 +229,12 @@ func Open(cfg Config) (*DB, error) {
 		}
 		return nil, fmt.Errorf("chdb: connect to %s failed (see stderr for the engine's message)", displayDir(dir))
 	}
-	engine.dir = dir
+	engine.dir, engine.path = dir, path
 	engine.dbs++
 	return &DB{
 		l:      l,
 		dir:    dir,
+		path:   path,
 		anchor: anchor,
 		slots:  make(chan struct{}, maxConns),
 		idle:   make(map[string][]*uintptr),
@@ -222,13 +255,6 @@ func DirHolder(dir string) (held bool, holder string) {
 }
 
 func displayDir(dir string) string {
-	if dir == "" {
-		return ":memory:"
-	}
-	return dir
-}
-
-func pathArg(dir string) string {
 	if dir == "" {
 		return ":memory:"
 	}
@@ -337,7 +363,7 @@ func (db *DB) killOnDone(ctx context.Context, query string) (string, func(error)
 // split so the KILL statement does not match itself.
 func (db *DB) kill(tag string) {
 	prefix, rest, _ := strings.Cut(tag, ":")
-	h := db.l.connectArgs([]string{"--path=" + pathArg(db.dir)})
+	h := db.l.connectArgs([]string{"--path=" + db.path})
 	if h == nil {
 		return
 	}
@@ -418,7 +444,10 @@ func (db *DB) Close() error {
 	db.l.closeConn(db.anchor)
 	engine.dbs--
 	if engine.dbs == 0 {
-		engine.dir = ""
+		if engine.dir == "" {
+			_ = os.RemoveAll(engine.path)
+		}
+		engine.dir, engine.path = "", ""
 	}
 	return nil
 }
@@ -467,7 +496,7 @@ func (db *DB) conn(st Statement) (pooled, error) {
 	}
 	db.mu.Unlock()
 
-	args := []string{"--path=" + pathArg(db.dir)}
+	args := []string{"--path=" + db.path}
 	for _, name := range sortedKeys(st.Settings) {
 		args = append(args, "--"+name+"="+st.Settings[name])
 	}

@@ -263,7 +263,7 @@ func TestSettings(t *testing.T) {
 	for _, q := range []string{
 		"INSERT INTO " + d + ".t VALUES (1)",
 		"CREATE TABLE " + d + ".u (a UInt8) ENGINE = Memory",
-		"SELECT * FROM file('/etc/hostname', 'LineAsString')",
+		"SELECT * FROM numbers(1) SETTINGS max_threads = 1",
 		"SELECT 1 SETTINGS max_threads = 1",
 	} {
 		_, err := db.Run(ctx, Statement{Query: q, Settings: ro})
@@ -620,5 +620,104 @@ func TestDataDirPrivate(t *testing.T) {
 	}
 	if fi, err := os.Stat(loose); err != nil || fi.Mode().Perm() != 0o700 {
 		t.Errorf("existing 0755 dir: %v %v, want 0700", fi.Mode().Perm(), err)
+	}
+}
+
+// TestThrowawayEngineLeavesNothing: an engine without a data directory
+// used to take --path=:memory: for a directory of that name in the working
+// directory, which tests then left (and committed) in the source tree.
+func TestThrowawayEngineLeavesNothing(t *testing.T) {
+	testDB(t)
+	if testing.Short() {
+		t.Skip("starts a second engine process")
+	}
+	wd := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Dir = wd
+	lib, err := FindLibrary("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Env = append(os.Environ(), envThrowawayChild+"=1", EnvLibPath+"="+lib)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("child: %v\n%s", err, out)
+	}
+	entries, err := os.ReadDir(wd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		t.Errorf("the throwaway engine left %s in its working directory", e.Name())
+	}
+	_, path, ok := strings.Cut(string(out), "path: ")
+	if !ok {
+		t.Fatalf("child did not say its path:\n%s", out)
+	}
+	path = strings.TrimSpace(strings.SplitN(path, "\n", 2)[0])
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Errorf("the throwaway engine's directory %s is still there after Close: %v", path, err)
+	}
+}
+
+// TestEngineConfined: the engine refuses, whoever asks, what reaches
+// outside its data directory: files through table functions and table
+// engines, the network, backups. Before the grants every one of these ran
+// (the embedded engine's user had every grant), so any statement that got
+// past a guard upstream could read or write any file the process may.
+func TestEngineConfined(t *testing.T) {
+	db := testDB(t)
+	ctx := context.Background()
+	d := newDatabase(t, db)
+	dir := t.TempDir()
+	secret := filepath.Join(dir, "secret")
+	if err := os.WriteFile(secret, []byte("not for the engine\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	written := filepath.Join(dir, "written")
+	if err := db.Exec(ctx, "CREATE TABLE "+d+".t (a String) ENGINE = MergeTree ORDER BY a"); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		"SELECT * FROM file('" + secret + "', 'RawBLOB')",
+		"INSERT INTO FUNCTION file('" + written + "', 'RawBLOB') SELECT 'x'",
+		"SELECT * FROM url('http://127.0.0.1:1/', 'RawBLOB')",
+		"SELECT * FROM url('http://[::1]:1/', 'RawBLOB')",
+		"SELECT * FROM s3('http://198.18.0.1:1/bucket/key', 'RawBLOB')",
+		"SELECT * FROM remote('127.0.0.1:1', system.one)",
+		"SELECT * FROM mysql('127.0.0.1:1', 'a', 'b', 'c', 'd')",
+		"SELECT * FROM postgresql('[fd00:10::1]:1', 'a', 'b', 'c', 'd')",
+		"SELECT * FROM executable('id', 'TSV', 'a String')",
+		"CREATE TABLE " + d + ".f (a String) ENGINE = File(RawBLOB, '" + written + "')",
+		"CREATE TABLE " + d + ".u (a String) ENGINE = URL('http://127.0.0.1:1/', RawBLOB)",
+		"BACKUP TABLE " + d + ".t TO File('" + written + "')",
+	} {
+		t.Run(q, func(t *testing.T) {
+			out, err := db.Query(ctx, q, "TSV")
+			if err == nil {
+				t.Fatalf("ran: %q", out)
+			}
+			var ce *Error
+			if !errors.As(err, &ce) || (ce.Code != 497 && ce.Code != 1) {
+				t.Errorf("%v, want ACCESS_DENIED (497), or for executable() no script in the empty scripts directory", err)
+			}
+		})
+	}
+	if _, err := os.Stat(written); err == nil {
+		t.Errorf("%s was written", written)
+	}
+	// What the product does still runs.
+	for _, q := range []string{
+		"INSERT INTO " + d + ".t VALUES ('a')",
+		"CREATE MATERIALIZED VIEW " + d + ".mv ENGINE = SummingMergeTree ORDER BY a AS SELECT a, count() AS c FROM " + d + ".t GROUP BY a",
+		"ALTER TABLE " + d + ".t ADD PROJECTION p (SELECT a ORDER BY a)",
+		"OPTIMIZE TABLE " + d + ".t FINAL",
+		"SELECT * FROM numbers(2)",
+		"SYSTEM FLUSH LOGS",
+		"KILL QUERY WHERE query_id = 'none' ASYNC",
+	} {
+		if err := db.Exec(ctx, q); err != nil {
+			t.Errorf("%s: %v", q, err)
+		}
 	}
 }

@@ -18,6 +18,10 @@ const envRequire = "DUALFLOW_REQUIRE_CHDB"
 // to open (see TestOpenLockedByOtherProcess).
 const envLockChild = "DUALFLOW_CHDB_LOCK_CHILD_DIR"
 
+// envThrowawayChild tells the re-executed test binary to open a throwaway
+// engine (see TestThrowawayEngineLeavesNothing).
+const envThrowawayChild = "DUALFLOW_CHDB_THROWAWAY_CHILD"
+
 // shared is the one engine of this test binary: chDB runs one data
 // directory per process, so every test uses the same DB.
 var shared struct {
@@ -30,6 +34,9 @@ var shared struct {
 func TestMain(m *testing.M) {
 	if dir := os.Getenv(envLockChild); dir != "" {
 		os.Exit(lockChild(dir))
+	}
+	if os.Getenv(envThrowawayChild) == "1" {
+		os.Exit(throwawayChild())
 	}
 	code := m.Run()
 	if shared.db != nil {
@@ -103,4 +110,25 @@ func lockChild(dir string) int {
 		return 0
 	}
 	return 4
+}
+
+// throwawayChild runs in the re-executed test binary: it opens a throwaway
+// engine, writes a table, prints the engine's directory and closes it.
+func throwawayChild() int {
+	db, err := Open(Config{})
+	if err != nil {
+		fmt.Println("child: open:", err)
+		return 3
+	}
+	ctx := context.Background()
+	if err := db.Exec(ctx, "CREATE TABLE default.t (a UInt8) ENGINE = MergeTree ORDER BY a"); err != nil {
+		fmt.Println("child: create:", err)
+		return 4
+	}
+	fmt.Println("path:", db.path)
+	if err := db.Close(); err != nil {
+		fmt.Println("child: close:", err)
+		return 5
+	}
+	return 0
 }

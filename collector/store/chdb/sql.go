@@ -17,6 +17,9 @@ type InsertStatement struct {
 	// clause starts after the spaces and the first newline that follow the
 	// format name.
 	DataOffset int
+	// Function reports INSERT INTO [TABLE] FUNCTION: the rows go to a
+	// table function (a file, a URL, another server), not to a table.
+	Function bool
 }
 
 // SplitInsert parses text as an INSERT that takes data (FORMAT x or VALUES)
@@ -28,6 +31,24 @@ func SplitInsert(text string) (InsertStatement, bool) {
 	if !tok.isWord("INSERT") {
 		return InsertStatement{}, false
 	}
+	function := false
+	{
+		probe := lx
+		t := probe.next()
+		if t.isWord("INTO") {
+			t = probe.next()
+		}
+		if t.isWord("TABLE") {
+			t = probe.next()
+		}
+		function = t.isWord("FUNCTION")
+	}
+	ins, ok := splitInsert(text, &lx, tok)
+	ins.Function = function
+	return ins, ok
+}
+
+func splitInsert(text string, lx *lexer, tok token) (InsertStatement, bool) {
 	depth := 0
 	prev := tok
 	for {
@@ -229,5 +250,23 @@ func OutputFormat(text string) string {
 			}
 		}
 		first = false
+	}
+}
+
+// IntoOutfile reports whether text holds the words INTO OUTFILE as
+// tokens, at any depth, outside quotes and comments: a statement that
+// would write a file (the engine writes it itself, checking no grant).
+func IntoOutfile(text string) bool {
+	lx := lexer{s: text}
+	prev := token{}
+	for {
+		tok := lx.next()
+		if tok.kind == tokEOF {
+			return false
+		}
+		if tok.isWord("OUTFILE") && prev.isWord("INTO") {
+			return true
+		}
+		prev = tok
 	}
 }

@@ -81,3 +81,38 @@ func FuzzSplitInsert(f *testing.F) {
 		}
 	})
 }
+
+// TestSplitInsertFunction: INSERT INTO FUNCTION is told apart, so that a
+// user who may insert into tables cannot insert into a file.
+func TestSplitInsertFunction(t *testing.T) {
+	for in, want := range map[string]bool{
+		"INSERT INTO FUNCTION file('/x', 'RawBLOB') FORMAT RawBLOB":            true,
+		"insert into table function file('/x') values (1)":                     true,
+		"INSERT /* c */ INTO\nFUNCTION url('http://[fd00:10::1]/') FORMAT TSV": true,
+		"INSERT TABLE FUNCTION remote('198.18.0.1', db.t) VALUES (1)":          true,
+		"INSERT INTO function_log FORMAT TSV":                                  false,
+		"INSERT INTO db.t (a) FORMAT RowBinary":                                false,
+		"INSERT INTO `FUNCTION` FORMAT TSV":                                    false,
+	} {
+		got, ok := SplitInsert(in)
+		if !ok || got.Function != want {
+			t.Errorf("%q: Function %v (ok %v), want %v", in, got.Function, ok, want)
+		}
+	}
+}
+
+func TestIntoOutfile(t *testing.T) {
+	for in, want := range map[string]bool{
+		"SELECT 1 INTO OUTFILE 'x'":             true,
+		"select 1 into/* */outfile 'x'":         true,
+		"DESCRIBE (SELECT 1) INTO\nOUTFILE 'x'": true,
+		"SELECT 'INTO OUTFILE'":                 false,
+		"SELECT 1 AS `INTO OUTFILE`":            false,
+		"SELECT 1 -- INTO OUTFILE 'x'":          false,
+		"SELECT into, outfile FROM t":           false,
+	} {
+		if got := IntoOutfile(in); got != want {
+			t.Errorf("IntoOutfile(%q) = %v, want %v", in, got, want)
+		}
+	}
+}

@@ -23,10 +23,17 @@ type Access int
 const (
 	// AccessNone refuses the request (401).
 	AccessNone Access = iota
-	// AccessReadOnly runs reads only: readonly=2 at least (settings may
-	// change, nothing may be written) and the sqlguard check.
+	// AccessReadOnly runs reads only: readonly=1 under the server's
+	// ReaderLimits (URL settings may only lower them, and format the
+	// answer) and the sqlguard check.
 	AccessReadOnly
-	// AccessFull runs anything the engine runs, writes included.
+	// AccessInsert runs INSERTs into tables (not into table functions)
+	// and, otherwise, reads as AccessReadOnly does: the collectors' user
+	// of `dualflow store`. Its INSERTs have an engine slot no other user
+	// may take.
+	AccessInsert
+	// AccessFull runs any one statement but INTO OUTFILE (as a ClickHouse
+	// server's HTTP interface), writes and DDL included.
 	AccessFull
 )
 
@@ -37,16 +44,20 @@ func ParseAccess(s string) (Access, error) {
 		return AccessNone, nil
 	case "readonly", "read-only":
 		return AccessReadOnly, nil
+	case "insert":
+		return AccessInsert, nil
 	case "full":
 		return AccessFull, nil
 	}
-	return AccessNone, fmt.Errorf("access %q: want none, readonly or full", s)
+	return AccessNone, fmt.Errorf("access %q: want none, readonly, insert or full", s)
 }
 
 func (a Access) String() string {
 	switch a {
 	case AccessReadOnly:
 		return "readonly"
+	case AccessInsert:
+		return "insert"
 	case AccessFull:
 		return "full"
 	}
@@ -65,6 +76,19 @@ type User struct {
 	PasswordSHA256Hex string `json:"password_sha256_hex,omitempty"`
 	// ReadOnly users run reads only (see AccessReadOnly).
 	ReadOnly bool `json:"readonly,omitempty"`
+	// InsertOnly users insert into tables and read (see AccessInsert).
+	InsertOnly bool `json:"insert_only,omitempty"`
+}
+
+// access is what u may do.
+func (u User) access() Access {
+	switch {
+	case u.ReadOnly:
+		return AccessReadOnly
+	case u.InsertOnly:
+		return AccessInsert
+	}
+	return AccessFull
 }
 
 // UsersFile is the JSON document of a users file.
@@ -74,20 +98,43 @@ type UsersFile struct {
 
 // Generated users of a new users file.
 const (
-	AdminUser  = "admin"  // full access: INSERT, DDL, dualflow sql
-	ReaderUser = "reader" // reads only
+	AdminUser    = "admin"    // full access: INSERT, DDL, migrations, dualflow sql --write
+	ReaderUser   = "reader"   // reads only
+	InserterUser = "inserter" // inserts into tables and reads: collectors of dualflow store
 )
 
 // LoadOrCreateUsers reads the users file at path, or creates it with an
-// admin and a reader user with random passwords (0600, in a 0700
-// directory) when it does not exist. It refuses a file that group or other
-// may read or write, as ssh does with keys. created reports a new file.
+// admin, a reader and an inserter user with random passwords (0600, in a
+// 0700 directory) when it does not exist. A file without the inserter
+// (written before it existed) gets it added. It refuses a file that group
+// or other may read or write, as ssh does with keys. created reports a new
+// file, or a user added.
 func LoadOrCreateUsers(path string) (users []User, created bool, err error) {
 	users, err = LoadUsers(path)
-	if err == nil || !errors.Is(err, fs.ErrNotExist) {
+	if err == nil {
+		if _, ok := Find(users, InserterUser); ok {
+			return users, false, nil
+		}
+		users = append(users, User{Name: InserterUser, Password: randomPassword(), InsertOnly: true})
+		b, err := json.MarshalIndent(UsersFile{Users: users}, "", "  ")
+		if err != nil {
+			return nil, false, err
+		}
+		tmp := path + ".new"
+		if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
+			return nil, false, fmt.Errorf("users file: %w", err)
+		}
+		if err := os.Rename(tmp, path); err != nil {
+			_ = os.Remove(tmp)
+			return nil, false, fmt.Errorf("users file: %w", err)
+		}
+		return users, true, nil
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
 		return users, false, err
 	}
-	users = []User{{Name: AdminUser, Password: randomPassword()}, {Name: ReaderUser, Password: randomPassword(), ReadOnly: true}}
+	users = []User{{Name: AdminUser, Password: randomPassword()}, {Name: ReaderUser, Password: randomPassword(), ReadOnly: true},
+		{Name: InserterUser, Password: randomPassword(), InsertOnly: true}}
 	b, err := json.MarshalIndent(UsersFile{Users: users}, "", "  ")
 	if err != nil {
 		return nil, false, err
@@ -149,6 +196,8 @@ func validateUsers(users []User) error {
 			return fmt.Errorf("user %q appears twice", u.Name)
 		case (u.Password == "") == (u.PasswordSHA256Hex == ""):
 			return fmt.Errorf("user %q needs exactly one of password and password_sha256_hex", u.Name)
+		case u.ReadOnly && u.InsertOnly:
+			return fmt.Errorf("user %q is both readonly and insert_only", u.Name)
 		case u.PasswordSHA256Hex != "":
 			if b, err := hex.DecodeString(u.PasswordSHA256Hex); err != nil || len(b) != sha256.Size {
 				return fmt.Errorf("user %q: password_sha256_hex is not 64 hex digits", u.Name)
@@ -179,7 +228,7 @@ func randomPassword() string {
 // authenticator checks the credentials of a request.
 type authenticator struct {
 	users     map[string][sha256.Size]byte // name → SHA-256 of the password
-	readOnly  map[string]bool
+	access    map[string]Access
 	anonymous Access
 }
 
@@ -187,7 +236,7 @@ func newAuthenticator(users []User, anonymous Access) (*authenticator, error) {
 	if err := validateUsers(users); err != nil {
 		return nil, fmt.Errorf("chhttp: %w", err)
 	}
-	a := &authenticator{users: map[string][sha256.Size]byte{}, readOnly: map[string]bool{}, anonymous: anonymous}
+	a := &authenticator{users: map[string][sha256.Size]byte{}, access: map[string]Access{}, anonymous: anonymous}
 	for _, u := range users {
 		var sum [sha256.Size]byte
 		if u.PasswordSHA256Hex != "" {
@@ -197,7 +246,7 @@ func newAuthenticator(users []User, anonymous Access) (*authenticator, error) {
 			sum = sha256.Sum256([]byte(u.Password))
 		}
 		a.users[u.Name] = sum
-		a.readOnly[u.Name] = u.ReadOnly
+		a.access[u.Name] = u.access()
 	}
 	return a, nil
 }
@@ -246,8 +295,5 @@ func (a *authenticator) authenticate(r *http.Request) (user string, access Acces
 	if !known || !match {
 		return user, AccessNone, fmt.Errorf("%s: Authentication failed: password is incorrect, or there is no user with such name", user)
 	}
-	if a.readOnly[user] {
-		return user, AccessReadOnly, nil
-	}
-	return user, AccessFull, nil
+	return user, a.access[user], nil
 }

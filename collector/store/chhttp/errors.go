@@ -11,6 +11,7 @@ const (
 	codeSyntaxError              = 62
 	codeUnknownCompressionMethod = 89
 	codeTooManySimultaneous      = 202
+	codeTimeoutExceeded          = 159
 	codeReadonly                 = 164
 	codeQueryIsTooLarge          = 229
 	codeCannotDecompress         = 271
@@ -28,6 +29,7 @@ var codeNames = map[int]string{
 	codeSyntaxError:              "SYNTAX_ERROR",
 	codeUnknownCompressionMethod: "UNKNOWN_COMPRESSION_METHOD",
 	codeTooManySimultaneous:      "TOO_MANY_SIMULTANEOUS_QUERIES",
+	codeTimeoutExceeded:          "TIMEOUT_EXCEEDED",
 	codeReadonly:                 "READONLY",
 	codeQueryIsTooLarge:          "QUERY_IS_TOO_LARGE",
 	codeCannotDecompress:         "CANNOT_DECOMPRESS",

@@ -26,6 +26,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"runtime/debug"
 	"strconv"
@@ -95,6 +96,27 @@ type Config struct {
 	// ShutdownTimeout bounds how long Run waits for requests in flight
 	// after its context is cancelled; 0 means DefaultShutdownTimeout.
 	ShutdownTimeout time.Duration
+	// EngineSlots is how many statements the engine runs at once
+	// (chdb.Config.MaxConns); 0 means chdb.DefaultMaxConns. Requests other
+	// than an inserter's INSERTs use at most EngineSlots-1 of them (waiting
+	// up to 5 s for one), one user who is not an admin at most
+	// EngineSlots-2 (at least 1): the collectors' inserts always find a
+	// slot, and one reader cannot take the others'.
+	EngineSlots int
+	// MaxRequestTime bounds a request from its arrival to its answer: a
+	// statement still running is killed. 0 means DefaultMaxRequestTime.
+	MaxRequestTime time.Duration
+	// MinDataRate is the least average rate, in bytes per second, at
+	// which an INSERT's data must arrive after DataRateGrace; 0 means
+	// DefaultMinDataRate, negative no minimum.
+	MinDataRate int
+	// ReadersPerUser caps one user's requests still sending their query
+	// text (without credentials: one source, an IPv4 /24 or IPv6 /64); 0
+	// means DefaultReadersPerUser.
+	ReadersPerUser int
+	// ReaderLimits are the limits of read-only users' statements; zero
+	// fields take DefaultReaderLimits'.
+	ReaderLimits ReaderLimits
 	// DisplayName is sent as X-ClickHouse-Server-Display-Name; empty means
 	// the host name.
 	DisplayName string
@@ -110,6 +132,8 @@ type Server struct {
 	log     *slog.Logger
 	sem     chan struct{} // one token per request being served; full → 503
 	readers chan struct{} // one token per request reading its query text; full → 503
+	general chan struct{} // one token per request using the engine but an inserter's INSERT; EngineSlots-1, full → 503
+	perUser *userGate
 	auth    *authenticator
 	metrics *metrics
 	handler http.Handler
@@ -136,6 +160,19 @@ func New(cfg Config) (*Server, error) {
 	if cfg.BodyTimeout <= 0 {
 		cfg.BodyTimeout = DefaultBodyTimeout
 	}
+	if cfg.EngineSlots <= 0 {
+		cfg.EngineSlots = chdb.DefaultMaxConns
+	}
+	if cfg.MaxRequestTime <= 0 {
+		cfg.MaxRequestTime = DefaultMaxRequestTime
+	}
+	if cfg.MinDataRate == 0 {
+		cfg.MinDataRate = DefaultMinDataRate
+	}
+	if cfg.ReadersPerUser <= 0 {
+		cfg.ReadersPerUser = DefaultReadersPerUser
+	}
+	cfg.ReaderLimits.setDefaults()
 	if cfg.DisplayName == "" {
 		cfg.DisplayName, _ = os.Hostname()
 	}
@@ -150,8 +187,10 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	general := max(1, cfg.EngineSlots-1)
 	s := &Server{cfg: cfg, log: cfg.Logger, sem: make(chan struct{}, cfg.MaxConcurrent),
-		readers: make(chan struct{}, readersPerSlot*cfg.MaxConcurrent), auth: auth, metrics: m}
+		readers: make(chan struct{}, readersPerSlot*cfg.MaxConcurrent), auth: auth, metrics: m,
+		general: make(chan struct{}, general), perUser: newUserGate(cfg.ReadersPerUser, max(1, general-1))}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/ping", s.ping)
 	mux.HandleFunc("/replicas_status", s.ping)
@@ -191,10 +230,11 @@ func (s *Server) rejectBrowsers(next http.Handler) http.Handler {
 	})
 }
 
-// vet checks a read-only request's statement with the engine's parse, under
-// the request's settings (without its row limits: a parse has a line per
-// node).
-func (s *Server) vet(ctx context.Context, st chdb.Statement) error {
+// vet checks a statement with the engine's parse, under the request's
+// settings (without its row limits: a parse has a line per node): a
+// read-only request's by sqlguard.Vet, another's by
+// sqlguard.VetStatement (one statement, no INTO OUTFILE).
+func (s *Server) vet(ctx context.Context, st chdb.Statement, readOnly bool) error {
 	settings := maps.Clone(st.Settings)
 	delete(settings, "max_result_rows")
 	delete(settings, "result_overflow_mode")
@@ -205,7 +245,12 @@ func (s *Server) vet(ctx context.Context, st chdb.Statement) error {
 		}
 		return res.Data, nil
 	}
-	err := sqlguard.Vet(ctx, run, st.Query)
+	var err error
+	if readOnly {
+		err = sqlguard.Vet(ctx, run, st.Database, st.Query)
+	} else {
+		err = sqlguard.VetStatement(ctx, run, st.Query)
+	}
 	var re *sqlguard.RefusedError
 	if errors.As(err, &re) {
 		s.metrics.refused.WithLabelValues(re.Reason).Inc()
@@ -312,13 +357,28 @@ func (s *Server) serveQuery(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	kind, err := s.handle(w, r, access)
+	who := user
+	if who == "" {
+		who = "anonymous@" + sourceKey(r.RemoteAddr)
+	}
+	kind, err := s.handle(w, r, who, access)
 	switch {
 	case errors.Is(err, errNoReader):
 		s.reject(w, "Too many requests sending their query. Maximum: %d", cap(s.readers))
 		return
+	case errors.Is(err, errUserReaders):
+		s.metrics.refused.WithLabelValues("user_readers").Inc()
+		s.reject(w, "Too many requests of this user sending their query. Maximum: %d", s.cfg.ReadersPerUser)
+		return
 	case errors.Is(err, errNoSlot):
 		s.reject(w, "Too many simultaneous queries. Maximum: %d", s.cfg.MaxConcurrent)
+		return
+	case errors.Is(err, errNoEngine):
+		s.reject(w, "Too many simultaneous queries on the engine (one of its slots is kept for the collectors' inserts). Maximum: %d", cap(s.general))
+		return
+	case errors.Is(err, errUserEngine):
+		s.metrics.refused.WithLabelValues("user_engine").Inc()
+		s.reject(w, "Too many simultaneous queries of this user. Maximum: %d", s.perUser.maxEngine)
 		return
 	}
 	status := http.StatusOK
@@ -328,46 +388,75 @@ func (s *Server) serveQuery(w http.ResponseWriter, r *http.Request) {
 	s.metrics.requests.WithLabelValues(kind, strconv.Itoa(status)).Inc()
 }
 
-// errNoReader and errNoSlot are handle's answers when every place for a
-// request reading its query text, or every engine slot, is taken: 503.
+// Answers of handle when a place is taken: 503 with
+// TOO_MANY_SIMULTANEOUS_QUERIES, as ClickHouse answers past
+// max_concurrent_queries.
 var (
-	errNoReader = errors.New("no place to read the query")
-	errNoSlot   = errors.New("no engine slot")
+	errNoReader    = errors.New("no place to read the query")
+	errUserReaders = errors.New("the user's places to read queries are taken")
+	errNoSlot      = errors.New("no request slot")
+	errNoEngine    = errors.New("no engine slot")
+	errUserEngine  = errors.New("the user's engine slots are taken")
 )
 
 func (s *Server) reject(w http.ResponseWriter, format string, max int) {
 	s.metrics.rejected.Inc()
 	s.metrics.requests.WithLabelValues("query", "503").Inc()
+	// Answer now and close: the server would otherwise read what is left
+	// of the body first, as slowly as the client sends it.
+	_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+	w.Header().Set("Connection", "close")
+	w.Header().Set("Retry-After", "1")
 	s.writeError(w, newError(codeTooManySimultaneous, http.StatusServiceUnavailable, format, max))
 }
 
-// deadlineReader extends the connection's read deadline before each read:
-// a client that stops sending for BodyTimeout is cut off, however long its
-// data goes on.
-type deadlineReader struct {
-	r       io.Reader
-	rc      *http.ResponseController
-	timeout time.Duration
+// sourceKey names a client by its network: an IPv4 /24, an IPv6 /64, or
+// "loopback" (every local user may use any 127.x or ::1 source).
+func sourceKey(remote string) string {
+	ap, err := netip.ParseAddrPort(remote)
+	if err != nil {
+		return remote
+	}
+	a := ap.Addr().Unmap()
+	switch {
+	case a.IsLoopback():
+		return "loopback"
+	case a.Is4():
+		p, _ := a.Prefix(24)
+		return p.String()
+	default:
+		p, _ := a.Prefix(64)
+		return p.String()
+	}
 }
 
-func (d deadlineReader) Read(p []byte) (int, error) {
-	_ = d.rc.SetReadDeadline(time.Now().Add(d.timeout))
-	return d.r.Read(p)
-}
-
-// handle serves one request; on error nothing has been written yet. It
-// reads the query text in one of the reading places, and only then takes
-// an engine slot, so slow senders hold no slot.
-func (s *Server) handle(w http.ResponseWriter, r *http.Request, access Access) (kind string, err error) {
+// handle serves one request of who (a user, or an anonymous source); on
+// error nothing has been written yet. It reads the query text in one of
+// the reading places (at most ReadersPerUser of them for who), and only
+// then takes an engine slot, so slow senders hold no slot. A read-only
+// request (a read-only user, GET, readonly=N) never reaches the insert
+// path, and runs only what sqlguard.Vet accepts; an inserter's INSERT has
+// a slot of its own; any other statement must be one statement without
+// INTO OUTFILE.
+func (s *Server) handle(w http.ResponseWriter, r *http.Request, who string, access Access) (kind string, err error) {
 	kind = "query"
+	start := time.Now()
+	ctx, cancel := context.WithDeadline(r.Context(), start.Add(s.cfg.MaxRequestTime))
+	defer cancel()
 	select {
 	case s.readers <- struct{}{}:
 	default:
 		return kind, errNoReader
 	}
+	leaveReading, ok := s.perUser.enter("reading", who)
+	if !ok {
+		<-s.readers
+		return kind, errUserReaders
+	}
 	reading := true
 	defer func() {
 		if reading {
+			leaveReading()
 			<-s.readers
 		}
 	}()
@@ -378,14 +467,9 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, access Access) (
 	if s.cfg.ReadOnly {
 		req.settings["readonly"] = "1"
 	}
-	if access == AccessReadOnly && req.settings["readonly"] != "1" {
-		// As a ClickHouse user with readonly=2: settings may change,
-		// nothing may be written.
-		req.settings["readonly"] = "2"
-	}
 	rc := http.NewResponseController(w)
 	// The query text must arrive within BodyTimeout; INSERT data after it
-	// within BodyTimeout per read.
+	// at MinDataRate (paceReader).
 	_ = rc.SetReadDeadline(time.Now().Add(s.cfg.BodyTimeout))
 	body, closeBody, err := requestBody(r.Body, r.Header.Get("Content-Encoding"), req.nativeDecompress)
 	if err != nil {
@@ -416,19 +500,80 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, access Access) (
 		}
 		return kind, newError(codeSyntaxError, http.StatusBadRequest, "Empty query")
 	}
+	leaveReading()
 	<-s.readers
 	reading = false
+
+	ins, isInsert := chdb.SplitInsert(text)
+	isInsert = isInsert && ins.DataOffset >= len(req.query)
+	ro := req.settings["readonly"]
+	readOnly := access == AccessReadOnly || ro == "1" || ro == "2" || (access == AccessInsert && !isInsert)
+	if isInsert {
+		kind = "insert"
+		switch {
+		case readOnly:
+			// The reader's INSERT INTO FUNCTION file(...) used to reach the
+			// engine, which readonly=2 does not stop from writing the file.
+			s.metrics.refused.WithLabelValues("insert").Inc()
+			return kind, newError(codeReadonly, httpStatus(codeReadonly), "Cannot execute query in readonly mode: INSERT by a read-only user or request")
+		case access == AccessInsert && ins.Function:
+			s.metrics.refused.WithLabelValues("insert_function").Inc()
+			return kind, newError(codeAccessDenied, httpStatus(codeAccessDenied), "user %s may insert into tables only, not into a table function", who)
+		}
+	}
 	select {
 	case s.sem <- struct{}{}:
 	default:
 		return kind, errNoSlot
 	}
 	defer func() { <-s.sem }()
+	// Every request but an inserter's INSERT shares EngineSlots-1 engine
+	// slots, and each user but an admin at most one less: the collectors'
+	// inserts and the other users always find one.
+	if !isInsert || access != AccessInsert {
+		if access != AccessFull {
+			leave, ok := s.perUser.enter("engine", who)
+			if !ok {
+				return kind, errUserEngine
+			}
+			defer leave()
+		}
+		// As ClickHouse past max_concurrent_queries: wait a little for a
+		// slot (queue_max_wait_ms), then refuse.
+		wait := time.NewTimer(queueWait)
+		select {
+		case s.general <- struct{}{}:
+			wait.Stop()
+		case <-wait.C:
+			return kind, errNoEngine
+		case <-ctx.Done():
+			wait.Stop()
+			return kind, errNoEngine
+		}
+		defer func() { <-s.general }()
+	}
 	s.metrics.inFlight.Inc()
 	defer s.metrics.inFlight.Dec()
-	body = deadlineReader{r: body, rc: rc, timeout: s.cfg.BodyTimeout}
+	var minRate float64
+	if s.cfg.MinDataRate > 0 {
+		minRate = float64(s.cfg.MinDataRate)
+	}
+	pace := &paceReader{r: body, rc: rc, stall: s.cfg.BodyTimeout, minRate: minRate, start: start, end: start.Add(s.cfg.MaxRequestTime)}
 
-	st := chdb.Statement{Format: req.format, Params: req.params, Settings: req.settings, Database: req.database}
+	settings := req.settings
+	if access == AccessReadOnly || (access == AccessInsert && !isInsert) {
+		// A read-only user's statement runs under the server's limits:
+		// URL settings may lower them and format the answer, nothing else.
+		if settings, err = readerStatementSettings(req.settings, s.cfg.ReaderLimits); err != nil {
+			s.metrics.refused.WithLabelValues("settings").Inc()
+			return kind, err
+		}
+	} else if readOnly && ro != "1" {
+		// As a ClickHouse user with readonly=2: settings may change,
+		// nothing may be written.
+		settings["readonly"] = "2"
+	}
+	st := chdb.Statement{Format: req.format, Params: req.params, Settings: settings, Database: req.database}
 	queryID := req.queryID
 	if queryID == "" {
 		queryID = newQueryID()
@@ -438,15 +583,21 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, access Access) (
 	h.Set("X-ClickHouse-Server-Display-Name", s.cfg.DisplayName)
 	h.Set("X-ClickHouse-Timezone", "UTC")
 
-	if ins, ok := chdb.SplitInsert(text); ok && ins.DataOffset >= len(req.query) {
-		kind = "insert"
+	if isInsert {
 		if !exhausted && ins.DataOffset == len(text) {
 			return kind, newError(codeQueryIsTooLarge, http.StatusRequestEntityTooLarge, "INSERT statement longer than %d bytes", s.cfg.MaxQuerySize)
 		}
 		st.Query = text[:ins.DataOffset]
-		data := io.MultiReader(strings.NewReader(text[ins.DataOffset:]), body)
-		stats, err := s.cfg.Engine.InsertStatement(r.Context(), st, data)
+		data := io.MultiReader(strings.NewReader(text[ins.DataOffset:]), pace)
+		stats, err := s.cfg.Engine.InsertStatement(ctx, st, data)
 		if err != nil {
+			if pace.tooSlow {
+				s.metrics.refused.WithLabelValues("slow").Inc()
+				return kind, newError(codeTimeoutExceeded, httpStatus(codeTimeoutExceeded), "the INSERT's data arrives too slowly: %d bytes in %s, below %d bytes/s (after %s); send it faster, or in smaller INSERTs", pace.n, time.Since(start).Round(time.Second), s.cfg.MinDataRate, DataRateGrace)
+			}
+			if ctx.Err() != nil && r.Context().Err() == nil {
+				return kind, newError(codeTimeoutExceeded, httpStatus(codeTimeoutExceeded), "the request took longer than %s", s.cfg.MaxRequestTime)
+			}
 			return kind, err
 		}
 		s.metrics.insertedRows.Add(float64(stats.RowsWritten))
@@ -464,16 +615,17 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, access Access) (
 	if f := chdb.OutputFormat(text); f != "" {
 		format = f
 	}
-	if ro := st.Settings["readonly"]; ro == "1" || ro == "2" {
-		// A read-only request (GET, readonly=N, a ReadOnly server) reads
-		// the store only: the engine would still write and read files,
-		// reach the network, run programs and KILL, and run a second
-		// statement (sqlguard).
-		if err := s.vet(r.Context(), st); err != nil {
-			return kind, err
-		}
+	// A read-only request reads the store only: the engine would still
+	// write files (INTO OUTFILE), show system.processes, KILL, and run a
+	// second statement. Any other runs one statement without INTO OUTFILE
+	// (sqlguard).
+	if err := s.vet(ctx, st, readOnly); err != nil {
+		return kind, err
 	}
-	res, err := s.cfg.Engine.Run(r.Context(), st)
+	res, err := s.cfg.Engine.Run(ctx, st)
+	if err != nil && ctx.Err() != nil && r.Context().Err() == nil {
+		return kind, newError(codeTimeoutExceeded, httpStatus(codeTimeoutExceeded), "the request took longer than %s", s.cfg.MaxRequestTime)
+	}
 	if err != nil {
 		return kind, err
 	}
@@ -633,7 +785,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dualflow_chhttp_refused_total",
-			Help: "Read-only requests refused before they ran, by reason: statement, outfile, table_function, function, engine (see sqlguard).",
+			Help: "Requests refused before they ran, by reason: statement, outfile, settings, construct, table_function, function, table, engine (see sqlguard); insert (an INSERT of a read-only user or request), insert_function (an inserter's INSERT INTO FUNCTION), user_readers and user_engine (a user's cap of places), slow (data below the minimum rate).",
 		}, []string{"reason"}),
 	}
 	if reg != nil {

@@ -1,2 +1,0 @@
-ATTACH DATABASE _ UUID '90bf5f14-5cb4-4e14-94fb-a20c1427ef3a'
-ENGINE = Atomic
