@@ -381,7 +381,9 @@ func (c *Collector) IPFIXAddrs() map[string][]net.Addr {
 // migrate applies the pending migrations. While ClickHouse cannot be
 // reached (a server, or `dualflow store`, starting with the collector) it
 // retries with backoff for StoreWait, logging each failure; a refusal
-// (bad credentials, bad SQL) fails at once.
+// (bad credentials, bad SQL) fails at once. A user who may only insert
+// (the inserter of `dualflow store`, a server user with INSERT and SELECT)
+// applies nothing: the schema must be current, which it checks.
 func (c *Collector) migrate(ctx context.Context) error {
 	r, err := migrations.NewRunner(c.conn, c.cfg.Store.Migrations())
 	if err != nil {
@@ -394,6 +396,9 @@ func (c *Collector) migrate(ctx context.Context) error {
 		for _, m := range done {
 			c.log.Info("applied migration", "name", m.Name)
 		}
+		if store.Forbidden(err) {
+			return c.schemaCurrent(ctx, r, err)
+		}
 		if err == nil || !store.Unavailable(err) || time.Now().Add(delay).After(deadline) {
 			return err
 		}
@@ -404,6 +409,21 @@ func (c *Collector) migrate(ctx context.Context) error {
 		case <-time.After(delay):
 		}
 	}
+}
+
+// schemaCurrent is migrate for a ClickHouse user who may not change the
+// schema (refused, the statement Up was refused with): nil when no
+// migration is pending, else an error that says who applies them.
+func (c *Collector) schemaCurrent(ctx context.Context, r *migrations.Runner, refused error) error {
+	pending, err := r.Pending(ctx)
+	if err != nil {
+		return fmt.Errorf("this collector's ClickHouse user may not apply migrations (%v), nor read which are applied: %w", refused, err)
+	}
+	if len(pending) > 0 {
+		return fmt.Errorf("the schema lacks %d migrations (first %s) and this collector's ClickHouse user may not apply them (%v): apply them with `dualflow migrate` as an admin, or let `dualflow store` apply them at its start", len(pending), pending[0].Name, refused)
+	}
+	c.log.Info("the schema is current; this collector's ClickHouse user applies no migrations (it may not)")
+	return nil
 }
 
 // Writer returns the store writer that the ingest pipeline feeds.

@@ -646,3 +646,55 @@ func benchEndToEndCeiling(b *testing.B, src4, dst4, src6, dst6 string) {
 	b.ReportMetric(100*ceilingTime.Seconds()/pipelineTime.Seconds(), "%-of-ceiling")
 	b.ReportMetric(float64(cpu.Microseconds())/runs, "cpu-µs/record")
 }
+
+// TestInserterCollector: a collector of `dualflow store` logs in as the
+// inserter, which may not apply migrations (before, collectors had to be
+// the admin because they did): it checks that the schema is current
+// instead, and inserts.
+func TestInserterCollector(t *testing.T) {
+	owner, _ := startCollector(t, func(c *Config) { c.Store.HTTPAddr = "127.0.0.1:0" })
+	users, err := chhttp.LoadUsers(filepath.Join(dataDir, "http-users.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	inserter, ok := chhttp.Find(users, chhttp.InserterUser)
+	if !ok {
+		t.Fatalf("no inserter in %+v", users)
+	}
+	pw := filepath.Join(t.TempDir(), "password")
+	if err := os.WriteFile(pw, []byte(inserter.Password), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var cfg Config
+	cfg.Store.DSN = "http://" + owner.HTTPAddr().String() + "/"
+	cfg.Store.Username, cfg.Store.PasswordFile = inserter.Name, pw
+	cfg.StoreWait = 10 * time.Second
+	cfg.IPFIX.TCPAddrs = []string{"127.0.0.1:0"}
+	cfg.InventoryFile = inventoryFile(t)
+	c, err := New(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatalf("a collector logged in as the inserter: %v", err)
+	}
+	defer c.Conn().Close()
+	ctx := context.Background()
+	before, err := owner.Conn().Query(ctx, "SELECT count() FROM dualflow.flows", "TSV")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Conn().Exec(ctx, "INSERT INTO dualflow.flows (flow_end, ip_version, src_ip_in, dst_ip_in) VALUES (now(), 6, 'fd00:10::1', 'fd00:10::2'), (now(), 4, '::ffff:198.18.0.1', '::ffff:198.18.0.2')"); err != nil {
+		t.Fatalf("insert as the inserter: %v", err)
+	}
+	after, err := owner.Conn().Query(ctx, "SELECT count() FROM dualflow.flows", "TSV")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n0, n1 int
+	fmt.Sscan(string(before), &n0)
+	fmt.Sscan(string(after), &n1)
+	if n1 != n0+2 {
+		t.Errorf("rows %d → %d after the inserter's INSERT of 2", n0, n1)
+	}
+	if err := c.Conn().Exec(ctx, "DROP TABLE dualflow.flows"); err == nil {
+		t.Error("the inserter dropped the flows table")
+	}
+}

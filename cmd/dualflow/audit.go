@@ -167,57 +167,15 @@ func (a *auditFlags) reports() (*audit.Reports, func(), error) {
 	if err := a.store.Validate(); err != nil {
 		return nil, nil, err
 	}
-	q := &cliQuerier{endpoint: a.url, cfg: a.store, direct: a.direct}
+	// The reports are the product's own read-only SQL, which carries
+	// settings (memory bounds) a reader may not send: they run as the
+	// admin, on the collector that holds the data directory only.
+	q := &cliQuerier{endpoint: a.url, cfg: a.store, direct: a.direct, write: true}
 	r, err := audit.NewReports(q, a.store.Database)
 	if err != nil {
 		return nil, nil, err
 	}
 	return r, q.close, nil
-}
-
-// cliQuerier queries the ClickHouse HTTP interface like `dualflow sql`:
-// --url, falling back to opening the embedded data directory when nothing
-// answers there, or the server of an http(s) --clickhouse.dsn. The reports
-// read JSONEachRow, which the native protocol driver does not return: a
-// clickhouse:// DSN gets the store's error saying so.
-type cliQuerier struct {
-	endpoint string
-	cfg      store.Config
-	direct   bool
-	conn     store.Conn
-}
-
-func (c *cliQuerier) Query(ctx context.Context, query, format string) ([]byte, error) {
-	endpoint := c.endpoint
-	if dsn := c.cfg.DSN; strings.HasPrefix(dsn, "http://") || strings.HasPrefix(dsn, "https://") {
-		endpoint, c.direct = dsn, false
-	}
-	if c.conn == nil && !c.direct && (c.cfg.DSN == "" || endpoint == c.cfg.DSN) {
-		var buf bytes.Buffer
-		user, password, err := httpCredentials(c.cfg)
-		if err != nil {
-			return nil, err
-		}
-		err = queryHTTP(ctx, endpoint, user, password, query, format, &buf)
-		if err == nil || !isConnRefused(err) || c.cfg.DSN != "" {
-			return buf.Bytes(), err
-		}
-		c.direct = true // nothing listens: open the data directory
-	}
-	if c.conn == nil {
-		conn, err := store.Open(c.cfg)
-		if err != nil {
-			return nil, err
-		}
-		c.conn = conn
-	}
-	return c.conn.Query(ctx, query, format)
-}
-
-func (c *cliQuerier) close() {
-	if c.conn != nil {
-		c.conn.Close()
-	}
 }
 
 func printJSON(v any) error {

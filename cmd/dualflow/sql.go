@@ -1,12 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"strings"
@@ -14,7 +16,9 @@ import (
 	"time"
 
 	"github.com/dualflow/dualflow/collector/store"
+	"github.com/dualflow/dualflow/collector/store/chdb"
 	"github.com/dualflow/dualflow/collector/store/chhttp"
+	"github.com/dualflow/dualflow/collector/store/sqlguard"
 )
 
 func runSQL(ctx context.Context, args []string) error {
@@ -24,20 +28,30 @@ It goes through the ClickHouse HTTP interface of a running collector (the
 embedded store serves it on 127.0.0.1:8123), or of a ClickHouse server with
 --url. When nothing answers there and the store is embedded, it opens the data
 directory directly (only one process may own it, so stop the collector first
-or let it answer over HTTP). Over HTTP it authenticates as --clickhouse.user
-(or $DUALFLOW_CLICKHOUSE_USER) with --clickhouse.password-file (or
-$DUALFLOW_CLICKHOUSE_PASSWORD), else as the admin user of the embedded store's
-users file (<data-dir>/http-users.json, readable by the collector's user only).
+or let it answer over HTTP).
+
+It reads: it runs as the embedded store's reader user, and what it runs must
+pass the same check as the REST API's SQL (one read-only statement; see
+docs/security.md). --write runs it as the admin user instead (INSERT, DDL,
+DROP: it can destroy the store; it says so on stderr). The users come from the
+store's users file (<data-dir>/http-users.json, readable by the collector's
+user only), and their passwords go only to the collector that holds the data
+directory, on loopback: never to another process listening on --url. For a
+ClickHouse server, give --clickhouse.user (or $DUALFLOW_CLICKHOUSE_USER) and
+--clickhouse.password-file (or $DUALFLOW_CLICKHOUSE_PASSWORD); a password is
+never sent in clear beyond loopback (use https).
 
   dualflow sql "SELECT ip_version, count() FROM dualflow.flows GROUP BY ip_version"
   dualflow sql --format JSONEachRow "SELECT * FROM dualflow.flows LIMIT 3"
-  echo "SHOW TABLES FROM dualflow" | dualflow sql -`)
+  echo "SHOW TABLES FROM dualflow" | dualflow sql -
+  dualflow sql --write "OPTIMIZE TABLE dualflow.flows FINAL"`)
 	var cfg store.Config
 	cfg.BindFlags(fs)
 	endpoint := fs.String("url", "http://"+store.DefaultHTTPAddr+"/", "ClickHouse HTTP interface to query")
 	format := fs.String("format", "PrettyCompactMonoBlock", "ClickHouse output format, passed through (TSV, CSV, JSONEachRow, Vertical, …)")
 	timeout := fs.Duration("timeout", 5*time.Minute, "give up after this long")
 	direct := fs.Bool("direct", false, "open the embedded data directory directly, without trying HTTP")
+	write := fs.Bool("write", false, "run as the embedded store's admin user, who may write (INSERT, DDL, DROP); default the reader")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -59,28 +73,110 @@ users file (<data-dir>/http-users.json, readable by the collector's user only).
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	if !*direct {
-		user, password, err := httpCredentials(cfg)
+	c := &cliQuerier{endpoint: *endpoint, cfg: cfg, direct: *direct, write: *write, guarded: true}
+	defer c.close()
+	return c.QueryTo(ctx, query, *format, os.Stdout)
+}
+
+// cliQuerier runs SQL for the CLI (`dualflow sql`, `dualflow audit`): on
+// the ClickHouse HTTP interface of --url, falling back to opening the
+// embedded data directory when nothing answers there, or on the server of
+// an http(s) --clickhouse.dsn. The audit reports read JSONEachRow, which
+// the native protocol driver does not return: a clickhouse:// DSN gets the
+// store's error saying so.
+type cliQuerier struct {
+	endpoint string
+	cfg      store.Config
+	direct   bool
+	// write picks the users file's admin rather than its reader.
+	write bool
+	// guarded: the text is a user's, vetted as the REST API's SQL is when
+	// it runs on the data directory directly (the HTTP interface vets what
+	// its users send itself).
+	guarded bool
+	conn    store.Conn
+}
+
+// Query runs query and returns its output in format.
+func (c *cliQuerier) Query(ctx context.Context, query, format string) ([]byte, error) {
+	var buf bytes.Buffer
+	err := c.QueryTo(ctx, query, format, &buf)
+	return buf.Bytes(), err
+}
+
+// QueryTo runs query and writes its output in format to w.
+func (c *cliQuerier) QueryTo(ctx context.Context, query, format string, w io.Writer) error {
+	endpoint := c.endpoint
+	if dsn := c.cfg.DSN; strings.HasPrefix(dsn, "http://") || strings.HasPrefix(dsn, "https://") {
+		endpoint, c.direct = dsn, false
+	}
+	if c.conn == nil && !c.direct && (c.cfg.DSN == "" || endpoint == c.cfg.DSN) {
+		user, password, err := c.credentials(endpoint)
 		if err != nil {
 			return err
 		}
-		err = queryHTTP(ctx, *endpoint, user, password, query, *format, os.Stdout)
-		if err == nil || !isConnRefused(err) || cfg.DSN != "" {
+		err = queryHTTP(ctx, endpoint, user, password, query, format, w)
+		if err == nil || !isConnRefused(err) || c.cfg.DSN != "" {
 			return err
 		}
+		c.direct = true // nothing listens: open the data directory
 	}
-	cfg.SetDefaults()
-	conn, err := store.NewEmbedded(store.EmbeddedConfig{LibPath: cfg.LibPath, DataDir: cfg.DataDir, MaxMemoryBytes: uint64(cfg.MaxMemory), Database: cfg.Database})
-	if err != nil {
+	if c.conn == nil {
+		c.cfg.SetDefaults()
+		conn, err := store.Open(c.cfg)
+		if err != nil {
+			return err
+		}
+		c.conn = conn
+	}
+	e, ok := c.conn.(*store.Embedded)
+	if !ok || !c.guarded {
+		out, err := c.conn.Query(ctx, query, format)
+		if err == nil {
+			_, err = w.Write(out)
+		}
 		return err
 	}
-	defer conn.Close()
-	out, err := conn.Query(ctx, query, *format)
-	if err != nil {
-		return err
+	// The data directory opened here: the same check as the HTTP
+	// interface's users get.
+	var settings map[string]string
+	if !c.write {
+		settings = map[string]string{"readonly": "1"}
 	}
-	_, err = os.Stdout.Write(out)
+	st := chdb.Statement{Format: format, Settings: settings, Database: c.cfg.Database}
+	run := func(ctx context.Context, q, f string) ([]byte, error) {
+		s := st
+		s.Query, s.Format = q, f
+		res, err := e.DB().Run(ctx, s)
+		if err != nil {
+			return nil, err
+		}
+		return res.Data, nil
+	}
+	var err error
+	if c.write {
+		err = sqlguard.VetStatement(ctx, run, query)
+	} else {
+		err = sqlguard.Vet(ctx, run, c.cfg.Database, query)
+	}
+	if err != nil {
+		return fmt.Errorf("%w (dualflow sql reads; --write runs as the admin, who may write)", err)
+	}
+	if c.write {
+		fmt.Fprintf(os.Stderr, "dualflow sql: running as the data directory's owner, read-write (--write)\n")
+	}
+	st.Query = query
+	res, err := e.DB().Run(ctx, st)
+	if err == nil {
+		_, err = w.Write(res.Data)
+	}
 	return err
+}
+
+func (c *cliQuerier) close() {
+	if c.conn != nil {
+		c.conn.Close()
+	}
 }
 
 // queryHTTP posts query to a ClickHouse HTTP interface and copies the
@@ -113,13 +209,28 @@ func queryHTTP(ctx context.Context, endpoint, user, password, query, format stri
 	return err
 }
 
-// httpCredentials picks the user of the HTTP interface: the flags and the
-// environment as for a ClickHouse server (store.Credentials), else the
-// admin user of the embedded store's users file when this user may read it.
-func httpCredentials(cfg store.Config) (user, password string, err error) {
-	if user, password, err = store.Credentials(cfg.Username, cfg.PasswordFile); err != nil || user != "" {
+// credentials picks the user for endpoint: the flags and the environment
+// as for a ClickHouse server (store.Credentials), else the reader (admin
+// with write) of the embedded store's users file, when this user may read
+// it. A password goes in clear over http only to loopback; the users
+// file's only to the collector that holds the data directory, so that a
+// process that took the port while the collector was down gets none.
+func (c *cliQuerier) credentials(endpoint string) (user, password string, err error) {
+	u, err := url.Parse(endpoint)
+	if err != nil || u.Host == "" {
+		return "", "", fmt.Errorf("--url %q: want http(s)://host:port/", endpoint)
+	}
+	clearBeyondLoopback := u.Scheme == "http" && !loopbackHost(u.Hostname())
+	if user, password, err = store.Credentials(c.cfg.Username, c.cfg.PasswordFile); err != nil || user != "" {
+		if err == nil && password != "" && clearBeyondLoopback {
+			return "", "", fmt.Errorf("not sending the password of %s in clear to %s: use https (ClickHouse serves it on 8443), or a loopback address", user, u.Host)
+		}
+		if c.write && c.guarded && err == nil {
+			fmt.Fprintf(os.Stderr, "dualflow sql: running as %s, who may write (--write)\n", user)
+		}
 		return user, password, err
 	}
+	cfg := c.cfg
 	cfg.SetDefaults()
 	if cfg.HTTPUsersFile == "" {
 		return "", "", nil
@@ -128,10 +239,60 @@ func httpCredentials(cfg store.Config) (user, password string, err error) {
 	if err != nil {
 		return "", "", nil // the server's 401 says what to do
 	}
-	if u, ok := chhttp.Find(users, chhttp.AdminUser); ok && u.Password != "" {
-		return u.Name, u.Password, nil
+	name := chhttp.ReaderUser
+	if c.write {
+		name = chhttp.AdminUser
 	}
-	return "", "", nil
+	fu, ok := chhttp.Find(users, name)
+	if !ok || fu.Password == "" {
+		return "", "", nil
+	}
+	if !loopbackHost(u.Hostname()) {
+		return "", "", fmt.Errorf("not sending the password of %s from %s to %s: the embedded store's interface listens on loopback only (for a server, give --clickhouse.user and a password)", name, cfg.HTTPUsersFile, u.Host)
+	}
+	if err := heldByStore(u, cfg.DataDir); errors.Is(err, errNotListening) {
+		return "", "", nil // nothing to send to: the data directory is opened directly
+	} else if err != nil {
+		return "", "", fmt.Errorf("not sending the password of %s from %s to %s: %w", name, cfg.HTTPUsersFile, u.Host, err)
+	}
+	if c.write && c.guarded {
+		fmt.Fprintf(os.Stderr, "dualflow sql: running as %s, who may write (--write)\n", name)
+	}
+	return fu.Name, fu.Password, nil
+}
+
+// loopbackHost reports whether host is a loopback address or localhost.
+func loopbackHost(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.Unmap().IsLoopback()
+}
+
+// heldByStore checks that what listens on u's address is the process that
+// holds the embedded engine on dataDir (its lock file names it): nil, a
+// refusal, or errNotListening.
+func heldByStore(u *url.URL, dataDir string) error {
+	port := u.Port()
+	if port == "" {
+		port = "80"
+	}
+	ap, err := netip.ParseAddrPort(net.JoinHostPort(u.Hostname(), port))
+	if err != nil { // localhost
+		ap, err = netip.ParseAddrPort(net.JoinHostPort("127.0.0.1", port))
+		if err != nil {
+			return err
+		}
+	}
+	held, holder := chdb.DirHolder(dataDir)
+	pid := 0
+	if held {
+		if _, err := fmt.Sscanf(holder, "PID: %d", &pid); err != nil || pid <= 0 {
+			return fmt.Errorf("the data directory's lock names no process (%q)", holder)
+		}
+	}
+	return listenerOf(ap, pid)
 }
 
 func isConnRefused(err error) bool {

@@ -33,16 +33,18 @@ are sharded over several collectors on one machine (the exporters'
 collector at it as at a ClickHouse server:
 
   dualflow store --clickhouse.data-dir var/data
-  jq -r '.users[] | select(.name == "admin") | .password' var/data/http-users.json > var/ch-password
+  jq -r '.users[] | select(.name == "inserter") | .password' var/data/http-users.json > var/ch-password
   dualflow collector --clickhouse.dsn http://127.0.0.1:8123/ \
-      --clickhouse.user admin --clickhouse.password-file var/ch-password ...
+      --clickhouse.user inserter --clickhouse.password-file var/ch-password ...
 
 The store applies the pending schema migrations before it answers any
 query (collectors connecting meanwhile wait), so the collectors find the
-schema current. It authenticates with the users file
-(--clickhouse.http-users-file, default <data-dir>/http-users.json, created
-at first start with users admin and reader) and listens on loopback only:
-the interface has no TLS. /metrics, /healthz and /readyz are served on
+schema current: logged in as the inserter, which may insert into tables
+and read but not change the schema, they check it and apply nothing. It
+authenticates with the users file (--clickhouse.http-users-file, default
+<data-dir>/http-users.json, created at first start with users admin,
+reader and inserter) and listens on loopback only: the interface has no
+TLS. /metrics, /healthz and /readyz are served on
 --metrics-addr; /readyz answers 200 once the schema is migrated and the
 interface is serving.
 

@@ -23,8 +23,8 @@ func (c Config) HTTPInterface(e *Embedded, srv chhttp.Config) (*chhttp.Server, e
 		return nil, err
 	}
 	if created && srv.Logger != nil {
-		srv.Logger.Info("created the users of the ClickHouse HTTP interface (mode 0600): dualflow sql reads it; curl -u admin:PASSWORD", "file", c.HTTPUsersFile,
-			"users", chhttp.AdminUser+" (read-write), "+chhttp.ReaderUser+" (read-only)")
+		srv.Logger.Info("created the users of the ClickHouse HTTP interface (mode 0600): dualflow sql reads it; curl -u reader:PASSWORD", "file", c.HTTPUsersFile,
+			"users", chhttp.AdminUser+" (read-write), "+chhttp.ReaderUser+" (read-only), "+chhttp.InserterUser+" (insert into tables, for collectors)")
 	}
 	srv.Addr, srv.Engine, srv.Users, srv.Anonymous = c.HTTPAddr, e.DB(), users, anon
 	return chhttp.New(srv)

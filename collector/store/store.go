@@ -12,6 +12,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+
+	"github.com/dualflow/dualflow/collector/store/chdb"
 )
 
 // Conn is the small surface the writer, the migration runner and
@@ -59,10 +61,27 @@ func temporaryCode(code int) bool {
 	return false
 }
 
-// markTemporary wraps err with ErrUnavailable when code is temporary.
+// ErrForbidden wraps a refusal for lack of rights: the user may not do
+// that (READONLY, ACCESS_DENIED), as the inserter of `dualflow store` may
+// not apply migrations.
+var ErrForbidden = errors.New("clickhouse user may not do this")
+
+// markTemporary wraps err with ErrUnavailable when code is temporary, and
+// with ErrForbidden when it refuses for lack of rights.
 func markTemporary(code int, err error) error {
-	if err != nil && temporaryCode(code) {
+	switch {
+	case err == nil:
+		return nil
+	case temporaryCode(code):
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
+	case code == 164 || code == 497: // READONLY, ACCESS_DENIED
+		return fmt.Errorf("%w: %w", ErrForbidden, err)
 	}
 	return err
+}
+
+// Forbidden reports whether err refuses a statement for lack of rights.
+func Forbidden(err error) bool {
+	var ce *chdb.Error
+	return errors.Is(err, ErrForbidden) || (errors.As(err, &ce) && (ce.Code == 164 || ce.Code == 497))
 }

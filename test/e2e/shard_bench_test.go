@@ -133,7 +133,7 @@ func benchSharded(b *testing.B, bin, inventory string, pairs []shardBenchPair, n
 	for i := range n {
 		dir := b.TempDir()
 		c := newDaemon(b, fmt.Sprintf("collector-%d", i+1), bin, "collector",
-			"--clickhouse.dsn", st.dsn, "--clickhouse.user", chhttp.AdminUser, "--clickhouse.password-file", st.passwordFile,
+			"--clickhouse.dsn", st.dsn, "--clickhouse.user", chhttp.InserterUser, "--clickhouse.password-file", st.passwordFile,
 			"--collector.wal.dir", filepath.Join(dir, "wal"), "--clickhouse.spool-dir", filepath.Join(dir, "spool"),
 			"--k8s.source", "inventory", "--k8s.inventory", inventory,
 			"--metrics-addr", "127.0.0.1:0", "--web.addr", "",

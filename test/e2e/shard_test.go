@@ -74,7 +74,7 @@ func testShardedMode(t *testing.T, bin string, mode manifest.Mode) {
 		addr := net.JoinHostPort(strings.Trim(host, "[]"), fmt.Sprint(freePort(t, host)))
 		dir := t.TempDir()
 		d := newDaemon(t, fmt.Sprintf("collector-%d", i+1), bin, "collector",
-			"--clickhouse.dsn", st.dsn, "--clickhouse.user", chhttp.AdminUser, "--clickhouse.password-file", st.passwordFile,
+			"--clickhouse.dsn", st.dsn, "--clickhouse.user", chhttp.InserterUser, "--clickhouse.password-file", st.passwordFile,
 			"--collector.wal.dir", filepath.Join(dir, "wal"), "--clickhouse.spool-dir", filepath.Join(dir, "spool"),
 			"--clickhouse.flush-interval", "200ms",
 			"--k8s.source", "inventory", "--k8s.inventory", l.ManifestPath(),
@@ -392,7 +392,7 @@ func startStoreProcess(t testing.TB, bin string) *storeProcess {
 }
 
 // newStoreProcess prepares a `dualflow store` serving its HTTP interface
-// on httpAddr, with its users and the admin's password file, without
+// on httpAddr, with its users and the inserter's password file, without
 // starting it (run does).
 func newStoreProcess(t testing.TB, bin, httpAddr string) *storeProcess {
 	t.Helper()
@@ -402,13 +402,19 @@ func newStoreProcess(t testing.TB, bin, httpAddr string) *storeProcess {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &storeProcess{passwordFile: filepath.Join(dir, "admin-password")}
+	// The collectors log in as the inserter (they insert, the store
+	// migrates); the test's own queries as the admin.
+	s := &storeProcess{passwordFile: filepath.Join(dir, "inserter-password")}
+	inserter := ""
 	for _, u := range users {
-		if u.Name == chhttp.AdminUser {
+		switch u.Name {
+		case chhttp.AdminUser:
 			s.password = u.Password
+		case chhttp.InserterUser:
+			inserter = u.Password
 		}
 	}
-	if err := os.WriteFile(s.passwordFile, []byte(s.password+"\n"), 0o600); err != nil {
+	if err := os.WriteFile(s.passwordFile, []byte(inserter+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	s.daemon = newDaemon(t, "store", bin, "store",

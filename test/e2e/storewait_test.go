@@ -39,7 +39,7 @@ func TestCollectorWaitsForStore(t *testing.T) {
 			st := newStoreProcess(t, bin, addr)
 			dir := t.TempDir()
 			cmd := exec.Command(bin, "collector",
-				"--clickhouse.dsn", "http://"+addr+"/", "--clickhouse.user", chhttp.AdminUser, "--clickhouse.password-file", st.passwordFile,
+				"--clickhouse.dsn", "http://"+addr+"/", "--clickhouse.user", chhttp.InserterUser, "--clickhouse.password-file", st.passwordFile,
 				"--collector.wal.dir", filepath.Join(dir, "wal"), "--clickhouse.spool-dir", filepath.Join(dir, "spool"),
 				"--k8s.source", "off", "--metrics-addr", "127.0.0.1:0", "--web.addr", "",
 				"--collector.ipfix.tcp-addr", net.JoinHostPort(host, "0"), "--collector.ipfix.udp-addr", "")

@@ -383,7 +383,7 @@ func (s *Server) serveQuery(w http.ResponseWriter, r *http.Request) {
 	}
 	status := http.StatusOK
 	if err != nil {
-		status = s.fail(w, r, kind, err)
+		status = s.fail(w, r, who, kind, err)
 	}
 	s.metrics.requests.WithLabelValues(kind, strconv.Itoa(status)).Inc()
 }
@@ -671,7 +671,7 @@ func readError(err error) error {
 }
 
 // fail writes err as a ClickHouse exception and returns the status sent.
-func (s *Server) fail(w http.ResponseWriter, r *http.Request, kind string, err error) int {
+func (s *Server) fail(w http.ResponseWriter, r *http.Request, who, kind string, err error) int {
 	var (
 		se     *statusError
 		ce     *chdb.Error
@@ -691,10 +691,14 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, kind string, err e
 		se = newError(codeStdException, http.StatusInternalServerError, "%v", err)
 	}
 	s.metrics.errors.WithLabelValues(reason).Inc()
-	if se.status >= 500 && reason != "canceled" {
-		s.log.Error("chhttp: request failed", "kind", kind, "status", se.status, "code", se.code, "err", se.msg)
+	// A refusal (READONLY, ACCESS_DENIED: counted in refused_total) and a
+	// user's query the engine rejects are the user's business, not the
+	// server's failure.
+	refusal := se.code == codeReadonly || se.code == codeAccessDenied
+	if se.status >= 500 && reason != "canceled" && !refusal {
+		s.log.Error("chhttp: request failed", "user", who, "kind", kind, "status", se.status, "code", se.code, "err", se.msg)
 	} else {
-		s.log.Debug("chhttp: request rejected", "kind", kind, "status", se.status, "code", se.code, "err", se.msg)
+		s.log.Debug("chhttp: request refused", "user", who, "kind", kind, "status", se.status, "code", se.code, "err", se.msg)
 	}
 	s.writeError(w, se)
 	return se.status
