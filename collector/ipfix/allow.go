@@ -10,8 +10,13 @@ import (
 
 // AllowList is the set of exporter addresses the listeners accept
 // (--collector.ipfix.allowed-sources): CIDRs or single addresses of either
-// family. An empty list allows every source. It is a flag.Value; Set
-// replaces the list.
+// family, and "any" (0.0.0.0/0 and ::/0). An empty list allows every
+// source. It is a flag.Value; Set replaces the list.
+//
+// The list's prefixes other than /0 also name the preferred sources, for
+// which MaxSessions/8 of the TCP/TLS places are kept (see preferred): with
+// "198.18.0.0/16,any", sources outside 198.18.0.0/16 are accepted but
+// cannot take those places.
 //
 // IPv4-mapped IPv6 addresses are unmapped on both sides, so 198.18.0.0/16
 // matches an IPv4 exporter seen as ::ffff:198.18.0.1 on a dual-stack
@@ -37,15 +42,50 @@ func (a *AllowList) Set(s string) error {
 		if f = strings.TrimSpace(f); f == "" {
 			continue
 		}
-		p, err := parseSource(f)
-		if err != nil {
-			return err
+		ps := anySource
+		if f != "any" {
+			p, err := parseSource(f)
+			if err != nil {
+				return err
+			}
+			ps = []netip.Prefix{p}
 		}
-		if !slices.Contains(*a, p) {
-			*a = append(*a, p)
+		for _, p := range ps {
+			if !slices.Contains(*a, p) {
+				*a = append(*a, p)
+			}
 		}
 	}
 	return nil
+}
+
+// anySource is what "any" stands for in an AllowList.
+var anySource = []netip.Prefix{netip.MustParsePrefix("0.0.0.0/0"), netip.MustParsePrefix("::/0")}
+
+// localSources are the preferred sources without an allowlist: loopback,
+// and the private (RFC 1918) and unique-local (RFC 4193) networks that the
+// NetworkPolicy of deploy/ admits IPFIX from, where a cluster's nodes are.
+var localSources = AllowList{
+	netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128"),
+	netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("172.16.0.0/12"), netip.MustParsePrefix("192.168.0.0/16"),
+	netip.MustParsePrefix("fc00::/7"),
+}
+
+// preferred returns the sources that may take the places kept in reserve:
+// the list's prefixes but its /0s, which accept any source without
+// preferring it; without a list, localSources. An empty result (the list
+// is "any") allows, and so prefers, every source: no reserve.
+func (a AllowList) preferred() AllowList {
+	if len(a) == 0 {
+		return localSources
+	}
+	out := make(AllowList, 0, len(a))
+	for _, p := range a {
+		if p.Bits() > 0 {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // parseSource parses a CIDR or a single address into a masked prefix,
@@ -145,7 +185,8 @@ func (l *Listener) warnOpen() {
 		check(TLS, l.TLSAddrs())
 	}
 	if len(open) > 0 {
-		l.log.Warn("ipfix listeners accept flows from any host that reaches them: set --collector.ipfix.allowed-sources to the nodes' addresses, or use TLS with --collector.ipfix.tls-client-ca",
-			"listeners", open)
+		lim := newConnLimits(l.cfg)
+		l.log.Warn("ipfix listeners accept flows from any host that reaches them: set --collector.ipfix.allowed-sources to the nodes' addresses (\"any\" to accept every host), or use TLS with --collector.ipfix.tls-client-ca; until then, the last TCP/TLS places are kept for loopback and private networks",
+			"listeners", open, "reserved", lim.reserved, "preferred", localSources.String())
 	}
 }

@@ -45,6 +45,8 @@ func TestAllowListSet(t *testing.T) {
 		{in: "::ffff:198.18.0.0/112", want: "198.18.0.0/16", allow: []string{"198.18.9.9", "::ffff:198.18.9.9"}, deny: []string{"198.19.0.1"}},
 		{in: "198.18.1.1/16,198.18.0.0/16", want: "198.18.0.0/16"},
 		{in: "fe80::/10", want: "fe80::/10", allow: []string{"fe80::1%eth0"}},
+		{in: "any", want: "0.0.0.0/0,::/0", allow: []string{"198.18.0.1", "fd00:10::1", "::ffff:198.18.0.1"}},
+		{in: "198.18.0.0/16, any,fd00:10::/32", want: "198.18.0.0/16,0.0.0.0/0,::/0,fd00:10::/32", allow: []string{"198.19.0.1", "fd00:11::1"}},
 		{in: "not-an-address", wantErr: true},
 		{in: "198.18.0.0/33", wantErr: true},
 		{in: "fe80::1%eth0", wantErr: true},
@@ -354,5 +356,40 @@ func TestLogLimiter(t *testing.T) {
 	}
 	if len(l.m) > 3+2 { // the bound, plus one shared slot per kind
 		t.Errorf("%d slots", len(l.m))
+	}
+}
+
+// TestAllowListPreferred: the sources that may take the reserved places:
+// the list's prefixes but /0 ("any"), or loopback and the private networks
+// without a list; "any" alone prefers every source (no reserve).
+func TestAllowListPreferred(t *testing.T) {
+	for _, tc := range []struct {
+		in         string
+		prefer     []string
+		dontPrefer []string
+	}{
+		{"", []string{"127.0.0.1", "127.9.9.9", "::1", "10.1.2.3", "172.16.0.1", "192.168.1.1", "fd00:10::1", "::ffff:10.0.0.1"},
+			[]string{"198.18.0.1", "2001:db8::1", "100.64.0.1"}},
+		{"198.18.0.0/24,fd00:10:1::/48,any", []string{"198.18.0.9", "::ffff:198.18.0.9", "fd00:10:1::9"}, []string{"198.18.1.1", "fd00:10:2::1", "127.0.0.1", "::1"}},
+		{"198.18.0.0/24,fd00:10:1::/48", []string{"198.18.0.9", "fd00:10:1::9"}, nil},
+		{"any", []string{"198.18.0.1", "fd00:10::1", "127.0.0.1"}, nil},
+	} {
+		t.Run(tc.in, func(t *testing.T) {
+			var a AllowList
+			if err := a.Set(tc.in); err != nil {
+				t.Fatal(err)
+			}
+			p := a.preferred()
+			for _, s := range tc.prefer {
+				if !p.Allows(netip.MustParseAddr(s)) {
+					t.Errorf("%s not preferred", s)
+				}
+			}
+			for _, s := range tc.dontPrefer {
+				if p.Allows(netip.MustParseAddr(s)) {
+					t.Errorf("%s preferred", s)
+				}
+			}
+		})
 	}
 }

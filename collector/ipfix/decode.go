@@ -257,7 +257,6 @@ func (d *Decoder) Decode(s *Session, msg []byte, now time.Time, dst []flow.Recor
 		}
 		return dst[:start], err
 	}
-	s.LastSeen = now
 	d.Stats.Records += uint64(len(out) - start)
 	return out, nil
 }
@@ -342,6 +341,7 @@ func (d *Decoder) sets(s *Session, body []byte, p protocol, seq uint32, mc *msgC
 			return dst, err
 		}
 	}
+	s.note(cnt, now)
 	d.sequence(dom, p, seq, cnt)
 	return dst, nil
 }

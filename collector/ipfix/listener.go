@@ -11,7 +11,6 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -32,6 +31,11 @@ const (
 	// (one per family at most); more from one address is a fault or an
 	// attack.
 	DefaultMaxSessionsPerSource = 16
+	// DefaultMaxSessionsPerPrefix bounds the sessions of an IPv4 /24 or an
+	// IPv6 /64 (sourcePrefix): a /24 holds at most 254 nodes with one
+	// session each. A flat IPv6 node network of more than 256 nodes needs
+	// it raised.
+	DefaultMaxSessionsPerPrefix = 256
 	// DefaultIdleTimeout closes TCP/TLS sessions silent for this long. An
 	// exporter with flows sends at least every active timeout (ours: 1 min
 	// at most by default).
@@ -66,7 +70,9 @@ type Config struct {
 	// listener; messages and connections from others are dropped before
 	// decoding and counted (source_not_allowed). Empty allows all, and New
 	// then warns about listeners bound to non-loopback addresses (TLS ones
-	// too, unless they require client certificates).
+	// too, unless they require client certificates). Its prefixes but /0
+	// (or, empty, loopback and the private networks) are also the
+	// preferred sources, for which MaxSessions/8 TCP/TLS places are kept.
 	AllowedSources AllowList
 	// TLSCertFile and TLSKeyFile are the server certificate (PEM). With
 	// TLSClientCAFile set, clients must present a certificate signed by
@@ -78,16 +84,23 @@ type Config struct {
 	// exporter that reports each packet in and out counts it once).
 	Direction Direction
 	// MaxSessions caps the sessions of each listener: further UDP
-	// exporters' messages are dropped (too_many_sessions); a further
-	// TCP/TLS connection takes the place of the session idle the longest
-	// if that one sent nothing for evictIdle, else it is closed at once;
-	// all counted.
+	// exporters' messages are dropped (too_many_sessions). TCP and TLS
+	// share one set of places, MaxSessions/8 (at least 1) of them kept for
+	// preferred sources (AllowedSources); a connection past a limit takes
+	// the place of a session within it that delivers under one record a
+	// minute, or is closed at once; all counted (see connSet.add).
 	MaxSessions int
 	// MaxSessionsPerSource caps the TCP/TLS sessions from one address, so
 	// that one host cannot take every session.
 	MaxSessionsPerSource int
-	// IdleTimeout closes a TCP/TLS session that sent no message for this
-	// long; the exporter reconnects (and resends its templates) when it has
+	// MaxSessionsPerPrefix caps the TCP/TLS sessions from one IPv4 /24 or
+	// IPv6 /64, all of 127.0.0.0/8 counting as one (sourcePrefix), so that
+	// a network of addresses (a host's IPv6 /64 is millions) cannot take
+	// every session.
+	MaxSessionsPerPrefix int
+	// IdleTimeout closes a TCP/TLS session that sent no message with a
+	// valid set (templates or records; see Session.Active) for this long;
+	// the exporter reconnects (and resends its templates) when it has
 	// flows again.
 	IdleTimeout time.Duration
 	// MessageTimeout bounds the arrival of the rest of a message once its
@@ -112,6 +125,9 @@ func (c *Config) SetDefaults() {
 	}
 	if c.MaxSessionsPerSource <= 0 {
 		c.MaxSessionsPerSource = DefaultMaxSessionsPerSource
+	}
+	if c.MaxSessionsPerPrefix <= 0 {
+		c.MaxSessionsPerPrefix = DefaultMaxSessionsPerPrefix
 	}
 	if c.IdleTimeout <= 0 {
 		c.IdleTimeout = DefaultIdleTimeout
@@ -175,9 +191,9 @@ type Listener struct {
 	tcp, tls []net.Listener
 	udp      []*net.UDPConn
 
-	refusedAt [2]atomic.Int64 // last refusal logged: full, per source (unix ns)
 	// warns rate-limits the warnings about what exporters send (bad
-	// framing, malformed messages, refused sources, failed handshakes).
+	// framing, malformed messages, refused sources and connections,
+	// evictions, failed handshakes).
 	warns *logLimiter
 }
 
@@ -314,7 +330,7 @@ func (l *Listener) Close() error {
 // not close the output queue.
 func (l *Listener) Run(ctx context.Context) error {
 	var wg sync.WaitGroup
-	conns := newConnSet(l.cfg.MaxSessions, l.cfg.MaxSessionsPerSource)
+	conns := newConnSet(newConnLimits(l.cfg), l.cfg.AllowedSources.preferred())
 	for _, ln := range l.tcp {
 		wg.Go(func() { l.accept(ctx, ln, TCP, conns, &wg) })
 	}

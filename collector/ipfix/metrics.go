@@ -63,14 +63,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "dualflow_ipfix_sessions", Help: "Live IPFIX sessions (connections, UDP exporters).",
 		}, []string{"transport"}),
 		closed: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "dualflow_ipfix_sessions_closed_total", Help: "IPFIX sessions ended, by reason: eof, bad_framing, error, shutdown, idle (nothing sent for the idle timeout), slow_message (a message not completed within the message timeout), evicted (an idle session gave its place when all were taken), limit and source_limit (refused: all sessions, or all of this address, taken; TCP/TLS), source_not_allowed (refused: outside --collector.ipfix.allowed-sources), tls_handshake.",
+			Name: "dualflow_ipfix_sessions_closed_total", Help: "IPFIX sessions ended, by reason: eof, bad_framing, error, shutdown, idle (nothing sent for the idle timeout), slow_message (a message not completed within the message timeout), evicted (a session older than 10 s delivering under one record a minute gave its place to a new connection), and refused TCP/TLS connections: limit (all sessions taken), source_limit (all of this address's), prefix_limit (all of its IPv4 /24 or IPv6 /64; 127.0.0.0/8 is one), reserved (only the places kept for preferred sources left), source_not_allowed (outside --collector.ipfix.allowed-sources); tls_handshake.",
 		}, []string{"transport", "reason"}),
 		kernelDrop: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "dualflow_ipfix_udp_kernel_drops_total", Help: "UDP datagrams the kernel dropped on the IPFIX sockets (receive buffer full, SO_RXQ_OVFL).",
 		}),
 	}
 	dropped := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "dualflow_ipfix_messages_dropped_total", Help: "IPFIX messages dropped, by reason: malformed (short, version, length, set_length, template, record_length), too_many_domains, too_many_sessions, queue_full (decoded, the pipeline queue full: UDP), source_not_allowed (outside --collector.ipfix.allowed-sources); for TCP/TLS, too_many_sessions and source_not_allowed count refused connections.",
+		Name: "dualflow_ipfix_messages_dropped_total", Help: "IPFIX messages dropped, by reason: malformed (short, version, length, set_length, template, record_length), too_many_domains, too_many_sessions, queue_full (decoded, the pipeline queue full: UDP), source_not_allowed (outside --collector.ipfix.allowed-sources); for TCP/TLS, too_many_sessions (every reason of dualflow_ipfix_sessions_closed_total: limit, source_limit, prefix_limit, reserved) and source_not_allowed count refused connections.",
 	}, []string{"reason"})
 	for r := Reason(1); r < numReasons; r++ {
 		m.dropped[r] = dropped.WithLabelValues(r.String())

@@ -222,7 +222,9 @@ func (d *Decoder) decodeV5(s *Session, msg []byte, now time.Time, dst []flow.Rec
 		r.TimeReceived = now
 		r.Normalize()
 	}
-	d.sequence(dom, protoV5, seq, seqCounts{data: uint32(count)})
+	cnt := seqCounts{data: uint32(count)}
+	s.note(cnt, now)
+	d.sequence(dom, protoV5, seq, cnt)
 	return dst, nil
 }
 

@@ -130,8 +130,14 @@ type Session struct {
 	templates int     // templates over all domains
 	bytes     int     // template memory over all domains
 	tuples    int     // flowDirection tuples tracked over all domains (dirTracker)
-	// LastSeen is when the session's last message arrived.
-	LastSeen time.Time
+	// Active is when a message with a valid set last arrived: one that
+	// defined templates or held data records. Bare headers, empty sets,
+	// sets of unknown templates and dropped messages leave it: they do not
+	// keep a session alive (issue 33).
+	Active time.Time
+	// Records counts the data records of the session's decoded messages,
+	// options records and records skipped included: the work it does.
+	Records  uint64
 	exporter netip.Addr // Exporter's address, unmapped
 }
 
@@ -171,6 +177,15 @@ func (s *Session) domain(id uint32) *domain {
 	}
 	s.last = d
 	return d
+}
+
+// note records a decoded message that held c: activity when it had a
+// valid set.
+func (s *Session) note(c seqCounts, now time.Time) {
+	if c.templates > 0 || c.data > 0 {
+		s.Active = now
+		s.Records += uint64(c.data)
+	}
 }
 
 // Templates returns the number of live templates of the session.

@@ -38,23 +38,25 @@ type deadliner interface{ SetReadDeadline(time.Time) error }
 
 // framer cuts a TCP/TLS stream into IPFIX messages using the length field
 // of each message header. With a deadliner, waiting for a message header
-// is bounded by idle and the rest of a message by message.
+// is bounded by idle after active (the last message with a valid set: bare
+// headers do not hold the session) and the rest of a message by message.
 type framer struct {
 	r             *bufio.Reader
 	prev          int // length of the message returned last, discarded on next
 	d             deadliner
 	idle, message time.Duration
+	active        time.Time
 }
 
 func newFramer(c io.Reader) *framer {
 	return &framer{r: bufio.NewReaderSize(c, tcpReadBuffer)}
 }
 
-// deadline bounds the reads that may follow when fewer than n bytes are
-// buffered.
-func (f *framer) deadline(n int, d time.Duration) {
-	if f.d != nil && d > 0 && f.r.Buffered() < n {
-		f.d.SetReadDeadline(time.Now().Add(d))
+// deadline bounds the reads that may follow by at when fewer than n bytes
+// are buffered.
+func (f *framer) deadline(n int, at time.Time) {
+	if f.d != nil && f.r.Buffered() < n {
+		f.d.SetReadDeadline(at)
 	}
 }
 
@@ -67,7 +69,9 @@ func (f *framer) next() ([]byte, error) {
 		f.r.Discard(f.prev)
 		f.prev = 0
 	}
-	f.deadline(4, f.idle)
+	if f.idle > 0 {
+		f.deadline(4, f.active.Add(f.idle))
+	}
 	h, err := f.r.Peek(4)
 	if err != nil {
 		if isTimeout(err) {
@@ -79,7 +83,9 @@ func (f *framer) next() ([]byte, error) {
 	if binary.BigEndian.Uint16(h) != fipfix.Version || l < fipfix.MessageHeaderLen {
 		return nil, errFraming
 	}
-	f.deadline(l, f.message)
+	if f.message > 0 {
+		f.deadline(l, time.Now().Add(f.message))
+	}
 	m, err := f.r.Peek(l)
 	if err != nil {
 		switch {
@@ -134,15 +140,15 @@ func (l *Listener) accept(ctx context.Context, ln net.Listener, tr Transport, co
 			continue
 		}
 		ci, refused := conns.add(c, time.Now())
-		if refused != refusedNone {
+		if refused != admitted {
 			c.Close()
 			l.m.dropped[ReasonTooManySessions].Inc()
-			reason := "limit"
-			if refused == refusedSource {
-				reason = "source_limit"
-			}
-			l.m.closed.WithLabelValues(tr.String(), reason).Inc()
-			l.refusedLog(tr, c.RemoteAddr(), reason)
+			l.m.closed.WithLabelValues(tr.String(), refused.String()).Inc()
+			// One line a minute per reason, whatever the number of sources:
+			// a flood of connections costs no more.
+			l.warns.warn("refused_"+refused.String(), netip.Addr{}, "ipfix connection refused: no session may give its place (one line a minute per reason; see dualflow_ipfix_sessions_closed_total)",
+				"transport", tr.String(), "remote", c.RemoteAddr(), "reason", refused.String(), "max_sessions", l.cfg.MaxSessions,
+				"max_sessions_per_source", l.cfg.MaxSessionsPerSource, "max_sessions_per_prefix", l.cfg.MaxSessionsPerPrefix)
 			continue
 		}
 		wg.Go(func() { l.serveConn(ctx, ci, tr, conns) })
@@ -155,7 +161,7 @@ func (l *Listener) serveConn(ctx context.Context, ci *connInfo, tr Transport, co
 	// Last, once the final batch is handed on: the place in conns is given
 	// back before the exporter can see the close (see connSet.add).
 	defer func() {
-		conns.remove(c)
+		conns.remove(ci)
 		c.Close()
 	}()
 	t := tr.String()
@@ -179,7 +185,7 @@ func (l *Listener) serveConn(ctx context.Context, ci *connInfo, tr Transport, co
 	d.Direction = l.cfg.Direction
 	var prev Stats
 	f := newFramer(c)
-	f.d, f.idle, f.message = c, l.cfg.IdleTimeout, l.cfg.MessageTimeout
+	f.d, f.idle, f.message, f.active = c, l.cfg.IdleTimeout, l.cfg.MessageTimeout, time.Now()
 	// A batch is held only while messages are being decoded: an idle
 	// session holds none (1,500 sessions each holding a 1.5 MB batch took
 	// the collector past 2 GB).
@@ -206,8 +212,10 @@ func (l *Listener) serveConn(ctx context.Context, ci *connInfo, tr Transport, co
 					"transport", t, "remote", remote)
 			case ctx.Err() != nil:
 				reason = "shutdown"
-			case ci.evicted.Load():
+			case ci.evicted.Load() != 0:
 				reason = "evicted"
+				l.warns.warn("evicted", netip.Addr{}, "ipfix session evicted for a new connection: it delivered under one record a minute (one line a minute; see dualflow_ipfix_sessions_closed_total)",
+					"transport", t, "remote", remote, "limit", refusal(ci.evicted.Load()).String(), "records", s.Records)
 			case errors.Is(err, errIdle):
 				reason = "idle"
 			case errors.Is(err, errSlowMessage):
@@ -219,13 +227,16 @@ func (l *Listener) serveConn(ctx context.Context, ci *connInfo, tr Transport, co
 			return
 		}
 		now := time.Now()
-		ci.touch(now)
 		if b == nil {
 			b = l.pool.Get()
 		}
-		had := len(b.Recs)
+		had, active, recs := len(b.Recs), s.Active, s.Records
 		if b.Recs, err = d.Decode(s, msg, now, b.Recs); err != nil {
 			l.warnDropped(tr, remote, err)
+		}
+		if !s.Active.Equal(active) { // a valid set: the session earns its place
+			ci.useful(now, s.Records-recs)
+			f.active = now
 		}
 		if len(b.Recs) > had {
 			msgs++
@@ -241,20 +252,6 @@ func (l *Listener) serveConn(ctx context.Context, ci *connInfo, tr Transport, co
 			l.m.flush(tr, d, &prev, l.log)
 		}
 	}
-}
-
-// refusedLog logs a refused connection at most once a minute per reason.
-func (l *Listener) refusedLog(tr Transport, remote net.Addr, reason string) {
-	now := time.Now().UnixNano()
-	last := &l.refusedAt[0]
-	if reason == "source_limit" {
-		last = &l.refusedAt[1]
-	}
-	if prev := last.Load(); now-prev < int64(time.Minute) || !last.CompareAndSwap(prev, now) {
-		return
-	}
-	l.log.Warn("ipfix connection refused (logged once a minute; see dualflow_ipfix_sessions_closed_total)", "transport", tr, "remote", remote, "reason", reason,
-		"max_sessions", l.cfg.MaxSessions, "max_sessions_per_source", l.cfg.MaxSessionsPerSource)
 }
 
 // warnDropped logs a message the decoder dropped, at most once a minute per

@@ -93,6 +93,10 @@ func (l *Listener) readUDP(ctx context.Context, rd udpReader, local net.Addr) {
 					continue
 				}
 				s = NewSession(from, UDP, l.cfg.Limits)
+				// Active from its first datagram, so that the sweep does not
+				// take it before its templates come (NetFlow v9 exporters
+				// send them every so many packets).
+				s.Active = now
 				sessions[from] = s
 				gauge.Inc()
 			}
@@ -121,15 +125,15 @@ func (l *Listener) readUDP(ctx context.Context, rd udpReader, local net.Addr) {
 	}
 }
 
-// expire forgets UDP sessions silent for longer than idle (all their
-// templates have expired by then). With idle 0 it forgets the single
-// longest-silent session, to make room.
+// expire forgets UDP sessions with no valid set (Session.Active) for
+// longer than idle (all their templates have expired by then). With idle 0
+// it forgets the single longest-silent session, to make room.
 func (l *Listener) expire(sessions map[netip.AddrPort]*Session, now time.Time, idle time.Duration) {
 	var oldest netip.AddrPort
 	var oldestSeen time.Time
 	for k, s := range sessions {
 		if idle > 0 {
-			if now.Sub(s.LastSeen) > idle {
+			if now.Sub(s.Active) > idle {
 				s.Close()
 				delete(sessions, k)
 				l.m.sessions.WithLabelValues(UDP.String()).Dec()
@@ -137,8 +141,8 @@ func (l *Listener) expire(sessions map[netip.AddrPort]*Session, now time.Time, i
 			}
 			continue
 		}
-		if oldestSeen.IsZero() || s.LastSeen.Before(oldestSeen) {
-			oldest, oldestSeen = k, s.LastSeen
+		if !oldest.IsValid() || s.Active.Before(oldestSeen) {
+			oldest, oldestSeen = k, s.Active
 		}
 	}
 	if idle == 0 && oldest.IsValid() && now.Sub(oldestSeen) > time.Minute {
