@@ -105,6 +105,25 @@ func (r resolver) Resolve(req traceflow.Request, f traceflow.Family) (traceflow.
 	return p, nil
 }
 
+// InCluster reports whether a is the cluster's in the live view: a pod's
+// (host-network ones are their node's), a Service's (cluster, external or
+// load-balancer IP), a node's, or in a node's pod CIDR. The traceflow
+// controller refuses other IP destinations unless asked and allowed.
+func (r resolver) InCluster(a netip.Addr) bool {
+	e := r.c.Enricher()
+	if e == nil {
+		return false
+	}
+	if _, ok := e.LookupPod(a, time.Time{}); ok {
+		return true
+	}
+	if _, ok := e.LookupService(a, time.Time{}); ok {
+		return true
+	}
+	_, ok := e.NodeForIP(a)
+	return ok
+}
+
 // targets fills where the probe may be delivered (the destination pod,
 // or the Service's ready endpoints of the family, from its EndpointSlice
 // of that family) and the nodes to watch: the source node and the

@@ -38,6 +38,9 @@ type TraceflowConfig struct {
 	// OVSUplink is the OVS port packets from other nodes enter the bridge
 	// by (default eth0; e.g. a tunnel port such as antrea-tun0).
 	OVSUplink string
+	// Limits bound the probes the agent sends, per caller and for the
+	// node (agent.DefaultLimits unless the flags say otherwise).
+	Limits agent.Limits
 	// Listener, when set, is used instead of listening on Addr (tests, the
 	// demo).
 	Listener net.Listener
@@ -54,6 +57,11 @@ func (c *TraceflowConfig) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.ClientCAFile, "traceflow.client-ca", c.ClientCAFile, "PEM CA: require collector client certificates signed by it (mutual TLS)")
 	fs.StringVar(&c.NFT, "traceflow.nft", c.NFT, "nft binary for the kernel datapath's traces (empty: nft on PATH)")
 	fs.StringVar(&c.OVSUplink, "traceflow.ovs-uplink", c.OVSUplink, "OVS datapath: the bridge port packets from other nodes enter by (default eth0; a tunnel port such as antrea-tun0)")
+	c.Limits = agent.DefaultLimits
+	fs.Float64Var(&c.Limits.Caller.Rate, "traceflow.inject-rate", c.Limits.Caller.Rate, "probes each caller (client certificate subject, else address) may inject per second after its burst; more answer 429 with Retry-After (negative: no limit)")
+	fs.IntVar(&c.Limits.Caller.Burst, "traceflow.inject-burst", c.Limits.Caller.Burst, "probes a caller may inject at once after a quiet while")
+	fs.Float64Var(&c.Limits.Node.Rate, "traceflow.node-inject-rate", c.Limits.Node.Rate, "probes the node injects per second, all callers together, after its burst (negative: no limit)")
+	fs.IntVar(&c.Limits.Node.Burst, "traceflow.node-inject-burst", c.Limits.Node.Burst, "probes the node injects at once after a quiet while, all callers together")
 }
 
 func (c *TraceflowConfig) enabled() bool { return c.Addr != "" || c.Listener != nil }
@@ -140,7 +148,11 @@ func (e *Exporter) serveTraceflow() (func(), error) {
 		}
 	}
 	e.traceflowAddr = ln.Addr()
-	h := agent.Handler(t, agent.Info{Node: e.cfg.NodeName, Datapath: dp}, c.token, agent.NewMetrics(e.reg))
+	var opts []agent.HandlerOption
+	if c.Limits != (agent.Limits{}) {
+		opts = append(opts, agent.WithLimits(c.Limits))
+	}
+	h := agent.Handler(t, agent.Info{Node: e.cfg.NodeName, Datapath: dp}, c.token, agent.NewMetrics(e.reg), opts...)
 	// No write timeout: a watch streams for as long as its own timeout
 	// (at most agent.MaxTimeout), which the handler enforces.
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,

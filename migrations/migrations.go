@@ -10,6 +10,7 @@
 //	{{distributed "flows" k}}  "" or a Distributed table "flows" over the local tables, sharded by k
 //	{{replaceDistributed "flows"}} "" or CREATE OR REPLACE of the Distributed table "flows", sharded by ShardingKeys["flows"]
 //	{{ttl "col"}}              "" or "TTL toDateTime(col) + INTERVAL N DAY"
+//	{{traceflowTTL "col"}}     the same with the traceflows' retention (Options.TraceflowDays)
 //	{{ipText "col"}}           an IPv6 column shown as text ('' / dotted quad / RFC 5952)
 //	{{.Database}}              the database name
 //
@@ -48,6 +49,30 @@ type Options struct {
 	// TTLDays is the retention of flows and rollups in days; 0 keeps data
 	// forever.
 	TTLDays int
+	// TraceflowTTLDays is the retention of traceflow results in days; 0
+	// is DefaultTraceflowTTLDays, or TTLDays when shorter, and forever
+	// when TTLDays is 0 (see TraceflowDays).
+	TraceflowTTLDays int
+}
+
+// DefaultTraceflowTTLDays is how long traceflow results are kept unless
+// Options.TraceflowTTLDays says otherwise: a trace is a diagnosis of the
+// moment, and every operator may start them, so they must not pile up
+// for the flows' whole retention.
+const DefaultTraceflowTTLDays = 7
+
+// TraceflowDays is the retention of the traceflows table (migration
+// 0011) in days, 0 for forever: TraceflowTTLDays when set, else
+// DefaultTraceflowTTLDays capped by TTLDays (the results never outlive
+// the flows), and forever when the flows are kept forever.
+func (o Options) TraceflowDays() int {
+	switch {
+	case o.TraceflowTTLDays > 0:
+		return o.TraceflowTTLDays
+	case o.TTLDays > 0:
+		return min(o.TTLDays, DefaultTraceflowTTLDays)
+	}
+	return 0
 }
 
 // SetDefaults fills unset options.
@@ -89,6 +114,9 @@ func (o Options) Validate() error {
 	}
 	if o.TTLDays < 0 {
 		return fmt.Errorf("ttl %d days: must be >= 0", o.TTLDays)
+	}
+	if o.TraceflowTTLDays < 0 {
+		return fmt.Errorf("traceflow ttl %d days: must be >= 0", o.TraceflowTTLDays)
 	}
 	return nil
 }
@@ -210,6 +238,9 @@ func funcs(o Options) template.FuncMap {
 		"verdictClass": func() string { return VerdictClassExpr },
 		"ttl": func(col string) string {
 			return ttlClause(col, o.TTLDays)
+		},
+		"traceflowTTL": func(col string) string {
+			return ttlClause(col, o.TraceflowDays())
 		},
 	}
 }
@@ -479,19 +510,24 @@ func (r *Runner) Up(ctx context.Context) ([]Migration, error) {
 	return done, nil
 }
 
-// ttlTables are the tables whose retention follows Options.TTLDays, with
-// their time column.
-var ttlTables = []struct{ table, col string }{
-	{"flows", "flow_end"},
-	{"rollup_pod_to_pod_1m", "window_start"},
-	{"rollup_pod_to_service_1m", "window_start"},
-	{"rollup_node_to_node_1m", "window_start"},
-	{"rollup_policy_1m", "window_start"},
-	{"traceflows", "started"},
+// ttlTables are the tables whose retention follows Options.TTLDays (the
+// traceflows table Options.TraceflowDays), with their time column.
+var ttlTables = []struct {
+	table, col string
+	days       func(Options) int
+}{
+	{"flows", "flow_end", ttlDays},
+	{"rollup_pod_to_pod_1m", "window_start", ttlDays},
+	{"rollup_pod_to_service_1m", "window_start", ttlDays},
+	{"rollup_node_to_node_1m", "window_start", ttlDays},
+	{"rollup_policy_1m", "window_start", ttlDays},
+	{"traceflows", "started", Options.TraceflowDays},
 }
 
-// reconcileTTL makes each table's TTL match Options.TTLDays, so the
-// retention flag can change after the tables were created.
+func ttlDays(o Options) int { return o.TTLDays }
+
+// reconcileTTL makes each table's TTL match the options, so the
+// retention flags can change after the tables were created.
 func (r *Runner) reconcileTTL(ctx context.Context) error {
 	suffix, oc := "", ""
 	if r.opt.Cluster != "" {
@@ -509,13 +545,14 @@ func (r *Runner) reconcileTTL(ctx context.Context) error {
 			continue // table not created by the migrations applied so far
 		}
 		hasTTL := strings.Contains(engine, " TTL ")
-		want := fmt.Sprintf("toIntervalDay(%d)", r.opt.TTLDays)
+		days := t.days(r.opt)
+		want := fmt.Sprintf("toIntervalDay(%d)", days)
 		var stmt string
 		switch {
-		case r.opt.TTLDays == 0 && hasTTL:
+		case days == 0 && hasTTL:
 			stmt = fmt.Sprintf("ALTER TABLE %s.%s%s REMOVE TTL", r.opt.Database, name, oc)
-		case r.opt.TTLDays > 0 && !strings.Contains(engine, want):
-			stmt = fmt.Sprintf("ALTER TABLE %s.%s%s MODIFY %s", r.opt.Database, name, oc, ttlClause(t.col, r.opt.TTLDays))
+		case days > 0 && !strings.Contains(engine, want):
+			stmt = fmt.Sprintf("ALTER TABLE %s.%s%s MODIFY %s", r.opt.Database, name, oc, ttlClause(t.col, days))
 		default:
 			continue
 		}

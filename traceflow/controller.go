@@ -6,6 +6,7 @@ import (
 	crand "crypto/rand"
 	"encoding/hex"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/dualflow/dualflow/traceflow/packet"
+	"github.com/dualflow/dualflow/traceflow/ratelimit"
 )
 
 // Probe is one family's probe after resolution: what a node tracer sends
@@ -97,6 +99,52 @@ func (p Probe) ProtoNumber() uint8 {
 	return packet.ProtoTCP
 }
 
+// Sendable checks that p is a probe a trace needs, as an agent must before
+// sending it: a TCP SYN (the flags exactly SYN), a UDP datagram, or an
+// echo request of its family (ICMP over IPv4, ICMPv6 over IPv6); a TTL or
+// hop limit of 0 (64) or MinTTL..255; a tag; unicast addresses of one
+// family, the destination neither loopback nor link-local. The errors wrap
+// ErrInvalid.
+func (p Probe) Sendable() error {
+	src, dst := p.Src.Unmap(), p.Dst.Unmap()
+	switch {
+	case !src.IsValid() || !dst.IsValid() || src.Is4() != dst.Is4():
+		return fmt.Errorf("%w: probe %s -> %s: want two addresses of one family", ErrInvalid, p.Src, p.Dst)
+	case !unicast(src) || !unicast(dst) || dst.IsLinkLocalUnicast():
+		return fmt.Errorf("%w: probe %s -> %s: a trace sends from a pod to a unicast address (not loopback, link-local, multicast or broadcast)", ErrInvalid, src, dst)
+	case p.Tag < packet.MinTag || p.Tag > packet.MaxTag:
+		return fmt.Errorf("%w: tag %d (want %d..%d)", ErrInvalid, p.Tag, packet.MinTag, packet.MaxTag)
+	case p.TTL != 0 && p.TTL < MinTTL:
+		return fmt.Errorf("%w: ttl %d: want 0 (64) or %d..255", ErrInvalid, p.TTL, MinTTL)
+	}
+	switch p.Protocol {
+	case TCP:
+		if p.TCPFlags != packet.SYN {
+			return fmt.Errorf("%w: tcp flags %#02x: a trace sends a SYN (0x02) only", ErrInvalid, p.TCPFlags)
+		}
+	case UDP, ICMP, ICMPv6:
+		if p.TCPFlags != 0 {
+			return fmt.Errorf("%w: tcp flags with protocol %s", ErrInvalid, p.Protocol)
+		}
+	default:
+		return fmt.Errorf("%w: protocol %q (want TCP, UDP, ICMP or ICMPv6)", ErrInvalid, p.Protocol)
+	}
+	switch {
+	case (p.Protocol == TCP || p.Protocol == UDP) && p.DstPort == 0:
+		return fmt.Errorf("%w: %s needs a destination port", ErrInvalid, p.Protocol)
+	case p.Protocol == ICMP && !src.Is4(), p.Protocol == ICMPv6 && src.Is4():
+		return fmt.Errorf("%w: %s echo request over %s", ErrInvalid, p.Protocol, map[bool]string{true: "IPv4", false: "IPv6"}[src.Is4()])
+	}
+	return nil
+}
+
+// broadcast is the IPv4 limited broadcast address.
+var broadcast = netip.AddrFrom4([4]byte{255, 255, 255, 255})
+
+func unicast(a netip.Addr) bool {
+	return !a.IsUnspecified() && !a.IsLoopback() && !a.IsMulticast() && a != broadcast
+}
+
 // Path is what a node tracer saw of one probe.
 type Path struct {
 	Outcome      Outcome       `json:"outcome"`
@@ -122,6 +170,14 @@ type resolver interface {
 	Resolve(req Request, f Family) (Probe, error)
 }
 
+// clusterAddrs is what a resolver may also know: whether an address is
+// the cluster's (a pod's, a Service's, a node's or in a node's pod CIDR).
+// With a resolver that does not, only a pod the resolver found holding an
+// IP destination (Probe.DstPod) makes it the cluster's.
+type clusterAddrs interface {
+	InCluster(a netip.Addr) bool
+}
+
 // resultStore keeps finished results (the ClickHouse traceflows table),
 // shared by every replica over the same store.
 type resultStore interface {
@@ -140,19 +196,69 @@ type Config struct {
 	// Keep is how many finished results Get can return; the oldest are
 	// forgotten first (default 1000).
 	Keep int
+	// KeepPerCaller is how many of those each caller (CallerFrom) keeps:
+	// its oldest are forgotten first, so that one caller cannot push
+	// out the others' results (default 100).
+	KeepPerCaller int
 	// SaveTimeout bounds writing one result to the store, and reading one
 	// back (default 5s).
 	SaveTimeout time.Duration
-	Logger      *slog.Logger
+	// CallerLimit bounds the family traces each caller may start (a dual
+	// trace is two), NodeLimit those whose probe leaves from one node
+	// (live traces send nothing and count for the caller only). Zero
+	// fields take DefaultCallerLimit and DefaultNodeLimit; a negative
+	// Rate is no limit. A burst below 2 is raised to 2: a dual trace
+	// takes two at once.
+	CallerLimit, NodeLimit ratelimit.Limit
+	// AllowExternal lets a request that asks for it (Request.External)
+	// trace an IP destination outside the cluster. Off, such
+	// destinations are refused: a probe would leave the cluster.
+	AllowExternal bool
+	Logger        *slog.Logger
 }
+
+// Default rate limits of a controller. A trace sends its probe at most 3
+// times, 1 s apart, and a dual trace is two family traces: a user tracing
+// by hand, the UI's dual trace of a reachability cell, even a dozen
+// family traces at once, stay within the bursts; a script starting traces
+// in a loop is held to the rates.
+var (
+	DefaultCallerLimit = ratelimit.Limit{Rate: 5, Burst: 30}
+	DefaultNodeLimit   = ratelimit.Limit{Rate: 10, Burst: 40}
+)
 
 // SetDefaults fills in unset fields.
 func (c *Config) SetDefaults() {
 	c.Timeout = cmp.Or(c.Timeout, 3*time.Second)
 	c.MaxTimeout = cmp.Or(c.MaxTimeout, time.Minute)
 	c.Keep = cmp.Or(c.Keep, 1000)
+	c.KeepPerCaller = cmp.Or(c.KeepPerCaller, 100)
 	c.SaveTimeout = cmp.Or(c.SaveTimeout, 5*time.Second)
+	c.CallerLimit = defaultLimit(c.CallerLimit, DefaultCallerLimit)
+	c.NodeLimit = defaultLimit(c.NodeLimit, DefaultNodeLimit)
 	c.Logger = cmp.Or(c.Logger, slog.Default())
+}
+
+func defaultLimit(l, def ratelimit.Limit) ratelimit.Limit {
+	if l.Rate == 0 {
+		l.Rate = def.Rate
+	}
+	if l.Burst == 0 {
+		l.Burst = def.Burst
+	}
+	l.Burst = max(l.Burst, 2)
+	return l
+}
+
+// BindFlags registers the controller's --traceflow.* flags.
+func (c *Config) BindFlags(fs *flag.FlagSet) {
+	fs.DurationVar(&c.Timeout, "traceflow.timeout", 3*time.Second, "default timeout of one family's trace")
+	fs.Float64Var(&c.CallerLimit.Rate, "traceflow.caller-rate", DefaultCallerLimit.Rate, "family traces each caller (REST token, else client address) may start per second after its burst; a dual trace is two; more answer 429 with Retry-After (negative: no limit)")
+	fs.IntVar(&c.CallerLimit.Burst, "traceflow.caller-burst", DefaultCallerLimit.Burst, "family traces a caller may start at once after a quiet while")
+	fs.Float64Var(&c.NodeLimit.Rate, "traceflow.node-rate", DefaultNodeLimit.Rate, "family traces whose probe leaves from one node, per second after its burst, all callers together (negative: no limit)")
+	fs.IntVar(&c.NodeLimit.Burst, "traceflow.node-burst", DefaultNodeLimit.Burst, "family traces from one node at once after a quiet while")
+	fs.IntVar(&c.KeepPerCaller, "traceflow.keep-per-caller", 100, "finished traces each caller keeps in memory (of the 1000 kept), its oldest forgotten first")
+	fs.BoolVar(&c.AllowExternal, "traceflow.allow-external", false, "trace IP destinations outside the cluster (no pod, Service or node has them) when the request asks (\"external\": true); off, they are refused, as a probe would leave the cluster")
 }
 
 // Controller runs traces. Its methods are safe for concurrent use. Traces
@@ -167,15 +273,19 @@ type Controller struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
 
-	mu     sync.Mutex
-	traces map[string]*trace
-	done   []string // finished ids, oldest first, for Keep
-	tags   [packet.MaxTag + 1]bool
+	callers, nodes *ratelimit.Keyed // CallerLimit, NodeLimit
+
+	mu       sync.Mutex
+	traces   map[string]*trace
+	done     []string            // finished ids, oldest first, for Keep
+	byCaller map[string][]string // finished ids of each caller, oldest first, for KeepPerCaller
+	tags     [packet.MaxTag + 1]bool
 }
 
 type trace struct {
-	res  Result
-	done chan struct{} // closed when res is final
+	res    Result
+	caller string
+	done   chan struct{} // closed when res is final
 }
 
 // New returns a controller that resolves requests with r, traces with t and
@@ -183,7 +293,9 @@ type trace struct {
 func New(cfg Config, t nodeTracer, r resolver, s resultStore) *Controller {
 	cfg.SetDefaults()
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Controller{cfg: cfg, tracer: t, resolver: r, store: s, ctx: ctx, cancel: cancel, traces: map[string]*trace{}}
+	return &Controller{cfg: cfg, tracer: t, resolver: r, store: s, ctx: ctx, cancel: cancel,
+		callers: ratelimit.NewKeyed(cfg.CallerLimit), nodes: ratelimit.NewKeyed(cfg.NodeLimit),
+		traces: map[string]*trace{}, byCaller: map[string][]string{}}
 }
 
 // Close cancels the running traces and waits for them to finish.
@@ -230,8 +342,15 @@ func (c *Controller) Normalize(req *Request) error {
 	default:
 		return fmt.Errorf("%w: protocol %q (want TCP, UDP, ICMP or ICMPv6)", ErrInvalid, req.Protocol)
 	}
-	if req.TCPFlags != 0 && req.Protocol != TCP {
+	switch {
+	case req.TCPFlags != 0 && req.Protocol != TCP:
 		return fmt.Errorf("%w: tcpFlags with protocol %s", ErrInvalid, req.Protocol)
+	case req.TCPFlags != 0 && req.TCPFlags != packet.SYN:
+		return fmt.Errorf("%w: tcpFlags %#02x: a trace sends a SYN (0x02) only", ErrInvalid, req.TCPFlags)
+	case req.TTL != 0 && req.TTL < MinTTL:
+		return fmt.Errorf("%w: ttl %d: want 0 (64) or %d..255", ErrInvalid, req.TTL, MinTTL)
+	case req.External && !req.Destination.IP.IsValid():
+		return fmt.Errorf("%w: external is for an ip destination", ErrInvalid)
 	}
 	return nil
 }
@@ -239,7 +358,17 @@ func (c *Controller) Normalize(req *Request) error {
 // Start validates req, resolves it per family and starts tracing in the
 // background. It returns the trace id for Get and Wait. ctx bounds only
 // the start; the trace itself is bounded by req.Timeout (and Close).
+//
+// ctx's caller (CallerFrom) is the trace's: Start refuses a caller, or a
+// source node, beyond its rate with a RateLimitError (nothing is taken
+// from the buckets then), and the caller keeps its share of the results.
 func (c *Controller) Start(ctx context.Context, req Request) (string, error) {
+	return c.start(ctx, req, 0)
+}
+
+// start is Start, waiting up to maxWait for the caller's and the node's
+// rate instead of refusing.
+func (c *Controller) start(ctx context.Context, req Request, maxWait time.Duration) (string, error) {
 	if err := c.Normalize(&req); err != nil {
 		return "", err
 	}
@@ -264,6 +393,9 @@ func (c *Controller) Start(ctx context.Context, req Request) (string, error) {
 		case err != nil:
 			return "", err
 		}
+		if err := c.checkExternal(req, p); err != nil {
+			return "", err
+		}
 		p.Family = f
 		p.Protocol = protocolFor(req.Protocol, f)
 		p.SrcPort, p.TCPFlags, p.TTL = srcPort, req.TCPFlags, req.TTL
@@ -276,11 +408,15 @@ func (c *Controller) Start(ctx context.Context, req Request) (string, error) {
 		results[i].SrcPort, results[i].DstPort = p.SrcPort, p.DstPort
 		resolved++
 	}
+	caller := CallerFrom(ctx)
+	if err := c.takeRate(ctx, caller, probes, resolved, maxWait); err != nil {
+		return "", err
+	}
 	id, err := newID()
 	if err != nil {
 		return "", err
 	}
-	t := &trace{res: Result{ID: id, Request: req, Phase: Running, Started: time.Now().UTC(), Families: results}, done: make(chan struct{})}
+	t := &trace{res: Result{ID: id, Request: req, Phase: Running, Started: time.Now().UTC(), Families: results}, caller: caller, done: make(chan struct{})}
 
 	c.mu.Lock()
 	var tags []uint8
@@ -305,6 +441,58 @@ func (c *Controller) Start(ctx context.Context, req Request) (string, error) {
 
 	go c.run(t, probes, time.Duration(req.Timeout))
 	return id, nil
+}
+
+// checkExternal refuses an IP destination outside the cluster (p.Dst, of
+// one family) unless the request asks for it and the collector allows it.
+func (c *Controller) checkExternal(req Request, p Probe) error {
+	if !req.Destination.IP.IsValid() || p.DstPod != "" {
+		return nil
+	}
+	if ca, ok := c.resolver.(clusterAddrs); ok && ca.InCluster(p.Dst) {
+		return nil
+	}
+	switch {
+	case req.External && c.cfg.AllowExternal:
+		return nil
+	case req.External:
+		return fmt.Errorf("%w: destination %s is outside the cluster (no pod, Service or node has it), and this collector does not send probes out of the cluster (--traceflow.allow-external)", ErrInvalid, p.Dst)
+	}
+	return fmt.Errorf("%w: destination %s is outside the cluster (no pod, Service or node has it): the probe would leave the cluster; ask with \"external\": true a collector started with --traceflow.allow-external", ErrInvalid, p.Dst)
+}
+
+// takeRate takes n family traces from caller's bucket and from the
+// source node's (probes sent; live traces send none), waiting up to
+// maxWait, or returns a RateLimitError and takes nothing.
+func (c *Controller) takeRate(ctx context.Context, caller string, probes []Probe, n int, maxWait time.Duration) error {
+	if n == 0 {
+		return nil
+	}
+	buckets := []ratelimit.Bucket{c.callers.Bucket(caller)}
+	scopes := []string{"caller " + cmp.Or(caller, "(unnamed)")}
+	for _, p := range probes {
+		if p.Src.IsValid() && !p.Live {
+			// A trace's families leave from one pod, so from one node.
+			buckets = append(buckets, c.nodes.Bucket(p.SourceNode))
+			scopes = append(scopes, "node "+cmp.Or(p.SourceNode, "(unknown)"))
+			break
+		}
+	}
+	wait, slowest, ok := ratelimit.Take(time.Now(), n, maxWait, buckets...)
+	if !ok {
+		return &RateLimitError{Scope: scopes[max(slowest, 0)], RetryAfter: wait}
+	}
+	if wait <= 0 {
+		return nil
+	}
+	tm := time.NewTimer(wait)
+	defer tm.Stop()
+	select {
+	case <-tm.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 func protocolFor(p Protocol, f Family) Protocol {
@@ -397,9 +585,16 @@ func (c *Controller) run(t *trace, probes []Probe, timeout time.Duration) {
 	t.res.Phase, t.res.Reason = finalPhase(t.res.Families)
 	res := cloneResult(t.res)
 	c.done = append(c.done, t.res.ID)
+	c.byCaller[t.caller] = append(c.byCaller[t.caller], t.res.ID)
+	for len(c.byCaller[t.caller]) > c.cfg.KeepPerCaller {
+		c.forget(c.byCaller[t.caller][0], t.caller)
+	}
 	for len(c.done) > c.cfg.Keep {
-		delete(c.traces, c.done[0])
-		c.done = c.done[1:]
+		id, caller := c.done[0], ""
+		if t := c.traces[id]; t != nil {
+			caller = t.caller
+		}
+		c.forget(id, caller)
 	}
 	c.mu.Unlock()
 	close(t.done)
@@ -411,6 +606,25 @@ func (c *Controller) run(t *trace, probes []Probe, timeout time.Duration) {
 		}
 		cancel()
 	}
+}
+
+// forget drops finished trace id of caller from memory (Get then reads
+// the store); c.mu must be held. O(Keep), once per finished trace.
+func (c *Controller) forget(id, caller string) {
+	delete(c.traces, id)
+	c.done = deleteID(c.done, id)
+	if ids := deleteID(c.byCaller[caller], id); len(ids) > 0 {
+		c.byCaller[caller] = ids
+	} else {
+		delete(c.byCaller, caller)
+	}
+}
+
+func deleteID(ids []string, id string) []string {
+	if i := slices.Index(ids, id); i >= 0 {
+		return slices.Delete(ids, i, i+1)
+	}
+	return ids
 }
 
 // finalPhase: succeeded when every family reached an outcome (delivered,
@@ -498,9 +712,16 @@ func (c *Controller) Wait(ctx context.Context, id string) (Result, error) {
 	return cloneResult(t.res), nil
 }
 
-// Trace starts req and waits for its result.
+// Trace starts req and waits for its result. Unlike Start, it waits for
+// the caller's and the node's rate (as long as ctx allows, at most
+// MaxTimeout) instead of refusing: a UI's reachability matrix, which
+// traces cell after cell, is paced rather than failed.
 func (c *Controller) Trace(ctx context.Context, req Request) (Result, error) {
-	id, err := c.Start(ctx, req)
+	maxWait := c.cfg.MaxTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		maxWait = min(maxWait, time.Until(dl))
+	}
+	id, err := c.start(ctx, req, maxWait)
 	if err != nil {
 		return Result{}, err
 	}

@@ -2,11 +2,17 @@ package traceflow
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"net"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
+
+	"github.com/dualflow/dualflow/traceflow/ratelimit"
 )
 
 // maxRequestBody caps a POST body; a request is a few hundred bytes.
@@ -26,7 +32,13 @@ const maxRequestBody = 64 << 10
 //
 // Errors are JSON {"message": "...", "field": "..."} (field for a request
 // body that does not decode), as in the rest of /api/v1: 400 invalid request, 501 not supported,
-// 404 unknown id, 429 too many traces in flight.
+// 404 unknown id, 429 with Retry-After for a caller or a node beyond its
+// rate, or too many traces in flight.
+//
+// The caller of a POST (its rate limit and its share of the results kept)
+// is the request context's (WithCaller, set by a router that knows the
+// principal), else its bearer token (by a hash: one per token of the
+// tokens file), else its client address.
 func Handler(c *Controller) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /api/v1/traceflows", func(w http.ResponseWriter, r *http.Request) {
@@ -46,7 +58,11 @@ func Handler(c *Controller) http.Handler {
 			writeJSON(w, http.StatusBadRequest, e)
 			return
 		}
-		id, err := c.Start(r.Context(), req)
+		ctx := r.Context()
+		if CallerFrom(ctx) == "" {
+			ctx = WithCaller(ctx, callerOf(r))
+		}
+		id, err := c.Start(ctx, req)
 		if err != nil {
 			writeError(w, err)
 			return
@@ -85,7 +101,7 @@ func StatusOf(err error) int {
 		return http.StatusNotImplemented
 	case errors.Is(err, ErrNotFound):
 		return http.StatusNotFound
-	case errors.Is(err, ErrBusy):
+	case errors.Is(err, ErrBusy), errors.Is(err, ErrRateLimited):
 		return http.StatusTooManyRequests
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		return http.StatusGatewayTimeout
@@ -100,7 +116,33 @@ type errorBody struct {
 }
 
 func writeError(w http.ResponseWriter, err error) {
+	var rl *RateLimitError
+	switch {
+	case errors.As(err, &rl):
+		w.Header().Set("Retry-After", strconv.Itoa(ratelimit.RetryAfterSeconds(rl.RetryAfter)))
+	case errors.Is(err, ErrBusy):
+		// A tag frees when a trace ends: within its timeout, mostly
+		// within a second.
+		w.Header().Set("Retry-After", "1")
+	}
 	writeJSON(w, StatusOf(err), errorBody{Message: err.Error()})
+}
+
+// callerOf names the caller of r for its rate limit: its bearer token by
+// a hash (the token itself never leaves this function), else its client
+// address.
+func callerOf(r *http.Request) string {
+	if scheme, tok, ok := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " "); ok && strings.EqualFold(scheme, "Bearer") {
+		if tok = strings.TrimSpace(tok); tok != "" {
+			h := sha256.Sum256([]byte(tok))
+			return "token:" + hex.EncodeToString(h[:6])
+		}
+	}
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	return "addr:" + host
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

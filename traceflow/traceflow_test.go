@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/dualflow/dualflow/traceflow/packet"
+	"github.com/dualflow/dualflow/traceflow/ratelimit"
 )
 
 // fakeResolver resolves every request to fixed addresses; noV6 makes the
@@ -213,7 +214,8 @@ func TestControllerRejects(t *testing.T) {
 }
 
 func TestControllerBusy(t *testing.T) {
-	c := New(Config{Timeout: time.Minute}, &fakeTracer{}, fakeResolver{}, nil) // traces block until Close
+	// Traces block until Close; no rate limit: this is the tags' bound.
+	c := New(Config{Timeout: time.Minute, CallerLimit: ratelimit.Limit{Rate: -1}, NodeLimit: ratelimit.Limit{Rate: -1}}, &fakeTracer{}, fakeResolver{}, nil)
 	n := 0
 	for {
 		_, err := c.Start(context.Background(), req())

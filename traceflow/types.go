@@ -18,6 +18,7 @@
 package traceflow
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -93,9 +94,11 @@ type Request struct {
 	Protocol Protocol `json:"protocol,omitempty"`
 	// SrcPort is the source port (TCP/UDP) or echo id (ICMP); 0 picks one.
 	SrcPort uint16 `json:"srcPort,omitempty"`
-	// TCPFlags are the TCP header flags (0x02 = SYN, the default).
+	// TCPFlags are the TCP header flags: 0x02 (SYN, the default) is the
+	// only one a trace sends.
 	TCPFlags uint8 `json:"tcpFlags,omitempty"`
-	// TTL is the IPv4 TTL and IPv6 hop limit (default 64).
+	// TTL is the IPv4 TTL and IPv6 hop limit: 0 (64, the default) or
+	// MinTTL..255.
 	TTL uint8 `json:"ttl,omitempty"`
 	// Family is ipv4, ipv6 or dual (default dual).
 	Family Family `json:"family,omitempty"`
@@ -108,6 +111,11 @@ type Request struct {
 	DroppedOnly bool `json:"droppedOnly,omitempty"`
 	// Timeout bounds each family trace (default Config.Timeout).
 	Timeout Duration `json:"timeout,omitempty"`
+	// External asks to trace an IP destination outside the cluster (no
+	// pod, Service or node has it). It is refused unless the collector
+	// allows such destinations (Config.AllowExternal) and the request
+	// says so here: a probe then leaves the cluster.
+	External bool `json:"external,omitempty"`
 }
 
 // Destination is exactly one of a pod, a Service or an IP address.
@@ -294,15 +302,54 @@ func (r *Result) Family(f Family) (FamilyResult, bool) {
 	return FamilyResult{}, false
 }
 
+// MinTTL is the lowest TTL (IPv4) or hop limit (IPv6) a probe may carry
+// besides 0 (the default, 64). A path through a cluster is a few hops; a
+// lower TTL would expire the probe on the way, which only maps the
+// network hop by hop (a traceroute), and no trace needs that.
+const MinTTL = 32
+
 // Errors of Start; the REST layer maps ErrInvalid and ErrNotSupported to
-// 400, ErrNotFound to 404 and ErrBusy to 429/503.
+// 400/501, ErrNotFound to 404, and ErrBusy and ErrRateLimited to 429.
 var (
 	ErrInvalid      = errors.New("invalid traceflow request")
 	ErrNotSupported = errors.New("not supported yet")
 	ErrBusy         = errors.New("too many traces in flight")
 	ErrNotFound     = errors.New("traceflow not found")
+	// ErrRateLimited is wrapped by RateLimitError: a caller or a node
+	// went beyond its rate.
+	ErrRateLimited = errors.New("rate limited")
 	// ErrNoAddress is wrapped by resolvers when the source or destination
 	// has no address of a family ("service backend/api-single has no IPv6
 	// ClusterIP"); that family's outcome is NoAddress.
 	ErrNoAddress = errors.New("no address of this family")
 )
+
+// RateLimitError is a trace (or, at a node agent, a probe) refused for
+// its rate: Scope says whose ("caller alice", "node node-1") and
+// RetryAfter when the tokens will be back. It wraps ErrRateLimited.
+type RateLimitError struct {
+	Scope      string
+	RetryAfter time.Duration
+}
+
+func (e *RateLimitError) Error() string {
+	return fmt.Sprintf("%v: %s: retry in %v", ErrRateLimited, e.Scope, e.RetryAfter.Round(time.Millisecond))
+}
+
+func (e *RateLimitError) Unwrap() error { return ErrRateLimited }
+
+// callerKey is the context key of the caller's identity.
+type callerKey struct{}
+
+// WithCaller returns ctx carrying the identity of whoever asks for a
+// trace (a REST principal, a hash of its token, an address): the key of
+// its rate limit and of its share of the results kept.
+func WithCaller(ctx context.Context, caller string) context.Context {
+	return context.WithValue(ctx, callerKey{}, caller)
+}
+
+// CallerFrom returns the caller of WithCaller, "" when there is none.
+func CallerFrom(ctx context.Context) string {
+	s, _ := ctx.Value(callerKey{}).(string)
+	return s
+}

@@ -410,3 +410,6 @@ ALTER TABLE dualflow.rollup_policy_1m_local ON CLUSTER 'flows'
 
 ALTER TABLE dualflow.rollup_policy_1m_local ON CLUSTER 'flows' MATERIALIZE PROJECTION policy_1h;
 
+-- 0011_traceflows_ttl.sql
+ALTER TABLE dualflow.traceflows_local ON CLUSTER 'flows' MODIFY TTL toDateTime(started) + INTERVAL 7 DAY;
+

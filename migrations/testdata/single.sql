@@ -355,3 +355,6 @@ ALTER TABLE dualflow.rollup_policy_1m
 
 ALTER TABLE dualflow.rollup_policy_1m MATERIALIZE PROJECTION policy_1h;
 
+-- 0011_traceflows_ttl.sql
+ALTER TABLE dualflow.traceflows MODIFY TTL toDateTime(started) + INTERVAL 7 DAY;
+

@@ -286,9 +286,10 @@ var traceScenarios = []struct {
 		}
 	}},
 	{"timeout-with-reason", func(t *testing.T, e *traceEnv) {
-		// An address in the lab's ranges that no pod has: the node
-		// has no route for it, so neither delivery nor a drop rule.
-		dst := map[traceflow.Family]string{traceflow.IPv4: "198.18.9.99", traceflow.IPv6: "fd00:10:0:9::99"}
+		// An address of node-2's pod range that no pod has: inside the
+		// cluster (a destination outside it is refused unless allowed),
+		// but nothing answers it, so neither delivery nor a drop rule.
+		dst := map[traceflow.Family]string{traceflow.IPv4: "198.18.2.250", traceflow.IPv6: "fd00:10:0:2::250"}
 		for _, f := range e.modeFamilies() {
 			d, _ := traceflow.ParseDestination("ip:" + dst[f])
 			d.Port = 8080
@@ -486,6 +487,9 @@ func TestTraceCLI(t *testing.T) {
 	// What the demo writes for `dualflow trace` without --server.
 	dir := filepath.Dir(l.ManifestPath())
 	if err := os.WriteFile(filepath.Join(dir, "web-url"), []byte(base+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "web-token-file"), []byte(operatorTokenFile(base)+"\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	web, err := l.PodOn(manifest.NSFrontend, "web", 1)

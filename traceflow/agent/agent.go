@@ -8,19 +8,24 @@
 //	POST /agent/v1/watch   {"probe": Probe, "timeout": "3s"} → 200 JSON lines of traceflow.WatchEvent:
 //	                       {"ready":true} once the node observes, then what it sees, until the
 //	                       caller closes the request or the timeout ends
-//	POST /agent/v1/inject  {"probe": Probe} → 200 {"node": …}; 404 when the source pod is not on the node
+//	POST /agent/v1/inject  {"probe": Probe} → 200 {"node": …}; 404 when the source pod is not on the node;
+//	                       400 for a probe a trace does not need (Probe.Sendable); 429 with
+//	                       Retry-After beyond the caller's or the node's rate (Limits)
 //	GET  /agent/v1/info    → 200 {"node": …, "datapath": …}
 //
-// Every call needs "Authorization: Bearer <token>"; the token comes from
-// the environment or a file, never from a flag. TLS, with client
-// certificates when the agent is given a client CA, is configured by
-// ServerTLS and ClientTLS.
+// Every call needs "Authorization: Bearer <token>" (the scheme in any
+// case, RFC 7235; the token compared in constant time); the token comes
+// from the environment or a file of mode 0600 (or 0640/0440 for the
+// process's own group), never from a flag. TLS, with client certificates
+// when the agent is given a client CA, is configured by ServerTLS and
+// ClientTLS.
 package agent
 
 import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"crypto/subtle"
 	"crypto/tls"
 	"crypto/x509"
@@ -28,16 +33,20 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dualflow/dualflow/internal/secretfile"
 	"github.com/dualflow/dualflow/traceflow"
 	"github.com/dualflow/dualflow/traceflow/node"
+	"github.com/dualflow/dualflow/traceflow/ratelimit"
 )
 
 // Paths of the agent API.
@@ -92,13 +101,17 @@ type errorBody struct {
 }
 
 // LoadToken reads the token from $DUALFLOW_TRACEFLOW_TOKEN, else from
-// file (trailing whitespace trimmed). An empty token is an error.
+// file (trailing whitespace trimmed). An empty token is an error, and so
+// is a file others may read or write, or its group write, or its group
+// read unless the process is in that group (package secretfile: a
+// Kubernetes Secret mounted 0440 for the pod's fsGroup passes; 0644 does
+// not).
 func LoadToken(file string) (string, error) {
 	tok := strings.TrimSpace(os.Getenv(TokenEnv))
 	if tok == "" && file != "" {
-		b, err := os.ReadFile(file)
+		b, err := secretfile.Read("traceflow token file", file)
 		if err != nil {
-			return "", fmt.Errorf("traceflow token: %w", err)
+			return "", err
 		}
 		tok = strings.TrimSpace(string(b))
 	}
@@ -172,7 +185,7 @@ type Metrics struct {
 func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "dualflow_traceflow_agent_requests_total",
-			Help: "Traceflow agent calls by call (watch, inject, info) and result (ok, unauthorized, invalid, not_found, not_supported, busy, error)."},
+			Help: "Traceflow agent calls by call (watch, inject, info) and result (ok, unauthorized, invalid, not_found, not_supported, busy, rate_limited, error)."},
 			[]string{"call", "result"}),
 		watches: prometheus.NewGauge(prometheus.GaugeOpts{Name: "dualflow_traceflow_agent_watches",
 			Help: "Traceflow probes the agent is watching for now."}),
@@ -183,21 +196,59 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	return m
 }
 
+// Limits bound the probes an agent sends (POST /agent/v1/inject): per
+// caller (its TLS client certificate's subject, else its address) and for
+// the node, all callers together.
+type Limits struct {
+	Caller, Node ratelimit.Limit
+}
+
+// DefaultLimits are an agent's limits unless WithLimits says otherwise.
+// A trace sends its probe at most 3 times, 1 s apart, most are delivered
+// at the first send, and the controller holds each source node to 10
+// family traces a second after a burst of 40 (traceflow.DefaultNodeLimit):
+// a controller stays within its caller's bucket (a resend beyond it waits
+// for the Retry-After), two controllers within the node's, and one holding
+// the agent token sends 10 SYNs a second (after 40) instead of a thousand.
+var DefaultLimits = Limits{
+	Caller: ratelimit.Limit{Rate: 10, Burst: 40},
+	Node:   ratelimit.Limit{Rate: 20, Burst: 80},
+}
+
+// HandlerOption tunes Handler.
+type HandlerOption func(*handlerConfig)
+
+type handlerConfig struct{ limits Limits }
+
+// WithLimits sets the probe rate limits (a Rate below 0: no limit).
+func WithLimits(l Limits) HandlerOption { return func(c *handlerConfig) { c.limits = l } }
+
+// nodeKey is the key of the node's bucket.
+const nodeKey = "node"
+
 // Handler serves the agent API of node n, accepting only "Authorization:
-// Bearer <token>". It panics if token is empty: an open agent would inject
-// packets for anyone.
-func Handler(n Node, info Info, token string, m *Metrics) http.Handler {
+// Bearer <token>" (the scheme in any case). It panics if token is empty:
+// an open agent would inject packets for anyone.
+func Handler(n Node, info Info, token string, m *Metrics, opts ...HandlerOption) http.Handler {
 	if token == "" {
 		panic("traceflow agent: empty token")
 	}
 	if m == nil {
 		m = NewMetrics(nil)
 	}
-	want := []byte("Bearer " + token)
+	cfg := handlerConfig{limits: DefaultLimits}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	callers, nodeBucket := ratelimit.NewKeyed(cfg.limits.Caller), ratelimit.NewKeyed(cfg.limits.Node).Bucket(nodeKey)
+	// Compared by their SHA-256, so that the time taken says nothing of
+	// the length either.
+	want := sha256.Sum256([]byte(token))
 	var active atomic.Int64
 	auth := func(call string, h http.HandlerFunc) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
-			if subtle.ConstantTimeCompare([]byte(r.Header.Get("Authorization")), want) != 1 {
+			got := sha256.Sum256([]byte(bearer(r.Header.Get("Authorization"))))
+			if subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
 				m.requests.WithLabelValues(call, "unauthorized").Inc()
 				w.Header().Set("WWW-Authenticate", `Bearer realm="dualflow-traceflow"`)
 				writeJSON(w, http.StatusUnauthorized, errorBody{"unauthorized"})
@@ -208,7 +259,11 @@ func Handler(n Node, info Info, token string, m *Metrics) http.Handler {
 	}
 	fail := func(w http.ResponseWriter, call string, err error) {
 		status, result := http.StatusInternalServerError, "error"
+		var rl *traceflow.RateLimitError
 		switch {
+		case errors.As(err, &rl):
+			status, result = http.StatusTooManyRequests, "rate_limited"
+			w.Header().Set("Retry-After", strconv.Itoa(ratelimit.RetryAfterSeconds(rl.RetryAfter)))
 		case errors.Is(err, traceflow.ErrInvalid):
 			status, result = http.StatusBadRequest, "invalid"
 		case errors.Is(err, node.ErrPodNotOnNode):
@@ -228,6 +283,19 @@ func Handler(n Node, info Info, token string, m *Metrics) http.Handler {
 		var req injectRequest
 		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody)).Decode(&req); err != nil {
 			fail(w, "inject", fmt.Errorf("%w: decode request: %v", traceflow.ErrInvalid, err))
+			return
+		}
+		if err := req.Probe.Sendable(); err != nil {
+			fail(w, "inject", err)
+			return
+		}
+		caller := callerOf(r)
+		if wait, slowest, ok := ratelimit.Take(time.Now(), 1, 0, callers.Bucket(caller), nodeBucket); !ok {
+			scope := "caller " + caller
+			if slowest == 1 {
+				scope = "node " + info.Node
+			}
+			fail(w, "inject", &traceflow.RateLimitError{Scope: scope, RetryAfter: wait})
 			return
 		}
 		if err := n.Inject(r.Context(), req.Probe); err != nil {
@@ -293,6 +361,30 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	json.NewEncoder(w).Encode(v) // status already sent; nothing to do on error
+}
+
+// bearer returns the token of an "Authorization: Bearer <token>" header
+// value, the scheme matched in any case (RFC 7235); "" when it is not one.
+func bearer(h string) string {
+	scheme, tok, ok := strings.Cut(strings.TrimSpace(h), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return ""
+	}
+	return strings.TrimSpace(tok)
+}
+
+// callerOf names the caller of r for its rate limit: the subject of its
+// verified TLS client certificate (mutual TLS), else its address. Every
+// caller holds the same token, so the token cannot tell them apart.
+func callerOf(r *http.Request) string {
+	if r.TLS != nil && len(r.TLS.PeerCertificates) > 0 {
+		return "cert:" + r.TLS.PeerCertificates[0].Subject.String()
+	}
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	return "addr:" + host
 }
 
 // Client calls one node's agent. It is safe for concurrent use.
@@ -378,6 +470,12 @@ func (c *Client) do(ctx context.Context, method, path string, body any) (*http.R
 	switch resp.StatusCode {
 	case http.StatusUnauthorized:
 		return nil, ErrUnauthorized
+	case http.StatusTooManyRequests:
+		secs, err := strconv.Atoi(resp.Header.Get("Retry-After"))
+		if err != nil || secs < 1 {
+			secs = 1
+		}
+		return nil, &traceflow.RateLimitError{Scope: "probes sent by this agent", RetryAfter: time.Duration(secs) * time.Second}
 	case http.StatusNotFound:
 		if eb.Error == "" { // not the agent's answer: a wrong URL or port
 			return nil, fmt.Errorf("%s (is this a dualflow traceflow agent?)", resp.Status)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/dualflow/dualflow/traceflow"
 	"github.com/dualflow/dualflow/traceflow/node"
+	"github.com/dualflow/dualflow/traceflow/packet"
 )
 
 // fakeNode plays a node: Watch emits Ready, then waits for the probe to be
@@ -24,6 +25,9 @@ type fakeNode struct {
 	script  []traceflow.WatchEvent
 	hasPod  bool
 	watchFn func(ctx context.Context) error // optional failure
+	// other is the source port of another caller's probes: injected, but
+	// not this trace's.
+	other uint16
 }
 
 // wire connects fake nodes: Inject on the source closes sent.
@@ -62,6 +66,9 @@ func (f *fakeNode) Watch(ctx context.Context, p traceflow.Probe, emit func(trace
 func (f *fakeNode) Inject(ctx context.Context, p traceflow.Probe) error {
 	if !f.hasPod {
 		return node.ErrPodNotOnNode
+	}
+	if f.other != 0 && p.SrcPort == f.other {
+		return nil
 	}
 	f.wire.mu.Lock()
 	f.wire.n++
@@ -104,7 +111,7 @@ type policies map[string][]string
 func (p policies) IsolatingPolicies(ns, pod, dir string) []string { return p[ns+"/"+pod+"/"+dir] }
 
 var probe = traceflow.Probe{Family: traceflow.IPv4, SourcePod: "a/web", SourceNode: "n1", Src: netip.MustParseAddr("198.18.1.10"),
-	Dst: netip.MustParseAddr("198.18.2.11"), Protocol: traceflow.TCP, SrcPort: 40000, DstPort: 8080, Tag: 5, Nodes: []string{"n1", "n2"}}
+	Dst: netip.MustParseAddr("198.18.2.11"), Protocol: traceflow.TCP, SrcPort: 40000, DstPort: 8080, TCPFlags: packet.SYN, Tag: 5, Nodes: []string{"n1", "n2"}}
 
 func obs(c traceflow.Component, a traceflow.Action) *traceflow.Observation {
 	return &traceflow.Observation{Component: c, Action: a}
@@ -234,7 +241,7 @@ func TestHandlerRefusesAndBounds(t *testing.T) {
 	}{
 		{"GET", InfoPath, "", "", 401},
 		{"GET", InfoPath, "Bearer nope", "", 401},
-		{"GET", InfoPath, "bearer tok", "", 401},
+		{"GET", InfoPath, "bearer tok", "", 200},
 		{"GET", InfoPath, "Bearer tok", "", 200},
 		{"POST", WatchPath, "Bearer tok", "{", 400},
 		{"POST", WatchPath, "Bearer tok", `{"probe":{},"timeout":"2h"}`, 400},

@@ -160,7 +160,7 @@ func (c *Cluster) Trace(ctx context.Context, p traceflow.Probe) (traceflow.Path,
 	m := merger{p: p, policies: c.Policies, lost: lost}
 	var resendC <-chan time.Time
 	if !p.Live {
-		if err := src.Inject(ctx, p); err != nil {
+		if err := inject(ctx, src, p); err != nil {
 			return traceflow.Path{}, err
 		}
 		resend := time.NewTimer(resendAfter)
@@ -182,7 +182,8 @@ func (c *Cluster) Trace(ctx context.Context, p traceflow.Probe) (traceflow.Path,
 		select {
 		case <-resendC:
 			if !m.decided() {
-				if err := m.resend(); err != nil && ctx.Err() == nil {
+				// A copy refused for the agent's rate is only a copy less.
+				if err := m.resend(); err != nil && ctx.Err() == nil && !errors.Is(err, traceflow.ErrRateLimited) {
 					return traceflow.Path{}, err
 				}
 			}
@@ -217,6 +218,29 @@ func (c *Cluster) Trace(ctx context.Context, p traceflow.Probe) (traceflow.Path,
 			path := m.path()
 			path.Outcome, path.Reason = traceflow.TimedOut, m.timeoutReason(ctx)
 			return path, nil
+		}
+	}
+}
+
+// inject asks the source node's agent to send p. Refused for the agent's
+// rate (traceflow.RateLimitError), it asks again after the agent's
+// Retry-After, while ctx leaves time for it.
+func inject(ctx context.Context, src *Client, p traceflow.Probe) error {
+	for {
+		err := src.Inject(ctx, p)
+		var rl *traceflow.RateLimitError
+		if !errors.As(err, &rl) {
+			return err
+		}
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < rl.RetryAfter {
+			return err
+		}
+		t := time.NewTimer(rl.RetryAfter)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return err
 		}
 	}
 }

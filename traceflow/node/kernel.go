@@ -6,81 +6,106 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
 
-	"github.com/dualflow/dualflow/nsrun"
 	"github.com/dualflow/dualflow/traceflow"
 	"github.com/dualflow/dualflow/traceflow/observe"
 )
-
-// cleanupTimeout bounds removing a trace table after a trace.
-const cleanupTimeout = 2 * time.Second
 
 // conntrackWait bounds waiting for the conntrack entry of a probe that a
 // Service rule translated (the entry is confirmed as the packet leaves).
 const conntrackWait = 100 * time.Millisecond
 
-// startTrace starts `nft monitor` in the node's namespace, loads the trace
-// table rules and waits until the monitor echoes them, so the monitor is
-// subscribed before the probe is sent. The caller must call the returned
-// stop function.
-func (t *Tracer) startTrace(ctx context.Context, tag uint8, rules string) (*monitorSub, func(), error) {
+// loadSlots bounds the trace table loads a node runs at once; more wait
+// their turn for as long as their watch lasts. A load is one netlink
+// transaction (milliseconds, no process): the bound keeps 128 watches at
+// once from piling their commits on the kernel's nftables lock together.
+const loadSlots = 4
+
+// sweepInterval is how often a tracer removes the trace tables no watch
+// of its owns: its own that a failed removal left, and another agent's
+// older than staleAfter.
+const sweepInterval = 30 * time.Second
+
+// staleAfter is the age beyond which a trace table of NewTableName is
+// nobody's: a watch lasts at most a minute (the agent's MaxTimeout) and
+// its load and removal seconds at worst.
+const staleAfter = 5 * time.Minute
+
+// tableOps programs the node's trace tables: observe's netlink functions
+// (a fake in tests, whose nft monitor is a log file).
+type tableOps interface {
+	Load(nsPath string, t observe.Table) error
+	Delete(nsPath, name string) error
+	List(nsPath string) ([]string, error)
+}
+
+// netlinkTables is tableOps over netlink (package observe).
+type netlinkTables struct{}
+
+func (netlinkTables) Load(ns string, t observe.Table) error { return observe.LoadTable(ns, t) }
+func (netlinkTables) Delete(ns, name string) error          { return observe.DeleteTable(ns, name) }
+func (netlinkTables) List(ns string) ([]string, error)      { return observe.ListTables(ns) }
+
+var _ tableOps = netlinkTables{}
+
+// startTrace subscribes to the node's `nft monitor`, loads trace table tb
+// (a name of its own: observe.NewTableName) and waits until the monitor
+// echoes it, so the monitor is subscribed before the probe is sent. The
+// caller must call the returned stop function, which removes the table.
+//
+// A monitor just started subscribes some time later: the watch waits for
+// the node's canary to prove it did (Tracer.canary, once per monitor),
+// then loads its table once. The load waits for one of loadSlots while
+// ctx lasts (then nothing of the watch is in the kernel), and is not
+// cancelled by ctx once started. The removal never uses ctx either: a
+// watch's timeout has often just ended when it runs. A removal that fails
+// is retried by the sweep.
+func (t *Tracer) startTrace(ctx context.Context, tb observe.Table) (*monitorSub, func(), error) {
 	if t.NFT == "" {
 		return nil, nil, fmt.Errorf("%w: no nft binary (the kernel datapath needs nftables)", traceflow.ErrNotSupported)
 	}
-	ns := t.nodeNS()
-	mon, confirmed, err := t.hub.subscribe()
+	mon, err := t.hub.subscribe()
 	if err != nil {
 		return nil, nil, err
 	}
-	// handle is the trace table's as last loaded, and stop removes that
-	// table only: the controller frees a tag as soon as its trace returns,
-	// maybe before this watch has cleaned up, and removing the table by
-	// name could then remove the next trace's table of the same tag.
-	var handle string
+	// Owned before it exists: the sweep never removes it under the watch.
+	t.mu.Lock()
+	t.active[tb.Name] = true
+	t.mu.Unlock()
 	stop := func() {
 		mon.Close()
-		cctx, cancel := context.WithTimeout(context.Background(), cleanupTimeout)
-		defer cancel()
-		del := observe.DeleteTable(tag)
-		if handle != "" {
-			del = "delete table inet handle " + handle + "\n"
-		}
-		_, err := nsrun.Output(cctx, ns, []byte(del), t.NFT, "-f", "-")
-		// No such table: the next trace of the tag replaced it.
-		if err != nil && (handle == "" || !strings.Contains(err.Error(), "No such file or directory")) {
-			t.Logger.Warn("traceflow: remove trace table", "table", observe.TableName(tag), "err", err)
-		}
+		t.remove(tb.Name)
 	}
-	// A monitor just started subscribes some time later: load the table
-	// until the monitor echoes it (loading is idempotent). One known to be
-	// subscribed echoes the first load, however late on a loaded node: no
-	// reload then (each is an nft process, the expensive part of a watch).
-	echo := "add rule inet " + observe.TableName(tag) + " " + observe.ChainPost + " "
-	wait := 20 * time.Millisecond
-	if confirmed {
-		wait = time.Hour // bounded by ctx
+	select {
+	case <-mon.ready:
+	case <-mon.ended:
+		stop()
+		return nil, nil, fmt.Errorf("nft monitor of node %s: %w", t.Name, errMonitorExited)
+	case <-ctx.Done():
+		stop()
+		return nil, nil, fmt.Errorf("nft monitor not subscribed: %w", ctx.Err())
 	}
-	for ; ; wait = min(2*wait, max(wait, time.Second)) {
-		out, err := nsrun.Output(ctx, ns, []byte(rules), t.NFT, "--echo", "--handle", "-f", "-")
-		if err != nil {
+	// Subscribed, the monitor echoes the load, however late on a loaded
+	// node; a load again only if its events were lost (a monitor that
+	// could not keep up).
+	echo := "add rule inet " + tb.Name + " " + observe.ChainPost + " "
+	for wait := echoWait; ; wait *= 2 {
+		if err := t.load(ctx, tb); err != nil {
 			stop()
-			return nil, nil, fmt.Errorf("load trace table: %w", err)
+			return nil, nil, err
 		}
-		handle = tableHandle(string(out), observe.TableName(tag))
 		wctx, cancel := context.WithTimeout(ctx, wait)
 		_, err = mon.WaitFor(wctx, echo)
 		cancel()
 		if err == nil {
-			t.hub.confirm(mon)
 			return mon, stop, nil
 		}
 		if ctx.Err() != nil {
 			stop()
-			return nil, nil, fmt.Errorf("nft monitor not subscribed: %w", ctx.Err())
+			return nil, nil, fmt.Errorf("nft monitor did not echo the trace table: %w", ctx.Err())
 		}
 		if errors.Is(err, errMonitorExited) {
 			stop()
@@ -89,51 +114,135 @@ func (t *Tracer) startTrace(ctx context.Context, tag uint8, rules string) (*moni
 	}
 }
 
+// echoWait is how long a watch waits for the echo of its table's load by
+// a subscribed monitor before it loads it again (doubling each time).
+const echoWait = 2 * time.Second
+
+// canaryBudget bounds the canary of one monitor.
+const canaryBudget = 30 * time.Second
+
+// canary proves that the node's monitor listening on s is subscribed: it
+// loads an empty table of its own (it traces nothing) until the monitor
+// echoes it, 20 ms, then 40, ... up to 1 s apart, within canaryBudget,
+// then removes it.
+func (t *Tracer) canary(s *monitorSub) bool {
+	tb := observe.CanaryTable(observe.NewTableName(0, time.Now()))
+	defer t.tables.Delete(t.nodeNS(), tb.Name) // a failure is the sweep's
+	ctx, cancel := context.WithTimeout(context.Background(), canaryBudget)
+	defer cancel()
+	echo := "add table inet " + tb.Name
+	for wait := 20 * time.Millisecond; ; wait = min(2*wait, time.Second) {
+		if err := t.load(ctx, tb); err != nil {
+			t.Logger.Warn("traceflow: nft monitor canary", "node", t.Name, "err", err)
+			return false
+		}
+		wctx, cancel := context.WithTimeout(ctx, wait)
+		_, err := s.WaitFor(wctx, echo)
+		cancel()
+		switch {
+		case err == nil:
+			return true
+		case errors.Is(err, errMonitorExited):
+			return false
+		case ctx.Err() != nil:
+			t.Logger.Warn("traceflow: nft monitor never echoed a table load", "node", t.Name, "within", canaryBudget)
+			return false
+		}
+	}
+}
+
+// load loads tb once one of the node's load slots is free.
+func (t *Tracer) load(ctx context.Context, tb observe.Table) error {
+	select {
+	case t.slots <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("load trace table: waiting for a turn (%d at once): %w", loadSlots, ctx.Err())
+	}
+	defer func() { <-t.slots }()
+	if err := t.tables.Load(t.nodeNS(), tb); err != nil {
+		return fmt.Errorf("load trace table: %w", err)
+	}
+	return nil
+}
+
+// remove deletes the table of a watch that ended; one that fails stays
+// for the sweep.
+func (t *Tracer) remove(name string) {
+	err := t.tables.Delete(t.nodeNS(), name)
+	t.mu.Lock()
+	delete(t.active, name)
+	t.mu.Unlock()
+	if err != nil {
+		t.Logger.Warn("traceflow: remove trace table (the sweep retries)", "node", t.Name, "table", name, "err", err)
+	}
+}
+
 // RemoveStaleTables deletes the trace tables a previous agent of this node
 // left behind (killed in the middle of a watch): a live trace's table
 // would keep tracing every new connection of its pod. Call it before
-// serving.
+// serving; afterwards the tracer sweeps by itself every sweepInterval.
 func (t *Tracer) RemoveStaleTables(ctx context.Context) error {
 	t.init()
 	if t.NFT == "" || t.OVS != nil {
 		return nil
 	}
-	out, err := nsrun.Output(ctx, t.nodeNS(), nil, t.NFT, "list", "tables")
+	n, err := t.sweep(true)
+	if n > 0 {
+		t.Logger.Info("traceflow: removed trace tables a previous agent left", "node", t.Name, "tables", n)
+	}
 	if err != nil {
-		return fmt.Errorf("nft list tables: %w", err)
-	}
-	var del strings.Builder
-	for l := range strings.Lines(string(out)) {
-		f := strings.Fields(l)
-		if len(f) == 3 && f[0] == "table" && f[1] == "inet" && strings.HasPrefix(f[2], observe.TablePrefix) {
-			fmt.Fprintf(&del, "delete table inet %s\n", f[2])
-		}
-	}
-	if del.Len() == 0 {
-		return nil
-	}
-	t.Logger.Info("traceflow: removing trace tables a previous agent left", "node", t.Name, "tables", strings.Count(del.String(), "\n"))
-	if _, err := nsrun.Output(ctx, t.nodeNS(), []byte(del.String()), t.NFT, "-f", "-"); err != nil {
 		return fmt.Errorf("remove stale trace tables: %w", err)
 	}
 	return nil
 }
 
-// tableHandle returns the handle of table in `nft --echo --handle` output
-// ("add table inet NAME # handle 12"), or "" when it is not there.
-func tableHandle(out, table string) string {
-	for l := range strings.Lines(out) {
-		if h, ok := strings.CutPrefix(strings.TrimSpace(l), "add table inet "+table+" # handle "); ok {
-			if _, err := strconv.ParseUint(h, 10, 64); err == nil {
-				return h
+// sweep removes the node's trace tables that no watch of this tracer
+// owns: with all, every one (at start); else its own (a removal that
+// failed), and those of other agents older than staleAfter or not named
+// by observe.NewTableName. It returns how many it removed.
+func (t *Tracer) sweep(all bool) (int, error) {
+	names, err := t.tables.List(t.nodeNS())
+	if err != nil {
+		return 0, err
+	}
+	var errs []error
+	n := 0
+	for _, name := range names {
+		created, mine, ok := observe.TableInfo(name)
+		t.mu.Lock()
+		active := t.active[name]
+		t.mu.Unlock()
+		if active || !(all || !ok || mine || time.Since(created) > staleAfter) {
+			continue
+		}
+		if err := t.tables.Delete(t.nodeNS(), name); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		n++
+	}
+	return n, errors.Join(errs...)
+}
+
+// sweepEvery sweeps every interval until stop is closed.
+func (t *Tracer) sweepEvery(interval time.Duration, stop <-chan struct{}) {
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-tick.C:
+			n, err := t.sweep(false)
+			if n > 0 || err != nil {
+				t.Logger.Warn("traceflow: swept trace tables no watch owned", "node", t.Name, "removed", n, "err", err)
 			}
+		case <-stop:
+			return
 		}
 	}
-	return ""
 }
 
 // traceEvents filters the monitor's lines down to the trace events of the
-// probe of tag and sends them to out until ctx ends.
+// probe of trace table table and sends them to out until ctx ends.
 //
 // Once a probe's nftrace is set, every table traces it, the other probes'
 // trace tables included; and the kernel reuses trace ids. A packet is this
@@ -142,8 +251,7 @@ func tableHandle(out, table string) string {
 //
 // It closes out when the monitor exits (the watch then fails: it would
 // see nothing more) and returns, without closing out, when ctx ends.
-func (t *Tracer) traceEvents(ctx context.Context, mon *monitorSub, tag uint8, out chan<- observe.Event) {
-	table := observe.TableName(tag)
+func (t *Tracer) traceEvents(ctx context.Context, mon *monitorSub, table string, out chan<- observe.Event) {
 	mine := map[string]bool{}             // trace id -> belongs to this probe
 	pending := map[string]observe.Event{} // trace id -> this table's pre packet line, until decided
 	send := func(ev observe.Event) bool {
@@ -167,7 +275,7 @@ func (t *Tracer) traceEvents(ctx context.Context, mon *monitorSub, tag uint8, ou
 			return
 		}
 		if t.Raw != nil {
-			fmt.Fprintf(t.Raw, "probe %d %s: %s\n", tag, t.Name, l)
+			fmt.Fprintf(t.Raw, "%s %s: %s\n", table, t.Name, l)
 		}
 		ev, ok := observe.ParseTrace(l)
 		if !ok {
@@ -218,8 +326,9 @@ func (t *Tracer) watchKernel(ctx context.Context, p traceflow.Probe, emit func(t
 		cancel()
 		wg.Wait()
 	}()
-	match := observe.ProbeMatch{Tag: p.Tag, Src: p.Src, Proto: p.ProtoNumber(), SrcPort: p.SrcPort}
-	mon, stop, err := t.startTrace(ctx, p.Tag, observe.TableRules(match))
+	tb := observe.ProbeTable(observe.NewTableName(p.Tag, time.Now()),
+		observe.ProbeMatch{Tag: p.Tag, Src: p.Src, Proto: p.ProtoNumber(), SrcPort: p.SrcPort})
+	mon, stop, err := t.startTrace(ctx, tb)
 	if err != nil {
 		return err
 	}
@@ -233,7 +342,7 @@ func (t *Tracer) watchKernel(ctx context.Context, p traceflow.Probe, emit func(t
 		return err
 	}
 	events := make(chan observe.Event, 64)
-	wg.Go(func() { t.traceEvents(ctx, mon, p.Tag, events) })
+	wg.Go(func() { t.traceEvents(ctx, mon, tb.Name, events) })
 	if err := emit(traceflow.WatchEvent{Ready: true}); err != nil {
 		return err
 	}

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/dualflow/dualflow/traceflow"
 	"github.com/dualflow/dualflow/traceflow/observe"
@@ -15,7 +16,7 @@ import (
 
 // Live traffic (kernel datapath). A live trace sends nothing: the trace
 // table of every watching node traces the first packet of each new
-// connection of the source pod (observe.LiveRules: a TCP SYN, an echo
+// connection of the source pod (observe.LiveTable: a TCP SYN, an echo
 // request, any UDP datagram), and each node reports each such packet's
 // pass through its hooks as one group of events keyed by the connection's
 // source port (WatchEvent.Conn). The source node reports only the packets
@@ -44,7 +45,8 @@ func (t *Tracer) watchLive(ctx context.Context, p traceflow.Probe, emit func(tra
 	if err != nil && !errors.Is(err, ErrPodNotOnNode) {
 		return fmt.Errorf("pod %s: %w", p.SourcePod, err)
 	}
-	mon, stop, err := t.startTrace(ctx, p.Tag, observe.LiveRules(p.Tag, p.Src, p.ProtoNumber()))
+	tb := observe.LiveTable(observe.NewTableName(p.Tag, time.Now()), p.Src, p.ProtoNumber())
+	mon, stop, err := t.startTrace(ctx, tb)
 	if err != nil {
 		return err
 	}
@@ -54,11 +56,11 @@ func (t *Tracer) watchLive(ctx context.Context, p traceflow.Probe, emit func(tra
 		return err
 	}
 	events := make(chan observe.Event, 64)
-	wg.Go(func() { t.traceEvents(ctx, mon, p.Tag, events) })
+	wg.Go(func() { t.traceEvents(ctx, mon, tb.Name, events) })
 	if err := emit(traceflow.WatchEvent{Ready: true}); err != nil {
 		return err
 	}
-	l := newLiveNode(t, p, source, targets)
+	l := newLiveNode(t, p, tb.Name, source, targets)
 	for {
 		select {
 		case ev, ok := <-events:
@@ -92,8 +94,8 @@ type liveGroup struct {
 	k    kernelPath
 }
 
-func newLiveNode(t *Tracer, p traceflow.Probe, source bool, targets []localTarget) *liveNode {
-	l := &liveNode{t: t, p: p, table: observe.TableName(p.Tag), source: source, targets: map[string]localTarget{},
+func newLiveNode(t *Tracer, p traceflow.Probe, table string, source bool, targets []localTarget) *liveNode {
+	l := &liveNode{t: t, p: p, table: table, source: source, targets: map[string]localTarget{},
 		groups: newRecent[string, *liveGroup](maxLiveGroups), flows: newRecent[uint16, struct{}](maxLiveGroups)}
 	for _, tg := range targets {
 		l.targets[tg.host] = tg

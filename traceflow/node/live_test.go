@@ -94,7 +94,7 @@ type liveFixture struct {
 func newLiveFixture(v6 bool) liveFixture {
 	f := liveFixture{p: traceflow.Probe{Src: netip.MustParseAddr("10.0.1.10"), Dst: netip.MustParseAddr("10.96.0.10"),
 		Protocol: traceflow.TCP, DstPort: 80, Tag: 5, Live: true, Service: "backend/api"},
-		ep: netip.MustParseAddr("10.0.2.11"), table: observe.TableName(5), epHost: "veth-api2", otherIface: "eth0"}
+		ep: netip.MustParseAddr("10.0.2.11"), table: observe.TablePrefix + "5_1767323045_0123456789", epHost: "veth-api2", otherIface: "eth0"}
 	if v6 {
 		f.p.Src, f.p.Dst, f.ep = netip.MustParseAddr("fd00:1::10"), netip.MustParseAddr("fd00:96::10"), netip.MustParseAddr("fd00:2::11")
 	}
@@ -118,7 +118,7 @@ func (f liveFixture) post(id string, dst netip.Addr, sport, dport uint16, oif st
 
 func (f liveFixture) node(source bool) *liveNode {
 	targets := []localTarget{{Target: traceflow.Target{Addr: f.ep, Pod: "backend/api-2"}, host: f.epHost}}
-	return newLiveNode(&Tracer{Name: "node-1"}, f.p, source, targets)
+	return newLiveNode(&Tracer{Name: "node-1"}, f.p, f.table, source, targets)
 }
 
 func fams(t *testing.T, run func(t *testing.T, f liveFixture)) {

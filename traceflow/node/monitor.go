@@ -31,17 +31,27 @@ var errMonitorExited = errors.New("nft monitor exited")
 // monitorHub shares one `nft monitor` of the node among the watches.
 type monitorHub struct {
 	start func() (*observe.Monitor, error)
+	// canary, when set, proves that a monitor just started is subscribed
+	// to the kernel's events (before that, a table load is not echoed):
+	// it runs once per monitor, on a subscription of its own, and returns
+	// true once the monitor echoed what it loaded. The watches wait for
+	// it instead of each reloading its table until echoed (128 watches at
+	// once would reload hundreds of times). nil: a watch's echo
+	// (confirm) is the only proof.
+	canary func(s *monitorSub) bool
+	wg     sync.WaitGroup // the canaries running; close waits for them
 
 	mu    sync.Mutex
 	mon   *observe.Monitor
 	subs  map[*monitorSub]struct{}
 	idle  *time.Timer
-	gen   int // bumps at each monitor start
-	ended chan struct{}
-	// subscribed is set once a watch saw the echo of its table load: the
-	// monitor is subscribed to the kernel's events, and every later load
-	// is echoed.
-	subscribed bool
+	gen   int           // bumps at each monitor start
+	ended chan struct{} // closed when the monitor's output ends
+	// ready is closed once the monitor is known to be subscribed to the
+	// kernel's events (the canary's or a watch's load echoed): every later
+	// load is echoed.
+	ready     chan struct{}
+	readyDone bool
 }
 
 // monitorSub is one watch's view of the monitor's lines.
@@ -51,6 +61,9 @@ type monitorSub struct {
 	done   chan struct{}
 	once   sync.Once
 	lagged bool // set before lines is closed
+	// ready and ended are the hub's of the monitor subscribed to: closed
+	// once it is known subscribed, and when it exits.
+	ready, ended <-chan struct{}
 }
 
 // errLagged: a watch fell too far behind the node's nft monitor.
@@ -96,37 +109,55 @@ func (s *monitorSub) Close() {
 	})
 }
 
-// subscribe returns a subscription to the node's monitor, starting it if
-// needed. confirmed reports whether the monitor is known to be subscribed
-// to the kernel's events (see confirm); until then a table load may not be
-// echoed.
-func (h *monitorHub) subscribe() (s *monitorSub, confirmed bool, err error) {
+// subscribe returns a subscription to the node's monitor, starting it
+// (and its canary) if needed. Until the subscription's ready is closed, a
+// table load may not be echoed.
+func (h *monitorHub) subscribe() (*monitorSub, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.idle != nil {
 		h.idle.Stop()
 		h.idle = nil
 	}
+	started := false
 	if h.mon == nil {
 		mon, err := h.start()
 		if err != nil {
-			return nil, false, err
+			return nil, err
 		}
-		h.mon, h.subs, h.ended, h.subscribed = mon, map[*monitorSub]struct{}{}, make(chan struct{}), false
+		h.mon, h.subs, h.ended = mon, map[*monitorSub]struct{}{}, make(chan struct{})
+		h.ready, h.readyDone = make(chan struct{}), false
 		h.gen++
 		go h.fanOut(mon, h.gen, h.ended)
+		started = true
 	}
-	s = &monitorSub{h: h, lines: make(chan string, subBuffer), done: make(chan struct{})}
-	h.subs[s] = struct{}{}
-	return s, h.subscribed, nil
+	if started && h.canary != nil {
+		cs := h.newSub()
+		h.wg.Go(func() {
+			defer cs.Close()
+			if h.canary(cs) {
+				h.confirm(cs)
+			}
+		})
+	}
+	return h.newSub(), nil
 }
 
-// confirm records that the monitor s listens to echoed a load.
+// newSub adds a subscription; h.mu must be held.
+func (h *monitorHub) newSub() *monitorSub {
+	s := &monitorSub{h: h, lines: make(chan string, subBuffer), done: make(chan struct{}), ready: h.ready, ended: h.ended}
+	h.subs[s] = struct{}{}
+	return s
+}
+
+// confirm records that the monitor s listens to echoed a load: it is
+// subscribed.
 func (h *monitorHub) confirm(s *monitorSub) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if _, ok := h.subs[s]; ok {
-		h.subscribed = true
+	if _, ok := h.subs[s]; ok && !h.readyDone {
+		h.readyDone = true
+		close(h.ready)
 	}
 }
 
@@ -156,7 +187,8 @@ func (h *monitorHub) stopIdle(gen int) {
 	mon.Close()
 }
 
-// close stops the monitor now (the agent stops).
+// close stops the monitor now (the agent stops), and waits for its
+// canary.
 func (h *monitorHub) close() {
 	h.mu.Lock()
 	mon := h.mon
@@ -169,6 +201,7 @@ func (h *monitorHub) close() {
 	if mon != nil {
 		mon.Close()
 	}
+	h.wg.Wait() // a canary ends once its monitor's lines do
 }
 
 // fanOut copies each line of mon to every subscription; a subscription

@@ -3,10 +3,13 @@ package node
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,31 +17,85 @@ import (
 	"github.com/dualflow/dualflow/traceflow/observe"
 )
 
-// fakeNFT writes a stand-in for nft: `nft monitor` follows a log file, and
-// `nft -f -` appends the echo of the table it is given to that log.
-func fakeNFT(t *testing.T) string {
+// fakeNFT writes a stand-in for nft whose `nft monitor` follows a log
+// file, and returns it with fake trace tables that echo each load to that
+// log, as a subscribed monitor would.
+func fakeNFT(t *testing.T) (string, *fakeTables) {
 	t.Helper()
 	dir := t.TempDir()
 	log := filepath.Join(dir, "monitor.log")
 	if err := os.WriteFile(log, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	script := `#!/bin/sh
-if [ "$1" = monitor ]; then exec tail -n0 -F ` + log + ` 2>/dev/null; fi
-in=$(cat)
-t=$(printf '%s\n' "$in" | sed -n 's/^table inet \(dualflow_trace_[0-9]*\) {.*/\1/p' | head -1)
-if [ -n "$t" ]; then
-  echo "add table inet $t # handle 7"
-  echo "add rule inet $t post ip saddr 198.18.1.10 counter" >> ` + log + `
-fi
-exit 0
-`
+	script := "#!/bin/sh\nif [ \"$1\" = monitor ]; then exec tail -n0 -F " + log + " 2>/dev/null; fi\nexit 1\n"
 	bin := filepath.Join(dir, "nft")
 	if err := os.WriteFile(bin, []byte(script), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	return bin
+	return bin, &fakeTables{log: log, tables: map[string]bool{}}
 }
+
+// fakeTables keeps the node's trace tables in a map; a load echoes its
+// post rule to the fake monitor's log. loadDelay slows every load down;
+// deleteErr fails deletes while set.
+type fakeTables struct {
+	log       string
+	loadDelay time.Duration
+
+	mu        sync.Mutex
+	tables    map[string]bool
+	loading   int // loads running now
+	maxLoads  int // the most at once
+	deleteErr error
+}
+
+func (f *fakeTables) Load(ns string, tb observe.Table) error {
+	f.mu.Lock()
+	f.loading++
+	f.maxLoads = max(f.maxLoads, f.loading)
+	delay := f.loadDelay
+	f.mu.Unlock()
+	time.Sleep(delay)
+	lf, err := os.OpenFile(f.log, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		return err
+	}
+	defer lf.Close()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.loading--
+	f.tables[tb.Name] = true
+	if _, err := fmt.Fprintf(lf, "add table inet %s\n", tb.Name); err != nil || tb.Canary {
+		return err
+	}
+	_, err = fmt.Fprintf(lf, "add rule inet %s post ip saddr 198.18.1.10 counter\n", tb.Name)
+	return err
+}
+
+func (f *fakeTables) Delete(ns, name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.deleteErr != nil {
+		return f.deleteErr
+	}
+	delete(f.tables, name)
+	return nil
+}
+
+func (f *fakeTables) List(ns string) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []string
+	for n := range f.tables {
+		out = append(out, n)
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+func (f *fakeTables) names() []string { n, _ := f.List(""); return n }
+
+var _ tableOps = (*fakeTables)(nil)
 
 // TestWatchReturnsWhenItsContextEnds: a kernel watch that saw nothing
 // returns once its context ends (the agent's handler, its watch slot and
@@ -46,7 +103,8 @@ exit 0
 // monitor.
 func TestWatchReturnsWhenItsContextEnds(t *testing.T) {
 	needRoot(t)
-	tr := &Tracer{Name: "n1", NFT: fakeNFT(t)}
+	bin, tables := fakeNFT(t)
+	tr := &Tracer{Name: "n1", NFT: bin, tables: tables}
 	defer tr.Close()
 	p := traceflow.Probe{Src: netip.MustParseAddr("198.18.1.10"), Dst: netip.MustParseAddr("198.18.2.11"), Protocol: traceflow.TCP,
 		DstPort: 80, SrcPort: 1234, Tag: 10}
@@ -109,7 +167,7 @@ func TestHubReapsMonitorsThatExit(t *testing.T) {
 	fds := func() int { es, _ := os.ReadDir("/proc/self/fd"); return len(es) }
 	before := fds()
 	for range 20 {
-		s, _, err := h.subscribe()
+		s, err := h.subscribe()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -138,12 +196,12 @@ func TestHubEndsALaggingWatch(t *testing.T) {
 	os.WriteFile(bin, []byte("#!/bin/sh\nsleep 0.2\nseq 1 20000\nexec sleep 600\n"), 0o700)
 	h := &monitorHub{start: func() (*observe.Monitor, error) { return observe.StartMonitor("/proc/self/ns/net", bin) }}
 	defer h.close()
-	stuck, _, err := h.subscribe()
+	stuck, err := h.subscribe()
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer stuck.Close()
-	reader, _, err := h.subscribe()
+	reader, err := h.subscribe()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,8 +21,10 @@ import (
 // own datapath only. A controller that merges what every node saw into one
 // path is in package traceflow/agent.
 //
-// The kernel datapath is observed with an nftables trace table per probe
-// (`nft monitor` in the node's namespace), conntrack for the DNAT a
+// The kernel datapath is observed with an nftables trace table per watch
+// (programmed over netlink, at most loadSlots loads at once, removed when
+// the watch ends and swept every sweepInterval if that failed; traced by
+// `nft monitor` in the node's namespace), conntrack for the DNAT a
 // Service applied, and an AF_PACKET capture at each local pod the probe
 // may reach. The OVS datapath with drop flows' packet-ins,
 // `ofproto/trace` and the same captures.
@@ -48,8 +50,16 @@ type Tracer struct {
 	// monitor's lines and the ofproto/trace output (debugging).
 	Raw io.Writer
 
-	once sync.Once
-	hub  *monitorHub // the node's shared nft monitor
+	once      sync.Once
+	hub       *monitorHub   // the node's shared nft monitor
+	tables    tableOps      // the trace tables (netlink; a fake in tests)
+	slots     chan struct{} // loadSlots: table loads at once
+	stopSweep chan struct{} // closed by Close: ends sweepEvery
+	swept     chan struct{} // closed when sweepEvery returned
+	closeOnce sync.Once
+
+	mu     sync.Mutex
+	active map[string]bool // trace tables of the watches running
 }
 
 func (t *Tracer) init() {
@@ -60,14 +70,31 @@ func (t *Tracer) init() {
 		if t.Logger == nil {
 			t.Logger = slog.Default()
 		}
-		t.hub = &monitorHub{start: func() (*observe.Monitor, error) { return observe.StartMonitor(t.nodeNS(), t.NFT) }}
+		if t.tables == nil {
+			t.tables = netlinkTables{}
+		}
+		t.hub = &monitorHub{start: func() (*observe.Monitor, error) { return observe.StartMonitor(t.nodeNS(), t.NFT) }, canary: t.canary}
+		t.slots = make(chan struct{}, loadSlots)
+		t.active = map[string]bool{}
+		t.stopSweep, t.swept = make(chan struct{}), make(chan struct{})
+		if t.NFT == "" || t.OVS != nil {
+			close(t.swept) // no trace tables: nothing to sweep
+			return
+		}
+		go func() {
+			defer close(t.swept)
+			t.sweepEvery(sweepInterval, t.stopSweep)
+		}()
 	})
 }
 
-// Close stops what the tracer keeps between traces (the node's nft
-// monitor, which lingers a while after the last watch).
+// Close stops what the tracer keeps between traces: the node's nft
+// monitor, which lingers a while after the last watch, and the sweep of
+// trace tables.
 func (t *Tracer) Close() error {
 	t.init()
+	t.closeOnce.Do(func() { close(t.stopSweep) })
+	<-t.swept
 	t.hub.close()
 	return nil
 }

@@ -1,110 +1,21 @@
 // Package observe watches traceflow probes in a node's datapath.
 //
-// Kernel datapath (nftables): during a trace, each node gets a small table
-// of its own (TableName) whose prerouting chain sets `meta nftrace` on the
-// probe (matched by DSCP tag, source address, protocol and source port or
-// echo id) and whose postrouting chain sees it leave. `nft monitor` in the
-// node's namespace (Monitor) then reports every chain and rule the probe
-// goes through, with the packet headers at each hook (so the DNAT result
-// is visible) and each verdict; ParseTrace reads those lines.
+// Kernel datapath (nftables): during a watch, the node gets a small table
+// of its own (Table, named by NewTableName) whose prerouting chain sets
+// `meta nftrace` on the probe (matched by DSCP tag, source address,
+// protocol and source port or echo id) and whose postrouting chain sees
+// it leave. The table is programmed over netlink (LoadTable, DeleteTable,
+// ListTables: no nft process per load). `nft monitor` in the node's
+// namespace (Monitor) then reports every chain and rule the probe goes
+// through, with the packet headers at each hook (so the DNAT result is
+// visible) and each verdict; ParseTrace reads those lines.
 package observe
 
 import (
-	"fmt"
 	"net/netip"
 	"strconv"
 	"strings"
 )
-
-// TablePrefix starts the name of every traceflow table; TableName(tag)
-// is the table of one probe.
-const TablePrefix = "dualflow_trace_"
-
-// TableName returns the nft table of the probe with tag.
-func TableName(tag uint8) string { return TablePrefix + strconv.Itoa(int(tag)) }
-
-// ProbeMatch identifies one probe in nft rules.
-type ProbeMatch struct {
-	Tag     uint8
-	Src     netip.Addr
-	Proto   uint8  // 1, 6, 17 or 58
-	SrcPort uint16 // or echo id
-}
-
-func (m ProbeMatch) nft() string {
-	l3 := "ip"
-	if m.Src.Unmap().Is6() {
-		l3 = "ip6"
-	}
-	s := fmt.Sprintf("%s dscp %d %s saddr %s", l3, m.Tag, l3, m.Src.Unmap())
-	switch m.Proto {
-	case 6:
-		s += fmt.Sprintf(" tcp sport %d", m.SrcPort)
-	case 17:
-		s += fmt.Sprintf(" udp sport %d", m.SrcPort)
-	case 1:
-		s += fmt.Sprintf(" icmp type echo-request icmp id %d", m.SrcPort)
-	case 58:
-		s += fmt.Sprintf(" icmpv6 type echo-request icmpv6 id %d", m.SrcPort)
-	}
-	return s
-}
-
-// Chains of a trace table: Pre sees the probe arrive before conntrack and
-// DNAT (priority -350, ahead of raw), Post sees it leave after SNAT.
-const (
-	ChainPre  = "pre"
-	ChainPost = "post"
-)
-
-// TableRules returns the `nft -f` text that (re)creates the trace table of
-// m. Apply DeleteTable's text when the trace ends.
-func TableRules(m ProbeMatch) string { return tableText(m.Tag, m.nft()) }
-
-// LiveRules returns the trace table (named by tag) that traces the first
-// packet of every new connection of protocol proto from src: a TCP SYN
-// without ACK, an echo request, or any UDP datagram.
-func LiveRules(tag uint8, src netip.Addr, proto uint8) string {
-	l3 := "ip"
-	if src.Unmap().Is6() {
-		l3 = "ip6"
-	}
-	match := fmt.Sprintf("%s saddr %s", l3, src.Unmap())
-	switch proto {
-	case 6:
-		match += " tcp flags & (syn | ack) == syn"
-	case 17:
-		match += " meta l4proto udp"
-	case 1:
-		match += " icmp type echo-request"
-	case 58:
-		match += " icmpv6 type echo-request"
-	}
-	return tableText(tag, match)
-}
-
-func tableText(tag uint8, match string) string {
-	t := "inet " + TableName(tag)
-	return fmt.Sprintf(`table %[1]s
-delete table %[1]s
-table %[1]s {
-	chain %[2]s {
-		type filter hook prerouting priority -350; policy accept;
-		%[4]s meta nftrace set 1 comment "traceflow probe"
-	}
-	chain %[3]s {
-		type filter hook postrouting priority 350; policy accept;
-		%[4]s counter comment "traceflow probe out"
-	}
-}
-`, t, ChainPre, ChainPost, match)
-}
-
-// DeleteTable returns the `nft -f` text that removes the trace table of tag.
-func DeleteTable(tag uint8) string {
-	t := "inet " + TableName(tag)
-	return fmt.Sprintf("table %s\ndelete table %s\n", t, t)
-}
 
 // EventKind is the kind of a trace line.
 type EventKind string

@@ -2,7 +2,6 @@ package observe
 
 import (
 	"net/netip"
-	"strings"
 	"testing"
 )
 
@@ -66,24 +65,6 @@ func TestRuleHelpers(t *testing.T) {
 	}
 }
 
-func TestTableRules(t *testing.T) {
-	tests := []struct {
-		m    ProbeMatch
-		want string
-	}{
-		{ProbeMatch{Tag: 5, Src: netip.MustParseAddr("198.18.1.10"), Proto: 6, SrcPort: 40000}, "ip dscp 5 ip saddr 198.18.1.10 tcp sport 40000 meta nftrace set 1"},
-		{ProbeMatch{Tag: 6, Src: netip.MustParseAddr("fd00:10:0:1::10"), Proto: 17, SrcPort: 40001}, "ip6 dscp 6 ip6 saddr fd00:10:0:1::10 udp sport 40001 meta nftrace set 1"},
-		{ProbeMatch{Tag: 7, Src: netip.MustParseAddr("198.18.1.10"), Proto: 1, SrcPort: 9}, "ip dscp 7 ip saddr 198.18.1.10 icmp type echo-request icmp id 9 meta nftrace set 1"},
-		{ProbeMatch{Tag: 8, Src: netip.MustParseAddr("fd00:10:0:1::10"), Proto: 58, SrcPort: 9}, "ip6 dscp 8 ip6 saddr fd00:10:0:1::10 icmpv6 type echo-request icmpv6 id 9 meta nftrace set 1"},
-	}
-	for _, tt := range tests {
-		got := TableRules(tt.m)
-		if !strings.Contains(got, tt.want) || !strings.Contains(got, "table inet "+TableName(tt.m.Tag)+" {") {
-			t.Errorf("TableRules(%+v) =\n%s\nwant it to contain %q", tt.m, got, tt.want)
-		}
-	}
-}
-
 func TestOFFlow(t *testing.T) {
 	tests := []struct {
 		proto uint8
@@ -134,21 +115,5 @@ Datapath actions: hash(sym_l4(0)),recirc(0x4)
 	}
 	if tr.Steps[2].Table != 20 || tr.Steps[2].Match != "" {
 		t.Errorf("step %+v", tr.Steps[2])
-	}
-}
-
-func TestLiveRules(t *testing.T) {
-	for _, tt := range []struct {
-		src   string
-		proto uint8
-		want  string
-	}{
-		{"198.18.1.10", 6, "ip saddr 198.18.1.10 tcp flags & (syn | ack) == syn meta nftrace set 1"},
-		{"fd00:10:0:1::10", 17, "ip6 saddr fd00:10:0:1::10 meta l4proto udp meta nftrace set 1"},
-		{"fd00:10:0:1::10", 58, "ip6 saddr fd00:10:0:1::10 icmpv6 type echo-request meta nftrace set 1"},
-	} {
-		if got := LiveRules(9, netip.MustParseAddr(tt.src), tt.proto); !strings.Contains(got, tt.want) {
-			t.Errorf("LiveRules(%s, %d) =\n%s\nwant %q", tt.src, tt.proto, got, tt.want)
-		}
 	}
 }
