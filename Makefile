@@ -76,6 +76,14 @@ test: ## install what tests need and run every test tier
 	$(MAKE) --no-print-directory test-e2e
 	@echo "make test: all tiers passed"
 
+# The fast tier, for the edit-test loop: no root, no engine, no browser.
+# Tests that need the engine skip (the library path points nowhere), and
+# -short skips the slow ones.
+.PHONY: check
+check: ## the fast tier: go vet, gofmt and the unit tests that need neither root nor the engine
+	@$(MAKE) --no-print-directory vet
+	CHDB_LIB_PATH=/nonexistent/libchdb.so $(GO) test -short -count=1 $$($(GO) list ./... | grep -v /test/e2e)
+
 .PHONY: kube-apiserver
 kube-apiserver: ## build the pinned kube-apiserver of the real-API-server tests (cached)
 	@scripts/kube-apiserver.sh
@@ -100,10 +108,10 @@ deploy-check: kube-apiserver ## render, check and apply the Kubernetes manifests
 # alone: the attacks of docs/security.md against the real engine and
 # listeners (unit), the collector binary (e2e TestSecurity) and the kill -9
 # test (TestCrashLosesNothing), in three IP modes.
-SECURITY_UNIT = 'TestAuth|TestAnonymous|TestSlowSenders|TestReadonly|TestRejectsCrossSite|TestIdleSockets|TestIdleTimeout|TestIdleSessions|TestTemplateBudget|TestAllowedSources|TestCrashReplays|TestHTTPInterfaceAuth|TestDataDirPrivate|Refuse|Outfile|TestBearer|TestLoadTokens|TestTokensFileMode|TestSQLConcurrency|TestFollowStreamLimits|TestFilterTooLarge|TestHostCheck|Rebind'
+SECURITY_UNIT = 'TestAuth|TestAnonymous|TestSlowSenders|TestReadonly|TestRejectsCrossSite|TestIdleSockets|TestIdleTimeout|TestIdleSessions|TestTemplateBudget|TestAllowedSources|TestCrashReplays|TestHTTPInterfaceAuth|TestDataDirPrivate|Refuse|Outfile|TestBearer|TestLoadTokens|TestTokensFileMode|TestSQLConcurrency|TestFollowStream|TestFilterTooLarge|TestHostCheck|Rebind|TestCorpus|TestRefusalReasons|TestVetStatement|TestGrammarSeeds|FuzzGrammar|TestEngineConfined|TestThrowawayEngine|TestNoSQLWritesAFile|TestInserter|TestReaderCannotLiftLimits|TestSystemProcessesHidden|TestSlowClients|TestEngineSlotsPerUser|TestSlowBodiesPerUser|TestSQLCredentials|TestSQLReadsUnlessWrite|TestLocalRequestsAreViewers|TestHeaderOnlySessions|TestReservedSessions|TestConnSet|TestWhatIfGate|TestReachabilityGate|TestReachabilityWorkBound|TestWhatIfWorkBound|TestHandlerBearerScheme|TestHandlerRefusesProbes|TestHandlerRateLimits|TestLoadTokenFileMode|TestController(ProbeShape|ExternalDestinations|RateLimits|KeepPerCaller)|TestWatchesQueue|TestTableRemovedAfter|TestSweep'
 .PHONY: test-security
 test-security: build ## the security tier alone (attacks, crash test), three IP modes
-	DUALFLOW_REQUIRE_CHDB=1 $(GO) test -count=1 -run $(SECURITY_UNIT) ./collector/... ./web/... ./netaddr/...
+	DUALFLOW_REQUIRE_CHDB=1 $(GO) test -count=1 -run $(SECURITY_UNIT) ./collector/... ./web/... ./netaddr/... ./cmd/... ./traceflow/...
 	DUALFLOW_E2E=1 DUALFLOW_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -v -run 'TestSecurity|TestCrashLosesNothing' ./test/e2e/ 2>&1 | scripts/e2e-summary.sh
 
 # -p 1: one package's benchmarks at a time (by default go test runs the test

@@ -22,7 +22,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"time"
+	"path/filepath"
 
 	"github.com/dualflow/dualflow/collector"
 	"github.com/dualflow/dualflow/collector/audit"
@@ -39,7 +39,8 @@ import (
 type Config struct {
 	Collector collector.Config
 	Web       WebConfig
-	// Traceflow configures the trace controller (timeouts, results kept).
+	// Traceflow configures the trace controller (timeouts, results kept,
+	// rate limits, destinations outside the cluster).
 	Traceflow traceflow.Config
 	// TraceAgents says where the exporters' traceflow agents are and how
 	// to call them; traces go through them when it is enabled (a token).
@@ -53,6 +54,11 @@ type WebConfig struct {
 	Addr string
 	// TokensFile holds "token role [name]" lines (roles viewer, operator).
 	TokensFile string
+	// LocalTokenFile holds the operator token of a web without TokensFile
+	// (loopback, where requests without a token are viewers); empty means
+	// <data-dir>/web-operator-token for the embedded store, none for a
+	// server.
+	LocalTokenFile string
 	// AllowedHosts are the host names the web answers to besides IP
 	// literals and localhost (DNS rebinding protection).
 	AllowedHosts netaddr.HostList
@@ -67,8 +73,9 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	c.Web.Limits.BindFlags(fs)
 	fs.Var(&c.Web.AllowedHosts, "web.allowed-hosts", "host names the web answers to besides IP addresses and localhost, comma-separated (the names operators browse it by); other Host headers get 403 (DNS rebinding protection)")
 	fs.StringVar(&c.Web.TokensFile, "web.tokens-file", "", "bearer tokens file (\"token role [name]\" lines; roles viewer, operator); required to listen on a non-loopback address")
+	fs.StringVar(&c.Web.LocalTokenFile, "web.local-token-file", "", "without --web.tokens-file: the file of the operator token (created, mode 0600) that SQL and traces need even on loopback, where requests without a token are viewers; the CLI reads it (default <data-dir>/"+web.LocalTokenFileName+" for the embedded store; with a ClickHouse server, none: no operator without tokens)")
 	c.TraceAgents.BindFlags(fs)
-	fs.DurationVar(&c.Traceflow.Timeout, "traceflow.timeout", 3*time.Second, "default timeout of one family's trace")
+	c.Traceflow.BindFlags(fs)
 }
 
 // NodeTracer sends one traceflow probe and observes it on the nodes it
@@ -136,14 +143,17 @@ func (a *App) buildWeb(opts Options) error {
 	if err != nil {
 		return err
 	}
+	lim := a.cfg.Web.Limits
+	reports.WhatIfLimits = audit.WhatIfLimits{MaxChecks: lim.WhatIfMaxChecks, MaxFlowGroups: lim.WhatIfMaxFlowGroups}
 	v := &view{c: c, reports: reports}
 	cfg := web.Config{
-		Addr:         a.cfg.Web.Addr,
-		Store:        c.Conn(),
-		Database:     db,
-		TokensFile:   a.cfg.Web.TokensFile,
-		AllowedHosts: a.cfg.Web.AllowedHosts,
-		Limits:       a.cfg.Web.Limits,
+		Addr:           a.cfg.Web.Addr,
+		Store:          c.Conn(),
+		Database:       db,
+		TokensFile:     a.cfg.Web.TokensFile,
+		LocalTokenFile: a.cfg.Web.LocalTokenFile,
+		AllowedHosts:   a.cfg.Web.AllowedHosts,
+		Limits:         a.cfg.Web.Limits,
 		Evaluator: api.PolicyEvaluator{
 			Policies: func() *policy.Set {
 				if au := c.Auditor(); au != nil {
@@ -151,8 +161,9 @@ func (a *App) buildWeb(opts Options) error {
 				}
 				return nil
 			},
-			Resolver: v,
-			PortName: v.portName,
+			Resolver:  v,
+			PortName:  v.portName,
+			MaxChecks: lim.ReachabilityMaxChecks,
 		},
 		Auditor: api.AuditorFunc(v.findings),
 		Catalog: v,
@@ -167,6 +178,9 @@ func (a *App) buildWeb(opts Options) error {
 	}
 	if e, ok := c.Conn().(*store.Embedded); ok {
 		cfg.SQL = api.EngineSQL{Engine: e.DB(), Database: db}
+		if cfg.LocalTokenFile == "" {
+			cfg.LocalTokenFile = filepath.Join(a.cfg.Collector.Store.DataDir, web.LocalTokenFileName)
+		}
 	}
 	if opts.NodeTracer == nil && a.cfg.TraceAgents.Enabled() {
 		ac := a.cfg.TraceAgents

@@ -24,6 +24,7 @@ import (
 	"github.com/dualflow/dualflow/collector/store/chdb"
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/traceflow"
+	"github.com/dualflow/dualflow/web"
 	"github.com/dualflow/dualflow/web/api"
 )
 
@@ -133,6 +134,11 @@ func call(t *testing.T, method, url string, body, out any) int {
 	req, err := http.NewRequest(method, url, rd)
 	if err != nil {
 		t.Fatal(err)
+	}
+	// The local operator token, as the CLI reads it: without it a local
+	// request is a viewer.
+	if tok, err := os.ReadFile(filepath.Join(dataDir, web.LocalTokenFileName)); err == nil {
+		req.Header.Set("Authorization", "Bearer "+strings.TrimSpace(string(tok)))
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {

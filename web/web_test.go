@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/web/api"
 )
 
@@ -136,20 +137,31 @@ func TestTokensFileMode(t *testing.T) {
 	}
 }
 
-// TestLimitFlags: the --web.sql.* and --web.follow.* flags fill Limits
-// (with the api defaults), and the server enforces them.
+// TestLimitFlags: the --web.sql.*, --web.follow.*, --web.whatif.* and
+// --web.reachability.* flags fill Limits (with the api and audit
+// defaults), and the server enforces them.
 func TestLimitFlags(t *testing.T) {
 	var l Limits
 	fs := flag.NewFlagSet("test", flag.ContinueOnError)
 	l.BindFlags(fs)
 	if l != (Limits{SQLConcurrency: api.DefaultSQLConcurrency, SQLMaxThreads: api.DefaultSQLMaxThreads,
-		FollowStreams: api.DefaultFollowStreams, FollowStreamsPerRole: api.DefaultFollowStreamsPerRole}) {
+		FollowStreams: api.DefaultFollowStreams, FollowStreamsPerRole: api.DefaultFollowStreamsPerRole,
+		SQLConcurrencyPerToken: api.DefaultSQLConcurrencyPerToken, FollowStreamsPerToken: api.DefaultFollowStreamsPerToken,
+		WhatIfConcurrency: api.DefaultWhatIfConcurrency, WhatIfConcurrencyPerToken: api.DefaultWhatIfConcurrencyPerToken,
+		WhatIfMaxChecks: audit.DefaultWhatIfMaxChecks, WhatIfMaxFlowGroups: audit.DefaultWhatIfMaxFlowGroups,
+		ReachabilityConcurrency: api.DefaultReachabilityConcurrency, ReachabilityConcurrencyPerToken: api.DefaultReachabilityConcurrencyPerToken,
+		ReachabilityMaxChecks: api.DefaultReachabilityMaxChecks}) {
 		t.Errorf("defaults %+v", l)
 	}
-	if err := fs.Parse([]string{"--web.sql.max-concurrent=3", "--web.sql.max-threads=1", "--web.follow.max-streams=1", "--web.follow.max-streams-per-role=1"}); err != nil {
+	if err := fs.Parse([]string{"--web.sql.max-concurrent=3", "--web.sql.max-threads=1", "--web.follow.max-streams=1", "--web.follow.max-streams-per-role=1",
+		"--web.sql.max-concurrent-per-token=2", "--web.follow.max-streams-per-token=1",
+		"--web.whatif.max-concurrent=3", "--web.whatif.max-concurrent-per-token=2", "--web.whatif.max-checks=1000", "--web.whatif.max-flow-groups=10",
+		"--web.reachability.max-concurrent=5", "--web.reachability.max-concurrent-per-token=3", "--web.reachability.max-checks=2000"}); err != nil {
 		t.Fatal(err)
 	}
-	if l != (Limits{SQLConcurrency: 3, SQLMaxThreads: 1, FollowStreams: 1, FollowStreamsPerRole: 1}) {
+	if l != (Limits{SQLConcurrency: 3, SQLMaxThreads: 1, FollowStreams: 1, FollowStreamsPerRole: 1, SQLConcurrencyPerToken: 2, FollowStreamsPerToken: 1,
+		WhatIfConcurrency: 3, WhatIfConcurrencyPerToken: 2, WhatIfMaxChecks: 1000, WhatIfMaxFlowGroups: 10,
+		ReachabilityConcurrency: 5, ReachabilityConcurrencyPerToken: 3, ReachabilityMaxChecks: 2000}) {
 		t.Errorf("parsed %+v", l)
 	}
 	s, err := New(Config{Addr: "127.0.0.1:0", Store: nopStore{}, Limits: l})
@@ -209,4 +221,78 @@ func TestDNSRebinding(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestLocalRequestsAreViewers: without a tokens file every local user was
+// an operator (SQL, traces); with the SQL that wrote files, an
+// unprivileged user wrote a root-owned one. A request without a token is
+// now a viewer; operator actions need the local operator token, which the
+// server writes (mode 0600) for its own user to read.
+func TestLocalRequestsAreViewers(t *testing.T) {
+	tokenFile := filepath.Join(t.TempDir(), "data", LocalTokenFileName)
+	sqlCalls := 0
+	s, err := New(Config{Addr: "127.0.0.1:0", Store: nopStore{}, LocalTokenFile: tokenFile,
+		SQL: sqlFunc(func() { sqlCalls++ })})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(tokenFile)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("local token file: %v %v, want mode 0600", err, fi)
+	}
+	tok, err := os.ReadFile(tokenFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := func(method, path, body, token string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(method, "http://127.0.0.1"+path, strings.NewReader(body))
+		if body != "" {
+			r.Header.Set("Content-Type", "application/json")
+		}
+		if token != "" {
+			r.Header.Set("Authorization", "Bearer "+token)
+		}
+		w := httptest.NewRecorder()
+		s.Handler().ServeHTTP(w, r)
+		return w
+	}
+	if w := req("GET", "/api/v1/whoami", "", ""); w.Code != 200 || !strings.Contains(w.Body.String(), `"role":"viewer"`) {
+		t.Errorf("whoami without a token: %d %s", w.Code, w.Body)
+	}
+	for _, op := range []struct{ path, body string }{
+		{"/api/v1/sql", `{"query":"SELECT 1"}`},
+		{"/api/v1/traceflows", `{}`},
+	} {
+		w := req("POST", op.path, op.body, "")
+		if w.Code != 401 || !strings.Contains(w.Body.String(), tokenFile) {
+			t.Errorf("%s without a token: %d %s, want 401 naming %s", op.path, w.Code, w.Body, tokenFile)
+		}
+	}
+	if sqlCalls != 0 {
+		t.Errorf("SQL ran %d times for a viewer", sqlCalls)
+	}
+	if w := req("POST", "/api/v1/sql", `{"query":"SELECT 1"}`, strings.TrimSpace(string(tok))); w.Code == 401 || w.Code == 403 {
+		t.Errorf("SQL with the local operator token: %d %s", w.Code, w.Body)
+	}
+	// The token survives a restart; a loose file is refused.
+	if _, err := New(Config{Addr: "127.0.0.1:0", Store: nopStore{}, LocalTokenFile: tokenFile}); err != nil {
+		t.Fatal(err)
+	}
+	if again, _ := os.ReadFile(tokenFile); string(again) != string(tok) {
+		t.Errorf("the token changed at a restart")
+	}
+	if err := os.Chmod(tokenFile, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(Config{Addr: "127.0.0.1:0", Store: nopStore{}, LocalTokenFile: tokenFile}); err == nil || !strings.Contains(err.Error(), "chmod 600") {
+		t.Errorf("a 0644 local token file: %v", err)
+	}
+}
+
+// sqlFunc is an api.SQLRunner that counts its calls and answers nothing.
+type sqlFunc func()
+
+func (f sqlFunc) RunSQL(context.Context, string, string, map[string]string) ([]byte, error) {
+	f()
+	return []byte(`{"meta":[],"data":[]}`), nil
 }

@@ -9,7 +9,11 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strings"
+
+	"github.com/dualflow/dualflow/collector/store"
+	"github.com/dualflow/dualflow/web"
 )
 
 // envToken names the environment variable holding the bearer token of
@@ -20,6 +24,10 @@ const envToken = "DUALFLOW_TOKEN"
 type serverFlags struct {
 	url       string
 	tokenFile string
+	// localTokenFile is the local operator token of a collector on
+	// loopback without a tokens file (the demo's, or the default data
+	// directory's), read when no token is given.
+	localTokenFile string
 }
 
 func (s *serverFlags) bind(fs *flag.FlagSet) {
@@ -43,6 +51,18 @@ func (s *serverFlags) client() (*apiClient, error) {
 			return nil, fmt.Errorf("--token-file: %w", err)
 		}
 		token = strings.TrimSpace(string(b))
+	}
+	if token == "" && loopbackHost(u.Hostname()) {
+		// A collector without a tokens file serves loopback viewers, and
+		// operator actions need its local token: read it if this user may
+		// (the collector's user, root). Its 401 says where it is otherwise.
+		local := s.localTokenFile
+		if local == "" {
+			local = filepath.Join(store.DefaultDataDir, web.LocalTokenFileName)
+		}
+		if b, err := os.ReadFile(local); err == nil {
+			token = strings.TrimSpace(string(b))
+		}
 	}
 	u.Path = strings.TrimSuffix(u.Path, "/")
 	return &apiClient{base: u, token: token, http: &http.Client{}}, nil

@@ -21,8 +21,9 @@ import (
 //	GET  /api/v1/audit/evaluate?from=ns/pod&to=ns/pod|IP&port=80&proto=tcp&family=6
 //
 // since is a duration back from now (1h, 30m) or an RFC 3339 time; until
-// is an RFC 3339 time (default now). Errors are {"error": "..."} with 400
-// for a bad parameter, 503 when the inventory or the store is not
+// is an RFC 3339 time (default now). Errors are {"message", "field"} with
+// 400 for a bad parameter, 422 for a what-if past Reports.WhatIfLimits
+// (field: what to narrow), 503 when the inventory or the store is not
 // configured, 500 otherwise. Handlers are safe for concurrent use.
 type API struct {
 	// Reports runs the store reports; nil answers them with 503.
@@ -87,9 +88,12 @@ func reply(w http.ResponseWriter, v any, err error) {
 		code := http.StatusInternalServerError
 		body := errorBody{Message: err.Error()}
 		var he *httpError
+		var tl *TooLargeError
 		switch {
 		case errors.As(err, &he):
 			code, body.Field = he.code, he.field
+		case errors.As(err, &tl):
+			code, body.Field = http.StatusUnprocessableEntity, tl.Field
 		case errors.Is(err, ErrUnavailable):
 			code = http.StatusServiceUnavailable
 		}

@@ -36,7 +36,50 @@ type querier interface {
 type Reports struct {
 	q  querier
 	db string
+	// WhatIfLimits bound WhatIf; set them before the Reports are used.
+	WhatIfLimits WhatIfLimits
 }
+
+// WhatIfLimits bound the work and the memory of one what-if. Zero fields
+// take the defaults.
+type WhatIfLimits struct {
+	// MaxChecks bounds the policy checks of one what-if: every flow group
+	// it reads, checked against the policies that may select its ends
+	// (policy.Set.Tries), with the policies in force and with the
+	// proposal. They are counted from the window's flow groups before any
+	// is read; a what-if over more is refused (*TooLargeError). 0:
+	// DefaultWhatIfMaxChecks.
+	MaxChecks int64
+	// MaxFlowGroups bounds the flow groups one what-if reads, its limit:
+	// they are held in memory (about 2 KiB each, with the engine's share).
+	// 0: DefaultWhatIfMaxFlowGroups.
+	MaxFlowGroups int
+}
+
+// Defaults of WhatIfLimits. A policy check costs 10 to 60 ns (the more
+// rules and peers, the more), so a what-if within DefaultWhatIfMaxChecks
+// takes at most a few CPU-seconds; DefaultWhatIfMaxFlowGroups is the
+// what-if's default limit, about 200 MiB.
+const (
+	DefaultWhatIfMaxChecks     = 50_000_000
+	DefaultWhatIfMaxFlowGroups = 100_000
+)
+
+// whatIfMaxMemory bounds the engine's memory for the query that reads a
+// what-if's flow groups; its aggregation spills to disk past half of it.
+// It aggregates every flow group of the window that touches the proposal
+// (MaxFlowGroups bounds the rows it returns, not the groups it sorts).
+const whatIfMaxMemory = 512 << 20
+
+// TooLargeError is returned by WhatIf for a what-if whose work would pass
+// its bounds (WhatIfLimits), before it reads any flow: Field is the
+// parameter to narrow (since or limit), Message says how. The API
+// answers it 422.
+type TooLargeError struct {
+	Field, Message string
+}
+
+func (e *TooLargeError) Error() string { return e.Message }
 
 var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
@@ -130,16 +173,28 @@ func quote(s string) string {
 	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(s) + "'"
 }
 
-// jsonSettings makes 64-bit integers plain JSON numbers, and bounds a
-// report's memory as the web API bounds its own queries: aggregation and
-// sorting spill to disk past 512 MiB, the engine ends the query past
-// 1 GiB rather than let it take the process's memory.
-const jsonSettings = " SETTINGS output_format_json_quote_64bit_integers = 0, max_memory_usage = 1073741824," +
-	" max_bytes_before_external_group_by = 536870912, max_bytes_before_external_sort = 536870912"
+// reportMaxMemory bounds a report's memory as the web API bounds its own
+// queries: aggregation and sorting spill to disk past half of it, the
+// engine ends the query past it rather than let it take the process's
+// memory.
+const reportMaxMemory = 1 << 30
 
-// rows runs query and decodes each JSONEachRow line into a new T.
+// jsonSettings makes 64-bit integers plain JSON numbers and bounds a
+// query's memory to maxMemory (see reportMaxMemory).
+func jsonSettings(maxMemory int64) string {
+	return fmt.Sprintf(" SETTINGS output_format_json_quote_64bit_integers = 0, max_memory_usage = %d,"+
+		" max_bytes_before_external_group_by = %d, max_bytes_before_external_sort = %d", maxMemory, maxMemory/2, maxMemory/2)
+}
+
+// rows runs query within reportMaxMemory and decodes each JSONEachRow
+// line into a new T.
 func rows[T any](ctx context.Context, q querier, query string) ([]T, error) {
-	out, err := q.Query(ctx, query+jsonSettings, "JSONEachRow")
+	return rowsWithin[T](ctx, q, query, reportMaxMemory)
+}
+
+// rowsWithin is rows within maxMemory.
+func rowsWithin[T any](ctx context.Context, q querier, query string, maxMemory int64) ([]T, error) {
+	out, err := q.Query(ctx, query+jsonSettings(maxMemory), "JSONEachRow")
 	if err != nil {
 		return nil, err
 	}
@@ -524,13 +579,23 @@ type WhatIfReport struct {
 	Changes   []WhatIfFlow `json:"changes"`
 }
 
+// whatIfGroup is the key of a what-if's flow group: a flow (addresses,
+// protocol, destination port) between two pods (or addresses).
+const whatIfGroup = `src_ip, dst_ip, protocol, dst_port, ip_version,
+         src_pod_namespace, src_pod_name, src_workload_kind, src_workload_name,
+         dst_pod_namespace, dst_pod_name, dst_workload_kind, dst_workload_name`
+
 // WhatIf re-evaluates the distinct flows recorded in the window (source and
 // destination address, protocol, destination port; the most frequent
-// first, at most limit, default 100000) with the policies of inv and with
-// those policies plus proposed (a proposed policy replaces the one of the
-// same namespace and name), and returns the flows whose verdict changes.
-// Pod labels are the recorded ones; namespace labels and named ports come
-// from inv. An invalid proposed policy is an error.
+// first, at most limit, default WhatIfLimits.MaxFlowGroups) with the
+// policies of inv and with those policies plus proposed (a proposed
+// policy replaces the one of the same namespace and name), and returns
+// the flows whose verdict changes. Only the flows from or to a pod of a
+// namespace of the proposed policies can change (a policy selects pods of
+// its own namespace), so only those are read. Pod labels are the recorded
+// ones; namespace labels and named ports come from inv. An invalid
+// proposed policy is an error; so is a what-if past r.WhatIfLimits
+// (*TooLargeError), before any flow is read.
 func (r *Reports) WhatIf(ctx context.Context, inv *Inventory, proposed []*networkingv1.NetworkPolicy, win Window, limit int) (*WhatIfReport, error) {
 	w, err := win.resolve()
 	if err != nil {
@@ -539,20 +604,57 @@ func (r *Reports) WhatIf(ctx context.Context, inv *Inventory, proposed []*networ
 	if _, err := policy.Compile(proposed); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidPolicy, err)
 	}
+	lim := r.WhatIfLimits
+	lim.MaxChecks = cmp.Or(lim.MaxChecks, DefaultWhatIfMaxChecks)
+	lim.MaxFlowGroups = cmp.Or(lim.MaxFlowGroups, DefaultWhatIfMaxFlowGroups)
+	limit = cmp.Or(limit, lim.MaxFlowGroups)
+	if limit > lim.MaxFlowGroups {
+		return nil, &TooLargeError{Field: "limit", Message: fmt.Sprintf("limit %d: a what-if reads at most %d flow groups", limit, lim.MaxFlowGroups)}
+	}
 	before, _ := policy.Compile(inv.NetworkPolicies()) // invalid current policies are ignored, as the Auditor does
 	after, _ := policy.Compile(withProposed(inv.NetworkPolicies(), proposed))
-	limit = cmp.Or(limit, 100_000)
+	rep := &WhatIfReport{Since: w.Since.UTC(), Until: w.Until.UTC(), Changes: []WhatIfFlow{}}
+	var touched []string
+	for _, p := range proposed {
+		touched = append(touched, p.Namespace)
+	}
+	slices.Sort(touched)
+	touched = slices.Compact(touched)
+	if len(touched) == 0 {
+		return rep, nil
+	}
+	quoted := make([]string, len(touched))
+	for i, ns := range touched {
+		quoted[i] = quote(ns)
+	}
+	in := "(" + strings.Join(quoted, ", ") + ")"
+	where := w.flowEnd() + " AND (src_pod_namespace IN " + in + " OR dst_pod_namespace IN " + in + ")"
+	groups, checks, err := r.whatIfWork(ctx, where, before, after, limit)
+	if err != nil {
+		return nil, fmt.Errorf("what-if: %w", err)
+	}
+	if checks > lim.MaxChecks {
+		ns := "namespace "
+		if len(touched) > 1 {
+			ns = "namespaces "
+		}
+		return nil, &TooLargeError{Field: "since", Message: fmt.Sprintf("the what-if would read about %d flow groups from or to %s%s and make about %d policy checks "+
+			"(each group against the policies that may select its ends, before and after the proposal), more than the %d allowed: "+
+			"narrow the window (since, until), lower limit, or propose policies for fewer namespaces",
+			min(groups, int64(limit)), ns, strings.Join(touched, ", "), checks, lim.MaxChecks)}
+	}
+	if groups == 0 {
+		return rep, nil
+	}
 	q := fmt.Sprintf(`SELECT src_ip, dst_ip, protocol, dst_port, ip_version,
        src_pod_namespace, src_pod_name, src_workload_kind, src_workload_name, any(src_pod_labels) AS src_labels,
        dst_pod_namespace, dst_pod_name, dst_workload_kind, dst_workload_name, any(dst_pod_labels) AS dst_labels,
        count() AS records, toUnixTimestamp64Milli(max(flow_end)) AS last_ms
 FROM %s.flows
 WHERE %s
-GROUP BY src_ip, dst_ip, protocol, dst_port, ip_version,
-         src_pod_namespace, src_pod_name, src_workload_kind, src_workload_name,
-         dst_pod_namespace, dst_pod_name, dst_workload_kind, dst_workload_name
+GROUP BY %s
 ORDER BY records DESC, src_ip, dst_ip, protocol, dst_port
-LIMIT %d`, r.db, w.flowEnd(), limit+1)
+LIMIT %d`, r.db, where, whatIfGroup, limit+1)
 	type row struct {
 		SrcIP     string            `json:"src_ip"`
 		DstIP     string            `json:"dst_ip"`
@@ -572,11 +674,10 @@ LIMIT %d`, r.db, w.flowEnd(), limit+1)
 		Records   uint64            `json:"records"`
 		LastMS    int64             `json:"last_ms"`
 	}
-	rs, err := rows[row](ctx, r.q, q)
+	rs, err := rowsWithin[row](ctx, r.q, q, whatIfMaxMemory)
 	if err != nil {
 		return nil, fmt.Errorf("what-if: %w", err)
 	}
-	rep := &WhatIfReport{Since: w.Since.UTC(), Until: w.Until.UTC(), Changes: []WhatIfFlow{}}
 	if len(rs) > limit {
 		rs, rep.Truncated = rs[:limit], true
 	}
@@ -611,6 +712,54 @@ LIMIT %d`, r.db, w.flowEnd(), limit+1)
 		})
 	}
 	return rep, nil
+}
+
+// whatIfWork counts, without reading them, the flow groups a what-if
+// reads (those of where, at most limit) and the policy checks it makes
+// for them with the policies before and after. The groups are counted per
+// side and pod (namespace and labels, which decide the policies that may
+// select an end) with uniqCombined64(12): a few KiB per pod whatever the
+// groups, within about 2% above a few thousand groups. Past limit, the
+// costliest groups are counted: the what-if reads the most frequent
+// ones, which may be those.
+func (r *Reports) whatIfWork(ctx context.Context, where string, before, after *policy.Set, limit int) (groups, checks int64, err error) {
+	count := func(side string) string {
+		return fmt.Sprintf(`SELECT '%[1]s' AS side, %[1]s_pod_namespace AS namespace, %[1]s_pod_labels AS labels, uniqCombined64(12)(%[2]s) AS groups
+FROM %[3]s.flows WHERE %[4]s GROUP BY namespace, labels`, side, whatIfGroup, r.db, where)
+	}
+	type row struct {
+		Side      string            `json:"side"`
+		Namespace string            `json:"namespace"`
+		Labels    map[string]string `json:"labels"`
+		Groups    int64             `json:"groups"`
+	}
+	rs, err := rows[row](ctx, r.q, count("src")+"\nUNION ALL\n"+count("dst"))
+	if err != nil {
+		return 0, 0, fmt.Errorf("count flow groups: %w", err)
+	}
+	type cost struct{ groups, tries int64 }
+	var src, dst []cost
+	for _, x := range rs {
+		peer := policy.Peer{IsPod: x.Namespace != "", Namespace: x.Namespace, Labels: x.Labels}
+		d, side := policy.Egress, &src
+		if x.Side == "dst" {
+			d, side = policy.Ingress, &dst
+			groups += x.Groups
+		}
+		*side = append(*side, cost{x.Groups, int64(before.Tries(d, &peer) + after.Tries(d, &peer))})
+	}
+	for _, side := range [][]cost{src, dst} {
+		slices.SortFunc(side, func(a, b cost) int { return cmp.Compare(b.tries, a.tries) })
+		left := int64(limit)
+		for _, c := range side {
+			n := min(c.groups, left)
+			checks += n * c.tries
+			if left -= n; left == 0 {
+				break
+			}
+		}
+	}
+	return groups, checks, nil
 }
 
 // ErrInvalidPolicy is returned by WhatIf for a proposed policy the API

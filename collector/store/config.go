@@ -14,6 +14,10 @@ import (
 	"github.com/dualflow/dualflow/migrations"
 )
 
+// DefaultDataDir is the embedded store's data directory by default,
+// relative to the working directory.
+const DefaultDataDir = "var/data"
+
 // Config selects and configures the ClickHouse backend. Bind it to a flag
 // set with BindFlags; flags are named --clickhouse.*.
 type Config struct {
@@ -72,7 +76,7 @@ func (c *Config) SetDefaults() {
 		c.Database = "dualflow"
 	}
 	if c.DataDir == "" && c.DSN == "" {
-		c.DataDir = "var/data"
+		c.DataDir = DefaultDataDir
 	}
 	if c.HTTPUsersFile == "" && c.DataDir != "" {
 		c.HTTPUsersFile = filepath.Join(c.DataDir, "http-users.json")

@@ -28,6 +28,7 @@ import (
 	"github.com/dualflow/dualflow/exporter"
 	"github.com/dualflow/dualflow/lab"
 	"github.com/dualflow/dualflow/lab/manifest"
+	"github.com/dualflow/dualflow/web"
 )
 
 // demoIPFIXPort is the loopback port the demo's exporters send to, unless
@@ -136,17 +137,24 @@ listener takes it.`)
 		log.Warn("writing the web URL for dualflow trace", "err", err)
 	}
 	defer os.Remove(urlFile)
+	abs, _ := filepath.Abs(cfg.Store.DataDir)
+	tokenFile := filepath.Join(abs, web.LocalTokenFileName)
+	if err := os.WriteFile(filepath.Join(labCfg.StateDir, webTokenFile), []byte(tokenFile+"\n"), 0o644); err != nil {
+		log.Warn("writing the token file's name for dualflow trace", "err", err)
+	}
+	defer os.Remove(filepath.Join(labCfg.StateDir, webTokenFile))
 	collectorAddr, transport := p.IPFIXTarget, p.IPFIXTransport
 
-	abs, _ := filepath.Abs(cfg.Store.DataDir)
 	st := cfg.Store
 	st.SetDefaults()
 	usersFile, _ := filepath.Abs(st.HTTPUsersFile)
 	fmt.Printf(`
 dualflow is running: lab mode %[4]s (%[5]s datapath), %[6]d nodes, exporters on every node.
   Web UI and API   %[10]s   (REST under /api/v1, OpenAPI at /api/v1/openapi.json)
+      a local browser or client without a token is a viewer; SQL and traces need the
+      operator token in %[14]s (mode 0600; bin/dualflow reads it, the UI asks for it)
   ClickHouse HTTP  http://%[1]s/   (embedded store in %[2]s)
-      users admin (read-write) and reader (read-only); passwords in %[11]s
+      users reader (read-only), admin (read-write) and inserter; passwords in %[11]s
       curl -u reader:PASSWORD 'http://%[1]s/?query=SELECT+ip_version,count()+FROM+dualflow.flows+GROUP+BY+ip_version'
       bin/dualflow sql "SELECT src_pod_name, dst_pod_name, ip_version, ingress_verdict FROM dualflow.flows ORDER BY flow_end DESC LIMIT 10"
   Metrics          http://%[3]s/metrics
@@ -157,7 +165,7 @@ dualflow is running: lab mode %[4]s (%[5]s datapath), %[6]d nodes, exporters on 
                    (through the exporters' node agents: %[13]s)
 Flows appear within about %[9]s. Press Ctrl-C to stop and remove the lab.
 
-`, a.Collector().HTTPAddr(), abs, a.Collector().MetricsAddr(), mode, labCfg.Datapath, len(l.Manifest.Nodes), l.ManifestPath(), webPod(l), *activeTimeout+5*time.Second, a.WebURL(), usersFile, transport+" "+collectorAddr, agentList(p.Agents))
+`, a.Collector().HTTPAddr(), abs, a.Collector().MetricsAddr(), mode, labCfg.Datapath, len(l.Manifest.Nodes), l.ManifestPath(), webPod(l), *activeTimeout+5*time.Second, a.WebURL(), usersFile, transport+" "+collectorAddr, agentList(p.Agents), tokenFile)
 
 	return p.Run(ctx)
 }

@@ -31,6 +31,20 @@ type Commands struct {
 // running on it.
 const webURLFile = "web-url"
 
+// webTokenFile, in a lab's state directory, names the file of the demo's
+// local operator token (its data directory's web-operator-token).
+const webTokenFile = "web-token-file"
+
+// DemoTokenFile returns the file of the operator token of the demo running
+// on the lab of stateDir, or "".
+func DemoTokenFile(stateDir string) string {
+	b, err := os.ReadFile(filepath.Join(stateDir, webTokenFile))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(b))
+}
+
 // DemoWebURL returns the web URL of the demo running on the lab of
 // stateDir.
 func DemoWebURL(stateDir string) (string, error) {

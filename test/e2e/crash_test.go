@@ -136,6 +136,9 @@ func startBinaryCollectorEnv(t *testing.T, bin, dir string, mode manifest.Mode, 
 	case <-time.After(3 * time.Minute):
 		t.Fatal("collector not listening within 3 minutes")
 	}
+	if c.web != "" {
+		registerOperator(t, c.web, filepath.Join(dir, "data"))
+	}
 	return c
 }
 

@@ -129,6 +129,7 @@ func newKubeEnv(t *testing.T, mode manifest.Mode, bin string, order lab.PublishO
 	agents := bindNodeAgents(t, k.l)
 	p := startCollectorProcess(t, bin, mode, kc, "--traceflow.token-file", agents.tokenFile, "--traceflow.agents", agents.flag())
 	k.web, k.metrics = p.web, p.metrics
+	registerOperator(t, p.web, p.dataDir)
 	for _, n := range k.l.Manifest.Nodes {
 		startExporter(t, k.l, mode, n.Name, p.ipfix, agents)
 	}
@@ -167,6 +168,7 @@ func startTrafficLab(t *testing.T, mode manifest.Mode) *lab.Lab {
 // collectorProcess is a running `dualflow collector`.
 type collectorProcess struct {
 	web, metrics, ipfix string
+	dataDir             string
 }
 
 // logAddr finds the addresses the collector logs as it starts.
@@ -231,7 +233,7 @@ func startCollectorProcess(t *testing.T, bin string, mode manifest.Mode, kubecon
 			t.Logf("collector log (end):\n%s", b)
 		}
 	})
-	p := &collectorProcess{}
+	p := &collectorProcess{dataDir: filepath.Join(dir, "data")}
 	found := make(chan struct{})
 	go func() {
 		sc := bufio.NewScanner(pr)
@@ -289,6 +291,7 @@ func (k *kubeEnv) restErr(method, path string, body, out any) error {
 		return err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	authorize(req)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return err
@@ -549,7 +552,7 @@ func (k *kubeEnv) checkCLI(t *testing.T, bin string) {
 		t.Errorf("audit eval --server: %v\n%s", err, out)
 	}
 	// Through the node agents: every family of the mode delivered (exit 0).
-	out, err = run("trace", "--server", k.web, "-s", ref(k.web1), "-d", "svc:backend/api:80", "--family", string(k.mode), "--timeout", "10s")
+	out, err = run("trace", "--server", k.web, "--token-file", operatorTokenFile(k.web), "-s", ref(k.web1), "-d", "svc:backend/api:80", "--family", string(k.mode), "--timeout", "10s")
 	if err != nil || strings.Count(string(out), "=> DELIVERED") != len(k.fams) {
 		t.Errorf("trace --server: %v\n%s", err, out)
 	}

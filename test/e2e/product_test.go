@@ -70,6 +70,13 @@ func startProduct(t testing.TB, l *lab.Lab) (*labcmd.Product, string) {
 // startProductWith is startProduct with options.
 func startProductWith(t testing.TB, l *lab.Lab, opts labcmd.ProductOptions) (*labcmd.Product, string) {
 	t.Helper()
+	return startProductEdited(t, l, opts, nil)
+}
+
+// startProductEdited is startProductWith with the app's configuration
+// edited by edit (if not nil) before it starts.
+func startProductEdited(t testing.TB, l *lab.Lab, opts labcmd.ProductOptions, edit func(*app.Config)) (*labcmd.Product, string) {
+	t.Helper()
 	requireCHDB(t)
 	var cfg app.Config
 	cfg.Collector.Store.DataDir = sharedDataDir(t)
@@ -81,6 +88,9 @@ func startProductWith(t testing.TB, l *lab.Lab, opts labcmd.ProductOptions) (*la
 	// only bounds what never arrives, so it is generous: a dozen traces at
 	// once on a loaded 2-core machine take seconds to set up.
 	cfg.Traceflow.Timeout = 10 * time.Second
+	if edit != nil {
+		edit(&cfg)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -97,7 +107,9 @@ func startProductWith(t testing.TB, l *lab.Lab, opts labcmd.ProductOptions) (*la
 			t.Errorf("product stop: %v", err)
 		}
 	})
-	return p, strings.TrimSuffix(p.App.WebURL(), "/")
+	base := strings.TrimSuffix(p.App.WebURL(), "/")
+	registerOperator(t, base, cfg.Collector.Store.DataDir)
+	return p, base
 }
 
 // restTrace posts req to the REST API and waits for its result (?wait=true).
@@ -149,6 +161,7 @@ func restCall(ctx context.Context, method, url string, body, out any) (int, erro
 		return 0, err
 	}
 	req.Header.Set("Content-Type", "application/json")
+	authorize(req)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return 0, err

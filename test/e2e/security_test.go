@@ -81,10 +81,30 @@ func testSecurity(t *testing.T, bin string, mode manifest.Mode) {
 	outfile := func(p, how string) string {
 		return fmt.Sprintf("SELECT 'pwned' INTO OUTFILE '%s' %s FORMAT RawBLOB", p, how)
 	}
+	// SQL needs the operator token even on loopback (a request without
+	// one is a viewer); the attacks below are an operator's.
+	tokenFile := operatorTokenFile(c.web)
+	tok, err := os.ReadFile(tokenFile)
+	if err != nil {
+		t.Fatalf("the collector's local operator token: %v", err)
+	}
+	if fi, err := os.Stat(tokenFile); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("local operator token file: %v %v, want mode 0600", err, fi)
+	}
 	sqlAPI := func(q string) httpReply {
 		b, _ := json.Marshal(map[string]string{"query": q})
-		return doHTTP(t, "POST", c.web+"/api/v1/sql", "", string(b), map[string]string{"Content-Type": "application/json"})
+		return doHTTP(t, "POST", c.web+"/api/v1/sql", "", string(b), map[string]string{"Content-Type": "application/json",
+			"Authorization": "Bearer " + strings.TrimSpace(string(tok))})
 	}
+	t.Run("a local request without a token is a viewer", func(t *testing.T) {
+		r := doHTTP(t, "POST", c.web+"/api/v1/sql", "", `{"query":"SELECT 1"}`, map[string]string{"Content-Type": "application/json"})
+		if r.status != http.StatusUnauthorized || !strings.Contains(r.body, tokenFile) {
+			t.Errorf("SQL without a token: %d %s, want 401 naming %s", r.status, r.body, tokenFile)
+		}
+		if r := doHTTP(t, "GET", c.web+"/api/v1/whoami", "", "", nil); r.status != 200 || !strings.Contains(r.body, `"viewer"`) {
+			t.Errorf("whoami without a token: %d %s", r.status, r.body)
+		}
+	})
 	created := filepath.Join(dir, "created")
 
 	t.Run("read-only SQL writes no file", func(t *testing.T) {

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 	corev1 "k8s.io/api/core/v1"
 
@@ -137,6 +139,21 @@ func (u *uiEnv) startBrowser(t *testing.T, chrome string) {
 	t.Cleanup(func() { cancelT(); cancelC(); cancelA() })
 	if err := chromedp.Do(ctx, chromedp.Navigate("about:blank")); err != nil {
 		t.Fatalf("start chromium: %v", err)
+	}
+	// The operator's token in the page's local storage, as an operator
+	// who pasted it: without it the pages are a viewer's.
+	tok, err := os.ReadFile(operatorTokenFile(u.base))
+	if err != nil {
+		t.Fatalf("the collector's local operator token: %v", err)
+	}
+	setToken := chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+		_, err := cdp.Call(ctx, tg, page.AddScriptToEvaluateOnNewDocument, page.AddScriptToEvaluateOnNewDocumentParams{
+			Source: "try { localStorage.setItem('dualflow.token', '" + strings.TrimSpace(string(tok)) + "') } catch (e) {}",
+		})
+		return err
+	})
+	if err := chromedp.Do(ctx, setToken); err != nil {
+		t.Fatal(err)
 	}
 	msgs := chromedp.Console(ctx)
 	go func() {

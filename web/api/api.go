@@ -145,9 +145,16 @@ type Config struct {
 	// Status answers GET /api/v1/status (the state of the collector's
 	// view of the cluster); nil answers it 501.
 	Status Status
-	// Tokens authorizes requests; nil or empty lets everyone in as operator
-	// (the caller then binds to loopback only).
+	// Tokens authorizes requests that carry a bearer token.
 	Tokens *Tokens
+	// Anonymous is the role of a request without a token: 0 refuses it
+	// (401), RoleViewer is the loopback viewer of a collector without a
+	// tokens file (the caller then binds to loopback only). Operator
+	// actions always need a token.
+	Anonymous Role
+	// LocalTokenFile names, in the 401 of an operator action without a
+	// token, the file holding the local operator token.
+	LocalTokenFile string
 	// SQL limits, enforced as engine settings.
 	SQLMaxRows      int
 	SQLMaxTime      time.Duration
@@ -172,6 +179,23 @@ type Config struct {
 	// answered 429.
 	FollowStreams        int
 	FollowStreamsPerRole int
+
+	// Caps per token (per principal: Principal.Name; without tokens the
+	// one local principal), so that one token cannot take its role's
+	// every place: SQLConcurrencyPerToken /sql queries,
+	// FollowStreamsPerToken follow streams, WhatIfConcurrencyPerToken
+	// what-ifs and ReachabilityConcurrencyPerToken reachability matrices.
+	SQLConcurrencyPerToken          int
+	FollowStreamsPerToken           int
+	WhatIfConcurrencyPerToken       int
+	ReachabilityConcurrencyPerToken int
+	// WhatIfConcurrency caps the what-ifs (POST /audit/whatif) running at
+	// once per role, ReachabilityConcurrency the reachability matrices
+	// (POST /reachability); past a cap a request is answered 429. Their
+	// work is bounded in policy checks too: collector/audit's
+	// Reports.WhatIf and PolicyEvaluator.MaxChecks.
+	WhatIfConcurrency       int
+	ReachabilityConcurrency int
 }
 
 // Defaults.
@@ -194,6 +218,25 @@ const (
 	// 1.4 cores), so 20 take at most about a third of a core.
 	DefaultFollowStreams        = 20
 	DefaultFollowStreamsPerRole = 16
+	// DefaultFollowStreamsPerToken: a token (one person, or one shared
+	// dashboard) keeps a few tabs following; four tokens are needed to
+	// take a role's every stream.
+	DefaultFollowStreamsPerToken = 4
+	// DefaultSQLConcurrencyPerToken: one token cannot take both of its
+	// role's /sql places.
+	DefaultSQLConcurrencyPerToken = 1
+	// DefaultWhatIfConcurrency: a what-if within its bounds takes up to
+	// about half a GiB (the engine's share of its read, whatIfMaxMemory in
+	// collector/audit, and the flow groups decoded), so two per role
+	// keep the four of both roles near 2 GiB; one per token.
+	DefaultWhatIfConcurrency         = 2
+	DefaultWhatIfConcurrencyPerToken = 1
+	// DefaultReachabilityConcurrency: a matrix within
+	// DefaultReachabilityMaxChecks takes at most about a CPU-second, so
+	// four per role take the two cores of a small collector for about
+	// two seconds; two per token (a page reloaded while it asks).
+	DefaultReachabilityConcurrency         = 4
+	DefaultReachabilityConcurrencyPerToken = 2
 )
 
 func (c *Config) setDefaults() {
@@ -230,6 +273,21 @@ func (c *Config) setDefaults() {
 	if c.FollowStreamsPerRole <= 0 {
 		c.FollowStreamsPerRole = DefaultFollowStreamsPerRole
 	}
+	for _, d := range []struct {
+		v   *int
+		def int
+	}{
+		{&c.SQLConcurrencyPerToken, DefaultSQLConcurrencyPerToken},
+		{&c.FollowStreamsPerToken, DefaultFollowStreamsPerToken},
+		{&c.WhatIfConcurrency, DefaultWhatIfConcurrency},
+		{&c.WhatIfConcurrencyPerToken, DefaultWhatIfConcurrencyPerToken},
+		{&c.ReachabilityConcurrency, DefaultReachabilityConcurrency},
+		{&c.ReachabilityConcurrencyPerToken, DefaultReachabilityConcurrencyPerToken},
+	} {
+		if *d.v <= 0 {
+			*d.v = d.def
+		}
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -248,10 +306,9 @@ type API struct {
 	engine  *gin.Engine
 	metrics *metrics
 	table   string // qualified flows table
-	// sqlGate and followGate cap the /sql queries and follow streams in
-	// flight.
-	sqlGate    *gate
-	followGate *gate
+	// The gates cap the /sql queries, follow streams, what-ifs and
+	// reachability matrices in flight.
+	sqlGate, followGate, whatifGate, reachGate *gate
 	// virtualRow is whether the server knows virtualRowSetting: 0 not
 	// asked yet, 1 yes, 2 no.
 	virtualRow atomic.Int32
@@ -269,13 +326,20 @@ func New(cfg Config) (*API, error) {
 	if a.metrics, err = newMetrics(cfg.Registerer); err != nil {
 		return nil, err
 	}
-	a.sqlGate = newGate("sql", "SQL queries", cfg.SQLConcurrency, 0, sqlRetryAfter)
-	a.followGate = newGate("follow", "follow streams", cfg.FollowStreamsPerRole, cfg.FollowStreams, followRetryAfter)
-	for _, g := range []*gate{a.sqlGate, a.followGate} { // export zeros, not absent series
+	a.sqlGate = newGate("sql", "SQL queries", cfg.SQLConcurrencyPerToken, cfg.SQLConcurrency, 0, sqlRetryAfter)
+	a.followGate = newGate("follow", "follow streams", cfg.FollowStreamsPerToken, cfg.FollowStreamsPerRole, cfg.FollowStreams, followRetryAfter)
+	a.whatifGate = newGate("whatif", "what-ifs", cfg.WhatIfConcurrencyPerToken, cfg.WhatIfConcurrency, 0, workRetryAfter)
+	a.reachGate = newGate("reachability", "reachability matrices", cfg.ReachabilityConcurrencyPerToken, cfg.ReachabilityConcurrency, 0, workRetryAfter)
+	for _, g := range []*gate{a.sqlGate, a.followGate, a.whatifGate, a.reachGate} { // export zeros, not absent series
 		a.metrics.inFlight.WithLabelValues(g.kind)
 		for _, r := range []Role{RoleViewer, RoleOperator} {
-			a.metrics.refused.WithLabelValues(g.kind, r.String())
+			for _, cp := range g.caps() {
+				a.metrics.refused.WithLabelValues(g.kind, r.String(), cp)
+			}
 		}
+	}
+	for _, g := range []*gate{a.whatifGate, a.reachGate} {
+		a.metrics.tooLarge.WithLabelValues(g.kind)
 	}
 	a.engine = a.routes()
 	return a, nil

@@ -68,6 +68,9 @@ func testAPI(t testing.TB, cfg Config) http.Handler {
 	if cfg.Now == nil {
 		cfg.Now = func() time.Time { return seedNow }
 	}
+	if cfg.Tokens == nil && cfg.Anonymous == 0 {
+		cfg.Anonymous = RoleOperator // tests of the API itself; auth_test.go tests roles
+	}
 	a, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -616,7 +619,7 @@ func TestTraceflowErrors(t *testing.T) {
 		}, 200, "", "", map[string]string{"6": "no IPv6 ClusterIP"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			a, err := New(Config{Store: &fakeStore{}, Tracer: TracerFunc(func(_ context.Context, r TraceRequest) (*TraceResult, error) { return tc.trace(r) })})
+			a, err := New(Config{Store: &fakeStore{}, Tracer: TracerFunc(func(_ context.Context, r TraceRequest) (*TraceResult, error) { return tc.trace(r) }), Anonymous: RoleOperator})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -651,7 +654,7 @@ func TestTraceflowErrors(t *testing.T) {
 // TestUnknownFieldsCounted: a body field the request does not have is a
 // 400 naming it, counted by reason.
 func TestUnknownFieldsCounted(t *testing.T) {
-	a, err := New(Config{Store: &fakeStore{}, Tracer: fakeTracer{}})
+	a, err := New(Config{Store: &fakeStore{}, Tracer: fakeTracer{}, Anonymous: RoleOperator})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -746,7 +749,7 @@ func TestMountedHandlers(t *testing.T) {
 // TestOpenAPICoversRoutes: every route under /api/v1 is documented with
 // its method in openapi.json.
 func TestOpenAPICoversRoutes(t *testing.T) {
-	a, err := New(Config{Store: &fakeStore{}})
+	a, err := New(Config{Store: &fakeStore{}, Anonymous: RoleOperator})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,15 +2,22 @@ package api
 
 import (
 	"bufio"
+	"bytes"
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/base64"
+	"errors"
 	"fmt"
+	"io/fs"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
-	"syscall"
 
 	"github.com/gin-gonic/gin"
+
+	"github.com/dualflow/dualflow/internal/secretfile"
 )
 
 // Role is what a token may do. Operator includes viewer.
@@ -55,20 +62,13 @@ func (t *Tokens) Enabled() bool { return t != nil && len(t.byHash) > 0 }
 // readable by the pod's fsGroup (defaultMode 0440), so that a non-root
 // collector can read it and nobody else.
 func LoadTokens(path string) (*Tokens, error) {
-	f, err := os.Open(path)
+	b, err := secretfile.Read("tokens file", path)
 	if err != nil {
-		return nil, fmt.Errorf("tokens: %w", err)
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("tokens: %w", err)
-	}
-	if err := secretFileMode(path, fi); err != nil {
 		return nil, err
 	}
 	t := &Tokens{byHash: map[[32]byte]Principal{}}
-	sc := bufio.NewScanner(f)
+	seen := map[string]bool{}
+	sc := bufio.NewScanner(bytes.NewReader(b))
 	for n := 1; sc.Scan(); n++ {
 		line := strings.TrimSpace(sc.Text())
 		if line == "" || strings.HasPrefix(line, "#") {
@@ -91,6 +91,12 @@ func LoadTokens(path string) (*Tokens, error) {
 		if len(fields) > 2 {
 			name = fields[2]
 		}
+		// A name is one principal: its caps (follow streams, SQL) are per
+		// name, so two tokens may not share one.
+		if seen[name] {
+			return nil, fmt.Errorf("tokens %s:%d: the name %q is given twice (each token needs its own)", path, n, name)
+		}
+		seen[name] = true
 		t.Add(fields[0], Principal{Name: name, Role: role})
 	}
 	if err := sc.Err(); err != nil {
@@ -121,22 +127,32 @@ func (t *Tokens) lookup(token string) (Principal, bool) {
 
 const principalKey = "dualflow.principal"
 
-// auth requires a token with at least role min. Without tokens everyone
-// is an operator (the server then listens on loopback only).
+// auth requires a token with at least role min. A request without a
+// token has Config.Anonymous (the loopback viewer without a tokens file):
+// enough for what viewers may do, a 401 that names the operator token's
+// file for the rest.
 func (a *API) auth(min Role) gin.HandlerFunc {
 	return func(c *gin.Context) {
-		if !a.cfg.Tokens.Enabled() {
-			c.Set(principalKey, Principal{Name: "local", Role: RoleOperator})
-			return
-		}
 		tok, ok := bearerToken(c.GetHeader("Authorization"))
 		if !ok {
+			if a.cfg.Anonymous >= min {
+				c.Set(principalKey, Principal{Name: "local", Role: a.cfg.Anonymous})
+				return
+			}
+			msg := "a bearer token is required"
+			if a.cfg.Anonymous > 0 {
+				msg = "this needs an operator token; a local request without one is a viewer"
+				if a.cfg.LocalTokenFile != "" {
+					msg += " (the collector wrote one to " + a.cfg.LocalTokenFile + ", mode 0600; the CLI reads it)"
+				}
+			}
 			c.Header("WWW-Authenticate", `Bearer realm="dualflow"`)
-			c.AbortWithStatusJSON(http.StatusUnauthorized, errorBody{Message: "a bearer token is required", Field: "Authorization"})
+			c.AbortWithStatusJSON(http.StatusUnauthorized, errorBody{Message: msg, Field: "Authorization"})
 			return
 		}
 		p, ok := a.cfg.Tokens.lookup(tok)
 		if !ok {
+			c.Header("WWW-Authenticate", `Bearer realm="dualflow"`)
 			c.AbortWithStatusJSON(http.StatusUnauthorized, errorBody{Message: "unknown token", Field: "Authorization"})
 			return
 		}
@@ -146,6 +162,51 @@ func (a *API) auth(min Role) gin.HandlerFunc {
 		}
 		c.Set(principalKey, p)
 	}
+}
+
+// LocalOperator is the principal of the local operator token.
+const LocalOperator = "local-operator"
+
+// LoadOrCreateLocalToken returns the operator token of a collector that
+// has no tokens file: the one in path (a secret file: mode 0600, or 0640
+// for the process's own group), or a new random one written there with
+// mode 0600 when path does not exist. Without a tokens file, requests
+// without a token are loopback viewers, and operator actions (SQL,
+// traces) need this token even on loopback: a local user is a viewer
+// unless they can read the file.
+func LoadOrCreateLocalToken(path string) (string, error) {
+	if b, err := secretfile.Read("local token file", path); err == nil {
+		if tok := strings.TrimSpace(string(b)); tok != "" {
+			return tok, nil
+		}
+		return "", fmt.Errorf("local token file %s is empty", path)
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return "", err
+	}
+	var b [24]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", err
+	}
+	tok := base64.RawURLEncoding.EncodeToString(b[:])
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return "", fmt.Errorf("local token: %w", err)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, fs.ErrExist) { // another process won the race
+		return LoadOrCreateLocalToken(path)
+	}
+	if err != nil {
+		return "", fmt.Errorf("local token: %w", err)
+	}
+	_, err = f.WriteString(tok + "\n")
+	if err2 := f.Close(); err == nil {
+		err = err2
+	}
+	if err != nil {
+		_ = os.Remove(path)
+		return "", fmt.Errorf("local token %s: %w", path, err)
+	}
+	return tok, nil
 }
 
 // bearerToken returns the token of an Authorization header of the Bearer
@@ -164,28 +225,4 @@ func principalOf(c *gin.Context) Principal {
 		return v.(Principal)
 	}
 	return Principal{}
-}
-
-// secretFileMode refuses a secret file that others may access or its group
-// may write, and group read by a group the process is not in.
-func secretFileMode(path string, fi os.FileInfo) error {
-	perm := fi.Mode().Perm()
-	if perm&0o027 != 0 {
-		return fmt.Errorf("tokens file %s has mode %#o: it holds secrets, so others must have no access and the group no write (chmod 600 %s)", path, perm, path)
-	}
-	if perm&0o040 == 0 {
-		return nil
-	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
-		return fmt.Errorf("tokens file %s has mode %#o: group read is accepted only for the process's own group (chmod 600 %s)", path, perm, path)
-	}
-	groups, _ := os.Getgroups()
-	groups = append(groups, os.Getegid())
-	for _, g := range groups {
-		if uint32(g) == st.Gid {
-			return nil
-		}
-	}
-	return fmt.Errorf("tokens file %s has mode %#o and group %d, which this process is not in: group and others must have no access (chmod 600 %s)", path, perm, st.Gid, path)
 }

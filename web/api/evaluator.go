@@ -1,6 +1,7 @@
 package api
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -106,11 +107,18 @@ const (
 	OutcomeError = "error"
 )
 
+// DefaultReachabilityMaxChecks bounds the policy checks of one matrix
+// (PolicyEvaluator.MaxChecks): a check costs 10 to 60 ns (the more rules
+// and peers, the more), so a matrix takes at most about a CPU-second. The
+// issue's request, 200,000 pod pairs under 3,000 policies of one
+// namespace, makes over a billion checks.
+const DefaultReachabilityMaxChecks = 20_000_000
+
 // Bounds of a matrix evaluation.
 const (
 	// maxMatrixPairs bounds the pod pairs one request evaluates (both
-	// families, every Service port): ~1 µs each, so at most a few tenths
-	// of a second of one core.
+	// families, every Service port), for the size of the answer and of
+	// the work apart from the policy checks (~1 µs each).
 	maxMatrixPairs = 200_000
 	// maxListedPairs bounds the pairs listed per cell and family, and
 	// maxListedTotal per response (~150 bytes each in JSON); the counts
@@ -178,6 +186,12 @@ type PolicyEvaluator struct {
 	// PortName is not used: members carry their container ports
 	// (Member.Ports). Kept so callers that set it still compile.
 	PortName func(dst Endpoint, proto uint8, port uint16) string
+	// MaxChecks bounds the policy checks of one matrix: each pod pair
+	// checked against the policies that may select its source (egress)
+	// and its destination (ingress), policy.Set.Tries. A larger matrix is
+	// refused (422) before any pair is evaluated. 0:
+	// DefaultReachabilityMaxChecks.
+	MaxChecks int64
 }
 
 var (
@@ -229,21 +243,40 @@ func (p PolicyEvaluator) EvaluateMatrix(ctx context.Context, srcs, dsts []Endpoi
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	// The pairs of the whole matrix, counted before evaluating any.
-	n := 0
-	for _, s := range rs {
-		for _, d := range rd {
-			if s.t != nil && d.t != nil {
-				n += 2 * len(s.t.Members) * len(d.t.Members) * max(1, len(d.t.servicePorts(proto, port)))
-			}
-		}
-	}
-	if n > maxMatrixPairs {
-		return nil, fieldErr("destinations", "the matrix covers %d pod pairs, more than %d: ask about fewer or smaller endpoints", n, maxMatrixPairs)
-	}
 	var set *policy.Set
 	if p.Policies != nil {
 		set = p.Policies()
+	}
+	// The pairs and the policy checks of the whole matrix, counted before
+	// evaluating any.
+	cost := func(rs []resolved) []targetCost {
+		out := make([]targetCost, len(rs))
+		for i, r := range rs {
+			if r.t != nil {
+				out[i] = costOf(set, r.t)
+			}
+		}
+		return out
+	}
+	cs, cd := cost(rs), cost(rd)
+	pairs, checks := 0, int64(0)
+	for i, s := range rs {
+		for j, d := range rd {
+			if s.t == nil || d.t == nil {
+				continue
+			}
+			k := max(1, len(d.t.servicePorts(proto, port)))
+			pairs += 2 * len(s.t.Members) * len(d.t.Members) * k
+			for f := range cs[i].members {
+				checks += int64(k) * (cs[i].egress[f]*cd[j].members[f] + cs[i].members[f]*cd[j].ingress[f])
+			}
+		}
+	}
+	if pairs > maxMatrixPairs {
+		return nil, tooLarge("destinations", "the matrix covers %d pod pairs, more than %d: ask about fewer or smaller endpoints", pairs, maxMatrixPairs)
+	}
+	if maxChecks := cmp.Or(p.MaxChecks, DefaultReachabilityMaxChecks); checks > maxChecks {
+		return nil, tooLarge("destinations", "the matrix would make %d policy checks (its pod pairs, each against the policies that may select its ends: %d in all), more than the %d allowed: ask about fewer or smaller endpoints", checks, set.Len(), maxChecks)
 	}
 	listed := 0
 	out := make([][]map[int]*FamilyPolicy, len(srcs))
@@ -267,6 +300,30 @@ func (p PolicyEvaluator) EvaluateMatrix(ctx context.Context, srcs, dsts []Endpoi
 		}
 	}
 	return out, nil
+}
+
+// targetCost is what the members of a target weigh in a matrix, per
+// family (index 0 IPv4, 1 IPv6): how many have an address of it, and the
+// policies tried for them as a source (egress) and as a destination
+// (ingress), summed.
+type targetCost struct {
+	members, egress, ingress [2]int64
+}
+
+func costOf(set *policy.Set, t *Target) targetCost {
+	var c targetCost
+	for i := range t.Members {
+		for f, fam := range []int{4, 6} {
+			peer, ok := t.Members[i].Peers[fam]
+			if !ok {
+				continue
+			}
+			c.members[f]++
+			c.egress[f] += int64(set.Tries(policy.Egress, &peer))
+			c.ingress[f] += int64(set.Tries(policy.Ingress, &peer))
+		}
+	}
+	return c
 }
 
 // familyProto is the protocol of a question in family fam: ICMP and

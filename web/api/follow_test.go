@@ -36,7 +36,7 @@ func (s *seqStore) Query(_ context.Context, q, _ string) ([]byte, error) {
 
 func TestFollowStreamsNewFlows(t *testing.T) {
 	st := &seqStore{recv: time.Now().UnixMilli() + 60_000}
-	a, err := New(Config{Store: st, FollowInterval: 20 * time.Millisecond})
+	a, err := New(Config{Store: st, FollowInterval: 20 * time.Millisecond, Anonymous: RoleOperator})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +114,7 @@ func readEvents(r io.Reader, ch chan<- sseEvent) {
 // batches, then follows; a bad id is a 400.
 func TestFollowResume(t *testing.T) {
 	e := needEngine(t)
-	a, err := New(Config{Store: e, FollowInterval: 20 * time.Millisecond, Now: func() time.Time { return seedNow }})
+	a, err := New(Config{Store: e, FollowInterval: 20 * time.Millisecond, Now: func() time.Time { return seedNow }, Anonymous: RoleOperator})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -32,29 +33,47 @@ const (
 
 // Retry-After of a refused request: a /sql query ends within SQLMaxTime,
 // but most take a second or two; a follow stream lasts as long as its
-// viewer keeps the page open.
+// viewer keeps the page open; a what-if or a reachability matrix within
+// its bound of policy checks takes a few seconds at most.
 const (
 	sqlRetryAfter    = 5 * time.Second
 	followRetryAfter = 30 * time.Second
+	workRetryAfter   = 5 * time.Second
 )
 
-// gate caps the requests of one kind in flight, per role and (optionally)
-// for all roles together. It refuses rather than queues: a queued request
-// would hold its connection and the client would not know why it waits.
-// Safe for concurrent use.
+// Caps of a gate, named in its 429 messages and in the cap label of
+// dualflow_web_concurrency_refused_total.
+const (
+	capToken = "token" // the requests of one principal (one token)
+	capRole  = "role"  // the requests of one role
+	capAll   = "all"   // the requests of every role together
+)
+
+// gate caps the requests of one kind in flight per principal (a token:
+// Principal.Name; without tokens the one local principal), per role and
+// (optionally) for all roles together. It refuses rather than queues: a
+// queued request would hold its connection and the client would not know
+// why it waits. Safe for concurrent use.
 type gate struct {
-	kind       string // metric label and message: "sql", "follow"
-	what       string // for messages: "SQL queries", "follow streams"
-	perRole    int
-	total      int                    // 0: no cap over the roles
-	all        chan struct{}          // size total; nil without one
-	byRole     map[Role]chan struct{} // size perRole each
-	retryAfter time.Duration
+	kind         string // metric label: "sql", "follow", "whatif", "reachability"
+	what         string // for messages: "SQL queries", "follow streams", ...
+	perPrincipal int    // 0: no cap per principal
+	perRole      int
+	total        int                    // 0: no cap over the roles
+	all          chan struct{}          // size total; nil without one
+	byRole       map[Role]chan struct{} // size perRole each
+	retryAfter   time.Duration
+
+	mu sync.Mutex
+	// held counts the places of each principal holding any; a principal
+	// leaves the map with its last place, so it holds at most as many
+	// entries as places are taken.
+	held map[string]int
 }
 
-func newGate(kind, what string, perRole, total int, retryAfter time.Duration) *gate {
-	g := &gate{kind: kind, what: what, perRole: perRole, total: total, retryAfter: retryAfter,
-		byRole: map[Role]chan struct{}{}}
+func newGate(kind, what string, perPrincipal, perRole, total int, retryAfter time.Duration) *gate {
+	g := &gate{kind: kind, what: what, perPrincipal: perPrincipal, perRole: perRole, total: total, retryAfter: retryAfter,
+		byRole: map[Role]chan struct{}{}, held: map[string]int{}}
 	for _, r := range []Role{RoleViewer, RoleOperator} {
 		g.byRole[r] = make(chan struct{}, perRole)
 	}
@@ -64,43 +83,82 @@ func newGate(kind, what string, perRole, total int, retryAfter time.Duration) *g
 	return g
 }
 
-// enter takes a place for role without waiting. ok is false when the
-// role's or the overall cap is reached (why says which); otherwise the
-// caller must call release once.
-func (g *gate) enter(role Role) (release func(), why string, ok bool) {
-	mine := g.byRole[role]
-	if mine == nil { // no role: the strictest
-		mine = g.byRole[RoleViewer]
+// caps lists the caps g has (the cap label's values).
+func (g *gate) caps() []string {
+	var out []string
+	if g.perPrincipal > 0 {
+		out = append(out, capToken)
+	}
+	out = append(out, capRole)
+	if g.all != nil {
+		out = append(out, capAll)
+	}
+	return out
+}
+
+// enter takes a place for p without waiting. ok is false when p's, its
+// role's or the overall cap is reached (capName says which and why says
+// it in words); otherwise the caller must call release once.
+func (g *gate) enter(p Principal) (release func(), capName, why string, ok bool) {
+	if g.perPrincipal > 0 {
+		g.mu.Lock()
+		n := g.held[p.Name]
+		if n >= g.perPrincipal {
+			g.mu.Unlock()
+			return nil, capToken, fmt.Sprintf("%d %s of token %q are in flight, the most one token may have at once", n, g.what, p.Name), false
+		}
+		g.held[p.Name] = n + 1
+		g.mu.Unlock()
+	}
+	leaveMine := func() {
+		if g.perPrincipal > 0 {
+			g.mu.Lock()
+			if g.held[p.Name]--; g.held[p.Name] <= 0 {
+				delete(g.held, p.Name)
+			}
+			g.mu.Unlock()
+		}
+	}
+	role := g.byRole[p.Role]
+	if role == nil { // no role: the strictest
+		role = g.byRole[RoleViewer]
 	}
 	select {
-	case mine <- struct{}{}:
+	case role <- struct{}{}:
 	default:
-		return nil, fmt.Sprintf("%d %s of role %s are running, the most allowed at once", g.perRole, g.what, role), false
+		leaveMine()
+		return nil, capRole, fmt.Sprintf("%d %s of role %s are in flight, the most one role may have at once", g.perRole, g.what, p.Role), false
 	}
 	if g.all != nil {
 		select {
 		case g.all <- struct{}{}:
 		default:
-			<-mine
-			return nil, fmt.Sprintf("%d %s are running, the most allowed at once", g.total, g.what), false
+			<-role
+			leaveMine()
+			return nil, capAll, fmt.Sprintf("%d %s are in flight, the most allowed at once", g.total, g.what), false
 		}
 	}
+	var once sync.Once
 	return func() {
-		if g.all != nil {
-			<-g.all
-		}
-		<-mine
-	}, "", true
+		once.Do(func() {
+			if g.all != nil {
+				<-g.all
+			}
+			<-role
+			leaveMine()
+		})
+	}, "", "", true
 }
 
 // admit takes a place in g for the request's principal, or answers 429
-// with Retry-After, counts the refusal and returns false. The caller
-// must call release when the request's work ends.
+// with Retry-After and a message saying which cap is reached, counts the
+// refusal and returns false. The caller must call release when the
+// request's work ends.
 func (a *API) admit(c *gin.Context, g *gate) (release func(), ok bool) {
-	role := principalOf(c).Role
-	leave, why, ok := g.enter(role)
+	p := principalOf(c)
+	leave, capName, why, ok := g.enter(p)
 	if !ok {
-		a.metrics.refused.WithLabelValues(g.kind, role.String()).Inc()
+		a.metrics.refused.WithLabelValues(g.kind, p.Role.String(), capName).Inc()
 		secs := int(math.Ceil(g.retryAfter.Seconds()))
 		c.Header("Retry-After", strconv.Itoa(secs))
 		c.AbortWithStatusJSON(http.StatusTooManyRequests, errorBody{
@@ -114,4 +172,34 @@ func (a *API) admit(c *gin.Context, g *gate) (release func(), ok bool) {
 		inFlight.Dec()
 		leave()
 	}, true
+}
+
+// bounded is the middleware of a request whose work is bounded twice: it
+// takes a place in g (429 past a cap), and it counts the requests the
+// handler refused as too much work (422, see tooLarge) by g's kind. A
+// handler of another package (the what-if) is bounded this way too.
+func (a *API) bounded(g *gate) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		release, ok := a.admit(c, g)
+		if !ok {
+			return
+		}
+		defer release()
+		c.Next()
+		if c.Writer.Status() == http.StatusUnprocessableEntity {
+			a.metrics.tooLarge.WithLabelValues(g.kind).Inc()
+		}
+	}
+}
+
+// reasonTooLarge marks a FieldError about a request whose work would pass
+// its bound: fail answers it 422 (the request is valid, the server will
+// not do that much; the message says what to narrow) and bounded counts
+// it in dualflow_web_too_large_total.
+const reasonTooLarge = "too_large"
+
+// tooLarge is the error of a request refused for its work; field names
+// what to narrow.
+func tooLarge(field, format string, args ...any) *FieldError {
+	return &FieldError{Field: field, Message: fmt.Sprintf(format, args...), reason: reasonTooLarge}
 }

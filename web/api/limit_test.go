@@ -60,7 +60,7 @@ func (g *gatedSQL) RunSQL(ctx context.Context, q, _ string, settings map[string]
 // the engine's thread cap and a priority below the API's own reads.
 func TestSQLConcurrencyLimit(t *testing.T) {
 	g := newGatedSQL()
-	a, err := New(Config{Store: &fakeStore{}, SQL: g, SQLConcurrency: 2, SQLMaxThreads: 1})
+	a, err := New(Config{Store: &fakeStore{}, SQL: g, Tokens: gateTokens(), SQLConcurrency: 2, SQLConcurrencyPerToken: 3, SQLMaxThreads: 1}) // the role's cap first
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func TestSQLConcurrencyLimit(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			codes <- do(t, h, "POST", "/api/v1/sql", `{"query":"SELECT 1"}`).code
+			codes <- do(t, h, "POST", "/api/v1/sql", `{"query":"SELECT 1"}`, "Authorization", "Bearer secret-o").code
 		}()
 	}
 	for range 2 {
@@ -89,14 +89,14 @@ func TestSQLConcurrencyLimit(t *testing.T) {
 			t.Fatal("the first two queries did not reach the engine")
 		}
 	}
-	r := do(t, h, "POST", "/api/v1/sql", `{"query":"SELECT 1"}`)
+	r := do(t, h, "POST", "/api/v1/sql", `{"query":"SELECT 1"}`, "Authorization", "Bearer secret-o")
 	if r.code != http.StatusTooManyRequests || r.hdr.Get("Retry-After") == "" {
 		t.Errorf("third query while two run: %v Retry-After %q, want 429 with Retry-After", r, r.hdr.Get("Retry-After"))
 	}
 	if e := decode[errorBody](t, r); !strings.Contains(e.Message, "SQL queries") || !strings.Contains(e.Message, "operator") {
 		t.Errorf("429 message %q does not say what is full", e.Message)
 	}
-	if m := do(t, h, "GET", "/metrics", ""); !strings.Contains(m.body, `dualflow_web_concurrency_refused_total{kind="sql",role="operator"} 1`) ||
+	if m := do(t, h, "GET", "/metrics", "", "Authorization", "Bearer secret-o"); !strings.Contains(m.body, `dualflow_web_concurrency_refused_total{cap="role",kind="sql",role="operator"} 1`) ||
 		!strings.Contains(m.body, `dualflow_web_in_flight{kind="sql"} 2`) {
 		t.Errorf("metrics lack the refusal or the queries in flight:\n%s", m.body)
 	}
@@ -109,7 +109,7 @@ func TestSQLConcurrencyLimit(t *testing.T) {
 		}
 	}
 	// The places are given back.
-	if r := do(t, h, "POST", "/api/v1/sql", `{"query":"SELECT 1"}`); r.code != http.StatusOK {
+	if r := do(t, h, "POST", "/api/v1/sql", `{"query":"SELECT 1"}`, "Authorization", "Bearer secret-o"); r.code != http.StatusOK {
 		t.Errorf("after the queries ended: %v", r)
 	}
 }
@@ -167,7 +167,7 @@ func TestFollowStreamLimits(t *testing.T) {
 	tok := &Tokens{}
 	tok.Add("view-secret", Principal{Name: "v", Role: RoleViewer})
 	tok.Add("op-secret", Principal{Name: "o", Role: RoleOperator})
-	a, err := New(Config{Store: &fakeStore{}, Tokens: tok, FollowInterval: time.Hour, FollowStreams: 3, FollowStreamsPerRole: 2})
+	a, err := New(Config{Store: emptyStore{}, Tokens: tok, FollowInterval: time.Hour, FollowStreams: 3, FollowStreamsPerRole: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -211,8 +211,8 @@ func TestFollowStreamLimits(t *testing.T) {
 	}
 	m := do(t, a.Handler(), "GET", "/metrics", "", "Authorization", "Bearer view-secret")
 	for _, want := range []string{
-		`dualflow_web_concurrency_refused_total{kind="follow",role="viewer"} 1`,
-		`dualflow_web_concurrency_refused_total{kind="follow",role="operator"} 1`,
+		`dualflow_web_concurrency_refused_total{cap="role",kind="follow",role="viewer"} 1`,
+		`dualflow_web_concurrency_refused_total{cap="all",kind="follow",role="operator"} 1`,
 		`dualflow_web_in_flight{kind="follow"} 3`,
 	} {
 		if !strings.Contains(m.body, want) {
@@ -221,31 +221,82 @@ func TestFollowStreamLimits(t *testing.T) {
 	}
 }
 
-// TestGate: places are per role and overall, and given back once.
+// TestGate: places are per principal, per role and overall, and given
+// back once; a refusal names the cap it reached and keeps no place.
 func TestGate(t *testing.T) {
-	g := newGate("x", "things", 2, 3, time.Second)
+	g := newGate("x", "things", 2, 2, 3, time.Second)
+	v1, v2 := Principal{Name: "v1", Role: RoleViewer}, Principal{Name: "v2", Role: RoleViewer}
+	o1, o2 := Principal{Name: "o1", Role: RoleOperator}, Principal{Name: "o2", Role: RoleOperator}
 	var leaves []func()
-	for _, r := range []Role{RoleViewer, RoleViewer, RoleOperator} {
-		leave, why, ok := g.enter(r)
+	for _, p := range []Principal{v1, v1, o1} {
+		leave, _, why, ok := g.enter(p)
 		if !ok {
-			t.Fatalf("%s refused: %s", r, why)
+			t.Fatalf("%s refused: %s", p.Name, why)
 		}
 		leaves = append(leaves, leave)
 	}
-	if _, why, ok := g.enter(RoleViewer); ok || !strings.Contains(why, "role viewer") {
-		t.Errorf("viewer past its cap: ok %v %q", ok, why)
+	if _, capName, why, ok := g.enter(v1); ok || capName != capToken || !strings.Contains(why, `token "v1"`) {
+		t.Errorf("v1 past its own cap: ok %v %s %q", ok, capName, why)
 	}
-	if _, why, ok := g.enter(RoleOperator); ok || strings.Contains(why, "role") {
-		t.Errorf("operator past the overall cap: ok %v %q", ok, why)
+	if _, capName, why, ok := g.enter(v2); ok || capName != capRole || !strings.Contains(why, "role viewer") {
+		t.Errorf("v2 past its role's cap: ok %v %s %q", ok, capName, why)
 	}
-	if len(g.byRole[RoleOperator]) != 1 {
-		t.Errorf("a refusal kept the role's place")
+	if _, capName, why, ok := g.enter(o2); ok || capName != capAll || strings.Contains(why, "role") {
+		t.Errorf("o2 past the overall cap: ok %v %s %q", ok, capName, why)
+	}
+	if len(g.byRole[RoleOperator]) != 1 || len(g.byRole[RoleViewer]) != 2 || g.held["v2"] != 0 || g.held["o2"] != 0 {
+		t.Errorf("a refusal kept a place: roles %d %d, held %v", len(g.byRole[RoleViewer]), len(g.byRole[RoleOperator]), g.held)
 	}
 	leaves[0]()
-	if _, _, ok := g.enter(RoleViewer); !ok {
+	leaves[0]() // a second release gives nothing back twice
+	if len(g.byRole[RoleViewer]) != 1 || g.held["v1"] != 1 {
+		t.Errorf("after one release: viewer places %d, v1 holds %d", len(g.byRole[RoleViewer]), g.held["v1"])
+	}
+	if _, _, _, ok := g.enter(v2); !ok {
 		t.Error("a place given back is not reusable")
 	}
-	if _, _, ok := g.enter(Role(0)); ok {
+	if _, _, _, ok := g.enter(Principal{Name: "nobody"}); ok {
 		t.Error("no role counts as a viewer, whose places are taken")
+	}
+	leaves[1]()
+	leaves[2]()
+	if len(g.held) != 1 || g.held["v2"] != 1 {
+		t.Errorf("principals holding nothing stay in the map: %v", g.held)
+	}
+}
+
+// TestGateConcurrent: under concurrent use a principal never holds more
+// than its cap, and every place comes back (run with -race).
+func TestGateConcurrent(t *testing.T) {
+	g := newGate("x", "things", 2, 5, 8, time.Second)
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	most := map[string]int{}
+	for w := range 8 {
+		wg.Go(func() {
+			p := Principal{Name: "p" + strconv.Itoa(w%3), Role: Role(1 + w%2)}
+			for range 500 {
+				leave, _, _, ok := g.enter(p)
+				if !ok {
+					continue
+				}
+				g.mu.Lock()
+				n := g.held[p.Name]
+				g.mu.Unlock()
+				mu.Lock()
+				most[p.Name] = max(most[p.Name], n)
+				mu.Unlock()
+				leave()
+			}
+		})
+	}
+	wg.Wait()
+	for name, n := range most {
+		if n > 2 {
+			t.Errorf("%s held %d places, its cap is 2", name, n)
+		}
+	}
+	if len(g.held) != 0 || len(g.all) != 0 || len(g.byRole[RoleViewer])+len(g.byRole[RoleOperator]) != 0 {
+		t.Errorf("places not given back: held %v, all %d", g.held, len(g.all))
 	}
 }

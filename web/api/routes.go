@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
+
+	"github.com/dualflow/dualflow/traceflow"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -44,14 +46,14 @@ func (a *API) routes() *gin.Engine {
 	viewer.GET("/servicemap", a.servicemap)
 	viewer.GET("/catalog", a.catalog)
 	viewer.GET("/status", a.status)
-	viewer.POST("/reachability", a.reachability)
+	viewer.POST("/reachability", a.bounded(a.reachGate), a.reachability)
 	viewer.GET("/audit", a.audit)
 	viewer.GET("/filters", a.filterDoc)
 	auditAPI := a.mounted(a.cfg.AuditAPI, "audit")
 	for _, p := range []string{"findings", "unprotected", "denied", "unused", "evaluate"} {
 		viewer.GET("/audit/"+p, auditAPI)
 	}
-	viewer.POST("/audit/whatif", auditAPI)
+	viewer.POST("/audit/whatif", a.bounded(a.whatifGate), auditAPI)
 	traceflows := a.mounted(a.cfg.Traceflows, "traceflow")
 	viewer.GET("/traceflows/:id", traceflows)
 	op := v1.Group("", a.auth(RoleOperator))
@@ -76,15 +78,22 @@ func (a *API) mounted(h http.Handler, what string) gin.HandlerFunc {
 	if h == nil {
 		return func(c *gin.Context) { a.fail(c, fmt.Errorf("%s: %w", what, ErrNotConfigured)) }
 	}
-	return gin.WrapH(h)
+	return func(c *gin.Context) {
+		// The handler's rate limits and quotas count per principal.
+		c.Request = c.Request.WithContext(traceflow.WithCaller(c.Request.Context(), principalOf(c).Name))
+		h.ServeHTTP(c.Writer, c.Request)
+	}
 }
 
-// fail answers err: a FieldError or bad JSON is 400, ErrNotConfigured 501,
+// fail answers err: a FieldError or bad JSON is 400 (422 for too much
+// work, see tooLarge), ErrNotConfigured 501,
 // a store failure 502/503/504, anything else 500 (and is logged once here).
 func (a *API) fail(c *gin.Context, err error) {
 	var fe *FieldError
 	var qe *queryError
 	switch {
+	case errors.As(err, &fe) && fe.reason == reasonTooLarge:
+		c.AbortWithStatusJSON(http.StatusUnprocessableEntity, errorBody{Message: fe.Message, Field: fe.Field})
 	case errors.As(err, &fe):
 		a.badRequest(c, cmp.Or(fe.reason, reasonInvalid))
 		c.AbortWithStatusJSON(http.StatusBadRequest, errorBody{Message: fe.Message, Field: fe.Field})
@@ -171,7 +180,7 @@ func (a *API) readyz(c *gin.Context) {
 
 func (a *API) whoami(c *gin.Context) {
 	p := principalOf(c)
-	c.JSON(http.StatusOK, gin.H{"name": p.Name, "role": p.Role.String(), "auth": a.cfg.Tokens.Enabled()})
+	c.JSON(http.StatusOK, gin.H{"name": p.Name, "role": p.Role.String(), "auth": a.cfg.Tokens.Enabled() && a.cfg.Anonymous == 0})
 }
 
 func (a *API) filterDoc(c *gin.Context) {
@@ -192,6 +201,9 @@ type metrics struct {
 	badRequests *prometheus.CounterVec
 	refused     *prometheus.CounterVec
 	inFlight    *prometheus.GaugeVec
+	// tooLarge counts the requests refused before their work ran because
+	// it would pass its bound (422).
+	tooLarge *prometheus.CounterVec
 	// pageRereads counts /flows pages read again without their minute
 	// bound because the two reads disagreed (queryFlows).
 	pageRereads prometheus.Counter
@@ -216,11 +228,15 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 		}, []string{"route", "reason"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dualflow_web_concurrency_refused_total",
-			Help: "Requests answered 429 because as many of their kind as allowed were in flight, by kind (sql: POST /sql queries, follow: GET /flows?follow=true streams) and role.",
-		}, []string{"kind", "role"}),
+			Help: "Requests answered 429 because as many of their kind as allowed were in flight, by kind (sql: POST /sql queries, follow: GET /flows?follow=true streams, whatif: POST /audit/whatif, reachability: POST /reachability), role, and the cap reached (token: the requester's own, role: its role's, all: every role's together).",
+		}, []string{"kind", "role", "cap"}),
 		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "dualflow_web_in_flight",
-			Help: "POST /sql queries (kind sql) and follow streams (kind follow) in flight.",
+			Help: "Requests of a gated kind in flight: POST /sql queries (kind sql), follow streams (follow), what-ifs (whatif), reachability matrices (reachability).",
+		}, []string{"kind"}),
+		tooLarge: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dualflow_web_too_large_total",
+			Help: "Requests answered 422 before their work ran because it would pass its bound, by kind (whatif: flow groups times the policies checked for each, --web.whatif.max-checks and --web.whatif.max-flow-groups; reachability: pod pairs times the policies checked for each, --web.reachability.max-checks).",
 		}, []string{"kind"}),
 		pageRereads: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "dualflow_web_flow_page_rereads_total",
@@ -231,7 +247,7 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 		m.reg = prometheus.NewRegistry()
 		r = m.reg
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.sqlRefused, m.badRequests, m.refused, m.inFlight, m.pageRereads} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.sqlRefused, m.badRequests, m.refused, m.inFlight, m.tooLarge, m.pageRereads} {
 		if err := r.Register(c); err != nil {
 			return nil, err
 		}

@@ -49,7 +49,7 @@ func TestSplitTiers(t *testing.T) {
 // columns no projection has.
 func TestTiersEqualRows(t *testing.T) {
 	e := needEngine(t)
-	a, err := New(Config{Store: e, Now: func() time.Time { return seedNow }})
+	a, err := New(Config{Store: e, Now: func() time.Time { return seedNow }, Anonymous: RoleOperator})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +145,7 @@ func rowsTSV(t *testing.T, a *API, sql string, line func([]string) string) []str
 // projections lack reads rows.
 func TestTiersUseProjections(t *testing.T) {
 	e := needEngine(t)
-	a, err := New(Config{Store: e, Now: func() time.Time { return seedNow }})
+	a, err := New(Config{Store: e, Now: func() time.Time { return seedNow }, Anonymous: RoleOperator})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/dualflow/dualflow/collector/audit"
+	"github.com/dualflow/dualflow/traceflow"
 )
 
 // TraceflowRequest is the body of POST /traceflow.
@@ -92,7 +93,7 @@ func (a *API) traceflow(c *gin.Context) {
 		a.fail(c, fieldErr("family", "want 4, 6 or 0 (both)"))
 		return
 	}
-	ctx, cancel := context.WithTimeout(c.Request.Context(), a.cfg.TraceTimeout)
+	ctx, cancel := context.WithTimeout(traceflow.WithCaller(c.Request.Context(), principalOf(c).Name), a.cfg.TraceTimeout)
 	defer cancel()
 	resp := TraceflowResponse{Results: []*TraceResult{}, Errors: map[string]string{}}
 	failed := map[int]error{}

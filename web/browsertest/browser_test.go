@@ -19,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 
 	"github.com/dualflow/dualflow/collector/store"
@@ -36,6 +38,10 @@ var (
 	// modeURL serves the same lab restricted to one family: "4" (an
 	// IPv4-only cluster), "6" (IPv6-only); baseURL is the dual-stack one.
 	modeURL = map[string]string{}
+	// operatorToken is the servers' local operator token: without a
+	// tokens file a page is a viewer, and SQL and traces need it. Every
+	// tab has it in its local storage, as an operator who pasted it.
+	operatorToken string
 )
 
 func TestMain(m *testing.M) { os.Exit(runMain(m)) }
@@ -61,6 +67,11 @@ func runMain(m *testing.M) int {
 		return 1
 	}
 	engine = e
+	tokenFile := filepath.Join(dir, web.LocalTokenFileName)
+	if operatorToken, err = api.LoadOrCreateLocalToken(tokenFile); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var done []chan error
@@ -69,7 +80,7 @@ func runMain(m *testing.M) int {
 	// fallback, names from the flows.
 	serve := func(db string, catalog api.Catalog) (string, error) {
 		srv, err := web.New(web.Config{
-			Addr: "127.0.0.1:0", Store: e, SQL: api.EngineSQL{Engine: e.DB()}, Database: db,
+			Addr: "127.0.0.1:0", Store: e, SQL: api.EngineSQL{Engine: e.DB()}, Database: db, LocalTokenFile: tokenFile,
 			Evaluator: fakes.Evaluator{}, Tracer: fakes.Tracer{Delay: 200 * time.Millisecond}, Auditor: fakes.Auditor{},
 			Catalog: catalog, Status: fakes.Status{Stale: &kubeStale},
 		})
@@ -145,6 +156,15 @@ func browser(t *testing.T) (context.Context, func() []string) {
 	t.Cleanup(func() { cancelT(); cancelC(); cancelA() })
 	// Start the browser and the tab, then subscribe before any page loads.
 	if err := chromedp.Do(ctx, chromedp.Navigate("about:blank")); err != nil {
+		t.Fatal(err)
+	}
+	setToken := chromedp.Func(func(ctx context.Context, t *chromedp.Target) error {
+		_, err := cdp.Call(ctx, t, page.AddScriptToEvaluateOnNewDocument, page.AddScriptToEvaluateOnNewDocumentParams{
+			Source: "try { localStorage.setItem('dualflow.token', '" + operatorToken + "') } catch (e) {}",
+		})
+		return err
+	})
+	if err := chromedp.Do(ctx, setToken); err != nil {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex

@@ -148,6 +148,35 @@ func (s *Set) Side(d Direction, f *Flow) Decision {
 	return s.side(Ingress, &f.Dst, &f.Src, f)
 }
 
+// Tries returns how many policies the evaluation of direction d tries
+// for subject (the source for Egress, the destination for Ingress): those
+// of its namespace that isolate d, less those the label index rules out
+// for its labels. Each try matches the policy's selector and, when it
+// selects subject, its rules, so a flow costs about Tries(Egress, &f.Src)
+// + Tries(Ingress, &f.Dst) policy checks; callers bound their work with
+// it before evaluating. It allocates nothing and is safe for concurrent
+// use.
+func (s *Set) Tries(d Direction, subject *Peer) int {
+	if s == nil || !subject.IsPod {
+		return 0
+	}
+	ns := s.byNS[subject.Namespace]
+	if ns == nil {
+		return 0
+	}
+	ix := &ns.dir[d]
+	if ix.byLabel == nil {
+		return len(ix.all)
+	}
+	n := len(ix.rest)
+	for k, v := range subject.Labels {
+		if vals := ix.byLabel[k]; vals != nil {
+			n += len(vals[v])
+		}
+	}
+	return n
+}
+
 // search is the state of one side's evaluation over candidate policies.
 type search struct {
 	allowPol  int32 // index of the first allowing policy, -1 if none yet

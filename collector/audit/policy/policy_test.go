@@ -385,6 +385,74 @@ func TestIndexedMatchesLinear(t *testing.T) {
 	}
 }
 
+// TestTries: Tries counts, per side, the policies of the subject's
+// namespace that isolate the direction (all of them without the label
+// index), never fewer than those that select the subject (the index
+// must not skip one), and nothing for an end that is not a pod.
+func TestTries(t *testing.T) {
+	w := genWorld(3, 40, 60)
+	s := mustCompile(t, w.policies...)
+	isolating := map[[2]string]int{} // namespace, direction
+	for _, p := range w.policies {
+		in, eg := Types(p)
+		if in {
+			isolating[[2]string{p.Namespace, Ingress.String()}]++
+		}
+		if eg {
+			isolating[[2]string{p.Namespace, Egress.String()}]++
+		}
+	}
+	narrowed := false
+	for i := range w.flows {
+		f := &w.flows[i]
+		for _, side := range []struct {
+			d       Direction
+			subject *Peer
+		}{{Egress, &f.Src}, {Ingress, &f.Dst}} {
+			got := s.Tries(side.d, side.subject)
+			if !side.subject.IsPod {
+				if got != 0 {
+					t.Fatalf("flow %d %s: %d tries for an end that is no pod", i, side.d, got)
+				}
+				continue
+			}
+			selecting := len(s.Isolating(side.d, side.subject))
+			all := isolating[[2]string{side.subject.Namespace, side.d.String()}]
+			if got < selecting || got > all {
+				t.Fatalf("flow %d %s: %d tries, want %d..%d (selecting..isolating)", i, side.d, got, selecting, all)
+			}
+			narrowed = narrowed || got < all
+		}
+	}
+	if !narrowed {
+		t.Error("the label index never narrowed the tries")
+	}
+	unindexed := mustCompile(t, w.policies[:indexMin-1]...)
+	for i := range w.flows {
+		f := &w.flows[i]
+		if f.Dst.IsPod && f.Dst.Namespace == w.policies[0].Namespace {
+			if got, want := unindexed.Tries(Ingress, &f.Dst), isolatingIn(w.policies[:indexMin-1], Ingress); got != want {
+				t.Errorf("without the index: %d tries, want every isolating policy, %d", got, want)
+			}
+			break
+		}
+	}
+	if n := (*Set)(nil).Tries(Ingress, &Peer{IsPod: true}); n != 0 {
+		t.Errorf("nil Set: %d tries", n)
+	}
+}
+
+// isolatingIn counts the policies of pols that isolate d.
+func isolatingIn(pols []*networkingv1.NetworkPolicy, d Direction) int {
+	n := 0
+	for _, p := range pols {
+		if in, eg := Types(p); d == Ingress && in || d == Egress && eg {
+			n++
+		}
+	}
+	return n
+}
+
 func TestEvaluateAllocs(t *testing.T) {
 	w := genWorld(10, 10, 100)
 	s := mustCompile(t, w.policies...)

@@ -61,7 +61,12 @@ async function api(path, opts = {}) {
     let body = null;
     try { body = text ? JSON.parse(text) : null; } catch (e) { body = { message: text.trim() }; }
     if (!r.ok) {
-      if (r.status === 401 && !$('#token-dialog').open) $('#token-dialog').showModal();
+      if (r.status === 401 && !$('#token-dialog').open) {
+        // The server says which token it wants (a local request without one
+        // is a viewer; SQL and traces need the operator token's file).
+        $('#token-why').textContent = (body && body.message) || '';
+        $('#token-dialog').showModal();
+      }
       throw new APIError(r.status, body);
     }
     return body;

@@ -1,0 +1,255 @@
+package audit
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dualflow/dualflow/collector/store"
+	"github.com/dualflow/dualflow/flow"
+)
+
+// loadPolicies returns n policies of namespace ns that each select every
+// pod of it (an Exists selector, which the label index cannot narrow)
+// with one ingress and one egress rule that match no pod: a flow between
+// two of its pods is checked against all n on each side.
+func loadPolicies(ns string, n int) []*networkingv1.NetworkPolicy {
+	none := []networkingv1.NetworkPolicyPeer{{PodSelector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "none"}}}}
+	out := make([]*networkingv1.NetworkPolicy, n)
+	for i := range out {
+		out[i] = &networkingv1.NetworkPolicy{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "p" + strconv.Itoa(i)},
+			Spec: networkingv1.NetworkPolicySpec{
+				PodSelector: metav1.LabelSelector{MatchExpressions: []metav1.LabelSelectorRequirement{{Key: "app", Operator: metav1.LabelSelectorOpExists}}},
+				PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress, networkingv1.PolicyTypeEgress},
+				Ingress:     []networkingv1.NetworkPolicyIngressRule{{From: none}},
+				Egress:      []networkingv1.NetworkPolicyEgressRule{{To: none}},
+			},
+		}
+	}
+	return out
+}
+
+// denyAll is a proposed policy isolating every pod of ns for ingress.
+func denyAll(ns string) *networkingv1.NetworkPolicy {
+	return &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "deny-all"},
+		Spec: networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}}}
+}
+
+// storeGroups stores n flow groups between the 20 pods (app=w0..w19) of
+// namespace ns, one record each, ending within the minute before end:
+// IPv4 and IPv6 alternately, destination ports from port up.
+func storeGroups(t *testing.T, ns string, n int, end time.Time, port int) {
+	t.Helper()
+	recs := make([]flow.Record, n)
+	for i := range recs {
+		fam := 4 + 2*(i%2)
+		s, d := i%20, (i/20)%20
+		addr := func(pod int) netip.Addr {
+			if fam == 4 {
+				return netip.AddrFrom4([4]byte{198, 18, 200, byte(pod)})
+			}
+			return netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x10, 0, 0xc8, 15: byte(pod)})
+		}
+		ep := func(pod int) flow.Endpoint {
+			name := "w" + strconv.Itoa(pod)
+			return flow.Endpoint{PodNamespace: ns, PodName: name + "-0", Labels: map[string]string{"app": name}, WorkloadKind: "StatefulSet", WorkloadName: name}
+		}
+		r := flow.Record{Proto: flow.ProtoTCP, SrcPort: 40000, DstPort: uint16(port + i/400), SrcAddr: addr(s), DstAddr: addr(d), Src: ep(s), Dst: ep(d),
+			FlowStart: end.Add(-2 * time.Minute), FlowEnd: end.Add(-time.Duration(1+i%50) * time.Second), TimeReceived: end,
+			Packets: 3, PacketsDelta: 3, Bytes: 180, BytesDelta: 180}
+		r.Normalize()
+		recs[i] = r
+	}
+	var b []byte
+	for i := range recs {
+		b = store.AppendFlowRow(b, &recs[i])
+	}
+	if err := needEngine(t).InsertRowBinary(context.Background(), store.FlowsTable, store.FlowColumns, "", len(recs), b); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestWhatIfWorkBound: a what-if whose flow groups times the policies
+// checked for each pass the bound is refused before it reads the flows,
+// 422 naming the window; a lower limit brings it within the bound; only
+// the flows to or from the proposal's namespaces are read.
+func TestWhatIfWorkBound(t *testing.T) {
+	needEngine(t)
+	end := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	storeGroups(t, "load", 10_000, end, 8000)
+	storeGroups(t, "quiet", 100, end, 9000)
+	inv := NewInventory()
+	for _, ns := range []string{"load", "quiet"} {
+		inv.AddNamespace(Namespace{Name: ns, Labels: map[string]string{"kubernetes.io/metadata.name": ns}})
+	}
+	// 2,000 policies on each side of every "load" flow, before and after
+	// the proposal: about 8,000 checks per flow group, 80 million for the
+	// 10,000 groups.
+	for _, p := range loadPolicies("load", 2000) {
+		inv.AddPolicy(p)
+	}
+	rep, _ := NewReports(engine, "")
+	win := Window{Since: end.Add(-time.Hour), Until: end.Add(time.Second)}
+	ctx := context.Background()
+
+	_, err := rep.WhatIf(ctx, inv, []*networkingv1.NetworkPolicy{denyAll("load")}, win, 0)
+	var tl *TooLargeError
+	if !errors.As(err, &tl) || tl.Field != "since" {
+		t.Fatalf("10,000 flow groups under 2,000 policies: %v, want a TooLargeError about since", err)
+	}
+	for _, want := range []string{"flow groups", "namespace load", "policy checks", "narrow the window", "lower limit"} {
+		if !strings.Contains(tl.Message, want) {
+			t.Errorf("message %q lacks %q", tl.Message, want)
+		}
+	}
+	h := (&API{Reports: rep, Inventory: func() (*Inventory, error) { return inv, nil }, Now: func() time.Time { return end.Add(time.Second) }}).Handler()
+	var e errorBody
+	get(t, h, "POST", "/api/v1/audit/whatif?since=1h", "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: deny-all, namespace: load}\nspec: {podSelector: {}, policyTypes: [Ingress]}\n",
+		http.StatusUnprocessableEntity, &e)
+	if e.Field != "since" || !strings.Contains(e.Message, "policy checks") {
+		t.Errorf("422 body %+v", e)
+	}
+
+	// A lower limit reads fewer groups: within the bound, truncated.
+	r, err := rep.WhatIf(ctx, inv, []*networkingv1.NetworkPolicy{denyAll("load")}, win, 1000)
+	if err != nil || !r.Truncated || r.Flows != 1000 {
+		t.Errorf("limit 1000: %v, %+v", err, r)
+	}
+	// A proposal for "quiet" reads its 100 groups only, and denies them.
+	r, err = rep.WhatIf(ctx, inv, []*networkingv1.NetworkPolicy{denyAll("quiet")}, win, 0)
+	if err != nil || r.Flows != 100 || r.Truncated || len(r.Changes) != 100 {
+		t.Errorf("a proposal for quiet: %v, %d flows read, %d changes, want its 100", err, r.Flows, len(r.Changes))
+	}
+}
+
+// fakeCounts answers the what-if's counting query with counts and
+// records the queries.
+type fakeCounts struct {
+	counts  string
+	queries []string
+}
+
+func (f *fakeCounts) Query(_ context.Context, q, _ string) ([]byte, error) {
+	f.queries = append(f.queries, q)
+	if strings.Contains(q, "uniqCombined64") {
+		return []byte(f.counts), nil
+	}
+	return nil, nil
+}
+
+// TestWhatIfChecks: the checks are the groups of each side times the
+// policies tried for that side, with the policies before and after the
+// proposal, the costliest first past limit; the bound is inclusive; the
+// flow groups read are bounded in number and in engine memory.
+func TestWhatIfChecks(t *testing.T) {
+	inv := NewInventory()
+	for _, p := range loadPolicies("load", 3) {
+		inv.AddPolicy(p)
+	}
+	// 10 groups from app=a and 10 to app=b, all in "load": 3 policies
+	// tried per side before the proposal, 4 after (deny-all isolates
+	// ingress only: 3 on the egress side after).
+	f := &fakeCounts{counts: `{"side":"src","namespace":"load","labels":{"app":"a"},"groups":10}
+{"side":"dst","namespace":"load","labels":{"app":"b"},"groups":10}
+{"side":"src","namespace":"","labels":{},"groups":5}
+{"side":"dst","namespace":"elsewhere","labels":{"app":"x"},"groups":5}
+`}
+	rep, _ := NewReports(f, "")
+	win := Window{Since: time.Now().Add(-time.Hour)}
+	want := int64(10*(3+3) + 10*(3+4))
+	for _, c := range []struct {
+		max, limit int
+		ok         bool
+	}{
+		{int(want), 0, true},
+		{int(want) - 1, 0, false},
+		// Past limit 5 the costliest groups count: 5 of each side.
+		{5*(3+3) + 5*(3+4), 5, true},
+		{5*(3+3) + 5*(3+4) - 1, 5, false},
+	} {
+		rep.WhatIfLimits = WhatIfLimits{MaxChecks: int64(c.max)}
+		_, err := rep.WhatIf(context.Background(), inv, []*networkingv1.NetworkPolicy{denyAll("load")}, win, c.limit)
+		var tl *TooLargeError
+		if got := !errors.As(err, &tl); got != c.ok || (c.ok && err != nil) {
+			t.Errorf("max %d, limit %d: %v, want ok %v", c.max, c.limit, err, c.ok)
+		}
+	}
+	rep.WhatIfLimits = WhatIfLimits{MaxFlowGroups: 500}
+	f.queries = nil
+	if _, err := rep.WhatIf(context.Background(), inv, []*networkingv1.NetworkPolicy{denyAll("load")}, win, 0); err != nil {
+		t.Fatal(err)
+	}
+	if len(f.queries) != 2 {
+		t.Fatalf("queries %q, want the count and the read", f.queries)
+	}
+	read := f.queries[1]
+	for _, s := range []string{"LIMIT 501", "max_memory_usage = 536870912", "max_bytes_before_external_group_by = 268435456",
+		"(src_pod_namespace IN ('load') OR dst_pod_namespace IN ('load'))"} {
+		if !strings.Contains(read, s) {
+			t.Errorf("the read lacks %s: %s", s, read)
+		}
+	}
+	var tl *TooLargeError
+	if _, err := rep.WhatIf(context.Background(), inv, []*networkingv1.NetworkPolicy{denyAll("load")}, win, 501); !errors.As(err, &tl) || tl.Field != "limit" {
+		t.Errorf("limit past MaxFlowGroups: %v, want a TooLargeError about limit", err)
+	}
+}
+
+// fakeGroups answers the what-if's counting query with n groups from
+// app=a to app=b of "load", and its read with the n groups.
+type fakeGroups struct{ n int }
+
+func (f fakeGroups) Query(_ context.Context, q, _ string) ([]byte, error) {
+	if strings.Contains(q, "uniqCombined64") {
+		return []byte(fmt.Sprintf(`{"side":"src","namespace":"load","labels":{"app":"a"},"groups":%[1]d}
+{"side":"dst","namespace":"load","labels":{"app":"b"},"groups":%[1]d}
+`, f.n)), nil
+	}
+	var b bytes.Buffer
+	for i := range f.n {
+		fmt.Fprintf(&b, `{"src_ip":"198.18.200.1","dst_ip":"198.18.200.2","protocol":6,"dst_port":%d,"ip_version":4,`+
+			`"src_pod_namespace":"load","src_pod_name":"a-0","src_workload_kind":"StatefulSet","src_workload_name":"a","src_labels":{"app":"a"},`+
+			`"dst_pod_namespace":"load","dst_pod_name":"b-0","dst_workload_kind":"StatefulSet","dst_workload_name":"b","dst_labels":{"app":"b"},`+
+			`"records":1,"last_ms":1700000000000}`+"\n", 1000+i)
+	}
+	return b.Bytes(), nil
+}
+
+// BenchmarkWhatIfMaximal re-evaluates the largest what-if the default
+// bound admits under 2,000 policies that all apply to both ends of every
+// flow: 6,249 flow groups of 8,001 checks each, just under
+// DefaultWhatIfMaxChecks (the store's part is faked). cpu-s/op is its
+// CPU.
+func BenchmarkWhatIfMaximal(b *testing.B) {
+	inv := NewInventory()
+	inv.AddNamespace(Namespace{Name: "load", Labels: map[string]string{"kubernetes.io/metadata.name": "load"}})
+	for _, p := range loadPolicies("load", 2000) {
+		inv.AddPolicy(p)
+	}
+	rep, _ := NewReports(fakeGroups{n: DefaultWhatIfMaxChecks / 8001}, "")
+	win := Window{Since: time.Now().Add(-time.Hour)}
+	b.ReportAllocs()
+	var ru0, ru1 syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
+	for b.Loop() {
+		r, err := rep.WhatIf(context.Background(), inv, []*networkingv1.NetworkPolicy{denyAll("load")}, win, 0)
+		if err != nil || r.Flows != DefaultWhatIfMaxChecks/8001 {
+			b.Fatalf("%v %+v", err, r)
+		}
+	}
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
+	cpu := time.Duration(ru1.Utime.Nano() + ru1.Stime.Nano() - ru0.Utime.Nano() - ru0.Stime.Nano())
+	b.ReportMetric(cpu.Seconds()/float64(b.N), "cpu-s/op")
+}
