@@ -36,14 +36,16 @@ func runTrace(ctx context.Context, args []string) error {
 		flags, ttl                        uint
 		timeout                           time.Duration
 		asJSON, live, droppedOnly         bool
+		external                          bool
 	)
 	fs.StringVar(&src, "s", "", "source pod namespace/name")
 	fs.StringVar(&dst, "d", "", "destination (pod:ns/name:port, svc:ns/name:port, ip:addr:port)")
 	fs.StringVar(&proto, "protocol", "TCP", "TCP, UDP, ICMP or ICMPv6")
 	fs.StringVar(&family, "family", "dual", "ipv4, ipv6 or dual")
 	fs.UintVar(&sport, "src-port", 0, "source port or ICMP echo id (0: random)")
-	fs.UintVar(&flags, "tcp-flags", 0, "TCP flags (default 0x02, SYN)")
-	fs.UintVar(&ttl, "ttl", 0, "TTL / hop limit (default 64)")
+	fs.UintVar(&flags, "tcp-flags", 0, "TCP flags: 0x02 (SYN, the default) is the only probe a trace sends")
+	fs.UintVar(&ttl, "ttl", 0, "TTL / hop limit, 32 to 255 (default 64)")
+	fs.BoolVar(&external, "external", false, "allow an ip: destination outside the cluster (the collector must run with --traceflow.allow-external)")
 	fs.DurationVar(&timeout, "timeout", 3*time.Second, "per-family timeout")
 	fs.StringVar(&stateDir, "state-dir", labcmd.DefaultStateDir, "without --server: the state directory of a running demo, whose REST API is used")
 	fs.BoolVar(&asJSON, "json", false, "print the result as JSON")
@@ -67,7 +69,7 @@ func runTrace(ctx context.Context, args []string) error {
 	}
 	req := traceflow.Request{Source: src, Destination: d, Protocol: parseProtocol(proto), Family: traceflow.Family(strings.ToLower(family)),
 		SrcPort: uint16(sport), TCPFlags: uint8(flags), TTL: uint8(ttl), Timeout: traceflow.Duration(timeout),
-		LiveTraffic: live, DroppedOnly: droppedOnly}
+		LiveTraffic: live, DroppedOnly: droppedOnly, External: external}
 
 	res, err := traceThrough(ctx, req, &srv, stateDir)
 	if err != nil {
@@ -100,6 +102,7 @@ func traceThrough(ctx context.Context, req traceflow.Request, srv *serverFlags, 
 			return traceflow.Result{}, fmt.Errorf("trace: no --server, and %w", err)
 		}
 		srv.url = u
+		srv.localTokenFile = labcmd.DemoTokenFile(stateDir)
 	}
 	c, err := srv.client()
 	if err != nil {
