@@ -103,6 +103,9 @@ func traceThrough(ctx context.Context, req traceflow.Request, srv *serverFlags, 
 		}
 		srv.url = u
 		srv.localTokenFile = labcmd.DemoTokenFile(stateDir)
+	} else if u, err := labcmd.DemoWebURL(stateDir); err == nil && strings.TrimSuffix(u, "/") == strings.TrimSuffix(srv.url, "/") {
+		// --server is the demo's: its operator token is known too.
+		srv.localTokenFile = labcmd.DemoTokenFile(stateDir)
 	}
 	c, err := srv.client()
 	if err != nil {
