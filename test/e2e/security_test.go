@@ -137,6 +137,61 @@ func testSecurity(t *testing.T, bin string, mode manifest.Mode) {
 		}
 	})
 
+	t.Run("no SQL path writes a file", func(t *testing.T) {
+		// Issue 33: INTO OUTFILE behind DESCRIBE, SHOW, EXISTS and EXPLAIN
+		// (the guard looked under SELECT only), and the reader's INSERT INTO
+		// FUNCTION file(), wrote files of the caller's choosing as the
+		// collector's user: a cron line, an authorized_keys.
+		cron := filepath.Join(dir, "cron-x")
+		for _, q := range []string{
+			"DESCRIBE (SELECT 1 AS `* * * * * root touch /tmp/x`) INTO OUTFILE '" + cron + "' FORMAT TSVRaw",
+			"SHOW TABLES INTO OUTFILE '" + cron + "'",
+			"EXISTS TABLE dualflow.flows INTO OUTFILE '" + cron + "' APPEND",
+			"EXPLAIN SELECT 1 INTO OUTFILE '" + cron + "' TRUNCATE",
+		} {
+			if r := sqlAPI(q); r.status != http.StatusBadRequest {
+				t.Errorf("/api/v1/sql %q: %d %s", q, r.status, r.body)
+			}
+			for _, u := range []chhttp.User{reader, admin} {
+				for _, method := range []string{"POST", "GET"} {
+					target, body := c.ch+"/", q
+					if method == "GET" {
+						target, body = c.ch+"/?query="+url.QueryEscape(q), ""
+					}
+					if r := doHTTP(t, method, target, "", body, basic(u)); r.status == 200 {
+						t.Errorf("ClickHouse HTTP %s as %s %q: allowed", method, u.Name, q)
+					}
+				}
+			}
+		}
+		insert := c.ch + "/?query=" + url.QueryEscape("INSERT INTO FUNCTION file('"+cron+"', 'RawBLOB') FORMAT RawBLOB")
+		for _, u := range []chhttp.User{reader, admin} {
+			if r := doHTTP(t, "POST", insert, "", "* * * * * root touch /tmp/x\n", basic(u)); r.status == 200 {
+				t.Errorf("INSERT INTO FUNCTION file() as %s: allowed", u.Name)
+			}
+		}
+		if _, err := os.Stat(cron); err == nil {
+			t.Errorf("%s was written", cron)
+		}
+	})
+
+	t.Run("readers see no other query and lift no limit", func(t *testing.T) {
+		for _, q := range []string{"SELECT query FROM system.processes", "SHOW PROCESSLIST", "SELECT query FROM system.query_log"} {
+			if r := doHTTP(t, "GET", c.ch+"/?query="+url.QueryEscape(q), "", "", basic(reader)); r.status == 200 {
+				t.Errorf("reader %q: %s", q, r.body)
+			}
+			if r := sqlAPI(q); r.status != http.StatusBadRequest {
+				t.Errorf("/api/v1/sql %q: %d %s", q, r.status, r.body)
+			}
+		}
+		for _, p := range []string{"max_execution_time=0", "max_memory_usage=0", "readonly=0"} {
+			r := doHTTP(t, "GET", c.ch+"/?"+p+"&query="+url.QueryEscape("SELECT getSetting('max_execution_time'), getSetting('readonly')"), "", "", basic(reader))
+			if r.status == 200 && r.body != "60\t1\n" {
+				t.Errorf("reader with %s: %s", p, r.body)
+			}
+		}
+	})
+
 	t.Run("read-only SQL reads no host file and kills no query", func(t *testing.T) {
 		for _, q := range []string{
 			"SELECT * FROM file('" + secret + "', 'RawBLOB')",
