@@ -175,6 +175,7 @@ func (a *App) buildWeb(opts Options) error {
 		Registerer: c.Registry(),
 		Gatherer:   c.Registry(),
 		Logger:     a.log.With("stage", "web"),
+		Ready:      c.Readiness,
 	}
 	if e, ok := c.Conn().(*store.Embedded); ok {
 		cfg.SQL = api.EngineSQL{Engine: e.DB(), Database: db}

@@ -205,9 +205,11 @@ type Collector struct {
 	wal        *wal.Log        // nil when off or without ingest
 	correlator *correlate.Correlator
 	enricher   pipeline.Enricher
-	k8s        *enrich.Enricher // nil when the enrichment is off
-	auditor    *audit.Auditor   // nil when the enrichment is off
-	cluster    clusterView      // Inventory's cache
+	k8s        *enrich.Enricher   // nil when the enrichment is off
+	auditor    *audit.Auditor     // nil when the enrichment is off
+	cluster    clusterView        // Inventory's cache
+	schema     *migrations.Keeper // nil when this collector may not change the schema
+	schemaM    *schemaMetrics
 }
 
 // New opens the store, applies pending migrations and builds the stages.
@@ -400,7 +402,10 @@ func (c *Collector) migrate(ctx context.Context) error {
 		if store.Forbidden(err) {
 			return c.schemaCurrent(ctx, r, err)
 		}
-		if err == nil || !store.Unavailable(err) || time.Now().Add(delay).After(deadline) {
+		if err == nil {
+			return c.keepSchema(ctx, r)
+		}
+		if !store.Unavailable(err) || time.Now().Add(delay).After(deadline) {
 			return err
 		}
 		c.log.Warn("clickhouse not reachable yet; retrying", "err", err, "retry_in", delay, "gives_up_at", deadline.Format(time.RFC3339))
@@ -484,6 +489,9 @@ func (c *Collector) Run(ctx context.Context) error {
 	}
 	if c.metLn != nil {
 		g.Go(func() error { return c.serveMetrics(gctx) })
+	}
+	if c.schema != nil {
+		g.Go(func() error { c.schema.Run(gctx, schemaCheckInterval, c.reportRepairs); return nil })
 	}
 	g.Go(func() error {
 		// Serve IPFIX (and say ready) once the Kubernetes caches are
@@ -696,18 +704,17 @@ func (c *Collector) serveMetrics(ctx context.Context) error {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(c.reg, promhttp.HandlerOpts{Registry: c.reg}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
-		select {
-		case <-c.ready:
-			fmt.Fprintln(w, "ok")
-			// A stale view of the cluster is said, not failed: failing
-			// readiness would take the collector out of its Service and
-			// lose flows, which is worse than names that may be late.
-			if msg := c.k8sStaleness(); msg != "" {
-				fmt.Fprintln(w, "warning: "+msg)
-			}
-		default:
-			http.Error(w, "starting", http.StatusServiceUnavailable)
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		if err := c.Readiness(r.Context()); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+		// A stale view of the cluster is said, not failed: failing
+		// readiness would take the collector out of its Service and
+		// lose flows, which is worse than names that may be late.
+		if msg := c.k8sStaleness(); msg != "" {
+			fmt.Fprintln(w, "warning: "+msg)
 		}
 	})
 	ln := c.metLn

@@ -698,3 +698,83 @@ func TestInserterCollector(t *testing.T) {
 		t.Error("the inserter dropped the flows table")
 	}
 }
+
+// TestDroppedTableRecreated: DROP TABLE dualflow.flows through SQL left
+// the store empty for good: /readyz said ok, inserts spooled, and a
+// restart did not recreate the table because the ledger said it existed.
+// Now the collector compares the database with what the migrations make:
+// at start it recreates what is missing, while it runs it does so every
+// schemaCheckInterval, and readiness fails while the table refuses rows.
+func TestDroppedTableRecreated(t *testing.T) {
+	needCHDB(t)
+	old := schemaCheckInterval
+	schemaCheckInterval = time.Hour // the running repair is triggered below
+	t.Cleanup(func() { schemaCheckInterval = old })
+	ctx := context.Background()
+	count := func(c *Collector, q string) string {
+		out, err := c.Conn().Query(ctx, q, "TSV")
+		if err != nil {
+			return err.Error()
+		}
+		return strings.TrimSpace(string(out))
+	}
+	c, stop := startCollector(t, nil)
+	<-c.Ready()
+	if err := c.Readiness(ctx); err != nil {
+		t.Fatalf("a new collector is not ready: %v", err)
+	}
+	for _, q := range []string{"DROP TABLE dualflow.flows SYNC", "DROP TABLE dualflow.rollup_policy_1m_ingress_mv SYNC"} {
+		if err := c.Conn().Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A batch is refused: readiness says so.
+	rec := flow.Record{FlowEnd: time.Now(), IPVersion: 6, SrcAddr: netip.MustParseAddr("fd00:10::1"), DstAddr: netip.MustParseAddr("fd00:10::2"), Proto: 6, SrcPort: 40000, DstPort: 8080, Packets: 1, Bytes: 60}
+	if err := c.Writer().Write(ctx, []flow.Record{rec}); err != nil {
+		t.Fatal(err)
+	}
+	_ = c.Writer().Flush(ctx)
+	deadline := time.Now().Add(time.Minute)
+	for c.Readiness(ctx) == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("readiness stayed ok with the flows table dropped and a batch refused")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("not ready: %v", c.Readiness(ctx))
+	// The running collector repairs at its next check.
+	fixed, err := c.schema.Ensure(ctx)
+	if err != nil || len(fixed) != 2 {
+		t.Fatalf("repair: %v %v, want the table and the view", fixed, err)
+	}
+	if got := count(c, "EXISTS TABLE dualflow.flows"); got != "1" {
+		t.Fatalf("flows after the repair: %s", got)
+	}
+	stop()
+
+	// A restart repairs too: the ledger is not trusted alone.
+	db, err := chdb.Open(chdb.Config{DataDir: dataDir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Exec(ctx, "DROP TABLE dualflow.flows SYNC"); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	c2, _ := startCollector(t, nil)
+	<-c2.Ready()
+	if got := count(c2, "EXISTS TABLE dualflow.flows"); got != "1" {
+		t.Fatalf("flows after a restart: %s", got)
+	}
+	if err := c2.Readiness(ctx); err != nil {
+		t.Errorf("not ready after the restart's repair: %v", err)
+	}
+	mfs, _ := c2.Registry().Gather()
+	for _, mf := range mfs {
+		if mf.GetName() == "dualflow_store_schema_repairs_total" {
+			for _, m := range mf.GetMetric() {
+				t.Logf("repairs %v = %v", m.GetLabel(), m.GetCounter().GetValue())
+			}
+		}
+	}
+}

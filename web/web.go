@@ -95,6 +95,8 @@ type Config struct {
 	Logger     *slog.Logger
 	// ShutdownTimeout bounds Run's wait for requests in flight (default 5s).
 	ShutdownTimeout time.Duration
+	// Ready is /readyz (see api.Config.Ready); nil: the store answers.
+	Ready func(context.Context) error
 }
 
 // Limits cap the requests that load the store or the CPU: POST
@@ -207,7 +209,7 @@ func New(cfg Config) (*Server, error) {
 		SQLConcurrencyPerToken: cfg.Limits.SQLConcurrencyPerToken, FollowStreamsPerToken: cfg.Limits.FollowStreamsPerToken,
 		WhatIfConcurrency: cfg.Limits.WhatIfConcurrency, WhatIfConcurrencyPerToken: cfg.Limits.WhatIfConcurrencyPerToken,
 		ReachabilityConcurrency: cfg.Limits.ReachabilityConcurrency, ReachabilityConcurrencyPerToken: cfg.Limits.ReachabilityConcurrencyPerToken,
-		Registerer: cfg.Registerer, Gatherer: cfg.Gatherer, Logger: cfg.Logger,
+		Registerer: cfg.Registerer, Gatherer: cfg.Gatherer, Logger: cfg.Logger, Ready: cfg.Ready,
 	})
 	if err != nil {
 		return nil, err

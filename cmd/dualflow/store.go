@@ -19,6 +19,10 @@ import (
 	"github.com/dualflow/dualflow/migrations"
 )
 
+// schemaCheckInterval is how often the store compares its database with
+// what the migrations create, and repairs it.
+const schemaCheckInterval = 30 * time.Second
+
 // defaultStoreMetricsAddr is where `dualflow store` serves its metrics: the
 // collector's default port plus one, so both run side by side.
 const defaultStoreMetricsAddr = "127.0.0.1:9465"
@@ -90,6 +94,7 @@ type storeServer struct {
 	shutdownTimeout time.Duration
 	log             *slog.Logger
 	ready           chan struct{} // closed once migrated and serving
+	schema          *migrations.Keeper
 }
 
 // run opens the engine, binds the listeners (so a port in use fails at
@@ -132,6 +137,9 @@ func (s *storeServer) run(ctx context.Context) (err error) {
 		}
 		s.log.Info("serving the ClickHouse HTTP interface", "url", "http://"+httpLn.Addr().String()+"/", "users-file", s.cfg.HTTPUsersFile, "data-dir", s.cfg.DataDir)
 		close(s.ready)
+		if s.schema != nil {
+			go s.schema.Run(gctx, schemaCheckInterval, s.report)
+		}
 		err := srv.Serve(gctx, httpLn)
 		if ctx.Err() != nil && errors.Is(err, context.DeadlineExceeded) {
 			// Serve cancelled the queries still running at the bound: a
@@ -158,7 +166,27 @@ func (s *storeServer) migrate(ctx context.Context, e *store.Embedded) error {
 	for _, m := range done {
 		s.log.Info("applied migration", "name", m.Name)
 	}
-	return err
+	if err != nil {
+		return err
+	}
+	// The ledger is not trusted alone: what the migrations create and the
+	// database lacks (a table an admin dropped) is recreated now and
+	// while the store runs.
+	if s.schema, err = r.Keeper(ctx); err != nil {
+		return err
+	}
+	s.report(s.schema.Ensure(ctx))
+	return nil
+}
+
+// report logs what a schema check repaired, and what it could not.
+func (s *storeServer) report(fixed []migrations.Problem, err error) {
+	if len(fixed) > 0 {
+		s.log.Warn("recreated what the migrations create and the database lacked (someone dropped it; rows it held are gone)", "repaired", migrations.Describe(fixed))
+	}
+	if err != nil {
+		s.log.Error("the schema differs from the migrations; /readyz fails until it is fixed", "err", err)
+	}
 }
 
 // serveMetrics serves /metrics, /healthz and /readyz on ln until ctx is
@@ -170,6 +198,10 @@ func (s *storeServer) serveMetrics(ctx context.Context, ln net.Listener, reg *pr
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		select {
 		case <-s.ready:
+			if err := s.schema.Err(); err != nil {
+				http.Error(w, "schema: "+err.Error(), http.StatusServiceUnavailable)
+				return
+			}
 			fmt.Fprintln(w, "ok")
 		default:
 			http.Error(w, "migrating", http.StatusServiceUnavailable)

@@ -244,6 +244,46 @@ type Writer struct {
 		rowsWritten, batchesWritten, retries, insertErrors, spooledRows, droppedRows atomic.Int64
 	}
 	failLog, rejectLog, dropLog, spoolLog logLimiter
+
+	// last is the outcome of the latest insert attempt (Writable).
+	last struct {
+		sync.Mutex
+		err       error
+		permanent bool
+		failing   time.Time // when the failures began; zero after a success
+	}
+}
+
+// Writable reports whether the flows table takes rows: nil when the last
+// insert succeeded (or none was tried), else why not: ClickHouse refused
+// the last batch (a table dropped, a column missing, a user without the
+// right), or it has been unreachable for a while. Readiness reads it.
+func (w *Writer) Writable() error {
+	w.last.Lock()
+	defer w.last.Unlock()
+	switch {
+	case w.last.err == nil:
+		return nil
+	case w.last.permanent:
+		return fmt.Errorf("the flows table refuses rows: %w", w.last.err)
+	case time.Since(w.last.failing) > 30*time.Second:
+		return fmt.Errorf("no insert has succeeded for %s: %w", time.Since(w.last.failing).Round(time.Second), w.last.err)
+	}
+	return nil
+}
+
+// noteInsert records an insert attempt's outcome for Writable.
+func (w *Writer) noteInsert(err error) {
+	w.last.Lock()
+	defer w.last.Unlock()
+	if err == nil {
+		w.last.err, w.last.failing = nil, time.Time{}
+		return
+	}
+	if w.last.failing.IsZero() {
+		w.last.failing = time.Now()
+	}
+	w.last.err, w.last.permanent = err, !isRetryable(err)
 }
 
 // pendingBatch is a sealed or filling batch of encoded rows.
@@ -762,6 +802,7 @@ func (w *Writer) insert(ctx context.Context, b *outgoing) error {
 		err = w.conn.InsertRowBinary(ctx, b.Table, b.Columns, b.Token, b.Rows, b.Data)
 	}
 	w.m.insertDuration.Observe(time.Since(start).Seconds())
+	w.noteInsert(err)
 	if err != nil {
 		w.stats.insertErrors.Add(1)
 		if isRetryable(err) {

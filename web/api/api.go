@@ -166,7 +166,10 @@ type Config struct {
 	Gatherer        prometheus.Gatherer
 	Logger          *slog.Logger
 	Now             func() time.Time // for tests
-	ReadyCheckQuery string           // default SELECT 1
+	// Ready says whether the server serves (/readyz 503 with its error
+	// otherwise): the collector's readiness (its schema whole, the flows
+	// table taking rows). nil: the store answers SELECT 1.
+	Ready func(context.Context) error
 
 	// SQLMaxThreads is the engine's max_threads of a /sql query.
 	SQLMaxThreads int
@@ -294,8 +297,12 @@ func (c *Config) setDefaults() {
 	if c.Now == nil {
 		c.Now = time.Now
 	}
-	if c.ReadyCheckQuery == "" {
-		c.ReadyCheckQuery = "SELECT 1"
+	if c.Ready == nil {
+		st := c.Store
+		c.Ready = func(ctx context.Context) error {
+			_, err := st.Query(ctx, "SELECT 1", "TabSeparated")
+			return err
+		}
 	}
 }
 

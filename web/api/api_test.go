@@ -914,3 +914,25 @@ func mustQuery(t *testing.T, q string) url.Values {
 	}
 	return v
 }
+
+// TestEngineErrorSummary: a store failure showed the engine's whole text,
+// the generated SQL included, as the message on every page. The message
+// is now its summary, the whole text a detail.
+func TestEngineErrorSummary(t *testing.T) {
+	for _, tc := range []struct{ in, msg string }{
+		{"Code: 60. DB::Exception: Table dualflow.flows does not exist. (UNKNOWN_TABLE)", "Table dualflow.flows does not exist (UNKNOWN_TABLE)"},
+		{"read flows: Code: 47. DB::Exception: Unknown expression identifier `x` in scope SELECT x FROM dualflow.flows WHERE src_ip = 'fd00:10::1': In scope SELECT x FROM dualflow.flows WHERE toStartOfMinute(flow_end) >= now() - 3600 AND dst_ip = '198.18.0.1'. (UNKNOWN_IDENTIFIER) (version 26.7.2.1)", "Unknown expression identifier `x` (UNKNOWN_IDENTIFIER)"},
+		{"dial tcp 127.0.0.1:8123: connection refused", "dial tcp 127.0.0.1:8123: connection refused"},
+	} {
+		msg, detail := engineSummary(tc.in)
+		if msg != tc.msg {
+			t.Errorf("summary of %q = %q, want %q", tc.in, msg, tc.msg)
+		}
+		if msg != tc.in && detail != tc.in {
+			t.Errorf("detail of %q = %q, want the whole text", tc.in, detail)
+		}
+		if strings.Contains(msg, "toStartOfMinute") {
+			t.Errorf("the summary holds the generated SQL: %q", msg)
+		}
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
+	"strings"
 	"strconv"
 	"time"
 
@@ -27,6 +28,10 @@ var identRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 type errorBody struct {
 	Message string `json:"message"`
 	Field   string `json:"field,omitempty"`
+	// Detail is the store's whole answer when Message is its summary
+	// (an engine error names the generated SQL: a details line, not the
+	// message).
+	Detail string `json:"detail,omitempty"`
 }
 
 func (a *API) routes() *gin.Engine {
@@ -105,11 +110,49 @@ func (a *API) fail(c *gin.Context, err error) {
 		c.AbortWithStatus(499)
 	case errors.As(err, &qe) && qe.user:
 		a.badRequest(c, reasonQuery)
-		c.AbortWithStatusJSON(http.StatusBadRequest, errorBody{Message: qe.Error(), Field: qe.field})
+		msg, detail := engineSummary(qe.Error())
+		c.AbortWithStatusJSON(http.StatusBadRequest, errorBody{Message: msg, Field: qe.field, Detail: detail})
 	default:
 		a.log.Error("api request failed", "method", c.Request.Method, "path", c.FullPath(), "err", err)
-		c.AbortWithStatusJSON(http.StatusBadGateway, errorBody{Message: err.Error()})
+		msg, detail := engineSummary(err.Error())
+		c.AbortWithStatusJSON(http.StatusBadGateway, errorBody{Message: "the store failed: " + msg, Detail: detail})
 	}
+}
+
+// engineExceptionRe finds a ClickHouse exception in an error's text:
+// "Code: 60. DB::Exception: Table dualflow.flows does not exist. (UNKNOWN_TABLE)".
+var engineExceptionRe = regexp.MustCompile(`Code: (\d+)\. DB::Exception: (.*?)(?:: In scope .*?)?(?:\. \(([A-Z_]+)\))?(?: \(version [^)]*\))?\s*$`)
+
+// maxSummary bounds an error's summary.
+const maxSummary = 240
+
+// engineSummary returns a short message for an error text and, when it
+// had to shorten it, the whole text as detail: an engine error carries the
+// query it refused (for the API's own queries, the generated SQL), which
+// is a details line, not the message.
+func engineSummary(text string) (msg, detail string) {
+	text = strings.TrimSpace(text)
+	short := text
+	if m := engineExceptionRe.FindStringSubmatch(strings.ReplaceAll(text, "\n", " ")); m != nil {
+		short = strings.TrimSuffix(m[2], ".")
+		// "Unknown identifier `x` in scope SELECT ...": the scope is SQL.
+		if i := strings.Index(strings.ToLower(short), " in scope "); i > 0 {
+			short = short[:i]
+		}
+		if m[3] != "" {
+			short += " (" + m[3] + ")"
+		}
+	}
+	if i := strings.IndexByte(short, '\n'); i >= 0 {
+		short = short[:i]
+	}
+	if len(short) > maxSummary {
+		short = short[:maxSummary] + "…"
+	}
+	if short == text {
+		return text, ""
+	}
+	return short, text
 }
 
 // badRequest counts a request answered 400, by route and reason.
@@ -171,8 +214,8 @@ func (a *API) sameSite(c *gin.Context) {
 func (a *API) readyz(c *gin.Context) {
 	ctx, cancel := context.WithTimeout(c.Request.Context(), 5*time.Second)
 	defer cancel()
-	if _, err := a.cfg.Store.Query(ctx, a.cfg.ReadyCheckQuery, "TabSeparated"); err != nil {
-		c.JSON(http.StatusServiceUnavailable, errorBody{Message: "store: " + err.Error()})
+	if err := a.cfg.Ready(ctx); err != nil {
+		c.JSON(http.StatusServiceUnavailable, errorBody{Message: "not ready: " + err.Error()})
 		return
 	}
 	c.String(http.StatusOK, "ok\n")

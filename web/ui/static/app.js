@@ -47,6 +47,7 @@ class APIError extends Error {
     }
     super(msg || ('HTTP ' + status));
     this.status = status; this.field = field || '';
+    this.detail = (body && body.detail) || '';
   }
 }
 async function api(path, opts = {}) {
@@ -72,10 +73,17 @@ async function api(path, opts = {}) {
     return body;
   } finally { busy(false); }
 }
-function banner(msg, info) {
+// banner shows msg; detail (the store's whole answer, the SQL it refused)
+// goes in a details line under it.
+function banner(msg, info, detail) {
   const b = $('#banner');
   if (!msg) { b.hidden = true; b.textContent = ''; return; }
   b.textContent = msg; b.className = 'banner' + (info ? ' info' : ''); b.hidden = false;
+  if (detail) {
+    const d = document.createElement('details'), s = document.createElement('summary'), pre = document.createElement('pre');
+    s.textContent = 'details'; pre.textContent = detail;
+    d.append(s, pre); b.append(d);
+  }
 }
 // errText names the field once: "dst_ip: want an address" (a message that
 // already starts with its field is not prefixed again).
@@ -84,7 +92,7 @@ function errText(e) {
   return e.field && !m.startsWith(e.field) ? e.field + ': ' + m : m;
 }
 // showError puts an error in the banner, the one place errors show.
-function showError(e) { banner(errText(e)); }
+function showError(e) { banner(errText(e), false, e.detail); }
 
 // ---- formatting ----
 const tzName = (() => {
