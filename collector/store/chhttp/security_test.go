@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -415,3 +416,40 @@ var _ = io.Discard
 var _ = http.StatusOK
 var _ = context.Background
 var _ chdb.Stats
+
+// TestRefusalsLoggedAsTheUser: a reader's INSERT refused as READONLY was
+// logged at ERROR, as the engine's user "default": a refusal is the
+// client's business, logged at debug with the user who asked.
+func TestRefusalsLoggedAsTheUser(t *testing.T) {
+	var buf strings.Builder
+	var mu sync.Mutex
+	log := slog.New(slog.NewTextHandler(lockedWriter{&mu, &buf}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	ts, _ := testServer(t, Config{Users: securityUsers, Logger: log})
+	d := newDatabase(t)
+	if r := do(t, "POST", ts.URL+"/?query="+url.QueryEscape("INSERT INTO "+d+".t FORMAT TSV"), strings.NewReader("1\n"), as("reader")); r.status == 200 {
+		t.Fatal("reader insert allowed")
+	}
+	if r := do(t, "GET", q(ts.URL, "SELECT * FROM file('/x')"), nil, as("reader")); r.status == 200 {
+		t.Fatal("reader file() allowed")
+	}
+	mu.Lock()
+	out := buf.String()
+	mu.Unlock()
+	if strings.Contains(out, "level=ERROR") {
+		t.Errorf("a refusal logged at ERROR:\n%s", out)
+	}
+	if !strings.Contains(out, "user=reader") || strings.Contains(out, "user=default") {
+		t.Errorf("the refusals' log does not name the reader:\n%s", out)
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (l lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
