@@ -372,13 +372,19 @@ func (l *Lab) destroy() error {
 // the lab wrote to stateDir. If stateDir has a state file, its prefix wins
 // over the argument.
 func Down(stateDir, prefix string) error {
+	return down(stateDir, RecordedPrefix(stateDir, prefix))
+}
+
+// RecordedPrefix returns the prefix recorded in stateDir's state file, or
+// prefix when there is none: the namespaces Down(stateDir, prefix) removes.
+func RecordedPrefix(stateDir, prefix string) string {
 	if b, err := os.ReadFile(filepath.Join(stateDir, StateFile)); err == nil {
 		var st State
 		if json.Unmarshal(b, &st) == nil && st.Prefix != "" {
-			prefix = st.Prefix
+			return st.Prefix
 		}
 	}
-	return down(stateDir, prefix)
+	return prefix
 }
 
 func down(stateDir, prefix string) error {

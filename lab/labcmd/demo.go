@@ -272,6 +272,7 @@ type Product struct {
 	exporters chan error
 	started   int
 	log       *slog.Logger
+	tokenFile string // the agents' token, in the lab's state directory
 }
 
 // StartProduct runs the product as on a cluster next to lab l: the app
@@ -300,7 +301,7 @@ func StartProduct(ctx context.Context, l *lab.Lab, cfg app.Config, opts ProductO
 	if err != nil {
 		return nil, err
 	}
-	p := &Product{Agents: map[string]string{}, log: log}
+	p := &Product{Agents: map[string]string{}, log: log, tokenFile: tokenFile}
 	listeners := map[string]net.Listener{}
 	closeAll := func() {
 		for _, ln := range listeners {
@@ -411,7 +412,8 @@ func (p *Product) Run(ctx context.Context) error {
 }
 
 // Stop stops the exporters (they flush their last records to the
-// collector, still running), then the app.
+// collector, still running), then the app, and removes the agents' token
+// file (so lab down leaves an empty state directory behind it).
 func (p *Product) Stop() error {
 	if p.stopExp != nil {
 		p.stopExp()
@@ -428,6 +430,11 @@ func (p *Product) Stop() error {
 		p.stop()
 		errs = append(errs, <-p.done)
 		p.stop = nil
+	}
+	if p.tokenFile != "" {
+		if err := os.Remove(p.tokenFile); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }

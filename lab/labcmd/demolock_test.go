@@ -6,16 +6,29 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 
 	"github.com/dualflow/dualflow/collector/store/chdb"
+	"github.com/dualflow/dualflow/lab"
 )
+
+// testPrefix returns a lab prefix of this test process alone ("dfu<pid>t<n>-"),
+// never the default "df-": a demo running on the machine (`make run`)
+// holds the default prefix's lock.
+func testPrefix() string {
+	return fmt.Sprintf("dfu%dt%d-", os.Getpid(), prefixSeq.Add(1))
+}
+
+var prefixSeq atomic.Int32
 
 func testCommands() *Commands {
 	return &Commands{NewFlagSet: func(name, _, _ string) *flag.FlagSet {
@@ -29,14 +42,14 @@ func testCommands() *Commands {
 // refuses with the first one's pid and web URL, and leaves its lab's
 // state as it is; once the first stops, the lock is free again.
 func TestDemoRefusesWhileOneRuns(t *testing.T) {
-	stateDir := filepath.Join(t.TempDir(), "lab")
+	stateDir, prefix := filepath.Join(t.TempDir(), "lab"), testPrefix()
 	first, err := lockDemo(stateDir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	// What the running demo has in its state directory.
 	stateFile := filepath.Join(stateDir, "state.json")
-	if err := os.WriteFile(stateFile, []byte(`{"prefix":"df-"}`), 0o644); err != nil {
+	if err := os.WriteFile(stateFile, []byte(`{"prefix":"`+prefix+`"}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	const url = "http://127.0.0.1:18080"
@@ -44,7 +57,7 @@ func TestDemoRefusesWhileOneRuns(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	err = testCommands().Demo(context.Background(), []string{"--state-dir", stateDir, "--data-dir", t.TempDir()})
+	err = testCommands().Demo(context.Background(), []string{"--state-dir", stateDir, "--prefix", testPrefix(), "--data-dir", t.TempDir()})
 	if !errors.Is(err, ErrDemoRunning) {
 		t.Fatalf("second demo: err = %v, want ErrDemoRunning", err)
 	}
@@ -61,7 +74,7 @@ func TestDemoRefusesWhileOneRuns(t *testing.T) {
 	}
 
 	// lab down and lab up would remove the demo's lab: refused too.
-	for _, cmd := range [][]string{{"down", "--state-dir", stateDir}, {"up", "--state-dir", stateDir}} {
+	for _, cmd := range [][]string{{"down", "--state-dir", stateDir}, {"up", "--state-dir", stateDir, "--prefix", testPrefix()}} {
 		if err := testCommands().Lab(context.Background(), cmd); !errors.Is(err, ErrDemoRunning) {
 			t.Errorf("lab %s while a demo runs: err = %v, want ErrDemoRunning", cmd[0], err)
 		}
@@ -71,11 +84,12 @@ func TestDemoRefusesWhileOneRuns(t *testing.T) {
 	}
 
 	// Another state directory with the demo's prefix is the same lab.
-	pl, err := lockPrefix("dftest-prefix-")
+	other := testPrefix()
+	pl, err := lockPrefix(other)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := testCommands().Lab(context.Background(), []string{"down", "--state-dir", filepath.Join(t.TempDir(), "other"), "--prefix", "dftest-prefix-"}); !errors.Is(err, ErrDemoRunning) {
+	if err := testCommands().Lab(context.Background(), []string{"down", "--state-dir", filepath.Join(t.TempDir(), "other"), "--prefix", other}); !errors.Is(err, ErrDemoRunning) {
 		t.Errorf("lab down of a running demo's prefix from another state dir: err = %v, want ErrDemoRunning", err)
 	}
 	pl.Unlock()
@@ -105,7 +119,7 @@ func TestDemoRefusesHeldDataDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	stateDir := filepath.Join(t.TempDir(), "lab")
-	err = testCommands().Demo(context.Background(), []string{"--state-dir", stateDir, "--data-dir", dataDir})
+	err = testCommands().Demo(context.Background(), []string{"--state-dir", stateDir, "--prefix", testPrefix(), "--data-dir", dataDir})
 	if !errors.Is(err, ErrDemoRunning) || !errors.Is(err, chdb.ErrLocked) {
 		t.Fatalf("demo on a held data dir: err = %v, want ErrDemoRunning and chdb.ErrLocked", err)
 	}
@@ -114,5 +128,39 @@ func TestDemoRefusesHeldDataDir(t *testing.T) {
 	}
 	if _, err := os.Stat(stateDir); !os.IsNotExist(err) {
 		t.Errorf("state dir left behind: %v", err)
+	}
+}
+
+// TestLabDownOtherPrefixWhileDemoRuns: `lab down --state-dir DIR` removes
+// the lab DIR records, whose prefix is not the default one, while a demo
+// holds the default prefix (this test's lock, or a real `make run`): the
+// guard is on the prefix lab down removes, not on the flag's default.
+func TestLabDownOtherPrefixWhileDemoRuns(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("labs are Linux only")
+	}
+	held, err := lockPrefix(lab.DefaultPrefix)
+	if err == nil {
+		defer held.Unlock()
+	} else if !errors.Is(err, ErrDemoRunning) {
+		t.Fatal(err)
+	} // else a demo on this machine holds it: the same situation.
+	stateDir := filepath.Join(t.TempDir(), "lab")
+	if err := os.MkdirAll(stateDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	stateFile := filepath.Join(stateDir, lab.StateFile)
+	if err := os.WriteFile(stateFile, []byte(`{"prefix":"`+testPrefix()+`"}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := testCommands().Lab(context.Background(), []string{"down", "--state-dir", stateDir}); err != nil {
+		t.Fatalf("lab down of a lab with its own prefix while the default prefix is held: %v", err)
+	}
+	if _, err := os.Stat(stateFile); !os.IsNotExist(err) {
+		t.Errorf("state file left after lab down: %v", err)
+	}
+	// Without a state file the flag's prefix is the one removed: refused.
+	if err := testCommands().Lab(context.Background(), []string{"down", "--state-dir", filepath.Join(t.TempDir(), "none")}); !errors.Is(err, ErrDemoRunning) {
+		t.Errorf("lab down of the default prefix while a demo holds it: err = %v, want ErrDemoRunning", err)
 	}
 }

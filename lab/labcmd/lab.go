@@ -192,7 +192,10 @@ func (lc *Commands) labDown(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if err := noDemoOn(cfg.StateDir, cfg.Prefix); err != nil {
+	// lab.Down removes the namespaces of the prefix the state directory
+	// records (the flag only counts without one): guard those, so a demo
+	// on the default prefix does not refuse the removal of another lab.
+	if err := noDemoOn(cfg.StateDir, lab.RecordedPrefix(cfg.StateDir, cfg.Prefix)); err != nil {
 		return err
 	}
 	start := time.Now()

@@ -127,7 +127,7 @@ func testCLIDual(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 
-	out, err = exec.Command(bin, "lab", "status", "--state-dir", stateDir).CombinedOutput()
+	out, err = exec.Command(bin, "lab", "status", "--state-dir", stateDir, "--prefix", prefix).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "node-2") || strings.Contains(string(out), "MISSING") {
 		t.Errorf("lab status: %v\n%s", err, out)
 	}
@@ -145,6 +145,9 @@ func testCLIDual(t *testing.T) {
 		}
 		agentPids = append(agentPids, pid)
 	}
+	// Without --prefix: lab down removes (and guards against a running
+	// demo) the prefix the state directory records, not the default df-
+	// that a `make run` on this machine holds.
 	out, err = exec.Command(bin, "lab", "down", "--state-dir", stateDir).CombinedOutput()
 	if err != nil {
 		t.Fatalf("lab down: %v\n%s", err, out)

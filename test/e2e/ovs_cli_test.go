@@ -78,11 +78,11 @@ func TestOVSCLI(t *testing.T) {
 				t.Errorf("%s: web -> api: %v", f, err)
 			}
 		}
-		out, err = exec.Command(bin, "lab", "rules", "--state-dir", stateDir, "node-2").CombinedOutput()
+		out, err = exec.Command(bin, "lab", "rules", "--state-dir", stateDir, "--prefix", prefix, "node-2").CombinedOutput()
 		if err != nil || !strings.Contains(string(out), "cookie=0xdf02") || !strings.Contains(string(out), "table=65") {
 			t.Errorf("lab rules: %v\n%.2000s", err, out)
 		}
-		if out, err := exec.Command(bin, "lab", "down", "--state-dir", stateDir).CombinedOutput(); err != nil {
+		if out, err := exec.Command(bin, "lab", "down", "--state-dir", stateDir, "--prefix", prefix).CombinedOutput(); err != nil {
 			t.Fatalf("lab down: %v\n%s", err, out)
 		}
 		waitDead(t, pids)

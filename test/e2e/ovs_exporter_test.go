@@ -178,10 +178,17 @@ func testOVSExporter(t *testing.T, mode manifest.Mode) {
 		}
 	}
 
+	// Connections are told apart by their whole tuple: a client may use
+	// one port for two destinations (connect() needs a unique 4-tuple, not
+	// a unique port), e.g. api1:8080 and api2:8080.
 	findAllowed := func(recs []flow.Record, s sent) []flow.Record {
 		var out []flow.Record
 		for _, r := range recs {
-			if r.Proto == s.proto && r.SrcAddr == s.local.Addr().Unmap() && r.SrcPort == s.local.Port() {
+			dst := netip.AddrPortFrom(r.DstAddr, r.DstPort)
+			if r.ServiceAddr.IsValid() {
+				dst = netip.AddrPortFrom(r.ServiceAddr, r.ServicePort)
+			}
+			if r.Proto == s.proto && r.SrcAddr == s.local.Addr().Unmap() && r.SrcPort == s.local.Port() && dst == s.to {
 				out = append(out, r)
 			}
 		}
@@ -220,9 +227,9 @@ func testOVSExporter(t *testing.T, mode manifest.Mode) {
 	}
 	for _, s := range allowed {
 		t.Run(s.name, func(t *testing.T) {
-			c, ok := lab.FindConn(conns, s.proto, s.local)
+			c, ok := findConnTo(conns, s.proto, s.local, s.to)
 			if !ok {
-				t.Fatalf("node-1 has no OVS conntrack entry from %v", s.local)
+				t.Fatalf("node-1 has no OVS conntrack entry from %v to %v", s.local, s.to)
 			}
 			rs := findAllowed(recs, s)
 			r := rs[len(rs)-1]
@@ -283,4 +290,18 @@ func testOVSExporter(t *testing.T, mode manifest.Mode) {
 			}
 		})
 	}
+}
+
+// findConnTo returns the entry of the connection from local to to (its
+// original destination: a Service address before DNAT). lab.FindConn
+// matches the source alone, which two connections from one client port
+// to different destinations share.
+func findConnTo(conns []lab.Conn, proto uint8, local, to netip.AddrPort) (lab.Conn, bool) {
+	for _, c := range conns {
+		if c.Orig.Proto == proto && c.Orig.Src == local.Addr().Unmap() && c.Orig.SrcPort == local.Port() &&
+			c.Orig.Dst == to.Addr().Unmap() && c.Orig.DstPort == to.Port() {
+			return c, true
+		}
+	}
+	return lab.Conn{}, false
 }
