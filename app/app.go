@@ -31,6 +31,7 @@ import (
 	"github.com/dualflow/dualflow/netaddr"
 	"github.com/dualflow/dualflow/traceflow"
 	"github.com/dualflow/dualflow/traceflow/agent"
+	"github.com/dualflow/dualflow/traceflow/probes"
 	"github.com/dualflow/dualflow/web"
 	"github.com/dualflow/dualflow/web/api"
 )
@@ -195,6 +196,15 @@ func (a *App) buildWeb(opts Options) error {
 	if opts.NodeTracer != nil {
 		tcfg := a.cfg.Traceflow
 		tcfg.Logger = a.log.With("stage", "traceflow")
+		// The probes the controller sends, so that the enrichment marks
+		// their flow records (probe_trace_id) and readers leave them out.
+		tcfg.Probes = probes.New(probes.Config{})
+		if err := c.Registry().Register(tcfg.Probes); err != nil {
+			return fmt.Errorf("traceflow probe metrics: %w", err)
+		}
+		if e := c.Enricher(); e != nil {
+			e.SetProbes(tcfg.Probes)
+		}
 		a.tf = traceflow.New(tcfg, opts.NodeTracer, resolver{c: c}, traceflow.NewStore(c.Conn(), db))
 		cfg.Tracer = api.TracerFunc(func(ctx context.Context, req api.TraceRequest) (*api.TraceResult, error) {
 			return v.trace(ctx, a.tf, req)

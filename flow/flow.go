@@ -246,6 +246,12 @@ type Record struct {
 	// a few seconds); its names may be out of date. Column k8s_view_stale.
 	K8sViewStale bool
 
+	// ProbeTraceID is the id of the traceflow trace whose probe packet
+	// this record is ("tf-…"), set by the collector when the probe was
+	// sent by its own trace controller; empty for ordinary traffic.
+	// Column probe_trace_id.
+	ProbeTraceID string
+
 	// Correlation of the two node halves.
 	Correlation Correlation // column correlation
 

@@ -46,7 +46,9 @@ func TestTraceflowsTTLRendered(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, after, _ := strings.Cut(got, "-- 0011_traceflows_ttl.sql\n")
-		after, _, _ = strings.Cut(after, "\n-- 00")
+		if i := strings.Index(after, "-- 00"); i >= 0 { // the next migration's header
+			after = after[:i]
+		}
 		if strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(after), ";")) != tc.want {
 			t.Errorf("%+v: 0011 renders %q, want %q", tc.opt, after, tc.want)
 		}

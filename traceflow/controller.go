@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/dualflow/dualflow/traceflow/packet"
+	"github.com/dualflow/dualflow/traceflow/probes"
 	"github.com/dualflow/dualflow/traceflow/ratelimit"
 )
 
@@ -214,7 +215,11 @@ type Config struct {
 	// trace an IP destination outside the cluster. Off, such
 	// destinations are refused: a probe would leave the cluster.
 	AllowExternal bool
-	Logger        *slog.Logger
+	// Probes, when set, is told of every probe before it is sent, so that
+	// the collector marks the probe's flow records (probe_trace_id) and
+	// leaves them out of the traffic by default.
+	Probes *probes.Registry
+	Logger *slog.Logger
 }
 
 // Default rate limits of a controller. A trace sends its probe at most 3
@@ -439,8 +444,28 @@ func (c *Controller) start(ctx context.Context, req Request, maxWait time.Durati
 	c.wg.Add(1)
 	c.mu.Unlock()
 
+	c.remember(id, t.res.Started, time.Duration(req.Timeout), probes, results)
 	go c.run(t, probes, time.Duration(req.Timeout))
 	return id, nil
+}
+
+// remember tells the probe registry of the probes trace id is about to
+// send (every pending family's; a live trace sends none).
+func (c *Controller) remember(id string, start time.Time, timeout time.Duration, ps []Probe, results []FamilyResult) {
+	if c.cfg.Probes == nil {
+		return
+	}
+	for i, p := range ps {
+		if results[i].Outcome != Pending || p.Live {
+			continue
+		}
+		targets := make([]netip.Addr, 0, len(p.Targets))
+		for _, t := range p.Targets {
+			targets = append(targets, t.Addr)
+		}
+		c.cfg.Probes.Add(probes.Sent{TraceID: id, Src: p.Src, SrcPort: p.SrcPort, Proto: p.ProtoNumber(),
+			Dst: p.Dst, DstPort: p.DstPort, Targets: targets, Start: start, End: start.Add(timeout)})
+	}
 }
 
 // checkExternal refuses an IP destination outside the cluster (p.Dst, of

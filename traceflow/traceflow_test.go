@@ -11,7 +11,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dualflow/dualflow/flow"
 	"github.com/dualflow/dualflow/traceflow/packet"
+	"github.com/dualflow/dualflow/traceflow/probes"
 	"github.com/dualflow/dualflow/traceflow/ratelimit"
 )
 
@@ -338,5 +340,52 @@ func TestControllerGetFromStore(t *testing.T) {
 		if _, err := get(ctx, "tf-00000000000000bb"); !errors.Is(err, errDown) || StatusOf(err) != 500 {
 			t.Errorf("store down: %v", err)
 		}
+	}
+}
+
+// TestControllerRemembersProbes: every probe a trace sends is in the
+// probe registry before it is sent, under the trace's id, so the flow
+// records the exporters report for it are marked (IPv4 and IPv6); a live
+// trace sends none and adds none.
+func TestControllerRemembersProbes(t *testing.T) {
+	reg := probes.New(probes.Config{})
+	var mu sync.Mutex
+	marked := map[Family]string{}
+	tr := &fakeTracer{trace: func(p Probe) (Path, error) {
+		// The record the source node's exporter reports for the probe,
+		// after DNAT to an endpoint.
+		endpoint := netip.MustParseAddr("198.18.2.20")
+		if p.Family == IPv6 {
+			endpoint = netip.MustParseAddr("fd00:10:0:2::20")
+		}
+		recs := []flow.Record{{FlowStart: time.Now(), SrcAddr: p.Src, SrcPort: p.SrcPort, DstAddr: endpoint, DstPort: 8080,
+			ServiceAddr: p.Dst, ServicePort: p.DstPort, Proto: p.ProtoNumber()}}
+		reg.Mark(recs)
+		mu.Lock()
+		marked[p.Family] = recs[0].ProbeTraceID
+		mu.Unlock()
+		return delivered(p)
+	}}
+	c := New(Config{Probes: reg}, tr, fakeResolver{}, nil)
+	defer c.Close()
+	res, err := c.Trace(context.Background(), req())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []Family{IPv4, IPv6} {
+		if marked[f] != res.ID {
+			t.Errorf("%s: the probe's record marked %q, want the trace %s", f, marked[f], res.ID)
+		}
+	}
+	if reg.Len() != 2 {
+		t.Errorf("%d probes remembered, want 2", reg.Len())
+	}
+	live := req()
+	live.LiveTraffic, live.Timeout = true, Duration(10*time.Millisecond)
+	if _, err := c.Trace(context.Background(), live); err != nil {
+		t.Fatal(err)
+	}
+	if reg.Len() != 2 {
+		t.Errorf("%d probes remembered after a live trace, want 2", reg.Len())
 	}
 }

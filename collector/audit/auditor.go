@@ -288,6 +288,9 @@ func (a *Auditor) audit(set *policy.Set, rec *flow.Record, c *counts, m *memo) {
 	r := set.Evaluate(&f)
 	setPolicy(&rec.Egress, r.Egress)
 	setPolicy(&rec.Ingress, r.Ingress)
+	if rec.ProbeTraceID != "" {
+		return // a traceflow probe's verdicts are stored, not counted as traffic's
+	}
 	c.verdicts[policy.Egress][r.Egress.Verdict%verdictSlots]++
 	c.verdicts[policy.Ingress][r.Ingress.Verdict%verdictSlots]++
 	if rec.VerdictMismatch() {

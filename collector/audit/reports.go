@@ -168,6 +168,11 @@ func (w Window) flowEnd() string {
 		w.Since.UnixMilli(), w.Until.UnixMilli(), w.Since.Truncate(time.Minute).Unix(), w.Until.Truncate(time.Minute).Unix())
 }
 
+// ordinary leaves out the rows of traceflow probes (migration 0012): a
+// trace is not traffic, and each click on a reachability cell sends one.
+// The rollups the other reports read never sum them.
+const ordinary = "NOT is_probe"
+
 // quote returns s as a ClickHouse string literal.
 func quote(s string) string {
 	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(s) + "'"
@@ -430,7 +435,7 @@ FROM (
            %[5]s AS proto_key, %[6]s AS port_key, ip_version,
            ingress_verdict IN %[3]s OR egress_verdict IN %[3]s OR ingress_reported_verdict IN %[3]s OR egress_reported_verdict IN %[3]s AS blocked
     FROM %[1]s.flows
-    WHERE %[2]s AND src_workload_name != '' AND dst_workload_name != ''
+    WHERE %[2]s AND `+ordinary+` AND src_workload_name != '' AND dst_workload_name != ''
 )
 GROUP BY src_namespace, src_kind, src_name, dst_namespace, dst_kind, dst_name, proto_key, port_key
 HAVING NOT (allowed4 > 0 AND allowed6 > 0)
@@ -628,7 +633,7 @@ func (r *Reports) WhatIf(ctx context.Context, inv *Inventory, proposed []*networ
 		quoted[i] = quote(ns)
 	}
 	in := "(" + strings.Join(quoted, ", ") + ")"
-	where := w.flowEnd() + " AND (src_pod_namespace IN " + in + " OR dst_pod_namespace IN " + in + ")"
+	where := w.flowEnd() + " AND " + ordinary + " AND (src_pod_namespace IN " + in + " OR dst_pod_namespace IN " + in + ")"
 	groups, checks, err := r.whatIfWork(ctx, where, before, after, limit)
 	if err != nil {
 		return nil, fmt.Errorf("what-if: %w", err)

@@ -41,6 +41,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -51,6 +52,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dualflow/dualflow/flow"
+	"github.com/dualflow/dualflow/traceflow/probes"
 )
 
 // ErrDisabled is returned by New when the configuration's source is off.
@@ -69,6 +71,8 @@ type Enricher struct {
 	m      *metrics
 	inv    *inventorySource // the inventory source's files, reloaded when they change; else nil
 	health *apiHealth       // the client transport's lists and watches; nil for a fake clientset
+
+	probes atomic.Pointer[probes.Registry] // SetProbes; nil: no marking
 
 	started  atomic.Bool
 	gen      atomic.Uint64 // counts the events applied to the index (Generation)
@@ -369,11 +373,19 @@ func (e *Enricher) Synced() bool {
 	}
 }
 
+// SetProbes makes Enrich and EnrichBatch mark the records of the
+// traceflow probes r remembers (flow.Record.ProbeTraceID), so that traces
+// do not count as traffic. nil stops it. Safe to call at any time. (The
+// registry is a concrete type, not an interface: through an interface the
+// record Enrich is given would escape to the heap.)
+func (e *Enricher) SetProbes(r *probes.Registry) { e.probes.Store(r) }
+
 // Enrich fills rec's Kubernetes fields: Src and Dst (pod, namespace,
 // labels, workload, node, zone), Service (for a flow addressed to a
 // Service: its ServiceAddr, or a Service address as DstAddr when there was
 // no DNAT) and Type. Addresses resolve at the flow's time (FlowStart, else
 // FlowEnd, else now). Fields nothing was found for keep their values.
+// A traceflow probe's record gets its trace id (SetProbes).
 // rec's Labels maps are shared: read-only. Safe for concurrent use; it
 // allocates nothing.
 func (e *Enricher) Enrich(rec *flow.Record) {
@@ -382,6 +394,9 @@ func (e *Enricher) Enrich(rec *flow.Record) {
 	e.x.mu.RLock()
 	r := e.x.enrich(rec, now)
 	e.x.mu.RUnlock()
+	if p := e.probes.Load(); p != nil {
+		p.Mark(unsafe.Slice(rec, 1))
+	}
 	f := familyIndex(rec)
 	e.m.lookups[f][hitIndex(r.srcHit)].Inc()
 	e.m.lookups[f][hitIndex(r.dstHit)].Inc()
@@ -407,6 +422,9 @@ func (e *Enricher) EnrichBatch(recs []flow.Record) {
 		n[f][hitIndex(r.dstHit)]++
 	}
 	e.x.mu.RUnlock()
+	if p := e.probes.Load(); p != nil {
+		p.Mark(recs)
+	}
 	for f := range n {
 		for h := range n[f] {
 			if n[f][h] > 0 {

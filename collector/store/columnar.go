@@ -28,7 +28,7 @@ type columnarConn interface {
 }
 
 const (
-	flowCols     = 62 // len(FlowColumns) and len(flowWire)
+	flowCols     = 63 // len(FlowColumns) and len(flowWire)
 	flowTextCols = 5  // address text columns of flowWire
 )
 
@@ -88,6 +88,7 @@ func (nb *nativeBuilder) appendRecord(r *flow.Record, lc *labelCache) {
 	}
 	c[60].u8(mismatch)
 	c[61].u8(boolByte(r.K8sViewStale))
+	c[62].str(r.ProbeTraceID)
 	nb.rows++
 }
 

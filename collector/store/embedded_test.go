@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -134,6 +135,7 @@ func wantColumns(r flow.Record) map[string]any {
 		"egress_verdict": "not_isolated", "egress_reported_verdict": "unknown", "egress_reported_policy": "",
 		"verdict_mismatch": false,
 		"k8s_view_stale":   r.K8sViewStale,
+		"probe_trace_id":   r.ProbeTraceID,
 	}
 }
 
@@ -149,6 +151,7 @@ func checkAllColumnsInsert(t *testing.T, insert func(...flow.Record)) {
 	c := needEngine(t)
 	truncate(t, c)
 	v4, v6 := sampleRecord(1, false), sampleRecord(2, true)
+	v6.ProbeTraceID = "tf-0123456789abcdef" // a traceflow probe's record; the IPv4 one is ordinary traffic
 	insert(v4, v6)
 	rows := queryJSON(t, c, "SELECT * FROM dualflow.flows ORDER BY ip_version SETTINGS output_format_json_quote_64bit_integers = 1")
 	if len(rows) != 2 {
@@ -173,6 +176,9 @@ func checkAllColumnsInsert(t *testing.T, insert func(...flow.Record)) {
 	want := "::ffff:198.18.1.10\t::ffff:198.18.2.20\tTCP\nfd00:10:1::a\tfd00:10:2::14\tTCP"
 	if got != want {
 		t.Errorf("derived columns:\n%s\nwant\n%s", got, want)
+	}
+	if got := queryString(t, c, "SELECT ip_version, is_probe FROM dualflow.flows ORDER BY ip_version"); got != "4\tfalse\n6\ttrue" {
+		t.Errorf("is_probe:\n%s\nwant the IPv6 row only", got)
 	}
 }
 
@@ -208,26 +214,46 @@ func TestEmbeddedPre0006Spool(t *testing.T) {
 	checkPre0006Spool(t, needEngine(t))
 }
 
+func TestEmbeddedPre0012Spool(t *testing.T) {
+	checkPre0012Spool(t, needEngine(t))
+}
+
 // checkPre0006Spool inserts through w a batch in the layout an older
-// collector spooled, without k8s_view_stale (migration 0006): it is
-// written, and the column reads false.
+// collector spooled, without k8s_view_stale (migration 0006) and
+// probe_trace_id (0012): it is written, and the columns read false and
+// the empty string.
 func checkPre0006Spool(t *testing.T, w Conn) {
+	checkOldSpool(t, w, flowColumnsV5, "4\tfrontend-7d9f-1\tfalse\ttrue\n6\tfrontend-7d9f-2\tfalse\ttrue")
+}
+
+// checkPre0012Spool is checkPre0006Spool for the layout without
+// probe_trace_id (migration 0012).
+func checkPre0012Spool(t *testing.T, w Conn) {
+	checkOldSpool(t, w, flowColumnsV11, "4\tfrontend-7d9f-1\tfalse\ttrue\n6\tfrontend-7d9f-2\ttrue\ttrue")
+}
+
+// checkOldSpool inserts through w the sample rows in the layout columns
+// (FlowColumns without its last ones) and checks how they read.
+func checkOldSpool(t *testing.T, w Conn, columns []string, want string) {
 	c := needEngine(t)
 	truncate(t, c)
 	var b []byte
 	for i, rec := range []flow.Record{sampleRecord(1, false), sampleRecord(2, true)} {
-		rec.K8sViewStale = false
+		rec.ProbeTraceID = ""
 		row := AppendFlowRow(nil, &rec)
-		if row[len(row)-1] != 0 {
-			t.Fatalf("row %d does not end with k8s_view_stale", i)
+		// The columns left out are one byte each here: k8s_view_stale
+		// (Bool) and an empty probe_trace_id (String).
+		cut := len(FlowColumns) - len(columns)
+		if !slices.Equal(columns, FlowColumns[:len(columns)]) || row[len(row)-1] != 0 || (cut == 2 && row[len(row)-2] > 1) {
+			t.Fatalf("row %d: layout %d columns does not end FlowColumns' rows", i, len(columns))
 		}
-		b = append(b, row[:len(row)-1]...)
+		b = append(b, row[:len(row)-cut]...)
 	}
-	if err := w.InsertRowBinary(context.Background(), FlowsTable, flowColumnsV5, "", 2, b); err != nil {
+	if err := w.InsertRowBinary(context.Background(), FlowsTable, columns, "", 2, b); err != nil {
 		t.Fatal(err)
 	}
-	if got := queryString(t, c, "SELECT ip_version, src_pod_name, k8s_view_stale FROM dualflow.flows ORDER BY ip_version"); got != "4\tfrontend-7d9f-1\tfalse\n6\tfrontend-7d9f-2\tfalse" {
-		t.Errorf("rows %q", got)
+	if got := queryString(t, c, "SELECT ip_version, src_pod_name, k8s_view_stale, NOT is_probe FROM dualflow.flows ORDER BY ip_version"); got != want {
+		t.Errorf("rows %q, want %q", got, want)
 	}
 }
 
@@ -277,6 +303,36 @@ func TestRollupsSumDeltas(t *testing.T) {
 	}
 	got := queryString(t, e, "SELECT direction, verdict, policy_name, policy_rule, sum(records), sum(bytes) FROM dualflow.rollup_policy_1m GROUP BY ALL ORDER BY direction")
 	if want := "ingress\tallowed\tcart-allow-frontend\t0\t10\t1500\negress\tnot_isolated\t\t-1\t10\t1500"; got != want {
+		t.Errorf("rollup_policy_1m:\n%s\nwant\n%s", got, want)
+	}
+}
+
+// TestRollupsLeaveOutProbes: the rollups' views sum ordinary traffic only:
+// the rows of traceflow probes (probe_trace_id set), IPv4 or IPv6, are
+// stored in flows and left out of every rollup (migration 0012).
+func TestRollupsLeaveOutProbes(t *testing.T) {
+	e := needEngine(t)
+	truncate(t, e)
+	var recs []flow.Record
+	for i := 0; i < 8; i++ {
+		r := sampleRecord(i, i%2 == 1)
+		if i >= 4 {
+			r.ProbeTraceID = fmt.Sprintf("tf-%016x", i)
+		}
+		recs = append(recs, r)
+	}
+	insertRecords(t, e, "", recs...)
+	if got := queryString(t, e, "SELECT ip_version, countIf(is_probe), countIf(NOT is_probe) FROM dualflow.flows GROUP BY ip_version ORDER BY ip_version"); got != "4\t2\t2\n6\t2\t2" {
+		t.Errorf("flows by family, probe and not:\n%s", got)
+	}
+	for _, tbl := range []string{"rollup_pod_to_pod_1m", "rollup_pod_to_service_1m", "rollup_node_to_node_1m"} {
+		got := queryString(t, e, "SELECT ip_version, sum(records), sum(packets) FROM dualflow."+tbl+" GROUP BY ip_version ORDER BY ip_version")
+		if want := "4\t2\t4\n6\t2\t4"; got != want {
+			t.Errorf("%s:\n%s\nwant\n%s", tbl, got, want)
+		}
+	}
+	got := queryString(t, e, "SELECT direction, sum(records) FROM dualflow.rollup_policy_1m GROUP BY ALL ORDER BY direction")
+	if want := "ingress\t4\negress\t4"; got != want {
 		t.Errorf("rollup_policy_1m:\n%s\nwant\n%s", got, want)
 	}
 }

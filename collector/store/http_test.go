@@ -96,6 +96,11 @@ func TestServerOverHTTPPre0006Spool(t *testing.T) {
 	checkPre0006Spool(t, h.server())
 }
 
+func TestServerOverHTTPPre0012Spool(t *testing.T) {
+	h := newHTTPStore(t)
+	checkPre0012Spool(t, h.server())
+}
+
 func TestServerQueryTSV(t *testing.T) {
 	h := newHTTPStore(t)
 	s := h.server()

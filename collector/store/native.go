@@ -67,7 +67,7 @@ var flowWire = func() []wireColumn {
 	}
 	cols = append(cols, policy...)
 	cols = append(cols, policy...)
-	return append(cols, f(1, "Bool"), f(1, "Bool")) // verdict_mismatch, k8s_view_stale
+	return append(cols, f(1, "Bool"), f(1, "Bool"), str) // verdict_mismatch, k8s_view_stale, probe_trace_id
 }()
 
 // nativeBuilder transposes RowBinary rows into a Native block. It keeps its

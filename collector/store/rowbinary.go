@@ -34,11 +34,23 @@ var FlowColumns = []string{
 	"egress_policy_namespace", "egress_policy_name", "egress_policy_rule", "egress_verdict", "egress_reported_verdict", "egress_reported_policy",
 	"verdict_mismatch",
 	"k8s_view_stale", // migration 0006
+	"probe_trace_id", // migration 0012
 }
 
-// flowColumnsV5 is FlowColumns before migration 0006 added
-// k8s_view_stale: the layout of batches spooled by an older collector.
-var flowColumnsV5 = FlowColumns[:len(FlowColumns)-1]
+// The layouts of batches spooled by an older collector: FlowColumns
+// before migration 0006 added k8s_view_stale, and before 0012 added
+// probe_trace_id. A spooled batch names its columns; the rows decode by
+// their number (decodeFlowRow).
+var (
+	flowColumnsV5  = FlowColumns[:len(FlowColumns)-2]
+	flowColumnsV11 = FlowColumns[:len(FlowColumns)-1]
+)
+
+// flowLayout reports whether columns is FlowColumns or an older layout of
+// it.
+func flowLayout(columns []string) bool {
+	return slices.Equal(columns, FlowColumns) || slices.Equal(columns, flowColumnsV11) || slices.Equal(columns, flowColumnsV5)
+}
 
 // AppendFlowRow appends r encoded as one RowBinary row of FlowColumns to b
 // and returns the extended buffer. Label maps are encoded in key order, so
@@ -90,7 +102,8 @@ func appendFlowRow(b []byte, r *flow.Record, lc *labelCache) []byte {
 	b = append(b, byte(r.Type), byte(r.Correlation))
 	b = appendPolicy(b, &r.Ingress)
 	b = appendPolicy(b, &r.Egress)
-	return append(b, boolByte(r.VerdictMismatch()), boolByte(r.K8sViewStale))
+	b = append(b, boolByte(r.VerdictMismatch()), boolByte(r.K8sViewStale))
+	return appendString(b, r.ProbeTraceID)
 }
 
 func appendEndpoint(b []byte, e *flow.Endpoint, lc *labelCache) []byte {
@@ -338,12 +351,12 @@ func (r *rowReader) policy(p *flow.Policy) {
 // returns the rest of b. It is the inverse of AppendFlowRow and is used to
 // replay spooled batches into backends that take typed values.
 func DecodeFlowRow(b []byte, rec *flow.Record) ([]byte, error) {
-	return decodeFlowRow(b, rec, true)
+	return decodeFlowRow(b, rec, len(FlowColumns))
 }
 
-// decodeFlowRow is DecodeFlowRow; without stale, the row has the layout
-// before k8s_view_stale (flowColumnsV5).
-func decodeFlowRow(b []byte, rec *flow.Record, stale bool) ([]byte, error) {
+// decodeFlowRow is DecodeFlowRow for a row of the first columns columns of
+// FlowColumns (an older layout: flowColumnsV5, flowColumnsV11).
+func decodeFlowRow(b []byte, rec *flow.Record, columns int) ([]byte, error) {
 	r := rowReader{b: b}
 	*rec = flow.Record{}
 	rec.FlowStart = r.time()
@@ -385,8 +398,11 @@ func decodeFlowRow(b []byte, rec *flow.Record, stale bool) ([]byte, error) {
 	r.policy(&rec.Ingress)
 	r.policy(&rec.Egress)
 	r.u8() // verdict_mismatch is derived
-	if stale {
+	if columns > len(flowColumnsV5) {
 		rec.K8sViewStale = r.u8() != 0
+	}
+	if columns > len(flowColumnsV11) {
+		rec.ProbeTraceID = r.str()
 	}
 	return r.b, r.err
 }

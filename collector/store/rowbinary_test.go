@@ -42,6 +42,7 @@ func sampleRecord(i int, v6 bool) flow.Record {
 		// Both values of the flag, one per family.
 		K8sViewStale: v6,
 	}
+
 	r.Normalize()
 	return r
 }
@@ -60,6 +61,16 @@ func TestFlowRowRoundTrip(t *testing.T) {
 			return r
 		}()},
 		{"zero values", flow.Record{Ingress: flow.Policy{Rule: -1}, Egress: flow.Policy{Rule: -1}}},
+		{"ipv4 traceflow probe", func() flow.Record {
+			r := sampleRecord(5, false)
+			r.ProbeTraceID = "tf-fedcba9876543210"
+			return r
+		}()},
+		{"ipv6 traceflow probe", func() flow.Record {
+			r := sampleRecord(6, true)
+			r.ProbeTraceID = "tf-0123456789abcdef"
+			return r
+		}()},
 		{"denied with reported verdict", func() flow.Record {
 			r := sampleRecord(4, true)
 			r.Ingress = flow.Policy{Namespace: "shop", Name: "deny", Rule: -1, Verdict: flow.VerdictDenied, ReportedVerdict: flow.VerdictAllowed, ReportedName: "shop/x"}

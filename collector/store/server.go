@@ -13,7 +13,6 @@ import (
 	"net/url"
 	"os"
 	"reflect"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -267,8 +266,7 @@ func (s *Server) InsertRowBinary(ctx context.Context, table string, columns []st
 	if s.http != nil {
 		return s.insertHTTP(ctx, table, columns, dedupToken, rows, data)
 	}
-	current := slices.Equal(columns, FlowColumns)
-	if !current && !slices.Equal(columns, flowColumnsV5) {
+	if !flowLayout(columns) {
 		return fmt.Errorf("insert %s: server backend only encodes the flows layout", table)
 	}
 	if settings := s.insertSettings(dedupToken); len(settings) > 0 {
@@ -282,7 +280,7 @@ func (s *Server) InsertRowBinary(ctx context.Context, table string, columns []st
 	var rec flow.Record
 	rest := data
 	for n := 0; len(rest) > 0; n++ {
-		if rest, err = decodeFlowRow(rest, &rec, current); err != nil {
+		if rest, err = decodeFlowRow(rest, &rec, len(columns)); err != nil {
 			return fmt.Errorf("insert %s: decode row %d: %w", table, n, err)
 		}
 		vals := flowValues(&rec)
@@ -330,7 +328,7 @@ func flowValues(r *flow.Record) []any {
 		int8(r.Type), int8(r.Correlation),
 		r.Ingress.Namespace, r.Ingress.Name, r.Ingress.Rule, int8(r.Ingress.Verdict), int8(r.Ingress.ReportedVerdict), r.Ingress.ReportedName,
 		r.Egress.Namespace, r.Egress.Name, r.Egress.Rule, int8(r.Egress.Verdict), int8(r.Egress.ReportedVerdict), r.Egress.ReportedName,
-		r.VerdictMismatch(), r.K8sViewStale,
+		r.VerdictMismatch(), r.K8sViewStale, r.ProbeTraceID,
 	}
 }
 

@@ -10,9 +10,9 @@ import (
 	"github.com/dualflow/dualflow/flow"
 )
 
-// The record encoding: every field of flow.Record but Journal and
-// K8sViewStale (enrichment sets it, after the journal; a replayed record is
-// enriched again), in declaration order. Integers are varints, strings and maps are
+// The record encoding: every field of flow.Record but Journal,
+// K8sViewStale and ProbeTraceID (enrichment sets them, after the journal;
+// a replayed record is enriched again), in declaration order. Integers are varints, strings and maps are
 // length-prefixed, addresses are a length byte (0, 4 or 16) and the bytes,
 // times are a varint of Unix nanoseconds with math.MinInt64 for the zero
 // time. TestCodecRoundTripEveryField fails when a field is added to the

@@ -36,7 +36,7 @@ func fill(rng *rand.Rand, v reflect.Value) {
 			return // not encoded: the frame id is the frame's
 		}
 		for i := range v.NumField() {
-			if v.Type().Field(i).Name == "K8sViewStale" {
+			if n := v.Type().Field(i).Name; n == "K8sViewStale" || n == "ProbeTraceID" {
 				continue // not encoded: set by enrichment, after the journal
 			}
 			fill(rng, v.Field(i))

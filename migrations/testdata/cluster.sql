@@ -413,3 +413,105 @@ ALTER TABLE dualflow.rollup_policy_1m_local ON CLUSTER 'flows' MATERIALIZE PROJE
 -- 0011_traceflows_ttl.sql
 ALTER TABLE dualflow.traceflows_local ON CLUSTER 'flows' MODIFY TTL toDateTime(started) + INTERVAL 7 DAY;
 
+-- 0012_flows_probe_trace_id.sql
+ALTER TABLE dualflow.flows_local ON CLUSTER 'flows'
+    ADD COLUMN IF NOT EXISTS probe_trace_id LowCardinality(String) DEFAULT '' COMMENT 'id of the traceflow trace whose probe this row is; empty for ordinary traffic' AFTER k8s_view_stale,
+    ADD COLUMN IF NOT EXISTS is_probe Bool MATERIALIZED probe_trace_id != '' COMMENT 'the row is a traceflow probe''s (probe_trace_id set)' AFTER verdict_class;
+
+ALTER TABLE dualflow.flows ON CLUSTER 'flows'
+    ADD COLUMN IF NOT EXISTS probe_trace_id LowCardinality(String) DEFAULT '' COMMENT 'id of the traceflow trace whose probe this row is; empty for ordinary traffic' AFTER k8s_view_stale,
+    ADD COLUMN IF NOT EXISTS is_probe Bool MATERIALIZED probe_trace_id != '' COMMENT 'the row is a traceflow probe''s (probe_trace_id set)' AFTER verdict_class;
+
+ALTER TABLE dualflow.rollup_pod_to_pod_1m_mv_local ON CLUSTER 'flows' MODIFY QUERY
+SELECT
+    toStartOfMinute(flow_end) AS window_start, ip_version, protocol, flow_type,
+    src_pod_namespace, src_pod_name, src_workload_kind, src_workload_name,
+    dst_pod_namespace, dst_pod_name, dst_workload_kind, dst_workload_name,
+    count() AS records, sum(packets) AS packets, sum(bytes) AS bytes,
+    sum(reverse_packets) AS reverse_packets, sum(reverse_bytes) AS reverse_bytes
+FROM dualflow.flows_local
+WHERE probe_trace_id = ''
+GROUP BY window_start, ip_version, protocol, flow_type,
+    src_pod_namespace, src_pod_name, src_workload_kind, src_workload_name,
+    dst_pod_namespace, dst_pod_name, dst_workload_kind, dst_workload_name;
+
+ALTER TABLE dualflow.rollup_pod_to_service_1m_mv_local ON CLUSTER 'flows' MODIFY QUERY
+SELECT
+    toStartOfMinute(flow_end) AS window_start, ip_version, protocol,
+    src_pod_namespace, src_pod_name, src_workload_kind, src_workload_name,
+    dst_service_namespace, dst_service_name, dst_service_port_name, service_port,
+    count() AS records, sum(packets) AS packets, sum(bytes) AS bytes,
+    sum(reverse_packets) AS reverse_packets, sum(reverse_bytes) AS reverse_bytes
+FROM dualflow.flows_local
+WHERE dst_service_name != '' AND probe_trace_id = ''
+GROUP BY window_start, ip_version, protocol,
+    src_pod_namespace, src_pod_name, src_workload_kind, src_workload_name,
+    dst_service_namespace, dst_service_name, dst_service_port_name, service_port;
+
+ALTER TABLE dualflow.rollup_node_to_node_1m_mv_local ON CLUSTER 'flows' MODIFY QUERY
+SELECT
+    toStartOfMinute(flow_end) AS window_start, ip_version,
+    src_node, dst_node, src_zone, dst_zone, flow_type,
+    count() AS records, sum(packets) AS packets, sum(bytes) AS bytes,
+    sum(reverse_packets) AS reverse_packets, sum(reverse_bytes) AS reverse_bytes
+FROM dualflow.flows_local
+WHERE probe_trace_id = ''
+GROUP BY window_start, ip_version, src_node, dst_node, src_zone, dst_zone, flow_type;
+
+ALTER TABLE dualflow.rollup_policy_1m_ingress_mv_local ON CLUSTER 'flows' MODIFY QUERY
+SELECT
+    toStartOfMinute(flow_end) AS window_start, ip_version, 'ingress' AS direction,
+    ingress_policy_namespace AS policy_namespace, ingress_policy_name AS policy_name,
+    ingress_policy_rule AS policy_rule, ingress_verdict AS verdict, ingress_reported_verdict AS reported_verdict,
+    src_pod_namespace, src_workload_name, dst_pod_namespace, dst_workload_name,
+    count() AS records, sum(packets) AS packets, sum(bytes) AS bytes
+FROM dualflow.flows_local
+WHERE (ingress_verdict != 'unknown' OR ingress_reported_verdict != 'unknown') AND probe_trace_id = ''
+GROUP BY window_start, ip_version, policy_namespace, policy_name, policy_rule, verdict, reported_verdict,
+    src_pod_namespace, src_workload_name, dst_pod_namespace, dst_workload_name;
+
+ALTER TABLE dualflow.rollup_policy_1m_egress_mv_local ON CLUSTER 'flows' MODIFY QUERY
+SELECT
+    toStartOfMinute(flow_end) AS window_start, ip_version, 'egress' AS direction,
+    egress_policy_namespace AS policy_namespace, egress_policy_name AS policy_name,
+    egress_policy_rule AS policy_rule, egress_verdict AS verdict, egress_reported_verdict AS reported_verdict,
+    src_pod_namespace, src_workload_name, dst_pod_namespace, dst_workload_name,
+    count() AS records, sum(packets) AS packets, sum(bytes) AS bytes
+FROM dualflow.flows_local
+WHERE (egress_verdict != 'unknown' OR egress_reported_verdict != 'unknown') AND probe_trace_id = ''
+GROUP BY window_start, ip_version, policy_namespace, policy_name, policy_rule, verdict, reported_verdict,
+    src_pod_namespace, src_workload_name, dst_pod_namespace, dst_workload_name;
+
+ALTER TABLE dualflow.flows_local ON CLUSTER 'flows'
+    DROP PROJECTION IF EXISTS series_1m,
+    DROP PROJECTION IF EXISTS edges_1m,
+    DROP PROJECTION IF EXISTS edges_1h;
+
+ALTER TABLE dualflow.flows_local ON CLUSTER 'flows'
+    ADD PROJECTION IF NOT EXISTS series_1m (
+        SELECT toStartOfMinute(flow_end), ip_version, is_probe, verdict_class, count(), sum(bytes + reverse_bytes)
+        GROUP BY toStartOfMinute(flow_end), ip_version, is_probe, verdict_class
+    ),
+    ADD PROJECTION IF NOT EXISTS edges_1m (
+        SELECT toStartOfMinute(flow_end), ip_version, is_probe, protocol, src_pod_namespace, src_workload_kind, src_workload_name,
+            dst_pod_namespace, dst_workload_kind, dst_workload_name, dst_service_namespace, dst_service_name,
+            src_label, dst_label, verdict_class, count(), sum(bytes + reverse_bytes)
+        GROUP BY toStartOfMinute(flow_end), ip_version, is_probe, protocol, src_pod_namespace, src_workload_kind, src_workload_name,
+            dst_pod_namespace, dst_workload_kind, dst_workload_name, dst_service_namespace, dst_service_name,
+            src_label, dst_label, verdict_class
+    ),
+    ADD PROJECTION IF NOT EXISTS edges_1h (
+        SELECT toStartOfHour(flow_end), ip_version, is_probe, protocol, src_pod_namespace, src_workload_kind, src_workload_name,
+            dst_pod_namespace, dst_workload_kind, dst_workload_name, dst_service_namespace, dst_service_name,
+            src_label, dst_label, verdict_class, count(), sum(bytes + reverse_bytes)
+        GROUP BY toStartOfHour(flow_end), ip_version, is_probe, protocol, src_pod_namespace, src_workload_kind, src_workload_name,
+            dst_pod_namespace, dst_workload_kind, dst_workload_name, dst_service_namespace, dst_service_name,
+            src_label, dst_label, verdict_class
+    );
+
+ALTER TABLE dualflow.flows_local ON CLUSTER 'flows' MATERIALIZE PROJECTION series_1m;
+
+ALTER TABLE dualflow.flows_local ON CLUSTER 'flows' MATERIALIZE PROJECTION edges_1m;
+
+ALTER TABLE dualflow.flows_local ON CLUSTER 'flows' MATERIALIZE PROJECTION edges_1h;
+

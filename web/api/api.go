@@ -156,16 +156,16 @@ type Config struct {
 	// token, the file holding the local operator token.
 	LocalTokenFile string
 	// SQL limits, enforced as engine settings.
-	SQLMaxRows      int
-	SQLMaxTime      time.Duration
-	SQLMaxMemory    int64
-	QueryTimeout    time.Duration // bound of every store query of a request
-	TraceTimeout    time.Duration
-	FollowInterval  time.Duration // poll period of follow mode
-	Registerer      prometheus.Registerer
-	Gatherer        prometheus.Gatherer
-	Logger          *slog.Logger
-	Now             func() time.Time // for tests
+	SQLMaxRows     int
+	SQLMaxTime     time.Duration
+	SQLMaxMemory   int64
+	QueryTimeout   time.Duration // bound of every store query of a request
+	TraceTimeout   time.Duration
+	FollowInterval time.Duration // poll period of follow mode
+	Registerer     prometheus.Registerer
+	Gatherer       prometheus.Gatherer
+	Logger         *slog.Logger
+	Now            func() time.Time // for tests
 	// Ready says whether the server serves (/readyz 503 with its error
 	// otherwise): the collector's readiness (its schema whole, the flows
 	// table taking rows). nil: the store answers SELECT 1.

@@ -190,6 +190,10 @@ func buildFilterFields() {
 		}
 		return "", fmt.Errorf("want true or false")
 	})
+	add(probesParam, "traceflow probes' rows: exclude (the default: a trace is not traffic), include, or only", nil)
+	add("probe_trace_id", "the rows of the traceflow probe of this trace id (tf-…); without probes=, implies probes=include", func(v string) (string, error) {
+		return "probe_trace_id = " + quote(v), nil
+	})
 	add("k8s_view_stale", "true: enriched while the collector's view of the Kubernetes API was stale (names may be out of date)", func(v string) (string, error) {
 		switch v {
 		case "true", "1":
@@ -273,8 +277,39 @@ func portCond(col, v string) (string, error) {
 // Filter is a parsed flow filter.
 type Filter struct {
 	Since, Until time.Time
+	// probes says what becomes of the rows of traceflow probes (migration
+	// 0012); the zero value leaves them out.
+	probes probeMode
 	// conds are the SQL conditions, already AND-able.
 	conds []string
+}
+
+// probeMode is the probes parameter: what a filter does with the rows
+// of traceflow probes (is_probe). A trace sends a real packet, which the
+// exporters report as a flow: it is not traffic, so every reader of flows
+// leaves it out unless asked.
+type probeMode uint8
+
+const (
+	probesExclude probeMode = iota // the default
+	probesInclude
+	probesOnly
+)
+
+// probesParam is the parameter that sets a filter's probeMode.
+const probesParam = "probes"
+
+var probeModes = map[string]probeMode{"exclude": probesExclude, "include": probesInclude, "only": probesOnly}
+
+// allConds is the filter's conditions, the probes' first.
+func (f *Filter) allConds() []string {
+	switch f.probes {
+	case probesInclude:
+		return f.conds
+	case probesOnly:
+		return append([]string{"is_probe"}, f.conds...)
+	}
+	return append([]string{"NOT is_probe"}, f.conds...)
 }
 
 // Default time window and filter bounds. A filter past a bound is a 400
@@ -318,9 +353,22 @@ func parseFilter(q url.Values, now time.Time, skip ...string) (*Filter, error) {
 	}
 	sort.Strings(keys)
 	size := 0 // bytes of f.conds
+	probes, trace := q.Has(probesParam), false
 	for _, k := range keys {
 		if k == "since" || k == "until" || contains(skip, k) {
 			continue
+		}
+		if k == probesParam || k == "not."+probesParam {
+			v := q.Get(k)
+			m, ok := probeModes[v]
+			if !ok || k != probesParam || len(q[k]) > 1 {
+				return nil, fieldErr(k, "want probes=exclude, include or only, got %q", strings.Join(q[k], ","))
+			}
+			f.probes = m
+			continue
+		}
+		if k == "probe_trace_id" {
+			trace = true
 		}
 		name, neg := k, false
 		if n, ok := strings.CutPrefix(k, "not."); ok {
@@ -364,6 +412,9 @@ func parseFilter(q url.Values, now time.Time, skip ...string) (*Filter, error) {
 		}
 		f.conds = append(f.conds, c)
 	}
+	if trace && !probes {
+		f.probes = probesInclude // asked for a trace's rows
+	}
 	return f, nil
 }
 
@@ -371,10 +422,11 @@ func parseFilter(q url.Values, now time.Time, skip ...string) (*Filter, error) {
 // condsSQL is the filter's conditions without the time range, each
 // preceded by " AND " ("" without conditions).
 func (f *Filter) condsSQL() string {
-	if len(f.conds) == 0 {
+	conds := f.allConds()
+	if len(conds) == 0 {
 		return ""
 	}
-	return " AND " + strings.Join(f.conds, " AND ")
+	return " AND " + strings.Join(conds, " AND ")
 }
 
 func (f *Filter) where() string {

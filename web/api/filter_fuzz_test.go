@@ -15,7 +15,7 @@ import (
 var filterVocabulary = func() map[string]bool {
 	m := map[string]bool{}
 	for _, w := range strings.Fields(`AND OR NOT BETWEEN IN mapContains toIPv6 fromUnixTimestamp64Milli toStartOfMinute
-		flow_end ip_version protocol verdict_mismatch k8s_view_stale ingress_verdict egress_verdict
+		flow_end ip_version protocol verdict_mismatch k8s_view_stale is_probe probe_trace_id ingress_verdict egress_verdict
 		dst_service_name dst_service_namespace
 		ingress_policy_name ingress_policy_namespace egress_policy_name egress_policy_namespace`) {
 		m[w] = true

@@ -59,6 +59,7 @@ type Flow struct {
 	EgressPol    string            `json:"egress_policy,omitempty"`
 	Mismatch     bool              `json:"verdict_mismatch"`
 	K8sStale     bool              `json:"k8s_view_stale"`
+	ProbeTraceID string            `json:"probe_trace_id,omitempty"`
 	Exporter     string            `json:"exporter_node,omitempty"`
 	Key          string            `json:"key"` // tiebreaker, hex
 	TimeRecvMs   int64             `json:"time_received_ms"`
@@ -76,7 +77,7 @@ const flowColumns = `toUnixTimestamp64Milli(flow_start) AS flow_start_ms, toUnix
  toString(ingress_verdict) AS ingress_verdict, toString(egress_verdict) AS egress_verdict,
  if(ingress_policy_name = '', '', concat(ingress_policy_namespace, '/', ingress_policy_name)) AS ingress_policy,
  if(egress_policy_name = '', '', concat(egress_policy_namespace, '/', egress_policy_name)) AS egress_policy,
- verdict_mismatch, k8s_view_stale, exporter_node, toUnixTimestamp64Milli(time_received) AS time_received_ms`
+ verdict_mismatch, k8s_view_stale, probe_trace_id, exporter_node, toUnixTimestamp64Milli(time_received) AS time_received_ms`
 
 // keyExpr is the tiebreaker of the cursor.
 const keyExpr = `cityHash64(flow_start, src_ip, dst_ip, src_port, dst_port, protocol, exporter_node, time_received)`
@@ -498,7 +499,7 @@ func (a *API) follow(c *gin.Context, f *Filter, resume *eventID) {
 		since = floor.RecvMs
 	}
 	catchUp := resume != nil
-	where := f.conds
+	where := f.allConds()
 	tick := time.NewTicker(a.cfg.FollowInterval)
 	defer tick.Stop()
 	// Inserts can land out of time_received order (concurrent batches, an

@@ -215,7 +215,9 @@ func (a *API) runReachability(ctx context.Context, req *ReachabilityRequest) (*R
 		// One question over both families: ICMP over IPv4, ICMPv6 over IPv6.
 		protoCond = "protocol IN (1, 58)"
 	}
-	where := flowEndRange(since, now) + " AND " + protoCond
+	// A trace is not traffic: the probes of the traces the matrix runs
+	// would otherwise show as observed flows (migration 0012).
+	where := flowEndRange(since, now) + " AND NOT is_probe AND " + protoCond
 	if req.Port != 0 {
 		where += " AND (dst_port = " + strconv.Itoa(int(req.Port)) + " OR service_port = " + strconv.Itoa(int(req.Port)) + ")"
 	}

@@ -8,8 +8,8 @@ import (
 	"fmt"
 	"net/http"
 	"regexp"
-	"strings"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/gin-gonic/gin"

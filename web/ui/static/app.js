@@ -266,8 +266,9 @@ function applyFlowParams(params) {
   $('#f-family').value = params.get('ip_version') || '';
   $('#f-verdict').value = params.get('verdict') || '';
   $('#f-since').value = params.get('since') || '1h';
+  $('#f-probes').checked = params.get('probes') === 'include';
   const expr = [];
-  for (const [k, v] of params) if (!flowFormKeys.includes(k) && k !== 'follow') expr.push(k + '=' + v);
+  for (const [k, v] of params) if (!flowFormKeys.includes(k) && k !== 'follow' && !(k === 'probes' && v === 'include')) expr.push(k + '=' + v);
   $('#f-expr').value = expr.join(' ');
 }
 function flowQuery() {
@@ -282,6 +283,8 @@ function flowQuery() {
     if (i <= 0) { throw new APIError(400, { message: 'want field=value, got ' + tok, field: 'filter' }); }
     p.append(tok.slice(0, i), tok.slice(i + 1));
   }
+  // Trace probes' rows are left out unless the toggle (or the filter) asks.
+  if ($('#f-probes').checked && !p.has('probes')) p.append('probes', 'include');
   return p;
 }
 // keepFlowURL records the filters in the address bar without reloading.
@@ -339,7 +342,7 @@ function flowDrawer(f) {
     h('h3', {}, 'Policy'),
     kv({ egress: f.egress_verdict + (f.egress_policy ? ' by ' + f.egress_policy : ''), ingress: f.ingress_verdict + (f.ingress_policy ? ' by ' + f.ingress_policy : ''), 'drop reason': dropReason(f), 'datapath disagrees': f.verdict_mismatch ? 'yes' : '' }),
     h('h3', {}, 'Traffic'),
-    kv({ start: fmtTimeZ(f.flow_start_ms), end: fmtTimeZ(f.flow_end_ms), sent: fmtBytes(f.bytes) + ' in ' + f.packets + ' packets', received: fmtBytes(f.reverse_bytes) + ' in ' + f.reverse_packets + ' packets', 'tcp state': f.tcp_state, 'end reason': f.end_reason, 'flow type': f.flow_type, exporter: f.exporter_node, 'names may be stale': f.k8s_view_stale ? 'yes: enriched while the Kubernetes API was unreachable' : '' }),
+    kv({ start: fmtTimeZ(f.flow_start_ms), end: fmtTimeZ(f.flow_end_ms), sent: fmtBytes(f.bytes) + ' in ' + f.packets + ' packets', received: fmtBytes(f.reverse_bytes) + ' in ' + f.reverse_packets + ' packets', 'tcp state': f.tcp_state, 'end reason': f.end_reason, 'flow type': f.flow_type, exporter: f.exporter_node, 'names may be stale': f.k8s_view_stale ? 'yes: enriched while the Kubernetes API was unreachable' : '', 'trace probe': f.probe_trace_id ? 'yes: the probe of trace ' + f.probe_trace_id + ', not traffic' : '' }),
     h('details', {}, h('summary', {}, 'All fields'), kv(f)));
 }
 async function loadFlows(more) {
@@ -1164,6 +1167,11 @@ async function kubeStatus() {
 }
 
 function init() {
+  // The rows of traceflow probes are hidden unless this toggle asks for
+  // them (probes=include): a trace is not traffic.
+  $('#f-follow').parentElement.before(h('label', { class: 'toggle', title: 'Show the flows of traceflow probes (each trace, and each reachability cell traced, sends one per family); hidden by default: a trace is not traffic' },
+    h('input', { type: 'checkbox', id: 'f-probes' }), ' Trace probes'));
+  $('#f-probes').addEventListener('change', () => loadFlows(false));
   $('#flow-time-h').textContent = 'Time (' + tzName + ')';
   $('#flow-filter').addEventListener('submit', e => { e.preventDefault(); loadFlows(false); });
   for (const id of ['#f-family', '#f-verdict', '#f-since']) $(id).addEventListener('change', () => loadFlows(false));
