@@ -360,7 +360,12 @@ func (c *Collector) buildPipeline() error {
 		c.writer.SetAcker(c.wal)
 	}
 	if c.cfg.ingest() {
-		l, err := ipfix.New(c.cfg.IPFIX, c.decoded, c.pool, c.pm, c.reg, c.log.With("stage", "ipfix"))
+		ic := c.cfg.IPFIX
+		// Record times are kept within half the store's retention of
+		// their export and receive times, else stamped: a row the TTL
+		// deletes as it is inserted would be counted as written and lost.
+		ic.Retention = time.Duration(c.cfg.Store.TTLDays) * 24 * time.Hour
+		l, err := ipfix.New(ic, c.decoded, c.pool, c.pm, c.reg, c.log.With("stage", "ipfix"))
 		if err != nil {
 			return err
 		}

@@ -272,7 +272,7 @@ func TestBadFramingLogRateLimited(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			c.Write([]byte{0, 9, 0, 3, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16})
+			c.Write([]byte{0, 10, 0, 3, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16})
 			if !awaitClosed(t, c, 20*time.Second) {
 				t.Fatal("session with a bad header not closed")
 			}

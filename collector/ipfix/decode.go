@@ -7,9 +7,9 @@
 // The decoder reads any standard exporter, not only ours: several templates
 // and data records per set, options templates, variable-length elements in
 // both length forms, enterprise elements (unknown ones are skipped), template
-// withdrawal and withdraw-all, templates scoped per session and observation
-// domain, UDP template lifetime and refresh, RFC 5103 reverse elements and
-// set padding. Elements are mapped by (enterprise, id) through the shared
+// withdrawal and withdraw-all, templates scoped per session, protocol and
+// observation domain, UDP template lifetime and refresh, RFC 5103 reverse
+// elements and set padding. Elements are mapped by (enterprise, id) through the shared
 // mapping of flow/ipfix (FieldOf), plus the IANA alternatives other
 // exporters use (seconds, micro- and nanosecond and sysUpTime timestamps,
 // postNAT destinations, ICMP type/code).
@@ -115,6 +115,10 @@ type Stats struct {
 	// SequenceLostMessages counts messages that sequence numbers show
 	// missing (NetFlow v9 counts export packets).
 	SequenceLostMessages uint64
+	// Stamped counts records whose times the decoder set, by reason (see
+	// StampReason): without a usable time, or with an end out of the time
+	// window.
+	Stamped [numStampReasons]uint64
 }
 
 // Decoder decodes IPFIX messages into flow records. It holds the string
@@ -124,9 +128,28 @@ type Decoder struct {
 	Stats Stats
 	// Direction selects records by their flowDirection element.
 	Direction Direction
-	intern    interner
-	specs     []spec // scratch for template parsing
-	dir       int8   // flowDirection of the record just decoded, -1 for none
+	// TimeWindow is how far a record's end may be from its message's
+	// export time and from its receive time before it is stamped (see
+	// StampReason); 0 is DefaultTimeWindow. TimeWindow(retention) keeps
+	// every row for at least half the store's retention.
+	TimeWindow time.Duration
+	intern     interner
+	specs      []spec // scratch for template parsing
+	dir        int8   // flowDirection of the record just decoded, -1 for none
+	// unusable is set when the record just decoded needs its times
+	// stamped, missing then being the reason if it has none at all.
+	unusable bool
+	missing  StampReason
+	// stamped is the reason of the last record stamped by the last
+	// Decode, StampNone when none was (for the listener's log).
+	stamped StampReason
+}
+
+func (d *Decoder) window() time.Duration {
+	if d.TimeWindow > 0 {
+		return d.TimeWindow
+	}
+	return DefaultTimeWindow
 }
 
 // Direction selects records by their flowDirection element (IANA 61;
@@ -221,6 +244,7 @@ type msgCtx struct {
 	hasUptime bool
 	source    string // Source of records that do not carry one
 	session   *Session
+	clock     clock // what the records' times are checked against
 }
 
 // Decode decodes one IPFIX, NetFlow v9 or NetFlow v5 message of session s,
@@ -228,9 +252,11 @@ type msgCtx struct {
 // length field, so it is accepted over UDP only (a datagram is a message). On a malformed message it returns dst
 // unchanged and an *Error; template changes made by the sets before the
 // malformed one are kept. Records are Normalize()d and carry the exporter
-// address, observation domain and now as TimeReceived.
+// address, observation domain and now as TimeReceived; records without
+// usable times are stamped and counted (see StampReason).
 func (d *Decoder) Decode(s *Session, msg []byte, now time.Time, dst []flow.Record) ([]flow.Record, error) {
 	d.Stats.Messages++
+	d.stamped = StampNone
 	start := len(dst)
 	var out []flow.Record
 	var err error
@@ -277,12 +303,13 @@ func (d *Decoder) decode(s *Session, msg []byte, now time.Time, dst []flow.Recor
 		return dst, dropf(ReasonLength, "header says %d bytes, got %d", l, len(msg))
 	}
 	seq := binary.BigEndian.Uint32(msg[8:])
-	dom := s.domain(binary.BigEndian.Uint32(msg[12:]))
+	dom := s.domain(protoIPFIX, binary.BigEndian.Uint32(msg[12:]))
 	if dom == nil {
 		return dst, dropf(ReasonTooManyDomains, "domain %d", binary.BigEndian.Uint32(msg[12:]))
 	}
-	mc := msgCtx{now: now, exportTime: binary.BigEndian.Uint32(msg[4:]), domain: dom, exporter: s.exporter,
-		source: fipfix.SourceForeign, session: s}
+	export := binary.BigEndian.Uint32(msg[4:])
+	mc := msgCtx{now: now, exportTime: export, domain: dom, exporter: s.exporter,
+		source: fipfix.SourceForeign, session: s, clock: newClock(time.Unix(int64(export), 0), now, d.window())}
 	dst, err := d.sets(s, msg[fipfix.MessageHeaderLen:], protoIPFIX, seq, &mc, dst)
 	return dst, err
 }
@@ -333,6 +360,9 @@ func (d *Decoder) sets(s *Session, body []byte, p protocol, seq uint32, mc *msgC
 			}
 			dst, n, err = d.dataSet(t, set, mc, dst)
 			cnt.data += uint32(n)
+			if t.options {
+				cnt.options += uint32(n)
+			}
 		default:
 			// Reserved set IDs (IPFIX: 0, 1 (NetFlow v9's) and 4-255;
 			// v9: 2-255): skipped.
@@ -519,6 +549,8 @@ func (d *Decoder) dataSet(t *template, set []byte, mc *msgCtx, dst []flow.Record
 		case d.dir >= 0 && !d.keep(r, d.dir, mc):
 			dst = dst[:len(dst)-1]
 			d.Stats.WrongDirection++
+		case d.unusable: // kept: stamped and counted
+			d.stamp(r, &mc.clock, d.missing)
 		}
 	}
 	return dst, n, nil
@@ -604,7 +636,9 @@ type scratch struct {
 }
 
 // record decodes one data record of t at the start of b into r (zero on
-// entry) and returns its length.
+// entry) and returns its length. It leaves for dataSet the record's
+// flowDirection (d.dir) and whether its times need stamping (d.unusable,
+// d.missing): only records that are kept are stamped and counted.
 func (d *Decoder) record(t *template, b []byte, r *flow.Record, mc *msgCtx) (int, error) {
 	var sc scratch
 	p := 0
@@ -764,6 +798,9 @@ func (d *Decoder) record(t *template, b []byte, r *flow.Record, mc *msgCtx) (int
 	if t.post != 0 {
 		d.fixup(t.post, &sc, r, mc)
 	}
+	if d.unusable = !mc.clock.usable(r); d.unusable {
+		d.missing = missingTime(t, &sc, mc)
+	}
 	pairAddrs(r)
 	r.Ingress.Rule, r.Egress.Rule = -1, -1
 	if r.Source == "" {
@@ -801,11 +838,16 @@ func (d *Decoder) fixup(pf post, sc *scratch, r *flow.Record, mc *msgCtx) {
 	if pf&postUptime != 0 && mc.hasUptime {
 		// NetFlow v9: relative to the header's sysUptime.
 		export := time.Unix(int64(mc.exportTime), 0)
+		first, last := uint32(sc.startUp), uint32(sc.endUp)
+		start, end := uptimeTime(export, mc.uptime, first), uptimeTime(export, mc.uptime, last)
+		if first == 0 || last == 0 {
+			start, end = zeroSwitched(export, mc.uptime, first, last)
+		}
 		if r.FlowStart.IsZero() && sc.hasStartUp {
-			r.FlowStart = uptimeTime(export, mc.uptime, uint32(sc.startUp))
+			r.FlowStart = start
 		}
 		if r.FlowEnd.IsZero() && sc.hasEndUp {
-			r.FlowEnd = uptimeTime(export, mc.uptime, uint32(sc.endUp))
+			r.FlowEnd = end
 		}
 	}
 	if pf&postUptime != 0 && !mc.hasUptime {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/dualflow/dualflow/flow"
 )
@@ -54,8 +55,10 @@ func TestGoldenOVS(t *testing.T) {
 			echo := map[string]uint64{}
 			var recs []flow.Record
 			for i, m := range msgs {
+				// Received when exported: the capture has no times.
+				at := time.Unix(int64(binary.BigEndian.Uint32(m[4:])), 0)
 				var err error
-				if recs, err = d.Decode(s, m, now, recs[:0]); err != nil {
+				if recs, err = d.Decode(s, m, at, recs[:0]); err != nil {
 					t.Fatalf("message %d: %v", i, err)
 				}
 				for _, r := range recs {
@@ -72,7 +75,7 @@ func TestGoldenOVS(t *testing.T) {
 					t.Errorf("%s: %d echo packets, want %d", k, echo[k], tc.packets)
 				}
 			}
-			if d.Stats.Templates < 80 || d.Stats.UnknownSets != 0 || d.Stats.Dropped != [numReasons]uint64{} {
+			if d.Stats.Templates < 80 || d.Stats.UnknownSets != 0 || d.Stats.Dropped != [numReasons]uint64{} || d.Stats.Stamped != [numStampReasons]uint64{} {
 				t.Errorf("stats %+v", d.Stats)
 			}
 			if d.Stats.SequenceLost != 0 || d.Stats.SequenceLostMessages != 0 {
@@ -98,7 +101,8 @@ func TestParseDirection(t *testing.T) {
 
 // FuzzDecode feeds arbitrary messages to a session that already knows our
 // two templates and OVS's. It must never panic, hang or grow without
-// bound, and a dropped message must leave dst unchanged.
+// bound, a dropped message must leave dst unchanged, and every record must
+// have a start and an end within the time window of the receive time.
 //
 // The session with the templates is built once and cloned for each input
 // (about 9 µs), and the Decoder is reused (only its string cache carries
@@ -123,9 +127,19 @@ func FuzzDecode(f *testing.F) {
 	for _, m := range netflow {
 		f.Add(m)
 	}
+	for _, m := range readPcap(f, "testdata/thirdparty/softflowd-ipfix-long-dual.pcap")[:4] {
+		f.Add(m)
+	}
 	f.Add(v9Message(7, 1, 0, v9Set(1, v9Options(300, []fs{{0, 1, 4}}, []fs{{0, 34, 4}}))))
+	// Times to stamp: none, sysUpTime without init, v5 FIRST=LAST=0.
+	f.Add(message(1, 0, set(2, templateRec(300, ieSrc6, ieDst6)), set(300, cat(lab6a, lab6b))))
+	f.Add(message(1, 0, set(2, templateRec(301, ieSrc4, ieDst4, ieStartUp, ieEndUp)), set(301, cat(lab4a, lab4b, be32(1), be32(2)))))
+	f.Add(v5Packet(100_000, 0, 0))
+	f.Add(v5Packet(400, 0, 300))
 	d := NewDecoder()
-	base := NewSession(exporterAP, UDP, Limits{MaxTemplates: 200, MaxDomains: 4})
+	// Domains of every protocol count: IPFIX (ours, softflowd, pmacct,
+	// OVS), NetFlow v9 (softflowd, pmacct) and v5.
+	base := NewSession(exporterAP, UDP, Limits{MaxTemplates: 200, MaxDomains: 8})
 	for _, m := range append(ours[:1], netflow...) {
 		d.Decode(base, m, now, nil)
 	}
@@ -143,12 +157,16 @@ func FuzzDecode(f *testing.F) {
 		if err != nil && len(out) != 1 {
 			t.Fatalf("dropped message changed dst: %d records", len(out))
 		}
+		lo, hi := now.Add(-DefaultTimeWindow-time.Second), now.Add(DefaultTimeWindow+time.Second) // the check is to the second
 		for _, r := range out[1:] {
 			if !r.SrcAddr.IsValid() || !r.DstAddr.IsValid() || r.SrcAddr.Is4In6() {
 				t.Fatalf("record without normalized addresses: %+v", r)
 			}
+			if r.FlowStart.IsZero() || r.FlowEnd.Before(lo) || r.FlowEnd.After(hi) {
+				t.Fatalf("record times %v .. %v received at %v", r.FlowStart, r.FlowEnd, now)
+			}
 		}
-		if s.Templates() > 200 || len(s.domains) > 4 {
+		if s.Templates() > 200 || len(s.domains) > 8 {
 			t.Fatalf("limits exceeded: %d templates, %d domains", s.Templates(), len(s.domains))
 		}
 	})
@@ -160,7 +178,7 @@ func FuzzDecode(f *testing.F) {
 func cloneSession(s *Session) *Session {
 	c := *s
 	c.last = nil
-	c.domains = make(map[uint32]*domain, len(s.domains))
+	c.domains = make(map[domainKey]*domain, len(s.domains))
 	for id, d := range s.domains {
 		dc := *d
 		dc.dirs = dirTracker{}

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"os"
 	"strings"
 	"sync"
@@ -83,6 +84,13 @@ type Config struct {
 	// Direction selects records by flowDirection (default ingress: an
 	// exporter that reports each packet in and out counts it once).
 	Direction Direction
+	// Retention is how long the store keeps a flow after its end (the TTL
+	// of --clickhouse.ttl-days on flow_end); 0 is unknown or unlimited. A
+	// record whose end is further than TimeWindow(Retention) from its
+	// message's export time or its receive time is stamped with the
+	// export (or receive) time, so that no row is written that its TTL
+	// deletes at once (see StampReason).
+	Retention time.Duration
 	// MaxSessions caps the sessions of each listener: further UDP
 	// exporters' messages are dropped (too_many_sessions). TCP and TLS
 	// share one set of places, MaxSessions/8 (at least 1) of them kept for
@@ -192,9 +200,28 @@ type Listener struct {
 	udp      []*net.UDPConn
 
 	// warns rate-limits the warnings about what exporters send (bad
-	// framing, malformed messages, refused sources and connections,
-	// evictions, failed handshakes).
+	// framing, malformed messages, stamped records, refused sources and
+	// connections, evictions, failed handshakes).
 	warns *logLimiter
+}
+
+// newDecoder returns a decoder configured for one reading goroutine.
+func (l *Listener) newDecoder() *Decoder {
+	d := NewDecoder()
+	d.Direction = l.cfg.Direction
+	d.TimeWindow = TimeWindow(l.cfg.Retention)
+	return d
+}
+
+// warnStamped logs that the last message from remote had records stamped
+// (d.stamped), at most once a minute per source;
+// dualflow_ipfix_records_stamped_total counts them all.
+func (l *Listener) warnStamped(tr Transport, remote netip.AddrPort, d *Decoder) {
+	if d.stamped == StampNone {
+		return
+	}
+	l.warns.warn("stamped", remote.Addr().Unmap(), "ipfix records without usable times stamped with their message's export time, or the receive time (one line per source a minute; see dualflow_ipfix_records_stamped_total)",
+		"transport", tr.String(), "remote", remote, "reason", d.stamped.String(), "time_window", d.window())
 }
 
 // New binds every configured socket. The caller must call Run, which

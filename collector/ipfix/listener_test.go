@@ -19,6 +19,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -31,6 +32,7 @@ import (
 	"github.com/dualflow/dualflow/collector/pipeline"
 	"github.com/dualflow/dualflow/flow"
 	fipfix "github.com/dualflow/dualflow/flow/ipfix"
+	"github.com/dualflow/dualflow/internal/logtest"
 )
 
 // startListener runs a Listener on loopback and returns it with its output
@@ -105,6 +107,7 @@ func TestGoIPFIXExporter(t *testing.T) {
 			}
 			defer ep.CloseConnToCollector()
 			start := time.Unix(1_780_000_000, 0)
+			sent := time.Now().Truncate(time.Second) // export times are whole seconds
 			type row struct {
 				fam      string
 				src, dst string
@@ -162,7 +165,11 @@ func TestGoIPFIXExporter(t *testing.T) {
 				if !g.FlowStart.Equal(want.FlowStart) {
 					t.Errorf("%s: start %v", r.fam, g.FlowStart)
 				}
-				g.FlowStart, want.FlowStart = time.Time{}, time.Time{}
+				// No end element: the end is the message's export time.
+				if g.FlowEnd.Before(sent) || g.FlowEnd.After(time.Now()) {
+					t.Errorf("%s: end %v, want the export time (sent at %v)", r.fam, g.FlowEnd, sent)
+				}
+				g.FlowStart, want.FlowStart, g.FlowEnd = time.Time{}, time.Time{}, time.Time{}
 				if !reflect.DeepEqual(g, want) {
 					t.Errorf("%s:\n got %+v\nwant %+v", r.fam, g, want)
 				}
@@ -314,7 +321,7 @@ func TestTCPBadFraming(t *testing.T) {
 	if _, err := good.Write(message(1, 0, cat(be16(256), be16(2)))); err != nil {
 		t.Fatal(err)
 	}
-	bad.Write([]byte{0, 9, 0, 3, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16})
+	bad.Write([]byte{0, 10, 0, 3, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16})
 	buf := make([]byte, 1)
 	bad.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := bad.Read(buf); err == nil {
@@ -599,5 +606,42 @@ func TestIdleSessionsHoldLittleMemory(t *testing.T) {
 	t.Logf("%d idle sessions: %d bytes of heap each", sessions, per)
 	if per > 256<<10 {
 		t.Errorf("an idle session holds %d bytes of heap, want under 256 KiB", per)
+	}
+}
+
+// TestNetFlowOverTCP: NetFlow has no length field, so a TCP or TLS stream
+// of it cannot be framed: the session is closed (bad_framing), the message
+// counted as reason version (as for a datagram of an unknown version) and
+// the log says NetFlow over TCP, once a minute per source.
+func TestNetFlowOverTCP(t *testing.T) {
+	var logs logtest.Buffer
+	l, _, reg := startListenerLog(t, Config{TCPAddrs: []string{"127.0.0.1:0", "[::1]:0"}}, logs.Logger())
+	msgs := map[string][]byte{
+		"v9": v9Message(1, 0, 100_000, v9Set(0, v9Template(256, v9Src4, v9Dst4)), v9Set(256, cat(lab4a, lab4b))),
+		"v5": v5Packet(100_000, 1000, 2000),
+	}
+	for _, a := range l.TCPAddrs() {
+		for _, v := range []string{"v9", "v5", "v9"} {
+			c, err := net.Dial("tcp", a.String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.Write(msgs[v])
+			if !awaitClosed(t, c, 20*time.Second) {
+				t.Fatalf("%s: NetFlow %s session not closed", a, v)
+			}
+			c.Close()
+		}
+	}
+	eventually(t, "every session counted", func() bool {
+		return testutil.ToFloat64(closedCounter(t, reg, "tcp", "bad_framing")) == 6
+	})
+	eventually(t, "every message counted", func() bool { return testutil.ToFloat64(l.m.dropped[ReasonVersion]) == 6 })
+	if n := testutil.ToFloat64(l.m.dropped[ReasonLength]); n != 0 {
+		t.Errorf("%v messages dropped for their length, want 0", n)
+	}
+	lines := logs.Lines("NetFlow over TCP")
+	if len(lines) != 2 || !strings.Contains(strings.Join(lines, "\n"), "127.0.0.1") || !strings.Contains(strings.Join(lines, "\n"), "::1") {
+		t.Errorf("log lines %q, want one per source", lines)
 	}
 }

@@ -18,6 +18,7 @@ type metrics struct {
 	seqLost    *prometheus.CounterVec // {transport}
 	seqLostMsg *prometheus.CounterVec // {transport}
 	byVersion  *prometheus.CounterVec // {protocol}
+	stamped    [numStampReasons]prometheus.Counter
 	bothFams   prometheus.Counter
 	untracked  prometheus.Counter
 	sessions   *prometheus.GaugeVec   // {transport}
@@ -63,11 +64,17 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "dualflow_ipfix_sessions", Help: "Live IPFIX sessions (connections, UDP exporters).",
 		}, []string{"transport"}),
 		closed: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "dualflow_ipfix_sessions_closed_total", Help: "IPFIX sessions ended, by reason: eof, bad_framing, error, shutdown, idle (nothing sent for the idle timeout), slow_message (a message not completed within the message timeout), evicted (a session older than 10 s delivering under one record a minute gave its place to a new connection), and refused TCP/TLS connections: limit (all sessions taken), source_limit (all of this address's), prefix_limit (all of its IPv4 /24 or IPv6 /64; 127.0.0.0/8 is one), reserved (only the places kept for preferred sources left), source_not_allowed (outside --collector.ipfix.allowed-sources); tls_handshake.",
+			Name: "dualflow_ipfix_sessions_closed_total", Help: "IPFIX sessions ended, by reason: eof, bad_framing (a header a stream cannot be framed by: NetFlow over TCP or TLS, also counted in dualflow_ipfix_messages_dropped_total{reason=\"version\"}, or an IPFIX length below 16, reason length), error, shutdown, idle (nothing sent for the idle timeout), slow_message (a message not completed within the message timeout), evicted (a session older than 10 s delivering under one record a minute gave its place to a new connection), and refused TCP/TLS connections: limit (all sessions taken), source_limit (all of this address's), prefix_limit (all of its IPv4 /24 or IPv6 /64; 127.0.0.0/8 is one), reserved (only the places kept for preferred sources left), source_not_allowed (outside --collector.ipfix.allowed-sources); tls_handshake.",
 		}, []string{"transport", "reason"}),
 		kernelDrop: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "dualflow_ipfix_udp_kernel_drops_total", Help: "UDP datagrams the kernel dropped on the IPFIX sockets (receive buffer full, SO_RXQ_OVFL).",
 		}),
+	}
+	stamped := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "dualflow_ipfix_records_stamped_total", Help: "Records written with times the collector set, by reason: no_time (no usable start or end), relative_without_init (sysUpTime times without systemInitTimeMilliseconds), zero_uptime (NetFlow FIRST and LAST 0), no_start (the end taken), no_end (the export time taken), too_old and future (an end further than the time window, half the flows' retention, from the export and receive times). Stamped with the message's export time, or the receive time when that is unusable; none is dropped.",
+	}, []string{"reason"})
+	for r := StampReason(1); r < numStampReasons; r++ {
+		m.stamped[r] = stamped.WithLabelValues(r.String())
 	}
 	dropped := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "dualflow_ipfix_messages_dropped_total", Help: "IPFIX messages dropped, by reason: malformed (short, version, length, set_length, template, record_length), too_many_domains, too_many_sessions, queue_full (decoded, the pipeline queue full: UDP), source_not_allowed (outside --collector.ipfix.allowed-sources); for TCP/TLS, too_many_sessions (every reason of dualflow_ipfix_sessions_closed_total: limit, source_limit, prefix_limit, reserved) and source_not_allowed count refused connections.",
@@ -76,7 +83,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.dropped[r] = dropped.WithLabelValues(r.String())
 	}
 	if reg != nil {
-		reg.MustRegister(m.messages, m.records, dropped, m.skipped, m.unknownSet, m.templates, m.seqLost, m.seqLostMsg,
+		reg.MustRegister(m.messages, m.records, dropped, stamped, m.skipped, m.unknownSet, m.templates, m.seqLost, m.seqLostMsg,
 			m.byVersion, m.bothFams, m.untracked, m.sessions, m.closed, m.kernelDrop)
 	}
 	return m
@@ -119,6 +126,9 @@ func (m *metrics) flush(tr Transport, d *Decoder, prev *Stats, log *slog.Logger)
 	}
 	add(m.seqLost.WithLabelValues(t), s.SequenceLost, prev.SequenceLost)
 	add(m.seqLostMsg.WithLabelValues(t), s.SequenceLostMessages, prev.SequenceLostMessages)
+	for r := StampReason(1); r < numStampReasons; r++ {
+		add(m.stamped[r], s.Stamped[r], prev.Stamped[r])
+	}
 	add(m.bothFams, s.BothFamilies, prev.BothFamilies)
 	add(m.untracked, s.DirectionUntracked, prev.DirectionUntracked)
 	for i, name := range [...]string{protoIPFIX: "ipfix", protoV9: "netflow9", protoV5: "netflow5"} {

@@ -16,9 +16,13 @@ import (
 // templates compile into the same decode plans; v5 has one fixed record
 // layout and is decoded directly.
 //
-// Neither has a length field: a message is one UDP datagram. Over TCP,
-// where messages are framed by the IPFIX length field, they are refused
-// (reason version).
+// Neither has a length field: a message is one UDP datagram. Over TCP or
+// TLS, where messages are framed by the IPFIX length field, they are
+// refused: the message counts as reason version and the session is closed
+// (bad_framing), as the rest of the stream cannot be framed.
+//
+// An IPFIX domain and the v9 source ID of the same number are distinct
+// domains (Session): each protocol has its own templates.
 
 // Source values of records decoded from NetFlow (the flows table's source
 // column); IPFIX from a foreign exporter is fipfix.SourceForeign.
@@ -48,12 +52,13 @@ func (d *Decoder) decodeV9(s *Session, msg []byte, now time.Time, dst []flow.Rec
 	secs := binary.BigEndian.Uint32(msg[8:])
 	seq := binary.BigEndian.Uint32(msg[12:])
 	srcID := binary.BigEndian.Uint32(msg[16:])
-	dom := s.domain(srcID)
+	dom := s.domain(protoV9, srcID)
 	if dom == nil {
 		return dst, dropf(ReasonTooManyDomains, "source ID %d", srcID)
 	}
 	mc := msgCtx{now: now, exportTime: secs, domain: dom, exporter: s.exporter,
-		uptime: uptime, hasUptime: true, source: SourceNetFlow9, session: s}
+		uptime: uptime, hasUptime: true, source: SourceNetFlow9, session: s,
+		clock: newClock(time.Unix(int64(secs), 0), now, d.window())}
 	return d.sets(s, msg[v9HeaderLen:], protoV9, seq, &mc, dst)
 }
 
@@ -186,19 +191,25 @@ func (d *Decoder) decodeV5(s *Session, msg []byte, now time.Time, dst []flow.Rec
 	export := time.Unix(int64(binary.BigEndian.Uint32(msg[8:])), int64(binary.BigEndian.Uint32(msg[12:])%1e9))
 	seq := binary.BigEndian.Uint32(msg[16:])
 	domID := uint32(msg[20])<<8 | uint32(msg[21])
-	dom := s.domain(domID)
+	dom := s.domain(protoV5, domID)
 	if dom == nil {
 		return dst, dropf(ReasonTooManyDomains, "engine %d/%d", msg[20], msg[21])
 	}
+	clk := newClock(export, now, d.window())
 	for i := range count {
 		b := msg[v5HeaderLen+i*v5RecordLen:][:v5RecordLen]
+		first, last := binary.BigEndian.Uint32(b[24:]), binary.BigEndian.Uint32(b[28:])
+		start, end := uptimeTime(export, uptime, first), uptimeTime(export, uptime, last)
+		if first == 0 || last == 0 {
+			start, end = zeroSwitched(export, uptime, first, last)
+		}
 		dst = append(dst, flow.Record{
 			SrcAddr:      netip.AddrFrom4([4]byte(b[0:4])),
 			DstAddr:      netip.AddrFrom4([4]byte(b[4:8])),
 			PacketsDelta: uint64(binary.BigEndian.Uint32(b[16:])),
 			BytesDelta:   uint64(binary.BigEndian.Uint32(b[20:])),
-			FlowStart:    uptimeTime(export, uptime, binary.BigEndian.Uint32(b[24:])),
-			FlowEnd:      uptimeTime(export, uptime, binary.BigEndian.Uint32(b[28:])),
+			FlowStart:    start,
+			FlowEnd:      end,
 			SrcPort:      binary.BigEndian.Uint16(b[32:]),
 			DstPort:      binary.BigEndian.Uint16(b[34:]),
 			Proto:        b[38],
@@ -208,6 +219,13 @@ func (d *Decoder) decodeV5(s *Session, msg []byte, now time.Time, dst []flow.Rec
 			dst = dst[:len(dst)-1]
 			d.Stats.NoAddress++
 			continue
+		}
+		if !clk.usable(r) {
+			missing := StampNoTime
+			if first == 0 && last == 0 {
+				missing = StampZeroUptime
+			}
+			d.stamp(r, &clk, missing)
 		}
 		if r.Proto == flow.ProtoICMP && r.SrcPort != 0 && r.SrcPort < 256 {
 			// Cisco puts type<<8|code in the destination port; fprobe
@@ -236,8 +254,13 @@ func (d *Decoder) decodeV5(s *Session, msg []byte, now time.Time, dst []flow.Rec
 // not 49.7 days before it.
 func uptimeTime(export time.Time, uptime, t uint32) time.Time {
 	if t == 0 {
-		return time.Time{}
+		return time.Time{} // not measured (see zeroSwitched)
 	}
+	return uptimeAt(export, uptime, t)
+}
+
+// uptimeAt is uptimeTime with 0 read as a value: the exporter's boot.
+func uptimeAt(export time.Time, uptime, t uint32) time.Time {
 	return export.Add(-time.Duration(int32(uptime-t)) * time.Millisecond)
 }
 
@@ -251,26 +274,32 @@ const (
 )
 
 // Sequence-number conventions. Each protocol defines what its sequence
-// number counts: IPFIX data records (RFC 7011 3.1), NetFlow v9 export
-// packets (RFC 3954 5.1), NetFlow v5 flows. Exporters differ: softflowd's
-// v9 counts flows, and some IPFIX exporters count template records or
-// messages. A domain's convention is learned: every convention that
-// explains each loss-free step stays a candidate, the protocol's own
-// first; a step none of them explains is a loss (or reordering), measured
-// with the best candidate. The protocol's own convention is dropped only
-// after another one explained two steps in a row that it did not (one
-// such step may be a loss that another convention explains by chance),
-// and three unexplained steps in a row start the learning again.
+// number counts: IPFIX data records sent before the message (RFC 7011
+// 3.1), NetFlow v9 export packets (RFC 3954 5.1), NetFlow v5 flows.
+// Exporters differ: softflowd (IPFIX and v9) counts the flow records sent
+// including the message's own (seq_n = seq_{n-1} + flows_n, options
+// records left out), some v9 exporters count flows before the message,
+// and some IPFIX exporters count template records or messages. A domain's
+// convention is learned: every convention that explains each loss-free
+// step stays a candidate, the protocol's own first; a step none of them
+// explains is a loss (or reordering), measured with the best candidate.
+// The protocol's own convention is dropped only after another one
+// explained two steps in a row that it did not (one such step may be a
+// loss that another convention explains by chance), and three unexplained
+// steps in a row start the learning again.
 const (
-	convData     = iota // data records (options data records included)
-	convAll             // data and template records
-	convMessages        // messages
+	convData      = iota // data records before the message (options data records included)
+	convAll              // data and template records before the message
+	convMessages         // messages
+	convFlowsIncl        // flow records including the message's own, options records left out (softflowd)
 	numConventions
 )
 
 // seqCounts is what one message held, for its sequence number.
 type seqCounts struct {
 	data, templates uint32
+	// options counts the options data records among data.
+	options uint32
 	// unknown is set when a data set's template was unknown: its records
 	// could not be counted.
 	unknown bool
@@ -296,9 +325,8 @@ var specConvention = [...]int{protoIPFIX: convData, protoV9: convMessages, proto
 // announced and counts a loss.
 func (d *Decoder) sequence(dom *domain, p protocol, seq uint32, c seqCounts) {
 	st := &dom.seq
-	if st.alive == 0 || dom.proto != p {
+	if st.alive == 0 {
 		*st = seqState{alive: 1<<numConventions - 1}
-		dom.proto = p
 	}
 	if !st.known[convMessages] && c.data == 0 {
 		// The baseline is the first message with data records: Open
@@ -306,11 +334,15 @@ func (d *Decoder) sequence(dom *domain, p protocol, seq uint32, c seqCounts) {
 		// before its template messages.
 		return
 	}
+	// What each convention expects of this message; convFlowsIncl adds
+	// the message's own flows, which an unknown template leaves uncounted.
+	expect := st.next
+	expect[convFlowsIncl] += c.data - c.options
 	var matched, checked uint8
 	for i := range numConventions {
-		if st.known[i] && st.alive&(1<<i) != 0 {
+		if st.known[i] && st.alive&(1<<i) != 0 && !(i == convFlowsIncl && c.unknown) {
 			checked |= 1 << i
-			if st.next[i] == seq {
+			if expect[i] == seq {
 				matched |= 1 << i
 			}
 		}
@@ -341,7 +373,7 @@ func (d *Decoder) sequence(dom *domain, p protocol, seq uint32, c seqCounts) {
 				}
 			}
 		}
-		if gap := seq - st.next[conv]; gap < 1<<31 { // else reordered or a restart
+		if gap := seq - expect[conv]; gap < 1<<31 { // else reordered or a restart
 			if conv == convMessages {
 				st.lostMessages += uint64(gap)
 				d.Stats.SequenceLostMessages += uint64(gap)
@@ -354,4 +386,5 @@ func (d *Decoder) sequence(dom *domain, p protocol, seq uint32, c seqCounts) {
 	st.next[convData], st.known[convData] = seq+c.data, !c.unknown
 	st.next[convAll], st.known[convAll] = seq+c.data+c.templates, !c.unknown
 	st.next[convMessages], st.known[convMessages] = seq+1, true
+	st.next[convFlowsIncl], st.known[convFlowsIncl] = seq, true
 }

@@ -2,9 +2,14 @@ package ipfix
 
 import (
 	"errors"
+	"fmt"
+	"net"
 	"net/netip"
+	"reflect"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/dualflow/dualflow/flow"
 )
@@ -345,6 +350,69 @@ func TestSequenceConventions(t *testing.T) {
 			t.Errorf("lost %d messages, %d records; want 1 message (the first loss is hidden by the ambiguous step)", d.Stats.SequenceLostMessages, d.Stats.SequenceLost)
 		}
 	})
+	// softflowd (IPFIX and v9) numbers a message with the flow records
+	// sent including its own, options records left out: seq_n = seq_{n-1}
+	// + flows_n. Messages of both families and different sizes; then one
+	// of 3 records is lost.
+	for _, ipfix := range []bool{true, false} {
+		name := "v9"
+		if ipfix {
+			name = "ipfix"
+		}
+		t.Run(name+" counting this message's flows", func(t *testing.T) {
+			r4, r6 := cat(lab4a, lab4b), cat(lab6a, lab6b)
+			var msgs [][]byte
+			seq := uint32(0)
+			for i, n := range []int{5, 1, 7, 2, 2, 6, 3, 1} {
+				four, six := [][]byte{}, [][]byte{}
+				for j := range n {
+					if j%2 == 0 {
+						four = append(four, r4)
+					} else {
+						six = append(six, r6)
+					}
+				}
+				seq += uint32(n)
+				if ipfix {
+					sets := [][]byte{set(300, four...)}
+					if i == 0 {
+						sets = append([][]byte{set(2, templateRec(300, ieSrc4, ieDst4), templateRec(301, ieSrc6, ieDst6)),
+							set(3, optionsRec(400, 1, fs{0, 149, 4}, ieSysInit)), set(400, cat(be32(1), be64(1_779_999_000_000)))}, sets...)
+					}
+					if len(six) > 0 {
+						sets = append(sets, set(301, six...))
+					}
+					msgs = append(msgs, message(0, seq, sets...))
+					continue
+				}
+				sets := [][]byte{v9Set(300, four...)}
+				if i == 0 {
+					sets = append([][]byte{v9Set(0, v9Template(300, v9Src4, v9Dst4), v9Template(301, v9Src6, v9Dst6)),
+						v9Set(1, v9Options(400, []fs{{0, 1, 4}}, []fs{{0, 34, 4}})), v9Set(400, cat(be32(1), be32(1)))}, sets...)
+				}
+				if len(six) > 0 {
+					sets = append(sets, v9Set(301, six...))
+				}
+				msgs = append(msgs, v9Message(0, seq, 0, sets...))
+			}
+			d := NewDecoder()
+			s := NewSession(exporterAP, UDP, Limits{})
+			out := decodeAll(t, d, s, msgs...)
+			if len(out) != 27 || d.Stats.SequenceLost != 0 || d.Stats.SequenceLostMessages != 0 {
+				t.Fatalf("%d records; lost %d records, %d messages; want 27, none lost", len(out), d.Stats.SequenceLost, d.Stats.SequenceLostMessages)
+			}
+			// The next message (4 flows) is lost; the one after holds 2.
+			seq += 4 + 2
+			lost := message(0, seq, set(300, r4), set(301, r6))
+			if !ipfix {
+				lost = v9Message(0, seq, 0, v9Set(300, r4), v9Set(301, r6))
+			}
+			decodeAll(t, d, s, lost)
+			if d.Stats.SequenceLost != 4 || d.Stats.SequenceLostMessages != 0 {
+				t.Errorf("lost %d records, %d messages; want 4 records", d.Stats.SequenceLost, d.Stats.SequenceLostMessages)
+			}
+		})
+	}
 	t.Run("ipfix counting messages", func(t *testing.T) {
 		d := NewDecoder()
 		s := NewSession(exporterAP, UDP, Limits{})
@@ -578,4 +646,72 @@ func TestNetFlowReviewCases(t *testing.T) {
 			t.Fatalf("records %+v, stats %+v", recs, d.Stats)
 		}
 	})
+}
+
+// TestTemplatesPerProtocol: IPFIX and NetFlow v9 templates are kept apart.
+// One exporter socket sends both with the same template ID and domain
+// (source ID) and different layouts, interleaved: every record of each
+// decodes with its own protocol's template. Over TCP NetFlow is refused
+// (it cannot be framed) and leaves the IPFIX templates as they were.
+func TestTemplatesPerProtocol(t *testing.T) {
+	for _, fam := range families {
+		ipfixTmpl := set(2, templateRec(256, fam.src, fam.dst, fs{0, 7, 2}, fs{0, 11, 2}, ieProto, fs{0, 2, 8}))
+		ipfixData := set(256, cat(fam.a, fam.b, be16(1111), be16(2222), []byte{6}, be64(11)))
+		v9Tmpl := v9Set(0, v9Template(256, v9Proto, v9DstPort, v9SrcPort, v9InPkts, fam.dst, fam.src))
+		v9Data := v9Set(256, cat([]byte{17}, be16(4444), be16(3333), be32(22), fam.b, fam.a))
+		check := func(t *testing.T, recs []flow.Record, want []string) {
+			t.Helper()
+			var got []string
+			for _, r := range recs {
+				got = append(got, fmt.Sprintf("%s %v:%d>%v:%d/%d %d", r.Source, r.SrcAddr, r.SrcPort, r.DstAddr, r.DstPort, r.Proto, r.PacketsDelta))
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("records\n %q\nwant\n %q", got, want)
+			}
+		}
+		src, _ := netip.AddrFromSlice(fam.a)
+		dst, _ := netip.AddrFromSlice(fam.b)
+		ipfixRec := fmt.Sprintf("ipfix %v:1111>%v:2222/6 11", src, dst)
+		v9Rec := fmt.Sprintf("netflow9 %v:3333>%v:4444/17 22", src, dst)
+
+		t.Run(fam.name+"/udp", func(t *testing.T) {
+			listen := "127.0.0.1:0"
+			if fam.name == "ipv6" {
+				listen = "[::1]:0"
+			}
+			l, q, _ := startListener(t, Config{UDPAddrs: []string{listen}})
+			c, err := net.Dial("udp", l.UDPAddrs()[0].String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			for _, m := range [][]byte{
+				message(1, 0, ipfixTmpl, ipfixData),
+				v9Message(1, 0, 100_000, v9Tmpl, v9Data),
+				message(1, 1, ipfixData),
+				v9Message(1, 1, 100_000, v9Data),
+			} {
+				if _, err := c.Write(m); err != nil {
+					t.Fatal(err)
+				}
+			}
+			recs := collect(t, q, 4)
+			check(t, recs, []string{ipfixRec, v9Rec, ipfixRec, v9Rec})
+			if n := testutil.ToFloat64(l.m.unknownSet); n != 0 {
+				t.Errorf("%v sets of unknown templates", n)
+			}
+		})
+		t.Run(fam.name+"/tcp", func(t *testing.T) {
+			d := NewDecoder()
+			s := NewSession(exporterAP, TCP, Limits{})
+			recs := decodeAll(t, d, s, message(1, 0, ipfixTmpl, ipfixData))
+			_, err := d.Decode(s, v9Message(1, 0, 100_000, v9Tmpl, v9Data), now, nil)
+			var de *Error
+			if !errors.As(err, &de) || de.Reason != ReasonVersion {
+				t.Fatalf("NetFlow v9 over TCP: err %v, want reason version", err)
+			}
+			recs = append(recs, decodeAll(t, d, s, message(1, 1, ipfixData))...)
+			check(t, recs, []string{ipfixRec, ipfixRec})
+		})
+	}
 }

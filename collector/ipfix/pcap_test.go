@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/google/gopacket"
 	"github.com/google/gopacket/layers"
@@ -15,13 +16,23 @@ import (
 // exporter sent), in capture order.
 func readPcap(t testing.TB, path string) [][]byte {
 	t.Helper()
+	msgs, _ := readPcapTimes(t, path)
+	return msgs
+}
+
+// readPcapTimes returns the UDP payloads of a capture and when each was
+// captured: the time a collector received it.
+func readPcapTimes(t testing.TB, path string) ([][]byte, []time.Time) {
+	t.Helper()
 	var out [][]byte
+	var at []time.Time
 	forEachPacket(t, path, func(p gopacket.Packet) {
 		if u, ok := p.Layer(layers.LayerTypeUDP).(*layers.UDP); ok {
 			out = append(out, append([]byte(nil), u.Payload...))
+			at = append(at, p.Metadata().Timestamp)
 		}
 	})
-	return out
+	return out, at
 }
 
 // forEachPacket calls fn with each packet of a capture, decoded, with its

@@ -27,8 +27,10 @@ func (t Transport) String() string {
 // Limits bound what one exporter can make the collector hold. Zero fields
 // take the defaults (SetDefaults).
 type Limits struct {
-	// MaxDomains is the number of observation domains per session; messages
-	// of further domains are dropped (reason too_many_domains).
+	// MaxDomains is the number of observation domains per session, an
+	// IPFIX domain and a NetFlow source ID of the same number counting
+	// as two; messages of further domains are dropped (reason
+	// too_many_domains).
 	MaxDomains int
 	// MaxTemplates is the number of templates and options templates per
 	// session, over all its domains; further definitions are ignored and
@@ -118,14 +120,16 @@ func (l *Limits) SetDefaults() {
 
 // Session is the template state of one exporter session: one TCP or TLS
 // connection, or one UDP source address and port (RFC 7011 10.3.1).
-// Templates are scoped by session and observation domain. A Session is not
-// safe for concurrent use; it belongs to the goroutine that reads its
-// transport.
+// Templates are scoped by session, protocol and observation domain: an
+// IPFIX domain and the NetFlow v9 source ID of the same number are two
+// domains, whose templates of the same ID never replace each other. A
+// Session is not safe for concurrent use; it belongs to the goroutine that
+// reads its transport.
 type Session struct {
 	Exporter  netip.AddrPort
 	Transport Transport
 	lim       Limits
-	domains   map[uint32]*domain
+	domains   map[domainKey]*domain
 	last      *domain // the domain of the previous message
 	templates int     // templates over all domains
 	bytes     int     // template memory over all domains
@@ -141,11 +145,19 @@ type Session struct {
 	exporter netip.Addr // Exporter's address, unmapped
 }
 
-// domain is the state of one observation domain of a session.
+// domainKey names a domain of a session: its protocol (IPFIX, NetFlow v9
+// or v5) and its ID (observation domain, v9 source ID, v5 engine).
+type domainKey struct {
+	id    uint32
+	proto protocol
+}
+
+// domain is the state of one observation domain of a protocol of a
+// session.
 type domain struct {
 	id        uint32
+	proto     protocol
 	templates map[uint16]*template
-	proto     protocol // of the last message (IPFIX, NetFlow v9 or v5)
 	seq       seqState
 	sysInitMs uint64     // systemInitTimeMilliseconds from options data
 	dirs      dirTracker // DirectionAuto's kept direction per tuple
@@ -156,24 +168,26 @@ func NewSession(exporter netip.AddrPort, transport Transport, lim Limits) *Sessi
 	lim.SetDefaults()
 	return &Session{
 		Exporter: exporter, Transport: transport, lim: lim,
-		domains:  map[uint32]*domain{},
+		domains:  map[domainKey]*domain{},
 		exporter: exporter.Addr().Unmap(),
 	}
 }
 
-// domain returns the state of domain id, creating it, or nil when the
-// session has MaxDomains already.
-func (s *Session) domain(id uint32) *domain {
-	if d := s.last; d != nil && d.id == id {
+// domain returns the state of domain id of protocol p, creating it, or
+// nil when the session has MaxDomains already (the domains of every
+// protocol count).
+func (s *Session) domain(p protocol, id uint32) *domain {
+	if d := s.last; d != nil && d.id == id && d.proto == p {
 		return d
 	}
-	d := s.domains[id]
+	k := domainKey{id: id, proto: p}
+	d := s.domains[k]
 	if d == nil {
 		if len(s.domains) >= s.lim.MaxDomains {
 			return nil
 		}
-		d = &domain{id: id, templates: map[uint16]*template{}}
-		s.domains[id] = d
+		d = &domain{id: id, proto: p, templates: map[uint16]*template{}}
+		s.domains[k] = d
 	}
 	s.last = d
 	return d
@@ -192,23 +206,29 @@ func (s *Session) note(c seqCounts, now time.Time) {
 func (s *Session) Templates() int { return s.templates }
 
 // Lost returns the number of data records that sequence numbers show as
-// missing in observation domain id (for a NetFlow v9 domain counting
-// packets, see LostMessages).
+// missing in observation domain id, of every protocol (for a NetFlow v9
+// domain counting packets, see LostMessages).
 func (s *Session) Lost(id uint32) uint64 {
-	if d := s.domains[id]; d != nil {
-		return d.seq.lostRecords
+	var n uint64
+	for k, d := range s.domains {
+		if k.id == id {
+			n += d.seq.lostRecords
+		}
 	}
-	return 0
+	return n
 }
 
 // LostMessages returns the number of messages that sequence numbers show
-// as missing in observation domain id, for exporters whose sequence
-// numbers count messages (NetFlow v9).
+// as missing in observation domain id, of every protocol, for exporters
+// whose sequence numbers count messages (NetFlow v9).
 func (s *Session) LostMessages(id uint32) uint64 {
-	if d := s.domains[id]; d != nil {
-		return d.seq.lostMessages
+	var n uint64
+	for k, d := range s.domains {
+		if k.id == id {
+			n += d.seq.lostMessages
+		}
 	}
-	return 0
+	return n
 }
 
 func (s *Session) removeTemplate(d *domain, id uint16) bool {

@@ -22,8 +22,38 @@ import (
 const tcpReadBuffer = 64 << 10
 
 // errFraming means a message header cannot be trusted: on a stream there
-// is no way to find the next message, so the session must end.
+// is no way to find the next message, so the session must end. The framer
+// returns it as a *badHeader.
 var errFraming = errors.New("ipfix stream framing lost")
+
+// badHeader is a message header a stream cannot be framed by: a version
+// other than IPFIX's (NetFlow v9 and v5 have no length field) or a length
+// below the header's.
+type badHeader struct {
+	version uint16
+	length  int
+}
+
+func (e *badHeader) Error() string {
+	if e.netflow() {
+		return fmt.Sprintf("%v: NetFlow v%d over a stream (NetFlow has no length field)", errFraming, e.version)
+	}
+	return fmt.Sprintf("%v: version %d, length %d", errFraming, e.version, e.length)
+}
+
+func (e *badHeader) Is(target error) bool { return target == errFraming }
+
+// netflow reports whether the header is NetFlow's.
+func (e *badHeader) netflow() bool { return e.version == 9 || e.version == 5 }
+
+// reason is the drop reason of the message: version for another protocol
+// (as for a datagram), length for an IPFIX header shorter than itself.
+func (e *badHeader) reason() Reason {
+	if e.version != fipfix.Version {
+		return ReasonVersion
+	}
+	return ReasonLength
+}
 
 // errIdle and errSlowMessage end a session whose exporter sent no message
 // for the idle timeout, or did not finish a message within the message
@@ -62,7 +92,7 @@ func (f *framer) deadline(n int, at time.Time) {
 
 // next returns the next message; it is valid until the following call. A
 // header with the wrong version or a length below the header size returns
-// errFraming; a read that hits a deadline returns errIdle or
+// a *badHeader (errFraming); a read that hits a deadline returns errIdle or
 // errSlowMessage.
 func (f *framer) next() ([]byte, error) {
 	if f.prev > 0 {
@@ -80,8 +110,8 @@ func (f *framer) next() ([]byte, error) {
 		return nil, err
 	}
 	l := int(binary.BigEndian.Uint16(h[2:]))
-	if binary.BigEndian.Uint16(h) != fipfix.Version || l < fipfix.MessageHeaderLen {
-		return nil, errFraming
+	if v := binary.BigEndian.Uint16(h); v != fipfix.Version || l < fipfix.MessageHeaderLen {
+		return nil, &badHeader{version: v, length: l}
 	}
 	if f.message > 0 {
 		f.deadline(l, time.Now().Add(f.message))
@@ -131,19 +161,21 @@ func (l *Listener) accept(ctx context.Context, ln net.Listener, tr Transport, co
 			continue
 		}
 		delay = 0
+		// Counted before the close: a client that sees its connection
+		// closed sees the refusal counted.
 		if src := addrOfNet(c.RemoteAddr()); !l.cfg.AllowedSources.Allows(src) {
-			c.Close() // before the TLS handshake, before any byte is read
 			l.m.dropped[ReasonSourceNotAllowed].Inc()
 			l.m.closed.WithLabelValues(tr.String(), "source_not_allowed").Inc()
+			c.Close() // before the TLS handshake, before any byte is read
 			l.warns.warn("source_not_allowed", src, "ipfix connection from a source outside --collector.ipfix.allowed-sources refused (one line per source a minute; see dualflow_ipfix_sessions_closed_total)",
 				"transport", tr.String(), "remote", c.RemoteAddr())
 			continue
 		}
 		ci, refused := conns.add(c, time.Now())
 		if refused != admitted {
-			c.Close()
 			l.m.dropped[ReasonTooManySessions].Inc()
 			l.m.closed.WithLabelValues(tr.String(), refused.String()).Inc()
+			c.Close()
 			// One line a minute per reason, whatever the number of sources:
 			// a flood of connections costs no more.
 			l.warns.warn("refused_"+refused.String(), netip.Addr{}, "ipfix connection refused: no session may give its place (one line a minute per reason; see dualflow_ipfix_sessions_closed_total)",
@@ -181,8 +213,7 @@ func (l *Listener) serveConn(ctx context.Context, ci *connInfo, tr Transport, co
 	remote, _ := netip.ParseAddrPort(c.RemoteAddr().String())
 	s := NewSession(remote, tr, l.cfg.Limits)
 	defer s.Close()
-	d := NewDecoder()
-	d.Direction = l.cfg.Direction
+	d := l.newDecoder()
 	var prev Stats
 	f := newFramer(c)
 	f.d, f.idle, f.message, f.active = c, l.cfg.IdleTimeout, l.cfg.MessageTimeout, time.Now()
@@ -201,15 +232,21 @@ func (l *Listener) serveConn(ctx context.Context, ci *connInfo, tr Transport, co
 		msg, err := f.next()
 		if err != nil {
 			reason := "error"
+			var bad *badHeader
 			switch {
 			case errors.Is(err, io.EOF):
 				reason = "eof"
-			case errors.Is(err, errFraming):
+			case errors.As(err, &bad):
 				reason = "bad_framing"
 				d.Stats.Messages++
-				d.Stats.Dropped[ReasonLength]++
+				d.Stats.Dropped[bad.reason()]++
+				if bad.netflow() {
+					l.warns.warn("netflow_over_tcp", ci.src, "ipfix session closed: NetFlow over TCP (or TLS) cannot be framed, NetFlow has no length field: send it over UDP (one line per source a minute; see dualflow_ipfix_messages_dropped_total{reason=\"version\"})",
+						"transport", t, "remote", remote, "version", bad.version)
+					break
+				}
 				l.warns.warn("bad_framing", ci.src, "ipfix session closed: bad message header (one line per source a minute; see dualflow_ipfix_sessions_closed_total)",
-					"transport", t, "remote", remote)
+					"transport", t, "remote", remote, "version", bad.version, "length", bad.length)
 			case ctx.Err() != nil:
 				reason = "shutdown"
 			case ci.evicted.Load() != 0:
@@ -234,6 +271,7 @@ func (l *Listener) serveConn(ctx context.Context, ci *connInfo, tr Transport, co
 		if b.Recs, err = d.Decode(s, msg, now, b.Recs); err != nil {
 			l.warnDropped(tr, remote, err)
 		}
+		l.warnStamped(tr, remote, d)
 		if !s.Active.Equal(active) { // a valid set: the session earns its place
 			ci.useful(now, s.Records-recs)
 			f.active = now

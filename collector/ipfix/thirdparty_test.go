@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -115,9 +116,10 @@ func TestGoldenThirdParty(t *testing.T) {
 			d := NewDecoder()
 			s := NewSession(exporterAP, UDP, Limits{})
 			var recs []flow.Record
-			for i, m := range readPcap(t, "testdata/netflow/"+tc.file+".pcap") {
+			msgs, at := readPcapTimes(t, "testdata/netflow/"+tc.file+".pcap")
+			for i, m := range msgs {
 				var err error
-				if recs, err = d.Decode(s, m, now, recs); err != nil {
+				if recs, err = d.Decode(s, m, at[i], recs); err != nil {
 					t.Fatalf("datagram %d: %v", i, err)
 				}
 			}
@@ -173,7 +175,8 @@ func TestGoldenThirdParty(t *testing.T) {
 				t.Errorf("traffic not accounted for:\n%s", strings.Join(missing, "\n"))
 			}
 			st := d.Stats
-			if st.Dropped != [numReasons]uint64{} || st.UnknownSets != 0 || st.NoAddress != 0 || st.WrongDirection != 0 || st.BothFamilies != 0 {
+			if st.Dropped != [numReasons]uint64{} || st.UnknownSets != 0 || st.NoAddress != 0 || st.WrongDirection != 0 || st.BothFamilies != 0 ||
+				st.Stamped != [numStampReasons]uint64{} {
 				t.Errorf("stats %+v", st)
 			}
 			if st.SequenceLost != 0 || st.SequenceLostMessages != 0 {
@@ -222,8 +225,9 @@ func TestThirdPartyCapturesPerMode(t *testing.T) {
 			d := NewDecoder()
 			s := NewSession(exporterAP, UDP, Limits{})
 			var recs []flow.Record
-			for i, m := range readPcap(t, path) {
-				if recs, err = d.Decode(s, m, now, recs); err != nil {
+			msgs, at := readPcapTimes(t, path)
+			for i, m := range msgs {
+				if recs, err = d.Decode(s, m, at[i], recs); err != nil {
 					t.Fatalf("datagram %d: %v", i, err)
 				}
 			}
@@ -245,8 +249,69 @@ func TestThirdPartyCapturesPerMode(t *testing.T) {
 			}
 			st := d.Stats
 			if st.Dropped != [numReasons]uint64{} || st.UnknownSets != 0 || st.WrongDirection != 0 || st.BothFamilies != 0 ||
-				st.SequenceLost != 0 || st.SequenceLostMessages != 0 {
+				st.SequenceLost != 0 || st.SequenceLostMessages != 0 || st.Stamped != [numStampReasons]uint64{} {
 				t.Errorf("stats %+v", st)
+			}
+		})
+	}
+}
+
+// TestSoftflowdSequence decodes the long softflowd IPFIX captures (e2e
+// TestSoftflowdLongIPFIX, -update-thirdparty): softflowd numbers each
+// message with the flow records sent including its own (seq_n = seq_{n-1}
+// + records_n), not those before it (RFC 7011). No loss may be reported
+// for the whole capture, and a message taken out (as the network would
+// lose it) must still be counted, record for record.
+func TestSoftflowdSequence(t *testing.T) {
+	for _, mode := range []string{"ipv4", "ipv6", "dual"} {
+		t.Run(mode, func(t *testing.T) {
+			msgs, at := readPcapTimes(t, "testdata/thirdparty/softflowd-ipfix-long-"+mode+".pcap")
+			if len(msgs) < 11 {
+				t.Fatalf("%d messages: too few to show a sequence convention", len(msgs))
+			}
+			d := NewDecoder()
+			s := NewSession(exporterAP, UDP, Limits{})
+			perMsg := make([]int, len(msgs))
+			families := map[uint8]int{}
+			var recs []flow.Record
+			for i, m := range msgs {
+				var err error
+				if recs, err = d.Decode(s, m, at[i], recs[:0]); err != nil {
+					t.Fatalf("message %d: %v", i, err)
+				}
+				perMsg[i] = len(recs)
+				for _, r := range recs {
+					families[r.IPVersion]++
+				}
+			}
+			if d.Stats.SequenceLost != 0 || d.Stats.SequenceLostMessages != 0 {
+				t.Errorf("%d messages: sequence numbers show %d records and %d messages lost; none were",
+					len(msgs), d.Stats.SequenceLost, d.Stats.SequenceLostMessages)
+			}
+			if mode == "dual" && (families[4] == 0 || families[6] == 0) {
+				t.Errorf("families %v, want both", families)
+			}
+			// Take out one message, then two in a row, each holding flow
+			// records: the loss is what they held.
+			for _, drop := range [][]int{{len(msgs) / 2}, {len(msgs)/2 - 2, len(msgs)/2 - 1}} {
+				d := NewDecoder()
+				s := NewSession(exporterAP, UDP, Limits{})
+				want := 0
+				for i, m := range msgs {
+					if slices.Contains(drop, i) {
+						want += perMsg[i]
+						continue
+					}
+					if _, err := d.Decode(s, m, at[i], nil); err != nil {
+						t.Fatalf("message %d: %v", i, err)
+					}
+				}
+				if want == 0 {
+					t.Fatalf("messages %v hold no records", drop)
+				}
+				if d.Stats.SequenceLost != uint64(want) {
+					t.Errorf("messages %v taken out (%d records): sequence numbers show %d records lost", drop, want, d.Stats.SequenceLost)
+				}
 			}
 		})
 	}

@@ -37,8 +37,7 @@ func (l *Listener) readUDP(ctx context.Context, rd udpReader, local net.Addr) {
 		dgs[i].buf = make([]byte, fipfix.MaxMessageLen)
 	}
 	sessions := map[netip.AddrPort]*Session{}
-	d := NewDecoder()
-	d.Direction = l.cfg.Direction
+	d := l.newDecoder()
 	var prev Stats
 	var lastDrops uint32
 	dropsKnown := false
@@ -105,6 +104,7 @@ func (l *Listener) readUDP(ctx context.Context, rd udpReader, local net.Addr) {
 			if b.Recs, err = d.Decode(s, dg.buf[:dg.n], now, b.Recs); err != nil {
 				l.warnDropped(UDP, from, err)
 			}
+			l.warnStamped(UDP, from, d)
 			if len(b.Recs) > had {
 				msgs++
 			}

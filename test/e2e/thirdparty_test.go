@@ -605,12 +605,7 @@ func testThirdPartyMode(t *testing.T, c *collector.Collector, mode manifest.Mode
 	}
 	softflowd := func(v string) func(t *testing.T, dest netip.AddrPort) *exec.Cmd {
 		return func(t *testing.T, dest netip.AddrPort) *exec.Cmd {
-			args := []string{"-d", "-r", pcap, "-n", dest.String(), "-v", v,
-				"-c", filepath.Join(p.dir, "softflowd-"+v+".ctl"), "-p", filepath.Join(p.dir, "softflowd-"+v+".pid")}
-			if v != "5" {
-				args = append(args, "-6")
-			}
-			return exec.Command("softflowd", args...)
+			return softflowdCmd(pcap, dest, v, filepath.Join(p.dir, "softflowd-"+v+".ctl"), filepath.Join(p.dir, "softflowd-"+v+".pid"))
 		}
 	}
 	pmacct := func(v string) func(t *testing.T, dest netip.AddrPort) *exec.Cmd {
