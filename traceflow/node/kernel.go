@@ -97,6 +97,12 @@ func (t *Tracer) startTrace(ctx context.Context, tb observe.Table) (*monitorSub,
 			stop()
 			return nil, nil, err
 		}
+		if ctx.Err() != nil {
+			// The load outlived the watch: it is not ready, however
+			// quickly the echo follows.
+			stop()
+			return nil, nil, fmt.Errorf("trace table loaded after the watch ended: %w", ctx.Err())
+		}
 		wctx, cancel := context.WithTimeout(ctx, wait)
 		_, err = mon.WaitFor(wctx, echo)
 		cancel()
