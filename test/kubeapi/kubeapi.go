@@ -122,6 +122,27 @@ type Options struct {
 	Binary, Etcd string
 	// Log receives both processes' output (default: files in Dir).
 	Log io.Writer
+	// Address is where the API server listens and what it advertises
+	// (default 127.0.0.1); Port its port (default: a free one). A real
+	// cluster's nodes reach it on an address of the cluster's network.
+	Address string
+	Port    int
+	// ServiceCIDRs is --service-cluster-ip-range (default ServiceCIDRs);
+	// its first family is the kubernetes Service's.
+	ServiceCIDRs string
+	// Authorization is --authorization-mode (default RBAC).
+	Authorization string
+	// Users are more static-token users (a kubelet, kube-proxy, ...):
+	// Kubeconfig writes their credentials.
+	Users []User
+	// ExtraArgs are appended to the API server's command line.
+	ExtraArgs []string
+}
+
+// User is a static-token user of the API server.
+type User struct {
+	Name   string
+	Groups []string
 }
 
 // Server is a running etcd and kube-apiserver.
@@ -138,6 +159,8 @@ type Server struct {
 	dir        string
 	caData     []byte
 	adminToken string
+	tokens     map[string]string // user -> token, Options.Users
+	users      []User
 	etcd, api  *exec.Cmd
 	apiArgs    []string // the API server's command line, for Restart
 	etcdURL    string
@@ -224,22 +247,39 @@ func start(ctx context.Context, o Options, attempt int) (_ *Server, err error) {
 		return nil, fmt.Errorf("etcd: %w%s", err, s.tail(0))
 	}
 
+	s.users = o.Users
 	if err := s.writeSecrets(); err != nil {
 		return nil, err
 	}
 	port := strconv.Itoa(ports[2])
-	s.URL = "https://127.0.0.1:" + port
+	if o.Port != 0 {
+		port = strconv.Itoa(o.Port)
+	}
+	addr, reconciler := "127.0.0.1", "none"
+	if o.Address != "" {
+		// A cluster with nodes: the kubernetes Service's endpoints name
+		// the API server, for the pods.
+		addr, reconciler = o.Address, "lease"
+	}
+	serviceCIDRs, authz := ServiceCIDRs, "RBAC"
+	if o.ServiceCIDRs != "" {
+		serviceCIDRs = o.ServiceCIDRs
+	}
+	if o.Authorization != "" {
+		authz = o.Authorization
+	}
+	s.URL = "https://" + net.JoinHostPort(addr, port)
 	s.apiArgs = []string{o.Binary,
 		"--etcd-servers", s.etcdURL,
-		"--bind-address", "127.0.0.1", "--secure-port", port, "--advertise-address", "127.0.0.1",
-		"--endpoint-reconciler-type", "none",
+		"--bind-address", addr, "--secure-port", port, "--advertise-address", addr,
+		"--endpoint-reconciler-type", reconciler,
 		"--cert-dir", filepath.Join(dir, "certs"),
 		"--token-auth-file", filepath.Join(dir, "tokens.csv"),
-		"--authorization-mode", "RBAC",
+		"--authorization-mode", authz,
 		"--service-account-issuer", "https://kubernetes.default.svc",
 		"--service-account-key-file", filepath.Join(dir, "sa.pem"),
 		"--service-account-signing-key-file", filepath.Join(dir, "sa.pem"),
-		"--service-cluster-ip-range", ServiceCIDRs,
+		"--service-cluster-ip-range", serviceCIDRs,
 		// PodTopologyLabels (1.35+) stays on, as on a real cluster: it
 		// copies a node's zone and region labels onto a pod created with
 		// spec.nodeName after its node. The lab's pods carry those labels
@@ -248,6 +288,7 @@ func start(ctx context.Context, o Options, attempt int) (_ *Server, err error) {
 		"--enable-priority-and-fairness=false",
 		"--profiling=false",
 		"--v=1"}
+	s.apiArgs = append(s.apiArgs, o.ExtraArgs...)
 	s.log = o.Log
 	if err := s.spawnAPI(); err != nil {
 		return nil, err
@@ -409,7 +450,16 @@ func (s *Server) writeSecrets() error {
 		return err
 	}
 	s.adminToken = hex.EncodeToString(b)
-	if err := os.WriteFile(filepath.Join(s.dir, "tokens.csv"), []byte(s.adminToken+`,admin,admin-uid,"system:masters"`+"\n"), 0o600); err != nil {
+	csv := s.adminToken + `,admin,admin-uid,"system:masters"` + "\n"
+	s.tokens = map[string]string{}
+	for _, u := range s.users {
+		if _, err := rand.Read(b); err != nil {
+			return err
+		}
+		s.tokens[u.Name] = hex.EncodeToString(b)
+		csv += fmt.Sprintf("%s,%s,%s-uid,%q\n", s.tokens[u.Name], u.Name, u.Name, strings.Join(u.Groups, ","))
+	}
+	if err := os.WriteFile(filepath.Join(s.dir, "tokens.csv"), []byte(csv), 0o600); err != nil {
 		return err
 	}
 	key, err := rsa.GenerateKey(rand.Reader, 2048)
@@ -437,6 +487,24 @@ func (s *Server) writeKubeconfig(path, user, token string) error {
 	cfg.Contexts["kubeapi"] = &clientcmdapi.Context{Cluster: "kubeapi", AuthInfo: user}
 	cfg.CurrentContext = "kubeapi"
 	return clientcmd.WriteToFile(*cfg, path)
+}
+
+// CA is the PEM of the certificate that signs the API server's (its
+// self-signed serving certificate).
+func (s *Server) CA() []byte { return s.caData }
+
+// ServiceAccountKey is the file of the key that signs ServiceAccount
+// tokens (PKCS#8 private key, then the public key), for
+// kube-controller-manager.
+func (s *Server) ServiceAccountKey() string { return filepath.Join(s.dir, "sa.pem") }
+
+// Kubeconfig writes a kubeconfig for the Options.Users user to path.
+func (s *Server) Kubeconfig(path, user string) error {
+	tok, ok := s.tokens[user]
+	if !ok {
+		return fmt.Errorf("kubeapi: no user %q in Options.Users", user)
+	}
+	return s.writeKubeconfig(path, user, tok)
 }
 
 // RESTConfig is the admin's client configuration.
