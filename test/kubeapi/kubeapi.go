@@ -46,6 +46,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/dualflow/dualflow/nsrun"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -137,6 +139,10 @@ type Options struct {
 	Users []User
 	// ExtraArgs are appended to the API server's command line.
 	ExtraArgs []string
+	// NetNS, a /run/netns path, runs etcd and the API server inside that
+	// network namespace (on its loopback ports 2379 and 2380, and Port or
+	// 6443); the Server's clients dial into it.
+	NetNS string
 }
 
 // User is a static-token user of the API server.
@@ -161,6 +167,7 @@ type Server struct {
 	adminToken string
 	tokens     map[string]string // user -> token, Options.Users
 	users      []User
+	netns      string // Options.NetNS
 	etcd, api  *exec.Cmd
 	apiArgs    []string // the API server's command line, for Restart
 	etcdURL    string
@@ -214,19 +221,21 @@ func start(ctx context.Context, o Options, attempt int) (_ *Server, err error) {
 	if err := os.MkdirAll(filepath.Join(dir, "certs"), 0o700); err != nil {
 		return nil, err
 	}
-	s := &Server{dir: dir}
+	s := &Server{dir: dir, netns: o.NetNS}
 	defer func() {
 		if err != nil {
 			s.Stop()
 		}
 	}()
-	ports, err := freePorts(3)
-	if err != nil {
-		return nil, err
+	ports := []int{2379, 2380, 6443} // a namespace of its own: free
+	if o.NetNS == "" {
+		if ports, err = freePorts(3); err != nil {
+			return nil, err
+		}
 	}
 	s.etcdURL = "http://127.0.0.1:" + strconv.Itoa(ports[0])
 	peer := "http://127.0.0.1:" + strconv.Itoa(ports[1])
-	s.etcd = exec.Command(o.Etcd,
+	s.etcd = s.command(o.Etcd,
 		"--name", "kubeapi", "--data-dir", filepath.Join(dir, "etcd"),
 		"--listen-client-urls", s.etcdURL, "--advertise-client-urls", s.etcdURL,
 		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
@@ -237,7 +246,9 @@ func start(ctx context.Context, o Options, attempt int) (_ *Server, err error) {
 		return nil, err
 	}
 	if err := waitFor(ctx, 60*time.Second, s.waits[0], func() bool {
-		resp, err := http.Get(s.etcdURL + "/health")
+		c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: s.Dial}}
+		defer c.CloseIdleConnections()
+		resp, err := c.Get(s.etcdURL + "/health")
 		if err != nil {
 			return false
 		}
@@ -323,15 +334,40 @@ func start(ctx context.Context, o Options, attempt int) (_ *Server, err error) {
 	// The tests write a lab's objects in a burst: client-go's default
 	// rate limit (5 QPS) would make that take seconds.
 	rc.QPS, rc.Burst = 200, 400
+	rc.Dial = s.Dial
 	if s.Admin, err = kubernetes.NewForConfig(rc); err != nil {
 		return nil, err
 	}
 	return s, nil
 }
 
+// command is exec.Command, inside Options.NetNS if set (nsenter execs the
+// binary: the process is the server, with StartTied's death signal).
+func (s *Server) command(name string, args ...string) *exec.Cmd {
+	if s.netns == "" {
+		return exec.Command(name, args...)
+	}
+	return exec.Command("nsenter", append([]string{"--net=" + s.netns, "--", name}, args...)...)
+}
+
+// Dial dials addr from the API server's network namespace (Options.NetNS),
+// or from this process's.
+func (s *Server) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
+	var d net.Dialer
+	if s.netns == "" {
+		return d.DialContext(ctx, network, addr)
+	}
+	var c net.Conn
+	err := nsrun.Do(s.netns, func() (err error) {
+		c, err = d.DialContext(ctx, network, addr)
+		return err
+	})
+	return c, err
+}
+
 // spawnAPI starts the API server with s.apiArgs.
 func (s *Server) spawnAPI() error {
-	s.api = exec.Command(s.apiArgs[0], s.apiArgs[1:]...)
+	s.api = s.command(s.apiArgs[0], s.apiArgs[1:]...)
 	name := "kube-apiserver"
 	if s.apiStarts++; s.apiStarts > 1 {
 		name += "-" + strconv.Itoa(s.apiStarts) // keep the first run's log
@@ -430,7 +466,7 @@ func waitFor(ctx context.Context, timeout time.Duration, exited chan error, ok f
 func (s *Server) ready() bool {
 	pool := x509.NewCertPool()
 	pool.AppendCertsFromPEM(s.caData)
-	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}}}
+	c := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, DialContext: s.Dial}}
 	defer c.CloseIdleConnections()
 	req, _ := http.NewRequest(http.MethodGet, s.URL+"/readyz", nil)
 	req.Header.Set("Authorization", "Bearer "+s.adminToken)
@@ -509,7 +545,11 @@ func (s *Server) Kubeconfig(path, user string) error {
 
 // RESTConfig is the admin's client configuration.
 func (s *Server) RESTConfig() (*rest.Config, error) {
-	return clientcmd.BuildConfigFromFlags("", s.AdminKubeconfig)
+	rc, err := clientcmd.BuildConfigFromFlags("", s.AdminKubeconfig)
+	if err == nil {
+		rc.Dial = s.Dial
+	}
+	return rc, err
 }
 
 // ServiceAccountKubeconfig applies an RBAC manifest (ServiceAccount,
