@@ -46,12 +46,12 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/serializer"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes"
-
-	"github.com/dualflow/dualflow/nsrun"
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+
+	"github.com/dualflow/dualflow/nsrun"
 )
 
 // ServiceCIDRs are the API server's Service ranges: the lab's ClusterIP

@@ -20,10 +20,12 @@ import (
 	"sort"
 	"strings"
 
-	"helm.sh/helm/v3/pkg/chart/loader"
-	"helm.sh/helm/v3/pkg/chartutil"
-	"helm.sh/helm/v3/pkg/engine"
-	"helm.sh/helm/v3/pkg/strvals"
+	"helm.sh/helm/v4/pkg/chart/common"
+	chartutil "helm.sh/helm/v4/pkg/chart/common/util"
+	"helm.sh/helm/v4/pkg/chart/v2/loader"
+	chartv2util "helm.sh/helm/v4/pkg/chart/v2/util"
+	"helm.sh/helm/v4/pkg/engine"
+	"helm.sh/helm/v4/pkg/strvals"
 	"sigs.k8s.io/kustomize/api/krusty"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 )
@@ -91,7 +93,7 @@ func helm(chartDir string, args []string) ([]byte, error) {
 	}
 	vals := map[string]any{}
 	for _, f := range files {
-		v, err := chartutil.ReadValuesFile(f)
+		v, err := common.ReadValuesFile(f)
 		if err != nil {
 			return nil, err
 		}
@@ -102,12 +104,12 @@ func helm(chartDir string, args []string) ([]byte, error) {
 			return nil, fmt.Errorf("--set %s: %w", s, err)
 		}
 	}
-	if err := chartutil.ProcessDependenciesWithMerge(chrt, vals); err != nil {
+	if err := chartv2util.ProcessDependencies(chrt, vals); err != nil {
 		return nil, err
 	}
-	rv, err := chartutil.ToRenderValues(chrt, vals, chartutil.ReleaseOptions{
+	rv, err := chartutil.ToRenderValues(chrt, vals, common.ReleaseOptions{
 		Name: *name, Namespace: *ns, Revision: 1, IsInstall: true,
-	}, chartutil.DefaultCapabilities)
+	}, common.DefaultCapabilities)
 	if err != nil {
 		return nil, err
 	}
