@@ -68,12 +68,18 @@ test: ## install what tests need and run every test tier
 	@mkdir -p var; \
 	setsid nice -n 10 sh -c 'scripts/kube-apiserver.sh && echo "[deploy-render] building test/deploy/render (kustomize, Helm; first time: minutes)" && cd test/deploy/render && $(GO) build -mod=readonly -o /dev/null .' >var/kube-apiserver.log 2>&1 & kpid=$$!; \
 	trap 'kill -- -$$kpid 2>/dev/null' INT TERM; \
+	setsid nice -n 15 sh -c 'while kill -0 '$$kpid' 2>/dev/null; do sleep 5; done; scripts/k8s-cluster.sh' >var/k8s-cluster.log 2>&1 & cpid=$$!; \
+	trap 'kill -- -$$kpid -$$cpid 2>/dev/null' INT TERM; \
 	status=0; $(MAKE) --no-print-directory deps vet test-unit || status=$$?; \
-	if [ $$status != 0 ]; then kill -- -$$kpid 2>/dev/null; wait $$kpid; exit $$status; fi; \
+	if [ $$status != 0 ]; then kill -- -$$kpid -$$cpid 2>/dev/null; wait $$kpid $$cpid; exit $$status; fi; \
 	echo "waiting for the kube-apiserver build (var/kube-apiserver.log)"; \
-	if ! wait $$kpid; then cat var/kube-apiserver.log; echo "kube-apiserver build failed"; exit 1; fi; \
+	if ! wait $$kpid; then cat var/kube-apiserver.log; echo "kube-apiserver build failed"; kill -- -$$cpid 2>/dev/null; exit 1; fi; \
 	cat var/kube-apiserver.log; \
-	$(MAKE) --no-print-directory test-e2e
+	status=0; $(MAKE) --no-print-directory test-e2e || status=$$?; \
+	if [ $$status != 0 ]; then kill -- -$$cpid 2>/dev/null; wait $$cpid; exit $$status; fi; \
+	echo "waiting for the real cluster's build (var/k8s-cluster.log)"; \
+	if ! wait $$cpid; then cat var/k8s-cluster.log; echo "the real cluster's build failed"; exit 1; fi; \
+	$(MAKE) --no-print-directory test-cluster
 	@echo "make test: all tiers passed"
 
 # The fast tier, for the edit-test loop: no root, no engine, no browser.
@@ -83,6 +89,25 @@ test: ## install what tests need and run every test tier
 check: ## the fast tier: go vet, gofmt and the unit tests that need neither root nor the engine
 	@$(MAKE) --no-print-directory vet
 	CHDB_LIB_PATH=/nonexistent/libchdb.so $(GO) test -short -count=1 $$($(GO) list ./... | grep -v /test/e2e)
+
+# The real-cluster tier (test/cluster): a two-node Kubernetes cluster of
+# kubelet, containerd, the CNI bridge and kube-proxy (nftables) in network
+# namespaces, dualflow installed on it as docs/deploy.md says, in three IP
+# modes. make test builds its binaries in the background (first time:
+# 15-25 minutes; cached in .cache) and runs it after the e2e tier.
+.PHONY: test-cluster
+test-cluster: build ## the real-cluster tier alone (root): dualflow on kubelet, containerd, CNI and kube-proxy, three IP modes
+	@if [ "$$(id -u)" != 0 ]; then echo "test-cluster needs root (network namespaces, containerd)"; exit 1; fi
+	DUALFLOW_E2E=1 $(GO) test -count=1 -timeout 45m -v ./test/cluster/ 2>&1 | scripts/e2e-summary.sh
+
+# make cluster: a second way to try dualflow, next to make run's lab.
+.PHONY: cluster
+cluster: deps ## a real two-node Kubernetes cluster on this machine, until Ctrl-C (first time: 15-25 minutes of builds)
+	$(GO) run ./test/cluster/cmd/cluster up --mode $${MODE:-dual}
+
+.PHONY: cluster-down
+cluster-down: ## remove what a crashed make cluster left
+	$(GO) run ./test/cluster/cmd/cluster down
 
 .PHONY: kube-apiserver
 kube-apiserver: ## build the pinned kube-apiserver of the real-API-server tests (cached)

@@ -1,0 +1,283 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/netip"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dualflow/dualflow/lab/agent"
+	"github.com/dualflow/dualflow/lab/manifest"
+	"github.com/dualflow/dualflow/web/api"
+)
+
+// The real-cluster tier: dualflow installed as an operator would on a real
+// two-node cluster (kubelet, containerd, CNI bridge, kube-proxy in
+// nftables mode), in each IP mode. Root, DUALFLOW_E2E=1; the binaries come
+// from scripts/k8s-cluster.sh (make test builds them in the background).
+// DUALFLOW_CLUSTER_MODES limits the modes (comma-separated).
+
+// testPrefix and testIndex keep the tier apart from `make cluster`
+// (dfk-, index 0) and from the lab (df-).
+const (
+	testPrefix = "dfkt-"
+	testIndex  = 1
+)
+
+var images struct {
+	tag      string
+	archives []string
+	bins     Bins
+}
+
+func TestMain(m *testing.M) {
+	if os.Getenv("DUALFLOW_E2E") != "1" || os.Geteuid() != 0 {
+		fmt.Println("the real-cluster tier needs root and DUALFLOW_E2E=1: skipped")
+		os.Exit(0)
+	}
+	os.Exit(m.Run())
+}
+
+func setup(t *testing.T) {
+	t.Helper()
+	if images.tag != "" {
+		return
+	}
+	ctx := context.Background()
+	began := time.Now()
+	bins, err := Build(ctx, os.Stderr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("cluster binaries ready in %s", time.Since(began).Round(time.Second))
+	tag := fmt.Sprintf("cluster-%d", os.Getpid())
+	dir, err := os.MkdirTemp("", "dualflow-cluster-images-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	began = time.Now()
+	archives, err := ImageArchives(ctx, tag, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("images %s built and exported in %s", tag, time.Since(began).Round(time.Second))
+	images.tag, images.archives, images.bins = tag, archives, bins
+}
+
+func modes(t *testing.T) []manifest.Mode {
+	if s := os.Getenv("DUALFLOW_CLUSTER_MODES"); s != "" {
+		var out []manifest.Mode
+		for _, m := range strings.Split(s, ",") {
+			mode, err := manifest.ParseMode(m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, mode)
+		}
+		return out
+	}
+	return manifest.Modes
+}
+
+func TestCluster(t *testing.T) {
+	setup(t)
+	for _, mode := range modes(t) {
+		t.Run(string(mode), func(t *testing.T) { testClusterMode(t, mode) })
+	}
+}
+
+func testClusterMode(t *testing.T, mode manifest.Mode) {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	dir := filepath.Join(os.TempDir(), "dualflow-cluster-"+string(mode))
+	if err := DownDir(dir); err != nil {
+		t.Fatal(err)
+	}
+	os.RemoveAll(dir)
+	began := time.Now()
+	c, err := Up(ctx, Config{Prefix: testPrefix, Index: testIndex, Mode: mode, Dir: dir, Bins: images.bins,
+		Images: images.archives, Progress: testWriter{t}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("cluster up in %s", time.Since(began).Round(100*time.Millisecond))
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, name := range []string{"kubelet-n1", "kubelet-n2", "kube-proxy-n1"} {
+				t.Logf("--- %s ---\n%s", name, c.Log(name, 2000))
+			}
+			if out, err := c.Kubectl(context.Background(), nil, "get", "pods", "-A", "-o", "wide"); err == nil {
+				t.Logf("%s", out)
+			}
+			if out, err := c.Kubectl(context.Background(), nil, "-n", "dualflow", "logs", "deployment/dualflow-collector", "--tail=60"); err == nil {
+				t.Logf("%s", out)
+			}
+		}
+		began := time.Now()
+		if err := c.Down(); err != nil {
+			t.Errorf("down: %v", err)
+		}
+		t.Logf("cluster down in %s", time.Since(began).Round(100*time.Millisecond))
+		os.RemoveAll(dir)
+	})
+	began = time.Now()
+	in, err := c.InstallKustomize(ctx, "embedded", images.tag)
+	if err != nil {
+		t.Fatal(err)
+	}
+	installed := time.Now()
+	t.Logf("dualflow installed (kubectl apply -k, embedded) and ready in %s", installed.Sub(began).Round(100*time.Millisecond))
+	if err := c.DeployWorkloads(ctx, images.tag); err != nil {
+		t.Fatal(err)
+	}
+	checkFlows(t, ctx, c, in, installed)
+}
+
+// checkFlows sends pod-to-pod and pod-to-Service traffic over each family,
+// same node and across nodes, and waits for each connection's one merged,
+// enriched row.
+func checkFlows(t *testing.T, ctx context.Context, c *Cluster, in *Install, installed time.Time) {
+	clients, err := c.Pods(ctx, NSClient, "web")
+	if err != nil {
+		t.Fatal(err)
+	}
+	servers, err := c.Pods(ctx, NSServer, "api")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(clients) != 2 || len(servers) != 2 {
+		t.Fatalf("%d clients, %d servers running, want 2 and 2", len(clients), len(servers))
+	}
+	client := clients[0]
+	netns, err := PodNetNS(&client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What each connection must become: a row from the client pod to a
+	// server pod, through a Service when it went to one.
+	type want struct {
+		to      netip.AddrPort
+		server  *corev1.Pod // nil: through a Service (either backend)
+		service string
+		family  int
+		srcPort uint16
+	}
+	var wants []want
+	for i := range servers {
+		for _, ip := range servers[i].Status.PodIPs {
+			a := netip.MustParseAddr(ip.IP)
+			wants = append(wants, want{to: netip.AddrPortFrom(a, ServerPort), server: &servers[i], family: family(a)})
+		}
+	}
+	for _, svc := range []string{SvcDual, SvcV4, SvcV6} {
+		s, err := c.API.Admin.CoreV1().Services(NSServer).Get(ctx, svc, metav1.GetOptions{})
+		if err != nil {
+			continue // not in this mode
+		}
+		for _, ip := range s.Spec.ClusterIPs {
+			a := netip.MustParseAddr(ip)
+			wants = append(wants, want{to: netip.AddrPortFrom(a, 80), service: svc, family: family(a)})
+		}
+	}
+	for i := range wants {
+		r, err := agent.Dial(ctx, netns, agent.TCP, wants[i].to, 10*time.Second)
+		if err != nil {
+			t.Fatalf("from %s to %s: %v", client.Name, wants[i].to, err)
+		}
+		wants[i].srcPort = r.Local.Port()
+		t.Logf("%s → %s answered by %s (saw %s)", client.Name, wants[i].to, r.Server, r.Seen)
+	}
+	hc := in.HTTP()
+	col, err := in.Collector(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	web := "http://" + netip.AddrPortFrom(netip.MustParseAddr(col.Status.PodIP), 8080).String()
+	firstFlow := time.Duration(0)
+	for _, w := range wants {
+		what := fmt.Sprintf("IPv%d %s:%d → %s", w.family, client.Name, w.srcPort, w.to)
+		err := poll(ctx, 3*time.Minute, func() (bool, error) {
+			q := url.Values{"src_pod": {NSClient + "/" + client.Name}, "ip_version": {fmt.Sprint(w.family)}, "limit": {"1000"}, "since": {"30m"}}
+			var page api.FlowPage
+			if err := getJSON(ctx, hc, web+"/api/v1/flows?"+q.Encode(), &page); err != nil {
+				t.Logf("%s: %v", what, err)
+				return false, nil
+			}
+			for _, f := range page.Flows {
+				if f.SrcPort != int(w.srcPort) || f.DstPort != ServerPort {
+					continue
+				}
+				if firstFlow == 0 {
+					firstFlow = time.Since(installed)
+				}
+				problems := []string{}
+				if f.SrcNode != client.Spec.NodeName || f.SrcWorkload != "web" || f.SrcNamespace != NSClient {
+					problems = append(problems, fmt.Sprintf("source %s/%s/%s on %s", f.SrcNamespace, f.SrcWorkload, f.SrcPod, f.SrcNode))
+				}
+				if f.DstNamespace != NSServer || f.DstWorkload != "api" || f.DstNode == "" {
+					problems = append(problems, fmt.Sprintf("destination %s/%s/%s on %s", f.DstNamespace, f.DstWorkload, f.DstPod, f.DstNode))
+				}
+				if w.server != nil && (f.DstPod != w.server.Name || f.DstNode != w.server.Spec.NodeName) {
+					problems = append(problems, fmt.Sprintf("destination pod %s on %s, want %s on %s", f.DstPod, f.DstNode, w.server.Name, w.server.Spec.NodeName))
+				}
+				if w.service != "" && (f.SvcName != w.service || f.ServiceIP != w.to.Addr().String() || f.ServicePort != 80) {
+					problems = append(problems, fmt.Sprintf("service %s/%s %s:%d, want %s %s:80", f.SvcNamespace, f.SvcName, f.ServiceIP, f.ServicePort, w.service, w.to.Addr()))
+				}
+				if len(problems) > 0 {
+					return false, fmt.Errorf("%s: row %+v: %s", what, f, strings.Join(problems, "; "))
+				}
+				return true, nil
+			}
+			return false, nil
+		})
+		if err != nil {
+			t.Errorf("%s: %v", what, err)
+			continue
+		}
+	}
+	t.Logf("first enriched flow %s after the install was ready; %d connections checked", firstFlow.Round(100*time.Millisecond), len(wants))
+}
+
+func family(a netip.Addr) int {
+	if a.Is4() {
+		return 4
+	}
+	return 6
+}
+
+func getJSON(ctx context.Context, hc *http.Client, u string, out any) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		var e struct {
+			Error string `json:"error"`
+		}
+		json.NewDecoder(resp.Body).Decode(&e)
+		return fmt.Errorf("GET %s: %s %s", u, resp.Status, e.Error)
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}

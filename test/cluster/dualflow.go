@@ -1,0 +1,173 @@
+package cluster
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dualflow/dualflow/nsrun"
+)
+
+// ImageArchives builds dualflow's images with scripts/image.sh (make
+// image) under tag and writes them to dir as docker-archives named
+// localhost/dualflow:tag and localhost/dualflow-chdb:tag, for
+// Config.Images.
+func ImageArchives(ctx context.Context, tag, dir string) ([]string, error) {
+	script := filepath.Join(RepoRoot(), "scripts", "image.sh")
+	cmd := exec.CommandContext(ctx, script)
+	cmd.Env = append(os.Environ(), "IMAGE_TAG="+tag, "IMAGE_ARCHIVE=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("scripts/image.sh: %w\n%s", err, out)
+	}
+	var out []string
+	for _, img := range []string{"dualflow", "dualflow-chdb"} {
+		name := "localhost/" + img + ":" + tag
+		f := filepath.Join(dir, img+"-"+tag+".tar")
+		os.Remove(f)
+		if b, err := exec.CommandContext(ctx, script, "buildah", "push", "-q", name, "docker-archive:"+f+":"+name).CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("export %s: %w\n%s", name, err, b)
+		}
+		out = append(out, f)
+	}
+	return out, nil
+}
+
+// Install is dualflow installed in the cluster.
+type Install struct {
+	c *Cluster
+	// Namespace is dualflow's namespace.
+	Namespace string
+	// Token is an operator token of the web API.
+	Token string
+}
+
+// InstallKustomize installs dualflow with the kustomize overlay
+// (deploy/kubernetes/overlays/<overlay>) the way docs/deploy.md tells an
+// operator: the namespace, a web tokens Secret, a PersistentVolume for the
+// collector's claim (a directory on the host, as a local volume
+// provisioner would give), and `kubectl apply -k` of an overlay of their
+// own that pins the images built under tag. It waits until the collector
+// and every exporter are ready.
+func (c *Cluster) InstallKustomize(ctx context.Context, overlay, tag string) (*Install, error) {
+	in := &Install{c: c, Namespace: "dualflow"}
+	b := make([]byte, 24)
+	rand.Read(b)
+	in.Token = hex.EncodeToString(b)
+	dir := filepath.Join(c.cfg.Dir, "install")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tokens"), []byte(in.Token+" operator admin\n"), 0o600); err != nil {
+		return nil, err
+	}
+	pv := filepath.Join(c.cfg.Dir, "pv", "dualflow-data")
+	if err := os.MkdirAll(pv, 0o700); err != nil {
+		return nil, err
+	}
+	// The image's user owns the volume, as a provisioner's would be.
+	if err := os.Chown(pv, 65532, 65532); err != nil {
+		return nil, err
+	}
+	kustomization := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources:
+  - %s
+images:
+  - {name: dualflow, newName: localhost/dualflow, newTag: %q}
+  - {name: dualflow-chdb, newName: localhost/dualflow-chdb, newTag: %q}
+`, filepath.Join(RepoRoot(), "deploy", "kubernetes", "overlays", overlay), tag, tag)
+	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o600); err != nil {
+		return nil, err
+	}
+	pvYAML := fmt.Sprintf(`apiVersion: v1
+kind: PersistentVolume
+metadata: {name: dualflow-data}
+spec:
+  capacity: {storage: 20Gi}
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: ""
+  hostPath: {path: %s, type: Directory}
+`, pv)
+	steps := []struct {
+		stdin string
+		args  []string
+	}{
+		{pvYAML, []string{"apply", "-f", "-"}},
+		{"", []string{"create", "namespace", in.Namespace}},
+		{"", []string{"-n", in.Namespace, "create", "secret", "generic", "dualflow-web-tokens", "--from-file=tokens=" + filepath.Join(dir, "tokens")}},
+		{"", []string{"apply", "-k", dir}},
+	}
+	for _, s := range steps {
+		if _, err := c.Kubectl(ctx, strings.NewReader(s.stdin), s.args...); err != nil {
+			return nil, err
+		}
+	}
+	return in, in.WaitReady(ctx)
+}
+
+// WaitReady waits until the collector and every exporter are ready.
+func (in *Install) WaitReady(ctx context.Context) error {
+	for _, w := range []string{"deployment/dualflow-collector", "daemonset/dualflow-exporter"} {
+		if _, err := in.c.Kubectl(ctx, nil, "-n", in.Namespace, "rollout", "status", w, "--timeout=5m"); err != nil {
+			out, _ := in.c.Kubectl(ctx, nil, "-n", in.Namespace, "get", "pods,events", "-o", "wide")
+			return fmt.Errorf("%w\n%s", err, out)
+		}
+	}
+	return nil
+}
+
+// Collector is the running collector pod.
+func (in *Install) Collector(ctx context.Context) (*corev1.Pod, error) {
+	pods, err := in.c.API.Admin.CoreV1().Pods(in.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=collector"})
+	if err != nil {
+		return nil, err
+	}
+	for i := range pods.Items {
+		p := &pods.Items[i]
+		if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
+			return p, nil
+		}
+	}
+	return nil, fmt.Errorf("no running collector pod in %s", in.Namespace)
+}
+
+// HTTP is a client that dials from the control plane's namespace, which
+// routes to every pod, with the operator token on each request.
+func (in *Install) HTTP() *http.Client {
+	return &http.Client{Timeout: 30 * time.Second, Transport: &tokenTransport{token: in.Token, base: &http.Transport{
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			var conn net.Conn
+			err := nsrun.Do(in.c.ControlPlaneNetNS(), func() (err error) {
+				conn, err = (&net.Dialer{}).DialContext(ctx, network, addr)
+				return err
+			})
+			return conn, err
+		},
+	}}}
+}
+
+type tokenTransport struct {
+	token string
+	base  http.RoundTripper
+}
+
+func (t *tokenTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+t.token)
+	// The name the web answers to (--web.allowed-hosts): requests go to
+	// the pod's address, as a port-forward's would.
+	r.Host = "dualflow-web"
+	return t.base.RoundTrip(r)
+}

@@ -1,0 +1,145 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Workload namespaces and names of the test workloads.
+const (
+	NSClient = "shop"
+	NSServer = "backend"
+	// ServerPort (TCP) and ServerUDPPort are the servers' ports.
+	ServerPort    = 8080
+	ServerUDPPort = 5353
+)
+
+// Services of the server Deployment: one RequireDualStack (dual mode
+// only), and a single-stack one per family of the mode.
+const (
+	SvcDual = "api"
+	SvcV4   = "api-v4"
+	SvcV6   = "api-v6"
+)
+
+// DeployWorkloads runs the test workloads, from the dualflow image (the
+// lab's pod agent: `dualflow lab agent serve` answers each TCP connection
+// and UDP datagram with its name and the address it saw): Deployment web
+// (2 replicas) in shop, api (2 replicas) in backend, each spread over both
+// nodes, and api's Services. It waits until they are available.
+func (c *Cluster) DeployWorkloads(ctx context.Context, tag string) error {
+	var b strings.Builder
+	for _, ns := range []string{NSClient, NSServer} {
+		fmt.Fprintf(&b, "apiVersion: v1\nkind: Namespace\nmetadata: {name: %s}\n---\n", ns)
+	}
+	for _, d := range []struct{ ns, name string }{{NSClient, "web"}, {NSServer, "api"}} {
+		fmt.Fprintf(&b, workloadTemplate, d.name, d.ns, tag, ServerPort, ServerUDPPort)
+	}
+	type svc struct {
+		name, policy, families string
+	}
+	var svcs []svc
+	if c.plan.v4() && c.plan.v6() {
+		svcs = append(svcs, svc{SvcDual, "RequireDualStack", "[IPv4, IPv6]"})
+	}
+	if c.plan.v4() {
+		svcs = append(svcs, svc{SvcV4, "SingleStack", "[IPv4]"})
+	}
+	if c.plan.v6() {
+		svcs = append(svcs, svc{SvcV6, "SingleStack", "[IPv6]"})
+	}
+	for _, s := range svcs {
+		fmt.Fprintf(&b, serviceTemplate, s.name, NSServer, s.policy, s.families, ServerPort, ServerUDPPort)
+	}
+	if _, err := c.Kubectl(ctx, strings.NewReader(b.String()), "apply", "-f", "-"); err != nil {
+		return err
+	}
+	for _, d := range []struct{ ns, name string }{{NSClient, "web"}, {NSServer, "api"}} {
+		if _, err := c.Kubectl(ctx, nil, "-n", d.ns, "rollout", "status", "deployment/"+d.name, "--timeout=3m"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+const workloadTemplate = `apiVersion: apps/v1
+kind: Deployment
+metadata: {name: %[1]s, namespace: %[2]s}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: %[1]s}}
+  template:
+    metadata: {labels: {app: %[1]s}}
+    spec:
+      topologySpreadConstraints:
+      - {maxSkew: 1, topologyKey: kubernetes.io/hostname, whenUnsatisfiable: DoNotSchedule, labelSelector: {matchLabels: {app: %[1]s}}}
+      terminationGracePeriodSeconds: 2
+      containers:
+      - name: agent
+        image: localhost/dualflow:%[3]s
+        imagePullPolicy: Never
+        args: [lab, agent, serve, --name, $(NS)/$(POD), --tcp, "%[4]d", --udp, "%[5]d"]
+        env:
+        - {name: NS, valueFrom: {fieldRef: {fieldPath: metadata.namespace}}}
+        - {name: POD, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
+        ports: [{name: http, containerPort: %[4]d}, {name: dns, containerPort: %[5]d, protocol: UDP}]
+        readinessProbe: {tcpSocket: {port: %[4]d}, periodSeconds: 2}
+        securityContext: {allowPrivilegeEscalation: false, runAsNonRoot: true, capabilities: {drop: [ALL]}}
+---
+`
+
+const serviceTemplate = `apiVersion: v1
+kind: Service
+metadata: {name: %[1]s, namespace: %[2]s}
+spec:
+  selector: {app: api}
+  ipFamilyPolicy: %[3]s
+  ipFamilies: %[4]s
+  ports:
+  - {name: http, port: 80, targetPort: %[5]d}
+  - {name: dns, port: 53, targetPort: %[6]d, protocol: UDP}
+---
+`
+
+// Pods returns the running pods of an app label in a namespace.
+func (c *Cluster) Pods(ctx context.Context, ns, app string) ([]corev1.Pod, error) {
+	list, err := c.API.Admin.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: "app=" + app})
+	if err != nil {
+		return nil, err
+	}
+	var out []corev1.Pod
+	for _, p := range list.Items {
+		if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
+// PodNetNS finds the network namespace of a pod that containerd started,
+// through /proc alone (no runtime API): a process whose cgroup is the
+// pod's (kubelet's cgroupfs layout names it pod<UID>).
+func PodNetNS(pod *corev1.Pod) (string, error) {
+	want := "/pod" + string(pod.UID) + "/"
+	procs, err := os.ReadDir("/proc")
+	if err != nil {
+		return "", err
+	}
+	for _, e := range procs {
+		if e.Name()[0] < '0' || e.Name()[0] > '9' {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
+		if err != nil || !strings.Contains(string(b), want) {
+			continue
+		}
+		return filepath.Join("/proc", e.Name(), "ns", "net"), nil
+	}
+	return "", fmt.Errorf("no process of pod %s/%s (uid %s) in /proc", pod.Namespace, pod.Name, pod.UID)
+}
