@@ -79,10 +79,10 @@ type state struct {
 }
 
 // NetNS names.
-func (c *Cluster) cpNS() string          { return c.cfg.Prefix + "cp" }
-func nodeName(n int) string              { return "n" + strconv.Itoa(n) }
-func (c *Cluster) nodeNS(n int) string   { return c.cfg.Prefix + nodeName(n) }
-func (c *Cluster) nodeDir(n int) string  { return filepath.Join(c.cfg.Dir, nodeName(n)) }
+func (c *Cluster) cpNS() string              { return c.cfg.Prefix + "cp" }
+func nodeName(n int) string                  { return "n" + strconv.Itoa(n) }
+func (c *Cluster) nodeNS(n int) string       { return c.cfg.Prefix + nodeName(n) }
+func (c *Cluster) nodeDir(n int) string      { return filepath.Join(c.cfg.Dir, nodeName(n)) }
 func cgroupRoot(prefix string, n int) string { return "/" + prefix + nodeName(n) }
 func runcRoot(prefix string, n int) string   { return "/run/" + prefix + nodeName(n) + "-runc" }
 

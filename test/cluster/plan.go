@@ -107,7 +107,7 @@ func addrsOf(ps []netip.Prefix) []netip.Addr {
 }
 
 func (p plan) controlPlane() []netip.Addr { return addrsOf(p.hostAddrs(1)) }
-func (p plan) nodeIPs(n int) []netip.Addr  { return addrsOf(p.hostAddrs(10 + n)) }
+func (p plan) nodeIPs(n int) []netip.Addr { return addrsOf(p.hostAddrs(10 + n)) }
 
 func (p plan) podCIDRs() []netip.Prefix {
 	return p.families(p.pfx4(p.b()+4, 22), p.pfx6("100::", 56))
