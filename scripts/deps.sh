@@ -30,6 +30,7 @@ APT_PACKAGES=(
   # container images built FROM scratch (make image) and run by the e2e tier;
   # runc: crun refuses this kind of machine's hybrid cgroup hierarchy
   podman buildah runc
+  containernetworking-plugins ipset
   # misc
   ca-certificates curl
 )
