@@ -65,6 +65,12 @@ const maxBody = 1 << 20
 // MaxTimeout caps the timeout of a watch.
 const MaxTimeout = time.Minute
 
+// setupWait is how long a watch may take to become ready (its trace table
+// loaded and echoed by the node's monitor) before its timeout starts: a
+// node asked for many watches at once loads their tables a few at a
+// time, and the caller's timeout is how long to observe, not to queue.
+const setupWait = 30 * time.Second
+
 // writeTimeout bounds writing one watch event to the controller.
 const writeTimeout = 10 * time.Second
 
@@ -325,12 +331,17 @@ func Handler(n Node, info Info, token string, m *Metrics, opts ...HandlerOption)
 		defer active.Add(-1)
 		m.watches.Inc()
 		defer m.watches.Dec()
-		ctx, cancel := context.WithTimeout(r.Context(), timeout)
-		defer cancel()
+		ctx, cancel := context.WithCancelCause(r.Context())
+		defer cancel(nil)
+		deadline := time.AfterFunc(setupWait+timeout, func() { cancel(context.DeadlineExceeded) })
+		defer deadline.Stop()
 		rc := http.NewResponseController(w)
 		enc := json.NewEncoder(w)
 		started := false
 		err := n.Watch(ctx, req.Probe, func(ev traceflow.WatchEvent) error {
+			if ev.Ready {
+				deadline.Reset(timeout) // observe for timeout from now
+			}
 			if !started {
 				started = true
 				w.Header().Set("Content-Type", "application/x-ndjson")
