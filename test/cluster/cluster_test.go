@@ -1,13 +1,16 @@
 package cluster
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/netip"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -141,6 +144,7 @@ func testClusterMode(t *testing.T, mode manifest.Mode) {
 		t.Fatal(err)
 	}
 	checkFlows(t, ctx, c, in, installed)
+	checkUI(t, ctx, c, in)
 }
 
 // checkFlows sends pod-to-pod and pod-to-Service traffic over each family,
@@ -280,4 +284,63 @@ type testWriter struct{ t *testing.T }
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimRight(string(p), "\n"))
 	return len(p), nil
+}
+
+// checkUI reaches the web the way an operator does: kubectl on this
+// machine (through ServeAPI) port-forwards the dualflow-web Service, and
+// the UI and an authenticated API call answer through it.
+func checkUI(t *testing.T, ctx context.Context, c *Cluster, in *Install) {
+	kc, err := c.ServeAPI(ctx, "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	pf := exec.CommandContext(ctx, images.bins.Kubectl, "--kubeconfig", kc, "-n", in.Namespace,
+		"port-forward", "--address", "127.0.0.1", "svc/dualflow-web", "0:8080")
+	out, err := pf.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stderr strings.Builder
+	pf.Stderr = &stderr
+	if err := pf.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer pf.Wait()
+	defer cancel()
+	local := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			// "Forwarding from 127.0.0.1:41234 -> 8080"
+			if f := strings.Fields(sc.Text()); len(f) >= 3 && f[0] == "Forwarding" {
+				select {
+				case local <- f[2]:
+				default:
+				}
+			}
+		}
+	}()
+	var addr string
+	select {
+	case addr = <-local:
+	case <-time.After(time.Minute):
+		t.Fatalf("kubectl port-forward printed no address within a minute: %s", stderr.String())
+	}
+	resp, err := http.Get("http://" + addr + "/")
+	if err != nil {
+		t.Fatalf("UI through kubectl port-forward: %v", err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "<title>dualflow</title>") {
+		t.Fatalf("UI through kubectl port-forward: %s, %d bytes", resp.Status, len(body))
+	}
+	hc := &http.Client{Timeout: 30 * time.Second, Transport: &tokenTransport{token: in.Token, base: http.DefaultTransport}}
+	var page api.FlowPage
+	if err := getJSON(ctx, hc, "http://"+addr+"/api/v1/flows?limit=5", &page); err != nil {
+		t.Fatalf("REST through kubectl port-forward: %v", err)
+	}
+	t.Logf("UI and REST through kubectl port-forward at %s: %d flows on the first page", addr, len(page.Flows))
 }

@@ -82,8 +82,31 @@ func (c *Cluster) node(ctx context.Context, n int) error {
 	if err := os.WriteFile(filepath.Join(dir, "kube-proxy.yaml"), []byte(c.proxyConfig(n, proxyKC)), 0o600); err != nil {
 		return err
 	}
-	return c.start("kube-proxy-"+nodeName(n), c.nodeNS(n), nil, c.cfg.Bins.Proxy,
-		"--config", filepath.Join(dir, "kube-proxy.yaml"), "--v=1")
+	if err := c.start("kube-proxy-"+nodeName(n), c.nodeNS(n), nil, c.cfg.Bins.Proxy,
+		"--config", filepath.Join(dir, "kube-proxy.yaml"), "--v=1"); err != nil {
+		return err
+	}
+	return c.networkPolicy(n)
+}
+
+// networkPolicy runs kube-router on node n as the cluster's NetworkPolicy
+// implementation, its firewall only (iptables and ipset in the node's
+// namespace; kube-proxy does the Services, the CNI bridge the routes).
+// kube-network-policies, the reference implementation, cannot work here:
+// it needs nftables queues (CONFIG_NFT_QUEUE), which this kernel lacks.
+func (c *Cluster) networkPolicy(n int) error {
+	kc := filepath.Join(c.cfg.Dir, "kubeconfig-kube-router")
+	if err := c.API.Kubeconfig(kc, "kube-router"); err != nil {
+		return err
+	}
+	args := []string{c.cfg.Bins.KubeRouter, "--kubeconfig", kc, "--hostname-override", nodeName(n),
+		"--run-firewall=true", "--run-router=false", "--run-service-proxy=false",
+		fmt.Sprintf("--enable-ipv4=%v", c.plan.v4()), fmt.Sprintf("--enable-ipv6=%v", c.plan.v6()),
+		"--metrics-port=0", "--health-port=0", "--v=1"}
+	for _, s := range c.plan.serviceCIDRs() {
+		args = append(args, "--service-cluster-ip-range="+s.String())
+	}
+	return c.start("kube-router-"+nodeName(n), c.nodeNS(n), nil, args...)
 }
 
 // containerdConfig: Debian's containerd 1.6 (version-2 configuration),
