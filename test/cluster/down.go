@@ -29,6 +29,10 @@ import (
 func (c *Cluster) Down() error {
 	began := time.Now()
 	var errs []error
+	// The pods' namespaces, known by their addresses while they have
+	// them: CNI removes the addresses when a pod stops, and containerd
+	// the namespace only if it outlives that.
+	podNS, _ := podNetNS(c.plan)
 	if c.API != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 		// Pods first, so that kubelet stops their sandboxes and CNI
@@ -48,6 +52,9 @@ func (c *Cluster) Down() error {
 		c.API.Stop()
 	}
 	errs = append(errs, cleanup(state{Prefix: c.cfg.Prefix, Index: c.cfg.Index, Mode: string(c.cfg.Mode), Dir: c.cfg.Dir}))
+	for _, name := range podNS {
+		errs = append(errs, deleteNetNS(name))
+	}
 	c.progress("down in %s", time.Since(began).Round(100*time.Millisecond))
 	return errors.Join(errs...)
 }
@@ -211,11 +218,34 @@ func removeCgroup(root string) error {
 // (/run/netns/cni-*) that hold an address of this cluster's pod CIDRs:
 // only this cluster's, whatever else runs.
 func removePodNetNS(p plan) error {
-	names, err := topology.List("cni-")
-	if err != nil {
+	names, err := podNetNS(p)
+	var errs []error
+	for _, name := range names {
+		errs = append(errs, deleteNetNS(name))
+	}
+	return errors.Join(append(errs, err)...)
+}
+
+// deleteNetNS removes /run/netns/name.
+func deleteNetNS(name string) error {
+	path := nsrun.Path(name)
+	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unmount %s: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return err
 	}
-	var errs []error
+	return nil
+}
+
+// podNetNS returns the names of the pods' network namespaces
+// (/run/netns/cni-*) that hold an address of the cluster's pod CIDRs.
+func podNetNS(p plan) ([]string, error) {
+	names, err := topology.List("cni-")
+	if err != nil {
+		return nil, err
+	}
+	var out []string
 	for _, name := range names {
 		path := nsrun.Path(name)
 		ours := false
@@ -233,18 +263,11 @@ func removePodNetNS(p plan) error {
 			}
 			return nil
 		})
-		if !ours {
-			continue
-		}
-		if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-			errs = append(errs, fmt.Errorf("unmount %s: %w", path, err))
-			continue
-		}
-		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			errs = append(errs, err)
+		if ours {
+			out = append(out, name)
 		}
 	}
-	return errors.Join(errs...)
+	return out, nil
 }
 
 // unmountUnder lazily unmounts every mount under dir, deepest first

@@ -79,6 +79,11 @@ func (c *Cluster) InstallKustomize(ctx context.Context, overlay, tag string) (*I
 	if err := os.Chown(pv, 65532, 65532); err != nil {
 		return nil, err
 	}
+	// kustomize takes resources relative to the kustomization only.
+	base, err := filepath.Rel(dir, filepath.Join(RepoRoot(), "deploy", "kubernetes", "overlays", overlay))
+	if err != nil {
+		return nil, err
+	}
 	kustomization := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
@@ -86,7 +91,7 @@ resources:
 images:
   - {name: dualflow, newName: localhost/dualflow, newTag: %q}
   - {name: dualflow-chdb, newName: localhost/dualflow-chdb, newTag: %q}
-`, filepath.Join(RepoRoot(), "deploy", "kubernetes", "overlays", overlay), tag, tag)
+`, base, tag, tag)
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o600); err != nil {
 		return nil, err
 	}
