@@ -145,6 +145,7 @@ func testClusterMode(t *testing.T, mode manifest.Mode) {
 	}
 	checkFlows(t, ctx, c, in, installed)
 	checkUI(t, ctx, c, in)
+	checkPolicy(t, ctx, c, in)
 }
 
 // checkFlows sends pod-to-pod and pod-to-Service traffic over each family,
@@ -343,4 +344,119 @@ func checkUI(t *testing.T, ctx context.Context, c *Cluster, in *Install) {
 		t.Fatalf("REST through kubectl port-forward: %v", err)
 	}
 	t.Logf("UI and REST through kubectl port-forward at %s: %d flows on the first page", addr, len(page.Flows))
+}
+
+// checkPolicy applies a NetworkPolicy that lets api be reached on its
+// port only from node n1's pod subnet of the cluster's primary family (in
+// dual mode: IPv4 allowed, IPv6 denied, from the same client), and checks
+// that kube-router enforces it, connection by connection, and that
+// dualflow's stored verdict and policy agree with what happened, in every
+// family.
+func checkPolicy(t *testing.T, ctx context.Context, c *Cluster, in *Install) {
+	const policy = "allow-n1-primary-family"
+	allowed := c.plan.podSubnets(1)[0]
+	yaml := fmt.Sprintf(`apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: %s, namespace: %s}
+spec:
+  podSelector: {matchLabels: {app: api}}
+  policyTypes: [Ingress]
+  ingress:
+  - from: [{ipBlock: {cidr: %s}}]
+    ports: [{protocol: TCP, port: %d}]
+`, policy, NSServer, allowed, ServerPort)
+	if _, err := c.Kubectl(ctx, strings.NewReader(yaml), "apply", "-f", "-"); err != nil {
+		t.Fatal(err)
+	}
+	applied := time.Now()
+	clients, err := c.Pods(ctx, NSClient, "web")
+	if err != nil {
+		t.Fatal(err)
+	}
+	servers, err := c.Pods(ctx, NSServer, "api")
+	if err != nil {
+		t.Fatal(err)
+	}
+	type attempt struct {
+		client, server *corev1.Pod
+		to             netip.AddrPort
+		allow          bool
+	}
+	var attempts []attempt
+	for i := range clients {
+		cl := &clients[i]
+		for j := range servers {
+			for _, ip := range servers[j].Status.PodIPs {
+				a := netip.MustParseAddr(ip.IP)
+				allow := false
+				for _, cip := range cl.Status.PodIPs {
+					if ca := netip.MustParseAddr(cip.IP); ca.Is4() == a.Is4() && allowed.Contains(ca) {
+						allow = true
+					}
+				}
+				attempts = append(attempts, attempt{cl, &servers[j], netip.AddrPortFrom(a, ServerPort), allow})
+			}
+		}
+	}
+	// kube-router applies the policy within a few seconds: wait until every
+	// attempt goes as the policy says, then keep the last round's.
+	var last []string
+	err = poll(ctx, 2*time.Minute, func() (bool, error) {
+		last = last[:0]
+		for _, at := range attempts {
+			netns, err := PodNetNS(at.client)
+			if err != nil {
+				return false, err
+			}
+			_, err = agent.Dial(ctx, netns, agent.TCP, at.to, 3*time.Second)
+			if (err == nil) != at.allow {
+				last = append(last, fmt.Sprintf("%s → %s (%s): connected %v, want %v", at.client.Name, at.to, at.server.Name, err == nil, at.allow))
+			}
+		}
+		return len(last) == 0, nil
+	})
+	if err != nil {
+		t.Fatalf("kube-router does not enforce %s as written: %v\n%s", policy, err, strings.Join(last, "\n"))
+	}
+	enforced := time.Since(applied)
+	hc := in.HTTP()
+	col, err := in.Collector(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	web := "http://" + netip.AddrPortFrom(netip.MustParseAddr(col.Status.PodIP), 8080).String()
+	counts := map[string]int{}
+	for _, at := range attempts {
+		fam := family(at.to.Addr())
+		want := "deny"
+		if at.allow {
+			want = "allow"
+		}
+		what := fmt.Sprintf("IPv%d %s → %s", fam, at.client.Name, at.to)
+		err := poll(ctx, 2*time.Minute, func() (bool, error) {
+			q := url.Values{"src_pod": {NSClient + "/" + at.client.Name}, "dst_pod": {NSServer + "/" + at.server.Name},
+				"ip_version": {fmt.Sprint(fam)}, "limit": {"1000"}, "since": {"30m"}}
+			var page api.FlowPage
+			if err := getJSON(ctx, hc, web+"/api/v1/flows?"+q.Encode(), &page); err != nil {
+				return false, nil
+			}
+			for _, f := range page.Flows {
+				if f.FlowStartMs < applied.UnixMilli()-1000 || f.DstPort != ServerPort || f.DstIP != at.to.Addr().String() {
+					continue
+				}
+				if f.Ingress != want || f.IngressPol != NSServer+"/"+policy {
+					return false, fmt.Errorf("%s: stored ingress %s by %q, want %s by %s/%s (kube-router: connected %v)",
+						what, f.Ingress, f.IngressPol, want, NSServer, policy, at.allow)
+				}
+				return true, nil
+			}
+			return false, nil
+		})
+		if err != nil {
+			t.Errorf("%s: %v", what, err)
+			continue
+		}
+		counts[fmt.Sprintf("IPv%d %s", fam, want)]++
+	}
+	t.Logf("kube-router enforced %s within %s; dualflow's verdicts agree: %v", policy, enforced.Round(100*time.Millisecond), counts)
 }
