@@ -187,9 +187,13 @@ func (a *App) buildWeb(opts Options) error {
 	if opts.NodeTracer == nil && a.cfg.TraceAgents.Enabled() {
 		ac := a.cfg.TraceAgents
 		ac.DisableIPv6 = !a.cfg.Collector.K8s.EnableIPv6
+		ac.Logger = a.log.With("stage", "traceflow")
 		dir, err := agent.NewDirectory(ac, nodeView{c})
 		if err != nil {
 			return fmt.Errorf("traceflow agents: %w", err)
+		}
+		if err := c.Registry().Register(dir.Metrics()); err != nil {
+			return fmt.Errorf("traceflow agents metrics: %w", err)
 		}
 		opts.NodeTracer = &agent.Cluster{Agents: dir, Policies: resolver{c: c}}
 	}

@@ -228,6 +228,9 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Collector, error) 
 	if err != nil {
 		return nil, err
 	}
+	if s, ok := conn.(*store.Server); ok {
+		reg.MustRegister(s.Metrics()) // its TLS files' reloads
+	}
 	c := &Collector{cfg: cfg, log: log, reg: reg, conn: conn, ready: make(chan struct{})}
 	if err := c.migrate(ctx); err != nil {
 		conn.Close()

@@ -207,7 +207,7 @@ func (c *Config) SetDefaults() {
 // token and TLS files).
 func (c *Config) Validate() error {
 	var errs []error
-	if err := c.Traceflow.validate(); err != nil {
+	if err := c.Traceflow.validate(c.Logger); err != nil {
 		errs = append(errs, err)
 	}
 	switch c.Source {

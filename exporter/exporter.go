@@ -41,6 +41,7 @@ import (
 	"github.com/dualflow/dualflow/exporter/shard"
 	"github.com/dualflow/dualflow/flow"
 	fipfix "github.com/dualflow/dualflow/flow/ipfix"
+	"github.com/dualflow/dualflow/internal/reload"
 )
 
 // source is the conntrack table as the exporter uses it; *conntrack.Source
@@ -127,6 +128,13 @@ func newExporter(cfg Config, src source) (*Exporter, error) {
 	if cfg.IPFIX.Logger == nil {
 		cfg.IPFIX.Logger = log
 	}
+	if cfg.IPFIX.Transport == ipfix.TLS && cfg.IPFIX.TLSFiles == nil {
+		// Loaded once for every collector of a shard, reloaded when the
+		// files change.
+		if cfg.IPFIX.TLSFiles, err = cfg.IPFIX.LoadTLS(); err != nil {
+			return nil, err
+		}
+	}
 	var sender recordSender
 	var sharder *shard.Sharder
 	if cfg.Shard.Enabled() {
@@ -154,6 +162,7 @@ func newExporter(cfg Config, src source) (*Exporter, error) {
 	}
 	e.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	e.m = newMetrics(e.reg, store, sender)
+	e.reg.MustRegister(reload.Metrics(cfg.IPFIX.TLSFiles, cfg.Traceflow.tls))
 	if sharder != nil {
 		e.reg.MustRegister(sharder)
 	}

@@ -2,10 +2,10 @@ package exporter
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/dualflow/dualflow/internal/reload"
 	"github.com/dualflow/dualflow/nsrun"
 	"github.com/dualflow/dualflow/traceflow/agent"
 	"github.com/dualflow/dualflow/traceflow/node"
@@ -28,6 +29,8 @@ type TraceflowConfig struct {
 	// $DUALFLOW_TRACEFLOW_TOKEN is set. The agent never runs without one.
 	TokenFile string
 	// CertFile and KeyFile serve TLS; required on a non-loopback address.
+	// They and ClientCAFile are read again when they change, for the
+	// connections made after (package reload).
 	CertFile, KeyFile string
 	// ClientCAFile, when set, requires client certificates signed by it
 	// (mutual TLS with the collector).
@@ -45,8 +48,8 @@ type TraceflowConfig struct {
 	// demo).
 	Listener net.Listener
 
-	token string // loaded by Validate
-	tls   *tls.Config
+	token string      // loaded by Validate
+	tls   *reload.TLS // loaded by Validate, reloaded when the files change
 }
 
 func (c *TraceflowConfig) bindFlags(fs *flag.FlagSet) {
@@ -68,7 +71,7 @@ func (c *TraceflowConfig) enabled() bool { return c.Addr != "" || c.Listener != 
 
 // validate loads the token and the TLS files, and refuses an agent that
 // would listen beyond loopback without TLS.
-func (c *TraceflowConfig) validate() error {
+func (c *TraceflowConfig) validate(log *slog.Logger) error {
 	if !c.enabled() {
 		return nil
 	}
@@ -84,8 +87,10 @@ func (c *TraceflowConfig) validate() error {
 		return errors.New("--traceflow.client-ca needs --traceflow.tls-cert and --traceflow.tls-key")
 	}
 	if c.CertFile != "" {
-		if c.tls, err = agent.ServerTLS(c.CertFile, c.KeyFile, c.ClientCAFile); err != nil {
-			return err
+		c.tls, err = reload.LoadTLS(reload.TLSFiles{Cert: c.CertFile, Key: c.KeyFile, CA: c.ClientCAFile},
+			reload.Options{Name: "traceflow-agent", Logger: log})
+		if err != nil {
+			return fmt.Errorf("traceflow agent TLS: %w", err)
 		}
 	}
 	if c.Listener == nil && c.tls == nil {
@@ -156,7 +161,10 @@ func (e *Exporter) serveTraceflow() (func(), error) {
 	// No write timeout: a watch streams for as long as its own timeout
 	// (at most agent.MaxTimeout), which the handler enforces.
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
-		IdleTimeout: 2 * time.Minute, TLSConfig: c.tls, ErrorLog: nil}
+		IdleTimeout: 2 * time.Minute, ErrorLog: nil}
+	if c.tls != nil {
+		srv.TLSConfig = c.tls.ServerConfig()
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dualflow/dualflow/internal/reload"
 	"github.com/dualflow/dualflow/traceflow/agent"
 )
 
@@ -45,7 +46,7 @@ func TestTraceflowConfig(t *testing.T) {
 		{"missing token file", TraceflowConfig{Addr: "127.0.0.1:9444", TokenFile: filepath.Join(dir, "nope")}, "no such file"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := tc.cfg.validate()
+			err := tc.cfg.validate(nil)
 			if (err == nil) != (tc.wantErr == "") || (err != nil && !strings.Contains(err.Error(), tc.wantErr)) {
 				t.Errorf("validate: %v, want %q", err, tc.wantErr)
 			}
@@ -53,7 +54,7 @@ func TestTraceflowConfig(t *testing.T) {
 	}
 	t.Setenv(agent.TokenEnv, "from-env")
 	c := TraceflowConfig{Addr: "127.0.0.1:9444"}
-	if err := c.validate(); err != nil || c.token != "from-env" {
+	if err := c.validate(nil); err != nil || c.token != "from-env" {
 		t.Errorf("token from the environment: %v %q", err, c.token)
 	}
 }
@@ -83,12 +84,11 @@ func TestTraceflowAgentMutualTLS(t *testing.T) {
 		if withCert {
 			c, k = clientCert, clientKey
 		}
-		tc, err := agent.ClientTLS(ca, c, k, "")
+		files, err := reload.LoadTLS(reload.TLSFiles{CA: ca, Cert: c, Key: k}, reload.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		tc.ServerName = "localhost"
-		return &http.Client{Transport: &http.Transport{TLSClientConfig: tc}, Timeout: 10 * time.Second}
+		return &http.Client{Transport: &http.Transport{TLSClientConfig: files.ClientConfig("localhost")}, Timeout: 10 * time.Second}
 	}
 	ctx := context.Background()
 	in, err := (&agent.Client{Node: "n1", URL: url, Token: "s3cret", HTTP: client(true)}).Info(ctx)
@@ -101,8 +101,14 @@ func TestTraceflowAgentMutualTLS(t *testing.T) {
 	if _, err := (&agent.Client{Node: "n1", URL: url, Token: "s3cret", HTTP: client(false)}).Info(ctx); err == nil || !strings.Contains(err.Error(), "unreachable") {
 		t.Errorf("no client certificate: %v, want a failed handshake", err)
 	}
-	if m := scrape(t, e); !strings.Contains(m, `dualflow_traceflow_agent_requests_total{call="info",result="unauthorized"} 1`) {
+	m := scrape(t, e)
+	if !strings.Contains(m, `dualflow_traceflow_agent_requests_total{call="info",result="unauthorized"} 1`) {
 		t.Errorf("metrics lack the refused call:\n%s", m)
+	}
+	// The agent's TLS files are reloaded when they change (package reload).
+	if !strings.Contains(m, `dualflow_tls_certificate_expiry_timestamp_seconds{name="traceflow-agent"}`) ||
+		!strings.Contains(m, `dualflow_file_reload_errors_total{name="traceflow-agent"} 0`) {
+		t.Errorf("metrics lack the agent's TLS files:\n%s", m)
 	}
 }
 

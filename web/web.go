@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dualflow/dualflow/collector/audit"
+	"github.com/dualflow/dualflow/internal/reload"
 	"github.com/dualflow/dualflow/netaddr"
 	"github.com/dualflow/dualflow/web/api"
 	"github.com/dualflow/dualflow/web/ui"
@@ -177,7 +178,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	tokens := cfg.Tokens
 	if tokens == nil && cfg.TokensFile != "" {
-		t, err := api.LoadTokens(cfg.TokensFile)
+		t, err := api.LoadTokens(cfg.TokensFile, reload.Options{Name: "web-tokens", Logger: cfg.Logger})
 		if err != nil {
 			return nil, err
 		}

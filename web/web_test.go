@@ -12,7 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/dualflow/dualflow/collector/audit"
+	"github.com/dualflow/dualflow/internal/reload/reloadtest"
 	"github.com/dualflow/dualflow/web/api"
 )
 
@@ -134,6 +138,46 @@ func TestTokensFileMode(t *testing.T) {
 	}
 	if _, err := New(Config{Addr: "[::]:0", TokensFile: path, Store: nopStore{}}); err != nil {
 		t.Errorf("a 0600 tokens file: %v", err)
+	}
+}
+
+// TestTokensFileReload: the server follows its tokens file, mounted from
+// a Secret and rotated the way the kubelet does it: the old token stops
+// working, the new one works, without a restart; /metrics counts the
+// reload.
+func TestTokensFileReload(t *testing.T) {
+	v := reloadtest.NewVolume(t, 0o440, map[string][]byte{"tokens": []byte("old-tok operator bob\n")})
+	reg := prometheus.NewRegistry()
+	s, err := New(Config{Addr: "127.0.0.1:0", TokensFile: v.Path("tokens"), Store: nopStore{}, Registerer: reg, Gatherer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := s.Handler()
+	code := func(tok string) int {
+		req := httptest.NewRequest("GET", "http://127.0.0.1/api/v1/whoami", nil)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		return w.Code
+	}
+	if code("old-tok") != 200 || code("new-tok") != 401 {
+		t.Fatalf("before: old %d new %d", code("old-tok"), code("new-tok"))
+	}
+	v.Update(map[string][]byte{"tokens": []byte("new-tok operator bob\n")})
+	deadline := time.Now().Add(30 * time.Second) // the file is checked once a second
+	for code("old-tok") != 401 || code("new-tok") != 200 {
+		if time.Now().After(deadline) {
+			t.Fatalf("after the rotation: old %d new %d", code("old-tok"), code("new-tok"))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	want := `
+# HELP dualflow_file_reloads_total Changed certificate, key, CA or token files loaded without a restart, by name (ipfix-server, web-tokens, …).
+# TYPE dualflow_file_reloads_total counter
+dualflow_file_reloads_total{name="web-tokens"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want), "dualflow_file_reloads_total"); err != nil {
+		t.Error(err)
 	}
 }
 

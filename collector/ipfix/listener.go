@@ -3,13 +3,11 @@ package ipfix
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -17,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dualflow/dualflow/collector/pipeline"
+	"github.com/dualflow/dualflow/internal/reload"
 )
 
 // Default listener settings.
@@ -77,7 +76,8 @@ type Config struct {
 	AllowedSources AllowList
 	// TLSCertFile and TLSKeyFile are the server certificate (PEM). With
 	// TLSClientCAFile set, clients must present a certificate signed by
-	// one of its CAs (mutual TLS).
+	// one of its CAs (mutual TLS). The files are read again when they
+	// change, for the sessions that start after (package reload).
 	TLSCertFile, TLSKeyFile, TLSClientCAFile string
 	// Limits bound each session's templates.
 	Limits Limits
@@ -198,6 +198,7 @@ type Listener struct {
 
 	tcp, tls []net.Listener
 	udp      []*net.UDPConn
+	tlsFiles *reload.TLS // the TLS listeners' certificate and client CA; nil without them
 
 	// warns rate-limits the warnings about what exporters send (bad
 	// framing, malformed messages, stamped records, refused sources and
@@ -256,6 +257,9 @@ func New(cfg Config, out *pipeline.Queue, pool *pipeline.Pool, pm *pipeline.Metr
 		l.Close()
 		return nil, err
 	}
+	if reg != nil && l.tlsFiles != nil {
+		reg.MustRegister(reload.Metrics(l.tlsFiles))
+	}
 	l.warnOpen()
 	return l, nil
 }
@@ -269,10 +273,15 @@ func (l *Listener) bind() error {
 		l.tcp = append(l.tcp, ln)
 	}
 	if len(l.cfg.TLSAddrs) > 0 {
-		tc, err := l.tlsConfig()
+		// The files are reloaded when they change (cert-manager renewing
+		// the Secret): new sessions get the new certificate and CA.
+		files, err := reload.LoadTLS(reload.TLSFiles{Cert: l.cfg.TLSCertFile, Key: l.cfg.TLSKeyFile, CA: l.cfg.TLSClientCAFile},
+			reload.Options{Name: "ipfix-server", Logger: l.log})
 		if err != nil {
-			return err
+			return fmt.Errorf("ipfix tls: %w", err)
 		}
+		l.tlsFiles = files
+		tc := files.ServerConfig()
 		for _, a := range l.cfg.TLSAddrs {
 			ln, err := tls.Listen("tcp", a, tc)
 			if err != nil {
@@ -298,26 +307,6 @@ func (l *Listener) bind() error {
 		}
 	}
 	return nil
-}
-
-func (l *Listener) tlsConfig() (*tls.Config, error) {
-	cert, err := tls.LoadX509KeyPair(l.cfg.TLSCertFile, l.cfg.TLSKeyFile)
-	if err != nil {
-		return nil, fmt.Errorf("ipfix tls: %w", err)
-	}
-	tc := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-	if l.cfg.TLSClientCAFile != "" {
-		pem, err := os.ReadFile(l.cfg.TLSClientCAFile)
-		if err != nil {
-			return nil, fmt.Errorf("ipfix tls client CA: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("ipfix tls client CA %s: no PEM certificate", l.cfg.TLSClientCAFile)
-		}
-		tc.ClientCAs, tc.ClientAuth = pool, tls.RequireAndVerifyClientCert
-	}
-	return tc, nil
 }
 
 // TCPAddrs, UDPAddrs and TLSAddrs return the bound addresses (useful with

@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -20,8 +18,10 @@ import (
 
 	"github.com/ClickHouse/clickhouse-go/v2"
 	"github.com/ClickHouse/clickhouse-go/v2/lib/driver"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dualflow/dualflow/flow"
+	"github.com/dualflow/dualflow/internal/reload"
 )
 
 // ServerConfig configures a connection to a ClickHouse server.
@@ -40,7 +40,9 @@ type ServerConfig struct {
 	Username string
 	// PasswordFile is read for the password (trailing newline trimmed).
 	PasswordFile string
-	// CAFile, CertFile and KeyFile configure TLS (server CA and client certificate).
+	// CAFile, CertFile and KeyFile configure TLS (server CA and client
+	// certificate), read again when they change, for the connections made
+	// after (package reload).
 	CAFile, CertFile, KeyFile string
 	// Database qualifies unqualified table names. Default "dualflow".
 	Database string
@@ -61,6 +63,7 @@ type Server struct {
 	// syncInserts adds insert_distributed_sync = 1 to inserts, unless the
 	// DSN sets it (see NewServer).
 	syncInserts bool
+	tls         *reload.TLS // the TLS files, nil without
 }
 
 var _ Conn = (*Server)(nil)
@@ -105,27 +108,10 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if password != "" {
 		opt.Auth.Password = password
 	}
+	var files *reload.TLS
 	if cfg.CAFile != "" || cfg.CertFile != "" {
-		if opt.TLS == nil {
-			opt.TLS = &tls.Config{}
-		}
-		if cfg.CAFile != "" {
-			pem, err := os.ReadFile(cfg.CAFile)
-			if err != nil {
-				return nil, fmt.Errorf("clickhouse ca file: %w", err)
-			}
-			pool := x509.NewCertPool()
-			if !pool.AppendCertsFromPEM(pem) {
-				return nil, fmt.Errorf("clickhouse ca file %s: no certificate found", cfg.CAFile)
-			}
-			opt.TLS.RootCAs = pool
-		}
-		if cfg.CertFile != "" {
-			cert, err := tls.LoadX509KeyPair(cfg.CertFile, cfg.KeyFile)
-			if err != nil {
-				return nil, fmt.Errorf("clickhouse client certificate: %w", err)
-			}
-			opt.TLS.Certificates = []tls.Certificate{cert}
+		if files, err = clickhouseTLS(cfg, opt); err != nil {
+			return nil, err
 		}
 	}
 	if cfg.DialTimeout == 0 {
@@ -152,7 +138,7 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("clickhouse open: %w", err)
 	}
-	return &Server{conn: c, db: db, http: newHTTPQuerier(opt, cfg.MaxQueryAnswer), syncInserts: !set && !setNew}, nil
+	return &Server{conn: c, db: db, http: newHTTPQuerier(opt, cfg.MaxQueryAnswer), syncInserts: !set && !setNew, tls: files}, nil
 }
 
 // checkCompress refuses a DSN whose compress parameter clickhouse-go
@@ -342,3 +328,47 @@ func qualify(db, table string) string {
 	}
 	return db + "." + table
 }
+
+// clickhouseTLS loads the TLS files of cfg into opt.TLS, reloaded when
+// they change (package reload). The server's certificate is checked for
+// the DSN's tls_server_name, else its host when it has one, else the host
+// dialled, which must then be a DNS name: a name the check knows only from
+// SNI (reload.TLS.ClientConfig).
+func clickhouseTLS(cfg ServerConfig, opt *clickhouse.Options) (*reload.TLS, error) {
+	files, err := reload.LoadTLS(reload.TLSFiles{CA: cfg.CAFile, Cert: cfg.CertFile, Key: cfg.KeyFile},
+		reload.Options{Name: "clickhouse-client"})
+	if err != nil {
+		return nil, fmt.Errorf("clickhouse tls: %w", err)
+	}
+	var name string
+	skip := false
+	if opt.TLS != nil {
+		name, skip = opt.TLS.ServerName, opt.TLS.InsecureSkipVerify // tls_server_name, skip_verify
+	}
+	host := func(a string) string {
+		if h, _, err := net.SplitHostPort(a); err == nil {
+			return h
+		}
+		return strings.Trim(a, "[]")
+	}
+	if name == "" && len(opt.Addr) == 1 {
+		name = host(opt.Addr[0])
+	}
+	if name == "" && cfg.CAFile != "" && !skip {
+		for _, a := range opt.Addr {
+			if _, err := netip.ParseAddr(host(a)); err == nil {
+				return nil, fmt.Errorf("clickhouse dsn: with --clickhouse.ca-file and several hosts, %s is an IP address: name the servers by DNS name, or set tls_server_name to the name their certificates hold", a)
+			}
+		}
+	}
+	tc := files.ClientConfig(name)
+	if skip {
+		tc.InsecureSkipVerify, tc.VerifyConnection = true, nil
+	}
+	opt.TLS = tc
+	return files, nil
+}
+
+// Metrics returns the collector of the TLS files' reloads (none without
+// TLS files), for the collector's registry.
+func (s *Server) Metrics() prometheus.Collector { return reload.Metrics(s.tls) }

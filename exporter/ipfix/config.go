@@ -1,16 +1,16 @@
 package ipfix
 
 import (
+	"cmp"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
 	"time"
 
 	fipfix "github.com/dualflow/dualflow/flow/ipfix"
+	"github.com/dualflow/dualflow/internal/reload"
 )
 
 // Transports.
@@ -30,8 +30,13 @@ type Config struct {
 	// TLS: CAFile verifies the collector (system roots when empty),
 	// CertFile and KeyFile are an optional client certificate, ServerName
 	// overrides the name checked in the collector's certificate (default:
-	// the host of Address).
+	// the host of Address). The files are read again when they change,
+	// for the connections made after (package reload).
 	CAFile, CertFile, KeyFile, ServerName string
+	// TLSFiles, when set, is the content of CAFile, CertFile and KeyFile,
+	// loaded by the caller with LoadTLS so that several exporters (a
+	// shard's) share one load; nil: New loads them.
+	TLSFiles *reload.TLS
 	// ObservationDomainID goes in every message header.
 	ObservationDomainID uint32
 	// BufferBytes bounds the encoded records waiting for the collector.
@@ -150,29 +155,34 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// tlsConfig loads the TLS files.
+// LoadTLS loads CAFile, CertFile and KeyFile, reloaded when they change;
+// nil without any of them (the system's roots, no client certificate).
+func (c Config) LoadTLS() (*reload.TLS, error) {
+	if c.CAFile == "" && c.CertFile == "" {
+		return nil, nil
+	}
+	t, err := reload.LoadTLS(reload.TLSFiles{CA: c.CAFile, Cert: c.CertFile, Key: c.KeyFile},
+		reload.Options{Name: "ipfix-client", Logger: c.Logger})
+	if err != nil {
+		return nil, fmt.Errorf("ipfix tls: %w", err)
+	}
+	return t, nil
+}
+
+// tlsConfig returns the TLS configuration of the connections to the
+// collector, verified for ServerName, else the host of Address.
 func (c Config) tlsConfig() (*tls.Config, error) {
+	files := c.TLSFiles
+	if files == nil {
+		var err error
+		if files, err = c.LoadTLS(); err != nil {
+			return nil, err
+		}
+	}
 	host, _, _ := net.SplitHostPort(c.Address)
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: host}
-	if c.ServerName != "" {
-		cfg.ServerName = c.ServerName
+	name := cmp.Or(c.ServerName, host)
+	if files == nil {
+		return &tls.Config{MinVersion: tls.VersionTLS12, ServerName: name}, nil
 	}
-	if c.CAFile != "" {
-		pem, err := os.ReadFile(c.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("ipfix tls ca: %w", err)
-		}
-		cfg.RootCAs = x509.NewCertPool()
-		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("ipfix tls ca %s: no PEM certificate", c.CAFile)
-		}
-	}
-	if c.CertFile != "" {
-		cert, err := tls.LoadX509KeyPair(c.CertFile, c.KeyFile)
-		if err != nil {
-			return nil, fmt.Errorf("ipfix tls client certificate: %w", err)
-		}
-		cfg.Certificates = []tls.Certificate{cert}
-	}
-	return cfg, nil
+	return files.ClientConfig(name), nil
 }

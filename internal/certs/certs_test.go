@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dualflow/dualflow/traceflow/agent"
+	"github.com/dualflow/dualflow/internal/reload"
 )
 
 func pool(t *testing.T, dir string) *x509.CertPool {
@@ -109,20 +109,25 @@ func TestIssueAndHandshake(t *testing.T) {
 
 	// Traceflow: the product's own TLS configurations, agents verified for
 	// their shared name, the collector's client certificate required.
-	agentTLS, err := agent.ServerTLS(filepath.Join(dir, AgentFile), filepath.Join(dir, AgentKeyFile), filepath.Join(dir, CAFile))
-	if err != nil {
-		t.Fatal(err)
+	load := func(cert, key string) *reload.TLS {
+		t.Helper()
+		files := reload.TLSFiles{CA: filepath.Join(dir, CAFile)}
+		if cert != "" {
+			files.Cert, files.Key = filepath.Join(dir, cert), filepath.Join(dir, key)
+		}
+		tl, err := reload.LoadTLS(files, reload.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tl
 	}
-	ctl, err := agent.ClientTLS(filepath.Join(dir, CAFile), filepath.Join(dir, ControllerFile), filepath.Join(dir, ControllerKeyFile), DefaultAgentName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cerr, serr := handshake(t, agentTLS, ctl); cerr != nil || serr != nil {
+	agentTLS := load(AgentFile, AgentKeyFile).ServerConfig()
+	ctl := load(ControllerFile, ControllerKeyFile)
+	if cerr, serr := handshake(t, agentTLS, ctl.ClientConfig(DefaultAgentName)); cerr != nil || serr != nil {
 		t.Errorf("collector → agent: client %v, server %v", cerr, serr)
 	}
-	byAddr, _ := agent.ClientTLS(filepath.Join(dir, CAFile), filepath.Join(dir, ControllerFile), filepath.Join(dir, ControllerKeyFile), "")
-	byAddr.ServerName = "198.18.0.10" // what the dialled node address would be without --traceflow.server-name
-	if cerr, _ := handshake(t, agentTLS, byAddr); cerr == nil {
+	// What the dialled node address would be without --traceflow.server-name.
+	if cerr, _ := handshake(t, agentTLS, ctl.ClientConfig("198.18.0.10")); cerr == nil {
 		t.Error("the agents' certificate verified for a node address")
 	}
 	// The exporter's certificate is for clients only: it cannot serve.

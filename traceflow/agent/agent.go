@@ -17,8 +17,9 @@
 // case, RFC 7235; the token compared in constant time); the token comes
 // from the environment or a file of mode 0600 (or 0640/0440 for the
 // process's own group), never from a flag. TLS, with client certificates
-// when the agent is given a client CA, is configured by ServerTLS and
-// ClientTLS.
+// when the agent is given a client CA, comes from files reloaded when they
+// change (package reload): the exporter serves the agent with them, and
+// NewDirectory gives the controller's client its own.
 package agent
 
 import (
@@ -27,8 +28,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
-	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -125,60 +124,6 @@ func LoadToken(file string) (string, error) {
 		return "", fmt.Errorf("traceflow token: set $%s or a token file", TokenEnv)
 	}
 	return tok, nil
-}
-
-// ServerTLS returns the agent's TLS configuration: its certificate, and
-// when clientCA is set, client certificates required and verified against
-// it (mutual TLS with the collector).
-func ServerTLS(certFile, keyFile, clientCA string) (*tls.Config, error) {
-	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
-	if err != nil {
-		return nil, fmt.Errorf("traceflow agent TLS: %w", err)
-	}
-	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-	if clientCA != "" {
-		pool, err := loadPool(clientCA)
-		if err != nil {
-			return nil, err
-		}
-		cfg.ClientCAs, cfg.ClientAuth = pool, tls.RequireAndVerifyClientCert
-	}
-	return cfg, nil
-}
-
-// ClientTLS returns the controller's TLS configuration for the agents:
-// their CA (empty: the system's), a client certificate when certFile is
-// set, and the name their certificates must hold when serverName is set
-// (else the address dialled).
-func ClientTLS(caFile, certFile, keyFile, serverName string) (*tls.Config, error) {
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: serverName}
-	if caFile != "" {
-		pool, err := loadPool(caFile)
-		if err != nil {
-			return nil, err
-		}
-		cfg.RootCAs = pool
-	}
-	if certFile != "" {
-		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
-		if err != nil {
-			return nil, fmt.Errorf("traceflow client certificate: %w", err)
-		}
-		cfg.Certificates = []tls.Certificate{cert}
-	}
-	return cfg, nil
-}
-
-func loadPool(file string) (*x509.CertPool, error) {
-	b, err := os.ReadFile(file)
-	if err != nil {
-		return nil, fmt.Errorf("traceflow CA: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(b) {
-		return nil, fmt.Errorf("traceflow CA %s: no PEM certificate", file)
-	}
-	return pool, nil
 }
 
 // Metrics of an agent.
@@ -409,7 +354,7 @@ type Client struct {
 	Fallback []string
 	Token    string
 	// HTTP is the client to use (default http.DefaultClient); give it the
-	// TLS settings of a real deployment (ClientTLS). Its Timeout must be
+	// TLS settings of a real deployment (NewDirectory). Its Timeout must be
 	// zero: a watch lasts as long as its context.
 	HTTP *http.Client
 }

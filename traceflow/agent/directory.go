@@ -1,9 +1,12 @@
 package agent
 
 import (
+	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
@@ -12,6 +15,10 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dualflow/dualflow/internal/reload"
 )
 
 // DefaultPort is the agents' port when the collector finds them by node
@@ -32,7 +39,8 @@ type DirectoryConfig struct {
 	TokenFile string
 	// CAFile verifies the agents' certificates (empty: system roots);
 	// CertFile and KeyFile are the collector's client certificate (mutual
-	// TLS).
+	// TLS). The files are read again when they change, for the
+	// connections made after (package reload).
 	CAFile, CertFile, KeyFile string
 	// ServerName is the name the agents' certificates are verified for
 	// (empty: the address dialled). One certificate shared by every node's
@@ -42,6 +50,8 @@ type DirectoryConfig struct {
 	ServerName string
 	// DisableIPv6 picks the node's IPv4 address even when it has both.
 	DisableIPv6 bool
+	// Logger logs the reloads of the TLS files (nil: slog.Default()).
+	Logger *slog.Logger
 }
 
 // Enabled reports whether the controller should trace through agents.
@@ -108,6 +118,7 @@ type NodeDirectory struct {
 	view  NodeView
 	token string
 	http  *http.Client
+	tls   *reload.TLS // nil without TLS files
 }
 
 // NewDirectory loads the token and TLS files of cfg.
@@ -135,14 +146,45 @@ func NewDirectory(cfg DirectoryConfig, view NodeView) (*NodeDirectory, error) {
 	}
 	tr := http.DefaultTransport.(*http.Transport).Clone()
 	tr.Proxy = nil // the token goes to the node itself, never through a proxy
-	tr.TLSClientConfig, err = ClientTLS(cfg.CAFile, cfg.CertFile, cfg.KeyFile, cfg.ServerName)
-	if err != nil {
-		return nil, err
-	}
-	tr.DialContext = (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+	dialer := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
+	tr.DialContext = dialer.DialContext
 	tr.ResponseHeaderTimeout = 0 // a watch answers once the node observes
-	return &NodeDirectory{cfg: cfg, view: view, token: tok, http: &http.Client{Transport: tr}}, nil
+	tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, ServerName: cfg.ServerName}
+	var files *reload.TLS
+	if cfg.CAFile != "" || cfg.CertFile != "" {
+		files, err = reload.LoadTLS(reload.TLSFiles{CA: cfg.CAFile, Cert: cfg.CertFile, Key: cfg.KeyFile},
+			reload.Options{Name: "traceflow-client", Logger: cfg.Logger})
+		if err != nil {
+			return nil, fmt.Errorf("traceflow TLS: %w", err)
+		}
+		tr.TLSClientConfig = files.ClientConfig(cfg.ServerName)
+		if cfg.ServerName == "" && cfg.CAFile != "" {
+			tr.DialTLSContext = dialTLS(files, dialer, tr.TLSHandshakeTimeout)
+		}
+	}
+	return &NodeDirectory{cfg: cfg, view: view, token: tok, http: &http.Client{Transport: tr}, tls: files}, nil
 }
+
+// dialTLS dials agents when no server name is set: each agent's
+// certificate is checked for the host dialled (a node's address), which
+// only the dial knows (reload.TLS.ClientConfig).
+func dialTLS(files *reload.TLS, d *net.Dialer, handshake time.Duration) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			return nil, err
+		}
+		cfg := files.ClientConfig(host)
+		cfg.NextProtos = []string{"h2", "http/1.1"} // what http.Transport offers by itself
+		ctx, cancel := context.WithTimeout(ctx, d.Timeout+handshake)
+		defer cancel()
+		return (&tls.Dialer{NetDialer: d, Config: cfg}).DialContext(ctx, network, addr)
+	}
+}
+
+// Metrics returns the collector of the TLS files' reloads, for the
+// collector's registry.
+func (d *NodeDirectory) Metrics() prometheus.Collector { return reload.Metrics(d.tls) }
 
 // Agent implements Directory.
 func (d *NodeDirectory) Agent(node string) (*Client, error) {

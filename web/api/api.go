@@ -330,7 +330,7 @@ func New(cfg Config) (*API, error) {
 	gin.SetMode(gin.ReleaseMode)
 	a := &API{cfg: cfg, log: cfg.Logger, table: cfg.Database + ".flows"}
 	var err error
-	if a.metrics, err = newMetrics(cfg.Registerer); err != nil {
+	if a.metrics, err = newMetrics(cfg.Registerer, cfg.Tokens); err != nil {
 		return nil, err
 	}
 	a.sqlGate = newGate("sql", "SQL queries", cfg.SQLConcurrencyPerToken, cfg.SQLConcurrency, 0, sqlRetryAfter)

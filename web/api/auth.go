@@ -17,6 +17,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/dualflow/dualflow/internal/reload"
 	"github.com/dualflow/dualflow/internal/secretfile"
 )
 
@@ -46,13 +47,16 @@ type Principal struct {
 }
 
 // Tokens maps bearer tokens to principals. Tokens are compared by their
-// SHA-256 in constant time.
+// SHA-256 in constant time. The tokens of LoadTokens follow their file.
 type Tokens struct {
-	byHash map[[32]byte]Principal
+	byHash map[[32]byte]Principal               // Add's
+	file   *reload.File[map[[32]byte]Principal] // LoadTokens': the file's, reloaded when it changes
 }
 
 // Enabled reports whether any token is configured.
-func (t *Tokens) Enabled() bool { return t != nil && len(t.byHash) > 0 }
+func (t *Tokens) Enabled() bool {
+	return t != nil && (len(t.byHash) > 0 || t.file != nil && len(t.file.Get()) > 0)
+}
 
 // LoadTokens reads a token file: one "token role [name]" per line, role
 // viewer or operator; blank lines and # comments are skipped. Like ssh
@@ -61,12 +65,25 @@ func (t *Tokens) Enabled() bool { return t != nil && len(t.byHash) > 0 }
 // a group the process belongs to: Kubernetes mounts a Secret root-owned,
 // readable by the pod's fsGroup (defaultMode 0440), so that a non-root
 // collector can read it and nobody else.
-func LoadTokens(path string) (*Tokens, error) {
+//
+// The file is read again when it changes (package reload, as o says): a
+// token added works from the next request on, a token taken out stops
+// working. A changed file refused as above (its mode, a line that does not
+// parse) leaves the tokens of the last good one in force.
+func LoadTokens(path string, o reload.Options) (*Tokens, error) {
+	f, err := reload.NewFile(o, func() (map[[32]byte]Principal, error) { return parseTokens(path) }, path)
+	if err != nil {
+		return nil, err
+	}
+	return &Tokens{file: f}, nil
+}
+
+func parseTokens(path string) (map[[32]byte]Principal, error) {
 	b, err := secretfile.Read("tokens file", path)
 	if err != nil {
 		return nil, err
 	}
-	t := &Tokens{byHash: map[[32]byte]Principal{}}
+	byHash := map[[32]byte]Principal{}
 	seen := map[string]bool{}
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for n := 1; sc.Scan(); n++ {
@@ -97,12 +114,12 @@ func LoadTokens(path string) (*Tokens, error) {
 			return nil, fmt.Errorf("tokens %s:%d: the name %q is given twice (each token needs its own)", path, n, name)
 		}
 		seen[name] = true
-		t.Add(fields[0], Principal{Name: name, Role: role})
+		byHash[sha256.Sum256([]byte(fields[0]))] = Principal{Name: name, Role: role}
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("tokens %s: %w", path, err)
 	}
-	return t, nil
+	return byHash, nil
 }
 
 // Add registers a token (for tests and programmatic setups).
@@ -117,12 +134,30 @@ func (t *Tokens) lookup(token string) (Principal, bool) {
 	h := sha256.Sum256([]byte(token))
 	var found Principal
 	ok := false
-	for k, p := range t.byHash {
-		if subtle.ConstantTimeCompare(k[:], h[:]) == 1 {
-			found, ok = p, true
+	for _, m := range [2]map[[32]byte]Principal{t.byHash, t.fromFile()} {
+		for k, p := range m {
+			if subtle.ConstantTimeCompare(k[:], h[:]) == 1 {
+				found, ok = p, true
+			}
 		}
 	}
 	return found, ok
+}
+
+// fromFile returns the file's tokens (nil without a file).
+func (t *Tokens) fromFile() map[[32]byte]Principal {
+	if t.file == nil {
+		return nil
+	}
+	return t.file.Get()
+}
+
+// reloads returns what the metrics report on (nil: nothing).
+func (t *Tokens) reloads() reload.Source {
+	if t == nil || t.file == nil {
+		return nil
+	}
+	return t.file
 }
 
 const principalKey = "dualflow.principal"

@@ -6,6 +6,11 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/dualflow/dualflow/internal/logtest"
+	"github.com/dualflow/dualflow/internal/reload"
+	"github.com/dualflow/dualflow/internal/reload/reloadtest"
 )
 
 // TestBearerSchemeCaseInsensitive: RFC 7235 makes the auth scheme
@@ -62,7 +67,7 @@ func TestLoadTokensPermissions(t *testing.T) {
 		if err := os.Chmod(path, tc.mode); err != nil { // not subject to the umask
 			t.Fatal(err)
 		}
-		tokens, err := LoadTokens(path)
+		tokens, err := LoadTokens(path, reload.Options{})
 		switch {
 		case tc.ok && err != nil:
 			t.Errorf("mode %#o: %v", tc.mode, err)
@@ -85,7 +90,7 @@ func TestLoadTokensPermissions(t *testing.T) {
 			if err := os.Chown(path, -1, other); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := LoadTokens(path); err == nil || !strings.Contains(err.Error(), "chmod 600 "+path) {
+			if _, err := LoadTokens(path, reload.Options{}); err == nil || !strings.Contains(err.Error(), "chmod 600 "+path) {
 				t.Errorf("mode 0440, group %d: %v, want refused", other, err)
 			}
 		}
@@ -99,7 +104,83 @@ func TestLoadTokensPermissions(t *testing.T) {
 	if err := os.Symlink(target, link); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := LoadTokens(link); err == nil {
+	if _, err := LoadTokens(link, reload.Options{}); err == nil {
 		t.Error("a 0644 file behind a symlink accepted")
 	}
+}
+
+// TestTokensReload rotates the tokens file as the kubelet updates a Secret
+// volume: a token taken out stops working at once the change is seen, a
+// new one works; a changed file that is refused (group-readable by
+// others, a line that does not parse) leaves the last good tokens in
+// force, logged once.
+func TestTokensReload(t *testing.T) {
+	var logs logtest.Buffer
+	v := reloadtest.NewVolume(t, 0o600, map[string][]byte{"tokens": []byte("old-tok operator alice\nview-tok viewer bob\n")})
+	tokens, err := LoadTokens(v.Path("tokens"), reload.Options{Name: "web-tokens", Logger: logs.Logger(), Interval: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := testAPI(t, Config{Store: &fakeStore{}, Tokens: tokens})
+	code := func(tok string) int {
+		return do(t, h, "GET", "/api/v1/whoami", "", "Authorization", "Bearer "+tok).code
+	}
+	waitCodes := func(what string, want map[string]int) {
+		t.Helper()
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			ok := true
+			for tok, c := range want {
+				ok = ok && code(tok) == c
+			}
+			if ok {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: timed out", what)
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+	waitCodes("start", map[string]int{"old-tok": 200, "view-tok": 200, "new-tok": 401})
+
+	v.Update(map[string][]byte{"tokens": []byte("new-tok operator alice\nview-tok viewer bob\n")})
+	waitCodes("rotated", map[string]int{"old-tok": 401, "view-tok": 200, "new-tok": 200})
+
+	for i, bad := range []struct {
+		name string
+		mode os.FileMode
+		body string
+	}{
+		{"readable by others", 0o644, "evil-tok operator mallory\n"},
+		{"a line without a role", 0o600, "evil-tok\n"},
+	} {
+		v.Mode = bad.mode
+		v.Update(map[string][]byte{"tokens": []byte(bad.body)})
+		deadline := time.Now().Add(30 * time.Second)
+		for len(logs.Lines("reloading changed files failed")) < i+1 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: never refused", bad.name)
+			}
+			code("new-tok")
+			time.Sleep(2 * time.Millisecond)
+		}
+		for range 5 {
+			if c := code("evil-tok"); c != 401 {
+				t.Fatalf("%s: the refused file's token answered %d", bad.name, c)
+			}
+			if c := code("new-tok"); c != 200 {
+				t.Fatalf("%s: the last good token answered %d", bad.name, c)
+			}
+		}
+	}
+	if n := len(logs.Lines("reloading changed files failed")); n != 2 {
+		t.Errorf("2 refused files logged %d times:\n%s", n, logs.String())
+	}
+	if l := logs.Lines("chmod 600"); len(l) != 1 {
+		t.Errorf("the refusal of a file others may read does not say the fix:\n%s", logs.String())
+	}
+	v.Mode = 0o600
+	v.Update(map[string][]byte{"tokens": []byte("# every token revoked\n")})
+	waitCodes("emptied", map[string]int{"new-tok": 401, "view-tok": 401})
 }

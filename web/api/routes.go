@@ -14,6 +14,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/dualflow/dualflow/internal/reload"
 	"github.com/dualflow/dualflow/traceflow"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -252,7 +253,7 @@ type metrics struct {
 	pageRereads prometheus.Counter
 }
 
-func newMetrics(r prometheus.Registerer) (*metrics, error) {
+func newMetrics(r prometheus.Registerer, tokens *Tokens) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dualflow_web_requests_total", Help: "API requests by route and status.",
@@ -290,7 +291,8 @@ func newMetrics(r prometheus.Registerer) (*metrics, error) {
 		m.reg = prometheus.NewRegistry()
 		r = m.reg
 	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.sqlRefused, m.badRequests, m.refused, m.inFlight, m.tooLarge, m.pageRereads} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.sqlRefused, m.badRequests, m.refused, m.inFlight, m.tooLarge, m.pageRereads,
+		reload.Metrics(tokens.reloads())} {
 		if err := r.Register(c); err != nil {
 			return nil, err
 		}
