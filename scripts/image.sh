@@ -6,10 +6,31 @@
 #   scripts/image.sh                  # build dualflow:<tag> and dualflow-chdb:<tag>
 #   scripts/image.sh podman ARGS...   # podman on the private storage (run, images, rmi, ...)
 #   scripts/image.sh buildah ARGS...  # buildah on the private storage
+#   scripts/image.sh push REGISTRY [TAG]
+#                                     # push both images to REGISTRY/dualflow:TAG and
+#                                     # REGISTRY/dualflow-chdb:TAG (default: the build tag)
+#   scripts/image.sh tags             # print the tags a build gives (build, release)
 #
 # Environment: VERSION, COMMIT (as make build), IMAGE_TAG (default VERSION),
 # IMAGE_ARCHIVE=0 to skip the OCI archives in var/image, DUALFLOW_CONTAINERS
-# (default .cache/containers: storage, run root and podman's tmpdir).
+# (default .cache/containers: storage, run root and podman's tmpdir);
+# REGISTRY_AUTH_FILE for push (default: podman's, from `scripts/image.sh
+# podman login REGISTRY`).
+#
+# Tags: the build tag (IMAGE_TAG, default VERSION: git describe, one per
+# commit) and, when IMAGE_TAG is not set, the release tag the manifests pin
+# (the Helm chart's appVersion, which deploy/kubernetes/overlays' images
+# repeat). Push the build tag and pin it: a tag pushed again with other
+# content is never pulled again by a node that has it (IfNotPresent).
+#
+# Only linux/amd64: the image carries the build host's glibc, nft and OVS
+# binaries with their libraries, and libchdb for x86-64 (docs/deploy.md).
+#
+# /licenses holds the terms of everything copied in: the Debian copyright
+# file of every package a file comes from (glibc, nftables, Open vSwitch
+# and their libraries, ca-certificates), the licences of the Go modules
+# linked into the binary and of the UI's vendored scripts, and (in
+# dualflow-chdb) chDB's. The OCI labels name them (org.opencontainers.image.licenses).
 #
 # Two images, the second built on the first so that they share its layers:
 #   dualflow:<tag>       the binary, the glibc files it needs (purego's
@@ -59,22 +80,40 @@ pod() {
     --cgroup-manager cgroupfs --events-backend file "$@"
 }
 
-case "${1:-}" in
-  podman) shift; mkdir -p "$STORE"; pod "$@"; exit ;;
-  buildah) shift; mkdir -p "$STORE"; bah "$@"; exit ;;
-  "") ;;
-  *) echo "usage: $0 [podman|buildah ARGS...]" >&2; exit 2 ;;
-esac
-
 log() { printf '[image] %s\n' "$*" >&2; }
 
-for tool in buildah tar; do
-  command -v "$tool" >/dev/null || { log "$tool is missing (make deps installs it)"; exit 1; }
-done
 VERSION="${VERSION:-$(git describe --tags --always --dirty 2>/dev/null || echo dev)}"
 COMMIT="${COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
 TAG="${IMAGE_TAG:-$VERSION}"
 TAG="${TAG//[^A-Za-z0-9_.-]/-}" # a tag is [A-Za-z0-9_.-]
+# The release tag: the chart's appVersion, which the manifests pin.
+RELEASE=$(awk -F'"' '/^appVersion:/ {print $2}' deploy/helm/dualflow/Chart.yaml)
+[ -n "$RELEASE" ] || { log "no appVersion in deploy/helm/dualflow/Chart.yaml"; exit 1; }
+TAGS=("$TAG")
+if [ -z "${IMAGE_TAG:-}" ] && [ "$RELEASE" != "$TAG" ]; then TAGS+=("$RELEASE"); fi
+
+case "${1:-}" in
+  podman) shift; mkdir -p "$STORE"; pod "$@"; exit ;;
+  buildah) shift; mkdir -p "$STORE"; bah "$@"; exit ;;
+  tags) echo "${TAGS[*]}"; exit ;;
+  push)
+    # The images live in the private storage, which the machine's podman
+    # does not see: push from it. Log in first with
+    # `scripts/image.sh podman login REGISTRY` (or set REGISTRY_AUTH_FILE).
+    [ -n "${2:-}" ] || { echo "usage: $0 push REGISTRY [TAG]" >&2; exit 2; }
+    reg=${2%/} tag=${3:-$TAG}
+    for img in dualflow dualflow-chdb; do
+      log "push localhost/$img:$tag -> $reg/$img:$tag"
+      pod push "localhost/$img:$tag" "docker://$reg/$img:$tag"
+    done
+    exit ;;
+  "") ;;
+  *) echo "usage: $0 [podman|buildah ARGS...|push REGISTRY [TAG]|tags]" >&2; exit 2 ;;
+esac
+
+for tool in buildah tar; do
+  command -v "$tool" >/dev/null || { log "$tool is missing (make deps installs it)"; exit 1; }
+done
 CHDB_LIB="${CHDB_LIB_PATH:-$PWD/.cache/chdb/current/libchdb.so}"
 CHDB_LIB="$(readlink -f "$CHDB_LIB")"
 [ -f "$CHDB_LIB" ] || { log "libchdb not found at $CHDB_LIB (make deps)"; exit 1; }
@@ -83,7 +122,7 @@ EPOCH="$(git log -1 --format=%ct 2>/dev/null || echo 0)"
 NONROOT=65532
 
 WORK="$PWD/var/image"
-rm -rf "$WORK/base" "$WORK/chdb"
+rm -rf "$WORK/base" "$WORK/chdb" "$WORK/base.files" "$WORK/chdb.files"
 mkdir -p "$WORK/base" "$WORK/chdb" "$STORE"
 
 # The binary: make build's flags plus -s -w (no symbol table or DWARF: a
@@ -95,12 +134,35 @@ CGO_ENABLED=0 go build -ldflags "-s -w -X main.version=$VERSION -X main.commit=$
 # copy_libs ROOT ELF: copies ELF's program interpreter and the shared
 # libraries ldd resolves for it, the exact host files, to the same paths
 # under ROOT (symlinks resolved), skipping those already in SKIP (a root).
+# Each copied host file is listed in ROOT.files, for its licence.
 copy_libs() {
   local root=$1 elf=$2 skip=${3:-} p
   for p in $(ldd "$elf" | awk '$2 == "=>" && $3 ~ /^\// { print $3 } $1 ~ /^\// { print $1 }'); do
     if [ -n "$skip" ] && [ -e "$skip$p" ]; then continue; fi
     mkdir -p "$root$(dirname "$p")"
     cp -L "$p" "$root$p"
+    echo "$p" >>"$root.files"
+  done
+}
+
+# debian_licenses ROOT [SKIP] [PACKAGE...]: the Debian copyright file of
+# every package that owns a host file listed in ROOT.files (and of each
+# PACKAGE), to ROOT/licenses/debian/PACKAGE/copyright, skipping those
+# already in SKIP (a root).
+debian_licenses() {
+  local root=$1 skip=${2:-} f owner pkg
+  shift; shift || true
+  {
+    printf '%s\n' "$@"
+    sort -u "$root.files" | while read -r f; do
+      owner=$(dpkg -S "$f" 2>/dev/null || dpkg -S "$(readlink -f "$f")" 2>/dev/null) || { log "no Debian package owns $f: its licence is unknown"; exit 1; }
+      echo "${owner%%:*}" # "libc6:amd64: /lib/..." or "nftables: /usr/sbin/nft"
+    done
+  } | sort -u | while read -r pkg; do
+    [ -n "$pkg" ] || continue
+    if [ -n "$skip" ] && [ -e "$skip/licenses/debian/$pkg" ]; then continue; fi
+    [ -e "/usr/share/doc/$pkg/copyright" ] || { log "/usr/share/doc/$pkg/copyright is missing"; exit 1; }
+    install -D -m 0644 "/usr/share/doc/$pkg/copyright" "$root/licenses/debian/$pkg/copyright"
   done
 }
 
@@ -109,6 +171,7 @@ b="$WORK/base"
 install -D -m 0755 "$WORK/dualflow" "$b/usr/bin/dualflow"
 copy_libs "$b" "$WORK/dualflow"
 [ -e "$b/lib64/ld-linux-x86-64.so.2" ] || { log "the binary's loader was not found by ldd"; exit 1; }
+# (made by update-ca-certificates from package ca-certificates' files)
 install -D -m 0644 /etc/ssl/certs/ca-certificates.crt "$b/etc/ssl/certs/ca-certificates.crt"
 # The node agent's tools: nft (kernel-datapath traceflow: trace tables and
 # `nft monitor trace`), ovs-appctl and ovs-ofctl (the OVS source and
@@ -118,6 +181,7 @@ for tool in nft ovs-appctl ovs-ofctl; do
   p=$(command -v "$tool") || { log "$tool not found (scripts/deps.sh installs nftables and openvswitch-switch)"; exit 1; }
   p=$(readlink -f "$p")
   install -D -m 0755 "$p" "$b$p"
+  echo "$p" >>"$b.files"
   copy_libs "$b" "$p"
   chroot "$b" "$p" --version >/dev/null || { log "$tool does not run inside the image"; exit 1; }
 done
@@ -128,11 +192,55 @@ chmod 0644 "$b/etc/passwd" "$b/etc/group"
 mkdir -p "$b/root" "$b/tmp" "$b/home/nonroot" "$b/var/lib/dualflow"
 chmod 0700 "$b/root" "$b/home/nonroot" "$b/var/lib/dualflow"
 chmod 1777 "$b/tmp"
+# Licences: the Debian packages' copyright files, every Go module linked in
+# (its LICENSE, COPYING and NOTICE files) and Go's own, the UI's vendored
+# scripts, and dualflow's (the repository's LICENSE, when it has one).
+debian_licenses "$b" "" ca-certificates
+CGO_ENABLED=0 go list -deps -f '{{with .Module}}{{if not .Main}}{{.Path}}@{{.Version}} {{.Dir}}{{end}}{{end}}' ./cmd/dualflow |
+  sort -u | while read -r mod dir; do
+    n=0
+    for f in "$dir"/LICENSE* "$dir"/LICENCE* "$dir"/COPYING* "$dir"/NOTICE* "$dir"/PATENTS; do
+      [ -f "$f" ] || continue
+      install -D -m 0644 "$f" "$b/licenses/go/$mod/$(basename "$f")"
+      n=$((n + 1))
+    done
+    [ "$n" -gt 0 ] || log "warning: Go module $mod has no licence file"
+  done
+install -D -m 0644 "$(go env GOROOT)/LICENSE" "$b/licenses/go/go@$(go env GOVERSION)/LICENSE"
+for f in web/ui/static/vendor/*.LICENSE; do install -D -m 0644 "$f" "$b/licenses/web/$(basename "$f")"; done
+if [ -f LICENSE ]; then install -D -m 0644 LICENSE "$b/licenses/dualflow/LICENSE"; fi
+cat >"$b/licenses/README" <<EOT
+dualflow $VERSION ($COMMIT), linux/amd64, and what it carries:
+
+  usr/bin/dualflow   dualflow, with the Go modules in go/ linked in and
+                     the UI scripts in web/ embedded
+  nft                nftables (GPL-2), with its libraries
+  ovs-appctl,        Open vSwitch (Apache-2.0, parts LGPL-2.1 and others),
+  ovs-ofctl          with its libraries
+  lib*, ld.so        the GNU C library (LGPL-2.1+) and the libraries above
+  CA certificates    ca-certificates (MPL-2.0)
+
+debian/PACKAGE/copyright  the Debian copyright file of every package a file
+                          comes from: the authoritative terms. Their source
+                          is Debian's, at the versions of $(. /etc/os-release && echo "$PRETTY_NAME")
+                          the image was built on (libc6 $(dpkg-query -W -f '${Version}' libc6)).
+go/MODULE@VERSION/        each Go module's licence files; go@VERSION is Go's.
+web/                      the UI's vendored scripts (cytoscape, uPlot).
+dualflow/                 dualflow's own licence, when its repository has one.
+EOT
+chmod 0644 "$b/licenses/README"
 
 # Embedded-store layer: libchdb and what it needs beyond the base.
 c="$WORK/chdb"
 install -D -m 0644 "$CHDB_LIB" "$c/usr/lib/dualflow/libchdb.so"
 copy_libs "$c" "$CHDB_LIB" "$b"
+touch "$c.files"
+debian_licenses "$c" "$b"
+# libchdb.so is chDB's build for linux x86-64 (npm @chdb/lib-linux-x64-gnu,
+# the version scripts/deps.sh pins): Apache-2.0, as the ClickHouse it embeds.
+install -D -m 0644 /usr/share/common-licenses/Apache-2.0 "$c/licenses/chdb/LICENSE"
+printf 'usr/lib/dualflow/libchdb.so: chDB %s (https://github.com/chdb-io/chdb, npm @chdb/lib-linux-x64-gnu),\nbuilt on ClickHouse (https://github.com/ClickHouse/ClickHouse); both Apache-2.0 (LICENSE).\n' \
+  "$(basename "$(dirname "$CHDB_LIB")")" >"$c/licenses/chdb/NOTICE"
 
 # Layer tarballs: every file root's, but the nonroot user's home and data
 # directory (so no root is needed to build them).
@@ -148,9 +256,17 @@ tar_layer() {
 tar_layer "$b" "$WORK/base.tar"
 tar_layer "$c" "$WORK/chdb.tar"
 
+# created: the commit's time, so that the same commit gives the same image.
+# licenses: the principal licences of what the image carries, as an SPDX
+# expression (dualflow's own code is LicenseRef-dualflow: the repository
+# declares none yet); /licenses has every file's terms.
+CREATED=$(date -u -d "@$EPOCH" +%Y-%m-%dT%H:%M:%SZ)
+LICENSES="LicenseRef-dualflow AND GPL-2.0-only AND GPL-2.0-or-later AND LGPL-2.1-or-later AND Apache-2.0 AND MPL-2.0 AND BSD-3-Clause AND BSD-2-Clause AND MIT AND ISC"
 labels=(--label "org.opencontainers.image.title=dualflow"
   --label "org.opencontainers.image.version=$VERSION"
   --label "org.opencontainers.image.revision=$COMMIT"
+  --label "org.opencontainers.image.created=$CREATED"
+  --label "org.opencontainers.image.licenses=$LICENSES"
   --label "org.opencontainers.image.source=https://github.com/dualflow/dualflow")
 
 log "dualflow:$TAG"
@@ -170,7 +286,11 @@ bah config --env CHDB_LIB_PATH=/usr/lib/dualflow/libchdb.so \
 bah commit --quiet --timestamp "$EPOCH" "$ctr" "localhost/dualflow-chdb:$TAG" >/dev/null
 bah rm "$ctr" >/dev/null
 trap - EXIT
-rm -rf "$WORK/base.tar" "$WORK/chdb.tar" "$WORK/base" "$WORK/chdb"
+for t in "${TAGS[@]:1}"; do
+  log "tagged $t too (the release tag deploy/ pins)"
+  for img in dualflow dualflow-chdb; do bah tag "localhost/$img:$TAG" "localhost/$img:$t"; done
+done
+rm -rf "$WORK/base.tar" "$WORK/chdb.tar" "$WORK/base" "$WORK/chdb" "$WORK/base.files" "$WORK/chdb.files"
 
 if [ "${IMAGE_ARCHIVE:-1}" = 1 ]; then
   for img in dualflow dualflow-chdb; do
@@ -179,5 +299,5 @@ if [ "${IMAGE_ARCHIVE:-1}" = 1 ]; then
     log "saved $WORK/$img-$TAG.oci.tar ($(du -m "$WORK/$img-$TAG.oci.tar" | cut -f1) MB)"
   done
 fi
-bah images --filter "reference=localhost/dualflow*:$TAG"
+for t in "${TAGS[@]}"; do bah images --filter "reference=localhost/dualflow*:$t"; done
 log "run: scripts/image.sh podman run --rm localhost/dualflow:$TAG version"
