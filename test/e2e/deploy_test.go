@@ -19,6 +19,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -39,45 +40,100 @@ import (
 	"github.com/dualflow/dualflow/test/kubeapi"
 )
 
-// The deployment tier: deploy/kubernetes (kustomize overlays) and
-// deploy/helm/dualflow (the chart with several value sets) are rendered
-// in-process by test/deploy/render (kustomize's krusty and Helm's engine,
-// a module of its own), checked object by object, applied to the real
-// kube-apiserver with server-side apply (dry run, then for real, then once
-// more as an upgrade that must change nothing), their pod templates
-// admitted by Pod Security, and the collector's and exporter's
-// ServiceAccounts, as deployed, given exactly the permissions they need.
+// The deployment tier. deploy/kubernetes (kustomize overlays) and
+// deploy/helm/dualflow (the chart with several value sets) are
+//   - rendered in-process by test/deploy/render (kustomize's krusty and
+//     Helm's engine, a module of its own) and checked object by object
+//     (TestDeployManifests), and
+//   - installed with the real tools, `kubectl apply -k` and `helm install`,
+//     exactly as docs/deploy.md tells an operator, into a real
+//     kube-apiserver whose admission is a hardened cluster's (Pod Security
+//     baseline by default, the system priority classes quota-limited);
+//     installed again as an upgrade, which must change nothing; the
+//     objects read back and checked; each pod template admitted (dry run);
+//     and the collector's and exporter's ServiceAccounts, as deployed,
+//     given exactly the permissions they need (TestDeployKubeAPI). Moving
+//     from one tool to the other keeps every object (TestDeployMove).
 
 const deployNS = "dualflow"
 
+// chartDir is the Helm chart, from the repository's root (where the
+// operator's commands run) and from this package.
+const chartDir = "deploy/helm/dualflow"
+
 // deployCase is one way to install dualflow.
 type deployCase struct {
-	name        string
-	args        []string // render's arguments
-	embedded    bool     // the collector runs chDB (image dualflow-chdb, a PVC)
-	tls         bool     // IPFIX over mutual TLS and the traceflow agents
-	certManager bool     // cert-manager issues the TLS Secrets
-	namespace   bool     // the Namespace is rendered (else created as docs/deploy.md says)
+	name string
+	// overlay is the kustomize overlay (kubectl apply -k); empty: the Helm
+	// chart, with sets (helm install --set, one flag each).
+	overlay string
+	sets    []string
+	// nsBefore is how the namespace was there before docs/deploy.md's
+	// steps: "" missing, "kubectl" (kubectl create namespace, the README's
+	// old first step) or "helm" (helm install --create-namespace).
+	nsBefore            string
+	embedded            bool   // the collector runs chDB (image dualflow-chdb, a PVC)
+	tls                 bool   // IPFIX over mutual TLS
+	traceflow           bool   // the traceflow node agents (and their privileges)
+	certManager         bool   // cert-manager issues the TLS Secrets
+	serverPVC           bool   // store.mode=server with its WAL and spool on a PVC
+	exporterPri         string // the exporter's priority class ("-": none)
+	collectorPri        string
+	collectorArch       string // the collector's kubernetes.io/arch selector ("-": none; default amd64)
+	imageRepo, imageTag string // default: dualflow, the chart's appVersion
+	pullSecrets         []string
+	ipfixPods           bool // networkPolicy.ipfixFrom empty: IPFIX from the exporter pods only
+	noPolicy            bool // networkPolicy.enabled=false
 }
 
 var deployCases = []deployCase{
-	{name: "kustomize/embedded", args: []string{"kustomize", "../../deploy/kubernetes/overlays/embedded"}, embedded: true, namespace: true},
-	{name: "kustomize/clickhouse-server", args: []string{"kustomize", "../../deploy/kubernetes/overlays/clickhouse-server"}, namespace: true},
-	{name: "kustomize/cert-manager", args: []string{"kustomize", "../../deploy/kubernetes/overlays/cert-manager"}, embedded: true, tls: true, certManager: true, namespace: true},
-	{name: "helm/defaults", args: []string{"helm", "../../deploy/helm/dualflow"}, embedded: true},
-	{name: "helm/server", args: []string{"helm", "../../deploy/helm/dualflow",
-		"--set", "store.mode=server,namespace.create=true",
-		"--set", "collector.allowedSources={10.0.0.0/8,fd00::/8}",
-		"--set", "collector.nodeSelector.kubernetes\\.io/os=linux",
-		"--set", "exporter.nodeSelector.kubernetes\\.io/os=linux",
-		"--set", "exporter.clusterCIDRs={10.244.0.0/16,fd00:10:244::/56}",
-		"--set", "collector.resources.requests.memory=300Mi,collector.resources.limits.memory=600Mi",
-		"--set", "web.allowedHosts={dualflow.example.com}",
-		"--set", "image.repository=registry.example.com/dualflow,image.tag=v1.2.3"}, namespace: true},
-	{name: "helm/tls-secrets", args: []string{"helm", "../../deploy/helm/dualflow",
-		"--set", "tls.enabled=true,traceflow.enabled=true,exporter.source=ovs,networkPolicy.enabled=false"}, embedded: true, tls: true},
-	{name: "helm/cert-manager", args: []string{"helm", "../../deploy/helm/dualflow",
-		"--set", "namespace.create=true,tls.enabled=true,tls.certManager.enabled=true,traceflow.enabled=true,store.mode=server"}, tls: true, certManager: true, namespace: true},
+	{name: "kustomize/embedded", overlay: "deploy/kubernetes/overlays/embedded", embedded: true},
+	{name: "kustomize/clickhouse-server", overlay: "deploy/kubernetes/overlays/clickhouse-server", nsBefore: "kubectl"},
+	{name: "kustomize/cert-manager", overlay: "deploy/kubernetes/overlays/cert-manager", nsBefore: "helm", embedded: true, tls: true, traceflow: true, certManager: true},
+	{name: "helm/defaults", embedded: true},
+	{name: "helm/server", nsBefore: "kubectl", sets: []string{
+		"store.mode=server,store.server.persistence.enabled=true",
+		"collector.allowedSources={10.0.0.0/8,fd00::/8}",
+		"collector.priorityClassName=system-cluster-critical",
+		`collector.nodeSelector.kubernetes\.io/arch=null`,
+		"exporter.clusterCIDRs={10.244.0.0/16,fd00:10:244::/56}",
+		"collector.resources.requests.memory=300Mi,collector.resources.limits.memory=600Mi",
+		"web.allowedHosts={dualflow.example.com}",
+		"networkPolicy.ipfixFrom=null",
+		"imagePullSecrets={regcred}",
+		"image.repository=registry.example.com/dualflow,image.tag=v1.2.3"},
+		serverPVC: true, collectorPri: "system-cluster-critical", collectorArch: "-", ipfixPods: true,
+		imageRepo: "registry.example.com/", imageTag: "v1.2.3", pullSecrets: []string{"regcred"}},
+	{name: "helm/tls-secrets", nsBefore: "helm", sets: []string{"tls.enabled=true,traceflow.enabled=true,exporter.source=ovs,networkPolicy.enabled=false"},
+		embedded: true, tls: true, traceflow: true, noPolicy: true},
+	{name: "helm/cert-manager", nsBefore: "kubectl", sets: []string{"tls.enabled=true,tls.certManager.enabled=true,traceflow.enabled=true,store.mode=server"},
+		tls: true, traceflow: true, certManager: true},
+	{name: "helm/no-priority-class", sets: []string{"exporter.priorityClassName="}, embedded: true, exporterPri: "-"},
+}
+
+// helm reports whether c installs the chart.
+func (c deployCase) helm() bool { return c.overlay == "" }
+
+// renderArgs are test/deploy/render's arguments for c (paths from this
+// package's directory).
+func (c deployCase) renderArgs() []string {
+	if !c.helm() {
+		return []string{"kustomize", "../../" + c.overlay}
+	}
+	args := []string{"helm", "../../" + chartDir}
+	for _, s := range c.sets {
+		args = append(args, "--set", s)
+	}
+	return args
+}
+
+// helmArgs are `helm VERB dualflow CHART -n dualflow --set ...` for c.
+func (c deployCase) helmArgs(verb string, extra ...string) []string {
+	args := []string{verb, "dualflow", chartDir, "-n", deployNS}
+	for _, s := range c.sets {
+		args = append(args, "--set", s)
+	}
+	return append(args, extra...)
 }
 
 var (
@@ -112,12 +168,12 @@ func renderTool(t *testing.T) string {
 // render renders c and decodes its objects.
 func render(t *testing.T, c deployCase) []*unstructured.Unstructured {
 	t.Helper()
-	cmd := exec.Command(renderTool(t), c.args...)
+	cmd := exec.Command(renderTool(t), c.renderArgs()...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("render %v: %v\n%s", c.args, err, stderr.String())
+		t.Fatalf("render %v: %v\n%s", c.renderArgs(), err, stderr.String())
 	}
 	return decodeObjects(t, out)
 }
@@ -171,6 +227,16 @@ func TestDeployManifests(t *testing.T) {
 			checkDeployObjects(t, c, objs, want.Rules)
 		})
 	}
+	// The tag the manifests pin (checked above) is one `make image` gives.
+	cmd := exec.Command("../../scripts/image.sh", "tags")
+	cmd.Env = append(os.Environ(), "IMAGE_TAG=")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("scripts/image.sh tags: %v", err)
+	}
+	if tags := strings.Fields(string(out)); !slices.Contains(tags, chartAppVersion(t)) {
+		t.Errorf("make image tags %v, not the chart's appVersion %s that the manifests pin", tags, chartAppVersion(t))
+	}
 }
 
 func mustRead(t *testing.T, path string) []byte {
@@ -197,10 +263,13 @@ func checkDeployObjects(t *testing.T, c deployCase, objs []*unstructured.Unstruc
 			t.Errorf("unexpected %s %s: the collector's rights are cluster-wide list/watch, the exporter has none", o.GetKind(), o.GetName())
 		}
 	}
-	if got := kinds["Namespace"] == 1; got != c.namespace {
-		t.Errorf("Namespace rendered: %v, want %v", got, c.namespace)
+	// kustomize carries the namespace (base/namespace.yaml, which Helm
+	// installs apply first); the chart never does: Helm writes its release
+	// into the namespace before it creates anything.
+	if got := kinds["Namespace"] == 1; got == c.helm() {
+		t.Errorf("Namespace among the objects: %v (helm %v)", got, c.helm())
 	}
-	if c.namespace {
+	if !c.helm() {
 		var ns corev1.Namespace
 		find(t, objs, "Namespace", deployNS, &ns)
 		if ns.Labels["pod-security.kubernetes.io/enforce"] != "privileged" {
@@ -238,33 +307,58 @@ func checkDeployObjects(t *testing.T, c deployCase, objs []*unstructured.Unstruc
 		t.Errorf("exporter ServiceAccount %+v: want one with automountServiceAccountToken false", esa)
 	}
 
-	// The exporter: host network and PIDs, the four capabilities, every node.
+	// Both tools select the pods alike (name, instance, component), so
+	// that either can take the other's objects over (TestDeployMove).
+	selector := func(component string) map[string]string {
+		return map[string]string{"app.kubernetes.io/name": "dualflow", "app.kubernetes.io/instance": "dualflow", "app.kubernetes.io/component": component}
+	}
+
+	// The exporter: the host network and NET_ADMIN; traceflow's
+	// privileges (host PIDs, NET_RAW, SYS_ADMIN, SYS_PTRACE, /run/netns)
+	// only with traceflow.
 	var ds appsv1.DaemonSet
 	if !find(t, objs, "DaemonSet", "dualflow-exporter", &ds) {
 		t.Fatal("no exporter DaemonSet")
 	}
+	if ds.Spec.Selector == nil || !reflect.DeepEqual(ds.Spec.Selector.MatchLabels, selector("exporter")) {
+		t.Errorf("exporter selector %+v, want %v", ds.Spec.Selector, selector("exporter"))
+	}
 	ps := ds.Spec.Template.Spec
-	if !ps.HostNetwork || !ps.HostPID || ps.DNSPolicy != corev1.DNSClusterFirstWithHostNet || ps.ServiceAccountName != "dualflow-exporter" ||
+	if !ps.HostNetwork || ps.HostPID != c.traceflow || ps.DNSPolicy != corev1.DNSClusterFirstWithHostNet || ps.ServiceAccountName != "dualflow-exporter" ||
 		ps.AutomountServiceAccountToken == nil || *ps.AutomountServiceAccountToken {
-		t.Errorf("exporter pod: hostNetwork %v hostPID %v dns %s sa %s", ps.HostNetwork, ps.HostPID, ps.DNSPolicy, ps.ServiceAccountName)
+		t.Errorf("exporter pod: hostNetwork %v hostPID %v (traceflow %v) dns %s sa %s", ps.HostNetwork, ps.HostPID, c.traceflow, ps.DNSPolicy, ps.ServiceAccountName)
 	}
 	if !slices.ContainsFunc(ps.Tolerations, func(t corev1.Toleration) bool { return t.Operator == corev1.TolerationOpExists && t.Key == "" }) {
 		t.Errorf("exporter tolerations %+v: want one that tolerates every taint", ps.Tolerations)
 	}
+	wantPri := map[string]string{"": "system-node-critical", "-": ""}[c.exporterPri]
+	if ps.PriorityClassName != wantPri {
+		t.Errorf("exporter priorityClassName %q, want %q", ps.PriorityClassName, wantPri)
+	}
 	ec := ps.Containers[0]
 	sc := ec.SecurityContext
+	wantCaps := []corev1.Capability{"NET_ADMIN"}
+	if c.traceflow {
+		wantCaps = []corev1.Capability{"NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_PTRACE"}
+	}
 	if sc == nil || sc.Capabilities == nil || sc.Privileged == nil || *sc.Privileged ||
-		!reflect.DeepEqual(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) ||
-		!reflect.DeepEqual(sc.Capabilities.Add, []corev1.Capability{"NET_ADMIN", "NET_RAW", "SYS_ADMIN", "SYS_PTRACE"}) {
-		t.Errorf("exporter securityContext %+v: want unprivileged, drop ALL, add NET_ADMIN NET_RAW SYS_ADMIN SYS_PTRACE", sc)
+		!reflect.DeepEqual(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || !reflect.DeepEqual(sc.Capabilities.Add, wantCaps) {
+		t.Errorf("exporter securityContext %+v: want unprivileged, drop ALL, add %v", sc, wantCaps)
 	}
 	if ec.ReadinessProbe == nil || ec.ReadinessProbe.HTTPGet == nil || ec.ReadinessProbe.HTTPGet.Path != "/readyz" ||
 		ec.LivenessProbe == nil || ec.LivenessProbe.HTTPGet == nil || ec.LivenessProbe.HTTPGet.Path != "/healthz" ||
 		ec.Resources.Requests.Memory().IsZero() || ec.Resources.Limits.Memory().IsZero() {
 		t.Errorf("exporter probe %+v resources %+v", ec.ReadinessProbe, ec.Resources)
 	}
-	if !slices.ContainsFunc(ec.VolumeMounts, func(m corev1.VolumeMount) bool { return m.MountPath == "/run/netns" }) {
-		t.Error("exporter does not mount /run/netns")
+	netns := slices.ContainsFunc(ec.VolumeMounts, func(m corev1.VolumeMount) bool { return m.MountPath == "/run/netns" }) ||
+		slices.ContainsFunc(ps.Volumes, func(v corev1.Volume) bool { return v.HostPath != nil && v.HostPath.Path == "/run/netns" })
+	if netns != c.traceflow {
+		t.Errorf("exporter mounts the host's /run/netns: %v, want %v (traceflow)", netns, c.traceflow)
+	}
+	for _, v := range ps.Volumes {
+		if v.HostPath != nil && v.HostPath.Path != "/run/netns" && v.HostPath.Path != "/var/run/openvswitch" {
+			t.Errorf("exporter mounts the host's %s", v.HostPath.Path)
+		}
 	}
 
 	// The collector.
@@ -272,10 +366,45 @@ func checkDeployObjects(t *testing.T, c deployCase, objs []*unstructured.Unstruc
 	if !find(t, objs, "Deployment", "dualflow-collector", &dep) {
 		t.Fatal("no collector Deployment")
 	}
+	if dep.Spec.Selector == nil || !reflect.DeepEqual(dep.Spec.Selector.MatchLabels, selector("collector")) {
+		t.Errorf("collector selector %+v, want %v", dep.Spec.Selector, selector("collector"))
+	}
 	cp := dep.Spec.Template.Spec
 	cc := cp.Containers[0]
 	if cp.ServiceAccountName != "dualflow-collector" || dep.Spec.Strategy.Type != appsv1.RecreateDeploymentStrategyType {
 		t.Errorf("collector sa %s strategy %s", cp.ServiceAccountName, dep.Spec.Strategy.Type)
+	}
+	if cp.PriorityClassName != c.collectorPri {
+		t.Errorf("collector priorityClassName %q, want %q", cp.PriorityClassName, c.collectorPri)
+	}
+	// The images are linux/amd64 only; each key can be overridden.
+	for who, sel := range map[string]map[string]string{"exporter": ps.NodeSelector, "collector": cp.NodeSelector} {
+		want := map[string]string{"kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
+		if who == "collector" && c.collectorArch == "-" {
+			delete(want, "kubernetes.io/arch")
+		}
+		if !reflect.DeepEqual(sel, want) {
+			t.Errorf("%s nodeSelector %v, want %v", who, sel, want)
+		}
+	}
+	// Images: pinned to the release `make image` tags, pulled with the
+	// Secrets given.
+	repo, tag := c.imageRepo, c.imageTag
+	if tag == "" {
+		tag = chartAppVersion(t)
+	}
+	for who, pod := range map[string]corev1.PodSpec{"exporter": ps, "collector": cp} {
+		img := map[string]string{"exporter": "dualflow", "collector": map[bool]string{true: "dualflow-chdb", false: "dualflow"}[c.embedded]}[who]
+		if want := repo + img + ":" + tag; pod.Containers[0].Image != want || pod.Containers[0].ImagePullPolicy != corev1.PullIfNotPresent {
+			t.Errorf("%s image %s (%s), want %s (IfNotPresent)", who, pod.Containers[0].Image, pod.Containers[0].ImagePullPolicy, want)
+		}
+		var secrets []string
+		for _, s := range pod.ImagePullSecrets {
+			secrets = append(secrets, s.Name)
+		}
+		if !slices.Equal(secrets, c.pullSecrets) {
+			t.Errorf("%s imagePullSecrets %v, want %v", who, secrets, c.pullSecrets)
+		}
 	}
 	if psc := cp.SecurityContext; psc == nil || psc.RunAsUser == nil || *psc.RunAsUser != 65532 || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot ||
 		psc.FSGroup == nil || *psc.FSGroup != 65532 {
@@ -294,10 +423,6 @@ func checkDeployObjects(t *testing.T, c deployCase, objs []*unstructured.Unstruc
 		len(csc.Capabilities.Add) != 0 || csc.AllowPrivilegeEscalation == nil || *csc.AllowPrivilegeEscalation {
 		t.Errorf("collector securityContext %+v: want no capability, no privilege escalation", csc)
 	}
-	image, _, _ := strings.Cut(cc.Image[strings.LastIndex(cc.Image, "/")+1:], ":")
-	if want := map[bool]string{true: "dualflow-chdb", false: "dualflow"}[c.embedded]; image != want {
-		t.Errorf("collector image %s, want %s", cc.Image, want)
-	}
 	args := strings.Join(cc.Args, " ")
 	hasPVC := slices.ContainsFunc(cp.Volumes, func(v corev1.Volume) bool { return v.PersistentVolumeClaim != nil })
 	if c.embedded != (strings.Contains(args, "--clickhouse.data-dir=") && hasPVC && kinds["PersistentVolumeClaim"] == 1) {
@@ -312,15 +437,46 @@ func checkDeployObjects(t *testing.T, c deployCase, objs []*unstructured.Unstruc
 			t.Errorf("collector args %q lack %s", args, a)
 		}
 	}
+	// The write-ahead log, on a volume: a crash loses nothing it held. The
+	// embedded store keeps it beside its data directory by default; with a
+	// DSN it is off unless --collector.wal.dir is set.
+	walDir := ""
+	for _, a := range cc.Args {
+		if v, ok := strings.CutPrefix(a, "--clickhouse.data-dir="); ok && walDir == "" {
+			walDir = filepath.Join(filepath.Dir(v), "wal")
+		}
+		if v, ok := strings.CutPrefix(a, "--collector.wal.dir="); ok {
+			walDir = v
+		}
+	}
+	var walVol *corev1.Volume
+	for _, m := range cc.VolumeMounts {
+		if walDir != "" && strings.HasPrefix(walDir, strings.TrimSuffix(m.MountPath, "/")+"/") && !m.ReadOnly {
+			for i := range cp.Volumes {
+				if cp.Volumes[i].Name == m.Name {
+					walVol = &cp.Volumes[i]
+				}
+			}
+		}
+	}
+	switch {
+	case walVol == nil || walDir == "off":
+		t.Errorf("collector write-ahead log %q is on no writable volume (args %q)", walDir, args)
+	case (c.embedded || c.serverPVC) != (walVol.PersistentVolumeClaim != nil) || (walVol.PersistentVolumeClaim == nil && walVol.EmptyDir == nil):
+		t.Errorf("collector write-ahead log %s on volume %+v, want a PersistentVolumeClaim: %v, else an emptyDir", walDir, walVol.VolumeSource, c.embedded || c.serverPVC)
+	}
 
-	// TLS: the listener, the exporters' transport, the agents, and the
-	// Secrets `dualflow certs` prints (or cert-manager issues).
+	// TLS: the listener, the exporters' transport, and the Secrets `dualflow
+	// certs` prints (or cert-manager issues); the traceflow agents.
 	eargs := strings.Join(ec.Args, " ")
-	tlsArgs := strings.Contains(args, "--collector.ipfix.tls-client-ca=") && strings.Contains(eargs, "--exporter.ipfix.transport=tls") &&
-		strings.Contains(eargs, "--traceflow.addr=") && strings.Contains(eargs, "--traceflow.client-ca=") &&
-		strings.Contains(args, "--traceflow.server-name=dualflow-agent") && strings.Contains(args, "--traceflow.token-file=")
+	tlsArgs := strings.Contains(args, "--collector.ipfix.tls-client-ca=") && strings.Contains(eargs, "--exporter.ipfix.transport=tls")
 	if tlsArgs != c.tls {
 		t.Errorf("tls %v, but collector args %q exporter args %q", c.tls, args, eargs)
+	}
+	agentArgs := strings.Contains(eargs, "--traceflow.addr=") && strings.Contains(eargs, "--traceflow.client-ca=") &&
+		strings.Contains(args, "--traceflow.server-name=dualflow-agent") && strings.Contains(args, "--traceflow.token-file=")
+	if agentArgs != c.traceflow || strings.Contains(eargs+args, "--traceflow.") != c.traceflow {
+		t.Errorf("traceflow %v, but collector args %q exporter args %q", c.traceflow, args, eargs)
 	}
 	secrets := map[string]bool{}
 	for _, v := range append(slices.Clone(cp.Volumes), ps.Volumes...) {
@@ -328,11 +484,16 @@ func checkDeployObjects(t *testing.T, c deployCase, objs []*unstructured.Unstruc
 			secrets[v.Secret.SecretName] = true
 		}
 	}
+	var wantSecrets []string
 	if c.tls {
-		for _, s := range []string{"dualflow-collector-tls", "dualflow-exporter-tls", "dualflow-agent-tls", "dualflow-controller-tls", "dualflow-traceflow-token"} {
-			if !secrets[s] {
-				t.Errorf("Secret %s not mounted (mounted: %v)", s, secrets)
-			}
+		wantSecrets = append(wantSecrets, "dualflow-collector-tls", "dualflow-exporter-tls")
+	}
+	if c.traceflow {
+		wantSecrets = append(wantSecrets, "dualflow-agent-tls", "dualflow-controller-tls", "dualflow-traceflow-token")
+	}
+	for _, s := range wantSecrets {
+		if !secrets[s] {
+			t.Errorf("Secret %s not mounted (mounted: %v)", s, secrets)
 		}
 	}
 	if c.certManager {
@@ -350,7 +511,35 @@ func checkDeployObjects(t *testing.T, c deployCase, objs []*unstructured.Unstruc
 		}
 	}
 
-	// Services: IPFIX on both transports (and TLS), the web.
+	// The pods' priority classes are covered by a ResourceQuota (clusters
+	// that keep them from other namespaces admit them so).
+	var classes []string
+	for _, p := range []string{ps.PriorityClassName, cp.PriorityClassName} {
+		if p != "" && !slices.Contains(classes, p) {
+			classes = append(classes, p)
+		}
+	}
+	var quota corev1.ResourceQuota
+	hasQuota := find(t, objs, "ResourceQuota", "dualflow-critical-pods", &quota)
+	switch {
+	case hasQuota != (len(classes) > 0):
+		t.Errorf("ResourceQuota dualflow-critical-pods: %v, priority classes %v", hasQuota, classes)
+	case hasQuota:
+		var scoped []string
+		if quota.Spec.ScopeSelector != nil {
+			for _, e := range quota.Spec.ScopeSelector.MatchExpressions {
+				if e.ScopeName == corev1.ResourceQuotaScopePriorityClass && e.Operator == corev1.ScopeSelectorOpIn {
+					scoped = append(scoped, e.Values...)
+				}
+			}
+		}
+		if !slices.Equal(scoped, classes) || quota.Spec.Hard.Pods().Value() < 1000 {
+			t.Errorf("ResourceQuota scoped to %v with %v pods, want the classes %v and room for every node", scoped, quota.Spec.Hard.Pods(), classes)
+		}
+	}
+
+	// Services: IPFIX on both transports (and TLS), the web; the
+	// collector's pods, selected as the Deployment does.
 	var svc corev1.Service
 	if !find(t, objs, "Service", "dualflow-collector", &svc) {
 		t.Fatal("no collector Service")
@@ -370,20 +559,77 @@ func checkDeployObjects(t *testing.T, c deployCase, objs []*unstructured.Unstruc
 	if !find(t, objs, "Service", "dualflow-web", &web) || web.Spec.Ports[0].Port != 8080 {
 		t.Errorf("web Service %+v", web.Spec.Ports)
 	}
+	for _, s := range []corev1.Service{svc, web} {
+		if !reflect.DeepEqual(s.Spec.Selector, selector("collector")) {
+			t.Errorf("Service %s selects %v, want %v", s.Name, s.Spec.Selector, selector("collector"))
+		}
+	}
+
+	// The NetworkPolicy: every rule names its sources (a rule without any
+	// admits every source); IPFIX from the exporter pods when no network
+	// is given.
+	var np networkingv1.NetworkPolicy
+	if !find(t, objs, "NetworkPolicy", "dualflow-collector", &np) {
+		if !c.noPolicy {
+			t.Error("no NetworkPolicy dualflow-collector")
+		}
+		return
+	}
+	if !reflect.DeepEqual(np.Spec.PodSelector.MatchLabels, selector("collector")) {
+		t.Errorf("NetworkPolicy selects %v, want %v", np.Spec.PodSelector.MatchLabels, selector("collector"))
+	}
+	for i, r := range np.Spec.Ingress {
+		if len(r.From) == 0 {
+			t.Errorf("NetworkPolicy rule %d (ports %+v) has no source: it admits every one", i, r.Ports)
+		}
+	}
+	if len(np.Spec.Ingress) > 0 {
+		from := np.Spec.Ingress[0].From
+		pods := len(from) == 1 && from[0].PodSelector != nil && from[0].NamespaceSelector == nil && from[0].IPBlock == nil &&
+			reflect.DeepEqual(from[0].PodSelector.MatchLabels, selector("exporter"))
+		if pods != c.ipfixPods {
+			t.Errorf("IPFIX from %+v: the exporter pods only %v, want %v", from, pods, c.ipfixPods)
+		}
+	}
 }
 
-// TestDeployKubeAPI applies every rendering to a real API server and
-// checks the deployed ServiceAccounts' permissions.
+// chartAppVersion is deploy/helm/dualflow's appVersion: the images' tag.
+func chartAppVersion(t *testing.T) string {
+	t.Helper()
+	for line := range strings.SplitSeq(string(mustRead(t, "../../"+chartDir+"/Chart.yaml")), "\n") {
+		if v, ok := strings.CutPrefix(line, "appVersion:"); ok {
+			return strings.Trim(strings.TrimSpace(v), `"`)
+		}
+	}
+	t.Fatal("no appVersion in Chart.yaml")
+	return ""
+}
+
+// TestDeployKubeAPI installs each case with the real tool, as
+// docs/deploy.md says, into a real API server whose admission is a
+// hardened cluster's (startDeployKubeAPI), then checks what the server
+// holds, what it admits and the deployed ServiceAccounts' permissions.
 func TestDeployKubeAPI(t *testing.T) {
 	requireKubeAPI(t)
+	rbacObjs := decodeObjects(t, mustRead(t, rbacPath))
+	var want rbacv1.ClusterRole
+	if !find(t, rbacObjs, "ClusterRole", "dualflow-collector-enrich", &want) {
+		t.Fatal("rbac.yaml has no ClusterRole")
+	}
+	helmBin(t) // built once, before the parallel cases
+	kubectlBin(t)
 	for _, c := range deployCases {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			objs := render(t, c)
-			s := startKubeAPI(t)
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			s := startDeployKubeAPI(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
-			applyDeploy(t, ctx, s, c, objs)
+			op := newOperator(t, s)
+			objs := installDeploy(t, ctx, op, c)
+			checkDeployObjects(t, c, objs, want.Rules)
+			if n := settleQuotas(t, ctx, s, deployNS); n > 0 {
+				t.Logf("%d ResourceQuota's status filled in, as the quota controller would", n)
+			}
 			checkPodSecurity(t, ctx, s, objs)
 			checkCollectorRights(t, ctx, s)
 			checkExporterRights(t, ctx, s)
@@ -423,10 +669,90 @@ spec:
       schema: {openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}}
 `
 
-// applyDeploy applies objs with server-side apply: the Namespace (or the
-// one docs/deploy.md has operators create), then every object as a dry
-// run, for real, and twice more: the last must change nothing.
-func applyDeploy(t *testing.T, ctx context.Context, s *kubeapi.Server, c deployCase, objs []*unstructured.Unstructured) {
+// installDeploy installs c with its tool and returns the objects the
+// server holds for it, read back:
+//   - the namespace is first as c.nsBefore says; Helm must refuse to
+//     install into it (missing, or without the Pod Security label) with
+//     the command that fixes it;
+//   - docs/deploy.md's steps: the namespace manifest, the web tokens
+//     Secret, then `kubectl apply -k` (a server-side dry run first) or
+//     `helm install`;
+//   - the same again (`kubectl apply -k`, `helm upgrade` with the same
+//     values), twice, changes no object.
+func installDeploy(t *testing.T, ctx context.Context, op *operator, c deployCase) []*unstructured.Unstructured {
+	t.Helper()
+	if c.certManager {
+		if _, err := op.run(certManagerCRDs, "kubectl", "apply", "-f", "-"); err != nil {
+			t.Fatal(err)
+		}
+		op.must("kubectl", "wait", "--for=condition=Established", "--timeout=2m", "crd/issuers.cert-manager.io", "crd/certificates.cert-manager.io")
+	}
+	switch c.nsBefore {
+	case "kubectl":
+		op.must("kubectl", "create", "namespace", deployNS)
+	case "helm":
+		// What `helm install --create-namespace` leaves: the namespace,
+		// labelled name=dualflow only (made here with the check off, then
+		// uninstalled).
+		op.must("helm", "install", "dualflow", chartDir, "-n", deployNS, "--create-namespace", "--set", "namespace.requirePrivileged=false")
+		op.must("helm", "uninstall", "dualflow", "-n", deployNS)
+	}
+	if c.helm() {
+		// The old docs' first command, and any install into a namespace
+		// that would refuse the exporter, stop with what to do.
+		op.refused("namespace.create is gone", "helm", c.helmArgs("install", "--set", "namespace.create=true")...)
+		want := `is admitted only at "privileged"`
+		if c.nsBefore == "" {
+			want = "does not exist"
+		}
+		op.refused(want, "helm", c.helmArgs("install", "--create-namespace")...)
+		op.refused("kubectl apply -f deploy/kubernetes/base/namespace.yaml", "helm", c.helmArgs("install")...)
+	}
+	op.prepare()
+	var manifest string
+	if c.helm() {
+		op.must("helm", c.helmArgs("install")...)
+		manifest = op.must("helm", "get", "manifest", "dualflow", "-n", deployNS)
+	} else {
+		op.must("kubectl", "apply", "-k", c.overlay, "--dry-run=server")
+		op.must("kubectl", "apply", "-k", c.overlay)
+		manifest = op.must("kubectl", "kustomize", c.overlay)
+	}
+	objs := readBack(t, ctx, op.s, decodeObjects(t, []byte(manifest)))
+	versions := map[string]string{}
+	for _, o := range objs {
+		versions[o.GetKind()+"/"+o.GetName()] = o.GetResourceVersion()
+	}
+	// An upgrade to the same manifests converges at once: installed again,
+	// nothing changes, so nothing the server defaults fights what the
+	// manifests say. (Helm's first server-side upgrade writes the
+	// PersistentVolumeClaim once more, unchanged but for its
+	// resourceVersion; logged.)
+	for round := 1; round <= 2; round++ {
+		if c.helm() {
+			op.must("helm", c.helmArgs("upgrade")...)
+		} else {
+			op.must("kubectl", "apply", "-k", c.overlay)
+		}
+		objs = readBack(t, ctx, op.s, decodeObjects(t, []byte(manifest)))
+		for _, o := range objs {
+			k := o.GetKind() + "/" + o.GetName()
+			if v := o.GetResourceVersion(); v != versions[k] {
+				if round == 1 && o.GetKind() == "PersistentVolumeClaim" {
+					t.Logf("installing %s again wrote it once more", k)
+				} else {
+					t.Errorf("installing %s again (round %d) changed it (resourceVersion %s -> %s)", k, round, versions[k], v)
+				}
+				versions[k] = v
+			}
+		}
+	}
+	t.Logf("installed %d objects, and again without a change", len(objs))
+	return objs
+}
+
+// readBack gets each object of a manifest from the server.
+func readBack(t *testing.T, ctx context.Context, s *kubeapi.Server, objs []*unstructured.Unstructured) []*unstructured.Unstructured {
 	t.Helper()
 	cfg, err := s.RESTConfig()
 	if err != nil {
@@ -441,114 +767,48 @@ func applyDeploy(t *testing.T, ctx context.Context, s *kubeapi.Server, c deployC
 		t.Fatal(err)
 	}
 	mapper := restmapper.NewDeferredDiscoveryRESTMapper(memory.NewMemCacheClient(dc))
-	apply := func(o *unstructured.Unstructured, dryRun bool) (*unstructured.Unstructured, error) {
+	var out []*unstructured.Unstructured
+	for _, o := range objs {
 		m, err := mapper.RESTMapping(o.GroupVersionKind().GroupKind(), o.GroupVersionKind().Version)
 		if err != nil {
-			return nil, fmt.Errorf("%s %s: %w", o.GetKind(), o.GetName(), err)
+			t.Fatalf("%s %s: %v", o.GetKind(), o.GetName(), err)
 		}
 		var ri dynamic.ResourceInterface = dyn.Resource(m.Resource)
 		if m.Scope.Name() == meta.RESTScopeNameNamespace {
-			ri = dyn.Resource(m.Resource).Namespace(o.GetNamespace())
+			ns := o.GetNamespace()
+			if ns == "" {
+				ns = deployNS
+			}
+			ri = dyn.Resource(m.Resource).Namespace(ns)
 		}
-		opts := metav1.ApplyOptions{FieldManager: "dualflow-deploy-test", Force: true}
-		if dryRun {
-			opts.DryRun = []string{metav1.DryRunAll}
-		}
-		got, err := ri.Apply(ctx, o.GetName(), o, opts)
+		got, err := ri.Get(ctx, o.GetName(), metav1.GetOptions{})
 		if err != nil {
-			return nil, fmt.Errorf("apply %s %s (dry run %v): %w", o.GetKind(), o.GetName(), dryRun, err)
+			t.Fatalf("installed %s %s: %v", o.GetKind(), o.GetName(), err)
 		}
-		return got, nil
+		out = append(out, got)
 	}
-	if c.certManager {
-		for _, crd := range decodeObjects(t, []byte(certManagerCRDs)) {
-			if _, err := apply(crd, false); err != nil {
-				t.Fatal(err)
-			}
-		}
-		// wait until the API server serves the new kinds
-		deadline := time.Now().Add(time.Minute)
-		for {
-			mapper.Reset()
-			if _, err := mapper.RESTMapping(schema.GroupKind{Group: "cert-manager.io", Kind: "Certificate"}, "v1"); err == nil {
-				break
-			} else if time.Now().After(deadline) {
-				t.Fatalf("cert-manager CRDs not served: %v", err)
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
-	}
-	var rest []*unstructured.Unstructured
-	for _, o := range objs {
-		if o.GetKind() == "Namespace" {
-			if _, err := apply(o, true); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := apply(o, false); err != nil {
-				t.Fatal(err)
-			}
-			continue
-		}
-		rest = append(rest, o)
-	}
-	if !c.namespace {
-		// docs/deploy.md: kubectl create namespace dualflow && kubectl label ...
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: deployNS, Labels: map[string]string{
-			"pod-security.kubernetes.io/enforce": "privileged", "pod-security.kubernetes.io/audit": "baseline"}}}
-		if _, err := s.Admin.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, o := range rest {
-		if _, err := apply(o, true); err != nil {
-			t.Fatal(err)
-		}
-	}
-	versions := map[string]string{}
-	for _, o := range rest {
-		got, err := apply(o, false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		versions[o.GetKind()+"/"+o.GetName()] = got.GetResourceVersion()
-	}
-	// An upgrade to the same manifests converges at once: applied again,
-	// nothing changes, so nothing the server defaults fights what the
-	// manifests say. (The first re-apply changes the PersistentVolumeClaim
-	// once, as the server settles what it set at create; logged.)
-	for round := 1; round <= 2; round++ {
-		for _, o := range rest {
-			got, err := apply(o, false)
-			if err != nil {
-				t.Fatal(err)
-			}
-			k := o.GetKind() + "/" + o.GetName()
-			if v := got.GetResourceVersion(); v != versions[k] {
-				if round == 1 {
-					t.Logf("re-applying %s changed it once", k)
-				} else {
-					t.Errorf("applying %s a third time changed it again (resourceVersion %s -> %s)", k, versions[k], v)
-				}
-				versions[k] = v
-			}
-		}
-	}
-	t.Logf("applied %d objects (dry run, real, again)", len(objs))
+	return out
 }
 
-// checkPodSecurity creates (dry run) a pod from each pod template: both
-// are admitted in the dualflow namespace; in a namespace enforcing
-// baseline, the collector is and the exporter is not (so the privileged
-// label is what admits it, and the API server does enforce).
+// checkPodSecurity creates (dry run) a pod from each pod template. Both
+// are admitted in the dualflow namespace (Pod Security "privileged", the
+// exporter's priority class covered by its quota). Elsewhere the API
+// server does enforce: in a namespace at the cluster's default (baseline)
+// or enforcing baseline the exporter is refused, the collector meets even
+// restricted; and in a privileged namespace without the quota an exporter
+// of a system priority class is refused.
 func checkPodSecurity(t *testing.T, ctx context.Context, s *kubeapi.Server, objs []*unstructured.Unstructured) {
 	t.Helper()
 	var ds appsv1.DaemonSet
 	var dep appsv1.Deployment
 	find(t, objs, "DaemonSet", "dualflow-exporter", &ds)
 	find(t, objs, "Deployment", "dualflow-collector", &dep)
-	const baselineNS, restrictedNS = "pss-baseline", "pss-restricted"
-	for level, name := range map[string]string{"baseline": baselineNS, "restricted": restrictedNS} {
-		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"pod-security.kubernetes.io/enforce": level}}}
+	const defaultNS, baselineNS, restrictedNS, noQuotaNS = "pss-default", "pss-baseline", "pss-restricted", "no-quota"
+	for name, level := range map[string]string{defaultNS: "", baselineNS: "baseline", restrictedNS: "restricted", noQuotaNS: "privileged"} {
+		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		if level != "" {
+			ns.Labels = map[string]string{"pod-security.kubernetes.io/enforce": level}
+		}
 		if _, err := s.Admin.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 			t.Fatal(err)
 		}
@@ -564,24 +824,42 @@ func checkPodSecurity(t *testing.T, ctx context.Context, s *kubeapi.Server, objs
 		_, err := s.Admin.CoreV1().Pods(ns).Create(ctx, p, metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}})
 		return err
 	}
+	// quotaRefusal is what a namespace without the quota answers a pod of
+	// tpl's priority class.
+	quotaRefusal := func(tpl corev1.PodTemplateSpec) string {
+		if slices.Contains([]string{"system-node-critical", "system-cluster-critical"}, tpl.Spec.PriorityClassName) {
+			return "insufficient quota to match these scopes"
+		}
+		return ""
+	}
+	// unprioritized is tpl without its priority class: Pod Security alone
+	// decides.
+	unprioritized := func(tpl corev1.PodTemplateSpec) corev1.PodTemplateSpec {
+		tpl = *tpl.DeepCopy()
+		tpl.Spec.PriorityClassName = ""
+		return tpl
+	}
 	for _, tc := range []struct {
 		name, ns string
 		tpl      corev1.PodTemplateSpec
-		admitted bool
+		refusal  string // "" admitted
 	}{
-		{"exporter", deployNS, ds.Spec.Template, true},
-		{"collector", deployNS, dep.Spec.Template, true},
-		{"collector", baselineNS, dep.Spec.Template, true},
+		{"exporter", deployNS, ds.Spec.Template, ""},
+		{"collector", deployNS, dep.Spec.Template, ""},
+		{"collector", defaultNS, unprioritized(dep.Spec.Template), ""},
 		// Non-root, no capability, no escalation, RuntimeDefault seccomp.
-		{"collector", restrictedNS, dep.Spec.Template, true},
-		{"exporter", baselineNS, ds.Spec.Template, false},
+		{"collector", restrictedNS, unprioritized(dep.Spec.Template), ""},
+		{"exporter", defaultNS, unprioritized(ds.Spec.Template), `violates PodSecurity "baseline:latest"`},
+		{"exporter", baselineNS, unprioritized(ds.Spec.Template), `violates PodSecurity "baseline:latest"`},
+		{"exporter", noQuotaNS, ds.Spec.Template, quotaRefusal(ds.Spec.Template)},
+		{"collector", noQuotaNS, dep.Spec.Template, quotaRefusal(dep.Spec.Template)},
 	} {
 		err := pod("dualflow-"+tc.name+"-probe", tc.ns, tc.tpl)
-		if tc.admitted && err != nil {
+		switch {
+		case tc.refusal == "" && err != nil:
 			t.Errorf("%s pod in %s: %v", tc.name, tc.ns, err)
-		}
-		if !tc.admitted && (err == nil || !apierrors.IsForbidden(err) || !strings.Contains(err.Error(), "baseline")) {
-			t.Errorf("%s pod in %s: got %v, want refused by Pod Security (baseline)", tc.name, tc.ns, err)
+		case tc.refusal != "" && (err == nil || !strings.Contains(err.Error(), tc.refusal)):
+			t.Errorf("%s pod in %s: got %v, want refused: %s", tc.name, tc.ns, err, tc.refusal)
 		}
 	}
 }
