@@ -174,6 +174,11 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	if err := leaveSysctls(cfg.Prefix); err != nil {
 		return nil, err
 	}
+	for n := 1; n <= Nodes; n++ {
+		if err := c.networkPolicy(n); err != nil {
+			return nil, err
+		}
+	}
 	c.progress("%d nodes Ready in %s", Nodes, time.Since(began).Round(100*time.Millisecond))
 	if err := c.dns(ctx); err != nil {
 		return nil, fmt.Errorf("cluster DNS: %w", err)

@@ -402,6 +402,11 @@ spec:
 	// attempt goes as the policy says, then keep the last round's.
 	var last []string
 	err = poll(ctx, 2*time.Minute, func() (bool, error) {
+		for n := 1; n <= Nodes; n++ {
+			if err := c.exited("kube-router-" + nodeName(n)); err != nil {
+				return false, err
+			}
+		}
 		last = last[:0]
 		for _, at := range attempts {
 			netns, err := PodNetNS(at.client)

@@ -82,16 +82,14 @@ func (c *Cluster) node(ctx context.Context, n int) error {
 	if err := os.WriteFile(filepath.Join(dir, "kube-proxy.yaml"), []byte(c.proxyConfig(n, proxyKC)), 0o600); err != nil {
 		return err
 	}
-	if err := c.start("kube-proxy-"+nodeName(n), c.nodeNS(n), nil, c.cfg.Bins.Proxy,
-		"--config", filepath.Join(dir, "kube-proxy.yaml"), "--v=1"); err != nil {
-		return err
-	}
-	return c.networkPolicy(n)
+	return c.start("kube-proxy-"+nodeName(n), c.nodeNS(n), nil, c.cfg.Bins.Proxy,
+		"--config", filepath.Join(dir, "kube-proxy.yaml"), "--v=1")
 }
 
 // networkPolicy runs kube-router on node n as the cluster's NetworkPolicy
 // implementation, its firewall only (iptables and ipset in the node's
-// namespace; kube-proxy does the Services, the CNI bridge the routes).
+// namespace; kube-proxy does the Services, the CNI bridge the routes),
+// once the node is registered (kube-router exits when it cannot find it).
 // kube-network-policies, the reference implementation, cannot work here:
 // it needs nftables queues (CONFIG_NFT_QUEUE), which this kernel lacks.
 func (c *Cluster) networkPolicy(n int) error {
@@ -106,7 +104,7 @@ func (c *Cluster) networkPolicy(n int) error {
 	for _, s := range c.plan.serviceCIDRs() {
 		args = append(args, "--service-cluster-ip-range="+s.String())
 	}
-	return c.start("kube-router-"+nodeName(n), c.nodeNS(n), nil, args...)
+	return c.start("kube-router-"+nodeName(n), c.nodeNS(n), []string{"NODE_NAME=" + nodeName(n)}, args...)
 }
 
 // containerdConfig: Debian's containerd 1.6 (version-2 configuration),

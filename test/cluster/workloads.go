@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -142,4 +143,19 @@ func PodNetNS(pod *corev1.Pod) (string, error) {
 		return filepath.Join("/proc", e.Name(), "ns", "net"), nil
 	}
 	return "", fmt.Errorf("no process of pod %s/%s (uid %s) in /proc", pod.Namespace, pod.Name, pod.UID)
+}
+
+// ServiceIPs returns a Service's cluster IPs.
+func (c *Cluster) ServiceIPs(ctx context.Context, ns, name string) ([]netip.Addr, error) {
+	s, err := c.API.Admin.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	var out []netip.Addr
+	for _, ip := range s.Spec.ClusterIPs {
+		if a, err := netip.ParseAddr(ip); err == nil {
+			out = append(out, a)
+		}
+	}
+	return out, nil
 }
