@@ -6,7 +6,7 @@
 #   scripts/image.sh                  # build dualflow:<tag> and dualflow-chdb:<tag>
 #   scripts/image.sh podman ARGS...   # podman on the private storage (run, images, rmi, ...)
 #   scripts/image.sh buildah ARGS...  # buildah on the private storage
-#   scripts/image.sh push REGISTRY [TAG]
+#   scripts/image.sh push REGISTRY [TAG] [PODMAN-PUSH-FLAGS...]
 #                                     # push both images to REGISTRY/dualflow:TAG and
 #                                     # REGISTRY/dualflow-chdb:TAG (default: the build tag)
 #   scripts/image.sh tags             # print the tags a build gives (build, release)
@@ -100,11 +100,14 @@ case "${1:-}" in
     # The images live in the private storage, which the machine's podman
     # does not see: push from it. Log in first with
     # `scripts/image.sh podman login REGISTRY` (or set REGISTRY_AUTH_FILE).
-    [ -n "${2:-}" ] || { echo "usage: $0 push REGISTRY [TAG]" >&2; exit 2; }
-    reg=${2%/} tag=${3:-$TAG}
+    # Flags after the tag go to podman push (--tls-verify=false, --creds).
+    [ -n "${2:-}" ] || { echo "usage: $0 push REGISTRY [TAG] [PODMAN-PUSH-FLAGS...]" >&2; exit 2; }
+    reg=${2%/} tag=$TAG
+    shift 2
+    if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then tag=$1; shift; fi
     for img in dualflow dualflow-chdb; do
       log "push localhost/$img:$tag -> $reg/$img:$tag"
-      pod push "localhost/$img:$tag" "docker://$reg/$img:$tag"
+      pod push "$@" "localhost/$img:$tag" "docker://$reg/$img:$tag"
     done
     exit ;;
   "") ;;
