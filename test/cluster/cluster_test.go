@@ -143,15 +143,16 @@ func testClusterMode(t *testing.T, mode manifest.Mode) {
 	if err := c.DeployWorkloads(ctx, images.tag); err != nil {
 		t.Fatal(err)
 	}
-	checkFlows(t, ctx, c, in, installed)
-	checkUI(t, ctx, c, in)
-	checkPolicy(t, ctx, c, in)
+	web := portForward(t, ctx, c, in)
+	checkUI(t, ctx, web)
+	checkFlows(t, ctx, c, web, installed)
+	checkPolicy(t, ctx, c, web)
 }
 
 // checkFlows sends pod-to-pod and pod-to-Service traffic over each family,
 // same node and across nodes, and waits for each connection's one merged,
 // enriched row.
-func checkFlows(t *testing.T, ctx context.Context, c *Cluster, in *Install, installed time.Time) {
+func checkFlows(t *testing.T, ctx context.Context, c *Cluster, web *webClient, installed time.Time) {
 	clients, err := c.Pods(ctx, NSClient, "web")
 	if err != nil {
 		t.Fatal(err)
@@ -195,26 +196,26 @@ func checkFlows(t *testing.T, ctx context.Context, c *Cluster, in *Install, inst
 		}
 	}
 	for i := range wants {
-		r, err := agent.Dial(ctx, netns, agent.TCP, wants[i].to, 10*time.Second)
+		// kube-proxy programs a new Service's endpoints a moment after
+		// they are ready: a refusal until then is its lag, not a fault.
+		var r agent.Reply
+		err := poll(ctx, time.Minute, func() (bool, error) {
+			r, err = agent.Dial(ctx, netns, agent.TCP, wants[i].to, 10*time.Second)
+			return err == nil, nil
+		})
 		if err != nil {
 			t.Fatalf("from %s to %s: %v", client.Name, wants[i].to, err)
 		}
 		wants[i].srcPort = r.Local.Port()
 		t.Logf("%s → %s answered by %s (saw %s)", client.Name, wants[i].to, r.Server, r.Seen)
 	}
-	hc := in.HTTP()
-	col, err := in.Collector(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	web := "http://" + netip.AddrPortFrom(netip.MustParseAddr(col.Status.PodIP), 8080).String()
 	firstFlow := time.Duration(0)
 	for _, w := range wants {
 		what := fmt.Sprintf("IPv%d %s:%d → %s", w.family, client.Name, w.srcPort, w.to)
 		err := poll(ctx, 3*time.Minute, func() (bool, error) {
 			q := url.Values{"src_pod": {NSClient + "/" + client.Name}, "ip_version": {fmt.Sprint(w.family)}, "limit": {"1000"}, "since": {"30m"}}
 			var page api.FlowPage
-			if err := getJSON(ctx, hc, web+"/api/v1/flows?"+q.Encode(), &page); err != nil {
+			if err := web.get(ctx, "/api/v1/flows?"+q.Encode(), &page); err != nil {
 				t.Logf("%s: %v", what, err)
 				return false, nil
 			}
@@ -287,16 +288,26 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// checkUI reaches the web the way an operator does: kubectl on this
-// machine (through ServeAPI) port-forwards the dualflow-web Service, and
-// the UI and an authenticated API call answer through it.
-func checkUI(t *testing.T, ctx context.Context, c *Cluster, in *Install) {
+// webClient calls the web API through kubectl port-forward, as an
+// operator reaches it (the collector's NetworkPolicy admits nothing else
+// to the web port but namespaces labelled for it).
+type webClient struct {
+	base string
+	hc   *http.Client
+}
+
+func (w *webClient) get(ctx context.Context, path string, out any) error {
+	return getJSON(ctx, w.hc, w.base+path, out)
+}
+
+// portForward runs kubectl port-forward of the dualflow-web Service on
+// this machine, through ServeAPI, until the test ends.
+func portForward(t *testing.T, ctx context.Context, c *Cluster, in *Install) *webClient {
 	kc, err := c.ServeAPI(ctx, "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
 	pf := exec.CommandContext(ctx, images.bins.Kubectl, "--kubeconfig", kc, "-n", in.Namespace,
 		"port-forward", "--address", "127.0.0.1", "svc/dualflow-web", "0:8080")
 	out, err := pf.StdoutPipe()
@@ -308,8 +319,10 @@ func checkUI(t *testing.T, ctx context.Context, c *Cluster, in *Install) {
 	if err := pf.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer pf.Wait()
-	defer cancel()
+	t.Cleanup(func() {
+		cancel()
+		pf.Wait()
+	})
 	local := make(chan string, 1)
 	go func() {
 		sc := bufio.NewScanner(out)
@@ -323,13 +336,20 @@ func checkUI(t *testing.T, ctx context.Context, c *Cluster, in *Install) {
 			}
 		}
 	}()
-	var addr string
 	select {
-	case addr = <-local:
+	case addr := <-local:
+		return &webClient{base: "http://" + addr, hc: &http.Client{Timeout: 30 * time.Second,
+			Transport: &tokenTransport{token: in.Token, base: http.DefaultTransport}}}
 	case <-time.After(time.Minute):
 		t.Fatalf("kubectl port-forward printed no address within a minute: %s", stderr.String())
 	}
-	resp, err := http.Get("http://" + addr + "/")
+	return nil
+}
+
+// checkUI: the UI and an authenticated API call answer through the
+// port-forward.
+func checkUI(t *testing.T, ctx context.Context, web *webClient) {
+	resp, err := http.Get(web.base + "/")
 	if err != nil {
 		t.Fatalf("UI through kubectl port-forward: %v", err)
 	}
@@ -338,12 +358,11 @@ func checkUI(t *testing.T, ctx context.Context, c *Cluster, in *Install) {
 	if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "<title>dualflow</title>") {
 		t.Fatalf("UI through kubectl port-forward: %s, %d bytes", resp.Status, len(body))
 	}
-	hc := &http.Client{Timeout: 30 * time.Second, Transport: &tokenTransport{token: in.Token, base: http.DefaultTransport}}
 	var page api.FlowPage
-	if err := getJSON(ctx, hc, "http://"+addr+"/api/v1/flows?limit=5", &page); err != nil {
+	if err := web.get(ctx, "/api/v1/flows?limit=5", &page); err != nil {
 		t.Fatalf("REST through kubectl port-forward: %v", err)
 	}
-	t.Logf("UI and REST through kubectl port-forward at %s: %d flows on the first page", addr, len(page.Flows))
+	t.Logf("UI and REST through kubectl port-forward at %s", web.base)
 }
 
 // checkPolicy applies a NetworkPolicy that lets api be reached on its
@@ -352,7 +371,7 @@ func checkUI(t *testing.T, ctx context.Context, c *Cluster, in *Install) {
 // that kube-router enforces it, connection by connection, and that
 // dualflow's stored verdict and policy agree with what happened, in every
 // family.
-func checkPolicy(t *testing.T, ctx context.Context, c *Cluster, in *Install) {
+func checkPolicy(t *testing.T, ctx context.Context, c *Cluster, web *webClient) {
 	const policy = "allow-n1-primary-family"
 	allowed := c.plan.podSubnets(1)[0]
 	yaml := fmt.Sprintf(`apiVersion: networking.k8s.io/v1
@@ -424,12 +443,6 @@ spec:
 		t.Fatalf("kube-router does not enforce %s as written: %v\n%s", policy, err, strings.Join(last, "\n"))
 	}
 	enforced := time.Since(applied)
-	hc := in.HTTP()
-	col, err := in.Collector(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	web := "http://" + netip.AddrPortFrom(netip.MustParseAddr(col.Status.PodIP), 8080).String()
 	counts := map[string]int{}
 	for _, at := range attempts {
 		fam := family(at.to.Addr())
@@ -442,7 +455,7 @@ spec:
 			q := url.Values{"src_pod": {NSClient + "/" + at.client.Name}, "dst_pod": {NSServer + "/" + at.server.Name},
 				"ip_version": {fmt.Sprint(fam)}, "limit": {"1000"}, "since": {"30m"}}
 			var page api.FlowPage
-			if err := getJSON(ctx, hc, web+"/api/v1/flows?"+q.Encode(), &page); err != nil {
+			if err := web.get(ctx, "/api/v1/flows?"+q.Encode(), &page); err != nil {
 				return false, nil
 			}
 			for _, f := range page.Flows {

@@ -5,18 +5,14 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
-	"github.com/dualflow/dualflow/nsrun"
 )
 
 // ImageArchives builds dualflow's images with scripts/image.sh (make
@@ -84,6 +80,15 @@ func (c *Cluster) InstallKustomize(ctx context.Context, overlay, tag string) (*I
 	if err != nil {
 		return nil, err
 	}
+	// docs/deploy.md: narrow the collector NetworkPolicy's IPFIX sources
+	// to the nodes' networks. The exporters use the host network, so
+	// their IPFIX comes from node addresses; the default private ranges
+	// miss nodes that have other addresses (these, or public and global
+	// IPv6 ones), and an enforcing implementation drops their IPFIX.
+	var from []string
+	for _, n := range c.plan.nodeNets() {
+		from = append(from, fmt.Sprintf("{ipBlock: {cidr: %s}}", n))
+	}
 	kustomization := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
@@ -91,7 +96,13 @@ resources:
 images:
   - {name: dualflow, newName: localhost/dualflow, newTag: %q}
   - {name: dualflow-chdb, newName: localhost/dualflow-chdb, newTag: %q}
-`, base, tag, tag)
+patches:
+  - target: {kind: NetworkPolicy, name: dualflow-collector}
+    patch: |-
+      - op: replace
+        path: /spec/ingress/0/from
+        value: [%s]
+`, base, tag, tag, strings.Join(from, ", "))
 	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o600); err != nil {
 		return nil, err
 	}
@@ -148,21 +159,6 @@ func (in *Install) Collector(ctx context.Context) (*corev1.Pod, error) {
 	return nil, fmt.Errorf("no running collector pod in %s", in.Namespace)
 }
 
-// HTTP is a client that dials from the control plane's namespace, which
-// routes to every pod, with the operator token on each request.
-func (in *Install) HTTP() *http.Client {
-	return &http.Client{Timeout: 30 * time.Second, Transport: &tokenTransport{token: in.Token, base: &http.Transport{
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			var conn net.Conn
-			err := nsrun.Do(in.c.ControlPlaneNetNS(), func() (err error) {
-				conn, err = (&net.Dialer{}).DialContext(ctx, network, addr)
-				return err
-			})
-			return conn, err
-		},
-	}}}
-}
-
 type tokenTransport struct {
 	token string
 	base  http.RoundTripper
@@ -171,8 +167,5 @@ type tokenTransport struct {
 func (t *tokenTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	r = r.Clone(r.Context())
 	r.Header.Set("Authorization", "Bearer "+t.token)
-	// The name the web answers to (--web.allowed-hosts): requests go to
-	// the pod's address, as a port-forward's would.
-	r.Host = "dualflow-web"
 	return t.base.RoundTrip(r)
 }
