@@ -446,9 +446,9 @@ spec:
 	counts := map[string]int{}
 	for _, at := range attempts {
 		fam := family(at.to.Addr())
-		want := "deny"
+		want := "denied"
 		if at.allow {
-			want = "allow"
+			want = "allowed"
 		}
 		what := fmt.Sprintf("IPv%d %s → %s", fam, at.client.Name, at.to)
 		err := poll(ctx, 2*time.Minute, func() (bool, error) {
