@@ -17,6 +17,7 @@
 #   COREDNS_ARCHIVE           the cluster's DNS, localhost/coredns:<version>,
 #                             CoreDNS with the plugins of test/cluster/coredns,
 #                             as a docker-archive: .cache/coredns/<version>/
+#   HELM                      the helm CLI of the deployment tier (scripts/helm.sh)
 #   PAUSE_ARCHIVE             the pod sandbox image, localhost/pause:local,
 #                             from the pause.c of the Kubernetes module,
 #                             as a docker-archive: .cache/k8s/<version>/
@@ -150,13 +151,14 @@ coredns() {
 }
 
 parts=("$@")
-[ ${#parts[@]} -gt 0 ] || parts=(kube-apiserver kubectl kube-proxy kube-scheduler kube-controller-manager kubelet containerd kube-router pause coredns)
+[ ${#parts[@]} -gt 0 ] || parts=(kube-apiserver kubectl kube-proxy kube-scheduler kube-controller-manager kubelet containerd kube-router pause coredns helm)
 for p in "${parts[@]}"; do
   case $p in
     containerd) containerd ;;
     kube-router) kube_router ;;
     pause) pause ;;
     coredns) coredns ;;
+    helm) echo "HELM=$(scripts/helm.sh)" ;;
     kube-apiserver|kubelet|kube-proxy|kube-controller-manager|kube-scheduler|kubectl) k8s_binary "$p" ;;
     *) log "unknown part $p"; exit 2 ;;
   esac

@@ -23,6 +23,8 @@ type Bins struct {
 	PauseArchive string
 	// CoreDNSArchive holds CoreDNSImage, the cluster's DNS.
 	CoreDNSArchive, CoreDNSImage string
+	// Helm is the helm CLI (scripts/helm.sh).
+	Helm string
 }
 
 // RepoRoot is the repository's top directory.
@@ -52,12 +54,12 @@ func Build(ctx context.Context, progress *os.File) (Bins, error) {
 		APIServer: kv["KUBE_APISERVER"], ControllerManager: kv["KUBE_CONTROLLER_MANAGER"],
 		Scheduler: kv["KUBE_SCHEDULER"], Kubelet: kv["KUBELET"], Proxy: kv["KUBE_PROXY"],
 		Kubectl: kv["KUBECTL"], ContainerdDir: kv["CONTAINERD_DIR"], KubeRouter: kv["KUBE_ROUTER"],
-		PauseArchive: kv["PAUSE_ARCHIVE"], CoreDNSArchive: kv["COREDNS_ARCHIVE"], CoreDNSImage: kv["COREDNS_IMAGE"],
+		PauseArchive: kv["PAUSE_ARCHIVE"], CoreDNSArchive: kv["COREDNS_ARCHIVE"], CoreDNSImage: kv["COREDNS_IMAGE"], Helm: kv["HELM"],
 	}
 	for name, p := range map[string]string{"kube-apiserver": b.APIServer, "kube-controller-manager": b.ControllerManager,
 		"kube-scheduler": b.Scheduler, "kubelet": b.Kubelet, "kube-proxy": b.Proxy, "kubectl": b.Kubectl,
 		"containerd": b.ContainerdDir, "kube-router": b.KubeRouter, "pause image": b.PauseArchive,
-		"CoreDNS image": b.CoreDNSArchive} {
+		"CoreDNS image": b.CoreDNSArchive, "helm": b.Helm} {
 		if p == "" {
 			return Bins{}, fmt.Errorf("scripts/k8s-cluster.sh printed no %s", name)
 		}

@@ -48,14 +48,25 @@ type Install struct {
 	Token string
 }
 
-// InstallKustomize installs dualflow with the kustomize overlay
-// (deploy/kubernetes/overlays/<overlay>) the way docs/deploy.md tells an
-// operator: the namespace, a web tokens Secret, a PersistentVolume for the
-// collector's claim (a directory on the host, as a local volume
-// provisioner would give), and `kubectl apply -k` of an overlay of their
-// own that pins the images built under tag. It waits until the collector
-// and every exporter are ready.
-func (c *Cluster) InstallKustomize(ctx context.Context, overlay, tag string) (*Install, error) {
+// Installer is a way to install dualflow, as docs/deploy.md gives it.
+type Installer string
+
+const (
+	// Kustomize: `kubectl apply -k` of an operator's overlay on
+	// deploy/kubernetes/overlays/embedded.
+	Kustomize Installer = "kustomize"
+	// Helm: `helm install` of deploy/helm/dualflow (embedded store).
+	Helm Installer = "helm"
+)
+
+// Install installs dualflow the way docs/deploy.md tells an operator: the
+// labelled namespace (deploy/kubernetes/base/namespace.yaml), a web tokens
+// Secret, a PersistentVolume for the collector's claim (a directory on the
+// host, as a local volume provisioner would give), then the chart or the
+// overlay with the images built under tag and the collector
+// NetworkPolicy's IPFIX sources narrowed to the nodes' networks. It waits
+// until the collector and every exporter are ready.
+func (c *Cluster) Install(ctx context.Context, how Installer, tag string) (*Install, error) {
 	in := &Install{c: c, Namespace: "dualflow"}
 	b := make([]byte, 24)
 	rand.Read(b)
@@ -75,21 +86,56 @@ func (c *Cluster) InstallKustomize(ctx context.Context, overlay, tag string) (*I
 	if err := os.Chown(pv, 65532, 65532); err != nil {
 		return nil, err
 	}
-	// kustomize takes resources relative to the kustomization only.
-	base, err := filepath.Rel(dir, filepath.Join(RepoRoot(), "deploy", "kubernetes", "overlays", overlay))
-	if err != nil {
-		return nil, err
+	pvYAML := fmt.Sprintf(`apiVersion: v1
+kind: PersistentVolume
+metadata: {name: dualflow-data}
+spec:
+  capacity: {storage: 20Gi}
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: ""
+  hostPath: {path: %s, type: Directory}
+`, pv)
+	repo := RepoRoot()
+	for _, s := range []struct {
+		stdin string
+		args  []string
+	}{
+		{pvYAML, []string{"apply", "-f", "-"}},
+		{"", []string{"apply", "-f", filepath.Join(repo, "deploy", "kubernetes", "base", "namespace.yaml")}},
+		{"", []string{"-n", in.Namespace, "create", "secret", "generic", "dualflow-web-tokens", "--from-file=tokens=" + filepath.Join(dir, "tokens")}},
+	} {
+		if _, err := c.Kubectl(ctx, strings.NewReader(s.stdin), s.args...); err != nil {
+			return nil, err
+		}
 	}
 	// docs/deploy.md: narrow the collector NetworkPolicy's IPFIX sources
 	// to the nodes' networks. The exporters use the host network, so
 	// their IPFIX comes from node addresses; the default private ranges
 	// miss nodes that have other addresses (these, or public and global
 	// IPv6 ones), and an enforcing implementation drops their IPFIX.
-	var from []string
+	nets := make([]string, 0, 2)
 	for _, n := range c.plan.nodeNets() {
-		from = append(from, fmt.Sprintf("{ipBlock: {cidr: %s}}", n))
+		nets = append(nets, n.String())
 	}
-	kustomization := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
+	switch how {
+	case Helm:
+		if _, err := c.Exec(ctx, nil, c.cfg.Bins.Helm, "install", "dualflow", filepath.Join(repo, "deploy", "helm", "dualflow"),
+			"-n", in.Namespace, "--set", "image.repository=localhost/dualflow,image.chdbRepository=localhost/dualflow-chdb,image.tag="+tag,
+			"--set", "networkPolicy.ipfixFrom={"+strings.Join(nets, ",")+"}"); err != nil {
+			return nil, err
+		}
+	case Kustomize:
+		// kustomize takes resources relative to the kustomization only.
+		base, err := filepath.Rel(dir, filepath.Join(repo, "deploy", "kubernetes", "overlays", "embedded"))
+		if err != nil {
+			return nil, err
+		}
+		var from []string
+		for _, n := range nets {
+			from = append(from, fmt.Sprintf("{ipBlock: {cidr: %s}}", n))
+		}
+		kustomization := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
   - %s
@@ -103,32 +149,14 @@ patches:
         path: /spec/ingress/0/from
         value: [%s]
 `, base, tag, tag, strings.Join(from, ", "))
-	if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o600); err != nil {
-		return nil, err
-	}
-	pvYAML := fmt.Sprintf(`apiVersion: v1
-kind: PersistentVolume
-metadata: {name: dualflow-data}
-spec:
-  capacity: {storage: 20Gi}
-  accessModes: [ReadWriteOnce]
-  persistentVolumeReclaimPolicy: Retain
-  storageClassName: ""
-  hostPath: {path: %s, type: Directory}
-`, pv)
-	steps := []struct {
-		stdin string
-		args  []string
-	}{
-		{pvYAML, []string{"apply", "-f", "-"}},
-		{"", []string{"create", "namespace", in.Namespace}},
-		{"", []string{"-n", in.Namespace, "create", "secret", "generic", "dualflow-web-tokens", "--from-file=tokens=" + filepath.Join(dir, "tokens")}},
-		{"", []string{"apply", "-k", dir}},
-	}
-	for _, s := range steps {
-		if _, err := c.Kubectl(ctx, strings.NewReader(s.stdin), s.args...); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o600); err != nil {
 			return nil, err
 		}
+		if _, err := c.Kubectl(ctx, nil, "apply", "-k", dir); err != nil {
+			return nil, err
+		}
+	default:
+		return nil, fmt.Errorf("install: unknown way %q", how)
 	}
 	return in, in.WaitReady(ctx)
 }

@@ -72,7 +72,7 @@ func run() error {
 		return err
 	}
 	defer c.Down()
-	in, err := c.InstallKustomize(ctx, "embedded", tag)
+	in, err := c.Install(ctx, cluster.Helm, tag)
 	if err != nil {
 		return err
 	}
@@ -87,7 +87,7 @@ func run() error {
 	fmt.Printf(`
 A real %s Kubernetes cluster is up (2 nodes: kubelet, containerd, CNI bridge, kube-proxy
 in nftables mode, kube-router for NetworkPolicy), with dualflow installed by
-kubectl apply -k deploy/kubernetes/overlays/embedded and traffic from shop/web to
+helm install of deploy/helm/dualflow (embedded store) and traffic from shop/web to
 backend/api. Ready in %s.
 
   kubectl --kubeconfig %s get pods -A
