@@ -16,6 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/cdp"
+	"github.com/chromedp/cdproto/page"
+	"github.com/chromedp/chromedp"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -153,6 +156,7 @@ func testClusterMode(t *testing.T, mode manifest.Mode) {
 	checkUI(t, ctx, web)
 	checkFlows(t, ctx, c, web, installed)
 	checkPolicy(t, ctx, c, web)
+	screenshot(t, ctx, web, in.Token, mode)
 }
 
 // checkFlows sends pod-to-pod and pod-to-Service traffic over each family,
@@ -483,4 +487,53 @@ spec:
 		counts[fmt.Sprintf("IPv%d %s", fam, want)]++
 	}
 	t.Logf("kube-router enforced %s within %s; dualflow's verdicts agree: %v", policy, enforced.Round(100*time.Millisecond), counts)
+}
+
+// screenshot opens the flows page in headless Chromium through the
+// port-forward, as an operator who pasted the token, waits for rows, and
+// keeps the page as test/artifacts/cluster-<mode>-flows.png.
+func screenshot(t *testing.T, ctx context.Context, web *webClient, token string, mode manifest.Mode) {
+	chrome, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Fatalf("no chromium (scripts/deps.sh installs it): %v", err)
+	}
+	actx, cancelA := chromedp.NewExecAllocator(ctx, chromedp.ExecPath(chrome),
+		chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
+		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true), chromedp.UserDataDir(t.TempDir()), chromedp.WindowSize(1400, 900))
+	defer cancelA()
+	bctx, cancelB := chromedp.NewContext(actx)
+	defer cancelB()
+	bctx, cancelT := context.WithTimeout(bctx, 2*time.Minute)
+	defer cancelT()
+	setToken := chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
+		_, err := cdp.Call(ctx, tg, page.AddScriptToEvaluateOnNewDocument, page.AddScriptToEvaluateOnNewDocumentParams{
+			Source: "try { localStorage.setItem('dualflow.token', '" + token + "') } catch (e) {}",
+		})
+		return err
+	})
+	if err := chromedp.Do(bctx, chromedp.Navigate("about:blank"), setToken,
+		chromedp.Navigate(web.base+"/#/flows"), chromedp.WaitVisible(chromedp.CSS(`#page-flows`))); err != nil {
+		t.Fatalf("chromium: %v", err)
+	}
+	err = poll(bctx, time.Minute, func() (bool, error) {
+		n, err := chromedp.Run(bctx, chromedp.Evaluate[float64](`document.querySelectorAll('#flow-table tbody tr').length`))
+		return err == nil && n > 0, nil
+	})
+	if err != nil {
+		t.Errorf("the flows page showed no rows: %v", err)
+	}
+	buf, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatalf("screenshot: %v", err)
+	}
+	dir := filepath.Join(RepoRoot(), "test", "artifacts")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f := filepath.Join(dir, "cluster-"+string(mode)+"-flows.png")
+	if err := os.WriteFile(f, buf, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot of the flows page through kubectl port-forward: %s", f)
 }
