@@ -33,12 +33,17 @@ import (
 // from scripts/k8s-cluster.sh (make test builds them in the background).
 // DUALFLOW_CLUSTER_MODES limits the modes (comma-separated).
 
-// testPrefix and testIndex keep the tier apart from `make cluster`
-// (dfk-, index 0) and from the lab (df-).
-const (
-	testPrefix = "dfkt-"
-	testIndex  = 1
-)
+// Each mode's cluster has its own prefix and address block, apart from
+// `make cluster` (dfk-, index 0) and from the lab (df-): the three run at
+// once.
+var clusterOf = map[manifest.Mode]struct {
+	prefix string
+	index  int
+}{
+	manifest.ModeIPv4: {"dfk4-", 1},
+	manifest.ModeIPv6: {"dfk6-", 2},
+	manifest.ModeDual: {"dfkd-", 3},
+}
 
 var images struct {
 	tag      string
@@ -98,7 +103,10 @@ func modes(t *testing.T) []manifest.Mode {
 func TestCluster(t *testing.T) {
 	setup(t)
 	for _, mode := range modes(t) {
-		t.Run(string(mode), func(t *testing.T) { testClusterMode(t, mode) })
+		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
+			testClusterMode(t, mode)
+		})
 	}
 }
 
@@ -111,7 +119,7 @@ func testClusterMode(t *testing.T, mode manifest.Mode) {
 	}
 	os.RemoveAll(dir)
 	began := time.Now()
-	c, err := Up(ctx, Config{Prefix: testPrefix, Index: testIndex, Mode: mode, Dir: dir, Bins: images.bins,
+	c, err := Up(ctx, Config{Prefix: clusterOf[mode].prefix, Index: clusterOf[mode].index, Mode: mode, Dir: dir, Bins: images.bins,
 		Images: images.archives, Progress: testWriter{t}})
 	if err != nil {
 		t.Fatal(err)
