@@ -195,6 +195,7 @@ func checkFlows(t *testing.T, ctx context.Context, c *Cluster, web *webClient, i
 		service string
 		family  int
 		srcPort uint16
+		count   Count // the client pod's own count of the connection
 	}
 	var wants []want
 	for i := range servers {
@@ -213,7 +214,14 @@ func checkFlows(t *testing.T, ctx context.Context, c *Cluster, web *webClient, i
 			wants = append(wants, want{to: netip.AddrPortFrom(a, 80), service: svc, family: family(a)})
 		}
 	}
+	counter, err := NewPodCounter(ctx, netns)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for i := range wants {
+		if err := counter.Reset(ctx); err != nil {
+			t.Fatal(err)
+		}
 		// kube-proxy programs a new Service's endpoints a moment after
 		// they are ready: a refusal until then is its lag, not a fault.
 		var r agent.Reply
@@ -225,11 +233,18 @@ func checkFlows(t *testing.T, ctx context.Context, c *Cluster, web *webClient, i
 			t.Fatalf("from %s to %s: %v", client.Name, wants[i].to, err)
 		}
 		wants[i].srcPort = r.Local.Port()
-		t.Logf("%s → %s answered by %s (saw %s)", client.Name, wants[i].to, r.Server, r.Seen)
+		if err := counter.WaitClosed(ctx, wants[i].srcPort); err != nil {
+			t.Fatalf("from %s to %s: the connection did not close: %v", client.Name, wants[i].to, err)
+		}
+		if wants[i].count, err = counter.Read(ctx); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%s → %s answered by %s (saw %s); the pod counted %+v", client.Name, wants[i].to, r.Server, r.Seen, wants[i].count)
 	}
 	firstFlow := time.Duration(0)
 	for _, w := range wants {
 		what := fmt.Sprintf("IPv%d %s:%d → %s", w.family, client.Name, w.srcPort, w.to)
+		lastCount := ""
 		err := poll(ctx, 3*time.Minute, func() (bool, error) {
 			q := url.Values{"src_pod": {NSClient + "/" + client.Name}, "ip_version": {fmt.Sprint(w.family)}, "limit": {"1000"}, "since": {"30m"}}
 			var page api.FlowPage
@@ -260,16 +275,23 @@ func checkFlows(t *testing.T, ctx context.Context, c *Cluster, web *webClient, i
 				if len(problems) > 0 {
 					return false, fmt.Errorf("%s: row %+v: %s", what, f, strings.Join(problems, "; "))
 				}
+				// The counters: the row may be exported before the
+				// connection's last packets; its final export agrees
+				// with the pod's own count exactly.
+				if got := (Count{f.Packets, f.Bytes, f.RevPackets, f.RevBytes}); got != w.count {
+					lastCount = fmt.Sprintf("row counts %+v, the pod counted %+v", got, w.count)
+					return false, nil
+				}
 				return true, nil
 			}
 			return false, nil
 		})
 		if err != nil {
-			t.Errorf("%s: %v", what, err)
+			t.Errorf("%s: %v %s", what, err, lastCount)
 			continue
 		}
 	}
-	t.Logf("first enriched flow %s after the install was ready; %d connections checked", firstFlow.Round(100*time.Millisecond), len(wants))
+	t.Logf("first enriched flow %s after the install was ready; %d connections checked, their packets and bytes each way equal to the client pod's own count", firstFlow.Round(100*time.Millisecond), len(wants))
 }
 
 func family(a netip.Addr) int {

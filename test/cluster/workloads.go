@@ -2,11 +2,14 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -158,4 +161,95 @@ func (c *Cluster) ServiceIPs(ctx context.Context, ns, name string) ([]netip.Addr
 		}
 	}
 	return out, nil
+}
+
+// PodCounter counts, inside a pod's own network namespace, the bytes and
+// packets of its client connections to ports 80 and 8080 (an nftables
+// table of the test's: the pod's own count, independent of the node's
+// conntrack that the exporter reads). Counters include IP headers, as
+// conntrack's do.
+type PodCounter struct{ netns string }
+
+const counterTable = `table inet dualflow_count
+delete table inet dualflow_count
+table inet dualflow_count {
+	counter sent {}
+	counter received {}
+	chain out { type filter hook output priority 0; tcp dport { 80, 8080 } counter name "sent"; }
+	chain in { type filter hook input priority 0; tcp sport { 80, 8080 } counter name "received"; }
+}
+`
+
+// NewPodCounter installs the counters in the namespace at netns.
+func NewPodCounter(ctx context.Context, netns string) (*PodCounter, error) {
+	pc := &PodCounter{netns: netns}
+	_, err := pc.nft(ctx, counterTable, "-f", "-")
+	return pc, err
+}
+
+func (pc *PodCounter) nft(ctx context.Context, stdin string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, "nsenter", append([]string{"--net=" + pc.netns, "--", "nft"}, args...)...)
+	cmd.Stdin = strings.NewReader(stdin)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return nil, fmt.Errorf("nft %s in %s: %w: %s", strings.Join(args, " "), pc.netns, err, out)
+	}
+	return out, nil
+}
+
+// Reset zeroes the counters.
+func (pc *PodCounter) Reset(ctx context.Context) error {
+	_, err := pc.nft(ctx, "", "reset", "counters", "table", "inet", "dualflow_count")
+	return err
+}
+
+// Count is what a PodCounter counted.
+type Count struct{ SentPackets, SentBytes, ReceivedPackets, ReceivedBytes uint64 }
+
+// Read returns the counters.
+func (pc *PodCounter) Read(ctx context.Context) (Count, error) {
+	out, err := pc.nft(ctx, "", "-j", "list", "counters", "table", "inet", "dualflow_count")
+	if err != nil {
+		return Count{}, err
+	}
+	var doc struct {
+		Nftables []struct {
+			Counter *struct {
+				Name           string `json:"name"`
+				Packets, Bytes uint64
+			} `json:"counter"`
+		} `json:"nftables"`
+	}
+	if err := json.Unmarshal(out, &doc); err != nil {
+		return Count{}, fmt.Errorf("nft -j: %w", err)
+	}
+	var c Count
+	for _, o := range doc.Nftables {
+		switch {
+		case o.Counter == nil:
+		case o.Counter.Name == "sent":
+			c.SentPackets, c.SentBytes = o.Counter.Packets, o.Counter.Bytes
+		case o.Counter.Name == "received":
+			c.ReceivedPackets, c.ReceivedBytes = o.Counter.Packets, o.Counter.Bytes
+		}
+	}
+	return c, nil
+}
+
+// WaitClosed waits until the pod's TCP connection from local port port
+// has finished closing (TIME_WAIT, or gone): its last packet is counted.
+func (pc *PodCounter) WaitClosed(ctx context.Context, port uint16) error {
+	return poll(ctx, 30*time.Second, func() (bool, error) {
+		out, err := exec.CommandContext(ctx, "nsenter", "--net="+pc.netns, "--", "ss", "-Htan",
+			fmt.Sprintf("( sport = :%d )", port)).Output()
+		if err != nil {
+			return false, nil
+		}
+		for line := range strings.Lines(string(out)) {
+			if f := strings.Fields(line); len(f) > 0 && f[0] != "TIME-WAIT" {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
 }
