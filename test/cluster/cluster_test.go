@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -340,6 +342,28 @@ func (w *webClient) get(ctx context.Context, path string, out any) error {
 	return getJSON(ctx, w.hc, w.base+path, out)
 }
 
+func (w *webClient) post(ctx context.Context, path string, in, out any) error {
+	b, err := json.Marshal(in)
+	if err != nil {
+		return err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.base+path, bytes.NewReader(b))
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := w.hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		body, _ := io.ReadAll(resp.Body)
+		return fmt.Errorf("POST %s: %s %s", path, resp.Status, body)
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
 // portForward runs kubectl port-forward of the dualflow-web Service on
 // this machine, through ServeAPI, until the test ends.
 func portForward(t *testing.T, ctx context.Context, c *Cluster, in *Install) *webClient {
@@ -460,7 +484,9 @@ spec:
 	// kube-router applies the policy within a few seconds: wait until every
 	// attempt goes as the policy says, then keep the last round's.
 	var last []string
+	var round time.Time // the start of the last round of attempts
 	err = poll(ctx, 2*time.Minute, func() (bool, error) {
+		round = time.Now()
 		for n := 1; n <= Nodes; n++ {
 			if err := c.exited("kube-router-" + nodeName(n)); err != nil {
 				return false, err
@@ -517,6 +543,43 @@ spec:
 		counts[fmt.Sprintf("IPv%d %s", fam, want)]++
 	}
 	t.Logf("kube-router enforced %s within %s; dualflow's verdicts agree: %v", policy, enforced.Round(100*time.Millisecond), counts)
+
+	// The reachability matrix, from the collector's live view: each
+	// client pod → api pod cell says, per family, what kube-router did,
+	// and that it agrees with the flows observed in the last round of
+	// attempts (earlier ones raced kube-router's first sync).
+	since := round.Truncate(time.Second).Add(time.Second)
+	req := api.ReachabilityRequest{Protocol: "tcp", Port: ServerPort, Since: since.UTC().Format(time.RFC3339)}
+	for _, cl := range clients {
+		req.Sources = append(req.Sources, api.Endpoint{Kind: "pod", Namespace: cl.Namespace, Name: cl.Name})
+	}
+	for _, sv := range servers {
+		req.Destinations = append(req.Destinations, api.Endpoint{Kind: "pod", Namespace: sv.Namespace, Name: sv.Name})
+	}
+	var res api.Reachability
+	if err := web.post(ctx, "/api/v1/reachability", req, &res); err != nil {
+		t.Fatal(err)
+	}
+	cells := 0
+	for _, at := range attempts {
+		i := slices.IndexFunc(clients, func(p corev1.Pod) bool { return p.Name == at.client.Name })
+		j := slices.IndexFunc(servers, func(p corev1.Pod) bool { return p.Name == at.server.Name })
+		fam := res.Cells[i][j].Families[fmt.Sprint(family(at.to.Addr()))]
+		want := "deny"
+		if at.allow {
+			want = "allow"
+		}
+		switch {
+		case fam == nil:
+			t.Errorf("reachability %s → %s: no IPv%d answer", at.client.Name, at.server.Name, family(at.to.Addr()))
+		case fam.Outcome != want || fam.Mismatch != "":
+			t.Errorf("reachability %s → %s IPv%d: %s (%s), mismatch %q; kube-router: connected %v",
+				at.client.Name, at.server.Name, family(at.to.Addr()), fam.Outcome, fam.Reason, fam.Mismatch, at.allow)
+		default:
+			cells++
+		}
+	}
+	t.Logf("reachability over REST agrees with kube-router on %d cell families, and with the observed flows", cells)
 }
 
 // screenshot opens the flows page in headless Chromium through the
