@@ -300,6 +300,7 @@ func (a *Auditor) audit(set *policy.Set, rec *flow.Record, c *counts, m *memo) {
 
 func peer(p *policy.Peer, addr netip.Addr, e *flow.Endpoint, m *memo) {
 	p.Addr = addr.Unmap()
+	p.Node = e.NodeName
 	if e.PodNamespace == "" {
 		return
 	}

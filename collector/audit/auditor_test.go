@@ -402,3 +402,34 @@ func TestMemoKeys(t *testing.T) {
 		}
 	}
 }
+
+// TestAuditFromTheNode: the kubelet's probe of an isolated pod, from the
+// pod's own node (an address enrichment attributed to that node), is
+// allowed; the same address attributed to another node, or to none, is
+// judged by the policies. Both families.
+func TestAuditFromTheNode(t *testing.T) {
+	m, inv := labInventory(t, manifest.ModeDual, 2)
+	api := labPod(t, m, "backend", "api", 1)
+	a, err := New(Config{}, inv, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.SetPolicies(inv.NetworkPolicies()); err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol} {
+		for _, c := range []struct {
+			node string
+			want flow.Verdict
+		}{{api.Spec.NodeName, flow.VerdictAllowed}, {"some-other-node", flow.VerdictDenied}, {"", flow.VerdictDenied}} {
+			// 9999 is no port of api's policies: only the node gets in.
+			r := record(t, inv, nil, api, f, flow.ProtoTCP, 9999)
+			r.Dst.NodeName = api.Spec.NodeName
+			r.Src.NodeName = c.node
+			a.Audit(&r)
+			if r.Ingress.Verdict != c.want {
+				t.Errorf("%s: from node %q to %s:9999: ingress %v by %s/%s, want %v", f, c.node, api.Name, r.Ingress.Verdict, r.Ingress.Namespace, r.Ingress.Name, c.want)
+			}
+		}
+	}
+}

@@ -18,6 +18,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/lab/topology"
@@ -167,6 +168,9 @@ func Up(ctx context.Context, cfg Config) (_ *Cluster, err error) {
 	}
 	c.progress("nodes started in %s", time.Since(began).Round(100*time.Millisecond))
 	if err := c.waitNodesReady(ctx); err != nil {
+		return nil, err
+	}
+	if err := c.setPodCIDRs(ctx); err != nil {
 		return nil, err
 	}
 	// kubelet rewrote the kernel's panic and overcommit settings at start;
@@ -363,6 +367,30 @@ func (c *Cluster) waitNodesReady(ctx context.Context) error {
 		}
 		return ready == Nodes, nil
 	})
+}
+
+// setPodCIDRs records each node's pod subnets in its spec.podCIDRs, as
+// kube-controller-manager's node IPAM does on most clusters (here the CNI
+// configuration has them statically, so they are set to match): the
+// collector attributes an address of a node's pod CIDR that is no pod's,
+// such as the bridge's gateway the kubelet probes from, to the node.
+func (c *Cluster) setPodCIDRs(ctx context.Context) error {
+	for n := 1; n <= Nodes; n++ {
+		subs := c.plan.podSubnets(n)
+		patch := fmt.Sprintf(`{"spec":{"podCIDR":%q,"podCIDRs":[%s]}}`, subs[0], quoted(subs))
+		if _, err := c.API.Admin.CoreV1().Nodes().Patch(ctx, nodeName(n), types.MergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			return fmt.Errorf("node %s: set podCIDRs: %w", nodeName(n), err)
+		}
+	}
+	return nil
+}
+
+func quoted(ps []netip.Prefix) string {
+	q := make([]string, len(ps))
+	for i, p := range ps {
+		q[i] = strconv.Quote(p.String())
+	}
+	return strings.Join(q, ",")
 }
 
 // poll calls ok every 200 ms until it is true, fails, or timeout passes.

@@ -544,6 +544,41 @@ spec:
 	}
 	t.Logf("kube-router enforced %s within %s; dualflow's verdicts agree: %v", policy, enforced.Round(100*time.Millisecond), counts)
 
+	// The kubelet's readiness probes of the isolated api pods come from
+	// their node (the bridge's gateway): NetworkPolicy cannot restrict
+	// them, and kube-router lets them in (the pods stay ready). dualflow
+	// attributes the source to the node and stores them as allowed.
+	for i := range servers {
+		sv := &servers[i]
+		for _, ip := range sv.Status.PodIPs {
+			fam := family(netip.MustParseAddr(ip.IP))
+			what := fmt.Sprintf("IPv%d kubelet probes of %s on %s", fam, sv.Name, sv.Spec.NodeName)
+			var last string
+			err := poll(ctx, 2*time.Minute, func() (bool, error) {
+				q := url.Values{"dst_pod": {NSServer + "/" + sv.Name}, "ip_version": {fmt.Sprint(fam)}, "dst_port": {fmt.Sprint(ServerPort)},
+					"limit": {"1000"}, "since": {"30m"}}
+				var page api.FlowPage
+				if err := web.get(ctx, "/api/v1/flows?"+q.Encode(), &page); err != nil {
+					return false, nil
+				}
+				for _, f := range page.Flows {
+					if f.FlowStartMs < applied.UnixMilli() || f.SrcPod != "" || f.SrcNode != sv.Spec.NodeName {
+						continue
+					}
+					if f.Ingress != "allowed" {
+						last = fmt.Sprintf("from %s (node %s): ingress %s by %q", f.SrcIP, f.SrcNode, f.Ingress, f.IngressPol)
+						return false, nil
+					}
+					return true, nil
+				}
+				return false, nil
+			})
+			if err != nil {
+				t.Errorf("%s: %v; last %s", what, err, last)
+			}
+		}
+	}
+
 	// The reachability matrix, from the collector's live view: each
 	// client pod → api pod cell says, per family, what kube-router did,
 	// and that it agrees with the flows observed in the last round of

@@ -77,7 +77,18 @@ type Peer struct {
 	// that serves Flow.DstPort over Flow.Proto ("" when unnamed or not a
 	// pod). Named ports in rules match against it.
 	PortName string
+	// Node is the node of the end: a pod's node, or for any other end the
+	// node whose address it is (a node address, or its pods' gateway in
+	// its pod CIDR); "" when unknown. Ingress from a pod's own node is
+	// always allowed: NetworkPolicy cannot restrict it (Kubernetes
+	// documents that pods cannot block access from their resident node,
+	// and every implementation lets the kubelet's probes in).
+	Node string
 }
+
+// RuleFromNode is Decision.Rule of an ingress allowed because it comes
+// from the pod's own node, which no policy can restrict.
+const RuleFromNode = -2
 
 // Flow is what Evaluate needs to know about a connection. Dst is the end
 // actually reached: after DNAT, a Service's endpoint, never its ClusterIP.
@@ -218,6 +229,8 @@ func (s *Set) side(d Direction, subject, remote *Peer, f *Flow) Decision {
 	case st.allowPol >= 0:
 		p := s.policies[st.allowPol]
 		return Decision{Verdict: flow.VerdictAllowed, Namespace: p.Namespace, Name: p.Name, Rule: st.allowRule}
+	case st.isolating >= 0 && d == Ingress && !remote.IsPod && remote.Node != "" && remote.Node == subject.Node:
+		return Decision{Verdict: flow.VerdictAllowed, Rule: RuleFromNode}
 	case st.pureDeny >= 0:
 		p := s.policies[st.pureDeny]
 		return Decision{Verdict: flow.VerdictDenied, Namespace: p.Namespace, Name: p.Name, Rule: -1}

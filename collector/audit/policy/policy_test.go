@@ -622,3 +622,42 @@ func BenchmarkCompile(b *testing.B) {
 		}
 	}
 }
+
+// TestIngressFromTheNode: a pod's own node (its address, or its pods'
+// gateway) always reaches it, however the pod is isolated; another node,
+// or an address of no node, is judged by the rules; egress is not
+// affected. Both families.
+func TestIngressFromTheNode(t *testing.T) {
+	apiSel := map[string]string{"app": "api"}
+	for _, f := range fams {
+		t.Run(f.name, func(t *testing.T) {
+			// api admits only 9090 from an ipBlock that holds no node.
+			s := mustCompile(t,
+				ingress(netpol("back", "deny-all", apiSel)),
+				ingress(netpol("back", "metrics", apiSel), onPorts(from(block(f.other)), portNum(corev1.ProtocolTCP, 9090))),
+				egress(netpol("back", "no-egress", apiSel)))
+			api := apiPeer(f, "http")
+			api.Node = "n1"
+			for _, c := range []struct {
+				name string
+				src  Peer
+				want Decision
+			}{
+				{"its node", Peer{Addr: f.ext, Node: "n1"}, Decision{Verdict: flow.VerdictAllowed, Rule: RuleFromNode}},
+				{"another node", Peer{Addr: f.ext, Node: "n2"}, Decision{Verdict: flow.VerdictDenied, Namespace: "back", Name: "deny-all", Rule: -1}},
+				{"no node", Peer{Addr: f.ext}, Decision{Verdict: flow.VerdictDenied, Namespace: "back", Name: "deny-all", Rule: -1}},
+				{"a pod on its node", func() Peer { p := webPeer(f); p.Node = "n1"; return p }(), Decision{Verdict: flow.VerdictDenied, Namespace: "back", Name: "deny-all", Rule: -1}},
+			} {
+				fl := Flow{Src: c.src, Dst: api, Proto: flow.ProtoTCP, DstPort: 8080}
+				if got := s.Evaluate(&fl).Ingress; got != c.want {
+					t.Errorf("%s → api:8080 ingress %+v, want %+v", c.name, got, c.want)
+				}
+			}
+			// The pod's egress to its node stays the policies' to judge.
+			fl := Flow{Src: api, Dst: Peer{Addr: f.ext, Node: "n1"}, Proto: flow.ProtoTCP, DstPort: 10250}
+			if got := s.Evaluate(&fl).Egress; got.Verdict != flow.VerdictDenied {
+				t.Errorf("api → its node egress %+v, want denied", got)
+			}
+		})
+	}
+}
