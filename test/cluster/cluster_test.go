@@ -547,11 +547,12 @@ spec:
 	// The kubelet's readiness probes of the isolated api pods come from
 	// their node (the bridge's gateway): NetworkPolicy cannot restrict
 	// them, and kube-router lets them in (the pods stay ready). dualflow
-	// attributes the source to the node and stores them as allowed.
+	// attributes the source to the node and stores them as allowed. The
+	// kubelet probes a pod's primary address (status.podIP) only.
 	for i := range servers {
 		sv := &servers[i]
-		for _, ip := range sv.Status.PodIPs {
-			fam := family(netip.MustParseAddr(ip.IP))
+		for _, ip := range []string{sv.Status.PodIP} {
+			fam := family(netip.MustParseAddr(ip))
 			what := fmt.Sprintf("IPv%d kubelet probes of %s on %s", fam, sv.Name, sv.Spec.NodeName)
 			var last string
 			err := poll(ctx, 2*time.Minute, func() (bool, error) {
