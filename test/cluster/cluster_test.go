@@ -58,7 +58,17 @@ func TestMain(m *testing.M) {
 		fmt.Println("the real-cluster tier needs root and DUALFLOW_E2E=1: skipped")
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	// The images and their archives are this run's alone.
+	if images.tag != "" {
+		for _, img := range []string{"dualflow", "dualflow-chdb"} {
+			exec.Command(filepath.Join(RepoRoot(), "scripts", "image.sh"), "buildah", "rmi", "localhost/"+img+":"+images.tag).Run()
+		}
+		for _, a := range images.archives {
+			os.RemoveAll(filepath.Dir(a))
+		}
+	}
+	os.Exit(code)
 }
 
 func setup(t *testing.T) {
