@@ -327,14 +327,16 @@ func Destroy(prefix string, grace time.Duration) error {
 		errs = append(errs, killAll(pids, grace))
 	}
 	for _, n := range names {
-		if err := deleteNS(n); err != nil {
+		if err := DeleteNS(n); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
 }
 
-func deleteNS(name string) error {
+// DeleteNS removes the namespace /run/netns/name (a missing one is not an
+// error).
+func DeleteNS(name string) error {
 	p := nsrun.Path(name)
 	if err := unix.Unmount(p, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("unmount netns %s: %w", name, err)

@@ -14,3 +14,5 @@ func Build(ctx context.Context, spec *Spec) error { return nsrun.ErrUnsupported 
 
 // Destroy returns nsrun.ErrUnsupported.
 func Destroy(prefix string, grace time.Duration) error { return nsrun.ErrUnsupported }
+
+func DeleteNS(name string) error { return nsrun.ErrUnsupported }

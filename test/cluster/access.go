@@ -8,8 +8,6 @@ import (
 	"sync"
 
 	"k8s.io/client-go/tools/clientcmd"
-
-	"github.com/dualflow/dualflow/nsrun"
 )
 
 // ServeAPI makes the API server reachable from this machine's loopback, as
@@ -59,11 +57,7 @@ func (c *Cluster) ServeAPI(ctx context.Context, addr string) (string, error) {
 // namespace, until either side closes.
 func (c *Cluster) relay(ctx context.Context, conn net.Conn, target string) {
 	defer conn.Close()
-	var up net.Conn
-	err := nsrun.Do(c.ControlPlaneNetNS(), func() (err error) {
-		up, err = (&net.Dialer{}).DialContext(ctx, "tcp", target)
-		return err
-	})
+	up, err := c.API.Dial(ctx, "tcp", target) // from the control plane's namespace
 	if err != nil {
 		return
 	}

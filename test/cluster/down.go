@@ -53,7 +53,7 @@ func (c *Cluster) Down() error {
 	}
 	errs = append(errs, cleanup(state{Prefix: c.cfg.Prefix, Index: c.cfg.Index, Mode: string(c.cfg.Mode), Dir: c.cfg.Dir}))
 	for _, name := range podNS {
-		errs = append(errs, deleteNetNS(name))
+		errs = append(errs, topology.DeleteNS(name))
 	}
 	c.progress("down in %s", time.Since(began).Round(100*time.Millisecond))
 	return errors.Join(errs...)
@@ -221,21 +221,9 @@ func removePodNetNS(p plan) error {
 	names, err := podNetNS(p)
 	var errs []error
 	for _, name := range names {
-		errs = append(errs, deleteNetNS(name))
+		errs = append(errs, topology.DeleteNS(name))
 	}
 	return errors.Join(append(errs, err)...)
-}
-
-// deleteNetNS removes /run/netns/name.
-func deleteNetNS(name string) error {
-	path := nsrun.Path(name)
-	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
-		return fmt.Errorf("unmount %s: %w", path, err)
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return err
-	}
-	return nil
 }
 
 // podNetNS returns the names of the pods' network namespaces

@@ -10,9 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // ImageArchives builds dualflow's images with scripts/image.sh (make
@@ -170,21 +167,6 @@ func (in *Install) WaitReady(ctx context.Context) error {
 		}
 	}
 	return nil
-}
-
-// Collector is the running collector pod.
-func (in *Install) Collector(ctx context.Context) (*corev1.Pod, error) {
-	pods, err := in.c.API.Admin.CoreV1().Pods(in.Namespace).List(ctx, metav1.ListOptions{LabelSelector: "app.kubernetes.io/component=collector"})
-	if err != nil {
-		return nil, err
-	}
-	for i := range pods.Items {
-		p := &pods.Items[i]
-		if p.Status.Phase == corev1.PodRunning && p.DeletionTimestamp == nil {
-			return p, nil
-		}
-	}
-	return nil, fmt.Errorf("no running collector pod in %s", in.Namespace)
 }
 
 type tokenTransport struct {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -277,14 +276,4 @@ func makeCgroups(root string) error {
 		}
 	}
 	return nil
-}
-
-// nodeAddr is node n's address of a's family.
-func (c *Cluster) nodeAddr(n int, a netip.Addr) netip.Addr {
-	for _, x := range c.plan.nodeIPs(n) {
-		if x.Is4() == a.Is4() {
-			return x
-		}
-	}
-	return netip.Addr{}
 }

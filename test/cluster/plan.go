@@ -80,20 +80,20 @@ func (p plan) nodeNets() []netip.Prefix {
 	return p.families(p.pfx4(p.b(), 24), p.pfx6(":", 64))
 }
 
+// host returns the address of prefix p whose last byte is b.
+func host(p netip.Prefix, b byte) netip.Addr {
+	s := p.Addr().AsSlice()
+	s[len(s)-1] = b
+	a, _ := netip.AddrFromSlice(s)
+	return a
+}
+
 // hostAddrs returns the addresses, with the nodes network's length, of
 // host h: 1 for the control plane, 10+n for node n.
 func (p plan) hostAddrs(h int) []netip.Prefix {
 	var out []netip.Prefix
 	for _, n := range p.nodeNets() {
-		a := n.Addr().As16()
-		if n.Addr().Is4() {
-			a4 := n.Addr().As4()
-			a4[3] = byte(h)
-			out = append(out, netip.PrefixFrom(netip.AddrFrom4(a4), n.Bits()))
-			continue
-		}
-		a[15] = byte(h)
-		out = append(out, netip.PrefixFrom(netip.AddrFrom16(a), n.Bits()))
+		out = append(out, netip.PrefixFrom(host(n, byte(h)), n.Bits()))
 	}
 	return out
 }
@@ -124,15 +124,7 @@ func (p plan) serviceCIDRs() []netip.Prefix {
 func (p plan) clusterDNS() []netip.Addr {
 	var out []netip.Addr
 	for _, s := range p.serviceCIDRs() {
-		a := s.Addr().As16()
-		if s.Addr().Is4() {
-			a4 := s.Addr().As4()
-			a4[3] = 10
-			out = append(out, netip.AddrFrom4(a4))
-			continue
-		}
-		a[15] = 10
-		out = append(out, netip.AddrFrom16(a))
+		out = append(out, host(s, 10))
 	}
 	return out
 }

@@ -5,14 +5,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dualflow/dualflow/traceflow/podns"
 )
 
 // Workload namespaces and names of the test workloads.
@@ -126,42 +126,22 @@ func (c *Cluster) Pods(ctx context.Context, ns, app string) ([]corev1.Pod, error
 	return out, nil
 }
 
-// PodNetNS finds the network namespace of a pod that containerd started,
-// through /proc alone (no runtime API): a process whose cgroup is the
-// pod's (kubelet's cgroupfs layout names it pod<UID>).
+// PodNetNS finds the network namespace of a pod that containerd started
+// by its address, through /proc and the runtime's bind mounts alone (no
+// runtime API): with the traceflow node agent's own finder.
 func PodNetNS(pod *corev1.Pod) (string, error) {
-	want := "/pod" + string(pod.UID) + "/"
-	procs, err := os.ReadDir("/proc")
+	a, err := netip.ParseAddr(pod.Status.PodIP)
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("pod %s/%s: no address yet", pod.Namespace, pod.Name)
 	}
-	for _, e := range procs {
-		if e.Name()[0] < '0' || e.Name()[0] > '9' {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cgroup"))
-		if err != nil || !strings.Contains(string(b), want) {
-			continue
-		}
-		return filepath.Join("/proc", e.Name(), "ns", "net"), nil
+	ns, err := podNamespaces.Find(a)
+	if err != nil {
+		return "", fmt.Errorf("pod %s/%s at %s: %w", pod.Namespace, pod.Name, a, err)
 	}
-	return "", fmt.Errorf("no process of pod %s/%s (uid %s) in /proc", pod.Namespace, pod.Name, pod.UID)
+	return ns.Path, nil
 }
 
-// ServiceIPs returns a Service's cluster IPs.
-func (c *Cluster) ServiceIPs(ctx context.Context, ns, name string) ([]netip.Addr, error) {
-	s, err := c.API.Admin.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{})
-	if err != nil {
-		return nil, err
-	}
-	var out []netip.Addr
-	for _, ip := range s.Spec.ClusterIPs {
-		if a, err := netip.ParseAddr(ip); err == nil {
-			out = append(out, a)
-		}
-	}
-	return out, nil
-}
+var podNamespaces podns.Finder
 
 // PodCounter counts, inside a pod's own network namespace, the bytes and
 // packets of its client connections to ports 80 and 8080 (an nftables
@@ -252,4 +232,19 @@ func (pc *PodCounter) WaitClosed(ctx context.Context, port uint16) error {
 		}
 		return true, nil
 	})
+}
+
+// ServiceIPs returns a Service's cluster IPs.
+func (c *Cluster) ServiceIPs(ctx context.Context, ns, name string) ([]netip.Addr, error) {
+	s, err := c.API.Admin.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return nil, err
+	}
+	var out []netip.Addr
+	for _, ip := range s.Spec.ClusterIPs {
+		if a, err := netip.ParseAddr(ip); err == nil {
+			out = append(out, a)
+		}
+	}
+	return out, nil
 }
