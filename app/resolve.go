@@ -15,6 +15,7 @@ import (
 
 	"github.com/dualflow/dualflow/collector"
 	"github.com/dualflow/dualflow/collector/enrich"
+	"github.com/dualflow/dualflow/flow"
 	"github.com/dualflow/dualflow/traceflow"
 )
 
@@ -206,6 +207,39 @@ func (r resolver) IsolatingPolicies(namespace, pod, direction string) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// DeniedSide implements traceflow/agent.PolicyNamer: the packet goes
+// through the collector's auditor as a stored flow does (its ends as the
+// live view knows them now), so a trace names the policy that the Flows
+// page names for the same connection.
+func (r resolver) DeniedSide(src netip.Addr, dst netip.AddrPort, proto uint8) (direction, namespace, pod string, ok bool) {
+	e, a := r.c.Enricher(), r.c.Auditor()
+	if e == nil || a == nil {
+		return "", "", "", false
+	}
+	now := time.Now()
+	rec := flow.Record{FlowStart: now, SrcAddr: src.Unmap(), DstAddr: dst.Addr().Unmap(), DstPort: dst.Port(), Proto: proto,
+		IPVersion: flow.Version(src), ProbeTraceID: "traceflow"} // a probe's: the auditor counts no verdict
+	for _, end := range []struct {
+		addr netip.Addr
+		ep   *flow.Endpoint
+	}{{rec.SrcAddr, &rec.Src}, {rec.DstAddr, &rec.Dst}} {
+		if p, found := e.LookupPod(end.addr, now); found {
+			*end.ep = flow.Endpoint{PodNamespace: p.Namespace, PodName: p.Name, NodeName: p.NodeName, Labels: p.Labels}
+		} else if n, found := e.NodeForIP(end.addr); found {
+			end.ep.NodeName = n
+		}
+	}
+	a.Audit(&rec)
+	denied := func(v flow.Verdict) bool { return v == flow.VerdictDenied || v == flow.VerdictRejected }
+	switch {
+	case denied(rec.Egress.Verdict) && rec.Src.PodName != "":
+		return "egress", rec.Src.PodNamespace, rec.Src.PodName, true
+	case denied(rec.Ingress.Verdict) && rec.Dst.PodName != "":
+		return "ingress", rec.Dst.PodNamespace, rec.Dst.PodName, true
+	}
+	return "", "", "", false
 }
 
 // policyTypes are the policy's types, defaulted as the API does: Ingress,

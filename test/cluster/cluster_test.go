@@ -175,7 +175,9 @@ func testClusterMode(t *testing.T, mode manifest.Mode) {
 	web := portForward(t, ctx, c, in)
 	checkUI(t, ctx, web)
 	checkFlows(t, ctx, c, web, installed)
+	checkTraceflow(t, ctx, c, web)
 	checkPolicy(t, ctx, c, web)
+	web = checkChurn(t, ctx, c, in, web)
 	screenshot(t, ctx, web, in.Token, mode)
 }
 
@@ -367,7 +369,7 @@ func (w *webClient) post(ctx context.Context, path string, in, out any) error {
 		return err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
+	if resp.StatusCode/100 != 2 {
 		body, _ := io.ReadAll(resp.Body)
 		return fmt.Errorf("POST %s: %s %s", path, resp.Status, body)
 	}
@@ -519,6 +521,13 @@ spec:
 		t.Fatalf("kube-router does not enforce %s as written: %v\n%s", policy, err, strings.Join(last, "\n"))
 	}
 	enforced := time.Since(applied)
+	traced := 0
+	for _, at := range attempts {
+		if checkTracedDrops(t, ctx, web, policy, at.client, at.server, at.to, at.allow) {
+			traced++
+		}
+	}
+	t.Logf("traceflow agrees with kube-router on %d of %d attempts", traced, len(attempts))
 	counts := map[string]int{}
 	for _, at := range attempts {
 		fam := family(at.to.Addr())
@@ -626,6 +635,17 @@ spec:
 		}
 	}
 	t.Logf("reachability over REST agrees with kube-router on %d cell families, and with the observed flows", cells)
+
+	denied := map[uint8]bool{}
+	for _, at := range attempts {
+		if !at.allow {
+			denied[uint8(family(at.to.Addr()))] = true
+		}
+	}
+	checkAudit(t, ctx, web, policy, len(clients[0].Status.PodIPs) == 2, denied, applied)
+	if _, err := c.Kubectl(ctx, nil, "-n", NSServer, "delete", "networkpolicy", policy); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // screenshot opens the flows page in headless Chromium through the

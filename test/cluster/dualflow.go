@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 )
 
@@ -59,8 +60,10 @@ const (
 // Install installs dualflow the way docs/deploy.md tells an operator: the
 // labelled namespace (deploy/kubernetes/base/namespace.yaml), a web tokens
 // Secret, a PersistentVolume for the collector's claim (a directory on the
-// host, as a local volume provisioner would give), then the chart or the
-// overlay with the images built under tag and the collector
+// host, as a local volume provisioner would give), the TLS Secrets from
+// `dualflow certs` and a traceflow token, then the chart (tls.enabled,
+// traceflow.enabled) or the embedded overlay with components tls and
+// traceflow, with the images built under tag and the collector
 // NetworkPolicy's IPFIX sources narrowed to the nodes' networks. It waits
 // until the collector and every exporter are ready.
 func (c *Cluster) Install(ctx context.Context, how Installer, tag string) (*Install, error) {
@@ -94,14 +97,40 @@ spec:
   hostPath: {path: %s, type: Directory}
 `, pv)
 	repo := RepoRoot()
-	for _, s := range []struct {
+	steps := []struct {
 		stdin string
 		args  []string
 	}{
 		{pvYAML, []string{"apply", "-f", "-"}},
 		{"", []string{"apply", "-f", filepath.Join(repo, "deploy", "kubernetes", "base", "namespace.yaml")}},
 		{"", []string{"-n", in.Namespace, "create", "secret", "generic", "dualflow-web-tokens", "--from-file=tokens=" + filepath.Join(dir, "tokens")}},
-	} {
+	}
+	// The TLS Secrets: `dualflow certs` prints the kubectl commands that
+	// store them; run them as printed.
+	os.RemoveAll(filepath.Join(dir, "certs"))
+	out, err := exec.CommandContext(ctx, DualflowBin(), "certs", "--out", filepath.Join(dir, "certs"), "--namespace", in.Namespace).CombinedOutput()
+	certs := string(out)
+	if err != nil {
+		return nil, fmt.Errorf("dualflow certs: %w\n%s", err, certs)
+	}
+	for _, line := range strings.Split(certs, "\n") {
+		f := strings.Fields(line)
+		if len(f) > 2 && f[0] == "kubectl" && slices.Contains(f, "secret") {
+			steps = append(steps, struct {
+				stdin string
+				args  []string
+			}{"", f[1:]})
+		}
+	}
+	if len(steps) != 3+4 {
+		return nil, fmt.Errorf("dualflow certs printed %d kubectl commands, want 4:\n%s", len(steps)-3, certs)
+	}
+	rand.Read(b)
+	steps = append(steps, struct {
+		stdin string
+		args  []string
+	}{"", []string{"-n", in.Namespace, "create", "secret", "generic", "dualflow-traceflow-token", "--from-literal=token=" + hex.EncodeToString(b)}})
+	for _, s := range steps {
 		if _, err := c.Kubectl(ctx, strings.NewReader(s.stdin), s.args...); err != nil {
 			return nil, err
 		}
@@ -119,6 +148,7 @@ spec:
 	case Helm:
 		if _, err := c.Exec(ctx, nil, c.cfg.Bins.Helm, "install", "dualflow", filepath.Join(repo, "deploy", "helm", "dualflow"),
 			"-n", in.Namespace, "--set", "image.repository=localhost/dualflow,image.chdbRepository=localhost/dualflow-chdb,image.tag="+tag,
+			"--set", "tls.enabled=true,traceflow.enabled=true",
 			"--set", "networkPolicy.ipfixFrom={"+strings.Join(nets, ",")+"}"); err != nil {
 			return nil, err
 		}
@@ -136,6 +166,9 @@ spec:
 kind: Kustomization
 resources:
   - %s
+components:
+  - %s
+  - %s
 images:
   - {name: dualflow, newName: localhost/dualflow, newTag: %q}
   - {name: dualflow-chdb, newName: localhost/dualflow-chdb, newTag: %q}
@@ -145,7 +178,8 @@ patches:
       - op: replace
         path: /spec/ingress/0/from
         value: [%s]
-`, base, tag, tag, strings.Join(from, ", "))
+`, base, filepath.Join(base, "..", "..", "components", "tls"), filepath.Join(base, "..", "..", "components", "traceflow"),
+			tag, tag, strings.Join(from, ", "))
 		if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o600); err != nil {
 			return nil, err
 		}
@@ -167,6 +201,15 @@ func (in *Install) WaitReady(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// DualflowBin is the dualflow CLI of this tree: $DUALFLOW_BIN (make
+// test-cluster sets it), else bin/dualflow (make build).
+func DualflowBin() string {
+	if p := os.Getenv("DUALFLOW_BIN"); p != "" {
+		return p
+	}
+	return filepath.Join(RepoRoot(), "bin", "dualflow")
 }
 
 type tokenTransport struct {

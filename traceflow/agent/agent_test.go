@@ -110,6 +110,15 @@ type policies map[string][]string
 
 func (p policies) IsolatingPolicies(ns, pod, dir string) []string { return p[ns+"/"+pod+"/"+dir] }
 
+// DeniedSide: the fake's policies deny ingress of b/api at 198.18.2.11:8080
+// only, to whoever sends it.
+func (p policies) DeniedSide(src netip.Addr, dst netip.AddrPort, proto uint8) (string, string, string, bool) {
+	if dst == netip.MustParseAddrPort("198.18.2.11:8080") && proto == 6 {
+		return "ingress", "b", "api", true
+	}
+	return "", "", "", false
+}
+
 var probe = traceflow.Probe{Family: traceflow.IPv4, SourcePod: "a/web", SourceNode: "n1", Src: netip.MustParseAddr("198.18.1.10"),
 	Dst: netip.MustParseAddr("198.18.2.11"), Protocol: traceflow.TCP, SrcPort: 40000, DstPort: 8080, TCPFlags: packet.SYN, Tag: 5, Nodes: []string{"n1", "n2"}}
 
@@ -164,6 +173,51 @@ func TestClusterNamesIsolatingPolicies(t *testing.T) {
 	last := path.Observations[len(path.Observations)-1]
 	if path.Outcome != traceflow.Dropped || last.Policy != "b/deny-all,b/other" || !strings.Contains(path.Reason, "b/deny-all") || last.Node != "n2" {
 		t.Errorf("path %+v", path)
+	}
+}
+
+// A drop by another implementation's rule (kube-router's pod firewall
+// chain) names no policy on the node: the controller names it from the
+// cluster's policies at the endpoint the probe reached, the DNAT's target
+// on the path, or says only what the node saw when they allow it.
+func TestClusterNamesForeignDrops(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		dnatTo string
+		want   string // the drop's policy; "" none
+	}{
+		{"service DNAT to the isolated pod", "198.18.2.11:8080", "b/deny-all,b/other"},
+		{"service DNAT to a pod the policies allow", "198.18.2.12:8080", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWire()
+			lb := obs(traceflow.LoadBalancing, traceflow.ActionForwarded)
+			lb.TranslatedDst = netip.MustParseAddrPort(tc.dnatTo)
+			drop := obs(traceflow.Forwarding, traceflow.ActionRejected)
+			drop.Rule, drop.Detail = "KUBE-POD-FW-YXI4EGRXRLR2G42E", `rule "meta mark & 0x00010000 != 0x00010000 reject" in ip6 filter KUBE-POD-FW-YXI4EGRXRLR2G42E`
+			n1 := &fakeNode{name: "n1", wire: w, hasPod: true, script: []traceflow.WatchEvent{
+				{Observation: lb}, {Observation: obs(traceflow.Forwarding, traceflow.ActionForwarded), Left: true}}}
+			n2 := &fakeNode{name: "n2", wire: w, script: []traceflow.WatchEvent{{Observation: drop, Outcome: traceflow.Rejected, Reason: "rejected by the rule"}}}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			p := probe
+			p.Service, p.Dst, p.DstPort = "b/api", netip.MustParseAddr("198.18.200.1"), 80
+			path, err := (&Cluster{Agents: serve(t, n1, n2), Policies: policies{"b/api/ingress": {"b/deny-all", "b/other"}}}).Trace(ctx, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			last := path.Observations[len(path.Observations)-1]
+			if path.Outcome != traceflow.Rejected || last.Node != "n2" || last.Policy != tc.want {
+				t.Fatalf("outcome %s, last %+v, reason %q; want the policy %q", path.Outcome, last, path.Reason, tc.want)
+			}
+			if tc.want != "" && (last.Component != traceflow.NetworkPolicy || !strings.Contains(path.Reason, "rejected by NetworkPolicy b/deny-all,b/other (ingress of b/api") ||
+				!strings.Contains(path.Reason, "KUBE-POD-FW-YXI4EGRXRLR2G42E")) {
+				t.Errorf("reason %q, component %s", path.Reason, last.Component)
+			}
+			if tc.want == "" && (last.Component != traceflow.Forwarding || path.Reason != "rejected by the rule") {
+				t.Errorf("allowed by the policies: reason %q, component %s", path.Reason, last.Component)
+			}
+		})
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -43,12 +44,20 @@ type Directory interface {
 	Nodes() []string
 }
 
-// PolicyNamer names the NetworkPolicies that isolate a pod in a direction
-// ("ingress", "egress"): the policies whose default deny an isolation
-// drop rule enforces. The controller knows them from the cluster's view;
-// a node only knows the pod and the direction.
+// PolicyNamer names the NetworkPolicies behind a drop from the cluster's
+// view, which the controller has and a node has not.
 type PolicyNamer interface {
+	// IsolatingPolicies are the policies that isolate a pod in a
+	// direction ("ingress", "egress"): those whose default deny an
+	// isolation drop rule enforces.
 	IsolatingPolicies(namespace, pod, direction string) []string
+	// DeniedSide evaluates a packet from src to dst (the endpoint it
+	// reached, after DNAT) as the audit evaluates stored flows, and
+	// returns the side whose policies deny it: the direction and the
+	// isolated pod. ok is false when the policies allow it. A drop by a
+	// rule of another NetworkPolicy implementation (kube-router's pod
+	// firewall chains, say), which names no policy, is named this way.
+	DeniedSide(src netip.Addr, dst netip.AddrPort, proto uint8) (direction, namespace, pod string, ok bool)
 }
 
 // Cluster is the controller's node tracer: it traces a probe through the
@@ -438,6 +447,11 @@ func (m *merger) path() traceflow.Path {
 	reason := m.reason
 	for i := range out {
 		o := &out[i]
+		if m.policies != nil && o.Component == traceflow.Forwarding && o.Rule != "" &&
+			(o.Action == traceflow.ActionDropped || o.Action == traceflow.ActionRejected) {
+			reason = m.nameDrop(out, o, reason)
+			continue
+		}
 		if o.Component != traceflow.NetworkPolicy || o.Policy != "" || m.policies == nil {
 			continue
 		}
@@ -456,6 +470,40 @@ func (m *merger) path() traceflow.Path {
 		outcome = traceflow.TimedOut
 	}
 	return traceflow.Path{Outcome: outcome, Reason: reason, Observations: out, SrcPort: m.chosen}
+}
+
+// nameDrop names the policy behind drop, a drop by a rule the node could
+// not read as a NetworkPolicy's, when the cluster's policies deny the
+// probe at the endpoint it reached (the DNAT seen on the path, else the
+// destination pod); it returns the trace's reason.
+func (m *merger) nameDrop(path []traceflow.Observation, drop *traceflow.Observation, reason string) string {
+	var dst netip.AddrPort
+	for _, o := range path {
+		if o.TranslatedDst.IsValid() {
+			dst = o.TranslatedDst
+		}
+	}
+	if !dst.IsValid() && m.p.DstPod != "" {
+		dst = netip.AddrPortFrom(m.p.Dst, m.p.DstPort)
+	}
+	if !dst.IsValid() {
+		return reason
+	}
+	dir, ns, pod, denied := m.policies.DeniedSide(m.p.Src, dst, m.p.ProtoNumber())
+	if !denied {
+		return reason
+	}
+	pols := strings.Join(m.policies.IsolatingPolicies(ns, pod, dir), ",")
+	if pols == "" {
+		return reason
+	}
+	verb := "dropped"
+	if drop.Action == traceflow.ActionRejected {
+		verb = "rejected"
+	}
+	drop.Component, drop.Policy = traceflow.NetworkPolicy, pols
+	drop.Detail = strings.TrimSpace(fmt.Sprintf("%s denies %s of %s/%s; the datapath's %s", pols, dir, ns, pod, drop.Detail))
+	return fmt.Sprintf("%s by NetworkPolicy %s (%s of %s/%s; the datapath's rule in chain %s) on %s", verb, pols, dir, ns, pod, drop.Rule, drop.Node)
 }
 
 func (m *merger) timeoutReason(ctx context.Context) string {

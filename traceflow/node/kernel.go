@@ -248,17 +248,24 @@ func (t *Tracer) sweepEvery(interval time.Duration, stop <-chan struct{}) {
 }
 
 // traceEvents filters the monitor's lines down to the trace events of the
-// probe of trace table table and sends them to out until ctx ends.
+// probe of trace table tb and sends them to out until ctx ends.
 //
 // Once a probe's nftrace is set, every table traces it, the other probes'
 // trace tables included; and the kernel reuses trace ids. A packet is this
 // probe's when the rule of this probe's pre chain matched it (only that
-// rule can); events of other trace tables are skipped.
+// rule can); events of other trace tables are skipped. A packet may also
+// change trace id on its way through the node (an IPv6 probe DNATed by
+// kube-proxy and forwarded to another node does, between nat prerouting
+// and filter forward): a packet line with an unknown id whose source
+// address and port are the probe's, once the probe was seen on this node,
+// is the probe's too.
 //
 // It closes out when the monitor exits (the watch then fails: it would
 // see nothing more) and returns, without closing out, when ctx ends.
-func (t *Tracer) traceEvents(ctx context.Context, mon *monitorSub, table string, out chan<- observe.Event) {
+func (t *Tracer) traceEvents(ctx context.Context, mon *monitorSub, tb observe.Table, out chan<- observe.Event) {
+	table := tb.Name
 	mine := map[string]bool{}             // trace id -> belongs to this probe
+	seen := false                         // this probe's pre rule matched here
 	pending := map[string]observe.Event{} // trace id -> this table's pre packet line, until decided
 	send := func(ev observe.Event) bool {
 		select {
@@ -297,6 +304,7 @@ func (t *Tracer) traceEvents(ctx context.Context, mon *monitorSub, table string,
 				continue
 			case ev.Chain == observe.ChainPre && ev.Kind == observe.KindRule:
 				mine[ev.ID] = ev.Table == table
+				seen = seen || mine[ev.ID]
 				pre, ok := pending[ev.ID]
 				delete(pending, ev.ID)
 				if mine[ev.ID] && ok && !send(pre) {
@@ -306,6 +314,10 @@ func (t *Tracer) traceEvents(ctx context.Context, mon *monitorSub, table string,
 			case ev.Table != table || ev.Chain != observe.ChainPost:
 				continue
 			}
+		}
+		if _, known := mine[ev.ID]; !known && ev.Kind == observe.KindPacket && !tb.Live && tb.Probe.SrcPort != 0 &&
+			ev.Src == tb.Probe.Src && ev.SrcPort == tb.Probe.SrcPort && seen {
+			mine[ev.ID] = true
 		}
 		if mine[ev.ID] && !send(ev) {
 			return
@@ -348,7 +360,7 @@ func (t *Tracer) watchKernel(ctx context.Context, p traceflow.Probe, emit func(t
 		return err
 	}
 	events := make(chan observe.Event, 64)
-	wg.Go(func() { t.traceEvents(ctx, mon, tb.Name, events) })
+	wg.Go(func() { t.traceEvents(ctx, mon, tb, events) })
 	if err := emit(traceflow.WatchEvent{Ready: true}); err != nil {
 		return err
 	}
@@ -430,6 +442,12 @@ func (k *kernelPath) obs(o traceflow.Observation) traceflow.WatchEvent {
 // add returns the watch events of trace event ev (none while a
 // load-balancing observation waits for conntrack).
 func (k *kernelPath) add(ev observe.Event) []traceflow.WatchEvent {
+	// A DNAT through a map names no one endpoint: the packet's headers
+	// after it do (conntrack, when the probe leaves, has the last word).
+	if k.lb != nil && !k.lb.TranslatedDst.IsValid() && ev.Kind == observe.KindPacket && ev.Dst.IsValid() &&
+		(ev.Dst != k.p.Dst || ev.DstPort != k.p.DstPort) {
+		k.lb.TranslatedDst = netip.AddrPortFrom(ev.Dst, ev.DstPort)
+	}
 	out := k.events(ev)
 	if k.lb != nil {
 		k.held = append(k.held, out...)
@@ -522,6 +540,9 @@ func (k *kernelPath) rule(ev observe.Event) []traceflow.WatchEvent {
 			out.Outcome, out.Reason = traceflow.Rejected, "rejected by "+cmpOr(comment, ev.Rule)
 			if strings.Contains(comment, "no endpoints") || strings.Contains(ev.Rule, "no endpoints") {
 				o.Component = traceflow.LoadBalancing
+			} else {
+				o.Rule = ev.Chain // the controller may name the policy (default case)
+				o.Detail = fmt.Sprintf("rule %q in %s %s", strings.TrimSpace(cmpOr(comment, ev.Rule)), ev.Table, ev.Chain)
 			}
 		case strings.HasPrefix(name, "drop/"):
 			o.Component, o.Rule = traceflow.NetworkPolicy, name
@@ -531,7 +552,12 @@ func (k *kernelPath) rule(ev observe.Event) []traceflow.WatchEvent {
 			o.Component, o.Rule, o.Policy = traceflow.NetworkPolicy, name, PolicyOfRule(name)
 			out.Reason = fmt.Sprintf("dropped by NetworkPolicy rule %s on %s", name, k.t.Name)
 		default:
-			out.Reason = fmt.Sprintf("dropped on %s by rule %q in chain %s", k.t.Name, cmpOr(comment, ev.Rule), ev.Chain)
+			// Another implementation's rule (kube-router's pod firewall
+			// chains, say): the controller may name the policy from the
+			// cluster's view (agent.PolicyNamer).
+			o.Rule = ev.Chain
+			o.Detail = fmt.Sprintf("rule %q in %s %s", strings.TrimSpace(cmpOr(comment, ev.Rule)), ev.Table, ev.Chain)
+			out.Reason = fmt.Sprintf("dropped on %s by rule %q in chain %s", k.t.Name, strings.TrimSpace(cmpOr(comment, ev.Rule)), ev.Chain)
 		}
 		o.Node = k.t.Name
 		out.Observation = &o

@@ -56,7 +56,7 @@ func (t *Tracer) watchLive(ctx context.Context, p traceflow.Probe, emit func(tra
 		return err
 	}
 	events := make(chan observe.Event, 64)
-	wg.Go(func() { t.traceEvents(ctx, mon, tb.Name, events) })
+	wg.Go(func() { t.traceEvents(ctx, mon, tb, events) })
 	if err := emit(traceflow.WatchEvent{Ready: true}); err != nil {
 		return err
 	}

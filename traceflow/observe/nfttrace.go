@@ -13,6 +13,7 @@ package observe
 
 import (
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -64,7 +65,12 @@ func ParseTrace(line string) (Event, bool) {
 	case strings.HasPrefix(body, "packet: "):
 		e.Kind = KindPacket
 		parsePacket(&e, strings.Fields(strings.TrimPrefix(body, "packet: ")))
-	case strings.HasPrefix(body, "rule "):
+	case strings.HasPrefix(body, "policy "):
+		e.Kind, e.Verdict = KindPolicy, strings.TrimSpace(strings.TrimPrefix(body, "policy "))
+	default:
+		// "rule …", and "unknown rule handle N" for a rule nft monitor
+		// has not cached (one replaced since it started, such as
+		// kube-router's on every sync): its verdict counts all the same.
 		e.Kind = KindRule
 		body = strings.TrimPrefix(body, "rule ")
 		if i := strings.LastIndex(body, " (verdict "); i >= 0 && strings.HasSuffix(body, ")") {
@@ -72,11 +78,6 @@ func ParseTrace(line string) (Event, bool) {
 		} else {
 			e.Rule = body
 		}
-	case strings.HasPrefix(body, "policy "):
-		e.Kind, e.Verdict = KindPolicy, strings.TrimSpace(strings.TrimPrefix(body, "policy "))
-	default:
-		// "unknown rule handle N" (rule deleted since) and other forms.
-		e.Kind, e.Rule = KindRule, body
 	}
 	return e, true
 }
@@ -128,8 +129,12 @@ func Quoted(rule, key string) (string, bool) {
 	return rest[:j], true
 }
 
-// DNATTarget returns the address the rule DNATs to ("dnat ip to A:P",
-// "dnat ip6 to [A]:P", with or without port).
+// DNATTarget reports whether rule is a DNAT, and the address it DNATs to:
+// "dnat ip to A:P", "dnat ip6 to [A]:P", with or without port. A DNAT to
+// one of several endpoints through a map (kube-proxy's nftables mode:
+// "dnat ip to numgen random mod 2 map { 0 : A . P, 1 : … }") has no one
+// target in the rule: the address is zero, and the packet's next headers
+// or conntrack tell which endpoint it got.
 func DNATTarget(rule string) (netip.AddrPort, bool) {
 	for _, kw := range []string{"dnat ip to ", "dnat ip6 to ", "dnat to "} {
 		i := strings.Index(rule, kw)
@@ -145,6 +150,9 @@ func DNATTarget(rule string) (netip.AddrPort, bool) {
 		}
 		if a, err := netip.ParseAddr(strings.Trim(tok[0], "[]")); err == nil {
 			return netip.AddrPortFrom(a.Unmap(), 0), true
+		}
+		if slices.Contains(tok, "map") {
+			return netip.AddrPort{}, true
 		}
 	}
 	return netip.AddrPort{}, false

@@ -29,7 +29,11 @@ func TestParseTrace(t *testing.T) {
 		{"policy", `trace id 672352a6 inet dualflow forward policy accept `,
 			Event{ID: "672352a6", Table: "dualflow", Chain: "forward", Kind: KindPolicy, Verdict: "accept"}},
 		{"deleted rule", `trace id 9f3414dd inet dualflow_trace_1 pre unknown rule handle 3 (verdict continue)`,
-			Event{ID: "9f3414dd", Table: "dualflow_trace_1", Chain: "pre", Kind: KindRule, Rule: "unknown rule handle 3 (verdict continue)"}},
+			Event{ID: "9f3414dd", Table: "dualflow_trace_1", Chain: "pre", Kind: KindRule, Rule: "unknown rule handle 3", Verdict: "continue"}},
+		// A rule replaced after nft monitor started (kube-router's, after
+		// each of its syncs): its verdict is the drop.
+		{"uncached rule's drop", `trace id fab679f3 ip filter KUBE-POD-FW-MHANDYD4N5VKPUAF unknown rule handle 1234 (verdict drop)`,
+			Event{ID: "fab679f3", Table: "filter", Chain: "KUBE-POD-FW-MHANDYD4N5VKPUAF", Kind: KindRule, Rule: "unknown rule handle 1234", Verdict: "drop"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -53,6 +57,10 @@ func TestRuleHelpers(t *testing.T) {
 	}
 	if got, ok := DNATTarget("meta l4proto tcp dnat ip to 198.18.1.11:8080 comment \"x\""); !ok || got != netip.MustParseAddrPort("198.18.1.11:8080") {
 		t.Errorf("DNATTarget v4 = %v %v", got, ok)
+	}
+	// kube-proxy's nftables mode picks one of several endpoints in a map.
+	if got, ok := DNATTarget("meta l4proto tcp dnat ip6 to numgen random mod 2 map { 0 : fd00:10:c0:101::4 . 8080, 1 : fd00:10:c0:102::4 . 8080 }"); !ok || got.IsValid() {
+		t.Errorf("DNATTarget of a map = %v %v, want a DNAT of no one target", got, ok)
 	}
 	if _, ok := DNATTarget("counter accept"); ok {
 		t.Error("DNATTarget without dnat")

@@ -52,6 +52,11 @@ func run() error {
 	if err := cluster.DownDir(*dir); err != nil {
 		return fmt.Errorf("leftovers of a previous cluster in %s: %w", *dir, err)
 	}
+	// A new cluster each time: the last one's etcd data and install files
+	// would make the install's objects exist already.
+	if err := os.RemoveAll(filepath.Join(*dir, "cluster")); err != nil {
+		return err
+	}
 	began := time.Now()
 	bins, err := cluster.Build(ctx, os.Stderr)
 	if err != nil {

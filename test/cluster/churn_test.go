@@ -1,0 +1,230 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/dualflow/dualflow/lab/agent"
+	"github.com/dualflow/dualflow/web/api"
+)
+
+// churnConn is one connection the traffic made during churn, and the pod
+// that answered it (the server says its name): the truth its row must tell.
+type churnConn struct {
+	client  string
+	srcPort uint16
+	family  int
+	to      netip.AddrPort
+	server  string // "ns/pod"
+	phase   int32  // the churn steps done when it was made
+}
+
+// checkChurn runs traffic from every client pod to every server pod's
+// addresses and to every Service address while the cluster churns: a
+// rolling restart of the api Deployment (new pods on new addresses), a
+// scale-down, a roll of the exporter DaemonSet, and the collector pod
+// deleted (its Recreate strategy brings it back on the same volume). Then
+// every connection that was answered must have a row (the rows missing
+// are the records lost, against the bound maxLost), and no row may name
+// another pod than the one that answered. Rows beyond one per connection
+// and rows that name no destination pod are counted and reported: the
+// real cluster showed both across an exporter roll, and they are not
+// fixed yet.
+func checkChurn(t *testing.T, ctx context.Context, c *Cluster, in *Install, web *webClient) *webClient {
+	const maxLost = 0 // the target: none lost
+	began := time.Now()
+	var (
+		mu    sync.Mutex
+		conns []churnConn
+		fails int
+		phase atomic.Int32
+	)
+	tctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			clients, _ := c.Pods(tctx, NSClient, "web")
+			servers, _ := c.Pods(tctx, NSServer, "api")
+			var targets []netip.AddrPort
+			for _, s := range servers {
+				if s.DeletionTimestamp != nil {
+					continue
+				}
+				for _, ip := range s.Status.PodIPs {
+					targets = append(targets, netip.AddrPortFrom(netip.MustParseAddr(ip.IP), ServerPort))
+				}
+			}
+			for _, name := range []string{SvcDual, SvcV4, SvcV6} {
+				if ips, err := c.ServiceIPs(tctx, NSServer, name); err == nil {
+					for _, a := range ips {
+						targets = append(targets, netip.AddrPortFrom(a, 80))
+					}
+				}
+			}
+			for i := range clients {
+				netns, err := PodNetNS(&clients[i])
+				if err != nil {
+					continue
+				}
+				for _, to := range targets {
+					r, err := agent.Dial(tctx, netns, agent.TCP, to, 2*time.Second)
+					mu.Lock()
+					if err != nil {
+						fails++ // a pod going away, an endpoint not yet removed
+					} else {
+						conns = append(conns, churnConn{clients[i].Name, r.Local.Port(), family(to.Addr()), to, r.Server, phase.Load()})
+					}
+					mu.Unlock()
+				}
+			}
+			select {
+			case <-tctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	})
+	step := func(what string, args ...[]string) {
+		t.Helper()
+		at := time.Now()
+		for _, a := range args {
+			if out, err := c.Kubectl(ctx, nil, a...); err != nil {
+				stop()
+				wg.Wait()
+				t.Fatalf("%s: %v\n%s", what, err, out)
+			}
+		}
+		phase.Add(1)
+		t.Logf("churn: %s in %s", what, time.Since(at).Round(100*time.Millisecond))
+	}
+	step("rolling restart of backend/api (new pods on new addresses)",
+		[]string{"-n", NSServer, "rollout", "restart", "deployment/api"},
+		[]string{"-n", NSServer, "rollout", "status", "deployment/api", "--timeout=3m"})
+	step("scale-down of backend/api to one pod",
+		[]string{"-n", NSServer, "scale", "deployment/api", "--replicas=1"},
+		[]string{"-n", NSServer, "rollout", "status", "deployment/api", "--timeout=3m"})
+	if err := poll(ctx, 3*time.Minute, func() (bool, error) {
+		l, err := c.API.Admin.CoreV1().Pods(NSServer).List(ctx, metav1.ListOptions{LabelSelector: "app=api"})
+		return err == nil && len(l.Items) == 1, nil
+	}); err != nil {
+		t.Errorf("churn: the scaled-down pods never went: %v", err)
+	}
+	step("exporter DaemonSet rolled",
+		[]string{"-n", in.Namespace, "rollout", "restart", "daemonset/dualflow-exporter"},
+		[]string{"-n", in.Namespace, "rollout", "status", "daemonset/dualflow-exporter", "--timeout=3m"})
+	step("collector pod deleted and back (Recreate, same volume)",
+		[]string{"-n", in.Namespace, "delete", "pod", "-l", "app.kubernetes.io/component=collector", "--wait=true"},
+		[]string{"-n", in.Namespace, "rollout", "status", "deployment/dualflow-collector", "--timeout=5m"})
+	// Traffic on to the end of an exporter's and the collector's
+	// reconnection, then stop.
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		time.Sleep(time.Second)
+	}
+	stop()
+	wg.Wait()
+	churned := time.Since(began)
+	// The port-forward went with the old collector pod.
+	web = portForward(t, ctx, c, in)
+
+	// Every answered connection's rows, by client pod, source port and
+	// family.
+	type key struct {
+		client string
+		port   uint16
+		family int
+	}
+	want := map[key][]churnConn{}
+	for _, cn := range conns {
+		k := key{cn.client, cn.srcPort, cn.family}
+		want[k] = append(want[k], cn)
+	}
+	var missing, wrong, unnamed []string
+	rows, extra := 0, 0
+	err := poll(ctx, 3*time.Minute, func() (bool, error) {
+		q := fmt.Sprintf(`SELECT src_pod_name, src_port, ip_version, dst_pod_namespace, dst_pod_name, dst_ip, dst_port, service_ip,
+       exporter_node, toString(end_reason), toUnixTimestamp64Milli(flow_start), toUnixTimestamp64Milli(flow_end), dst_node, k8s_view_stale
+FROM flows WHERE src_pod_namespace = '%s' AND dst_port = %d AND probe_trace_id = '' AND flow_start >= fromUnixTimestamp64Milli(%d)`,
+			NSClient, ServerPort, began.Add(-time.Second).UnixMilli())
+		var res api.SQLResult
+		if err := web.post(ctx, "/api/v1/sql", api.SQLRequest{Query: q}, &res); err != nil {
+			t.Logf("churn rows: %v", err)
+			return false, nil
+		}
+		if res.Truncated {
+			return false, fmt.Errorf("%d rows and more: the query's limit", len(res.Rows))
+		}
+		rows = len(res.Rows)
+		seen := map[key][]string{}
+		detail := map[key][]string{}
+		for _, r := range res.Rows {
+			k := key{fmt.Sprint(r[0]), uint16(num(r[1])), int(num(r[2]))}
+			seen[k] = append(seen[k], fmt.Sprintf("%v/%v", r[3], r[4]))
+			detail[k] = append(detail[k], fmt.Sprintf("%v", r[5:]))
+		}
+		missing, wrong, unnamed, extra = missing[:0], wrong[:0], unnamed[:0], 0
+		for k, cs := range want {
+			got := seen[k]
+			if len(got) == 0 {
+				missing = append(missing, fmt.Sprintf("IPv%d %s:%d → %s (answered by %s)", k.family, k.client, k.port, cs[0].to, cs[0].server))
+				continue
+			}
+			extra += max(0, len(got)-len(cs))
+			for i, g := range got {
+				switch {
+				case g == "/":
+					unnamed = append(unnamed, fmt.Sprintf("IPv%d %s:%d → %s answered by %s after step %d: %v", k.family, k.client, k.port, cs[0].to, cs[0].server, cs[0].phase, detail[k][i]))
+				case !matchesAny(cs, g):
+					wrong = append(wrong, fmt.Sprintf("IPv%d %s:%d → %s: row names %s, answered by %s after step %d (rows %v)", k.family, k.client, k.port, cs[0].to, g, cs[0].server, cs[0].phase, detail[k]))
+				}
+			}
+		}
+		return len(missing) <= maxLost && len(wrong) == 0, nil
+	})
+	sort.Strings(missing)
+	sort.Strings(unnamed)
+	if len(wrong) > 0 {
+		t.Errorf("churn: %d rows name another pod than the one that answered:\n%s", len(wrong), strings.Join(wrong[:min(len(wrong), 20)], "\n"))
+	}
+	if err != nil && len(missing) > maxLost {
+		t.Errorf("churn: %d of %d connections have no row (bound %d):\n%s", len(missing), len(want), maxLost, strings.Join(missing[:min(len(missing), 20)], "\n"))
+	}
+	// Known, not yet fixed (issue 35's notes): an exporter roll reports
+	// connections again (the stopping exporter's forced_end flush, the
+	// new one's conntrack dump), and some rows name no destination pod.
+	t.Logf("churn: %d connections answered (and %d attempts refused or unanswered while pods went) over %s; %d rows: %d connections without a row (bound %d), %d rows naming a wrong pod, %d rows beyond one per connection, %d rows naming no destination pod (first: %s)",
+		len(want), fails, churned.Round(time.Second), rows, len(missing), maxLost, len(wrong), extra, len(unnamed), strings.Join(unnamed[:min(len(unnamed), 5)], "; "))
+	return web
+}
+
+func matchesAny(cs []churnConn, pod string) bool {
+	for _, c := range cs {
+		if c.server == pod {
+			return true
+		}
+	}
+	return false
+}
+
+func num(v any) float64 {
+	switch n := v.(type) {
+	case float64:
+		return n
+	case string:
+		var f float64
+		fmt.Sscan(n, &f)
+		return f
+	}
+	return 0
+}
