@@ -76,7 +76,12 @@ type Config struct {
 	Traceflow TraceflowConfig
 
 	Store connstore.Config // timeouts and bound of the connection store
-	IPFIX ipfix.Config     // the collector and the send buffer
+	// StateDir keeps what outlives a run on the node (a hostPath in
+	// Kubernetes): a stopping exporter leaves what it exported in
+	// handover-<node>, and the next run takes it over, so that a restart
+	// or a DaemonSet roll exports no connection twice. Empty: none.
+	StateDir string
+	IPFIX    ipfix.Config // the collector and the send buffer
 	// Shard spreads the records over several collectors (off unless
 	// Shard.Collectors or Shard.DNS is set): each gets a connection like
 	// IPFIX describes, with a buffer of IPFIX.BufferBytes, and
@@ -133,6 +138,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.Var((*netaddr.PrefixList)(&c.ClusterCIDRs), "exporter.cluster-cidrs", "comma-separated pod CIDRs of the whole cluster (both families)")
 	fs.DurationVar(&c.Store.ActiveTimeout, "exporter.active-timeout", c.Store.ActiveTimeout, "export live connections this often")
 	fs.DurationVar(&c.Store.IdleTimeout, "exporter.idle-timeout", c.Store.IdleTimeout, "export a connection whose counters stood still this long")
+	fs.StringVar(&c.StateDir, "exporter.state-dir", c.StateDir, "directory that outlives a run on this node (a hostPath): a stopping exporter leaves what it exported there for the next run, so a restart or DaemonSet roll exports no connection twice (empty: none)")
 	fs.IntVar(&c.Store.MaxConns, "exporter.max-connections", c.Store.MaxConns, "most connections tracked; beyond it new ones are exported at once with reason lack of resources")
 	fs.StringVar(&c.IPFIX.Address, "exporter.ipfix.collector", c.IPFIX.Address, "collector address host:port, [::1]:4739 for IPv6 (one collector; see --exporter.collectors for several)")
 	fs.Var((*listFlag)(&c.Shard.Collectors), "exporter.collectors", "comma-separated collectors host:port ([fd00:10::1]:4739 for IPv6) to shard records over, instead of --exporter.ipfix.collector: "+

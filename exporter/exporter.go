@@ -281,6 +281,21 @@ func (e *Exporter) Run(ctx context.Context) error {
 	e.log.Info("exporter started", "node", e.cfg.NodeName, "netns", e.cfg.NetNS, "ipv4", e.cfg.IPv4, "ipv6", e.cfg.IPv6,
 		"zones", e.cfg.Zones, "collector", collector, "transport", e.cfg.IPFIX.Transport,
 		"metrics", e.metricsAddr, "events", e.cfg.Events)
+	// Take over from the last run on this node before the first dump.
+	if e.cfg.StateDir != "" {
+		if fi, err := os.Stat(e.cfg.StateDir); err != nil || !fi.IsDir() {
+			e.log.Warn("exporter: --exporter.state-dir is not a directory: this run cannot leave the next one what it exported", "dir", e.cfg.StateDir, "err", err)
+		}
+		marks, err := readHandover(e.handoverFile(), e.cfg.NodeName, e.cfg.NetNS, time.Now())
+		if err != nil {
+			e.log.Warn("exporter: not taking over from the last run: its connections still in conntrack are exported again", "err", err)
+			e.m.handover.WithLabelValues("invalid").Inc()
+		} else if marks != nil {
+			e.store.Resume(marks, time.Now())
+			e.log.Info("took over from the last run on this node", "connections", len(marks))
+			e.m.handover.WithLabelValues("resumed").Inc()
+		}
+	}
 	// Subscribe first, then dump: a connection that starts in between is
 	// in the dump or its events, never in neither.
 	select {
@@ -313,7 +328,15 @@ loop:
 	stopEvents()
 	evWG.Wait()
 	e.poll(src)
-	e.post(e.store.Flush(flow.EndReasonForcedEnd, e.recBuf[:0]))
+	recs, marks := e.store.Flush(flow.EndReasonForcedEnd, e.recBuf[:0], nil)
+	e.post(recs)
+	if e.cfg.StateDir != "" {
+		if err := writeHandover(e.handoverFile(), e.cfg.NodeName, e.cfg.NetNS, marks, time.Now()); err != nil {
+			e.log.Warn("exporter: the next run will export this run's connections still in conntrack again", "err", err)
+		} else {
+			e.log.Info("left the next run on this node what this one exported", "connections", len(marks), "file", e.handoverFile())
+		}
+	}
 	e.sender.Flush()
 	stopSend()
 	if srv != nil {

@@ -28,7 +28,8 @@ type metrics struct {
 	events       *prometheus.CounterVec   // type
 	eventLoss    prometheus.Counter
 	eventErrors  prometheus.Counter
-	sysctl       *prometheus.GaugeVec // name
+	sysctl       *prometheus.GaugeVec   // name
+	handover     *prometheus.CounterVec // result
 }
 
 func newMetrics(reg prometheus.Registerer, store *connstore.Store, sender interface{ Stats() ipfix.Stats }) *metrics {
@@ -52,11 +53,14 @@ func newMetrics(reg prometheus.Registerer, store *connstore.Store, sender interf
 		eventErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "dualflow_exporter_conntrack_event_errors_total", Help: "Event subscriptions that failed for another reason than ENOBUFS.",
 		}),
+		handover: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "dualflow_exporter_handovers_total", Help: "Starts that read a handover file in --exporter.state-dir of the last run on this node: resumed, or invalid (another node, netns or format, too old, unreadable; its connections are exported again).",
+		}, []string{"result"}),
 		sysctl: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "dualflow_exporter_conntrack_sysctl", Help: "Conntrack sysctls of the target netns the exporter depends on (1 on, 0 off); counters need nf_conntrack_acct, start times nf_conntrack_timestamp.",
 		}, []string{"name"}),
 	}
-	reg.MustRegister(m.pollDuration, m.pollErrors, m.records, m.events, m.eventLoss, m.eventErrors, m.sysctl,
+	reg.MustRegister(m.pollDuration, m.pollErrors, m.records, m.events, m.eventLoss, m.eventErrors, m.sysctl, m.handover,
 		&statsCollector{store: store, sender: sender})
 	for _, f := range families {
 		m.pollErrors.WithLabelValues(f)

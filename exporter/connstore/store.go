@@ -378,13 +378,24 @@ func (s *Store) Expire(now time.Time, out []flow.Record) []flow.Record {
 
 // Flush appends a record with the given reason (normally forced end) for
 // every tracked connection that has something unexported, empties the store
-// (tombstones too) and returns the extended slice.
-func (s *Store) Flush(reason flow.EndReason, out []flow.Record) []flow.Record {
+// (tombstones too) and returns the extended slice, and marks appended with
+// a Mark of every connection it held or remembered: what the next store on
+// the node (the exporter restarted) takes over with Resume.
+func (s *Store) Flush(reason flow.EndReason, out []flow.Record, marks []Mark) ([]flow.Record, []Mark) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for k, e := range s.conns {
 		if e.due() {
 			out = append(out, e.record(k, reason))
+			e.markExported(0)
+		}
+		marks = append(marks, Mark{Key: k, ID: e.id, Start: e.start, HasCounters: e.flags&flagCounters != 0,
+			Packets: e.base.packets, Bytes: e.base.bytes, ReversePackets: e.base.rpackets, ReverseBytes: e.base.rbytes})
+	}
+	for k, t := range s.tombs {
+		if _, held := s.conns[k]; !held {
+			marks = append(marks, Mark{Key: k, ID: t.id, Start: t.start, HasCounters: t.hasCounters,
+				Packets: t.base.packets, Bytes: t.base.bytes, ReversePackets: t.base.rpackets, ReverseBytes: t.base.rbytes})
 		}
 	}
 	clear(s.conns)
@@ -393,7 +404,46 @@ func (s *Store) Flush(reason flow.EndReason, out []flow.Record) []flow.Record {
 	clear(s.tombQ)
 	s.tombQ, s.tombHead = s.tombQ[:0], 0
 	s.stats.Tombstones = [2]int{}
-	return out
+	return out, marks
+}
+
+// Mark is a connection a store exported, as the store that takes over
+// from it must know it: its identity and the counters exported so far.
+type Mark struct {
+	Key         Key
+	ID          uint32
+	Start       int64 // first packet, Unix nanoseconds; 0 if unknown
+	HasCounters bool
+	// Cumulative counters exported so far.
+	Packets, Bytes, ReversePackets, ReverseBytes uint64
+}
+
+// Resume takes over from a store that flushed marks (the exporter's last
+// run on this node): each becomes a tombstone for TombstoneTTL from now,
+// so that the first dumps, which still show the connections the last run
+// exported (TCP's TIME_WAIT keeps them two minutes), continue from the
+// exported counters instead of exporting them again; a connection that
+// moved since exports only the rest. Past MaxTombstones the oldest marks
+// are forgotten and counted as evicted: those connections are exported
+// again. Call it before the first Merge.
+func (s *Store) Resume(marks []Mark, now time.Time) {
+	ns := now.UnixNano()
+	until := ns + s.cfg.TombstoneTTL.Nanoseconds()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, m := range marks {
+		if _, held := s.conns[m.Key]; held {
+			continue
+		}
+		if _, ok := s.tombs[m.Key]; !ok {
+			s.stats.Tombstones[fam(m.Key)]++
+		}
+		s.tombs[m.Key] = tomb{id: m.ID, hasCounters: m.HasCounters, start: m.Start, until: until,
+			base: counters{m.Packets, m.Bytes, m.ReversePackets, m.ReverseBytes}}
+		s.tombQ = append(s.tombQ, tombRef{m.Key, until})
+	}
+	s.compactTombs()
+	s.pruneTombs(ns)
 }
 
 // bury remembers e, deleted (or replaced) at ns, under k for TombstoneTTL,

@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"reflect"
 	"runtime"
+	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -271,7 +273,7 @@ func runSteps(t *testing.T, s *Store, f family, steps []step) {
 			out = s.Expire(now, out)
 		}
 		if st.flush {
-			out = s.Flush(flow.EndReasonForcedEnd, out)
+			out, _ = s.Flush(flow.EndReasonForcedEnd, out, nil)
 		}
 		if g := summarize(out); !reflect.DeepEqual(g, st.want) {
 			t.Fatalf("step %d (t0+%v):\n got %+v\nwant %+v", i, st.at, g, st.want)
@@ -561,7 +563,7 @@ func TestTombstones(t *testing.T) {
 			if out := s.Expire(t0.Add(14*time.Second), nil); len(out) != 1 || out[0].PacketsDelta != 10 {
 				t.Fatalf("after the TTL: %+v", summarize(out))
 			}
-			s.Flush(flow.EndReasonForcedEnd, nil)
+			s.Flush(flow.EndReasonForcedEnd, nil, nil)
 			if st := s.Stats(); st.Tombstones != [2]int{} || len(s.tombs) != 0 || len(s.tombQ) != 0 {
 				t.Fatalf("after Flush: %+v, %d tombs, queue %d", st, len(s.tombs), len(s.tombQ))
 			}
@@ -609,4 +611,61 @@ func BenchmarkMemoryPerTombstone(b *testing.B) {
 		runtime.KeepAlive(s)
 	}
 	b.ReportMetric(per, "bytes/tombstone")
+}
+
+// An exporter restart (a DaemonSet roll): the stopping store flushes and
+// hands over its marks; the next store, resumed from them, finds in its
+// first dump the same connections (TCP keeps a closed one in TIME_WAIT):
+// the closed one, exported in full, is not exported again, even when
+// conntrack destroys it; the live one exports only what it did since; a
+// new connection on a reused tuple (another conntrack id) is new. Without
+// the handover, each would be exported again in full.
+func TestHandoverAcrossRestart(t *testing.T) {
+	for _, f := range families {
+		t.Run(f.name, func(t *testing.T) {
+			cfg := Config{}
+			cfg.SetDefaults()
+			cfg.IdleTimeout = 5 * time.Second
+			closed := f.conn(1000, 11, 5)
+			closed.TCPState = "TIME_WAIT"
+			live := f.conn(1001, 12, 7)
+			reused := f.conn(1002, 13, 3)
+
+			old := newStore(t, cfg)
+			old.Merge([]Conn{closed, live, reused}, t0, nil)
+			recs := old.Expire(t0.Add(6*time.Second), nil) // all three idle: exported
+			if len(recs) != 3 {
+				t.Fatalf("the old run exported %d records, want 3", len(recs))
+			}
+			recs, marks := old.Flush(flow.EndReasonForcedEnd, nil, nil)
+			if len(recs) != 0 || len(marks) != 3 {
+				t.Fatalf("flush: %d records (want none: nothing unexported), %d marks (want 3)", len(recs), len(marks))
+			}
+
+			for _, resume := range []bool{true, false} {
+				s := newStore(t, cfg)
+				at := t0.Add(8 * time.Second)
+				if resume {
+					s.Resume(marks, at)
+				}
+				moved := f.conn(1001, 12, 9)                                     // 2 packets since
+				newConn := restarted(f.conn(1002, 14, 1), t0.Add(7*time.Second)) // the tuple reused
+				out := s.Merge([]Conn{closed, moved, newConn}, at, nil)
+				out = s.Expire(at.Add(6*time.Second), out)
+				out = append(out, s.Merge([]Conn{ended(closed, at.Add(10*time.Second))}, at.Add(10*time.Second), nil)...)
+				var got []string
+				for _, r := range out {
+					got = append(got, fmt.Sprintf("%d:%s:+%d", r.SrcPort, r.EndReason, r.PacketsDelta))
+				}
+				sort.Strings(got)
+				want := "1001:idle_timeout:+2 1002:idle_timeout:+1"
+				if !resume {
+					want = "1000:idle_timeout:+5 1001:idle_timeout:+9 1002:idle_timeout:+1"
+				}
+				if strings.Join(got, " ") != want {
+					t.Errorf("resumed %v: records %v, want %s", resume, got, want)
+				}
+			}
+		})
+	}
 }

@@ -144,11 +144,16 @@ spec:
 	for _, n := range c.plan.nodeNets() {
 		nets = append(nets, n.String())
 	}
+	// The exporters' state directory (hostPath): this cluster's own, as
+	// its nodes share this machine's filesystem with other clusters'
+	// nodes of the same names.
+	state := filepath.Join(c.cfg.Dir, "exporter-state")
 	switch how {
 	case Helm:
 		if _, err := c.Exec(ctx, nil, c.cfg.Bins.Helm, "install", "dualflow", filepath.Join(repo, "deploy", "helm", "dualflow"),
 			"-n", in.Namespace, "--set", "image.repository=localhost/dualflow,image.chdbRepository=localhost/dualflow-chdb,image.tag="+tag,
 			"--set", "tls.enabled=true,traceflow.enabled=true",
+			"--set", "exporter.stateHostPath="+state,
 			"--set", "networkPolicy.ipfixFrom={"+strings.Join(nets, ",")+"}"); err != nil {
 			return nil, err
 		}
@@ -178,8 +183,16 @@ patches:
       - op: replace
         path: /spec/ingress/0/from
         value: [%s]
+  - target: {kind: DaemonSet, name: dualflow-exporter}
+    patch: |-
+      - op: test
+        path: /spec/template/spec/volumes/1/name
+        value: state
+      - op: replace
+        path: /spec/template/spec/volumes/1/hostPath/path
+        value: %s
 `, base, filepath.Join(base, "..", "..", "components", "tls"), filepath.Join(base, "..", "..", "components", "traceflow"),
-			tag, tag, strings.Join(from, ", "))
+			tag, tag, strings.Join(from, ", "), state)
 		if err := os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(kustomization), 0o600); err != nil {
 			return nil, err
 		}

@@ -356,9 +356,18 @@ func checkDeployObjects(t *testing.T, c deployCase, objs []*unstructured.Unstruc
 		t.Errorf("exporter mounts the host's /run/netns: %v, want %v (traceflow)", netns, c.traceflow)
 	}
 	for _, v := range ps.Volumes {
-		if v.HostPath != nil && v.HostPath.Path != "/run/netns" && v.HostPath.Path != "/var/run/openvswitch" {
+		if v.HostPath != nil && v.HostPath.Path != "/run/netns" && v.HostPath.Path != "/var/run/openvswitch" && v.HostPath.Path != "/var/lib/dualflow/exporter" {
 			t.Errorf("exporter mounts the host's %s", v.HostPath.Path)
 		}
+	}
+	// The state directory: the handover between runs on the node, so that
+	// a roll exports no connection twice.
+	state := slices.ContainsFunc(ps.Volumes, func(v corev1.Volume) bool {
+		return v.HostPath != nil && v.HostPath.Path == "/var/lib/dualflow/exporter"
+	}) && slices.Contains(ec.Args, "--exporter.state-dir=/var/lib/dualflow-exporter") &&
+		slices.ContainsFunc(ec.VolumeMounts, func(m corev1.VolumeMount) bool { return m.MountPath == "/var/lib/dualflow-exporter" && !m.ReadOnly })
+	if !state {
+		t.Errorf("exporter has no state directory (hostPath /var/lib/dualflow/exporter at /var/lib/dualflow-exporter, --exporter.state-dir): args %v", ec.Args)
 	}
 
 	// The collector.
