@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # e2e-summary.sh passes `go test -v` output through and ends with a count of
-# passed/failed/skipped subtests per IP mode (ipv4, ipv6, dual).
+# passed/failed/skipped subtests per IP mode (ipv4, ipv6, dual), then the
+# names of the tests that failed.
 set -uo pipefail
 declare -A pass fail skip
+failed=()
 for m in ipv4 ipv6 dual; do pass[$m]=0; fail[$m]=0; skip[$m]=0; done
 while IFS= read -r line; do
   printf '%s\n' "$line"
   if [[ $line =~ ---\ (PASS|FAIL|SKIP):\ ([^ ]+) ]]; then
     res=${BASH_REMATCH[1]}; name=${BASH_REMATCH[2]}
+    [[ $res == FAIL ]] && failed+=("$name")
     for m in ipv4 ipv6 dual; do
       if [[ /$name/ == */$m/* ]]; then
         case $res in PASS) ((pass[$m]++));; FAIL) ((fail[$m]++));; SKIP) ((skip[$m]++));; esac
@@ -20,3 +23,9 @@ echo "e2e results per IP mode:"
 for m in ipv4 ipv6 dual; do
   printf '  %-5s %d passed, %d failed, %d skipped\n' "$m" "${pass[$m]}" "${fail[$m]}" "${skip[$m]}"
 done
+# The failed tests' names close the output, so that a log's tail (all that CI
+# may show) says what to rerun.
+if ((${#failed[@]})); then
+  echo "failed tests:"
+  printf '  %s\n' "${failed[@]}"
+fi
