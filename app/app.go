@@ -178,8 +178,7 @@ func (a *App) buildWeb(opts Options) error {
 		Logger:     a.log.With("stage", "web"),
 		Ready:      c.Readiness,
 	}
-	if e, ok := c.Conn().(*store.Embedded); ok {
-		cfg.SQL = api.EngineSQL{Engine: e.DB(), Database: db}
+	if _, ok := c.Conn().(*store.Embedded); ok {
 		if cfg.LocalTokenFile == "" {
 			cfg.LocalTokenFile = filepath.Join(a.cfg.Collector.Store.DataDir, web.LocalTokenFileName)
 		}

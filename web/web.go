@@ -53,8 +53,8 @@ type Config struct {
 	Store Store
 	// Database holds the flows table (default "dualflow").
 	Database string
-	// SQL runs POST /api/v1/sql: api.EngineSQL{Engine: embedded.DB()} or
-	// api.HTTPSQL{URL: ...}. nil answers 501.
+	// SQL runs POST /api/v1/sql. nil: the Store, when it is a SQLRunner
+	// (store.Embedded, store.Server), else 501.
 	SQL SQLRunner
 	// Evaluator, Tracer and Auditor are optional.
 	Evaluator Evaluator

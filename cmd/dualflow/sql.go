@@ -143,16 +143,7 @@ func (c *cliQuerier) QueryTo(ctx context.Context, query, format string, w io.Wri
 	if !c.write {
 		settings = map[string]string{"readonly": "1"}
 	}
-	st := chdb.Statement{Format: format, Settings: settings, Database: c.cfg.Database}
-	run := func(ctx context.Context, q, f string) ([]byte, error) {
-		s := st
-		s.Query, s.Format = q, f
-		res, err := e.DB().Run(ctx, s)
-		if err != nil {
-			return nil, err
-		}
-		return res.Data, nil
-	}
+	run := func(ctx context.Context, q, f string) ([]byte, error) { return e.RunSQL(ctx, q, f, settings) }
 	var err error
 	if c.write {
 		err = sqlguard.VetStatement(ctx, run, query)
@@ -165,10 +156,9 @@ func (c *cliQuerier) QueryTo(ctx context.Context, query, format string, w io.Wri
 	if c.write {
 		fmt.Fprintf(os.Stderr, "dualflow sql: running as the data directory's owner, read-write (--write)\n")
 	}
-	st.Query = query
-	res, err := e.DB().Run(ctx, st)
+	out, err := run(ctx, query, format)
 	if err == nil {
-		_, err = w.Write(res.Data)
+		_, err = w.Write(out)
 	}
 	return err
 }

@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/dualflow/dualflow/collector/store/chdb"
 )
@@ -163,3 +165,32 @@ func insertQuery(table string, columns []string, dedupToken, format string, sync
 	b.WriteString(format)
 	return b.String()
 }
+
+// sqlSeq numbers the operator statements of RunSQL.
+var sqlSeq atomic.Uint64
+
+// RunSQL runs one statement of an operator's (POST /api/v1/sql, dualflow
+// sql) in the store's database, with settings as the statement's
+// connection settings (the limits, readonly), and returns its output in
+// format.
+func (e *Embedded) RunSQL(ctx context.Context, query, format string, settings map[string]string) ([]byte, error) {
+	// A unique log_comment gives every statement its own engine
+	// connection: the engine's pool hands a connection whose statement
+	// failed while writing its output (result_overflow_mode=throw) to the
+	// next statement with the same settings, which then gets the failed
+	// statement's stale output (see TestSQLReadOnlyAndLimits in web/api).
+	// The comment also tags the query in system.query_log.
+	st := chdb.Statement{Query: query, Format: format, Settings: maps.Clone(settings), Database: e.database}
+	if st.Settings == nil {
+		st.Settings = map[string]string{}
+	}
+	st.Settings["log_comment"] = sqlComment()
+	res, err := e.db.Run(ctx, st)
+	if err != nil {
+		return nil, err
+	}
+	return res.Data, nil
+}
+
+// sqlComment tags an operator statement in the query log.
+func sqlComment() string { return fmt.Sprintf("dualflow-sql-%d", sqlSeq.Add(1)) }

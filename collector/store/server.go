@@ -199,6 +199,29 @@ func classify(err error) error {
 	return err
 }
 
+// ErrSQLNeedsHTTP is the error of RunSQL on the native protocol.
+var ErrSQLNeedsHTTP = fmt.Errorf("operator SQL (POST /api/v1/sql) needs the server's HTTP interface, an http(s):// DSN: the native protocol returns only TabSeparated rows: %w", errors.ErrUnsupported)
+
+// RunSQL runs one statement of an operator's (POST /api/v1/sql) on the
+// server's HTTP interface, as Embedded.RunSQL does on the engine: in the
+// DSN's database, with settings as URL settings, its output in format. An
+// exception the server answers with is an *Exception.
+func (s *Server) RunSQL(ctx context.Context, query, format string, settings map[string]string) ([]byte, error) {
+	if s.http == nil {
+		return nil, ErrSQLNeedsHTTP
+	}
+	params := url.Values{}
+	for k, v := range settings {
+		params.Set(k, v)
+	}
+	params.Set("log_comment", sqlComment())
+	params.Set("default_format", format)
+	if s.db != "" {
+		params.Set("database", s.db)
+	}
+	return s.http.do(ctx, params, [][]byte{[]byte(query)}, "", s.http.maxAnswer)
+}
+
 // Exec implements Conn.
 func (s *Server) Exec(ctx context.Context, query string) error {
 	return classify(s.conn.Exec(ctx, query))

@@ -407,7 +407,7 @@ func statusError(resp *http.Response) error {
 		}
 		return err
 	}
-	return markTemporary(code, errors.New(msg))
+	return markTemporary(code, &Exception{Code: code, Message: msg})
 }
 
 const (
@@ -465,7 +465,7 @@ func streamException(resp *http.Response, body []byte, complete bool) error {
 	if len(msg) > 1024 {
 		msg = msg[:1024] + "…"
 	}
-	return markTemporary(code, fmt.Errorf("clickhouse exception during the answer (code %d): %s", code, msg))
+	return markTemporary(code, &Exception{Code: code, Message: fmt.Sprintf("clickhouse exception during the answer (code %d): %s", code, msg)})
 }
 
 // taggedException returns the message of the exception block of a

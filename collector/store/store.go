@@ -61,6 +61,17 @@ func temporaryCode(code int) bool {
 	return false
 }
 
+// Exception is an exception a ClickHouse server answered with: the
+// statement was refused (a user's query, a limit), as chdb.Error is for
+// the embedded engine. Errors that wrap it may also wrap ErrUnavailable
+// (a temporary code) or ErrForbidden.
+type Exception struct {
+	Code    int
+	Message string
+}
+
+func (e *Exception) Error() string { return e.Message }
+
 // ErrForbidden wraps a refusal for lack of rights: the user may not do
 // that (READONLY, ACCESS_DENIED), as the inserter of `dualflow store` may
 // not apply migrations.

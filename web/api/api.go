@@ -29,7 +29,7 @@ type Store interface {
 // SQLRunner runs operator SQL with limits the engine enforces: settings
 // holds readonly=1 and the row, time and memory limits, and the runner
 // must apply them as engine settings of the query (not by editing the
-// text). See EngineSQL and HTTPSQL.
+// text). store.Embedded and store.Server are SQLRunners.
 type SQLRunner interface {
 	RunSQL(ctx context.Context, query, format string, settings map[string]string) ([]byte, error)
 }
@@ -124,7 +124,8 @@ type Config struct {
 	Store Store
 	// Database holds the flows table; default "dualflow".
 	Database string
-	// SQL runs POST /sql; nil answers 501.
+	// SQL runs POST /sql. nil: the Store, when it is a SQLRunner
+	// (store.Embedded, store.Server), else 501.
 	SQL SQLRunner
 	// Evaluator, Tracer and Auditor are optional (nil: reachability has
 	// unknown verdicts, trace and audit answer 501).
@@ -245,6 +246,9 @@ const (
 func (c *Config) setDefaults() {
 	if c.Database == "" {
 		c.Database = "dualflow"
+	}
+	if r, ok := c.Store.(SQLRunner); ok && c.SQL == nil {
+		c.SQL = r
 	}
 	if c.SQLMaxRows <= 0 {
 		c.SQLMaxRows = DefaultSQLMaxRows

@@ -262,7 +262,7 @@ func TestFlowsPaginationTies(t *testing.T) {
 }
 
 func TestBadInput4xx(t *testing.T) {
-	h := testAPI(t, Config{SQL: EngineSQL{Engine: needEngine(t).DB()}, Tracer: fakeTracer{}, Evaluator: fakeEvaluator{}})
+	h := testAPI(t, Config{SQL: needEngine(t), Tracer: fakeTracer{}, Evaluator: fakeEvaluator{}})
 	for _, tc := range []struct {
 		method, url, body, field string
 	}{
@@ -318,7 +318,7 @@ func TestBadInput4xx(t *testing.T) {
 
 func TestSQLReadOnlyAndLimits(t *testing.T) {
 	e := needEngine(t)
-	h := testAPI(t, Config{SQL: EngineSQL{Engine: e.DB()}, SQLMaxRows: 50})
+	h := testAPI(t, Config{SQL: e, SQLMaxRows: 50})
 	r := do(t, h, "POST", "/api/v1/sql", `{"query":"SELECT ip_version, count() AS n FROM flows GROUP BY ip_version ORDER BY ip_version"}`)
 	if r.code != 200 {
 		t.Fatalf("select: %d %s", r.code, r.body)
@@ -372,7 +372,7 @@ func TestSQLReadOnlyAndLimits(t *testing.T) {
 		{"SELECT number AS n, if(number = 1, 'a\\nb', 'c') AS s FROM numbers(100)", "\"n\",\"s\"\n0,\"c\"\n1,\"a\nb\"\n2,\"c\"\n", "true"},
 		{"SELECT number AS n FROM numbers(3)", "\"n\"\n0\n1\n2\n", "false"},
 	} {
-		small := testAPI(t, Config{SQL: EngineSQL{Engine: e.DB()}, SQLMaxRows: 3})
+		small := testAPI(t, Config{SQL: e, SQLMaxRows: 3})
 		r := do(t, small, "POST", "/api/v1/sql", `{"format":"csv","query":`+jsonString(tc.query)+`}`)
 		if r.code != 200 || r.body != tc.want || r.hdr.Get("X-Dualflow-Truncated") != tc.truncated {
 			t.Errorf("csv %s: %d %q truncated %q; want %q truncated %s", tc.query, r.code, r.body, r.hdr.Get("X-Dualflow-Truncated"), tc.want, tc.truncated)
@@ -426,7 +426,7 @@ func TestAuthRoles(t *testing.T) {
 	tok := &Tokens{}
 	tok.Add("view-secret", Principal{Name: "v", Role: RoleViewer})
 	tok.Add("op-secret", Principal{Name: "o", Role: RoleOperator})
-	h := testAPI(t, Config{Store: &fakeStore{out: `{"si":0}` + "\n"}, Tokens: tok, SQL: EngineSQL{Engine: fakeEngineNil{}}, Tracer: fakeTracer{}})
+	h := testAPI(t, Config{Store: &fakeStore{out: `{"si":0}` + "\n"}, Tokens: tok, SQL: fakeEngineNil{}, Tracer: fakeTracer{}})
 	body := `{"source":{"kind":"pod","namespace":"a","name":"x"},"destination":{"kind":"ip","name":"fd00:10::1"}}`
 	for _, tc := range []struct {
 		method, url, body, token string
@@ -460,8 +460,8 @@ func TestAuthRoles(t *testing.T) {
 
 type fakeEngineNil struct{}
 
-func (fakeEngineNil) Run(context.Context, chdbStatement) (*chdbResult, error) {
-	return &chdbResult{Data: []byte(`{"meta":[{"name":"1","type":"UInt8"}],"data":[[1]]}`)}, nil
+func (fakeEngineNil) RunSQL(context.Context, string, string, map[string]string) ([]byte, error) {
+	return []byte(`{"meta":[{"name":"1","type":"UInt8"}],"data":[[1]]}`), nil
 }
 
 func TestHealthReadyMetrics(t *testing.T) {

@@ -138,7 +138,7 @@ func TestQueryPriorities(t *testing.T) {
 // priority to /sql, and a query cannot lift them.
 func TestSQLEngineSettings(t *testing.T) {
 	e := needEngine(t)
-	h := testAPI(t, Config{SQL: EngineSQL{Engine: e.DB()}, SQLMaxThreads: 1})
+	h := testAPI(t, Config{SQL: e, SQLMaxThreads: 1})
 	r := do(t, h, "POST", "/api/v1/sql", `{"query":"SELECT getSetting('max_threads') AS t, getSetting('priority') AS p"}`)
 	res := decode[SQLResult](t, r)
 	if r.code != 200 || len(res.Rows) != 1 || res.Limits.MaxThreads != 1 {

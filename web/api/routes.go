@@ -103,7 +103,7 @@ func (a *API) fail(c *gin.Context, err error) {
 	case errors.As(err, &fe):
 		a.badRequest(c, cmp.Or(fe.reason, reasonInvalid))
 		c.AbortWithStatusJSON(http.StatusBadRequest, errorBody{Message: fe.Message, Field: fe.Field})
-	case errors.Is(err, ErrNotConfigured):
+	case errors.Is(err, ErrNotConfigured), errors.Is(err, errors.ErrUnsupported):
 		c.AbortWithStatusJSON(http.StatusNotImplemented, errorBody{Message: err.Error()})
 	case errors.Is(err, context.DeadlineExceeded):
 		c.AbortWithStatusJSON(http.StatusGatewayTimeout, errorBody{Message: "query timed out"})

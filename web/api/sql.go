@@ -7,17 +7,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"net/http"
-	"net/url"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/dualflow/dualflow/collector/store"
 	"github.com/dualflow/dualflow/collector/store/chdb"
 	"github.com/dualflow/dualflow/collector/store/sqlguard"
 )
@@ -228,123 +226,16 @@ func csvRows(out []byte, max int) ([]byte, bool) {
 	return out[:end], true
 }
 
-// sqlError classifies an engine error: a ClickHouse exception is the
-// user's query (400), unless it says the engine is unavailable.
+// sqlError classifies an engine error: a ClickHouse exception, of the
+// embedded engine or a server, is the user's query (400; ClickHouse also
+// answers its limits exceeded as exceptions). Anything else, an
+// unreachable server included, is the store's failure.
 func sqlError(err error) error {
 	var ce *chdb.Error
-	var he *httpSQLError
+	var se *store.Exception
 	switch {
-	case errors.As(err, &ce) && ce.Code != 0:
-		return &queryError{err: err, user: true, field: "query"}
-	case errors.As(err, &he) && he.status >= 400 && he.status < 500:
-		return &queryError{err: err, user: true, field: "query"}
-	case errors.As(err, &he) && he.code != 0 && he.status == http.StatusInternalServerError:
-		// ClickHouse answers 500 to many query errors (limits exceeded).
+	case errors.As(err, &ce) && ce.Code != 0, errors.As(err, &se) && se.Code != 0:
 		return &queryError{err: err, user: true, field: "query"}
 	}
 	return err
 }
-
-// engineRunner is the embedded engine (*chdb.DB).
-type engineRunner interface {
-	Run(ctx context.Context, st chdb.Statement) (*chdb.Result, error)
-}
-
-var sqlSeq atomic.Uint64
-
-// EngineSQL runs /sql on the embedded engine, with the limits as
-// connection settings of the statement.
-type EngineSQL struct {
-	Engine   engineRunner
-	Database string // current database; default "dualflow"
-}
-
-// RunSQL implements SQLRunner.
-func (e EngineSQL) RunSQL(ctx context.Context, query, format string, settings map[string]string) ([]byte, error) {
-	db := e.Database
-	if db == "" {
-		db = "dualflow"
-	}
-	// A unique log_comment gives every statement its own engine
-	// connection: the engine's pool hands a connection whose statement
-	// failed while writing its output (result_overflow_mode=throw) to the
-	// next statement with the same settings, which then gets the failed
-	// statement's stale output (see TestSQLReadOnlyAndLimits). The comment
-	// also tags the query in system.query_log.
-	st := chdb.Statement{Query: query, Format: format, Settings: maps.Clone(settings), Database: db}
-	st.Settings["log_comment"] = fmt.Sprintf("dualflow-web-sql-%d", sqlSeq.Add(1))
-	res, err := e.Engine.Run(ctx, st)
-	if err != nil {
-		return nil, err
-	}
-	return res.Data, nil
-}
-
-// HTTPSQL runs /sql through a ClickHouse HTTP interface (a server, or the
-// collector's chhttp), with the limits as URL settings.
-type HTTPSQL struct {
-	URL      string // e.g. http://127.0.0.1:8123/
-	Database string
-	User     string
-	Password string
-	Client   *http.Client
-}
-
-type httpSQLError struct {
-	status int
-	code   int
-	msg    string
-}
-
-func (e *httpSQLError) Error() string { return strings.TrimSpace(e.msg) }
-
-// RunSQL implements SQLRunner.
-func (h HTTPSQL) RunSQL(ctx context.Context, query, format string, settings map[string]string) ([]byte, error) {
-	u, err := url.Parse(h.URL)
-	if err != nil {
-		return nil, fmt.Errorf("sql url: %w", err)
-	}
-	q := u.Query()
-	for k, v := range settings {
-		q.Set(k, v)
-	}
-	// As in EngineSQL: its own engine connection behind chhttp, and a tag
-	// in the query log.
-	q.Set("log_comment", fmt.Sprintf("dualflow-web-sql-%d", sqlSeq.Add(1)))
-	q.Set("default_format", format)
-	if h.Database != "" {
-		q.Set("database", h.Database)
-	}
-	u.RawQuery = q.Encode()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), strings.NewReader(query))
-	if err != nil {
-		return nil, err
-	}
-	if h.User != "" {
-		req.SetBasicAuth(h.User, h.Password)
-	}
-	cl := h.Client
-	if cl == nil {
-		cl = http.DefaultClient
-	}
-	resp, err := cl.Do(req)
-	if err != nil {
-		return nil, fmt.Errorf("sql: %w", err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, fmt.Errorf("sql: read: %w", err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		code, _ := strconv.Atoi(resp.Header.Get("X-ClickHouse-Exception-Code"))
-		return nil, &httpSQLError{status: resp.StatusCode, code: code, msg: string(body)}
-	}
-	return body, nil
-}
-
-// Aliases so tests can fake the engine without naming chdb.
-type (
-	chdbStatement = chdb.Statement
-	chdbResult    = chdb.Result
-)

@@ -80,7 +80,7 @@ func runMain(m *testing.M) int {
 	// fallback, names from the flows.
 	serve := func(db string, catalog api.Catalog) (string, error) {
 		srv, err := web.New(web.Config{
-			Addr: "127.0.0.1:0", Store: e, SQL: api.EngineSQL{Engine: e.DB()}, Database: db, LocalTokenFile: tokenFile,
+			Addr: "127.0.0.1:0", Store: e, Database: db, LocalTokenFile: tokenFile,
 			Evaluator: fakes.Evaluator{}, Tracer: fakes.Tracer{Delay: 200 * time.Millisecond}, Auditor: fakes.Auditor{},
 			Catalog: catalog, Status: fakes.Status{Stale: &kubeStale},
 		})
