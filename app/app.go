@@ -166,7 +166,6 @@ func (a *App) buildWeb(opts Options) error {
 			PortName:  v.portName,
 			MaxChecks: lim.ReachabilityMaxChecks,
 		},
-		Auditor: api.AuditorFunc(v.findings),
 		Catalog: v,
 		Status:  v,
 		AuditAPI: (&audit.API{

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
-	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -20,10 +19,6 @@ import (
 	"github.com/dualflow/dualflow/traceflow"
 	"github.com/dualflow/dualflow/web/api"
 )
-
-// observedWindow is how far back the web's findings look at recorded
-// flows (the observed dual-stack gaps).
-const observedWindow = time.Hour
 
 // view answers the web's questions about the cluster from the collector's
 // live Kubernetes view (collector.Inventory), so every answer follows the
@@ -43,22 +38,6 @@ func (v *view) inventory() (*audit.Inventory, error) {
 		return nil, fmt.Errorf("%w: %w", audit.ErrUnavailable, err)
 	}
 	return inv, err
-}
-
-// findings are the static findings of the policies in force and the gaps
-// observed in the last observedWindow of flows.
-func (v *view) findings(ctx context.Context) ([]audit.Finding, error) {
-	inv, err := v.inventory()
-	if err != nil {
-		return nil, err
-	}
-	out := audit.Findings(inv, audit.Options{})
-	now := time.Now()
-	obs, err := v.reports.ObservedGaps(ctx, inv, audit.Window{Since: now.Add(-observedWindow), Until: now}, 0)
-	if err != nil {
-		return nil, fmt.Errorf("observed findings: %w", err)
-	}
-	return append(out, obs...), nil
 }
 
 // Resolve implements api.Resolver from the live view: pods, workloads

@@ -33,7 +33,6 @@ type (
 	SQLRunner = api.SQLRunner
 	Evaluator = api.Evaluator
 	Tracer    = api.Tracer
-	Auditor   = api.Auditor
 )
 
 // DefaultAddr is where the server listens by default.
@@ -56,10 +55,9 @@ type Config struct {
 	// SQL runs POST /api/v1/sql. nil: the Store, when it is a SQLRunner
 	// (store.Embedded, store.Server), else 501.
 	SQL SQLRunner
-	// Evaluator, Tracer and Auditor are optional.
+	// Evaluator and Tracer are optional.
 	Evaluator Evaluator
 	Tracer    Tracer
-	Auditor   Auditor
 	// AuditAPI and Traceflows are mounted under /api/v1 (see api.Config).
 	AuditAPI   http.Handler
 	Traceflows http.Handler
@@ -202,7 +200,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	a, err := api.New(api.Config{
 		Store: cfg.Store, Database: cfg.Database, SQL: cfg.SQL,
-		Evaluator: cfg.Evaluator, Tracer: cfg.Tracer, Auditor: cfg.Auditor,
+		Evaluator: cfg.Evaluator, Tracer: cfg.Tracer,
 		AuditAPI: cfg.AuditAPI, Traceflows: cfg.Traceflows, Catalog: cfg.Catalog, Status: cfg.Status,
 		Tokens: tokens, Anonymous: anonymous, LocalTokenFile: localTokenFile, SQLMaxRows: cfg.SQLMaxRows, SQLMaxTime: cfg.SQLMaxTime, SQLMaxMemory: cfg.SQLMaxMemory,
 		SQLConcurrency: cfg.Limits.SQLConcurrency, SQLMaxThreads: cfg.Limits.SQLMaxThreads,

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -180,7 +181,10 @@ func (a *API) reports() (*Reports, error) {
 
 // FindingsResponse is the body of /api/v1/audit/findings.
 type FindingsResponse struct {
+	// Findings lists the dual-stack gaps first, then by kind and message.
 	Findings []Finding `json:"findings"`
+	// DualStack counts the dual-stack gaps (kinds dual-stack-*).
+	DualStack int `json:"dual_stack"`
 	// Observed says whether recorded flows were analysed too (the store
 	// is configured); ObservedError is set if that part failed.
 	Observed      bool   `json:"observed"`
@@ -209,6 +213,20 @@ func (a *API) findings(w http.ResponseWriter, r *http.Request) {
 		}
 		if res.Findings == nil {
 			res.Findings = []Finding{}
+		}
+		slices.SortStableFunc(res.Findings, func(a, b Finding) int {
+			switch {
+			case a.DualStack() == b.DualStack():
+				return 0
+			case a.DualStack():
+				return -1
+			}
+			return 1
+		})
+		for _, f := range res.Findings {
+			if f.DualStack() {
+				res.DualStack++
+			}
 		}
 		return res, nil
 	}()

@@ -38,6 +38,19 @@ func TestAPIStatic(t *testing.T) {
 	if fr.Observed || len(findingsOf(fr.Findings, KindVerdictGap)) == 0 {
 		t.Errorf("findings: %+v", fr)
 	}
+	// The dual-stack gaps first, counted.
+	gaps := 0
+	for i, f := range fr.Findings {
+		if f.DualStack() {
+			gaps++
+			if i >= fr.DualStack {
+				t.Errorf("dual-stack finding %d (%s) after another kind", i, f.Kind)
+			}
+		}
+	}
+	if gaps == 0 || gaps == len(fr.Findings) || fr.DualStack != gaps {
+		t.Errorf("dual_stack %d, want %d of %d findings, some of other kinds", fr.DualStack, gaps, len(fr.Findings))
+	}
 	var un []UnprotectedWorkload
 	get(t, h, "GET", "/api/v1/audit/unprotected", "", 200, &un)
 	if len(un) != 4 {

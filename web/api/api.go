@@ -17,7 +17,6 @@ import (
 	"github.com/gin-gonic/gin"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/dualflow/dualflow/collector/audit"
 )
 
 // Store runs queries against the dualflow database; store.Conn
@@ -45,12 +44,6 @@ type Evaluator interface {
 // Tracer runs a live traceflow for one family.
 type Tracer interface {
 	Trace(ctx context.Context, req TraceRequest) (*TraceResult, error)
-}
-
-// Auditor lists the audit findings (collector/audit.Findings and the
-// observed-traffic findings).
-type Auditor interface {
-	Findings(ctx context.Context) ([]audit.Finding, error)
 }
 
 // Endpoint names one end of a reachability question or a trace.
@@ -127,11 +120,10 @@ type Config struct {
 	// SQL runs POST /sql. nil: the Store, when it is a SQLRunner
 	// (store.Embedded, store.Server), else 501.
 	SQL SQLRunner
-	// Evaluator, Tracer and Auditor are optional (nil: reachability has
-	// unknown verdicts, trace and audit answer 501).
+	// Evaluator and Tracer are optional (nil: reachability has unknown
+	// verdicts, trace answers 501).
 	Evaluator Evaluator
 	Tracer    Tracer
-	Auditor   Auditor
 	// AuditAPI serves /api/v1/audit/{findings,unprotected,denied,unused,
 	// whatif,evaluate} (collector/audit.API.Handler), for viewers; nil
 	// answers them 501.
@@ -358,13 +350,6 @@ func New(cfg Config) (*API, error) {
 
 // Handler returns the handler of /api/v1, /healthz, /readyz and /metrics.
 func (a *API) Handler() http.Handler { return a.engine }
-
-// AuditorFunc adapts a function to Auditor, e.g. one returning
-// audit.Findings(inventory, options) with the observed-traffic findings.
-type AuditorFunc func(ctx context.Context) ([]audit.Finding, error)
-
-// Findings implements Auditor.
-func (f AuditorFunc) Findings(ctx context.Context) ([]audit.Finding, error) { return f(ctx) }
 
 // TracerFunc adapts a function to Tracer.
 type TracerFunc func(ctx context.Context, req TraceRequest) (*TraceResult, error)

@@ -18,7 +18,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/web/internal/webtest"
 )
 
@@ -33,10 +32,6 @@ func (f *fakeStore) Query(_ context.Context, q, _ string) ([]byte, error) {
 	f.last = q
 	return []byte(f.out), f.err
 }
-
-type fakeAuditor struct{ fs []audit.Finding }
-
-func (f fakeAuditor) Findings(context.Context) ([]audit.Finding, error) { return f.fs, nil }
 
 type fakeTracer struct{}
 
@@ -486,7 +481,7 @@ func TestHealthReadyMetrics(t *testing.T) {
 		t.Errorf("openapi: %v", err)
 	}
 	paths := spec["paths"].(map[string]any)
-	for _, p := range []string{"/flows", "/flows/summary", "/servicemap", "/reachability", "/traceflow", "/audit", "/sql", "/status", "/catalog"} {
+	for _, p := range []string{"/flows", "/flows/summary", "/servicemap", "/reachability", "/traceflow", "/audit/findings", "/sql", "/status", "/catalog"} {
 		if paths[p] == nil {
 			t.Errorf("openapi lacks %s", p)
 		}
@@ -556,24 +551,15 @@ func TestReachability(t *testing.T) {
 }
 
 func TestTraceflowAndAudit(t *testing.T) {
-	h := testAPI(t, Config{Store: &fakeStore{}, Tracer: fakeTracer{}, Auditor: fakeAuditor{fs: []audit.Finding{
-		{Kind: audit.KindUnprotectedIngress, Message: "a"},
-		{Kind: audit.KindVerdictGap, Message: "b"},
-		{Kind: audit.KindInvalidPolicy, Message: "c"},
-		{Kind: audit.KindServiceSingleStack, Message: "d"},
-	}}})
+	h := testAPI(t, Config{Store: &fakeStore{}, Tracer: fakeTracer{}})
 	r := do(t, h, "POST", "/api/v1/traceflow", `{"source":{"kind":"pod","namespace":"shop","name":"frontend-0"},"destination":{"kind":"ip","name":"fd00:10:244:3::65"},"port":5432}`)
 	tr := decode[TraceflowResponse](t, r)
 	if len(tr.Results) != 2 || tr.Results[0].Family != 4 || tr.Results[1].Outcome != "dropped" {
 		t.Errorf("dual trace %s", r.body)
 	}
-	a := decode[AuditResponse](t, do(t, h, "GET", "/api/v1/audit", ""))
-	if a.DualStack != 2 || a.Findings[0].Message != "b" || a.Findings[1].Message != "d" || a.Findings[2].Message != "a" {
-		t.Errorf("audit order %+v", a)
-	}
 	none := testAPI(t, Config{Store: &fakeStore{}})
-	if r := do(t, none, "GET", "/api/v1/audit", ""); r.code != 501 {
-		t.Errorf("no auditor: %d", r.code)
+	if r := do(t, none, "GET", "/api/v1/audit/findings", ""); r.code != 501 {
+		t.Errorf("no audit: %d", r.code)
 	}
 }
 

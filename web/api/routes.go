@@ -53,7 +53,6 @@ func (a *API) routes() *gin.Engine {
 	viewer.GET("/catalog", a.catalog)
 	viewer.GET("/status", a.status)
 	viewer.POST("/reachability", a.bounded(a.reachGate), a.reachability)
-	viewer.GET("/audit", a.audit)
 	viewer.GET("/filters", a.filterDoc)
 	auditAPI := a.mounted(a.cfg.AuditAPI, "audit")
 	for _, p := range []string{"findings", "unprotected", "denied", "unused", "evaluate"} {

@@ -12,7 +12,6 @@ import (
 
 	"github.com/gin-gonic/gin"
 
-	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/traceflow"
 )
 
@@ -179,37 +178,4 @@ func traceFailed(fams []int, failed map[int]error) error {
 		field = "family"
 	}
 	return &FieldError{Field: field, Message: msg, reason: reasonInvalid}
-}
-
-// AuditResponse is the answer of GET /audit.
-type AuditResponse struct {
-	Findings  []audit.Finding `json:"findings"`
-	DualStack int             `json:"dual_stack"`
-}
-
-func (a *API) audit(c *gin.Context) {
-	if a.cfg.Auditor == nil {
-		a.fail(c, fmt.Errorf("audit: %w", ErrNotConfigured))
-		return
-	}
-	fs, err := a.cfg.Auditor.Findings(c.Request.Context())
-	if err != nil {
-		a.fail(c, err)
-		return
-	}
-	fs = append([]audit.Finding(nil), fs...)
-	// Dual-stack gaps first, otherwise the auditor's order.
-	sort.SliceStable(fs, func(i, j int) bool { return fs[i].DualStack() && !fs[j].DualStack() })
-	kind := c.Query("kind")
-	resp := AuditResponse{Findings: []audit.Finding{}}
-	for _, f := range fs {
-		if kind != "" && f.Kind != kind {
-			continue
-		}
-		if f.DualStack() {
-			resp.DualStack++
-		}
-		resp.Findings = append(resp.Findings, f)
-	}
-	c.JSON(http.StatusOK, resp)
 }

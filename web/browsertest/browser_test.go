@@ -81,7 +81,7 @@ func runMain(m *testing.M) int {
 	serve := func(db string, catalog api.Catalog) (string, error) {
 		srv, err := web.New(web.Config{
 			Addr: "127.0.0.1:0", Store: e, Database: db, LocalTokenFile: tokenFile,
-			Evaluator: fakes.Evaluator{}, Tracer: fakes.Tracer{Delay: 200 * time.Millisecond}, Auditor: fakes.Auditor{},
+			Evaluator: fakes.Evaluator{}, Tracer: fakes.Tracer{Delay: 200 * time.Millisecond}, AuditAPI: fakes.AuditAPI{},
 			Catalog: catalog, Status: fakes.Status{Stale: &kubeStale},
 		})
 		if err != nil {

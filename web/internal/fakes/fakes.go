@@ -4,7 +4,9 @@ package fakes
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"net/netip"
 	"strings"
 	"sync/atomic"
@@ -105,15 +107,22 @@ func (t Tracer) Trace(ctx context.Context, req api.TraceRequest) (*api.TraceResu
 	return res, nil
 }
 
-// Auditor returns fixed findings, a dual-stack one last (the API sorts).
-type Auditor struct{}
+// AuditAPI serves GET /api/v1/audit/findings with fixed findings, as
+// collector/audit's API answers them (the dual-stack gap first); the other
+// audit routes answer 404.
+type AuditAPI struct{}
 
-// Findings implements api.Auditor.
-func (Auditor) Findings(context.Context) ([]audit.Finding, error) {
-	return []audit.Finding{
-		{Kind: audit.KindUnprotectedIngress, Message: "2 pods of Deployment infra/dns are not isolated for ingress", Objects: []audit.Ref{{Kind: "Deployment", Namespace: "infra", Name: "dns"}}, Count: 2},
+// ServeHTTP implements http.Handler.
+func (AuditAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet || r.URL.Path != "/api/v1/audit/findings" {
+		http.NotFound(w, r)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(audit.FindingsResponse{DualStack: 1, Findings: []audit.Finding{
 		{Kind: audit.KindVerdictGap, Message: "shop/frontend → shop/db on TCP 5432 is allowed over IPv4 and denied over IPv6", Objects: []audit.Ref{{Kind: "Deployment", Namespace: "shop", Name: "frontend"}, {Kind: "StatefulSet", Namespace: "shop", Name: "db"}}, Port: 5432, Protocol: "TCP", Count: 3},
-	}, nil
+		{Kind: audit.KindUnprotectedIngress, Message: "2 pods of Deployment infra/dns are not isolated for ingress", Objects: []audit.Ref{{Kind: "Deployment", Namespace: "infra", Name: "dns"}}, Count: 2},
+	}})
 }
 
 // IdlePod, IdleWorkload and IdleService are objects of Catalog that no

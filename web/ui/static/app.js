@@ -1014,7 +1014,7 @@ async function loadAudit() {
   const list = $('#audit-list');
   await loadCatalog();
   try {
-    const r = await api('/audit');
+    const r = await api('/audit/findings');
     banner('');
     $('#audit-summary').textContent = `${r.findings.length} findings, ${r.dual_stack} dual-stack gaps (listed first).`;
     list.replaceChildren(...r.findings.map(f => h('li', { class: f.kind.startsWith('dual-stack-') ? 'dual' : '', 'data-kind': f.kind },
