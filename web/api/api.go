@@ -16,7 +16,6 @@ import (
 
 	"github.com/gin-gonic/gin"
 	"github.com/prometheus/client_golang/prometheus"
-
 )
 
 // Store runs queries against the dualflow database; store.Conn
