@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -24,6 +25,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/lab/agent"
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/web/api"
@@ -521,6 +523,30 @@ spec:
 		t.Fatalf("kube-router does not enforce %s as written: %v\n%s", policy, err, strings.Join(last, "\n"))
 	}
 	enforced := time.Since(applied)
+	// The collector learns the policy from its informer, which may lag
+	// kube-router by a moment on a loaded machine: a trace names a drop's
+	// policy only from the collector's view (an operator who traces right
+	// after applying a policy sees the datapath's rule until then). Wait
+	// until the audit's evaluation over REST agrees with every attempt.
+	var disagree []string
+	err = poll(ctx, 2*time.Minute, func() (bool, error) {
+		disagree = disagree[:0]
+		for _, at := range attempts {
+			q := url.Values{"from": {NSClient + "/" + at.client.Name}, "to": {at.to.Addr().String()},
+				"port": {strconv.Itoa(int(at.to.Port()))}, "family": {strconv.Itoa(family(at.to.Addr()))}}
+			var res []audit.ProbeResult
+			if err := web.get(ctx, "/api/v1/audit/evaluate?"+q.Encode(), &res); err != nil {
+				return false, nil // the view not ready yet: 503
+			}
+			if len(res) != 1 || res[0].Allowed != at.allow {
+				disagree = append(disagree, fmt.Sprintf("%s → %s: %+v, want allowed %v", at.client.Name, at.to, res, at.allow))
+			}
+		}
+		return len(disagree) == 0, nil
+	})
+	if err != nil {
+		t.Fatalf("the collector's audit does not evaluate %s as kube-router enforces it: %v\n%s", policy, err, strings.Join(disagree, "\n"))
+	}
 	traced := 0
 	for _, at := range attempts {
 		if checkTracedDrops(t, ctx, web, policy, at.client, at.server, at.to, at.allow) {
