@@ -64,6 +64,12 @@ vet: ## go vet and gofmt check
 # install and vet and the unit tier run, and waits for it before the e2e
 # tier. The build needs only Go, which is on the machine from the start;
 # it runs at nice 10 so that the timing-sensitive tests get the CPU first.
+# The real cluster's binaries build after it (nice 15), and its tier runs
+# beside the e2e tier, from when they are built: it spends most of its
+# time waiting for kubelets, pods and traffic, so the two together take
+# little longer than the e2e tier alone (its output goes to
+# var/test-cluster.log and is printed once both end). Both run to their
+# end even when the other failed, and the times per tier close the output.
 .PHONY: test
 test: ## install what tests need and run every test tier
 	@mkdir -p var; \
@@ -71,16 +77,22 @@ test: ## install what tests need and run every test tier
 	trap 'kill -- -$$kpid 2>/dev/null' INT TERM; \
 	setsid nice -n 15 sh -c 'while kill -0 '$$kpid' 2>/dev/null; do sleep 5; done; scripts/k8s-cluster.sh' >var/k8s-cluster.log 2>&1 & cpid=$$!; \
 	trap 'kill -- -$$kpid -$$cpid 2>/dev/null' INT TERM; \
-	status=0; $(MAKE) --no-print-directory deps vet test-unit || status=$$?; \
+	t0=$$SECONDS; status=0; $(MAKE) --no-print-directory deps vet test-unit || status=$$?; times=" deps+vet+unit=$$((SECONDS-t0))s"; \
 	if [ $$status != 0 ]; then kill -- -$$kpid -$$cpid 2>/dev/null; wait $$kpid $$cpid; exit $$status; fi; \
 	echo "waiting for the kube-apiserver build (var/kube-apiserver.log)"; \
 	if ! wait $$kpid; then cat var/kube-apiserver.log; echo "kube-apiserver build failed"; kill -- -$$cpid 2>/dev/null; exit 1; fi; \
 	cat var/kube-apiserver.log; \
-	status=0; $(MAKE) --no-print-directory test-e2e || status=$$?; \
-	if [ $$status != 0 ]; then kill -- -$$cpid 2>/dev/null; wait $$cpid; exit $$status; fi; \
-	echo "waiting for the real cluster's build (var/k8s-cluster.log)"; \
-	if ! wait $$cpid; then cat var/k8s-cluster.log; echo "the real cluster's build failed"; exit 1; fi; \
-	$(MAKE) --no-print-directory test-cluster
+	$(MAKE) --no-print-directory build; \
+	( while kill -0 $$cpid 2>/dev/null; do sleep 5; done; \
+	  if ! scripts/k8s-cluster.sh >>var/k8s-cluster.log 2>&1; then cat var/k8s-cluster.log; echo "the real cluster's build failed"; exit 1; fi; \
+	  t0=$$SECONDS; s=0; $(MAKE) --no-print-directory test-cluster-run || s=$$?; echo "[test-cluster] $$((SECONDS-t0))s"; exit $$s ) >var/test-cluster.log 2>&1 & tpid=$$!; \
+	t0=$$SECONDS; status=0; $(MAKE) --no-print-directory test-e2e || status=$$?; times="$$times e2e=$$((SECONDS-t0))s"; \
+	echo "waiting for the real-cluster tier (var/test-cluster.log)"; \
+	cstatus=0; wait $$tpid || cstatus=$$?; cat var/test-cluster.log; \
+	times="$$times cluster=$$(sed -n 's/^\[test-cluster\] //p' var/test-cluster.log) (e2e and cluster together: $$((SECONDS-t0))s)"; \
+	echo "make test: time per tier:$$times"; \
+	if [ $$status != 0 ]; then exit $$status; fi; \
+	if [ $$cstatus != 0 ]; then exit $$cstatus; fi
 	@echo "make test: all tiers passed"
 
 # The fast tier, for the edit-test loop: no root, no engine, no browser.
@@ -95,9 +107,14 @@ check: ## the fast tier: go vet, gofmt and the unit tests that need neither root
 # kubelet, containerd, the CNI bridge and kube-proxy (nftables) in network
 # namespaces, dualflow installed on it as docs/deploy.md says, in three IP
 # modes. make test builds its binaries in the background (first time:
-# 15-25 minutes; cached in .cache) and runs it after the e2e tier.
+# 15-25 minutes; cached in .cache) and runs it beside the e2e tier.
 .PHONY: test-cluster
-test-cluster: build ## the real-cluster tier alone (root): dualflow on kubelet, containerd, CNI and kube-proxy, three IP modes
+test-cluster: build test-cluster-run ## the real-cluster tier alone (root): dualflow on kubelet, containerd, CNI and kube-proxy, three IP modes
+
+# test-cluster-run: the tier without building bin/dualflow first (make
+# test builds it once, before the e2e and cluster tiers start side by side).
+.PHONY: test-cluster-run
+test-cluster-run:
 	@if [ "$$(id -u)" != 0 ]; then echo "test-cluster needs root (network namespaces, containerd)"; exit 1; fi
 	DUALFLOW_E2E=1 $(GO) test -count=1 -timeout 45m -v ./test/cluster/ 2>&1 | scripts/e2e-summary.sh
 
