@@ -488,7 +488,7 @@ func (c *Collector) Run(ctx context.Context) error {
 			if err := c.k8s.WaitForSync(gctx); err != nil {
 				return err
 			}
-			return c.auditor.Run(gctx, c.k8s.AllNetworkPolicies, c.log.With("stage", "audit"))
+			return c.auditor.Run(gctx, c.k8s.AllNetworkPolicies, c.k8s.PoliciesChanged(), c.log.With("stage", "audit"))
 		})
 	}
 	if c.http != nil {

@@ -171,13 +171,17 @@ func fingerprint(pols []*networkingv1.NetworkPolicy) uint64 {
 	return sum + uint64(len(pols))
 }
 
-// Run re-reads the policies with list every Config.Refresh and passes them
-// to SetPolicies, until ctx is done; it returns nil then. list must return
+// Run re-reads the policies with list every Config.Refresh, and at once
+// when changed receives (nil: refresh only), and passes them to
+// SetPolicies, until ctx is done; it returns nil then. Without changed, a
+// new policy takes up to Refresh to count, in stored verdicts and in the
+// drops traceflow names (a trace right after kubectl apply named none on
+// the real cluster). list must return
 // every NetworkPolicy of every namespace (read-only objects). Start Run
 // once list's source is synced (enrich.Enricher.WaitForSync): an empty
 // list before that would make every pod look not isolated. A compile
 // error is logged once per change of the policies, not per refresh.
-func (a *Auditor) Run(ctx context.Context, list func() []*networkingv1.NetworkPolicy, log *slog.Logger) error {
+func (a *Auditor) Run(ctx context.Context, list func() []*networkingv1.NetworkPolicy, changed <-chan struct{}, log *slog.Logger) error {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -201,6 +205,8 @@ func (a *Auditor) Run(ctx context.Context, list func() []*networkingv1.NetworkPo
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+			refresh()
+		case <-changed:
 			refresh()
 		}
 	}

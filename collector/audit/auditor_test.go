@@ -204,7 +204,7 @@ func TestRun(t *testing.T) {
 			return append([]*networkingv1.NetworkPolicy{{ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: "bad"},
 				Spec: networkingv1.NetworkPolicySpec{Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{}}}}}}},
 				inv.NetworkPolicies()...)
-		}, newTestLogger(&logs))
+		}, nil, newTestLogger(&logs))
 	}()
 	for calls.Load() < 5 {
 		time.Sleep(time.Millisecond)
@@ -218,6 +218,38 @@ func TestRun(t *testing.T) {
 	}
 	if n := strings.Count(logs.String(), "invalid"); n != 1 {
 		t.Fatalf("logged the invalid policy %d times over %d refreshes, want once:\n%s", n, calls.Load(), logs.String())
+	}
+}
+
+// TestRunFollowsChanges: a change signal refreshes at once, long before
+// the next periodic refresh.
+func TestRunFollowsChanges(t *testing.T) {
+	_, inv := labInventory(t, manifest.ModeDual, 1)
+	a, err := New(Config{Refresh: time.Hour}, inv, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pols atomic.Pointer[[]*networkingv1.NetworkPolicy]
+	pols.Store(&[]*networkingv1.NetworkPolicy{})
+	changed := make(chan struct{}, 1)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error)
+	go func() { done <- a.Run(ctx, func() []*networkingv1.NetworkPolicy { return *pols.Load() }, changed, nil) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}()
+	all := inv.NetworkPolicies()
+	pols.Store(&all)
+	changed <- struct{}{}
+	deadline := time.Now().Add(time.Minute)
+	for a.Policies() == nil || a.Policies().Len() != len(all) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the policies did not count within a minute of the change signal (refresh every hour)")
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 

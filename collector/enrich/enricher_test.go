@@ -685,8 +685,23 @@ func TestPolicyAccessors(t *testing.T) {
 	if p := before[0]; p.ManagedFields != nil || p.Spec.PolicyTypes[0] != "Ingress" {
 		t.Errorf("trimmed policy %+v", p)
 	}
+	// Each change is signalled to the auditor (one pending signal).
+	select {
+	case <-v.e.PoliciesChanged():
+	default:
+	}
 	v.apply(mkPolicy("backend", "allow-web"))
+	select {
+	case <-v.e.PoliciesChanged():
+	default:
+		t.Error("no change signal after a policy was added")
+	}
 	v.remove(mkPolicy("backend", "zz-last"))
+	select {
+	case <-v.e.PoliciesChanged():
+	default:
+		t.Error("no change signal after a policy was removed")
+	}
 	if got := names("backend"); !slices.Equal(got, []string{"allow-web", "default-deny"}) {
 		t.Errorf("policies after changes %v", got)
 	}

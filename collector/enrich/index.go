@@ -53,6 +53,9 @@ type index struct {
 	// hold too: a lookup hashes and compares a pointer, not strings.
 	owners   map[unique.Handle[ownerKey]]owner
 	policies map[string][]*networkingv1.NetworkPolicy // per namespace, sorted by name; replaced on change
+	// policiesChanged receives (without blocking; capacity 1) when a
+	// NetworkPolicy was added, changed or removed.
+	policiesChanged chan struct{}
 }
 
 type nsName struct{ ns, name string }
@@ -105,6 +108,8 @@ func newIndex(now func() time.Time, grace time.Duration, ipv6 bool) *index {
 		namespaces:  map[string]*Namespace{},
 		owners:      map[unique.Handle[ownerKey]]owner{},
 		policies:    map[string][]*networkingv1.NetworkPolicy{},
+
+		policiesChanged: make(chan struct{}, 1),
 	}
 }
 
@@ -510,6 +515,16 @@ func (x *index) setPolicy(p *networkingv1.NetworkPolicy) {
 	l = append(l, p)
 	slices.SortFunc(l, func(a, b *networkingv1.NetworkPolicy) int { return cmp.Compare(a.Name, b.Name) })
 	x.policies[p.Namespace] = l
+	x.notifyPolicies()
+}
+
+// notifyPolicies signals policiesChanged: one pending signal stands for
+// any number of changes.
+func (x *index) notifyPolicies() {
+	select {
+	case x.policiesChanged <- struct{}{}:
+	default:
+	}
 }
 
 func (x *index) removePolicy(p *networkingv1.NetworkPolicy) {
@@ -523,6 +538,7 @@ func (x *index) removePolicy(p *networkingv1.NetworkPolicy) {
 	} else {
 		x.policies[p.Namespace] = l
 	}
+	x.notifyPolicies()
 }
 
 // collect drops claims that ended more than the grace period ago. It

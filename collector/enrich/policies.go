@@ -6,6 +6,12 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 )
 
+// PoliciesChanged receives after NetworkPolicies were added, changed or
+// removed (one receive may stand for several changes; then read them with
+// AllNetworkPolicies), so that the auditor follows a change at once
+// rather than at its next refresh. There is one channel: one reader.
+func (e *Enricher) PoliciesChanged() <-chan struct{} { return e.x.policiesChanged }
+
 // AllNetworkPolicies returns every NetworkPolicy of every namespace, sorted
 // by namespace then name, for the policy evaluator. The policies are shared
 // and never modified; the slice is the caller's.
