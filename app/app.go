@@ -208,9 +208,7 @@ func (a *App) buildWeb(opts Options) error {
 			e.SetProbes(tcfg.Probes)
 		}
 		a.tf = traceflow.New(tcfg, opts.NodeTracer, resolver{c: c}, traceflow.NewStore(c.Conn(), db))
-		cfg.Tracer = api.TracerFunc(func(ctx context.Context, req api.TraceRequest) (*api.TraceResult, error) {
-			return v.trace(ctx, a.tf, req)
-		})
+		cfg.Tracer = a.tf
 		cfg.Traceflows = traceflow.Handler(a.tf)
 	}
 	srv, err := web.New(cfg)

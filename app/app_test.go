@@ -293,6 +293,28 @@ func TestAppAnswersFromTheClusterView(t *testing.T) {
 				}
 			}
 
+			// Workload ends: the families leave from one pod of the
+			// workload, its first by name, and go to one pod of the other.
+			var first string
+			for _, p := range m.Pods {
+				if p.Namespace == manifest.NSFrontend && p.Labels["app"] == "web" && (first == "" || p.Name < first) {
+					first = p.Name
+				}
+			}
+			wreq := traceflow.Request{SourceWorkload: manifest.NSFrontend + "/web", Family: traceflow.Dual,
+				Destination: traceflow.Destination{Workload: manifest.NSBackend + "/api", Port: manifest.PortHTTP}}
+			res = traceflow.Result{}
+			if code := call(t, "POST", base+"/api/v1/traceflows?wait=true", wreq, &res); code != 200 {
+				t.Fatalf("workload traceflow: %d", code)
+			}
+			if res.Request.Source != manifest.NSFrontend+"/"+first || !strings.HasPrefix(res.Request.Destination.Pod, manifest.NSBackend+"/api-") || res.Phase != traceflow.Succeeded {
+				t.Errorf("workload trace, want from %s to a pod of api: %+v", first, res)
+			}
+			wreq.SourceWorkload = manifest.NSFrontend + "/nope"
+			if code := call(t, "POST", base+"/api/v1/traceflows?wait=true", wreq, nil); code != http.StatusBadRequest {
+				t.Errorf("trace from an unknown workload: %d, want 400", code)
+			}
+
 			// The cluster changes: the metrics policy gets an IPv6 block.
 			// The gap closes in the findings and the matrix.
 			for i := range m.NetworkPolicies {
@@ -331,8 +353,5 @@ func TestAppWithoutTracer(t *testing.T) {
 	_, base := startApp(t, path, nil)
 	if code := call(t, "POST", base+"/api/v1/traceflows", traceflow.Request{Source: "a/b"}, nil); code != http.StatusNotImplemented {
 		t.Errorf("POST /traceflows: %d, want 501", code)
-	}
-	if code := call(t, "POST", base+"/api/v1/traceflow", api.TraceflowRequest{}, nil); code != http.StatusNotImplemented {
-		t.Errorf("POST /traceflow: %d, want 501", code)
 	}
 }

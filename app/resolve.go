@@ -17,6 +17,7 @@ import (
 	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/flow"
 	"github.com/dualflow/dualflow/traceflow"
+	"github.com/dualflow/dualflow/web/api"
 )
 
 // resolver resolves traceflow requests through the collector's live
@@ -41,13 +42,30 @@ func (r resolver) enricher() (*enrich.Enricher, error) {
 	return e, nil
 }
 
-func (r resolver) pod(e *enrich.Enricher, ref string) (*enrich.Pod, error) {
+// pod finds the pod ref of the request's field.
+func (r resolver) pod(e *enrich.Enricher, ref, field string) (*enrich.Pod, error) {
 	ns, name, _ := strings.Cut(ref, "/")
 	p, ok := e.Pod(ns, name)
 	if !ok || p.Terminated {
-		return nil, fmt.Errorf("%w: pod %s not found", traceflow.ErrInvalid, ref)
+		return nil, traceflow.Invalid(field, "pod %s not found", ref)
 	}
 	return p, nil
+}
+
+// WorkloadPod implements traceflow's resolver as the web's other answers
+// pick a workload's pod (podFor): the first of its running pods off the
+// host network, by name, in the live view.
+func (r resolver) WorkloadPod(ref string) (string, bool, error) {
+	inv, err := r.c.Inventory()
+	if err != nil {
+		return "", false, fmt.Errorf("%w: %w", traceflow.ErrNotSupported, err)
+	}
+	ns, name, _ := strings.Cut(ref, "/")
+	p, ok := podFor(inv, api.Endpoint{Kind: "workload", Namespace: ns, Name: name})
+	if !ok {
+		return "", false, nil
+	}
+	return p.Namespace + "/" + p.Name, true, nil
 }
 
 // Resolve implements traceflow's resolver.
@@ -57,7 +75,7 @@ func (r resolver) Resolve(req traceflow.Request, f traceflow.Family) (traceflow.
 		return traceflow.Probe{}, err
 	}
 	v, fam, kf := familyOf(f)
-	src, err := r.pod(e, req.Source)
+	src, err := r.pod(e, req.Source, "source")
 	if err != nil {
 		return traceflow.Probe{}, err
 	}
@@ -69,7 +87,7 @@ func (r resolver) Resolve(req traceflow.Request, f traceflow.Family) (traceflow.
 	d := req.Destination
 	switch {
 	case d.Pod != "":
-		dst, err := r.pod(e, d.Pod)
+		dst, err := r.pod(e, d.Pod, "destination.pod")
 		if err != nil {
 			return p, err
 		}
@@ -81,14 +99,14 @@ func (r resolver) Resolve(req traceflow.Request, f traceflow.Family) (traceflow.
 		ns, name, _ := strings.Cut(d.Service, "/")
 		svc, found := e.Service(ns, name)
 		if !found {
-			return p, fmt.Errorf("%w: service %s not found", traceflow.ErrInvalid, d.Service)
+			return p, traceflow.Invalid("destination.service", "service %s not found", d.Service)
 		}
 		if p.Dst, ok = enrich.AddrOfFamily(svc.ClusterIPs, v); !ok || !svc.HasFamily(kf) {
 			return p, fmt.Errorf("%w: service %s has no %s ClusterIP", traceflow.ErrNoAddress, d.Service, fam)
 		}
 		if req.Protocol == traceflow.TCP || req.Protocol == traceflow.UDP {
 			if !hasServicePort(svc, req.Protocol, d.Port) {
-				return p, fmt.Errorf("%w: service %s has no port %d/%s", traceflow.ErrInvalid, d.Service, d.Port, req.Protocol)
+				return p, traceflow.Invalid("destination.port", "service %s has no port %d/%s", d.Service, d.Port, req.Protocol)
 			}
 		}
 		p.Service = d.Service

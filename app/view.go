@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -15,8 +13,6 @@ import (
 	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/collector/audit/policy"
 	"github.com/dualflow/dualflow/collector/enrich"
-	"github.com/dualflow/dualflow/flow"
-	"github.com/dualflow/dualflow/traceflow"
 	"github.com/dualflow/dualflow/web/api"
 )
 
@@ -102,15 +98,16 @@ func (v *view) portName(dst api.Endpoint, proto uint8, port uint16) string {
 	return p.PortName(port, proto)
 }
 
-// podFor finds the pod an endpoint stands for: the pod, the first pod of
-// a workload, or the first pod a Service selects.
+// podFor finds the pod an endpoint stands for: the pod, or the first pod
+// (by name; the inventory has no terminated pods) of a workload or that a
+// Service selects, off the host network (its addresses are its node's).
 func podFor(inv *audit.Inventory, e api.Endpoint) (*audit.Pod, bool) {
 	switch e.Kind {
 	case "pod":
 		return inv.Pod(e.Namespace, e.Name)
 	case "workload":
 		for _, p := range inv.Pods() {
-			if p.Namespace == e.Namespace && inv.Workload(p).Name == e.Name {
+			if p.Namespace == e.Namespace && !p.HostNetwork && inv.Workload(p).Name == e.Name {
 				return p, true
 			}
 		}
@@ -128,100 +125,4 @@ func podFor(inv *audit.Inventory, e api.Endpoint) (*audit.Pod, bool) {
 		}
 	}
 	return nil, false
-}
-
-// trace runs one family of a traceflow for the web API's /traceflow and
-// the reachability matrix.
-func (v *view) trace(ctx context.Context, tf *traceflow.Controller, req api.TraceRequest) (*api.TraceResult, error) {
-	inv, err := v.inventory()
-	if err != nil {
-		return nil, err
-	}
-	src, ok := podFor(inv, req.Source)
-	if !ok {
-		return nil, fmt.Errorf("source %s %s/%s not found", req.Source.Kind, req.Source.Namespace, req.Source.Name)
-	}
-	r := traceflow.Request{Source: src.Namespace + "/" + src.Name, Destination: traceflow.Destination{Port: req.Port}}
-	switch req.Destination.Kind {
-	case "service":
-		r.Destination.Service = req.Destination.Namespace + "/" + req.Destination.Name
-	case "ip":
-		a, err := netip.ParseAddr(req.Destination.Name)
-		if err != nil {
-			return nil, fmt.Errorf("bad destination address: %w", err)
-		}
-		r.Destination.IP = a
-	default:
-		p, ok := podFor(inv, req.Destination)
-		if !ok {
-			return nil, fmt.Errorf("destination %s %s/%s not found", req.Destination.Kind, req.Destination.Namespace, req.Destination.Name)
-		}
-		r.Destination.Pod = p.Namespace + "/" + p.Name
-	}
-	switch req.Protocol {
-	case flow.ProtoUDP:
-		r.Protocol = traceflow.UDP
-	case flow.ProtoICMP, flow.ProtoICMPv6:
-		r.Protocol = traceflow.ICMP
-	default:
-		r.Protocol = traceflow.TCP
-	}
-	switch req.Family {
-	case 4:
-		r.Family = traceflow.IPv4
-	case 6:
-		r.Family = traceflow.IPv6
-	default:
-		return nil, errors.New("family must be 4 or 6")
-	}
-	res, err := tf.Trace(ctx, r)
-	if err != nil {
-		return nil, err
-	}
-	fr, ok := res.Family(r.Family)
-	if !ok {
-		return nil, fmt.Errorf("trace %s: no %s result (%s)", res.ID, r.Family, res.Reason)
-	}
-	if fr.Outcome == traceflow.NoAddress || fr.Outcome == traceflow.Error {
-		if fr.Reason != "" {
-			return nil, errors.New(fr.Reason)
-		}
-		return nil, errors.New(string(fr.Outcome))
-	}
-	return traceResult(req.Family, fr), nil
-}
-
-// traceResult is one family's path in the web API's terms.
-func traceResult(family int, fr traceflow.FamilyResult) *api.TraceResult {
-	out := &api.TraceResult{Family: family, Outcome: string(fr.Outcome)}
-	if fr.Src.IsValid() {
-		out.SrcIP = fr.Src.String()
-	}
-	if fr.Dst.IsValid() {
-		out.DstIP = fr.Dst.String()
-	}
-	for _, o := range fr.Observations {
-		var detail []string
-		if o.Interface != "" {
-			detail = append(detail, "via "+o.Interface)
-		}
-		if o.Pod != "" {
-			detail = append(detail, "pod "+o.Pod)
-		}
-		if o.Service != "" {
-			detail = append(detail, "service "+o.Service)
-		}
-		if o.TranslatedDst.IsValid() {
-			detail = append(detail, "DNAT to "+o.TranslatedDst.String())
-		}
-		if o.Detail != "" {
-			detail = append(detail, o.Detail)
-		}
-		pol := strings.TrimSpace(o.Policy + " " + o.Rule)
-		out.Hops = append(out.Hops, api.TraceHop{Node: o.Node, Component: string(o.Component), Action: string(o.Action), Detail: strings.Join(detail, ", "), Policy: pol})
-		if o.Action == traceflow.ActionDropped || o.Action == traceflow.ActionRejected {
-			out.DropNode, out.Policy = o.Node, pol
-		}
-	}
-	return out
 }

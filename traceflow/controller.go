@@ -169,6 +169,9 @@ type nodeTracer interface {
 // ErrInvalid when a name does not exist.
 type resolver interface {
 	Resolve(req Request, f Family) (Probe, error)
+	// WorkloadPod picks the pod a workload ("namespace/name") is traced
+	// from or to; found is false when the workload has no pod to trace.
+	WorkloadPod(ref string) (pod string, found bool, err error)
 }
 
 // clusterAddrs is what a resolver may also know: whether an address is
@@ -311,51 +314,84 @@ func (c *Controller) Close() error {
 }
 
 // Normalize fills in the request's defaults and checks it. The errors wrap
-// ErrInvalid or ErrNotSupported.
+// ErrInvalid (a FieldError naming the field) or ErrNotSupported.
 func (c *Controller) Normalize(req *Request) error {
 	req.Family = cmp.Or(req.Family, Dual)
 	req.Protocol = cmp.Or(req.Protocol, TCP)
 	if req.Timeout == 0 {
 		req.Timeout = Duration(c.cfg.Timeout)
 	}
+	d := req.Destination
 	switch {
 	case req.DroppedOnly && !req.LiveTraffic:
-		return fmt.Errorf("%w: droppedOnly needs liveTraffic", ErrInvalid)
+		return Invalid("droppedOnly", "droppedOnly needs liveTraffic")
 	case req.Family.Families() == nil:
-		return fmt.Errorf("%w: family %q (want ipv4, ipv6 or dual)", ErrInvalid, req.Family)
-	case !strings.Contains(req.Source, "/"):
-		return fmt.Errorf("%w: source %q (want namespace/name)", ErrInvalid, req.Source)
+		return Invalid("family", "family %q (want ipv4, ipv6 or dual)", req.Family)
+	case req.Source != "" && req.SourceWorkload != "":
+		return Invalid("sourceWorkload", "sourceWorkload with source: want one of them")
+	case req.SourceWorkload != "" && !strings.Contains(req.SourceWorkload, "/"):
+		return Invalid("sourceWorkload", "sourceWorkload %q (want namespace/name)", req.SourceWorkload)
+	case req.SourceWorkload == "" && !strings.Contains(req.Source, "/"):
+		return Invalid("source", "source %q (want namespace/name)", req.Source)
 	case time.Duration(req.Timeout) < 0 || time.Duration(req.Timeout) > c.cfg.MaxTimeout:
-		return fmt.Errorf("%w: timeout %v (max %v)", ErrInvalid, time.Duration(req.Timeout), c.cfg.MaxTimeout)
+		return Invalid("timeout", "timeout %v (max %v)", time.Duration(req.Timeout), c.cfg.MaxTimeout)
+	case d.Workload != "" && !strings.Contains(d.Workload, "/"):
+		return Invalid("destination.workload", "destination workload %q (want namespace/name)", d.Workload)
 	}
 	n := 0
-	for _, set := range []bool{req.Destination.Pod != "", req.Destination.Service != "", req.Destination.IP.IsValid()} {
+	for _, set := range []bool{d.Pod != "", d.Workload != "", d.Service != "", d.IP.IsValid()} {
 		if set {
 			n++
 		}
 	}
 	if n != 1 {
-		return fmt.Errorf("%w: destination needs exactly one of pod, service and ip", ErrInvalid)
+		return Invalid("destination", "destination needs exactly one of pod, workload, service and ip")
 	}
 	switch req.Protocol {
 	case TCP, UDP:
 		if req.Destination.Port == 0 {
-			return fmt.Errorf("%w: %s needs a destination port", ErrInvalid, req.Protocol)
+			return Invalid("destination.port", "%s needs a destination port", req.Protocol)
 		}
 	case ICMP, ICMPv6:
 		req.Destination.Port = 0
 	default:
-		return fmt.Errorf("%w: protocol %q (want TCP, UDP, ICMP or ICMPv6)", ErrInvalid, req.Protocol)
+		return Invalid("protocol", "protocol %q (want TCP, UDP, ICMP or ICMPv6)", req.Protocol)
 	}
 	switch {
 	case req.TCPFlags != 0 && req.Protocol != TCP:
-		return fmt.Errorf("%w: tcpFlags with protocol %s", ErrInvalid, req.Protocol)
+		return Invalid("tcpFlags", "tcpFlags with protocol %s", req.Protocol)
 	case req.TCPFlags != 0 && req.TCPFlags != packet.SYN:
-		return fmt.Errorf("%w: tcpFlags %#02x: a trace sends a SYN (0x02) only", ErrInvalid, req.TCPFlags)
+		return Invalid("tcpFlags", "tcpFlags %#02x: a trace sends a SYN (0x02) only", req.TCPFlags)
 	case req.TTL != 0 && req.TTL < MinTTL:
-		return fmt.Errorf("%w: ttl %d: want 0 (64) or %d..255", ErrInvalid, req.TTL, MinTTL)
+		return Invalid("ttl", "ttl %d: want 0 (64) or %d..255", req.TTL, MinTTL)
 	case req.External && !req.Destination.IP.IsValid():
-		return fmt.Errorf("%w: external is for an ip destination", ErrInvalid)
+		return Invalid("external", "external is for an ip destination")
+	}
+	return nil
+}
+
+// pickPods sets the pod of each workload end of req, picked once for
+// every family: a dual trace's families leave from, and go to, the same
+// pods, so that they differ by family only.
+func (c *Controller) pickPods(req *Request) error {
+	for _, w := range []struct {
+		ref, field string
+		pod        *string
+	}{
+		{req.SourceWorkload, "sourceWorkload", &req.Source},
+		{req.Destination.Workload, "destination.workload", &req.Destination.Pod},
+	} {
+		if w.ref == "" {
+			continue
+		}
+		pod, found, err := c.resolver.WorkloadPod(w.ref)
+		switch {
+		case err != nil:
+			return err
+		case !found:
+			return Invalid(w.field, "no pod of workload %s to trace (it does not exist, or has no running pod off the host network)", w.ref)
+		}
+		*w.pod = pod
 	}
 	return nil
 }
@@ -378,6 +414,9 @@ func (c *Controller) start(ctx context.Context, req Request, maxWait time.Durati
 		return "", err
 	}
 	if err := ctx.Err(); err != nil {
+		return "", err
+	}
+	if err := c.pickPods(&req); err != nil {
 		return "", err
 	}
 	fams := req.Family.Families()
@@ -481,9 +520,9 @@ func (c *Controller) checkExternal(req Request, p Probe) error {
 	case req.External && c.cfg.AllowExternal:
 		return nil
 	case req.External:
-		return fmt.Errorf("%w: destination %s is outside the cluster (no pod, Service or node has it), and this collector does not send probes out of the cluster (--traceflow.allow-external)", ErrInvalid, p.Dst)
+		return Invalid("destination.ip", "destination %s is outside the cluster (no pod, Service or node has it), and this collector does not send probes out of the cluster (--traceflow.allow-external)", p.Dst)
 	}
-	return fmt.Errorf("%w: destination %s is outside the cluster (no pod, Service or node has it): the probe would leave the cluster; ask with \"external\": true a collector started with --traceflow.allow-external", ErrInvalid, p.Dst)
+	return Invalid("destination.ip", "destination %s is outside the cluster (no pod, Service or node has it): the probe would leave the cluster; ask with \"external\": true a collector started with --traceflow.allow-external", p.Dst)
 }
 
 // takeRate takes n family traces from caller's bucket and from the

@@ -31,7 +31,8 @@ const maxRequestBody = 64 << 10
 // only on the replica that runs it (404 elsewhere).
 //
 // Errors are JSON {"message": "...", "field": "..."} (field for a request
-// body that does not decode), as in the rest of /api/v1: 400 invalid request, 501 not supported,
+// body that does not decode and for a FieldError), as in the rest of
+// /api/v1: 400 invalid request, 501 not supported,
 // 404 unknown id, 429 with Retry-After for a caller or a node beyond its
 // rate, or too many traces in flight.
 //
@@ -125,7 +126,12 @@ func writeError(w http.ResponseWriter, err error) {
 		// within a second.
 		w.Header().Set("Retry-After", "1")
 	}
-	writeJSON(w, StatusOf(err), errorBody{Message: err.Error()})
+	body := errorBody{Message: err.Error()}
+	var fe *FieldError
+	if errors.As(err, &fe) {
+		body = errorBody{Message: fe.Message, Field: fe.Field}
+	}
+	writeJSON(w, StatusOf(err), body)
 }
 
 // callerOf names the caller of r for its rate limit: its bearer token by

@@ -73,6 +73,11 @@ func TestHandler(t *testing.T) {
 	if resp, m := post(`{"source":"frontend/web-1","bogus":1}`, ""); resp.StatusCode != http.StatusBadRequest || m["field"] != "bogus" {
 		t.Errorf("unknown field: %d %v, want 400 naming the field", resp.StatusCode, m)
 	}
+	// An invalid value is named too, and said once.
+	if resp, m := post(`{"sourceWorkload":"x/gone","destination":{"service":"backend/api","port":80}}`, ""); resp.StatusCode != http.StatusBadRequest ||
+		m["field"] != "sourceWorkload" || m["message"] != "no pod of workload x/gone to trace (it does not exist, or has no running pod off the host network)" {
+		t.Errorf("unknown workload: %d %v, want 400 naming the field", resp.StatusCode, m)
+	}
 	r, err := http.Get(srv.URL + "/api/v1/traceflows/tf-unknown")
 	if err != nil {
 		t.Fatal(err)
@@ -112,14 +117,17 @@ func TestHandlerSharedStoreChDB(t *testing.T) {
 	}
 
 	for _, tt := range []struct {
-		name   string
-		family Family
-		res    fakeResolver
+		name      string
+		family    Family
+		res       fakeResolver
+		workloads bool
 	}{
-		{"ipv4", IPv4, fakeResolver{}},
-		{"ipv6", IPv6, fakeResolver{}},
-		{"dual", Dual, fakeResolver{}},
-		{"dual, no IPv6 address", Dual, fakeResolver{noV6: true}},
+		{"ipv4", IPv4, fakeResolver{}, false},
+		{"ipv6", IPv6, fakeResolver{}, false},
+		{"dual", Dual, fakeResolver{}, false},
+		{"dual, no IPv6 address", Dual, fakeResolver{noV6: true}, false},
+		// Saved with the pods picked for the workloads.
+		{"dual, workloads", Dual, fakeResolver{}, true},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			release := make(chan struct{})
@@ -130,6 +138,9 @@ func TestHandlerSharedStoreChDB(t *testing.T) {
 			defer a.Close()
 			rq := req()
 			rq.Family = tt.family
+			if tt.workloads {
+				rq.Source, rq.SourceWorkload, rq.Destination = "", "frontend/web", Destination{Workload: "backend/api", Port: 80}
+			}
 			id, err := a.Start(context.Background(), rq)
 			if err != nil {
 				t.Fatal(err)

@@ -24,6 +24,10 @@ type clusterResolver struct {
 	cluster map[netip.Addr]bool
 }
 
+func (r clusterResolver) WorkloadPod(ref string) (string, bool, error) {
+	return fakeResolver{}.WorkloadPod(ref)
+}
+
 func (r clusterResolver) Resolve(req Request, fam Family) (Probe, error) {
 	p, err := fakeResolver{}.Resolve(req, fam)
 	if err != nil {

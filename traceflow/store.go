@@ -117,8 +117,9 @@ var loadColumns = []string{"hex(phase)", "hex(phase_reason)", "hex(source_pod)",
 // The table keeps less than a Result: times are in milliseconds and
 // durations in microseconds; of the request, Source, Destination, Family
 // (from the families stored) and Protocol (the first family's) come back,
-// while SrcPort, TCPFlags, TTL, LiveTraffic, DroppedOnly, Timeout and the
-// families' DSCP Tag read as zero.
+// the pods picked for workloads standing for them, while SourceWorkload,
+// Destination.Workload, SrcPort, TCPFlags, TTL, LiveTraffic, DroppedOnly,
+// Timeout and the families' DSCP Tag read as zero.
 func (s *Store) Load(ctx context.Context, id string) (Result, error) {
 	if !validID(id) {
 		return Result{}, fmt.Errorf("%w: %q", ErrNotFound, id)

@@ -118,6 +118,7 @@ func stored(r Result) Result {
 	r = cloneResult(r)
 	r.Started, r.Ended = r.Started.Truncate(time.Millisecond), r.Ended.Truncate(time.Millisecond)
 	r.Request = Request{Source: r.Request.Source, Destination: r.Request.Destination, Family: r.Families[0].Family}
+	r.Request.Destination.Workload = ""
 	if len(r.Families) > 1 {
 		r.Request.Family = Dual
 	}

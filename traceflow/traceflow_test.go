@@ -37,6 +37,11 @@ func (f fakeResolver) Resolve(req Request, fam Family) (Probe, error) {
 	return Probe{SourcePod: req.Source, Src: netip.MustParseAddr("198.18.1.10"), Dst: netip.MustParseAddr("198.19.0.11"), DstPort: req.Destination.Port}, nil
 }
 
+// WorkloadPod picks pod name-0 of every workload but "x/gone".
+func (f fakeResolver) WorkloadPod(ref string) (string, bool, error) {
+	return ref + "-0", ref != "x/gone", nil
+}
+
 // fakeTracer answers with trace(p), or blocks until ctx ends when trace is nil.
 type fakeTracer struct {
 	trace func(p Probe) (Path, error)
@@ -206,6 +211,32 @@ func TestControllerRejects(t *testing.T) {
 				t.Errorf("Start err = %v, want %v", err, tt.want)
 			}
 		})
+	}
+	// Workload ends: one pod picked for both families, kept in the
+	// request; an unknown workload is refused naming its field.
+	r := req()
+	r.Source, r.SourceWorkload, r.Destination = "", "frontend/web", Destination{Workload: "backend/api", Port: 80}
+	res, err := c.Trace(context.Background(), r)
+	if err != nil || res.Request.Source != "frontend/web-0" || res.Request.SourceWorkload != "frontend/web" ||
+		res.Request.Destination.Pod != "backend/api-0" || res.Request.Destination.Workload != "backend/api" || res.Phase != Succeeded {
+		t.Errorf("workload trace: %v %+v", err, res)
+	}
+	for _, tt := range []struct {
+		name, field string
+		edit        func(*Request)
+	}{
+		{"unknown source workload", "sourceWorkload", func(r *Request) { r.Source, r.SourceWorkload = "", "x/gone" }},
+		{"unknown destination workload", "destination.workload", func(r *Request) { r.Destination = Destination{Workload: "x/gone", Port: 80} }},
+		{"source and source workload", "sourceWorkload", func(r *Request) { r.SourceWorkload = "frontend/web" }},
+		{"pod and workload destination", "destination", func(r *Request) { r.Destination.Workload = "backend/api" }},
+		{"udp without port", "destination.port", func(r *Request) { r.Protocol, r.Destination.Port = UDP, 0 }},
+	} {
+		r := req()
+		tt.edit(&r)
+		var fe *FieldError
+		if _, err := c.Start(context.Background(), r); !errors.As(err, &fe) || fe.Field != tt.field || !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: %v, want an ErrInvalid about %s", tt.name, err, tt.field)
+		}
 	}
 	// A resolver error (unknown pod) is returned by Start.
 	c2 := New(Config{}, &fakeTracer{trace: delivered}, fakeResolver{err: fmt.Errorf("%w: pod x/y not found", ErrInvalid)}, nil)

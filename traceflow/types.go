@@ -87,8 +87,13 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 // Request asks for one trace (the body of POST /api/v1/traceflows).
 type Request struct {
 	// Source is the pod the probe leaves from: "namespace/name".
-	Source      string      `json:"source"`
-	Destination Destination `json:"destination"`
+	Source string `json:"source"`
+	// SourceWorkload, instead of Source, is a workload the probe leaves
+	// from: "namespace/name" of its top-level controller (a Deployment,
+	// StatefulSet, DaemonSet, ...). Start picks one of its pods, once for
+	// every family, and sets Source to it.
+	SourceWorkload string      `json:"sourceWorkload,omitempty"`
+	Destination    Destination `json:"destination"`
 	// Protocol defaults to TCP. ICMP and ICMPv6 both mean "echo request of
 	// the family": a dual trace with protocol ICMP sends ICMPv6 over IPv6.
 	Protocol Protocol `json:"protocol,omitempty"`
@@ -118,17 +123,24 @@ type Request struct {
 	External bool `json:"external,omitempty"`
 }
 
-// Destination is exactly one of a pod, a Service or an IP address.
+// Destination is exactly one of a pod, a workload, a Service or an IP
+// address.
 type Destination struct {
-	Pod     string     `json:"pod,omitempty"`     // "namespace/name"
-	Service string     `json:"service,omitempty"` // "namespace/name"
-	IP      netip.Addr `json:"ip,omitzero"`
+	Pod string `json:"pod,omitempty"` // "namespace/name"
+	// Workload is "namespace/name" of a workload (see
+	// Request.SourceWorkload): Start picks one of its pods and sets Pod to
+	// it, so the families go to the same pod.
+	Workload string     `json:"workload,omitempty"`
+	Service  string     `json:"service,omitempty"` // "namespace/name"
+	IP       netip.Addr `json:"ip,omitzero"`
 	// Port is the destination port (the Service port for a Service);
 	// required for TCP and UDP, ignored for ICMP.
 	Port uint16 `json:"port,omitempty"`
 }
 
 // String is the CLI spelling: pod:ns/name:80, svc:ns/name:80 or ip:addr:80.
+// A workload destination is spelt by the pod picked for it (what the
+// traceflows table keeps).
 func (d Destination) String() string {
 	var s string
 	switch {
@@ -309,7 +321,8 @@ func (r *Result) Family(f Family) (FamilyResult, bool) {
 const MinTTL = 32
 
 // Errors of Start; the REST layer maps ErrInvalid and ErrNotSupported to
-// 400/501, ErrNotFound to 404, and ErrBusy and ErrRateLimited to 429.
+// 400/501, ErrNotFound to 404, and ErrBusy and ErrRateLimited to 429. An
+// ErrInvalid about one field of the request is a FieldError.
 var (
 	ErrInvalid      = errors.New("invalid traceflow request")
 	ErrNotSupported = errors.New("not supported yet")
@@ -323,6 +336,23 @@ var (
 	// ClusterIP"); that family's outcome is NoAddress.
 	ErrNoAddress = errors.New("no address of this family")
 )
+
+// FieldError is an invalid request naming the field at fault, by its JSON
+// path ("source", "destination.port"), which the REST answer carries. It
+// wraps ErrInvalid.
+type FieldError struct {
+	Field   string
+	Message string
+}
+
+func (e *FieldError) Error() string { return ErrInvalid.Error() + ": " + e.Message }
+
+func (e *FieldError) Unwrap() error { return ErrInvalid }
+
+// Invalid returns a FieldError about field.
+func Invalid(field, format string, args ...any) error {
+	return &FieldError{Field: field, Message: fmt.Sprintf(format, args...)}
+}
 
 // RateLimitError is a trace (or, at a node agent, a probe) refused for
 // its rate: Scope says whose ("caller alice", "node node-1") and

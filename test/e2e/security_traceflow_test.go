@@ -253,14 +253,15 @@ func TestSecurityTraceflowRateLimit(t *testing.T) {
 			e := newTFSEnv(t, mode, nil)
 			fams := e.families()
 
-			// A normal trace, and the dual trace of a UI reachability cell
-			// (POST /api/v1/traceflow, family 0), are never refused.
+			// A normal trace, and the dual traces of a few UI reachability
+			// cells (workload to workload, as the UI asks), are never
+			// refused.
 			e.deliveredTrace(t, 0)
-			cell := map[string]any{"source": map[string]string{"kind": "pod", "namespace": e.web1.Namespace, "name": e.web1.Name},
-				"destination": map[string]string{"kind": "pod", "namespace": e.api2.Namespace, "name": e.api2.Name}, "port": 8080}
+			cell := traceflow.Request{SourceWorkload: e.web1.Namespace + "/web", Family: traceflow.Dual, Protocol: traceflow.TCP,
+				Destination: traceflow.Destination{Workload: e.api2.Namespace + "/api", Port: 8080}}
 			for i := range 3 {
 				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-				r, err := tfsPost(ctx, e.base+"/api/v1/traceflow", e.webToken, cell)
+				r, err := tfsPost(ctx, e.base+"/api/v1/traceflows?wait=true", e.webToken, cell)
 				cancel()
 				if err != nil || r.code != http.StatusOK {
 					t.Fatalf("UI cell trace %d: %d %v %s", i, r.code, err, r.body)

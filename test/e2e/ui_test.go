@@ -594,7 +594,7 @@ func (u *uiEnv) checkTrace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	family := map[manifest.Mode]string{manifest.ModeIPv4: "4", manifest.ModeIPv6: "6", manifest.ModeDual: "0"}[u.mode]
+	family := map[manifest.Mode]string{manifest.ModeIPv4: "ipv4", manifest.ModeIPv6: "ipv6", manifest.ModeDual: "dual"}[u.mode]
 	u.do(t, chromedp.Navigate(u.base+"/#/trace?source=pod:"+web1.Namespace+"/"+web1.Name+"&destination=service:backend/api&protocol=TCP&port=80"),
 		chromedp.WaitVisible(chromedp.CSS(`#trace-form`)),
 		chromedp.SetValue(chromedp.CSS(`#trace-form [name=family]`), family),

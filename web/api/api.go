@@ -16,6 +16,8 @@ import (
 
 	"github.com/gin-gonic/gin"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dualflow/dualflow/traceflow"
 )
 
 // Store runs queries against the dualflow database; store.Conn
@@ -40,9 +42,11 @@ type Evaluator interface {
 	Evaluate(ctx context.Context, src, dst Endpoint, protocol uint8, port uint16) (map[int]PolicyVerdict, error)
 }
 
-// Tracer runs a live traceflow for one family.
+// Tracer runs a trace and waits for its result, waiting for the caller's
+// rate rather than refusing (the reachability matrix traces cell after
+// cell): *traceflow.Controller.
 type Tracer interface {
-	Trace(ctx context.Context, req TraceRequest) (*TraceResult, error)
+	Trace(ctx context.Context, req traceflow.Request) (traceflow.Result, error)
 }
 
 // Endpoint names one end of a reachability question or a trace.
@@ -76,38 +80,6 @@ type PolicyVerdict struct {
 	DstIP string `json:"dst_ip,omitempty"`
 }
 
-// TraceRequest asks for one traceflow.
-type TraceRequest struct {
-	Source      Endpoint `json:"source"`
-	Destination Endpoint `json:"destination"`
-	// Family is 4 or 6.
-	Family   int    `json:"family"`
-	Protocol uint8  `json:"protocol"`
-	Port     uint16 `json:"port"`
-}
-
-// TraceResult is the path of one traced packet.
-type TraceResult struct {
-	Family int    `json:"family"`
-	SrcIP  string `json:"src_ip"`
-	DstIP  string `json:"dst_ip"`
-	// Outcome is delivered, dropped or timeout.
-	Outcome string     `json:"outcome"`
-	Hops    []TraceHop `json:"hops"`
-	// DropNode and Policy say where and why it was dropped.
-	DropNode string `json:"drop_node,omitempty"`
-	Policy   string `json:"policy,omitempty"`
-}
-
-// TraceHop is one observation point of a trace.
-type TraceHop struct {
-	Node      string `json:"node"`
-	Component string `json:"component"` // e.g. egress-policy, routing, forwarding, ingress-policy
-	Action    string `json:"action"`    // forwarded, delivered, dropped, ...
-	Detail    string `json:"detail,omitempty"`
-	Policy    string `json:"policy,omitempty"`
-}
-
 // ErrNotConfigured is answered as 501 by endpoints whose service is not wired.
 var ErrNotConfigured = errors.New("not configured in this process")
 
@@ -120,7 +92,7 @@ type Config struct {
 	// (store.Embedded, store.Server), else 501.
 	SQL SQLRunner
 	// Evaluator and Tracer are optional (nil: reachability has unknown
-	// verdicts, trace answers 501).
+	// verdicts, and its live traces answer 501).
 	Evaluator Evaluator
 	Tracer    Tracer
 	// AuditAPI serves /api/v1/audit/{findings,unprotected,denied,unused,
@@ -152,7 +124,7 @@ type Config struct {
 	SQLMaxTime     time.Duration
 	SQLMaxMemory   int64
 	QueryTimeout   time.Duration // bound of every store query of a request
-	TraceTimeout   time.Duration
+	TraceTimeout   time.Duration // bound of a reachability matrix's traces
 	FollowInterval time.Duration // poll period of follow mode
 	Registerer     prometheus.Registerer
 	Gatherer       prometheus.Gatherer
@@ -349,11 +321,3 @@ func New(cfg Config) (*API, error) {
 
 // Handler returns the handler of /api/v1, /healthz, /readyz and /metrics.
 func (a *API) Handler() http.Handler { return a.engine }
-
-// TracerFunc adapts a function to Tracer.
-type TracerFunc func(ctx context.Context, req TraceRequest) (*TraceResult, error)
-
-// Trace implements Tracer.
-func (f TracerFunc) Trace(ctx context.Context, req TraceRequest) (*TraceResult, error) {
-	return f(ctx, req)
-}

@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dualflow/dualflow/traceflow"
 	"github.com/dualflow/dualflow/web/internal/webtest"
 )
 
@@ -33,14 +35,20 @@ func (f *fakeStore) Query(_ context.Context, q, _ string) ([]byte, error) {
 	return []byte(f.out), f.err
 }
 
+// fakeTracer traces as fakeEvaluator evaluates: frontend → db is dropped
+// over IPv6.
 type fakeTracer struct{}
 
-func (fakeTracer) Trace(_ context.Context, r TraceRequest) (*TraceResult, error) {
-	if r.Family == 6 {
-		return &TraceResult{Outcome: "dropped", DropNode: "node-b", Policy: "shop/db-policy",
-			Hops: []TraceHop{{Node: "node-a", Component: "egress-policy", Action: "forwarded"}, {Node: "node-b", Component: "ingress-policy", Action: "dropped", Policy: "shop/db-policy"}}}, nil
+func (fakeTracer) Trace(_ context.Context, r traceflow.Request) (traceflow.Result, error) {
+	res := traceflow.Result{ID: "tf-0123456789abcdef", Request: r, Phase: traceflow.Succeeded}
+	for _, f := range r.Family.Families() {
+		fr := traceflow.FamilyResult{Family: f, Outcome: traceflow.Delivered}
+		if f == traceflow.IPv6 && r.SourceWorkload == "shop/frontend" && r.Destination.Workload == "shop/db" {
+			fr.Outcome = traceflow.Dropped
+		}
+		res.Families = append(res.Families, fr)
 	}
-	return &TraceResult{Outcome: "delivered", Hops: []TraceHop{{Node: "node-b", Component: "forwarding", Action: "delivered"}}}, nil
+	return res, nil
 }
 
 type fakeEvaluator struct{}
@@ -257,7 +265,7 @@ func TestFlowsPaginationTies(t *testing.T) {
 }
 
 func TestBadInput4xx(t *testing.T) {
-	h := testAPI(t, Config{SQL: needEngine(t), Tracer: fakeTracer{}, Evaluator: fakeEvaluator{}})
+	h := testAPI(t, Config{SQL: needEngine(t), Evaluator: fakeEvaluator{}})
 	for _, tc := range []struct {
 		method, url, body, field string
 	}{
@@ -283,13 +291,6 @@ func TestBadInput4xx(t *testing.T) {
 		{"POST", "/api/v1/reachability", `{"sources":[{"kind":"service","namespace":"a","name":"b"}],"destinations":[{"kind":"pod","namespace":"a","name":"b"}]}`, "sources[0]"},
 		{"POST", "/api/v1/reachability", `{"sources":[{"kind":"pod","namespace":"a","name":"b"}],"destinations":[{"kind":"ip","name":"nope"}]}`, "destinations[0]"},
 		{"POST", "/api/v1/reachability", `{"sources":[{"kind":"pod","namespace":"a","name":"b"}],"destinations":[{"kind":"pod","namespace":"a","name":"c"}],"protocol":"xyz"}`, "protocol"},
-		{"POST", "/api/v1/traceflow", `{"source":{"kind":"pod","name":"x"},"destination":{"kind":"ip","name":"198.18.0.1"}}`, "source"},
-		{"POST", "/api/v1/traceflow", `{"source":{"kind":"pod","namespace":"a","name":"x"},"destination":{"kind":"ip","name":"198.18.0.1"},"family":5}`, "family"},
-		{"POST", "/api/v1/traceflow", `{"source":{"kind":"pod","namespace":"a","name":"x"},"destination":{"kind":"ip","name":"198.18.0.1"},"famly":4}`, "famly"},
-		{"POST", "/api/v1/traceflow", `{"source":{"kind":"pod","namespace":"a","name":"x","nmae":"y"},"destination":{"kind":"ip","name":"198.18.0.1"}}`, "source.nmae"},
-		{"POST", "/api/v1/traceflow", `{"source":{"kind":"pod","namespace":"a","name":"x"},"destination":{"kind":"ip","name":"198.18.0.1"},"port":"80"}`, "port"},
-		{"POST", "/api/v1/traceflow", `{"source":{"kind":"pod","namespace":"a","name":"x"},"destination":{"kind":"ip","name":"198.18.0.1"}} {}`, "body"},
-		{"POST", "/api/v1/traceflow", ``, "body"},
 		{"POST", "/api/v1/sql", `{"query":"SELECT 1","max_row":5}`, "max_row"},
 		{"POST", "/api/v1/sql", `{"query":""}`, "query"},
 		{"POST", "/api/v1/sql", `{"query":"SELEC 1"}`, "query"},
@@ -421,8 +422,7 @@ func TestAuthRoles(t *testing.T) {
 	tok := &Tokens{}
 	tok.Add("view-secret", Principal{Name: "v", Role: RoleViewer})
 	tok.Add("op-secret", Principal{Name: "o", Role: RoleOperator})
-	h := testAPI(t, Config{Store: &fakeStore{out: `{"si":0}` + "\n"}, Tokens: tok, SQL: fakeEngineNil{}, Tracer: fakeTracer{}})
-	body := `{"source":{"kind":"pod","namespace":"a","name":"x"},"destination":{"kind":"ip","name":"fd00:10::1"}}`
+	h := testAPI(t, Config{Store: &fakeStore{out: `{"si":0}` + "\n"}, Tokens: tok, SQL: fakeEngineNil{}})
 	for _, tc := range []struct {
 		method, url, body, token string
 		code                     int
@@ -434,8 +434,6 @@ func TestAuthRoles(t *testing.T) {
 		{"GET", "/api/v1/flows", "", "view-secret", 200},
 		{"GET", "/metrics", "", "", 401},
 		{"GET", "/metrics", "", "view-secret", 200},
-		{"POST", "/api/v1/traceflow", body, "view-secret", 403},
-		{"POST", "/api/v1/traceflow", body, "op-secret", 200},
 		{"POST", "/api/v1/sql", `{"query":"SELECT 1"}`, "view-secret", 403},
 		{"GET", "/api/v1/whoami", "", "op-secret", 200},
 	} {
@@ -481,7 +479,7 @@ func TestHealthReadyMetrics(t *testing.T) {
 		t.Errorf("openapi: %v", err)
 	}
 	paths := spec["paths"].(map[string]any)
-	for _, p := range []string{"/flows", "/flows/summary", "/servicemap", "/reachability", "/traceflow", "/audit/findings", "/sql", "/status", "/catalog"} {
+	for _, p := range []string{"/flows", "/flows/summary", "/servicemap", "/reachability", "/traceflows", "/audit/findings", "/sql", "/status", "/catalog"} {
 		if paths[p] == nil {
 			t.Errorf("openapi lacks %s", p)
 		}
@@ -545,112 +543,38 @@ func TestReachability(t *testing.T) {
 	// Live traces on request.
 	r = do(t, h, "POST", "/api/v1/reachability", strings.Replace(req, `"since":"1h"`, `"trace":true`, 1))
 	m = decode[Reachability](t, r)
-	if tr := m.Cells[0][0].Families["6"].Trace; tr == nil || tr.Outcome != "dropped" {
-		t.Errorf("trace %+v", m.Cells[0][0].Families["6"])
+	// One dual trace of the cell, each family's result in its family.
+	if f4, f6 := m.Cells[0][0].Families["4"], m.Cells[0][0].Families["6"]; f6.Trace == nil || f6.Trace.Outcome != traceflow.Dropped || f6.Outcome != "deny" ||
+		f4.Trace == nil || f4.Trace.Outcome != traceflow.Delivered || f6.TraceID == "" || f4.TraceID != f6.TraceID {
+		t.Errorf("frontend→db traced %+v %+v", f4, f6)
+	}
+	// A family without a pair is not traced.
+	if f4, f6 := m.Cells[1][3].Families["4"], m.Cells[1][3].Families["6"]; f4.Trace == nil || f6.Trace != nil || f6.TraceError != "" {
+		t.Errorf("cart→v4only traced %+v %+v", f4, f6)
+	}
+	// A range is no trace's destination.
+	if f := m.Cells[0][2].Families["6"]; f.Trace != nil || !strings.Contains(f.TraceError, "one address") {
+		t.Errorf("frontend→CIDR traced %+v", f)
 	}
 }
 
-func TestTraceflowAndAudit(t *testing.T) {
-	h := testAPI(t, Config{Store: &fakeStore{}, Tracer: fakeTracer{}})
-	r := do(t, h, "POST", "/api/v1/traceflow", `{"source":{"kind":"pod","namespace":"shop","name":"frontend-0"},"destination":{"kind":"ip","name":"fd00:10:244:3::65"},"port":5432}`)
-	tr := decode[TraceflowResponse](t, r)
-	if len(tr.Results) != 2 || tr.Results[0].Family != 4 || tr.Results[1].Outcome != "dropped" {
-		t.Errorf("dual trace %s", r.body)
-	}
+func TestAuditNotConfigured(t *testing.T) {
 	none := testAPI(t, Config{Store: &fakeStore{}})
 	if r := do(t, none, "GET", "/api/v1/audit/findings", ""); r.code != 501 {
 		t.Errorf("no audit: %d", r.code)
 	}
 }
 
-// TestTraceflowErrors: a trace no family can be traced for is a 4xx
-// {message, field} (the message once when both families fail alike, per
-// family otherwise), a timeout 504; a dual trace with one family that
-// cannot be traced answers the other's result and says why in errors.
-// Each 400 is counted.
-func TestTraceflowErrors(t *testing.T) {
-	const body = `{"source":{"kind":"pod","namespace":"shop","name":"frontend-0"},"destination":{"kind":"service","namespace":"shop","name":"api"},"port":9090}`
-	for _, tc := range []struct {
-		name   string
-		family string
-		trace  func(TraceRequest) (*TraceResult, error)
-		code   int
-		field  string
-		msg    string
-		errors map[string]string
-	}{
-		{"same error in both families", "", func(TraceRequest) (*TraceResult, error) {
-			return nil, errors.New("source pod shop/frontend-0 not found")
-		}, 400, "source", "source pod shop/frontend-0 not found", nil},
-		{"field error of the tracer", "", func(TraceRequest) (*TraceResult, error) {
-			return nil, &FieldError{Field: "port", Message: "no port 9090/TCP on service shop/api"}
-		}, 400, "port", "no port 9090/TCP on service shop/api", nil},
-		{"each family its own error", "", func(r TraceRequest) (*TraceResult, error) {
-			if r.Family == 6 {
-				return nil, errors.New("no IPv6 ClusterIP")
-			}
-			return nil, errors.New("no port 9090/TCP")
-		}, 400, "destination", "IPv4: no port 9090/TCP; IPv6: no IPv6 ClusterIP", nil},
-		{"one family asked", `,"family":6`, func(TraceRequest) (*TraceResult, error) {
-			return nil, errors.New("no IPv6 ClusterIP")
-		}, 400, "destination", "no IPv6 ClusterIP", nil},
-		{"timeout", "", func(TraceRequest) (*TraceResult, error) {
-			return nil, context.DeadlineExceeded
-		}, 504, "", "", nil},
-		{"one family of two", "", func(r TraceRequest) (*TraceResult, error) {
-			if r.Family == 6 {
-				return nil, errors.New("no IPv6 ClusterIP")
-			}
-			return &TraceResult{Outcome: "delivered"}, nil
-		}, 200, "", "", map[string]string{"6": "no IPv6 ClusterIP"}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			a, err := New(Config{Store: &fakeStore{}, Tracer: TracerFunc(func(_ context.Context, r TraceRequest) (*TraceResult, error) { return tc.trace(r) }), Anonymous: RoleOperator})
-			if err != nil {
-				t.Fatal(err)
-			}
-			h := a.Handler()
-			r := do(t, h, "POST", "/api/v1/traceflow", strings.TrimSuffix(body, "}")+tc.family+"}")
-			if r.code != tc.code {
-				t.Fatalf("%v, want %d", r, tc.code)
-			}
-			if tc.code == 200 {
-				tr := decode[TraceflowResponse](t, r)
-				if len(tr.Results) != 1 || tr.Results[0].Family != 4 || fmt.Sprint(tr.Errors) != fmt.Sprint(tc.errors) {
-					t.Errorf("partial trace %s", r.body)
-				}
-				return
-			}
-			if strings.Contains(r.body, `"errors"`) || strings.Contains(r.body, `"results"`) {
-				t.Errorf("error body %s has the result shape", r.body)
-			}
-			e := decode[errorBody](t, r)
-			if tc.code == 400 && (e.Field != tc.field || e.Message != tc.msg) {
-				t.Errorf("error %+v, want field %q message %q", e, tc.field, tc.msg)
-			}
-			m := do(t, h, "GET", "/metrics", "")
-			want := `dualflow_web_bad_requests_total{reason="invalid",route="/api/v1/traceflow"} 1`
-			if got := strings.Contains(m.body, want); got != (tc.code == 400) {
-				t.Errorf("metrics: %q counted %v, want %v", want, got, tc.code == 400)
-			}
-		})
-	}
-}
-
 // TestUnknownFieldsCounted: a body field the request does not have is a
 // 400 naming it, counted by reason.
 func TestUnknownFieldsCounted(t *testing.T) {
-	a, err := New(Config{Store: &fakeStore{}, Tracer: fakeTracer{}, Anonymous: RoleOperator})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := a.Handler()
-	r := do(t, h, "POST", "/api/v1/traceflow", `{"source":{"kind":"pod","namespace":"a","name":"x"},"destination":{"kind":"ip","name":"198.18.0.1"},"protocl":"udp"}`)
+	h := testAPI(t, Config{Store: &fakeStore{}})
+	r := do(t, h, "POST", "/api/v1/reachability", `{"sources":[{"kind":"pod","namespace":"a","name":"x"}],"destinations":[{"kind":"ip","name":"198.18.0.1"}],"protocl":"udp"}`)
 	if e := decode[errorBody](t, r); r.code != 400 || e.Field != "protocl" || !strings.Contains(e.Message, `unknown field "protocl"`) {
 		t.Errorf("unknown field: %v", r)
 	}
 	m := do(t, h, "GET", "/metrics", "")
-	if want := `dualflow_web_bad_requests_total{reason="unknown_field",route="/api/v1/traceflow"} 1`; !strings.Contains(m.body, want) {
+	if want := `dualflow_web_bad_requests_total{reason="unknown_field",route="/api/v1/reachability"} 1`; !strings.Contains(m.body, want) {
 		t.Errorf("metrics lack %q", want)
 	}
 }
@@ -730,6 +654,14 @@ func TestMountedHandlers(t *testing.T) {
 			t.Errorf("GET %s with nothing mounted: %d %s, want 501", u, r.code, r.body)
 		}
 	}
+	// Their 400s are counted with the API's.
+	bad := testAPI(t, Config{Store: &fakeStore{}, Traceflows: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusBadRequest)
+	})})
+	do(t, bad, "POST", "/api/v1/traceflows", "{}")
+	if m, want := do(t, bad, "GET", "/metrics", ""), `dualflow_web_bad_requests_total{reason="invalid",route="/api/v1/traceflows"} 1`; !strings.Contains(m.body, want) {
+		t.Errorf("metrics lack %q", want)
+	}
 }
 
 // TestOpenAPICoversRoutes: every route under /api/v1 is documented with
@@ -767,6 +699,51 @@ func TestOpenAPICoversRoutes(t *testing.T) {
 	if n < 18 {
 		t.Errorf("only %d routes under /api/v1", n)
 	}
+}
+
+// TestOpenAPITraceflowSchemas: the traceflow schemas name every JSON
+// field of the types traceflow.Handler reads and writes.
+func TestOpenAPITraceflowSchemas(t *testing.T) {
+	var spec struct {
+		Components struct {
+			Schemas map[string]struct {
+				Properties map[string]struct {
+					Properties map[string]any `json:"properties"`
+				} `json:"properties"`
+			} `json:"schemas"`
+		} `json:"components"`
+	}
+	b, _ := openapiFS.ReadFile("openapi.json")
+	if err := json.Unmarshal(b, &spec); err != nil {
+		t.Fatal(err)
+	}
+	s := spec.Components.Schemas
+	for _, tc := range []struct {
+		v     any
+		props map[string]any
+	}{
+		{traceflow.Request{}, anyMap(s["TraceflowRequest"].Properties)},
+		{traceflow.Destination{}, s["TraceflowRequest"].Properties["destination"].Properties},
+		{traceflow.Result{}, anyMap(s["TraceflowResult"].Properties)},
+		{traceflow.FamilyResult{}, anyMap(s["FamilyResult"].Properties)},
+		{traceflow.Observation{}, anyMap(s["Observation"].Properties)},
+	} {
+		typ := reflect.TypeOf(tc.v)
+		for i := range typ.NumField() {
+			name, _, _ := strings.Cut(typ.Field(i).Tag.Get("json"), ",")
+			if _, ok := tc.props[name]; !ok {
+				t.Errorf("openapi.json: %s lacks %s", typ, name)
+			}
+		}
+	}
+}
+
+func anyMap[V any](m map[string]V) map[string]any {
+	out := map[string]any{}
+	for k, v := range m {
+		out[k] = v
+	}
+	return out
 }
 
 // TestFlowsPagesEqualFullOrder: the pages (their minute bound from the

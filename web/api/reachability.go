@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/dualflow/dualflow/flow"
+	"github.com/dualflow/dualflow/traceflow"
 )
 
 // ReachabilityRequest is the body of POST /reachability.
@@ -24,7 +26,8 @@ type ReachabilityRequest struct {
 	Port     uint16 `json:"port,omitempty"`
 	// Since is the observation window: a duration ("1h", default) or RFC 3339.
 	Since string `json:"since,omitempty"`
-	// Trace runs a live traceflow per cell and family (operator only).
+	// Trace runs a live traceflow per cell, over its families (operator
+	// only).
 	Trace bool `json:"trace,omitempty"`
 }
 
@@ -78,10 +81,14 @@ type CellFamily struct {
 	// Mismatch says how the evaluated policy and what was observed or
 	// traced disagree ("policy allows every pair, but 133 of 271 observed
 	// flows were dropped"); empty when they agree.
-	Mismatch   string       `json:"mismatch,omitempty"`
-	Observed   Observed     `json:"observed"`
-	Trace      *TraceResult `json:"trace,omitempty"`
-	TraceError string       `json:"trace_error,omitempty"`
+	Mismatch string   `json:"mismatch,omitempty"`
+	Observed Observed `json:"observed"`
+	// Trace is the family's result of the cell's trace TraceID (as GET
+	// /traceflows/{id} answers it, camelCase); TraceError says why the
+	// cell could not be traced.
+	Trace      *traceflow.FamilyResult `json:"trace,omitempty"`
+	TraceID    string                  `json:"trace_id,omitempty"`
+	TraceError string                  `json:"trace_error,omitempty"`
 }
 
 // Observed sums the flows recorded in the window.
@@ -164,7 +171,8 @@ func (a *API) reachability(c *gin.Context) {
 		c.AbortWithStatusJSON(http.StatusForbidden, errorBody{Message: "live traces need the operator role", Field: "trace"})
 		return
 	}
-	res, err := a.runReachability(c.Request.Context(), &req)
+	// Its traces count for the principal's rate.
+	res, err := a.runReachability(traceflow.WithCaller(c.Request.Context(), principalOf(c).Name), &req)
 	if err != nil {
 		a.fail(c, err)
 		return
@@ -376,14 +384,14 @@ func mismatch(f *CellFamily) string {
 		if dropped > 0 {
 			r = append(r, fmt.Sprintf("policy allows every pair, but %d of %d observed flows were dropped", dropped, o.Flows))
 		}
-		if f.Trace != nil && f.Trace.Outcome == "dropped" {
-			r = append(r, "policy allows every pair, but the trace was dropped")
+		if traceStopped(f) {
+			r = append(r, "policy allows every pair, but the trace was "+string(f.Trace.Outcome))
 		}
 	case OutcomeDeny:
 		if passed > 0 {
 			r = append(r, fmt.Sprintf("policy denies every pair, but %d of %d observed flows passed", passed, o.Flows))
 		}
-		if f.Trace != nil && f.Trace.Outcome == "delivered" {
+		if f.Trace != nil && f.Trace.Outcome == traceflow.Delivered {
 			r = append(r, "policy denies every pair, but the trace was delivered")
 		}
 	}
@@ -405,9 +413,9 @@ func atoiFam(s string) int { n, _ := strconv.Atoi(s); return n }
 // policy, else what was observed.
 func outcome(f *CellFamily) string {
 	switch {
-	case f.Trace != nil && f.Trace.Outcome == "delivered":
+	case f.Trace != nil && f.Trace.Outcome == traceflow.Delivered:
 		return "allow"
-	case f.Trace != nil && f.Trace.Outcome == "dropped":
+	case traceStopped(f):
 		return "deny"
 	case f.Policy != nil:
 		switch f.Policy.Verdict {
@@ -427,6 +435,11 @@ func outcome(f *CellFamily) string {
 		return "allow"
 	}
 	return "mixed"
+}
+
+// traceStopped reports whether f's trace was dropped or rejected.
+func traceStopped(f *CellFamily) bool {
+	return f.Trace != nil && (f.Trace.Outcome == traceflow.Dropped || f.Trace.Outcome == traceflow.Rejected)
 }
 
 // asymmetry lists how the two families of a cell disagree.
@@ -464,8 +477,9 @@ func noPair(f *CellFamily) bool {
 	return false
 }
 
-// traceCells runs one trace per cell and available family, at most
-// traceConcurrency at once, all within TraceTimeout.
+// traceCells runs one trace per cell over the families it has a pair in
+// (a dual trace when both: the families leave from and go to the same
+// pods), at most traceConcurrency at once, all within TraceTimeout.
 func (a *API) traceCells(ctx context.Context, req *ReachabilityRequest, proto uint8, out *Reachability) {
 	ctx, cancel := context.WithTimeout(ctx, a.cfg.TraceTimeout)
 	defer cancel()
@@ -473,29 +487,80 @@ func (a *API) traceCells(ctx context.Context, req *ReachabilityRequest, proto ui
 	var wg sync.WaitGroup
 	for i := range out.Cells {
 		for j := range out.Cells[i] {
-			for _, fam := range []int{4, 6} {
-				f := out.Cells[i][j].Families[strconv.Itoa(fam)]
-				if noPair(f) {
-					continue
+			fams := map[traceflow.Family]*CellFamily{}
+			for k, f := range map[string]traceflow.Family{"4": traceflow.IPv4, "6": traceflow.IPv6} {
+				if cf := out.Cells[i][j].Families[k]; !noPair(cf) {
+					fams[f] = cf
 				}
-				tr := TraceRequest{Source: req.Sources[i], Destination: req.Destinations[j], Family: fam, Protocol: proto, Port: req.Port}
-				wg.Go(func() {
-					select {
-					case sem <- struct{}{}:
-						defer func() { <-sem }()
-					case <-ctx.Done():
-						f.TraceError = ctx.Err().Error()
-						return
-					}
-					res, err := a.cfg.Tracer.Trace(ctx, tr)
-					if err != nil {
-						f.TraceError = err.Error()
-						return
-					}
-					f.Trace = res
-				})
 			}
+			family := traceflow.Dual
+			switch {
+			case len(fams) == 0:
+				continue
+			case fams[traceflow.IPv6] == nil:
+				family = traceflow.IPv4
+			case fams[traceflow.IPv4] == nil:
+				family = traceflow.IPv6
+			}
+			wg.Go(func() {
+				res, err := a.traceCell(ctx, sem, req.Sources[i], req.Destinations[j], proto, req.Port, family)
+				if err != nil {
+					for _, f := range fams {
+						f.TraceError = err.Error()
+					}
+					return
+				}
+				for _, fr := range res.Families {
+					if f := fams[fr.Family]; f != nil {
+						f.Trace, f.TraceID = &fr, res.ID
+					}
+				}
+			})
 		}
 	}
 	wg.Wait()
+}
+
+// traceCell traces src → dst over family once a place of sem is free.
+func (a *API) traceCell(ctx context.Context, sem chan struct{}, src, dst Endpoint, proto uint8, port uint16, family traceflow.Family) (traceflow.Result, error) {
+	tr := traceflow.Request{Family: family, Destination: traceflow.Destination{Port: port}}
+	switch src.Kind {
+	case "pod":
+		tr.Source = src.Namespace + "/" + src.Name
+	case "workload":
+		tr.SourceWorkload = src.Namespace + "/" + src.Name
+	default:
+		return traceflow.Result{}, fmt.Errorf("a trace leaves from a pod or a workload, not from %s", src)
+	}
+	switch ref := dst.Namespace + "/" + dst.Name; dst.Kind {
+	case "pod":
+		tr.Destination.Pod = ref
+	case "workload":
+		tr.Destination.Workload = ref
+	case "service":
+		tr.Destination.Service = ref
+	default:
+		ip, err := netip.ParseAddr(dst.Name)
+		if err != nil {
+			return traceflow.Result{}, fmt.Errorf("a trace goes to one address, not to %s", dst)
+		}
+		tr.Destination.IP = ip
+	}
+	switch proto {
+	case flow.ProtoTCP:
+		tr.Protocol = traceflow.TCP
+	case flow.ProtoUDP:
+		tr.Protocol = traceflow.UDP
+	case flow.ProtoICMP, flow.ProtoICMPv6:
+		tr.Protocol = traceflow.ICMP
+	default:
+		return traceflow.Result{}, fmt.Errorf("protocol %d cannot be traced (TCP, UDP and ICMP can)", proto)
+	}
+	select {
+	case sem <- struct{}{}:
+		defer func() { <-sem }()
+	case <-ctx.Done():
+		return traceflow.Result{}, ctx.Err()
+	}
+	return a.cfg.Tracer.Trace(ctx, tr)
 }

@@ -3,6 +3,8 @@ package api
 import (
 	"strings"
 	"testing"
+
+	"github.com/dualflow/dualflow/traceflow"
 )
 
 // TestCellMismatchAndAsymmetry: a cell says when the evaluated policy and
@@ -15,7 +17,7 @@ func TestCellMismatchAndAsymmetry(t *testing.T) {
 			f.Observed.Flows += n
 		}
 		if trace != "" {
-			f.Trace = &TraceResult{Outcome: trace}
+			f.Trace = &traceflow.FamilyResult{Outcome: traceflow.Outcome(trace)}
 		}
 		return f
 	}
@@ -26,6 +28,8 @@ func TestCellMismatchAndAsymmetry(t *testing.T) {
 	}{
 		{"allow, flows dropped", fam(OutcomeAllow, 4, 4, map[string]uint64{"allowed": 138, "dropped": 133}, ""), "policy allows every pair, but 133 of 271 observed flows were dropped"},
 		{"allow, trace dropped", fam(OutcomeAllow, 1, 1, nil, "dropped"), "policy allows every pair, but the trace was dropped"},
+		{"allow, trace rejected", fam(OutcomeAllow, 1, 1, nil, "rejected"), "policy allows every pair, but the trace was rejected"},
+		{"allow, trace without an address", fam(OutcomeAllow, 1, 1, nil, "no-address"), ""},
 		{"deny, flows passed", fam(OutcomeDeny, 0, 2, map[string]uint64{"not_isolated": 3, "dropped": 1}, ""), "policy denies every pair, but 3 of 4 observed flows passed"},
 		{"deny, trace delivered", fam(OutcomeDeny, 0, 2, nil, "delivered"), "policy denies every pair, but the trace was delivered"},
 		{"deny, flows dropped", fam(OutcomeDeny, 0, 2, map[string]uint64{"dropped": 5}, "dropped"), ""},
@@ -35,6 +39,11 @@ func TestCellMismatchAndAsymmetry(t *testing.T) {
 	} {
 		if got := mismatch(tc.f); got != tc.want {
 			t.Errorf("%s: mismatch %q, want %q", tc.name, got, tc.want)
+		}
+	}
+	for trace, want := range map[string]string{"delivered": "allow", "dropped": "deny", "rejected": "deny", "no-address": "unknown"} {
+		if got := outcome(fam("", 0, 0, nil, trace)); got != want {
+			t.Errorf("trace %s: outcome %q, want %q", trace, got, want)
 		}
 	}
 	for _, tc := range []struct {

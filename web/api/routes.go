@@ -62,7 +62,6 @@ func (a *API) routes() *gin.Engine {
 	traceflows := a.mounted(a.cfg.Traceflows, "traceflow")
 	viewer.GET("/traceflows/:id", traceflows)
 	op := v1.Group("", a.auth(RoleOperator))
-	op.POST("/traceflow", a.traceflow)
 	op.POST("/traceflows", traceflows)
 	op.POST("/sql", a.sql)
 	metricsHandler := promhttp.HandlerFor(a.metrics.gatherer(a.cfg.Gatherer), promhttp.HandlerOpts{})
@@ -78,7 +77,9 @@ func (a *API) routes() *gin.Engine {
 }
 
 // mounted serves a net/http handler of another package under the API's
-// authentication and same-site checks; nil answers 501 naming what.
+// authentication and same-site checks; nil answers 501 naming what. Its
+// 400s are counted with the API's own, all as invalid: the handler's
+// answer does not say why.
 func (a *API) mounted(h http.Handler, what string) gin.HandlerFunc {
 	if h == nil {
 		return func(c *gin.Context) { a.fail(c, fmt.Errorf("%s: %w", what, ErrNotConfigured)) }
@@ -87,6 +88,9 @@ func (a *API) mounted(h http.Handler, what string) gin.HandlerFunc {
 		// The handler's rate limits and quotas count per principal.
 		c.Request = c.Request.WithContext(traceflow.WithCaller(c.Request.Context(), principalOf(c).Name))
 		h.ServeHTTP(c.Writer, c.Request)
+		if c.Writer.Status() == http.StatusBadRequest {
+			a.badRequest(c, reasonInvalid)
+		}
 	}
 }
 
@@ -267,7 +271,7 @@ func newMetrics(r prometheus.Registerer, tokens *Tokens) (*metrics, error) {
 		}, []string{"reason"}),
 		badRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dualflow_web_bad_requests_total",
-			Help: "API requests answered 400 {message, field}, by route and reason: invalid (a value out of its domain), bad_json (a body that is not the JSON wanted), unknown_field (a body field the request does not have), query (SQL or a filter the engine refused).",
+			Help: "API requests answered 400 {message, field}, by route and reason: invalid (a value out of its domain; every 400 of /audit/* and /traceflows), bad_json (a body that is not the JSON wanted), unknown_field (a body field the request does not have), query (SQL or a filter the engine refused).",
 		}, []string{"route", "reason"}),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "dualflow_web_concurrency_refused_total",

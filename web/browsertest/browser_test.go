@@ -1,6 +1,7 @@
 // Package browsertest drives the web UI in headless Debian Chromium with
 // chromedp against a real embedded store seeded with IPv4 and IPv6 flows,
-// and the fake evaluator, tracer and auditor. The tests skip without
+// the fake evaluator and auditor, and the real traceflow controller over a
+// fake node tracer and resolver of the lab. The tests skip without
 // /usr/bin/chromium (or libchdb) unless DUALFLOW_E2E=1, then they fail.
 // Screenshots of every page go to test/artifacts/.
 package browsertest
@@ -24,6 +25,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/dualflow/dualflow/collector/store"
+	"github.com/dualflow/dualflow/traceflow"
 	"github.com/dualflow/dualflow/web"
 	"github.com/dualflow/dualflow/web/api"
 	"github.com/dualflow/dualflow/web/internal/fakes"
@@ -75,13 +77,17 @@ func runMain(m *testing.M) int {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var done []chan error
+	var tfs []*traceflow.Controller
 	// serve runs a server on database db; catalog (the main lab only)
 	// serves /api/v1/catalog, so the single-family labs use the UI's
 	// fallback, names from the flows.
 	serve := func(db string, catalog api.Catalog) (string, error) {
+		// The UI traces through the product's controller and REST API.
+		tf := traceflow.New(traceflow.Config{}, fakes.NodeTracer{Delay: 200 * time.Millisecond}, fakes.Resolver{}, nil)
+		tfs = append(tfs, tf)
 		srv, err := web.New(web.Config{
 			Addr: "127.0.0.1:0", Store: e, Database: db, LocalTokenFile: tokenFile,
-			Evaluator: fakes.Evaluator{}, Tracer: fakes.Tracer{Delay: 200 * time.Millisecond}, AuditAPI: fakes.AuditAPI{},
+			Evaluator: fakes.Evaluator{}, Tracer: tf, Traceflows: traceflow.Handler(tf), AuditAPI: fakes.AuditAPI{},
 			Catalog: catalog, Status: fakes.Status{Stale: &kubeStale},
 		})
 		if err != nil {
@@ -122,6 +128,9 @@ func runMain(m *testing.M) int {
 	cancel()
 	for _, ch := range done {
 		<-ch
+	}
+	for _, tf := range tfs {
+		tf.Close()
 	}
 	return code
 }
@@ -342,7 +351,7 @@ func TestFlowFiltersChangeRows(t *testing.T) {
 	)
 	screenshot(t, ctx, "flows-drawer")
 	href := eval[string](t, ctx, `document.querySelector('#trace-this').getAttribute('href')`)
-	if !strings.HasPrefix(href, "#/trace?") || !strings.Contains(href, "family=0") || !strings.Contains(href, "run=1") {
+	if !strings.HasPrefix(href, "#/trace?") || !strings.Contains(href, "family=dual") || !strings.Contains(href, "run=1") {
 		t.Errorf("trace action %q", href)
 	}
 	// "Filter by source pod" opens Flows of that pod.
@@ -580,7 +589,8 @@ func TestServiceMapManyWorkloads(t *testing.T) {
 	noConsoleErrors(t, errs, "")
 }
 
-const reachURL = "/#/reach?sources=workload:shop/frontend,workload:shop/cart&destinations=workload:shop/cart,workload:shop/db,service:infra/dns&protocol=TCP&run=1"
+// reachURL asks on a port: a cell's TCP trace needs one.
+const reachURL = "/#/reach?sources=workload:shop/frontend,workload:shop/cart&destinations=workload:shop/cart,workload:shop/db,service:infra/dns&protocol=TCP&port=5432&run=1"
 
 func TestReachabilityMatrixAndCellDetails(t *testing.T) {
 	ctx, errs := browser(t)
@@ -719,6 +729,8 @@ func TestDefaultFormsNameExistingObjects(t *testing.T) {
 
 func TestTraceflowPage(t *testing.T) {
 	ctx, errs := browser(t)
+	// A bookmarked link of the older form (family=0: both) still runs a
+	// dual trace; the workload destination goes to one of its pods.
 	do(t, ctx,
 		chromedp.Navigate(baseURL+"/#/trace?source=pod:shop/frontend-0&destination=workload:shop/db&protocol=TCP&port=5432&family=0&run=1"),
 		chromedp.WaitVisible(css(`#trace-out .trace[data-family="6"][data-outcome="dropped"] li.drop`)),
@@ -727,11 +739,32 @@ func TestTraceflowPage(t *testing.T) {
 	if n := eval[int](t, ctx, `document.querySelectorAll('#trace-out .path li').length`); n < 5 {
 		t.Errorf("%d hops drawn", n)
 	}
+	if v := eval[string](t, ctx, `document.querySelector('#trace-form [name=family]').value`); v != "dual" {
+		t.Errorf("family=0 selected %q", v)
+	}
+	info := eval[string](t, ctx, `document.querySelector('#trace-out .traceinfo').textContent`)
+	href := eval[string](t, ctx, `document.querySelector('#trace-out .traceinfo a').getAttribute('href')`)
+	if !strings.Contains(info, "to pod shop/db-0 of workload shop/db") || !strings.HasPrefix(href, "#/flows?probe_trace_id=tf-") || !strings.HasSuffix(href, "&probes=include") {
+		t.Errorf("trace info %q, link %q", info, href)
+	}
 	screenshot(t, ctx, "trace-result")
-	// A family error in the old 200 {errors} shape shows once, in its block.
-	do(t, ctx, js(`renderTraces(document.querySelector('#trace-out'), { results: [], errors: { '6': 'no IPv6 ClusterIP' } })`))
+	// A family without an address says why once, in its block.
+	do(t, ctx, js(`renderTraces(document.querySelector('#trace-out'), { id: 'tf-0123456789abcdef', phase: 'succeeded', families: [
+		{ family: 'ipv4', outcome: 'delivered', src: '198.18.1.100', dst: '198.19.0.2', observations: [] },
+		{ family: 'ipv6', outcome: 'no-address', reason: 'service shop/cart has no IPv6 ClusterIP', observations: [] }] })`))
 	if n := eval[int](t, ctx, `document.body.innerText.split('no IPv6 ClusterIP').length - 1`); n != 1 {
-		t.Errorf("trace error shown %d times", n)
+		t.Errorf("trace reason shown %d times", n)
+	}
+	if n := eval[int](t, ctx, `document.querySelectorAll('#trace-out .trace[data-family="6"][data-outcome="no-address"] p.err').length`); n != 1 {
+		t.Errorf("no-address family drawn %d times", n)
+	}
+	// SCTP is not traced as TCP: the form says it cannot be traced.
+	do(t, ctx,
+		chromedp.Navigate(baseURL+"/#/trace?source=pod:shop/frontend-0&destination=pod:shop/db-0&protocol=SCTP&port=5432&run=1"),
+		poll(`document.querySelector('#banner').textContent.includes('SCTP cannot be traced')`),
+	)
+	if n := eval[int](t, ctx, `document.querySelectorAll('#trace-out .trace').length`); n != 0 {
+		t.Errorf("an SCTP link traced %d families", n)
 	}
 	// Both error shapes read the same.
 	msgs := eval[[]string](t, ctx, `[errText(new APIError(400, {message: 'want 1..65535', field: 'port'})), errText(new APIError(400, {errors: {port: 'want 1..65535'}})), errText(new APIError(400, {message: 'port: want 1..65535', field: 'port'}))]`)
@@ -740,7 +773,12 @@ func TestTraceflowPage(t *testing.T) {
 			t.Errorf("error text %q", m)
 		}
 	}
-	noConsoleErrors(t, errs, "")
+	// A field of the controller's 400 is named once.
+	do(t, ctx,
+		chromedp.Navigate(baseURL+"/#/trace?source=workload:shop/gone&destination=pod:shop/db-0&protocol=TCP&port=5432&run=1"),
+		poll(`document.querySelector('#banner').textContent.startsWith('sourceWorkload: no pod of workload shop/gone')`),
+	)
+	noConsoleErrors(t, errs, "400")
 }
 
 func TestAuditLinks(t *testing.T) {

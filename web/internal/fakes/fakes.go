@@ -8,11 +8,13 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/dualflow/dualflow/collector/audit"
+	"github.com/dualflow/dualflow/traceflow"
 	"github.com/dualflow/dualflow/web/api"
 	"github.com/dualflow/dualflow/web/internal/webtest"
 )
@@ -72,39 +74,133 @@ func addr(fam, w, k int) string {
 	return fmt.Sprintf("fd00:10:244:%d::%x", w+1, k)
 }
 
-// Tracer traces by the evaluator: denied verdicts drop at the
-// destination node's ingress policy.
-type Tracer struct{ Delay time.Duration }
+// Resolver resolves traceflow requests in the lab (traceflow.New's
+// resolver): pod name-k of Lab[w] (k 0..2) has the addresses Catalog
+// lists, a workload's pod is its name-0, and a Service of Pairs has a
+// ClusterIP of each family (the one the seeded flows name) and its
+// destination workload's pods as endpoints. Unknown names are invalid.
+type Resolver struct{}
 
-// Trace implements api.Tracer.
-func (t Tracer) Trace(ctx context.Context, req api.TraceRequest) (*api.TraceResult, error) {
+// WorkloadPod implements traceflow's resolver.
+func (Resolver) WorkloadPod(ref string) (string, bool, error) {
+	ns, name, _ := strings.Cut(ref, "/")
+	if find(api.Endpoint{Kind: "workload", Namespace: ns, Name: name}) < 0 {
+		return "", false, nil
+	}
+	return ref + "-0", true, nil
+}
+
+// Resolve implements traceflow's resolver.
+func (Resolver) Resolve(req traceflow.Request, f traceflow.Family) (traceflow.Probe, error) {
+	v := 4
+	if f == traceflow.IPv6 {
+		v = 6
+	}
+	si, sk, ok := labPod(req.Source)
+	if !ok {
+		return traceflow.Probe{}, traceflow.Invalid("source", "pod %s not found", req.Source)
+	}
+	p := traceflow.Probe{SourcePod: req.Source, SourceNode: webtest.Lab[si].Node, Src: podAddr(v, si, sk), DstPort: req.Destination.Port}
+	switch d := req.Destination; {
+	case d.Pod != "":
+		di, dk, ok := labPod(d.Pod)
+		if !ok {
+			return p, traceflow.Invalid("destination.pod", "pod %s not found", d.Pod)
+		}
+		p.Dst, p.DstPod = podAddr(v, di, dk), d.Pod
+	case d.Service != "":
+		ns, name, _ := strings.Cut(d.Service, "/")
+		pi := -1
+		for i, pr := range webtest.Pairs {
+			if pr.Service == name && webtest.Lab[pr.Dst].Namespace == ns {
+				pi = i
+				break
+			}
+		}
+		if pi < 0 {
+			return p, traceflow.Invalid("destination.service", "service %s not found", d.Service)
+		}
+		p.Dst, p.Service = serviceAddr(v, pi), d.Service
+	case d.IP.Is4() != (v == 4):
+		return p, fmt.Errorf("%w: destination %s is not an IPv%d address", traceflow.ErrNoAddress, d.IP, v)
+	default:
+		p.Dst = d.IP
+	}
+	return p, nil
+}
+
+// labPod finds pod "ns/name-k" of the lab: its workload's index and k.
+func labPod(ref string) (w, k int, ok bool) {
+	ns, name, _ := strings.Cut(ref, "/")
+	i := strings.LastIndexByte(name, '-')
+	if i < 0 {
+		return 0, 0, false
+	}
+	k, err := strconv.Atoi(name[i+1:])
+	w = find(api.Endpoint{Kind: "workload", Namespace: ns, Name: name[:i]})
+	return w, k, err == nil && w >= 0 && k >= 0 && k < 3
+}
+
+func podAddr(v, w, k int) netip.Addr { return netip.MustParseAddr(addr(v, w, 100+k)) }
+
+// serviceAddr is the ClusterIP of Pairs[i]'s Service, as SeedSQL writes it.
+func serviceAddr(v, i int) netip.Addr {
+	if v == 4 {
+		return netip.MustParseAddr(fmt.Sprintf("198.19.0.%d", i+1))
+	}
+	return netip.MustParseAddr(fmt.Sprintf("fd00:10:96::%d", i+1))
+}
+
+// NodeTracer traces a probe of Resolver by the Evaluator's verdict (the
+// node tracer of traceflow.New): a denied pair drops at the destination
+// node's ingress policy, any other is delivered to the destination's pod
+// (a Service's name-0). A trace takes Delay.
+type NodeTracer struct{ Delay time.Duration }
+
+// Trace implements traceflow's node tracer.
+func (t NodeTracer) Trace(ctx context.Context, p traceflow.Probe) (traceflow.Path, error) {
 	if t.Delay > 0 {
 		select {
 		case <-time.After(t.Delay):
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return traceflow.Path{Outcome: traceflow.TimedOut}, ctx.Err()
 		}
 	}
-	vs, err := Evaluator{}.Evaluate(ctx, req.Source, req.Destination, req.Protocol, req.Port)
+	endpoint := func(kind, ref string) api.Endpoint {
+		ns, name, _ := strings.Cut(ref, "/")
+		return api.Endpoint{Kind: kind, Namespace: ns, Name: name}
+	}
+	src, dst := endpoint("pod", p.SourcePod), endpoint("pod", p.DstPod)
+	if p.Service != "" {
+		dst = endpoint("service", p.Service)
+	}
+	vs, err := Evaluator{}.Evaluate(ctx, src, dst, p.ProtoNumber(), p.DstPort)
 	if err != nil {
-		return nil, err
+		return traceflow.Path{Outcome: traceflow.TimedOut, Reason: "no node of the lab saw the probe"}, nil
 	}
-	v := vs[req.Family]
-	si, di := find(req.Source), find(req.Destination)
-	src, dst := webtest.Lab[si], webtest.Lab[di]
-	res := &api.TraceResult{Family: req.Family, SrcIP: v.SrcIP, DstIP: v.DstIP, Outcome: "delivered"}
-	res.Hops = append(res.Hops,
-		api.TraceHop{Node: src.Node, Component: "egress-policy", Action: "forwarded"},
-		api.TraceHop{Node: src.Node, Component: "routing", Action: "forwarded", Detail: "to " + dst.Node})
+	fam := 4
+	if !p.Src.Is4() {
+		fam = 6
+	}
+	v := vs[fam]
+	from, to := webtest.Lab[find(src)].Node, webtest.Lab[find(dst)].Node
+	obs := []traceflow.Observation{{Node: from, Component: traceflow.NetworkPolicy, Action: traceflow.ActionForwarded, Detail: "egress"}}
+	pod := p.DstPod
+	if p.Service != "" {
+		ns, _, _ := strings.Cut(p.Service, "/")
+		pod = ns + "/" + webtest.Lab[find(dst)].Name + "-0"
+		obs = append(obs, traceflow.Observation{Node: from, Component: traceflow.LoadBalancing, Action: traceflow.ActionForwarded,
+			Service: p.Service, TranslatedDst: netip.AddrPortFrom(podAddr(fam, find(dst), 0), p.DstPort)})
+	}
+	obs = append(obs, traceflow.Observation{Node: from, Component: traceflow.Routing, Action: traceflow.ActionForwarded, Detail: "to " + to})
 	if v.Verdict == "denied" {
-		res.Outcome, res.DropNode, res.Policy = "dropped", dst.Node, v.Ingress
-		res.Hops = append(res.Hops, api.TraceHop{Node: dst.Node, Component: "ingress-policy", Action: "dropped", Policy: v.Ingress})
-		return res, nil
+		obs = append(obs, traceflow.Observation{Node: to, Component: traceflow.NetworkPolicy, Action: traceflow.ActionDropped, Policy: v.Ingress, Rule: "drop/ingress/" + pod})
+		return traceflow.Path{Outcome: traceflow.Dropped, Observations: obs}, nil
 	}
-	res.Hops = append(res.Hops,
-		api.TraceHop{Node: dst.Node, Component: "ingress-policy", Action: "forwarded", Policy: v.Ingress},
-		api.TraceHop{Node: dst.Node, Component: "forwarding", Action: "delivered", Detail: dst.Name})
-	return res, nil
+	obs = append(obs,
+		traceflow.Observation{Node: to, Component: traceflow.NetworkPolicy, Action: traceflow.ActionForwarded, Policy: v.Ingress},
+		traceflow.Observation{Node: to, Component: traceflow.Delivery, Action: traceflow.ActionDelivered, Pod: pod})
+	return traceflow.Path{Outcome: traceflow.Delivered, Observations: obs}, nil
 }
 
 // AuditAPI serves GET /api/v1/audit/findings with fixed findings, as

@@ -68,7 +68,9 @@ async function api(path, opts = {}) {
         $('#token-why').textContent = (body && body.message) || '';
         $('#token-dialog').showModal();
       }
-      throw new APIError(r.status, body);
+      const err = new APIError(r.status, body);
+      err.retryAfter = Number(r.headers.get('Retry-After')) || 0;
+      throw err;
     }
     return body;
   } finally { busy(false); }
@@ -326,7 +328,7 @@ function flowDrawer(f) {
     labels: f[s + '_labels'] ? Object.entries(f[s + '_labels']).map(([k, x]) => k + '=' + x).join(', ') : '',
   });
   const dst = f.service_name ? { kind: 'service', namespace: f.service_namespace, name: f.service_name } : endpointOf(f, 'dst');
-  const traceHref = hashURL('trace', { source: epLabel(endpointOf(f, 'src')), destination: epLabel(dst), protocol: isICMP(f) ? '' : f.protocol_name, port: isICMP(f) ? '' : (f.service_port || f.dst_port), family: 0, run: 1 });
+  const traceHref = hashURL('trace', { source: epLabel(endpointOf(f, 'src')), destination: epLabel(dst), protocol: isICMP(f) ? 'ICMP' : f.protocol_name, port: isICMP(f) ? '' : (f.service_port || f.dst_port), family: 'dual', run: 1 });
   const actions = h('div', { class: 'actions' },
     f.src_pod ? link(hashURL('flows', { since: $('#f-since').value, pod: f.src_namespace + '/' + f.src_pod }), 'Filter by source pod ' + f.src_pod) : link(hashURL('flows', { since: $('#f-since').value, ip: f.src_ip }), 'Filter by source ' + f.src_ip),
     f.dst_pod ? link(hashURL('flows', { since: $('#f-since').value, pod: f.dst_namespace + '/' + f.dst_pod }), 'Filter by destination pod ' + f.dst_pod) : link(hashURL('flows', { since: $('#f-since').value, ip: f.dst_ip }), 'Filter by destination ' + f.dst_ip),
@@ -876,7 +878,7 @@ function matrix(m, fam, req) {
   });
   return h('div', { class: 'matrix' }, h('h2', {}, famBadge(Number(fam)), 'IPv' + fam), table);
 }
-const knownFamilyKeys = ['outcome', 'reason', 'policy', 'policy_error', 'observed', 'trace', 'trace_error', 'pairs', 'partial', 'pairs_allowed', 'pairs_total', 'pairs_truncated', 'mismatch'];
+const knownFamilyKeys = ['outcome', 'reason', 'policy', 'policy_error', 'observed', 'trace', 'trace_id', 'trace_error', 'pairs', 'partial', 'pairs_allowed', 'pairs_total', 'pairs_truncated', 'mismatch'];
 // pairList renders a cell's pod pairs: "allowed ns/a-0 → ns/b-1 (addr →
 // addr:port) egress P ingress Q"; unknown fields are shown as they are.
 function pairList(pairs) {
@@ -923,7 +925,7 @@ function endpointFilter(e, s) {
 }
 async function cellDetails(src, dst, req, cell, i, j) {
   const flowsQ = Object.assign({ since: req.since, protocol: req.protocol, dst_port: req.port || '' }, endpointFilter(src, 'src'), endpointFilter(dst, 'dst'));
-  const traceQ = { source: epLabel(src), destination: epLabel(dst), protocol: req.protocol, port: req.port || '', family: 0, run: 1 };
+  const traceQ = { source: epLabel(src), destination: epLabel(dst), protocol: req.protocol, port: req.port || '', family: 'dual', run: 1 };
   const info = h('div', { class: 'celldetail', 'data-si': i, 'data-di': j },
     h('p', { class: 'flowline' }, epLabel(src) + ' → ' + epLabel(dst) + ' · ' + req.protocol + (req.port ? ' ' + req.port : ' any port')),
     (cell.reasons || []).length ? h('p', { class: 'verdict unavailable' }, cell.reasons.join('; ')) : null,
@@ -934,55 +936,100 @@ async function cellDetails(src, dst, req, cell, i, j) {
   openDrawer('Reachability cell', info);
   const out = h('div', { class: 'traces' });
   info.append(out);
+  const status = $('#cell-trace-status');
   try {
-    const r = await api('/traceflow', { method: 'POST', body: { source: src, destination: dst, protocol: req.protocol, port: req.port, family: 0 } });
-    $('#cell-trace-status').textContent = 'Dual trace done.';
+    const r = await traceflow(traceRequest(src, dst, req.protocol, req.port, 'dual'),
+      secs => { status.textContent = 'Running the dual trace again in ' + secs + ' s (too many traces at once)…'; });
+    status.textContent = 'Dual trace done.';
     renderTraces(out, r);
-  } catch (e) { $('#cell-trace-status').textContent = errText(e); $('#cell-trace-status').className = 'err'; }
+  } catch (e) { status.textContent = errText(e); status.className = 'err'; }
 }
 
 // ---- Traceflow ----
+// traceFamily reads a link's or the form's family: dual, ipv4 or ipv6, or
+// the older 0 (both), 4 and 6 of bookmarked links.
+const traceFamily = v => ({ 0: 'dual', 4: 'ipv4', 6: 'ipv6' })[v] || (['ipv4', 'ipv6'].includes(v) ? v : 'dual');
+// traceRequest is the body of POST /traceflows from two endpoints
+// ({kind, namespace, name}): a trace leaves from a pod or a workload (the
+// server picks one of its pods) and goes to any endpoint.
+function traceRequest(src, dst, protocol, port, family) {
+  const ref = e => e.namespace ? e.namespace + '/' + e.name : e.name;
+  if (!src || !['pod', 'workload'].includes(src.kind)) throw new APIError(400, { field: 'source', message: 'want pod:namespace/name or workload:namespace/name' });
+  if (!dst) throw new APIError(400, { field: 'destination', message: 'want a pod, workload, service or ip' });
+  const body = { family: traceFamily(family), protocol: (protocol || 'TCP').toUpperCase(), destination: {} };
+  body[src.kind === 'pod' ? 'source' : 'sourceWorkload'] = ref(src);
+  body.destination[dst.kind] = dst.kind === 'ip' ? dst.name : ref(dst);
+  if (!body.protocol.startsWith('ICMP')) body.destination.port = Number(port) || 0;
+  return body;
+}
+// traceflow runs a trace and waits for its result. The server refuses a
+// trace past the caller's rate (429) rather than queue it: it is asked
+// again after the Retry-After given, a few times; onWait(seconds) says so.
+async function traceflow(body, onWait) {
+  for (let attempt = 1; ; attempt++) {
+    try {
+      return await api('/traceflows?wait=true', { method: 'POST', body });
+    } catch (e) {
+      if (e.status !== 429 || attempt > 3) throw e;
+      const secs = Math.min(Math.max(e.retryAfter, 1), 30);
+      onWait(secs);
+      await new Promise(ok => setTimeout(ok, secs * 1000));
+    }
+  }
+}
 async function runTrace(ev) {
   ev && ev.preventDefault();
   const f = $('#trace-form');
-  const body = { source: parseEndpoint(f.source.value), destination: parseEndpoint(f.destination.value), protocol: f.protocol.value, port: Number(f.port.value) || 0, family: Number(f.family.value) };
   history.replaceState(null, '', hashURL('trace', { source: f.source.value, destination: f.destination.value, protocol: f.protocol.value, port: f.port.value, family: f.family.value })); current.hash = location.hash;
   const out = $('#trace-out');
   const btn = f.querySelector('button[type=submit]'); btn.disabled = true;
   out.replaceChildren(h('p', { class: 'muted' }, 'Tracing… injecting a packet per family and collecting observations.'));
   try {
-    const r = await api('/traceflow', { method: 'POST', body });
+    const body = traceRequest(parseEndpoint(f.source.value), parseEndpoint(f.destination.value), f.protocol.value, f.port.value, f.family.value);
+    const r = await traceflow(body, secs => out.replaceChildren(h('p', { class: 'muted' }, 'Too many traces at once: tracing again in ' + secs + ' s…')));
     banner('');
     renderTraces(out, r);
   } catch (e) { showError(e); out.replaceChildren(); }
   btn.disabled = false;
 }
-// renderTraces draws each family's path. A family's error shows once: in
-// its own block (the old 200 {errors} shape), never also in the banner.
+// hopText says what an observation adds to its node, component and action.
+function hopText(o) {
+  return [o.interface && 'via ' + o.interface, o.pod && 'pod ' + o.pod, o.service && 'service ' + o.service,
+    o.translatedDst && 'DNAT to ' + o.translatedDst, o.translatedSrc && 'SNAT to ' + o.translatedSrc, o.detail].filter(Boolean).join(', ');
+}
+// renderTraces draws a trace (POST /traceflows's Result): each family's
+// path, or why it has none, once, in its own block (data-family 4 or 6).
 function renderTraces(out, r) {
   out.replaceChildren();
-  const seen = new Set();
-  for (const t of r.results || []) {
-    seen.add(String(t.family));
-    const path = h('ol', { class: 'path' });
-    for (const hop of t.hops || []) {
-      path.append(h('li', { class: hop.action === 'dropped' ? 'drop' : '' },
-        h('span', { class: 'node' }, hop.node), ' · ', hop.component, ' · ',
-        h('span', { class: 'verdict ' + hop.action }, hop.action),
-        hop.detail ? ' · ' + hop.detail : '',
-        hop.policy ? h('span', { class: hop.action === 'dropped' ? 'pol' : 'muted' }, ' · policy ' + hop.policy) : ''));
-    }
-    const err = (r.errors || {})[String(t.family)];
-    out.append(h('div', { class: 'trace v' + t.family, 'data-family': t.family, 'data-outcome': t.outcome },
-      h('h2', {}, famBadge(t.family), ' ', t.src_ip || '', ' → ', t.dst_ip || ''),
-      h('p', {}, h('span', { class: 'verdict ' + t.outcome }, t.outcome),
-        t.drop_node ? ' at ' + t.drop_node : '', t.policy ? ' by ' + t.policy : ''),
-      err ? h('p', { class: 'err' }, err) : null,
-      path));
+  if (r.id) {
+    const q = r.request || {}, d = q.destination || {};
+    // The pods the server picked for workloads.
+    const picked = [q.sourceWorkload && 'from pod ' + q.source + ' of workload ' + q.sourceWorkload, d.workload && 'to pod ' + d.pod + ' of workload ' + d.workload].filter(Boolean);
+    out.append(h('p', { class: 'muted traceinfo' }, 'Trace ', h('code', {}, r.id), ' · ' + r.phase,
+      picked.length ? ' · traced ' + picked.join(' ') : '',
+      (r.families || []).length ? '' : ': ' + (r.reason || ''), ' · ',
+      link(hashURL('flows', { probe_trace_id: r.id, probes: 'include' }), 'its probe flows', 'the flow records of this trace\'s probes')));
   }
-  for (const [fam, msg] of Object.entries(r.errors || {})) {
-    if (seen.has(fam)) continue;
-    out.append(h('div', { class: 'trace v' + fam, 'data-family': fam, 'data-outcome': 'error' }, h('h2', {}, famBadge(Number(fam)), ' IPv' + fam), h('p', { class: 'err' }, msg)));
+  for (const t of r.families || []) {
+    const fam = t.family === 'ipv6' ? 6 : 4;
+    const stopped = o => o.action === 'dropped' || o.action === 'rejected';
+    const stop = (t.observations || []).find(stopped);
+    const path = h('ol', { class: 'path' }, (t.observations || []).map(o => {
+      const pol = [o.policy, o.rule].filter(Boolean).join(' ');
+      return h('li', { class: stopped(o) ? 'drop' : '' },
+        h('span', { class: 'node' }, o.node), ' · ', o.component, ' · ',
+        h('span', { class: 'verdict ' + o.action }, o.action),
+        hopText(o) ? ' · ' + hopText(o) : '',
+        pol ? h('span', { class: stopped(o) ? 'pol' : 'muted' }, ' · policy ' + pol) : '');
+    }));
+    const traced = ['delivered', 'dropped', 'rejected'].includes(t.outcome);
+    out.append(h('div', { class: 'trace v' + fam, 'data-family': fam, 'data-outcome': t.outcome },
+      h('h2', {}, famBadge(fam), t.src ? [' ', t.src, ' → ', t.dst] : ''),
+      h('p', {}, h('span', { class: 'verdict ' + t.outcome }, t.outcome),
+        stop ? ' at ' + stop.node : '', stop && stop.policy ? ' by ' + stop.policy : '',
+        t.dstPort ? h('span', { class: 'muted' }, ' · ' + t.protocol + ' port ' + t.dstPort) : ''),
+      t.reason ? h('p', { class: traced ? 'note' : 'err' }, t.reason) : null,
+      path));
   }
 }
 
@@ -1001,7 +1048,7 @@ function findingLinks(f) {
     const [s, d] = eps;
     links.push(link(hashURL('flows', Object.assign({ since: '24h', verdict: 'dropped', dst_port: f.port || '' }, endpointFilter(s, 'src'), endpointFilter(d, 'dst'))), 'Denied flows', 'flows of this pair the policies dropped'));
     links.push(link(hashURL('reach', { sources: epLabel(s), destinations: epLabel(d), protocol: base.protocol || 'TCP', port: base.port, run: 1, cell: '0,0' }), 'Reachability cell'));
-    links.push(link(hashURL('trace', { source: epLabel(s), destination: epLabel(d), protocol: base.protocol || 'TCP', port: base.port, family: 0, run: 1 }), 'Dual trace'));
+    links.push(link(hashURL('trace', { source: epLabel(s), destination: epLabel(d), protocol: base.protocol || 'TCP', port: base.port, family: 'dual', run: 1 }), 'Dual trace'));
   } else if (eps.length === 1) {
     const d = eps[0];
     links.push(link(hashURL('flows', Object.assign({ since: '24h', verdict: 'dropped' }, endpointFilter(d, 'dst'))), 'Denied flows'));
@@ -1096,9 +1143,17 @@ async function enterTrace(params) {
   if (params.has('source') || params.has('destination')) {
     f.source.value = params.get('source') || '';
     f.destination.value = params.get('destination') || '';
-    f.protocol.value = params.get('protocol') || 'TCP';
+    const proto = (params.get('protocol') || 'TCP').toUpperCase();
+    f.protocol.value = proto;
     f.port.value = params.get('port') || '';
-    f.family.value = params.get('family') || '0';
+    f.family.value = traceFamily(params.get('family'));
+    if (f.protocol.value !== proto) {
+      // Not traced as another protocol: say so, and leave the choice.
+      banner(proto + ' cannot be traced: a trace sends TCP, UDP or ICMP.');
+      f.protocol.value = 'TCP';
+      $('#trace-out').replaceChildren();
+      return;
+    }
   } else if (!f.source.value.trim()) {
     await loadCatalog();
     const s = catalog.sample;
