@@ -10,7 +10,6 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"os"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -711,21 +710,6 @@ func (w *Writer) send(ctx context.Context, sp *spool.Spool, stop <-chan struct{}
 		}
 		w.broadcastLocked()
 	}
-}
-
-// FailpointEnv names the environment variable of the writer's failpoint.
-// FailpointEnv=kill-after-insert makes the process SIGKILL itself once the
-// first journaled batch is delivered (inserted or spooled) and before its
-// acknowledgement: the window a crash leaves a stored batch unacknowledged,
-// which the end-to-end crash test must hit every time, not by chance.
-// Operators never set it.
-const FailpointEnv = "DUALFLOW_FAILPOINT"
-
-var killAfterInsert = os.Getenv(FailpointEnv) == "kill-after-insert"
-
-func killSelf() {
-	_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-	select {} // the signal is on its way
 }
 
 // outgoing is a batch on its way to ClickHouse: RowBinary rows in Data

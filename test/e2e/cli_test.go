@@ -38,6 +38,19 @@ func buildBinary(t testing.TB) string {
 	return bin
 }
 
+// failpointBinary builds cmd/dualflow with the writer's failpoint (the
+// build tag dualflow_failpoints, store.FailpointEnv), which the product's
+// binary does not have, into a temporary directory (about 11 s warm).
+func failpointBinary(t testing.TB) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "dualflow-failpoints")
+	out, err := exec.Command("go", "build", "-tags", "dualflow_failpoints", "-o", bin, "github.com/dualflow/dualflow/cmd/dualflow").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build -tags dualflow_failpoints: %v\n%s", err, out)
+	}
+	return bin
+}
+
 // TestCLI drives the product path: `dualflow lab up` builds a dual-stack
 // lab with agent processes and the traffic generator in under 2 s; a denied
 // connection over IPv6 is dropped while the same pods reach each other on

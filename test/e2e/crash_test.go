@@ -341,12 +341,13 @@ func testCrash(t *testing.T, bin string, mode manifest.Mode) {
 
 // TestCrashAfterInsert kills the collector in the window the write-ahead
 // log alone cannot cover: its first batch is stored, and the process dies
-// before acknowledging it (the writer's failpoint, store.FailpointEnv).
+// before acknowledging it (the writer's failpoint, store.FailpointEnv, in
+// a binary built with it).
 // The restarted collector must find that batch in the store by its token
 // (flows.ingest_batch) and not replay it: every record is stored once, in
 // three IP modes. Before intents, the whole batch was stored twice.
 func TestCrashAfterInsert(t *testing.T) {
-	bin := buildBinary(t)
+	bin := failpointBinary(t)
 	for _, mode := range manifest.Modes {
 		t.Run(string(mode), func(t *testing.T) {
 			record(t, mode)

@@ -1,0 +1,7 @@
+//go:build !dualflow_failpoints
+
+package store
+
+const killAfterInsert = false
+
+func killSelf() {}
