@@ -64,7 +64,7 @@ type WebConfig struct {
 	// literals and localhost (DNS rebinding protection).
 	AllowedHosts netaddr.HostList
 	// Limits bound concurrent /sql queries and follow streams per role.
-	Limits web.Limits
+	Limits api.Limits
 }
 
 // BindFlags registers the collector's flags and the web's (--web.*).
@@ -148,34 +148,36 @@ func (a *App) buildWeb(opts Options) error {
 	reports.WhatIfLimits = audit.WhatIfLimits{MaxChecks: lim.WhatIfMaxChecks, MaxFlowGroups: lim.WhatIfMaxFlowGroups}
 	v := &view{c: c, reports: reports}
 	cfg := web.Config{
-		Addr:           a.cfg.Web.Addr,
-		Store:          c.Conn(),
-		Database:       db,
-		TokensFile:     a.cfg.Web.TokensFile,
-		LocalTokenFile: a.cfg.Web.LocalTokenFile,
-		AllowedHosts:   a.cfg.Web.AllowedHosts,
-		Limits:         a.cfg.Web.Limits,
-		Evaluator: api.PolicyEvaluator{
-			Policies: func() *policy.Set {
-				if au := c.Auditor(); au != nil {
-					return au.Policies()
-				}
-				return nil
+		Addr:         a.cfg.Web.Addr,
+		TokensFile:   a.cfg.Web.TokensFile,
+		AllowedHosts: a.cfg.Web.AllowedHosts,
+		Config: api.Config{
+			Store:          c.Conn(),
+			Database:       db,
+			LocalTokenFile: a.cfg.Web.LocalTokenFile,
+			Limits:         a.cfg.Web.Limits,
+			Evaluator: api.PolicyEvaluator{
+				Policies: func() *policy.Set {
+					if au := c.Auditor(); au != nil {
+						return au.Policies()
+					}
+					return nil
+				},
+				Resolver:  v,
+				PortName:  v.portName,
+				MaxChecks: lim.ReachabilityMaxChecks,
 			},
-			Resolver:  v,
-			PortName:  v.portName,
-			MaxChecks: lim.ReachabilityMaxChecks,
+			Catalog: v,
+			Status:  v,
+			AuditAPI: (&audit.API{
+				Reports:   reports,
+				Inventory: v.inventory,
+			}).Handler(),
+			Registerer: c.Registry(),
+			Gatherer:   c.Registry(),
+			Logger:     a.log.With("stage", "web"),
+			Ready:      c.Readiness,
 		},
-		Catalog: v,
-		Status:  v,
-		AuditAPI: (&audit.API{
-			Reports:   reports,
-			Inventory: v.inventory,
-		}).Handler(),
-		Registerer: c.Registry(),
-		Gatherer:   c.Registry(),
-		Logger:     a.log.With("stage", "web"),
-		Ready:      c.Readiness,
 	}
 	if _, ok := c.Conn().(*store.Embedded); ok {
 		if cfg.LocalTokenFile == "" {

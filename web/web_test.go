@@ -32,7 +32,7 @@ func TestLoopbackWithoutTokens(t *testing.T) {
 		{"127.0.0.1:9000", "127.0.0.1:9000"},
 		{"[::1]:9000", "[::1]:9000"},
 	} {
-		s, err := New(Config{Addr: tc.addr, Store: nopStore{}})
+		s, err := New(Config{Addr: tc.addr, Config: api.Config{Store: nopStore{}}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -40,7 +40,7 @@ func TestLoopbackWithoutTokens(t *testing.T) {
 			t.Errorf("%s: listens on %s, want %s", tc.addr, s.Addr(), tc.want)
 		}
 	}
-	if _, err := New(Config{Addr: "nonsense", Store: nopStore{}}); err == nil {
+	if _, err := New(Config{Addr: "nonsense", Config: api.Config{Store: nopStore{}}}); err == nil {
 		t.Error("bad address accepted")
 	}
 }
@@ -50,7 +50,7 @@ func TestTokensFileAndRun(t *testing.T) {
 	if err := os.WriteFile(path, []byte("# viewers and operators\nv-tok viewer alice\no-tok operator bob\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	s, err := New(Config{Addr: "[::]:0", TokensFile: path, Store: nopStore{}})
+	s, err := New(Config{Addr: "[::]:0", TokensFile: path, Config: api.Config{Store: nopStore{}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -60,12 +60,12 @@ func TestTokensFileAndRun(t *testing.T) {
 	for _, bad := range []string{"lonely\n", "tok admin\n"} {
 		p := filepath.Join(t.TempDir(), "bad")
 		os.WriteFile(p, []byte(bad), 0o600)
-		if _, err := New(Config{TokensFile: p, Store: nopStore{}}); err == nil {
+		if _, err := New(Config{TokensFile: p, Config: api.Config{Store: nopStore{}}}); err == nil {
 			t.Errorf("token file %q accepted", bad)
 		}
 	}
 	// Run on loopback, check the UI and an authenticated call, then stop.
-	s, err = New(Config{Addr: "127.0.0.1:0", TokensFile: path, Store: nopStore{}})
+	s, err = New(Config{Addr: "127.0.0.1:0", TokensFile: path, Config: api.Config{Store: nopStore{}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,13 +130,13 @@ func TestTokensFileMode(t *testing.T) {
 	if err := os.Chmod(path, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := New(Config{Addr: "[::]:0", TokensFile: path, Store: nopStore{}}); err == nil || !strings.Contains(err.Error(), "chmod 600") {
+	if _, err := New(Config{Addr: "[::]:0", TokensFile: path, Config: api.Config{Store: nopStore{}}}); err == nil || !strings.Contains(err.Error(), "chmod 600") {
 		t.Errorf("a 0644 tokens file: %v, want a refusal saying chmod 600", err)
 	}
 	if err := os.Chmod(path, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := New(Config{Addr: "[::]:0", TokensFile: path, Store: nopStore{}}); err != nil {
+	if _, err := New(Config{Addr: "[::]:0", TokensFile: path, Config: api.Config{Store: nopStore{}}}); err != nil {
 		t.Errorf("a 0600 tokens file: %v", err)
 	}
 }
@@ -148,7 +148,7 @@ func TestTokensFileMode(t *testing.T) {
 func TestTokensFileReload(t *testing.T) {
 	v := reloadtest.NewVolume(t, 0o440, map[string][]byte{"tokens": []byte("old-tok operator bob\n")})
 	reg := prometheus.NewRegistry()
-	s, err := New(Config{Addr: "127.0.0.1:0", TokensFile: v.Path("tokens"), Store: nopStore{}, Registerer: reg, Gatherer: reg})
+	s, err := New(Config{Addr: "127.0.0.1:0", TokensFile: v.Path("tokens"), Config: api.Config{Store: nopStore{}, Registerer: reg, Gatherer: reg}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -185,10 +185,10 @@ dualflow_file_reloads_total{name="web-tokens"} 1
 // --web.reachability.* flags fill Limits (with the api and audit
 // defaults), and the server enforces them.
 func TestLimitFlags(t *testing.T) {
-	var l Limits
+	var l api.Limits
 	fs := flag.NewFlagSet("test", flag.ContinueOnError)
 	l.BindFlags(fs)
-	if l != (Limits{SQLConcurrency: api.DefaultSQLConcurrency, SQLMaxThreads: api.DefaultSQLMaxThreads,
+	if l != (api.Limits{SQLConcurrency: api.DefaultSQLConcurrency, SQLMaxThreads: api.DefaultSQLMaxThreads,
 		FollowStreams: api.DefaultFollowStreams, FollowStreamsPerRole: api.DefaultFollowStreamsPerRole,
 		SQLConcurrencyPerToken: api.DefaultSQLConcurrencyPerToken, FollowStreamsPerToken: api.DefaultFollowStreamsPerToken,
 		WhatIfConcurrency: api.DefaultWhatIfConcurrency, WhatIfConcurrencyPerToken: api.DefaultWhatIfConcurrencyPerToken,
@@ -203,12 +203,12 @@ func TestLimitFlags(t *testing.T) {
 		"--web.reachability.max-concurrent=5", "--web.reachability.max-concurrent-per-token=3", "--web.reachability.max-checks=2000"}); err != nil {
 		t.Fatal(err)
 	}
-	if l != (Limits{SQLConcurrency: 3, SQLMaxThreads: 1, FollowStreams: 1, FollowStreamsPerRole: 1, SQLConcurrencyPerToken: 2, FollowStreamsPerToken: 1,
+	if l != (api.Limits{SQLConcurrency: 3, SQLMaxThreads: 1, FollowStreams: 1, FollowStreamsPerRole: 1, SQLConcurrencyPerToken: 2, FollowStreamsPerToken: 1,
 		WhatIfConcurrency: 3, WhatIfConcurrencyPerToken: 2, WhatIfMaxChecks: 1000, WhatIfMaxFlowGroups: 10,
 		ReachabilityConcurrency: 5, ReachabilityConcurrencyPerToken: 3, ReachabilityMaxChecks: 2000}) {
 		t.Errorf("parsed %+v", l)
 	}
-	s, err := New(Config{Addr: "127.0.0.1:0", Store: nopStore{}, Limits: l})
+	s, err := New(Config{Addr: "127.0.0.1:0", Config: api.Config{Store: nopStore{}, Limits: l}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,7 +237,7 @@ func TestLimitFlags(t *testing.T) {
 // address is same-origin with itself; the server answers only to IP
 // literals, localhost and the names it is given.
 func TestDNSRebinding(t *testing.T) {
-	s, err := New(Config{Addr: "127.0.0.1:0", Store: nopStore{}, AllowedHosts: []string{"dualflow.example"}})
+	s, err := New(Config{Addr: "127.0.0.1:0", AllowedHosts: []string{"dualflow.example"}, Config: api.Config{Store: nopStore{}}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,8 +275,8 @@ func TestDNSRebinding(t *testing.T) {
 func TestLocalRequestsAreViewers(t *testing.T) {
 	tokenFile := filepath.Join(t.TempDir(), "data", LocalTokenFileName)
 	sqlCalls := 0
-	s, err := New(Config{Addr: "127.0.0.1:0", Store: nopStore{}, LocalTokenFile: tokenFile,
-		SQL: sqlFunc(func() { sqlCalls++ })})
+	s, err := New(Config{Addr: "127.0.0.1:0", Config: api.Config{Store: nopStore{}, LocalTokenFile: tokenFile,
+		SQL: sqlFunc(func() { sqlCalls++ })}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,7 +319,7 @@ func TestLocalRequestsAreViewers(t *testing.T) {
 		t.Errorf("SQL with the local operator token: %d %s", w.Code, w.Body)
 	}
 	// The token survives a restart; a loose file is refused.
-	if _, err := New(Config{Addr: "127.0.0.1:0", Store: nopStore{}, LocalTokenFile: tokenFile}); err != nil {
+	if _, err := New(Config{Addr: "127.0.0.1:0", Config: api.Config{Store: nopStore{}, LocalTokenFile: tokenFile}}); err != nil {
 		t.Fatal(err)
 	}
 	if again, _ := os.ReadFile(tokenFile); string(again) != string(tok) {
@@ -328,7 +328,7 @@ func TestLocalRequestsAreViewers(t *testing.T) {
 	if err := os.Chmod(tokenFile, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := New(Config{Addr: "127.0.0.1:0", Store: nopStore{}, LocalTokenFile: tokenFile}); err == nil || !strings.Contains(err.Error(), "chmod 600") {
+	if _, err := New(Config{Addr: "127.0.0.1:0", Config: api.Config{Store: nopStore{}, LocalTokenFile: tokenFile}}); err == nil || !strings.Contains(err.Error(), "chmod 600") {
 		t.Errorf("a 0644 local token file: %v", err)
 	}
 }

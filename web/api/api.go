@@ -135,34 +135,8 @@ type Config struct {
 	// table taking rows). nil: the store answers SELECT 1.
 	Ready func(context.Context) error
 
-	// SQLMaxThreads is the engine's max_threads of a /sql query.
-	SQLMaxThreads int
-	// SQLConcurrency caps the /sql queries running at once per role;
-	// past it a query is answered 429.
-	SQLConcurrency int
-	// FollowStreams caps the follow streams (GET /flows?follow=true) open
-	// at once, FollowStreamsPerRole those of one role (so viewers cannot
-	// take every stream from operators); past either a new stream is
-	// answered 429.
-	FollowStreams        int
-	FollowStreamsPerRole int
-
-	// Caps per token (per principal: Principal.Name; without tokens the
-	// one local principal), so that one token cannot take its role's
-	// every place: SQLConcurrencyPerToken /sql queries,
-	// FollowStreamsPerToken follow streams, WhatIfConcurrencyPerToken
-	// what-ifs and ReachabilityConcurrencyPerToken reachability matrices.
-	SQLConcurrencyPerToken          int
-	FollowStreamsPerToken           int
-	WhatIfConcurrencyPerToken       int
-	ReachabilityConcurrencyPerToken int
-	// WhatIfConcurrency caps the what-ifs (POST /audit/whatif) running at
-	// once per role, ReachabilityConcurrency the reachability matrices
-	// (POST /reachability); past a cap a request is answered 429. Their
-	// work is bounded in policy checks too: collector/audit's
-	// Reports.WhatIf and PolicyEvaluator.MaxChecks.
-	WhatIfConcurrency       int
-	ReachabilityConcurrency int
+	// Limits cap the heavy requests in flight (0: the defaults).
+	Limits
 }
 
 // Defaults.

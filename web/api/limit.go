@@ -1,6 +1,7 @@
 package api
 
 import (
+	"flag"
 	"fmt"
 	"math"
 	"net/http"
@@ -9,6 +10,8 @@ import (
 	"time"
 
 	"github.com/gin-gonic/gin"
+
+	"github.com/dualflow/dualflow/collector/audit"
 )
 
 // Engine priorities (the ClickHouse setting priority: 1 is the highest,
@@ -202,4 +205,59 @@ const reasonTooLarge = "too_large"
 // what to narrow.
 func tooLarge(field, format string, args ...any) *FieldError {
 	return &FieldError{Field: field, Message: fmt.Sprintf(format, args...), reason: reasonTooLarge}
+}
+
+// Limits cap the requests that load the store or the CPU: POST
+// /api/v1/sql queries, follow streams, what-ifs and reachability
+// matrices, per token, per role and (follow streams) in all. A request
+// past a cap is answered 429 with Retry-After and counted in
+// dualflow_web_concurrency_refused_total; a what-if or a matrix past its
+// bound of work is answered 422 and counted in
+// dualflow_web_too_large_total.
+type Limits struct {
+	// SQLConcurrency is the /sql queries running at once per role (only
+	// operators run SQL, so it is also the cap over all roles).
+	SQLConcurrency int
+	// SQLMaxThreads is the engine threads of one /sql query.
+	SQLMaxThreads int
+	// FollowStreams is the follow streams open at once, all roles
+	// together; FollowStreamsPerRole those of one role.
+	FollowStreams        int
+	FollowStreamsPerRole int
+	// SQLConcurrencyPerToken and FollowStreamsPerToken cap those of one
+	// token (one principal; without tokens, the one local user).
+	SQLConcurrencyPerToken int
+	FollowStreamsPerToken  int
+	// WhatIfConcurrency is the what-ifs running at once per role,
+	// WhatIfConcurrencyPerToken per token; WhatIfMaxChecks and
+	// WhatIfMaxFlowGroups bound one what-if (audit.WhatIfLimits).
+	WhatIfConcurrency         int
+	WhatIfConcurrencyPerToken int
+	WhatIfMaxChecks           int64
+	WhatIfMaxFlowGroups       int
+	// ReachabilityConcurrency is the reachability matrices computed at
+	// once per role, ReachabilityConcurrencyPerToken per token;
+	// ReachabilityMaxChecks bounds one matrix
+	// (api.PolicyEvaluator.MaxChecks).
+	ReachabilityConcurrency         int
+	ReachabilityConcurrencyPerToken int
+	ReachabilityMaxChecks           int64
+}
+
+// BindFlags registers the --web.sql.*, --web.follow.*, --web.whatif.* and
+// --web.reachability.* limit flags on fs.
+func (l *Limits) BindFlags(fs *flag.FlagSet) {
+	fs.IntVar(&l.SQLConcurrency, "web.sql.max-concurrent", DefaultSQLConcurrency, "POST /api/v1/sql queries running at once per role; more are answered 429 (the embedded engine runs 4 statements at once: keep room for the collector's inserts)")
+	fs.IntVar(&l.SQLMaxThreads, "web.sql.max-threads", DefaultSQLMaxThreads, "engine threads (max_threads) of one /sql query")
+	fs.IntVar(&l.FollowStreams, "web.follow.max-streams", DefaultFollowStreams, "follow streams (GET /api/v1/flows?follow=true) open at once, all roles together; more are answered 429 (each polls the store every second)")
+	fs.IntVar(&l.FollowStreamsPerRole, "web.follow.max-streams-per-role", DefaultFollowStreamsPerRole, "follow streams open at once per role (viewer, operator), so viewers cannot take them all")
+	fs.IntVar(&l.SQLConcurrencyPerToken, "web.sql.max-concurrent-per-token", DefaultSQLConcurrencyPerToken, "POST /api/v1/sql queries running at once per token (without tokens: for the local user), so one token cannot take its role's every place")
+	fs.IntVar(&l.FollowStreamsPerToken, "web.follow.max-streams-per-token", DefaultFollowStreamsPerToken, "follow streams open at once per token (without tokens: for the local user), so one token cannot take its role's every stream")
+	fs.IntVar(&l.WhatIfConcurrency, "web.whatif.max-concurrent", DefaultWhatIfConcurrency, "what-ifs (POST /api/v1/audit/whatif) running at once per role; more are answered 429 (each holds up to --web.whatif.max-flow-groups flow groups in memory)")
+	fs.IntVar(&l.WhatIfConcurrencyPerToken, "web.whatif.max-concurrent-per-token", DefaultWhatIfConcurrencyPerToken, "what-ifs running at once per token (without tokens: for the local user)")
+	fs.Int64Var(&l.WhatIfMaxChecks, "web.whatif.max-checks", audit.DefaultWhatIfMaxChecks, "policy checks of one what-if: its flow groups, each against the policies that may select its ends, before and after the proposal; a larger what-if is answered 422 before it reads any flow (10 to 60 ns a check)")
+	fs.IntVar(&l.WhatIfMaxFlowGroups, "web.whatif.max-flow-groups", audit.DefaultWhatIfMaxFlowGroups, "flow groups one what-if reads, its largest limit (about 2 KiB of memory each)")
+	fs.IntVar(&l.ReachabilityConcurrency, "web.reachability.max-concurrent", DefaultReachabilityConcurrency, "reachability matrices (POST /api/v1/reachability) computed at once per role; more are answered 429")
+	fs.IntVar(&l.ReachabilityConcurrencyPerToken, "web.reachability.max-concurrent-per-token", DefaultReachabilityConcurrencyPerToken, "reachability matrices computed at once per token (without tokens: for the local user)")
+	fs.Int64Var(&l.ReachabilityMaxChecks, "web.reachability.max-checks", DefaultReachabilityMaxChecks, "policy checks of one reachability matrix: its pod pairs, each against the policies that may select its ends; a larger matrix is answered 422 before any pair is evaluated (10 to 60 ns a check)")
 }

@@ -60,7 +60,7 @@ func (g *gatedSQL) RunSQL(ctx context.Context, q, _ string, settings map[string]
 // the engine's thread cap and a priority below the API's own reads.
 func TestSQLConcurrencyLimit(t *testing.T) {
 	g := newGatedSQL()
-	a, err := New(Config{Store: &fakeStore{}, SQL: g, Tokens: gateTokens(), SQLConcurrency: 2, SQLConcurrencyPerToken: 3, SQLMaxThreads: 1}) // the role's cap first
+	a, err := New(Config{Store: &fakeStore{}, SQL: g, Tokens: gateTokens(), Limits: Limits{SQLConcurrency: 2, SQLConcurrencyPerToken: 3, SQLMaxThreads: 1}}) // the role's cap first
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -138,7 +138,7 @@ func TestQueryPriorities(t *testing.T) {
 // priority to /sql, and a query cannot lift them.
 func TestSQLEngineSettings(t *testing.T) {
 	e := needEngine(t)
-	h := testAPI(t, Config{SQL: e, SQLMaxThreads: 1})
+	h := testAPI(t, Config{SQL: e, Limits: Limits{SQLMaxThreads: 1}})
 	r := do(t, h, "POST", "/api/v1/sql", `{"query":"SELECT getSetting('max_threads') AS t, getSetting('priority') AS p"}`)
 	res := decode[SQLResult](t, r)
 	if r.code != 200 || len(res.Rows) != 1 || res.Limits.MaxThreads != 1 {
@@ -167,7 +167,7 @@ func TestFollowStreamLimits(t *testing.T) {
 	tok := &Tokens{}
 	tok.Add("view-secret", Principal{Name: "v", Role: RoleViewer})
 	tok.Add("op-secret", Principal{Name: "o", Role: RoleOperator})
-	a, err := New(Config{Store: emptyStore{}, Tokens: tok, FollowInterval: time.Hour, FollowStreams: 3, FollowStreamsPerRole: 2})
+	a, err := New(Config{Store: emptyStore{}, Tokens: tok, FollowInterval: time.Hour, Limits: Limits{FollowStreams: 3, FollowStreamsPerRole: 2}})
 	if err != nil {
 		t.Fatal(err)
 	}

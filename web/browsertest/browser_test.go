@@ -85,11 +85,11 @@ func runMain(m *testing.M) int {
 		// The UI traces through the product's controller and REST API.
 		tf := traceflow.New(traceflow.Config{}, fakes.NodeTracer{Delay: 200 * time.Millisecond}, fakes.Resolver{}, nil)
 		tfs = append(tfs, tf)
-		srv, err := web.New(web.Config{
-			Addr: "127.0.0.1:0", Store: e, Database: db, LocalTokenFile: tokenFile,
+		srv, err := web.New(web.Config{Addr: "127.0.0.1:0", Config: api.Config{
+			Store: e, Database: db, LocalTokenFile: tokenFile,
 			Evaluator: fakes.Evaluator{}, Tracer: tf, Traceflows: traceflow.Handler(tf), AuditAPI: fakes.AuditAPI{},
 			Catalog: catalog, Status: fakes.Status{Stale: &kubeStale},
-		})
+		}})
 		if err != nil {
 			return "", err
 		}
