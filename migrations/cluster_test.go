@@ -7,6 +7,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/dualflow/dualflow/internal/chsql"
 )
 
 // The cluster form cannot run on chDB (no cluster, no Keeper), so these
@@ -61,7 +63,7 @@ func TestClusterSettingsExist(t *testing.T) {
 		t.Errorf("no migration sets replicated_deduplication_window_seconds (found %v)", names)
 	}
 	for n := range names {
-		out, err := db.Query(ctx, "SELECT count() FROM system.merge_tree_settings WHERE name = "+quote(n), "TabSeparated")
+		out, err := db.Query(ctx, "SELECT count() FROM system.merge_tree_settings WHERE name = "+chsql.String(n), "TabSeparated")
 		if err != nil || strings.TrimSpace(string(out)) != "1" {
 			t.Errorf("MergeTree setting %s: %s %v", n, out, err)
 		}

@@ -33,6 +33,8 @@ import (
 	"strconv"
 	"strings"
 	"text/template"
+
+	"github.com/dualflow/dualflow/internal/chsql"
 )
 
 //go:embed *.sql
@@ -498,7 +500,7 @@ func (r *Runner) Up(ctx context.Context) ([]Migration, error) {
 			}
 		}
 		rec := fmt.Sprintf("INSERT INTO %s.schema_migrations (version, name, checksum, dualflow_version) SELECT %d, %s, %s, %s",
-			r.opt.Database, m.Version, quote(m.Name), quote(m.Checksum), quote(r.Version))
+			r.opt.Database, m.Version, chsql.String(m.Name), chsql.String(m.Checksum), chsql.String(r.Version))
 		if err := r.conn.Exec(ctx, rec); err != nil {
 			return done, fmt.Errorf("record migration %s: %w", m.Name, err)
 		}
@@ -536,7 +538,7 @@ func (r *Runner) reconcileTTL(ctx context.Context) error {
 	for _, t := range ttlTables {
 		name := t.table + suffix
 		out, err := r.conn.Query(ctx, fmt.Sprintf(
-			"SELECT engine_full FROM system.tables WHERE database = %s AND name = %s", quote(r.opt.Database), quote(name)), "TabSeparatedRaw")
+			"SELECT engine_full FROM system.tables WHERE database = %s AND name = %s", chsql.String(r.opt.Database), chsql.String(name)), "TabSeparatedRaw")
 		if err != nil {
 			return fmt.Errorf("read ttl of %s: %w", name, err)
 		}
@@ -594,8 +596,4 @@ func firstLine(s string) string {
 		}
 	}
 	return ""
-}
-
-func quote(s string) string {
-	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(s) + "'"
 }

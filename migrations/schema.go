@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/dualflow/dualflow/internal/chsql"
 )
 
 // The ledger (schema_migrations) says which migrations ran, not that what
@@ -72,7 +74,7 @@ func (r *Runner) Reference(ctx context.Context) (Schema, error) {
 		return nil, nil
 	}
 	// Scratch databases a crash left behind.
-	out, err := r.conn.Query(ctx, fmt.Sprintf("SELECT name FROM system.databases WHERE startsWith(name, %s)", quote(r.opt.Database+refPrefix)), "TabSeparatedRaw")
+	out, err := r.conn.Query(ctx, fmt.Sprintf("SELECT name FROM system.databases WHERE startsWith(name, %s)", chsql.String(r.opt.Database+refPrefix)), "TabSeparatedRaw")
 	if err != nil {
 		return nil, fmt.Errorf("schema reference: %w", err)
 	}
@@ -116,7 +118,7 @@ func (r *Runner) Reference(ctx context.Context) (Schema, error) {
 // read returns the tables and views of database db with their columns and
 // CREATE statements.
 func read(ctx context.Context, c conn, db string) (Schema, error) {
-	out, err := c.Query(ctx, fmt.Sprintf("SELECT name, engine FROM system.tables WHERE database = %s AND NOT is_temporary", quote(db)), "JSONEachRow")
+	out, err := c.Query(ctx, fmt.Sprintf("SELECT name, engine FROM system.tables WHERE database = %s AND NOT is_temporary", chsql.String(db)), "JSONEachRow")
 	if err != nil {
 		return nil, err
 	}
@@ -131,7 +133,7 @@ func read(ctx context.Context, c conn, db string) (Schema, error) {
 		o.Name, o.Engine = row.Name, row.Engine
 		s[o.Name] = o
 	}
-	out, err = c.Query(ctx, fmt.Sprintf("SELECT table, name, type, default_kind, default_expression FROM system.columns WHERE database = %s ORDER BY table, position", quote(db)), "JSONEachRow")
+	out, err = c.Query(ctx, fmt.Sprintf("SELECT table, name, type, default_kind, default_expression FROM system.columns WHERE database = %s ORDER BY table, position", chsql.String(db)), "JSONEachRow")
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/dualflow/dualflow/internal/chsql"
 )
 
 // sqlConn runs SQL on ClickHouse; store.Conn (ClickHouse, chDB) satisfies it.
@@ -85,14 +87,14 @@ func (s *Store) InsertSQL(r Result) (string, error) {
 			b.WriteByte(',')
 		}
 		vals := []string{
-			quote(r.ID), quoteTime(r.Started), quoteTime(cmp.Or(r.Ended, r.Started)), quote(string(r.Phase)), quote(r.Reason),
-			quote(r.Request.Source), quote(r.Request.Destination.String()),
-			quote(string(fr.Family)), quote(string(fr.Outcome)), quote(fr.Reason), quote(string(fr.Protocol)),
-			quote(addrText(fr.Src.String(), fr.Src.IsValid())), quote(addrText(fr.Dst.String(), fr.Dst.IsValid())),
+			chsql.String(r.ID), quoteTime(r.Started), quoteTime(cmp.Or(r.Ended, r.Started)), chsql.String(string(r.Phase)), chsql.String(r.Reason),
+			chsql.String(r.Request.Source), chsql.String(r.Request.Destination.String()),
+			chsql.String(string(fr.Family)), chsql.String(string(fr.Outcome)), chsql.String(fr.Reason), chsql.String(string(fr.Protocol)),
+			chsql.String(addrText(fr.Src.String(), fr.Src.IsValid())), chsql.String(addrText(fr.Dst.String(), fr.Dst.IsValid())),
 			strconv.Itoa(int(fr.SrcPort)), strconv.Itoa(int(fr.DstPort)),
-			quote(translated), quote(pod), quote(last), quote(policy), quote(rule),
+			chsql.String(translated), chsql.String(pod), chsql.String(last), chsql.String(policy), chsql.String(rule),
 			strconv.FormatFloat(float64(time.Duration(fr.Duration).Microseconds())/1000, 'f', 3, 64),
-			quote(string(obs)),
+			chsql.String(string(obs)),
 		}
 		b.WriteString(" (" + strings.Join(vals, ", ") + ")")
 	}
@@ -153,7 +155,7 @@ func (s *Store) Load(ctx context.Context, id string) (Result, error) {
 // SelectSQL returns the query of Load for trace id (quoted as a literal).
 func (s *Store) SelectSQL(id string) string {
 	return fmt.Sprintf("SELECT %s FROM %s WHERE trace_id = %s ORDER BY family, ended DESC LIMIT 1 BY family",
-		strings.Join(loadColumns, ", "), s.table, quote(id))
+		strings.Join(loadColumns, ", "), s.table, chsql.String(id))
 }
 
 // decodeRow adds row n (a TSV line of loadColumns) to r: the trace's
@@ -223,28 +225,6 @@ func addrText(s string, ok bool) string {
 	return s
 }
 
-// quote returns s as a ClickHouse string literal: backslash and quote
-// escaped, control characters as \xHH so the statement stays one line.
-func quote(s string) string {
-	var b strings.Builder
-	b.Grow(len(s) + 2)
-	b.WriteByte('\'')
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c == '\\' || c == '\'':
-			b.WriteByte('\\')
-			b.WriteByte(c)
-		case c < 0x20 || c == 0x7f:
-			fmt.Fprintf(&b, `\x%02X`, c)
-		default:
-			b.WriteByte(c)
-		}
-	}
-	b.WriteByte('\'')
-	return b.String()
-}
-
 func quoteTime(t time.Time) string {
-	return "toDateTime64(" + quote(t.UTC().Format("2006-01-02 15:04:05.000")) + ", 3, 'UTC')"
+	return "toDateTime64(" + chsql.String(t.UTC().Format("2006-01-02 15:04:05.000")) + ", 3, 'UTC')"
 }

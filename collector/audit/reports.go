@@ -19,6 +19,7 @@ import (
 
 	"github.com/dualflow/dualflow/collector/audit/policy"
 	"github.com/dualflow/dualflow/flow"
+	"github.com/dualflow/dualflow/internal/chsql"
 )
 
 // querier runs one read-only query and returns its output in a ClickHouse
@@ -173,11 +174,6 @@ func (w Window) flowEnd() string {
 // The rollups the other reports read never sum them.
 const ordinary = "NOT is_probe"
 
-// quote returns s as a ClickHouse string literal.
-func quote(s string) string {
-	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(s) + "'"
-}
-
 // reportMaxMemory bounds a report's memory as the web API bounds its own
 // queries: aggregation and sorting spill to disk past half of it, the
 // engine ends the query past it rather than let it take the process's
@@ -264,7 +260,7 @@ func (r *Reports) Denied(ctx context.Context, opt DeniedOptions) ([]DeniedGroup,
 	}
 	where := []string{"(verdict IN ('denied', 'rejected') OR reported_verdict IN ('denied', 'rejected'))"}
 	if opt.Namespace != "" {
-		where = append(where, fmt.Sprintf("(src_pod_namespace = %s OR dst_pod_namespace = %s)", quote(opt.Namespace), quote(opt.Namespace)))
+		where = append(where, fmt.Sprintf("(src_pod_namespace = %s OR dst_pod_namespace = %s)", chsql.String(opt.Namespace), chsql.String(opt.Namespace)))
 	}
 	switch opt.Family {
 	case 0:
@@ -630,7 +626,7 @@ func (r *Reports) WhatIf(ctx context.Context, inv *Inventory, proposed []*networ
 	}
 	quoted := make([]string, len(touched))
 	for i, ns := range touched {
-		quoted[i] = quote(ns)
+		quoted[i] = chsql.String(ns)
 	}
 	in := "(" + strings.Join(quoted, ", ") + ")"
 	where := w.flowEnd() + " AND " + ordinary + " AND (src_pod_namespace IN " + in + " OR dst_pod_namespace IN " + in + ")"

@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/dualflow/dualflow/internal/chsql"
 )
 
 // FieldError is a bad request about one input field. Handlers answer it
@@ -83,9 +85,9 @@ func buildFilterFields() {
 		if name == "" {
 			return "", fmt.Errorf("empty pod name")
 		}
-		c := s + "_pod_name = " + quote(name)
+		c := s + "_pod_name = " + chsql.String(name)
 		if ns != "" {
-			c = "(" + s + "_pod_namespace = " + quote(ns) + " AND " + c + ")"
+			c = "(" + s + "_pod_namespace = " + chsql.String(ns) + " AND " + c + ")"
 		}
 		return c, nil
 	})
@@ -93,7 +95,7 @@ func buildFilterFields() {
 		if v == "" {
 			return "", fmt.Errorf("empty namespace")
 		}
-		return s + "_pod_namespace = " + quote(v), nil
+		return s + "_pod_namespace = " + chsql.String(v), nil
 	})
 	both("workload", "workload as namespace/name, name, or Kind:namespace/name", func(s, v string) (string, error) {
 		kind := ""
@@ -104,12 +106,12 @@ func buildFilterFields() {
 		if name == "" {
 			return "", fmt.Errorf("empty workload name")
 		}
-		c := []string{s + "_workload_name = " + quote(name)}
+		c := []string{s + "_workload_name = " + chsql.String(name)}
 		if ns != "" {
-			c = append(c, s+"_pod_namespace = "+quote(ns))
+			c = append(c, s+"_pod_namespace = "+chsql.String(ns))
 		}
 		if kind != "" {
-			c = append(c, s+"_workload_kind = "+quote(kind))
+			c = append(c, s+"_workload_kind = "+chsql.String(kind))
 		}
 		return "(" + strings.Join(c, " AND ") + ")", nil
 	})
@@ -120,10 +122,10 @@ func buildFilterFields() {
 		if v == "" {
 			return "", fmt.Errorf("empty node")
 		}
-		return s + "_node = " + quote(v), nil
+		return s + "_node = " + chsql.String(v), nil
 	})
 	both("zone", "topology zone", func(s, v string) (string, error) {
-		return s + "_zone = " + quote(v), nil
+		return s + "_zone = " + chsql.String(v), nil
 	})
 	both("ip", "address or CIDR of either family", func(s, v string) (string, error) {
 		return ipCond(s+"_ip_bin", v)
@@ -136,9 +138,9 @@ func buildFilterFields() {
 		if name == "" {
 			return "", fmt.Errorf("empty service name")
 		}
-		c := "dst_service_name = " + quote(name)
+		c := "dst_service_name = " + chsql.String(name)
 		if ns != "" {
-			c = "(dst_service_namespace = " + quote(ns) + " AND " + c + ")"
+			c = "(dst_service_namespace = " + chsql.String(ns) + " AND " + c + ")"
 		}
 		return c, nil
 	})
@@ -160,7 +162,7 @@ func buildFilterFields() {
 			if v == "unknown" {
 				return "(ingress_verdict = 'unknown' AND egress_verdict = 'unknown')", nil
 			}
-			return "(ingress_verdict = " + quote(v) + " OR egress_verdict = " + quote(v) + ")", nil
+			return "(ingress_verdict = " + chsql.String(v) + " OR egress_verdict = " + chsql.String(v) + ")", nil
 		case "dropped":
 			return "(ingress_verdict IN ('denied', 'rejected') OR egress_verdict IN ('denied', 'rejected'))", nil
 		}
@@ -173,9 +175,9 @@ func buildFilterFields() {
 		}
 		var c []string
 		for _, d := range []string{"ingress", "egress"} {
-			x := d + "_policy_name = " + quote(name)
+			x := d + "_policy_name = " + chsql.String(name)
 			if ns != "" {
-				x = "(" + d + "_policy_namespace = " + quote(ns) + " AND " + x + ")"
+				x = "(" + d + "_policy_namespace = " + chsql.String(ns) + " AND " + x + ")"
 			}
 			c = append(c, x)
 		}
@@ -192,7 +194,7 @@ func buildFilterFields() {
 	})
 	add(probesParam, "traceflow probes' rows: exclude (the default: a trace is not traffic), include, or only", nil)
 	add("probe_trace_id", "the rows of the traceflow probe of this trace id (tf-…); without probes=, implies probes=include", func(v string) (string, error) {
-		return "probe_trace_id = " + quote(v), nil
+		return "probe_trace_id = " + chsql.String(v), nil
 	})
 	add("k8s_view_stale", "true: enriched while the collector's view of the Kubernetes API was stale (names may be out of date)", func(v string) (string, error) {
 		switch v {
@@ -223,15 +225,15 @@ func labelCond(col, v string) (string, error) {
 		return "", fmt.Errorf("empty label selector")
 	case strings.Contains(v, "!="):
 		k, val, _ := strings.Cut(v, "!=")
-		return col + "[" + quote(strings.TrimSpace(k)) + "] != " + quote(strings.TrimSpace(val)), nil
+		return col + "[" + chsql.String(strings.TrimSpace(k)) + "] != " + chsql.String(strings.TrimSpace(val)), nil
 	case strings.Contains(v, "="):
 		k, val, _ := strings.Cut(v, "=")
 		val = strings.TrimPrefix(val, "=")
-		return col + "[" + quote(strings.TrimSpace(k)) + "] = " + quote(strings.TrimSpace(val)), nil
+		return col + "[" + chsql.String(strings.TrimSpace(k)) + "] = " + chsql.String(strings.TrimSpace(val)), nil
 	case strings.HasPrefix(v, "!"):
-		return "NOT mapContains(" + col + ", " + quote(strings.TrimSpace(v[1:])) + ")", nil
+		return "NOT mapContains(" + col + ", " + chsql.String(strings.TrimSpace(v[1:])) + ")", nil
 	}
-	return "mapContains(" + col + ", " + quote(strings.TrimSpace(v)) + ")", nil
+	return "mapContains(" + col + ", " + chsql.String(strings.TrimSpace(v)) + ")", nil
 }
 
 // ipCond matches an address or a CIDR on a *_ip_bin column (IPv6, IPv4

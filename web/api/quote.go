@@ -3,46 +3,20 @@ package api
 import (
 	"net/netip"
 	"strconv"
-	"strings"
+
+	"github.com/dualflow/dualflow/internal/chsql"
 )
 
 // The store's Conn has no server-side parameters, so every value that
-// reaches SQL text goes through one of these functions. Identifiers
-// (columns) never come from input: they are picked from fixed tables.
-
-// quote returns s as a ClickHouse string literal. Backslash and quote are
-// escaped, and every control byte (NUL included, which would end the
-// engine's reading of the text) is written as \xHH, so the literal cannot
-// be closed early whatever s holds.
-func quote(s string) string {
-	var b strings.Builder
-	b.Grow(len(s) + 2)
-	b.WriteByte('\'')
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c == '\\':
-			b.WriteString(`\\`)
-		case c == '\'':
-			b.WriteString(`\'`)
-		case c < 0x20 || c == 0x7f:
-			const hex = "0123456789abcdef"
-			b.WriteString(`\x`)
-			b.WriteByte(hex[c>>4])
-			b.WriteByte(hex[c&0xf])
-		default:
-			b.WriteByte(c)
-		}
-	}
-	b.WriteByte('\'')
-	return b.String()
-}
+// reaches SQL text goes through chsql.String (or these literals built on
+// it). Identifiers (columns) never come from input: they are picked from
+// fixed tables.
 
 // ipv6Literal returns the IPv6-typed literal of a (IPv4 mapped), to compare
 // with the *_ip_bin columns.
 func ipv6Literal(a netip.Addr) string {
 	// toIPv6 maps IPv4 text to ::ffff:a.b.c.d itself.
-	return "toIPv6(" + quote(a.Unmap().String()) + ")"
+	return "toIPv6(" + chsql.String(a.Unmap().String()) + ")"
 }
 
 // prefixRange returns the first and last address of p as IPv6 literals

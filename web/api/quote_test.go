@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/dualflow/dualflow/internal/chsql"
 )
 
 var quoteCases = []string{
@@ -12,42 +14,18 @@ var quoteCases = []string{
 	"nul\x00byte", "new\nline\ttab\r", "\x7fdel", "unicode ünïcödé ✓", `\x41`, "''", `\\'`, "fd00:10::1",
 }
 
-func TestQuoteNoBreakout(t *testing.T) {
-	for _, s := range quoteCases {
-		q := quote(s)
-		if q[0] != '\'' || q[len(q)-1] != '\'' {
-			t.Fatalf("quote(%q) = %s", s, q)
-		}
-		inner := q[1 : len(q)-1]
-		// Every quote inside is escaped by an odd run of backslashes.
-		for i := 0; i < len(inner); i++ {
-			if inner[i] == '\'' {
-				n := 0
-				for j := i - 1; j >= 0 && inner[j] == '\\'; j-- {
-					n++
-				}
-				if n%2 == 0 {
-					t.Errorf("quote(%q) = %s: unescaped quote at %d", s, q, i)
-				}
-			}
-			if inner[i] < 0x20 {
-				t.Errorf("quote(%q) has control byte %#x", s, inner[i])
-			}
-		}
-	}
-}
-
-// TestQuoteRoundTrip has the engine parse each literal back.
+// TestQuoteRoundTrip has the engine parse each literal of chsql.String
+// back (chsql checks that none can be closed early).
 func TestQuoteRoundTrip(t *testing.T) {
 	e := needEngine(t)
 	for _, s := range quoteCases {
-		out, err := e.Query(context.Background(), "SELECT hex("+quote(s)+")", "TabSeparated")
+		out, err := e.Query(context.Background(), "SELECT hex("+chsql.String(s)+")", "TabSeparated")
 		if err != nil {
-			t.Fatalf("quote(%q): %v", s, err)
+			t.Fatalf("chsql.String(%q): %v", s, err)
 		}
 		want := strings.ToUpper(hexString(s))
 		if got := strings.TrimSpace(string(out)); got != want {
-			t.Errorf("quote(%q): engine read %s, want %s", s, got, want)
+			t.Errorf("chsql.String(%q): engine read %s, want %s", s, got, want)
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/dualflow/dualflow/flow"
+	"github.com/dualflow/dualflow/internal/chsql"
 	"github.com/dualflow/dualflow/traceflow"
 )
 
@@ -128,7 +129,7 @@ func endpointCond(side string, e Endpoint, field string) (string, error) {
 		if e.Kind == "workload" {
 			col = side + "_workload_name"
 		}
-		return "(" + side + "_pod_namespace = " + quote(e.Namespace) + " AND " + col + " = " + quote(e.Name) + ")", nil
+		return "(" + side + "_pod_namespace = " + chsql.String(e.Namespace) + " AND " + col + " = " + chsql.String(e.Name) + ")", nil
 	case "service":
 		if side != "dst" {
 			return "", fieldErr(field, "a Service can only be a destination")
@@ -136,7 +137,7 @@ func endpointCond(side string, e Endpoint, field string) (string, error) {
 		if e.Namespace == "" || e.Name == "" {
 			return "", fieldErr(field, "service needs namespace and name")
 		}
-		return "(dst_service_namespace = " + quote(e.Namespace) + " AND dst_service_name = " + quote(e.Name) + ")", nil
+		return "(dst_service_namespace = " + chsql.String(e.Namespace) + " AND dst_service_name = " + chsql.String(e.Name) + ")", nil
 	case "ip":
 		c, err := ipCond(side+"_ip_bin", e.Name)
 		if err != nil {

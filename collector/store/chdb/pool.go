@@ -9,6 +9,8 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+
+	"github.com/dualflow/dualflow/internal/chsql"
 )
 
 type pooled struct {
@@ -71,7 +73,7 @@ func (db *DB) conn(st Statement) (pooled, error) {
 		return pooled{}, fmt.Errorf("chdb: connect failed (see stderr for the engine's message)")
 	}
 	if st.Database != "" && st.Database != "default" {
-		if _, err := db.l.run(*h, Statement{Query: "USE " + quoteIdent(st.Database), Format: "Null"}); err != nil {
+		if _, err := db.l.run(*h, Statement{Query: "USE " + chsql.Ident(st.Database), Format: "Null"}); err != nil {
 			db.l.closeConn(h)
 			return pooled{}, err
 		}
@@ -189,7 +191,7 @@ func (db *DB) checkSettings(settings map[string]string) error {
 		}
 		b.WriteString(name)
 		b.WriteString(" = ")
-		b.WriteString(quoteString(settings[name]))
+		b.WriteString(chsql.String(settings[name]))
 	}
 	db.mu.Lock()
 	defer db.mu.Unlock()
@@ -212,12 +214,4 @@ func sortedKeys(m map[string]string) []string {
 		}
 	}
 	return keys
-}
-
-func quoteIdent(s string) string {
-	return "`" + strings.NewReplacer(`\`, `\\`, "`", "\\`").Replace(s) + "`"
-}
-
-func quoteString(s string) string {
-	return "'" + strings.NewReplacer(`\`, `\\`, `'`, `\'`).Replace(s) + "'"
 }
