@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"net/netip"
 	"net/url"
 	"os"
@@ -115,8 +114,12 @@ func (c *cliQuerier) QueryTo(ctx context.Context, query, format string, w io.Wri
 		if err != nil {
 			return err
 		}
-		err = queryHTTP(ctx, endpoint, user, password, query, format, w)
-		if err == nil || !isConnRefused(err) || c.cfg.DSN != "" {
+		out, err := c.queryHTTP(ctx, endpoint, user, password, query, format)
+		if err == nil {
+			_, err = w.Write(out)
+			return err
+		}
+		if !isConnRefused(err) || c.cfg.DSN != "" {
 			return err
 		}
 		c.direct = true // nothing listens: open the data directory
@@ -169,34 +172,17 @@ func (c *cliQuerier) close() {
 	}
 }
 
-// queryHTTP posts query to a ClickHouse HTTP interface and copies the
-// result to w.
-func queryHTTP(ctx context.Context, endpoint, user, password, query, format string, w io.Writer) error {
-	u, err := url.Parse(endpoint)
+// queryHTTP runs query on the ClickHouse HTTP interface at endpoint
+// through the store's client, as the collector's POST /api/v1/sql does,
+// with the DSN's TLS files, and returns its output in format.
+func (c *cliQuerier) queryHTTP(ctx context.Context, endpoint, user, password, query, format string) ([]byte, error) {
+	s, err := store.NewServer(store.ServerConfig{DSN: endpoint, Username: user, Password: password,
+		CAFile: c.cfg.CAFile, CertFile: c.cfg.CertFile, KeyFile: c.cfg.KeyFile, Database: c.cfg.Database})
 	if err != nil {
-		return fmt.Errorf("--url: %w", err)
+		return nil, fmt.Errorf("--url: %w", err)
 	}
-	q := u.Query()
-	q.Set("default_format", format)
-	u.RawQuery = q.Encode()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, u.String(), strings.NewReader(query))
-	if err != nil {
-		return err
-	}
-	if user != "" {
-		req.SetBasicAuth(user, password)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-		return fmt.Errorf("clickhouse: %s", strings.TrimSpace(string(msg)))
-	}
-	_, err = io.Copy(w, resp.Body)
-	return err
+	defer s.Close()
+	return s.RunSQL(ctx, query, format, nil)
 }
 
 // credentials picks the user for endpoint: the flags and the environment

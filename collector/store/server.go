@@ -40,6 +40,10 @@ type ServerConfig struct {
 	Username string
 	// PasswordFile is read for the password (trailing newline trimmed).
 	PasswordFile string
+	// Password is used when neither PasswordFile nor the environment
+	// gives one: for a caller that holds it (the CLI, from the embedded
+	// store's users file).
+	Password string
 	// CAFile, CertFile and KeyFile configure TLS (server CA and client
 	// certificate), read again when they change, for the connections made
 	// after (package reload).
@@ -104,6 +108,9 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	}
 	if user != "" {
 		opt.Auth.Username = user
+	}
+	if password == "" {
+		password = cfg.Password
 	}
 	if password != "" {
 		opt.Auth.Password = password
