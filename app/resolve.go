@@ -9,11 +9,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
-	networkingv1 "k8s.io/api/networking/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/dualflow/dualflow/collector"
+	"github.com/dualflow/dualflow/collector/audit/policy"
 	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/flow"
 	"github.com/dualflow/dualflow/traceflow"
@@ -197,33 +195,25 @@ func (r resolver) targets(e *enrich.Enricher, p *traceflow.Probe, v uint8) {
 }
 
 // IsolatingPolicies implements traceflow/agent.PolicyNamer from the live
-// view: the policies of the pod's namespace that select it and have the
-// direction among their policyTypes.
+// view: the policies in force (the auditor's compiled set) that select
+// the pod for the direction.
 func (r resolver) IsolatingPolicies(namespace, pod, direction string) []string {
-	e := r.c.Enricher()
-	if e == nil {
+	e, a := r.c.Enricher(), r.c.Auditor()
+	if e == nil || a == nil {
 		return nil
 	}
 	p, ok := e.Pod(namespace, pod)
 	if !ok {
 		return nil
 	}
-	want := networkingv1.PolicyTypeIngress
+	d := policy.Ingress
 	if direction == "egress" {
-		want = networkingv1.PolicyTypeEgress
+		d = policy.Egress
 	}
 	var out []string
-	for _, np := range e.NetworkPolicies(namespace) {
-		if !slices.Contains(policyTypes(np), want) {
-			continue
-		}
-		sel, err := metav1.LabelSelectorAsSelector(&np.Spec.PodSelector)
-		if err != nil || !sel.Matches(labels.Set(p.Labels)) {
-			continue
-		}
+	for _, np := range a.Policies().Isolating(d, &policy.Peer{IsPod: true, Namespace: namespace, Labels: p.Labels}) {
 		out = append(out, np.Namespace+"/"+np.Name)
 	}
-	slices.Sort(out)
 	return out
 }
 
@@ -258,19 +248,6 @@ func (r resolver) DeniedSide(src netip.Addr, dst netip.AddrPort, proto uint8) (d
 		return "ingress", rec.Dst.PodNamespace, rec.Dst.PodName, true
 	}
 	return "", "", "", false
-}
-
-// policyTypes are the policy's types, defaulted as the API does: Ingress,
-// plus Egress when it has egress rules.
-func policyTypes(np *networkingv1.NetworkPolicy) []networkingv1.PolicyType {
-	if len(np.Spec.PolicyTypes) > 0 {
-		return np.Spec.PolicyTypes
-	}
-	t := []networkingv1.PolicyType{networkingv1.PolicyTypeIngress}
-	if len(np.Spec.Egress) > 0 {
-		t = append(t, networkingv1.PolicyTypeEgress)
-	}
-	return t
 }
 
 // nodeView gives the agent directory the nodes of the live view.
