@@ -280,6 +280,8 @@ func TestParseDestination(t *testing.T) {
 		{"pod:backend/api-1:8080", Destination{Pod: "backend/api-1", Port: 8080}, false},
 		{"backend/api-1:8080", Destination{Pod: "backend/api-1", Port: 8080}, false},
 		{"backend/api-1", Destination{Pod: "backend/api-1"}, false},
+		{"workload:backend/api:8080", Destination{Workload: "backend/api", Port: 8080}, false},
+		{"workload:backend:8080", Destination{}, true},
 		{"ip:198.18.2.11:8080", Destination{IP: netip.MustParseAddr("198.18.2.11"), Port: 8080}, false},
 		{"ip:[fd00:10:0:2::11]:8080", Destination{IP: netip.MustParseAddr("fd00:10:0:2::11"), Port: 8080}, false},
 		{"ip:fd00:10:0:2::11", Destination{IP: netip.MustParseAddr("fd00:10:0:2::11")}, false},

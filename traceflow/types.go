@@ -138,9 +138,9 @@ type Destination struct {
 	Port uint16 `json:"port,omitempty"`
 }
 
-// String is the CLI spelling: pod:ns/name:80, svc:ns/name:80 or ip:addr:80.
-// A workload destination is spelt by the pod picked for it (what the
-// traceflows table keeps).
+// String is the CLI spelling: pod:ns/name:80, svc:ns/name:80,
+// workload:ns/name:80 or ip:addr:80. A workload destination whose pod was
+// picked is spelt by that pod (what the traceflows table keeps).
 func (d Destination) String() string {
 	var s string
 	switch {
@@ -148,6 +148,8 @@ func (d Destination) String() string {
 		s = "svc:" + d.Service
 	case d.Pod != "":
 		s = "pod:" + d.Pod
+	case d.Workload != "":
+		s = "workload:" + d.Workload
 	case d.IP.IsValid():
 		if d.Port != 0 {
 			return "ip:" + netip.AddrPortFrom(d.IP, d.Port).String()
@@ -162,10 +164,11 @@ func (d Destination) String() string {
 
 // ParseDestination reads the CLI spelling of a destination:
 // "svc:ns/name:80", "pod:ns/name:8080" (or "ns/name:8080"),
+// "workload:ns/name:8080" (one of its pods),
 // "ip:198.18.2.11:8080", "ip:[fd00:10:0:2::11]:8080" or a bare address.
 func ParseDestination(s string) (Destination, error) {
 	kind, rest, ok := strings.Cut(s, ":")
-	if !ok || (kind != "svc" && kind != "service" && kind != "pod" && kind != "ip") {
+	if !ok || (kind != "svc" && kind != "service" && kind != "pod" && kind != "workload" && kind != "ip") {
 		kind, rest = "", s
 	}
 	if kind == "ip" || kind == "" {
@@ -192,9 +195,12 @@ func ParseDestination(s string) (Destination, error) {
 	if ns, name, ok := strings.Cut(ref, "/"); !ok || ns == "" || name == "" {
 		return Destination{}, fmt.Errorf("destination %q: want namespace/name", s)
 	}
-	if kind == "pod" {
+	switch kind {
+	case "pod":
 		d.Pod = ref
-	} else {
+	case "workload":
+		d.Workload = ref
+	default:
 		d.Service = ref
 	}
 	return d, nil

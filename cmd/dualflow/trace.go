@@ -28,7 +28,8 @@ func runTrace(ctx context.Context, args []string) error {
 			"REST API (--server URL, an operator token): the collector resolves the names in its live\n"+
 			"Kubernetes view and traces through the exporters' node agents. Without --server, the REST API\n"+
 			"of the demo running on the lab of --state-dir.\n"+
-			"DEST is pod:ns/name:PORT (or ns/name:PORT), svc:ns/name:PORT or ip:ADDR[:PORT] ([v6]:PORT).\n"+
+			"SRC is a pod, ns/name (or pod:ns/name), or workload:ns/name (one of its pods, the same for both families).\n"+
+			"DEST is pod:ns/name:PORT (or ns/name:PORT), workload:ns/name:PORT, svc:ns/name:PORT or ip:ADDR[:PORT] ([v6]:PORT).\n"+
 			"Exits non-zero when a requested family does not arrive (dropped, no address, timeout).")
 	var (
 		src, dst, proto, family, stateDir string
@@ -38,8 +39,8 @@ func runTrace(ctx context.Context, args []string) error {
 		asJSON, live, droppedOnly         bool
 		external                          bool
 	)
-	fs.StringVar(&src, "s", "", "source pod namespace/name")
-	fs.StringVar(&dst, "d", "", "destination (pod:ns/name:port, svc:ns/name:port, ip:addr:port)")
+	fs.StringVar(&src, "s", "", "source: pod namespace/name, or workload:namespace/name")
+	fs.StringVar(&dst, "d", "", "destination (pod:ns/name:port, workload:ns/name:port, svc:ns/name:port, ip:addr:port)")
 	fs.StringVar(&proto, "protocol", "TCP", "TCP, UDP, ICMP or ICMPv6")
 	fs.StringVar(&family, "family", "dual", "ipv4, ipv6 or dual")
 	fs.UintVar(&sport, "src-port", 0, "source port or ICMP echo id (0: random)")
@@ -67,9 +68,14 @@ func runTrace(ctx context.Context, args []string) error {
 	if sport > 0xffff || flags > 0xff || ttl > 0xff {
 		return errors.New("trace: --src-port, --tcp-flags or --ttl out of range")
 	}
-	req := traceflow.Request{Source: src, Destination: d, Protocol: parseProtocol(proto), Family: traceflow.Family(strings.ToLower(family)),
+	req := traceflow.Request{Destination: d, Protocol: parseProtocol(proto), Family: traceflow.Family(strings.ToLower(family)),
 		SrcPort: uint16(sport), TCPFlags: uint8(flags), TTL: uint8(ttl), Timeout: traceflow.Duration(timeout),
 		LiveTraffic: live, DroppedOnly: droppedOnly, External: external}
+	if w, ok := strings.CutPrefix(src, "workload:"); ok {
+		req.SourceWorkload = w
+	} else {
+		req.Source = strings.TrimPrefix(src, "pod:")
+	}
 
 	res, err := traceThrough(ctx, req, &srv, stateDir)
 	if err != nil {

@@ -522,6 +522,20 @@ func TestTraceCLI(t *testing.T) {
 	if err != nil || json.Unmarshal([]byte(out), &res) != nil || res.Phase != traceflow.Succeeded {
 		t.Errorf("--json: %v\n%s", err, out)
 	}
+	// Workload ends, as the UI sends them: one pod of each, the same for
+	// both families, named in the result.
+	out, err = run("-s", "workload:"+manifest.NSFrontend+"/web", "-d", "workload:"+manifest.NSBackend+"/api:8080", "--family", "dual", "--json", "--server", base)
+	res = traceflow.Result{}
+	if err != nil || json.Unmarshal([]byte(out), &res) != nil || res.Phase != traceflow.Succeeded || len(res.Families) != 2 ||
+		res.Request.SourceWorkload != manifest.NSFrontend+"/web" || !strings.HasPrefix(res.Request.Source, manifest.NSFrontend+"/web-") ||
+		!strings.HasPrefix(res.Request.Destination.Pod, manifest.NSBackend+"/api-") {
+		t.Errorf("workload to workload: %v\n%s", err, out)
+	}
+	for _, fr := range res.Families {
+		if fr.Outcome != traceflow.Delivered {
+			t.Errorf("workload to workload %s: %s (%s)", fr.Family, fr.Outcome, fr.Reason)
+		}
+	}
 }
 
 // TestTraceflowAgent checks the failures of the agent API through REST: an
