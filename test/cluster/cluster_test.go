@@ -293,10 +293,16 @@ func checkFlows(t *testing.T, ctx context.Context, c *Cluster, web *webClient, i
 				}
 				// The counters: the row may be exported before the
 				// connection's last packets; its final export agrees
-				// with the pod's own count exactly.
-				if got := (Count{f.Packets, f.Bytes, f.RevPackets, f.RevBytes}); got != w.count {
-					lastCount = fmt.Sprintf("row counts %+v, the pod counted %+v", got, w.count)
+				// with the pod's own count exactly, but for SYNs the
+				// pod retransmitted that never reached the node's
+				// conntrack (seen once, under load).
+				lost, ok := w.count.LostSYNs(f.Packets, f.Bytes, f.RevPackets, f.RevBytes)
+				if !ok {
+					lastCount = fmt.Sprintf("row counts {SentPackets:%d SentBytes:%d ReceivedPackets:%d ReceivedBytes:%d}, the pod counted %+v", f.Packets, f.Bytes, f.RevPackets, f.RevBytes, w.count)
 					return false, nil
+				}
+				if lost > 0 {
+					t.Logf("%s: %d of the pod's %d SYNs (retransmitted) never reached the node's conntrack; the rest of the row agrees with the pod's count", what, lost, w.count.SYNPackets)
 				}
 				return true, nil
 			}

@@ -154,8 +154,13 @@ const counterTable = `table inet dualflow_count
 delete table inet dualflow_count
 table inet dualflow_count {
 	counter sent {}
+	counter syn {}
 	counter received {}
-	chain out { type filter hook output priority 0; tcp dport { 80, 8080 } counter name "sent"; }
+	chain out {
+		type filter hook output priority 0;
+		tcp dport { 80, 8080 } counter name "sent";
+		tcp dport { 80, 8080 } tcp flags & (syn | ack) == syn counter name "syn";
+	}
 	chain in { type filter hook input priority 0; tcp sport { 80, 8080 } counter name "received"; }
 }
 `
@@ -183,8 +188,25 @@ func (pc *PodCounter) Reset(ctx context.Context) error {
 	return err
 }
 
-// Count is what a PodCounter counted.
-type Count struct{ SentPackets, SentBytes, ReceivedPackets, ReceivedBytes uint64 }
+// Count is what a PodCounter counted: the packets and bytes each way,
+// and of the sent ones the SYNs (more than one: retransmitted).
+type Count struct {
+	SentPackets, SentBytes, ReceivedPackets, ReceivedBytes uint64
+	SYNPackets, SYNBytes                                   uint64
+}
+
+// LostSYNs says whether a datapath count (the conntrack entry's, in a
+// flow row) is this count but for k retransmitted SYNs (0 < k < SYNs),
+// which the node's conntrack never counted: the first SYNs went under
+// load before the entry that answered was confirmed. Everything else
+// must be equal.
+func (c Count) LostSYNs(sentPackets, sentBytes, receivedPackets, receivedBytes uint64) (k uint64, ok bool) {
+	if receivedPackets != c.ReceivedPackets || receivedBytes != c.ReceivedBytes || sentPackets > c.SentPackets || c.SYNPackets == 0 {
+		return 0, false
+	}
+	k = c.SentPackets - sentPackets
+	return k, k < c.SYNPackets && sentBytes == c.SentBytes-k*(c.SYNBytes/c.SYNPackets)
+}
 
 // Read returns the counters.
 func (pc *PodCounter) Read(ctx context.Context) (Count, error) {
@@ -209,6 +231,8 @@ func (pc *PodCounter) Read(ctx context.Context) (Count, error) {
 		case o.Counter == nil:
 		case o.Counter.Name == "sent":
 			c.SentPackets, c.SentBytes = o.Counter.Packets, o.Counter.Bytes
+		case o.Counter.Name == "syn":
+			c.SYNPackets, c.SYNBytes = o.Counter.Packets, o.Counter.Bytes
 		case o.Counter.Name == "received":
 			c.ReceivedPackets, c.ReceivedBytes = o.Counter.Packets, o.Counter.Bytes
 		}
