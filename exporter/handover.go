@@ -4,12 +4,14 @@ import (
 	"encoding/gob"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/dualflow/dualflow/exporter/connstore"
+	"github.com/dualflow/dualflow/internal/atomicfile"
 )
 
 // handoverVersion is the format of the handover file; a file of another
@@ -73,21 +75,9 @@ func readHandover(path, node, netns string, now time.Time) ([]connstore.Mark, er
 // writeHandover writes the handover file atomically (a crash leaves the
 // old file or none, never half of one), readable by root only.
 func writeHandover(path, node, netns string, marks []connstore.Mark, now time.Time) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), filepath.Base(path)+".tmp*")
-	if err != nil {
-		return fmt.Errorf("handover file: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	err = gob.NewEncoder(tmp).Encode(handover{Version: handoverVersion, Node: node, NetNS: netns, Written: now, Marks: marks})
-	if err == nil {
-		err = tmp.Sync()
-	}
-	if cerr := tmp.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
+	err := atomicfile.Write(path, 0o600, func(w io.Writer) error {
+		return gob.NewEncoder(w).Encode(handover{Version: handoverVersion, Node: node, NetNS: netns, Written: now, Marks: marks})
+	})
 	if err != nil {
 		return fmt.Errorf("handover file %s: %w", path, err)
 	}

@@ -29,6 +29,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/dualflow/dualflow/internal/atomicfile"
 	"github.com/dualflow/dualflow/lab/agent"
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/lab/nft"
@@ -285,19 +286,7 @@ func (l *Lab) writeState() error {
 }
 
 func (l *Lab) writeManifest() error {
-	f, err := os.CreateTemp(l.cfg.StateDir, ".manifest-*")
-	if err != nil {
-		return fmt.Errorf("write manifest: %w", err)
-	}
-	defer os.Remove(f.Name())
-	if err := l.Manifest.Encode(f); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("write manifest: %w", err)
-	}
-	if err := os.Rename(f.Name(), l.ManifestPath()); err != nil {
+	if err := atomicfile.Write(l.ManifestPath(), 0o600, l.Manifest.Encode); err != nil {
 		return fmt.Errorf("write manifest: %w", err)
 	}
 	return nil

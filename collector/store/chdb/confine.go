@@ -2,9 +2,12 @@ package chdb
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/dualflow/dualflow/internal/atomicfile"
 )
 
 // confineDir is the folder of a data directory (or of the temporary
@@ -97,19 +100,7 @@ func writeConfinement(dir, extra string) (string, error) {
 }
 
 func writeAtomic(path, content string) error {
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".tmp-*")
-	if err != nil {
-		return fmt.Errorf("chdb: engine config: %w", err)
-	}
-	_, err = tmp.WriteString(content)
-	if err2 := tmp.Close(); err == nil {
-		err = err2
-	}
-	if err == nil {
-		err = os.Rename(tmp.Name(), path)
-	}
-	if err != nil {
-		_ = os.Remove(tmp.Name())
+	if err := atomicfile.Write(path, 0o600, func(w io.Writer) error { _, err := io.WriteString(w, content); return err }); err != nil {
 		return fmt.Errorf("chdb: engine config %s: %w", path, err)
 	}
 	return nil
