@@ -169,10 +169,10 @@ func (a *App) buildWeb(opts Options) error {
 			},
 			Catalog: v,
 			Status:  v,
-			AuditAPI: (&audit.API{
+			Audit: &audit.Queries{
 				Reports:   reports,
 				Inventory: v.inventory,
-			}).Handler(),
+			},
 			Registerer: c.Registry(),
 			Gatherer:   c.Registry(),
 			Logger:     a.log.With("stage", "web"),
@@ -210,8 +210,7 @@ func (a *App) buildWeb(opts Options) error {
 			e.SetProbes(tcfg.Probes)
 		}
 		a.tf = traceflow.New(tcfg, opts.NodeTracer, resolver{c: c}, traceflow.NewStore(c.Conn(), db))
-		cfg.Tracer = a.tf
-		cfg.Traceflows = traceflow.Handler(a.tf)
+		cfg.Traces = a.tf
 	}
 	srv, err := web.New(cfg)
 	if err != nil {

@@ -3,8 +3,6 @@ package traceflow
 import (
 	"context"
 	"errors"
-	"net/http"
-	"net/http/httptest"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -234,8 +232,8 @@ func TestControllerRateLimits(t *testing.T) {
 	if !errors.As(err, &rl) || !errors.Is(err, ErrRateLimited) || rl.RetryAfter <= 0 || rl.RetryAfter > time.Second {
 		t.Fatalf("alice beyond her burst: %v, want a RateLimitError within 1s", err)
 	}
-	if StatusOf(err) != http.StatusTooManyRequests || !strings.Contains(err.Error(), "caller alice") {
-		t.Errorf("status %d, message %q", StatusOf(err), err)
+	if !strings.Contains(err.Error(), "caller alice") {
+		t.Errorf("message %q", err)
 	}
 	// bob has his own bucket; node-1 has 2 family traces left of 6.
 	if err := start("bob", "frontend/web-3", Dual); err != nil {
@@ -372,56 +370,40 @@ func TestControllerKeepPerCaller(t *testing.T) {
 	c2.mu.Unlock()
 }
 
-// TestHandlerRateLimited: POST answers 429 with Retry-After for a caller
-// beyond its rate (and when too many traces are in flight); callers are
-// told apart by their bearer token, whatever the scheme's case.
-func TestHandlerRateLimited(t *testing.T) {
+// TestStartRateLimited: Start refuses a caller beyond its rate with a
+// RateLimitError saying when to retry (web/api answers it 429 with
+// Retry-After), callers have their own buckets, and too many traces in
+// flight is ErrBusy.
+func TestStartRateLimited(t *testing.T) {
 	c := New(Config{CallerLimit: ratelimit.Limit{Rate: 0.5, Burst: 2}, NodeLimit: ratelimit.Limit{Rate: -1}}, &fakeTracer{trace: delivered}, clusterResolver{}, nil)
 	defer c.Close()
-	srv := httptest.NewServer(Handler(c))
-	defer srv.Close()
-	body := `{"source":"frontend/web-1","destination":{"service":"backend/api","port":80},"family":"dual"}`
-	post := func(auth string) *http.Response {
-		t.Helper()
-		rq, _ := http.NewRequest(http.MethodPost, srv.URL+"/api/v1/traceflows", strings.NewReader(body))
-		if auth != "" {
-			rq.Header.Set("Authorization", auth)
-		}
-		resp, err := http.DefaultClient.Do(rq)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		return resp
+	rq := Request{Source: "frontend/web-1", Destination: Destination{Service: "backend/api", Port: 80}, Family: Dual}
+	start := func(c *Controller, caller string) error {
+		_, err := c.Start(WithCaller(context.Background(), caller), rq)
+		return err
 	}
-	if r := post("Bearer alice-token"); r.StatusCode != http.StatusAccepted {
-		t.Fatalf("first: %d", r.StatusCode)
+	if err := start(c, "alice"); err != nil {
+		t.Fatalf("first: %v", err)
 	}
-	r := post("bearer alice-token")
-	if r.StatusCode != http.StatusTooManyRequests {
-		t.Fatalf("second: %d, want 429", r.StatusCode)
+	var rl *RateLimitError
+	if err := start(c, "alice"); !errors.As(err, &rl) {
+		t.Fatalf("second: %v, want a RateLimitError", err)
 	}
-	if s, err := strconv.Atoi(r.Header.Get("Retry-After")); err != nil || s < 1 || s > 4 {
-		t.Errorf("Retry-After %q, want 1..4 s", r.Header.Get("Retry-After"))
+	if s := ratelimit.RetryAfterSeconds(rl.RetryAfter); s < 1 || s > 4 {
+		t.Errorf("retry after %v, want 1..4 s", rl.RetryAfter)
 	}
-	if r := post("Bearer bob-token"); r.StatusCode != http.StatusAccepted {
-		t.Errorf("bob: %d", r.StatusCode)
+	if err := start(c, "bob"); err != nil {
+		t.Errorf("bob: %v", err)
 	}
-	// Too many traces in flight is a 429 with a Retry-After too.
 	busy := New(Config{Timeout: time.Minute, CallerLimit: ratelimit.Limit{Rate: -1}, NodeLimit: ratelimit.Limit{Rate: -1}}, &fakeTracer{}, clusterResolver{}, nil)
-	bsrv := httptest.NewServer(Handler(busy))
-	defer func() { bsrv.Close(); busy.Close() }()
+	defer busy.Close()
 	for i := 0; ; i++ {
-		resp, err := http.Post(bsrv.URL+"/api/v1/traceflows", "application/json", strings.NewReader(body))
+		err := start(busy, "alice")
+		if errors.Is(err, ErrBusy) {
+			break
+		}
 		if err != nil {
 			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode == http.StatusTooManyRequests {
-			if resp.Header.Get("Retry-After") == "" {
-				t.Error("busy: 429 without Retry-After")
-			}
-			break
 		}
 		if i > packet.MaxTag {
 			t.Fatal("never busy")

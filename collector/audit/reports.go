@@ -816,3 +816,19 @@ func ParseProto(s string) (uint8, error) {
 	}
 	return uint8(n), nil
 }
+
+// ParseSince reads a duration back from now ("1h", "90m") or an RFC 3339
+// time.
+func ParseSince(s string, now time.Time) (time.Time, error) {
+	if d, err := time.ParseDuration(s); err == nil {
+		if d <= 0 {
+			return time.Time{}, fmt.Errorf("%q: want a positive duration", s)
+		}
+		return now.Add(-d), nil
+	}
+	t, err := time.Parse(time.RFC3339, s)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%q: want a duration (1h) or an RFC 3339 time", s)
+	}
+	return t, nil
+}

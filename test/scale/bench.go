@@ -450,8 +450,8 @@ func bench(ctx context.Context, o options, m *Manifest) (*Result, error) {
 	for _, p := range c.Policies() {
 		inv.AddPolicy(p)
 	}
-	auditAPI := &audit.API{Reports: reports, Inventory: func() (*audit.Inventory, error) { return inv, nil }, Now: now}
-	a, err := api.New(api.Config{Store: rec, AuditAPI: auditAPI.Handler(), Now: now, Logger: slog.New(slog.DiscardHandler)})
+	auditQ := &audit.Queries{Reports: reports, Inventory: func() (*audit.Inventory, error) { return inv, nil }}
+	a, err := api.New(api.Config{Store: rec, Audit: auditQ, Now: now, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return nil, err
 	}

@@ -170,8 +170,8 @@ func soak(ctx context.Context, o options) error {
 	for _, p := range cl.Policies() {
 		inv.AddPolicy(p)
 	}
-	auditAPI := &audit.API{Reports: reports, Inventory: func() (*audit.Inventory, error) { return inv, nil }, Now: now}
-	a, err := api.New(api.Config{Store: c.Conn(), AuditAPI: auditAPI.Handler(), Now: now, Logger: slog.New(slog.DiscardHandler)})
+	auditQ := &audit.Queries{Reports: reports, Inventory: func() (*audit.Inventory, error) { return inv, nil }}
+	a, err := api.New(api.Config{Store: c.Conn(), Audit: auditQ, Now: now, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		stopCollector()
 		return err

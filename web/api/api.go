@@ -16,8 +16,6 @@ import (
 
 	"github.com/gin-gonic/gin"
 	"github.com/prometheus/client_golang/prometheus"
-
-	"github.com/dualflow/dualflow/traceflow"
 )
 
 // Store runs queries against the dualflow database; store.Conn
@@ -40,13 +38,6 @@ type SQLRunner interface {
 // them.
 type Evaluator interface {
 	Evaluate(ctx context.Context, src, dst Endpoint, protocol uint8, port uint16) (map[int]PolicyVerdict, error)
-}
-
-// Tracer runs a trace and waits for its result, waiting for the caller's
-// rate rather than refusing (the reachability matrix traces cell after
-// cell): *traceflow.Controller.
-type Tracer interface {
-	Trace(ctx context.Context, req traceflow.Request) (traceflow.Result, error)
 }
 
 // Endpoint names one end of a reachability question or a trace.
@@ -91,18 +82,15 @@ type Config struct {
 	// SQL runs POST /sql. nil: the Store, when it is a SQLRunner
 	// (store.Embedded, store.Server), else 501.
 	SQL SQLRunner
-	// Evaluator and Tracer are optional (nil: reachability has unknown
-	// verdicts, and its live traces answer 501).
+	// Evaluator is optional (nil: reachability has unknown verdicts).
 	Evaluator Evaluator
-	Tracer    Tracer
-	// AuditAPI serves /api/v1/audit/{findings,unprotected,denied,unused,
-	// whatif,evaluate} (collector/audit.API.Handler), for viewers; nil
-	// answers them 501.
-	AuditAPI http.Handler
-	// Traceflows serves POST /api/v1/traceflows (operators) and GET
-	// /api/v1/traceflows/{id} (viewers) (traceflow.Handler); nil answers
-	// them 501.
-	Traceflows http.Handler
+	// Traces serves POST /api/v1/traceflows (operators), GET
+	// /api/v1/traceflows/:id (viewers) and reachability's live traces;
+	// nil answers them 501.
+	Traces Traces
+	// Audit serves /api/v1/audit/{findings,unprotected,denied,unused,
+	// whatif,evaluate} for viewers; nil answers them 501.
+	Audit Audit
 	// Catalog answers GET /api/v1/catalog (the live Kubernetes view's
 	// names); nil answers it 501.
 	Catalog Catalog

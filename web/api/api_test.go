@@ -37,7 +37,7 @@ func (f *fakeStore) Query(_ context.Context, q, _ string) ([]byte, error) {
 
 // fakeTracer traces as fakeEvaluator evaluates: frontend → db is dropped
 // over IPv6.
-type fakeTracer struct{}
+type fakeTracer struct{ Traces }
 
 func (fakeTracer) Trace(_ context.Context, r traceflow.Request) (traceflow.Result, error) {
 	res := traceflow.Result{ID: "tf-0123456789abcdef", Request: r, Phase: traceflow.Succeeded}
@@ -515,7 +515,7 @@ func TestSummaryAndServiceMap(t *testing.T) {
 }
 
 func TestReachability(t *testing.T) {
-	h := testAPI(t, Config{Evaluator: fakeEvaluator{}, Tracer: fakeTracer{}})
+	h := testAPI(t, Config{Evaluator: fakeEvaluator{}, Traces: fakeTracer{}})
 	req := `{"sources":[{"kind":"workload","namespace":"shop","name":"frontend"},{"kind":"workload","namespace":"shop","name":"cart"}],
 	 "destinations":[{"kind":"workload","namespace":"shop","name":"db"},{"kind":"service","namespace":"shop","name":"cart"},{"kind":"ip","name":"fd00:10:244:3::/64"},{"kind":"workload","namespace":"x","name":"v4only"}],"since":"1h"}`
 	r := do(t, h, "POST", "/api/v1/reachability", req)
@@ -610,60 +610,6 @@ func TestFilterSQL(t *testing.T) {
 	}
 }
 
-// TestMountedHandlers: the audit and traceflow APIs of other packages are
-// served under /api/v1 with the API's roles (viewers read, operators
-// start traces), and answer 501 when the process has none.
-func TestMountedHandlers(t *testing.T) {
-	tok := &Tokens{}
-	tok.Add("view-secret", Principal{Name: "v", Role: RoleViewer})
-	tok.Add("op-secret", Principal{Name: "o", Role: RoleOperator})
-	echo := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		fmt.Fprintf(w, `{"path":%q}`, r.Method+" "+r.URL.Path)
-	})
-	h := testAPI(t, Config{Store: &fakeStore{}, Tokens: tok, AuditAPI: echo, Traceflows: echo})
-	none := testAPI(t, Config{Store: &fakeStore{}})
-	for _, tc := range []struct {
-		method, url, token string
-		code               int
-	}{
-		{"GET", "/api/v1/audit/findings", "", 401},
-		{"GET", "/api/v1/audit/findings", "view-secret", 200},
-		{"GET", "/api/v1/audit/unprotected", "view-secret", 200},
-		{"GET", "/api/v1/audit/denied", "view-secret", 200},
-		{"GET", "/api/v1/audit/unused", "view-secret", 200},
-		{"GET", "/api/v1/audit/evaluate", "view-secret", 200},
-		{"POST", "/api/v1/audit/whatif", "view-secret", 200},
-		{"POST", "/api/v1/audit/findings", "view-secret", 405},
-		{"GET", "/api/v1/audit/nope", "view-secret", 404},
-		{"POST", "/api/v1/traceflows", "view-secret", 403},
-		{"POST", "/api/v1/traceflows", "op-secret", 200},
-		{"GET", "/api/v1/traceflows/abc", "view-secret", 200},
-		{"GET", "/api/v1/traceflows/abc", "", 401},
-	} {
-		r := do(t, h, tc.method, tc.url, "{}", "Authorization", "Bearer "+tc.token)
-		if r.code != tc.code {
-			t.Errorf("%s %s as %q: %d %s, want %d", tc.method, tc.url, tc.token, r.code, r.body, tc.code)
-		}
-		if r.code == 200 && !strings.Contains(r.body, tc.method+" "+tc.url) {
-			t.Errorf("%s %s: the mounted handler saw %s", tc.method, tc.url, r.body)
-		}
-	}
-	for _, u := range []string{"/api/v1/audit/findings", "/api/v1/traceflows/abc"} {
-		if r := do(t, none, "GET", u, ""); r.code != http.StatusNotImplemented {
-			t.Errorf("GET %s with nothing mounted: %d %s, want 501", u, r.code, r.body)
-		}
-	}
-	// Their 400s are counted with the API's.
-	bad := testAPI(t, Config{Store: &fakeStore{}, Traceflows: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.WriteHeader(http.StatusBadRequest)
-	})})
-	do(t, bad, "POST", "/api/v1/traceflows", "{}")
-	if m, want := do(t, bad, "GET", "/metrics", ""), `dualflow_web_bad_requests_total{reason="invalid",route="/api/v1/traceflows"} 1`; !strings.Contains(m.body, want) {
-		t.Errorf("metrics lack %q", want)
-	}
-}
-
 // TestOpenAPICoversRoutes: every route under /api/v1 is documented with
 // its method in openapi.json.
 func TestOpenAPICoversRoutes(t *testing.T) {
@@ -702,7 +648,7 @@ func TestOpenAPICoversRoutes(t *testing.T) {
 }
 
 // TestOpenAPITraceflowSchemas: the traceflow schemas name every JSON
-// field of the types traceflow.Handler reads and writes.
+// field of the types the trace routes read and write.
 func TestOpenAPITraceflowSchemas(t *testing.T) {
 	var spec struct {
 		Components struct {

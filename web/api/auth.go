@@ -131,6 +131,9 @@ func (t *Tokens) Add(token string, p Principal) {
 }
 
 func (t *Tokens) lookup(token string) (Principal, bool) {
+	if t == nil { // no tokens file: every token is unknown
+		return Principal{}, false
+	}
 	h := sha256.Sum256([]byte(token))
 	var found Principal
 	ok := false

@@ -18,6 +18,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/collector/audit/policy"
 )
 
@@ -95,14 +96,21 @@ type held struct {
 
 func newHeld() *held { return &held{entered: make(chan struct{}, 64), release: make(chan struct{})} }
 
-func (h *held) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	h.entered <- struct{}{}
+// heldAudit holds its what-ifs; the audit's other questions are
+// unavailable.
+type heldAudit struct {
+	*audit.Queries
+	h *held
+}
+
+func (a heldAudit) WhatIf(ctx context.Context, _ io.Reader, _ audit.Window, _ int) (*audit.WhatIfReport, error) {
+	a.h.entered <- struct{}{}
 	select {
-	case <-h.release:
-	case <-r.Context().Done():
+	case <-a.h.release:
+	case <-ctx.Done():
+		return nil, ctx.Err()
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Write([]byte(`{"flows":0,"truncated":false,"changes":[]}`))
+	return &audit.WhatIfReport{}, nil
 }
 
 func (h *held) Evaluate(context.Context, Endpoint, Endpoint, uint8, uint16) (map[int]PolicyVerdict, error) {
@@ -220,7 +228,7 @@ func checkGate(t *testing.T, a *API, h *held, kind, method, target, body string,
 // items 7 and 16).
 func TestWhatIfGate(t *testing.T) {
 	h := newHeld()
-	a, err := New(Config{Store: emptyStore{}, Tokens: gateTokens(), AuditAPI: h})
+	a, err := New(Config{Store: emptyStore{}, Tokens: gateTokens(), Audit: heldAudit{&audit.Queries{}, h}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -325,7 +325,7 @@ func (a *API) runReachability(ctx context.Context, req *ReachabilityRequest) (*R
 		}
 	}
 	if req.Trace {
-		if a.cfg.Tracer == nil {
+		if a.cfg.Traces == nil {
 			return nil, fmt.Errorf("traceflow: %w", ErrNotConfigured)
 		}
 		a.traceCells(ctx, req, proto, out)
@@ -563,5 +563,5 @@ func (a *API) traceCell(ctx context.Context, sem chan struct{}, src, dst Endpoin
 	case <-ctx.Done():
 		return traceflow.Result{}, ctx.Err()
 	}
-	return a.cfg.Tracer.Trace(ctx, tr)
+	return a.cfg.Traces.Trace(ctx, tr)
 }

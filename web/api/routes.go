@@ -5,7 +5,6 @@ import (
 	"context"
 	"embed"
 	"errors"
-	"fmt"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -15,7 +14,6 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/dualflow/dualflow/internal/reload"
-	"github.com/dualflow/dualflow/traceflow"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
@@ -54,15 +52,10 @@ func (a *API) routes() *gin.Engine {
 	viewer.GET("/status", a.status)
 	viewer.POST("/reachability", a.bounded(a.reachGate), a.reachability)
 	viewer.GET("/filters", a.filterDoc)
-	auditAPI := a.mounted(a.cfg.AuditAPI, "audit")
-	for _, p := range []string{"findings", "unprotected", "denied", "unused", "evaluate"} {
-		viewer.GET("/audit/"+p, auditAPI)
-	}
-	viewer.POST("/audit/whatif", a.bounded(a.whatifGate), auditAPI)
-	traceflows := a.mounted(a.cfg.Traceflows, "traceflow")
-	viewer.GET("/traceflows/:id", traceflows)
+	a.auditRoutes(viewer)
+	viewer.GET("/traceflows/:id", a.getTrace)
 	op := v1.Group("", a.auth(RoleOperator))
-	op.POST("/traceflows", traceflows)
+	op.POST("/traceflows", a.startTrace)
 	op.POST("/sql", a.sql)
 	metricsHandler := promhttp.HandlerFor(a.metrics.gatherer(a.cfg.Gatherer), promhttp.HandlerOpts{})
 	r.GET("/metrics", a.auth(RoleViewer), gin.WrapH(metricsHandler))
@@ -74,24 +67,6 @@ func (a *API) routes() *gin.Engine {
 		c.JSON(http.StatusMethodNotAllowed, errorBody{Message: "method " + c.Request.Method + " not allowed on " + c.Request.URL.Path})
 	})
 	return r
-}
-
-// mounted serves a net/http handler of another package under the API's
-// authentication and same-site checks; nil answers 501 naming what. Its
-// 400s are counted with the API's own, all as invalid: the handler's
-// answer does not say why.
-func (a *API) mounted(h http.Handler, what string) gin.HandlerFunc {
-	if h == nil {
-		return func(c *gin.Context) { a.fail(c, fmt.Errorf("%s: %w", what, ErrNotConfigured)) }
-	}
-	return func(c *gin.Context) {
-		// The handler's rate limits and quotas count per principal.
-		c.Request = c.Request.WithContext(traceflow.WithCaller(c.Request.Context(), principalOf(c).Name))
-		h.ServeHTTP(c.Writer, c.Request)
-		if c.Writer.Status() == http.StatusBadRequest {
-			a.badRequest(c, reasonInvalid)
-		}
-	}
 }
 
 // fail answers err: a FieldError or bad JSON is 400 (422 for too much

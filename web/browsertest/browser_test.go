@@ -87,7 +87,7 @@ func runMain(m *testing.M) int {
 		tfs = append(tfs, tf)
 		srv, err := web.New(web.Config{Addr: "127.0.0.1:0", Config: api.Config{
 			Store: e, Database: db, LocalTokenFile: tokenFile,
-			Evaluator: fakes.Evaluator{}, Tracer: tf, Traceflows: traceflow.Handler(tf), AuditAPI: fakes.AuditAPI{},
+			Evaluator: fakes.Evaluator{}, Traces: tf, Audit: fakes.NewAudit(),
 			Catalog: catalog, Status: fakes.Status{Stale: &kubeStale},
 		}})
 		if err != nil {

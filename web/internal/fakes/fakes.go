@@ -4,9 +4,7 @@ package fakes
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"net/http"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -203,22 +201,20 @@ func (t NodeTracer) Trace(ctx context.Context, p traceflow.Probe) (traceflow.Pat
 	return traceflow.Path{Outcome: traceflow.Delivered, Observations: obs}, nil
 }
 
-// AuditAPI serves GET /api/v1/audit/findings with fixed findings, as
-// collector/audit's API answers them (the dual-stack gap first); the other
-// audit routes answer 404.
-type AuditAPI struct{}
+// Audit answers the findings with fixed ones, as collector/audit's
+// Queries answers them (the dual-stack gap first); the audit's other
+// questions are unavailable.
+type Audit struct{ *audit.Queries }
 
-// ServeHTTP implements http.Handler.
-func (AuditAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodGet || r.URL.Path != "/api/v1/audit/findings" {
-		http.NotFound(w, r)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(audit.FindingsResponse{DualStack: 1, Findings: []audit.Finding{
+// NewAudit returns an Audit.
+func NewAudit() Audit { return Audit{&audit.Queries{}} }
+
+// Findings implements api.Audit.
+func (Audit) Findings(context.Context, audit.Window) (*audit.FindingsResponse, error) {
+	return &audit.FindingsResponse{DualStack: 1, Findings: []audit.Finding{
 		{Kind: audit.KindVerdictGap, Message: "shop/frontend → shop/db on TCP 5432 is allowed over IPv4 and denied over IPv6", Objects: []audit.Ref{{Kind: "Deployment", Namespace: "shop", Name: "frontend"}, {Kind: "StatefulSet", Namespace: "shop", Name: "db"}}, Port: 5432, Protocol: "TCP", Count: 3},
 		{Kind: audit.KindUnprotectedIngress, Message: "2 pods of Deployment infra/dns are not isolated for ingress", Objects: []audit.Ref{{Kind: "Deployment", Namespace: "infra", Name: "dns"}}, Count: 2},
-	}})
+	}}, nil
 }
 
 // IdlePod, IdleWorkload and IdleService are objects of Catalog that no
