@@ -324,13 +324,13 @@ func (c *Controller) Normalize(req *Request) error {
 	d := req.Destination
 	switch {
 	case req.DroppedOnly && !req.LiveTraffic:
-		return Invalid("droppedOnly", "droppedOnly needs liveTraffic")
+		return Invalid("dropped_only", "dropped_only needs live_traffic")
 	case req.Family.Families() == nil:
 		return Invalid("family", "family %q (want ipv4, ipv6 or dual)", req.Family)
 	case req.Source != "" && req.SourceWorkload != "":
-		return Invalid("sourceWorkload", "sourceWorkload with source: want one of them")
+		return Invalid("source_workload", "source_workload with source: want one of them")
 	case req.SourceWorkload != "" && !strings.Contains(req.SourceWorkload, "/"):
-		return Invalid("sourceWorkload", "sourceWorkload %q (want namespace/name)", req.SourceWorkload)
+		return Invalid("source_workload", "source_workload %q (want namespace/name)", req.SourceWorkload)
 	case req.SourceWorkload == "" && !strings.Contains(req.Source, "/"):
 		return Invalid("source", "source %q (want namespace/name)", req.Source)
 	case time.Duration(req.Timeout) < 0 || time.Duration(req.Timeout) > c.cfg.MaxTimeout:
@@ -359,9 +359,9 @@ func (c *Controller) Normalize(req *Request) error {
 	}
 	switch {
 	case req.TCPFlags != 0 && req.Protocol != TCP:
-		return Invalid("tcpFlags", "tcpFlags with protocol %s", req.Protocol)
+		return Invalid("tcp_flags", "tcp_flags with protocol %s", req.Protocol)
 	case req.TCPFlags != 0 && req.TCPFlags != packet.SYN:
-		return Invalid("tcpFlags", "tcpFlags %#02x: a trace sends a SYN (0x02) only", req.TCPFlags)
+		return Invalid("tcp_flags", "tcp_flags %#02x: a trace sends a SYN (0x02) only", req.TCPFlags)
 	case req.TTL != 0 && req.TTL < MinTTL:
 		return Invalid("ttl", "ttl %d: want 0 (64) or %d..255", req.TTL, MinTTL)
 	case req.External && !req.Destination.IP.IsValid():
@@ -378,7 +378,7 @@ func (c *Controller) pickPods(req *Request) error {
 		ref, field string
 		pod        *string
 	}{
-		{req.SourceWorkload, "sourceWorkload", &req.Source},
+		{req.SourceWorkload, "source_workload", &req.Source},
 		{req.Destination.Workload, "destination.workload", &req.Destination.Pod},
 	} {
 		if w.ref == "" {

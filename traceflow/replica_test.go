@@ -49,7 +49,7 @@ func TestStartGetWait(t *testing.T) {
 	// An invalid value is named, and said once.
 	_, err = c.Start(ctx, Request{SourceWorkload: "x/gone", Destination: Destination{Service: "backend/api", Port: 80}})
 	var fe *FieldError
-	if !errors.As(err, &fe) || fe.Field != "sourceWorkload" || fe.Message != "no pod of workload x/gone to trace (it does not exist, or has no running pod off the host network)" {
+	if !errors.As(err, &fe) || fe.Field != "source_workload" || fe.Message != "no pod of workload x/gone to trace (it does not exist, or has no running pod off the host network)" {
 		t.Errorf("unknown workload: %v, want a FieldError naming the field", err)
 	}
 	if _, err := c.Get(ctx, "tf-unknown"); !errors.Is(err, ErrNotFound) {

@@ -225,9 +225,9 @@ func TestControllerRejects(t *testing.T) {
 		name, field string
 		edit        func(*Request)
 	}{
-		{"unknown source workload", "sourceWorkload", func(r *Request) { r.Source, r.SourceWorkload = "", "x/gone" }},
+		{"unknown source workload", "source_workload", func(r *Request) { r.Source, r.SourceWorkload = "", "x/gone" }},
 		{"unknown destination workload", "destination.workload", func(r *Request) { r.Destination = Destination{Workload: "x/gone", Port: 80} }},
-		{"source and source workload", "sourceWorkload", func(r *Request) { r.SourceWorkload = "frontend/web" }},
+		{"source and source workload", "source_workload", func(r *Request) { r.SourceWorkload = "frontend/web" }},
 		{"pod and workload destination", "destination", func(r *Request) { r.Destination.Workload = "backend/api" }},
 		{"udp without port", "destination.port", func(r *Request) { r.Protocol, r.Destination.Port = UDP, 0 }},
 	} {
@@ -420,5 +420,32 @@ func TestControllerRemembersProbes(t *testing.T) {
 	}
 	if reg.Len() != 2 {
 		t.Errorf("%d probes remembered after a live trace, want 2", reg.Len())
+	}
+}
+
+// TestObservationLegacyKeys: an observation reads back from the keys it
+// is written with and from the camelCase ones of earlier versions (stored
+// traces, agents not yet upgraded), in both families.
+func TestObservationLegacyKeys(t *testing.T) {
+	for _, tc := range []struct{ src, dst string }{
+		{"198.18.0.5:40000", "198.18.1.7:8080"},
+		{"[fd00:10::5]:40000", "[fd00:10:1::7]:8080"},
+	} {
+		want := Observation{Node: "node-1", Component: "kube-proxy", Action: ActionForwarded,
+			TranslatedSrc: netip.MustParseAddrPort(tc.src), TranslatedDst: netip.MustParseAddrPort(tc.dst)}
+		b, err := json.Marshal(want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(b), `"translated_dst"`) {
+			t.Errorf("written as %s, want snake_case keys", b)
+		}
+		legacy := strings.NewReplacer(`"translated_src"`, `"translatedSrc"`, `"translated_dst"`, `"translatedDst"`).Replace(string(b))
+		for _, in := range []string{string(b), legacy} {
+			var got Observation
+			if err := json.Unmarshal([]byte(in), &got); err != nil || got != want {
+				t.Errorf("%s read as %+v, %v; want %+v", in, got, err, want)
+			}
+		}
 	}
 }

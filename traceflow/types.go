@@ -92,16 +92,16 @@ type Request struct {
 	// from: "namespace/name" of its top-level controller (a Deployment,
 	// StatefulSet, DaemonSet, ...). Start picks one of its pods, once for
 	// every family, and sets Source to it.
-	SourceWorkload string      `json:"sourceWorkload,omitempty"`
+	SourceWorkload string      `json:"source_workload,omitempty"`
 	Destination    Destination `json:"destination"`
 	// Protocol defaults to TCP. ICMP and ICMPv6 both mean "echo request of
 	// the family": a dual trace with protocol ICMP sends ICMPv6 over IPv6.
 	Protocol Protocol `json:"protocol,omitempty"`
 	// SrcPort is the source port (TCP/UDP) or echo id (ICMP); 0 picks one.
-	SrcPort uint16 `json:"srcPort,omitempty"`
+	SrcPort uint16 `json:"src_port,omitempty"`
 	// TCPFlags are the TCP header flags: 0x02 (SYN, the default) is the
 	// only one a trace sends.
-	TCPFlags uint8 `json:"tcpFlags,omitempty"`
+	TCPFlags uint8 `json:"tcp_flags,omitempty"`
 	// TTL is the IPv4 TTL and IPv6 hop limit: 0 (64, the default) or
 	// MinTTL..255.
 	TTL uint8 `json:"ttl,omitempty"`
@@ -112,8 +112,8 @@ type Request struct {
 	// of injecting one; DroppedOnly skips delivered ones and reports the
 	// next dropped one. Kernel datapath only (OVS: outcome error, "not
 	// supported yet"); the trace waits up to its timeout.
-	LiveTraffic bool `json:"liveTraffic,omitempty"`
-	DroppedOnly bool `json:"droppedOnly,omitempty"`
+	LiveTraffic bool `json:"live_traffic,omitempty"`
+	DroppedOnly bool `json:"dropped_only,omitempty"`
 	// Timeout bounds each family trace (default Config.Timeout).
 	Timeout Duration `json:"timeout,omitempty"`
 	// External asks to trace an IP destination outside the cluster (no
@@ -277,9 +277,32 @@ type Observation struct {
 	Policy string `json:"policy,omitempty"`
 	Rule   string `json:"rule,omitempty"`
 	// TranslatedSrc and TranslatedDst are the addresses after SNAT/DNAT.
-	TranslatedSrc netip.AddrPort `json:"translatedSrc,omitzero"`
-	TranslatedDst netip.AddrPort `json:"translatedDst,omitzero"`
+	TranslatedSrc netip.AddrPort `json:"translated_src,omitzero"`
+	TranslatedDst netip.AddrPort `json:"translated_dst,omitzero"`
 	Detail        string         `json:"detail,omitempty"`
+}
+
+// UnmarshalJSON reads an observation, also as dualflow before 2026-12
+// wrote it (translatedSrc, translatedDst): the traces it stored, and the
+// watch streams of node agents not yet upgraded.
+func (o *Observation) UnmarshalJSON(b []byte) error {
+	type plain Observation
+	var v struct {
+		plain
+		LegacySrc netip.AddrPort `json:"translatedSrc"`
+		LegacyDst netip.AddrPort `json:"translatedDst"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		return err
+	}
+	*o = Observation(v.plain)
+	if !o.TranslatedSrc.IsValid() {
+		o.TranslatedSrc = v.LegacySrc
+	}
+	if !o.TranslatedDst.IsValid() {
+		o.TranslatedDst = v.LegacyDst
+	}
+	return nil
 }
 
 // FamilyResult is one family's probe and path.
@@ -291,8 +314,8 @@ type FamilyResult struct {
 	Src      netip.Addr `json:"src,omitzero"`
 	Dst      netip.Addr `json:"dst,omitzero"`
 	Protocol Protocol   `json:"protocol,omitempty"`
-	SrcPort  uint16     `json:"srcPort,omitempty"` // or ICMP echo id
-	DstPort  uint16     `json:"dstPort,omitempty"`
+	SrcPort  uint16     `json:"src_port,omitempty"` // or ICMP echo id
+	DstPort  uint16     `json:"dst_port,omitempty"`
 	Tag      uint8      `json:"tag,omitempty"` // DSCP tag
 	// Observations in path order, grouped by node along the path.
 	Observations []Observation `json:"observations"`

@@ -414,9 +414,9 @@ func TestSecurityTraceflowProbeShape(t *testing.T) {
 				want int
 			}{
 				{"default", func(b map[string]any) {}, http.StatusOK},
-				{"syn", func(b map[string]any) { b["tcpFlags"] = packet.SYN }, http.StatusOK},
-				{"rst", func(b map[string]any) { b["tcpFlags"] = packet.RST }, http.StatusBadRequest},
-				{"syn-ack", func(b map[string]any) { b["tcpFlags"] = packet.SYN | packet.ACK }, http.StatusBadRequest},
+				{"syn", func(b map[string]any) { b["tcp_flags"] = packet.SYN }, http.StatusOK},
+				{"rst", func(b map[string]any) { b["tcp_flags"] = packet.RST }, http.StatusBadRequest},
+				{"syn-ack", func(b map[string]any) { b["tcp_flags"] = packet.SYN | packet.ACK }, http.StatusBadRequest},
 				{"ttl-1", func(b map[string]any) { b["ttl"] = 1 }, http.StatusBadRequest},
 				{"ttl-64", func(b map[string]any) { b["ttl"] = 64 }, http.StatusOK},
 			} {

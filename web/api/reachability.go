@@ -85,7 +85,7 @@ type CellFamily struct {
 	Mismatch string   `json:"mismatch,omitempty"`
 	Observed Observed `json:"observed"`
 	// Trace is the family's result of the cell's trace TraceID (as GET
-	// /traceflows/{id} answers it, camelCase); TraceError says why the
+	// /traceflows/{id} answers it); TraceError says why the
 	// cell could not be traced.
 	Trace      *traceflow.FamilyResult `json:"trace,omitempty"`
 	TraceID    string                  `json:"trace_id,omitempty"`

@@ -776,7 +776,7 @@ func TestTraceflowPage(t *testing.T) {
 	// A field of the controller's 400 is named once.
 	do(t, ctx,
 		chromedp.Navigate(baseURL+"/#/trace?source=workload:shop/gone&destination=pod:shop/db-0&protocol=TCP&port=5432&run=1"),
-		poll(`document.querySelector('#banner').textContent.startsWith('sourceWorkload: no pod of workload shop/gone')`),
+		poll(`document.querySelector('#banner').textContent.startsWith('source_workload: no pod of workload shop/gone')`),
 	)
 	noConsoleErrors(t, errs, "400")
 }

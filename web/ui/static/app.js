@@ -957,7 +957,7 @@ function traceRequest(src, dst, protocol, port, family) {
   if (!src || !['pod', 'workload'].includes(src.kind)) throw new APIError(400, { field: 'source', message: 'want pod:namespace/name or workload:namespace/name' });
   if (!dst) throw new APIError(400, { field: 'destination', message: 'want a pod, workload, service or ip' });
   const body = { family: traceFamily(family), protocol: (protocol || 'TCP').toUpperCase(), destination: {} };
-  body[src.kind === 'pod' ? 'source' : 'sourceWorkload'] = ref(src);
+  body[src.kind === 'pod' ? 'source' : 'source_workload'] = ref(src);
   body.destination[dst.kind] = dst.kind === 'ip' ? dst.name : ref(dst);
   if (!body.protocol.startsWith('ICMP')) body.destination.port = Number(port) || 0;
   return body;
@@ -995,7 +995,7 @@ async function runTrace(ev) {
 // hopText says what an observation adds to its node, component and action.
 function hopText(o) {
   return [o.interface && 'via ' + o.interface, o.pod && 'pod ' + o.pod, o.service && 'service ' + o.service,
-    o.translatedDst && 'DNAT to ' + o.translatedDst, o.translatedSrc && 'SNAT to ' + o.translatedSrc, o.detail].filter(Boolean).join(', ');
+    o.translated_dst && 'DNAT to ' + o.translated_dst, o.translated_src && 'SNAT to ' + o.translated_src, o.detail].filter(Boolean).join(', ');
 }
 // renderTraces draws a trace (POST /traceflows's Result): each family's
 // path, or why it has none, once, in its own block (data-family 4 or 6).
@@ -1004,7 +1004,7 @@ function renderTraces(out, r) {
   if (r.id) {
     const q = r.request || {}, d = q.destination || {};
     // The pods the server picked for workloads.
-    const picked = [q.sourceWorkload && 'from pod ' + q.source + ' of workload ' + q.sourceWorkload, d.workload && 'to pod ' + d.pod + ' of workload ' + d.workload].filter(Boolean);
+    const picked = [q.source_workload && 'from pod ' + q.source + ' of workload ' + q.source_workload, d.workload && 'to pod ' + d.pod + ' of workload ' + d.workload].filter(Boolean);
     out.append(h('p', { class: 'muted traceinfo' }, 'Trace ', h('code', {}, r.id), ' · ' + r.phase,
       picked.length ? ' · traced ' + picked.join(' ') : '',
       (r.families || []).length ? '' : ': ' + (r.reason || ''), ' · ',
@@ -1027,7 +1027,7 @@ function renderTraces(out, r) {
       h('h2', {}, famBadge(fam), t.src ? [' ', t.src, ' → ', t.dst] : ''),
       h('p', {}, h('span', { class: 'verdict ' + t.outcome }, t.outcome),
         stop ? ' at ' + stop.node : '', stop && stop.policy ? ' by ' + stop.policy : '',
-        t.dstPort ? h('span', { class: 'muted' }, ' · ' + t.protocol + ' port ' + t.dstPort) : ''),
+        t.dst_port ? h('span', { class: 'muted' }, ' · ' + t.protocol + ' port ' + t.dst_port) : ''),
       t.reason ? h('p', { class: traced ? 'note' : 'err' }, t.reason) : null,
       path));
   }
