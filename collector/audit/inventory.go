@@ -1,28 +1,21 @@
 package audit
 
 import (
-	"bufio"
-	"bytes"
 	"cmp"
-	"errors"
 	"fmt"
 	"io"
 	"net/netip"
-	"os"
 	"slices"
 	"strings"
-	"sync"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"sigs.k8s.io/yaml"
 
 	"github.com/dualflow/dualflow/collector/audit/policy"
+	"github.com/dualflow/dualflow/collector/enrich/inventory"
 	"github.com/dualflow/dualflow/flow"
 )
 
@@ -129,8 +122,8 @@ func (inv *Inventory) AddPolicy(p *networkingv1.NetworkPolicy) {
 }
 
 // AddObject adds a Kubernetes object: Namespace, Pod, Service,
-// NetworkPolicy, ReplicaSet (to resolve pods to their Deployment), or a
-// v1 List of them. Other kinds are counted in Skipped.
+// NetworkPolicy, or ReplicaSet (to resolve pods to their Deployment).
+// Other kinds are counted in Skipped.
 func (inv *Inventory) AddObject(obj runtime.Object) error {
 	switch o := obj.(type) {
 	case *corev1.Namespace:
@@ -144,22 +137,6 @@ func (inv *Inventory) AddObject(obj runtime.Object) error {
 	case *appsv1.ReplicaSet:
 		if w, ok := controllerOf(o.OwnerReferences); ok {
 			inv.rsOwner[[2]string{o.Namespace, o.Name}] = w
-		}
-	case *corev1.List:
-		dec, err := decoder()
-		if err != nil {
-			return err
-		}
-		for i, raw := range o.Items {
-			item := raw.Object
-			if item == nil {
-				if item, _, err = dec.Decode(raw.Raw, nil, nil); err != nil {
-					return fmt.Errorf("list item %d: %w", i, err)
-				}
-			}
-			if err := inv.AddObject(item); err != nil {
-				return fmt.Errorf("list item %d: %w", i, err)
-			}
 		}
 	default:
 		kind := obj.GetObjectKind().GroupVersionKind().Kind
@@ -229,78 +206,41 @@ func serviceFromObject(o *corev1.Service) Service {
 	return s
 }
 
-// decoder decodes the kinds an inventory keeps (and Lists), built once.
-var decoder = sync.OnceValues(func() (runtime.Decoder, error) {
-	s := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme, networkingv1.AddToScheme} {
-		if err := add(s); err != nil {
-			return nil, fmt.Errorf("inventory scheme: %w", err)
-		}
-	}
-	return serializer.NewCodecFactory(s).UniversalDeserializer(), nil
-})
-
 // Decode adds every object of a multi-document YAML or JSON stream
-// ("---" separated, v1 List documents accepted). Documents of kinds the
-// scheme does not know (CRDs, ...) are counted in Skipped; a malformed
-// document is an error naming it.
+// ("---" separated, Lists accepted), read as the enrichment reads its
+// inventory files (package enrich/inventory: objects checked, errors
+// naming the file, line and object). Kinds an audit does not use are
+// counted in Skipped.
 func (inv *Inventory) Decode(name string, r io.Reader) error {
-	dec, err := decoder()
+	res, err := inventory.Decode(name, r)
 	if err != nil {
 		return err
 	}
-	yr := utilyaml.NewYAMLReader(bufio.NewReader(r))
-	for n := 0; ; n++ {
-		doc, err := yr.Read()
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return fmt.Errorf("%s: read document %d: %w", name, n, err)
-		}
-		if isBlank(doc) {
-			continue
-		}
-		obj, _, err := dec.Decode(doc, nil, nil)
-		if runtime.IsNotRegisteredError(err) {
-			var tm metav1.TypeMeta
-			if yaml.Unmarshal(doc, &tm) == nil && tm.Kind != "" {
-				inv.Skipped[tm.Kind]++
-				continue
-			}
-		}
-		if err != nil {
-			return fmt.Errorf("%s: document %d: %w", name, n, err)
-		}
-		if err := inv.AddObject(obj); err != nil {
-			return fmt.Errorf("%s: document %d: %w", name, n, err)
-		}
-	}
+	return inv.addResult(res)
 }
 
-func isBlank(doc []byte) bool {
-	for line := range bytes.Lines(doc) {
-		if t := bytes.TrimSpace(line); len(t) > 0 && t[0] != '#' {
-			return false
+func (inv *Inventory) addResult(res *inventory.Result) error {
+	for k, n := range res.Skipped { // "apiVersion kind"
+		_, kind, _ := strings.Cut(k, " ")
+		inv.Skipped[kind] += n
+	}
+	for _, o := range res.Objects {
+		if err := inv.AddObject(o.Object); err != nil {
+			return fmt.Errorf("%s: %w", o.Where(), err)
 		}
 	}
-	return true
+	return nil
 }
 
 // LoadInventory reads manifest files (kubectl get -o yaml output, the
 // lab's manifest.yaml) into a new inventory.
 func LoadInventory(files ...string) (*Inventory, error) {
-	inv := NewInventory()
-	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			return nil, fmt.Errorf("inventory: %w", err)
-		}
-		if err := inv.Decode(f, bytes.NewReader(b)); err != nil {
-			return nil, fmt.Errorf("inventory: %w", err)
-		}
+	res, err := inventory.Load(files...)
+	if err != nil {
+		return nil, err
 	}
-	return inv, nil
+	inv := NewInventory()
+	return inv, inv.addResult(res)
 }
 
 // InventoryFromObjects builds an inventory from objects (see AddObject).

@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/dualflow/dualflow/collector/enrich/inventory"
 	"github.com/dualflow/dualflow/collector/pipeline"
 	"github.com/dualflow/dualflow/flow"
 	"github.com/dualflow/dualflow/lab/manifest"
@@ -30,7 +31,11 @@ func labInventory(t testing.TB) *Inventory {
 	if err := m.Encode(&buf); err != nil {
 		t.Fatal(err)
 	}
-	inv, err := ParseInventory(&buf)
+	res, err := inventory.Decode("manifest.yaml", &buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv, err := inventoryOf(res)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,17 +1,15 @@
 package correlate
 
 import (
-	"bytes"
 	"encoding/binary"
-	"encoding/json"
+	"errors"
 	"fmt"
-	"io"
 	"net/netip"
-	"os"
 	"slices"
 
 	corev1 "k8s.io/api/core/v1"
-	"sigs.k8s.io/yaml"
+
+	"github.com/dualflow/dualflow/collector/enrich/inventory"
 )
 
 // Inventory maps addresses to node names from Node objects: each node's
@@ -183,76 +181,27 @@ func (inv *Inventory) addCIDR(p netip.Prefix, node string) error {
 	return nil
 }
 
-// LoadInventory reads Node objects from a Kubernetes YAML or JSON manifest
-// file: documents separated by "---", each a Node, a List of objects, or any
-// other kind (ignored). The lab's manifest is such a file.
-func LoadInventory(path string) (*Inventory, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("inventory: %w", err)
-	}
-	defer f.Close()
-	inv, err := ParseInventory(f)
-	if err != nil {
-		return nil, fmt.Errorf("inventory %s: %w", path, err)
-	}
-	return inv, nil
-}
-
-// ParseInventory reads Node objects from a manifest (see LoadInventory).
-func ParseInventory(r io.Reader) (*Inventory, error) {
-	b, err := io.ReadAll(r)
+// LoadInventory reads the Node objects of Kubernetes manifest files
+// (YAML or JSON, "---" separated, Lists accepted, other kinds ignored), as
+// the enrichment reads its inventory (package enrich/inventory). The
+// lab's manifest is such a file.
+func LoadInventory(files ...string) (*Inventory, error) {
+	res, err := inventory.Load(files...)
 	if err != nil {
 		return nil, err
 	}
+	return inventoryOf(res)
+}
+
+func inventoryOf(res *inventory.Result) (*Inventory, error) {
 	var nodes []corev1.Node
-	for i, doc := range splitDocs(b) {
-		var head struct {
-			Kind  string            `json:"kind"`
-			Items []json.RawMessage `json:"items"`
-		}
-		if err := yaml.Unmarshal(doc, &head); err != nil {
-			return nil, fmt.Errorf("document %d: %w", i+1, err)
-		}
-		switch head.Kind {
-		case "Node":
-			var n corev1.Node
-			if err := yaml.Unmarshal(doc, &n); err != nil {
-				return nil, fmt.Errorf("document %d: %w", i+1, err)
-			}
-			nodes = append(nodes, n)
-		case "List", "NodeList":
-			for _, it := range head.Items {
-				var n corev1.Node
-				if err := yaml.Unmarshal(it, &n); err != nil {
-					return nil, fmt.Errorf("document %d: %w", i+1, err)
-				}
-				if n.Kind == "Node" || head.Kind == "NodeList" {
-					nodes = append(nodes, n)
-				}
-			}
+	for _, o := range res.Objects {
+		if n, ok := o.Object.(*corev1.Node); ok {
+			nodes = append(nodes, *n)
 		}
 	}
 	if len(nodes) == 0 {
-		return nil, fmt.Errorf("no Node objects")
+		return nil, errors.New("inventory: no Node objects")
 	}
 	return NewInventory(nodes)
-}
-
-// splitDocs splits a YAML stream at "---" lines.
-func splitDocs(b []byte) [][]byte {
-	var docs [][]byte
-	for i, d := range bytes.Split(append([]byte("\n"), b...), []byte("\n---")) {
-		if i > 0 { // drop the rest of the separator line
-			j := bytes.IndexByte(d, '\n')
-			if j < 0 {
-				continue
-			}
-			d = d[j:]
-		}
-		if len(bytes.TrimSpace(d)) > 0 {
-			docs = append(docs, d)
-		}
-	}
-	return docs
 }

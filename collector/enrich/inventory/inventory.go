@@ -1,6 +1,8 @@
-// Package inventory reads Kubernetes manifests for the enrichment's
-// inventory mode: offline audits of a cluster dump, and the local demo on
-// the lab. A file holds multi-document YAML ("---" separated) or JSON, and
+// Package inventory is dualflow's one reader of Kubernetes manifests: the
+// enrichment's inventory mode (offline audits of a cluster dump, the local
+// demo on the lab), the audit's inventory files (dualflow audit
+// --inventory, what-if policies) and the correlator's Node file
+// (--collector.inventory). A file holds multi-document YAML ("---" separated) or JSON, and
 // any document may be a List (`kubectl get pods,svc,... -A -o yaml` writes
 // one v1 List). The kinds enrichment uses are decoded with the API
 // machinery's deserializer and checked (addresses and CIDRs must parse,
