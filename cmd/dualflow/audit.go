@@ -16,10 +16,9 @@ import (
 	"text/tabwriter"
 	"time"
 
-	networkingv1 "k8s.io/api/networking/v1"
-
 	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/collector/store"
+	"github.com/dualflow/dualflow/web/api"
 )
 
 const auditHelp = `Audit NetworkPolicies: which policy allowed or denied each flow, and where
@@ -107,19 +106,33 @@ func (a *auditFlags) bindOutput(fs *flag.FlagSet) {
 	a.srv.bind(fs)
 }
 
-// remote calls the audit API of the collector named by --server, with the
-// command's timeout; ok is false when --server is not set.
-func (a *auditFlags) remote(ctx context.Context, method, path string, q url.Values, body io.Reader, out any) (ok bool, err error) {
+// source is where a subcommand asks its question: the audit API of the
+// collector named by --server, else the same audit.Queries the collector
+// serves, over the manifests of --inventory (read when a question needs
+// them) and, with withStore, the flow store. done closes the store.
+func (a *auditFlags) source(opt audit.Options, withStore bool) (q api.Audit, done func(), err error) {
 	c, err := a.srv.client()
-	if err != nil || c == nil {
-		return false, err
+	if err != nil || c != nil {
+		return remoteAudit{c}, func() {}, err
 	}
+	local := &audit.Queries{Inventory: a.loadInventory, Options: opt}
+	if !withStore {
+		return local, func() {}, nil
+	}
+	r, closeStore, err := a.reports()
+	if err != nil {
+		return nil, nil, err
+	}
+	local.Reports = r
+	return local, closeStore, nil
+}
+
+// bounded is ctx under --timeout, when the subcommand has one.
+func (a *auditFlags) bounded(ctx context.Context) (context.Context, context.CancelFunc) {
 	if a.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, a.timeout)
-		defer cancel()
+		return context.WithTimeout(ctx, a.timeout)
 	}
-	return true, c.do(ctx, method, "/audit/"+path, q, body, out)
+	return context.WithCancel(ctx)
 }
 
 func (a *auditFlags) loadInventory() (*audit.Inventory, error) {
@@ -144,23 +157,6 @@ func (a *auditFlags) window() (audit.Window, error) {
 	return w, nil
 }
 
-// withReports runs fn on the store's reports for the command's window,
-// under its timeout, and closes the store.
-func (a *auditFlags) withReports(ctx context.Context, fn func(ctx context.Context, r *audit.Reports, w audit.Window) error) error {
-	w, err := a.window()
-	if err != nil {
-		return err
-	}
-	r, closeStore, err := a.reports()
-	if err != nil {
-		return err
-	}
-	defer closeStore()
-	ctx, cancel := context.WithTimeout(ctx, a.timeout)
-	defer cancel()
-	return fn(ctx, r, w)
-}
-
 // reports returns the store reports and a function closing the store.
 func (a *auditFlags) reports() (*audit.Reports, func(), error) {
 	a.store.SetDefaults()
@@ -176,6 +172,57 @@ func (a *auditFlags) reports() (*audit.Reports, func(), error) {
 		return nil, nil, err
 	}
 	return r, q.close, nil
+}
+
+// remoteAudit asks the audit API of a collector (/api/v1/audit/...).
+type remoteAudit struct{ c *apiClient }
+
+var _ api.Audit = remoteAudit{}
+
+func windowValues(w audit.Window) url.Values {
+	return url.Values{"since": {w.Since.Format(time.RFC3339Nano)}, "until": {w.Until.Format(time.RFC3339Nano)}}
+}
+
+func (r remoteAudit) Findings(ctx context.Context, w audit.Window) (*audit.FindingsResponse, error) {
+	res := new(audit.FindingsResponse)
+	return res, r.c.do(ctx, http.MethodGet, "/audit/findings", windowValues(w), nil, res)
+}
+
+func (r remoteAudit) Unprotected(ctx context.Context) ([]audit.UnprotectedWorkload, error) {
+	var res []audit.UnprotectedWorkload
+	return res, r.c.do(ctx, http.MethodGet, "/audit/unprotected", nil, nil, &res)
+}
+
+func (r remoteAudit) Denied(ctx context.Context, opt audit.DeniedOptions) ([]audit.DeniedGroup, error) {
+	q := windowValues(opt.Window)
+	q.Set("namespace", opt.Namespace)
+	if opt.Family != 0 {
+		q.Set("family", strconv.Itoa(int(opt.Family)))
+	}
+	q.Set("limit", strconv.Itoa(opt.Limit))
+	var res []audit.DeniedGroup
+	return res, r.c.do(ctx, http.MethodGet, "/audit/denied", q, nil, &res)
+}
+
+func (r remoteAudit) Unused(ctx context.Context, w audit.Window) (*audit.UnusedReport, error) {
+	res := new(audit.UnusedReport)
+	return res, r.c.do(ctx, http.MethodGet, "/audit/unused", windowValues(w), nil, res)
+}
+
+func (r remoteAudit) WhatIf(ctx context.Context, body io.Reader, w audit.Window, limit int) (*audit.WhatIfReport, error) {
+	q := windowValues(w)
+	q.Set("limit", strconv.Itoa(limit))
+	res := new(audit.WhatIfReport)
+	return res, r.c.do(ctx, http.MethodPost, "/audit/whatif", q, body, res)
+}
+
+func (r remoteAudit) Evaluate(ctx context.Context, p audit.Probe) ([]audit.ProbeResult, error) {
+	q := url.Values{"from": {p.From}, "to": {p.To}, "port": {strconv.Itoa(int(p.Port))}, "proto": {strconv.Itoa(int(p.Proto))}}
+	if p.Family != 0 {
+		q.Set("family", strconv.Itoa(int(p.Family)))
+	}
+	var res []audit.ProbeResult
+	return res, r.c.do(ctx, http.MethodGet, "/audit/evaluate", q, nil, &res)
 }
 
 func printJSON(v any) error {
@@ -213,21 +260,25 @@ collector's findings for its live cluster view, observed gaps included.`)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	var out []audit.Finding
-	var res audit.FindingsResponse
-	ok, err := a.remote(ctx, http.MethodGet, "findings", windowQuery(a.since, a.until), nil, &res)
+	q, done, err := a.source(audit.Options{MaxPairs: *maxPairs}, *observed)
+	if err != nil {
+		return err
+	}
+	defer done()
+	win, err := a.window()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := a.bounded(ctx)
+	defer cancel()
+	res, err := q.Findings(ctx, win)
 	switch {
 	case err != nil:
 		return err
-	case ok && res.ObservedError != "":
+	case res.ObservedError != "":
 		return fmt.Errorf("observed findings: %s", res.ObservedError)
-	case ok:
-		out = res.Findings
-	default:
-		if out, err = a.localFindings(ctx, *maxPairs, *observed); err != nil {
-			return err
-		}
 	}
+	out := res.Findings
 	if *dualOnly {
 		var d []audit.Finding
 		for _, f := range out {
@@ -244,25 +295,6 @@ collector's findings for its live cluster view, observed gaps included.`)
 	return nil
 }
 
-// localFindings computes the findings of --inventory (and the store's
-// observed gaps with observed).
-func (a *auditFlags) localFindings(ctx context.Context, maxPairs int, observed bool) ([]audit.Finding, error) {
-	inv, err := a.loadInventory()
-	if err != nil {
-		return nil, err
-	}
-	out := audit.Findings(inv, audit.Options{MaxPairs: maxPairs})
-	if !observed {
-		return out, nil
-	}
-	err = a.withReports(ctx, func(ctx context.Context, r *audit.Reports, w audit.Window) error {
-		obs, err := r.ObservedGaps(ctx, inv, w, 0)
-		out = append(out, obs...)
-		return err
-	})
-	return out, err
-}
-
 func runAuditUnprotected(ctx context.Context, args []string) error {
 	fs := newFlagSet("audit unprotected", "--inventory FILE | --server URL [--json]", "List the workloads with pods that no NetworkPolicy isolates, for ingress and for egress.")
 	var a auditFlags
@@ -271,18 +303,14 @@ func runAuditUnprotected(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	var us []audit.UnprotectedWorkload
-	ok, err := a.remote(ctx, http.MethodGet, "unprotected", nil, nil, &us)
+	q, done, err := a.source(audit.Options{}, false)
 	if err != nil {
 		return err
 	}
-	if !ok {
-		inv, err := a.loadInventory()
-		if err != nil {
-			return err
-		}
-		set, _ := inv.Compile()
-		us = audit.Unprotected(inv, set)
+	defer done()
+	us, err := q.Unprotected(ctx)
+	if err != nil {
+		return err
 	}
 	if a.json {
 		return printJSON(append([]audit.UnprotectedWorkload{}, us...))
@@ -312,29 +340,22 @@ func runAuditEval(ctx context.Context, args []string) error {
 	if *port > 65535 {
 		return fmt.Errorf("--port %d out of range", *port)
 	}
-	var res []audit.ProbeResult
-	q := url.Values{"from": {*from}, "to": {*to}, "port": {strconv.FormatUint(uint64(*port), 10)}, "proto": {*proto}, "family": {*family}}
-	ok, err := a.remote(ctx, http.MethodGet, "evaluate", q, nil, &res)
+	p, err := audit.ParseProto(*proto)
 	if err != nil {
 		return err
 	}
-	if !ok {
-		inv, err := a.loadInventory()
-		if err != nil {
-			return err
-		}
-		p, err := audit.ParseProto(*proto)
-		if err != nil {
-			return err
-		}
-		fam, err := audit.ParseFamily(*family)
-		if err != nil {
-			return err
-		}
-		set, _ := inv.Compile()
-		if res, err = audit.Evaluate(inv, set, audit.Probe{From: *from, To: *to, Proto: p, Port: uint16(*port), Family: fam}); err != nil {
-			return err
-		}
+	fam, err := audit.ParseFamily(*family)
+	if err != nil {
+		return err
+	}
+	q, done, err := a.source(audit.Options{}, false)
+	if err != nil {
+		return err
+	}
+	defer done()
+	res, err := q.Evaluate(ctx, audit.Probe{From: *from, To: *to, Proto: p, Port: uint16(*port), Family: fam})
+	if err != nil {
+		return err
 	}
 	if a.json {
 		return printJSON(res)
@@ -356,27 +377,24 @@ func runAuditDenied(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	var gs []audit.DeniedGroup
-	q := windowQuery(a.since, a.until)
-	q.Set("namespace", *ns)
-	q.Set("family", *family)
-	q.Set("limit", strconv.Itoa(*limit))
-	ok, err := a.remote(ctx, http.MethodGet, "denied", q, nil, &gs)
+	fam, err := audit.ParseFamily(*family)
 	if err != nil {
 		return err
 	}
-	if !ok {
-		fam, err := audit.ParseFamily(*family)
-		if err != nil {
-			return err
-		}
-		err = a.withReports(ctx, func(ctx context.Context, r *audit.Reports, w audit.Window) (err error) {
-			gs, err = r.Denied(ctx, audit.DeniedOptions{Window: w, Namespace: *ns, Family: fam, Limit: *limit})
-			return err
-		})
-		if err != nil {
-			return err
-		}
+	win, err := a.window()
+	if err != nil {
+		return err
+	}
+	q, done, err := a.source(audit.Options{}, true)
+	if err != nil {
+		return err
+	}
+	defer done()
+	ctx, cancel := a.bounded(ctx)
+	defer cancel()
+	gs, err := q.Denied(ctx, audit.DeniedOptions{Window: win, Namespace: *ns, Family: fam, Limit: *limit})
+	if err != nil {
+		return err
 	}
 	if a.json {
 		return printJSON(append([]audit.DeniedGroup{}, gs...))
@@ -399,23 +417,20 @@ func runAuditUnused(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	rep := new(audit.UnusedReport)
-	ok, err := a.remote(ctx, http.MethodGet, "unused", windowQuery(a.since, a.until), nil, rep)
+	win, err := a.window()
 	if err != nil {
 		return err
 	}
-	if !ok {
-		inv, err := a.loadInventory()
-		if err != nil {
-			return err
-		}
-		err = a.withReports(ctx, func(ctx context.Context, r *audit.Reports, w audit.Window) (err error) {
-			rep, err = r.Unused(ctx, inv.NetworkPolicies(), w)
-			return err
-		})
-		if err != nil {
-			return err
-		}
+	q, done, err := a.source(audit.Options{}, true)
+	if err != nil {
+		return err
+	}
+	defer done()
+	ctx, cancel := a.bounded(ctx)
+	defer cancel()
+	rep, err := q.Unused(ctx, win)
+	if err != nil {
+		return err
 	}
 	if a.json {
 		return printJSON(rep)
@@ -449,8 +464,9 @@ changes.`)
 	if len(proposed) == 0 {
 		return errors.New("--policy is required")
 	}
+	// The proposed policies as one stream of documents, their namespace
+	// defaulted, for the collector or the local replay alike.
 	var docs bytes.Buffer
-	var pols []*networkingv1.NetworkPolicy
 	for _, f := range proposed {
 		b, err := os.ReadFile(f)
 		if err != nil {
@@ -460,7 +476,6 @@ changes.`)
 		if err != nil {
 			return err
 		}
-		pols = append(pols, ps...)
 		for _, p := range ps {
 			j, err := json.Marshal(p)
 			if err != nil {
@@ -471,25 +486,20 @@ changes.`)
 			docs.WriteString("\n")
 		}
 	}
-	rep := new(audit.WhatIfReport)
-	q := windowQuery(a.since, a.until)
-	q.Set("limit", strconv.Itoa(*limit))
-	ok, err := a.remote(ctx, http.MethodPost, "whatif", q, &docs, rep)
+	win, err := a.window()
 	if err != nil {
 		return err
 	}
-	if !ok {
-		inv, err := a.loadInventory()
-		if err != nil {
-			return err
-		}
-		err = a.withReports(ctx, func(ctx context.Context, r *audit.Reports, w audit.Window) (err error) {
-			rep, err = r.WhatIf(ctx, inv, pols, w, *limit)
-			return err
-		})
-		if err != nil {
-			return err
-		}
+	q, done, err := a.source(audit.Options{}, true)
+	if err != nil {
+		return err
+	}
+	defer done()
+	ctx, cancel := a.bounded(ctx)
+	defer cancel()
+	rep, err := q.WhatIf(ctx, &docs, win, *limit)
+	if err != nil {
+		return err
 	}
 	if a.json {
 		return printJSON(rep)

@@ -127,15 +127,3 @@ func (c *apiClient) do(ctx context.Context, method, path string, q url.Values, b
 	}
 	return nil
 }
-
-// windowQuery is the since/until of an audit request.
-func windowQuery(since, until string) url.Values {
-	q := url.Values{}
-	if since != "" {
-		q.Set("since", since)
-	}
-	if until != "" {
-		q.Set("until", until)
-	}
-	return q
-}

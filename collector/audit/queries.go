@@ -96,7 +96,7 @@ func (q *Queries) Findings(ctx context.Context, win Window) (*FindingsResponse, 
 }
 
 // Unprotected lists the workloads not isolated, per direction.
-func (q *Queries) Unprotected() ([]UnprotectedWorkload, error) {
+func (q *Queries) Unprotected(context.Context) ([]UnprotectedWorkload, error) {
 	inv, err := q.inventory()
 	if err != nil {
 		return nil, err
@@ -150,7 +150,7 @@ func (q *Queries) WhatIf(ctx context.Context, r io.Reader, win Window, limit int
 
 // Evaluate answers a probe with the policies of the live inventory; ends
 // that do not resolve are an ErrBadProbe.
-func (q *Queries) Evaluate(p Probe) ([]ProbeResult, error) {
+func (q *Queries) Evaluate(_ context.Context, p Probe) ([]ProbeResult, error) {
 	inv, err := q.inventory()
 	if err != nil {
 		return nil, err

@@ -31,27 +31,27 @@ func TestQueriesStatic(t *testing.T) {
 	if gaps == 0 || gaps == len(fr.Findings) || fr.DualStack != gaps {
 		t.Errorf("dual_stack %d, want %d of %d findings, some of other kinds", fr.DualStack, gaps, len(fr.Findings))
 	}
-	if un, err := q.Unprotected(); err != nil || len(un) != 4 {
+	if un, err := q.Unprotected(ctx); err != nil || len(un) != 4 {
 		t.Errorf("unprotected: %+v %v", un, err)
 	}
 	web1, api2 := labPod(t, m, "frontend", "web", 1), labPod(t, m, "backend", "api", 2)
-	pr, err := q.Evaluate(Probe{From: "frontend/" + web1.Name, To: "backend/" + api2.Name, Port: 9090})
+	pr, err := q.Evaluate(ctx, Probe{From: "frontend/" + web1.Name, To: "backend/" + api2.Name, Port: 9090})
 	if err != nil || len(pr) != 2 || !pr[0].Allowed || pr[1].Allowed || pr[1].Ingress.Name != manifest.PolicyDefaultDeny {
 		t.Fatalf("evaluate: %+v %v", pr, err)
 	}
 	t.Log(pr[0].Message)
 	t.Log(pr[1].Message)
-	out, err := q.Evaluate(Probe{From: "frontend/" + web1.Name, To: "fd00:10:ffff::1", Port: 443, Family: 6})
+	out, err := q.Evaluate(ctx, Probe{From: "frontend/" + web1.Name, To: "fd00:10:ffff::1", Port: 443, Family: 6})
 	if err != nil || len(out) != 1 || !out[0].Allowed || out[0].Dst.Pod != "" || out[0].Ingress.Verdict != "unknown" {
 		t.Errorf("evaluate to an outside address: %+v %v", out, err)
 	}
-	if _, err := q.Evaluate(Probe{From: "nope", To: "x/y"}); !errors.Is(err, ErrBadProbe) {
+	if _, err := q.Evaluate(ctx, Probe{From: "nope", To: "x/y"}); !errors.Is(err, ErrBadProbe) {
 		t.Errorf("evaluate from nowhere: %v, want ErrBadProbe", err)
 	}
 	if _, err := q.Denied(ctx, DeniedOptions{}); !errors.Is(err, ErrUnavailable) || !strings.Contains(err.Error(), "not available") {
 		t.Errorf("denied without a store: %v", err)
 	}
-	if _, err := (&Queries{}).Unprotected(); !errors.Is(err, ErrUnavailable) {
+	if _, err := (&Queries{}).Unprotected(ctx); !errors.Is(err, ErrUnavailable) {
 		t.Errorf("unprotected without an inventory: %v", err)
 	}
 }

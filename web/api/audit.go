@@ -14,15 +14,16 @@ import (
 	"github.com/dualflow/dualflow/collector/audit"
 )
 
-// Audit answers the audit routes: *audit.Queries over the live inventory
-// and the store.
+// Audit answers the audit's questions: *audit.Queries over the live
+// inventory and the store serves the audit routes; dualflow audit asks
+// them of a Queries over manifest files, or of a server's routes.
 type Audit interface {
 	Findings(ctx context.Context, win audit.Window) (*audit.FindingsResponse, error)
-	Unprotected() ([]audit.UnprotectedWorkload, error)
+	Unprotected(ctx context.Context) ([]audit.UnprotectedWorkload, error)
 	Denied(ctx context.Context, opt audit.DeniedOptions) ([]audit.DeniedGroup, error)
 	Unused(ctx context.Context, win audit.Window) (*audit.UnusedReport, error)
 	WhatIf(ctx context.Context, r io.Reader, win audit.Window, limit int) (*audit.WhatIfReport, error)
-	Evaluate(p audit.Probe) ([]audit.ProbeResult, error)
+	Evaluate(ctx context.Context, p audit.Probe) ([]audit.ProbeResult, error)
 }
 
 var _ Audit = (*audit.Queries)(nil)
@@ -124,7 +125,7 @@ func (a *API) auditFindings(c *gin.Context) {
 
 func (a *API) auditUnprotected(c *gin.Context) {
 	if au, ok := a.audit(c); ok {
-		res, err := au.Unprotected()
+		res, err := au.Unprotected(c.Request.Context())
 		a.auditAnswer(c, res, err)
 	}
 }
@@ -207,6 +208,6 @@ func (a *API) auditEvaluate(c *gin.Context) {
 		a.fail(c, err)
 		return
 	}
-	res, err := au.Evaluate(p)
+	res, err := au.Evaluate(c.Request.Context(), p)
 	a.auditAnswer(c, res, err)
 }

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/dualflow/dualflow/collector/audit"
+	"github.com/dualflow/dualflow/lab/manifest"
+	"github.com/dualflow/dualflow/web/api"
+)
+
+// auditOut runs dualflow audit args and returns what it printed.
+func auditOut(t *testing.T, args ...string) string {
+	t.Helper()
+	f, err := os.CreateTemp(t.TempDir(), "stdout")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	stdout := os.Stdout
+	os.Stdout = f
+	err = runAudit(context.Background(), args)
+	os.Stdout = stdout
+	if err != nil {
+		t.Fatalf("dualflow audit %v: %v", args, err)
+	}
+	if _, err := f.Seek(0, io.SeekStart); err != nil {
+		t.Fatal(err)
+	}
+	b, err := io.ReadAll(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// noStore is a flow store with no flows to read.
+type noStore struct{}
+
+func (noStore) Query(context.Context, string, string) ([]byte, error) {
+	return nil, errors.New("no flow store in this test")
+}
+
+// TestAuditLocalAndServer: dualflow audit asks the same questions of
+// manifest files (--inventory) and of a collector (--server), through one
+// interface, and gets the same answers, in every IP mode.
+func TestAuditLocalAndServer(t *testing.T) {
+	t.Setenv(envToken, "")
+	for _, mode := range []manifest.Mode{manifest.ModeIPv4, manifest.ModeIPv6, manifest.ModeDual} {
+		t.Run(string(mode), func(t *testing.T) {
+			m, err := manifest.Generate(manifest.Spec{Mode: mode, Nodes: 2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			file := filepath.Join(t.TempDir(), "manifest.yaml")
+			f, err := os.Create(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := m.Encode(f); err != nil {
+				t.Fatal(err)
+			}
+			f.Close()
+			inv, err := audit.LoadInventory(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			a, err := api.New(api.Config{Store: noStore{}, Anonymous: api.RoleViewer, Logger: slog.New(slog.DiscardHandler),
+				Audit: &audit.Queries{Inventory: func() (*audit.Inventory, error) { return inv, nil }}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := httptest.NewServer(a.Handler())
+			defer srv.Close()
+			from, to := m.Pods[0], m.Pods[len(m.Pods)-1]
+			for _, args := range [][]string{
+				{"findings", "--json"},
+				{"findings", "--json", "--dual-stack"},
+				{"unprotected", "--json"},
+				{"eval", "--json", "--from", from.Namespace + "/" + from.Name, "--to", to.Namespace + "/" + to.Name, "--port", "8080"},
+			} {
+				local := auditOut(t, append(args, "--inventory", file)...)
+				remote := auditOut(t, append(args, "--server", srv.URL)...)
+				if local != remote {
+					t.Errorf("%v: --inventory printed\n%s\n--server printed\n%s", args, local, remote)
+				}
+				var v any
+				if err := json.Unmarshal([]byte(local), &v); err != nil || local == "null\n" {
+					t.Errorf("%v: %v: %q", args, err, local)
+				}
+			}
+		})
+	}
+}
