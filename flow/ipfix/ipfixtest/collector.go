@@ -1,19 +1,23 @@
-// Package ipfixtest runs a go-ipfix collecting process for tests and
-// decodes what it receives into flow.Records with flow/ipfix, the mapping
-// the exporter encodes with.
+// Package ipfixtest runs the collector's own IPFIX listener
+// (collector/ipfix) for tests and keeps the flow.Records it decodes, so
+// the exporter's records come back through the product's decoder.
 package ipfixtest
 
 import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
-	"github.com/vmware/go-ipfix/pkg/collector"
-	"k8s.io/klog/v2"
+	"github.com/prometheus/client_golang/prometheus"
 
+	cipfix "github.com/dualflow/dualflow/collector/ipfix"
+	"github.com/dualflow/dualflow/collector/pipeline"
 	"github.com/dualflow/dualflow/flow"
-	"github.com/dualflow/dualflow/flow/ipfix"
 )
 
 // Options of a test collector.
@@ -28,81 +32,100 @@ type Options struct {
 	ServerCert, ServerKey, ClientCA []byte
 }
 
-// Collector is a running collecting process. It decodes strictly: every
-// element must be registered (ipfix.Register), so a template with an
-// element of the wrong type or ID fails the test's connection.
+// retention keeps every record's own times: the listener stamps records
+// whose end is further than half the retention from their message's
+// export time, and test records carry fixed times months away.
+const retention = 200 * 365 * 24 * time.Hour
+
+// queueBatches is the size of the listener's output queue; a reader
+// drains it, and TCP senders block while it is full.
+const queueBatches = 64
+
+// Collector is a running collector.Listener. Records are decoded as the
+// product decodes them: every flowDirection is kept, records without
+// addresses are skipped, and elements the collector does not map are
+// ignored (TestElementsMatchRegistry in flow/ipfix checks the templates
+// against go-ipfix's registry).
 type Collector struct {
-	cp   *collector.CollectingProcess
 	Addr string // listening address, host:port
 
-	mu       sync.Mutex
-	records  []flow.Record
-	errs     []error
-	messages int
-	done     chan struct{}
-	stopOnce sync.Once
-}
+	reg    *prometheus.Registry
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the reader has every record
+	stop   sync.Once
 
-var quietOnce sync.Once
+	mu      sync.Mutex
+	records []flow.Record
+}
 
 // Start starts a collector and registers Stop with t.Cleanup.
 func Start(t testing.TB, o Options) *Collector {
 	t.Helper()
-	quietOnce.Do(func() {
-		// go-ipfix logs every connection through klog; keep test output readable.
-		klog.SetLogger(logr.Discard())
-	})
-	if err := ipfix.Register(); err != nil {
-		t.Fatal(err)
-	}
 	if o.Address == "" {
 		o.Address = "127.0.0.1:0"
 	}
-	if o.Protocol == "" {
-		o.Protocol = "tcp"
+	cfg := cipfix.Config{Direction: cipfix.DirectionBoth, Retention: retention}
+	switch {
+	case o.Protocol == "udp" && o.ServerCert == nil:
+		cfg.UDPAddrs = []string{o.Address}
+	case o.Protocol == "" || o.Protocol == "tcp":
+		if o.ServerCert == nil {
+			cfg.TCPAddrs = []string{o.Address}
+			break
+		}
+		dir := t.TempDir()
+		cfg.TLSAddrs = []string{o.Address}
+		cfg.TLSCertFile = writeFile(t, dir, "server.crt", o.ServerCert)
+		cfg.TLSKeyFile = writeFile(t, dir, "server.key", o.ServerKey)
+		if o.ClientCA != nil {
+			cfg.TLSClientCAFile = writeFile(t, dir, "client-ca.crt", o.ClientCA)
+		}
+	default:
+		t.Fatalf("ipfixtest: protocol %q with TLS %v", o.Protocol, o.ServerCert != nil)
 	}
-	cp, err := collector.InitCollectingProcess(collector.CollectorInput{
-		Address: o.Address, Protocol: o.Protocol, MaxBufferSize: 65535,
-		DecodingMode: collector.DecodingModeStrict,
-		IsEncrypted:  o.ServerCert != nil, ServerCert: o.ServerCert, ServerKey: o.ServerKey, CACert: o.ClientCA,
-	})
+	reg := prometheus.NewRegistry()
+	pm := pipeline.NewMetrics(reg)
+	q := pipeline.NewQueue("ipfixtest", queueBatches, pm)
+	l, err := cipfix.New(cfg, q, pipeline.NewPool(4*queueBatches), pm, reg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &Collector{cp: cp, done: make(chan struct{})}
-	go cp.Start()
-	deadline := time.Now().Add(5 * time.Second)
-	for cp.GetAddress() == nil {
-		if time.Now().After(deadline) {
-			t.Fatalf("collector on %s did not start", o.Address)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	c.Addr = cp.GetAddress().String()
-	go c.read()
+	addrs := append(append(l.TCPAddrs(), l.TLSAddrs()...), l.UDPAddrs()...)
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &Collector{Addr: addrs[0].String(), reg: reg, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		l.Run(ctx)
+		q.Close() // Run has handed on its last batch
+	}()
+	go c.read(q)
 	t.Cleanup(c.Stop)
 	return c
 }
 
-func (c *Collector) read() {
+func writeFile(t testing.TB, dir, name string, b []byte) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func (c *Collector) read(q *pipeline.Queue) {
 	defer close(c.done)
-	for msg := range c.cp.GetMsgChan() {
-		recs, err := ipfix.AppendMessage(nil, msg, time.Now())
+	for b := range q.C() {
 		c.mu.Lock()
-		c.messages++
-		c.records = append(c.records, recs...)
-		if err != nil {
-			c.errs = append(c.errs, err)
-		}
+		c.records = append(c.records, b.Recs...)
 		c.mu.Unlock()
+		b.Release()
 	}
 }
 
-// Stop stops the collecting process and closes its connections. It is
-// idempotent.
+// Stop stops the listener, closes its connections and keeps the records
+// they delivered. It is idempotent.
 func (c *Collector) Stop() {
-	c.stopOnce.Do(func() {
-		c.cp.Stop()
+	c.stop.Do(func() {
+		c.cancel()
 		<-c.done
 	})
 }
@@ -114,18 +137,35 @@ func (c *Collector) Records() []flow.Record {
 	return append([]flow.Record(nil), c.records...)
 }
 
-// Messages returns how many IPFIX messages (templates included) arrived.
-func (c *Collector) Messages() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.messages
-}
-
-// Errors returns the decode errors so far.
+// Errors returns what the listener refused so far, from its metrics:
+// dropped messages, records without addresses, data sets of unknown
+// templates and sessions closed for an error, one error per kind.
 func (c *Collector) Errors() []error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return append([]error(nil), c.errs...)
+	mfs, err := c.reg.Gather()
+	if err != nil {
+		return []error{err}
+	}
+	var errs []error
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			label := map[string]string{}
+			for _, lp := range m.GetLabel() {
+				label[lp.GetName()] = lp.GetValue()
+			}
+			n := m.GetCounter().GetValue()
+			if n == 0 {
+				continue
+			}
+			switch name := mf.GetName(); {
+			case name == "dualflow_ipfix_messages_dropped_total",
+				name == "dualflow_ipfix_records_skipped_total" && label["reason"] == "no_address",
+				name == "dualflow_ipfix_sets_unknown_template_total",
+				name == "dualflow_ipfix_sessions_closed_total" && label["reason"] != "eof" && label["reason"] != "shutdown":
+				errs = append(errs, fmt.Errorf("%s%v: %v", name, label, n))
+			}
+		}
+	}
+	return errs
 }
 
 // Wait polls until ok accepts the records received so far or timeout
@@ -139,7 +179,7 @@ func (c *Collector) Wait(t testing.TB, timeout time.Duration, ok func([]flow.Rec
 			return recs
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("collector %s: condition not met after %v; %d records, decode errors %v", c.Addr, timeout, len(recs), c.Errors())
+			t.Fatalf("collector %s: condition not met after %v; %d records, errors %v", c.Addr, timeout, len(recs), c.Errors())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -158,7 +198,7 @@ func (c *Collector) WaitN(t testing.TB, timeout time.Duration, n int) []flow.Rec
 	deadline := time.Now().Add(timeout)
 	for c.Len() < n {
 		if time.Now().After(deadline) {
-			t.Fatalf("collector %s: %d of %d records after %v, decode errors %v", c.Addr, c.Len(), n, timeout, c.Errors())
+			t.Fatalf("collector %s: %d of %d records after %v, errors %v", c.Addr, c.Len(), n, timeout, c.Errors())
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
