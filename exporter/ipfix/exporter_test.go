@@ -21,7 +21,7 @@ import (
 
 	"github.com/dualflow/dualflow/flow"
 	fipfix "github.com/dualflow/dualflow/flow/ipfix"
-	"github.com/dualflow/dualflow/flow/ipfix/ipfixtest"
+	"github.com/dualflow/dualflow/test/support/ipfixtest"
 )
 
 var t0 = time.UnixMilli(1_780_000_000_000)

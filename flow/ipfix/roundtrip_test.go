@@ -14,7 +14,7 @@ import (
 	cipfix "github.com/dualflow/dualflow/collector/ipfix"
 	"github.com/dualflow/dualflow/flow"
 	"github.com/dualflow/dualflow/flow/ipfix"
-	"github.com/dualflow/dualflow/flow/ipfix/ipfixtest"
+	"github.com/dualflow/dualflow/test/support/ipfixtest"
 )
 
 // The exporter's encoding, decoded back by the collector's decoder
