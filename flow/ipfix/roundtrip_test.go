@@ -41,13 +41,10 @@ func want(r flow.Record, exporter netip.Addr, domain uint32) flow.Record {
 // Time: an export time of 0, which the collector reads as none).
 func message(export time.Time, seq, domain uint32, sets ...[]byte) []byte {
 	body := bytes.Join(sets, nil)
-	var at time.Time
-	if !export.IsZero() {
-		at = export
-	} else {
-		at = time.Unix(0, 0)
+	if export.IsZero() {
+		export = time.Unix(0, 0)
 	}
-	return append(ipfix.AppendMessageHeader(nil, ipfix.MessageHeaderLen+len(body), at, seq, domain), body...)
+	return append(ipfix.AppendMessageHeader(nil, ipfix.MessageHeaderLen+len(body), export, seq, domain), body...)
 }
 
 func dataSet(e *ipfix.Encoder, recs ...*flow.Record) []byte {
