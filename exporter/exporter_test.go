@@ -20,8 +20,8 @@ import (
 	"github.com/dualflow/dualflow/exporter/connstore"
 	"github.com/dualflow/dualflow/exporter/conntrack"
 	"github.com/dualflow/dualflow/flow"
-	"github.com/dualflow/dualflow/flow/ipfix/ipfixtest"
-	"github.com/dualflow/dualflow/internal/logtest"
+	"github.com/dualflow/dualflow/test/support/ipfixtest"
+	"github.com/dualflow/dualflow/test/support/logtest"
 )
 
 // fakeSource is a conntrack table in memory.

@@ -16,9 +16,9 @@ import (
 	"github.com/dualflow/dualflow/exporter/connstore"
 	"github.com/dualflow/dualflow/exporter/conntrack"
 	"github.com/dualflow/dualflow/flow"
-	"github.com/dualflow/dualflow/flow/ipfix/ipfixtest"
 	"github.com/dualflow/dualflow/lab/ctlab"
 	"github.com/dualflow/dualflow/nsrun"
+	"github.com/dualflow/dualflow/test/support/ipfixtest"
 )
 
 // exchange is one connection the test made through the lab router.

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/dualflow/dualflow/exporter/connstore"
-	"github.com/dualflow/dualflow/flow/ipfix/ipfixtest"
+	"github.com/dualflow/dualflow/test/support/ipfixtest"
 )
 
 func TestShardFlags(t *testing.T) {

@@ -16,7 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/dualflow/dualflow/collector/audit"
-	"github.com/dualflow/dualflow/internal/reload/reloadtest"
+	"github.com/dualflow/dualflow/test/support/reloadtest"
 	"github.com/dualflow/dualflow/web/api"
 )
 

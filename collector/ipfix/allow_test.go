@@ -15,7 +15,7 @@ import (
 
 	"github.com/dualflow/dualflow/collector/pipeline"
 	"github.com/dualflow/dualflow/flow"
-	"github.com/dualflow/dualflow/internal/logtest"
+	"github.com/dualflow/dualflow/test/support/logtest"
 )
 
 // eventually waits up to 20 s for cond, polling.

@@ -20,6 +20,7 @@
 package ipfix
 
 import (
+	"cmp"
 	"encoding/binary"
 	"fmt"
 	"net/netip"
@@ -684,7 +685,11 @@ func (d *Decoder) record(t *template, b []byte, r *flow.Record, mc *msgCtx) (int
 		case opField + op(fipfix.FieldSrcPort):
 			r.SrcPort = uint16(uintN(v))
 		case opField + op(fipfix.FieldDstPort):
-			r.DstPort = uint16(uintN(v))
+			// A zero port leaves what an ICMP type and code element
+			// read before it set (opICMPTypeCode, opICMPType/Code).
+			if p := uint16(uintN(v)); p != 0 {
+				r.DstPort = p
+			}
 		case opField + op(fipfix.FieldProto):
 			r.Proto = uint8(uintN(v))
 		case opField + op(fipfix.FieldPackets):
@@ -890,6 +895,14 @@ func (d *Decoder) fixup(pf post, sc *scratch, r *flow.Record, mc *msgCtx) {
 			r.SrcAddr, r.DstAddr = sc.src6, sc.dst6
 		case v4:
 			r.SrcAddr, r.DstAddr = sc.src4, sc.dst4
+		default:
+			// One address of each family (an IPv4 source element, an
+			// IPv6 destination one): a pair only when both are of one
+			// family, the IPv6 one 4-in-6 mapped; else no address.
+			src, dst := cmp.Or(sc.src4, sc.src6), cmp.Or(sc.dst4, sc.dst6)
+			if filled(src, dst) && src.Unmap().Is4() == dst.Unmap().Is4() {
+				r.SrcAddr, r.DstAddr = src, dst
+			}
 		}
 	}
 	if pf&postNATDst != 0 && sc.natDst.IsValid() && sc.natDst != r.DstAddr {

@@ -76,7 +76,6 @@ func TestDecodeOurExporter(t *testing.T) {
 			if want := expect(r, 9); !reflect.DeepEqual(got[1], want) {
 				t.Errorf("decoded\n %+v\nwant\n %+v", got[1], want)
 			}
-			// Same as the shared go-ipfix-based decoder would say.
 			if got[0].IPVersion != flow.Version(r.SrcAddr) {
 				t.Errorf("ip version %d", got[0].IPVersion)
 			}
@@ -375,5 +374,255 @@ func TestNoAllocs(t *testing.T) {
 	})
 	if allocs != 0 {
 		t.Errorf("%.1f allocations per run of %d records, want 0", allocs, len(dst))
+	}
+}
+
+// decodeOne decodes msgs in a new session and returns the records of the
+// last one.
+func decodeOne(t *testing.T, msgs ...[]byte) ([]flow.Record, *Decoder) {
+	t.Helper()
+	s := NewSession(exporterAP, TCP, Limits{})
+	d := NewDecoder()
+	var got []flow.Record
+	for _, m := range msgs {
+		var err error
+		if got, err = d.Decode(s, m, now, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return got, d
+}
+
+// addrBytes returns the 4 or 16 bytes of address a, nil for "".
+func addrBytes(a string) []byte {
+	if a == "" {
+		return nil
+	}
+	ip := netip.MustParseAddr(a)
+	if ip.Is4() {
+		b := ip.As4()
+		return b[:]
+	}
+	b := ip.As16()
+	return b[:]
+}
+
+// TestDecodeAntrea decodes a record shaped like Antrea's flow exporter's:
+// seconds timestamps, the Service as ClusterIP, port and port name, pod
+// names, and an ingress policy with namespace and rule action.
+func TestDecodeAntrea(t *testing.T) {
+	const antrea = fipfix.EnterpriseAntrea
+	for _, tc := range []struct {
+		name         string
+		src, dst     string
+		srcID, dstID uint16 // IANA address elements
+		vipID, alen  uint16 // Antrea destinationClusterIPv4/IPv6, address length
+		vip          string
+	}{
+		{"ipv4", "198.18.1.1", "198.18.2.2", 8, 12, 106, 4, "198.19.0.10"},
+		{"ipv6", "fd00:10:1::1", "fd00:10:2::2", 27, 28, 107, 16, "fd00:10:ff::10"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tmpl := templateRec(300,
+				fs{0, 150, 4}, fs{0, 151, 4}, // flowStart/EndSeconds
+				fs{0, tc.srcID, tc.alen}, fs{0, tc.dstID, tc.alen}, fs{0, 7, 2}, fs{0, 11, 2}, fs{0, 4, 1},
+				fs{antrea, tc.vipID, tc.alen}, fs{antrea, 108, 2}, fs{antrea, 109, varLen},
+				fs{antrea, 100, varLen}, fs{antrea, 101, varLen}, fs{antrea, 102, varLen}, fs{antrea, 103, varLen},
+				fs{antrea, 110, varLen}, fs{antrea, 111, varLen}, fs{antrea, 139, 1},
+			)
+			rec := cat(be32(1_780_000_000), be32(1_780_000_005),
+				addrBytes(tc.src), addrBytes(tc.dst), be16(40000), be16(8080), []byte{6},
+				addrBytes(tc.vip), be16(80), varString("shop/web:http", false),
+				varString("shop", false), varString("client-1", false), varString("shop", false), varString("web-1", false),
+				varString("allow-web", false), varString("shop", false), []byte{2})
+			got, _ := decodeOne(t, message(1, 0, set(2, tmpl), set(300, rec)))
+			if len(got) != 1 {
+				t.Fatalf("got %d records", len(got))
+			}
+			r := got[0]
+			if r.FlowStart != time.Unix(1_780_000_000, 0) || r.FlowEnd != time.Unix(1_780_000_005, 0) {
+				t.Errorf("times %v %v", r.FlowStart, r.FlowEnd)
+			}
+			if r.ServiceAddr != netip.MustParseAddr(tc.vip) || r.ServicePort != 80 {
+				t.Errorf("service %v:%d", r.ServiceAddr, r.ServicePort)
+			}
+			if r.Service != (flow.Service{Namespace: "shop", Name: "web", PortName: "http"}) {
+				t.Errorf("service %+v", r.Service)
+			}
+			if r.Src.PodName != "client-1" || r.Dst.PodNamespace != "shop" || r.Dst.PodName != "web-1" {
+				t.Errorf("pods %+v %+v", r.Src, r.Dst)
+			}
+			if r.Ingress.ReportedName != "shop/allow-web" || r.Ingress.ReportedVerdict != flow.VerdictDenied {
+				t.Errorf("ingress %+v", r.Ingress)
+			}
+			if r.Source != fipfix.SourceForeign || r.IPVersion != flow.Version(r.SrcAddr) {
+				t.Errorf("source %q version %d", r.Source, r.IPVersion)
+			}
+		})
+	}
+}
+
+// TestDecodeDualflowElements decodes the dualflow elements (conntrack
+// zone, mark, record source) from a template of another shape than ours:
+// addresses only, in either family, then the three elements.
+func TestDecodeDualflowElements(t *testing.T) {
+	const df = fipfix.EnterpriseDualflow
+	for _, tc := range []struct {
+		name         string
+		src, dst     string
+		srcID, dstID uint16
+		alen         uint16
+	}{
+		{"ipv4", "198.18.1.1", "198.18.1.2", 8, 12, 4},
+		{"ipv6", "fd00:10::1", "fd00:10::2", 27, 28, 16},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tmpl := templateRec(300, fs{0, tc.srcID, tc.alen}, fs{0, tc.dstID, tc.alen},
+				fs{df, 1, 2}, fs{df, 2, 4}, fs{df, 3, varLen})
+			rec := cat(addrBytes(tc.src), addrBytes(tc.dst), be16(9), be32(0x102), varString("conntrack", false))
+			got, _ := decodeOne(t, message(1, 0, set(2, tmpl), set(300, rec)))
+			if len(got) != 1 {
+				t.Fatalf("got %d records", len(got))
+			}
+			r := got[0]
+			if r.SrcAddr != netip.MustParseAddr(tc.src) || r.DstAddr != netip.MustParseAddr(tc.dst) || r.Zone != 9 || r.Mark != 0x102 || r.Source != "conntrack" {
+				t.Errorf("got src %v dst %v zone %d mark %#x source %q", r.SrcAddr, r.DstAddr, r.Zone, r.Mark, r.Source)
+			}
+		})
+	}
+}
+
+// TestDecodeSkipsBadRecords decodes a message whose middle records are
+// bad (no addresses; a source and a destination of different families):
+// they are skipped and counted, and the good records around them are all
+// decoded and appended to what dst held.
+func TestDecodeSkipsBadRecords(t *testing.T) {
+	for _, tc := range []struct {
+		name                        string
+		srcID, dstID, otherID, alen uint16
+		src, dst, other             string
+	}{
+		{"ipv4", 8, 12, 28, 4, "198.18.1.1", "198.18.2.2", "fd00:10:2::2"},
+		{"ipv6", 27, 28, 12, 16, "fd00:10:1::1", "fd00:10:2::2", "198.18.2.2"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			olen := uint16(len(addrBytes(tc.other)))
+			good := templateRec(300, fs{0, tc.srcID, tc.alen}, fs{0, tc.dstID, tc.alen}, fs{0, 7, 2}, fs{0, 4, 1})
+			none := templateRec(301, fs{0, 7, 2}, fs{0, 4, 1})
+			mixed := templateRec(302, fs{0, tc.srcID, tc.alen}, fs{0, tc.otherID, olen}, fs{0, 7, 2}, fs{0, 4, 1})
+			rec := func(id uint16, sport uint16) []byte {
+				switch id {
+				case 300:
+					return set(id, cat(addrBytes(tc.src), addrBytes(tc.dst), be16(sport), []byte{flow.ProtoTCP}))
+				case 301:
+					return set(id, cat(be16(sport), []byte{flow.ProtoTCP}))
+				}
+				return set(id, cat(addrBytes(tc.src), addrBytes(tc.other), be16(sport), []byte{flow.ProtoTCP}))
+			}
+			s := NewSession(exporterAP, TCP, Limits{})
+			d := NewDecoder()
+			if _, err := d.Decode(s, message(7, 0, set(2, good, none, mixed)), now, nil); err != nil {
+				t.Fatal(err)
+			}
+			prev := flow.Record{SrcPort: 999}
+			out, err := d.Decode(s, message(7, 0, rec(300, 1), rec(301, 2), rec(302, 3), rec(300, 4), rec(302, 5), rec(300, 6)), now, []flow.Record{prev})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Stats.NoAddress != 3 || d.Stats.Records != 3 {
+				t.Errorf("%d records skipped without addresses, %d decoded; want 3 and 3", d.Stats.NoAddress, d.Stats.Records)
+			}
+			var ports []uint16
+			for _, r := range out {
+				ports = append(ports, r.SrcPort)
+			}
+			if len(ports) != 4 || ports[0] != 999 || ports[1] != 1 || ports[2] != 4 || ports[3] != 6 {
+				t.Fatalf("decoded source ports %v, want [999 1 4 6]", ports)
+			}
+			for _, r := range out[1:] {
+				if r.ExporterAddr != exporterAP.Addr() || r.ObservationDomainID != 7 || !r.TimeReceived.Equal(now) ||
+					r.SrcAddr != netip.MustParseAddr(tc.src) || r.DstAddr != netip.MustParseAddr(tc.dst) {
+					t.Errorf("record %+v", r)
+				}
+			}
+		})
+	}
+}
+
+// TestDecodeMixedFamilies skips a record with a source and a destination
+// of different IP families, either way round; a 4-in-6 mapped destination
+// is IPv4.
+func TestDecodeMixedFamilies(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		srcID, dstID uint16
+		src, dst     string
+		ok           bool
+	}{
+		{"ipv4 source, ipv6 destination", 8, 28, "198.18.1.1", "fd00:10:2::2", false},
+		{"ipv6 source, ipv4 destination", 27, 12, "fd00:10:1::1", "198.18.2.2", false},
+		{"ipv4 source, mapped destination", 8, 28, "198.18.1.1", "::ffff:198.18.2.2", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			src, dst := addrBytes(tc.src), addrBytes(tc.dst)
+			tmpl := templateRec(300, fs{0, tc.srcID, uint16(len(src))}, fs{0, tc.dstID, uint16(len(dst))}, fs{0, 4, 1})
+			got, d := decodeOne(t, message(1, 0, set(2, tmpl), set(300, cat(src, dst, []byte{flow.ProtoTCP}))))
+			if !tc.ok {
+				if len(got) != 0 || d.Stats.NoAddress != 1 {
+					t.Fatalf("got %v, %d skipped without addresses; want the record skipped", got, d.Stats.NoAddress)
+				}
+				return
+			}
+			if len(got) != 1 || got[0].SrcAddr != netip.MustParseAddr(tc.src) || got[0].DstAddr != netip.MustParseAddr(tc.dst).Unmap() || got[0].IPVersion != 4 {
+				t.Fatalf("got %+v, want one IPv4 record", got)
+			}
+		})
+	}
+}
+
+// TestDecodeICMPTypeCode checks that icmpTypeCodeIPv4/IPv6 fill DstPort when
+// destinationTransportPort is absent or 0, in either element order, and do
+// not override a nonzero destinationTransportPort.
+func TestDecodeICMPTypeCode(t *testing.T) {
+	type port struct{ id, v uint16 }
+	for _, tc := range []struct {
+		name  string
+		ports []port
+		want  uint16
+	}{
+		{"v4 only", []port{{32, 8 << 8}}, 8 << 8},
+		{"v6 only", []port{{139, 128 << 8}}, 128 << 8},
+		{"after zero port", []port{{11, 0}, {32, 3<<8 | 1}}, 3<<8 | 1},
+		{"before zero port", []port{{139, 1<<8 | 4}, {11, 0}}, 1<<8 | 4},
+		{"port wins", []port{{11, 8 << 8}, {32, 0}}, 8 << 8},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fields := []fs{{0, 8, 4}, {0, 12, 4}, {0, 4, 1}}
+			rec := cat(addrBytes("198.18.1.1"), addrBytes("198.18.1.2"), []byte{flow.ProtoICMP})
+			for _, p := range tc.ports {
+				fields = append(fields, fs{0, p.id, 2})
+				rec = cat(rec, be16(p.v))
+			}
+			got, _ := decodeOne(t, message(1, 0, set(2, templateRec(300, fields...)), set(300, rec)))
+			if len(got) != 1 {
+				t.Fatalf("got %d records", len(got))
+			}
+			if got[0].DstPort != tc.want {
+				t.Errorf("DstPort %#x, want %#x", got[0].DstPort, tc.want)
+			}
+		})
+	}
+}
+
+// TestOurTemplatesDecoded checks that the decoder reads every element of
+// the exporter's templates (fipfix.Elements): none is skipped.
+func TestOurTemplatesDecoded(t *testing.T) {
+	for _, v := range []uint8{4, 6} {
+		for _, e := range fipfix.Elements(v) {
+			s := spec{enterprise: e.Enterprise, id: e.ID, length: e.Length}
+			if o := opFor(s, false); o == opSkip || !sizeOK(o, s.length) {
+				t.Errorf("IPv%d template element %s (%d/%d) is not decoded", v, e.Name, e.Enterprise, e.ID)
+			}
+		}
 	}
 }

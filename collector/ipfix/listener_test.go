@@ -32,7 +32,7 @@ import (
 	"github.com/dualflow/dualflow/collector/pipeline"
 	"github.com/dualflow/dualflow/flow"
 	fipfix "github.com/dualflow/dualflow/flow/ipfix"
-	"github.com/dualflow/dualflow/internal/logtest"
+	"github.com/dualflow/dualflow/test/support/logtest"
 )
 
 // startListener runs a Listener on loopback and returns it with its output

@@ -8,7 +8,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/dualflow/dualflow/internal/logtest"
+	"github.com/dualflow/dualflow/test/support/logtest"
 )
 
 // IPFIX elements of the time tests.

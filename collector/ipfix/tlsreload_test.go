@@ -15,7 +15,7 @@ import (
 
 	"github.com/dualflow/dualflow/flow"
 	"github.com/dualflow/dualflow/internal/certs"
-	"github.com/dualflow/dualflow/internal/reload/reloadtest"
+	"github.com/dualflow/dualflow/test/support/reloadtest"
 )
 
 // TestTLSReload: the TLS listeners of both families follow their Secret

@@ -21,7 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/dualflow/dualflow/internal/certs"
-	"github.com/dualflow/dualflow/internal/reload/reloadtest"
+	"github.com/dualflow/dualflow/test/support/reloadtest"
 )
 
 // TestServerTLSReload: the ClickHouse client certificate, mounted from a

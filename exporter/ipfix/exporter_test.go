@@ -21,7 +21,7 @@ import (
 
 	"github.com/dualflow/dualflow/flow"
 	fipfix "github.com/dualflow/dualflow/flow/ipfix"
-	"github.com/dualflow/dualflow/flow/ipfix/ipfixtest"
+	"github.com/dualflow/dualflow/test/support/ipfixtest"
 )
 
 var t0 = time.UnixMilli(1_780_000_000_000)
@@ -93,8 +93,8 @@ func newExporter(t *testing.T, cfg Config) *Exporter {
 	return e
 }
 
-// TestRoundTrip sends records of each family over each transport to a
-// go-ipfix collecting process and decodes them back. The transport family
+// TestRoundTrip sends records of each family over each transport to the
+// collector's listener (ipfixtest) and decodes them back. The transport family
 // is separate from the records' family: IPv6 records over IPv4 and the
 // other way round.
 func TestRoundTrip(t *testing.T) {
@@ -112,7 +112,7 @@ func TestRoundTrip(t *testing.T) {
 			start(t, e)
 			n := 200
 			if tc.transport == UDP {
-				n = 20 // the go-ipfix UDP collector drops bursts (netenv.md)
+				n = 20 // UDP may lose a burst on a loaded machine
 			}
 			var sent []flow.Record
 			for _, v := range []uint8{4, 6} {
@@ -512,8 +512,8 @@ func BenchmarkExport(b *testing.B) {
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "records/s")
 }
 
-// BenchmarkSend is the throughput to a go-ipfix collector over loopback
-// TCP, end to end (encode, write, the collector's decode).
+// BenchmarkSend is the throughput to the collector's listener over
+// loopback TCP, end to end (encode, write, the collector's decode).
 func BenchmarkSend(b *testing.B) {
 	col := ipfixtest.Start(b, ipfixtest.Options{Address: "127.0.0.1:0"})
 	e, _ := New(func() Config {

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dualflow/dualflow/internal/logtest"
+	"github.com/dualflow/dualflow/test/support/logtest"
 )
 
 // attr returns the integer value of key=N in line, or -1.

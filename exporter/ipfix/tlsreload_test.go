@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/dualflow/dualflow/internal/certs"
-	"github.com/dualflow/dualflow/internal/reload/reloadtest"
+	"github.com/dualflow/dualflow/test/support/reloadtest"
 )
 
 // TestTLSReload: the exporter's client certificate and CA, mounted from a

@@ -7,7 +7,7 @@ import (
 
 	"github.com/dualflow/dualflow/exporter/ipfix"
 	"github.com/dualflow/dualflow/flow"
-	"github.com/dualflow/dualflow/flow/ipfix/ipfixtest"
+	"github.com/dualflow/dualflow/test/support/ipfixtest"
 )
 
 // TestCollectors runs two nodes' sharders, given the same three real

@@ -12,7 +12,7 @@ import (
 
 	"github.com/dualflow/dualflow/exporter/ipfix"
 	"github.com/dualflow/dualflow/flow"
-	"github.com/dualflow/dualflow/flow/ipfix/ipfixtest"
+	"github.com/dualflow/dualflow/test/support/ipfixtest"
 )
 
 // dnsAnswer is a resolver whose answer the test sets.

@@ -191,8 +191,6 @@ var (
 // our templates and decodes every element with its type. It is idempotent
 // and safe for concurrent use. Call it instead of registry.LoadRegistry:
 // LoadRegistry resets the registry and would drop the dualflow elements.
-// Decode also works without it (unknown elements arrive as octet arrays in
-// go-ipfix's lenient decoding modes, and Decode reads those too).
 func Register() error {
 	registerOnce.Do(func() {
 		registry.LoadRegistry()

@@ -228,7 +228,7 @@ func putString(b []byte, s string) []byte {
 	return append(b, s...)
 }
 
-// antreaAction is the inverse of antreaVerdict: Antrea's
+// antreaAction is the inverse of AntreaVerdict: Antrea's
 // NetworkPolicyRuleAction for a datapath-reported verdict (0 when none).
 func antreaAction(v flow.Verdict) uint8 {
 	switch v {

@@ -1,10 +1,18 @@
 package ipfix
 
-import "github.com/dualflow/dualflow/flow"
+import (
+	"strings"
 
-// Field names what an element of the shared mapping fills, so a decoder
-// that does not go through go-ipfix's entities (the collector's compiled
-// decode plans) reads exactly the elements Decode reads, by (enterprise, id).
+	"github.com/dualflow/dualflow/flow"
+)
+
+// SourceForeign is the Record.Source of records from exporters that do not
+// send dualflowSource (Antrea, other IPFIX exporters).
+const SourceForeign = "ipfix"
+
+// Field names what an element of the shared mapping fills: the collector's
+// decoder (collector/ipfix) reads every element the exporter's templates
+// carry through it, by (enterprise, id).
 type Field uint8
 
 // Fields of the mapping. Each names the flow.Record field filled, or the
@@ -114,16 +122,37 @@ var fieldOf = map[key]Field{
 }
 
 // FieldOf returns the Field that element (enterprise, id) fills in the
-// shared mapping, or FieldNone. Every element Decode reads has a Field,
+// shared mapping, or FieldNone. Every element of our templates has a Field,
 // except icmpTypeCodeIPv4/IPv6 (IANA 32/139): the collector maps those
 // itself, as IANA alternatives that fill DstPort only when
 // destinationTransportPort left it 0.
 func FieldOf(enterprise uint32, id uint16) Field { return fieldOf[key{enterprise, id}] }
 
 // ParseServicePortName splits Antrea's destinationServicePortName
-// ("namespace/name:port") as Decode does.
-func ParseServicePortName(s string) flow.Service { return parseServicePortName(s) }
+// ("namespace/name:port").
+func ParseServicePortName(s string) flow.Service {
+	var svc flow.Service
+	if i := strings.LastIndexByte(s, ':'); i >= 0 {
+		s, svc.PortName = s[:i], s[i+1:]
+	}
+	if i := strings.IndexByte(s, '/'); i >= 0 {
+		svc.Namespace, svc.Name = s[:i], s[i+1:]
+	} else {
+		svc.Name = s
+	}
+	return svc
+}
 
 // AntreaVerdict maps Antrea's NetworkPolicyRuleAction (0 none, 1 allow,
-// 2 drop, 3 reject) as Decode does.
-func AntreaVerdict(action uint8) flow.Verdict { return antreaVerdict(action) }
+// 2 drop, 3 reject).
+func AntreaVerdict(action uint8) flow.Verdict {
+	switch action {
+	case 1:
+		return flow.VerdictAllowed
+	case 2:
+		return flow.VerdictDenied
+	case 3:
+		return flow.VerdictRejected
+	}
+	return flow.VerdictUnknown
+}

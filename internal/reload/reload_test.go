@@ -13,8 +13,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/dualflow/dualflow/internal/certs"
-	"github.com/dualflow/dualflow/internal/logtest"
-	"github.com/dualflow/dualflow/internal/reload/reloadtest"
+	"github.com/dualflow/dualflow/test/support/logtest"
+	"github.com/dualflow/dualflow/test/support/reloadtest"
 )
 
 // waitFor polls cond until it holds, failing the test after a generous

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/dualflow/dualflow/internal/certs"
-	"github.com/dualflow/dualflow/internal/logtest"
-	"github.com/dualflow/dualflow/internal/reload/reloadtest"
+	"github.com/dualflow/dualflow/test/support/logtest"
+	"github.com/dualflow/dualflow/test/support/reloadtest"
 )
 
 // certSet is a CA and its leaf certificates, issued as `dualflow certs`

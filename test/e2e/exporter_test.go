@@ -11,10 +11,10 @@ import (
 
 	"github.com/dualflow/dualflow/exporter"
 	"github.com/dualflow/dualflow/flow"
-	"github.com/dualflow/dualflow/flow/ipfix/ipfixtest"
 	"github.com/dualflow/dualflow/lab"
 	"github.com/dualflow/dualflow/lab/agent"
 	"github.com/dualflow/dualflow/lab/manifest"
+	"github.com/dualflow/dualflow/test/support/ipfixtest"
 )
 
 // TestExporter runs `dualflow exporter` (in process) against node-1 of a

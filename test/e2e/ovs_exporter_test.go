@@ -14,11 +14,11 @@ import (
 	"github.com/dualflow/dualflow/exporter"
 	xovs "github.com/dualflow/dualflow/exporter/ovs"
 	"github.com/dualflow/dualflow/flow"
-	"github.com/dualflow/dualflow/flow/ipfix/ipfixtest"
 	"github.com/dualflow/dualflow/lab"
 	"github.com/dualflow/dualflow/lab/agent"
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/lab/nft"
+	"github.com/dualflow/dualflow/test/support/ipfixtest"
 )
 
 // TestOVSExporter runs `dualflow exporter --exporter.source ovs` (in

@@ -15,9 +15,9 @@ import (
 
 	"github.com/dualflow/dualflow/collector/ipfix"
 	"github.com/dualflow/dualflow/collector/pipeline"
-	"github.com/dualflow/dualflow/internal/logtest"
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/nsrun"
+	"github.com/dualflow/dualflow/test/support/logtest"
 )
 
 // longExchanges is the number of UDP exchanges per family of

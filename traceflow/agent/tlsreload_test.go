@@ -16,7 +16,7 @@ import (
 
 	"github.com/dualflow/dualflow/internal/certs"
 	"github.com/dualflow/dualflow/internal/reload"
-	"github.com/dualflow/dualflow/internal/reload/reloadtest"
+	"github.com/dualflow/dualflow/test/support/reloadtest"
 )
 
 // TestDirectoryTLSReload: the controller's client certificate, mounted

@@ -19,8 +19,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dualflow/dualflow/test/support/webtest"
 	"github.com/dualflow/dualflow/traceflow"
-	"github.com/dualflow/dualflow/web/internal/webtest"
 )
 
 // fakeStore answers every query with out (or err) and records the SQL.

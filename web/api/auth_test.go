@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dualflow/dualflow/internal/logtest"
 	"github.com/dualflow/dualflow/internal/reload"
-	"github.com/dualflow/dualflow/internal/reload/reloadtest"
+	"github.com/dualflow/dualflow/test/support/logtest"
+	"github.com/dualflow/dualflow/test/support/reloadtest"
 )
 
 // TestBearerSchemeCaseInsensitive: RFC 7235 makes the auth scheme

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/dualflow/dualflow/web/internal/webtest"
+	"github.com/dualflow/dualflow/test/support/webtest"
 )
 
 // The benchmarks query benchRows flows (DUALFLOW_BENCH_ROWS, default 10M)

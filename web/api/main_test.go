@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/dualflow/dualflow/collector/store"
-	"github.com/dualflow/dualflow/web/internal/webtest"
+	"github.com/dualflow/dualflow/test/support/webtest"
 )
 
 // engine is the embedded store shared by this package's tests (chDB allows

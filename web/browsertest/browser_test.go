@@ -25,11 +25,11 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/dualflow/dualflow/collector/store"
+	"github.com/dualflow/dualflow/test/support/fakes"
+	"github.com/dualflow/dualflow/test/support/webtest"
 	"github.com/dualflow/dualflow/traceflow"
 	"github.com/dualflow/dualflow/web"
 	"github.com/dualflow/dualflow/web/api"
-	"github.com/dualflow/dualflow/web/internal/fakes"
-	"github.com/dualflow/dualflow/web/internal/webtest"
 )
 
 const chromium = "/usr/bin/chromium"

@@ -1,5 +1,5 @@
 // Package fakes implements web/api's dependencies over the seeded lab of
-// webtest, for tests, browser tests and the demo UI.
+// webtest, for tests and browser tests.
 package fakes
 
 import (
@@ -12,9 +12,9 @@ import (
 	"time"
 
 	"github.com/dualflow/dualflow/collector/audit"
+	"github.com/dualflow/dualflow/test/support/webtest"
 	"github.com/dualflow/dualflow/traceflow"
 	"github.com/dualflow/dualflow/web/api"
-	"github.com/dualflow/dualflow/web/internal/webtest"
 )
 
 // Evaluator answers from Pairs: the seeded verdicts, and both families
