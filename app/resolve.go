@@ -11,11 +11,11 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/dualflow/dualflow/collector"
+	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/collector/audit/policy"
 	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/flow"
 	"github.com/dualflow/dualflow/traceflow"
-	"github.com/dualflow/dualflow/web/api"
 )
 
 // resolver resolves traceflow requests through the collector's live
@@ -59,7 +59,7 @@ func (r resolver) WorkloadPod(ref string) (string, bool, error) {
 		return "", false, fmt.Errorf("%w: %w", traceflow.ErrNotSupported, err)
 	}
 	ns, name, _ := strings.Cut(ref, "/")
-	p, ok := podFor(inv, api.Endpoint{Kind: "workload", Namespace: ns, Name: name})
+	p, ok := podFor(inv, audit.Endpoint{Kind: "workload", Namespace: ns, Name: name})
 	if !ok {
 		return "", false, nil
 	}
