@@ -12,6 +12,11 @@ import (
 	"github.com/dualflow/dualflow/flow"
 )
 
+// This file is the one evaluation of NetworkPolicies for pairs of
+// endpoints: the web's reachability matrix (PolicyEvaluator) and the
+// probe (Evaluate) resolve their ends into Members and build each pair's
+// policy.Flow the same way (pairFlow).
+
 // Endpoint names one end of a reachability question or a trace.
 type Endpoint struct {
 	// Kind is pod, workload, service or ip.
@@ -78,6 +83,9 @@ type Member struct {
 	// Ports are the pod's container ports (Service named target ports
 	// and named-port rules are resolved on them).
 	Ports []ContainerPort
+	// pod is the inventory's pod (InventoryResolver), for the probe's
+	// answer.
+	pod *Pod
 }
 
 // ContainerPort is a port a pod's container declares.

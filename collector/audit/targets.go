@@ -95,7 +95,7 @@ func (r InventoryResolver) Resolve(_ context.Context, e Endpoint) (*Target, erro
 
 // member is pod p as a Target member: its first address of each family.
 func member(inv *Inventory, p *Pod) Member {
-	m := Member{Name: p.Namespace + "/" + p.Name, Pod: true, Peers: map[int]policy.Peer{}}
+	m := Member{Name: p.Namespace + "/" + p.Name, Pod: true, Peers: map[int]policy.Peer{}, pod: p}
 	for _, a := range p.Addrs {
 		if fam := int(flow.Version(a)); m.Peers[fam].Addr == (netip.Addr{}) {
 			m.Peers[fam] = inv.Peer(p, a)
