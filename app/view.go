@@ -6,7 +6,6 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/dualflow/dualflow/collector"
@@ -82,33 +81,4 @@ func serviceSpec(s *enrich.Service) *audit.ServiceSpec {
 		out.Ports = append(out.Ports, p)
 	}
 	return out
-}
-
-// podFor finds the pod an endpoint stands for: the pod, or the first pod
-// (by name; the inventory has no terminated pods) of a workload or that a
-// Service selects, off the host network (its addresses are its node's).
-func podFor(inv *audit.Inventory, e audit.Endpoint) (*audit.Pod, bool) {
-	switch e.Kind {
-	case "pod":
-		return inv.Pod(e.Namespace, e.Name)
-	case "workload":
-		for _, p := range inv.Pods() {
-			if p.Namespace == e.Namespace && !p.HostNetwork && inv.Workload(p).Name == e.Name {
-				return p, true
-			}
-		}
-	case "service":
-		for _, s := range inv.Services() {
-			if s.Namespace != e.Namespace || s.Name != e.Name || len(s.Selector) == 0 {
-				continue
-			}
-			sel := labels.SelectorFromSet(s.Selector)
-			for _, p := range inv.Pods() {
-				if p.Namespace == s.Namespace && !p.HostNetwork && sel.Matches(labels.Set(p.Labels)) {
-					return p, true
-				}
-			}
-		}
-	}
-	return nil, false
 }
