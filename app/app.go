@@ -156,7 +156,7 @@ func (a *App) buildWeb(opts Options) error {
 			Database:       db,
 			LocalTokenFile: a.cfg.Web.LocalTokenFile,
 			Limits:         a.cfg.Web.Limits,
-			Evaluator: api.PolicyEvaluator{
+			Evaluator: audit.PolicyEvaluator{
 				Policies: func() *policy.Set {
 					if au := c.Auditor(); au != nil {
 						return au.Policies()
@@ -164,7 +164,6 @@ func (a *App) buildWeb(opts Options) error {
 					return nil
 				},
 				Resolver:  v,
-				PortName:  v.portName,
 				MaxChecks: lim.ReachabilityMaxChecks,
 			},
 			Catalog: v,

@@ -227,8 +227,8 @@ func TestAppAnswersFromTheClusterView(t *testing.T) {
 			reach := func() api.Cell {
 				var res api.Reachability
 				req := api.ReachabilityRequest{
-					Sources:      []api.Endpoint{{Kind: "pod", Namespace: web1.Namespace, Name: web1.Name}},
-					Destinations: []api.Endpoint{{Kind: "pod", Namespace: api2.Namespace, Name: api2.Name}},
+					Sources:      []audit.Endpoint{{Kind: "pod", Namespace: web1.Namespace, Name: web1.Name}},
+					Destinations: []audit.Endpoint{{Kind: "pod", Namespace: api2.Namespace, Name: api2.Name}},
 					Protocol:     "tcp", Port: manifest.PortMetrics,
 				}
 				if code := call(t, "POST", base+"/api/v1/reachability", req, &res); code != 200 {

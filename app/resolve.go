@@ -15,7 +15,6 @@ import (
 	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/flow"
 	"github.com/dualflow/dualflow/traceflow"
-	"github.com/dualflow/dualflow/web/api"
 )
 
 // resolver resolves traceflow requests through the collector's live
@@ -50,20 +49,21 @@ func (r resolver) pod(e *enrich.Enricher, ref, field string) (*enrich.Pod, error
 	return p, nil
 }
 
-// WorkloadPod implements traceflow's resolver as the web's other answers
-// pick a workload's pod (podFor): the first of its running pods off the
-// host network, by name, in the live view.
+// WorkloadPod implements traceflow's resolver: the workload's first pod
+// (by name; the inventory has no terminated pods) off the host network
+// (its addresses are its node's), in the live view.
 func (r resolver) WorkloadPod(ref string) (string, bool, error) {
 	inv, err := r.c.Inventory()
 	if err != nil {
 		return "", false, fmt.Errorf("%w: %w", traceflow.ErrNotSupported, err)
 	}
 	ns, name, _ := strings.Cut(ref, "/")
-	p, ok := podFor(inv, api.Endpoint{Kind: "workload", Namespace: ns, Name: name})
-	if !ok {
-		return "", false, nil
+	for _, p := range inv.Pods() {
+		if p.Namespace == ns && !p.HostNetwork && inv.Workload(p).Name == name {
+			return p.Namespace + "/" + p.Name, true, nil
+		}
 	}
-	return p.Namespace + "/" + p.Name, true, nil
+	return "", false, nil
 }
 
 // Resolve implements traceflow's resolver.

@@ -6,14 +6,12 @@ import (
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/dualflow/dualflow/collector"
 	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/collector/audit/policy"
 	"github.com/dualflow/dualflow/collector/enrich"
-	"github.com/dualflow/dualflow/web/api"
 )
 
 // view answers the web's questions about the cluster from the collector's
@@ -24,7 +22,7 @@ type view struct {
 	reports *audit.Reports
 }
 
-var _ api.Resolver = (*view)(nil)
+var _ audit.Resolver = (*view)(nil)
 
 // inventory is the live cluster view; ErrUnavailable (503) while there is
 // none.
@@ -36,15 +34,15 @@ func (v *view) inventory() (*audit.Inventory, error) {
 	return inv, err
 }
 
-// Resolve implements api.Resolver from the live view: pods, workloads
+// Resolve implements audit.Resolver from the live view: pods, workloads
 // and Service backends from the inventory, the Service's families and
 // ports from the enrichment's Service.
-func (v *view) Resolve(ctx context.Context, e api.Endpoint) (*api.Target, error) {
-	return api.InventoryResolver{Inventory: v.inventory, Service: v.service}.Resolve(ctx, e)
+func (v *view) Resolve(ctx context.Context, e audit.Endpoint) (*audit.Target, error) {
+	return audit.InventoryResolver{Inventory: v.inventory, Service: v.service}.Resolve(ctx, e)
 }
 
 // service is a Service of the live view in reachability's terms.
-func (v *view) service(namespace, name string) (*api.ServiceSpec, bool) {
+func (v *view) service(namespace, name string) (*audit.ServiceSpec, bool) {
 	e := v.c.Enricher()
 	if e == nil {
 		return nil, false
@@ -58,8 +56,8 @@ func (v *view) service(namespace, name string) (*api.ServiceSpec, bool) {
 
 // serviceSpec converts an enrichment Service: its families are those of
 // spec.ipFamilies it has a ClusterIP of (headless: of spec.ipFamilies).
-func serviceSpec(s *enrich.Service) *api.ServiceSpec {
-	out := &api.ServiceSpec{Namespace: s.Namespace, Name: s.Name, Headless: s.Headless, Selector: s.Selector}
+func serviceSpec(s *enrich.Service) *audit.ServiceSpec {
+	out := &audit.ServiceSpec{Namespace: s.Namespace, Name: s.Name, Headless: s.Headless, Selector: s.Selector}
 	for _, f := range []struct {
 		v  uint8
 		kf corev1.IPFamily
@@ -73,7 +71,7 @@ func serviceSpec(s *enrich.Service) *api.ServiceSpec {
 		if sp.Port <= 0 || sp.Port > 65535 {
 			continue
 		}
-		p := api.ServicePort{Name: sp.Name, Proto: policy.ProtoNumber(&sp.Protocol), Port: uint16(sp.Port)}
+		p := audit.ServicePort{Name: sp.Name, Proto: policy.ProtoNumber(&sp.Protocol), Port: uint16(sp.Port)}
 		switch {
 		case sp.TargetPort.Type == intstr.String:
 			p.TargetPortName = sp.TargetPort.StrVal
@@ -83,46 +81,4 @@ func serviceSpec(s *enrich.Service) *api.ServiceSpec {
 		out.Ports = append(out.Ports, p)
 	}
 	return out
-}
-
-// portName names the destination's container port serving proto/port.
-func (v *view) portName(dst api.Endpoint, proto uint8, port uint16) string {
-	inv, err := v.inventory()
-	if err != nil {
-		return ""
-	}
-	p, ok := podFor(inv, dst)
-	if !ok {
-		return ""
-	}
-	return p.PortName(port, proto)
-}
-
-// podFor finds the pod an endpoint stands for: the pod, or the first pod
-// (by name; the inventory has no terminated pods) of a workload or that a
-// Service selects, off the host network (its addresses are its node's).
-func podFor(inv *audit.Inventory, e api.Endpoint) (*audit.Pod, bool) {
-	switch e.Kind {
-	case "pod":
-		return inv.Pod(e.Namespace, e.Name)
-	case "workload":
-		for _, p := range inv.Pods() {
-			if p.Namespace == e.Namespace && !p.HostNetwork && inv.Workload(p).Name == e.Name {
-				return p, true
-			}
-		}
-	case "service":
-		for _, s := range inv.Services() {
-			if s.Namespace != e.Namespace || s.Name != e.Name || len(s.Selector) == 0 {
-				continue
-			}
-			sel := labels.SelectorFromSet(s.Selector)
-			for _, p := range inv.Pods() {
-				if p.Namespace == s.Namespace && !p.HostNetwork && sel.Matches(labels.Set(p.Labels)) {
-					return p, true
-				}
-			}
-		}
-	}
-	return nil, false
 }

@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/web/api"
@@ -44,7 +45,7 @@ func TestServiceSpec(t *testing.T) {
 			if !slices.Equal(got.Families, tc.want) {
 				t.Errorf("families %v, want %v", got.Families, tc.want)
 			}
-			want := []api.ServicePort{{Name: "http", Proto: 6, Port: 80, TargetPortName: "http"}, {Name: "metrics", Proto: 6, Port: 9090, TargetPort: 9091}, {Name: "dns", Proto: 17, Port: 53}}
+			want := []audit.ServicePort{{Name: "http", Proto: 6, Port: 80, TargetPortName: "http"}, {Name: "metrics", Proto: 6, Port: 9090, TargetPort: 9091}, {Name: "dns", Proto: 17, Port: 53}}
 			if !slices.Equal(got.Ports, want) {
 				t.Errorf("ports %+v, want %+v", got.Ports, want)
 			}
@@ -65,16 +66,16 @@ func TestReachabilityFromTheClusterView(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "cluster.yaml")
 			writeManifest(t, path, m)
 			_, base := startApp(t, path, nil)
-			web := api.Endpoint{Kind: "workload", Namespace: manifest.NSFrontend, Name: "web"}
-			single := api.Endpoint{Kind: "service", Namespace: manifest.NSBackend, Name: manifest.ServiceAPISingle}
-			svc := api.Endpoint{Kind: "service", Namespace: manifest.NSBackend, Name: manifest.ServiceAPI}
+			web := audit.Endpoint{Kind: "workload", Namespace: manifest.NSFrontend, Name: "web"}
+			single := audit.Endpoint{Kind: "service", Namespace: manifest.NSBackend, Name: manifest.ServiceAPISingle}
+			svc := audit.Endpoint{Kind: "service", Namespace: manifest.NSBackend, Name: manifest.ServiceAPI}
 			first := "4"
 			if mode == manifest.ModeIPv6 {
 				first = "6"
 			}
 			ask := func(port uint16) []api.Cell {
 				var res api.Reachability
-				req := api.ReachabilityRequest{Sources: []api.Endpoint{web}, Destinations: []api.Endpoint{single, svc}, Protocol: "tcp", Port: port}
+				req := api.ReachabilityRequest{Sources: []audit.Endpoint{web}, Destinations: []audit.Endpoint{single, svc}, Protocol: "tcp", Port: port}
 				if code := call(t, "POST", base+"/api/v1/reachability", req, &res); code != 200 {
 					t.Fatalf("reachability: %d", code)
 				}
@@ -88,15 +89,15 @@ func TestReachabilityFromTheClusterView(t *testing.T) {
 					f := c[0].Families[fam]
 					state = append(state, fmt.Sprintf("IPv%s %s %d/%d %s", fam, f.Outcome, f.PairsAllowed, f.PairsTotal, f.Reason))
 					if fam == first {
-						ok = ok && f.Outcome == api.OutcomeAllow && f.PairsTotal == 4
+						ok = ok && f.Outcome == audit.OutcomeAllow && f.PairsTotal == 4
 					} else {
-						ok = ok && f.Outcome == api.OutcomeNoFamily && f.Reason == "no IPv"+fam+" ClusterIP"
+						ok = ok && f.Outcome == audit.OutcomeNoFamily && f.Reason == "no IPv"+fam+" ClusterIP"
 					}
 				}
 				return ok, strings.Join(state, "; ")
 			})
 			c := ask(manifest.PortMetrics)
-			if f := c[0].Families[first]; f.Outcome != api.OutcomeNoPort {
+			if f := c[0].Families[first]; f.Outcome != audit.OutcomeNoPort {
 				t.Errorf("web → api-single:9090: %s (%s), want no_port", f.Outcome, f.Reason)
 			}
 			// Service api on 9090 (target 9090) reaches every backend:
@@ -105,22 +106,22 @@ func TestReachabilityFromTheClusterView(t *testing.T) {
 				f := c[1].Families[fam]
 				switch {
 				case !mode.Has(map[string]corev1.IPFamily{"4": corev1.IPv4Protocol, "6": corev1.IPv6Protocol}[fam]):
-					if f.Outcome != api.OutcomeNoFamily {
+					if f.Outcome != audit.OutcomeNoFamily {
 						t.Errorf("web → svc api:9090 IPv%s in %s mode: %s", fam, mode, f.Outcome)
 					}
 				case fam == "4":
-					if f.Outcome != api.OutcomePartial || f.PairsAllowed != 2 || f.PairsTotal != 4 || f.Pairs[0].ServicePort != 9090 {
+					if f.Outcome != audit.OutcomePartial || f.PairsAllowed != 2 || f.PairsTotal != 4 || f.Pairs[0].ServicePort != 9090 {
 						t.Errorf("web → svc api:9090 IPv4: %s %d/%d", f.Outcome, f.PairsAllowed, f.PairsTotal)
 					}
 				default:
-					if f.Outcome != api.OutcomeDeny || f.PairsTotal != 4 {
+					if f.Outcome != audit.OutcomeDeny || f.PairsTotal != 4 {
 						t.Errorf("web → svc api:9090 IPv6: %s %d/%d", f.Outcome, f.PairsAllowed, f.PairsTotal)
 					}
 				}
 			}
 			// Port 80 of Service api: named target port http (8080).
 			c = ask(manifest.ServicePortHTTP)
-			if f := c[1].Families[first]; f.Outcome != api.OutcomeAllow || f.PairsTotal != 4 || f.Pairs[0].Port != manifest.PortHTTP {
+			if f := c[1].Families[first]; f.Outcome != audit.OutcomeAllow || f.PairsTotal != 4 || f.Pairs[0].Port != manifest.PortHTTP {
 				t.Errorf("web → svc api:80 IPv%s: %s %d/%d %+v", first, f.Outcome, f.PairsAllowed, f.PairsTotal, f.Pairs)
 			}
 		})

@@ -194,7 +194,7 @@ func TestLimitFlags(t *testing.T) {
 		WhatIfConcurrency: api.DefaultWhatIfConcurrency, WhatIfConcurrencyPerToken: api.DefaultWhatIfConcurrencyPerToken,
 		WhatIfMaxChecks: audit.DefaultWhatIfMaxChecks, WhatIfMaxFlowGroups: audit.DefaultWhatIfMaxFlowGroups,
 		ReachabilityConcurrency: api.DefaultReachabilityConcurrency, ReachabilityConcurrencyPerToken: api.DefaultReachabilityConcurrencyPerToken,
-		ReachabilityMaxChecks: api.DefaultReachabilityMaxChecks}) {
+		ReachabilityMaxChecks: audit.DefaultReachabilityMaxChecks}) {
 		t.Errorf("defaults %+v", l)
 	}
 	if err := fs.Parse([]string{"--web.sql.max-concurrent=3", "--web.sql.max-threads=1", "--web.follow.max-streams=1", "--web.follow.max-streams-per-role=1",

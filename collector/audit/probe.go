@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"strings"
@@ -32,32 +33,31 @@ type ProbeResult struct {
 }
 
 // Evaluate answers a Probe with the policies of set over the pods and
-// namespaces of inv, one result per family.
+// namespaces of inv, one result per family. Its ends resolve as the
+// reachability matrix's pod and ip endpoints do (InventoryResolver), and
+// each family's pair is evaluated as one of the matrix's (pairFlow).
 func Evaluate(inv *Inventory, set *policy.Set, p Probe) ([]ProbeResult, error) {
 	if p.Proto == 0 {
 		p.Proto = flow.ProtoTCP
 	}
-	src, srcAddrs, err := resolveEnd(inv, p.From)
+	src, err := probeEnd(inv, p.From)
 	if err != nil {
 		return nil, fmt.Errorf("from: %w", err)
 	}
-	dst, dstAddrs, err := resolveEnd(inv, p.To)
+	dst, err := probeEnd(inv, p.To)
 	if err != nil {
 		return nil, fmt.Errorf("to: %w", err)
 	}
 	var out []ProbeResult
 	for _, v := range []uint8{4, 6} {
-		if p.Family != 0 && p.Family != v {
+		_, ok1 := src.Peers[int(v)]
+		_, ok2 := dst.Peers[int(v)]
+		if p.Family != 0 && p.Family != v || !ok1 || !ok2 {
 			continue
 		}
-		sa, ok1 := addrOf(srcAddrs, v)
-		da, ok2 := addrOf(dstAddrs, v)
-		if !ok1 || !ok2 {
-			continue
-		}
-		f := inv.Flow(src, sa, dst, da, p.Proto, p.Port)
+		f := pairFlow(src, dst, int(v), p.Proto, p.Port)
 		r := set.Evaluate(&f)
-		res := ProbeResult{Src: end(inv, src, sa), Dst: end(inv, dst, da), IPVersion: v, Protocol: ProtoName(p.Proto), Port: p.Port, Verdicts: verdicts(r)}
+		res := ProbeResult{Src: end(inv, src.pod, f.Src.Addr), Dst: end(inv, dst.pod, f.Dst.Addr), IPVersion: v, Protocol: ProtoName(p.Proto), Port: p.Port, Verdicts: verdicts(r)}
 		verdict := "allowed"
 		if !r.Allowed() {
 			verdict = "denied"
@@ -73,32 +73,27 @@ func Evaluate(inv *Inventory, set *policy.Set, p Probe) ([]ProbeResult, error) {
 	return out, nil
 }
 
-func resolveEnd(inv *Inventory, s string) (*Pod, []netip.Addr, error) {
-	if a, err := netip.ParseAddr(s); err == nil {
-		a = a.Unmap()
-		if p, ok := inv.PodByAddr(a); ok {
-			return p, []netip.Addr{a}, nil
+// probeEnd resolves one end of a probe, "namespace/pod" or an address,
+// as a pod or an ip endpoint: the one member it stands for.
+func probeEnd(inv *Inventory, s string) (*Member, error) {
+	e := Endpoint{Kind: "ip", Name: s}
+	if _, err := netip.ParseAddr(s); err != nil {
+		ns, name, ok := strings.Cut(s, "/")
+		if !ok {
+			return nil, fmt.Errorf("%q: want namespace/pod or an IP address", s)
 		}
-		return nil, []netip.Addr{a}, nil
-	}
-	ns, name, ok := strings.Cut(s, "/")
-	if !ok {
-		return nil, nil, fmt.Errorf("%q: want namespace/pod or an IP address", s)
-	}
-	p, ok := inv.Pod(ns, name)
-	if !ok {
-		return nil, nil, fmt.Errorf("pod %s not in the inventory", s)
-	}
-	return p, p.Addrs, nil
-}
-
-func addrOf(as []netip.Addr, v uint8) (netip.Addr, bool) {
-	for _, a := range as {
-		if flow.Version(a) == v {
-			return a, true
+		if _, ok := inv.Pod(ns, name); !ok {
+			// As dualflow audit evaluate and /audit/evaluate have always
+			// said it (the resolver says "pod ns/name not found").
+			return nil, fmt.Errorf("pod %s not in the inventory", s)
 		}
+		e = Endpoint{Kind: "pod", Namespace: ns, Name: name}
 	}
-	return netip.Addr{}, false
+	t, err := InventoryResolver{Inventory: func() (*Inventory, error) { return inv, nil }}.Resolve(context.Background(), e)
+	if err != nil {
+		return nil, err
+	}
+	return &t.Members[0], nil
 }
 
 func end(inv *Inventory, p *Pod, a netip.Addr) FlowEnd {

@@ -638,10 +638,10 @@ spec:
 	since := round.Truncate(time.Second).Add(time.Second)
 	req := api.ReachabilityRequest{Protocol: "tcp", Port: ServerPort, Since: since.UTC().Format(time.RFC3339)}
 	for _, cl := range clients {
-		req.Sources = append(req.Sources, api.Endpoint{Kind: "pod", Namespace: cl.Namespace, Name: cl.Name})
+		req.Sources = append(req.Sources, audit.Endpoint{Kind: "pod", Namespace: cl.Namespace, Name: cl.Name})
 	}
 	for _, sv := range servers {
-		req.Destinations = append(req.Destinations, api.Endpoint{Kind: "pod", Namespace: sv.Namespace, Name: sv.Name})
+		req.Destinations = append(req.Destinations, audit.Endpoint{Kind: "pod", Namespace: sv.Namespace, Name: sv.Name})
 	}
 	var res api.Reachability
 	if err := web.post(ctx, "/api/v1/reachability", req, &res); err != nil {

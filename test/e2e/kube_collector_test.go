@@ -406,8 +406,8 @@ func (k *kubeEnv) metricsVerdicts() map[string]string {
 func (k *kubeEnv) reachability(src *corev1.Pod, port uint16) (*api.Reachability, error) {
 	var res api.Reachability
 	err := k.restErr(http.MethodPost, "/api/v1/reachability", api.ReachabilityRequest{
-		Sources:      []api.Endpoint{{Kind: "pod", Namespace: src.Namespace, Name: src.Name}},
-		Destinations: []api.Endpoint{{Kind: "pod", Namespace: k.apiN.Namespace, Name: k.apiN.Name}},
+		Sources:      []audit.Endpoint{{Kind: "pod", Namespace: src.Namespace, Name: src.Name}},
+		Destinations: []audit.Endpoint{{Kind: "pod", Namespace: k.apiN.Namespace, Name: k.apiN.Name}},
 		Protocol:     "tcp", Port: port, Since: "10m",
 	}, &res)
 	return &res, err

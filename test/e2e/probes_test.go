@@ -228,8 +228,8 @@ func checkTraceProbesHidden(t *testing.T, l *lab.Lab, mode manifest.Mode, bin st
 	// The reachability matrix: probe-1 -> api@2 observed nothing (the
 	// trace is not traffic).
 	var reach api.Reachability
-	req := api.ReachabilityRequest{Sources: []api.Endpoint{{Kind: "pod", Namespace: probe1.Namespace, Name: probe1.Name}},
-		Destinations: []api.Endpoint{{Kind: "pod", Namespace: api2.Namespace, Name: api2.Name}}, Protocol: "tcp", Port: manifest.PortHTTP, Since: since}
+	req := api.ReachabilityRequest{Sources: []audit.Endpoint{{Kind: "pod", Namespace: probe1.Namespace, Name: probe1.Name}},
+		Destinations: []audit.Endpoint{{Kind: "pod", Namespace: api2.Namespace, Name: api2.Name}}, Protocol: "tcp", Port: manifest.PortHTTP, Since: since}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	_, err := restCall(ctx, http.MethodPost, base+"/api/v1/reachability", req, &reach)
 	cancel()

@@ -13,6 +13,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/lab"
 	"github.com/dualflow/dualflow/lab/agent"
 	"github.com/dualflow/dualflow/lab/manifest"
@@ -44,11 +45,11 @@ func TestReachabilityMatrix(t *testing.T) {
 }
 
 func checkReachability(t *testing.T, l *lab.Lab, mode manifest.Mode, base string) {
-	web := api.Endpoint{Kind: "workload", Namespace: manifest.NSFrontend, Name: "web"}
-	apiW := api.Endpoint{Kind: "workload", Namespace: manifest.NSBackend, Name: "api"}
-	single := api.Endpoint{Kind: "service", Namespace: manifest.NSBackend, Name: manifest.ServiceAPISingle}
-	missing := api.Endpoint{Kind: "workload", Namespace: "shop", Name: "frontend"}
-	ask := func(srcs, dsts []api.Endpoint, port uint16) *api.Reachability {
+	web := audit.Endpoint{Kind: "workload", Namespace: manifest.NSFrontend, Name: "web"}
+	apiW := audit.Endpoint{Kind: "workload", Namespace: manifest.NSBackend, Name: "api"}
+	single := audit.Endpoint{Kind: "service", Namespace: manifest.NSBackend, Name: manifest.ServiceAPISingle}
+	missing := audit.Endpoint{Kind: "workload", Namespace: "shop", Name: "frontend"}
+	ask := func(srcs, dsts []audit.Endpoint, port uint16) *api.Reachability {
 		t.Helper()
 		var res api.Reachability
 		req := api.ReachabilityRequest{Sources: srcs, Destinations: dsts, Protocol: "tcp", Port: port, Since: "10m"}
@@ -63,7 +64,7 @@ func checkReachability(t *testing.T, l *lab.Lab, mode manifest.Mode, base string
 				t.Fatalf("reachability: %d %v", code, err)
 			}
 			f := res.Cells[0][0].Families["4"]
-			if f.Outcome != api.OutcomeError || !strings.Contains(f.PolicyError, "Kubernetes view") {
+			if f.Outcome != audit.OutcomeError || !strings.Contains(f.PolicyError, "Kubernetes view") {
 				return &res
 			}
 			if time.Now().After(deadline) {
@@ -78,42 +79,42 @@ func checkReachability(t *testing.T, l *lab.Lab, mode manifest.Mode, base string
 		first = "6"
 	}
 
-	m8080 := ask([]api.Endpoint{web, apiW}, []api.Endpoint{single, apiW, missing}, manifest.PortHTTP)
-	m9090 := ask([]api.Endpoint{web}, []api.Endpoint{single, apiW}, manifest.PortMetrics)
+	m8080 := ask([]audit.Endpoint{web, apiW}, []audit.Endpoint{single, apiW, missing}, manifest.PortHTTP)
+	m9090 := ask([]audit.Endpoint{web}, []audit.Endpoint{single, apiW}, manifest.PortMetrics)
 	for _, fam := range []string{"4", "6"} {
 		has := mode.Has(famOf[fam])
 		// web → api-single: its one family evaluated, the other not.
 		c := m8080.Cells[0][0].Families[fam]
 		if fam == first {
-			if c.Outcome != api.OutcomeAllow || c.PairsTotal != 4 || c.PairsAllowed != 4 {
+			if c.Outcome != audit.OutcomeAllow || c.PairsTotal != 4 || c.PairsAllowed != 4 {
 				t.Errorf("web → svc api-single:8080 IPv%s: %s %d/%d (%s), want allow 4/4", fam, c.Outcome, c.PairsAllowed, c.PairsTotal, c.Reason)
 			}
-			if c9 := m9090.Cells[0][0].Families[fam]; c9.Outcome != api.OutcomeNoPort || !strings.Contains(c9.Reason, "no port 9090/TCP") {
+			if c9 := m9090.Cells[0][0].Families[fam]; c9.Outcome != audit.OutcomeNoPort || !strings.Contains(c9.Reason, "no port 9090/TCP") {
 				t.Errorf("web → svc api-single:9090 IPv%s: %s (%s), want no such port", fam, c9.Outcome, c9.Reason)
 			}
-		} else if c.Outcome != api.OutcomeNoFamily || c.Reason != "no IPv"+fam+" ClusterIP" || c.Policy != nil {
+		} else if c.Outcome != audit.OutcomeNoFamily || c.Reason != "no IPv"+fam+" ClusterIP" || c.Policy != nil {
 			t.Errorf("web → svc api-single:8080 IPv%s: %s (%s) %+v, want no IPv%s ClusterIP", fam, c.Outcome, c.Reason, c.Policy, fam)
 		}
 		// web → api on 9090: every pod pair.
 		c = m9090.Cells[0][1].Families[fam]
 		switch {
 		case !has:
-			if c.Outcome != api.OutcomeUnavailable {
+			if c.Outcome != audit.OutcomeUnavailable {
 				t.Errorf("web → api:9090 IPv%s in %s mode: %s, want unavailable", fam, mode, c.Outcome)
 			}
 		case fam == "4":
-			if c.Outcome != api.OutcomePartial || c.PairsAllowed != 2 || c.PairsTotal != 4 || len(c.Pairs) != 4 || c.Policy == nil || c.Policy.Verdict != "partial" {
+			if c.Outcome != audit.OutcomePartial || c.PairsAllowed != 2 || c.PairsTotal != 4 || len(c.Pairs) != 4 || c.Policy == nil || c.Policy.Verdict != "partial" {
 				t.Errorf("web → api:9090 IPv4: %s %d/%d %+v, want partial 2/4", c.Outcome, c.PairsAllowed, c.PairsTotal, c.Policy)
 			}
 		default:
-			if c.Outcome != api.OutcomeDeny || c.PairsTotal != 4 {
+			if c.Outcome != audit.OutcomeDeny || c.PairsTotal != 4 {
 				t.Errorf("web → api:9090 IPv6: %s %d/%d, want deny 0/4", c.Outcome, c.PairsAllowed, c.PairsTotal)
 			}
 		}
 		// api → api: two pairs, no pod to itself.
 		c = m8080.Cells[1][1].Families[fam]
 		if has {
-			if c.PairsTotal != 2 || c.Outcome != api.OutcomeDeny {
+			if c.PairsTotal != 2 || c.Outcome != audit.OutcomeDeny {
 				t.Errorf("api → api:8080 IPv%s: %s %d/%d, want deny 0/2", fam, c.Outcome, c.PairsAllowed, c.PairsTotal)
 			}
 			for _, p := range c.Pairs {
@@ -124,7 +125,7 @@ func checkReachability(t *testing.T, l *lab.Lab, mode manifest.Mode, base string
 		}
 		// An endpoint that does not exist.
 		for _, row := range m8080.Cells {
-			if c := row[2].Families[fam]; c.Outcome != api.OutcomeError || !strings.Contains(c.PolicyError, "workload shop/frontend not found") {
+			if c := row[2].Families[fam]; c.Outcome != audit.OutcomeError || !strings.Contains(c.PolicyError, "workload shop/frontend not found") {
 				t.Errorf("→ shop/frontend IPv%s: %s %q, want an error naming it", fam, c.Outcome, c.PolicyError)
 			}
 		}
@@ -166,7 +167,7 @@ func checkReachability(t *testing.T, l *lab.Lab, mode manifest.Mode, base string
 	// dropped ones only over IPv6, and no cell marks a mismatch.
 	await(t, 2*time.Minute, "the dials observed beside the evaluation", func() (bool, string) {
 		var res api.Reachability
-		req := api.ReachabilityRequest{Sources: []api.Endpoint{web}, Destinations: []api.Endpoint{apiW}, Protocol: "tcp", Port: manifest.PortMetrics, Since: dialStart}
+		req := api.ReachabilityRequest{Sources: []audit.Endpoint{web}, Destinations: []audit.Endpoint{apiW}, Protocol: "tcp", Port: manifest.PortMetrics, Since: dialStart}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if _, err := restCall(ctx, http.MethodPost, base+"/api/v1/reachability", req, &res); err != nil {

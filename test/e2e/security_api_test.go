@@ -24,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
 
+	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/collector/store/chhttp"
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/web/api"
@@ -244,8 +245,8 @@ func call(ctx context.Context, method, target, who, body string) apiReply {
 func matrix(sides int) string {
 	var req api.ReachabilityRequest
 	for i := range sides {
-		req.Sources = append(req.Sources, api.Endpoint{Kind: "workload", Namespace: "load", Name: "w" + strconv.Itoa(i)})
-		req.Destinations = append(req.Destinations, api.Endpoint{Kind: "workload", Namespace: "load", Name: "w" + strconv.Itoa(sides+i)})
+		req.Sources = append(req.Sources, audit.Endpoint{Kind: "workload", Namespace: "load", Name: "w" + strconv.Itoa(i)})
+		req.Destinations = append(req.Destinations, audit.Endpoint{Kind: "workload", Namespace: "load", Name: "w" + strconv.Itoa(sides+i)})
 	}
 	req.Port, req.Since = 80, "10m"
 	b, _ := json.Marshal(req)

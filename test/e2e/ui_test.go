@@ -20,6 +20,7 @@ import (
 	"github.com/chromedp/chromedp"
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/lab"
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/web/api"
@@ -305,9 +306,9 @@ type renderedCell struct {
 // checkReach fills the Reachability form, runs it on 8080 then 9090, and
 // checks each matrix against the API's answer and the lab's truths.
 func (u *uiEnv) checkReach(t *testing.T) {
-	web := api.Endpoint{Kind: "workload", Namespace: manifest.NSFrontend, Name: "web"}
-	single := api.Endpoint{Kind: "service", Namespace: manifest.NSBackend, Name: manifest.ServiceAPISingle}
-	apiW := api.Endpoint{Kind: "workload", Namespace: manifest.NSBackend, Name: "api"}
+	web := audit.Endpoint{Kind: "workload", Namespace: manifest.NSFrontend, Name: "web"}
+	single := audit.Endpoint{Kind: "service", Namespace: manifest.NSBackend, Name: manifest.ServiceAPISingle}
+	apiW := audit.Endpoint{Kind: "workload", Namespace: manifest.NSBackend, Name: "api"}
 	u.do(t, chromedp.Navigate(u.base+"/#/reach?sources=workload:frontend/web&destinations=service:backend/api-single,workload:backend/api&protocol=TCP"),
 		chromedp.WaitVisible(chromedp.CSS(`#reach-form`)))
 	// Keep the answer the page itself receives, to compare what it draws.
@@ -343,7 +344,7 @@ func (u *uiEnv) checkReach(t *testing.T) {
 		deadline := time.Now().Add(30 * time.Second)
 		for {
 			shown = run(port)
-			if f := shown.Cells[0][0].Families[first]; f == nil || f.Outcome != api.OutcomeError || !strings.Contains(f.PolicyError, "Kubernetes view") || time.Now().After(deadline) {
+			if f := shown.Cells[0][0].Families[first]; f == nil || f.Outcome != audit.OutcomeError || !strings.Contains(f.PolicyError, "Kubernetes view") || time.Now().After(deadline) {
 				break
 			}
 		}
@@ -353,7 +354,7 @@ func (u *uiEnv) checkReach(t *testing.T) {
 			Verdict: td.querySelector('span.verdict').textContent, Text: td.textContent, Class: td.className, Title: td.title,
 			Warn: !!td.querySelector('.warn'), HasError: td.classList.contains('error')})))`)
 		// The request the page sent, asked again.
-		req := api.ReachabilityRequest{Sources: []api.Endpoint{web}, Destinations: []api.Endpoint{single, apiW}, Protocol: "TCP", Port: port, Since: "1h"}
+		req := api.ReachabilityRequest{Sources: []audit.Endpoint{web}, Destinations: []audit.Endpoint{single, apiW}, Protocol: "TCP", Port: port, Since: "1h"}
 		var asked api.Reachability
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		_, err := restCall(ctx, http.MethodPost, u.base+"/api/v1/reachability", req, &asked)
@@ -407,7 +408,7 @@ func checkDrawn(t *testing.T, m *api.Reachability, cells []renderedCell) {
 			continue
 		}
 		label := strings.ReplaceAll(f.Outcome, "_", " ")
-		if f.Outcome == api.OutcomePartial {
+		if f.Outcome == audit.OutcomePartial {
 			label += fmt.Sprintf(" %d/%d", f.PairsAllowed, f.PairsTotal)
 		}
 		flows := "no flows"
@@ -424,7 +425,7 @@ func checkDrawn(t *testing.T, m *api.Reachability, cells []renderedCell) {
 		if c.HasError != (f.PolicyError != "") || f.PolicyError != "" && !strings.Contains(c.Text, f.PolicyError) {
 			errs = append(errs, fmt.Sprintf("policy error %q drawn as %v", f.PolicyError, c.HasError))
 		}
-		if f.Reason != "" && f.PolicyError == "" && !(f.Outcome == api.OutcomePartial && strings.Contains(f.Reason, "allowed")) && !strings.Contains(c.Text, f.Reason) {
+		if f.Reason != "" && f.PolicyError == "" && !(f.Outcome == audit.OutcomePartial && strings.Contains(f.Reason, "allowed")) && !strings.Contains(c.Text, f.Reason) {
 			errs = append(errs, fmt.Sprintf("reason %q not shown", f.Reason))
 		}
 		if f.Policy != nil && !strings.Contains(c.Text, "policy "+f.Policy.Verdict) {
@@ -468,9 +469,9 @@ func sameEvaluation(t *testing.T, port uint16, shown, asked *api.Reachability) {
 				}
 				type eval struct {
 					Outcome, Reason, PolicyError string
-					Policy                       *api.PolicyVerdict
+					Policy                       *audit.PolicyVerdict
 					Allowed, Total               int
-					Pairs                        []api.PairVerdict
+					Pairs                        []audit.PairVerdict
 				}
 				ae := eval{af.Outcome, af.Reason, af.PolicyError, af.Policy, af.PairsAllowed, af.PairsTotal, af.Pairs}
 				se := eval{sf.Outcome, sf.Reason, sf.PolicyError, sf.Policy, sf.PairsAllowed, sf.PairsTotal, sf.Pairs}
@@ -502,34 +503,34 @@ func (u *uiEnv) checkReachTruths(t *testing.T, port uint16, first string, cells 
 		c := at(fam, 0) // → svc backend/api-single
 		switch {
 		case fam != first:
-			if c.Outcome != api.OutcomeNoFamily || !strings.Contains(c.Text, "no IPv"+fam+" ClusterIP") {
+			if c.Outcome != audit.OutcomeNoFamily || !strings.Contains(c.Text, "no IPv"+fam+" ClusterIP") {
 				t.Errorf("web → svc api-single:%d IPv%s drawn %q, want no IPv%s ClusterIP", port, fam, c.Text, fam)
 			}
 		case port == manifest.PortMetrics:
-			if c.Outcome != api.OutcomeNoPort || !strings.Contains(c.Text, "no port 9090/TCP") {
+			if c.Outcome != audit.OutcomeNoPort || !strings.Contains(c.Text, "no port 9090/TCP") {
 				t.Errorf("web → svc api-single:9090 IPv%s drawn %q, want no such port", fam, c.Text)
 			}
 		default:
-			if c.Outcome != api.OutcomeAllow || !strings.Contains(c.Text, "4 pairs") {
+			if c.Outcome != audit.OutcomeAllow || !strings.Contains(c.Text, "4 pairs") {
 				t.Errorf("web → svc api-single:8080 IPv%s drawn %q, want allow over 4 pairs", fam, c.Text)
 			}
 		}
 		c = at(fam, 1) // → workload backend/api
 		switch {
 		case !u.has(fam):
-			if c.Outcome != api.OutcomeUnavailable {
+			if c.Outcome != audit.OutcomeUnavailable {
 				t.Errorf("web → api:%d IPv%s in %s mode drawn %q, want unavailable", port, fam, u.mode, c.Text)
 			}
 		case port == manifest.PortHTTP:
-			if c.Outcome != api.OutcomeAllow || !strings.Contains(c.Text, "4 pairs") {
+			if c.Outcome != audit.OutcomeAllow || !strings.Contains(c.Text, "4 pairs") {
 				t.Errorf("web → api:8080 IPv%s drawn %q, want allow over 4 pairs", fam, c.Text)
 			}
 		case fam == "4":
-			if c.Outcome != api.OutcomePartial || c.Verdict != "partial 2/4" {
+			if c.Outcome != audit.OutcomePartial || c.Verdict != "partial 2/4" {
 				t.Errorf("web → api:9090 IPv4 drawn %q, want partial 2/4", c.Text)
 			}
 		default:
-			if c.Outcome != api.OutcomeDeny || !strings.Contains(c.Text, "4 pairs") {
+			if c.Outcome != audit.OutcomeDeny || !strings.Contains(c.Text, "4 pairs") {
 				t.Errorf("web → api:9090 IPv6 drawn %q, want deny over 4 pairs", c.Text)
 			}
 		}

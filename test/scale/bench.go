@@ -333,12 +333,12 @@ func scenarios(c *Cluster, end time.Time) []scenario {
 			dstS[e.Svc] += e.Weight
 		}
 	}
-	var srcs, dsts []api.Endpoint
+	var srcs, dsts []audit.Endpoint
 	for _, w := range topN(srcW, 10) {
-		srcs = append(srcs, api.Endpoint{Kind: "workload", Namespace: w.Namespace, Name: w.Name})
+		srcs = append(srcs, audit.Endpoint{Kind: "workload", Namespace: w.Namespace, Name: w.Name})
 	}
 	for _, s := range topN(dstS, 10) {
-		dsts = append(dsts, api.Endpoint{Kind: "service", Namespace: s.Namespace, Name: s.Name})
+		dsts = append(dsts, audit.Endpoint{Kind: "service", Namespace: s.Namespace, Name: s.Name})
 	}
 	for _, w := range []string{"1h", "24h"} {
 		body, _ := json.Marshal(api.ReachabilityRequest{Sources: srcs, Destinations: dsts, Since: w})

@@ -16,6 +16,8 @@ import (
 
 	"github.com/gin-gonic/gin"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dualflow/dualflow/collector/audit"
 )
 
 // Store runs queries against the dualflow database; store.Conn
@@ -37,38 +39,7 @@ type SQLRunner interface {
 // of (4 and/or 6); a family absent from the map cannot be used between
 // them.
 type Evaluator interface {
-	Evaluate(ctx context.Context, src, dst Endpoint, protocol uint8, port uint16) (map[int]PolicyVerdict, error)
-}
-
-// Endpoint names one end of a reachability question or a trace.
-type Endpoint struct {
-	// Kind is pod, workload, service or ip.
-	Kind      string `json:"kind"`
-	Namespace string `json:"namespace,omitempty"`
-	// Name is the pod, workload or Service name, or for kind ip the address.
-	Name string `json:"name"`
-}
-
-// String renders e as kind:namespace/name.
-func (e Endpoint) String() string {
-	if e.Namespace == "" {
-		return e.Kind + ":" + e.Name
-	}
-	return e.Kind + ":" + e.Namespace + "/" + e.Name
-}
-
-// PolicyVerdict is the evaluator's answer for one family.
-type PolicyVerdict struct {
-	// Verdict is allowed, denied, not_isolated or unknown for the flow as a
-	// whole (denied if either direction denies).
-	Verdict string `json:"verdict"`
-	// Egress and Ingress are the deciding policies ("ns/name rule N"), or
-	// empty.
-	Egress  string `json:"egress,omitempty"`
-	Ingress string `json:"ingress,omitempty"`
-	// SrcIP and DstIP are the addresses evaluated.
-	SrcIP string `json:"src_ip,omitempty"`
-	DstIP string `json:"dst_ip,omitempty"`
+	Evaluate(ctx context.Context, src, dst audit.Endpoint, protocol uint8, port uint16) (map[int]audit.PolicyVerdict, error)
 }
 
 // ErrNotConfigured is answered as 501 by endpoints whose service is not wired.
@@ -161,7 +132,7 @@ const (
 	DefaultWhatIfConcurrency         = 2
 	DefaultWhatIfConcurrencyPerToken = 1
 	// DefaultReachabilityConcurrency: a matrix within
-	// DefaultReachabilityMaxChecks takes at most about a CPU-second, so
+	// audit.DefaultReachabilityMaxChecks takes at most about a CPU-second, so
 	// four per role take the two cores of a small collector for about
 	// two seconds; two per token (a page reloaded while it asks).
 	DefaultReachabilityConcurrency         = 4

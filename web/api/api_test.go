@@ -19,6 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/test/support/webtest"
 	"github.com/dualflow/dualflow/traceflow"
 )
@@ -53,14 +54,14 @@ func (fakeTracer) Trace(_ context.Context, r traceflow.Request) (traceflow.Resul
 
 type fakeEvaluator struct{}
 
-func (fakeEvaluator) Evaluate(_ context.Context, src, dst Endpoint, _ uint8, _ uint16) (map[int]PolicyVerdict, error) {
+func (fakeEvaluator) Evaluate(_ context.Context, src, dst audit.Endpoint, _ uint8, _ uint16) (map[int]audit.PolicyVerdict, error) {
 	if dst.Name == "db" && src.Name == "frontend" {
-		return map[int]PolicyVerdict{4: {Verdict: "allowed"}, 6: {Verdict: "denied", Ingress: "shop/db-policy"}}, nil
+		return map[int]audit.PolicyVerdict{4: {Verdict: "allowed"}, 6: {Verdict: "denied", Ingress: "shop/db-policy"}}, nil
 	}
 	if dst.Name == "v4only" {
-		return map[int]PolicyVerdict{4: {Verdict: "not_isolated"}}, nil
+		return map[int]audit.PolicyVerdict{4: {Verdict: "not_isolated"}}, nil
 	}
-	return map[int]PolicyVerdict{4: {Verdict: "not_isolated"}, 6: {Verdict: "not_isolated"}}, nil
+	return map[int]audit.PolicyVerdict{4: {Verdict: "not_isolated"}, 6: {Verdict: "not_isolated"}}, nil
 }
 
 func testAPI(t testing.TB, cfg Config) http.Handler {

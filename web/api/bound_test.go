@@ -50,12 +50,12 @@ type loadResolver struct {
 	size int
 }
 
-func (r loadResolver) Resolve(_ context.Context, e Endpoint) (*Target, error) {
+func (r loadResolver) Resolve(_ context.Context, e audit.Endpoint) (*audit.Target, error) {
 	i, err := strconv.Atoi(strings.TrimPrefix(e.Name, "w"))
 	if e.Kind != "workload" || e.Namespace != r.ns || err != nil || i < 0 || i > 255 {
 		return nil, fmt.Errorf("%s not found", e)
 	}
-	t := &Target{}
+	t := &audit.Target{}
 	for k := range r.size {
 		lbl := map[string]string{"app": e.Name}
 		peer := func(a netip.Addr) policy.Peer {
@@ -63,17 +63,17 @@ func (r loadResolver) Resolve(_ context.Context, e Endpoint) (*Target, error) {
 		}
 		v4 := netip.AddrFrom4([4]byte{198, 18, byte(i), byte(k)})
 		v6 := netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x10, 12: 0, 13: byte(i), 14: 0, 15: byte(k)})
-		t.Members = append(t.Members, Member{Name: r.ns + "/" + e.Name + "-" + strconv.Itoa(k), Pod: true,
+		t.Members = append(t.Members, audit.Member{Name: r.ns + "/" + e.Name + "-" + strconv.Itoa(k), Pod: true,
 			Peers: map[int]policy.Peer{4: peer(v4), 6: peer(v6)}})
 	}
 	return t, nil
 }
 
 // loadMatrix is a sides × sides matrix of workloads of loadResolver.
-func loadMatrix(ns string, sides int) (srcs, dsts []Endpoint) {
+func loadMatrix(ns string, sides int) (srcs, dsts []audit.Endpoint) {
 	for i := range sides {
-		srcs = append(srcs, Endpoint{Kind: "workload", Namespace: ns, Name: "w" + strconv.Itoa(i)})
-		dsts = append(dsts, Endpoint{Kind: "workload", Namespace: ns, Name: "w" + strconv.Itoa(sides+i)})
+		srcs = append(srcs, audit.Endpoint{Kind: "workload", Namespace: ns, Name: "w" + strconv.Itoa(i)})
+		dsts = append(dsts, audit.Endpoint{Kind: "workload", Namespace: ns, Name: "w" + strconv.Itoa(sides+i)})
 	}
 	return srcs, dsts
 }
@@ -113,20 +113,20 @@ func (a heldAudit) WhatIf(ctx context.Context, _ io.Reader, _ audit.Window, _ in
 	return &audit.WhatIfReport{}, nil
 }
 
-func (h *held) Evaluate(context.Context, Endpoint, Endpoint, uint8, uint16) (map[int]PolicyVerdict, error) {
+func (h *held) Evaluate(context.Context, audit.Endpoint, audit.Endpoint, uint8, uint16) (map[int]audit.PolicyVerdict, error) {
 	return nil, nil
 }
 
-func (h *held) EvaluateMatrix(ctx context.Context, srcs, dsts []Endpoint, _ uint8, _ uint16) ([][]map[int]*FamilyPolicy, error) {
+func (h *held) EvaluateMatrix(ctx context.Context, srcs, dsts []audit.Endpoint, _ uint8, _ uint16) ([][]map[int]*audit.FamilyPolicy, error) {
 	h.entered <- struct{}{}
 	select {
 	case <-h.release:
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
-	out := make([][]map[int]*FamilyPolicy, len(srcs))
+	out := make([][]map[int]*audit.FamilyPolicy, len(srcs))
 	for i := range out {
-		out[i] = make([]map[int]*FamilyPolicy, len(dsts))
+		out[i] = make([]map[int]*audit.FamilyPolicy, len(dsts))
 	}
 	return out, nil
 }
@@ -305,7 +305,7 @@ func TestReachabilityWorkBound(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ev := PolicyEvaluator{Policies: func() *policy.Set { return set }, Resolver: loadResolver{ns: "load", size: 10}}
+	ev := audit.PolicyEvaluator{Policies: func() *policy.Set { return set }, Resolver: loadResolver{ns: "load", size: 10}}
 	a, err := New(Config{Store: emptyStore{}, Tokens: gateTokens(), Evaluator: ev})
 	if err != nil {
 		t.Fatal(err)
@@ -349,10 +349,10 @@ func TestReachabilityChecks(t *testing.T) {
 		max int64
 		ok  bool
 	}{{want, true}, {want - 1, false}} {
-		ev := PolicyEvaluator{Policies: func() *policy.Set { return set }, Resolver: loadResolver{ns: "load", size: 3}, MaxChecks: c.max}
+		ev := audit.PolicyEvaluator{Policies: func() *policy.Set { return set }, Resolver: loadResolver{ns: "load", size: 3}, MaxChecks: c.max}
 		_, err := ev.EvaluateMatrix(context.Background(), srcs, dsts, 6, 80)
-		var fe *FieldError
-		if refused := errors.As(err, &fe) && fe.reason == reasonTooLarge; refused == c.ok || (c.ok && err != nil) {
+		var tl *audit.TooLargeError
+		if refused := errors.As(err, &tl); refused == c.ok || (c.ok && err != nil) {
 			t.Errorf("MaxChecks %d: %v, want ok %v", c.max, err, c.ok)
 		}
 	}
@@ -382,7 +382,7 @@ func benchMatrix(b *testing.B, n, sides, size int) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	ev := PolicyEvaluator{Policies: func() *policy.Set { return set }, Resolver: loadResolver{ns: "load", size: size}}
+	ev := audit.PolicyEvaluator{Policies: func() *policy.Set { return set }, Resolver: loadResolver{ns: "load", size: size}}
 	srcs, dsts := loadMatrix("load", sides)
 	b.ReportAllocs()
 	start := cpuTime(b)

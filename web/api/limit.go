@@ -238,7 +238,7 @@ type Limits struct {
 	// ReachabilityConcurrency is the reachability matrices computed at
 	// once per role, ReachabilityConcurrencyPerToken per token;
 	// ReachabilityMaxChecks bounds one matrix
-	// (api.PolicyEvaluator.MaxChecks).
+	// (audit.PolicyEvaluator.MaxChecks).
 	ReachabilityConcurrency         int
 	ReachabilityConcurrencyPerToken int
 	ReachabilityMaxChecks           int64
@@ -259,5 +259,5 @@ func (l *Limits) BindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&l.WhatIfMaxFlowGroups, "web.whatif.max-flow-groups", audit.DefaultWhatIfMaxFlowGroups, "flow groups one what-if reads, its largest limit (about 2 KiB of memory each)")
 	fs.IntVar(&l.ReachabilityConcurrency, "web.reachability.max-concurrent", DefaultReachabilityConcurrency, "reachability matrices (POST /api/v1/reachability) computed at once per role; more are answered 429")
 	fs.IntVar(&l.ReachabilityConcurrencyPerToken, "web.reachability.max-concurrent-per-token", DefaultReachabilityConcurrencyPerToken, "reachability matrices computed at once per token (without tokens: for the local user)")
-	fs.Int64Var(&l.ReachabilityMaxChecks, "web.reachability.max-checks", DefaultReachabilityMaxChecks, "policy checks of one reachability matrix: its pod pairs, each against the policies that may select its ends; a larger matrix is answered 422 before any pair is evaluated (10 to 60 ns a check)")
+	fs.Int64Var(&l.ReachabilityMaxChecks, "web.reachability.max-checks", audit.DefaultReachabilityMaxChecks, "policy checks of one reachability matrix: its pod pairs, each against the policies that may select its ends; a larger matrix is answered 422 before any pair is evaluated (10 to 60 ns a check)")
 }

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/netip"
@@ -12,15 +13,25 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/flow"
 	"github.com/dualflow/dualflow/internal/chsql"
 	"github.com/dualflow/dualflow/traceflow"
 )
 
+// MatrixEvaluator is an Evaluator that answers a whole matrix for every
+// pod pair of every cell (audit.PolicyEvaluator); reachability uses it
+// when the configured Evaluator implements it.
+type MatrixEvaluator interface {
+	EvaluateMatrix(ctx context.Context, srcs, dsts []audit.Endpoint, proto uint8, port uint16) ([][]map[int]*audit.FamilyPolicy, error)
+}
+
+var _ MatrixEvaluator = audit.PolicyEvaluator{}
+
 // ReachabilityRequest is the body of POST /reachability.
 type ReachabilityRequest struct {
-	Sources      []Endpoint `json:"sources"`
-	Destinations []Endpoint `json:"destinations"`
+	Sources      []audit.Endpoint `json:"sources"`
+	Destinations []audit.Endpoint `json:"destinations"`
 	// Protocol (name or number, default TCP) and Port (0: any) of the
 	// question; observed flows are filtered on them too.
 	Protocol string `json:"protocol,omitempty"`
@@ -34,9 +45,9 @@ type ReachabilityRequest struct {
 
 // Reachability is the answer: Cells[i][j] is Sources[i] → Destinations[j].
 type Reachability struct {
-	Sources      []Endpoint `json:"sources"`
-	Destinations []Endpoint `json:"destinations"`
-	Cells        [][]Cell   `json:"cells"`
+	Sources      []audit.Endpoint `json:"sources"`
+	Destinations []audit.Endpoint `json:"destinations"`
+	Cells        [][]Cell         `json:"cells"`
 	// Asymmetric counts the cells where the families disagree.
 	Asymmetric int   `json:"asymmetric"`
 	SinceMs    int64 `json:"since_ms"`
@@ -71,14 +82,14 @@ type CellFamily struct {
 	// Policy sums the evaluated pairs up: Verdict is allowed, denied,
 	// not_isolated or rejected when all pairs agree, partial otherwise;
 	// the deciding policies and addresses when all pairs share them.
-	Policy      *PolicyVerdict `json:"policy,omitempty"`
-	PolicyError string         `json:"policy_error,omitempty"`
+	Policy      *audit.PolicyVerdict `json:"policy,omitempty"`
+	PolicyError string               `json:"policy_error,omitempty"`
 	// PairsAllowed of PairsTotal pod pairs are allowed; Pairs lists them
 	// (at most 64 per family; PairsTruncated when more).
-	PairsAllowed   int           `json:"pairs_allowed"`
-	PairsTotal     int           `json:"pairs_total"`
-	Pairs          []PairVerdict `json:"pairs,omitempty"`
-	PairsTruncated bool          `json:"pairs_truncated,omitempty"`
+	PairsAllowed   int                 `json:"pairs_allowed"`
+	PairsTotal     int                 `json:"pairs_total"`
+	Pairs          []audit.PairVerdict `json:"pairs,omitempty"`
+	PairsTruncated bool                `json:"pairs_truncated,omitempty"`
 	// Mismatch says how the evaluated policy and what was observed or
 	// traced disagree ("policy allows every pair, but 133 of 271 observed
 	// flows were dropped"); empty when they agree.
@@ -116,7 +127,7 @@ type observedRow struct {
 }
 
 // endpointCond is the condition matching e on one side of a flow.
-func endpointCond(side string, e Endpoint, field string) (string, error) {
+func endpointCond(side string, e audit.Endpoint, field string) (string, error) {
 	if len(e.Namespace) > maxValueBytes || len(e.Name) > maxValueBytes {
 		return "", fieldErr(field, "namespace or name longer than %d bytes", maxValueBytes)
 	}
@@ -150,7 +161,7 @@ func endpointCond(side string, e Endpoint, field string) (string, error) {
 
 // matchArray renders the indices of the endpoints a row matches, for
 // arrayJoin: a row counts in every cell it belongs to.
-func matchArray(side string, eps []Endpoint, field string) (string, error) {
+func matchArray(side string, eps []audit.Endpoint, field string) (string, error) {
 	parts := make([]string, len(eps))
 	for i, e := range eps {
 		c, err := endpointCond(side, e, field+"["+strconv.Itoa(i)+"]")
@@ -236,7 +247,7 @@ func (a *API) runReachability(ctx context.Context, req *ReachabilityRequest) (*R
 	keys := []string{"ip_version"}
 	for _, sd := range []struct {
 		side string
-		eps  []Endpoint
+		eps  []audit.Endpoint
 	}{{"src", req.Sources}, {"dst", req.Destinations}} {
 		if hasKind(sd.eps, "pod") || hasKind(sd.eps, "workload") {
 			keys = append(keys, sd.side+"_pod_namespace")
@@ -292,6 +303,10 @@ func (a *API) runReachability(ctx context.Context, req *ReachabilityRequest) (*R
 	}
 	if me, ok := a.cfg.Evaluator.(MatrixEvaluator); ok {
 		m, err := me.EvaluateMatrix(ctx, req.Sources, req.Destinations, proto, req.Port)
+		var tl *audit.TooLargeError
+		if errors.As(err, &tl) {
+			return nil, tooLarge(tl.Field, "%s", tl.Message) // 422
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -351,16 +366,16 @@ func (a *API) runReachability(ctx context.Context, req *ReachabilityRequest) (*R
 }
 
 // setPolicy puts one family's evaluation into its cell family.
-func setPolicy(f *CellFamily, fp *FamilyPolicy) {
+func setPolicy(f *CellFamily, fp *audit.FamilyPolicy) {
 	f.Outcome, f.Reason = fp.Outcome, fp.Reason
 	f.PairsAllowed, f.PairsTotal, f.Pairs, f.PairsTruncated = fp.Allowed, fp.Total, fp.Pairs, fp.Truncated
 	switch fp.Outcome {
-	case OutcomeAllow, OutcomeDeny, OutcomePartial:
+	case audit.OutcomeAllow, audit.OutcomeDeny, audit.OutcomePartial:
 		v := fp.Summary
 		f.Policy = &v
-	case OutcomeError:
+	case audit.OutcomeError:
 		f.PolicyError = fp.Reason
-	case "": // not evaluated (ErrNotEvaluated): summed up from the flows
+	case "": // not evaluated (audit.ErrNotEvaluated): summed up from the flows
 		f.PolicyError, f.Reason = fp.Reason, ""
 	}
 }
@@ -368,7 +383,7 @@ func setPolicy(f *CellFamily, fp *FamilyPolicy) {
 // evaluated reports whether f's outcome is the evaluated policy of its
 // pairs.
 func evaluated(f *CellFamily) bool {
-	return f.Outcome == OutcomeAllow && f.PairsTotal > 0 || f.Outcome == OutcomeDeny && f.PairsTotal > 0 || f.Outcome == OutcomePartial
+	return f.Outcome == audit.OutcomeAllow && f.PairsTotal > 0 || f.Outcome == audit.OutcomeDeny && f.PairsTotal > 0 || f.Outcome == audit.OutcomePartial
 }
 
 // mismatch says how the evaluated policy and the flows observed or the
@@ -381,14 +396,14 @@ func mismatch(f *CellFamily) string {
 	o := f.Observed
 	dropped, passed := o.Verdicts["dropped"], o.Verdicts["allowed"]+o.Verdicts["not_isolated"]
 	switch f.Outcome {
-	case OutcomeAllow:
+	case audit.OutcomeAllow:
 		if dropped > 0 {
 			r = append(r, fmt.Sprintf("policy allows every pair, but %d of %d observed flows were dropped", dropped, o.Flows))
 		}
 		if traceStopped(f) {
 			r = append(r, "policy allows every pair, but the trace was "+string(f.Trace.Outcome))
 		}
-	case OutcomeDeny:
+	case audit.OutcomeDeny:
 		if passed > 0 {
 			r = append(r, fmt.Sprintf("policy denies every pair, but %d of %d observed flows passed", passed, o.Flows))
 		}
@@ -399,7 +414,7 @@ func mismatch(f *CellFamily) string {
 	return strings.Join(r, "; ")
 }
 
-func hasKind(eps []Endpoint, kind string) bool {
+func hasKind(eps []audit.Endpoint, kind string) bool {
 	for _, e := range eps {
 		if e.Kind == kind {
 			return true
@@ -447,8 +462,8 @@ func traceStopped(f *CellFamily) bool {
 func asymmetry(v4, v6 *CellFamily) []string {
 	var r []string
 	switch {
-	case v4.Outcome == "unknown" || v6.Outcome == "unknown" || v4.Outcome == OutcomeError || v6.Outcome == OutcomeError:
-	case v4.Outcome == OutcomePartial && v6.Outcome == OutcomePartial:
+	case v4.Outcome == "unknown" || v6.Outcome == "unknown" || v4.Outcome == audit.OutcomeError || v6.Outcome == audit.OutcomeError:
+	case v4.Outcome == audit.OutcomePartial && v6.Outcome == audit.OutcomePartial:
 		if v4.PairsAllowed*v6.PairsTotal != v6.PairsAllowed*v4.PairsTotal {
 			r = append(r, fmt.Sprintf("IPv4 %d of %d pairs allowed, IPv6 %d of %d", v4.PairsAllowed, v4.PairsTotal, v6.PairsAllowed, v6.PairsTotal))
 		}
@@ -472,7 +487,7 @@ func asymmetry(v4, v6 *CellFamily) []string {
 // traffic between the ends.
 func noPair(f *CellFamily) bool {
 	switch f.Outcome {
-	case OutcomeUnavailable, OutcomeNoFamily, OutcomeNoPort, OutcomeNoBackends, OutcomeSelf, OutcomeError:
+	case audit.OutcomeUnavailable, audit.OutcomeNoFamily, audit.OutcomeNoPort, audit.OutcomeNoBackends, audit.OutcomeSelf, audit.OutcomeError:
 		return true
 	}
 	return false
@@ -523,7 +538,7 @@ func (a *API) traceCells(ctx context.Context, req *ReachabilityRequest, proto ui
 }
 
 // traceCell traces src → dst over family once a place of sem is free.
-func (a *API) traceCell(ctx context.Context, sem chan struct{}, src, dst Endpoint, proto uint8, port uint16, family traceflow.Family) (traceflow.Result, error) {
+func (a *API) traceCell(ctx context.Context, sem chan struct{}, src, dst audit.Endpoint, proto uint8, port uint16, family traceflow.Family) (traceflow.Result, error) {
 	tr := traceflow.Request{Family: family, Destination: traceflow.Destination{Port: port}}
 	switch src.Kind {
 	case "pod":

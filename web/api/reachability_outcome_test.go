@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/traceflow"
 )
 
@@ -26,16 +27,16 @@ func TestCellMismatchAndAsymmetry(t *testing.T) {
 		f    *CellFamily
 		want string
 	}{
-		{"allow, flows dropped", fam(OutcomeAllow, 4, 4, map[string]uint64{"allowed": 138, "dropped": 133}, ""), "policy allows every pair, but 133 of 271 observed flows were dropped"},
-		{"allow, trace dropped", fam(OutcomeAllow, 1, 1, nil, "dropped"), "policy allows every pair, but the trace was dropped"},
-		{"allow, trace rejected", fam(OutcomeAllow, 1, 1, nil, "rejected"), "policy allows every pair, but the trace was rejected"},
-		{"allow, trace without an address", fam(OutcomeAllow, 1, 1, nil, "no-address"), ""},
-		{"deny, flows passed", fam(OutcomeDeny, 0, 2, map[string]uint64{"not_isolated": 3, "dropped": 1}, ""), "policy denies every pair, but 3 of 4 observed flows passed"},
-		{"deny, trace delivered", fam(OutcomeDeny, 0, 2, nil, "delivered"), "policy denies every pair, but the trace was delivered"},
-		{"deny, flows dropped", fam(OutcomeDeny, 0, 2, map[string]uint64{"dropped": 5}, "dropped"), ""},
-		{"partial, both kinds", fam(OutcomePartial, 2, 4, map[string]uint64{"allowed": 3, "dropped": 5}, ""), ""},
-		{"no pair evaluated", fam(OutcomeNoFamily, 0, 0, map[string]uint64{"dropped": 5}, ""), ""},
-		{"legacy allow without pairs", fam(OutcomeAllow, 0, 0, map[string]uint64{"dropped": 5}, ""), ""},
+		{"allow, flows dropped", fam(audit.OutcomeAllow, 4, 4, map[string]uint64{"allowed": 138, "dropped": 133}, ""), "policy allows every pair, but 133 of 271 observed flows were dropped"},
+		{"allow, trace dropped", fam(audit.OutcomeAllow, 1, 1, nil, "dropped"), "policy allows every pair, but the trace was dropped"},
+		{"allow, trace rejected", fam(audit.OutcomeAllow, 1, 1, nil, "rejected"), "policy allows every pair, but the trace was rejected"},
+		{"allow, trace without an address", fam(audit.OutcomeAllow, 1, 1, nil, "no-address"), ""},
+		{"deny, flows passed", fam(audit.OutcomeDeny, 0, 2, map[string]uint64{"not_isolated": 3, "dropped": 1}, ""), "policy denies every pair, but 3 of 4 observed flows passed"},
+		{"deny, trace delivered", fam(audit.OutcomeDeny, 0, 2, nil, "delivered"), "policy denies every pair, but the trace was delivered"},
+		{"deny, flows dropped", fam(audit.OutcomeDeny, 0, 2, map[string]uint64{"dropped": 5}, "dropped"), ""},
+		{"partial, both kinds", fam(audit.OutcomePartial, 2, 4, map[string]uint64{"allowed": 3, "dropped": 5}, ""), ""},
+		{"no pair evaluated", fam(audit.OutcomeNoFamily, 0, 0, map[string]uint64{"dropped": 5}, ""), ""},
+		{"legacy allow without pairs", fam(audit.OutcomeAllow, 0, 0, map[string]uint64{"dropped": 5}, ""), ""},
 	} {
 		if got := mismatch(tc.f); got != tc.want {
 			t.Errorf("%s: mismatch %q, want %q", tc.name, got, tc.want)
@@ -51,11 +52,11 @@ func TestCellMismatchAndAsymmetry(t *testing.T) {
 		v4, v6 *CellFamily
 		want   string
 	}{
-		{"same share", fam(OutcomePartial, 2, 4, nil, ""), fam(OutcomePartial, 1, 2, nil, ""), ""},
-		{"different share", fam(OutcomePartial, 2, 4, nil, ""), fam(OutcomePartial, 1, 4, nil, ""), "IPv4 2 of 4 pairs allowed, IPv6 1 of 4"},
-		{"no IPv6 ClusterIP", fam(OutcomeAllow, 4, 4, nil, ""), fam(OutcomeNoFamily, 0, 0, nil, ""), "IPv4 allow, IPv6 no_family"},
-		{"both errors", fam(OutcomeError, 0, 0, nil, ""), fam(OutcomeError, 0, 0, nil, ""), ""},
-		{"traffic over one family, other has no pair", fam(OutcomeAllow, 4, 4, map[string]uint64{"allowed": 3}, ""), fam(OutcomeNoFamily, 0, 0, nil, ""), "IPv4 allow, IPv6 no_family"},
+		{"same share", fam(audit.OutcomePartial, 2, 4, nil, ""), fam(audit.OutcomePartial, 1, 2, nil, ""), ""},
+		{"different share", fam(audit.OutcomePartial, 2, 4, nil, ""), fam(audit.OutcomePartial, 1, 4, nil, ""), "IPv4 2 of 4 pairs allowed, IPv6 1 of 4"},
+		{"no IPv6 ClusterIP", fam(audit.OutcomeAllow, 4, 4, nil, ""), fam(audit.OutcomeNoFamily, 0, 0, nil, ""), "IPv4 allow, IPv6 no_family"},
+		{"both errors", fam(audit.OutcomeError, 0, 0, nil, ""), fam(audit.OutcomeError, 0, 0, nil, ""), ""},
+		{"traffic over one family, other has no pair", fam(audit.OutcomeAllow, 4, 4, map[string]uint64{"allowed": 3}, ""), fam(audit.OutcomeNoFamily, 0, 0, nil, ""), "IPv4 allow, IPv6 no_family"},
 	} {
 		if got := strings.Join(asymmetry(tc.v4, tc.v6), "; "); got != tc.want {
 			t.Errorf("%s: asymmetry %q, want %q", tc.name, got, tc.want)

@@ -30,16 +30,16 @@ import (
 type labGen struct {
 	r         *rand.Rand
 	inv       *audit.Inventory
-	services  map[string]*ServiceSpec
-	workloads []Endpoint
-	pods      []Endpoint
+	services  map[string]*audit.ServiceSpec
+	workloads []audit.Endpoint
+	pods      []audit.Endpoint
 	policies  []*networkingv1.NetworkPolicy
 }
 
 var genPorts = []audit.Port{{Name: "http", Port: 8080, Proto: flow.ProtoTCP}, {Name: "metrics", Port: 9090, Proto: flow.ProtoTCP}, {Name: "udp-echo", Port: 5353, Proto: flow.ProtoUDP}}
 
 func newLabGen(seed uint64, fams []int) *labGen {
-	g := &labGen{r: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), inv: audit.NewInventory(), services: map[string]*ServiceSpec{}}
+	g := &labGen{r: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), inv: audit.NewInventory(), services: map[string]*audit.ServiceSpec{}}
 	nss := []string{"frontend", "backend", "tools"}[:1+g.r.IntN(3)]
 	teams := []string{"web", "api", "ops"}
 	apps := []string{"web", "api", "db", "probe"}
@@ -49,7 +49,7 @@ func newLabGen(seed uint64, fams []int) *labGen {
 		for wi := range 1 + g.r.IntN(3) {
 			app := apps[g.r.IntN(len(apps))]
 			wl := app + strconv.Itoa(wi)
-			g.workloads = append(g.workloads, Endpoint{Kind: "workload", Namespace: ns, Name: wl})
+			g.workloads = append(g.workloads, audit.Endpoint{Kind: "workload", Namespace: ns, Name: wl})
 			var ports []audit.Port
 			for _, p := range genPorts {
 				if g.r.IntN(4) > 0 {
@@ -78,10 +78,10 @@ func newLabGen(seed uint64, fams []int) *labGen {
 					p.Addrs = append(p.Addrs, netip.AddrFrom4([4]byte{198, 18, byte(node), byte(10 + k)}))
 				}
 				g.inv.AddPod(p)
-				g.pods = append(g.pods, Endpoint{Kind: "pod", Namespace: ns, Name: p.Name})
+				g.pods = append(g.pods, audit.Endpoint{Kind: "pod", Namespace: ns, Name: p.Name})
 			}
 			if g.r.IntN(3) > 0 {
-				s := &ServiceSpec{Namespace: ns, Name: "svc-" + wl, Selector: map[string]string{"app": app}}
+				s := &audit.ServiceSpec{Namespace: ns, Name: "svc-" + wl, Selector: map[string]string{"app": app}}
 				for _, f := range fams {
 					if g.r.IntN(3) > 0 {
 						s.Families = append(s.Families, f)
@@ -91,7 +91,7 @@ func newLabGen(seed uint64, fams []int) *labGen {
 					if g.r.IntN(2) == 0 {
 						continue
 					}
-					sp := ServicePort{Name: p.Name, Proto: p.Proto, Port: uint16(p.Port)}
+					sp := audit.ServicePort{Name: p.Name, Proto: p.Proto, Port: uint16(p.Port)}
 					switch g.r.IntN(4) {
 					case 0:
 						sp.Port = 80 + uint16(g.r.IntN(2))
@@ -186,7 +186,7 @@ type oracle struct {
 	pairs          []string
 }
 
-func (g *labGen) members(e Endpoint) []*audit.Pod {
+func (g *labGen) members(e audit.Endpoint) []*audit.Pod {
 	var out []*audit.Pod
 	for _, p := range g.inv.Pods() {
 		switch e.Kind {
@@ -208,13 +208,13 @@ func (g *labGen) members(e Endpoint) []*audit.Pod {
 	return out
 }
 
-func (g *labGen) expect(set *policy.Set, src, dst Endpoint, fam int, proto uint8, port uint16) oracle {
+func (g *labGen) expect(set *policy.Set, src, dst audit.Endpoint, fam int, proto uint8, port uint16) oracle {
 	svc := g.services[dst.Namespace+"/"+dst.Name]
 	if dst.Kind != "service" {
 		svc = nil
 	}
 	if svc != nil && !slices.Contains(svc.Families, fam) {
-		return oracle{outcome: OutcomeNoFamily}
+		return oracle{outcome: audit.OutcomeNoFamily}
 	}
 	type target struct {
 		p        *audit.Pod
@@ -227,9 +227,9 @@ func (g *labGen) expect(set *policy.Set, src, dst Endpoint, fam int, proto uint8
 		}
 	}
 	if len(srcs) == 0 {
-		return oracle{outcome: OutcomeUnavailable}
+		return oracle{outcome: audit.OutcomeUnavailable}
 	}
-	var sps []ServicePort
+	var sps []audit.ServicePort
 	if svc != nil {
 		for _, sp := range svc.Ports {
 			if sp.Proto == proto && (port == 0 || sp.Port == port) {
@@ -237,7 +237,7 @@ func (g *labGen) expect(set *policy.Set, src, dst Endpoint, fam int, proto uint8
 			}
 		}
 		if len(sps) == 0 {
-			return oracle{outcome: OutcomeNoPort}
+			return oracle{outcome: audit.OutcomeNoPort}
 		}
 	}
 	var dsts []target
@@ -267,9 +267,9 @@ func (g *labGen) expect(set *policy.Set, src, dst Endpoint, fam int, proto uint8
 	}
 	if len(dsts) == 0 {
 		if svc != nil {
-			return oracle{outcome: OutcomeNoBackends}
+			return oracle{outcome: audit.OutcomeNoBackends}
 		}
-		return oracle{outcome: OutcomeUnavailable}
+		return oracle{outcome: audit.OutcomeUnavailable}
 	}
 	var o oracle
 	for _, s := range srcs {
@@ -290,13 +290,13 @@ func (g *labGen) expect(set *policy.Set, src, dst Endpoint, fam int, proto uint8
 	}
 	switch {
 	case o.total == 0:
-		o.outcome = OutcomeSelf
+		o.outcome = audit.OutcomeSelf
 	case o.allowed == o.total:
-		o.outcome = OutcomeAllow
+		o.outcome = audit.OutcomeAllow
 	case o.allowed == 0:
-		o.outcome = OutcomeDeny
+		o.outcome = audit.OutcomeDeny
 	default:
-		o.outcome = OutcomePartial
+		o.outcome = audit.OutcomePartial
 	}
 	return o
 }
@@ -320,17 +320,17 @@ func TestReachabilityProperty(t *testing.T) {
 				if err != nil {
 					t.Fatalf("seed %d: compile: %v", seed, err)
 				}
-				h := testAPI(t, Config{Evaluator: PolicyEvaluator{
+				h := testAPI(t, Config{Evaluator: audit.PolicyEvaluator{
 					Policies: func() *policy.Set { return set },
-					Resolver: InventoryResolver{
+					Resolver: audit.InventoryResolver{
 						Inventory: func() (*audit.Inventory, error) { return g.inv, nil },
-						Service:   func(ns, name string) (*ServiceSpec, bool) { s, ok := g.services[ns+"/"+name]; return s, ok },
+						Service:   func(ns, name string) (*audit.ServiceSpec, bool) { s, ok := g.services[ns+"/"+name]; return s, ok },
 					},
 				}})
 				srcs := append(slices.Clone(g.workloads), g.pods[g.r.IntN(len(g.pods))])
 				dsts := append(slices.Clone(g.workloads), g.pods[g.r.IntN(len(g.pods))])
 				for _, s := range g.services {
-					dsts = append(dsts, Endpoint{Kind: "service", Namespace: s.Namespace, Name: s.Name})
+					dsts = append(dsts, audit.Endpoint{Kind: "service", Namespace: s.Namespace, Name: s.Name})
 				}
 				sort.Slice(dsts[len(g.workloads)+1:], func(i, j int) bool {
 					return dsts[len(g.workloads)+1+i].String() < dsts[len(g.workloads)+1+j].String()
@@ -372,9 +372,9 @@ func TestReachabilityProperty(t *testing.T) {
 			t.Logf("cells by outcome: %v", cells)
 			// The generator must reach every kind of answer, or the
 			// property says little.
-			want := []string{OutcomeAllow, OutcomeDeny, OutcomeSelf, OutcomeNoPort}
+			want := []string{audit.OutcomeAllow, audit.OutcomeDeny, audit.OutcomeSelf, audit.OutcomeNoPort}
 			if len(setup.fams) == 2 {
-				want = append(want, OutcomePartial, OutcomeNoFamily)
+				want = append(want, audit.OutcomePartial, audit.OutcomeNoFamily)
 			}
 			for _, o := range want {
 				if cells[o] == 0 {

@@ -22,12 +22,12 @@ import (
 type Evaluator struct{}
 
 // Evaluate implements api.Evaluator.
-func (Evaluator) Evaluate(_ context.Context, src, dst api.Endpoint, _ uint8, _ uint16) (map[int]api.PolicyVerdict, error) {
+func (Evaluator) Evaluate(_ context.Context, src, dst audit.Endpoint, _ uint8, _ uint16) (map[int]audit.PolicyVerdict, error) {
 	si, di := find(src), find(dst)
 	if si < 0 || di < 0 {
 		return nil, fmt.Errorf("unknown endpoint %s or %s", src, dst)
 	}
-	out := map[int]api.PolicyVerdict{
+	out := map[int]audit.PolicyVerdict{
 		4: {Verdict: "not_isolated", SrcIP: addr(4, si, 1), DstIP: addr(4, di, 101)},
 		6: {Verdict: "not_isolated", SrcIP: addr(6, si, 1), DstIP: addr(6, di, 101)},
 	}
@@ -49,7 +49,7 @@ func (Evaluator) Evaluate(_ context.Context, src, dst api.Endpoint, _ uint8, _ u
 	return out, nil
 }
 
-func find(e api.Endpoint) int {
+func find(e audit.Endpoint) int {
 	for i, w := range webtest.Lab {
 		if w.Namespace == e.Namespace && (w.Name == e.Name || e.Kind == "pod" && strings.HasPrefix(e.Name, w.Name+"-")) {
 			return i
@@ -82,7 +82,7 @@ type Resolver struct{}
 // WorkloadPod implements traceflow's resolver.
 func (Resolver) WorkloadPod(ref string) (string, bool, error) {
 	ns, name, _ := strings.Cut(ref, "/")
-	if find(api.Endpoint{Kind: "workload", Namespace: ns, Name: name}) < 0 {
+	if find(audit.Endpoint{Kind: "workload", Namespace: ns, Name: name}) < 0 {
 		return "", false, nil
 	}
 	return ref + "-0", true, nil
@@ -135,7 +135,7 @@ func labPod(ref string) (w, k int, ok bool) {
 		return 0, 0, false
 	}
 	k, err := strconv.Atoi(name[i+1:])
-	w = find(api.Endpoint{Kind: "workload", Namespace: ns, Name: name[:i]})
+	w = find(audit.Endpoint{Kind: "workload", Namespace: ns, Name: name[:i]})
 	return w, k, err == nil && w >= 0 && k >= 0 && k < 3
 }
 
@@ -164,9 +164,9 @@ func (t NodeTracer) Trace(ctx context.Context, p traceflow.Probe) (traceflow.Pat
 			return traceflow.Path{Outcome: traceflow.TimedOut}, ctx.Err()
 		}
 	}
-	endpoint := func(kind, ref string) api.Endpoint {
+	endpoint := func(kind, ref string) audit.Endpoint {
 		ns, name, _ := strings.Cut(ref, "/")
-		return api.Endpoint{Kind: kind, Namespace: ns, Name: name}
+		return audit.Endpoint{Kind: kind, Namespace: ns, Name: name}
 	}
 	src, dst := endpoint("pod", p.SourcePod), endpoint("pod", p.DstPod)
 	if p.Service != "" {

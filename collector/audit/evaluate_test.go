@@ -1,4 +1,4 @@
-package api
+package audit
 
 import (
 	"context"
@@ -11,7 +11,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/collector/audit/policy"
 	"github.com/dualflow/dualflow/lab/manifest"
 )
@@ -44,7 +43,7 @@ func labEvaluator(t testing.TB, mode manifest.Mode) PolicyEvaluator {
 	if err != nil {
 		t.Fatal(err)
 	}
-	inv, err := audit.InventoryFromObjects(m.Objects()...)
+	inv, err := InventoryFromObjects(m.Objects()...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +54,7 @@ func labEvaluator(t testing.TB, mode manifest.Mode) PolicyEvaluator {
 	return PolicyEvaluator{
 		Policies: func() *policy.Set { return set },
 		Resolver: InventoryResolver{
-			Inventory: func() (*audit.Inventory, error) { return inv, nil },
+			Inventory: func() (*Inventory, error) { return inv, nil },
 			Service: func(ns, name string) (*ServiceSpec, bool) {
 				s, ok := m.Service(ns, name)
 				if !ok {
@@ -171,20 +170,20 @@ func TestPolicyEvaluatorLab(t *testing.T) {
 }
 
 // TestPolicyEvaluatorBounds: a matrix of too many pod pairs is refused
-// with a field error (400), before anything is evaluated; an ip prefix
-// is not evaluated (its cell sums up the flows) but says why; an address
-// of a pod is that pod.
+// (*TooLargeError, which the web answers 422) before anything is
+// evaluated; an ip prefix is not evaluated (its cell sums up the flows)
+// but says why; an address of a pod is that pod.
 func TestPolicyEvaluatorBounds(t *testing.T) {
-	inv := audit.NewInventory()
+	inv := NewInventory()
 	for i := range 320 {
-		inv.AddPod(audit.Pod{Namespace: "big", Name: fmt.Sprintf("w-%d", i), Owner: audit.Workload{Kind: "StatefulSet", Name: "w"},
+		inv.AddPod(Pod{Namespace: "big", Name: fmt.Sprintf("w-%d", i), Owner: Workload{Kind: "StatefulSet", Name: "w"},
 			Addrs: []netip.Addr{netip.AddrFrom4([4]byte{198, 18, byte(1 + i/200), byte(i % 200)}), netip.MustParseAddr(fmt.Sprintf("fd00:10:0:1::%x", i+1))}})
 	}
-	ev := PolicyEvaluator{Resolver: InventoryResolver{Inventory: func() (*audit.Inventory, error) { return inv, nil }}}
+	ev := PolicyEvaluator{Resolver: InventoryResolver{Inventory: func() (*Inventory, error) { return inv, nil }}}
 	w := Endpoint{Kind: "workload", Namespace: "big", Name: "w"}
 	_, err := ev.EvaluateMatrix(context.Background(), []Endpoint{w, w}, []Endpoint{w}, 6, 80)
-	var fe *FieldError
-	if !errors.As(err, &fe) || !strings.Contains(fe.Message, "409600 pod pairs") {
+	var tl *TooLargeError
+	if !errors.As(err, &tl) || tl.Field != "destinations" || !strings.Contains(tl.Message, "409600 pod pairs") {
 		t.Errorf("too many pairs: %v", err)
 	}
 	m, err := ev.EvaluateMatrix(context.Background(), []Endpoint{{Kind: "ip", Name: "198.18.1.5"}}, []Endpoint{{Kind: "ip", Name: "fd00:10::/64"}, w}, 6, 80)
@@ -201,5 +200,38 @@ func TestPolicyEvaluatorBounds(t *testing.T) {
 	}
 	if f := m[0][1][6]; f.Outcome != OutcomeUnavailable {
 		t.Errorf("IPv4 address over IPv6: %+v", f)
+	}
+}
+
+// TestHeadlessServiceEvaluatedOnThePortAsked: clients of a headless
+// Service dial its pods directly, on the port they choose, so there is no
+// port mapping and no "no such port".
+func TestHeadlessServiceEvaluatedOnThePortAsked(t *testing.T) {
+	ev := labEvaluator(t, manifest.ModeDual)
+	r := ev.Resolver.(InventoryResolver)
+	svc := r.Service
+	r.Service = func(ns, name string) (*ServiceSpec, bool) {
+		s, ok := svc(ns, name)
+		if ok {
+			c := *s
+			c.Headless = true
+			s = &c
+		}
+		return s, ok
+	}
+	ev.Resolver = r
+	web := Endpoint{Kind: "workload", Namespace: manifest.NSFrontend, Name: "web"}
+	api := Endpoint{Kind: "service", Namespace: manifest.NSBackend, Name: manifest.ServiceAPI}
+	// 8080 is api's target port, not one of the Service's ports: a
+	// headless Service answers on it (allowed by allow-web-to-api).
+	m, err := ev.EvaluateMatrix(context.Background(), []Endpoint{web}, []Endpoint{api}, 6, 8080)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, fam := range []int{4, 6} {
+		got := m[0][0][fam]
+		if got.Outcome != OutcomeAllow || got.Total != 4 || got.Pairs[0].Port != 8080 {
+			t.Errorf("headless api:8080 IPv%d: %+v, want 4 pairs allowed on 8080", fam, got)
+		}
 	}
 }

@@ -1,4 +1,4 @@
-package api
+package audit
 
 import (
 	"cmp"
@@ -8,10 +8,45 @@ import (
 	"slices"
 	"strconv"
 
-	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/collector/audit/policy"
 	"github.com/dualflow/dualflow/flow"
 )
+
+// This file is the one evaluation of NetworkPolicies for pairs of
+// endpoints: the web's reachability matrix (PolicyEvaluator) and the
+// probe (Evaluate) resolve their ends into Members and build each pair's
+// policy.Flow the same way (pairFlow).
+
+// Endpoint names one end of a reachability question or a trace.
+type Endpoint struct {
+	// Kind is pod, workload, service or ip.
+	Kind      string `json:"kind"`
+	Namespace string `json:"namespace,omitempty"`
+	// Name is the pod, workload or Service name, or for kind ip the address.
+	Name string `json:"name"`
+}
+
+// String renders e as kind:namespace/name.
+func (e Endpoint) String() string {
+	if e.Namespace == "" {
+		return e.Kind + ":" + e.Name
+	}
+	return e.Kind + ":" + e.Namespace + "/" + e.Name
+}
+
+// PolicyVerdict sums up the evaluated policy of one family.
+type PolicyVerdict struct {
+	// Verdict is allowed, denied, not_isolated or unknown for the flow as a
+	// whole (denied if either direction denies).
+	Verdict string `json:"verdict"`
+	// Egress and Ingress are the deciding policies ("ns/name rule N"), or
+	// empty.
+	Egress  string `json:"egress,omitempty"`
+	Ingress string `json:"ingress,omitempty"`
+	// SrcIP and DstIP are the addresses evaluated.
+	SrcIP string `json:"src_ip,omitempty"`
+	DstIP string `json:"dst_ip,omitempty"`
+}
 
 // Resolver turns an endpoint into what it stands for: every pod of a pod,
 // workload or Service endpoint (a Service's backends, with the Service's
@@ -48,6 +83,9 @@ type Member struct {
 	// Ports are the pod's container ports (Service named target ports
 	// and named-port rules are resolved on them).
 	Ports []ContainerPort
+	// pod is the inventory's pod (InventoryResolver), for the probe's
+	// answer.
+	pod *Pod
 }
 
 // ContainerPort is a port a pod's container declares.
@@ -83,9 +121,9 @@ type ServicePort struct {
 	TargetPortName string
 }
 
-// Outcomes of one family of a cell (CellFamily.Outcome). The first three
-// sum up every pod pair the cell covers; the next five say why the family
-// has no pair to evaluate.
+// Outcomes of one family of a matrix cell (FamilyPolicy.Outcome). The
+// first three sum up every pod pair the cell covers; the next five say
+// why the family has no pair to evaluate.
 const (
 	OutcomeAllow   = "allow"   // every pair allowed
 	OutcomeDeny    = "deny"    // every pair denied
@@ -162,17 +200,7 @@ type PairVerdict struct {
 	Ingress string `json:"ingress,omitempty"`
 }
 
-// MatrixEvaluator is an Evaluator that answers a whole matrix for every
-// pod pair of every cell. Reachability uses it when the configured
-// Evaluator implements it. The result is indexed [source][destination]
-// then family (4, 6); an error is a failure of the whole request (a
-// *FieldError for one too large); an end that cannot be resolved is an
-// OutcomeError family, not an error.
-type MatrixEvaluator interface {
-	EvaluateMatrix(ctx context.Context, srcs, dsts []Endpoint, proto uint8, port uint16) ([][]map[int]*FamilyPolicy, error)
-}
-
-// PolicyEvaluator is an Evaluator over compiled NetworkPolicies: it
+// PolicyEvaluator evaluates compiled NetworkPolicies for the web: it
 // resolves both ends into their pods and evaluates, per family, every pod
 // pair with that family's addresses, so ipBlock rules that cover one
 // family only show up as a difference between the families. A Service
@@ -183,25 +211,17 @@ type PolicyEvaluator struct {
 	// or a nil Set isolates nothing.
 	Policies func() *policy.Set
 	Resolver Resolver
-	// PortName is not used: members carry their container ports
-	// (Member.Ports). Kept so callers that set it still compile.
-	PortName func(dst Endpoint, proto uint8, port uint16) string
 	// MaxChecks bounds the policy checks of one matrix: each pod pair
 	// checked against the policies that may select its source (egress)
 	// and its destination (ingress), policy.Set.Tries. A larger matrix is
-	// refused (422) before any pair is evaluated. 0:
+	// refused (*TooLargeError) before any pair is evaluated. 0:
 	// DefaultReachabilityMaxChecks.
 	MaxChecks int64
 }
 
-var (
-	_ Evaluator       = PolicyEvaluator{}
-	_ MatrixEvaluator = PolicyEvaluator{}
-)
-
-// Evaluate implements Evaluator: the summary of each family that has
-// pairs to evaluate (allowed, denied, not_isolated when every pair says
-// so, or partial).
+// Evaluate answers one cell (web/api's Evaluator): the summary of each
+// family that has pairs to evaluate (allowed, denied, not_isolated when
+// every pair says so, or partial).
 func (p PolicyEvaluator) Evaluate(ctx context.Context, src, dst Endpoint, proto uint8, port uint16) (map[int]PolicyVerdict, error) {
 	m, err := p.EvaluateMatrix(ctx, []Endpoint{src}, []Endpoint{dst}, proto, port)
 	if err != nil {
@@ -212,9 +232,7 @@ func (p PolicyEvaluator) Evaluate(ctx context.Context, src, dst Endpoint, proto 
 		switch f.Outcome {
 		case OutcomeAllow, OutcomeDeny, OutcomePartial:
 			out[fam] = f.Summary
-		case "":
-			return nil, errors.New(f.Reason)
-		case OutcomeError:
+		case "", OutcomeError:
 			return nil, errors.New(f.Reason)
 		}
 	}
@@ -226,7 +244,11 @@ type resolved struct {
 	err error
 }
 
-// EvaluateMatrix implements MatrixEvaluator.
+// EvaluateMatrix evaluates every pod pair of every cell of the matrix.
+// The result is indexed [source][destination] then family (4, 6); an
+// error is a failure of the whole matrix (a *TooLargeError for one too
+// large); an end that cannot be resolved is an OutcomeError family, not
+// an error.
 func (p PolicyEvaluator) EvaluateMatrix(ctx context.Context, srcs, dsts []Endpoint, proto uint8, port uint16) ([][]map[int]*FamilyPolicy, error) {
 	resolve := func(eps []Endpoint, side string) []resolved {
 		out := make([]resolved, len(eps))
@@ -273,10 +295,10 @@ func (p PolicyEvaluator) EvaluateMatrix(ctx context.Context, srcs, dsts []Endpoi
 		}
 	}
 	if pairs > maxMatrixPairs {
-		return nil, tooLarge("destinations", "the matrix covers %d pod pairs, more than %d: ask about fewer or smaller endpoints", pairs, maxMatrixPairs)
+		return nil, &TooLargeError{Field: "destinations", Message: fmt.Sprintf("the matrix covers %d pod pairs, more than %d: ask about fewer or smaller endpoints", pairs, maxMatrixPairs)}
 	}
 	if maxChecks := cmp.Or(p.MaxChecks, DefaultReachabilityMaxChecks); checks > maxChecks {
-		return nil, tooLarge("destinations", "the matrix would make %d policy checks (its pod pairs, each against the policies that may select its ends: %d in all), more than the %d allowed: ask about fewer or smaller endpoints", checks, set.Len(), maxChecks)
+		return nil, &TooLargeError{Field: "destinations", Message: fmt.Sprintf("the matrix would make %d policy checks (its pod pairs, each against the policies that may select its ends: %d in all), more than the %d allowed: ask about fewer or smaller endpoints", checks, set.Len(), maxChecks)}
 	}
 	listed := 0
 	out := make([][]map[int]*FamilyPolicy, len(srcs))
@@ -395,9 +417,9 @@ func evaluateFamily(set *policy.Set, src, dst *Target, fam int, proto uint8, por
 	if dst.Service != nil && !dst.Service.Headless && hasPorts(proto) {
 		sps = dst.servicePorts(proto, port)
 		if len(sps) == 0 {
-			what := fmt.Sprintf("no port %d/%s", port, audit.ProtoName(proto))
+			what := fmt.Sprintf("no port %d/%s", port, ProtoName(proto))
 			if port == 0 {
-				what = "no " + audit.ProtoName(proto) + " port"
+				what = "no " + ProtoName(proto) + " port"
 			}
 			return &FamilyPolicy{Outcome: OutcomeNoPort, Reason: "the Service has " + what}
 		}
@@ -452,10 +474,7 @@ func evaluateFamily(set *policy.Set, src, dst *Target, fam int, proto uint8, por
 				self++
 				continue
 			}
-			f := policy.Flow{Src: s.Peers[fam], Dst: sl.m.Peers[fam], Proto: fproto, DstPort: sl.port}
-			if sl.port != 0 {
-				f.Dst.PortName = portNameOf(sl.m.Ports, sl.port, fproto)
-			}
+			f := pairFlow(s, sl.m, fam, fproto, sl.port)
 			res := set.Evaluate(&f)
 			pv := PairVerdict{Src: s.Name, Dst: sl.m.Name, SrcIP: f.Src.Addr.String(), DstIP: f.Dst.Addr.String(),
 				Port: sl.port, ServicePort: sl.svcPt, Verdict: overall(res), Egress: decisionText(res.Egress), Ingress: decisionText(res.Ingress)}
@@ -519,13 +538,19 @@ func evaluateFamily(set *policy.Set, src, dst *Target, fam int, proto uint8, por
 	return out
 }
 
-func portNameOf(ports []ContainerPort, port uint16, proto uint8) string {
-	for _, cp := range ports {
-		if cp.Port == port && cp.Proto == proto {
-			return cp.Name
+// pairFlow is the policy view of src → dst over family fam, which both
+// have an address of, with the destination pod's named port resolved.
+func pairFlow(src, dst *Member, fam int, proto uint8, port uint16) policy.Flow {
+	f := policy.Flow{Src: src.Peers[fam], Dst: dst.Peers[fam], Proto: proto, DstPort: port}
+	if f.Dst.IsPod && port != 0 {
+		for _, cp := range dst.Ports {
+			if cp.Port == port && cp.Proto == proto {
+				f.Dst.PortName = cp.Name
+				break
+			}
 		}
 	}
-	return ""
+	return f
 }
 
 // overall is the verdict of the flow: denied if a side denies, allowed if

@@ -1,4 +1,4 @@
-package api
+package audit
 
 import (
 	"context"
@@ -7,17 +7,16 @@ import (
 
 	"k8s.io/apimachinery/pkg/labels"
 
-	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/collector/audit/policy"
 	"github.com/dualflow/dualflow/flow"
 )
 
 // InventoryResolver is a Resolver over a cluster view: pods, workloads
-// and Service backends from an audit.Inventory, Services (families,
-// ports) from Service.
+// and Service backends from an Inventory, Services (families, ports)
+// from Service.
 type InventoryResolver struct {
 	// Inventory returns the cluster view (collector.Inventory).
-	Inventory func() (*audit.Inventory, error)
+	Inventory func() (*Inventory, error)
 	// Service returns a Service's spec; false when there is no such
 	// Service.
 	Service func(namespace, name string) (*ServiceSpec, bool)
@@ -95,8 +94,8 @@ func (r InventoryResolver) Resolve(_ context.Context, e Endpoint) (*Target, erro
 }
 
 // member is pod p as a Target member: its first address of each family.
-func member(inv *audit.Inventory, p *audit.Pod) Member {
-	m := Member{Name: p.Namespace + "/" + p.Name, Pod: true, Peers: map[int]policy.Peer{}}
+func member(inv *Inventory, p *Pod) Member {
+	m := Member{Name: p.Namespace + "/" + p.Name, Pod: true, Peers: map[int]policy.Peer{}, pod: p}
 	for _, a := range p.Addrs {
 		if fam := int(flow.Version(a)); m.Peers[fam].Addr == (netip.Addr{}) {
 			m.Peers[fam] = inv.Peer(p, a)
