@@ -106,33 +106,41 @@ func (a *auditFlags) bindOutput(fs *flag.FlagSet) {
 	a.srv.bind(fs)
 }
 
-// source is where a subcommand asks its question: the audit API of the
-// collector named by --server, else the same audit.Queries the collector
-// serves, over the manifests of --inventory (read when a question needs
-// them) and, with withStore, the flow store. done closes the store.
-func (a *auditFlags) source(opt audit.Options, withStore bool) (q api.Audit, done func(), err error) {
+// ask asks fn its question of the audit API of the collector named by
+// --server, else of the same audit.Queries the collector serves, over the
+// manifests of --inventory (read when a question needs them) and, with
+// withStore, the flow store. The subcommands with a window (--since) get
+// it, and all run under --timeout when they have one.
+func (a *auditFlags) ask(ctx context.Context, opt audit.Options, withStore bool, fn func(context.Context, api.Audit, audit.Window) error) error {
+	var win audit.Window
+	if a.since != "" {
+		var err error
+		if win, err = a.window(); err != nil {
+			return err
+		}
+	}
+	if a.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, a.timeout)
+		defer cancel()
+	}
 	c, err := a.srv.client()
-	if err != nil || c != nil {
-		return remoteAudit{c}, func() {}, err
+	switch {
+	case err != nil:
+		return err
+	case c != nil:
+		return fn(ctx, remoteAudit{c}, win)
 	}
 	local := &audit.Queries{Inventory: a.loadInventory, Options: opt}
-	if !withStore {
-		return local, func() {}, nil
+	if withStore {
+		r, closeStore, err := a.reports()
+		if err != nil {
+			return err
+		}
+		defer closeStore()
+		local.Reports = r
 	}
-	r, closeStore, err := a.reports()
-	if err != nil {
-		return nil, nil, err
-	}
-	local.Reports = r
-	return local, closeStore, nil
-}
-
-// bounded is ctx under --timeout, when the subcommand has one.
-func (a *auditFlags) bounded(ctx context.Context) (context.Context, context.CancelFunc) {
-	if a.timeout > 0 {
-		return context.WithTimeout(ctx, a.timeout)
-	}
-	return context.WithCancel(ctx)
+	return fn(ctx, local, win)
 }
 
 func (a *auditFlags) loadInventory() (*audit.Inventory, error) {
@@ -260,18 +268,11 @@ collector's findings for its live cluster view, observed gaps included.`)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	q, done, err := a.source(audit.Options{MaxPairs: *maxPairs}, *observed)
-	if err != nil {
+	var res *audit.FindingsResponse
+	err := a.ask(ctx, audit.Options{MaxPairs: *maxPairs}, *observed, func(ctx context.Context, q api.Audit, w audit.Window) (err error) {
+		res, err = q.Findings(ctx, w)
 		return err
-	}
-	defer done()
-	win, err := a.window()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := a.bounded(ctx)
-	defer cancel()
-	res, err := q.Findings(ctx, win)
+	})
 	switch {
 	case err != nil:
 		return err
@@ -303,12 +304,11 @@ func runAuditUnprotected(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	q, done, err := a.source(audit.Options{}, false)
-	if err != nil {
+	var us []audit.UnprotectedWorkload
+	err := a.ask(ctx, audit.Options{}, false, func(ctx context.Context, q api.Audit, _ audit.Window) (err error) {
+		us, err = q.Unprotected(ctx)
 		return err
-	}
-	defer done()
-	us, err := q.Unprotected(ctx)
+	})
 	if err != nil {
 		return err
 	}
@@ -348,12 +348,11 @@ func runAuditEval(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	q, done, err := a.source(audit.Options{}, false)
-	if err != nil {
+	var res []audit.ProbeResult
+	err = a.ask(ctx, audit.Options{}, false, func(ctx context.Context, q api.Audit, _ audit.Window) (err error) {
+		res, err = q.Evaluate(ctx, audit.Probe{From: *from, To: *to, Proto: p, Port: uint16(*port), Family: fam})
 		return err
-	}
-	defer done()
-	res, err := q.Evaluate(ctx, audit.Probe{From: *from, To: *to, Proto: p, Port: uint16(*port), Family: fam})
+	})
 	if err != nil {
 		return err
 	}
@@ -381,18 +380,11 @@ func runAuditDenied(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	win, err := a.window()
-	if err != nil {
+	var gs []audit.DeniedGroup
+	err = a.ask(ctx, audit.Options{}, true, func(ctx context.Context, q api.Audit, w audit.Window) (err error) {
+		gs, err = q.Denied(ctx, audit.DeniedOptions{Window: w, Namespace: *ns, Family: fam, Limit: *limit})
 		return err
-	}
-	q, done, err := a.source(audit.Options{}, true)
-	if err != nil {
-		return err
-	}
-	defer done()
-	ctx, cancel := a.bounded(ctx)
-	defer cancel()
-	gs, err := q.Denied(ctx, audit.DeniedOptions{Window: win, Namespace: *ns, Family: fam, Limit: *limit})
+	})
 	if err != nil {
 		return err
 	}
@@ -417,18 +409,11 @@ func runAuditUnused(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	win, err := a.window()
-	if err != nil {
+	var rep *audit.UnusedReport
+	err := a.ask(ctx, audit.Options{}, true, func(ctx context.Context, q api.Audit, w audit.Window) (err error) {
+		rep, err = q.Unused(ctx, w)
 		return err
-	}
-	q, done, err := a.source(audit.Options{}, true)
-	if err != nil {
-		return err
-	}
-	defer done()
-	ctx, cancel := a.bounded(ctx)
-	defer cancel()
-	rep, err := q.Unused(ctx, win)
+	})
 	if err != nil {
 		return err
 	}
@@ -486,18 +471,11 @@ changes.`)
 			docs.WriteString("\n")
 		}
 	}
-	win, err := a.window()
-	if err != nil {
+	var rep *audit.WhatIfReport
+	err := a.ask(ctx, audit.Options{}, true, func(ctx context.Context, q api.Audit, w audit.Window) (err error) {
+		rep, err = q.WhatIf(ctx, &docs, w, *limit)
 		return err
-	}
-	q, done, err := a.source(audit.Options{}, true)
-	if err != nil {
-		return err
-	}
-	defer done()
-	ctx, cancel := a.bounded(ctx)
-	defer cancel()
-	rep, err := q.WhatIf(ctx, &docs, win, *limit)
+	})
 	if err != nil {
 		return err
 	}
