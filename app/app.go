@@ -146,7 +146,7 @@ func (a *App) buildWeb(opts Options) error {
 	}
 	lim := a.cfg.Web.Limits
 	reports.WhatIfLimits = audit.WhatIfLimits{MaxChecks: lim.WhatIfMaxChecks, MaxFlowGroups: lim.WhatIfMaxFlowGroups}
-	v := &view{c: c, reports: reports}
+	v := &view{c: c}
 	cfg := web.Config{
 		Addr:         a.cfg.Web.Addr,
 		TokensFile:   a.cfg.Web.TokensFile,
@@ -163,7 +163,7 @@ func (a *App) buildWeb(opts Options) error {
 					}
 					return nil
 				},
-				Resolver:  v,
+				Resolver:  audit.InventoryResolver{Inventory: v.inventory, Service: v.service},
 				MaxChecks: lim.ReachabilityMaxChecks,
 			},
 			Catalog: v,

@@ -1,7 +1,6 @@
 package app
 
 import (
-	"context"
 	"errors"
 	"fmt"
 
@@ -17,12 +16,7 @@ import (
 // view answers the web's questions about the cluster from the collector's
 // live Kubernetes view (collector.Inventory), so every answer follows the
 // cluster as it changes.
-type view struct {
-	c       *collector.Collector
-	reports *audit.Reports
-}
-
-var _ audit.Resolver = (*view)(nil)
+type view struct{ c *collector.Collector }
 
 // inventory is the live cluster view; ErrUnavailable (503) while there is
 // none.
@@ -32,13 +26,6 @@ func (v *view) inventory() (*audit.Inventory, error) {
 		return nil, fmt.Errorf("%w: %w", audit.ErrUnavailable, err)
 	}
 	return inv, err
-}
-
-// Resolve implements audit.Resolver from the live view: pods, workloads
-// and Service backends from the inventory, the Service's families and
-// ports from the enrichment's Service.
-func (v *view) Resolve(ctx context.Context, e audit.Endpoint) (*audit.Target, error) {
-	return audit.InventoryResolver{Inventory: v.inventory, Service: v.service}.Resolve(ctx, e)
 }
 
 // service is a Service of the live view in reachability's terms.
