@@ -324,7 +324,10 @@ func Destroy(prefix string, grace time.Duration) error {
 	}
 	var errs []error
 	if pids := pidsIn(inodes); len(pids) > 0 {
-		errs = append(errs, killAll(pids, grace))
+		for _, p := range pids {
+			unix.Kill(p, unix.SIGTERM)
+		}
+		errs = append(errs, Reap(pids, grace))
 	}
 	for _, n := range names {
 		if err := DeleteNS(n); err != nil {
@@ -370,33 +373,6 @@ func pidsIn(inodes map[uint64]string) []int {
 		}
 	}
 	return out
-}
-
-// killAll sends SIGTERM to pids, waits up to grace for them to exit, then
-// sends SIGKILL to the rest.
-func killAll(pids []int, grace time.Duration) error {
-	for _, p := range pids {
-		unix.Kill(p, unix.SIGTERM)
-	}
-	deadline := time.Now().Add(grace)
-	for time.Now().Before(deadline) {
-		alive := 0
-		for _, p := range pids {
-			if Alive(p) {
-				alive++
-			}
-		}
-		if alive == 0 {
-			return nil
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	for _, p := range pids {
-		if Alive(p) {
-			unix.Kill(p, unix.SIGKILL)
-		}
-	}
-	return nil
 }
 
 func nsHandle(fd int) netns.NsHandle { return netns.NsHandle(fd) }

@@ -22,7 +22,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"strconv"
 	"strings"
 
 	"github.com/dualflow/dualflow/nsrun"
@@ -118,16 +117,4 @@ func List(prefix string) ([]string, error) {
 		}
 	}
 	return out, nil
-}
-
-// Alive reports whether pid exists and is not a zombie.
-func Alive(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
-	}
-	// Field 3, after the parenthesised command name, is the state.
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
 }
