@@ -31,29 +31,23 @@ func Scheme() (*runtime.Scheme, error) {
 // Objects returns every object of m in apply order (namespaces first).
 func (m *Manifest) Objects() []runtime.Object {
 	var out []runtime.Object
-	for i := range m.Nodes {
-		out = append(out, &m.Nodes[i])
-	}
-	for i := range m.Namespaces {
-		out = append(out, &m.Namespaces[i])
-	}
-	for i := range m.Deployments {
-		out = append(out, &m.Deployments[i])
-	}
-	for i := range m.ReplicaSets {
-		out = append(out, &m.ReplicaSets[i])
-	}
-	for i := range m.Pods {
-		out = append(out, &m.Pods[i])
-	}
-	for i := range m.Services {
-		out = append(out, &m.Services[i])
-	}
-	for i := range m.EndpointSlices {
-		out = append(out, &m.EndpointSlices[i])
-	}
-	for i := range m.NetworkPolicies {
-		out = append(out, &m.NetworkPolicies[i])
+	out = appendObjects(out, m.Nodes)
+	out = appendObjects(out, m.Namespaces)
+	out = appendObjects(out, m.Deployments)
+	out = appendObjects(out, m.ReplicaSets)
+	out = appendObjects(out, m.Pods)
+	out = appendObjects(out, m.Services)
+	out = appendObjects(out, m.EndpointSlices)
+	return appendObjects(out, m.NetworkPolicies)
+}
+
+// appendObjects appends a pointer to every element of objs.
+func appendObjects[T any, P interface {
+	*T
+	runtime.Object
+}](out []runtime.Object, objs []T) []runtime.Object {
+	for i := range objs {
+		out = append(out, P(&objs[i]))
 	}
 	return out
 }
