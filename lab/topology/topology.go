@@ -14,6 +14,8 @@
 // crosses both nodes.
 //
 // Build and Destroy need Linux; elsewhere they return nsrun.ErrUnsupported.
+// Alive, PidFile and Reap find and end the processes the lab starts (pod
+// agents, OVS daemons) for every package of the lab.
 package topology
 
 import (
