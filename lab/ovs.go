@@ -122,22 +122,23 @@ func stopOVS(stateDir string) error {
 	return eachNode(len(dirs), func(i int) error { return ovs.Stop(dirs[i], time.Second) })
 }
 
-// ovsSource returns an exporter/ovs source reading node, for ground truth.
-func (l *Lab) ovsSource(node string) (*xovs.Source, error) {
+// ovsSnapshot reads node's OVS (conntrack and flows) through
+// exporter/ovs, for ground truth.
+func (l *Lab) ovsSnapshot(node string) (*xovs.Snapshot, error) {
 	cfg := xovs.Config{RunDir: l.OVSDir(node), Bridge: ovs.Bridge, RulesFile: l.OVSRulesPath(), IPv4: true, IPv6: true}
 	cfg.SetDefaults()
-	return xovs.New(cfg, nil)
+	src, err := xovs.New(cfg, nil)
+	if err != nil {
+		return nil, err
+	}
+	return src.Snapshot(context.Background())
 }
 
 // ovsConntrack is Conntrack for the OVS datapath: OVS's conntrack (zone
 // ovs.Zone) with counters from the learned per-connection flows (IP
 // bytes). Start times are unknown (the userspace conntrack has none).
 func (l *Lab) ovsConntrack(node string) ([]Conn, error) {
-	src, err := l.ovsSource(node)
-	if err != nil {
-		return nil, err
-	}
-	snap, err := src.Snapshot(context.Background())
+	snap, err := l.ovsSnapshot(node)
 	if err != nil {
 		return nil, fmt.Errorf("conntrack of %s: %w", node, err)
 	}
@@ -161,11 +162,7 @@ func (l *Lab) ovsConntrack(node string) ([]Conn, error) {
 // of each rule's flows, summed by the rule name the flows' cookie carries
 // (the same names as the kernel datapath's nft counters).
 func (l *Lab) ovsCounters(node string) (map[string]Counter, error) {
-	src, err := l.ovsSource(node)
-	if err != nil {
-		return nil, err
-	}
-	snap, err := src.Snapshot(context.Background())
+	snap, err := l.ovsSnapshot(node)
 	if err != nil {
 		return nil, fmt.Errorf("counters of %s: %w", node, err)
 	}
