@@ -21,7 +21,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -244,18 +243,13 @@ func (l *Lab) applyRules(ctx context.Context) error {
 	return errors.Join(errs...)
 }
 
-// NFTPath finds the nft binary on PATH or in the sbin directories (which
-// a non-login root shell may lack on PATH).
+// NFTPath finds the nft binary (topology.Tool).
 func NFTPath() (string, error) {
-	if p, err := exec.LookPath("nft"); err == nil {
-		return p, nil
+	p, err := topology.Tool("nft")
+	if err != nil {
+		return "", fmt.Errorf("%w (install nftables)", err)
 	}
-	for _, p := range []string{"/usr/sbin/nft", "/sbin/nft", "/usr/local/sbin/nft"} {
-		if _, err := os.Stat(p); err == nil {
-			return p, nil
-		}
-	}
-	return "", errors.New("nft not found (install nftables)")
+	return p, nil
 }
 
 // Reload re-renders and reloads every node's ruleset from l.Manifest, e.g.

@@ -24,6 +24,8 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 
 	"github.com/dualflow/dualflow/nsrun"
@@ -119,4 +121,19 @@ func List(prefix string) ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// Tool finds a command the lab runs (nft, ip, conntrack) on PATH or in
+// the sbin directories, which a non-login root shell may lack on PATH.
+func Tool(name string) (string, error) {
+	if p, err := exec.LookPath(name); err == nil {
+		return p, nil
+	}
+	for _, dir := range []string{"/usr/sbin", "/sbin", "/usr/local/sbin"} {
+		p := filepath.Join(dir, name)
+		if st, err := os.Stat(p); err == nil && !st.IsDir() && st.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%s not found on PATH or in /usr/sbin, /sbin, /usr/local/sbin", name)
 }
