@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -65,19 +64,13 @@ func (l *Lab) startAgentProcesses() error {
 		}
 	}
 	pods := l.Manifest.Pods
-	errs := make([]error, len(pods))
-	var wg sync.WaitGroup
-	for i := range pods {
-		wg.Go(func() {
-			p := &pods[i]
-			cfg := l.ServerConfig(p)
-			args := []string{"lab", "agent", "serve", "--name", cfg.Name, "--ready-fd", "3",
-				"--tcp", joinPorts(cfg.TCP), "--udp", joinPorts(cfg.UDP)}
-			errs[i] = l.spawn("pod-"+p.Namespace+"-"+p.Name, l.PodNetNSPath(p), args)
-		})
-	}
-	wg.Wait()
-	return errors.Join(errs...)
+	return topology.Parallel(context.Background(), len(pods), func(i int) error {
+		p := &pods[i]
+		cfg := l.ServerConfig(p)
+		args := []string{"lab", "agent", "serve", "--name", cfg.Name, "--ready-fd", "3",
+			"--tcp", joinPorts(cfg.TCP), "--udp", joinPorts(cfg.UDP)}
+		return l.spawn("pod-"+p.Namespace+"-"+p.Name, l.PodNetNSPath(p), args)
+	})
 }
 
 func joinPorts(ps []uint16) string {

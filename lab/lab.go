@@ -219,28 +219,21 @@ func TopologySpec(m *manifest.Manifest, prefix string) (*topology.Spec, error) {
 
 // applyRules loads each node's ruleset with `nft -f -` inside the node.
 func (l *Lab) applyRules(ctx context.Context) error {
-	errs := make([]error, len(l.Manifest.Nodes))
-	var wg sync.WaitGroup
-	for i := range l.Manifest.Nodes {
+	return topology.Parallel(ctx, len(l.Manifest.Nodes), func(i int) error {
 		n := &l.Manifest.Nodes[i]
-		wg.Go(func() {
-			rules, err := nft.Render(l.Manifest, n.Name, nft.Options{})
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			nftBin, err := NFTPath()
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			if _, err := nsrun.Output(ctx, l.NodeNetNSPath(n.Name), []byte(rules), nftBin, "-f", "-"); err != nil {
-				errs[i] = fmt.Errorf("node %s: load ruleset: %w", n.Name, err)
-			}
-		})
-	}
-	wg.Wait()
-	return errors.Join(errs...)
+		rules, err := nft.Render(l.Manifest, n.Name, nft.Options{})
+		if err != nil {
+			return err
+		}
+		nftBin, err := NFTPath()
+		if err != nil {
+			return err
+		}
+		if _, err := nsrun.Output(ctx, l.NodeNetNSPath(n.Name), []byte(rules), nftBin, "-f", "-"); err != nil {
+			return fmt.Errorf("node %s: load ruleset: %w", n.Name, err)
+		}
+		return nil
+	})
 }
 
 // NFTPath finds the nft binary (topology.Tool).

@@ -2,16 +2,15 @@ package lab
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	xovs "github.com/dualflow/dualflow/exporter/ovs"
 	"github.com/dualflow/dualflow/lab/ovs"
+	"github.com/dualflow/dualflow/lab/topology"
 )
 
 // RulesFile is the rules file of the OVS datapath (rule ID → NetworkPolicy
@@ -49,7 +48,7 @@ func (l *Lab) startOVS(ctx context.Context) error {
 		return fmt.Errorf("ovs dir: %w", err)
 	}
 	nodes := l.Manifest.Nodes
-	if err := eachNode(len(nodes), func(i int) error { return l.ovsNode(nodes[i].Name).Start(ctx) }); err != nil {
+	if err := topology.Parallel(ctx, len(nodes), func(i int) error { return l.ovsNode(nodes[i].Name).Start(ctx) }); err != nil {
 		return err
 	}
 	if err := l.podsTxOff(ctx); err != nil {
@@ -62,7 +61,7 @@ func (l *Lab) startOVS(ctx context.Context) error {
 	if err := l.writeOVSRules(); err != nil {
 		return err
 	}
-	return eachNode(len(nodes), func(i int) error {
+	return topology.Parallel(ctx, len(nodes), func(i int) error {
 		name := nodes[i].Name
 		rs, err := ovs.Render(l.Manifest, name, env)
 		if err != nil {
@@ -88,7 +87,7 @@ func (l *Lab) applyOVS(ctx context.Context) error {
 		return err
 	}
 	nodes := l.Manifest.Nodes
-	return eachNode(len(nodes), func(i int) error {
+	return topology.Parallel(ctx, len(nodes), func(i int) error {
 		rs, err := ovs.Render(l.Manifest, nodes[i].Name, env)
 		if err != nil {
 			return err
@@ -105,21 +104,11 @@ func (l *Lab) writeOVSRules() error {
 	return xovs.WriteRules(l.OVSRulesPath(), rules)
 }
 
-func eachNode(n int, fn func(i int) error) error {
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() { errs[i] = fn(i) })
-	}
-	wg.Wait()
-	return errors.Join(errs...)
-}
-
 // stopOVS stops the OVS daemons of every node directory under
 // stateDir/ovs, from their pid files (also after a crash).
 func stopOVS(stateDir string) error {
 	dirs, _ := filepath.Glob(filepath.Join(stateDir, ovsDir, "*"))
-	return eachNode(len(dirs), func(i int) error { return ovs.Stop(dirs[i], time.Second) })
+	return topology.Parallel(context.Background(), len(dirs), func(i int) error { return ovs.Stop(dirs[i], time.Second) })
 }
 
 // ovsSnapshot reads node's OVS (conntrack and flows) through

@@ -10,7 +10,6 @@ import (
 	"net/netip"
 	"os"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -39,27 +38,10 @@ func Build(ctx context.Context, spec *Spec) error {
 	if err := fabric.h.LinkSetUp(br); err != nil {
 		return fmt.Errorf("fabric: bridge up: %w", err)
 	}
-	if err := parallel(ctx, len(spec.Nodes), func(i int) error { return buildNode(&spec.Nodes[i], fabric, br) }); err != nil {
+	if err := Parallel(ctx, len(spec.Nodes), func(i int) error { return buildNode(&spec.Nodes[i], fabric, br) }); err != nil {
 		return err
 	}
-	return parallel(ctx, len(spec.Pods), func(i int) error { return buildPod(&spec.Pods[i]) })
-}
-
-// parallel runs fn(0..n-1) concurrently and joins their errors.
-func parallel(ctx context.Context, n int, fn func(i int) error) error {
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() {
-			if err := ctx.Err(); err != nil {
-				errs[i] = err
-				return
-			}
-			errs[i] = fn(i)
-		})
-	}
-	wg.Wait()
-	return errors.Join(errs...)
+	return Parallel(ctx, len(spec.Pods), func(i int) error { return buildPod(&spec.Pods[i]) })
 }
 
 // sysctls of each kind of namespace, set before any link exists so that

@@ -19,6 +19,7 @@
 package topology
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
@@ -27,6 +28,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"github.com/dualflow/dualflow/nsrun"
 )
@@ -136,4 +138,22 @@ func Tool(name string) (string, error) {
 		}
 	}
 	return "", fmt.Errorf("%s not found on PATH or in /usr/sbin, /sbin, /usr/local/sbin", name)
+}
+
+// Parallel runs fn(0..n-1) concurrently, each unless ctx is done, and
+// joins their errors.
+func Parallel(ctx context.Context, n int, fn func(i int) error) error {
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			if err := ctx.Err(); err != nil {
+				errs[i] = err
+				return
+			}
+			errs[i] = fn(i)
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
