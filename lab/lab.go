@@ -113,12 +113,7 @@ func loadOrGenerate(cfg Config) (*manifest.Manifest, error) {
 	if cfg.ManifestFile == "" {
 		return manifest.Generate(manifest.Spec{Mode: cfg.Mode, Nodes: cfg.Nodes, Prefix: cfg.Prefix})
 	}
-	f, err := os.Open(cfg.ManifestFile)
-	if err != nil {
-		return nil, fmt.Errorf("read manifest: %w", err)
-	}
-	defer f.Close()
-	m, err := manifest.Decode(f)
+	m, err := manifest.Load(cfg.ManifestFile)
 	if err != nil {
 		return nil, err
 	}
@@ -292,12 +287,7 @@ func Open(stateDir string, cfg Config) (*Lab, error) {
 	if err := json.Unmarshal(b, &st); err != nil {
 		return nil, fmt.Errorf("open lab: decode state: %w", err)
 	}
-	f, err := os.Open(filepath.Join(stateDir, ManifestFile))
-	if err != nil {
-		return nil, fmt.Errorf("open lab: %w", err)
-	}
-	defer f.Close()
-	m, err := manifest.Decode(f)
+	m, err := manifest.Load(filepath.Join(stateDir, ManifestFile))
 	if err != nil {
 		return nil, fmt.Errorf("open lab: %w", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"fmt"
 	"io"
+	"os"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -58,6 +59,16 @@ func (m *Manifest) Encode(w io.Writer) error {
 		return fmt.Errorf("write manifest: %w", err)
 	}
 	return nil
+}
+
+// Load decodes the manifest file at path (see Decode).
+func Load(path string) (*Manifest, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("read manifest: %w", err)
+	}
+	defer f.Close()
+	return Decode(f)
 }
 
 // Decode reads a multi-document YAML (or JSON) manifest, including v1 List
