@@ -14,8 +14,9 @@
 // crosses both nodes.
 //
 // Build and Destroy need Linux; elsewhere they return nsrun.ErrUnsupported.
-// Alive, PidFile and Reap find and end the processes the lab starts (pod
-// agents, OVS daemons) for every package of the lab.
+// For every package of the lab: Alive, PidFile and Reap find and end the
+// processes it starts (pod agents, OVS daemons), Tool finds the commands it
+// runs, and Parallel runs per-node and per-pod work concurrently.
 package topology
 
 import (
