@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -65,19 +64,13 @@ func (l *Lab) startAgentProcesses() error {
 		}
 	}
 	pods := l.Manifest.Pods
-	errs := make([]error, len(pods))
-	var wg sync.WaitGroup
-	for i := range pods {
-		wg.Go(func() {
-			p := &pods[i]
-			cfg := l.ServerConfig(p)
-			args := []string{"lab", "agent", "serve", "--name", cfg.Name, "--ready-fd", "3",
-				"--tcp", joinPorts(cfg.TCP), "--udp", joinPorts(cfg.UDP)}
-			errs[i] = l.spawn("pod-"+p.Namespace+"-"+p.Name, l.PodNetNSPath(p), args)
-		})
-	}
-	wg.Wait()
-	return errors.Join(errs...)
+	return topology.Parallel(context.Background(), len(pods), func(i int) error {
+		p := &pods[i]
+		cfg := l.ServerConfig(p)
+		args := []string{"lab", "agent", "serve", "--name", cfg.Name, "--ready-fd", "3",
+			"--tcp", joinPorts(cfg.TCP), "--udp", joinPorts(cfg.UDP)}
+		return l.spawn("pod-"+p.Namespace+"-"+p.Name, l.PodNetNSPath(p), args)
+	})
 }
 
 func joinPorts(ps []uint16) string {
@@ -169,31 +162,11 @@ func killPidFiles(stateDir string) error {
 	files, _ := filepath.Glob(filepath.Join(stateDir, runDir, "*.pid"))
 	var pids []int
 	for _, f := range files {
-		b, err := os.ReadFile(f)
-		if err != nil {
-			continue
-		}
-		pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-		if err != nil || pid <= 1 {
-			continue
-		}
-		cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
-		if err != nil || !bytes.Contains(cmdline, []byte("\x00lab\x00agent\x00")) {
-			continue
-		}
-		pids = append(pids, pid)
-	}
-	for _, p := range pids {
-		syscall.Kill(p, syscall.SIGTERM)
-	}
-	deadline := time.Now().Add(2 * time.Second)
-	for _, p := range pids {
-		for topology.Alive(p) && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond)
-		}
-		if topology.Alive(p) {
-			syscall.Kill(p, syscall.SIGKILL)
+		if pid, ok := topology.PidFile(f, "\x00lab\x00agent\x00"); ok {
+			pids = append(pids, pid)
+			syscall.Kill(pid, syscall.SIGTERM)
 		}
 	}
+	topology.Reap(pids, 2*time.Second)
 	return nil
 }

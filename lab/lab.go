@@ -21,7 +21,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -114,12 +113,7 @@ func loadOrGenerate(cfg Config) (*manifest.Manifest, error) {
 	if cfg.ManifestFile == "" {
 		return manifest.Generate(manifest.Spec{Mode: cfg.Mode, Nodes: cfg.Nodes, Prefix: cfg.Prefix})
 	}
-	f, err := os.Open(cfg.ManifestFile)
-	if err != nil {
-		return nil, fmt.Errorf("read manifest: %w", err)
-	}
-	defer f.Close()
-	m, err := manifest.Decode(f)
+	m, err := manifest.Load(cfg.ManifestFile)
 	if err != nil {
 		return nil, err
 	}
@@ -220,42 +214,30 @@ func TopologySpec(m *manifest.Manifest, prefix string) (*topology.Spec, error) {
 
 // applyRules loads each node's ruleset with `nft -f -` inside the node.
 func (l *Lab) applyRules(ctx context.Context) error {
-	errs := make([]error, len(l.Manifest.Nodes))
-	var wg sync.WaitGroup
-	for i := range l.Manifest.Nodes {
+	return topology.Parallel(ctx, len(l.Manifest.Nodes), func(i int) error {
 		n := &l.Manifest.Nodes[i]
-		wg.Go(func() {
-			rules, err := nft.Render(l.Manifest, n.Name, nft.Options{})
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			nftBin, err := NFTPath()
-			if err != nil {
-				errs[i] = err
-				return
-			}
-			if _, err := nsrun.Output(ctx, l.NodeNetNSPath(n.Name), []byte(rules), nftBin, "-f", "-"); err != nil {
-				errs[i] = fmt.Errorf("node %s: load ruleset: %w", n.Name, err)
-			}
-		})
-	}
-	wg.Wait()
-	return errors.Join(errs...)
+		rules, err := nft.Render(l.Manifest, n.Name, nft.Options{})
+		if err != nil {
+			return err
+		}
+		nftBin, err := NFTPath()
+		if err != nil {
+			return err
+		}
+		if _, err := nsrun.Output(ctx, l.NodeNetNSPath(n.Name), []byte(rules), nftBin, "-f", "-"); err != nil {
+			return fmt.Errorf("node %s: load ruleset: %w", n.Name, err)
+		}
+		return nil
+	})
 }
 
-// NFTPath finds the nft binary on PATH or in the sbin directories (which
-// a non-login root shell may lack on PATH).
+// NFTPath finds the nft binary (topology.Tool).
 func NFTPath() (string, error) {
-	if p, err := exec.LookPath("nft"); err == nil {
-		return p, nil
+	p, err := topology.Tool("nft")
+	if err != nil {
+		return "", fmt.Errorf("%w (install nftables)", err)
 	}
-	for _, p := range []string{"/usr/sbin/nft", "/sbin/nft", "/usr/local/sbin/nft"} {
-		if _, err := os.Stat(p); err == nil {
-			return p, nil
-		}
-	}
-	return "", errors.New("nft not found (install nftables)")
+	return p, nil
 }
 
 // Reload re-renders and reloads every node's ruleset from l.Manifest, e.g.
@@ -305,12 +287,7 @@ func Open(stateDir string, cfg Config) (*Lab, error) {
 	if err := json.Unmarshal(b, &st); err != nil {
 		return nil, fmt.Errorf("open lab: decode state: %w", err)
 	}
-	f, err := os.Open(filepath.Join(stateDir, ManifestFile))
-	if err != nil {
-		return nil, fmt.Errorf("open lab: %w", err)
-	}
-	defer f.Close()
-	m, err := manifest.Decode(f)
+	m, err := manifest.Load(filepath.Join(stateDir, ManifestFile))
 	if err != nil {
 		return nil, fmt.Errorf("open lab: %w", err)
 	}

@@ -2,16 +2,15 @@ package lab
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	xovs "github.com/dualflow/dualflow/exporter/ovs"
 	"github.com/dualflow/dualflow/lab/ovs"
+	"github.com/dualflow/dualflow/lab/topology"
 )
 
 // RulesFile is the rules file of the OVS datapath (rule ID → NetworkPolicy
@@ -49,7 +48,7 @@ func (l *Lab) startOVS(ctx context.Context) error {
 		return fmt.Errorf("ovs dir: %w", err)
 	}
 	nodes := l.Manifest.Nodes
-	if err := eachNode(len(nodes), func(i int) error { return l.ovsNode(nodes[i].Name).Start(ctx) }); err != nil {
+	if err := topology.Parallel(ctx, len(nodes), func(i int) error { return l.ovsNode(nodes[i].Name).Start(ctx) }); err != nil {
 		return err
 	}
 	if err := l.podsTxOff(ctx); err != nil {
@@ -62,7 +61,7 @@ func (l *Lab) startOVS(ctx context.Context) error {
 	if err := l.writeOVSRules(); err != nil {
 		return err
 	}
-	return eachNode(len(nodes), func(i int) error {
+	return topology.Parallel(ctx, len(nodes), func(i int) error {
 		name := nodes[i].Name
 		rs, err := ovs.Render(l.Manifest, name, env)
 		if err != nil {
@@ -88,7 +87,7 @@ func (l *Lab) applyOVS(ctx context.Context) error {
 		return err
 	}
 	nodes := l.Manifest.Nodes
-	return eachNode(len(nodes), func(i int) error {
+	return topology.Parallel(ctx, len(nodes), func(i int) error {
 		rs, err := ovs.Render(l.Manifest, nodes[i].Name, env)
 		if err != nil {
 			return err
@@ -105,39 +104,30 @@ func (l *Lab) writeOVSRules() error {
 	return xovs.WriteRules(l.OVSRulesPath(), rules)
 }
 
-func eachNode(n int, fn func(i int) error) error {
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() { errs[i] = fn(i) })
-	}
-	wg.Wait()
-	return errors.Join(errs...)
-}
-
 // stopOVS stops the OVS daemons of every node directory under
 // stateDir/ovs, from their pid files (also after a crash).
 func stopOVS(stateDir string) error {
 	dirs, _ := filepath.Glob(filepath.Join(stateDir, ovsDir, "*"))
-	return eachNode(len(dirs), func(i int) error { return ovs.Stop(dirs[i], time.Second) })
+	return topology.Parallel(context.Background(), len(dirs), func(i int) error { return ovs.Stop(dirs[i], time.Second) })
 }
 
-// ovsSource returns an exporter/ovs source reading node, for ground truth.
-func (l *Lab) ovsSource(node string) (*xovs.Source, error) {
+// ovsSnapshot reads node's OVS (conntrack and flows) through
+// exporter/ovs, for ground truth.
+func (l *Lab) ovsSnapshot(node string) (*xovs.Snapshot, error) {
 	cfg := xovs.Config{RunDir: l.OVSDir(node), Bridge: ovs.Bridge, RulesFile: l.OVSRulesPath(), IPv4: true, IPv6: true}
 	cfg.SetDefaults()
-	return xovs.New(cfg, nil)
+	src, err := xovs.New(cfg, nil)
+	if err != nil {
+		return nil, err
+	}
+	return src.Snapshot(context.Background())
 }
 
 // ovsConntrack is Conntrack for the OVS datapath: OVS's conntrack (zone
 // ovs.Zone) with counters from the learned per-connection flows (IP
 // bytes). Start times are unknown (the userspace conntrack has none).
 func (l *Lab) ovsConntrack(node string) ([]Conn, error) {
-	src, err := l.ovsSource(node)
-	if err != nil {
-		return nil, err
-	}
-	snap, err := src.Snapshot(context.Background())
+	snap, err := l.ovsSnapshot(node)
 	if err != nil {
 		return nil, fmt.Errorf("conntrack of %s: %w", node, err)
 	}
@@ -161,11 +151,7 @@ func (l *Lab) ovsConntrack(node string) ([]Conn, error) {
 // of each rule's flows, summed by the rule name the flows' cookie carries
 // (the same names as the kernel datapath's nft counters).
 func (l *Lab) ovsCounters(node string) (map[string]Counter, error) {
-	src, err := l.ovsSource(node)
-	if err != nil {
-		return nil, err
-	}
-	snap, err := src.Snapshot(context.Background())
+	snap, err := l.ovsSnapshot(node)
 	if err != nil {
 		return nil, fmt.Errorf("counters of %s: %w", node, err)
 	}

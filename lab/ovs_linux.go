@@ -12,6 +12,7 @@ import (
 
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/lab/ovs"
+	"github.com/dualflow/dualflow/lab/topology"
 	"github.com/dualflow/dualflow/nsrun"
 )
 
@@ -58,7 +59,7 @@ func linkMAC(nsPath, name string) (net.HardwareAddr, error) {
 // podsTxOff turns TX checksum offload off on every pod's eth0.
 func (l *Lab) podsTxOff(ctx context.Context) error {
 	pods := l.Manifest.Pods
-	return eachNode(len(pods), func(i int) error {
+	return topology.Parallel(ctx, len(pods), func(i int) error {
 		if _, err := nsrun.Output(ctx, l.PodNetNSPath(&pods[i]), nil, "ethtool", "-K", "eth0", "tx", "off"); err != nil {
 			return fmt.Errorf("pod %s/%s: tx offload off: %w", pods[i].Namespace, pods[i].Name, err)
 		}

@@ -19,8 +19,6 @@ import (
 	"strconv"
 	"sync"
 	"time"
-
-	"github.com/dualflow/dualflow/nsrun"
 )
 
 // Protocols understood by the servers and clients.
@@ -78,13 +76,7 @@ func Listen(cfg ServerConfig) (*Server, error) {
 		}
 		return nil
 	}
-	var err error
-	if cfg.NetNS != "" {
-		err = nsrun.Do(cfg.NetNS, open)
-	} else {
-		err = open()
-	}
-	if err != nil {
+	if err := inNetNS(cfg.NetNS, open); err != nil {
 		s.Close()
 		return nil, fmt.Errorf("server %s: %w", cfg.Name, err)
 	}

@@ -24,14 +24,12 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -90,27 +88,12 @@ table inet dfx {
 // tools are the commands the lab runs.
 var tools = []string{"ip", "nft", "conntrack"}
 
-// toolPath finds a command on PATH or in the sbin directories, which a
-// non-login root shell may lack on PATH (as lab.NFTPath does for nft).
-func toolPath(name string) (string, error) {
-	if p, err := exec.LookPath(name); err == nil {
-		return p, nil
-	}
-	for _, dir := range []string{"/usr/sbin", "/sbin", "/usr/local/sbin"} {
-		p := filepath.Join(dir, name)
-		if st, err := os.Stat(p); err == nil && !st.IsDir() && st.Mode()&0o111 != 0 {
-			return p, nil
-		}
-	}
-	return "", fmt.Errorf("%s not found on PATH or in /usr/sbin, /sbin, /usr/local/sbin", name)
-}
-
-// command returns argv with its command resolved by toolPath when it is
+// command returns argv with its command resolved by topology.Tool when it is
 // one of tools.
 func command(argv []string) []string {
 	for _, tool := range tools {
 		if argv[0] == tool {
-			if p, err := toolPath(tool); err == nil {
+			if p, err := topology.Tool(tool); err == nil {
 				return append([]string{p}, argv[1:]...)
 			}
 		}
@@ -127,7 +110,7 @@ func Require(t testing.TB) {
 		why = "needs root (network namespaces)"
 	} else {
 		for _, tool := range tools {
-			if _, err := toolPath(tool); err != nil {
+			if _, err := topology.Tool(tool); err != nil {
 				why = "needs " + err.Error()
 			}
 		}
@@ -192,7 +175,7 @@ func New(t testing.TB, tag string) *Lab {
 	base := fmt.Sprintf("%s%s-%d-%d", prefixRoot, tag, os.Getpid(), seq.Add(1))
 	l := &Lab{Router: base + "-r", Client: base + "-c", Server: base + "-s"}
 	t.Cleanup(func() { l.destroy(t) })
-	ip, err := toolPath("ip")
+	ip, err := topology.Tool("ip")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,17 +229,9 @@ func New(t testing.TB, tag string) *Lab {
 }
 
 func (l *Lab) destroy(t testing.TB) {
-	ip, err := toolPath("ip")
-	if err != nil {
-		t.Error(err)
-		return
-	}
 	for _, ns := range []string{l.Client, l.Server, l.Router} {
-		if _, err := os.Stat(nsrun.Path(ns)); errors.Is(err, os.ErrNotExist) {
-			continue // New failed before creating it
-		}
-		if out, err := exec.Command(ip, "netns", "del", ns).CombinedOutput(); err != nil {
-			t.Errorf("ip netns del %s: %v: %s", ns, err, out)
+		if err := topology.DeleteNS(ns); err != nil { // a namespace New did not create is no error
+			t.Error(err)
 		}
 	}
 }

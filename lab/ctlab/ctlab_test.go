@@ -7,16 +7,17 @@ import (
 	"path/filepath"
 	"testing"
 
+	"github.com/dualflow/dualflow/lab/topology"
 	"github.com/dualflow/dualflow/nsrun"
 )
 
-// TestToolPath finds the lab's commands in the sbin directories when PATH
+// TestToolPath: topology.Tool finds the lab's commands in the sbin directories when PATH
 // lacks them, as under a non-login root shell.
 func TestToolPath(t *testing.T) {
 	Require(t)
 	t.Setenv("PATH", t.TempDir())
 	for _, tool := range tools {
-		p, err := toolPath(tool)
+		p, err := topology.Tool(tool)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -27,7 +28,7 @@ func TestToolPath(t *testing.T) {
 			t.Errorf("command %v", got)
 		}
 	}
-	if _, err := toolPath("dfx-no-such-tool"); err == nil {
+	if _, err := topology.Tool("dfx-no-such-tool"); err == nil {
 		t.Error("missing tool: no error")
 	}
 }
@@ -42,7 +43,7 @@ func TestSweepDeadRuns(t *testing.T) {
 	}
 	dead := fmt.Sprintf("%ssweep-%d-1-r", prefixRoot, cmd.Process.Pid)
 	live := fmt.Sprintf("%ssweep-%d-999-r", prefixRoot, os.Getpid())
-	ip, _ := toolPath("ip")
+	ip, _ := topology.Tool("ip")
 	for _, ns := range []string{dead, live} {
 		if out, err := exec.Command(ip, "netns", "add", ns).CombinedOutput(); err != nil {
 			t.Fatalf("%v: %s", err, out)

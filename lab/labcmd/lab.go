@@ -167,13 +167,9 @@ EndpointSlice per Service and family, NetworkPolicies. A collector with
 	}
 	var m *manifest.Manifest
 	if *file != "" {
-		f, err := os.Open(*file)
-		if err != nil {
+		var err error
+		if m, err = manifest.Load(*file); err != nil {
 			return err
-		}
-		defer f.Close()
-		if m, err = manifest.Decode(f); err != nil {
-			return fmt.Errorf("%s: %w", *file, err)
 		}
 	} else {
 		l, err := lab.Open(cfg.StateDir, cfg)

@@ -4,8 +4,9 @@
 // YAML file that the collector's inventory mode (and kubectl) can read.
 //
 // Generate builds the default lab for a Mode; Encode and Decode convert to
-// and from YAML. The package does no I/O beyond the io.Reader/io.Writer it is
-// given and is safe for concurrent readers of a Manifest.
+// and from YAML, Load reads a file. The package does no other I/O than
+// that and the io.Reader/io.Writer it is given, and is safe for concurrent
+// readers of a Manifest.
 package manifest
 
 import (

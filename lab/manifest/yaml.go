@@ -2,58 +2,40 @@ package manifest
 
 import (
 	"bufio"
-	"bytes"
-	"errors"
 	"fmt"
 	"io"
+	"os"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/serializer"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
-)
 
-// Scheme knows every kind a lab manifest holds.
-func Scheme() (*runtime.Scheme, error) {
-	s := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{corev1.AddToScheme, appsv1.AddToScheme, discoveryv1.AddToScheme, networkingv1.AddToScheme} {
-		if err := add(s); err != nil {
-			return nil, fmt.Errorf("build scheme: %w", err)
-		}
-	}
-	return s, nil
-}
+	"github.com/dualflow/dualflow/collector/enrich/inventory"
+)
 
 // Objects returns every object of m in apply order (namespaces first).
 func (m *Manifest) Objects() []runtime.Object {
 	var out []runtime.Object
-	for i := range m.Nodes {
-		out = append(out, &m.Nodes[i])
-	}
-	for i := range m.Namespaces {
-		out = append(out, &m.Namespaces[i])
-	}
-	for i := range m.Deployments {
-		out = append(out, &m.Deployments[i])
-	}
-	for i := range m.ReplicaSets {
-		out = append(out, &m.ReplicaSets[i])
-	}
-	for i := range m.Pods {
-		out = append(out, &m.Pods[i])
-	}
-	for i := range m.Services {
-		out = append(out, &m.Services[i])
-	}
-	for i := range m.EndpointSlices {
-		out = append(out, &m.EndpointSlices[i])
-	}
-	for i := range m.NetworkPolicies {
-		out = append(out, &m.NetworkPolicies[i])
+	out = appendObjects(out, m.Nodes)
+	out = appendObjects(out, m.Namespaces)
+	out = appendObjects(out, m.Deployments)
+	out = appendObjects(out, m.ReplicaSets)
+	out = appendObjects(out, m.Pods)
+	out = appendObjects(out, m.Services)
+	out = appendObjects(out, m.EndpointSlices)
+	return appendObjects(out, m.NetworkPolicies)
+}
+
+// appendObjects appends a pointer to every element of objs.
+func appendObjects[T any, P interface {
+	*T
+	runtime.Object
+}](out []runtime.Object, objs []T) []runtime.Object {
+	for i := range objs {
+		out = append(out, P(&objs[i]))
 	}
 	return out
 }
@@ -79,49 +61,39 @@ func (m *Manifest) Encode(w io.Writer) error {
 	return nil
 }
 
+// Load decodes the manifest file at path (see Decode).
+func Load(path string) (*Manifest, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("read manifest: %w", err)
+	}
+	defer f.Close()
+	return Decode(f)
+}
+
 // Decode reads a multi-document YAML (or JSON) manifest, including v1 List
-// documents. Unknown kinds are an error: the lab cannot build them.
+// documents, with the product's manifest reader (collector/enrich/inventory:
+// objects checked, errors naming the document and object). Unknown kinds
+// are an error: the lab cannot build them.
 func Decode(r io.Reader) (*Manifest, error) {
-	s, err := Scheme()
+	name := "manifest"
+	if f, ok := r.(interface{ Name() string }); ok {
+		name = f.Name()
+	}
+	res, err := inventory.DecodeAll(name, r)
 	if err != nil {
 		return nil, err
 	}
-	dec := serializer.NewCodecFactory(s).UniversalDeserializer()
 	m := &Manifest{}
-	yr := utilyaml.NewYAMLReader(bufio.NewReader(r))
-	for n := 0; ; n++ {
-		doc, err := yr.Read()
-		if errors.Is(err, io.EOF) {
-			return m, nil
-		}
-		if err != nil {
-			return nil, fmt.Errorf("read manifest document %d: %w", n, err)
-		}
-		if len(bytes.TrimSpace(stripComments(doc))) == 0 {
-			continue
-		}
-		obj, _, err := dec.Decode(doc, nil, nil)
-		if err != nil {
-			return nil, fmt.Errorf("decode manifest document %d: %w", n, err)
-		}
-		if err := m.add(dec, obj); err != nil {
-			return nil, fmt.Errorf("manifest document %d: %w", n, err)
+	for _, o := range res.Objects {
+		if err := m.add(o.Object); err != nil {
+			return nil, fmt.Errorf("%s: %w", o.Where(), err)
 		}
 	}
+	return m, nil
 }
 
-func stripComments(doc []byte) []byte {
-	var out []byte
-	for line := range bytes.Lines(doc) {
-		if t := bytes.TrimSpace(line); len(t) > 0 && t[0] == '#' {
-			continue
-		}
-		out = append(out, line...)
-	}
-	return out
-}
-
-func (m *Manifest) add(dec runtime.Decoder, obj runtime.Object) error {
+func (m *Manifest) add(obj runtime.Object) error {
 	switch o := obj.(type) {
 	case *corev1.Node:
 		m.Nodes = append(m.Nodes, *o)
@@ -139,16 +111,6 @@ func (m *Manifest) add(dec runtime.Decoder, obj runtime.Object) error {
 		m.EndpointSlices = append(m.EndpointSlices, *o)
 	case *networkingv1.NetworkPolicy:
 		m.NetworkPolicies = append(m.NetworkPolicies, *o)
-	case *corev1.List:
-		for i, raw := range o.Items {
-			item, _, err := dec.Decode(raw.Raw, nil, nil)
-			if err != nil {
-				return fmt.Errorf("list item %d: %w", i, err)
-			}
-			if err := m.add(dec, item); err != nil {
-				return fmt.Errorf("list item %d: %w", i, err)
-			}
-		}
 	default:
 		return fmt.Errorf("unsupported kind %s", obj.GetObjectKind().GroupVersionKind())
 	}

@@ -123,12 +123,9 @@ func familyOf(a netip.Addr) family {
 // can be applied again after the manifest changes.
 func Render(m *manifest.Manifest, node string, opts Options) (string, error) {
 	opts.SetDefaults()
-	if _, ok := m.Node(node); !ok {
-		return "", fmt.Errorf("render ruleset: node %q not in manifest", node)
-	}
-	r := &renderer{m: m, node: node, opts: opts, nsLabels: map[string]labels.Set{}}
-	for _, ns := range m.Namespaces {
-		r.nsLabels[ns.Name] = labels.Set(ns.Labels)
+	r, err := newRenderer(m, node, opts)
+	if err != nil {
+		return "", fmt.Errorf("render ruleset: %w", err)
 	}
 	if err := r.services(); err != nil {
 		return "", err
@@ -157,6 +154,18 @@ type renderer struct {
 	dispatchE []string // iifname map entries: host iface -> egress chain
 	dispatchI []string // oifname map entries: host iface -> ingress chain
 	chains    []chain  // regular chains
+}
+
+// newRenderer starts the rendering of node's rules.
+func newRenderer(m *manifest.Manifest, node string, opts Options) (*renderer, error) {
+	if _, ok := m.Node(node); !ok {
+		return nil, fmt.Errorf("node %q not in manifest", node)
+	}
+	r := &renderer{m: m, node: node, opts: opts, nsLabels: map[string]labels.Set{}}
+	for _, ns := range m.Namespaces {
+		r.nsLabels[ns.Name] = labels.Set(ns.Labels)
+	}
+	return r, nil
 }
 
 func (r *renderer) text() string {

@@ -366,21 +366,3 @@ func TestNames(t *testing.T) {
 		t.Errorf("long names must be cut to %d bytes and stay unique: %q", maxName, long)
 	}
 }
-
-func TestPolicyTypes(t *testing.T) {
-	tests := []struct {
-		name         string
-		p            networkingv1.NetworkPolicy
-		ingr, egress bool
-	}{
-		{"unset, no egress rules", pol("a", "b", nil, nil, nil, nil), true, false},
-		{"unset, egress rules", pol("a", "b", nil, nil, nil, []networkingv1.NetworkPolicyEgressRule{{}}), true, true},
-		{"egress only", pol("a", "b", nil, egressOnly, nil, nil), false, true},
-	}
-	for _, tc := range tests {
-		i, e := PolicyTypes(&tc.p)
-		if i != tc.ingr || e != tc.egress {
-			t.Errorf("%s: got %v/%v, want %v/%v", tc.name, i, e, tc.ingr, tc.egress)
-		}
-	}
-}

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/dualflow/dualflow/collector/audit/policy"
 	"github.com/dualflow/dualflow/lab/manifest"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -14,24 +15,6 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/intstr"
 )
-
-// PolicyTypes returns the effective policy types of p: spec.policyTypes, or
-// when unset Ingress plus Egress if the policy has egress rules (the
-// Kubernetes defaulting rule).
-func PolicyTypes(p *networkingv1.NetworkPolicy) (ingress, egress bool) {
-	if len(p.Spec.PolicyTypes) == 0 {
-		return true, len(p.Spec.Egress) > 0
-	}
-	for _, t := range p.Spec.PolicyTypes {
-		switch t {
-		case networkingv1.PolicyTypeIngress:
-			ingress = true
-		case networkingv1.PolicyTypeEgress:
-			egress = true
-		}
-	}
-	return ingress, egress
-}
 
 // PodPolicy is what one pod enforces in one direction: the rules of
 // every policy that selects it, in evaluation order (policies sorted by
@@ -90,12 +73,9 @@ type L4 struct {
 // Policies returns the PodPolicy of every pod on node that a policy
 // isolates, per direction, in manifest pod order (ingress before egress).
 func Policies(m *manifest.Manifest, node string) ([]PodPolicy, error) {
-	if _, ok := m.Node(node); !ok {
-		return nil, fmt.Errorf("policies: node %q not in manifest", node)
-	}
-	r := &renderer{m: m, node: node, nsLabels: map[string]labels.Set{}}
-	for _, ns := range m.Namespaces {
-		r.nsLabels[ns.Name] = labels.Set(ns.Labels)
+	r, err := newRenderer(m, node, Options{})
+	if err != nil {
+		return nil, fmt.Errorf("policies: %w", err)
 	}
 	return r.podPolicies()
 }
@@ -131,7 +111,7 @@ func (r *renderer) podPolicies() ([]PodPolicy, error) {
 			if p.Namespace != pod.Namespace || !sel[i].Matches(labels.Set(pod.Labels)) {
 				continue
 			}
-			ing, egr := PolicyTypes(p)
+			ing, egr := policy.Types(p)
 			if ing {
 				in = append(in, p)
 			}

@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/dualflow/dualflow/lab/topology"
@@ -121,7 +120,7 @@ func Stop(dir string, grace time.Duration) error {
 	var errs []error
 	for i := len(daemons) - 1; i >= 0; i-- {
 		name := daemons[i]
-		pid, ok := daemonPid(dir, name)
+		pid, ok := topology.PidFile(filepath.Join(dir, name+".pid"), name, dir)
 		if !ok {
 			continue
 		}
@@ -129,40 +128,16 @@ func Stop(dir string, grace time.Duration) error {
 		ctx, cancel := context.WithTimeout(context.Background(), grace)
 		exec.CommandContext(ctx, "ovs-appctl", "-T", "1", "-t", ctl, "exit").Run()
 		cancel()
-		deadline := time.Now().Add(grace)
-		for topology.Alive(pid) && time.Now().Before(deadline) {
-			time.Sleep(10 * time.Millisecond)
-		}
-		if topology.Alive(pid) {
-			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil && !errors.Is(err, syscall.ESRCH) {
-				errs = append(errs, fmt.Errorf("kill %s (pid %d): %w", name, pid, err))
-			}
+		if err := topology.Reap([]int{pid}, grace); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", name, err))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// daemonPid returns the pid in dir/<name>.pid if that process is the
-// daemon started with dir.
-func daemonPid(dir, name string) (int, bool) {
-	b, err := os.ReadFile(filepath.Join(dir, name+".pid"))
-	if err != nil {
-		return 0, false
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil || pid <= 1 {
-		return 0, false
-	}
-	cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/cmdline")
-	if err != nil || !bytes.Contains(cmdline, []byte(name)) || !bytes.Contains(cmdline, []byte(dir)) {
-		return 0, false
-	}
-	return pid, topology.Alive(pid)
-}
-
 // Running reports whether the node's ovs-vswitchd is alive.
 func Running(dir string) bool {
-	_, ok := daemonPid(dir, "ovs-vswitchd")
+	_, ok := topology.PidFile(filepath.Join(dir, "ovs-vswitchd.pid"), "ovs-vswitchd", dir)
 	return ok
 }
 

@@ -10,7 +10,6 @@ import (
 	"net/netip"
 	"os"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -39,27 +38,10 @@ func Build(ctx context.Context, spec *Spec) error {
 	if err := fabric.h.LinkSetUp(br); err != nil {
 		return fmt.Errorf("fabric: bridge up: %w", err)
 	}
-	if err := parallel(ctx, len(spec.Nodes), func(i int) error { return buildNode(&spec.Nodes[i], fabric, br) }); err != nil {
+	if err := Parallel(ctx, len(spec.Nodes), func(i int) error { return buildNode(&spec.Nodes[i], fabric, br) }); err != nil {
 		return err
 	}
-	return parallel(ctx, len(spec.Pods), func(i int) error { return buildPod(&spec.Pods[i]) })
-}
-
-// parallel runs fn(0..n-1) concurrently and joins their errors.
-func parallel(ctx context.Context, n int, fn func(i int) error) error {
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Go(func() {
-			if err := ctx.Err(); err != nil {
-				errs[i] = err
-				return
-			}
-			errs[i] = fn(i)
-		})
-	}
-	wg.Wait()
-	return errors.Join(errs...)
+	return Parallel(ctx, len(spec.Pods), func(i int) error { return buildPod(&spec.Pods[i]) })
 }
 
 // sysctls of each kind of namespace, set before any link exists so that
@@ -324,7 +306,10 @@ func Destroy(prefix string, grace time.Duration) error {
 	}
 	var errs []error
 	if pids := pidsIn(inodes); len(pids) > 0 {
-		errs = append(errs, killAll(pids, grace))
+		for _, p := range pids {
+			unix.Kill(p, unix.SIGTERM)
+		}
+		errs = append(errs, Reap(pids, grace))
 	}
 	for _, n := range names {
 		if err := DeleteNS(n); err != nil {
@@ -370,33 +355,6 @@ func pidsIn(inodes map[uint64]string) []int {
 		}
 	}
 	return out
-}
-
-// killAll sends SIGTERM to pids, waits up to grace for them to exit, then
-// sends SIGKILL to the rest.
-func killAll(pids []int, grace time.Duration) error {
-	for _, p := range pids {
-		unix.Kill(p, unix.SIGTERM)
-	}
-	deadline := time.Now().Add(grace)
-	for time.Now().Before(deadline) {
-		alive := 0
-		for _, p := range pids {
-			if Alive(p) {
-				alive++
-			}
-		}
-		if alive == 0 {
-			return nil
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	for _, p := range pids {
-		if Alive(p) {
-			unix.Kill(p, unix.SIGKILL)
-		}
-	}
-	return nil
 }
 
 func nsHandle(fd int) netns.NsHandle { return netns.NsHandle(fd) }

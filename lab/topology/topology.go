@@ -14,16 +14,22 @@
 // crosses both nodes.
 //
 // Build and Destroy need Linux; elsewhere they return nsrun.ErrUnsupported.
+// For every package of the lab: Alive, PidFile and Reap find and end the
+// processes it starts (pod agents, OVS daemons), Tool finds the commands it
+// runs, and Parallel runs per-node and per-pod work concurrently.
 package topology
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
-	"strconv"
+	"os/exec"
+	"path/filepath"
 	"strings"
+	"sync"
 
 	"github.com/dualflow/dualflow/nsrun"
 )
@@ -120,14 +126,35 @@ func List(prefix string) ([]string, error) {
 	return out, nil
 }
 
-// Alive reports whether pid exists and is not a zombie.
-func Alive(pid int) bool {
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return false
+// Tool finds a command the lab runs (nft, ip, conntrack) on PATH or in
+// the sbin directories, which a non-login root shell may lack on PATH.
+func Tool(name string) (string, error) {
+	if p, err := exec.LookPath(name); err == nil {
+		return p, nil
 	}
-	// Field 3, after the parenthesised command name, is the state.
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	return i < 0 || i+2 >= len(s) || s[i+2] != 'Z'
+	for _, dir := range []string{"/usr/sbin", "/sbin", "/usr/local/sbin"} {
+		p := filepath.Join(dir, name)
+		if st, err := os.Stat(p); err == nil && !st.IsDir() && st.Mode()&0o111 != 0 {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("%s not found on PATH or in /usr/sbin, /sbin, /usr/local/sbin", name)
+}
+
+// Parallel runs fn(0..n-1) concurrently, each unless ctx is done, and
+// joins their errors.
+func Parallel(ctx context.Context, n int, fn func(i int) error) error {
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			if err := ctx.Err(); err != nil {
+				errs[i] = err
+				return
+			}
+			errs[i] = fn(i)
+		})
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }

@@ -442,6 +442,29 @@ func TestTries(t *testing.T) {
 	}
 }
 
+// TestTypes: policyTypes as given, or defaulted to Ingress plus Egress
+// when the policy has egress rules.
+func TestTypes(t *testing.T) {
+	pol := func(types []networkingv1.PolicyType, eg []networkingv1.NetworkPolicyEgressRule) *networkingv1.NetworkPolicy {
+		return &networkingv1.NetworkPolicy{Spec: networkingv1.NetworkPolicySpec{PolicyTypes: types, Egress: eg}}
+	}
+	tests := []struct {
+		name         string
+		p            *networkingv1.NetworkPolicy
+		ingr, egress bool
+	}{
+		{"unset, no egress rules", pol(nil, nil), true, false},
+		{"unset, egress rules", pol(nil, []networkingv1.NetworkPolicyEgressRule{{}}), true, true},
+		{"egress only", pol([]networkingv1.PolicyType{networkingv1.PolicyTypeEgress}, nil), false, true},
+	}
+	for _, tc := range tests {
+		i, e := Types(tc.p)
+		if i != tc.ingr || e != tc.egress {
+			t.Errorf("%s: got %v/%v, want %v/%v", tc.name, i, e, tc.ingr, tc.egress)
+		}
+	}
+}
+
 // isolatingIn counts the policies of pols that isolate d.
 func isolatingIn(pols []*networkingv1.NetworkPolicy, d Direction) int {
 	n := 0

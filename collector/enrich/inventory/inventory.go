@@ -1,13 +1,14 @@
 // Package inventory is dualflow's one reader of Kubernetes manifests: the
 // enrichment's inventory mode (offline audits of a cluster dump, the local
 // demo on the lab), the audit's inventory files (dualflow audit
-// --inventory, what-if policies) and the correlator's Node file
-// (--collector.inventory). A file holds multi-document YAML ("---" separated) or JSON, and
-// any document may be a List (`kubectl get pods,svc,... -A -o yaml` writes
-// one v1 List). The kinds enrichment uses are decoded with the API
-// machinery's deserializer and checked (addresses and CIDRs must parse,
-// names must be set, no object twice); other kinds are skipped and
-// counted. Every error names the file, the line where the document
+// --inventory, what-if policies), the correlator's Node file
+// (--collector.inventory) and the lab's manifest (DecodeAll, which keeps
+// every kind it can decode). A file holds multi-document YAML ("---"
+// separated) or JSON, and any document may be a List
+// (`kubectl get pods,svc,... -A -o yaml` writes one v1 List). The kinds
+// enrichment uses are decoded with the API machinery's deserializer and
+// checked (addresses and CIDRs must parse, names must be set, no object
+// twice); other kinds are skipped and counted. Every error names the file, the line where the document
 // starts, the document (and List item) and the object.
 //
 // The package only reads the files it is given; it is safe for concurrent
@@ -132,7 +133,7 @@ func Load(files ...string) (*Result, error) {
 		if err != nil {
 			return nil, fmt.Errorf("inventory: %w", err)
 		}
-		if err := decodeInto(res, seen, f, b); err != nil {
+		if err := decodeInto(res, seen, f, b, false); err != nil {
 			return nil, err
 		}
 	}
@@ -140,13 +141,20 @@ func Load(files ...string) (*Result, error) {
 }
 
 // Decode reads one manifest from r; name is used in errors.
-func Decode(name string, r io.Reader) (*Result, error) {
+func Decode(name string, r io.Reader) (*Result, error) { return decode(name, r, false) }
+
+// DecodeAll is Decode keeping every kind of core/v1, apps/v1, batch/v1,
+// discovery/v1 and networking/v1, not only Kinds; a kind outside them is
+// an error. The lab reads its manifest (Deployments included) with it.
+func DecodeAll(name string, r io.Reader) (*Result, error) { return decode(name, r, true) }
+
+func decode(name string, r io.Reader, all bool) (*Result, error) {
 	b, err := io.ReadAll(r)
 	if err != nil {
 		return nil, fmt.Errorf("inventory %s: %w", name, err)
 	}
 	res := &Result{Skipped: map[string]int{}}
-	if err := decodeInto(res, map[string]Location{}, name, b); err != nil {
+	if err := decodeInto(res, map[string]Location{}, name, b, all); err != nil {
 		return nil, err
 	}
 	return res, nil
@@ -163,7 +171,9 @@ type header struct {
 	Items []json.RawMessage `json:"items"`
 }
 
-func decodeInto(res *Result, seen map[string]Location, file string, data []byte) error {
+// decodeInto decodes the documents of data into res, the objects of
+// Kinds only unless all.
+func decodeInto(res *Result, seen map[string]Location, file string, data []byte, all bool) error {
 	n := 0
 	for _, d := range splitDocuments(data) {
 		n++
@@ -172,14 +182,14 @@ func decodeInto(res *Result, seen map[string]Location, file string, data []byte)
 		if err != nil {
 			return &Error{Location: loc, Err: fmt.Errorf("not YAML: %w", err)}
 		}
-		if err := decodeObject(res, seen, loc, js); err != nil {
+		if err := decodeObject(res, seen, loc, js, all); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func decodeObject(res *Result, seen map[string]Location, loc Location, js []byte) error {
+func decodeObject(res *Result, seen map[string]Location, loc Location, js []byte, all bool) error {
 	if t := bytes.TrimSpace(js); len(t) == 0 || string(t) == "null" {
 		return nil
 	}
@@ -200,7 +210,7 @@ func decodeObject(res *Result, seen map[string]Location, loc Location, js []byte
 		for i, it := range h.Items {
 			iloc := loc
 			iloc.Item = i + 1
-			if err := decodeObject(res, seen, iloc, it); err != nil {
+			if err := decodeObject(res, seen, iloc, it, all); err != nil {
 				return err
 			}
 		}
@@ -211,7 +221,7 @@ func decodeObject(res *Result, seen map[string]Location, loc Location, js []byte
 		return e(fmt.Errorf("apiVersion %q: %w", h.APIVersion, err))
 	}
 	gvk := gv.WithKind(h.Kind)
-	wanted := false
+	wanted := all
 	for _, k := range Kinds {
 		wanted = wanted || k == gvk
 	}

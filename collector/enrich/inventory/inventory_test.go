@@ -59,6 +59,25 @@ items:
   spec: {podCIDRs: ["198.18.1.0/24", "fd00:10:1::/64"]}
 `
 
+// TestDecodeAll: DecodeAll keeps the kinds Decode skips (the
+// Deployment), and a kind outside the scheme is an error, not skipped.
+func TestDecodeAll(t *testing.T) {
+	res, err := DecodeAll("multi.yaml", strings.NewReader(goodMultiDoc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kinds []string
+	for _, o := range res.Objects {
+		kinds = append(kinds, o.Kind)
+	}
+	if got := strings.Join(kinds, " "); got != "Namespace Pod Deployment EndpointSlice" || len(res.Skipped) != 0 {
+		t.Errorf("kinds %s, skipped %v", got, res.Skipped)
+	}
+	if _, err := DecodeAll("w.yaml", strings.NewReader("apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: w}\n")); err == nil {
+		t.Error("DecodeAll kept a kind outside its scheme")
+	}
+}
+
 func TestDecode(t *testing.T) {
 	res, err := Decode("multi.yaml", strings.NewReader(goodMultiDoc))
 	if err != nil {
