@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -642,7 +643,16 @@ aggregate: src_host, dst_host, src_port, dst_port, proto, tos
 			if rs.poke {
 				ctl = cmd.Args[slicesIndex(cmd.Args, "-c")+1]
 			}
-			if err := waitExit(done, ctl, 60*time.Second); err != nil {
+			err := waitExit(done, ctl, 60*time.Second)
+			if err != nil && pmacctShutdownRace(err, out.String()) {
+				// pmacctd's core stops its plugin at the end of the
+				// capture file and, when it notices the plugin gone
+				// before its own exit, exits 1. The plugin flushed what
+				// it had on the way out: the records say whether it did.
+				t.Logf("%s: %v after its plugin shut down; checking the records", strings.Join(cmd.Args, " "), err)
+				err = nil
+			}
+			if err != nil {
 				t.Fatalf("%s: %v\n%s", strings.Join(cmd.Args, " "), err, out)
 			}
 			r.check(t, p, c, truth)
@@ -694,6 +704,15 @@ func slicesIndex(s []string, v string) int {
 // reading a file), its control socket is poked every 200 ms: softflowd
 // 1.1.0 blocks in accept() on it between loop iterations, so without the
 // pokes it never reaches the end of the file.
+// pmacctShutdownRace says err is pmacctd's exit status 1 of its core
+// finding its nfprobe plugin already shut down at the end of the capture
+// file, not a failure of the export.
+func pmacctShutdownRace(err error, out string) bool {
+	var ee *exec.ExitError
+	return errors.As(err, &ee) && ee.ExitCode() == 1 &&
+		strings.Contains(out, "Shutting down on user request") && strings.Contains(out, "no more plugins active. Shutting down.")
+}
+
 func waitExit(done chan error, ctl string, timeout time.Duration) error {
 	deadline := time.After(timeout)
 	tick := time.NewTicker(200 * time.Millisecond)
