@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -36,12 +35,80 @@ const maxPolicyBody = 1 << 20
 // evaluate (one flow, no traffic) and the what-if replay of proposed
 // policies (bounded, as reachability is, per token and in all).
 func (a *API) auditRoutes(viewer *gin.RouterGroup) {
-	viewer.GET("/audit/findings", a.auditFindings)
-	viewer.GET("/audit/unprotected", a.auditUnprotected)
-	viewer.GET("/audit/denied", a.auditDenied)
-	viewer.GET("/audit/unused", a.auditUnused)
-	viewer.GET("/audit/evaluate", a.auditEvaluate)
-	viewer.POST("/audit/whatif", a.bounded(a.whatifGate), a.auditWhatIf)
+	viewer.GET("/audit/findings", a.auditRoute(func(c *gin.Context, au Audit) (any, error) {
+		win, err := a.auditWindow(c, time.Hour)
+		if err != nil {
+			return nil, err
+		}
+		return au.Findings(c.Request.Context(), win)
+	}))
+	viewer.GET("/audit/unprotected", a.auditRoute(func(c *gin.Context, au Audit) (any, error) {
+		return au.Unprotected(c.Request.Context())
+	}))
+	viewer.GET("/audit/denied", a.auditRoute(func(c *gin.Context, au Audit) (any, error) {
+		q := c.Request.URL.Query()
+		opt := audit.DeniedOptions{Namespace: q.Get("namespace")}
+		var err error
+		if opt.Window, err = a.auditWindow(c, time.Hour); err != nil {
+			return nil, err
+		}
+		if opt.Family, err = audit.ParseFamily(q.Get("family")); err != nil {
+			return nil, fieldErr("family", "%v", err)
+		}
+		if opt.Limit, err = intParam(q, "limit", 0, 0, 100_000); err != nil {
+			return nil, err
+		}
+		return au.Denied(c.Request.Context(), opt)
+	}))
+	viewer.GET("/audit/unused", a.auditRoute(func(c *gin.Context, au Audit) (any, error) {
+		win, err := a.auditWindow(c, 24*time.Hour)
+		if err != nil {
+			return nil, err
+		}
+		return au.Unused(c.Request.Context(), win)
+	}))
+	viewer.GET("/audit/evaluate", a.auditRoute(func(c *gin.Context, au Audit) (any, error) {
+		q := c.Request.URL.Query()
+		p := audit.Probe{From: q.Get("from"), To: q.Get("to")}
+		var err error
+		if p.Proto, err = audit.ParseProto(q.Get("proto")); err != nil {
+			return nil, fieldErr("proto", "%v", err)
+		}
+		if p.Family, err = audit.ParseFamily(q.Get("family")); err != nil {
+			return nil, fieldErr("family", "%v", err)
+		}
+		port, err := intParam(q, "port", 0, 0, 65535)
+		if err != nil {
+			return nil, err
+		}
+		p.Port = uint16(port)
+		return au.Evaluate(c.Request.Context(), p)
+	}))
+	viewer.POST("/audit/whatif", a.bounded(a.whatifGate), a.auditRoute(func(c *gin.Context, au Audit) (any, error) {
+		win, err := a.auditWindow(c, 6*time.Hour)
+		if err != nil {
+			return nil, err
+		}
+		limit, err := intParam(c.Request.URL.Query(), "limit", 0, 0, 1_000_000)
+		if err != nil {
+			return nil, err
+		}
+		return au.WhatIf(c.Request.Context(), io.LimitReader(c.Request.Body, maxPolicyBody), win, limit)
+	}))
+}
+
+// auditRoute serves one audit question: ask reads the request and asks
+// it of the configured Audit (none: 501), and its answer or error is
+// answered as auditAnswer says.
+func (a *API) auditRoute(ask func(c *gin.Context, au Audit) (any, error)) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		if a.cfg.Audit == nil {
+			a.fail(c, fmt.Errorf("audit: %w", ErrNotConfigured))
+			return
+		}
+		v, err := ask(c, a.cfg.Audit)
+		a.auditAnswer(c, v, err)
+	}
 }
 
 // auditAnswer answers v, or err as the audit's errors map: an
@@ -65,149 +132,9 @@ func (a *API) auditAnswer(c *gin.Context, v any, err error) {
 	}
 }
 
-// audit returns the configured Audit, or answers 501.
-func (a *API) audit(c *gin.Context) (Audit, bool) {
-	if a.cfg.Audit == nil {
-		a.fail(c, fmt.Errorf("audit: %w", ErrNotConfigured))
-		return nil, false
-	}
-	return a.cfg.Audit, true
-}
-
 // auditWindow reads since (default def back from now) and until, as the
 // flow routes do.
-func (a *API) auditWindow(c *gin.Context, def time.Duration) (audit.Window, error) {
-	now := a.cfg.Now()
-	w := audit.Window{Since: now.Add(-def), Until: now}
-	var err error
-	if v := c.Query("since"); v != "" {
-		if w.Since, err = parseTime(v, now); err != nil {
-			return w, fieldErr("since", "%v", err)
-		}
-	}
-	if v := c.Query("until"); v != "" {
-		if w.Until, err = parseTime(v, now); err != nil {
-			return w, fieldErr("until", "%v", err)
-		}
-	}
-	if !w.Since.Before(w.Until) {
-		return w, fieldErr("since", "since must be before until")
-	}
-	return w, nil
-}
-
-// intQuery reads parameter name, 0 when absent, else 0-max.
-func intQuery(c *gin.Context, name string, max int) (int, error) {
-	s := c.Query(name)
-	if s == "" {
-		return 0, nil
-	}
-	n, err := strconv.Atoi(s)
-	if err != nil || n < 0 || n > max {
-		return 0, fieldErr(name, "%s %q: want 0-%d", name, s, max)
-	}
-	return n, nil
-}
-
-func (a *API) auditFindings(c *gin.Context) {
-	au, ok := a.audit(c)
-	if !ok {
-		return
-	}
-	win, err := a.auditWindow(c, time.Hour)
-	if err != nil {
-		a.fail(c, err)
-		return
-	}
-	res, err := au.Findings(c.Request.Context(), win)
-	a.auditAnswer(c, res, err)
-}
-
-func (a *API) auditUnprotected(c *gin.Context) {
-	if au, ok := a.audit(c); ok {
-		res, err := au.Unprotected(c.Request.Context())
-		a.auditAnswer(c, res, err)
-	}
-}
-
-func (a *API) auditDenied(c *gin.Context) {
-	au, ok := a.audit(c)
-	if !ok {
-		return
-	}
-	opt, err := func() (opt audit.DeniedOptions, err error) {
-		if opt.Window, err = a.auditWindow(c, time.Hour); err != nil {
-			return opt, err
-		}
-		if opt.Family, err = audit.ParseFamily(c.Query("family")); err != nil {
-			return opt, fieldErr("family", "%v", err)
-		}
-		opt.Namespace = c.Query("namespace")
-		opt.Limit, err = intQuery(c, "limit", 100_000)
-		return opt, err
-	}()
-	if err != nil {
-		a.fail(c, err)
-		return
-	}
-	res, err := au.Denied(c.Request.Context(), opt)
-	a.auditAnswer(c, res, err)
-}
-
-func (a *API) auditUnused(c *gin.Context) {
-	au, ok := a.audit(c)
-	if !ok {
-		return
-	}
-	win, err := a.auditWindow(c, 24*time.Hour)
-	if err != nil {
-		a.fail(c, err)
-		return
-	}
-	res, err := au.Unused(c.Request.Context(), win)
-	a.auditAnswer(c, res, err)
-}
-
-func (a *API) auditWhatIf(c *gin.Context) {
-	au, ok := a.audit(c)
-	if !ok {
-		return
-	}
-	win, err := a.auditWindow(c, 6*time.Hour)
-	if err != nil {
-		a.fail(c, err)
-		return
-	}
-	limit, err := intQuery(c, "limit", 1_000_000)
-	if err != nil {
-		a.fail(c, err)
-		return
-	}
-	res, err := au.WhatIf(c.Request.Context(), io.LimitReader(c.Request.Body, maxPolicyBody), win, limit)
-	a.auditAnswer(c, res, err)
-}
-
-func (a *API) auditEvaluate(c *gin.Context) {
-	au, ok := a.audit(c)
-	if !ok {
-		return
-	}
-	p, err := func() (p audit.Probe, err error) {
-		p.From, p.To = c.Query("from"), c.Query("to")
-		if p.Proto, err = audit.ParseProto(c.Query("proto")); err != nil {
-			return p, fieldErr("proto", "%v", err)
-		}
-		if p.Family, err = audit.ParseFamily(c.Query("family")); err != nil {
-			return p, fieldErr("family", "%v", err)
-		}
-		port, err := intQuery(c, "port", 65535)
-		p.Port = uint16(port)
-		return p, err
-	}()
-	if err != nil {
-		a.fail(c, err)
-		return
-	}
-	res, err := au.Evaluate(c.Request.Context(), p)
-	a.auditAnswer(c, res, err)
+func (a *API) auditWindow(c *gin.Context, def time.Duration) (w audit.Window, err error) {
+	w.Since, w.Until, err = parseWindow(c.Request.URL.Query(), a.cfg.Now(), def)
+	return w, err
 }

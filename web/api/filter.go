@@ -334,20 +334,10 @@ const (
 // skip are ignored (pagination, follow, ...); any other unknown one is a
 // FieldError, so a typo does not silently widen the result.
 func parseFilter(q url.Values, now time.Time, skip ...string) (*Filter, error) {
-	f := &Filter{Until: now, Since: now.Add(-defaultWindow)}
+	f := &Filter{}
 	var err error
-	if v := q.Get("since"); v != "" {
-		if f.Since, err = parseTime(v, now); err != nil {
-			return nil, fieldErr("since", "%v", err)
-		}
-	}
-	if v := q.Get("until"); v != "" {
-		if f.Until, err = parseTime(v, now); err != nil {
-			return nil, fieldErr("until", "%v", err)
-		}
-	}
-	if !f.Until.After(f.Since) {
-		return nil, fieldErr("since", "since must be before until")
+	if f.Since, f.Until, err = parseWindow(q, now, defaultWindow); err != nil {
+		return nil, err
 	}
 	keys := make([]string, 0, len(q))
 	for k := range q {
@@ -449,6 +439,40 @@ func flowEndRange(since, until time.Time) string {
 // timeLiteral renders t for a DateTime64(3, 'UTC') compare.
 func timeLiteral(t time.Time) string {
 	return "fromUnixTimestamp64Milli(" + itoa(t.UnixMilli()) + ", 'UTC')"
+}
+
+// parseWindow reads the since and until parameters of every route with a
+// time window: since defaults to def back from now, until to now.
+func parseWindow(q url.Values, now time.Time, def time.Duration) (since, until time.Time, err error) {
+	since, until = now.Add(-def), now
+	if v := q.Get("since"); v != "" {
+		if since, err = parseTime(v, now); err != nil {
+			return since, until, fieldErr("since", "%v", err)
+		}
+	}
+	if v := q.Get("until"); v != "" {
+		if until, err = parseTime(v, now); err != nil {
+			return since, until, fieldErr("until", "%v", err)
+		}
+	}
+	if !until.After(since) {
+		return since, until, fieldErr("since", "since must be before until")
+	}
+	return since, until, nil
+}
+
+// intParam reads the integer parameter name of q: def when absent, else
+// within lo..hi.
+func intParam(q url.Values, name string, def, lo, hi int) (int, error) {
+	v := q.Get(name)
+	if v == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n < lo || n > hi {
+		return 0, fieldErr(name, "want %d..%d, not %q", lo, hi, v)
+	}
+	return n, nil
 }
 
 // parseTime accepts RFC 3339, Unix milliseconds, or a duration before now

@@ -152,14 +152,10 @@ func (a *API) flows(c *gin.Context) {
 		a.follow(c, f, resume)
 		return
 	}
-	limit := defaultLimit
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > maxLimit {
-			a.fail(c, fieldErr("limit", "want 1..%d", maxLimit))
-			return
-		}
-		limit = n
+	limit, err := intParam(q, "limit", defaultLimit, 1, maxLimit)
+	if err != nil {
+		a.fail(c, err)
+		return
 	}
 	var cur *cursor
 	if v := q.Get("cursor"); v != "" {

@@ -48,12 +48,10 @@ func (a *API) servicemap(c *gin.Context) {
 		a.fail(c, err)
 		return
 	}
-	limit := maxEdges
-	if v := q.Get("limit"); v != "" {
-		if limit, err = strconv.Atoi(v); err != nil || limit < 1 || limit > maxEdges {
-			a.fail(c, fieldErr("limit", "want 1..%d", maxEdges))
-			return
-		}
+	limit, err := intParam(q, "limit", maxEdges, 1, maxEdges)
+	if err != nil {
+		a.fail(c, err)
+		return
 	}
 	ctx, cancel := context.WithTimeout(c.Request.Context(), a.cfg.QueryTimeout)
 	defer cancel()

@@ -81,12 +81,10 @@ func (a *API) summary(c *gin.Context) {
 		a.fail(c, fieldErr("step", "at most %d points: use a step of at least %s", maxPoints, (span/maxPoints).Round(time.Second)+time.Second))
 		return
 	}
-	top := 10
-	if v := q.Get("top"); v != "" {
-		if top, err = strconv.Atoi(v); err != nil || top < 1 || top > 100 {
-			a.fail(c, fieldErr("top", "want 1..100"))
-			return
-		}
+	top, err := intParam(q, "top", 10, 1, 100)
+	if err != nil {
+		a.fail(c, err)
+		return
 	}
 	ctx, cancel := context.WithTimeout(c.Request.Context(), a.cfg.QueryTimeout)
 	defer cancel()
