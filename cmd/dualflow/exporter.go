@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 
+	"github.com/dualflow/dualflow/app"
 	"github.com/dualflow/dualflow/exporter"
 )
 
@@ -34,7 +35,7 @@ others until it is back.
 
 On SIGTERM it flushes every tracked connection with flow end reason
 "forced end", sends what is buffered and exits.`)
-	cfg := exporter.NewConfig()
+	cfg := app.NodeConfig{Exporter: exporter.NewConfig()}
 	cfg.BindFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -43,9 +44,9 @@ On SIGTERM it flushes every tracked connection with flow end reason
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	e, err := exporter.New(cfg)
+	n, err := app.NewNode(cfg)
 	if err != nil {
 		return err
 	}
-	return e.Run(ctx)
+	return n.Run(ctx)
 }
