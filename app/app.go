@@ -14,13 +14,8 @@
 //	a, err := app.New(ctx, cfg, log, app.Options{})
 //	err = a.Run(ctx) // until ctx ends; flushes the store and stops the web
 //
-// On every node, `dualflow exporter` runs a Node: the exporter (package
-// exporter) and beside it the node's traceflow agent (traceflow/agent
-// serving a traceflow/node tracer of the exporter's datapath), so that
-// neither package imports the other.
-//
-//	n, err := app.NewNode(cfg) // cfg: NodeConfig, through SetDefaults and Validate
-//	err = n.Run(ctx)           // until ctx ends; the exporter flushes, then the agent stops
+// On every node, `dualflow exporter` runs a Node: the exporter and,
+// beside it, the traceflow agent (so neither package imports the other).
 package app
 
 import (

@@ -23,26 +23,20 @@ import (
 	"github.com/dualflow/dualflow/traceflow/node"
 )
 
-// NodeConfig configures what runs on every node (`dualflow exporter`):
-// the exporter and its traceflow agent. Bind it to a flag set with
-// BindFlags, then SetDefaults and Validate.
+// NodeConfig configures what runs on every node (`dualflow exporter`).
+// Bind it to a flag set with BindFlags, then Exporter.SetDefaults and
+// Validate.
 type NodeConfig struct {
 	Exporter exporter.Config
-	// Agent is the node's traceflow agent (off unless Addr or Listener
-	// is set).
-	Agent AgentConfig
+	Agent    AgentConfig // the traceflow agent: off unless Addr or Listener is set
 }
 
-// BindFlags registers the exporter's flags and the agent's
-// (--traceflow.*). The current values of c are the defaults shown; start
-// from exporter.NewConfig.
+// BindFlags registers the exporter's flags and the agent's (--traceflow.*);
+// start from exporter.NewConfig.
 func (c *NodeConfig) BindFlags(fs *flag.FlagSet) {
 	c.Exporter.BindFlags(fs)
 	c.Agent.bindFlags(fs)
 }
-
-// SetDefaults fills unset fields.
-func (c *NodeConfig) SetDefaults() { c.Exporter.SetDefaults() }
 
 // Validate checks the configuration and loads the agent's token and TLS
 // files.
@@ -141,42 +135,21 @@ func (c *AgentConfig) validate(log *slog.Logger) error {
 // NewNode, then call Run once.
 type Node struct {
 	cfg NodeConfig
-	exp nodeExporter
+	run func(context.Context) error // the exporter's Run
+	reg prometheus.Registerer       // the exporter's metrics, which the agent's join
 }
 
-// nodeExporter is the exporter as Node runs it; *exporter.Exporter
-// implements it, tests use a fake.
-type nodeExporter interface {
-	Run(ctx context.Context) error
-	Registerer() prometheus.Registerer
-}
-
-var _ nodeExporter = (*exporter.Exporter)(nil)
-
-// agentShutdownGrace bounds waiting for the agent's open calls at
-// shutdown; watches still streaming then are cut.
+// agentShutdownGrace bounds the agent's open calls at shutdown.
 const agentShutdownGrace = 2 * time.Second
 
 // NewNode builds the exporter from cfg, which must have been through
-// SetDefaults and Validate.
+// Exporter.SetDefaults and Validate.
 func NewNode(cfg NodeConfig) (*Node, error) {
 	e, err := exporter.New(cfg.Exporter)
 	if err != nil {
 		return nil, err
 	}
-	return &Node{cfg: cfg, exp: e}, nil
-}
-
-// Run serves the agent, then runs the exporter until ctx is done (see
-// exporter.Exporter.Run). Once the exporter has flushed and stopped, it
-// stops the agent. It returns an error only when either cannot start.
-func (n *Node) Run(ctx context.Context) error {
-	stop, err := n.serveAgent()
-	if err != nil {
-		return err
-	}
-	defer stop()
-	return n.exp.Run(ctx)
+	return &Node{cfg: cfg, run: e.Run, reg: e.Registerer()}, nil
 }
 
 // tracer returns the node tracer of the exporter's node and datapath.
@@ -206,12 +179,14 @@ func (n *Node) tracer(log *slog.Logger) (*node.Tracer, string) {
 	return t, "kernel"
 }
 
-// serveAgent starts the agent, its metrics registered with the
-// exporter's; the returned function stops it.
-func (n *Node) serveAgent() (func(), error) {
+// Run serves the agent, its metrics joining the exporter's, then runs the
+// exporter until ctx is done (see exporter.Exporter.Run). Once the
+// exporter has flushed and stopped, it stops the agent. It returns an
+// error only when either cannot start.
+func (n *Node) Run(ctx context.Context) error {
 	c := &n.cfg.Agent
 	if !c.enabled() {
-		return func() {}, nil
+		return n.run(ctx)
 	}
 	log := cmp.Or(n.cfg.Exporter.Logger, slog.Default())
 	t, dp := n.tracer(log)
@@ -224,16 +199,15 @@ func (n *Node) serveAgent() (func(), error) {
 	if ln == nil {
 		var err error
 		if ln, err = net.Listen("tcp", c.Addr); err != nil {
-			return nil, fmt.Errorf("traceflow agent listener: %w", err)
+			return fmt.Errorf("traceflow agent listener: %w", err)
 		}
 	}
 	var opts []agent.HandlerOption
 	if c.Limits != (agent.Limits{}) {
 		opts = append(opts, agent.WithLimits(c.Limits))
 	}
-	reg := n.exp.Registerer()
-	reg.MustRegister(reload.Metrics(c.tls))
-	h := agent.Handler(t, agent.Info{Node: n.cfg.Exporter.NodeName, Datapath: dp}, c.token, agent.NewMetrics(reg), opts...)
+	n.reg.MustRegister(reload.Metrics(c.tls))
+	h := agent.Handler(t, agent.Info{Node: n.cfg.Exporter.NodeName, Datapath: dp}, c.token, agent.NewMetrics(n.reg), opts...)
 	// No write timeout: a watch streams for as long as its own timeout
 	// (at most agent.MaxTimeout), which the handler enforces.
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
@@ -255,13 +229,14 @@ func (n *Node) serveAgent() (func(), error) {
 		}
 	}()
 	log.Info("traceflow agent listening", "addr", ln.Addr().String(), "datapath", dp, "tls", c.tls != nil, "mtls", c.ClientCAFile != "")
-	return func() {
-		ctx, cancel := context.WithTimeout(context.Background(), agentShutdownGrace)
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), agentShutdownGrace)
 		defer cancel()
-		if srv.Shutdown(ctx) != nil {
+		if srv.Shutdown(sctx) != nil {
 			srv.Close() // watches still streaming: cut them
 		}
 		<-done
 		t.Close()
-	}, nil
+	}()
+	return n.run(ctx)
 }

@@ -63,18 +63,13 @@ func TestAgentConfig(t *testing.T) {
 	}
 }
 
-// fakeExporter stands for the node's exporter: it runs until ctx ends and
-// holds the metrics the agent registers.
-type fakeExporter struct{ reg *prometheus.Registry }
-
-func (f fakeExporter) Run(ctx context.Context) error {
+// idle stands for the node's exporter: it runs until ctx ends.
+func idle(ctx context.Context) error {
 	<-ctx.Done()
 	return nil
 }
 
-func (f fakeExporter) Registerer() prometheus.Registerer { return f.reg }
-
-// startNode runs a node of agent cfg beside a fake exporter until the test
+// startNode runs a node of agent cfg beside an idle exporter until the test
 // ends, with the agent on a listener of its own, and returns the agent's
 // address and the node's metrics.
 func startNode(tb testing.TB, cfg AgentConfig) (addr string, reg *prometheus.Registry) {
@@ -90,7 +85,7 @@ func startNode(tb testing.TB, cfg AgentConfig) (addr string, reg *prometheus.Reg
 		tb.Fatal(err)
 	}
 	reg = prometheus.NewRegistry()
-	n := &Node{cfg: nc, exp: fakeExporter{reg}}
+	n := &Node{cfg: nc, run: idle, reg: reg}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- n.Run(ctx) }()
@@ -205,14 +200,14 @@ func BenchmarkAgentAtRest(b *testing.B) {
 			if err := cfg.validate(nil); err != nil {
 				b.Fatal(err)
 			}
-			n := &Node{cfg: NodeConfig{Agent: cfg}, exp: fakeExporter{prometheus.NewRegistry()}}
+			n := &Node{cfg: NodeConfig{Agent: cfg}, run: idle, reg: prometheus.NewRegistry()}
 			go func() { done <- n.Run(ctx) }()
 			// One call, so the server's connection state exists too.
 			if _, err := (&agent.Client{Node: "n", URL: "http://" + ln.Addr().String(), Token: "s3cret"}).Info(ctx); err != nil {
 				b.Fatal(err)
 			}
 		} else {
-			go func() { done <- fakeExporter{}.Run(ctx) }()
+			go func() { done <- idle(ctx) }()
 		}
 		var ms runtime.MemStats
 		runtime.GC()

@@ -168,9 +168,8 @@ func newExporter(cfg Config, src source) (*Exporter, error) {
 	return e, nil
 }
 
-// Registerer is where the exporter's metrics are registered, served on
-// Config.MetricsAddr: what runs beside it on the node (its traceflow
-// agent) registers there too, before Run.
+// Registerer holds the metrics served on Config.MetricsAddr; what runs
+// beside the exporter on the node registers there too, before Run.
 func (e *Exporter) Registerer() prometheus.Registerer { return e.reg }
 
 // Ready is closed once Run is running: the metrics listener is up, the

@@ -1,25 +1,12 @@
-// Package ovs is the Open vSwitch vocabulary dualflow shares: parsers of
-// the OVS CLIs' text output and the contract with a dualflow-aware
-// datapath. It imports nothing of the exporter or traceflow, which both
-// build on it: exporter/ovs reads OVS as a flow source, traceflow/node
-// watches probes on an OVS datapath, and lab/ovs installs the flows.
-//
-//   - `ovs-appctl dpctl/dump-conntrack -m [zone=N]` (ParseConntrack,
-//     Entry): the connections, both families, with zone, mark, labels, NAT
-//     (reply tuple) and TCP state. The userspace datapath has no
-//     per-connection counters, no timestamps and id=0; the kernel datapath
-//     with -s adds counters.
-//   - `ovs-ofctl dump-flows` (ParseFlows, Flow): per-flow packet and byte
-//     counts. Flows whose cookie has KindConn are per-connection counter
-//     flows that the datapath learns when it commits a connection (one per
-//     direction, see CounterKeys); KindAllow and KindDrop flows count
-//     NetworkPolicy rule hits and drops.
-//   - `ovs-ofctl monitor` (MonitorParser, PacketIn): packet-ins. Drop flows
-//     send what they drop to the controller (rate-limited by a meter).
-//
-// The cookie layout (Cookie, SplitCookie) and the rules file that maps
-// rule IDs to names (Rules) are the contract with the datapath. Parse
-// errors wrap ErrSyntax; no parser panics or logs.
+// Package ovs is the Open vSwitch vocabulary of dualflow, a leaf that
+// exporter/ovs (OVS as a flow source), traceflow/node (probes on an OVS
+// datapath) and lab/ovs (the lab's datapath) share: parsers of the CLIs'
+// output (ParseConntrack for `ovs-appctl dpctl/dump-conntrack`, ParseFlows
+// for `ovs-ofctl dump-flows`, MonitorParser for the packet-ins of
+// `ovs-ofctl monitor`) and the contract with a dualflow-aware datapath:
+// the cookie layout (Cookie, SplitCookie), the rules file (Rules) and the
+// per-connection counter flows (CounterKeys). Parse errors wrap ErrSyntax;
+// nothing here runs a command or logs. See README.md.
 package ovs
 
 import "time"

@@ -40,7 +40,7 @@ On SIGTERM it flushes every tracked connection with flow end reason
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	cfg.SetDefaults()
+	cfg.Exporter.SetDefaults()
 	if err := cfg.Validate(); err != nil {
 		return err
 	}

@@ -371,7 +371,7 @@ func StartProduct(ctx context.Context, l *lab.Lab, cfg app.Config, opts ProductO
 		ecfg.IPFIX.Address, ecfg.IPFIX.Transport = p.IPFIXTarget, p.IPFIXTransport
 		ncfg.Agent.Listener, ncfg.Agent.TokenFile, ncfg.Agent.NFT = listeners[n.Name], tokenFile, nftBin
 		delete(listeners, n.Name) // the node owns it now
-		ncfg.SetDefaults()
+		ncfg.Exporter.SetDefaults()
 		if err := ncfg.Validate(); err != nil {
 			closeAll()
 			return nil, errors.Join(fmt.Errorf("exporter %s: %w", n.Name, err), p.Stop())

@@ -225,7 +225,7 @@ func startExporterWith(t *testing.T, l *lab.Lab, mode manifest.Mode, node string
 	cfg.Store.ActiveTimeout = time.Hour
 	cfg.IPFIX.FlushInterval = 50 * time.Millisecond
 	set(cfg)
-	ncfg.SetDefaults()
+	ncfg.Exporter.SetDefaults()
 	if err := ncfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
