@@ -13,6 +13,9 @@
 //
 //	a, err := app.New(ctx, cfg, log, app.Options{})
 //	err = a.Run(ctx) // until ctx ends; flushes the store and stops the web
+//
+// On every node, `dualflow exporter` runs a Node: the exporter and,
+// beside it, the traceflow agent (so neither package imports the other).
 package app
 
 import (

@@ -72,9 +72,6 @@ type Config struct {
 	// and zones are IPv4, IPv6 and Zones above.
 	OVS ovs.Config
 
-	// Traceflow is the node's traceflow agent (off unless Addr is set).
-	Traceflow TraceflowConfig
-
 	Store connstore.Config // timeouts and bound of the connection store
 	// StateDir keeps what outlives a run on the node (a hostPath in
 	// Kubernetes): a stopping exporter leaves what it exported in
@@ -165,7 +162,6 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.IPFIX.TemplateRefresh, "exporter.ipfix.template-refresh", c.IPFIX.TemplateRefresh, "resend templates this often over udp")
 	fs.DurationVar(&c.IPFIX.BackoffMax, "exporter.ipfix.backoff-max", c.IPFIX.BackoffMax, "longest wait between reconnection attempts")
 	fs.DurationVar(&c.IPFIX.DrainTimeout, "exporter.ipfix.drain-timeout", c.IPFIX.DrainTimeout, "at shutdown, keep sending buffered records this long")
-	c.Traceflow.bindFlags(fs)
 }
 
 // SetDefaults fills unset fields.
@@ -209,13 +205,9 @@ func (c *Config) SetDefaults() {
 	}
 }
 
-// Validate checks the configuration (and loads the traceflow agent's
-// token and TLS files).
+// Validate checks the configuration.
 func (c *Config) Validate() error {
 	var errs []error
-	if err := c.Traceflow.validate(c.Logger); err != nil {
-		errs = append(errs, err)
-	}
 	switch c.Source {
 	case "", SourceConntrack:
 	case SourceOVS:

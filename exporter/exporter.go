@@ -92,12 +92,11 @@ type Exporter struct {
 	dumpBuf  []connstore.Conn // poll goroutine only
 	recBuf   []flow.Record    // poll goroutine only
 
-	ready         chan struct{} // see Ready
-	metricsAddr   net.Addr      // set before ready is closed
-	traceflowAddr net.Addr      // set before ready is closed
-	pollLog       rateLog
-	eventLog      rateLog
-	sourceName    string // Record.Source of every record
+	ready       chan struct{} // see Ready
+	metricsAddr net.Addr      // set before ready is closed
+	pollLog     rateLog
+	eventLog    rateLog
+	sourceName  string // Record.Source of every record
 }
 
 // expireEvery is how often the store is checked for records due. It bounds
@@ -162,12 +161,16 @@ func newExporter(cfg Config, src source) (*Exporter, error) {
 	}
 	e.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	e.m = newMetrics(e.reg, store, sender)
-	e.reg.MustRegister(reload.Metrics(cfg.IPFIX.TLSFiles, cfg.Traceflow.tls))
+	e.reg.MustRegister(reload.Metrics(cfg.IPFIX.TLSFiles))
 	if sharder != nil {
 		e.reg.MustRegister(sharder)
 	}
 	return e, nil
 }
+
+// Registerer holds the metrics served on Config.MetricsAddr; what runs
+// beside the exporter on the node registers there too, before Run.
+func (e *Exporter) Registerer() prometheus.Registerer { return e.reg }
 
 // Ready is closed once Run is running: the metrics listener is up, the
 // event subscription is in place (or its first attempt failed, which is
@@ -239,14 +242,6 @@ func (e *Exporter) Run(ctx context.Context) error {
 		srv = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	}
 
-	stopAgent, err := e.serveTraceflow()
-	if err != nil {
-		if ln != nil {
-			ln.Close()
-		}
-		return err
-	}
-	defer stopAgent()
 	var wg sync.WaitGroup
 	sendCtx, stopSend := context.WithCancel(context.Background())
 	defer stopSend()

@@ -11,10 +11,11 @@ import (
 	xovs "github.com/dualflow/dualflow/exporter/ovs"
 	"github.com/dualflow/dualflow/lab/ovs"
 	"github.com/dualflow/dualflow/lab/topology"
+	vswitch "github.com/dualflow/dualflow/ovs"
 )
 
 // RulesFile is the rules file of the OVS datapath (rule ID → NetworkPolicy
-// rule), under <state-dir>/ovs/, for exporter/ovs.
+// rule), under <state-dir>/ovs/, for exporter/ovs (format: package ovs).
 const RulesFile = "rules.json"
 
 // OVSDir returns the directory of node's OVS daemons (their OVS_RUNDIR),
@@ -101,7 +102,7 @@ func (l *Lab) writeOVSRules() error {
 	if err != nil {
 		return err
 	}
-	return xovs.WriteRules(l.OVSRulesPath(), rules)
+	return vswitch.WriteRules(l.OVSRulesPath(), rules)
 }
 
 // stopOVS stops the OVS daemons of every node directory under
@@ -135,7 +136,7 @@ func (l *Lab) ovsConntrack(node string) ([]Conn, error) {
 	out := make([]Conn, 0, len(snap.Conns))
 	for i := range snap.Conns {
 		e := &snap.Conns[i]
-		ok, rk := xovs.CounterKeys(e)
+		ok, rk := vswitch.CounterKeys(e)
 		oc, rc := counters[ok], counters[rk]
 		out = append(out, Conn{
 			Orig: e.Orig, Reply: e.Reply, ICMPID: e.ICMPID,
@@ -159,7 +160,7 @@ func (l *Lab) ovsCounters(node string) (map[string]Counter, error) {
 	if err != nil {
 		return nil, err
 	}
-	rules, err := xovs.NewRules(list)
+	rules, err := vswitch.NewRules(list)
 	if err != nil {
 		return nil, err
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 
+	"github.com/dualflow/dualflow/app"
 	"github.com/dualflow/dualflow/exporter"
 )
 
@@ -34,18 +35,18 @@ others until it is back.
 
 On SIGTERM it flushes every tracked connection with flow end reason
 "forced end", sends what is buffered and exits.`)
-	cfg := exporter.NewConfig()
+	cfg := app.NodeConfig{Exporter: exporter.NewConfig()}
 	cfg.BindFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	cfg.SetDefaults()
+	cfg.Exporter.SetDefaults()
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	e, err := exporter.New(cfg)
+	n, err := app.NewNode(cfg)
 	if err != nil {
 		return err
 	}
-	return e.Run(ctx)
+	return n.Run(ctx)
 }

@@ -5,6 +5,8 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/dualflow/dualflow/ovs"
 )
 
 // benchConntrack returns n dump-conntrack -m lines: half IPv4, half IPv6,
@@ -55,7 +57,7 @@ func BenchmarkParseConntrack(b *testing.B) {
 	ms := memStats()
 	for b.Loop() {
 		got := 0
-		if bad, err := ParseConntrack(out, func(*Entry) { got++ }); bad != 0 || got != n {
+		if bad, err := ovs.ParseConntrack(out, func(*ovs.Entry) { got++ }); bad != 0 || got != n {
 			b.Fatalf("%d entries, %d bad: %v", got, bad, err)
 		}
 	}
@@ -71,8 +73,8 @@ func BenchmarkParseFlows(b *testing.B) {
 	b.SetBytes(int64(len(out)))
 	ms := memStats()
 	for b.Loop() {
-		snap := &Snapshot{Flows: make([]Flow, 0, n)}
-		if bad, err := ParseFlows(out, func(f *Flow) { snap.Flows = append(snap.Flows, *f) }); bad != 0 || len(snap.Flows) != n {
+		snap := &Snapshot{Flows: make([]ovs.Flow, 0, n)}
+		if bad, err := ovs.ParseFlows(out, func(f *ovs.Flow) { snap.Flows = append(snap.Flows, *f) }); bad != 0 || len(snap.Flows) != n {
 			b.Fatalf("%d flows, %d bad: %v", len(snap.Flows), bad, err)
 		}
 		if c := snap.Counters(); len(c) != n/5*4 {
@@ -94,8 +96,8 @@ func BenchmarkPoll(b *testing.B) {
 	ms := memStats()
 	for b.Loop() {
 		snap := &Snapshot{}
-		ParseConntrack(ct, func(e *Entry) { snap.Conns = append(snap.Conns, *e) })
-		ParseFlows(fl, func(f *Flow) { snap.Flows = append(snap.Flows, *f) })
+		ovs.ParseConntrack(ct, func(e *ovs.Entry) { snap.Conns = append(snap.Conns, *e) })
+		ovs.ParseFlows(fl, func(f *ovs.Flow) { snap.Flows = append(snap.Flows, *f) })
 		counters := snap.Counters()
 		for i := range snap.Conns {
 			s.conn(&snap.Conns[i], counters, snap.Taken)

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/dualflow/dualflow/flow"
+	"github.com/dualflow/dualflow/ovs"
 )
 
 // ethHeaderLen is the Ethernet header of an untagged frame. OpenFlow and
@@ -45,7 +46,7 @@ func newDeniedTable(idle, active time.Duration, max int) *deniedTable {
 }
 
 // add records one dropped packet seen at now.
-func (d *deniedTable) add(pi *PacketIn, now time.Time) {
+func (d *deniedTable) add(pi *ovs.PacketIn, now time.Time) {
 	k := deniedKey{pi.Tuple, pi.Cookie}
 	f, ok := d.flows[k]
 	if !ok {
@@ -69,7 +70,7 @@ func (d *deniedTable) add(pi *PacketIn, now time.Time) {
 
 // expire appends the records due at now (all of them when force is set,
 // with reason forced end) and returns the extended slice.
-func (d *deniedTable) expire(now time.Time, force bool, rules *Rules, out []flow.Record) []flow.Record {
+func (d *deniedTable) expire(now time.Time, force bool, rules *ovs.Rules, out []flow.Record) []flow.Record {
 	for k, f := range d.flows {
 		var reason flow.EndReason
 		switch {
@@ -94,7 +95,7 @@ func (d *deniedTable) expire(now time.Time, force bool, rules *Rules, out []flow
 	return out
 }
 
-func (f *deniedFlow) record(k deniedKey, reason flow.EndReason, rules *Rules) flow.Record {
+func (f *deniedFlow) record(k deniedKey, reason flow.EndReason, rules *ovs.Rules) flow.Record {
 	t := k.tuple
 	r := flow.Record{
 		FlowStart: f.first, FlowEnd: f.last,
@@ -107,8 +108,8 @@ func (f *deniedFlow) record(k deniedKey, reason flow.EndReason, rules *Rules) fl
 		r.ServiceAddr, r.ServicePort = f.service.Dst, f.service.DstPort
 	}
 	r.Normalize()
-	_, id, _ := SplitCookie(k.cookie)
-	p := flow.Policy{Rule: -1, ReportedVerdict: flow.VerdictDenied, ReportedName: rules.reportedName(id)}
+	_, id, _ := ovs.SplitCookie(k.cookie)
+	p := flow.Policy{Rule: -1, ReportedVerdict: flow.VerdictDenied, ReportedName: rules.ReportedName(id)}
 	if x, ok := rules.Lookup(id); ok && x.Direction == "egress" {
 		r.Egress = p
 	} else {

@@ -4,6 +4,8 @@ import (
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dualflow/dualflow/ovs"
 )
 
 // Parse error sources, the values of the source label of
@@ -64,7 +66,7 @@ var (
 
 // RuleStat is the sum of the statistics of every flow of one rule.
 type RuleStat struct {
-	Rule           Rule
+	Rule           ovs.Rule
 	Packets, Bytes uint64
 }
 

@@ -3,26 +3,13 @@
 // OVS's connection tracker, counters from OpenFlow flow statistics, and
 // denied connections from the packet-ins of drop flows. It talks to a
 // running ovs-vswitchd through its CLIs (ovs-appctl, ovs-ofctl), each run
-// under a timeout, and parses their text output; malformed output is
-// skipped and counted in dualflow_exporter_ovs_parse_errors_total, never
-// fatal.
-//
-// What each piece of OVS gives (see README.md):
-//
-//   - `ovs-appctl dpctl/dump-conntrack -m [zone=N]`: the connections, both
-//     families, with zone, mark, labels, NAT (reply tuple) and TCP state.
-//     The userspace datapath has no per-connection counters, no
-//     timestamps and id=0; the kernel datapath with -s adds counters.
-//   - `ovs-ofctl dump-flows`: per-flow packet and byte counts. Flows whose
-//     cookie has KindConn are per-connection counter flows that the
-//     datapath learns when it commits a connection (one per direction);
-//     KindAllow and KindDrop flows count NetworkPolicy rule hits and drops.
-//   - `ovs-ofctl monitor`: packet-ins. Drop flows send what they drop to
-//     the controller (rate-limited by a meter), so each denied packet is
-//     seen with its tuple and the drop flow's cookie.
+// under a timeout, and parses their text output with the top-level
+// package ovs (the vocabulary it shares with traceflow/node); malformed
+// output is skipped and counted in dualflow_exporter_ovs_parse_errors_total,
+// never fatal.
 //
 // The cookie layout and the rules file that maps rule IDs to names are
-// the contract with the datapath; see Cookie and Rules.
+// the contract with the datapath; see ovs.Cookie and ovs.Rules.
 package ovs
 
 import (
@@ -44,6 +31,7 @@ import (
 
 	"github.com/dualflow/dualflow/exporter/connstore"
 	"github.com/dualflow/dualflow/flow"
+	"github.com/dualflow/dualflow/ovs"
 )
 
 // SourceName is the flow.Record.Source of every record of this package.
@@ -51,12 +39,9 @@ const SourceName = "ovs"
 
 // Defaults of Config.
 const (
-	DefaultBridge          = "br-int"
-	DefaultCommandTimeout  = 5 * time.Second
 	DefaultDeniedIdle      = 2 * time.Second
 	DefaultDeniedActive    = 60 * time.Second
 	DefaultDeniedMaxFlows  = 65536 // ~10 MB of denied-flow state
-	DefaultMonitorMissLen  = 65534 // enables packet-ins on the monitor's service connection
 	deniedTick             = 250 * time.Millisecond
 	monitorRestartInterval = time.Second
 )
@@ -91,8 +76,8 @@ type Config struct {
 
 // SetDefaults fills unset fields.
 func (c *Config) SetDefaults() {
-	c.Bridge = cmp.Or(c.Bridge, DefaultBridge)
-	c.CommandTimeout = cmp.Or(c.CommandTimeout, DefaultCommandTimeout)
+	c.Bridge = cmp.Or(c.Bridge, ovs.DefaultBridge)
+	c.CommandTimeout = cmp.Or(c.CommandTimeout, ovs.DefaultCommandTimeout)
 	c.Appctl = cmp.Or(c.Appctl, "ovs-appctl")
 	c.Ofctl = cmp.Or(c.Ofctl, "ovs-ofctl")
 	c.DeniedIdle = cmp.Or(c.DeniedIdle, DefaultDeniedIdle)
@@ -120,7 +105,7 @@ type Source struct {
 	m   *metrics
 
 	mu       sync.Mutex
-	rules    *Rules
+	rules    *ovs.Rules
 	rulesMod time.Time
 	logged   time.Time // last parse-error log
 
@@ -186,7 +171,7 @@ func (s *Source) parseFailed(source string, n int, err error) {
 
 // currentRules returns the rules, reading the rules file again when its
 // modification time changed.
-func (s *Source) currentRules() *Rules {
+func (s *Source) currentRules() *ovs.Rules {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cfg.RulesFile == "" {
@@ -196,7 +181,7 @@ func (s *Source) currentRules() *Rules {
 	if err != nil || st.ModTime().Equal(s.rulesMod) {
 		return s.rules
 	}
-	r, err := LoadRules(s.cfg.RulesFile)
+	r, err := ovs.LoadRules(s.cfg.RulesFile)
 	if err != nil {
 		s.m.parseErrors.WithLabelValues(parseRules).Inc()
 		return s.rules
@@ -207,8 +192,8 @@ func (s *Source) currentRules() *Rules {
 
 // Snapshot is one reading of the connection tracker and the flow table.
 type Snapshot struct {
-	Conns []Entry
-	Flows []Flow
+	Conns []ovs.Entry
+	Flows []ovs.Flow
 	Taken time.Time
 }
 
@@ -232,14 +217,14 @@ func (s *Source) Snapshot(ctx context.Context) (*Snapshot, error) {
 		if err != nil {
 			return nil, err
 		}
-		bad, perr := ParseConntrack(out, func(e *Entry) { snap.Conns = append(snap.Conns, *e) })
+		bad, perr := ovs.ParseConntrack(out, func(e *ovs.Entry) { snap.Conns = append(snap.Conns, *e) })
 		s.parseFailed(parseConntrack, bad, perr)
 	}
 	out, err := s.run(ctx, "dump-flows", s.cfg.Ofctl, "--no-names", "dump-flows", s.cfg.Bridge)
 	if err != nil {
 		return nil, err
 	}
-	bad, perr := ParseFlows(out, func(f *Flow) { snap.Flows = append(snap.Flows, *f) })
+	bad, perr := ovs.ParseFlows(out, func(f *ovs.Flow) { snap.Flows = append(snap.Flows, *f) })
 	s.parseFailed(parseFlows, bad, perr)
 	return snap, nil
 }
@@ -256,10 +241,10 @@ func (sn *Snapshot) Counters() map[flow.Tuple]Counter {
 	out := make(map[flow.Tuple]Counter, len(sn.Flows))
 	for i := range sn.Flows {
 		f := &sn.Flows[i]
-		if k, _, ok := SplitCookie(f.Cookie); !ok || k != KindConn {
+		if k, _, ok := ovs.SplitCookie(f.Cookie); !ok || k != ovs.KindConn {
 			continue
 		}
-		t, ok := MatchTuple(f.Match)
+		t, ok := ovs.MatchTuple(f.Match)
 		if !ok {
 			continue
 		}
@@ -272,35 +257,23 @@ func (sn *Snapshot) Counters() map[flow.Tuple]Counter {
 	return out
 }
 
-// CounterKeys returns the counter-flow tuples of entry e's two directions:
-// the original direction as it leaves conntrack (after DNAT: the reply
-// tuple reversed) and the reply direction (after un-DNAT: the original
-// tuple reversed). ICMP counter flows carry no ports.
-func CounterKeys(e *Entry) (orig, reply flow.Tuple) {
-	orig, reply = e.Reply.Reverse(), e.Orig.Reverse()
-	if e.Orig.Proto == flow.ProtoICMP || e.Orig.Proto == flow.ProtoICMPv6 {
-		orig.SrcPort, orig.DstPort, reply.SrcPort, reply.DstPort = 0, 0, 0, 0
-	}
-	return orig, reply
-}
-
 // RuleStats sums the statistics of the snapshot's allow and drop flows per
 // rule ID, named from rules.
-func (sn *Snapshot) RuleStats(rules *Rules) []RuleStat {
+func (sn *Snapshot) RuleStats(rules *ovs.Rules) []RuleStat {
 	idx := map[uint64]int{}
 	var out []RuleStat
 	for i := range sn.Flows {
 		f := &sn.Flows[i]
-		k, id, ok := SplitCookie(f.Cookie)
-		if !ok || (k != KindAllow && k != KindDrop) {
+		k, id, ok := ovs.SplitCookie(f.Cookie)
+		if !ok || (k != ovs.KindAllow && k != ovs.KindDrop) {
 			continue
 		}
-		key := Cookie(k, id)
+		key := ovs.Cookie(k, id)
 		j, seen := idx[key]
 		if !seen {
 			r, known := rules.Lookup(id)
 			if !known {
-				r = Rule{ID: id, Kind: k, Name: rules.reportedName(id), Index: -1}
+				r = ovs.Rule{ID: id, Kind: k, Name: rules.ReportedName(id), Index: -1}
 			}
 			r.Kind = k
 			j = len(out)
@@ -365,7 +338,7 @@ func (s *Source) Dump(version uint8, dst []connstore.Conn) ([]connstore.Conn, er
 }
 
 // conn turns a conntrack entry and its counter flows into an observation.
-func (s *Source) conn(e *Entry, counters map[flow.Tuple]Counter, taken time.Time) connstore.Conn {
+func (s *Source) conn(e *ovs.Entry, counters map[flow.Tuple]Counter, taken time.Time) connstore.Conn {
 	orig := e.Orig
 	if orig.Proto == flow.ProtoICMP || orig.Proto == flow.ProtoICMPv6 {
 		// The exporter keys ICMP connections by echo id, like the kernel
@@ -393,7 +366,7 @@ func (s *Source) conn(e *Entry, counters map[flow.Tuple]Counter, taken time.Time
 		c.Packets, c.Bytes, c.ReversePackets, c.ReverseBytes = e.OrigPackets, e.OrigBytes, e.ReplyPackets, e.ReplyBytes
 		c.HasCounters = true
 	default:
-		ok, rk := CounterKeys(e)
+		ok, rk := ovs.CounterKeys(e)
 		oc, okO := counters[ok]
 		rc, okR := counters[rk]
 		if okO || okR {
@@ -434,7 +407,7 @@ func (s *Source) Listen(ctx context.Context, _ func([]connstore.Conn)) error {
 // flows are passed with reason forced end.
 func (s *Source) Denied(ctx context.Context, fn func([]flow.Record)) error {
 	tbl := newDeniedTable(s.cfg.DeniedIdle, s.cfg.DeniedActive, s.cfg.DeniedMaxFlows)
-	pis := make(chan PacketIn, 1024) // bounded: when full the packet is counted as overflow and dropped
+	pis := make(chan ovs.PacketIn, 1024) // bounded: when full the packet is counted as overflow and dropped
 	var wg sync.WaitGroup
 	mctx, stop := context.WithCancel(ctx)
 	wg.Go(func() { s.monitorLoop(mctx, pis) })
@@ -467,7 +440,7 @@ func (s *Source) Denied(ctx context.Context, fn func([]flow.Record)) error {
 
 // monitorLoop keeps `ovs-ofctl monitor` running and sends the packet-ins
 // of drop flows to out until ctx is done.
-func (s *Source) monitorLoop(ctx context.Context, out chan<- PacketIn) {
+func (s *Source) monitorLoop(ctx context.Context, out chan<- ovs.PacketIn) {
 	for ctx.Err() == nil {
 		if err := s.monitor(ctx, out); err != nil && ctx.Err() == nil {
 			s.m.commandErrors.WithLabelValues("monitor").Inc()
@@ -480,8 +453,8 @@ func (s *Source) monitorLoop(ctx context.Context, out chan<- PacketIn) {
 	}
 }
 
-func (s *Source) monitor(ctx context.Context, out chan<- PacketIn) error {
-	cmd := exec.CommandContext(ctx, s.cfg.Ofctl, "--no-names", "monitor", s.cfg.Bridge, strconv.Itoa(DefaultMonitorMissLen))
+func (s *Source) monitor(ctx context.Context, out chan<- ovs.PacketIn) error {
+	cmd := exec.CommandContext(ctx, s.cfg.Ofctl, "--no-names", "monitor", s.cfg.Bridge, strconv.Itoa(ovs.DefaultMonitorMissLen))
 	cmd.Env = s.env()
 	cmd.WaitDelay = time.Second
 	// ovs-ofctl monitor prints the messages it receives on stderr
@@ -498,7 +471,7 @@ func (s *Source) monitor(ctx context.Context, out chan<- PacketIn) error {
 	// holds the pipe open.
 	stopClose := context.AfterFunc(ctx, func() { stdout.Close() })
 	defer stopClose()
-	var p MonitorParser
+	var p ovs.MonitorParser
 	sc := bufio.NewScanner(stdout)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
@@ -511,7 +484,7 @@ func (s *Source) monitor(ctx context.Context, out chan<- PacketIn) error {
 		if !done {
 			continue
 		}
-		if k, _, ok := SplitCookie(pi.Cookie); !ok || k != KindDrop {
+		if k, _, ok := ovs.SplitCookie(pi.Cookie); !ok || k != ovs.KindDrop {
 			continue
 		}
 		select {

@@ -13,7 +13,19 @@ import (
 
 	"github.com/dualflow/dualflow/exporter/connstore"
 	"github.com/dualflow/dualflow/flow"
+	"github.com/dualflow/dualflow/ovs"
 )
+
+// readTestdata reads a capture of the OVS lab from the parsers' testdata
+// (package ovs), which the source's tests replay through fake CLIs.
+func readTestdata(t testing.TB, name string) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", "ovs", "testdata", name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
 
 // fakeCLI writes a script that prints out (and, after delay, exits) and
 // returns its path.
@@ -132,20 +144,19 @@ func TestDumpTimeout(t *testing.T) {
 func TestDenied(t *testing.T) {
 	out := readTestdata(t, "monitor-ipv4.txt") + "NXT_PACKET_IN2 (xid=0x0): garbage\n" + readTestdata(t, "monitor-ipv6.txt")
 	rules := filepath.Join(t.TempDir(), "rules.json")
-	var rs []Rule
+	var rs []ovs.Rule
 	// Name every drop cookie of the capture.
-	var p MonitorParser
+	var p ovs.MonitorParser
 	seen := map[uint32]bool{}
-	lines(out, func(l string) bool {
-		if pi, done, _ := p.Feed(l); done {
-			if _, id, _ := SplitCookie(pi.Cookie); !seen[id] {
+	for l := range strings.Lines(out) {
+		if pi, done, _ := p.Feed(strings.TrimSuffix(l, "\n")); done {
+			if _, id, _ := ovs.SplitCookie(pi.Cookie); !seen[id] {
 				seen[id] = true
-				rs = append(rs, Rule{ID: id, Kind: KindDrop, Name: "drop/egress/test/" + string(rune('a'+len(rs))), Direction: "egress"})
+				rs = append(rs, ovs.Rule{ID: id, Kind: ovs.KindDrop, Name: "drop/egress/test/" + string(rune('a'+len(rs))), Direction: "egress"})
 			}
 		}
-		return true
-	})
-	if err := WriteRules(rules, rs); err != nil {
+	}
+	if err := ovs.WriteRules(rules, rs); err != nil {
 		t.Fatal(err)
 	}
 	// ovs-ofctl monitor prints on stderr.

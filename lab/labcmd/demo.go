@@ -357,7 +357,8 @@ func StartProduct(ctx context.Context, l *lab.Lab, cfg app.Config, opts ProductO
 	expCtx, stopExporters := context.WithCancel(context.WithoutCancel(ctx))
 	p.stopExp, p.exporters = stopExporters, make(chan error, len(l.Manifest.Nodes))
 	for _, n := range l.Manifest.Nodes {
-		ecfg := exporter.NewConfig()
+		ncfg := app.NodeConfig{Exporter: exporter.NewConfig()}
+		ecfg := &ncfg.Exporter
 		ecfg.NodeName, ecfg.MetricsAddr, ecfg.Logger = n.Name, "", log.With("exporter", n.Name)
 		ecfg.IPv4, ecfg.IPv6 = mode.Has(corev1.IPv4Protocol), mode.Has(corev1.IPv6Protocol)
 		ecfg.NetNS = l.NodeNetNSPath(n.Name)
@@ -368,20 +369,20 @@ func StartProduct(ctx context.Context, l *lab.Lab, cfg app.Config, opts ProductO
 		ecfg.PollInterval = 2 * time.Second
 		ecfg.Store.ActiveTimeout, ecfg.Store.IdleTimeout = opts.ActiveTimeout, 5*time.Second
 		ecfg.IPFIX.Address, ecfg.IPFIX.Transport = p.IPFIXTarget, p.IPFIXTransport
-		ecfg.Traceflow.Listener, ecfg.Traceflow.TokenFile, ecfg.Traceflow.NFT = listeners[n.Name], tokenFile, nftBin
-		delete(listeners, n.Name) // the exporter owns it now
-		ecfg.SetDefaults()
-		if err := ecfg.Validate(); err != nil {
+		ncfg.Agent.Listener, ncfg.Agent.TokenFile, ncfg.Agent.NFT = listeners[n.Name], tokenFile, nftBin
+		delete(listeners, n.Name) // the node owns it now
+		ncfg.Exporter.SetDefaults()
+		if err := ncfg.Validate(); err != nil {
 			closeAll()
 			return nil, errors.Join(fmt.Errorf("exporter %s: %w", n.Name, err), p.Stop())
 		}
-		e, err := exporter.New(ecfg)
+		node, err := app.NewNode(ncfg)
 		if err != nil {
 			closeAll()
 			return nil, errors.Join(fmt.Errorf("exporter %s: %w", n.Name, err), p.Stop())
 		}
 		p.started++
-		go func() { p.exporters <- e.Run(expCtx) }()
+		go func() { p.exporters <- node.Run(expCtx) }()
 	}
 	return p, nil
 }

@@ -28,9 +28,10 @@
 //	table 70 L3 forwarding: local pod (gateway MAC → pod MAC, dec_ttl) or
 //	         remote node's pod CIDR (→ that node's uplink MAC over eth0)
 //
-// Cookies follow exporter/ovs: Cookie(kind, id) with id = RuleID(name) for
-// allow and drop flows, so rule statistics and packet-ins can be read back
-// per NetworkPolicy rule with the rules file (exporter/ovs.Rules).
+// Cookies follow the contract of the top-level package ovs: Cookie(kind,
+// id) with id = RuleID(name) for allow and drop flows, so rule statistics
+// and packet-ins can be read back per NetworkPolicy rule with the rules
+// file (ovs.Rules).
 package ovs
 
 import (
@@ -44,10 +45,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
-	xovs "github.com/dualflow/dualflow/exporter/ovs"
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/lab/nft"
 	"github.com/dualflow/dualflow/lab/topology"
+	"github.com/dualflow/dualflow/ovs"
 )
 
 // Tables of the pipeline (see the package comment).
@@ -116,8 +117,8 @@ type Ruleset struct {
 
 // Rules returns the rules file entries of every NetworkPolicy rule and
 // every drop rule of the manifest, on any node.
-func Rules(m *manifest.Manifest) ([]xovs.Rule, error) {
-	var out []xovs.Rule
+func Rules(m *manifest.Manifest) ([]ovs.Rule, error) {
+	var out []ovs.Rule
 	seen := map[string]bool{}
 	for i := range m.Nodes {
 		pps, err := nft.Policies(m, m.Nodes[i].Name)
@@ -128,19 +129,19 @@ func Rules(m *manifest.Manifest) ([]xovs.Rule, error) {
 			for _, r := range pp.Rules {
 				if !seen[r.Name] {
 					seen[r.Name] = true
-					out = append(out, xovs.Rule{ID: xovs.RuleID(r.Name), Kind: xovs.KindAllow, Name: r.Name,
+					out = append(out, ovs.Rule{ID: ovs.RuleID(r.Name), Kind: ovs.KindAllow, Name: r.Name,
 						Namespace: r.Namespace, Policy: r.Policy, Direction: string(pp.Dir), Index: r.Index})
 				}
 			}
 			if !seen[pp.Drop] {
 				seen[pp.Drop] = true
-				out = append(out, xovs.Rule{ID: xovs.RuleID(pp.Drop), Kind: xovs.KindDrop, Name: pp.Drop,
+				out = append(out, ovs.Rule{ID: ovs.RuleID(pp.Drop), Kind: ovs.KindDrop, Name: pp.Drop,
 					Namespace: pp.Pod.Namespace, Pod: pp.Pod.Name, Direction: string(pp.Dir), Index: -1})
 			}
 		}
 	}
-	slices.SortFunc(out, func(a, b xovs.Rule) int { return cmp.Compare(a.Name, b.Name) })
-	if _, err := xovs.NewRules(out); err != nil { // a hash collision
+	slices.SortFunc(out, func(a, b ovs.Rule) int { return cmp.Compare(a.Name, b.Name) })
+	if _, err := ovs.NewRules(out); err != nil { // a hash collision
 		return nil, err
 	}
 	return out, nil
@@ -193,7 +194,7 @@ func (b *builder) add(table int, prio int, cookie uint64, match, actions string)
 	b.n++
 }
 
-func pipe(table int) uint64 { return xovs.Cookie(xovs.KindPipeline, uint32(table)) }
+func pipe(table int) uint64 { return ovs.Cookie(ovs.KindPipeline, uint32(table)) }
 
 func macString(m net.HardwareAddr) string { return m.String() }
 
@@ -236,7 +237,7 @@ func Render(m *manifest.Manifest, node string, env Env) (*Ruleset, error) {
 				cidr, _ := manifest.NodePodCIDR(n, corev1.IPv4Protocol)
 				gw := cidr.Addr().Next()
 				gwHex := fmt.Sprintf("%#x", uint32(gw.As4()[0])<<24|uint32(gw.As4()[1])<<16|uint32(gw.As4()[2])<<8|uint32(gw.As4()[3]))
-				b.add(TableClassify, 200, xovs.Cookie(xovs.KindNeighbor, 1), fmt.Sprintf("in_port=%d,arp,arp_op=1,arp_tpa=%s", port, gw),
+				b.add(TableClassify, 200, ovs.Cookie(ovs.KindNeighbor, 1), fmt.Sprintf("in_port=%d,arp,arp_op=1,arp_tpa=%s", port, gw),
 					"move:NXM_OF_ETH_SRC[]->NXM_OF_ETH_DST[],mod_dl_src:"+gatewayMAC+",load:2->NXM_OF_ARP_OP[],move:NXM_NX_ARP_SHA[]->NXM_NX_ARP_THA[],"+
 						"move:NXM_OF_ARP_SPA[]->NXM_OF_ARP_TPA[],load:0x"+strings.ReplaceAll(gatewayMAC, ":", "")+"->NXM_NX_ARP_SHA[],load:"+gwHex+"->NXM_OF_ARP_SPA[],IN_PORT")
 			} else {
@@ -245,11 +246,11 @@ func Render(m *manifest.Manifest, node string, env Env) (*Ruleset, error) {
 				// advertisement (router, solicited, override) sent back;
 				// table 1 writes the target link-layer address, which OVS
 				// only accepts on a flow that matches an advertisement.
-				b.add(TableClassify, 200, xovs.Cookie(xovs.KindNeighbor, 2), fmt.Sprintf("in_port=%d,icmp6,icmp_type=135,nd_target=%s", port, gw),
+				b.add(TableClassify, 200, ovs.Cookie(ovs.KindNeighbor, 2), fmt.Sprintf("in_port=%d,icmp6,icmp_type=135,nd_target=%s", port, gw),
 					"move:NXM_OF_ETH_SRC[]->NXM_OF_ETH_DST[],mod_dl_src:"+gatewayMAC+",move:NXM_NX_IPV6_SRC[]->NXM_NX_IPV6_DST[],"+
 						"set_field:"+gw.String()+"->ipv6_src,set_field:136->icmpv6_type,set_field:2->nd_options_type,set_field:0xe0000000->nd_reserved,"+
 						fmt.Sprintf("resubmit(,%d)", TableNeighbor))
-				b.add(TableNeighbor, 100, xovs.Cookie(xovs.KindNeighbor, 2), fmt.Sprintf("in_port=%d,icmp6,icmp_type=136,nd_target=%s", port, gw),
+				b.add(TableNeighbor, 100, ovs.Cookie(ovs.KindNeighbor, 2), fmt.Sprintf("in_port=%d,icmp6,icmp_type=136,nd_target=%s", port, gw),
 					"set_field:"+gatewayMAC+"->nd_tll,IN_PORT")
 			}
 		}
@@ -270,7 +271,7 @@ func Render(m *manifest.Manifest, node string, env Env) (*Ruleset, error) {
 	}
 	b.add(TableConntrack, 0, pipe(TableConntrack), "", "drop")
 	b.add(TableCTState, 200, pipe(TableCTState), "ct_state=+inv+trk", "drop")
-	b.add(TableCTState, 190, pipe(TableCTState), fmt.Sprintf("ct_state=-new+est+trk,ct_mark=%#x/%#x", xovs.MarkAllowed, xovs.MarkAllowed), fmt.Sprintf("goto_table:%d", TableCount))
+	b.add(TableCTState, 190, pipe(TableCTState), fmt.Sprintf("ct_state=-new+est+trk,ct_mark=%#x/%#x", ovs.MarkAllowed, ovs.MarkAllowed), fmt.Sprintf("goto_table:%d", TableCount))
 	b.add(TableCTState, 190, pipe(TableCTState), "ct_state=-new+rel+trk", fmt.Sprintf("goto_table:%d", TableCount))
 	b.add(TableCTState, 0, pipe(TableCTState), "", fmt.Sprintf("goto_table:%d", TableService))
 
@@ -286,7 +287,7 @@ func Render(m *manifest.Manifest, node string, env Env) (*Ruleset, error) {
 		if !m.Mode().Has(f.k8s) {
 			continue
 		}
-		cookie := xovs.Cookie(xovs.KindService, xovs.RuleID(sp.ID))
+		cookie := ovs.Cookie(ovs.KindService, ovs.RuleID(sp.ID))
 		match := fmt.Sprintf("ct_state=+new+trk,%s,%s=%s,tp_dst=%d", f.proto(sp.Proto), f.dst, sp.VIP, sp.Port)
 		if len(sp.Endpoints) == 0 {
 			// nft rejects; OpenFlow has no reject, so the lab drops.
@@ -319,7 +320,7 @@ func Render(m *manifest.Manifest, node string, env Env) (*Ruleset, error) {
 
 	// Table 50: commit, with per-connection counter flows.
 	commit := fmt.Sprintf("ct(commit,zone=%d,exec(set_field:%#x/%#x->ct_mark,move:NXM_NX_REG5[]->NXM_NX_CT_LABEL[0..31],move:NXM_NX_REG6[]->NXM_NX_CT_LABEL[32..63]),table=%d)",
-		Zone, xovs.MarkAllowed, xovs.MarkAllowed, TableCount)
+		Zone, ovs.MarkAllowed, ovs.MarkAllowed, TableCount)
 	for _, f := range []fam{fam4, fam6} {
 		for _, p := range []struct {
 			name, nxm string
@@ -327,7 +328,7 @@ func Render(m *manifest.Manifest, node string, env Env) (*Ruleset, error) {
 		}{{"tcp", "TCP", 6}, {"udp", "UDP", 17}} {
 			learn := func(reply bool) string {
 				spec := fmt.Sprintf("learn(table=%d,idle_timeout=%d,priority=100,cookie=%#x,eth_type=%s,nw_proto=%d,",
-					TableConnCounts, ConnIdleTimeout, xovs.Cookie(xovs.KindConn, 0), f.ethType, p.num)
+					TableConnCounts, ConnIdleTimeout, ovs.Cookie(ovs.KindConn, 0), f.ethType, p.num)
 				if !reply {
 					return spec + fmt.Sprintf("%s,%s,NXM_OF_%s_SRC[],NXM_OF_%s_DST[])", f.ipSrcNXM, f.ipDstN, p.nxm, p.nxm)
 				}
@@ -341,7 +342,7 @@ func Render(m *manifest.Manifest, node string, env Env) (*Ruleset, error) {
 		}
 		icmpLearn := func(reply bool) string {
 			spec := fmt.Sprintf("learn(table=%d,idle_timeout=%d,priority=100,cookie=%#x,eth_type=%s,nw_proto=%d,",
-				TableConnCounts, ConnIdleTimeout, xovs.Cookie(xovs.KindConn, 0), f.ethType, map[bool]int{false: 1, true: 58}[f == fam6])
+				TableConnCounts, ConnIdleTimeout, ovs.Cookie(ovs.KindConn, 0), f.ethType, map[bool]int{false: 1, true: 58}[f == fam6])
 			if !reply {
 				return spec + f.ipSrcNXM + "," + f.ipDstN + ")"
 			}
@@ -408,8 +409,8 @@ func policyFlows(b *builder, pp nft.PodPolicy, port int) error {
 		return fmt.Sprintf("%s=%s", f.dst, a), true
 	}
 	for k, rule := range pp.Rules {
-		id := xovs.RuleID(rule.Name)
-		cookie := xovs.Cookie(xovs.KindAllow, id)
+		id := ovs.RuleID(rule.Name)
+		cookie := ovs.Cookie(ovs.KindAllow, id)
 		prio := rulePriorityBase - k
 		actions := fmt.Sprintf("load:%#x->%s,goto_table:%d", id, reg, next)
 		for _, mt := range rule.Matches {
@@ -426,7 +427,7 @@ func policyFlows(b *builder, pp nft.PodPolicy, port int) error {
 			}
 		}
 	}
-	drop := xovs.Cookie(xovs.KindDrop, xovs.RuleID(pp.Drop))
+	drop := ovs.Cookie(ovs.KindDrop, ovs.RuleID(pp.Drop))
 	for _, f := range []fam{fam4, fam6} {
 		sel, ok := selector(f)
 		if !ok {

@@ -8,9 +8,9 @@ import (
 	"strings"
 	"testing"
 
-	xovs "github.com/dualflow/dualflow/exporter/ovs"
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/lab/nft"
+	"github.com/dualflow/dualflow/ovs"
 )
 
 func TestPortMasks(t *testing.T) {
@@ -131,11 +131,11 @@ func TestRender(t *testing.T) {
 			allow := nft.RuleName("backend", manifest.PolicyAllowWeb, nft.Ingress, 0)
 			metrics := nft.RuleName("backend", manifest.PolicyMetricsIPv4, nft.Ingress, 0)
 			r := strings.NewReplacer(
-				"ALLOWWEB", fmt.Sprintf("%#x", xovs.Cookie(xovs.KindAllow, xovs.RuleID(allow))),
-				"ALLOWID", fmt.Sprintf("%#x", xovs.RuleID(allow)),
-				"METRICS", fmt.Sprintf("%#x", xovs.Cookie(xovs.KindAllow, xovs.RuleID(metrics))),
-				"DROPAPI", fmt.Sprintf("%#x", xovs.Cookie(xovs.KindDrop, xovs.RuleID(nft.DropName(nft.Ingress, "backend", api)))),
-				"DROPPROBE", fmt.Sprintf("%#x", xovs.Cookie(xovs.KindDrop, xovs.RuleID(nft.DropName(nft.Egress, "tools", probe)))),
+				"ALLOWWEB", fmt.Sprintf("%#x", ovs.Cookie(ovs.KindAllow, ovs.RuleID(allow))),
+				"ALLOWID", fmt.Sprintf("%#x", ovs.RuleID(allow)),
+				"METRICS", fmt.Sprintf("%#x", ovs.Cookie(ovs.KindAllow, ovs.RuleID(metrics))),
+				"DROPAPI", fmt.Sprintf("%#x", ovs.Cookie(ovs.KindDrop, ovs.RuleID(nft.DropName(nft.Ingress, "backend", api)))),
+				"DROPPROBE", fmt.Sprintf("%#x", ovs.Cookie(ovs.KindDrop, ovs.RuleID(nft.DropName(nft.Egress, "tools", probe)))),
 			)
 			for _, w := range tc.want {
 				if w = r.Replace(w); !strings.Contains(rs.Flows, w) {
@@ -175,17 +175,17 @@ func TestRules(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	names := map[string]xovs.Rule{}
+	names := map[string]ovs.Rule{}
 	for _, r := range rules {
 		names[r.Name] = r
-		if r.ID != xovs.RuleID(r.Name) {
+		if r.ID != ovs.RuleID(r.Name) {
 			t.Errorf("rule %s: id %#x", r.Name, r.ID)
 		}
 	}
-	if r, ok := names[nft.RuleName("tools", "restrict-egress", nft.Egress, 1)]; !ok || r.Kind != xovs.KindAllow || r.Index != 1 || r.Direction != "egress" {
+	if r, ok := names[nft.RuleName("tools", "restrict-egress", nft.Egress, 1)]; !ok || r.Kind != ovs.KindAllow || r.Index != 1 || r.Direction != "egress" {
 		t.Errorf("restrict-egress rule 1: %+v %v", r, ok)
 	}
-	if r, ok := names[nft.DropName(nft.Egress, "tools", "probe-3")]; !ok || r.Kind != xovs.KindDrop || r.Pod != "probe-3" {
+	if r, ok := names[nft.DropName(nft.Egress, "tools", "probe-3")]; !ok || r.Kind != ovs.KindDrop || r.Pod != "probe-3" {
 		t.Errorf("drop rule of probe-3: %+v %v", r, ok)
 	}
 }

@@ -18,6 +18,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/dualflow/dualflow/app"
 	"github.com/dualflow/dualflow/collector"
 	"github.com/dualflow/dualflow/collector/ipfix"
 	"github.com/dualflow/dualflow/exporter"
@@ -207,12 +208,13 @@ func startExporter(t *testing.T, l *lab.Lab, mode manifest.Mode, node, addr stri
 // startExporterWith is startExporter with set giving the collectors (and
 // any other change) before the defaults are filled.
 func startExporterWith(t *testing.T, l *lab.Lab, mode manifest.Mode, node string, set func(*exporter.Config), agents ...*nodeAgents) {
-	cfg := exporter.NewConfig()
+	ncfg := app.NodeConfig{Exporter: exporter.NewConfig()}
 	for _, a := range agents {
 		// The node's traceflow agent, on its listener, with the token.
-		cfg.Traceflow.Listener, cfg.Traceflow.TokenFile = a.listeners[node], a.tokenFile
-		cfg.Traceflow.NFT, _ = lab.NFTPath()
+		ncfg.Agent.Listener, ncfg.Agent.TokenFile = a.listeners[node], a.tokenFile
+		ncfg.Agent.NFT, _ = lab.NFTPath()
 	}
+	cfg := &ncfg.Exporter
 	cfg.NodeName = node
 	cfg.MetricsAddr = ""
 	cfg.NetNS = l.NodeNetNSPath(node)
@@ -222,18 +224,18 @@ func startExporterWith(t *testing.T, l *lab.Lab, mode manifest.Mode, node string
 	cfg.Store.IdleTimeout = time.Second
 	cfg.Store.ActiveTimeout = time.Hour
 	cfg.IPFIX.FlushInterval = 50 * time.Millisecond
-	set(&cfg)
-	cfg.SetDefaults()
-	if err := cfg.Validate(); err != nil {
+	set(cfg)
+	ncfg.Exporter.SetDefaults()
+	if err := ncfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	e, err := exporter.New(cfg)
+	n, err := app.NewNode(ncfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- e.Run(ctx) }()
+	go func() { done <- n.Run(ctx) }()
 	t.Cleanup(func() {
 		cancel()
 		select {

@@ -18,6 +18,7 @@ import (
 	"github.com/dualflow/dualflow/lab/agent"
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/lab/nft"
+	"github.com/dualflow/dualflow/ovs"
 	"github.com/dualflow/dualflow/test/support/ipfixtest"
 )
 
@@ -250,7 +251,7 @@ func testOVSExporter(t *testing.T, mode manifest.Mode) {
 			} else if r.ServiceAddr.IsValid() || r.DstAddr != s.to.Addr() {
 				t.Errorf("plain flow: service %v, destination %v", r.ServiceAddr, r.DstAddr)
 			}
-			if r.ExporterNode != "node-1" || r.Source != "ovs" || r.Zone != c.Zone || r.Mark&xovs.MarkAllowed == 0 || r.FlowStart.IsZero() ||
+			if r.ExporterNode != "node-1" || r.Source != "ovs" || r.Zone != c.Zone || r.Mark&ovs.MarkAllowed == 0 || r.FlowStart.IsZero() ||
 				(r.EndReason != flow.EndReasonIdleTimeout && r.EndReason != flow.EndReasonEndOfFlow) {
 				t.Errorf("node %q source %q zone %d mark %#x start %v", r.ExporterNode, r.Source, r.Zone, r.Mark, r.FlowStart)
 			}

@@ -17,7 +17,7 @@ import (
 	"sync"
 	"time"
 
-	xovs "github.com/dualflow/dualflow/exporter/ovs"
+	"github.com/dualflow/dualflow/ovs"
 	"github.com/dualflow/dualflow/traceflow"
 	"github.com/dualflow/dualflow/traceflow/observe"
 	"github.com/dualflow/dualflow/traceflow/packet"
@@ -28,7 +28,7 @@ import (
 //
 //   - the packet-ins of drop flows (`ovs-ofctl monitor`): the real probe
 //     dropped on this node, with the drop flow's cookie, named through the
-//     rules file (exporter/ovs.Rules);
+//     rules file (ovs.Rules);
 //   - the captures at the local target pods: the real probe delivered;
 //   - `ovs-appctl ofproto/trace` of the probe's flow for the path through
 //     the bridge's tables: on the source node from the pod's port with the
@@ -51,7 +51,7 @@ type OVS struct {
 	// (default eth0): the path of a probe sent from another node is traced
 	// from there.
 	Uplink string
-	// RulesFile maps flow cookies to policy rules (exporter/ovs.Rules).
+	// RulesFile maps flow cookies to policy rules (ovs.Rules).
 	RulesFile string
 }
 
@@ -59,7 +59,7 @@ type OVS struct {
 const DefaultUplink = "eth0"
 
 func (o OVS) withDefaults() OVS {
-	o.Bridge = cmp.Or(o.Bridge, xovs.DefaultBridge)
+	o.Bridge = cmp.Or(o.Bridge, ovs.DefaultBridge)
 	o.Uplink = cmp.Or(o.Uplink, DefaultUplink)
 	return o
 }
@@ -75,7 +75,7 @@ const (
 	// the monitor prints no updates.
 	ovsWatchTable = 254
 	// ovsCommandTimeout bounds one CLI run.
-	ovsCommandTimeout = xovs.DefaultCommandTimeout
+	ovsCommandTimeout = ovs.DefaultCommandTimeout
 	// dropBuffer is the probe's drop packet-ins waiting for the watch
 	// loop: one per copy the controller sends (agent.DefaultMaxSends). A
 	// full buffer blocks the monitor's reader until the watch ends.
@@ -122,14 +122,14 @@ type ovsWatch struct {
 	t      *Tracer
 	p      traceflow.Probe
 	cli    ovsCLI
-	rules  *xovs.Rules
+	rules  *ovs.Rules
 	source bool // the probe's source pod is on this node
 }
 
 func (t *Tracer) watchOVS(ctx context.Context, p traceflow.Probe, emit func(traceflow.WatchEvent) error) error {
 	w := &ovsWatch{t: t, p: p, cli: ovsCLI{cfg: t.OVS.withDefaults()}}
 	if f := w.cli.cfg.RulesFile; f != "" {
-		rules, err := xovs.LoadRules(f)
+		rules, err := ovs.LoadRules(f)
 		if err != nil {
 			return err
 		}
@@ -149,7 +149,7 @@ func (t *Tracer) watchOVS(ctx context.Context, p traceflow.Probe, emit func(trac
 		cancel()
 		wg.Wait()
 	}()
-	drops := make(chan xovs.PacketIn, dropBuffer)
+	drops := make(chan ovs.PacketIn, dropBuffer)
 	monExit, err := w.startPacketIns(ctx, drops, &wg)
 	if err != nil {
 		return err
@@ -299,9 +299,9 @@ func (w *ovsWatch) events(obs []traceflow.Observation) []traceflow.WatchEvent {
 // waits until it is subscribed, and sends the probe's packet-ins of drop
 // flows to out. The returned channel reports the monitor exiting before
 // ctx ended. The monitor and its reader are wg's.
-func (w *ovsWatch) startPacketIns(ctx context.Context, out chan<- xovs.PacketIn, wg *sync.WaitGroup) (<-chan error, error) {
+func (w *ovsWatch) startPacketIns(ctx context.Context, out chan<- ovs.PacketIn, wg *sync.WaitGroup) (<-chan error, error) {
 	cmd := exec.CommandContext(ctx, "ovs-ofctl", "--no-names", "monitor", w.cli.cfg.Bridge,
-		strconv.Itoa(xovs.DefaultMonitorMissLen), "watch:table="+strconv.Itoa(ovsWatchTable))
+		strconv.Itoa(ovs.DefaultMonitorMissLen), "watch:table="+strconv.Itoa(ovsWatchTable))
 	cmd.Env = w.cli.env()
 	r, pw, err := os.Pipe()
 	if err != nil {
@@ -328,7 +328,7 @@ func (w *ovsWatch) startPacketIns(ctx context.Context, out chan<- xovs.PacketIn,
 		sc := bufio.NewScanner(r)
 		sc.Buffer(make([]byte, 64<<10), 1<<20)
 		subscribed, last := false, ""
-		var mp xovs.MonitorParser
+		var mp ovs.MonitorParser
 		for sc.Scan() {
 			l := sc.Text()
 			w.raw("monitor", l)
@@ -368,8 +368,8 @@ func (w *ovsWatch) startPacketIns(ctx context.Context, out chan<- xovs.PacketIn,
 // mine reports whether pi, whose packet line is line, is a drop of the
 // probe: a drop flow's, of the probe's source, protocol, source port and
 // tag (the DSCP; the echo id of ICMP is not in a packet-in).
-func (w *ovsWatch) mine(pi xovs.PacketIn, line string) bool {
-	if k, _, ok := xovs.SplitCookie(pi.Cookie); !ok || k != xovs.KindDrop {
+func (w *ovsWatch) mine(pi ovs.PacketIn, line string) bool {
+	if k, _, ok := ovs.SplitCookie(pi.Cookie); !ok || k != ovs.KindDrop {
 		return false
 	}
 	proto := w.p.ProtoNumber()
@@ -450,19 +450,19 @@ func (w *ovsWatch) runTrace(ctx context.Context, iface string, dst netip.Addr, d
 // NetworkPolicy rules, and the pipeline flows that output the packet
 // (routing) or end it with a drop. Drop flows are left out: the real
 // probe's packet-in reports them.
-func traceObs(p traceflow.Probe, tr observe.OFTrace, dst netip.Addr, dport uint16, ports map[string]int, rules *xovs.Rules) []traceflow.Observation {
+func traceObs(p traceflow.Probe, tr observe.OFTrace, dst netip.Addr, dport uint16, ports map[string]int, rules *ovs.Rules) []traceflow.Observation {
 	names := make(map[string]string, len(ports))
 	for n, no := range ports {
 		names[strconv.Itoa(no)] = n
 	}
 	var out []traceflow.Observation
 	for i, s := range tr.Steps {
-		kind, id, ok := xovs.SplitCookie(s.Cookie)
+		kind, id, ok := ovs.SplitCookie(s.Cookie)
 		if !ok {
 			continue
 		}
 		switch kind {
-		case xovs.KindService:
+		case ovs.KindService:
 			o := traceflow.Observation{Component: traceflow.LoadBalancing, Action: traceflow.ActionForwarded, Service: p.Service,
 				Detail: fmt.Sprintf("table %d: %s", s.Table, s.Match)}
 			if dst != p.Dst || dport != p.DstPort {
@@ -472,16 +472,16 @@ func traceObs(p traceflow.Probe, tr observe.OFTrace, dst netip.Addr, dport uint1
 				o.Detail += " (select group: the endpoint is chosen by the datapath's hash)"
 			}
 			out = append(out, o)
-		case xovs.KindAllow:
+		case ovs.KindAllow:
 			o := traceflow.Observation{Component: traceflow.NetworkPolicy, Action: traceflow.ActionForwarded, Detail: fmt.Sprintf("table %d", s.Table)}
 			if r, ok := rules.Lookup(id); ok {
 				o.Rule, o.Policy = r.Name, r.Namespace+"/"+r.Policy
 				o.Detail = r.Direction + ", " + o.Detail
 			} else {
-				o.Rule = fmt.Sprintf("rule-id:%#x", id)
+				o.Rule = rules.ReportedName(id)
 			}
 			out = append(out, o)
-		case xovs.KindPipeline:
+		case ovs.KindPipeline:
 			detail := fmt.Sprintf("table %d: %s → %s", s.Table, cmp.Or(s.Match, "any"), strings.Join(s.Actions, ","))
 			if port, ok := outputPort(s.Actions); ok {
 				out = append(out, traceflow.Observation{Component: traceflow.Routing, Action: traceflow.ActionForwarded,
@@ -539,7 +539,7 @@ func findConn(out string, p traceflow.Probe) (ctView, bool) {
 	proto := p.ProtoNumber()
 	var v ctView
 	found := false
-	xovs.ParseConntrack(out, func(e *xovs.Entry) {
+	ovs.ParseConntrack(out, func(e *ovs.Entry) {
 		o, r := e.Orig, e.Reply
 		if found || o.Proto != proto || o.Src != p.Src || o.Dst != p.Dst {
 			return
@@ -571,8 +571,8 @@ func findConn(out string, p traceflow.Probe) (ctView, bool) {
 // node, and the reason of the drop. An isolated pod's drop rule is named
 // "drop/<direction>/<namespace>/<pod>", the policies behind it left to the
 // controller (see IsolationOfRule); a policy rule's drop names its policy.
-func dropObs(p traceflow.Probe, node string, pi xovs.PacketIn, rules *xovs.Rules) (traceflow.Observation, string) {
-	kind, id, _ := xovs.SplitCookie(pi.Cookie)
+func dropObs(p traceflow.Probe, node string, pi ovs.PacketIn, rules *ovs.Rules) (traceflow.Observation, string) {
+	kind, id, _ := ovs.SplitCookie(pi.Cookie)
 	o := traceflow.Observation{Node: node, Component: traceflow.NetworkPolicy, Action: traceflow.ActionDropped,
 		Detail: fmt.Sprintf("packet-in of table %d (%s flow)", pi.Table, kind)}
 	if pi.Tuple.Dst != p.Dst || pi.Tuple.DstPort != p.DstPort {
@@ -582,7 +582,7 @@ func dropObs(p traceflow.Probe, node string, pi xovs.PacketIn, rules *xovs.Rules
 	switch {
 	case !ok:
 		return o, fmt.Sprintf("dropped on %s by a drop flow of cookie %#x (not in the rules file)", node, pi.Cookie)
-	case r.Kind == xovs.KindDrop:
+	case r.Kind == ovs.KindDrop:
 		o.Rule = r.Name
 		if _, _, _, ok := IsolationOfRule(r.Name); !ok {
 			o.Rule = strings.Join([]string{"drop", r.Direction, r.Namespace, r.Pod}, "/")

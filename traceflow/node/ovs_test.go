@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	xovs "github.com/dualflow/dualflow/exporter/ovs"
+	"github.com/dualflow/dualflow/ovs"
 	"github.com/dualflow/dualflow/traceflow"
 	"github.com/dualflow/dualflow/traceflow/observe"
 )
@@ -85,9 +85,9 @@ const (
 	pinICMPPacket = `icmp,vlan_tci=0x0000,dl_src=b6:f0:06:a1:b9:56,dl_dst=02:a9:c9:cc:6b:28,nw_src=198.18.1.10,nw_dst=198.18.2.11,nw_tos=8,nw_ecn=0,nw_ttl=63,nw_frag=no,icmp_type=8,icmp_code=0 icmp_csum:e140`
 )
 
-func packetIn(t *testing.T, header, pkt string) xovs.PacketIn {
+func packetIn(t *testing.T, header, pkt string) ovs.PacketIn {
 	t.Helper()
-	var mp xovs.MonitorParser
+	var mp ovs.MonitorParser
 	if _, _, err := mp.Feed(header); err != nil {
 		t.Fatal(err)
 	}
@@ -192,17 +192,17 @@ func TestFindConn(t *testing.T) {
 	}
 }
 
-func testRules(t *testing.T) *xovs.Rules {
+func testRules(t *testing.T) *ovs.Rules {
 	t.Helper()
-	rs := []xovs.Rule{
-		{Kind: xovs.KindDrop, Name: "drop/ingress/backend/api-2", Namespace: "backend", Pod: "api-2", Direction: "ingress", Index: -1},
-		{Kind: xovs.KindDrop, Name: "isolate-api-1", Namespace: "backend", Pod: "api-1", Direction: "egress", Index: -1},
-		{Kind: xovs.KindAllow, Name: "backend/allow-web-to-api/ingress/0", Namespace: "backend", Policy: "allow-web-to-api", Direction: "ingress"},
+	rs := []ovs.Rule{
+		{Kind: ovs.KindDrop, Name: "drop/ingress/backend/api-2", Namespace: "backend", Pod: "api-2", Direction: "ingress", Index: -1},
+		{Kind: ovs.KindDrop, Name: "isolate-api-1", Namespace: "backend", Pod: "api-1", Direction: "egress", Index: -1},
+		{Kind: ovs.KindAllow, Name: "backend/allow-web-to-api/ingress/0", Namespace: "backend", Policy: "allow-web-to-api", Direction: "ingress"},
 	}
 	for i := range rs {
-		rs[i].ID = xovs.RuleID(rs[i].Name)
+		rs[i].ID = ovs.RuleID(rs[i].Name)
 	}
-	r, err := xovs.NewRules(rs)
+	r, err := ovs.NewRules(rs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -213,8 +213,8 @@ func TestDropObs(t *testing.T) {
 	rules := testRules(t)
 	v4 := traceflow.Probe{Src: netip.MustParseAddr("198.18.1.12"), Dst: netip.MustParseAddr("198.18.2.11"), Protocol: traceflow.TCP, SrcPort: 48144, DstPort: 8080}
 	v6 := traceflow.Probe{Src: netip.MustParseAddr("fd00:10:0:1::12"), Dst: netip.MustParseAddr("fd00:10:ff::11"), Protocol: traceflow.TCP, SrcPort: 55488, DstPort: 80}
-	pin := func(p traceflow.Probe, dst string, dport uint16, k xovs.Kind, rule string) xovs.PacketIn {
-		pi := xovs.PacketIn{Table: 45, Cookie: xovs.Cookie(k, xovs.RuleID(rule))}
+	pin := func(p traceflow.Probe, dst string, dport uint16, k ovs.Kind, rule string) ovs.PacketIn {
+		pi := ovs.PacketIn{Table: 45, Cookie: ovs.Cookie(k, ovs.RuleID(rule))}
 		pi.Tuple.Src, pi.Tuple.Dst, pi.Tuple.Proto = p.Src, netip.MustParseAddr(dst), p.ProtoNumber()
 		pi.Tuple.SrcPort, pi.Tuple.DstPort = p.SrcPort, dport
 		return pi
@@ -222,21 +222,21 @@ func TestDropObs(t *testing.T) {
 	for _, tc := range []struct {
 		name         string
 		p            traceflow.Probe
-		pi           xovs.PacketIn
+		pi           ovs.PacketIn
 		rule, policy string
 		dst          netip.AddrPort
 		reason       string
 	}{
-		{"ipv4 isolation", v4, pin(v4, "198.18.2.11", 8080, xovs.KindDrop, "drop/ingress/backend/api-2"),
+		{"ipv4 isolation", v4, pin(v4, "198.18.2.11", 8080, ovs.KindDrop, "drop/ingress/backend/api-2"),
 			"drop/ingress/backend/api-2", "", netip.AddrPort{}, "dropped by NetworkPolicy rule drop/ingress/backend/api-2 on node-2"},
-		{"ipv6 isolation after DNAT", v6, pin(v6, "fd00:10:0:1::11", 8080, xovs.KindDrop, "drop/ingress/backend/api-2"),
+		{"ipv6 isolation after DNAT", v6, pin(v6, "fd00:10:0:1::11", 8080, ovs.KindDrop, "drop/ingress/backend/api-2"),
 			"drop/ingress/backend/api-2", "", netip.MustParseAddrPort("[fd00:10:0:1::11]:8080"), "dropped by NetworkPolicy rule drop/ingress/backend/api-2 on node-2"},
-		{"ipv4 isolation named otherwise", v4, pin(v4, "198.18.2.11", 8080, xovs.KindDrop, "isolate-api-1"),
+		{"ipv4 isolation named otherwise", v4, pin(v4, "198.18.2.11", 8080, ovs.KindDrop, "isolate-api-1"),
 			"drop/egress/backend/api-1", "", netip.AddrPort{}, "dropped by NetworkPolicy rule drop/egress/backend/api-1 on node-2"},
-		{"ipv6 policy rule", v6, pin(v6, "fd00:10:ff::11", 80, xovs.KindDrop, "backend/allow-web-to-api/ingress/0"),
+		{"ipv6 policy rule", v6, pin(v6, "fd00:10:ff::11", 80, ovs.KindDrop, "backend/allow-web-to-api/ingress/0"),
 			"backend/allow-web-to-api/ingress/0", "backend/allow-web-to-api", netip.AddrPort{},
 			"dropped by NetworkPolicy backend/allow-web-to-api (rule backend/allow-web-to-api/ingress/0) on node-2"},
-		{"ipv4 unknown cookie", v4, pin(v4, "198.18.2.11", 8080, xovs.KindDrop, "not/in/the/file"),
+		{"ipv4 unknown cookie", v4, pin(v4, "198.18.2.11", 8080, ovs.KindDrop, "not/in/the/file"),
 			"", "", netip.AddrPort{}, "dropped on node-2 by a drop flow of cookie"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

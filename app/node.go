@@ -1,6 +1,7 @@
-package exporter
+package app
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -13,16 +14,40 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/dualflow/dualflow/exporter"
 	"github.com/dualflow/dualflow/internal/reload"
 	"github.com/dualflow/dualflow/nsrun"
 	"github.com/dualflow/dualflow/traceflow/agent"
 	"github.com/dualflow/dualflow/traceflow/node"
 )
 
-// TraceflowConfig configures the node's traceflow agent: the API the
+// NodeConfig configures what runs on every node (`dualflow exporter`).
+// Bind it to a flag set with BindFlags, then Exporter.SetDefaults and
+// Validate.
+type NodeConfig struct {
+	Exporter exporter.Config
+	Agent    AgentConfig // the traceflow agent: off unless Addr or Listener is set
+}
+
+// BindFlags registers the exporter's flags and the agent's (--traceflow.*);
+// start from exporter.NewConfig.
+func (c *NodeConfig) BindFlags(fs *flag.FlagSet) {
+	c.Exporter.BindFlags(fs)
+	c.Agent.bindFlags(fs)
+}
+
+// Validate checks the configuration and loads the agent's token and TLS
+// files.
+func (c *NodeConfig) Validate() error {
+	return errors.Join(c.Agent.validate(c.Exporter.Logger), c.Exporter.Validate())
+}
+
+// AgentConfig configures the node's traceflow agent: the API the
 // collector's traceflow controller calls to watch for probes on this node
 // and to inject them from this node's pods (package traceflow/agent).
-type TraceflowConfig struct {
+type AgentConfig struct {
 	// Addr is where the agent listens; empty disables it (the default).
 	Addr string
 	// TokenFile holds the bearer token every call must carry, unless
@@ -52,7 +77,7 @@ type TraceflowConfig struct {
 	tls   *reload.TLS // loaded by Validate, reloaded when the files change
 }
 
-func (c *TraceflowConfig) bindFlags(fs *flag.FlagSet) {
+func (c *AgentConfig) bindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.Addr, "traceflow.addr", c.Addr, "serve the traceflow node agent here (empty: off); needs a token (--traceflow.token-file or $"+agent.TokenEnv+"), and TLS on a non-loopback address")
 	fs.StringVar(&c.TokenFile, "traceflow.token-file", c.TokenFile, "file holding the bearer token the collector must send (or $"+agent.TokenEnv+")")
 	fs.StringVar(&c.CertFile, "traceflow.tls-cert", c.CertFile, "PEM certificate the agent serves TLS with")
@@ -67,11 +92,11 @@ func (c *TraceflowConfig) bindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&c.Limits.Node.Burst, "traceflow.node-inject-burst", c.Limits.Node.Burst, "probes the node injects at once after a quiet while, all callers together")
 }
 
-func (c *TraceflowConfig) enabled() bool { return c.Addr != "" || c.Listener != nil }
+func (c *AgentConfig) enabled() bool { return c.Addr != "" || c.Listener != nil }
 
 // validate loads the token and the TLS files, and refuses an agent that
 // would listen beyond loopback without TLS.
-func (c *TraceflowConfig) validate(log *slog.Logger) error {
+func (c *AgentConfig) validate(log *slog.Logger) error {
 	if !c.enabled() {
 		return nil
 	}
@@ -105,59 +130,84 @@ func (c *TraceflowConfig) validate(log *slog.Logger) error {
 	return nil
 }
 
-// tracer returns the node tracer of this exporter's node and datapath.
-func (e *Exporter) tracer() (*node.Tracer, string, error) {
-	t := &node.Tracer{Name: e.cfg.NodeName, Logger: e.log.With("stage", "traceflow")}
-	if ns := e.cfg.NetNS; ns != "" {
+// Node is what runs on every node: the exporter, and beside it the
+// traceflow agent when NodeConfig.Agent is enabled. Create it with
+// NewNode, then call Run once.
+type Node struct {
+	cfg NodeConfig
+	run func(context.Context) error // the exporter's Run
+	reg prometheus.Registerer       // the exporter's metrics, which the agent's join
+}
+
+// agentShutdownGrace bounds the agent's open calls at shutdown.
+const agentShutdownGrace = 2 * time.Second
+
+// NewNode builds the exporter from cfg, which must have been through
+// Exporter.SetDefaults and Validate.
+func NewNode(cfg NodeConfig) (*Node, error) {
+	e, err := exporter.New(cfg.Exporter)
+	if err != nil {
+		return nil, err
+	}
+	return &Node{cfg: cfg, run: e.Run, reg: e.Registerer()}, nil
+}
+
+// tracer returns the node tracer of the exporter's node and datapath.
+func (n *Node) tracer(log *slog.Logger) (*node.Tracer, string) {
+	ec := &n.cfg.Exporter
+	t := &node.Tracer{Name: ec.NodeName, Logger: log.With("stage", "traceflow")}
+	if ns := ec.NetNS; ns != "" {
 		if !filepath.IsAbs(ns) {
 			ns = nsrun.Path(ns)
 		}
 		t.NetNS = ns
 	}
-	if e.cfg.Source == SourceOVS {
-		t.OVS = &node.OVS{RunDir: e.cfg.OVS.RunDir, Bridge: e.cfg.OVS.Bridge, RulesFile: e.cfg.OVS.RulesFile, Uplink: e.cfg.Traceflow.OVSUplink}
-		return t, "ovs", nil
+	if ec.Source == exporter.SourceOVS {
+		t.OVS = &node.OVS{RunDir: ec.OVS.RunDir, Bridge: ec.OVS.Bridge, RulesFile: ec.OVS.RulesFile, Uplink: n.cfg.Agent.OVSUplink}
+		return t, "ovs"
 	}
-	t.NFT = e.cfg.Traceflow.NFT
+	t.NFT = n.cfg.Agent.NFT
 	if t.NFT == "" {
 		p, err := exec.LookPath("nft")
 		if err != nil {
 			// Injection and OVS-less captures still work; kernel watches
 			// answer "not supported" until nft is installed.
-			e.log.Warn("traceflow agent: nft not found: kernel datapath traces will fail", "err", err)
+			log.Warn("traceflow agent: nft not found: kernel datapath traces will fail", "err", err)
 		}
 		t.NFT = p
 	}
-	return t, "kernel", nil
+	return t, "kernel"
 }
 
-// serveTraceflow starts the agent; the returned function stops it.
-func (e *Exporter) serveTraceflow() (func(), error) {
-	c := &e.cfg.Traceflow
+// Run serves the agent, its metrics joining the exporter's, then runs the
+// exporter until ctx is done (see exporter.Exporter.Run). Once the
+// exporter has flushed and stopped, it stops the agent. It returns an
+// error only when either cannot start.
+func (n *Node) Run(ctx context.Context) error {
+	c := &n.cfg.Agent
 	if !c.enabled() {
-		return func() {}, nil
+		return n.run(ctx)
 	}
-	t, dp, err := e.tracer()
-	if err != nil {
-		return nil, err
-	}
+	log := cmp.Or(n.cfg.Exporter.Logger, slog.Default())
+	t, dp := n.tracer(log)
 	rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	if err := t.RemoveStaleTables(rctx); err != nil {
-		e.log.Warn("traceflow agent", "err", err)
+		log.Warn("traceflow agent", "err", err)
 	}
 	cancel()
 	ln := c.Listener
 	if ln == nil {
+		var err error
 		if ln, err = net.Listen("tcp", c.Addr); err != nil {
-			return nil, fmt.Errorf("traceflow agent listener: %w", err)
+			return fmt.Errorf("traceflow agent listener: %w", err)
 		}
 	}
-	e.traceflowAddr = ln.Addr()
 	var opts []agent.HandlerOption
 	if c.Limits != (agent.Limits{}) {
 		opts = append(opts, agent.WithLimits(c.Limits))
 	}
-	h := agent.Handler(t, agent.Info{Node: e.cfg.NodeName, Datapath: dp}, c.token, agent.NewMetrics(e.reg), opts...)
+	n.reg.MustRegister(reload.Metrics(c.tls))
+	h := agent.Handler(t, agent.Info{Node: n.cfg.Exporter.NodeName, Datapath: dp}, c.token, agent.NewMetrics(n.reg), opts...)
 	// No write timeout: a watch streams for as long as its own timeout
 	// (at most agent.MaxTimeout), which the handler enforces.
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
@@ -175,20 +225,18 @@ func (e *Exporter) serveTraceflow() (func(), error) {
 			err = srv.Serve(ln)
 		}
 		if err != nil && !errors.Is(err, http.ErrServerClosed) {
-			e.log.Error("traceflow agent stopped", "err", err)
+			log.Error("traceflow agent stopped", "err", err)
 		}
 	}()
-	e.log.Info("traceflow agent listening", "addr", ln.Addr().String(), "datapath", dp, "tls", c.tls != nil, "mtls", c.ClientCAFile != "")
-	return func() {
-		ctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+	log.Info("traceflow agent listening", "addr", ln.Addr().String(), "datapath", dp, "tls", c.tls != nil, "mtls", c.ClientCAFile != "")
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), agentShutdownGrace)
 		defer cancel()
-		if srv.Shutdown(ctx) != nil {
+		if srv.Shutdown(sctx) != nil {
 			srv.Close() // watches still streaming: cut them
 		}
 		<-done
 		t.Close()
-	}, nil
+	}()
+	return n.run(ctx)
 }
-
-// TraceflowAddr returns the traceflow agent's address once Ready, or nil.
-func (e *Exporter) TraceflowAddr() net.Addr { return e.traceflowAddr }

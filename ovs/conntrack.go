@@ -273,3 +273,15 @@ func ParseConntrack(out string, fn func(e *Entry)) (bad int, first error) {
 	})
 	return bad, first
 }
+
+// CounterKeys returns the counter-flow tuples of entry e's two directions:
+// the original direction as it leaves conntrack (after DNAT: the reply
+// tuple reversed) and the reply direction (after un-DNAT: the original
+// tuple reversed). ICMP counter flows carry no ports.
+func CounterKeys(e *Entry) (orig, reply flow.Tuple) {
+	orig, reply = e.Reply.Reverse(), e.Orig.Reverse()
+	if e.Orig.Proto == flow.ProtoICMP || e.Orig.Proto == flow.ProtoICMPv6 {
+		orig.SrcPort, orig.DstPort, reply.SrcPort, reply.DstPort = 0, 0, 0, 0
+	}
+	return orig, reply
+}

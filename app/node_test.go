@@ -1,4 +1,4 @@
-package exporter
+package app
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"math/big"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -19,11 +20,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"github.com/dualflow/dualflow/internal/reload"
 	"github.com/dualflow/dualflow/traceflow/agent"
 )
 
-func TestTraceflowConfig(t *testing.T) {
+func TestAgentConfig(t *testing.T) {
 	dir := t.TempDir()
 	tok := filepath.Join(dir, "token")
 	os.WriteFile(tok, []byte("s3cret\n"), 0o600)
@@ -31,19 +35,19 @@ func TestTraceflowConfig(t *testing.T) {
 	t.Setenv(agent.TokenEnv, "")
 	for _, tc := range []struct {
 		name    string
-		cfg     TraceflowConfig
+		cfg     AgentConfig
 		wantErr string
 	}{
-		{"off", TraceflowConfig{}, ""},
-		{"no token", TraceflowConfig{Addr: "127.0.0.1:9444"}, "needs a token"},
-		{"loopback", TraceflowConfig{Addr: "127.0.0.1:9444", TokenFile: tok}, ""},
-		{"loopback v6", TraceflowConfig{Addr: "[::1]:9444", TokenFile: tok}, ""},
-		{"all addresses in clear", TraceflowConfig{Addr: ":9444", TokenFile: tok}, "not loopback"},
-		{"node address in clear", TraceflowConfig{Addr: "198.18.0.1:9444", TokenFile: tok}, "not loopback"},
-		{"TLS", TraceflowConfig{Addr: ":9444", TokenFile: tok, CertFile: cert, KeyFile: key}, ""},
-		{"cert without key", TraceflowConfig{Addr: ":9444", TokenFile: tok, CertFile: cert}, "go together"},
-		{"client CA without TLS", TraceflowConfig{Addr: "127.0.0.1:9444", TokenFile: tok, ClientCAFile: cert}, "needs --traceflow.tls-cert"},
-		{"missing token file", TraceflowConfig{Addr: "127.0.0.1:9444", TokenFile: filepath.Join(dir, "nope")}, "no such file"},
+		{"off", AgentConfig{}, ""},
+		{"no token", AgentConfig{Addr: "127.0.0.1:9444"}, "needs a token"},
+		{"loopback", AgentConfig{Addr: "127.0.0.1:9444", TokenFile: tok}, ""},
+		{"loopback v6", AgentConfig{Addr: "[::1]:9444", TokenFile: tok}, ""},
+		{"all addresses in clear", AgentConfig{Addr: ":9444", TokenFile: tok}, "not loopback"},
+		{"node address in clear", AgentConfig{Addr: "198.18.0.1:9444", TokenFile: tok}, "not loopback"},
+		{"TLS", AgentConfig{Addr: ":9444", TokenFile: tok, CertFile: cert, KeyFile: key}, ""},
+		{"cert without key", AgentConfig{Addr: ":9444", TokenFile: tok, CertFile: cert}, "go together"},
+		{"client CA without TLS", AgentConfig{Addr: "127.0.0.1:9444", TokenFile: tok, ClientCAFile: cert}, "needs --traceflow.tls-cert"},
+		{"missing token file", AgentConfig{Addr: "127.0.0.1:9444", TokenFile: filepath.Join(dir, "nope")}, "no such file"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.cfg.validate(nil)
@@ -53,31 +57,59 @@ func TestTraceflowConfig(t *testing.T) {
 		})
 	}
 	t.Setenv(agent.TokenEnv, "from-env")
-	c := TraceflowConfig{Addr: "127.0.0.1:9444"}
+	c := AgentConfig{Addr: "127.0.0.1:9444"}
 	if err := c.validate(nil); err != nil || c.token != "from-env" {
 		t.Errorf("token from the environment: %v %q", err, c.token)
 	}
 }
 
-// TestTraceflowAgentMutualTLS serves the agent of a running exporter over
-// mutual TLS: a controller with the client certificate and the token gets
-// in; without the certificate the handshake fails; with a wrong token the
-// agent answers 401.
-func TestTraceflowAgentMutualTLS(t *testing.T) {
+// idle stands for the node's exporter: it runs until ctx ends.
+func idle(ctx context.Context) error {
+	<-ctx.Done()
+	return nil
+}
+
+// startNode runs a node of agent cfg beside an idle exporter until the test
+// ends, with the agent on a listener of its own, and returns the agent's
+// address and the node's metrics.
+func startNode(tb testing.TB, cfg AgentConfig) (addr string, reg *prometheus.Registry) {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cfg.Listener = ln
+	nc := NodeConfig{Agent: cfg}
+	nc.Exporter.NodeName = "node-1"
+	if err := nc.Agent.validate(nil); err != nil {
+		tb.Fatal(err)
+	}
+	reg = prometheus.NewRegistry()
+	n := &Node{cfg: nc, run: idle, reg: reg}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- n.Run(ctx) }()
+	tb.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			tb.Error(err)
+		}
+	})
+	return ln.Addr().String(), reg
+}
+
+// TestAgentMutualTLS serves the agent of a running node over mutual TLS:
+// a controller with the client certificate and the token gets in; without
+// the certificate the handshake fails; with a wrong token the agent
+// answers 401. The agent's metrics join the exporter's.
+func TestAgentMutualTLS(t *testing.T) {
 	dir := t.TempDir()
 	cert, key, ca, clientCert, clientKey := writePKI(t, dir)
 	tok := filepath.Join(dir, "token")
 	os.WriteFile(tok, []byte("s3cret\n"), 0o600)
 	t.Setenv(agent.TokenEnv, "")
-	cfg := testConfig("127.0.0.1:1")
-	cfg.Traceflow = TraceflowConfig{Addr: "127.0.0.1:0", TokenFile: tok, CertFile: cert, KeyFile: key, ClientCAFile: ca}
-	e, err := newExporter(cfg, newFake())
-	if err != nil {
-		t.Fatal(err)
-	}
-	stop := run(t, e)
-	defer stop()
-	url := "https://" + e.TraceflowAddr().String()
+	addr, reg := startNode(t, AgentConfig{TokenFile: tok, CertFile: cert, KeyFile: key, ClientCAFile: ca})
+	url := "https://" + addr
 
 	client := func(withCert bool) *http.Client {
 		c, k := "", ""
@@ -92,7 +124,7 @@ func TestTraceflowAgentMutualTLS(t *testing.T) {
 	}
 	ctx := context.Background()
 	in, err := (&agent.Client{Node: "n1", URL: url, Token: "s3cret", HTTP: client(true)}).Info(ctx)
-	if err != nil || in.Node != cfg.NodeName || in.Datapath != "kernel" {
+	if err != nil || in.Node != "node-1" || in.Datapath != "kernel" {
 		t.Errorf("mutual TLS with the token: %+v %v", in, err)
 	}
 	if _, err := (&agent.Client{Node: "n1", URL: url, Token: "wrong", HTTP: client(true)}).Info(ctx); !errors.Is(err, agent.ErrUnauthorized) {
@@ -101,7 +133,9 @@ func TestTraceflowAgentMutualTLS(t *testing.T) {
 	if _, err := (&agent.Client{Node: "n1", URL: url, Token: "s3cret", HTTP: client(false)}).Info(ctx); err == nil || !strings.Contains(err.Error(), "unreachable") {
 		t.Errorf("no client certificate: %v, want a failed handshake", err)
 	}
-	m := scrape(t, e)
+	rec := httptest.NewRecorder()
+	promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	m := rec.Body.String()
 	if !strings.Contains(m, `dualflow_traceflow_agent_requests_total{call="info",result="unauthorized"} 1`) {
 		t.Errorf("metrics lack the refused call:\n%s", m)
 	}
@@ -146,32 +180,34 @@ func writePKI(t *testing.T, dir string) (cert, key, ca, clientCert, clientKey st
 	return
 }
 
-// BenchmarkTraceflowAgentAtRest reports what a running exporter's
-// traceflow agent holds while no trace runs: heap in use and goroutines
-// (the exporter with the agent, minus the same exporter without it).
-func BenchmarkTraceflowAgentAtRest(b *testing.B) {
+// BenchmarkAgentAtRest reports what a node's traceflow agent holds while
+// no trace runs: heap in use and goroutines (a node with the agent, minus
+// the same node without it).
+func BenchmarkAgentAtRest(b *testing.B) {
 	dir := b.TempDir()
 	tok := filepath.Join(dir, "token")
 	os.WriteFile(tok, []byte("s3cret\n"), 0o600)
 	measure := func(agentOn bool) (heap uint64, goroutines int) {
-		cfg := testConfig("127.0.0.1:1")
-		cfg.MetricsAddr = ""
-		if agentOn {
-			cfg.Traceflow = TraceflowConfig{Addr: "127.0.0.1:0", TokenFile: tok}
-		}
-		e, err := newExporter(cfg, newFake())
-		if err != nil {
-			b.Fatal(err)
-		}
 		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
 		done := make(chan error, 1)
-		go func() { done <- e.Run(ctx) }()
-		<-e.Ready()
 		if agentOn {
-			// One call, so the server's connection state exists too.
-			if _, err := (&agent.Client{Node: "n", URL: "http://" + e.TraceflowAddr().String(), Token: "s3cret"}).Info(ctx); err != nil {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
 				b.Fatal(err)
 			}
+			cfg := AgentConfig{Listener: ln, TokenFile: tok}
+			if err := cfg.validate(nil); err != nil {
+				b.Fatal(err)
+			}
+			n := &Node{cfg: NodeConfig{Agent: cfg}, run: idle, reg: prometheus.NewRegistry()}
+			go func() { done <- n.Run(ctx) }()
+			// One call, so the server's connection state exists too.
+			if _, err := (&agent.Client{Node: "n", URL: "http://" + ln.Addr().String(), Token: "s3cret"}).Info(ctx); err != nil {
+				b.Fatal(err)
+			}
+		} else {
+			go func() { done <- idle(ctx) }()
 		}
 		var ms runtime.MemStats
 		runtime.GC()

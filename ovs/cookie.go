@@ -198,9 +198,9 @@ func WriteRules(path string, rules []Rule) error {
 	return nil
 }
 
-// reportedName returns the name a record reports for rule id: the rule's
-// name, or "cookie-id:0x…" when the rules file does not know it.
-func (r *Rules) reportedName(id uint32) string {
+// ReportedName returns the name a record or a trace reports for rule id:
+// the rule's name, or "rule-id:0x…" when the rules file does not know it.
+func (r *Rules) ReportedName(id uint32) string {
 	if x, ok := r.Lookup(id); ok {
 		return x.Name
 	}
