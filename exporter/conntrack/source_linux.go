@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dualflow/dualflow/exporter/connstore"
+	"github.com/dualflow/dualflow/nsrun"
 )
 
 const (
@@ -252,7 +253,14 @@ func (s *Source) Accounting() (Accounting, error) {
 	if s.ns == nil {
 		err = read()
 	} else {
-		err = inNetNS(int(s.ns.Fd()), read)
+		// /proc/sys/net shows the namespace of the reading thread: read
+		// on a thread of its own that joined the source's namespace.
+		err = nsrun.OnThrowawayThread(func() error {
+			if err := unix.Setns(int(s.ns.Fd()), unix.CLONE_NEWNET); err != nil {
+				return fmt.Errorf("setns: %w", err)
+			}
+			return read()
+		})
 	}
 	if err != nil {
 		return a, err
