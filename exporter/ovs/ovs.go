@@ -14,7 +14,6 @@ package ovs
 
 import (
 	"bufio"
-	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -129,29 +128,12 @@ func (s *Source) Close() error { return nil }
 
 // run runs one CLI with the timeout and OVS_RUNDIR and returns its stdout.
 func (s *Source) run(ctx context.Context, what string, argv ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.CommandTimeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
-	cmd.Env = s.env()
-	cmd.WaitDelay = time.Second // a child that inherited the pipes cannot hold the run past the timeout
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
+	out, err := ovs.Run(ctx, s.cfg.RunDir, s.cfg.CommandTimeout, argv...)
+	if err != nil {
 		s.m.commandErrors.WithLabelValues(what).Inc()
-		if ctx.Err() != nil {
-			err = ctx.Err()
-		}
-		return "", fmt.Errorf("%s: %w: %s", what, err, bytes.TrimSpace(stderr.Bytes()))
+		return "", fmt.Errorf("%s: %w", what, err)
 	}
-	return stdout.String(), nil
-}
-
-func (s *Source) env() []string {
-	env := os.Environ()
-	if s.cfg.RunDir != "" {
-		env = append(env, "OVS_RUNDIR="+s.cfg.RunDir)
-	}
-	return env
+	return out, nil
 }
 
 // parseFailed counts n parse errors of source and logs the first error at
@@ -455,7 +437,7 @@ func (s *Source) monitorLoop(ctx context.Context, out chan<- ovs.PacketIn) {
 
 func (s *Source) monitor(ctx context.Context, out chan<- ovs.PacketIn) error {
 	cmd := exec.CommandContext(ctx, s.cfg.Ofctl, "--no-names", "monitor", s.cfg.Bridge, strconv.Itoa(ovs.DefaultMonitorMissLen))
-	cmd.Env = s.env()
+	cmd.Env = ovs.Env(s.cfg.RunDir)
 	cmd.WaitDelay = time.Second
 	// ovs-ofctl monitor prints the messages it receives on stderr
 	// (unbuffered), next to its own errors, which the parser skips.

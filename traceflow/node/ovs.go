@@ -2,7 +2,6 @@ package node
 
 import (
 	"bufio"
-	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -91,30 +90,9 @@ const (
 // ovsCLI runs the OVS CLIs against one ovs-vswitchd.
 type ovsCLI struct{ cfg OVS }
 
-func (c ovsCLI) env() []string {
-	env := os.Environ()
-	if c.cfg.RunDir != "" {
-		env = append(env, "OVS_RUNDIR="+c.cfg.RunDir)
-	}
-	return env
-}
-
 // run runs one CLI under ovsCommandTimeout and returns its stdout.
-func (c ovsCLI) run(ctx context.Context, name string, args ...string) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, ovsCommandTimeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, name, args...)
-	cmd.Env = c.env()
-	cmd.WaitDelay = time.Second // a child holding the pipes cannot hold the run past the timeout
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		if ctx.Err() != nil {
-			err = ctx.Err()
-		}
-		return "", fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, bytes.TrimSpace(stderr.Bytes()))
-	}
-	return stdout.String(), nil
+func (c ovsCLI) run(ctx context.Context, argv ...string) (string, error) {
+	return ovs.Run(ctx, c.cfg.RunDir, ovsCommandTimeout, argv...)
 }
 
 // ovsWatch is one probe watched on one node's bridge.
@@ -302,7 +280,7 @@ func (w *ovsWatch) events(obs []traceflow.Observation) []traceflow.WatchEvent {
 func (w *ovsWatch) startPacketIns(ctx context.Context, out chan<- ovs.PacketIn, wg *sync.WaitGroup) (<-chan error, error) {
 	cmd := exec.CommandContext(ctx, "ovs-ofctl", "--no-names", "monitor", w.cli.cfg.Bridge,
 		strconv.Itoa(ovs.DefaultMonitorMissLen), "watch:table="+strconv.Itoa(ovsWatchTable))
-	cmd.Env = w.cli.env()
+	cmd.Env = ovs.Env(w.cli.cfg.RunDir)
 	r, pw, err := os.Pipe()
 	if err != nil {
 		return nil, err
