@@ -9,6 +9,8 @@ import (
 	"unique"
 
 	networkingv1 "k8s.io/api/networking/v1"
+
+	"github.com/dualflow/dualflow/collector/audit/policy"
 )
 
 // index is the enrichment state: the live objects by name, and the
@@ -283,7 +285,7 @@ func (x *index) setNodePorts(old, s *Service) {
 			if p.NodePort == 0 {
 				continue
 			}
-			k := portKey{protoNumber(p.Protocol), uint16(p.NodePort)}
+			k := portKey{policy.ProtoNumber(&p.Protocol), uint16(p.NodePort)}
 			l := slices.DeleteFunc(x.nodePorts[k], func(v *Service) bool { return v.UID == old.UID })
 			if len(l) == 0 {
 				delete(x.nodePorts, k)
@@ -297,7 +299,7 @@ func (x *index) setNodePorts(old, s *Service) {
 			if p.NodePort == 0 {
 				continue
 			}
-			k := portKey{protoNumber(p.Protocol), uint16(p.NodePort)}
+			k := portKey{policy.ProtoNumber(&p.Protocol), uint16(p.NodePort)}
 			l := append(x.nodePorts[k], s)
 			slices.SortFunc(l, func(a, b *Service) int { return cmp.Compare(a.UID, b.UID) })
 			x.nodePorts[k] = slices.Compact(l)

@@ -6,24 +6,13 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/dualflow/dualflow/collector/audit/policy"
 	"github.com/dualflow/dualflow/flow"
 )
 
 // Lookups. Everything here runs under x.mu.RLock and allocates nothing:
 // the record's string and map fields are set to the interned, immutable
 // values of the views.
-
-func protoNumber(p corev1.Protocol) uint8 {
-	switch p {
-	case corev1.ProtocolTCP:
-		return flow.ProtoTCP
-	case corev1.ProtocolUDP:
-		return flow.ProtoUDP
-	case corev1.ProtocolSCTP:
-		return flow.ProtoSCTP
-	}
-	return 0
-}
 
 // flowTimes returns the times a record's addresses are resolved at: its
 // start and end, either standing in for the other, now when it has none.
@@ -156,7 +145,7 @@ func (x *index) serviceAt(a netip.Addr, port uint16, proto uint8, start, end int
 
 func (s *Service) hasPort(port uint16, proto uint8) bool {
 	for i := range s.Ports {
-		if s.Ports[i].Port == int32(port) && protoNumber(s.Ports[i].Protocol) == proto {
+		if s.Ports[i].Port == int32(port) && policy.ProtoNumber(&s.Ports[i].Protocol) == proto {
 			return true
 		}
 	}
@@ -188,7 +177,7 @@ func portName(svc *Service, ep *Endpoint, svcPort, dstPort uint16, proto uint8) 
 	if svcPort != 0 {
 		for i := range svc.Ports {
 			p := &svc.Ports[i]
-			if (p.Port == int32(svcPort) || p.NodePort == int32(svcPort)) && protoNumber(p.Protocol) == proto {
+			if (p.Port == int32(svcPort) || p.NodePort == int32(svcPort)) && policy.ProtoNumber(&p.Protocol) == proto {
 				return p.Name
 			}
 		}
@@ -196,7 +185,7 @@ func portName(svc *Service, ep *Endpoint, svcPort, dstPort uint16, proto uint8) 
 	if ep != nil {
 		for i := range ep.Slice.Ports {
 			p := &ep.Slice.Ports[i]
-			if p.Port == int32(dstPort) && protoNumber(p.Protocol) == proto {
+			if p.Port == int32(dstPort) && policy.ProtoNumber(&p.Protocol) == proto {
 				return p.Name
 			}
 		}
