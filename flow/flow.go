@@ -34,10 +34,6 @@ func (t Tuple) Reverse() Tuple {
 	return Tuple{Src: t.Dst, Dst: t.Src, Proto: t.Proto, SrcPort: t.DstPort, DstPort: t.SrcPort}
 }
 
-// Unmap returns a with any IPv4-in-IPv6 mapping removed (goflow2's
-// normalizeAddrPort): ::ffff:198.18.0.1 becomes 198.18.0.1.
-func Unmap(a netip.Addr) netip.Addr { return a.Unmap() }
-
 // Version returns 4 for an IPv4 (or 4-in-6 mapped) address, 6 for IPv6 and
 // 0 for the zero Addr.
 func Version(a netip.Addr) uint8 {

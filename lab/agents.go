@@ -152,9 +152,6 @@ func (l *Lab) startTraffic() error {
 	return nil
 }
 
-// Generator returns the in-process traffic generator, or nil.
-func (l *Lab) Generator() *agent.Generator { return l.gen }
-
 // killPidFiles kills the agents listed in stateDir/run/*.pid. A pid is
 // only killed if its command line is a dualflow lab agent, so a stale pid
 // file never hits an unrelated process.

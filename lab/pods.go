@@ -64,9 +64,3 @@ func (l *Lab) Dial(ctx context.Context, from *corev1.Pod, proto string, to netip
 func (l *Lab) Exec(ctx context.Context, p *corev1.Pod, argv ...string) ([]byte, error) {
 	return nsrun.Output(ctx, l.PodNetNSPath(p), nil, argv...)
 }
-
-// NodeExec runs argv inside the node's network namespace, e.g.
-// `nft list ruleset` or `conntrack -L`.
-func (l *Lab) NodeExec(ctx context.Context, node string, argv ...string) ([]byte, error) {
-	return nsrun.Output(ctx, l.NodeNetNSPath(node), nil, argv...)
-}

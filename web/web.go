@@ -2,7 +2,8 @@
 // from one HTTP server. Mount it in the collector or demo process:
 //
 //	srv, err := web.New(web.Config{Addr: "127.0.0.1:8080", Store: conn, ...})
-//	g.Go(func() error { return srv.Run(ctx) })
+//	ln, err := net.Listen("tcp", srv.Addr())
+//	g.Go(func() error { return srv.Serve(ctx, ln) })
 package web
 
 import (
@@ -142,20 +143,11 @@ func hostCheck(next http.Handler, names []string) http.Handler {
 // Handler returns the server's handler (API and UI), for tests.
 func (s *Server) Handler() http.Handler { return s.handler }
 
-// Addr is the address Run listens on (loopback when no tokens are set).
+// Addr is the address to listen on (loopback when no tokens are set).
 func (s *Server) Addr() string { return s.addr }
 
-// Run listens and serves until ctx is cancelled, then shuts down
-// gracefully. It returns early on a listen error.
-func (s *Server) Run(ctx context.Context) error {
-	ln, err := listen(s)
-	if err != nil {
-		return fmt.Errorf("web: listen %s: %w", s.addr, err)
-	}
-	return s.Serve(ctx, ln)
-}
-
-// Serve is Run on an existing listener, which it closes.
+// Serve serves on ln until ctx is cancelled, then shuts down gracefully;
+// it closes ln.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	if s.auth {
 		s.log.Info("serving the web UI and API", "url", "http://"+ln.Addr().String()+"/", "auth", "bearer tokens")
@@ -193,6 +185,3 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	_ = srv.Close() // follow streams outlive Shutdown
 	return nil
 }
-
-// listen opens the server's listener.
-func listen(s *Server) (net.Listener, error) { return net.Listen("tcp", s.addr) }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"flag"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -71,7 +72,7 @@ func TestTokensFileAndRun(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	ln, err := listen(s)
+	ln, err := net.Listen("tcp", s.Addr())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -131,16 +131,6 @@ func (m *Manifest) Node(name string) (*corev1.Node, bool) {
 	return nil, false
 }
 
-// Namespace returns the namespace called name.
-func (m *Manifest) Namespace(name string) (*corev1.Namespace, bool) {
-	for i := range m.Namespaces {
-		if m.Namespaces[i].Name == name {
-			return &m.Namespaces[i], true
-		}
-	}
-	return nil, false
-}
-
 // Pod returns the pod namespace/name.
 func (m *Manifest) Pod(namespace, name string) (*corev1.Pod, bool) {
 	for i := range m.Pods {

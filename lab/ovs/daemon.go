@@ -75,11 +75,6 @@ func (n Node) Ofctl(ctx context.Context, args ...string) (string, error) {
 	return n.run(ctx, "", "ovs-ofctl", append([]string{"-O", "OpenFlow13"}, args...)...)
 }
 
-// Appctl runs ovs-appctl against the node's ovs-vswitchd.
-func (n Node) Appctl(ctx context.Context, args ...string) (string, error) {
-	return n.run(ctx, "", "ovs-appctl", append([]string{"-T", "5", "-t", "ovs-vswitchd"}, args...)...)
-}
-
 // run runs a command with the node's environment under cmdTimeout, inside
 // netns when it is set, with stdin from the last "-" argument's data when
 // given through ofctlInput. Daemons write their output to their log files;
@@ -133,12 +128,6 @@ func Stop(dir string, grace time.Duration) error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// Running reports whether the node's ovs-vswitchd is alive.
-func Running(dir string) bool {
-	_, ok := topology.PidFile(filepath.Join(dir, "ovs-vswitchd.pid"), "ovs-vswitchd", dir)
-	return ok
 }
 
 // Setup creates the bridge on the userspace datapath, attaches the ports,
