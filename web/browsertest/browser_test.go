@@ -240,6 +240,17 @@ func poll(js string) chromedp.Action[chromedp.Void] {
 	return chromedp.Poll[chromedp.Void](js, chromedp.WithPollingTimeout(15*time.Second))
 }
 
+// openFirstRow opens the drawer of the first row of the flow table. It
+// clicks again until the drawer shows: a page the table is still loading
+// replaces the rows, and a click on a row it replaced is lost.
+func openFirstRow() chromedp.Action[chromedp.Void] {
+	return poll(`(() => {
+		if (!document.querySelector('#drawer').hidden && document.querySelector('#drawer dl.kv')) return true;
+		document.querySelector('#flow-table tbody tr')?.click();
+		return false;
+	})()`)
+}
+
 func noConsoleErrors(t *testing.T, errs func() []string, allow string) {
 	t.Helper()
 	for _, e := range errs() {
@@ -345,8 +356,7 @@ func TestFlowFiltersChangeRows(t *testing.T) {
 		js(`document.querySelector('#f-expr').value = ''`),
 		chromedp.SendKeys(css(`#f-expr`), "\r"),
 		poll(`!document.querySelector('#banner').textContent.includes('dst_ip') && document.querySelectorAll('#flow-table tbody tr').length > 0`),
-		chromedp.Click(css(`#flow-table tbody tr`)),
-		chromedp.WaitVisible(css(`#drawer dl.kv`)),
+		openFirstRow(),
 		chromedp.WaitVisible(css(`#drawer #trace-this`)),
 	)
 	screenshot(t, ctx, "flows-drawer")
@@ -361,7 +371,7 @@ func TestFlowFiltersChangeRows(t *testing.T) {
 	)
 	// "Trace this flow" runs a prefilled dual trace.
 	do(t, ctx,
-		chromedp.Click(css(`#flow-table tbody tr`)),
+		openFirstRow(),
 		chromedp.WaitVisible(css(`#drawer #trace-this`)),
 		chromedp.Click(css(`#drawer #trace-this`)),
 		chromedp.WaitVisible(css(`#trace-out .trace[data-family="4"]`)),

@@ -261,7 +261,7 @@ function fillDatalists() {
 // ---- Flows page ----
 // Page state (family, verdict, window, filter) lives in the URL:
 // #/flows?ip_version=6&verdict=dropped&since=1h&src_workload=shop/web
-const flows = { next: '', rows: 0, follow: null };
+const flows = { next: '', rows: 0, follow: null, gen: 0 };
 const flowFormKeys = ['ip_version', 'verdict', 'since'];
 // applyFlowParams puts URL parameters into the filter form.
 function applyFlowParams(params) {
@@ -356,8 +356,12 @@ async function loadFlows(more) {
   if (more && flows.next) q.append('cursor', flows.next);
   q.append('limit', '100');
   const tbody = $('#flow-table tbody');
+  // A newer load (a filter changed again) supersedes this one: its answer,
+  // or its error, may arrive after the newer one's and must not replace it.
+  const gen = ++flows.gen;
   try {
     const page = await api('/flows?' + q);
+    if (gen !== flows.gen) return;
     banner('');
     if (!more) { tbody.replaceChildren(); flows.rows = 0; }
     for (const f of page.flows) tbody.append(flowRow(f));
@@ -366,7 +370,7 @@ async function loadFlows(more) {
     $('#flow-more').hidden = !flows.next;
     $('#flow-count').textContent = flows.rows + ' flows' + (flows.next ? ' (more available)' : '');
     if (!more) loadSummaryInto($('#flow-chart'), p, { compact: true });
-  } catch (e) { showError(e); }
+  } catch (e) { if (gen !== flows.gen) return; showError(e); }
   if ($('#f-follow').checked) startFollow();
 }
 // insertLive puts a live row where its end time belongs (newest first).
