@@ -186,8 +186,8 @@ type WriterStats struct {
 // backoff and then spooled to disk; the spool is replayed oldest-first, and
 // while it holds anything new batches queue behind it.
 // With one inserter rows arrive in order; with more, a batch may overtake
-// one of the others in flight (by at most Inserters-1 batches, or the
-// length of an outage for a batch that was spooled). Every batch carries a random dedup token kept across retries,
+// one in flight (by as many batches as the other inserters write meanwhile,
+// or the length of an outage for a batch that was spooled). Every batch carries a random dedup token kept across retries,
 // spooling and restarts, so an ambiguous failure never writes a batch twice
 // (within the table's non_replicated_deduplication_window: a batch replayed
 // after more newer inserts than the window holds can be duplicated).
@@ -219,15 +219,16 @@ type Writer struct {
 
 	mu        sync.Mutex
 	cur       *pendingBatch   // batch being filled
-	queue     []*pendingBatch // sealed batches, oldest first; the head may be in flight
-	free      []batchBuf      // buffers of finished batches for reuse; with cur and queue, at most MaxPending+1
+	queue     []*pendingBatch // sealed batches, oldest first, until they and every older one are done
+	pending   int             // batches of queue not done yet: they hold buffers
+	free      []batchBuf      // buffers of finished batches for reuse; with cur and the pending batches, at most MaxPending+1
 	lastSize  int             // encoded size of the last sealed batch, to size new buffers
 	lastCols  colSizes        // column sizes of the last sealed columnar batch, likewise
 	labels    labelCache      // encodings of the label maps Write has seen
 	sealedSeq uint64          // sequence number of the last sealed batch
 	doneSeq   uint64          // sequence number of the last batch written, spooled or dropped
-	bufRows   int64           // rows in cur and queue
-	bufBytes  int64           // bytes in cur and queue
+	bufRows   int64           // rows in cur and in the pending batches of queue
+	bufBytes  int64           // bytes in cur and in the pending batches of queue
 	closed    bool            // shutting down or exited: no more records accepted
 	exited    bool            // Run has returned
 	changed   chan struct{}   // closed and replaced on every state change above
@@ -498,7 +499,7 @@ func (w *Writer) waitRoomLocked(ctx context.Context) error {
 		if w.closed {
 			return ErrWriterClosed
 		}
-		if len(w.queue) < w.cfg.MaxPending {
+		if w.pending < w.cfg.MaxPending {
 			return nil
 		}
 		if err := w.waitLocked(ctx); err != nil {
@@ -537,6 +538,7 @@ func (w *Writer) sealLocked() {
 	b.seq = w.sealedSeq
 	b.token = newDedupToken()
 	w.queue = append(w.queue, b)
+	w.pending++
 	w.lastSize = len(b.data)
 	if b.cols != nil && b.rows >= w.cfg.BatchRows/2 {
 		// Sized on full batches: a small one sealed by the flush tick
@@ -615,7 +617,7 @@ func (w *Writer) Run(ctx context.Context) error {
 			done = true
 		case <-tick.C:
 			w.mu.Lock()
-			if len(w.queue) < w.cfg.MaxPending { // never block: a full queue is flushing anyway
+			if w.pending < w.cfg.MaxPending { // never block: a full queue is flushing anyway
 				w.sealLocked()
 			}
 			w.mu.Unlock()
@@ -694,19 +696,24 @@ func (w *Writer) send(ctx context.Context, sp *spool.Spool, stop <-chan struct{}
 			w.acker.FlushAcks()
 		}
 		w.mu.Lock()
+		// A done batch gives its buffer back at once, so room for a new
+		// batch does not wait for older inserts still running: with two
+		// inserters, a batch done before the one sealed ahead of it kept
+		// an inserter idle until that one ended.
 		b.done = true
+		w.pending--
+		w.bufRows -= int64(b.rows)
+		w.bufBytes -= int64(b.bytes)
+		// Keep the buffer while cur, the pending batches and the free list
+		// hold at most MaxPending+1 buffers in all: the memory bound.
+		if w.pending+len(w.free) < w.cfg.MaxPending {
+			w.free = append(w.free, batchBuf{data: b.data[:0], cols: b.cols})
+		}
+		b.batchBuf, b.journal = batchBuf{}, nil
 		for len(w.queue) > 0 && w.queue[0].done {
-			h := w.queue[0]
+			w.doneSeq = w.queue[0].seq
 			w.queue[0] = nil
 			w.queue = w.queue[1:]
-			w.doneSeq = h.seq
-			w.bufRows -= int64(h.rows)
-			w.bufBytes -= int64(h.bytes)
-			// Keep the buffer while cur, the queue and the free list hold at
-			// most MaxPending+1 buffers in all: the memory bound.
-			if len(w.queue)+len(w.free) < w.cfg.MaxPending {
-				w.free = append(w.free, batchBuf{data: h.data[:0], cols: h.cols})
-			}
 		}
 		w.broadcastLocked()
 	}

@@ -105,6 +105,47 @@ func (f *fakeTable) conn() Conn {
 }
 
 // fakeColumnar switches fakeTable.conn to columnar batches:
+// TestWriterNoHeadOfLineBlocking holds the first batch's insert while
+// later ones complete: the other inserter keeps writing them, and Write
+// keeps sealing new batches, within MaxPending batches in memory. (A done
+// batch used to count against MaxPending until every older batch was done,
+// so a slow insert left the other inserter idle: the writer reached 76% of
+// the engine's ceiling.)
+func TestWriterNoHeadOfLineBlocking(t *testing.T) {
+	tbl := newFakeTable(t)
+	release := make(chan struct{})
+	var first sync.Once
+	conn := &fakeConn{InsertRowBinaryFunc: func(ctx context.Context, table string, columns []string, token string, rows int, data []byte) error {
+		hold := false
+		first.Do(func() { hold = true })
+		if hold {
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return tbl.insert(ctx, table, columns, token, rows, data)
+	}}
+	cfg := testConfig()
+	cfg.BatchRows, cfg.Inserters, cfg.MaxPending = 1, 2, 2
+	w := startWriter(t, cfg, conn)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i := range 6 { // batch 0 hangs; 1 to 5 go through the other inserter
+		if err := w.Write(ctx, testFlows(i, 1)); err != nil {
+			t.Fatalf("Write %d while the first insert hangs: %v", i, err)
+		}
+	}
+	eventually(t, "5 batches written past the held one", func() bool { return len(tbl.ids()) >= 5 })
+	if s := w.Stats(); s.BufferedRows > int64(cfg.MaxPending+1) {
+		t.Fatalf("buffered %d rows, more than MaxPending+1 batches of one row", s.BufferedRows)
+	}
+	close(release)
+	flush(t, w)
+	wantIDSet(t, tbl, seq(0, 6))
+}
+
 // TestWriterColumnar runs the writer tests again with it.
 var fakeColumnar bool
 
