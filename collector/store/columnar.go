@@ -11,13 +11,14 @@ import (
 	"github.com/dualflow/dualflow/flow"
 )
 
-// A Conn that takes Native blocks (the embedded engine) gets its batches
-// encoded column by column as Write receives the records, straight into the
-// Native block the insert sends. Encoding RowBinary rows and transposing
-// them at insert time cost about 18% of the collector's CPU in
-// BenchmarkEndToEnd/enriched; encoding the columns directly does the same
-// work once. RowBinary stays the spool's format: a columnar batch that has
-// to be spooled is turned into rows then (rowBinary), a rare path.
+// appendRecord is the one encoder of a flow row. The writer encodes its
+// batches column by column as Write receives the records, straight into the
+// Native block the insert sends (the embedded engine, a server over HTTP).
+// Encoding RowBinary rows and transposing them at insert time cost about 18%
+// of the collector's CPU in BenchmarkEndToEnd/enriched; encoding the columns
+// directly does the same work once. RowBinary stays the spool's format and
+// the native protocol's input: rowBinary turns the columns into rows for
+// them, and AppendFlowRow is the same path for one record.
 
 // columnarConn is implemented by a Conn that inserts flows batches as Native
 // blocks built by appendRecord. Like InsertRowBinary, insertColumns must not
@@ -33,8 +34,8 @@ const (
 )
 
 // appendRecord appends r as one row of FlowColumns, plus the address text
-// columns, exactly as build makes it from AppendFlowRow's row (a test holds
-// them to the same bytes). Label encodings are remembered in lc when it is
+// columns, exactly as build makes it from the row rowBinary gives back (a
+// test holds them to the same bytes). Label encodings are remembered in lc when it is
 // not nil. nb must have been reset for flowWire.
 func (nb *nativeBuilder) appendRecord(r *flow.Record, lc *labelCache) {
 	c := (*[flowCols]nativeColumn)(nb.cols)
@@ -225,7 +226,7 @@ func (nb *nativeBuilder) size() int {
 }
 
 // rowBinary appends nb's rows to dst as RowBinary rows of the wire layout:
-// the rows AppendFlowRow makes for the same records (the text columns are
+// the rows the spool keeps for the same records (the text columns are
 // left out: the table derives them). It is the way back from a columnar
 // batch to the spool's format.
 func (nb *nativeBuilder) rowBinary(dst []byte, wire []wireColumn) ([]byte, error) {

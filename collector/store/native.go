@@ -10,11 +10,11 @@ import (
 // The embedded engine parses RowBinary row by row, and building
 // LowCardinality dictionaries one value at a time made RowBinary inserts of
 // the wide flows row 2x slower than the same data in the columnar Native
-// format. For the embedded engine the writer builds the Native columns as
-// records arrive (appendRecord, columnar.go); RowBinary stays the spool's
-// format (compact, append-only, decodable row by row), and the embedded
-// backend transposes a RowBinary batch (a spooled one, or one from another
-// caller) into a Native block just before inserting it (build).
+// format. The writer builds the Native columns as records arrive
+// (appendRecord, columnar.go); RowBinary stays the spool's format (compact,
+// append-only, decodable row by row), and a backend transposes a RowBinary
+// batch (a spooled one, or one from another caller) into a Native block
+// just before inserting it (build).
 //
 // Both fill the address text columns (src_ip, dst_ip,
 // service_ip, snat_ip, exporter_ip) from the *_in columns. The table computes

@@ -53,89 +53,13 @@ func flowLayout(columns []string) bool {
 }
 
 // AppendFlowRow appends r encoded as one RowBinary row of FlowColumns to b
-// and returns the extended buffer. Label maps are encoded in key order, so
-// equal records encode to equal bytes. It does not allocate when b has room
-// and the labels have at most 32 keys.
-func AppendFlowRow(b []byte, r *flow.Record) []byte { return appendFlowRow(b, r, nil) }
-
-// appendFlowRow is AppendFlowRow, with the label encodings remembered in lc
-// when it is not nil.
-func appendFlowRow(b []byte, r *flow.Record, lc *labelCache) []byte {
-	b = appendTime(b, r.FlowStart)
-	b = appendTime(b, r.FlowEnd)
-	b = appendTime(b, r.TimeReceived)
-	ipv := r.IPVersion
-	if ipv == 0 {
-		ipv = flow.Version(r.SrcAddr)
-	}
-	b = append(b, ipv)
-	b = appendAddr(b, r.SrcAddr)
-	b = appendAddr(b, r.DstAddr)
-	b = binary.LittleEndian.AppendUint16(b, r.SrcPort)
-	b = binary.LittleEndian.AppendUint16(b, r.DstPort)
-	b = append(b, r.Proto)
-	b = appendAddr(b, r.ServiceAddr)
-	b = binary.LittleEndian.AppendUint16(b, r.ServicePort)
-	b = appendAddr(b, r.SNATAddr)
-	b = binary.LittleEndian.AppendUint16(b, r.SNATPort)
-	b = binary.LittleEndian.AppendUint64(b, r.PacketsDelta)
-	b = binary.LittleEndian.AppendUint64(b, r.BytesDelta)
-	b = binary.LittleEndian.AppendUint64(b, r.ReversePacketsDelta)
-	b = binary.LittleEndian.AppendUint64(b, r.ReverseBytesDelta)
-	b = binary.LittleEndian.AppendUint64(b, r.Packets)
-	b = binary.LittleEndian.AppendUint64(b, r.Bytes)
-	b = binary.LittleEndian.AppendUint64(b, r.ReversePackets)
-	b = binary.LittleEndian.AppendUint64(b, r.ReverseBytes)
-	b = append(b, byte(r.EndReason))
-	b = appendString(b, r.TCPState)
-	b = binary.LittleEndian.AppendUint16(b, r.Zone)
-	b = binary.LittleEndian.AppendUint32(b, r.Mark)
-	b = appendAddr(b, r.ExporterAddr)
-	b = binary.LittleEndian.AppendUint32(b, r.ObservationDomainID)
-	b = appendString(b, r.ExporterNode)
-	b = appendString(b, r.Source)
-	b = appendEndpoint(b, &r.Src, lc)
-	b = appendEndpoint(b, &r.Dst, lc)
-	b = appendString(b, r.Service.Namespace)
-	b = appendString(b, r.Service.Name)
-	b = appendString(b, r.Service.PortName)
-	b = append(b, byte(r.Type), byte(r.Correlation))
-	b = appendPolicy(b, &r.Ingress)
-	b = appendPolicy(b, &r.Egress)
-	b = append(b, boolByte(r.VerdictMismatch()), boolByte(r.K8sViewStale))
-	return appendString(b, r.ProbeTraceID)
-}
-
-func appendEndpoint(b []byte, e *flow.Endpoint, lc *labelCache) []byte {
-	b = appendString(b, e.PodNamespace)
-	b = appendString(b, e.PodName)
-	switch {
-	case len(e.Labels) == 0:
-		b = append(b, 0)
-	case lc != nil:
-		b = lc.append(b, e.Labels)
-	default:
-		b = appendLabels(b, e.Labels)
-	}
-	b = appendString(b, e.WorkloadKind)
-	b = appendString(b, e.WorkloadName)
-	b = appendString(b, e.NodeName)
-	return appendString(b, e.Zone)
-}
-
-// appendLabels appends m as a RowBinary Map(String, String), in key order.
-func appendLabels(b []byte, m map[string]string) []byte {
-	var arr [32]string
-	keys := arr[:0]
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
-	b = binary.AppendUvarint(b, uint64(len(keys)))
-	for _, k := range keys {
-		b = appendString(b, k)
-		b = appendString(b, m[k])
-	}
+// and returns the extended buffer: the row the writer spools for r. Label
+// maps are encoded in key order, so equal records encode to equal bytes.
+func AppendFlowRow(b []byte, r *flow.Record) []byte {
+	var nb nativeBuilder
+	nb.reset(flowWire)
+	nb.appendRecord(r, nil)
+	b, _ = nb.rowBinary(b, flowWire) // cannot fail: the columns hold one whole row
 	return b
 }
 
@@ -150,13 +74,11 @@ type labelCache struct {
 	e [1 << 10]labelSlot
 }
 
-// labelSlot holds one map's encodings, each made when first asked for.
+// labelSlot holds one map's encoding, made when first asked for.
 type labelSlot struct {
 	m          map[string]string
-	n          int    // len(m) when the encodings were made
-	enc        []byte // RowBinary Map value
+	n          int    // len(m) when the encoding was made
 	keys, vals []byte // the keys and the values as Strings, for Native columns
-	hasEnc     bool
 	hasCols    bool
 }
 
@@ -170,17 +92,9 @@ func (c *labelCache) slot(m map[string]string) *labelSlot {
 	// The length check is a cheap guard against a map changed in place
 	// despite the rule above; it cannot catch every change.
 	if s.m == nil || mapID(s.m) != id || s.n != len(m) {
-		s.m, s.n, s.hasEnc, s.hasCols = m, len(m), false, false
+		s.m, s.n, s.hasCols = m, len(m), false
 	}
 	return s
-}
-
-func (c *labelCache) append(b []byte, m map[string]string) []byte {
-	s := c.slot(m)
-	if !s.hasEnc {
-		s.enc, s.hasEnc = appendLabels(s.enc[:0], m), true
-	}
-	return append(b, s.enc...)
 }
 
 // columns returns m's keys and values as appendLabelColumns encodes them.
@@ -193,44 +107,10 @@ func (c *labelCache) columns(m map[string]string) (keys, vals []byte) {
 	return s.keys, s.vals
 }
 
-func appendPolicy(b []byte, p *flow.Policy) []byte {
-	b = appendString(b, p.Namespace)
-	b = appendString(b, p.Name)
-	rule := p.Rule
-	if p.Name == "" {
-		rule = -1 // a rule index without a policy means nothing
-	}
-	b = binary.LittleEndian.AppendUint32(b, uint32(rule))
-	b = append(b, byte(p.Verdict), byte(p.ReportedVerdict))
-	return appendString(b, p.ReportedName)
-}
-
-// appendTime encodes DateTime64(3): milliseconds since the epoch. The zero
-// time encodes as 0 (1970-01-01).
-func appendTime(b []byte, t time.Time) []byte {
-	var ms int64
-	if !t.IsZero() {
-		ms = t.UnixMilli()
-	}
-	return binary.LittleEndian.AppendUint64(b, uint64(ms))
-}
-
 func appendString(b []byte, s string) []byte {
 	b = binary.AppendUvarint(b, uint64(len(s)))
 	return append(b, s...)
 }
-
-// appendAddr encodes an address as a RowBinary IPv6: 16 bytes in network
-// order, IPv4 mapped as ::ffff:a.b.c.d, and :: for the zero Addr.
-func appendAddr(b []byte, a netip.Addr) []byte {
-	if !a.IsValid() {
-		return append(b, zero16[:]...)
-	}
-	a16 := a.As16()
-	return append(b, a16[:]...)
-}
-
-var zero16 [16]byte
 
 // ErrShortRow is returned when a RowBinary buffer ends inside a row.
 var ErrShortRow = errors.New("rowbinary: truncated row")
@@ -311,7 +191,7 @@ func (r *rowReader) time() time.Time {
 
 func (r *rowReader) addr() netip.Addr {
 	v := r.take(16)
-	if v == nil || [16]byte(v) == zero16 {
+	if v == nil || [16]byte(v) == [16]byte{} {
 		return netip.Addr{}
 	}
 	return netip.AddrFrom16([16]byte(v)).Unmap()

@@ -108,24 +108,6 @@ func normTimes(r flow.Record) flow.Record {
 	return r
 }
 
-func TestAppendAddr(t *testing.T) {
-	tests := []struct{ in, want string }{
-		{"198.18.0.1", "::ffff:198.18.0.1"},
-		{"::ffff:198.18.0.1", "::ffff:198.18.0.1"},
-		{"fd00:10::1", "fd00:10::1"},
-		{"fd00:10::1%eth0", "fd00:10::1"},
-	}
-	for _, tt := range tests {
-		b := appendAddr(nil, netip.MustParseAddr(tt.in))
-		if got := netip.AddrFrom16([16]byte(b)); len(b) != 16 || got != netip.MustParseAddr(tt.want) {
-			t.Errorf("appendAddr(%s) = %v, want %s", tt.in, got, tt.want)
-		}
-	}
-	if b := appendAddr(nil, netip.Addr{}); [16]byte(b) != zero16 {
-		t.Errorf("zero addr = %v, want 16 zero bytes", b)
-	}
-}
-
 func TestDecodeTruncated(t *testing.T) {
 	r := sampleRecord(1, true)
 	b := AppendFlowRow(nil, &r)
@@ -196,18 +178,18 @@ func TestMarkTemporary(t *testing.T) {
 // key order, whatever order the map iterates in, with and without the
 // writer's cache.
 func TestLabelsEncodeInKeyOrder(t *testing.T) {
-	want := []byte{3, 1, 'a', 1, '1', 1, 'b', 1, '2', 1, 'c', 0}
+	wantKeys, wantVals := []byte{1, 'a', 1, 'b', 1, 'c'}, []byte{1, '1', 1, '2', 0}
 	var lc labelCache
 	for i := range 50 {
 		m := map[string]string{}
 		for _, k := range rand.Perm(3) {
 			m[string(rune('a'+k))] = [...]string{"1", "2", ""}[k]
 		}
-		if got := appendLabels(nil, m); string(got) != string(want) {
-			t.Fatalf("appendLabels(%v) = %q, want %q", m, got, want)
+		if keys, vals := appendLabelColumns(nil, nil, m); string(keys) != string(wantKeys) || string(vals) != string(wantVals) {
+			t.Fatalf("appendLabelColumns(%v) = %q %q, want %q %q", m, keys, vals, wantKeys, wantVals)
 		}
-		if got := lc.append(nil, m); string(got) != string(want) {
-			t.Fatalf("cached encoding of map %d = %q, want %q", i, got, want)
+		if keys, vals := lc.columns(m); string(keys) != string(wantKeys) || string(vals) != string(wantVals) {
+			t.Fatalf("cached encoding of map %d = %q %q, want %q %q", i, keys, vals, wantKeys, wantVals)
 		}
 	}
 	r1, r2 := sampleRecord(1, true), sampleRecord(1, true)
@@ -226,10 +208,7 @@ func TestLabelCache(t *testing.T) {
 		sets[i] = map[string]string{"app": fmt.Sprint("app-", i), "tier": fmt.Sprint(i % 7)}
 	}
 	var lc labelCache
-	var b []byte
-	// Both encodings of a slot, asked for in turn (RowBinary for a server,
-	// columns for the embedded engine).
-	checkCols := func(what string, m map[string]string) {
+	check := func(what string, m map[string]string) {
 		t.Helper()
 		keys, vals := lc.columns(m)
 		wk, wv := appendLabelColumns(nil, nil, m)
@@ -237,39 +216,15 @@ func TestLabelCache(t *testing.T) {
 			t.Fatalf("%s: cached columns %q %q, want %q %q", what, keys, vals, wk, wv)
 		}
 	}
-	for round := range 3 {
+	for range 3 {
 		for _, i := range rand.Perm(len(sets)) {
-			b = lc.append(b[:0], sets[i])
-			if want := appendLabels(nil, sets[i]); string(b) != string(want) {
-				t.Fatalf("set %d: cached %q, want %q", i, b, want)
-			}
-			if round > 0 {
-				checkCols(fmt.Sprint("set ", i), sets[i])
-			}
+			check(fmt.Sprint("set ", i), sets[i])
 		}
 	}
 	m := sets[0]
-	lc.append(nil, m)
-	checkCols("set 0", m)
+	check("set 0", m)
 	m["zone"] = "a" // breaks flow.Endpoint's rule; the length guard notices
-	if got, want := lc.append(nil, m), appendLabels(nil, m); string(got) != string(want) {
-		t.Errorf("grown map: cached %q, want %q", got, want)
-	}
+	check("grown map", m)
 	m["rack"] = "r1"
-	checkCols("grown map", m)
-}
-
-// BenchmarkAppendFlowRowCached is the writer's encoding: label maps shared
-// between records, their encoding remembered.
-func BenchmarkAppendFlowRowCached(b *testing.B) {
-	recs := []flow.Record{sampleRecord(1, false), sampleRecord(2, true)}
-	buf := make([]byte, 0, 64<<10)
-	var lc labelCache
-	b.ReportAllocs()
-	for i := 0; b.Loop(); i++ {
-		if len(buf) > 60<<10 {
-			buf = buf[:0]
-		}
-		buf = appendFlowRow(buf, &recs[i&1], &lc)
-	}
+	check("grown again", m)
 }

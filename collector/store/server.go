@@ -64,6 +64,7 @@ type Server struct {
 	db      string
 	http    *httpQuerier // nil for the native protocol
 	natives sync.Pool    // *nativeBuilder, reused between HTTP inserts of flows batches
+	rows    sync.Pool    // *[]byte, RowBinary of the writer's batches over the native protocol
 	// syncInserts adds insert_distributed_sync = 1 to inserts, unless the
 	// DSN sets it (see NewServer).
 	syncInserts bool
@@ -276,7 +277,7 @@ func (s *Server) Query(ctx context.Context, query, format string) ([]byte, error
 
 // InsertRowBinary implements Conn. Over the HTTP protocol the rows are
 // sent without the driver (see insertHTTP), for any table. Over the native
-// protocol the rows (written by AppendFlowRow) are decoded and appended to
+// protocol the rows (rowBinary's) are decoded and appended to
 // a driver batch; only the flows table layout is supported.
 func (s *Server) InsertRowBinary(ctx context.Context, table string, columns []string, dedupToken string, rows int, data []byte) error {
 	if s.http != nil {

@@ -284,6 +284,31 @@ func (s *Server) insertHTTP(ctx context.Context, table string, columns []string,
 	return nil
 }
 
+// insertColumns implements columnarConn: the writer's batches go over HTTP
+// as the Native block they were built as, and over the native protocol as
+// rows (InsertRowBinary).
+func (s *Server) insertColumns(ctx context.Context, table, dedupToken string, nb *nativeBuilder) error {
+	if s.http == nil {
+		buf, _ := s.rows.Get().(*[]byte)
+		if buf == nil {
+			buf = new([]byte)
+		}
+		defer s.rows.Put(buf)
+		var err error
+		if *buf, err = nb.rowBinary((*buf)[:0], flowWire); err != nil {
+			return fmt.Errorf("insert into %s: %w", table, err)
+		}
+		return s.InsertRowBinary(ctx, table, FlowColumns, dedupToken, nb.rows, *buf)
+	}
+	q := insertQuery(qualify(s.db, table), flowNativeColumns, dedupToken, "Native", s.syncInserts)
+	if err := s.http.insert(ctx, q, nb.assemble(FlowColumns, flowWire)); err != nil {
+		return fmt.Errorf("insert %d rows into %s: %w", nb.rows, table, err)
+	}
+	return nil
+}
+
+var _ columnarConn = (*Server)(nil)
+
 // first returns the index of the address a request tries first.
 func (h *httpQuerier) first() int {
 	switch h.strategy {

@@ -179,10 +179,9 @@ type WriterStats struct {
 }
 
 // Writer batches flow records, encodes each row once, and inserts the
-// batches into FlowsTable, Inserters at a time. A Conn that takes columnar
-// batches (the embedded engine) gets the columns of a Native block, built as
-// records arrive (columnar.go); any other Conn gets RowBinary rows. Spooled
-// batches are RowBinary rows either way. Failed inserts are retried with
+// batches into FlowsTable, Inserters at a time. A batch is the columns of a
+// Native block, built as records arrive (columnar.go); a Conn that takes
+// only rows gets them as RowBinary, and spooled batches are RowBinary rows. Failed inserts are retried with
 // backoff and then spooled to disk; the spool is replayed oldest-first, and
 // while it holds anything new batches queue behind it.
 // With one inserter rows arrive in order; with more, a batch may overtake
@@ -222,8 +221,7 @@ type Writer struct {
 	queue     []*pendingBatch // sealed batches, oldest first, until they and every older one are done
 	pending   int             // batches of queue not done yet: they hold buffers
 	free      []batchBuf      // buffers of finished batches for reuse; with cur and the pending batches, at most MaxPending+1
-	lastSize  int             // encoded size of the last sealed batch, to size new buffers
-	lastCols  colSizes        // column sizes of the last sealed columnar batch, likewise
+	lastCols  colSizes        // column sizes of the last full batch sealed, to size new buffers
 	labels    labelCache      // encodings of the label maps Write has seen
 	sealedSeq uint64          // sequence number of the last sealed batch
 	doneSeq   uint64          // sequence number of the last batch written, spooled or dropped
@@ -355,20 +353,13 @@ func (b *pendingBatch) addJournal(r *flow.Record) {
 	b.maxEnd = max(b.maxEnd, end)
 }
 
-// batchBuf holds a batch's rows: RowBinary rows in data, or, when the Conn
-// takes columnar batches, the columns of a Native block in cols.
+// batchBuf holds a batch's rows as the columns of a Native block.
 type batchBuf struct {
-	data []byte
 	cols *nativeBuilder
 }
 
 // size returns the encoded size of the rows.
-func (b *batchBuf) size() int {
-	if b.cols != nil {
-		return b.cols.size()
-	}
-	return len(b.data)
-}
+func (b *batchBuf) size() int { return b.cols.size() }
 
 // NewWriter returns a Writer inserting through conn. cfg goes through
 // SetDefaults and Validate. Metrics are registered on reg unless it is nil.
@@ -420,11 +411,7 @@ func (w *Writer) Write(ctx context.Context, recs []flow.Record) error {
 		if w.closed {
 			return ErrWriterClosed
 		}
-		if cols := w.cur.cols; cols != nil {
-			cols.appendRecord(&recs[i], &w.labels)
-		} else {
-			w.cur.data = appendFlowRow(w.cur.data, &recs[i], &w.labels)
-		}
+		w.cur.cols.appendRecord(&recs[i], &w.labels)
 		if w.acker != nil {
 			w.cur.addJournal(&recs[i])
 		}
@@ -458,15 +445,11 @@ func (w *Writer) newBatchLocked() *pendingBatch {
 	if n := len(w.free); n > 0 {
 		b.batchBuf = w.free[n-1]
 		w.free = w.free[:n-1]
-	} else if w.columnar == nil {
-		b.data = make([]byte, 0, w.lastSize+w.lastSize/8)
 	} else {
 		b.cols = new(nativeBuilder)
 	}
-	if b.cols != nil {
-		b.cols.reset(flowWire)
-		b.cols.reserve(w.lastCols)
-	}
+	b.cols.reset(flowWire)
+	b.cols.reserve(w.lastCols)
 	return b
 }
 
@@ -539,8 +522,7 @@ func (w *Writer) sealLocked() {
 	b.token = newDedupToken()
 	w.queue = append(w.queue, b)
 	w.pending++
-	w.lastSize = len(b.data)
-	if b.cols != nil && b.rows >= w.cfg.BatchRows/2 {
+	if b.rows >= w.cfg.BatchRows/2 {
 		// Sized on full batches: a small one sealed by the flush tick
 		// would make the next buffers too small again.
 		w.lastCols = b.cols.sizes()
@@ -683,7 +665,7 @@ func (w *Writer) send(ctx context.Context, sp *spool.Spool, stop <-chan struct{}
 			}
 			w.acker.Intent(b.token, minEnd, maxEnd, b.rows, b.journal)
 		}
-		w.deliver(ctx, sp, stop, b)
+		failed := w.deliver(ctx, sp, stop, b)
 		if w.acker != nil && len(b.journal) > 0 && killAfterInsert {
 			killSelf() // a test's crash between an insert and its acknowledgement
 		}
@@ -706,8 +688,11 @@ func (w *Writer) send(ctx context.Context, sp *spool.Spool, stop <-chan struct{}
 		w.bufBytes -= int64(b.bytes)
 		// Keep the buffer while cur, the pending batches and the free list
 		// hold at most MaxPending+1 buffers in all: the memory bound.
-		if w.pending+len(w.free) < w.cfg.MaxPending {
-			w.free = append(w.free, batchBuf{data: b.data[:0], cols: b.cols})
+		// A failed insert's transport may still read the buffers after
+		// the attempt returned (net/http closes a request body in its own
+		// time): such a batch's buffers are left to the collector.
+		if !failed && w.pending+len(w.free) < w.cfg.MaxPending {
+			w.free = append(w.free, b.batchBuf)
 		}
 		b.batchBuf, b.journal = batchBuf{}, nil
 		for len(w.queue) > 0 && w.queue[0].done {
@@ -724,12 +709,14 @@ func (w *Writer) send(ctx context.Context, sp *spool.Spool, stop <-chan struct{}
 // cols, turned into rows only if it has to be spooled.
 type outgoing struct {
 	spool.Batch
-	cols *nativeBuilder
+	cols   *nativeBuilder
+	failed bool // an insert attempt failed
 }
 
-// deliver inserts b, or spools it, or drops and counts it.
-func (w *Writer) deliver(ctx context.Context, sp *spool.Spool, stop <-chan struct{}, b *pendingBatch) {
-	sb := outgoing{Batch: spool.Batch{Table: FlowsTable, Columns: FlowColumns, Token: b.token, Rows: b.rows, Data: b.data}, cols: b.cols}
+// deliver inserts b, or spools it, or drops and counts it. It reports
+// whether an insert attempt failed.
+func (w *Writer) deliver(ctx context.Context, sp *spool.Spool, stop <-chan struct{}, b *pendingBatch) (failed bool) {
+	sb := outgoing{Batch: spool.Batch{Table: FlowsTable, Columns: FlowColumns, Token: b.token, Rows: b.rows}, cols: b.cols}
 	if sp != nil && sp.Len() > 0 {
 		// Older batches wait in the spool: queue behind them to keep order.
 		w.push(sp, &sb)
@@ -737,7 +724,7 @@ func (w *Writer) deliver(ctx context.Context, sp *spool.Spool, stop <-chan struc
 	}
 	err := w.insertWithRetries(ctx, stop, &sb)
 	if err == nil {
-		return
+		return sb.failed
 	}
 	permanent := !isRetryable(err)
 	switch {
@@ -756,6 +743,7 @@ func (w *Writer) deliver(ctx context.Context, sp *spool.Spool, stop <-chan struc
 	default:
 		w.drop(DropNoSpool, sb.Rows, err)
 	}
+	return true
 }
 
 // insertWithRetries tries b up to 1+Retries times with exponential backoff.
@@ -787,14 +775,21 @@ func (w *Writer) insert(ctx context.Context, b *outgoing) error {
 	defer cancel()
 	start := time.Now()
 	var err error
-	if b.cols != nil {
+	switch {
+	case b.cols != nil && w.columnar != nil:
 		err = w.columnar.insertColumns(ctx, b.Table, b.Token, b.cols)
-	} else {
+	case b.cols != nil: // a Conn that takes rows: a test's
+		if b.Data, err = b.cols.rowBinary(nil, flowWire); err == nil {
+			b.cols = nil
+			err = w.conn.InsertRowBinary(ctx, b.Table, b.Columns, b.Token, b.Rows, b.Data)
+		}
+	default:
 		err = w.conn.InsertRowBinary(ctx, b.Table, b.Columns, b.Token, b.Rows, b.Data)
 	}
 	w.m.insertDuration.Observe(time.Since(start).Seconds())
 	w.noteInsert(err)
 	if err != nil {
+		b.failed = true
 		w.stats.insertErrors.Add(1)
 		if isRetryable(err) {
 			w.m.insertErrUnavailable.Inc()
