@@ -113,16 +113,11 @@ func (w Window) resolve() (Window, error) {
 	return w, nil
 }
 
-// minutes is the filter of a rollup's window_start.
-func (w Window) minutes() string {
-	return fmt.Sprintf("window_start >= toDateTime(%d) AND window_start < toDateTime(%d)", w.Since.Unix(), w.Until.Unix())
-}
-
 // policyTiers splits the minutes of the window (those minutes selects)
 // into whole hours, through toStartOfHour(window_start), which
 // rollup_policy_1m's projection policy_1h answers (migration 0010), and
 // the minutes at either end. The conditions are disjoint and cover the
-// same minutes as minutes().
+// same minutes as window_start >= since AND window_start < until.
 func (w Window) policyTiers() []string {
 	ceil := func(t time.Time, d time.Duration) time.Time {
 		if f := t.Truncate(d); f.Before(t) {
@@ -158,15 +153,6 @@ func (w Window) policyUnion(sel func(cond string) string) string {
 		parts = append(parts, sel(c))
 	}
 	return strings.Join(parts, "\nUNION ALL\n")
-}
-
-// flowEnd is the filter of the flows table's flow_end.
-// The bounds on toStartOfMinute(flow_end), the head of the sort key, let
-// the engine skip the granules of a merged part (a whole day) outside the
-// window, which bounds on flow_end alone do not.
-func (w Window) flowEnd() string {
-	return fmt.Sprintf("flow_end >= fromUnixTimestamp64Milli(%d, 'UTC') AND flow_end < fromUnixTimestamp64Milli(%d, 'UTC') AND toStartOfMinute(flow_end) >= toDateTime(%d, 'UTC') AND toStartOfMinute(flow_end) <= toDateTime(%d, 'UTC')",
-		w.Since.UnixMilli(), w.Until.UnixMilli(), w.Since.Truncate(time.Minute).Unix(), w.Until.Truncate(time.Minute).Unix())
 }
 
 // ordinary leaves out the rows of traceflow probes (migration 0012): a
@@ -436,7 +422,7 @@ FROM (
 GROUP BY src_namespace, src_kind, src_name, dst_namespace, dst_kind, dst_name, proto_key, port_key
 HAVING NOT (allowed4 > 0 AND allowed6 > 0)
 ORDER BY src_namespace, src_kind, src_name, dst_namespace, dst_kind, dst_name, proto_key, port_key
-LIMIT %[4]d`, r.db, w.flowEnd(), blocked, cmp.Or(limit, 10000), icmpProtoKey, icmpPortKey)
+LIMIT %[4]d`, r.db, chsql.FlowEnd(w.Since, w.Until), blocked, cmp.Or(limit, 10000), icmpProtoKey, icmpPortKey)
 	type row struct {
 		SrcNamespace string `json:"src_namespace"`
 		SrcKind      string `json:"src_kind"`
@@ -629,7 +615,7 @@ func (r *Reports) WhatIf(ctx context.Context, inv *Inventory, proposed []*networ
 		quoted[i] = chsql.String(ns)
 	}
 	in := "(" + strings.Join(quoted, ", ") + ")"
-	where := w.flowEnd() + " AND " + ordinary + " AND (src_pod_namespace IN " + in + " OR dst_pod_namespace IN " + in + ")"
+	where := chsql.FlowEnd(w.Since, w.Until) + " AND " + ordinary + " AND (src_pod_namespace IN " + in + " OR dst_pod_namespace IN " + in + ")"
 	groups, checks, err := r.whatIfWork(ctx, where, before, after, limit)
 	if err != nil {
 		return nil, fmt.Errorf("what-if: %w", err)

@@ -12,7 +12,7 @@ import (
 // TestPolicyTiers: the denied report and the rule use, summed per tier
 // (whole hours from the projection policy_1h, the minutes at the ends as
 // rows), equal the same sums over the rows of rollup_policy_1m selected
-// by minutes(), for random windows (second and sub-second bounds) over
+// by minutes(w), for random windows (second and sub-second bounds) over
 // six hours of rows in both families; and the engine does read the
 // projection for the whole hours.
 func TestPolicyTiers(t *testing.T) {
@@ -56,7 +56,8 @@ FROM numbers(360 * 16)`, end.Unix()-60))
 		want := tsvLines(t, fmt.Sprintf(`SELECT toString(direction), policy_name, policy_rule, ip_version, sum(records) AS n, sum(packets), sum(bytes),
  toUnixTimestamp(min(window_start)), toUnixTimestamp(max(window_start)) FROM dualflow.rollup_policy_1m
  WHERE %s AND verdict IN ('denied', 'rejected')
- GROUP BY direction, policy_name, policy_rule, ip_version ORDER BY n DESC, toString(direction), policy_name, policy_rule, ip_version`, w.minutes()),
+ GROUP BY direction, policy_name, policy_rule, ip_version ORDER BY n DESC, toString(direction), policy_name, policy_rule, ip_version`,
+			minutes(w)),
 			func(c []string) string {
 				return fmt.Sprintf("%s %s %s v%s %s %s %s %s %s", c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8])
 			})
@@ -72,8 +73,8 @@ FROM numbers(360 * 16)`, end.Unix()-60))
 			used += n
 		}
 		wantUsed := tsvLines(t, fmt.Sprintf(`SELECT sum(records), countDistinct(direction, policy_name, policy_rule) FROM dualflow.rollup_policy_1m
- WHERE %s AND verdict = 'allowed' AND policy_rule >= 0`, w.minutes()), func(c []string) string { return c[0] + " " + c[1] })
-		wantDec := tsvLines(t, fmt.Sprintf(`SELECT sum(records) FROM dualflow.rollup_policy_1m WHERE %s AND verdict != 'unknown'`, w.minutes()),
+ WHERE %s AND verdict = 'allowed' AND policy_rule >= 0`, minutes(w)), func(c []string) string { return c[0] + " " + c[1] })
+		wantDec := tsvLines(t, fmt.Sprintf(`SELECT sum(records) FROM dualflow.rollup_policy_1m WHERE %s AND verdict != 'unknown'`, minutes(w)),
 			func(c []string) string { return c[0] })
 		if g := fmt.Sprintf("%d %d", used, len(rep.Used)); g != wantUsed[0] || fmt.Sprint(rep.Decisions) != wantDec[0] {
 			t.Errorf("%s: used %s of %d decisions, want %s of %s", name, g, rep.Decisions, wantUsed[0], wantDec[0])
@@ -125,4 +126,10 @@ func TestReportMemoryBound(t *testing.T) {
 			t.Errorf("denied report query without %s: %s", s, l.q)
 		}
 	}
+}
+
+// minutes selects the window's minutes of a rollup plainly, on
+// window_start: what policyTiers must cover.
+func minutes(w Window) string {
+	return fmt.Sprintf("window_start >= toDateTime(%d) AND window_start < toDateTime(%d)", w.Since.Unix(), w.Until.Unix())
 }

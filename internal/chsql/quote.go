@@ -3,10 +3,14 @@
 // parameters, so every value that reaches a statement (the web API's
 // filters, the audit's reports, traceflow's rows, the migrations' ledger,
 // the engine's connection settings) goes through String, and every name
-// through Ident.
+// through Ident, every time through Time.
 package chsql
 
-import "strings"
+import (
+	"strconv"
+	"strings"
+	"time"
+)
 
 // String returns s as a ClickHouse string literal. Backslash and quote
 // are escaped, and every control byte (NUL included, which would end the
@@ -40,4 +44,21 @@ func String(s string) string {
 // table, a setting's name).
 func Ident(s string) string {
 	return "`" + strings.NewReplacer(`\`, `\\`, "`", "\\`").Replace(s) + "`"
+}
+
+// Time returns t as a DateTime64(3, 'UTC') literal, to the millisecond.
+func Time(t time.Time) string {
+	return "fromUnixTimestamp64Milli(" + strconv.FormatInt(t.UnixMilli(), 10) + ", 'UTC')"
+}
+
+// FlowEnd selects the flows table's rows whose flow_end is in [since,
+// until). The same bounds on toStartOfMinute(flow_end), the head of the
+// sort key, let the engine skip the granules of a merged part outside the
+// window: on flow_end alone it reads every granule of the part (a day once
+// merged), 3.3M rows instead of 0.6M for a filtered page a day back at
+// 100M rows (docs/scale.md).
+func FlowEnd(since, until time.Time) string {
+	return "flow_end >= " + Time(since) + " AND flow_end < " + Time(until) +
+		" AND toStartOfMinute(flow_end) >= " + Time(since.Truncate(time.Minute)) +
+		" AND toStartOfMinute(flow_end) <= " + Time(until.Truncate(time.Minute))
 }

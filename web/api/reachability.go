@@ -237,7 +237,7 @@ func (a *API) runReachability(ctx context.Context, req *ReachabilityRequest) (*R
 	}
 	// A trace is not traffic: the probes of the traces the matrix runs
 	// would otherwise show as observed flows (migration 0012).
-	where := flowEndRange(since, now) + " AND NOT is_probe AND " + protoCond
+	where := chsql.FlowEnd(since, now) + " AND NOT is_probe AND " + protoCond
 	if req.Port != 0 {
 		where += " AND (dst_port = " + strconv.Itoa(int(req.Port)) + " OR service_port = " + strconv.Itoa(int(req.Port)) + ")"
 	}

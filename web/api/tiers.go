@@ -3,6 +3,8 @@ package api
 import (
 	"strings"
 	"time"
+
+	"github.com/dualflow/dualflow/internal/chsql"
 )
 
 // A window [since, until) is read in tiers so that the summary, the
@@ -41,9 +43,9 @@ func splitTiers(since, until time.Time, hours bool) []tier {
 		if !from.Before(to) {
 			return
 		}
-		cond := ts + " >= " + timeLiteral(from) + " AND " + ts + " < " + timeLiteral(to)
+		cond := ts + " >= " + chsql.Time(from) + " AND " + ts + " < " + chsql.Time(to)
 		if ts == tsRow {
-			cond = flowEndRange(from, to)
+			cond = chsql.FlowEnd(from, to)
 		}
 		out = append(out, tier{ts: ts, cond: cond})
 	}

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dualflow/dualflow/internal/chsql"
 )
 
 func TestSplitTiers(t *testing.T) {
@@ -188,7 +190,7 @@ func TestTiersUseProjections(t *testing.T) {
 // granules of a merged part outside it (flow_end alone does not).
 func TestWindowUsesSortKey(t *testing.T) {
 	e := needEngine(t)
-	w := flowEndRange(seedNow.Add(-10*time.Minute-500*time.Millisecond), seedNow.Add(-5*time.Minute))
+	w := chsql.FlowEnd(seedNow.Add(-10*time.Minute-500*time.Millisecond), seedNow.Add(-5*time.Minute))
 	out, err := e.Query(context.Background(), "EXPLAIN indexes = 1 SELECT count() FROM dualflow.flows WHERE "+w+" SETTINGS optimize_use_projections = 0", "TSVRaw")
 	if err != nil {
 		t.Fatal(err)
