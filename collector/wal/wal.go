@@ -34,7 +34,8 @@
 //
 // Writes go to the page cache at once (a killed process loses nothing
 // written) and are fsynced every SyncInterval (a power loss loses at most
-// that much).
+// that much). Lock, names and checksums are internal/segdir's, shared with
+// the writer's spool; collector/README.md says why both exist.
 package wal
 
 import (
@@ -47,17 +48,14 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dualflow/dualflow/flow"
+	"github.com/dualflow/dualflow/internal/segdir"
 )
 
 // Defaults for Config.
@@ -86,7 +84,6 @@ type Config struct {
 
 const (
 	segSuffix = ".wal"
-	lockName  = "LOCK"
 	// segMagic starts every segment. 02 added partial ack frames, 03
 	// intent frames: a binary that knows only an older version refuses
 	// such a segment whole, instead of reading it up to the first frame
@@ -100,8 +97,6 @@ const (
 	frameIntent = 'I' // a batch about to be inserted: token, flow_end range, runs (reference, count)
 	headerSize  = 8   // payload length, CRC-32C of the payload
 )
-
-var crcTable = crc32.MakeTable(crc32.Castagnoli)
 
 // RefBits is the width of a record's index in its journal reference:
 // frame<<RefBits | index. A frame holds at most MaxFrameRecords records,
@@ -184,13 +179,12 @@ func Open(cfg Config, reg prometheus.Registerer, log *slog.Logger) (*Log, error)
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("wal: %w", err)
 	}
-	lf, err := os.OpenFile(filepath.Join(cfg.Dir, lockName), os.O_RDWR|os.O_CREATE, 0o600)
+	lf, held, err := segdir.Lock(cfg.Dir)
+	if held {
+		return nil, fmt.Errorf("wal: %s is in use by another process", cfg.Dir)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("wal: %w", err)
-	}
-	if err := syscall.Flock(int(lf.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
-		lf.Close()
-		return nil, fmt.Errorf("wal: %s is in use by another process: %w", cfg.Dir, err)
 	}
 	l := &Log{cfg: cfg, log: log, lock: lf, frames: map[uint64]*frameState{}, acked: map[uint64]bool{}, durable: map[uint64][]uint64{}, stop: make(chan struct{})}
 	l.m = newMetrics(l)
@@ -213,8 +207,9 @@ func Open(cfg Config, reg prometheus.Registerer, log *slog.Logger) (*Log, error)
 	return l, nil
 }
 
-// scan lists the segments of a previous run and reads their ack frames
-// and largest frame id.
+// scan lists the segments of a previous run, oldest first (os.ReadDir
+// sorts their names by sequence), and reads their ack frames and largest
+// frame id.
 func (l *Log) scan() error {
 	ents, err := os.ReadDir(l.cfg.Dir)
 	if err != nil {
@@ -223,8 +218,8 @@ func (l *Log) scan() error {
 	var maxID uint64
 	for _, e := range ents {
 		name := e.Name()
-		n, err := strconv.ParseUint(strings.TrimSuffix(name, segSuffix), 10, 64)
-		if !strings.HasSuffix(name, segSuffix) || err != nil {
+		n, ok := segdir.Seq(name)
+		if !ok || name != segdir.Name(n, segSuffix) {
 			continue
 		}
 		s := &segment{n: n, path: filepath.Join(l.cfg.Dir, name), sealed: false}
@@ -271,20 +266,9 @@ func (l *Log) scan() error {
 		}
 		l.old = append(l.old, s)
 	}
-	slices.SortFunc(l.old, func(a, b *segment) int { return cmpU64(a.n, b.n) })
 	l.segs = append(l.segs, l.old...)
 	l.nextFrame.Store(maxID)
 	return nil
-}
-
-func cmpU64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // corrupt counts and logs a segment's unreadable tail.
@@ -334,7 +318,7 @@ func readSegment(path string, fn func(kind byte, id uint64, payload []byte) erro
 			onBad(path, off, fmt.Errorf("frame payload: %w", err))
 			return nil
 		}
-		if crc32.Checksum(payload, crcTable) != binary.LittleEndian.Uint32(hdr[4:]) {
+		if crc32.Checksum(payload, segdir.Castagnoli) != binary.LittleEndian.Uint32(hdr[4:]) {
 			onBad(path, off, errors.New("frame checksum mismatch"))
 			return nil
 		}
@@ -692,7 +676,7 @@ func (l *Log) openSegmentLocked() error {
 	if k := len(l.segs); k > 0 {
 		n = l.segs[k-1].n + 1
 	}
-	path := filepath.Join(l.cfg.Dir, fmt.Sprintf("%020d%s", n, segSuffix))
+	path := filepath.Join(l.cfg.Dir, segdir.Name(n, segSuffix))
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|os.O_APPEND, 0o600)
 	if err != nil {
 		return fmt.Errorf("wal: %w", err)
@@ -777,7 +761,7 @@ func beginFrame(b []byte, kind byte) []byte {
 func sealFrame(b []byte, start int) {
 	payload := b[start+headerSize:]
 	binary.LittleEndian.PutUint32(b[start:], uint32(len(payload)))
-	binary.LittleEndian.PutUint32(b[start+4:], crc32.Checksum(payload, crcTable))
+	binary.LittleEndian.PutUint32(b[start+4:], crc32.Checksum(payload, segdir.Castagnoli))
 }
 
 // Ack acknowledges n records from ref on (ref, ref+1, ...: consecutive

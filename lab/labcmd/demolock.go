@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/dualflow/dualflow/internal/segdir"
 )
 
 // demoLockFile, in a lab's state directory, is held (flock, exclusive) by
@@ -45,7 +47,7 @@ func lockDemo(stateDir string) (*demoLock, error) {
 		if err != nil {
 			return nil, fmt.Errorf("demo: lock file: %w", err)
 		}
-		held, err := tryLock(f)
+		held, err := segdir.TryLock(f)
 		if err != nil {
 			f.Close()
 			return nil, fmt.Errorf("demo: lock %s: %w", path, err)

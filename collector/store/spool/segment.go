@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+
+	"github.com/dualflow/dualflow/internal/segdir"
 )
 
 // A segment file holds one batch. Layout (little endian):
@@ -33,8 +35,6 @@ const (
 	// maxColumns bounds the column count read from metadata (same reason).
 	maxColumns = 4096
 )
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // ErrCorrupt is returned (wrapped) by the segment parser when a file is not a
 // valid segment: bad magic, unknown version, bad checksum, wrong size.
@@ -76,8 +76,8 @@ func appendHeader(dst []byte, b *Batch) []byte {
 	dst = binary.LittleEndian.AppendUint16(dst, formatVersion)
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(meta)))
 	dst = binary.LittleEndian.AppendUint64(dst, uint64(len(b.Data)))
-	dst = binary.LittleEndian.AppendUint32(dst, crc32.Checksum(b.Data, castagnoli))
-	crc := crc32.Update(crc32.Checksum(dst[start:], castagnoli), castagnoli, meta)
+	dst = binary.LittleEndian.AppendUint32(dst, crc32.Checksum(b.Data, segdir.Castagnoli))
+	crc := crc32.Update(crc32.Checksum(dst[start:], segdir.Castagnoli), segdir.Castagnoli, meta)
 	dst = binary.LittleEndian.AppendUint32(dst, crc)
 	return append(dst, meta...)
 }
@@ -120,7 +120,7 @@ func parseHeader(b []byte) (header, error) {
 		return h, fmt.Errorf("%w: short metadata (%d of %d bytes)", ErrCorrupt, len(b)-headerSize, h.metaLen)
 	}
 	want := binary.LittleEndian.Uint32(b[22:])
-	if got := crc32.Update(crc32.Checksum(b[:22], castagnoli), castagnoli, b[headerSize:end]); got != want {
+	if got := crc32.Update(crc32.Checksum(b[:22], segdir.Castagnoli), segdir.Castagnoli, b[headerSize:end]); got != want {
 		return h, fmt.Errorf("%w: header checksum %08x, want %08x", ErrCorrupt, got, want)
 	}
 	r := reader{b: b[headerSize:end], ok: true}
@@ -158,7 +158,7 @@ func decodeSegment(b []byte) (Batch, error) {
 		return Batch{}, fmt.Errorf("%w: size %d, header says %d", ErrCorrupt, len(b), h.size())
 	}
 	data := b[headerSize+int(h.metaLen):]
-	if got := crc32.Checksum(data, castagnoli); got != h.payloadCRC {
+	if got := crc32.Checksum(data, segdir.Castagnoli); got != h.payloadCRC {
 		return Batch{}, fmt.Errorf("%w: payload checksum %08x, want %08x", ErrCorrupt, got, h.payloadCRC)
 	}
 	return Batch{Table: h.table, Columns: h.columns, Token: h.token, Rows: h.rows, Data: data}, nil

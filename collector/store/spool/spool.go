@@ -9,7 +9,8 @@
 // CRC-32C checksums of the metadata and the payload; a file that fails to
 // parse is moved to <dir>/corrupt/ and counted, never returned and never
 // fatal. The spool holds an exclusive lock on its directory (flock on unix)
-// so two processes cannot replay the same batches.
+// so two processes cannot replay the same batches. Lock, names and checksums
+// are internal/segdir's, shared with the write-ahead log (collector/wal).
 package spool
 
 import (
@@ -22,6 +23,8 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+
+	"github.com/dualflow/dualflow/internal/segdir"
 )
 
 // Batch is one unit of the spool: an encoded payload and what is needed to
@@ -52,8 +55,6 @@ var (
 const (
 	segSuffix = ".seg"
 	tmpSuffix = ".tmp"
-	seqDigits = 20 // digits of the largest uint64: names sort in sequence order
-	lockName  = "LOCK"
 
 	// CorruptDir and RejectedDir are the subdirectories of the spool
 	// directory where unreadable and rejected segments are moved. Their
@@ -90,18 +91,7 @@ type entry struct {
 	token string // the batch's dedup token
 }
 
-func segName(seq uint64) string {
-	return fmt.Sprintf("%0*d%s", seqDigits, seq, segSuffix)
-}
-
-// parseSeq returns the sequence number a file name starts with.
-func parseSeq(name string) (uint64, bool) {
-	if len(name) < seqDigits {
-		return 0, false
-	}
-	seq, err := strconv.ParseUint(name[:seqDigits], 10, 64)
-	return seq, err == nil
-}
+func segName(seq uint64) string { return segdir.Name(seq, segSuffix) }
 
 // Open opens the spool in dir, creating the directory if needed, and
 // recovers the segments left by a previous run in sequence order. It removes
@@ -117,7 +107,10 @@ func Open(dir string, maxBytes int64) (*Spool, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("spool open: %w", err)
 	}
-	lock, err := lockDir(dir)
+	lock, held, err := segdir.Lock(dir)
+	if held {
+		err = ErrLocked
+	}
 	if err != nil {
 		return nil, fmt.Errorf("spool open %s: %w", dir, err)
 	}
@@ -147,7 +140,7 @@ func (s *Spool) recover() error {
 			}
 			continue
 		}
-		seq, ok := parseSeq(name)
+		seq, ok := segdir.Seq(name)
 		if !ok || name != segName(seq) {
 			continue // not ours (LOCK, stray files)
 		}
@@ -176,7 +169,7 @@ func (s *Spool) recover() error {
 			continue
 		}
 		for _, de := range des {
-			if seq, ok := parseSeq(de.Name()); ok {
+			if seq, ok := segdir.Seq(de.Name()); ok {
 				s.nextSeq = max(s.nextSeq, seq+1)
 			}
 		}
@@ -279,7 +272,7 @@ func (s *Spool) write(seq uint64, hdr, data []byte) (err error) {
 	if err := os.Rename(tmp, filepath.Join(s.dir, name)); err != nil {
 		return err
 	}
-	return syncDir(s.dir)
+	return segdir.SyncDir(s.dir)
 }
 
 // Peek returns the oldest batch without removing it; ok is false when the
@@ -331,7 +324,7 @@ func (s *Spool) Pop() error {
 	if err := os.Remove(filepath.Join(s.dir, segName(seq))); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("spool pop: %w", err)
 	}
-	if err := syncDir(s.dir); err != nil {
+	if err := segdir.SyncDir(s.dir); err != nil {
 		return fmt.Errorf("spool pop: %w", err)
 	}
 	return nil
@@ -399,10 +392,10 @@ func (s *Spool) moveAside(seq uint64, sub string) (string, error) {
 	if err := os.Rename(filepath.Join(s.dir, name), to); err != nil {
 		return "", err
 	}
-	if err := syncDir(s.dir); err != nil {
+	if err := segdir.SyncDir(s.dir); err != nil {
 		return "", err
 	}
-	return to, syncDir(dst)
+	return to, segdir.SyncDir(dst)
 }
 
 // Has reports whether a batch with this dedup token is in the spool (not
