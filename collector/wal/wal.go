@@ -132,6 +132,7 @@ type Log struct {
 	acks     []uint64 // acknowledged frames not yet written
 	partial  []uint64 // (reference, count) runs of durable records of unfinished frames, not yet written
 	dirty    bool     // written since the last fsync
+	newSeg   bool     // a segment created since the last fsync of the directory
 	closed   bool
 	old      []*segment // left by a previous run, for Replay
 	acked    map[uint64]bool
@@ -686,7 +687,7 @@ func (l *Log) openSegmentLocked() error {
 		os.Remove(path)
 		return fmt.Errorf("wal: %w", err)
 	}
-	l.f = f
+	l.f, l.newSeg = f, true
 	l.active = &segment{n: n, path: path, size: int64(len(segMagic)), opened: time.Now()}
 	l.segs = append(l.segs, l.active)
 	return nil
@@ -899,7 +900,16 @@ func (l *Log) syncLoop() {
 		if l.dirty && l.f != nil {
 			f, l.dirty = l.f, false
 		}
+		newSeg := l.newSeg
+		l.newSeg = false
 		l.mu.Unlock()
+		// A segment's data is durable only with its name: a power loss
+		// could otherwise lose a new segment whose frames were fsynced.
+		if newSeg {
+			if err := segdir.SyncDir(l.cfg.Dir); err != nil {
+				l.m.errors.Inc()
+			}
+		}
 		if f != nil {
 			// Outside the lock: appends go on while the disk syncs. A
 			// rotation may close f meanwhile, after its own sync.
