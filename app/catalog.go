@@ -15,9 +15,9 @@ var _ api.Catalog = (*view)(nil)
 // enrichment is off or not synced.
 func (v *view) Catalog(ctx context.Context) (api.CatalogResponse, error) {
 	var out api.CatalogResponse
-	s, err := v.cluster()
+	s, err := v.c.Cluster()
 	if err != nil {
-		return out, fmt.Errorf("catalog: %w", err)
+		return out, fmt.Errorf("catalog: %w: %w", api.ErrUnavailable, err)
 	}
 	for _, n := range s.Namespaces {
 		out.Namespaces = append(out.Namespaces, n.Name)
