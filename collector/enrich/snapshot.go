@@ -121,14 +121,7 @@ func (x *index) snapshot(gen uint64) *Snapshot {
 	for i, p := range s.Pods {
 		s.Workloads[i] = x.workload(p)
 	}
-	namespaces := make([]string, 0, len(x.policies))
-	for ns := range x.policies {
-		namespaces = append(namespaces, ns)
-	}
-	slices.Sort(namespaces)
-	for _, ns := range namespaces {
-		s.NetworkPolicies = append(s.NetworkPolicies, x.policies[ns]...)
-	}
+	s.NetworkPolicies = x.allPolicies()
 	return s
 }
 
