@@ -166,14 +166,14 @@ func (a *App) buildWeb(opts Options) error {
 					}
 					return nil
 				},
-				Resolver:  audit.InventoryResolver{Inventory: v.inventory, Service: v.service},
+				Resolver:  audit.ClusterResolver{Cluster: v.cluster, Service: v.service},
 				MaxChecks: lim.ReachabilityMaxChecks,
 			},
 			Catalog: v,
 			Status:  v,
 			Audit: &audit.Queries{
-				Reports:   reports,
-				Inventory: v.inventory,
+				Reports: reports,
+				Cluster: v.cluster,
 			},
 			Registerer: c.Registry(),
 			Gatherer:   c.Registry(),

@@ -10,19 +10,15 @@ import (
 
 var _ api.Catalog = (*view)(nil)
 
-// Catalog implements api.Catalog from the enrichment's snapshot: every
-// live object, whether or not it had flows. api.ErrUnavailable (503)
-// while the enrichment is off or not synced.
+// Catalog implements api.Catalog from the cluster view: every live
+// object, whether or not it had flows. api.ErrUnavailable (503) while the
+// enrichment is off or not synced.
 func (v *view) Catalog(ctx context.Context) (api.CatalogResponse, error) {
 	var out api.CatalogResponse
-	e := v.c.Enricher()
-	if e == nil {
-		return out, fmt.Errorf("catalog: %w (the Kubernetes enrichment is off: --k8s.source)", api.ErrUnavailable)
+	s, err := v.c.Cluster()
+	if err != nil {
+		return out, fmt.Errorf("catalog: %w: %w", api.ErrUnavailable, err)
 	}
-	if !e.Synced() {
-		return out, fmt.Errorf("catalog: %w (the Kubernetes caches are not synced)", api.ErrUnavailable)
-	}
-	s := e.Snapshot()
 	for _, n := range s.Namespaces {
 		out.Namespaces = append(out.Namespaces, n.Name)
 	}
@@ -32,9 +28,6 @@ func (v *view) Catalog(ctx context.Context) (api.CatalogResponse, error) {
 	type wkey struct{ kind, ns, name string }
 	workloads := map[wkey]int{}
 	for i, p := range s.Pods {
-		if p.Terminated {
-			continue
-		}
 		cp := api.CatalogPod{Namespace: p.Namespace, Name: p.Name, Node: p.NodeName, HostNetwork: p.HostNetwork}
 		for _, a := range p.Addrs {
 			if a.Is4() {

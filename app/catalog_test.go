@@ -1,11 +1,14 @@
 package app
 
 import (
+	"context"
+	"errors"
 	"net/http"
 	"path/filepath"
 	"slices"
 	"testing"
 
+	"github.com/dualflow/dualflow/collector"
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/web/api"
 )
@@ -74,5 +77,13 @@ func TestCatalogFromTheClusterView(t *testing.T) {
 				t.Errorf("ports %+v", s.Ports)
 			}
 		})
+	}
+}
+
+// TestCatalogWithoutClusterView: without a Kubernetes view the catalog is
+// unavailable (503), not an error.
+func TestCatalogWithoutClusterView(t *testing.T) {
+	if _, err := (&view{c: &collector.Collector{}}).Catalog(context.Background()); !errors.Is(err, api.ErrUnavailable) {
+		t.Fatalf("err %v, want api.ErrUnavailable", err)
 	}
 }

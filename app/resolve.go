@@ -50,16 +50,16 @@ func (r resolver) pod(e *enrich.Enricher, ref, field string) (*enrich.Pod, error
 }
 
 // WorkloadPod implements traceflow's resolver: the workload's first pod
-// (by name; the inventory has no terminated pods) off the host network
-// (its addresses are its node's), in the live view.
+// (by name; the view has no terminated pods) off the host network (its
+// addresses are its node's), in the live view.
 func (r resolver) WorkloadPod(ref string) (string, bool, error) {
-	inv, err := r.c.Inventory()
+	s, err := r.c.Cluster()
 	if err != nil {
 		return "", false, fmt.Errorf("%w: %w", traceflow.ErrNotSupported, err)
 	}
 	ns, name, _ := strings.Cut(ref, "/")
-	for _, p := range inv.Pods() {
-		if p.Namespace == ns && !p.HostNetwork && inv.Workload(p).Name == name {
+	for i, p := range s.Pods {
+		if p.Namespace == ns && !p.HostNetwork && s.Workloads[i].Name == name {
 			return p.Namespace + "/" + p.Name, true, nil
 		}
 	}

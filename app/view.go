@@ -14,18 +14,18 @@ import (
 )
 
 // view answers the web's questions about the cluster from the collector's
-// live Kubernetes view (collector.Inventory), so every answer follows the
+// live Kubernetes view (collector.Cluster), so every answer follows the
 // cluster as it changes.
 type view struct{ c *collector.Collector }
 
-// inventory is the live cluster view; ErrUnavailable (503) while there is
+// cluster is the live cluster view; ErrUnavailable (503) while there is
 // none.
-func (v *view) inventory() (*audit.Inventory, error) {
-	inv, err := v.c.Inventory()
+func (v *view) cluster() (*enrich.Snapshot, error) {
+	s, err := v.c.Cluster()
 	if errors.Is(err, collector.ErrNoCluster) {
 		return nil, fmt.Errorf("%w: %w", audit.ErrUnavailable, err)
 	}
-	return inv, err
+	return s, err
 }
 
 // service is a Service of the live view in reachability's terms.

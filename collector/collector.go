@@ -20,6 +20,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -30,7 +31,6 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/dualflow/dualflow/collector/audit"
-	"github.com/dualflow/dualflow/collector/audit/policy"
 	"github.com/dualflow/dualflow/collector/correlate"
 	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/collector/ipfix"
@@ -207,7 +207,7 @@ type Collector struct {
 	enricher   pipeline.Enricher
 	k8s        *enrich.Enricher   // nil when the enrichment is off
 	auditor    *audit.Auditor     // nil when the enrichment is off
-	cluster    clusterView        // Inventory's cache
+	cluster    clusterView        // Cluster's cache
 	schema     *migrations.Keeper // nil when this collector may not change the schema
 	schemaM    *schemaMetrics
 }
@@ -329,9 +329,18 @@ func (c *Collector) buildPipeline() error {
 	c.enriched = pipeline.NewQueue("enriched", enrichedQueue, c.pm)
 	var inv *correlate.Inventory
 	if c.cfg.InventoryFile != "" {
-		var err error
-		if inv, err = correlate.LoadInventory(c.cfg.InventoryFile); err != nil {
+		snap, err := enrich.LoadSnapshot(c.cfg.InventoryFile)
+		if err != nil {
 			return err
+		}
+		inv = correlate.NewInventory()
+		for _, n := range snap.Nodes {
+			if err := inv.AddNode(n.Name, n.PodCIDRs, slices.Concat(n.InternalIPs, n.ExternalIPs)...); err != nil {
+				return fmt.Errorf("inventory %s: %w", c.cfg.InventoryFile, err)
+			}
+		}
+		if inv.Nodes() == 0 {
+			return fmt.Errorf("inventory %s: no Node objects", c.cfg.InventoryFile)
 		}
 		c.log.Info("loaded node inventory", "file", c.cfg.InventoryFile, "nodes", inv.Nodes())
 	}
@@ -341,7 +350,7 @@ func (c *Collector) buildPipeline() error {
 		if c.k8s, err = enrich.New(c.cfg.K8s, c.reg, c.log.With("stage", "enrich")); err != nil {
 			return err
 		}
-		if c.auditor, err = audit.New(c.cfg.Audit, auditLookup{c.k8s}, c.reg); err != nil {
+		if c.auditor, err = audit.New(c.cfg.Audit, c.k8s, c.reg); err != nil {
 			return err
 		}
 		c.enricher = enrichAndAudit{c.k8s.Batch(), c.auditor}
@@ -640,7 +649,7 @@ func cmpErr(err, fallback error) error {
 
 // Enricher returns the Kubernetes enrichment (nil when it is off): the
 // live view that traceflow resolves pod and Service names through (see
-// also Inventory).
+// also Cluster).
 func (c *Collector) Enricher() *enrich.Enricher { return c.k8s }
 
 // Auditor returns the policy auditor (nil when the enrichment is off).
@@ -659,33 +668,6 @@ type enrichAndAudit struct {
 func (s enrichAndAudit) Enrich(recs []flow.Record) {
 	s.enrich.Enrich(recs)
 	s.audit.AuditBatch(recs)
-}
-
-// auditLookup answers the evaluator's questions from the enrichment indexes
-// without allocating.
-type auditLookup struct{ e *enrich.Enricher }
-
-func (l auditLookup) NamespaceLabels(name string) (map[string]string, bool) {
-	ns, ok := l.e.Namespace(name)
-	if !ok {
-		return nil, false
-	}
-	return ns.Labels, true
-}
-
-func (l auditLookup) PortName(q audit.PortQuery) string {
-	p, ok := l.e.Pod(q.Namespace, q.Pod)
-	if !ok {
-		if p, ok = l.e.LookupPod(q.Addr, q.At); !ok { // deleted since: a late record
-			return ""
-		}
-	}
-	for _, cp := range p.Ports {
-		if cp.Port == int32(q.Port) && policy.ProtoNumber(&cp.Protocol) == q.Proto {
-			return cp.Name
-		}
-	}
-	return ""
 }
 
 // k8sStaleness describes a stale view of the cluster, "" when current.

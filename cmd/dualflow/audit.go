@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/dualflow/dualflow/collector/audit"
+	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/collector/store"
 	"github.com/dualflow/dualflow/web/api"
 )
@@ -131,7 +132,7 @@ func (a *auditFlags) ask(ctx context.Context, opt audit.Options, withStore bool,
 	case c != nil:
 		return fn(ctx, remoteAudit{c}, win)
 	}
-	local := &audit.Queries{Inventory: a.loadInventory, Options: opt}
+	local := &audit.Queries{Cluster: a.loadInventory, Options: opt}
 	if withStore {
 		r, closeStore, err := a.reports()
 		if err != nil {
@@ -143,11 +144,11 @@ func (a *auditFlags) ask(ctx context.Context, opt audit.Options, withStore bool,
 	return fn(ctx, local, win)
 }
 
-func (a *auditFlags) loadInventory() (*audit.Inventory, error) {
+func (a *auditFlags) loadInventory() (*enrich.Snapshot, error) {
 	if len(a.inventory) == 0 {
 		return nil, errors.New("--inventory is required (a manifest file: kubectl get ns,pods,svc,rs,networkpolicies -A -o yaml > cluster.yaml)")
 	}
-	return audit.LoadInventory(a.inventory...)
+	return enrich.LoadSnapshot(a.inventory...)
 }
 
 func (a *auditFlags) window() (audit.Window, error) {

@@ -12,6 +12,7 @@ import (
 	"testing"
 
 	"github.com/dualflow/dualflow/collector/audit"
+	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/web/api"
 )
@@ -68,12 +69,12 @@ func TestAuditLocalAndServer(t *testing.T) {
 				t.Fatal(err)
 			}
 			f.Close()
-			inv, err := audit.LoadInventory(file)
+			inv, err := enrich.LoadSnapshot(file)
 			if err != nil {
 				t.Fatal(err)
 			}
 			a, err := api.New(api.Config{Store: noStore{}, Anonymous: api.RoleViewer, Logger: slog.New(slog.DiscardHandler),
-				Audit: &audit.Queries{Inventory: func() (*audit.Inventory, error) { return inv, nil }}})
+				Audit: &audit.Queries{Cluster: func() (*enrich.Snapshot, error) { return inv, nil }}})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -4,10 +4,11 @@
 //   - Auditor is the collector stage: Audit fills a flow.Record's ingress
 //     and egress verdict, policy and rule from the compiled policies
 //     (package policy), after Kubernetes enrichment and before the writer.
-//   - Inventory is an in-memory snapshot of namespaces, pods, Services and
-//     policies, built from manifests or Kubernetes objects. It feeds the
-//     Auditor in tests and the CLI, and the static analyses: Findings
-//     (unprotected workloads, dual-stack gaps, invalid policies).
+//   - The cluster view is the enrichment's: an enrich.Snapshot (the
+//     collector's live view, or manifests read by enrich.LoadSnapshot)
+//     feeds the static analyses, Findings (unprotected workloads,
+//     dual-stack gaps, invalid policies), and the Auditor in tests and
+//     the CLI; the collector's Auditor reads the live enrich.Enricher.
 //   - Reports runs the reports over the flow store (denied flows, unused
 //     rules, observed dual-stack gaps, what-if of a proposed policy)
 //     through a small query interface that store.Conn satisfies.
@@ -31,28 +32,30 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 
 	"github.com/dualflow/dualflow/collector/audit/policy"
+	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/flow"
 )
 
 // Lookup is what the Auditor reads about the cluster for each record,
-// besides the pod identities and labels that enrichment put on it. It
-// must be safe for concurrent use and should not allocate: it is called
-// once or twice per record. Inventory implements it; so can an adapter
-// over the enrichment's informer indexes.
+// besides the pod identities and labels that enrichment put on it: the
+// getters of the enrichment's view, which *enrich.Enricher (live) and
+// *enrich.Snapshot implement. It must be safe for concurrent use and
+// should not allocate: it is called once or twice per record.
 type Lookup interface {
-	// NamespaceLabels returns the labels of namespace name (for
-	// namespaceSelector peers); false when unknown.
-	NamespaceLabels(name string) (map[string]string, bool)
-	// PortName returns the name of the destination pod's container port
-	// that serves q.Port over q.Proto, "" when the pod is unknown or the
-	// port unnamed (for named ports in rules).
-	PortName(q PortQuery) string
+	// Namespace returns a namespace, with its labels (for
+	// namespaceSelector peers).
+	Namespace(name string) (*enrich.Namespace, bool)
+	// Pod and LookupPod find the destination pod, by name or (deleted
+	// since: a late record) by the address it held at a time, whose
+	// container ports name the port a flow reached.
+	Pod(namespace, name string) (*enrich.Pod, bool)
+	LookupPod(a netip.Addr, at time.Time) (*enrich.Pod, bool)
 }
 
 // PortQuery names the destination pod of a flow and the port it reached.
 type PortQuery struct {
 	// Namespace and Pod name the pod as enrichment resolved it. Addr is the
-	// address the flow reached and At the flow's start: a lookup may use
+	// address the flow reached and At the flow's start: the lookup uses
 	// them to find a pod deleted since (late records).
 	Namespace, Pod string
 	Addr           netip.Addr
@@ -266,18 +269,18 @@ type memo struct {
 func (m *memo) namespaceLabels(name string) (map[string]string, bool) {
 	if !m.nsValid || m.ns != name {
 		m.ns, m.nsValid = name, true
-		m.nsLabels, m.nsOK = m.lookup.NamespaceLabels(name)
+		m.nsLabels, m.nsOK = namespaceLabels(m.lookup, name)
 	}
 	return m.nsLabels, m.nsOK
 }
 
 func (m *memo) portNameOf(q PortQuery) string {
-	// At matters only for a pod deleted since (PortName's fallback); the
+	// At matters only for a pod deleted since (portName's fallback); the
 	// pod named by Namespace and Pod at Addr has the same ports then.
 	if !m.portValid || m.port.Namespace != q.Namespace || m.port.Pod != q.Pod || m.port.Addr != q.Addr ||
 		m.port.Port != q.Port || m.port.Proto != q.Proto {
 		m.port, m.portValid = q, true
-		m.portName = m.lookup.PortName(q)
+		m.portName = portName(m.lookup, q)
 	}
 	return m.portName
 }

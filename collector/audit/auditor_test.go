@@ -18,13 +18,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dualflow/dualflow/collector/audit/policy"
+	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/flow"
 	"github.com/dualflow/dualflow/lab/manifest"
 )
 
 // record builds the record enrichment would produce for a flow from pod
 // src to pod dst (nil: an outside address) over family f.
-func record(t testing.TB, inv *Inventory, src, dst *corev1.Pod, f corev1.IPFamily, proto uint8, port uint16) flow.Record {
+func record(t testing.TB, inv *enrich.Snapshot, src, dst *corev1.Pod, f corev1.IPFamily, proto uint8, port uint16) flow.Record {
 	t.Helper()
 	r := flow.Record{Proto: proto, DstPort: port, SrcPort: 40000}
 	end := func(p *corev1.Pod, e *flow.Endpoint, a *netip.Addr) {
@@ -77,7 +78,7 @@ func TestAuditLab(t *testing.T) {
 	if unaudited.Ingress.Verdict != flow.VerdictUnknown {
 		t.Fatalf("audited before the policies are known: %+v", unaudited.Ingress)
 	}
-	if err := a.SetPolicies(inv.NetworkPolicies()); err != nil {
+	if err := a.SetPolicies(inv.NetworkPolicies); err != nil {
 		t.Fatal(err)
 	}
 	type side struct {
@@ -166,7 +167,7 @@ func TestSetPoliciesRecompilesOnChange(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pols := inv.NetworkPolicies()
+	pols := inv.NetworkPolicies
 	if err := a.SetPolicies(pols); err != nil {
 		t.Fatal(err)
 	}
@@ -203,7 +204,7 @@ func TestRun(t *testing.T) {
 			calls.Add(1)
 			return append([]*networkingv1.NetworkPolicy{{ObjectMeta: metav1.ObjectMeta{Namespace: "x", Name: "bad"},
 				Spec: networkingv1.NetworkPolicySpec{Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{{}}}}}}},
-				inv.NetworkPolicies()...)
+				inv.NetworkPolicies...)
 		}, nil, newTestLogger(&logs))
 	}()
 	for calls.Load() < 5 {
@@ -241,7 +242,7 @@ func TestRunFollowsChanges(t *testing.T) {
 			t.Error(err)
 		}
 	}()
-	all := inv.NetworkPolicies()
+	all := inv.NetworkPolicies
 	pols.Store(&all)
 	changed <- struct{}{}
 	deadline := time.Now().Add(time.Minute)
@@ -256,7 +257,7 @@ func TestRunFollowsChanges(t *testing.T) {
 func TestAuditBatchAllocs(t *testing.T) {
 	m, inv := labInventory(t, manifest.ModeDual, 2)
 	a, _ := New(Config{}, inv, nil)
-	if err := a.SetPolicies(inv.NetworkPolicies()); err != nil {
+	if err := a.SetPolicies(inv.NetworkPolicies); err != nil {
 		t.Fatal(err)
 	}
 	web1, api2 := labPod(t, m, "frontend", "web", 1), labPod(t, m, "backend", "api", 2)
@@ -273,7 +274,7 @@ func TestAuditBatchAllocs(t *testing.T) {
 func BenchmarkAuditBatch(b *testing.B) {
 	m, inv := labInventory(b, manifest.ModeDual, 4)
 	a, _ := New(Config{}, inv, prometheus.NewRegistry())
-	if err := a.SetPolicies(inv.NetworkPolicies()); err != nil {
+	if err := a.SetPolicies(inv.NetworkPolicies); err != nil {
 		b.Fatal(err)
 	}
 	var recs []flow.Record
@@ -297,7 +298,7 @@ func BenchmarkAuditBatch(b *testing.B) {
 func TestConcurrentAudit(t *testing.T) {
 	m, inv := labInventory(t, manifest.ModeDual, 2)
 	a, _ := New(Config{}, inv, prometheus.NewRegistry())
-	pols := inv.NetworkPolicies()
+	pols := inv.NetworkPolicies
 	if err := a.SetPolicies(pols); err != nil {
 		t.Fatal(err)
 	}
@@ -329,20 +330,20 @@ func TestConcurrentAudit(t *testing.T) {
 	}
 }
 
-// countingLookup counts the calls that reach the inventory.
+// countingLookup counts the calls that reach the view.
 type countingLookup struct {
 	Lookup
 	ns, ports int
 }
 
-func (c *countingLookup) NamespaceLabels(name string) (map[string]string, bool) {
+func (c *countingLookup) Namespace(name string) (*enrich.Namespace, bool) {
 	c.ns++
-	return c.Lookup.NamespaceLabels(name)
+	return c.Lookup.Namespace(name)
 }
 
-func (c *countingLookup) PortName(q PortQuery) string {
+func (c *countingLookup) Pod(namespace, name string) (*enrich.Pod, bool) {
 	c.ports++
-	return c.Lookup.PortName(q)
+	return c.Lookup.Pod(namespace, name)
 }
 
 // TestAuditBatchMemo: AuditBatch, which remembers the last namespace and
@@ -353,7 +354,7 @@ func TestAuditBatchMemo(t *testing.T) {
 	m, inv := labInventory(t, manifest.ModeDual, 3)
 	lk := &countingLookup{Lookup: inv}
 	a, _ := New(Config{}, lk, nil)
-	if err := a.SetPolicies(inv.NetworkPolicies()); err != nil {
+	if err := a.SetPolicies(inv.NetworkPolicies); err != nil {
 		t.Fatal(err)
 	}
 	var recs []flow.Record
@@ -395,41 +396,61 @@ func TestAuditBatchMemo(t *testing.T) {
 	}
 }
 
-// echoLookup answers with the question: a wrong memo hit shows.
+// echoLookup answers with the question: a wrong memo hit shows. Its
+// pods (by name, or by address for a pod without a name) name their
+// ports 80 and 81, TCP and UDP, after the question.
 type echoLookup struct{}
 
-func (echoLookup) NamespaceLabels(name string) (map[string]string, bool) {
-	return map[string]string{"name": name}, name != "unknown"
+func (echoLookup) Namespace(name string) (*enrich.Namespace, bool) {
+	return &enrich.Namespace{Name: name, Labels: map[string]string{"name": name}}, name != "unknown"
 }
 
-func (echoLookup) PortName(q PortQuery) string {
-	return fmt.Sprintf("%s/%s/%s/%d/%d", q.Namespace, q.Pod, q.Addr, q.Port, q.Proto)
+func echoPod(id string) *enrich.Pod {
+	p := &enrich.Pod{}
+	for _, port := range []int32{80, 81} {
+		for _, proto := range []corev1.Protocol{corev1.ProtocolTCP, corev1.ProtocolUDP} {
+			p.Ports = append(p.Ports, enrich.ContainerPort{Name: fmt.Sprintf("%s/%d/%s", id, port, proto), Port: port, Protocol: proto})
+		}
+	}
+	return p
+}
+
+func (echoLookup) Pod(namespace, name string) (*enrich.Pod, bool) {
+	return echoPod(namespace + "/" + name), name != ""
+}
+
+func (echoLookup) LookupPod(a netip.Addr, _ time.Time) (*enrich.Pod, bool) {
+	return echoPod(a.String()), true
 }
 
 // TestMemoKeys: every field of a question counts in the memo's key.
 func TestMemoKeys(t *testing.T) {
 	m := memo{lookup: echoLookup{}}
-	base := PortQuery{Namespace: "a", Pod: "p", Addr: netip.MustParseAddr("198.18.0.1"), Port: 80, Proto: flow.ProtoTCP}
-	qs := []PortQuery{base, base}
+	byName := PortQuery{Namespace: "a", Pod: "p", Addr: netip.MustParseAddr("198.18.0.1"), Port: 80, Proto: flow.ProtoTCP}
+	byAddr := byName
+	byAddr.Pod = ""
+	qs := []PortQuery{byName, byName}
 	for _, change := range []func(*PortQuery){
 		func(q *PortQuery) { q.Namespace = "b" },
 		func(q *PortQuery) { q.Pod = "q" },
-		func(q *PortQuery) { q.Addr = netip.MustParseAddr("fd00:10::1") },
 		func(q *PortQuery) { q.Port = 81 },
 		func(q *PortQuery) { q.Proto = flow.ProtoUDP },
 	} {
-		q := base
+		q := byName
 		change(&q)
-		qs = append(qs, q, q, base)
+		qs = append(qs, q, q, byName)
 	}
+	q := byAddr
+	q.Addr = netip.MustParseAddr("fd00:10::1")
+	qs = append(qs, byAddr, q, q, byAddr)
 	for i, q := range qs {
-		if got, want := m.portNameOf(q), (echoLookup{}).PortName(q); got != want {
+		if got, want := m.portNameOf(q), portName(echoLookup{}, q); got != want || got == "" {
 			t.Errorf("query %d: %q, want %q", i, got, want)
 		}
 	}
 	for _, name := range []string{"x", "x", "y", "unknown", "unknown", "x"} {
 		labels, ok := m.namespaceLabels(name)
-		if labels["name"] != name || ok != (name != "unknown") {
+		if ok && labels["name"] != name || ok != (name != "unknown") {
 			t.Errorf("namespace %s: %v %v", name, labels, ok)
 		}
 	}
@@ -446,7 +467,7 @@ func TestAuditFromTheNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := a.SetPolicies(inv.NetworkPolicies()); err != nil {
+	if err := a.SetPolicies(inv.NetworkPolicies); err != nil {
 		t.Fatal(err)
 	}
 	for _, f := range []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol} {

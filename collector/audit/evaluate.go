@@ -9,6 +9,7 @@ import (
 	"strconv"
 
 	"github.com/dualflow/dualflow/collector/audit/policy"
+	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/flow"
 )
 
@@ -51,7 +52,7 @@ type PolicyVerdict struct {
 // Resolver turns an endpoint into what it stands for: every pod of a pod,
 // workload or Service endpoint (a Service's backends, with the Service's
 // families and ports), or the address of an ip endpoint. It is what the
-// caller provides from the cluster view (InventoryResolver).
+// caller provides from the cluster view (ClusterResolver).
 type Resolver interface {
 	Resolve(ctx context.Context, e Endpoint) (*Target, error)
 }
@@ -83,9 +84,9 @@ type Member struct {
 	// Ports are the pod's container ports (Service named target ports
 	// and named-port rules are resolved on them).
 	Ports []ContainerPort
-	// pod is the inventory's pod (InventoryResolver), for the probe's
+	// pod is the view's pod (ClusterResolver), for the probe's
 	// answer.
-	pod *Pod
+	pod *enrich.Pod
 }
 
 // ContainerPort is a port a pod's container declares.

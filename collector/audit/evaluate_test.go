@@ -9,9 +9,12 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/dualflow/dualflow/collector/audit/policy"
+	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/lab/manifest"
 )
 
@@ -43,18 +46,15 @@ func labEvaluator(t testing.TB, mode manifest.Mode) PolicyEvaluator {
 	if err != nil {
 		t.Fatal(err)
 	}
-	inv, err := InventoryFromObjects(m.Objects()...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	set, err := inv.Compile()
+	inv := enrich.NewSnapshot(m.Objects()...)
+	set, err := policy.Compile(inv.NetworkPolicies)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return PolicyEvaluator{
 		Policies: func() *policy.Set { return set },
-		Resolver: InventoryResolver{
-			Inventory: func() (*Inventory, error) { return inv, nil },
+		Resolver: ClusterResolver{
+			Cluster: func() (*enrich.Snapshot, error) { return inv, nil },
 			Service: func(ns, name string) (*ServiceSpec, bool) {
 				s, ok := m.Service(ns, name)
 				if !ok {
@@ -174,12 +174,14 @@ func TestPolicyEvaluatorLab(t *testing.T) {
 // evaluated; an ip prefix is not evaluated (its cell sums up the flows)
 // but says why; an address of a pod is that pod.
 func TestPolicyEvaluatorBounds(t *testing.T) {
-	inv := NewInventory()
+	var objs []runtime.Object
 	for i := range 320 {
-		inv.AddPod(Pod{Namespace: "big", Name: fmt.Sprintf("w-%d", i), Owner: Workload{Kind: "StatefulSet", Name: "w"},
-			Addrs: []netip.Addr{netip.AddrFrom4([4]byte{198, 18, byte(1 + i/200), byte(i % 200)}), netip.MustParseAddr(fmt.Sprintf("fd00:10:0:1::%x", i+1))}})
+		p := pod("big", fmt.Sprintf("w-%d", i), nil, []string{netip.AddrFrom4([4]byte{198, 18, byte(1 + i/200), byte(i % 200)}).String(), fmt.Sprintf("fd00:10:0:1::%x", i+1)})
+		p.OwnerReferences = []metav1.OwnerReference{{Kind: "StatefulSet", Name: "w", Controller: ptr(true)}}
+		objs = append(objs, p)
 	}
-	ev := PolicyEvaluator{Resolver: InventoryResolver{Inventory: func() (*Inventory, error) { return inv, nil }}}
+	inv := enrich.NewSnapshot(objs...)
+	ev := PolicyEvaluator{Resolver: ClusterResolver{Cluster: func() (*enrich.Snapshot, error) { return inv, nil }}}
 	w := Endpoint{Kind: "workload", Namespace: "big", Name: "w"}
 	_, err := ev.EvaluateMatrix(context.Background(), []Endpoint{w, w}, []Endpoint{w}, 6, 80)
 	var tl *TooLargeError
@@ -208,7 +210,7 @@ func TestPolicyEvaluatorBounds(t *testing.T) {
 // port mapping and no "no such port".
 func TestHeadlessServiceEvaluatedOnThePortAsked(t *testing.T) {
 	ev := labEvaluator(t, manifest.ModeDual)
-	r := ev.Resolver.(InventoryResolver)
+	r := ev.Resolver.(ClusterResolver)
 	svc := r.Service
 	r.Service = func(ns, name string) (*ServiceSpec, bool) {
 		s, ok := svc(ns, name)

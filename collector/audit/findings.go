@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/dualflow/dualflow/collector/audit/policy"
+	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/flow"
 )
 
@@ -96,7 +97,9 @@ func policyRef(ns, name string, d policy.Direction, rule int32) Ref {
 	return r
 }
 
-func workloadRef(ns string, w Workload) Ref { return Ref{Kind: w.Kind, Namespace: ns, Name: w.Name} }
+func workloadRef(ns string, w enrich.Workload) Ref {
+	return Ref{Kind: w.Kind, Namespace: ns, Name: w.Name}
+}
 
 func decisionRef(d policy.Decision, dir policy.Direction) Ref {
 	return policyRef(d.Namespace, d.Name, dir, d.Rule)
@@ -113,16 +116,16 @@ type Options struct {
 
 const defaultMaxPairs = 250_000
 
-// Findings runs every static analysis on inv: invalid policies,
+// Findings runs every static analysis on view: invalid policies,
 // unprotected workloads and dual-stack gaps. Findings are sorted by kind
 // and message.
-func Findings(inv *Inventory, opt Options) []Finding {
-	set, err := inv.Compile()
+func Findings(view *enrich.Snapshot, opt Options) []Finding {
+	set, err := policy.Compile(view.NetworkPolicies)
 	out := invalidFindings(err)
-	for _, u := range Unprotected(inv, set) {
+	for _, u := range Unprotected(view, set) {
 		out = append(out, u.Findings()...)
 	}
-	out = append(out, DualStackGaps(inv, set, opt)...)
+	out = append(out, DualStackGaps(view, set, opt)...)
 	sortFindings(out)
 	return out
 }
@@ -155,8 +158,8 @@ func invalidFindings(err error) []Finding {
 // UnprotectedWorkload is a workload some of whose pods no policy isolates
 // in a direction.
 type UnprotectedWorkload struct {
-	Namespace string   `json:"namespace"`
-	Workload  Workload `json:"workload"`
+	Namespace string          `json:"namespace"`
+	Workload  enrich.Workload `json:"workload"`
 	// Pods is the number of the workload's pods; IngressPods and
 	// EgressPods how many of them are not isolated in each direction.
 	Pods        int `json:"pods"`
@@ -167,18 +170,18 @@ type UnprotectedWorkload struct {
 // Unprotected returns the workloads with pods that no policy of set
 // isolates for ingress or for egress (host-network pods excepted:
 // policies do not apply to them), sorted by namespace and workload.
-func Unprotected(inv *Inventory, set *policy.Set) []UnprotectedWorkload {
+func Unprotected(view *enrich.Snapshot, set *policy.Set) []UnprotectedWorkload {
 	type key struct {
 		ns string
-		w  Workload
+		w  enrich.Workload
 	}
 	idx := map[key]*UnprotectedWorkload{}
 	var order []key
-	for _, p := range inv.Pods() {
+	for _, p := range view.Pods {
 		if p.HostNetwork {
 			continue
 		}
-		k := key{p.Namespace, inv.Workload(p)}
+		k := key{p.Namespace, view.Workload(p)}
 		u := idx[k]
 		if u == nil {
 			u = &UnprotectedWorkload{Namespace: p.Namespace, Workload: k.w}
@@ -186,7 +189,7 @@ func Unprotected(inv *Inventory, set *policy.Set) []UnprotectedWorkload {
 			order = append(order, k)
 		}
 		u.Pods++
-		peer := inv.Peer(p, netip.Addr{})
+		peer := peerOf(view, p, netip.Addr{})
 		if !set.Isolated(policy.Ingress, &peer) {
 			u.IngressPods++
 		}
@@ -236,24 +239,24 @@ func (u UnprotectedWorkload) Findings() []Finding {
 }
 
 // DualStackGaps finds where dual-stack policy treats the two families
-// differently, from the inventory alone: workload pairs allowed over one
+// differently, from the cluster view alone: workload pairs allowed over one
 // family and denied over the other (KindVerdictGap, evaluated on every
 // container port of the destination), rules whose ipBlocks cover one
 // family of dual-stack pods only (KindIPBlockOneFamily), and single-stack
 // Services in front of dual-stack pods (KindServiceSingleStack). A
 // cluster without dual-stack pods has none.
-func DualStackGaps(inv *Inventory, set *policy.Set, opt Options) []Finding {
+func DualStackGaps(view *enrich.Snapshot, set *policy.Set, opt Options) []Finding {
 	if opt.MaxPairs <= 0 {
 		opt.MaxPairs = defaultMaxPairs
 	}
 	blocks := policyBlocks(set)
-	classes := dualClasses(inv, blocks)
+	classes := dualClasses(view, blocks)
 	if len(classes) == 0 {
 		return nil
 	}
-	out := verdictGaps(inv, set, classes, opt)
+	out := verdictGaps(view, set, classes, opt)
 	out = append(out, ipBlockGaps(set, classes)...)
-	out = append(out, serviceGaps(inv)...)
+	out = append(out, serviceGaps(view)...)
 	sortFindings(out)
 	return out
 }
@@ -262,9 +265,9 @@ func DualStackGaps(inv *Inventory, set *policy.Set, opt Options) []Finding {
 // same namespace, labels, container ports, workload, and membership in
 // every ipBlock of every policy for both addresses.
 type podClass struct {
-	rep      *Pod
+	rep      *enrich.Pod
 	v4, v6   netip.Addr
-	workload Workload
+	workload enrich.Workload
 	pods     int
 }
 
@@ -325,17 +328,17 @@ func ruleBlocks(p *networkingv1.NetworkPolicy) []blockRule {
 	return out
 }
 
-func dualClasses(inv *Inventory, blocks []policy.Block) []*podClass {
+func dualClasses(view *enrich.Snapshot, blocks []policy.Block) []*podClass {
 	idx := map[string]*podClass{}
 	var out []*podClass
 	var b strings.Builder
-	for _, p := range inv.Pods() {
-		if p.HostNetwork || !p.DualStack() {
+	for _, p := range view.Pods {
+		if p.HostNetwork || !dualStack(p) {
 			continue
 		}
-		v4, _ := p.Addr(4)
-		v6, _ := p.Addr(6)
-		w := inv.Workload(p)
+		v4, _ := enrich.AddrOfFamily(p.Addrs, 4)
+		v6, _ := enrich.AddrOfFamily(p.Addrs, 6)
+		w := view.Workload(p)
 		b.Reset()
 		fmt.Fprintf(&b, "%s\x00%s\x00%s\x00", p.Namespace, w.Kind, w.Name)
 		b.WriteString(labels.Set(p.Labels).String())
@@ -357,7 +360,7 @@ func dualClasses(inv *Inventory, blocks []policy.Block) []*podClass {
 
 type gapKey struct {
 	srcNS, dstNS string
-	src, dst     Workload
+	src, dst     enrich.Workload
 	port         uint16
 	proto        uint8
 	allowedV     uint8 // the family that is allowed
@@ -368,16 +371,16 @@ type gap struct {
 	pairs           uint64
 	allow, deny     policy.Decision
 	dir             policy.Direction
-	firstSrc, first *Pod
+	firstSrc, first *enrich.Pod
 }
 
-func verdictGaps(inv *Inventory, set *policy.Set, classes []*podClass, opt Options) []Finding {
+func verdictGaps(view *enrich.Snapshot, set *policy.Set, classes []*podClass, opt Options) []Finding {
 	gaps := map[gapKey]*gap{}
 	var order []gapKey
 	// totals counts the dual-stack pod pairs of each workload pair.
 	type wpair struct {
 		srcNS, dstNS string
-		src, dst     Workload
+		src, dst     enrich.Workload
 	}
 	totals := map[wpair]uint64{}
 	evaluated, truncated := 0, false
@@ -398,8 +401,8 @@ func verdictGaps(inv *Inventory, set *policy.Set, classes []*podClass, opt Optio
 			evaluated++
 			for _, pt := range dc.rep.Ports {
 				port := uint16(pt.Port)
-				f4 := inv.Flow(sc.rep, sc.v4, dc.rep, dc.v4, pt.Proto, port)
-				f6 := inv.Flow(sc.rep, sc.v6, dc.rep, dc.v6, pt.Proto, port)
+				f4 := podFlow(view, sc.rep, sc.v4, dc.rep, dc.v4, policy.ProtoNumber(&pt.Protocol), port)
+				f6 := podFlow(view, sc.rep, sc.v6, dc.rep, dc.v6, policy.ProtoNumber(&pt.Protocol), port)
 				r4, r6 := set.Evaluate(&f4), set.Evaluate(&f6)
 				if r4.Allowed() == r6.Allowed() {
 					continue
@@ -412,7 +415,7 @@ func verdictGaps(inv *Inventory, set *policy.Set, classes []*podClass, opt Optio
 				if bad.Egress.Allowed() {
 					dir = policy.Ingress
 				}
-				k := gapKey{sc.rep.Namespace, dc.rep.Namespace, sc.workload, dc.workload, port, pt.Proto, allowedV}
+				k := gapKey{sc.rep.Namespace, dc.rep.Namespace, sc.workload, dc.workload, port, policy.ProtoNumber(&pt.Protocol), allowedV}
 				g := gaps[k]
 				if g == nil {
 					g = &gap{key: k, allow: ok.Side(dir), deny: bad.Side(dir), dir: dir, firstSrc: sc.rep, first: dc.rep}
@@ -596,26 +599,33 @@ func joinRefs(rs []Ref) string {
 }
 
 // serviceGaps reports single-stack Services that select dual-stack pods.
-func serviceGaps(inv *Inventory) []Finding {
+func serviceGaps(view *enrich.Snapshot) []Finding {
 	var out []Finding
-	for _, s := range inv.Services() {
-		if len(s.Selector) == 0 || len(s.IPFamilies) != 1 {
+	for _, s := range view.Services {
+		families := s.IPFamilies
+		if len(families) == 0 && len(s.ClusterIPs) == 1 { // a manifest without spec.ipFamilies
+			families = []corev1.IPFamily{corev1.IPv4Protocol}
+			if s.ClusterIPs[0].Is6() {
+				families[0] = corev1.IPv6Protocol
+			}
+		}
+		if len(s.Selector) == 0 || len(families) != 1 {
 			continue
 		}
 		sel := labels.SelectorFromSet(s.Selector)
 		dual, total := 0, 0
 		var ws []Ref
 		seen := map[Ref]bool{}
-		for _, p := range inv.Pods() {
+		for _, p := range view.Pods {
 			if p.Namespace != s.Namespace || p.HostNetwork || !sel.Matches(labels.Set(p.Labels)) {
 				continue
 			}
 			total++
-			if !p.DualStack() {
+			if !dualStack(p) {
 				continue
 			}
 			dual++
-			if w := workloadRef(p.Namespace, inv.Workload(p)); !seen[w] {
+			if w := workloadRef(p.Namespace, view.Workload(p)); !seen[w] {
 				seen[w] = true
 				ws = append(ws, w)
 			}
@@ -624,7 +634,7 @@ func serviceGaps(inv *Inventory) []Finding {
 			continue
 		}
 		fam := "IPv4"
-		if s.IPFamilies[0] == corev1.IPv6Protocol {
+		if families[0] == corev1.IPv6Protocol {
 			fam = "IPv6"
 		}
 		ref := Ref{Kind: "Service", Namespace: s.Namespace, Name: s.Name}

@@ -2,30 +2,18 @@ package audit
 
 import (
 	"fmt"
-	"net/netip"
 	"strings"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 
+	"github.com/dualflow/dualflow/collector/audit/policy"
+	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/lab/manifest"
 )
-
-// labInventory returns the default lab of mode and its inventory.
-func labInventory(t testing.TB, mode manifest.Mode, nodes int) (*manifest.Manifest, *Inventory) {
-	t.Helper()
-	m, err := manifest.Generate(manifest.Spec{Mode: mode, Nodes: nodes})
-	if err != nil {
-		t.Fatal(err)
-	}
-	inv, err := InventoryFromObjects(m.Objects()...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return m, inv
-}
 
 func findingsOf(fs []Finding, kind string) []Finding {
 	var out []Finding
@@ -127,11 +115,9 @@ func TestLabFindings(t *testing.T) {
 // TestIPBlockBothFamilies: a rule with blocks of both families that cover
 // a pod's two addresses differently is reported for that workload.
 func TestIPBlockBothFamilies(t *testing.T) {
-	inv := NewInventory()
-	inv.AddNamespace(Namespace{Name: "ns", Labels: map[string]string{corev1.LabelMetadataName: "ns"}})
+	objs := []runtime.Object{namespace("ns")}
 	for i, a := range [][2]string{{"198.18.0.1", "fd00:10::1"}, {"198.18.0.2", "fd00:10:1::2"}} {
-		inv.AddPod(Pod{Namespace: "ns", Name: fmt.Sprintf("p%d", i), Labels: map[string]string{"app": "p"},
-			Addrs: []netip.Addr{netip.MustParseAddr(a[0]), netip.MustParseAddr(a[1])}})
+		objs = append(objs, pod("ns", fmt.Sprintf("p%d", i), map[string]string{"app": "p"}, a[:]))
 	}
 	p := &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "egress"},
 		Spec: networkingv1.NetworkPolicySpec{PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeEgress},
@@ -139,8 +125,8 @@ func TestIPBlockBothFamilies(t *testing.T) {
 				{IPBlock: &networkingv1.IPBlock{CIDR: "198.18.0.0/16"}},
 				{IPBlock: &networkingv1.IPBlock{CIDR: "fd00:10::/64"}},
 			}}}}}
-	inv.AddPolicy(p)
-	set, err := inv.Compile()
+	inv := enrich.NewSnapshot(append(objs, p)...)
+	set, err := policy.Compile(inv.NetworkPolicies)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +139,8 @@ func TestIPBlockBothFamilies(t *testing.T) {
 	if len(gaps) != 0 {
 		t.Fatalf("no ports declared: want no verdict gap, got %v", gaps)
 	}
-	inv.pods[1].Ports = []Port{{Name: "http", Port: 80, Proto: 6}}
+	objs[2].(*corev1.Pod).Spec.Containers[0].Ports = []corev1.ContainerPort{{Name: "http", ContainerPort: 80}}
+	inv = enrich.NewSnapshot(append(objs, p)...)
 	gaps = findingsOf(DualStackGaps(inv, set, Options{}), KindVerdictGap)
 	if len(gaps) != 1 || !strings.Contains(gaps[0].Message, "Pod ns/p0 → Pod ns/p1 on 80/TCP is allowed over IPv4 but denied over IPv6") ||
 		!strings.Contains(gaps[0].Message, "isolates the source for egress") {
@@ -165,8 +152,7 @@ func TestIPBlockBothFamilies(t *testing.T) {
 }
 
 func TestInvalidPolicyFinding(t *testing.T) {
-	inv := NewInventory()
-	inv.AddPolicy(&networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "bad"},
+	inv := enrich.NewSnapshot(&networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "bad"},
 		Spec: networkingv1.NetworkPolicySpec{Ingress: []networkingv1.NetworkPolicyIngressRule{{From: []networkingv1.NetworkPolicyPeer{
 			{IPBlock: &networkingv1.IPBlock{CIDR: "300.0.0.0/8"}}}}}}})
 	fs := findingsOf(Findings(inv, Options{}), KindInvalidPolicy)

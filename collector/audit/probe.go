@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/dualflow/dualflow/collector/audit/policy"
+	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/flow"
 )
 
@@ -33,18 +34,18 @@ type ProbeResult struct {
 }
 
 // Evaluate answers a Probe with the policies of set over the pods and
-// namespaces of inv, one result per family. Its ends resolve as the
-// reachability matrix's pod and ip endpoints do (InventoryResolver), and
+// namespaces of view, one result per family. Its ends resolve as the
+// reachability matrix's pod and ip endpoints do (ClusterResolver), and
 // each family's pair is evaluated as one of the matrix's (pairFlow).
-func Evaluate(inv *Inventory, set *policy.Set, p Probe) ([]ProbeResult, error) {
+func Evaluate(view *enrich.Snapshot, set *policy.Set, p Probe) ([]ProbeResult, error) {
 	if p.Proto == 0 {
 		p.Proto = flow.ProtoTCP
 	}
-	src, err := probeEnd(inv, p.From)
+	src, err := probeEnd(view, p.From)
 	if err != nil {
 		return nil, fmt.Errorf("from: %w", err)
 	}
-	dst, err := probeEnd(inv, p.To)
+	dst, err := probeEnd(view, p.To)
 	if err != nil {
 		return nil, fmt.Errorf("to: %w", err)
 	}
@@ -57,7 +58,7 @@ func Evaluate(inv *Inventory, set *policy.Set, p Probe) ([]ProbeResult, error) {
 		}
 		f := pairFlow(src, dst, int(v), p.Proto, p.Port)
 		r := set.Evaluate(&f)
-		res := ProbeResult{Src: end(inv, src.pod, f.Src.Addr), Dst: end(inv, dst.pod, f.Dst.Addr), IPVersion: v, Protocol: ProtoName(p.Proto), Port: p.Port, Verdicts: verdicts(r)}
+		res := ProbeResult{Src: end(view, src.pod, f.Src.Addr), Dst: end(view, dst.pod, f.Dst.Addr), IPVersion: v, Protocol: ProtoName(p.Proto), Port: p.Port, Verdicts: verdicts(r)}
 		verdict := "allowed"
 		if !r.Allowed() {
 			verdict = "denied"
@@ -75,31 +76,31 @@ func Evaluate(inv *Inventory, set *policy.Set, p Probe) ([]ProbeResult, error) {
 
 // probeEnd resolves one end of a probe, "namespace/pod" or an address,
 // as a pod or an ip endpoint: the one member it stands for.
-func probeEnd(inv *Inventory, s string) (*Member, error) {
+func probeEnd(view *enrich.Snapshot, s string) (*Member, error) {
 	e := Endpoint{Kind: "ip", Name: s}
 	if _, err := netip.ParseAddr(s); err != nil {
 		ns, name, ok := strings.Cut(s, "/")
 		if !ok {
 			return nil, fmt.Errorf("%q: want namespace/pod or an IP address", s)
 		}
-		if _, ok := inv.Pod(ns, name); !ok {
+		if _, ok := view.Pod(ns, name); !ok {
 			// As dualflow audit evaluate and /audit/evaluate have always
 			// said it (the resolver says "pod ns/name not found").
 			return nil, fmt.Errorf("pod %s not in the inventory", s)
 		}
 		e = Endpoint{Kind: "pod", Namespace: ns, Name: name}
 	}
-	t, err := InventoryResolver{Inventory: func() (*Inventory, error) { return inv, nil }}.Resolve(context.Background(), e)
+	t, err := ClusterResolver{Cluster: func() (*enrich.Snapshot, error) { return view, nil }}.Resolve(context.Background(), e)
 	if err != nil {
 		return nil, err
 	}
 	return &t.Members[0], nil
 }
 
-func end(inv *Inventory, p *Pod, a netip.Addr) FlowEnd {
+func end(view *enrich.Snapshot, p *enrich.Pod, a netip.Addr) FlowEnd {
 	e := FlowEnd{IP: a.String()}
 	if p != nil {
-		w := inv.Workload(p)
+		w := view.Workload(p)
 		e.Namespace, e.Pod, e.WorkloadKind, e.WorkloadName = p.Namespace, p.Name, w.Kind, w.Name
 	}
 	return e

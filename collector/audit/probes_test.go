@@ -6,11 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
-	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/dualflow/dualflow/collector/audit/policy"
 	"github.com/dualflow/dualflow/collector/store"
@@ -48,7 +47,7 @@ func TestReportsLeaveOutProbes(t *testing.T) {
 		if rep.Denied, err = r.Denied(ctx, DeniedOptions{Window: w}); err != nil {
 			t.Fatal(err)
 		}
-		if rep.Unused, err = r.Unused(ctx, inv.NetworkPolicies(), w); err != nil {
+		if rep.Unused, err = r.Unused(ctx, inv.NetworkPolicies, w); err != nil {
 			t.Fatal(err)
 		}
 		if rep.Gaps, err = r.ObservedGaps(ctx, inv, w, 0); err != nil {
@@ -63,7 +62,7 @@ func TestReportsLeaveOutProbes(t *testing.T) {
 
 	m, _ := labInventory(t, manifest.ModeDual, 2)
 	a, _ := New(Config{}, inv, nil)
-	if err := a.SetPolicies(inv.NetworkPolicies()); err != nil {
+	if err := a.SetPolicies(inv.NetworkPolicies); err != nil {
 		t.Fatal(err)
 	}
 	web1, api1, api2 := labPod(t, m, "frontend", "web", 1), labPod(t, m, "backend", "api", 1), labPod(t, m, "backend", "api", 2)
@@ -110,7 +109,7 @@ func TestReportsLeaveOutProbes(t *testing.T) {
 func TestAuditorCountsNoProbes(t *testing.T) {
 	m, inv := labInventory(t, manifest.ModeDual, 2)
 	a, _ := New(Config{}, inv, nil)
-	if err := a.SetPolicies(inv.NetworkPolicies()); err != nil {
+	if err := a.SetPolicies(inv.NetworkPolicies); err != nil {
 		t.Fatal(err)
 	}
 	probe1, api2 := labPod(t, m, "tools", "probe", 1), labPod(t, m, "backend", "api", 2)

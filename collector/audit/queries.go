@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"io"
 	"slices"
+
+	"github.com/dualflow/dualflow/collector/audit/policy"
+	"github.com/dualflow/dualflow/collector/enrich"
 )
 
 // Queries answers the audit's questions over the live cluster view and
@@ -16,15 +19,15 @@ type Queries struct {
 	// Reports runs the store reports; nil answers them with
 	// ErrUnavailable.
 	Reports *Reports
-	// Inventory returns the current cluster snapshot (treated as
-	// read-only); nil answers the inventory-based questions with
-	// ErrUnavailable.
-	Inventory func() (*Inventory, error)
+	// Cluster returns the cluster view (collector.Cluster, or manifests
+	// through enrich.LoadSnapshot); nil answers the questions about the
+	// cluster with ErrUnavailable.
+	Cluster func() (*enrich.Snapshot, error)
 	// Options bound the static analysis.
 	Options Options
 }
 
-// ErrUnavailable says the inventory or the store is not configured, or not
+// ErrUnavailable says the cluster view or the store is not configured, or not
 // ready (wrap it to say why); web/api answers it 503.
 var ErrUnavailable = errors.New("not available on this server")
 
@@ -32,11 +35,11 @@ var ErrUnavailable = errors.New("not available on this server")
 // resolve: a bad request, not a failure.
 var ErrBadProbe = errors.New("bad probe")
 
-func (q *Queries) inventory() (*Inventory, error) {
-	if q.Inventory == nil {
+func (q *Queries) cluster() (*enrich.Snapshot, error) {
+	if q.Cluster == nil {
 		return nil, fmt.Errorf("cluster inventory: %w", ErrUnavailable)
 	}
-	return q.Inventory()
+	return q.Cluster()
 }
 
 func (q *Queries) reports() (*Reports, error) {
@@ -58,17 +61,17 @@ type FindingsResponse struct {
 	ObservedError string `json:"observed_error,omitempty"`
 }
 
-// Findings are the static findings of the inventory and, with a store,
+// Findings are the static findings of the cluster view and, with a store,
 // the gaps observed in win's flows.
 func (q *Queries) Findings(ctx context.Context, win Window) (*FindingsResponse, error) {
-	inv, err := q.inventory()
+	view, err := q.cluster()
 	if err != nil {
 		return nil, err
 	}
-	res := &FindingsResponse{Findings: Findings(inv, q.Options)}
+	res := &FindingsResponse{Findings: Findings(view, q.Options)}
 	if q.Reports != nil {
 		res.Observed = true
-		obs, err := q.Reports.ObservedGaps(ctx, inv, win, 0)
+		obs, err := q.Reports.ObservedGaps(ctx, view, win, 0)
 		if err != nil {
 			res.ObservedError = err.Error()
 		}
@@ -97,12 +100,12 @@ func (q *Queries) Findings(ctx context.Context, win Window) (*FindingsResponse, 
 
 // Unprotected lists the workloads not isolated, per direction.
 func (q *Queries) Unprotected(context.Context) ([]UnprotectedWorkload, error) {
-	inv, err := q.inventory()
+	view, err := q.cluster()
 	if err != nil {
 		return nil, err
 	}
-	set, _ := inv.Compile()
-	return append([]UnprotectedWorkload{}, Unprotected(inv, set)...), nil
+	set, _ := policy.Compile(view.NetworkPolicies)
+	return append([]UnprotectedWorkload{}, Unprotected(view, set)...), nil
 }
 
 // Denied groups the denied flows of opt's window.
@@ -115,18 +118,18 @@ func (q *Queries) Denied(ctx context.Context, opt DeniedOptions) ([]DeniedGroup,
 	return append([]DeniedGroup{}, g...), err
 }
 
-// Unused lists the rules of the inventory's policies that allowed no
+// Unused lists the rules of the cluster view's policies that allowed no
 // flow of win.
 func (q *Queries) Unused(ctx context.Context, win Window) (*UnusedReport, error) {
 	rep, err := q.reports()
 	if err != nil {
 		return nil, err
 	}
-	inv, err := q.inventory()
+	view, err := q.cluster()
 	if err != nil {
 		return nil, err
 	}
-	return rep.Unused(ctx, inv.NetworkPolicies(), win)
+	return rep.Unused(ctx, view.NetworkPolicies, win)
 }
 
 // WhatIf replays win's flows (at most limit groups) under the proposed
@@ -137,7 +140,7 @@ func (q *Queries) WhatIf(ctx context.Context, r io.Reader, win Window, limit int
 	if err != nil {
 		return nil, err
 	}
-	inv, err := q.inventory()
+	view, err := q.cluster()
 	if err != nil {
 		return nil, err
 	}
@@ -145,18 +148,18 @@ func (q *Queries) WhatIf(ctx context.Context, r io.Reader, win Window, limit int
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrInvalidPolicy, err)
 	}
-	return rep.WhatIf(ctx, inv, pols, win, limit)
+	return rep.WhatIf(ctx, view, pols, win, limit)
 }
 
-// Evaluate answers a probe with the policies of the live inventory; ends
+// Evaluate answers a probe with the policies of the cluster view; ends
 // that do not resolve are an ErrBadProbe.
 func (q *Queries) Evaluate(_ context.Context, p Probe) ([]ProbeResult, error) {
-	inv, err := q.inventory()
+	view, err := q.cluster()
 	if err != nil {
 		return nil, err
 	}
-	set, _ := inv.Compile()
-	out, err := Evaluate(inv, set, p)
+	set, _ := policy.Compile(view.NetworkPolicies)
+	out, err := Evaluate(view, set, p)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadProbe, err)
 	}

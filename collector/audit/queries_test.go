@@ -7,12 +7,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/lab/manifest"
 )
 
 func TestQueriesStatic(t *testing.T) {
 	m, inv := labInventory(t, manifest.ModeDual, 2)
-	q := &Queries{Inventory: func() (*Inventory, error) { return inv, nil }}
+	q := &Queries{Cluster: func() (*enrich.Snapshot, error) { return inv, nil }}
 	ctx := context.Background()
 	fr, err := q.Findings(ctx, Window{Since: time.Now().Add(-time.Hour)})
 	if err != nil || fr.Observed || len(findingsOf(fr.Findings, KindVerdictGap)) == 0 {
@@ -59,7 +60,7 @@ func TestQueriesStatic(t *testing.T) {
 func TestQueriesStore(t *testing.T) {
 	inv, now := labFlows(t)
 	rep, _ := NewReports(engine, "")
-	q := &Queries{Reports: rep, Inventory: func() (*Inventory, error) { return inv, nil }}
+	q := &Queries{Reports: rep, Cluster: func() (*enrich.Snapshot, error) { return inv, nil }}
 	ctx := context.Background()
 	hour := Window{Since: now.Add(-time.Hour), Until: now.Add(time.Second)}
 	fr, err := q.Findings(ctx, hour)

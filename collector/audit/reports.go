@@ -18,6 +18,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 
 	"github.com/dualflow/dualflow/collector/audit/policy"
+	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/flow"
 	"github.com/dualflow/dualflow/internal/chsql"
 )
@@ -396,12 +397,12 @@ FROM (` + inner + `) GROUP BY direction, policy_namespace, policy_name, policy_r
 // per source workload, destination workload, protocol and destination
 // port: traffic allowed over one family and denied over the other
 // (KindObservedVerdictGap, from the evaluated or reported verdicts), and,
-// when inv is given, traffic seen over one family only although both
+// when view is given, traffic seen over one family only although both
 // workloads have dual-stack pods (KindObservedOneFamily). ICMP and ICMPv6
 // count as one protocol (see icmpProtoKey): a ping over both families is
 // not "IPv4 only" and "IPv6 only". At most limit
 // (default 10000) workload pairs and ports are examined.
-func (r *Reports) ObservedGaps(ctx context.Context, inv *Inventory, win Window, limit int) ([]Finding, error) {
+func (r *Reports) ObservedGaps(ctx context.Context, view *enrich.Snapshot, win Window, limit int) ([]Finding, error) {
 	w, err := win.resolve()
 	if err != nil {
 		return nil, err
@@ -442,10 +443,10 @@ LIMIT %[4]d`, r.db, chsql.FlowEnd(w.Since, w.Until), blocked, cmp.Or(limit, 1000
 		return nil, fmt.Errorf("observed dual-stack gaps: %w", err)
 	}
 	dual := map[Ref]bool{}
-	if inv != nil {
-		for _, p := range inv.Pods() {
-			if p.DualStack() && !p.HostNetwork {
-				dual[workloadRef(p.Namespace, inv.Workload(p))] = true
+	if view != nil {
+		for _, p := range view.Pods {
+			if dualStack(p) && !p.HostNetwork {
+				dual[workloadRef(p.Namespace, view.Workload(p))] = true
 			}
 		}
 	}
@@ -464,7 +465,7 @@ LIMIT %[4]d`, r.db, chsql.FlowEnd(w.Since, w.Until), blocked, cmp.Or(limit, 1000
 			out = append(out, Finding{Kind: KindObservedVerdictGap, Objects: []Ref{src, dst}, Port: x.DstPort, Protocol: proto, Count: nOK + nBad,
 				Message: fmt.Sprintf("Flows %s → %s on %s were allowed over IPv%d (%d records) but denied over IPv%d (%d records) %s.",
 					src, dst, on, ok, nOK, bad, nBad, window)})
-		case inv != nil && dual[src] && dual[dst] && (x.Allowed4 > 0) != (x.Allowed6 > 0) && x.Blocked4+x.Blocked6 == 0:
+		case view != nil && dual[src] && dual[dst] && (x.Allowed4 > 0) != (x.Allowed6 > 0) && x.Blocked4+x.Blocked6 == 0:
 			seen, missing, n := 4, 6, x.Allowed4
 			if x.Allowed6 > 0 {
 				seen, missing, n = 6, 4, x.Allowed6
@@ -575,15 +576,15 @@ const whatIfGroup = `src_ip, dst_ip, protocol, dst_port, ip_version,
 // WhatIf re-evaluates the distinct flows recorded in the window (source and
 // destination address, protocol, destination port; the most frequent
 // first, at most limit, default WhatIfLimits.MaxFlowGroups) with the
-// policies of inv and with those policies plus proposed (a proposed
+// policies of view and with those policies plus proposed (a proposed
 // policy replaces the one of the same namespace and name), and returns
 // the flows whose verdict changes. Only the flows from or to a pod of a
 // namespace of the proposed policies can change (a policy selects pods of
 // its own namespace), so only those are read. Pod labels are the recorded
-// ones; namespace labels and named ports come from inv. An invalid
+// ones; namespace labels and named ports come from view. An invalid
 // proposed policy is an error; so is a what-if past r.WhatIfLimits
 // (*TooLargeError), before any flow is read.
-func (r *Reports) WhatIf(ctx context.Context, inv *Inventory, proposed []*networkingv1.NetworkPolicy, win Window, limit int) (*WhatIfReport, error) {
+func (r *Reports) WhatIf(ctx context.Context, view *enrich.Snapshot, proposed []*networkingv1.NetworkPolicy, win Window, limit int) (*WhatIfReport, error) {
 	w, err := win.resolve()
 	if err != nil {
 		return nil, err
@@ -598,8 +599,8 @@ func (r *Reports) WhatIf(ctx context.Context, inv *Inventory, proposed []*networ
 	if limit > lim.MaxFlowGroups {
 		return nil, &TooLargeError{Field: "limit", Message: fmt.Sprintf("limit %d: a what-if reads at most %d flow groups", limit, lim.MaxFlowGroups)}
 	}
-	before, _ := policy.Compile(inv.NetworkPolicies()) // invalid current policies are ignored, as the Auditor does
-	after, _ := policy.Compile(withProposed(inv.NetworkPolicies(), proposed))
+	before, _ := policy.Compile(view.NetworkPolicies) // invalid current policies are ignored, as the Auditor does
+	after, _ := policy.Compile(withProposed(view.NetworkPolicies, proposed))
 	rep := &WhatIfReport{Since: w.Since.UTC(), Until: w.Until.UTC(), Changes: []WhatIfFlow{}}
 	var touched []string
 	for _, p := range proposed {
@@ -674,14 +675,14 @@ LIMIT %d`, r.db, where, whatIfGroup, limit+1)
 		p := policy.Peer{Addr: a.Unmap()}
 		if ns != "" {
 			p.IsPod, p.Namespace, p.Labels = true, ns, lbls
-			p.NamespaceLabels, _ = inv.NamespaceLabels(ns)
+			p.NamespaceLabels, _ = namespaceLabels(view, ns)
 		}
 		return p
 	}
 	for _, x := range rs {
 		f := policy.Flow{Src: peer(x.SrcIP, x.SrcNS, x.SrcLabels), Dst: peer(x.DstIP, x.DstNS, x.DstLabels), Proto: x.Protocol, DstPort: x.DstPort}
 		if f.Dst.IsPod {
-			f.Dst.PortName = inv.PortName(PortQuery{Namespace: x.DstNS, Pod: x.DstPod, Addr: f.Dst.Addr, Port: x.DstPort, Proto: x.Protocol})
+			f.Dst.PortName = portName(view, PortQuery{Namespace: x.DstNS, Pod: x.DstPod, Addr: f.Dst.Addr, Port: x.DstPort, Proto: x.Protocol})
 		}
 		b, a := before.Evaluate(&f), after.Evaluate(&f)
 		if b.Allowed() == a.Allowed() {

@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/collector/store"
 	"github.com/dualflow/dualflow/collector/store/chdb"
 	"github.com/dualflow/dualflow/flow"
@@ -70,7 +71,7 @@ func needEngine(t testing.TB) *store.Embedded {
 // web@1 -> api@2 http in both families, metrics allowed over IPv4 and
 // denied over IPv6 (the gap), probe@1 -> web@2 denied by egress, probe@1
 // -> api@1 denied by ingress, web@1 -> web@2 over IPv4 only.
-func labFlows(t *testing.T) (*Inventory, time.Time) {
+func labFlows(t *testing.T) (*enrich.Snapshot, time.Time) {
 	t.Helper()
 	return labFlowsWith(t, false)
 }
@@ -78,7 +79,7 @@ func labFlows(t *testing.T) (*Inventory, time.Time) {
 // labFlowsWith stores labFlows' flows and, with pings, web@1 -> web@2
 // pings in both families (ICMP echo request 8<<8, ICMPv6 128<<8) and
 // web@2 -> web@1 pings over IPv4 only.
-func labFlowsWith(t *testing.T, pings bool) (*Inventory, time.Time) {
+func labFlowsWith(t *testing.T, pings bool) (*enrich.Snapshot, time.Time) {
 	t.Helper()
 	e := needEngine(t)
 	for _, tbl := range []string{"flows", "rollup_pod_to_pod_1m", "rollup_pod_to_service_1m", "rollup_node_to_node_1m", "rollup_policy_1m"} {
@@ -88,7 +89,7 @@ func labFlowsWith(t *testing.T, pings bool) (*Inventory, time.Time) {
 	}
 	m, inv := labInventory(t, manifest.ModeDual, 2)
 	a, _ := New(Config{}, inv, nil)
-	if err := a.SetPolicies(inv.NetworkPolicies()); err != nil {
+	if err := a.SetPolicies(inv.NetworkPolicies); err != nil {
 		t.Fatal(err)
 	}
 	web1, web2 := labPod(t, m, "frontend", "web", 1), labPod(t, m, "frontend", "web", 2)
@@ -178,7 +179,7 @@ func TestDeniedReport(t *testing.T) {
 func TestUnusedReport(t *testing.T) {
 	inv, now := labFlows(t)
 	r, _ := NewReports(engine, "dualflow")
-	rep, err := r.Unused(context.Background(), inv.NetworkPolicies(), Window{Since: now.Add(-time.Hour)})
+	rep, err := r.Unused(context.Background(), inv.NetworkPolicies, Window{Since: now.Add(-time.Hour)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,32 +4,34 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"time"
 
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/dualflow/dualflow/collector/audit/policy"
+	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/flow"
 )
 
-// InventoryResolver is a Resolver over a cluster view: pods, workloads
-// and Service backends from an Inventory, Services (families, ports)
-// from Service.
-type InventoryResolver struct {
-	// Inventory returns the cluster view (collector.Inventory).
-	Inventory func() (*Inventory, error)
+// ClusterResolver is a Resolver over the cluster view: pods, workloads
+// and Service backends from the enrichment's Snapshot, Services
+// (families, ports) from Service.
+type ClusterResolver struct {
+	// Cluster returns the cluster view (collector.Cluster).
+	Cluster func() (*enrich.Snapshot, error)
 	// Service returns a Service's spec; false when there is no such
 	// Service.
 	Service func(namespace, name string) (*ServiceSpec, bool)
 }
 
-var _ Resolver = InventoryResolver{}
+var _ Resolver = ClusterResolver{}
 
 // Resolve implements Resolver: a pod; every pod of a workload (the pods
 // of the namespace whose top-level controller has the name); a Service
 // and every pod its selector selects; an address, as the pod holding it
 // when there is one. An endpoint that does not exist is an error naming
 // it ("workload shop/frontend not found").
-func (r InventoryResolver) Resolve(_ context.Context, e Endpoint) (*Target, error) {
+func (r ClusterResolver) Resolve(_ context.Context, e Endpoint) (*Target, error) {
 	if e.Kind == "ip" {
 		a, err := netip.ParseAddr(e.Name)
 		if err != nil {
@@ -39,31 +41,31 @@ func (r InventoryResolver) Resolve(_ context.Context, e Endpoint) (*Target, erro
 			return nil, fmt.Errorf("bad address %q: %w", e.Name, err)
 		}
 		a = a.Unmap()
-		if inv, err := r.Inventory(); err == nil {
-			if p, ok := inv.PodByAddr(a); ok {
-				m := member(inv, p)
-				m.Peers = map[int]policy.Peer{int(flow.Version(a)): inv.Peer(p, a)}
+		if view, err := r.Cluster(); err == nil {
+			if p, ok := view.LookupPod(a, time.Time{}); ok {
+				m := member(view, p)
+				m.Peers = map[int]policy.Peer{int(flow.Version(a)): peerOf(view, p, a)}
 				return &Target{Members: []Member{m}}, nil
 			}
 		}
 		return &Target{Members: []Member{{Name: a.String(), Peers: map[int]policy.Peer{int(flow.Version(a)): {Addr: a}}}}}, nil
 	}
-	inv, err := r.Inventory()
+	view, err := r.Cluster()
 	if err != nil {
 		return nil, err
 	}
 	t := &Target{}
 	switch e.Kind {
 	case "pod":
-		p, ok := inv.Pod(e.Namespace, e.Name)
+		p, ok := view.Pod(e.Namespace, e.Name)
 		if !ok {
 			return nil, fmt.Errorf("pod %s/%s not found", e.Namespace, e.Name)
 		}
-		t.Members = []Member{member(inv, p)}
+		t.Members = []Member{member(view, p)}
 	case "workload":
-		for _, p := range inv.Pods() {
-			if p.Namespace == e.Namespace && inv.Workload(p).Name == e.Name {
-				t.Members = append(t.Members, member(inv, p))
+		for _, p := range view.Pods {
+			if p.Namespace == e.Namespace && view.Workload(p).Name == e.Name {
+				t.Members = append(t.Members, member(view, p))
 			}
 		}
 		if len(t.Members) == 0 {
@@ -81,9 +83,9 @@ func (r InventoryResolver) Resolve(_ context.Context, e Endpoint) (*Target, erro
 		t.Service = svc
 		if svc.Selector != nil {
 			sel := labels.SelectorFromSet(svc.Selector)
-			for _, p := range inv.Pods() {
+			for _, p := range view.Pods {
 				if p.Namespace == svc.Namespace && sel.Matches(labels.Set(p.Labels)) {
-					t.Members = append(t.Members, member(inv, p))
+					t.Members = append(t.Members, member(view, p))
 				}
 			}
 		}
@@ -94,16 +96,16 @@ func (r InventoryResolver) Resolve(_ context.Context, e Endpoint) (*Target, erro
 }
 
 // member is pod p as a Target member: its first address of each family.
-func member(inv *Inventory, p *Pod) Member {
+func member(view *enrich.Snapshot, p *enrich.Pod) Member {
 	m := Member{Name: p.Namespace + "/" + p.Name, Pod: true, Peers: map[int]policy.Peer{}, pod: p}
 	for _, a := range p.Addrs {
 		if fam := int(flow.Version(a)); m.Peers[fam].Addr == (netip.Addr{}) {
-			m.Peers[fam] = inv.Peer(p, a)
+			m.Peers[fam] = peerOf(view, p, a)
 		}
 	}
 	for _, cp := range p.Ports {
 		if cp.Port > 0 && cp.Port <= 65535 {
-			m.Ports = append(m.Ports, ContainerPort{Name: cp.Name, Proto: cp.Proto, Port: uint16(cp.Port)})
+			m.Ports = append(m.Ports, ContainerPort{Name: cp.Name, Proto: policy.ProtoNumber(&cp.Protocol), Port: uint16(cp.Port)})
 		}
 	}
 	return m

@@ -15,6 +15,7 @@ import (
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/collector/store"
 	"github.com/dualflow/dualflow/flow"
 )
@@ -89,16 +90,10 @@ func TestWhatIfWorkBound(t *testing.T) {
 	end := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 	storeGroups(t, "load", 10_000, end, 8000)
 	storeGroups(t, "quiet", 100, end, 9000)
-	inv := NewInventory()
-	for _, ns := range []string{"load", "quiet"} {
-		inv.AddNamespace(Namespace{Name: ns, Labels: map[string]string{"kubernetes.io/metadata.name": ns}})
-	}
 	// 2,000 policies on each side of every "load" flow, before and after
 	// the proposal: about 8,000 checks per flow group, 80 million for the
 	// 10,000 groups.
-	for _, p := range loadPolicies("load", 2000) {
-		inv.AddPolicy(p)
-	}
+	inv := enrich.NewSnapshot(append(objects(namespace("load"), namespace("quiet")), objects(loadPolicies("load", 2000)...)...)...)
 	rep, _ := NewReports(engine, "")
 	win := Window{Since: end.Add(-time.Hour), Until: end.Add(time.Second)}
 	ctx := context.Background()
@@ -114,7 +109,7 @@ func TestWhatIfWorkBound(t *testing.T) {
 		}
 	}
 	// Through Queries, as the web API asks (it answers 422 naming since).
-	q := &Queries{Reports: rep, Inventory: func() (*Inventory, error) { return inv, nil }}
+	q := &Queries{Reports: rep, Cluster: func() (*enrich.Snapshot, error) { return inv, nil }}
 	_, err = q.WhatIf(ctx, strings.NewReader("apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: deny-all, namespace: load}\nspec: {podSelector: {}, policyTypes: [Ingress]}\n"), win, 0)
 	if !errors.As(err, &tl) || tl.Field != "since" || !strings.Contains(tl.Message, "policy checks") {
 		t.Errorf("what-if through Queries: %v", err)
@@ -152,10 +147,7 @@ func (f *fakeCounts) Query(_ context.Context, q, _ string) ([]byte, error) {
 // proposal, the costliest first past limit; the bound is inclusive; the
 // flow groups read are bounded in number and in engine memory.
 func TestWhatIfChecks(t *testing.T) {
-	inv := NewInventory()
-	for _, p := range loadPolicies("load", 3) {
-		inv.AddPolicy(p)
-	}
+	inv := &enrich.Snapshot{NetworkPolicies: loadPolicies("load", 3)}
 	// 10 groups from app=a and 10 to app=b, all in "load": 3 policies
 	// tried per side before the proposal, 4 after (deny-all isolates
 	// ingress only: 3 on the egress side after).
@@ -231,11 +223,7 @@ func (f fakeGroups) Query(_ context.Context, q, _ string) ([]byte, error) {
 // DefaultWhatIfMaxChecks (the store's part is faked). cpu-s/op is its
 // CPU.
 func BenchmarkWhatIfMaximal(b *testing.B) {
-	inv := NewInventory()
-	inv.AddNamespace(Namespace{Name: "load", Labels: map[string]string{"kubernetes.io/metadata.name": "load"}})
-	for _, p := range loadPolicies("load", 2000) {
-		inv.AddPolicy(p)
-	}
+	inv := enrich.NewSnapshot(append(objects(namespace("load")), objects(loadPolicies("load", 2000)...)...)...)
 	rep, _ := NewReports(fakeGroups{n: DefaultWhatIfMaxChecks / 8001}, "")
 	win := Window{Since: time.Now().Add(-time.Hour)}
 	b.ReportAllocs()

@@ -29,8 +29,8 @@ import (
 )
 
 // nodeOf tells which node an address belongs to (a pod address or a node's
-// own address). The Kubernetes enrichment will implement it; Inventory does
-// for now.
+// own address): the Kubernetes enrichment's live view, or Inventory (the
+// nodes of a manifest).
 type nodeOf interface {
 	NodeForIP(netip.Addr) (string, bool)
 }

@@ -6,21 +6,20 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
-	"github.com/dualflow/dualflow/collector/enrich/inventory"
+	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/collector/pipeline"
 	"github.com/dualflow/dualflow/flow"
 	"github.com/dualflow/dualflow/lab/manifest"
 )
 
 // labInventory is the inventory of the lab's dual-stack 2-node manifest,
-// read back from its YAML as `--collector.inventory` would.
+// read back from its YAML as `--collector.inventory` is.
 func labInventory(t testing.TB) *Inventory {
 	t.Helper()
 	m, err := manifest.Generate(manifest.Spec{Mode: manifest.ModeDual, Nodes: 2})
@@ -31,13 +30,19 @@ func labInventory(t testing.TB) *Inventory {
 	if err := m.Encode(&buf); err != nil {
 		t.Fatal(err)
 	}
-	res, err := inventory.Decode("manifest.yaml", &buf)
+	file := filepath.Join(t.TempDir(), "manifest.yaml")
+	if err := os.WriteFile(file, buf.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	snap, err := enrich.LoadSnapshot(file)
 	if err != nil {
 		t.Fatal(err)
 	}
-	inv, err := inventoryOf(res)
-	if err != nil {
-		t.Fatal(err)
+	inv := NewInventory()
+	for _, n := range snap.Nodes {
+		if err := inv.AddNode(n.Name, n.PodCIDRs, slices.Concat(n.InternalIPs, n.ExternalIPs)...); err != nil {
+			t.Fatal(err)
+		}
 	}
 	return inv
 }
@@ -308,7 +313,7 @@ func TestInventoryMatchesPrefixScan(t *testing.T) {
 		node string
 	}
 	var (
-		nodes []corev1.Node
+		inv   = NewInventory()
 		cidrs []cidr
 		addrs = map[netip.Addr]string{}
 	)
@@ -321,21 +326,17 @@ func TestInventoryMatchesPrefixScan(t *testing.T) {
 		{"198.19.0.0/17", "fd00:10:8000::/33"},
 		{"198.18.4.0/23", "fd00:10:0:4::/63"},
 	} {
-		n := corev1.Node{}
-		n.Name = fmt.Sprintf("node-%d", i)
-		n.Spec.PodCIDRs = []string{spec.v4, spec.v6}
+		name := fmt.Sprintf("node-%d", i)
+		pcs := []netip.Prefix{netip.MustParsePrefix(spec.v4).Masked(), netip.MustParsePrefix(spec.v6).Masked()}
 		a4 := netip.AddrFrom4([4]byte{198, 19, 255, byte(i)})
 		a6 := netip.MustParseAddr(fmt.Sprintf("fd00:10:ffff::%x", i))
-		n.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: a4.String()}, {Type: corev1.NodeExternalIP, Address: a6.String()}}
-		addrs[a4], addrs[a6] = n.Name, n.Name
-		for _, s := range n.Spec.PodCIDRs {
-			cidrs = append(cidrs, cidr{netip.MustParsePrefix(s).Masked(), n.Name})
+		addrs[a4], addrs[a6] = name, name
+		for _, p := range pcs {
+			cidrs = append(cidrs, cidr{p, name})
 		}
-		nodes = append(nodes, n)
-	}
-	inv, err := NewInventory(nodes)
-	if err != nil {
-		t.Fatal(err)
+		if err := inv.AddNode(name, pcs, a4, a6); err != nil {
+			t.Fatal(err)
+		}
 	}
 	slices.SortStableFunc(cidrs, func(a, b cidr) int { return b.p.Bits() - a.p.Bits() })
 	want := func(a netip.Addr) string {
@@ -399,10 +400,10 @@ func TestInventoryMatchesPrefixScan(t *testing.T) {
 		}
 		checked[w]++
 	}
-	if len(checked) < len(nodes)+1 {
+	if len(checked) < inv.Nodes()+1 {
 		t.Errorf("probes reached %d nodes (and none): %v", len(checked), checked)
 	}
-	if _, err := NewInventory(append(nodes, corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "dup"}, Spec: corev1.NodeSpec{PodCIDRs: []string{"198.18.1.0/24"}}})); err == nil {
+	if err := inv.AddNode("dup", []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24")}); err == nil {
 		t.Error("a pod CIDR on two nodes: no error")
 	}
 }

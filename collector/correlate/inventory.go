@@ -2,21 +2,17 @@ package correlate
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
-
-	corev1 "k8s.io/api/core/v1"
-
-	"github.com/dualflow/dualflow/collector/enrich/inventory"
 )
 
-// Inventory maps addresses to node names from Node objects: each node's
-// spec.podCIDRs (both families) and its InternalIP/ExternalIP addresses
+// Inventory maps addresses to node names from the nodes of a cluster view
+// (--collector.inventory's manifest, read as the enrichment reads one):
+// each node's pod CIDRs (both families) and its InternalIP/ExternalIP addresses
 // (SNAT-ed flows leave a node with its address). The correlator uses it to
-// tell which node reported which half of a connection. It is immutable and
-// safe for concurrent use.
+// tell which node reported which half of a connection. Once filled
+// (AddNode) it is read-only and safe for concurrent use.
 //
 // Lookups run two or three times per flow record, so the tables are keyed
 // per family by plain integers (an IPv4 address as a uint32, an IPv6 one as
@@ -108,42 +104,30 @@ func (inv *Inventory) NodeForIP(a netip.Addr) (string, bool) {
 // Nodes returns the number of nodes in the inventory.
 func (inv *Inventory) Nodes() int { return inv.nodes }
 
-// NewInventory builds an inventory from nodes. A pod CIDR claimed by two
-// nodes is an error.
-func NewInventory(nodes []corev1.Node) (*Inventory, error) {
-	inv := &Inventory{addr4: map[uint32]string{}, addr6: map[v6key]string{}}
-	for i := range nodes {
-		n := &nodes[i]
-		cidrs := n.Spec.PodCIDRs
-		if len(cidrs) == 0 && n.Spec.PodCIDR != "" {
-			cidrs = []string{n.Spec.PodCIDR}
+// NewInventory returns an empty inventory; AddNode fills it, before it is
+// shared.
+func NewInventory() *Inventory {
+	return &Inventory{addr4: map[uint32]string{}, addr6: map[v6key]string{}}
+}
+
+// AddNode indexes node's pod CIDRs and its own addresses (the
+// enrichment's view of a Node: masked, unmapped). A pod CIDR of another
+// node is an error.
+func (inv *Inventory) AddNode(node string, podCIDRs []netip.Prefix, addrs ...netip.Addr) error {
+	for _, p := range podCIDRs {
+		if err := inv.addCIDR(p, node); err != nil {
+			return err
 		}
-		for _, c := range cidrs {
-			p, err := netip.ParsePrefix(c)
-			if err != nil {
-				return nil, fmt.Errorf("node %s: pod CIDR %q: %w", n.Name, c, err)
-			}
-			if err := inv.addCIDR(p.Masked(), n.Name); err != nil {
-				return nil, err
-			}
-		}
-		for _, a := range n.Status.Addresses {
-			if a.Type != corev1.NodeInternalIP && a.Type != corev1.NodeExternalIP {
-				continue
-			}
-			if ip, err := netip.ParseAddr(a.Address); err == nil {
-				if ip = ip.Unmap().WithZone(""); ip.Is4() {
-					inv.addr4[key4(ip)] = n.Name
-				} else {
-					inv.addr6[key6(ip)] = n.Name
-				}
-			}
-		}
-		inv.nodes++
 	}
-	slices.SortFunc(inv.cidr4, func(a, b cidrs4) int { return b.bits - a.bits })
-	slices.SortFunc(inv.cidr6, func(a, b cidrs6) int { return b.bits - a.bits })
-	return inv, nil
+	for _, ip := range addrs {
+		if ip = ip.WithZone(""); ip.Is4() {
+			inv.addr4[key4(ip)] = node
+		} else {
+			inv.addr6[key6(ip)] = node
+		}
+	}
+	inv.nodes++
+	return nil
 }
 
 // addCIDR adds the masked prefix p of node.
@@ -158,8 +142,8 @@ func (inv *Inventory) addCIDR(p netip.Prefix, node string) error {
 	if a := p.Addr(); a.Is4() {
 		i := slices.IndexFunc(inv.cidr4, func(c cidrs4) bool { return c.bits == bits })
 		if i < 0 {
-			inv.cidr4 = append(inv.cidr4, cidrs4{bits: bits, mask: mask4(bits), m: map[uint32]string{}})
-			i = len(inv.cidr4) - 1
+			i, _ = slices.BinarySearchFunc(inv.cidr4, bits, func(c cidrs4, bits int) int { return bits - c.bits })
+			inv.cidr4 = slices.Insert(inv.cidr4, i, cidrs4{bits: bits, mask: mask4(bits), m: map[uint32]string{}})
 		}
 		k := key4(a)
 		if other, ok := inv.cidr4[i].m[k]; ok {
@@ -170,8 +154,8 @@ func (inv *Inventory) addCIDR(p netip.Prefix, node string) error {
 	}
 	i := slices.IndexFunc(inv.cidr6, func(c cidrs6) bool { return c.bits == bits })
 	if i < 0 {
-		inv.cidr6 = append(inv.cidr6, cidrs6{bits: bits, mask: mask6(bits), m: map[v6key]string{}})
-		i = len(inv.cidr6) - 1
+		i, _ = slices.BinarySearchFunc(inv.cidr6, bits, func(c cidrs6, bits int) int { return bits - c.bits })
+		inv.cidr6 = slices.Insert(inv.cidr6, i, cidrs6{bits: bits, mask: mask6(bits), m: map[v6key]string{}})
 	}
 	k := key6(p.Addr())
 	if other, ok := inv.cidr6[i].m[k]; ok {
@@ -179,29 +163,4 @@ func (inv *Inventory) addCIDR(p netip.Prefix, node string) error {
 	}
 	inv.cidr6[i].m[k] = node
 	return nil
-}
-
-// LoadInventory reads the Node objects of Kubernetes manifest files
-// (YAML or JSON, "---" separated, Lists accepted, other kinds ignored), as
-// the enrichment reads its inventory (package enrich/inventory). The
-// lab's manifest is such a file.
-func LoadInventory(files ...string) (*Inventory, error) {
-	res, err := inventory.Load(files...)
-	if err != nil {
-		return nil, err
-	}
-	return inventoryOf(res)
-}
-
-func inventoryOf(res *inventory.Result) (*Inventory, error) {
-	var nodes []corev1.Node
-	for _, o := range res.Objects {
-		if n, ok := o.Object.(*corev1.Node); ok {
-			nodes = append(nodes, *n)
-		}
-	}
-	if len(nodes) == 0 {
-		return nil, errors.New("inventory: no Node objects")
-	}
-	return NewInventory(nodes)
 }

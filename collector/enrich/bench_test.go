@@ -342,7 +342,7 @@ func heap() uint64 {
 }
 
 // BenchmarkSnapshot takes the cluster view that the audit, the
-// reachability matrix and traceflow read (Collector.Inventory builds it at
+// reachability matrix, the catalog and traceflow read (Collector.Cluster takes it at
 // most once a second while the cluster changes) from the 100k-pod index.
 func BenchmarkSnapshot(b *testing.B) {
 	e := benchIndex()

@@ -146,33 +146,22 @@ func newEnricher(cfg Config, client kubernetes.Interface, reg prometheus.Registe
 	return e, nil
 }
 
-// watched describes one informer: the kind, and what its events do.
+// watched is one informer and the kind it watches.
 type watched struct {
 	kind     string
 	informer cache.SharedIndexInformer
-	set      func(any)
-	remove   func(any)
 }
 
 func (e *Enricher) informers(f informers.SharedInformerFactory) []watched {
-	x := e.x
 	return []watched{
-		{"pod", f.Core().V1().Pods().Informer(),
-			func(o any) { x.setPod((*Pod)(o.(*podObj))) }, func(o any) { x.removePod((*Pod)(o.(*podObj))) }},
-		{"service", f.Core().V1().Services().Informer(),
-			func(o any) { x.setService((*Service)(o.(*serviceObj))) }, func(o any) { x.removeService((*Service)(o.(*serviceObj))) }},
-		{"endpointslice", f.Discovery().V1().EndpointSlices().Informer(),
-			func(o any) { x.setEndpointSlice((*EndpointSlice)(o.(*sliceObj))) }, func(o any) { x.removeEndpointSlice((*EndpointSlice)(o.(*sliceObj))) }},
-		{"node", f.Core().V1().Nodes().Informer(),
-			func(o any) { x.setNode((*Node)(o.(*nodeObj))) }, func(o any) { x.removeNode((*Node)(o.(*nodeObj))) }},
-		{"namespace", f.Core().V1().Namespaces().Informer(),
-			func(o any) { x.setNamespace((*Namespace)(o.(*namespaceObj))) }, func(o any) { x.removeNamespace((*Namespace)(o.(*namespaceObj))) }},
-		{"replicaset", f.Apps().V1().ReplicaSets().Informer(),
-			func(o any) { x.setOwner((*owner)(o.(*ownerObj))) }, func(o any) { x.removeOwner((*owner)(o.(*ownerObj))) }},
-		{"job", f.Batch().V1().Jobs().Informer(),
-			func(o any) { x.setOwner((*owner)(o.(*ownerObj))) }, func(o any) { x.removeOwner((*owner)(o.(*ownerObj))) }},
-		{"networkpolicy", f.Networking().V1().NetworkPolicies().Informer(),
-			func(o any) { x.setPolicy(o.(*networkingv1.NetworkPolicy)) }, func(o any) { x.removePolicy(o.(*networkingv1.NetworkPolicy)) }},
+		{"pod", f.Core().V1().Pods().Informer()},
+		{"service", f.Core().V1().Services().Informer()},
+		{"endpointslice", f.Discovery().V1().EndpointSlices().Informer()},
+		{"node", f.Core().V1().Nodes().Informer()},
+		{"namespace", f.Core().V1().Namespaces().Informer()},
+		{"replicaset", f.Apps().V1().ReplicaSets().Informer()},
+		{"job", f.Batch().V1().Jobs().Informer()},
+		{"networkpolicy", f.Networking().V1().NetworkPolicies().Informer()},
 	}
 }
 
@@ -223,7 +212,7 @@ func (e *Enricher) Run(ctx context.Context) (err error) {
 		if err := w.informer.SetWatchErrorHandlerWithContext(e.watchErrorHandler(w.kind)); err != nil {
 			return fmt.Errorf("enrich: %s informer error handler: %w", w.kind, err)
 		}
-		regs[i], err = w.informer.AddEventHandler(e.handler(w))
+		regs[i], err = w.informer.AddEventHandler(e.handler())
 		if err != nil {
 			return fmt.Errorf("enrich: %s informer handler: %w", w.kind, err)
 		}
@@ -306,18 +295,18 @@ func collectInterval(grace time.Duration) time.Duration {
 	return min(max(grace/10, time.Second), time.Minute)
 }
 
-// handler applies w's events to the index, then counts a new generation
-// (after the change, so that a Snapshot taken in between is refreshed
-// again rather than kept stale).
-func (e *Enricher) handler(w watched) cache.ResourceEventHandler {
+// handler applies an informer's events to the index, then counts a new
+// generation (after the change, so that a Snapshot taken in between is
+// refreshed again rather than kept stale).
+func (e *Enricher) handler() cache.ResourceEventHandler {
 	return cache.ResourceEventHandlerFuncs{
-		AddFunc:    func(obj any) { w.set(obj); e.gen.Add(1) },
-		UpdateFunc: func(_, obj any) { w.set(obj); e.gen.Add(1) },
+		AddFunc:    func(obj any) { e.x.set(obj); e.gen.Add(1) },
+		UpdateFunc: func(_, obj any) { e.x.set(obj); e.gen.Add(1) },
 		DeleteFunc: func(obj any) {
 			if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
 				obj = t.Obj
 			}
-			w.remove(obj)
+			e.x.remove(obj)
 			e.gen.Add(1)
 		},
 	}

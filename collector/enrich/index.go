@@ -115,6 +115,47 @@ func newIndex(now func() time.Time, grace time.Duration, ipv6 bool) *index {
 	}
 }
 
+// set applies a transformed object (an informer's add or update);
+// other values are ignored.
+func (x *index) set(o any) {
+	switch v := o.(type) {
+	case *podObj:
+		x.setPod((*Pod)(v))
+	case *serviceObj:
+		x.setService((*Service)(v))
+	case *sliceObj:
+		x.setEndpointSlice((*EndpointSlice)(v))
+	case *nodeObj:
+		x.setNode((*Node)(v))
+	case *namespaceObj:
+		x.setNamespace((*Namespace)(v))
+	case *ownerObj:
+		x.setOwner((*owner)(v))
+	case *networkingv1.NetworkPolicy:
+		x.setPolicy(v)
+	}
+}
+
+// remove applies a transformed object's deletion.
+func (x *index) remove(o any) {
+	switch v := o.(type) {
+	case *podObj:
+		x.removePod((*Pod)(v))
+	case *serviceObj:
+		x.removeService((*Service)(v))
+	case *sliceObj:
+		x.removeEndpointSlice((*EndpointSlice)(v))
+	case *nodeObj:
+		x.removeNode((*Node)(v))
+	case *namespaceObj:
+		x.removeNamespace((*Namespace)(v))
+	case *ownerObj:
+		x.removeOwner((*owner)(v))
+	case *networkingv1.NetworkPolicy:
+		x.removePolicy(v)
+	}
+}
+
 func unixNano(t time.Time) int64 {
 	if t.IsZero() {
 		return 0

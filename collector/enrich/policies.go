@@ -1,7 +1,7 @@
 package enrich
 
 import (
-	"sort"
+	"slices"
 
 	networkingv1 "k8s.io/api/networking/v1"
 )
@@ -18,16 +18,21 @@ func (e *Enricher) PoliciesChanged() <-chan struct{} { return e.x.policiesChange
 func (e *Enricher) AllNetworkPolicies() []*networkingv1.NetworkPolicy {
 	e.x.mu.RLock()
 	defer e.x.mu.RUnlock()
-	namespaces := make([]string, 0, len(e.x.policies))
+	return e.x.allPolicies()
+}
+
+// allPolicies is AllNetworkPolicies; the caller holds x.mu.
+func (x *index) allPolicies() []*networkingv1.NetworkPolicy {
+	namespaces := make([]string, 0, len(x.policies))
 	n := 0
-	for ns, l := range e.x.policies {
+	for ns, l := range x.policies {
 		namespaces = append(namespaces, ns)
 		n += len(l)
 	}
-	sort.Strings(namespaces)
+	slices.Sort(namespaces)
 	out := make([]*networkingv1.NetworkPolicy, 0, n)
 	for _, ns := range namespaces {
-		out = append(out, e.x.policies[ns]...)
+		out = append(out, x.policies[ns]...)
 	}
 	return out
 }

@@ -2,31 +2,45 @@ package enrich
 
 import (
 	"cmp"
+	"net/netip"
 	"slices"
+	"sync"
+	"time"
 
 	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/dualflow/dualflow/collector/audit/policy"
+	"github.com/dualflow/dualflow/collector/enrich/inventory"
 )
 
 // Snapshot is the cluster as the Enricher sees it at one moment: every
-// live object of each kind, sorted by namespace and name. It is what the
-// policy audit, the reachability matrix and traceflow's name resolution
-// read (through the collector), so that they answer from the same view
-// as the enrichment, and follow the cluster as it changes. The objects
-// are the Enricher's immutable views: read-only, shared, valid for as
-// long as they are held.
+// live object of each kind, sorted by namespace and name, with lookups
+// by name and by address. It is the one cluster view that the policy
+// audit, the reachability matrix, the catalog and traceflow's name
+// resolution read (through the collector), so that they answer from the
+// same view as the enrichment and follow the cluster as it changes; the
+// CLI and tests build it from manifests (LoadSnapshot, NewSnapshot)
+// through the same transforms. The objects are the Enricher's immutable
+// views: read-only, shared, valid for as long as they are held. A
+// Snapshot is read-only and safe for concurrent readers; build one
+// literally only with the exported fields sorted as documented.
 type Snapshot struct {
 	// Generation is Enricher.Generation when the snapshot was taken: a
 	// snapshot with the current generation is still the cluster's state.
 	Generation uint64
 	Namespaces []*Namespace
 	Nodes      []*Node
-	// Pods includes terminated pods (Pod.Terminated); Workloads[i] is
-	// Pods[i]'s controller, resolved as for flow records.
+	// Pods are the running pods (a terminated pod holds no address);
+	// Workloads[i] is Pods[i]'s controller, resolved as for flow records.
 	Pods            []*Pod
 	Workloads       []Workload
 	Services        []*Service
 	EndpointSlices  []*EndpointSlice
 	NetworkPolicies []*networkingv1.NetworkPolicy
+
+	addrsOnce sync.Once
+	podAddrs  map[netip.Addr]*Pod // the first pod off the host network holding each address; built on first use
 }
 
 // Generation counts the changes applied to the index (every add, update
@@ -35,15 +49,46 @@ type Snapshot struct {
 func (e *Enricher) Generation() uint64 { return e.gen.Load() }
 
 // Snapshot returns the live objects, taken under one read lock: a
-// consistent state of the index. It costs a few slices of pointers (no
-// object is copied); callers that answer many requests cache it by
-// Generation.
+// consistent state of the index. It costs a few sorted slices of
+// pointers (no object is copied); callers that answer many requests
+// cache it by Generation.
 func (e *Enricher) Snapshot() *Snapshot {
-	x := e.x
-	x.mu.RLock()
-	defer x.mu.RUnlock()
+	e.x.mu.RLock()
+	defer e.x.mu.RUnlock()
+	return e.x.snapshot(e.gen.Load())
+}
+
+// NewSnapshot builds the view of objs as the Enricher builds it from a
+// cluster (the same transforms and index, IPv6 on), for manifests and
+// tests. Kinds the Enricher does not watch are ignored.
+func NewSnapshot(objs ...runtime.Object) *Snapshot {
+	x := newIndex(time.Now, 0, true)
+	tr := &transformer{in: newInterner(), ipv6: true}
+	for _, o := range objs {
+		v, _ := tr.transform(o)
+		x.set(v)
+	}
+	return x.snapshot(0)
+}
+
+// LoadSnapshot reads manifest files (package inventory: kubectl get -o
+// yaml output, the lab's manifest) into a Snapshot.
+func LoadSnapshot(files ...string) (*Snapshot, error) {
+	res, err := inventory.Load(files...)
+	if err != nil {
+		return nil, err
+	}
+	objs := make([]runtime.Object, len(res.Objects))
+	for i := range res.Objects {
+		objs[i] = res.Objects[i].Object
+	}
+	return NewSnapshot(objs...), nil
+}
+
+// snapshot takes the snapshot of x; the caller holds x.mu.
+func (x *index) snapshot(gen uint64) *Snapshot {
 	s := &Snapshot{
-		Generation:     e.gen.Load(),
+		Generation:     gen,
 		Namespaces:     make([]*Namespace, 0, len(x.namespaces)),
 		Nodes:          make([]*Node, 0, len(x.nodes)),
 		Pods:           make([]*Pod, 0, len(x.pods)),
@@ -57,7 +102,9 @@ func (e *Enricher) Snapshot() *Snapshot {
 		s.Nodes = append(s.Nodes, n)
 	}
 	for _, p := range x.pods {
-		s.Pods = append(s.Pods, p)
+		if !p.Terminated {
+			s.Pods = append(s.Pods, p)
+		}
 	}
 	for _, v := range x.services {
 		s.Services = append(s.Services, v)
@@ -74,15 +121,76 @@ func (e *Enricher) Snapshot() *Snapshot {
 	for i, p := range s.Pods {
 		s.Workloads[i] = x.workload(p)
 	}
-	namespaces := make([]string, 0, len(x.policies))
-	for ns := range x.policies {
-		namespaces = append(namespaces, ns)
-	}
-	slices.Sort(namespaces)
-	for _, ns := range namespaces {
-		s.NetworkPolicies = append(s.NetworkPolicies, x.policies[ns]...)
-	}
+	s.NetworkPolicies = x.allPolicies()
 	return s
+}
+
+// The lookups by name search the sorted slices (a snapshot is taken at
+// most once a second, and most are read only a few times: indexing 100k
+// pods by name would cost more than the searches).
+
+func (s *Snapshot) podIndex(namespace, name string) (int, bool) {
+	return slices.BinarySearchFunc(s.Pods, nsName{namespace, name}, func(p *Pod, k nsName) int {
+		return cmpNames(p.Namespace, p.Name, k.ns, k.name)
+	})
+}
+
+// Pod returns the running pod namespace/name.
+func (s *Snapshot) Pod(namespace, name string) (*Pod, bool) {
+	if i, ok := s.podIndex(namespace, name); ok {
+		return s.Pods[i], true
+	}
+	return nil, false
+}
+
+// LookupPod returns the running pod holding address a, host-network pods
+// excepted (their addresses are their node's). The time is not used: a
+// snapshot is one moment. (The signature is Enricher.LookupPod's.) The
+// first call indexes the addresses.
+func (s *Snapshot) LookupPod(a netip.Addr, _ time.Time) (*Pod, bool) {
+	s.addrsOnce.Do(func() {
+		s.podAddrs = make(map[netip.Addr]*Pod, 2*len(s.Pods))
+		for _, p := range s.Pods {
+			for _, a := range p.Addrs {
+				if _, dup := s.podAddrs[a]; !dup && !p.HostNetwork {
+					s.podAddrs[a] = p
+				}
+			}
+		}
+	})
+	p, ok := s.podAddrs[a.Unmap()]
+	return p, ok
+}
+
+// Namespace returns the namespace called name.
+func (s *Snapshot) Namespace(name string) (*Namespace, bool) {
+	if i, ok := slices.BinarySearchFunc(s.Namespaces, name, func(n *Namespace, name string) int { return cmp.Compare(n.Name, name) }); ok {
+		return s.Namespaces[i], true
+	}
+	return nil, false
+}
+
+// Workload returns the top-level controller of p, a pod of the snapshot
+// (else p's own controller reference, or Pod for a bare pod).
+func (s *Snapshot) Workload(p *Pod) Workload {
+	if i, ok := s.podIndex(p.Namespace, p.Name); ok && s.Pods[i] == p && i < len(s.Workloads) {
+		return s.Workloads[i]
+	}
+	if p.Owner.Kind == "" {
+		return Workload{Kind: KindPod, Name: p.Name}
+	}
+	return p.Owner
+}
+
+// PortName returns the name of p's container port serving port over
+// proto (an IANA number), "" if none (for named ports in policy rules).
+func (p *Pod) PortName(port uint16, proto uint8) string {
+	for i := range p.Ports {
+		if cp := &p.Ports[i]; cp.Port == int32(port) && policy.ProtoNumber(&cp.Protocol) == proto {
+			return cp.Name
+		}
+	}
+	return ""
 }
 
 func cmpNames(ans, an, bns, bn string) int {

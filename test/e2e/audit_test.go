@@ -14,6 +14,7 @@ import (
 
 	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/collector/audit/policy"
+	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/flow"
 	"github.com/dualflow/dualflow/lab"
 	"github.com/dualflow/dualflow/lab/agent"
@@ -34,15 +35,12 @@ func TestAudit(t *testing.T) {
 		t.Run(string(mode), func(t *testing.T) {
 			t.Parallel()
 			l := startLab(t, mode)
-			inv, err := audit.InventoryFromObjects(l.Manifest.Objects()...)
-			if err != nil {
-				t.Fatal(err)
-			}
+			inv := enrich.NewSnapshot(l.Manifest.Objects()...)
 			a, err := audit.New(audit.Config{}, inv, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if err := a.SetPolicies(inv.NetworkPolicies()); err != nil {
+			if err := a.SetPolicies(inv.NetworkPolicies); err != nil {
 				t.Fatal(err)
 			}
 			t.Run("verdicts-match-datapath", func(t *testing.T) {
@@ -123,7 +121,7 @@ func reported(hits map[string]uint64, dir nft.Direction, pod *corev1.Pod) (flow.
 	return flow.VerdictUnknown, "", names // ambiguous: reported below
 }
 
-func auditProbes(t *testing.T, l *lab.Lab, inv *audit.Inventory, a *audit.Auditor) {
+func auditProbes(t *testing.T, l *lab.Lab, inv *enrich.Snapshot, a *audit.Auditor) {
 	probes := l.DefaultProbes()
 	if len(probes) == 0 {
 		t.Fatal("no probes for the default lab")
@@ -263,7 +261,7 @@ func targetPort(t *testing.T, l *lab.Lab, vip netip.Addr, port uint16, proto uin
 	return 0
 }
 
-func auditGapFindings(t *testing.T, l *lab.Lab, inv *audit.Inventory, mode manifest.Mode) {
+func auditGapFindings(t *testing.T, l *lab.Lab, inv *enrich.Snapshot, mode manifest.Mode) {
 	fs := audit.Findings(inv, audit.Options{})
 	var dual []audit.Finding
 	for _, f := range fs {

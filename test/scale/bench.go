@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/dualflow/dualflow/collector/audit"
+	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/collector/store"
 	"github.com/dualflow/dualflow/collector/store/chdb"
 	"github.com/dualflow/dualflow/web/api"
@@ -446,11 +447,8 @@ func bench(ctx context.Context, o options, m *Manifest) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	inv := audit.NewInventory()
-	for _, p := range c.Policies() {
-		inv.AddPolicy(p)
-	}
-	auditQ := &audit.Queries{Reports: reports, Inventory: func() (*audit.Inventory, error) { return inv, nil }}
+	view := &enrich.Snapshot{NetworkPolicies: c.Policies()}
+	auditQ := &audit.Queries{Reports: reports, Cluster: func() (*enrich.Snapshot, error) { return view, nil }}
 	a, err := api.New(api.Config{Store: rec, Audit: auditQ, Now: now, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return nil, err

@@ -166,11 +166,8 @@ func soak(ctx context.Context, o options) error {
 		stopCollector()
 		return err
 	}
-	inv := audit.NewInventory()
-	for _, p := range cl.Policies() {
-		inv.AddPolicy(p)
-	}
-	auditQ := &audit.Queries{Reports: reports, Inventory: func() (*audit.Inventory, error) { return inv, nil }}
+	view := &enrich.Snapshot{NetworkPolicies: cl.Policies()}
+	auditQ := &audit.Queries{Reports: reports, Cluster: func() (*enrich.Snapshot, error) { return view, nil }}
 	a, err := api.New(api.Config{Store: c.Conn(), Audit: auditQ, Now: now, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		stopCollector()

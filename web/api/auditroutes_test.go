@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dualflow/dualflow/collector/audit"
+	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/traceflow"
 )
@@ -57,12 +58,9 @@ func TestAuditTraceRoutes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	inv, err := audit.InventoryFromObjects(m.Objects()...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	inv := enrich.NewSnapshot(m.Objects()...)
 	tf := &fakeTraces{}
-	q := &audit.Queries{Inventory: func() (*audit.Inventory, error) { return inv, nil }}
+	q := &audit.Queries{Cluster: func() (*enrich.Snapshot, error) { return inv, nil }}
 	h := testAPI(t, Config{Store: &fakeStore{}, Tokens: tok, Audit: q, Traces: tf})
 	none := testAPI(t, Config{Store: &fakeStore{}, Tokens: tok})
 	for _, tc := range []struct {

@@ -13,11 +13,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/collector/audit/policy"
-	"github.com/dualflow/dualflow/flow"
+	"github.com/dualflow/dualflow/collector/enrich"
 )
 
 // labGen builds a random lab-shaped cluster: namespaces with team
@@ -29,28 +30,31 @@ import (
 // either family with excepts, numbered and named ports, egress rules).
 type labGen struct {
 	r         *rand.Rand
-	inv       *audit.Inventory
+	inv       *enrich.Snapshot
 	services  map[string]*audit.ServiceSpec
 	workloads []audit.Endpoint
 	pods      []audit.Endpoint
 	policies  []*networkingv1.NetworkPolicy
 }
 
-var genPorts = []audit.Port{{Name: "http", Port: 8080, Proto: flow.ProtoTCP}, {Name: "metrics", Port: 9090, Proto: flow.ProtoTCP}, {Name: "udp-echo", Port: 5353, Proto: flow.ProtoUDP}}
+var controller = true
+
+var genPorts = []corev1.ContainerPort{{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}, {Name: "metrics", ContainerPort: 9090, Protocol: corev1.ProtocolTCP}, {Name: "udp-echo", ContainerPort: 5353, Protocol: corev1.ProtocolUDP}}
 
 func newLabGen(seed uint64, fams []int) *labGen {
-	g := &labGen{r: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), inv: audit.NewInventory(), services: map[string]*audit.ServiceSpec{}}
+	g := &labGen{r: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)), services: map[string]*audit.ServiceSpec{}}
 	nss := []string{"frontend", "backend", "tools"}[:1+g.r.IntN(3)]
 	teams := []string{"web", "api", "ops"}
 	apps := []string{"web", "api", "db", "probe"}
 	k := 0
+	var objs []runtime.Object
 	for ni, ns := range nss {
-		g.inv.AddNamespace(audit.Namespace{Name: ns, Labels: map[string]string{corev1.LabelMetadataName: ns, "team": teams[g.r.IntN(len(teams))]}})
+		objs = append(objs, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns, Labels: map[string]string{corev1.LabelMetadataName: ns, "team": teams[g.r.IntN(len(teams))]}}})
 		for wi := range 1 + g.r.IntN(3) {
 			app := apps[g.r.IntN(len(apps))]
 			wl := app + strconv.Itoa(wi)
 			g.workloads = append(g.workloads, audit.Endpoint{Kind: "workload", Namespace: ns, Name: wl})
-			var ports []audit.Port
+			var ports []corev1.ContainerPort
 			for _, p := range genPorts {
 				if g.r.IntN(4) > 0 {
 					if g.r.IntN(5) == 0 {
@@ -62,22 +66,24 @@ func newLabGen(seed uint64, fams []int) *labGen {
 			for pi := range 1 + g.r.IntN(3) {
 				k++
 				node := 1 + g.r.IntN(2)
-				p := audit.Pod{Namespace: ns, Name: fmt.Sprintf("%s-%d", wl, pi), Labels: map[string]string{"app": app}, Ports: ports,
-					Owner: audit.Workload{Kind: "StatefulSet", Name: wl}}
+				p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("%s-%d", wl, pi), Labels: map[string]string{"app": app},
+					OwnerReferences: []metav1.OwnerReference{{Kind: "StatefulSet", Name: wl, Controller: &controller}}}}
+				p.Spec.Containers = []corev1.Container{{Name: "c", Ports: ports}}
+				v4 := corev1.PodIP{IP: netip.AddrFrom4([4]byte{198, 18, byte(node), byte(10 + k)}).String()}
 				for _, f := range fams {
 					if len(fams) == 2 && g.r.IntN(8) == 0 {
 						continue // a pod with one family of a dual-stack cluster
 					}
 					if f == 4 {
-						p.Addrs = append(p.Addrs, netip.AddrFrom4([4]byte{198, 18, byte(node), byte(10 + k)}))
+						p.Status.PodIPs = append(p.Status.PodIPs, v4)
 					} else {
-						p.Addrs = append(p.Addrs, netip.MustParseAddr(fmt.Sprintf("fd00:10:0:%d::%d", node, 10+k)))
+						p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: fmt.Sprintf("fd00:10:0:%d::%d", node, 10+k)})
 					}
 				}
-				if len(p.Addrs) == 0 {
-					p.Addrs = append(p.Addrs, netip.AddrFrom4([4]byte{198, 18, byte(node), byte(10 + k)}))
+				if len(p.Status.PodIPs) == 0 {
+					p.Status.PodIPs = append(p.Status.PodIPs, v4)
 				}
-				g.inv.AddPod(p)
+				objs = append(objs, p)
 				g.pods = append(g.pods, audit.Endpoint{Kind: "pod", Namespace: ns, Name: p.Name})
 			}
 			if g.r.IntN(3) > 0 {
@@ -91,13 +97,13 @@ func newLabGen(seed uint64, fams []int) *labGen {
 					if g.r.IntN(2) == 0 {
 						continue
 					}
-					sp := audit.ServicePort{Name: p.Name, Proto: p.Proto, Port: uint16(p.Port)}
+					sp := audit.ServicePort{Name: p.Name, Proto: policy.ProtoNumber(&p.Protocol), Port: uint16(p.ContainerPort)}
 					switch g.r.IntN(4) {
 					case 0:
 						sp.Port = 80 + uint16(g.r.IntN(2))
 						sp.TargetPortName = p.Name
 					case 1:
-						sp.TargetPort = uint16(p.Port)
+						sp.TargetPort = uint16(p.ContainerPort)
 						sp.Port = 80
 					case 2:
 						sp.TargetPortName = "nope"
@@ -113,8 +119,9 @@ func newLabGen(seed uint64, fams []int) *labGen {
 		g.policies = append(g.policies, g.policy(nss, apps, i))
 	}
 	for _, p := range g.policies {
-		g.inv.AddPolicy(p)
+		objs = append(objs, p)
 	}
+	g.inv = enrich.NewSnapshot(objs...)
 	return g
 }
 
@@ -151,10 +158,10 @@ func (g *labGen) policy(nss, apps []string, i int) *networkingv1.NetworkPolicy {
 		for range g.r.IntN(3) {
 			p := genPorts[g.r.IntN(len(genPorts))]
 			proto := &tcp
-			if p.Proto == flow.ProtoUDP {
+			if p.Protocol == corev1.ProtocolUDP {
 				proto = &udp
 			}
-			v := intstr.FromInt32(p.Port)
+			v := intstr.FromInt32(p.ContainerPort)
 			if g.r.IntN(2) == 0 {
 				v = intstr.FromString(p.Name)
 			}
@@ -178,17 +185,17 @@ func (g *labGen) policy(nss, apps []string, i int) *networkingv1.NetworkPolicy {
 }
 
 // oracle is what a cell family must say, computed pair by pair from the
-// inventory without the evaluator's code: the pods of each end, the
-// Service's families and ports, and audit.Inventory.Flow per pair.
+// cluster view without the evaluator's code: the pods of each end, the
+// Service's families and ports, and the policy flow of each pair.
 type oracle struct {
 	outcome        string
 	allowed, total int
 	pairs          []string
 }
 
-func (g *labGen) members(e audit.Endpoint) []*audit.Pod {
-	var out []*audit.Pod
-	for _, p := range g.inv.Pods() {
+func (g *labGen) members(e audit.Endpoint) []*enrich.Pod {
+	var out []*enrich.Pod
+	for _, p := range g.inv.Pods {
 		switch e.Kind {
 		case "pod":
 			if p.Namespace == e.Namespace && p.Name == e.Name {
@@ -208,6 +215,11 @@ func (g *labGen) members(e audit.Endpoint) []*audit.Pod {
 	return out
 }
 
+func (g *labGen) peer(p *enrich.Pod, a netip.Addr) policy.Peer {
+	ns, _ := g.inv.Namespace(p.Namespace)
+	return policy.Peer{Addr: a, IsPod: true, Namespace: p.Namespace, Labels: p.Labels, NamespaceLabels: ns.Labels}
+}
+
 func (g *labGen) expect(set *policy.Set, src, dst audit.Endpoint, fam int, proto uint8, port uint16) oracle {
 	svc := g.services[dst.Namespace+"/"+dst.Name]
 	if dst.Kind != "service" {
@@ -217,12 +229,12 @@ func (g *labGen) expect(set *policy.Set, src, dst audit.Endpoint, fam int, proto
 		return oracle{outcome: audit.OutcomeNoFamily}
 	}
 	type target struct {
-		p        *audit.Pod
+		p        *enrich.Pod
 		port, sp uint16
 	}
-	var srcs []*audit.Pod
+	var srcs []*enrich.Pod
 	for _, p := range g.members(src) {
-		if _, ok := p.Addr(uint8(fam)); ok {
+		if _, ok := enrich.AddrOfFamily(p.Addrs, uint8(fam)); ok {
 			srcs = append(srcs, p)
 		}
 	}
@@ -242,7 +254,7 @@ func (g *labGen) expect(set *policy.Set, src, dst audit.Endpoint, fam int, proto
 	}
 	var dsts []target
 	for _, p := range g.members(dst) {
-		if _, ok := p.Addr(uint8(fam)); !ok {
+		if _, ok := enrich.AddrOfFamily(p.Addrs, uint8(fam)); !ok {
 			continue
 		}
 		if svc == nil {
@@ -253,7 +265,7 @@ func (g *labGen) expect(set *policy.Set, src, dst audit.Endpoint, fam int, proto
 			switch {
 			case sp.TargetPortName != "":
 				for _, cp := range p.Ports {
-					if cp.Name == sp.TargetPortName && cp.Proto == proto {
+					if cp.Name == sp.TargetPortName && policy.ProtoNumber(&cp.Protocol) == proto {
 						dsts = append(dsts, target{p, uint16(cp.Port), sp.Port})
 						break
 					}
@@ -277,9 +289,10 @@ func (g *labGen) expect(set *policy.Set, src, dst audit.Endpoint, fam int, proto
 			if s == d.p {
 				continue
 			}
-			sa, _ := s.Addr(uint8(fam))
-			da, _ := d.p.Addr(uint8(fam))
-			f := g.inv.Flow(s, sa, d.p, da, proto, d.port)
+			sa, _ := enrich.AddrOfFamily(s.Addrs, uint8(fam))
+			da, _ := enrich.AddrOfFamily(d.p.Addrs, uint8(fam))
+			f := policy.Flow{Src: g.peer(s, sa), Dst: g.peer(d.p, da), Proto: proto, DstPort: d.port}
+			f.Dst.PortName = d.p.PortName(d.port, proto)
 			res := set.Evaluate(&f)
 			o.total++
 			if res.Allowed() {
@@ -322,9 +335,9 @@ func TestReachabilityProperty(t *testing.T) {
 				}
 				h := testAPI(t, Config{Evaluator: audit.PolicyEvaluator{
 					Policies: func() *policy.Set { return set },
-					Resolver: audit.InventoryResolver{
-						Inventory: func() (*audit.Inventory, error) { return g.inv, nil },
-						Service:   func(ns, name string) (*audit.ServiceSpec, bool) { s, ok := g.services[ns+"/"+name]; return s, ok },
+					Resolver: audit.ClusterResolver{
+						Cluster: func() (*enrich.Snapshot, error) { return g.inv, nil },
+						Service: func(ns, name string) (*audit.ServiceSpec, bool) { s, ok := g.services[ns+"/"+name]; return s, ok },
 					},
 				}})
 				srcs := append(slices.Clone(g.workloads), g.pods[g.r.IntN(len(g.pods))])

@@ -1,9 +1,9 @@
 // Package inventory is dualflow's one reader of Kubernetes manifests: the
 // enrichment's inventory mode (offline audits of a cluster dump, the local
-// demo on the lab), the audit's inventory files (dualflow audit
-// --inventory, what-if policies), the correlator's Node file
-// (--collector.inventory) and the lab's manifest (DecodeAll, which keeps
-// every kind it can decode). A file holds multi-document YAML ("---"
+// demo on the lab), the same view built from files by enrich.LoadSnapshot
+// (dualflow audit --inventory, the correlator's --collector.inventory),
+// what-if policies, and the lab's manifest (DecodeAll, which keeps every
+// kind it can decode). A file holds multi-document YAML ("---"
 // separated) or JSON, and any document may be a List
 // (`kubectl get pods,svc,... -A -o yaml` writes one v1 List). The kinds
 // enrichment uses are decoded with the API machinery's deserializer and
