@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"syscall"
 	"testing"
 	"time"
 
@@ -139,34 +140,38 @@ func benchWriterEmbedded(b *testing.B, total, srcPods int) {
 			b.Fatal(err)
 		}
 	}
-	// timed runs f on an empty table and returns its time to visible rows.
-	timed := func(f func()) time.Duration {
+	// timed runs f on an empty table and returns its time to visible rows;
+	// it adds the process's CPU time over that span to *cpu.
+	var ceilingCPU, writerCPU time.Duration
+	timed := func(f func(), cpu *time.Duration) time.Duration {
 		b.StopTimer()
 		truncate(b, e) // the writer is idle: its last run was flushed
 		runtime.GC()
 		b.StartTimer()
-		t0 := time.Now()
+		t0, c0 := time.Now(), processCPU(b)
 		f()
 		if got := queryString(b, e, "SELECT count() FROM dualflow.flows"); got != want {
 			b.Fatalf("visible rows = %s, want %s", got, want)
 		}
+		*cpu += processCPU(b) - c0
 		return time.Since(t0)
 	}
 	// An untimed warm-up run of each: a run takes seconds, so bench times
 	// are a few ops, which would otherwise include the heap, the writer's
 	// buffers and the engine's caches growing from cold.
-	timed(ceiling)
-	timed(writer)
+	var warm time.Duration
+	timed(ceiling, &warm)
+	timed(writer, &warm)
 	b.ReportAllocs()
 	b.ResetTimer()
 	var ceilingTime, writerTime time.Duration
 	for n := 0; n < b.N; n++ {
 		if n%2 == 0 {
-			ceilingTime += timed(ceiling)
-			writerTime += timed(writer)
+			ceilingTime += timed(ceiling, &ceilingCPU)
+			writerTime += timed(writer, &writerCPU)
 		} else {
-			writerTime += timed(writer)
-			ceilingTime += timed(ceiling)
+			writerTime += timed(writer, &writerCPU)
+			ceilingTime += timed(ceiling, &ceilingCPU)
 		}
 	}
 	b.StopTimer()
@@ -178,5 +183,20 @@ func benchWriterEmbedded(b *testing.B, total, srcPods int) {
 	b.ReportMetric(rows/ceilingTime.Seconds(), "ceiling-rows/s")
 	b.ReportMetric(100*ceilingTime.Seconds()/writerTime.Seconds(), "%-of-ceiling")
 	b.ReportMetric(bufferedPerRow, "buffered-B/row")
+	// CPU per row, of the whole process (the engine runs in it): the
+	// writer's Go work is the difference; cores is how many were busy.
+	b.ReportMetric(float64(writerCPU.Nanoseconds())/1e3/rows, "writer-cpu-µs/row")
+	b.ReportMetric(float64(ceilingCPU.Nanoseconds())/1e3/rows, "ceiling-cpu-µs/row")
+	b.ReportMetric(writerCPU.Seconds()/writerTime.Seconds(), "writer-cores")
+	b.ReportMetric(ceilingCPU.Seconds()/ceilingTime.Seconds(), "ceiling-cores")
 	b.ReportMetric(float64(blockBytes)/float64(total), "block-B/row")
+}
+
+// processCPU returns the user and system CPU time of the process so far.
+func processCPU(tb testing.TB) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		tb.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
