@@ -171,31 +171,14 @@ func MatchTuple(m string) (t flow.Tuple, ok bool) {
 		var f string
 		f, rest, _ = strings.Cut(rest, ",")
 		k, v, _ := strings.Cut(f, "=")
-		var err error
 		switch k {
-		case "nw_src", "ipv6_src":
-			if (k == "ipv6_src") != p.v6 {
+		case "nw_src", "nw_dst", "ipv6_src", "ipv6_dst":
+			if strings.HasPrefix(k, "ipv6_") != p.v6 {
 				return t, false
 			}
-			t.Src, err = parseAddr(v)
-			src = true
-		case "nw_dst", "ipv6_dst":
-			if (k == "ipv6_dst") != p.v6 {
-				return t, false
-			}
-			t.Dst, err = parseAddr(v)
-			dst = true
-		case "tp_src", "tp_dst":
-			var n uint64
-			if n, err = parseUint(v, 16); err == nil {
-				if k == "tp_src" {
-					t.SrcPort = uint16(n)
-				} else {
-					t.DstPort = uint16(n)
-				}
-			}
+			src, dst = src || strings.HasSuffix(k, "_src"), dst || strings.HasSuffix(k, "_dst")
 		}
-		if err != nil {
+		if _, err := tupleField(&t, k, v); err != nil {
 			return flow.Tuple{}, false
 		}
 	}

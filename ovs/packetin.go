@@ -135,22 +135,13 @@ func (p *MonitorParser) metadata(s string) error {
 			var n uint64
 			n, err = parseUint(v, 16)
 			p.cur.CTZone = uint16(n)
-		case "ct_nw_src", "ct_ipv6_src":
-			ct.Src, err = parseAddr(v)
-		case "ct_nw_dst", "ct_ipv6_dst":
-			ct.Dst, err = parseAddr(v)
 		case "ct_nw_proto":
 			var n uint64
 			n, err = parseUint(v, 8)
 			ct.Proto = uint8(n)
-		case "ct_tp_src", "ct_tp_dst":
-			var n uint64
-			if n, err = parseUint(v, 16); err == nil {
-				if k == "ct_tp_src" {
-					ct.SrcPort = uint16(n)
-				} else {
-					ct.DstPort = uint16(n)
-				}
+		default:
+			if f, ok := strings.CutPrefix(k, "ct_"); ok {
+				_, err = tupleField(&ct, f, v)
 			}
 		}
 		if err != nil {
@@ -186,24 +177,11 @@ func (p *MonitorParser) packet(line string) error {
 		k, v, _ := strings.Cut(f, "=")
 		var err error
 		switch k {
-		case "nw_src", "ipv6_src":
-			t.Src, err = parseAddr(v)
-		case "nw_dst", "ipv6_dst":
-			t.Dst, err = parseAddr(v)
 		case "nw_proto":
 			var n uint64
 			n, err = parseUint(v, 8)
 			if t.Proto == 0 {
 				t.Proto = uint8(n)
-			}
-		case "tp_src", "tp_dst":
-			var n uint64
-			if n, err = parseUint(v, 16); err == nil {
-				if k == "tp_src" {
-					t.SrcPort = uint16(n)
-				} else {
-					t.DstPort = uint16(n)
-				}
 			}
 		case "icmp_type", "icmpv6_type":
 			var n uint64
@@ -213,6 +191,8 @@ func (p *MonitorParser) packet(line string) error {
 			var n uint64
 			n, err = parseUint(v, 8)
 			p.cur.ICMPCode = uint8(n)
+		default:
+			_, err = tupleField(t, k, v)
 		}
 		if err != nil {
 			return err

@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+
+	"github.com/dualflow/dualflow/flow"
 )
 
 // ErrSyntax is wrapped by every parse error of OVS CLI output.
@@ -83,6 +85,30 @@ func parseUint(v string, bits int) (uint64, error) {
 		return 0, syntaxErr("number %q (%d bits)", clip(v), bits)
 	}
 	return n, nil
+}
+
+// tupleField sets the field of t that match field k (without its "ct_"
+// prefix: nw_src, ipv6_dst, tp_src, ...) names to v. known is false for
+// another field.
+func tupleField(t *flow.Tuple, k, v string) (known bool, err error) {
+	switch k {
+	case "nw_src", "ipv6_src":
+		t.Src, err = parseAddr(v)
+	case "nw_dst", "ipv6_dst":
+		t.Dst, err = parseAddr(v)
+	case "tp_src", "tp_dst":
+		var n uint64
+		if n, err = parseUint(v, 16); err == nil {
+			if k == "tp_src" {
+				t.SrcPort = uint16(n)
+			} else {
+				t.DstPort = uint16(n)
+			}
+		}
+	default:
+		return false, nil
+	}
+	return true, err
 }
 
 // parseHex128 parses a hexadecimal number of up to 128 bits ("0x…") into
