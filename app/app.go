@@ -166,7 +166,7 @@ func (a *App) buildWeb(opts Options) error {
 					}
 					return nil
 				},
-				Resolver:  audit.ClusterResolver{Cluster: v.cluster, Service: v.service},
+				Resolver:  audit.ClusterResolver{Cluster: v.cluster},
 				MaxChecks: lim.ReachabilityMaxChecks,
 			},
 			Catalog: v,

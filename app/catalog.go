@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 
+	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/web/api"
 )
@@ -46,7 +47,7 @@ func (v *view) Catalog(ctx context.Context) (api.CatalogResponse, error) {
 		out.Workloads = append(out.Workloads, api.CatalogWorkload{Kind: k.kind, Namespace: k.ns, Name: k.name, Pods: n})
 	}
 	for _, svc := range s.Services {
-		spec := serviceSpec(svc)
+		spec := audit.ServiceSpecOf(svc)
 		cs := api.CatalogService{Namespace: svc.Namespace, Name: svc.Name, Type: string(svc.Type), Headless: svc.Headless, Families: spec.Families}
 		for _, sp := range svc.Ports {
 			if sp.Port <= 0 || sp.Port > 65535 {

@@ -6,7 +6,9 @@ import (
 	"net/netip"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/dualflow/dualflow/collector/audit/policy"
 	"github.com/dualflow/dualflow/collector/enrich"
@@ -20,7 +22,8 @@ type ClusterResolver struct {
 	// Cluster returns the cluster view (collector.Cluster).
 	Cluster func() (*enrich.Snapshot, error)
 	// Service returns a Service's spec; false when there is no such
-	// Service.
+	// Service. Nil reads the Services of the cluster view (tests give
+	// their own).
 	Service func(namespace, name string) (*ServiceSpec, bool)
 }
 
@@ -76,6 +79,8 @@ func (r ClusterResolver) Resolve(_ context.Context, e Endpoint) (*Target, error)
 		ok := false
 		if r.Service != nil {
 			svc, ok = r.Service(e.Namespace, e.Name)
+		} else if v, found := view.Service(e.Namespace, e.Name); found {
+			svc, ok = ServiceSpecOf(v), true
 		}
 		if !ok {
 			return nil, fmt.Errorf("service %s/%s not found", e.Namespace, e.Name)
@@ -109,4 +114,34 @@ func member(view *enrich.Snapshot, p *enrich.Pod) Member {
 		}
 	}
 	return m
+}
+
+// ServiceSpecOf is an enrichment Service in reachability's terms: its
+// families are those of spec.ipFamilies it has a ClusterIP of (headless:
+// of spec.ipFamilies).
+func ServiceSpecOf(s *enrich.Service) *ServiceSpec {
+	out := &ServiceSpec{Namespace: s.Namespace, Name: s.Name, Headless: s.Headless, Selector: s.Selector}
+	for _, f := range []struct {
+		v  uint8
+		kf corev1.IPFamily
+	}{{4, corev1.IPv4Protocol}, {6, corev1.IPv6Protocol}} {
+		_, hasIP := enrich.AddrOfFamily(s.ClusterIPs, f.v)
+		if s.HasFamily(f.kf) && (hasIP || s.Headless) {
+			out.Families = append(out.Families, int(f.v))
+		}
+	}
+	for _, sp := range s.Ports {
+		if sp.Port <= 0 || sp.Port > 65535 {
+			continue
+		}
+		p := ServicePort{Name: sp.Name, Proto: policy.ProtoNumber(&sp.Protocol), Port: uint16(sp.Port)}
+		switch {
+		case sp.TargetPort.Type == intstr.String:
+			p.TargetPortName = sp.TargetPort.StrVal
+		case sp.TargetPort.IntVal > 0 && sp.TargetPort.IntVal <= 65535:
+			p.TargetPort = uint16(sp.TargetPort.IntVal)
+		}
+		out.Ports = append(out.Ports, p)
+	}
+	return out
 }

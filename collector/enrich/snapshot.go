@@ -162,6 +162,16 @@ func (s *Snapshot) LookupPod(a netip.Addr, _ time.Time) (*Pod, bool) {
 	return p, ok
 }
 
+// Service returns the Service namespace/name.
+func (s *Snapshot) Service(namespace, name string) (*Service, bool) {
+	if i, ok := slices.BinarySearchFunc(s.Services, nsName{namespace, name}, func(v *Service, k nsName) int {
+		return cmpNames(v.Namespace, v.Name, k.ns, k.name)
+	}); ok {
+		return s.Services[i], true
+	}
+	return nil, false
+}
+
 // Namespace returns the namespace called name.
 func (s *Snapshot) Namespace(name string) (*Namespace, bool) {
 	if i, ok := slices.BinarySearchFunc(s.Namespaces, name, func(n *Namespace, name string) int { return cmp.Compare(n.Name, name) }); ok {

@@ -27,7 +27,8 @@ func snapshotObjects() []runtime.Object {
 // TestSnapshotLookups: the view built from objects (manifests, tests)
 // keeps running pods only, resolves workloads through their ReplicaSet,
 // and finds pods by name and by address (IPv4 and IPv6; host-network
-// pods by name only), namespaces by name and container ports by number.
+// pods by name only), namespaces and Services by name and container ports
+// by number.
 func TestSnapshotLookups(t *testing.T) {
 	s := NewSnapshot(snapshotObjects()...)
 	if len(s.Pods) != 3 || len(s.Services) != 1 || len(s.NetworkPolicies) != 1 || len(s.Nodes) != 2 || len(s.Namespaces) != 2 {
@@ -60,6 +61,12 @@ func TestSnapshotLookups(t *testing.T) {
 	}
 	if ns, ok := s.Namespace("frontend"); !ok || ns.Labels["team"] != "web" {
 		t.Errorf("namespace %+v", ns)
+	}
+	if svc, ok := s.Service("backend", "api"); !ok || len(svc.ClusterIPs) != 2 {
+		t.Errorf("service %+v", svc)
+	}
+	if _, ok := s.Service("frontend", "api"); ok {
+		t.Error("a Service found in the wrong namespace")
 	}
 }
 
