@@ -34,6 +34,7 @@ func TestCrashLosesNothing(t *testing.T) {
 	bin := buildBinary(t)
 	for _, mode := range []manifest.Mode{manifest.ModeIPv4, manifest.ModeIPv6, manifest.ModeDual} {
 		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel() // each mode its own collector process, directory and ports; most of a run waits for flushes
 			record(t, mode)
 			testCrash(t, bin, mode)
 		})
@@ -350,6 +351,7 @@ func TestCrashAfterInsert(t *testing.T) {
 	bin := failpointBinary(t)
 	for _, mode := range manifest.Modes {
 		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel() // as TestCrashLosesNothing: 20 s of each mode's run is the flush interval
 			record(t, mode)
 			testCrashAfterInsert(t, bin, mode)
 		})
