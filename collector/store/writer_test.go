@@ -109,8 +109,9 @@ func (f *fakeTable) conn() Conn {
 // later ones complete: the other inserter keeps writing them, and Write
 // keeps sealing new batches, within MaxPending batches in memory. (A done
 // batch used to count against MaxPending until every older batch was done,
-// so a slow insert left the other inserter idle: the writer reached 76% of
-// the engine's ceiling.)
+// so a slow insert left the other inserter idle. It did not limit the
+// writer's share of the engine's ceiling, as it turned out: see the
+// collector README.)
 func TestWriterNoHeadOfLineBlocking(t *testing.T) {
 	tbl := newFakeTable(t)
 	release := make(chan struct{})
