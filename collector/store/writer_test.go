@@ -105,6 +105,9 @@ func (f *fakeTable) conn() Conn {
 }
 
 // fakeColumnar switches fakeTable.conn to columnar batches:
+// TestWriterColumnar runs the writer tests again with it.
+var fakeColumnar bool
+
 // TestWriterNoHeadOfLineBlocking holds the first batch's insert while
 // later ones complete: the other inserter keeps writing them, and Write
 // keeps sealing new batches, within MaxPending batches in memory. (A done
@@ -146,9 +149,6 @@ func TestWriterNoHeadOfLineBlocking(t *testing.T) {
 	flush(t, w)
 	wantIDSet(t, tbl, seq(0, 6))
 }
-
-// TestWriterColumnar runs the writer tests again with it.
-var fakeColumnar bool
 
 // columnarFake is a fakeConn that also takes columnar batches. It holds
 // each block to the bytes build makes from the same rows (what the engine
