@@ -148,12 +148,3 @@ func (in *interner) resize(n int) bool {
 	}
 	return ok
 }
-
-// len returns how many strings are cached.
-func (in *interner) len() int {
-	n := 0
-	for k := range in.sets {
-		n += int(in.sets[k].n)
-	}
-	return n
-}
