@@ -180,10 +180,10 @@ type WriterStats struct {
 
 // Writer batches flow records, encodes each row once, and inserts the
 // batches into FlowsTable, Inserters at a time. A batch is the columns of a
-// Native block, built as records arrive (columnar.go); a Conn that takes
-// only rows gets them as RowBinary, and spooled batches are RowBinary rows. Failed inserts are retried with
-// backoff and then spooled to disk; the spool is replayed oldest-first, and
-// while it holds anything new batches queue behind it.
+// Native block, built as records arrive (columnar.go); spooled batches are
+// RowBinary rows. Failed inserts are retried with backoff and then spooled
+// to disk; the spool is replayed oldest-first, and while it holds anything
+// new batches queue behind it.
 // With one inserter rows arrive in order; with more, a batch may overtake
 // one in flight (by as many batches as the other inserters write meanwhile,
 // or the length of an outage for a batch that was spooled). Every batch carries a random dedup token kept across retries,
@@ -212,24 +212,24 @@ type WriterStats struct {
 type Writer struct {
 	cfg      WriterConfig
 	conn     Conn
-	columnar columnarConn // conn, when it takes columnar batches; else nil
+	columnar columnarConn // conn, which takes the batches as Native blocks
 	log      *slog.Logger
 	m        writerMetrics
 
 	mu        sync.Mutex
-	cur       *pendingBatch   // batch being filled
-	queue     []*pendingBatch // sealed batches, oldest first, until they and every older one are done
-	pending   int             // batches of queue not done yet: they hold buffers
-	free      []batchBuf      // buffers of finished batches for reuse; with cur and the pending batches, at most MaxPending+1
-	lastCols  colSizes        // column sizes of the last full batch sealed, to size new buffers
-	labels    labelCache      // encodings of the label maps Write has seen
-	sealedSeq uint64          // sequence number of the last sealed batch
-	doneSeq   uint64          // sequence number of the last batch written, spooled or dropped
-	bufRows   int64           // rows in cur and in the pending batches of queue
-	bufBytes  int64           // bytes in cur and in the pending batches of queue
-	closed    bool            // shutting down or exited: no more records accepted
-	exited    bool            // Run has returned
-	changed   chan struct{}   // closed and replaced on every state change above
+	cur       *pendingBatch    // batch being filled
+	queue     []*pendingBatch  // sealed batches, oldest first, until they and every older one are done
+	pending   int              // batches of queue not done yet: they hold buffers
+	free      []*nativeBuilder // buffers of finished batches for reuse; with cur and the pending batches, at most MaxPending+1
+	lastCols  colSizes         // column sizes of the last full batch sealed, to size new buffers
+	labels    labelCache       // encodings of the label maps Write has seen
+	sealedSeq uint64           // sequence number of the last sealed batch
+	doneSeq   uint64           // sequence number of the last batch written, spooled or dropped
+	bufRows   int64            // rows in cur and in the pending batches of queue
+	bufBytes  int64            // bytes in cur and in the pending batches of queue
+	closed    bool             // shutting down or exited: no more records accepted
+	exited    bool             // Run has returned
+	changed   chan struct{}    // closed and replaced on every state change above
 
 	acker Acker // nil: records are not journaled
 
@@ -289,10 +289,10 @@ type pendingBatch struct {
 	seq   uint64
 	token string
 	rows  int
-	batchBuf
-	bytes int  // encoded size, as counted in Writer.bufBytes
-	taken bool // a sender is delivering it
-	done  bool // written, spooled or dropped
+	cols  *nativeBuilder // the rows, as the columns of a Native block; nil once done
+	bytes int            // encoded size, as counted in Writer.bufBytes
+	taken bool           // a sender is delivering it
+	done  bool           // written, spooled or dropped
 	// journal holds the batch's journal references as (first reference,
 	// count) runs, to acknowledge once the batch is written, spooled or
 	// dropped; minEnd and maxEnd are its rows' flow_end range (Unix ms),
@@ -353,18 +353,11 @@ func (b *pendingBatch) addJournal(r *flow.Record) {
 	b.maxEnd = max(b.maxEnd, end)
 }
 
-// batchBuf holds a batch's rows as the columns of a Native block.
-type batchBuf struct {
-	cols *nativeBuilder
-}
-
-// size returns the encoded size of the rows.
-func (b *batchBuf) size() int { return b.cols.size() }
-
 // NewWriter returns a Writer inserting through conn. cfg goes through
 // SetDefaults and Validate. Metrics are registered on reg unless it is nil.
-// The writer does not close conn. conn must not retain the data slice passed
-// to InsertRowBinary after it returns: buffers are reused.
+// conn must take Native blocks, as the store's backends do. The writer does
+// not close conn. conn must not retain the data it is given after an insert
+// returns: buffers are reused.
 func NewWriter(cfg WriterConfig, conn Conn, reg prometheus.Registerer, log *slog.Logger) (*Writer, error) {
 	cfg.SetDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -384,7 +377,10 @@ func NewWriter(cfg WriterConfig, conn Conn, reg prometheus.Registerer, log *slog
 		kick:      make(chan struct{}, 1),
 		spoolOpen: make(chan struct{}),
 	}
-	w.columnar, _ = conn.(columnarConn)
+	var ok bool
+	if w.columnar, ok = conn.(columnarConn); !ok {
+		return nil, fmt.Errorf("store writer: %T does not take Native blocks", conn)
+	}
 	w.cur = w.newBatchLocked()
 	for _, l := range []*logLimiter{&w.failLog, &w.rejectLog, &w.dropLog, &w.spoolLog} {
 		l.every = logEvery
@@ -433,7 +429,7 @@ func (w *Writer) Write(ctx context.Context, recs []flow.Record) error {
 // runs once per Write and before the lock is released: sizing a columnar
 // batch adds up its columns, too much work for every row.
 func (w *Writer) countBytesLocked() {
-	n := w.cur.size()
+	n := w.cur.cols.size()
 	w.bufBytes += int64(n - w.cur.bytes)
 	w.cur.bytes = n
 }
@@ -443,7 +439,7 @@ func (w *Writer) countBytesLocked() {
 func (w *Writer) newBatchLocked() *pendingBatch {
 	b := &pendingBatch{}
 	if n := len(w.free); n > 0 {
-		b.batchBuf = w.free[n-1]
+		b.cols = w.free[n-1]
 		w.free = w.free[:n-1]
 	} else {
 		b.cols = new(nativeBuilder)
@@ -692,9 +688,9 @@ func (w *Writer) send(ctx context.Context, sp *spool.Spool, stop <-chan struct{}
 		// the attempt returned (net/http closes a request body in its own
 		// time): such a batch's buffers are left to the collector.
 		if !failed && w.pending+len(w.free) < w.cfg.MaxPending {
-			w.free = append(w.free, b.batchBuf)
+			w.free = append(w.free, b.cols)
 		}
-		b.batchBuf, b.journal = batchBuf{}, nil
+		b.cols, b.journal = nil, nil
 		for len(w.queue) > 0 && w.queue[0].done {
 			w.doneSeq = w.queue[0].seq
 			w.queue[0] = nil
@@ -775,15 +771,9 @@ func (w *Writer) insert(ctx context.Context, b *outgoing) error {
 	defer cancel()
 	start := time.Now()
 	var err error
-	switch {
-	case b.cols != nil && w.columnar != nil:
+	if b.cols != nil {
 		err = w.columnar.insertColumns(ctx, b.Table, b.Token, b.cols)
-	case b.cols != nil: // a Conn that takes rows: a test's
-		if b.Data, err = b.cols.rowBinary(nil, flowWire); err == nil {
-			b.cols = nil
-			err = w.conn.InsertRowBinary(ctx, b.Table, b.Columns, b.Token, b.Rows, b.Data)
-		}
-	default:
+	} else {
 		err = w.conn.InsertRowBinary(ctx, b.Table, b.Columns, b.Token, b.Rows, b.Data)
 	}
 	w.m.insertDuration.Observe(time.Since(start).Seconds())

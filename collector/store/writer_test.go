@@ -59,6 +59,16 @@ func (f *fakeConn) InsertRowBinary(ctx context.Context, table string, columns []
 	return f.InsertRowBinaryFunc(ctx, table, columns, dedupToken, rows, data)
 }
 
+// insertColumns takes the writer's columnar batches as the RowBinary rows
+// they spool as, through InsertRowBinaryFunc.
+func (f *fakeConn) insertColumns(ctx context.Context, table, token string, nb *nativeBuilder) error {
+	data, err := nb.rowBinary(nil, flowWire)
+	if err != nil {
+		return err
+	}
+	return f.InsertRowBinary(ctx, table, FlowColumns, token, nb.rows, data)
+}
+
 func (f *fakeConn) Close() error {
 	if f.CloseFunc == nil {
 		return nil
@@ -93,9 +103,9 @@ func newFakeTable(t *testing.T) *fakeTable {
 	return &fakeTable{t: t, tokens: map[string]bool{}}
 }
 
-// conn returns a fake Conn inserting into f: one that takes RowBinary
-// rows, or with fakeColumnar set one that takes columnar batches too, as
-// the embedded engine does.
+// conn returns a fake Conn inserting into f: one that takes the writer's
+// batches as their RowBinary rows, or with fakeColumnar set one that also
+// holds each batch's Native block to the block built from those rows.
 func (f *fakeTable) conn() Conn {
 	c := &fakeConn{InsertRowBinaryFunc: f.insert}
 	if fakeColumnar {
@@ -414,6 +424,11 @@ func batchSizes(calls []fakeCall) []int {
 }
 
 func TestWriterConfig(t *testing.T) {
+	// A Conn that takes only rows cannot take the writer's batches.
+	type rowsOnly struct{ Conn }
+	if _, err := NewWriter(WriterConfig{}, rowsOnly{&fakeConn{}}, nil, nil); err == nil {
+		t.Error("NewWriter took a Conn without Native blocks")
+	}
 	var def WriterConfig
 	def.SetDefaults()
 	if err := def.Validate(); err != nil {

@@ -219,8 +219,8 @@ func (l *Log) scan() error {
 	var maxID uint64
 	for _, e := range ents {
 		name := e.Name()
-		n, ok := segdir.Seq(name)
-		if !ok || name != segdir.Name(n, segSuffix) {
+		n, ok := segdir.Parse(name, segSuffix)
+		if !ok {
 			continue
 		}
 		s := &segment{n: n, path: filepath.Join(l.cfg.Dir, name), sealed: false}

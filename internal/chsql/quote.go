@@ -47,8 +47,12 @@ func Ident(s string) string {
 }
 
 // Time returns t as a DateTime64(3, 'UTC') literal, to the millisecond.
-func Time(t time.Time) string {
-	return "fromUnixTimestamp64Milli(" + strconv.FormatInt(t.UnixMilli(), 10) + ", 'UTC')"
+func Time(t time.Time) string { return Millis(t.UnixMilli()) }
+
+// Millis returns the DateTime64(3, 'UTC') literal of ms milliseconds
+// since the epoch.
+func Millis(ms int64) string {
+	return "fromUnixTimestamp64Milli(" + strconv.FormatInt(ms, 10) + ", 'UTC')"
 }
 
 // FlowEnd selects the flows table's rows whose flow_end is in [since,

@@ -26,15 +26,21 @@ func Name(seq uint64, suffix string) string {
 	return fmt.Sprintf("%0*d%s", seqDigits, seq, suffix)
 }
 
-// Seq returns the sequence number a file name starts with. A name is a
-// segment's only if it is also Name(seq, suffix): a segment moved aside
-// may carry more after it.
+// Seq returns the sequence number a file name starts with: a segment
+// moved aside may carry more after it.
 func Seq(name string) (uint64, bool) {
 	if len(name) < seqDigits {
 		return 0, false
 	}
 	seq, err := strconv.ParseUint(name[:seqDigits], 10, 64)
 	return seq, err == nil
+}
+
+// Parse returns the sequence number of segment file name, Name(seq,
+// suffix); ok is false for any other name (LOCK, stray files).
+func Parse(name, suffix string) (seq uint64, ok bool) {
+	seq, ok = Seq(name)
+	return seq, ok && name == Name(seq, suffix)
 }
 
 // Lock takes the exclusive lock of dir without waiting: a flock on

@@ -27,6 +27,14 @@ func TestNameSeq(t *testing.T) {
 			}
 		})
 	}
+	for _, tc := range []struct {
+		name string
+		ok   bool
+	}{{Name(7, ".wal"), true}, {Name(7, ".seg"), false}, {Name(42, ".seg") + ".3", false}, {"LOCK", false}} {
+		if seq, ok := Parse(tc.name, ".wal"); ok != tc.ok || ok && seq != 7 {
+			t.Errorf("Parse(%q, .wal) = %d, %v; want ok %v", tc.name, seq, ok, tc.ok)
+		}
+	}
 	if a, b := Name(9, ".wal"), Name(10, ".wal"); a >= b {
 		t.Fatalf("%s sorts after %s", a, b)
 	}

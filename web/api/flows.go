@@ -18,6 +18,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/dualflow/dualflow/collector/store/chdb"
+	"github.com/dualflow/dualflow/internal/chsql"
 )
 
 // Flow is one row of GET /flows.
@@ -185,7 +186,7 @@ func (a *API) flows(c *gin.Context) {
 func (a *API) flowsSQL(f *Filter, cur *cursor, limit int, bound *int64) string {
 	where := a.flowsWhere(f, cur)
 	if bound != nil {
-		where += " AND toStartOfMinute(flow_end) >= fromUnixTimestamp64Milli(" + itoa(*bound*1000) + ", 'UTC')"
+		where += " AND toStartOfMinute(flow_end) >= " + chsql.Millis(*bound*1000)
 	}
 	return "SELECT " + flowColumns + ", toString(" + keyExpr + ") AS key FROM " + a.table +
 		" WHERE " + where +
@@ -266,7 +267,7 @@ func (a *API) boundSettings(ctx context.Context) string {
 func (a *API) flowsWhere(f *Filter, cur *cursor) string {
 	where := f.where()
 	if cur != nil {
-		end := "fromUnixTimestamp64Milli(" + itoa(cur.EndMs) + ", 'UTC')"
+		end := chsql.Millis(cur.EndMs)
 		where += " AND flow_end <= " + end +
 			" AND (flow_end < " + end + " OR " + keyExpr + " < " + strconv.FormatUint(cur.Key, 10) + ")"
 	}
@@ -277,7 +278,7 @@ func (a *API) flowsWhere(f *Filter, cur *cursor) string {
 // whose boundary falls inside a group of rows with the same flow_end.
 func (a *API) tieSQL(f *Filter, cur *cursor, endMs int64, limit int) string {
 	return "SELECT " + flowColumns + ", toString(" + keyExpr + ") AS key FROM " + a.table +
-		" WHERE " + a.flowsWhere(f, cur) + " AND flow_end = fromUnixTimestamp64Milli(" + itoa(endMs) + ", 'UTC')" +
+		" WHERE " + a.flowsWhere(f, cur) + " AND flow_end = " + chsql.Millis(endMs) +
 		" ORDER BY " + keyExpr + " DESC LIMIT " + strconv.Itoa(limit+1) + jsonSettings
 }
 
@@ -520,8 +521,8 @@ func (a *API) follow(c *gin.Context, f *Filter, resume *eventID) {
 			// After the floor, oldest first: what the client missed.
 			sql = "SELECT " + flowColumns + ", toString(" + keyExpr + ") AS key FROM " + a.table +
 				" WHERE (toUnixTimestamp64Milli(time_received), " + keyExpr + ") > (" + itoa(floor.RecvMs) + ", " + strconv.FormatUint(floor.Key, 10) + ")" +
-				" AND time_received >= fromUnixTimestamp64Milli(" + itoa(floor.RecvMs) + ", 'UTC')" +
-				" AND flow_end >= fromUnixTimestamp64Milli(" + itoa(floor.RecvMs) + ", 'UTC') - INTERVAL 1 HOUR"
+				" AND time_received >= " + chsql.Millis(floor.RecvMs) +
+				" AND flow_end >= " + chsql.Millis(floor.RecvMs) + " - INTERVAL 1 HOUR"
 			for _, c := range where {
 				sql += " AND " + c
 			}
@@ -529,8 +530,8 @@ func (a *API) follow(c *gin.Context, f *Filter, resume *eventID) {
 		} else {
 			from := since - followOverlap.Milliseconds()
 			sql = "SELECT " + flowColumns + ", toString(" + keyExpr + ") AS key FROM " + a.table +
-				" WHERE time_received > fromUnixTimestamp64Milli(" + itoa(from) + ", 'UTC')" +
-				" AND flow_end >= fromUnixTimestamp64Milli(" + itoa(from) + ", 'UTC') - INTERVAL 1 HOUR"
+				" WHERE time_received > " + chsql.Millis(from) +
+				" AND flow_end >= " + chsql.Millis(from) + " - INTERVAL 1 HOUR"
 			for _, c := range where {
 				sql += " AND " + c
 			}

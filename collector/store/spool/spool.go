@@ -140,8 +140,8 @@ func (s *Spool) recover() error {
 			}
 			continue
 		}
-		seq, ok := segdir.Seq(name)
-		if !ok || name != segName(seq) {
+		seq, ok := segdir.Parse(name, segSuffix)
+		if !ok {
 			continue // not ours (LOCK, stray files)
 		}
 		s.nextSeq = max(s.nextSeq, seq+1)
