@@ -3,11 +3,21 @@
 # passed/failed/skipped subtests per IP mode (ipv4, ipv6, dual), then the
 # names of the tests that failed.
 set -uo pipefail
-declare -A pass fail skip
+declare -A pass fail skip said
 failed=()
+cur=""
+# A test's lines that read like a failure (go test -v cannot tell t.Errorf
+# from t.Logf), kept per test so that the tail names why it failed.
+why='(want|did not|never|mismatch|timed out|deadline|unexpected|panic|fail|error|no [a-z]+ (row|answer|finding))'
+shopt -s nocasematch
 for m in ipv4 ipv6 dual; do pass[$m]=0; fail[$m]=0; skip[$m]=0; done
 while IFS= read -r line; do
   printf '%s\n' "$line"
+  if [[ $line =~ ^===\ (RUN|CONT|NAME)\ +([^ ]+) ]]; then
+    cur=${BASH_REMATCH[2]}
+  elif [[ -n $cur && $line =~ _test\.go:[0-9]+: && $line =~ $why ]]; then
+    said[$cur]+="${line:0:400}"$'\n'
+  fi
   if [[ $line =~ ---\ (PASS|FAIL|SKIP):\ ([^ ]+) ]]; then
     res=${BASH_REMATCH[1]}; name=${BASH_REMATCH[2]}
     [[ $res == FAIL ]] && failed+=("$name")
@@ -28,4 +38,9 @@ done
 if ((${#failed[@]})); then
   echo "failed tests:"
   printf '  %s\n' "${failed[@]}"
+  echo "why (the failed tests' last lines that read like a failure):"
+  for name in "${failed[@]}"; do
+    [[ -n ${said[$name]:-} ]] || continue
+    printf '%s' "${said[$name]}" | tail -n 4 | sed "s|^ *|  $name: |"
+  done
 fi
