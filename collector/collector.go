@@ -20,7 +20,6 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -327,22 +326,13 @@ func (c *Collector) buildPipeline() error {
 	c.decoded = pipeline.NewQueue("decoded", decodedQueue, c.pm)
 	c.correlated = pipeline.NewQueue("correlated", correlatedQueue, c.pm)
 	c.enriched = pipeline.NewQueue("enriched", enrichedQueue, c.pm)
-	var inv *correlate.Inventory
+	var inv *enrich.Nodes
 	if c.cfg.InventoryFile != "" {
-		snap, err := enrich.LoadSnapshot(c.cfg.InventoryFile)
-		if err != nil {
+		var err error
+		if inv, err = enrich.LoadNodes(c.cfg.InventoryFile); err != nil {
 			return err
 		}
-		inv = correlate.NewInventory()
-		for _, n := range snap.Nodes {
-			if err := inv.AddNode(n.Name, n.PodCIDRs, slices.Concat(n.InternalIPs, n.ExternalIPs)...); err != nil {
-				return fmt.Errorf("inventory %s: %w", c.cfg.InventoryFile, err)
-			}
-		}
-		if inv.Nodes() == 0 {
-			return fmt.Errorf("inventory %s: no Node objects", c.cfg.InventoryFile)
-		}
-		c.log.Info("loaded node inventory", "file", c.cfg.InventoryFile, "nodes", inv.Nodes())
+		c.log.Info("loaded node inventory", "file", c.cfg.InventoryFile, "nodes", inv.Len())
 	}
 	c.enricher = pipeline.Passthrough{}
 	if c.cfg.K8s.Source != enrich.SourceOff {

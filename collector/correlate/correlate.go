@@ -29,8 +29,8 @@ import (
 )
 
 // nodeOf tells which node an address belongs to (a pod address or a node's
-// own address): the Kubernetes enrichment's live view, or Inventory (the
-// nodes of a manifest).
+// own address): the Kubernetes enrichment's live view, or enrich.Nodes (the
+// nodes of a manifest, on the same index).
 type nodeOf interface {
 	NodeForIP(netip.Addr) (string, bool)
 }
