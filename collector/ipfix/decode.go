@@ -346,11 +346,8 @@ func (d *Decoder) sets(s *Session, body []byte, p protocol, seq uint32, mc *msgC
 		case p == protoIPFIX && (id == setTemplate || id == setOptionsTemplate):
 			n, err = d.templateSet(s, dom, set, id == setOptionsTemplate, now)
 			cnt.templates += uint32(n)
-		case p == protoV9 && id == v9SetTemplate:
-			n, err = d.templateSetV9(s, dom, set, now)
-			cnt.templates += uint32(n)
-		case p == protoV9 && id == v9SetOptions:
-			n, err = d.optionsSetV9(s, dom, set, now)
+		case p == protoV9 && (id == v9SetTemplate || id == v9SetOptions):
+			n, err = d.templateSetV9(s, dom, set, id == v9SetOptions, now)
 			cnt.templates += uint32(n)
 		case id >= fipfix.MinDataSetID:
 			t := d.liveTemplate(s, dom, id, now)
