@@ -11,6 +11,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/dualflow/dualflow/collector/enrich/inventory"
+	"github.com/dualflow/dualflow/internal/reload"
 )
 
 // userAgent identifies the collector to the API server.
@@ -56,7 +57,7 @@ func newClient(cfg Config, log *slog.Logger, h *apiHealth) (kubernetes.Interface
 // inventory mode runs the same informers, transforms and handlers as a
 // cluster. The source it returns reloads the files when they change.
 func inventoryClient(files []string, log *slog.Logger) (kubernetes.Interface, *inventorySource, error) {
-	stamps := stampFiles(files) // before reading: a change during the load shows at the next check
+	stamps := reload.Stamps(files) // before reading: a change during the load shows at the next check
 	res, err := inventory.Load(files...)
 	if err != nil {
 		return nil, nil, err
