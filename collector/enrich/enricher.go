@@ -58,8 +58,8 @@ import (
 // ErrDisabled is returned by New when the configuration's source is off.
 var ErrDisabled = errors.New("kubernetes enrichment is off (--k8s.source=off, or auto found no cluster)")
 
-// Enricher is the Kubernetes enrichment stage. Build it with New (or
-// NewForClient), start it with Run, wait for WaitForSync before relying on
+// Enricher is the Kubernetes enrichment stage. Build it with New, start
+// it with Run, wait for WaitForSync before relying on
 // it. Enrich, NodeForIP and the accessors are safe for concurrent use,
 // before and after sync (before, they see a partial index).
 type Enricher struct {
@@ -114,15 +114,10 @@ func New(cfg Config, reg prometheus.Registerer, log *slog.Logger) (*Enricher, er
 	return e, nil
 }
 
-// NewForClient builds an Enricher that watches through client (a real or
-// a fake clientset); cfg's Source, Kubeconfig, Context and Inventory are
-// not used.
-func NewForClient(cfg Config, client kubernetes.Interface, reg prometheus.Registerer, log *slog.Logger) (*Enricher, error) {
-	return newEnricher(cfg, client, reg, log, nil)
-}
-
-// newEnricher is NewForClient with the API health tracker h of client's
-// transport (nil when client has no transport to watch: a fake clientset).
+// newEnricher builds an Enricher that watches through client (a real or
+// a fake clientset) with the API health tracker h of client's transport
+// (nil when client has no transport to watch: a fake clientset); cfg's
+// Source, Kubeconfig, Context and Inventory are not used.
 func newEnricher(cfg Config, client kubernetes.Interface, reg prometheus.Registerer, log *slog.Logger, h *apiHealth) (*Enricher, error) {
 	cfg.SetDefaults()
 	v := cfg
