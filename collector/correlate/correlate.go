@@ -237,11 +237,7 @@ func (c *Correlator) Expire(now time.Time, out []flow.Record) []flow.Record {
 // Flush appends every held half, unmatched (shutdown).
 func (c *Correlator) Flush(out []flow.Record) []flow.Record {
 	for c.head < len(c.fifo) {
-		it := c.fifo[c.head]
-		c.pop()
-		if e := c.held[it.k]; e != nil && e.seq == it.seq {
-			out = c.emitAlone(it.k, e, out)
-		}
+		out = c.flushOldest(out)
 	}
 	c.compact()
 	return out
