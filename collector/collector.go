@@ -231,37 +231,34 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Collector, error) 
 		reg.MustRegister(s.Metrics()) // its TLS files' reloads
 	}
 	c := &Collector{cfg: cfg, log: log, reg: reg, conn: conn, ready: make(chan struct{})}
-	if err := c.migrate(ctx); err != nil {
-		conn.Close()
-		return nil, err
-	}
-	c.writer, err = store.NewWriter(cfg.Writer, conn, reg, log.With("stage", "store"))
-	if err != nil {
-		conn.Close()
-		return nil, err
-	}
-	if e, ok := conn.(*store.Embedded); ok && cfg.Store.HTTPAddr != "" {
-		c.http, err = newHTTPInterface(cfg.Store, e, reg, log.With("stage", "clickhouse-http"))
-		if err != nil {
-			conn.Close()
-			return nil, err
-		}
-	}
-	if err := c.buildPipeline(); err != nil {
-		c.Close()
-		return nil, err
-	}
-	if err := c.bind(); err != nil {
+	if err := c.build(ctx); err != nil {
 		c.Close()
 		return nil, err
 	}
 	return c, nil
 }
 
-// newHTTPInterface builds the embedded engine's ClickHouse HTTP interface
-// with its users, creating the users file at first start.
-func newHTTPInterface(cfg store.Config, e *store.Embedded, reg prometheus.Registerer, log *slog.Logger) (*chhttp.Server, error) {
-	return cfg.HTTPInterface(e, chhttp.Config{Registerer: reg, Logger: log})
+// build migrates the store and builds the writer, the embedded engine's
+// ClickHouse HTTP interface (its users file created at first start), the
+// stages and the listeners.
+func (c *Collector) build(ctx context.Context) error {
+	if err := c.migrate(ctx); err != nil {
+		return err
+	}
+	var err error
+	if c.writer, err = store.NewWriter(c.cfg.Writer, c.conn, c.reg, c.log.With("stage", "store")); err != nil {
+		return err
+	}
+	if e, ok := c.conn.(*store.Embedded); ok && c.cfg.Store.HTTPAddr != "" {
+		cfg := chhttp.Config{Registerer: c.reg, Logger: c.log.With("stage", "clickhouse-http")}
+		if c.http, err = c.cfg.Store.HTTPInterface(e, cfg); err != nil {
+			return err
+		}
+	}
+	if err := c.buildPipeline(); err != nil {
+		return err
+	}
+	return c.bind()
 }
 
 // bind opens the ClickHouse HTTP and metrics listeners, so that a port in
