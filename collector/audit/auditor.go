@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	networkingv1 "k8s.io/api/networking/v1"
 
 	"github.com/dualflow/dualflow/collector/audit/policy"
@@ -342,24 +343,25 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
-	verdicts := prometheus.NewCounterVec(prometheus.CounterOpts{
+	f := promauto.With(reg) // registers on reg unless it is nil
+	verdicts := f.NewCounterVec(prometheus.CounterOpts{
 		Name: "dualflow_audit_verdicts_total",
 		Help: "Flow records audited, by direction and evaluated verdict (unknown: that end is not a pod).",
 	}, []string{"direction", "verdict"})
 	m := &metrics{
-		mismatches: prometheus.NewCounter(prometheus.CounterOpts{
+		mismatches: f.NewCounter(prometheus.CounterOpts{
 			Name: "dualflow_audit_verdict_mismatches_total",
 			Help: "Flow records whose datapath-reported verdict disagrees with the evaluated one.",
 		}),
-		compiles: prometheus.NewCounter(prometheus.CounterOpts{
+		compiles: f.NewCounter(prometheus.CounterOpts{
 			Name: "dualflow_audit_policy_compiles_total",
 			Help: "Times the NetworkPolicies changed and were recompiled.",
 		}),
-		policies: prometheus.NewGauge(prometheus.GaugeOpts{
+		policies: f.NewGauge(prometheus.GaugeOpts{
 			Name: "dualflow_audit_policies",
 			Help: "NetworkPolicies the auditor evaluates.",
 		}),
-		invalid: prometheus.NewGauge(prometheus.GaugeOpts{
+		invalid: f.NewGauge(prometheus.GaugeOpts{
 			Name: "dualflow_audit_invalid_policies",
 			Help: "NetworkPolicies left out because the API would reject them (bad selector, CIDR, port).",
 		}),
@@ -368,9 +370,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		for v := range m.verdicts[d] {
 			m.verdicts[d][v] = verdicts.WithLabelValues(policy.Direction(d).String(), flow.Verdict(v).String())
 		}
-	}
-	if reg != nil {
-		reg.MustRegister(verdicts, m.mismatches, m.compiles, m.policies, m.invalid)
 	}
 	return m
 }

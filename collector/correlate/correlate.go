@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 
 	"github.com/dualflow/dualflow/collector/pipeline"
 	"github.com/dualflow/dualflow/flow"
@@ -462,25 +463,23 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
+	f := promauto.With(reg) // registers on reg unless it is nil
 	m := &metrics{
-		held: prometheus.NewGauge(prometheus.GaugeOpts{
+		held: f.NewGauge(prometheus.GaugeOpts{
 			Name: "dualflow_correlate_held", Help: "Flow halves waiting for the other node's half.",
 		}),
-		coalesced: prometheus.NewCounter(prometheus.CounterOpts{
+		coalesced: f.NewCounter(prometheus.CounterOpts{
 			Name: "dualflow_correlate_coalesced_total", Help: "Later records of a held half folded into it.",
 		}),
-		early: prometheus.NewCounter(prometheus.CounterOpts{
+		early: f.NewCounter(prometheus.CounterOpts{
 			Name: "dualflow_correlate_flushed_early_total", Help: "Halves written unmatched before their timeout because MaxHeld was reached.",
 		}),
 	}
-	out := prometheus.NewCounterVec(prometheus.CounterOpts{
+	out := f.NewCounterVec(prometheus.CounterOpts{
 		Name: "dualflow_correlate_records_total", Help: "Records written by the correlator, by correlation result.",
 	}, []string{"correlation"})
 	for c := range m.records {
 		m.records[c] = out.WithLabelValues(flow.Correlation(c).String())
-	}
-	if reg != nil {
-		reg.MustRegister(m.held, m.coalesced, m.early, out)
 	}
 	return m
 }
