@@ -501,14 +501,7 @@ func (e *Enricher) NodeForIP(a netip.Addr) (string, bool) {
 	now := e.x.now().UnixNano()
 	e.x.mu.RLock()
 	defer e.x.mu.RUnlock()
-	return e.x.nodeFor(a, now, true)
-}
-
-// NodeForIPAt is NodeForIP at time t (a flow's start).
-func (e *Enricher) NodeForIPAt(a netip.Addr, t time.Time) (string, bool) {
-	e.x.mu.RLock()
-	defer e.x.mu.RUnlock()
-	return e.x.nodeFor(a, e.at(t), false)
+	return e.x.nodeFor(a, now)
 }
 
 // LookupPod returns the pod that held address a at time t (zero: now),
@@ -609,11 +602,3 @@ func (e *Enricher) Zone(node string) string {
 	defer e.x.mu.RUnlock()
 	return e.x.zone(node)
 }
-
-// PreferAddr is PreferAddr with the configured --k8s.enable-ipv6.
-func (e *Enricher) PreferAddr(addrs []netip.Addr) (netip.Addr, bool) {
-	return PreferAddr(addrs, e.cfg.EnableIPv6)
-}
-
-// IPv6Enabled reports --k8s.enable-ipv6.
-func (e *Enricher) IPv6Enabled() bool { return e.cfg.EnableIPv6 }

@@ -281,9 +281,10 @@ func (x *index) enrich(rec *flow.Record, now int64) result {
 }
 
 // nodeFor returns the node hosting address a at time t: the node of the
-// pod holding it, the node owning it as a node address, or the node whose
-// pod CIDR contains it.
-func (x *index) nodeFor(a netip.Addr, t int64, orLatest bool) (string, bool) {
+// pod holding it (or that held it last, within the grace period), the
+// node owning it as a node address (likewise), or the node whose pod CIDR
+// contains it.
+func (x *index) nodeFor(a netip.Addr, t int64) (string, bool) {
 	a = a.Unmap()
 	if p, ok := x.podIPs.resolve(a, t, t, nil); ok {
 		return p.NodeName, p.NodeName != ""
@@ -291,13 +292,11 @@ func (x *index) nodeFor(a netip.Addr, t int64, orLatest bool) (string, bool) {
 	if n, ok := x.hostIPs.resolve(a, t, t, nil); ok {
 		return n.node, true
 	}
-	if orLatest {
-		if p, ok := x.podIPs.latest(a); ok && p.NodeName != "" {
-			return p.NodeName, true
-		}
-		if n, ok := x.hostIPs.latest(a); ok {
-			return n.node, true
-		}
+	if p, ok := x.podIPs.latest(a); ok && p.NodeName != "" {
+		return p.NodeName, true
+	}
+	if n, ok := x.hostIPs.latest(a); ok {
+		return n.node, true
 	}
 	if n, ok := x.cidrNode(a, t, t); ok {
 		return n.node, true

@@ -96,7 +96,7 @@ func LoadNodes(files ...string) (*Nodes, error) {
 
 // NodeForIP is Enricher.NodeForIP.
 func (n *Nodes) NodeForIP(a netip.Addr) (string, bool) {
-	return n.x.nodeFor(a, n.x.now().UnixNano(), true)
+	return n.x.nodeFor(a, n.x.now().UnixNano())
 }
 
 // Len returns the number of nodes.
