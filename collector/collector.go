@@ -373,9 +373,6 @@ func (c *Collector) buildPipeline() error {
 	return nil
 }
 
-// SetEnricher replaces the pass-through enrichment stage. Call it before Run.
-func (c *Collector) SetEnricher(e pipeline.Enricher) { c.enricher = e }
-
 // IPFIXAddrs returns the bound IPFIX listener addresses by transport
 // ("tcp", "udp", "tls"); useful with port 0.
 func (c *Collector) IPFIXAddrs() map[string][]net.Addr {

@@ -186,23 +186,15 @@ const (
 
 var directionNames = [...]string{"auto", "ingress", "egress", "both"}
 
-// ParseDirection parses "auto", "ingress", "egress" or "both".
-func ParseDirection(s string) (Direction, error) {
+// Set implements flag.Value: "auto", "ingress", "egress" or "both".
+func (d *Direction) Set(s string) error {
 	for i, n := range directionNames {
 		if s == n {
-			return Direction(i), nil
+			*d = Direction(i)
+			return nil
 		}
 	}
-	return 0, fmt.Errorf("flow direction %q: want auto, ingress, egress or both", s)
-}
-
-// Set implements flag.Value.
-func (d *Direction) Set(s string) error {
-	v, err := ParseDirection(s)
-	if err == nil {
-		*d = v
-	}
-	return err
+	return fmt.Errorf("flow direction %q: want auto, ingress, egress or both", s)
 }
 
 func (d Direction) String() string {
