@@ -340,7 +340,7 @@ func (c *Collector) buildPipeline() error {
 		if c.auditor, err = audit.New(c.cfg.Audit, c.k8s, c.reg); err != nil {
 			return err
 		}
-		c.enricher = enrichAndAudit{c.k8s.Batch(), c.auditor}
+		c.enricher = enrichAndAudit{c.k8s, c.auditor}
 	}
 	switch {
 	case inv != nil:

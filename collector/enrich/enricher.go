@@ -24,7 +24,7 @@
 //	e, err := enrich.New(cfg, reg, log)
 //	go e.Run(ctx)                 // owns the informers until ctx ends
 //	err = e.WaitForSync(ctx)      // before serving
-//	e.Enrich(&rec)                // any goroutine; allocation-free
+//	e.Enrich(recs)                // any goroutine; allocation-free
 //
 // The minimal RBAC (list and watch only) is in rbac.yaml; README.md has the
 // memory cost per pod.
@@ -41,7 +41,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -357,37 +356,23 @@ func (e *Enricher) Synced() bool {
 	}
 }
 
-// SetProbes makes Enrich and EnrichBatch mark the records of the
+// SetProbes makes Enrich mark the records of the
 // traceflow probes r remembers (flow.Record.ProbeTraceID), so that traces
 // do not count as traffic. nil stops it. Safe to call at any time. (The
 // registry is a concrete type, not an interface: through an interface the
-// record Enrich is given would escape to the heap.)
+// records Enrich is given would escape to the heap.)
 func (e *Enricher) SetProbes(r *probes.Registry) { e.probes.Store(r) }
 
-// Enrich fills rec's Kubernetes fields: Src and Dst (pod, namespace,
-// labels, workload, node, zone), Service (for a flow addressed to a
-// Service: its ServiceAddr, or a Service address as DstAddr when there was
-// no DNAT) and Type. Addresses resolve at the flow's time (FlowStart, else
-// FlowEnd, else now). Fields nothing was found for keep their values.
-// A traceflow probe's record gets its trace id (SetProbes).
-// rec's Labels maps are shared: read-only. Safe for concurrent use; it
-// allocates nothing.
-func (e *Enricher) Enrich(rec *flow.Record) {
-	now := e.nowFor(rec)
-	rec.K8sViewStale = e.Stale()
-	e.x.mu.RLock()
-	r := e.x.enrich(rec, now)
-	e.x.mu.RUnlock()
-	if p := e.probes.Load(); p != nil {
-		p.Mark(unsafe.Slice(rec, 1))
-	}
-	f := familyIndex(rec)
-	e.m.lookups[f][hitIndex(r.srcHit)].Inc()
-	e.m.lookups[f][hitIndex(r.dstHit)].Inc()
-}
-
-// EnrichBatch enriches every record of recs under one read lock.
-func (e *Enricher) EnrichBatch(recs []flow.Record) {
+// Enrich fills the Kubernetes fields of every record of recs, under one
+// read lock: Src and Dst (pod, namespace, labels, workload, node, zone),
+// Service (for a flow addressed to a Service: its ServiceAddr, or a
+// Service address as DstAddr when there was no DNAT) and Type. Addresses
+// resolve at the flow's time (FlowStart, else FlowEnd, else now). Fields
+// nothing was found for keep their values. A traceflow probe's record gets
+// its trace id (SetProbes). The records' Labels maps are shared:
+// read-only. Safe for concurrent use; it allocates nothing. It is the
+// collector pipeline's enrich stage (pipeline.Enricher).
+func (e *Enricher) Enrich(recs []flow.Record) {
 	if len(recs) == 0 {
 		return
 	}
@@ -447,16 +432,6 @@ func (e *Enricher) Status() []KindStatus {
 	}
 	return e.health.status()
 }
-
-// Batch returns the Enricher as the collector pipeline's batch stage
-// (pipeline.Enricher: Enrich([]flow.Record)).
-func (e *Enricher) Batch() Batch { return Batch{e: e} }
-
-// Batch adapts an Enricher to a batch interface; see Enricher.Batch.
-type Batch struct{ e *Enricher }
-
-// Enrich enriches recs in place (EnrichBatch).
-func (b Batch) Enrich(recs []flow.Record) { b.e.EnrichBatch(recs) }
 
 // nowFor reads the clock only for a record without times (the clock is
 // not free in every VM).

@@ -2,9 +2,12 @@ package enrich
 
 import (
 	"log/slog"
+	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/dualflow/dualflow/flow"
 )
 
 // NewForClient builds an Enricher that watches through client (a fake
@@ -13,3 +16,6 @@ import (
 func NewForClient(cfg Config, client kubernetes.Interface, reg prometheus.Registerer, log *slog.Logger) (*Enricher, error) {
 	return newEnricher(cfg, client, reg, log, nil)
 }
+
+// enrichOne enriches one record, as the pipeline's batches are.
+func (e *Enricher) enrichOne(r *flow.Record) { e.Enrich(unsafe.Slice(r, 1)) }

@@ -87,7 +87,7 @@ func TestInventoryLabManifest(t *testing.T) {
 				node, _ := m.Node(p.Spec.NodeName)
 				for _, a := range manifest.PodAddrs(p) {
 					r := flow.Record{SrcAddr: a, DstAddr: a, Proto: flow.ProtoTCP}
-					e.Enrich(&r)
+					e.enrichOne(&r)
 					if r.Src.PodNamespace != p.Namespace || r.Src.PodName != p.Name || r.Src.WorkloadKind != want.Kind ||
 						r.Src.WorkloadName != want.Name || r.Src.NodeName != p.Spec.NodeName || r.Src.Zone != node.Labels[manifest.LabelZone] ||
 						r.Src.Labels["app"] != p.Labels["app"] || r.Type != flow.FlowTypeIntraNode {
