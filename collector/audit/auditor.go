@@ -27,6 +27,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
@@ -223,16 +224,7 @@ func (a *Auditor) Run(ctx context.Context, list func() []*networkingv1.NetworkPo
 // must be the endpoint actually reached (after DNAT). ReportedVerdict and
 // ReportedName, set by the datapath, are kept: rec.VerdictMismatch()
 // compares them afterwards. Before the first SetPolicies it does nothing.
-func (a *Auditor) Audit(rec *flow.Record) {
-	set := a.set.Load()
-	if set == nil {
-		return
-	}
-	var c counts
-	m := memo{lookup: a.lookup}
-	a.audit(set, rec, &c, &m)
-	a.m.add(&c)
-}
+func (a *Auditor) Audit(rec *flow.Record) { a.AuditBatch(unsafe.Slice(rec, 1)) }
 
 // AuditBatch audits every record of recs (see Audit). It has the shape of
 // the pipeline's Enricher interface: a stage can call it right after
