@@ -3,7 +3,8 @@ package enrich
 import (
 	"fmt"
 	"log/slog"
-	"sort"
+	"maps"
+	"slices"
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
@@ -68,12 +69,7 @@ func inventoryClient(files []string, log *slog.Logger) (kubernetes.Interface, *i
 		return nil, nil, err
 	}
 	if len(res.Skipped) > 0 {
-		kinds := make([]string, 0, len(res.Skipped))
-		for k := range res.Skipped {
-			kinds = append(kinds, k)
-		}
-		sort.Strings(kinds)
-		log.Info("inventory: skipped objects of kinds enrichment does not use", "kinds", kinds)
+		log.Info("inventory: skipped objects of kinds enrichment does not use", "kinds", slices.Sorted(maps.Keys(res.Skipped)))
 	}
 	log.Info("inventory loaded", "files", files, "objects", len(res.Objects))
 	return cs, src, nil

@@ -3,6 +3,7 @@ package enrich
 import (
 	"net/netip"
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -322,14 +323,6 @@ func (x *index) endpointSlices(ns, name string) []*EndpointSlice {
 		}
 		out = append(out, s)
 	}
-	slices.SortFunc(out, func(a, b *EndpointSlice) int {
-		if a.Name < b.Name {
-			return -1
-		}
-		if a.Name > b.Name {
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b *EndpointSlice) int { return strings.Compare(a.Name, b.Name) })
 	return out
 }
