@@ -35,6 +35,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -561,13 +562,8 @@ func (e *Enricher) Node(name string) (*Node, bool) {
 // NodeNames returns the names of the live nodes, sorted.
 func (e *Enricher) NodeNames() []string {
 	e.x.mu.RLock()
-	out := make([]string, 0, len(e.x.nodes))
-	for n := range e.x.nodes {
-		out = append(out, n)
-	}
-	e.x.mu.RUnlock()
-	slices.Sort(out)
-	return out
+	defer e.x.mu.RUnlock()
+	return slices.Sorted(maps.Keys(e.x.nodes))
 }
 
 // Zone returns the zone of node name ("" if unknown). A deleted node's

@@ -1,6 +1,7 @@
 package enrich
 
 import (
+	"maps"
 	"runtime"
 	"slices"
 	"strconv"
@@ -48,13 +49,8 @@ func (in *interner) labelSet(m map[string]string) *map[string]string {
 	if len(m) == 0 {
 		return nil
 	}
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
 	var b strings.Builder
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(m)) {
 		// Length-prefixed, so that no two sets share a key.
 		b.WriteString(strconv.Itoa(len(k)))
 		b.WriteByte(':')
