@@ -511,12 +511,7 @@ func ipBlockGaps(set *policy.Set, classes []*podClass) []Finding {
 				cidrs = append(cidrs, c)
 			}
 			covers := func(a netip.Addr) bool {
-				for _, b := range r.blocks {
-					if b.Contains(a) {
-						return true
-					}
-				}
-				return false
+				return slices.ContainsFunc(r.blocks, func(b policy.Block) bool { return b.Contains(a) })
 			}
 			rule := policyRef(p.Namespace, p.Name, r.dir, r.index)
 			what := fmt.Sprintf("%s rule %d of NetworkPolicy %s/%s", r.dir, r.index, p.Namespace, p.Name)

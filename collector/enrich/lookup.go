@@ -61,12 +61,7 @@ func (x *index) place(a netip.Addr, start, end int64) place {
 }
 
 func inPrefixes(ps []netip.Prefix, a netip.Addr) bool {
-	for _, p := range ps {
-		if p.Contains(a) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(ps, func(p netip.Prefix) bool { return p.Contains(a) })
 }
 
 // cidrNode returns the node whose pod CIDR holds a (longest prefix).

@@ -99,10 +99,8 @@ func (tr *transformer) addrs(kind string, ss []string) []netip.Addr {
 // known returns the package-level constant equal to v, when one of known
 // is, so that no object keeps its own copy of a well-known string.
 func known[T ~string](v T, known ...T) T {
-	for _, k := range known {
-		if v == k {
-			return k
-		}
+	if i := slices.Index(known, v); i >= 0 {
+		return known[i]
 	}
 	return v
 }
