@@ -20,7 +20,6 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
-	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -232,37 +231,34 @@ func New(ctx context.Context, cfg Config, log *slog.Logger) (*Collector, error) 
 		reg.MustRegister(s.Metrics()) // its TLS files' reloads
 	}
 	c := &Collector{cfg: cfg, log: log, reg: reg, conn: conn, ready: make(chan struct{})}
-	if err := c.migrate(ctx); err != nil {
-		conn.Close()
-		return nil, err
-	}
-	c.writer, err = store.NewWriter(cfg.Writer, conn, reg, log.With("stage", "store"))
-	if err != nil {
-		conn.Close()
-		return nil, err
-	}
-	if e, ok := conn.(*store.Embedded); ok && cfg.Store.HTTPAddr != "" {
-		c.http, err = newHTTPInterface(cfg.Store, e, reg, log.With("stage", "clickhouse-http"))
-		if err != nil {
-			conn.Close()
-			return nil, err
-		}
-	}
-	if err := c.buildPipeline(); err != nil {
-		c.Close()
-		return nil, err
-	}
-	if err := c.bind(); err != nil {
+	if err := c.build(ctx); err != nil {
 		c.Close()
 		return nil, err
 	}
 	return c, nil
 }
 
-// newHTTPInterface builds the embedded engine's ClickHouse HTTP interface
-// with its users, creating the users file at first start.
-func newHTTPInterface(cfg store.Config, e *store.Embedded, reg prometheus.Registerer, log *slog.Logger) (*chhttp.Server, error) {
-	return cfg.HTTPInterface(e, chhttp.Config{Registerer: reg, Logger: log})
+// build migrates the store and builds the writer, the embedded engine's
+// ClickHouse HTTP interface (its users file created at first start), the
+// stages and the listeners.
+func (c *Collector) build(ctx context.Context) error {
+	if err := c.migrate(ctx); err != nil {
+		return err
+	}
+	var err error
+	if c.writer, err = store.NewWriter(c.cfg.Writer, c.conn, c.reg, c.log.With("stage", "store")); err != nil {
+		return err
+	}
+	if e, ok := c.conn.(*store.Embedded); ok && c.cfg.Store.HTTPAddr != "" {
+		cfg := chhttp.Config{Registerer: c.reg, Logger: c.log.With("stage", "clickhouse-http")}
+		if c.http, err = c.cfg.Store.HTTPInterface(e, cfg); err != nil {
+			return err
+		}
+	}
+	if err := c.buildPipeline(); err != nil {
+		return err
+	}
+	return c.bind()
 }
 
 // bind opens the ClickHouse HTTP and metrics listeners, so that a port in
@@ -327,22 +323,13 @@ func (c *Collector) buildPipeline() error {
 	c.decoded = pipeline.NewQueue("decoded", decodedQueue, c.pm)
 	c.correlated = pipeline.NewQueue("correlated", correlatedQueue, c.pm)
 	c.enriched = pipeline.NewQueue("enriched", enrichedQueue, c.pm)
-	var inv *correlate.Inventory
+	var inv *enrich.Nodes
 	if c.cfg.InventoryFile != "" {
-		snap, err := enrich.LoadSnapshot(c.cfg.InventoryFile)
-		if err != nil {
+		var err error
+		if inv, err = enrich.LoadNodes(c.cfg.InventoryFile); err != nil {
 			return err
 		}
-		inv = correlate.NewInventory()
-		for _, n := range snap.Nodes {
-			if err := inv.AddNode(n.Name, n.PodCIDRs, slices.Concat(n.InternalIPs, n.ExternalIPs)...); err != nil {
-				return fmt.Errorf("inventory %s: %w", c.cfg.InventoryFile, err)
-			}
-		}
-		if inv.Nodes() == 0 {
-			return fmt.Errorf("inventory %s: no Node objects", c.cfg.InventoryFile)
-		}
-		c.log.Info("loaded node inventory", "file", c.cfg.InventoryFile, "nodes", inv.Nodes())
+		c.log.Info("loaded node inventory", "file", c.cfg.InventoryFile, "nodes", inv.Len())
 	}
 	c.enricher = pipeline.Passthrough{}
 	if c.cfg.K8s.Source != enrich.SourceOff {
@@ -353,7 +340,7 @@ func (c *Collector) buildPipeline() error {
 		if c.auditor, err = audit.New(c.cfg.Audit, c.k8s, c.reg); err != nil {
 			return err
 		}
-		c.enricher = enrichAndAudit{c.k8s.Batch(), c.auditor}
+		c.enricher = enrichAndAudit{c.k8s, c.auditor}
 	}
 	switch {
 	case inv != nil:
@@ -385,9 +372,6 @@ func (c *Collector) buildPipeline() error {
 	}
 	return nil
 }
-
-// SetEnricher replaces the pass-through enrichment stage. Call it before Run.
-func (c *Collector) SetEnricher(e pipeline.Enricher) { c.enricher = e }
 
 // IPFIXAddrs returns the bound IPFIX listener addresses by transport
 // ("tcp", "udp", "tls"); useful with port 0.

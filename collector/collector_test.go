@@ -546,7 +546,7 @@ func benchEndToEndCeiling(b *testing.B, src4, dst4, src6, dst6 string) {
 		c.Writer.FlushInterval = time.Second
 	}, func(c *Collector) {
 		capture.next = c.enricher
-		c.SetEnricher(capture)
+		c.enricher = capture // before Run
 	})
 	defer stop()
 	e, ok := c.Conn().(*store.Embedded)

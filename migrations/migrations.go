@@ -184,6 +184,15 @@ func Render(m Migration, opt Options) ([]string, error) {
 
 func funcs(o Options) template.FuncMap {
 	q := func(s string) string { return "'" + s + "'" }
+	// distributed creates the Distributed table over table's local ones
+	// (nothing in the single-node form).
+	distributed := func(create, table, shardingKey string) string {
+		if o.Cluster == "" {
+			return ""
+		}
+		return fmt.Sprintf("%s %s.%s ON CLUSTER %s AS %s.%s_local\nENGINE = Distributed(%s, %s, %s_local, %s);",
+			create, o.Database, table, q(o.Cluster), o.Database, table, q(o.Cluster), q(o.Database), table, shardingKey)
+	}
 	return template.FuncMap{
 		"local": func(table string) string {
 			if o.Cluster != "" {
@@ -204,11 +213,7 @@ func funcs(o Options) template.FuncMap {
 			return "Replicated" + engine + "('/clickhouse/tables/{shard}/{database}/{table}', '{replica}')"
 		},
 		"distributed": func(table, shardingKey string) string {
-			if o.Cluster == "" {
-				return ""
-			}
-			return fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s.%s ON CLUSTER %s AS %s.%s_local\nENGINE = Distributed(%s, %s, %s_local, %s);",
-				o.Database, table, q(o.Cluster), o.Database, table, q(o.Cluster), q(o.Database), table, shardingKey)
+			return distributed("CREATE TABLE IF NOT EXISTS", table, shardingKey)
 		},
 		// replaceDistributed recreates a Distributed table in place
 		// (CREATE OR REPLACE swaps it atomically in an Atomic database, so
@@ -221,11 +226,7 @@ func funcs(o Options) template.FuncMap {
 			if !ok {
 				return "", fmt.Errorf("replaceDistributed %q: no sharding key in ShardingKeys", table)
 			}
-			if o.Cluster == "" {
-				return "", nil
-			}
-			return fmt.Sprintf("CREATE OR REPLACE TABLE %s.%s ON CLUSTER %s AS %s.%s_local\nENGINE = Distributed(%s, %s, %s_local, %s);",
-				o.Database, table, q(o.Cluster), o.Database, table, q(o.Cluster), q(o.Database), table, key), nil
+			return distributed("CREATE OR REPLACE TABLE", table, key), nil
 		},
 		// clustered and dist are for ALTERs that must reach the
 		// Distributed table as well as the local one.
@@ -283,7 +284,7 @@ func SplitStatements(sql string) []string {
 	flush := func() {
 		s := stripLeadingComments(cur.String())
 		cur.Reset()
-		if s != "" && !commentOnly(s) {
+		if s != "" {
 			out = append(out, s)
 		}
 	}
@@ -329,7 +330,8 @@ func SplitStatements(sql string) []string {
 }
 
 // stripLeadingComments drops the blank and '--' comment lines before a
-// statement (file headers), and trims it.
+// statement (file headers), and trims it: a statement of comment lines
+// only is then empty.
 func stripLeadingComments(s string) string {
 	s = strings.TrimSpace(s)
 	for strings.HasPrefix(s, "--") {
@@ -340,16 +342,6 @@ func stripLeadingComments(s string) string {
 		s = strings.TrimSpace(s[i+1:])
 	}
 	return s
-}
-
-func commentOnly(s string) bool {
-	for _, line := range strings.Split(s, "\n") {
-		line = strings.TrimSpace(line)
-		if line != "" && !strings.HasPrefix(line, "--") {
-			return false
-		}
-	}
-	return true
 }
 
 // conn is what the runner needs from ClickHouse; store.Conn satisfies it.

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -174,7 +175,7 @@ func (r *Runner) Check(ctx context.Context, ref Schema) ([]Problem, error) {
 		return nil, fmt.Errorf("schema check: %w", err)
 	}
 	var out []Problem
-	for _, name := range sortedNames(ref) {
+	for _, name := range slices.Sorted(maps.Keys(ref)) {
 		want := ref[name]
 		got, ok := have[name]
 		if !ok {
@@ -240,15 +241,6 @@ func (r *Runner) Repair(ctx context.Context, ref Schema, problems []Problem) (fi
 		return fixed, fmt.Errorf("%w: %s", ErrNotRepairable, strings.Join(unfixable, "; "))
 	}
 	return fixed, nil
-}
-
-func sortedNames(s Schema) []string {
-	names := make([]string, 0, len(s))
-	for n := range s {
-		names = append(names, n)
-	}
-	slices.Sort(names)
-	return names
 }
 
 // Keeper keeps a database as the migrations make it: Ensure compares it

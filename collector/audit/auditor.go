@@ -27,8 +27,10 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	networkingv1 "k8s.io/api/networking/v1"
 
 	"github.com/dualflow/dualflow/collector/audit/policy"
@@ -222,16 +224,7 @@ func (a *Auditor) Run(ctx context.Context, list func() []*networkingv1.NetworkPo
 // must be the endpoint actually reached (after DNAT). ReportedVerdict and
 // ReportedName, set by the datapath, are kept: rec.VerdictMismatch()
 // compares them afterwards. Before the first SetPolicies it does nothing.
-func (a *Auditor) Audit(rec *flow.Record) {
-	set := a.set.Load()
-	if set == nil {
-		return
-	}
-	var c counts
-	m := memo{lookup: a.lookup}
-	a.audit(set, rec, &c, &m)
-	a.m.add(&c)
-}
+func (a *Auditor) Audit(rec *flow.Record) { a.AuditBatch(unsafe.Slice(rec, 1)) }
 
 // AuditBatch audits every record of recs (see Audit). It has the shape of
 // the pipeline's Enricher interface: a stage can call it right after
@@ -342,24 +335,25 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
-	verdicts := prometheus.NewCounterVec(prometheus.CounterOpts{
+	f := promauto.With(reg) // registers on reg unless it is nil
+	verdicts := f.NewCounterVec(prometheus.CounterOpts{
 		Name: "dualflow_audit_verdicts_total",
 		Help: "Flow records audited, by direction and evaluated verdict (unknown: that end is not a pod).",
 	}, []string{"direction", "verdict"})
 	m := &metrics{
-		mismatches: prometheus.NewCounter(prometheus.CounterOpts{
+		mismatches: f.NewCounter(prometheus.CounterOpts{
 			Name: "dualflow_audit_verdict_mismatches_total",
 			Help: "Flow records whose datapath-reported verdict disagrees with the evaluated one.",
 		}),
-		compiles: prometheus.NewCounter(prometheus.CounterOpts{
+		compiles: f.NewCounter(prometheus.CounterOpts{
 			Name: "dualflow_audit_policy_compiles_total",
 			Help: "Times the NetworkPolicies changed and were recompiled.",
 		}),
-		policies: prometheus.NewGauge(prometheus.GaugeOpts{
+		policies: f.NewGauge(prometheus.GaugeOpts{
 			Name: "dualflow_audit_policies",
 			Help: "NetworkPolicies the auditor evaluates.",
 		}),
-		invalid: prometheus.NewGauge(prometheus.GaugeOpts{
+		invalid: f.NewGauge(prometheus.GaugeOpts{
 			Name: "dualflow_audit_invalid_policies",
 			Help: "NetworkPolicies left out because the API would reject them (bad selector, CIDR, port).",
 		}),
@@ -368,9 +362,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		for v := range m.verdicts[d] {
 			m.verdicts[d][v] = verdicts.WithLabelValues(policy.Direction(d).String(), flow.Verdict(v).String())
 		}
-	}
-	if reg != nil {
-		reg.MustRegister(verdicts, m.mismatches, m.compiles, m.policies, m.invalid)
 	}
 	return m
 }

@@ -506,17 +506,12 @@ func ipBlockGaps(set *policy.Set, classes []*podClass) []Finding {
 				has6 = has6 || b.CIDR.Addr().Is6()
 				c := b.CIDR.String()
 				if len(b.Except) > 0 {
-					c += " except " + joinPrefixes(b.Except)
+					c += " except " + join(b.Except)
 				}
 				cidrs = append(cidrs, c)
 			}
 			covers := func(a netip.Addr) bool {
-				for _, b := range r.blocks {
-					if b.Contains(a) {
-						return true
-					}
-				}
-				return false
+				return slices.ContainsFunc(r.blocks, func(b policy.Block) bool { return b.Contains(a) })
 			}
 			rule := policyRef(p.Namespace, p.Name, r.dir, r.index)
 			what := fmt.Sprintf("%s rule %d of NetworkPolicy %s/%s", r.dir, r.index, p.Namespace, p.Name)
@@ -544,7 +539,7 @@ func ipBlockGaps(set *policy.Set, classes []*podClass) []Finding {
 				}
 				msg := fmt.Sprintf("The ipBlocks of %s are IPv%d only (%s) in a dual-stack cluster, so the rule never matches IPv%d", what, fam, strings.Join(cidrs, ", "), missing)
 				if pods > 0 {
-					msg += fmt.Sprintf(": it covers the IPv%d addresses of %d dual-stack pods (%s) but not their IPv%d addresses.", fam, pods, joinRefs(ws), missing)
+					msg += fmt.Sprintf(": it covers the IPv%d addresses of %d dual-stack pods (%s) but not their IPv%d addresses.", fam, pods, join(ws), missing)
 				} else {
 					msg += " traffic to or from the same peers."
 				}
@@ -582,18 +577,11 @@ func ipBlockGaps(set *policy.Set, classes []*podClass) []Finding {
 	return out
 }
 
-func joinPrefixes(ps []netip.Prefix) string {
-	s := make([]string, len(ps))
-	for i, p := range ps {
-		s[i] = p.String()
-	}
-	return strings.Join(s, ", ")
-}
-
-func joinRefs(rs []Ref) string {
-	s := make([]string, len(rs))
-	for i, r := range rs {
-		s[i] = r.String()
+// join lists xs, comma-separated.
+func join[T fmt.Stringer](xs []T) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = x.String()
 	}
 	return strings.Join(s, ", ")
 }
@@ -640,7 +628,7 @@ func serviceGaps(view *enrich.Snapshot) []Finding {
 		ref := Ref{Kind: "Service", Namespace: s.Namespace, Name: s.Name}
 		out = append(out, Finding{Kind: KindServiceSingleStack, Count: uint64(dual), Objects: append([]Ref{ref}, ws...),
 			Message: fmt.Sprintf("%s is single-stack (%s) while %d of its %d pods (%s) are dual-stack, so clients can reach them through it over %s only.",
-				ref, fam, dual, total, joinRefs(ws), fam)})
+				ref, fam, dual, total, join(ws), fam)})
 	}
 	return out
 }

@@ -23,14 +23,15 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 
 	"github.com/dualflow/dualflow/collector/pipeline"
 	"github.com/dualflow/dualflow/flow"
 )
 
 // nodeOf tells which node an address belongs to (a pod address or a node's
-// own address): the Kubernetes enrichment's live view, or Inventory (the
-// nodes of a manifest).
+// own address): the Kubernetes enrichment's live view, or enrich.Nodes (the
+// nodes of a manifest, on the same index).
 type nodeOf interface {
 	NodeForIP(netip.Addr) (string, bool)
 }
@@ -237,11 +238,7 @@ func (c *Correlator) Expire(now time.Time, out []flow.Record) []flow.Record {
 // Flush appends every held half, unmatched (shutdown).
 func (c *Correlator) Flush(out []flow.Record) []flow.Record {
 	for c.head < len(c.fifo) {
-		it := c.fifo[c.head]
-		c.pop()
-		if e := c.held[it.k]; e != nil && e.seq == it.seq {
-			out = c.emitAlone(it.k, e, out)
-		}
+		out = c.flushOldest(out)
 	}
 	c.compact()
 	return out
@@ -466,25 +463,23 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
+	f := promauto.With(reg) // registers on reg unless it is nil
 	m := &metrics{
-		held: prometheus.NewGauge(prometheus.GaugeOpts{
+		held: f.NewGauge(prometheus.GaugeOpts{
 			Name: "dualflow_correlate_held", Help: "Flow halves waiting for the other node's half.",
 		}),
-		coalesced: prometheus.NewCounter(prometheus.CounterOpts{
+		coalesced: f.NewCounter(prometheus.CounterOpts{
 			Name: "dualflow_correlate_coalesced_total", Help: "Later records of a held half folded into it.",
 		}),
-		early: prometheus.NewCounter(prometheus.CounterOpts{
+		early: f.NewCounter(prometheus.CounterOpts{
 			Name: "dualflow_correlate_flushed_early_total", Help: "Halves written unmatched before their timeout because MaxHeld was reached.",
 		}),
 	}
-	out := prometheus.NewCounterVec(prometheus.CounterOpts{
+	out := f.NewCounterVec(prometheus.CounterOpts{
 		Name: "dualflow_correlate_records_total", Help: "Records written by the correlator, by correlation result.",
 	}, []string{"correlation"})
 	for c := range m.records {
 		m.records[c] = out.WithLabelValues(flow.Correlation(c).String())
-	}
-	if reg != nil {
-		reg.MustRegister(m.held, m.coalesced, m.early, out)
 	}
 	return m
 }

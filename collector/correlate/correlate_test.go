@@ -4,11 +4,9 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"math/rand/v2"
 	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
 	"testing"
 	"time"
 
@@ -20,7 +18,7 @@ import (
 
 // labInventory is the inventory of the lab's dual-stack 2-node manifest,
 // read back from its YAML as `--collector.inventory` is.
-func labInventory(t testing.TB) *Inventory {
+func labInventory(t testing.TB) *enrich.Nodes {
 	t.Helper()
 	m, err := manifest.Generate(manifest.Spec{Mode: manifest.ModeDual, Nodes: 2})
 	if err != nil {
@@ -34,23 +32,17 @@ func labInventory(t testing.TB) *Inventory {
 	if err := os.WriteFile(file, buf.Bytes(), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	snap, err := enrich.LoadSnapshot(file)
+	inv, err := enrich.LoadNodes(file)
 	if err != nil {
 		t.Fatal(err)
-	}
-	inv := NewInventory()
-	for _, n := range snap.Nodes {
-		if err := inv.AddNode(n.Name, n.PodCIDRs, slices.Concat(n.InternalIPs, n.ExternalIPs)...); err != nil {
-			t.Fatal(err)
-		}
 	}
 	return inv
 }
 
 func TestInventory(t *testing.T) {
 	inv := labInventory(t)
-	if inv.Nodes() != 2 {
-		t.Fatalf("nodes %d", inv.Nodes())
+	if inv.Len() != 2 {
+		t.Fatalf("nodes %d", inv.Len())
 	}
 	for _, tc := range []struct {
 		addr, node string
@@ -300,112 +292,6 @@ func BenchmarkCorrelate(b *testing.B) {
 		out = c.Add(&dst, c.Add(&src, out[:0]))
 	}
 	b.ReportMetric(float64(2*b.N)/b.Elapsed().Seconds(), "records/s")
-}
-
-// TestInventoryMatchesPrefixScan holds NodeForIP's integer-keyed tables to a
-// plain scan with netip.Prefix.Contains, longest prefix first, node
-// addresses before pod CIDRs, on prefixes of many lengths in both families
-// (nested ones included) and random lab addresses, IPv4-mapped and zoned
-// forms too.
-func TestInventoryMatchesPrefixScan(t *testing.T) {
-	type cidr struct {
-		p    netip.Prefix
-		node string
-	}
-	var (
-		inv   = NewInventory()
-		cidrs []cidr
-		addrs = map[netip.Addr]string{}
-	)
-	for i, spec := range []struct{ v4, v6 string }{
-		{"198.18.0.0/16", "fd00:10::/32"},
-		{"198.18.1.0/24", "fd00:10:0:1::/64"},
-		{"198.18.1.64/26", "fd00:10:0:1:1::/80"},
-		{"198.18.2.0/31", "fd00:10:0:2::/127"},
-		{"198.18.3.7/32", "fd00:10:0:3::7/128"},
-		{"198.19.0.0/17", "fd00:10:8000::/33"},
-		{"198.18.4.0/23", "fd00:10:0:4::/63"},
-	} {
-		name := fmt.Sprintf("node-%d", i)
-		pcs := []netip.Prefix{netip.MustParsePrefix(spec.v4).Masked(), netip.MustParsePrefix(spec.v6).Masked()}
-		a4 := netip.AddrFrom4([4]byte{198, 19, 255, byte(i)})
-		a6 := netip.MustParseAddr(fmt.Sprintf("fd00:10:ffff::%x", i))
-		addrs[a4], addrs[a6] = name, name
-		for _, p := range pcs {
-			cidrs = append(cidrs, cidr{p, name})
-		}
-		if err := inv.AddNode(name, pcs, a4, a6); err != nil {
-			t.Fatal(err)
-		}
-	}
-	slices.SortStableFunc(cidrs, func(a, b cidr) int { return b.p.Bits() - a.p.Bits() })
-	want := func(a netip.Addr) string {
-		a = a.Unmap().WithZone("")
-		if n, ok := addrs[a]; ok {
-			return n
-		}
-		for _, c := range cidrs {
-			if c.p.Contains(a) {
-				return c.node
-			}
-		}
-		return ""
-	}
-	r := rand.New(rand.NewPCG(3, 4))
-	var probes []netip.Addr
-	for a := range addrs {
-		probes = append(probes, a)
-	}
-	for _, c := range cidrs { // each prefix's first and last address, and just outside
-		first := c.p.Addr()
-		last := first
-		for range 1 << min(c.p.Addr().BitLen()-c.p.Bits(), 10) {
-			last = last.Next()
-		}
-		probes = append(probes, first, first.Prev(), last, last.Next())
-	}
-	for range 20000 {
-		var b [16]byte
-		if r.IntN(2) == 0 {
-			b4 := [4]byte{198, 18 + byte(r.IntN(2)), byte(r.IntN(8)), byte(r.IntN(256))}
-			probes = append(probes, netip.AddrFrom4(b4))
-			continue
-		}
-		copy(b[:], []byte{0xfd, 0x00, 0x00, 0x10})
-		for i := 4; i < 16; i++ {
-			if r.IntN(3) == 0 {
-				b[i] = byte(r.IntN(256))
-			}
-		}
-		b[5] = byte(r.IntN(2)) << 7
-		probes = append(probes, netip.AddrFrom16(b))
-	}
-	checked := map[string]int{}
-	for _, a := range probes {
-		if !a.IsValid() {
-			continue
-		}
-		forms := []netip.Addr{a}
-		if a.Is4() {
-			forms = append(forms, netip.AddrFrom16(a.As16()))
-		} else {
-			forms = append(forms, a.WithZone("eth0"))
-		}
-		w := want(a)
-		for _, f := range forms {
-			got, ok := inv.NodeForIP(f)
-			if got != w || ok != (w != "") {
-				t.Errorf("NodeForIP(%s) = %q, %v; want %q", f, got, ok, w)
-			}
-		}
-		checked[w]++
-	}
-	if len(checked) < inv.Nodes()+1 {
-		t.Errorf("probes reached %d nodes (and none): %v", len(checked), checked)
-	}
-	if err := inv.AddNode("dup", []netip.Prefix{netip.MustParsePrefix("198.18.1.0/24")}); err == nil {
-		t.Error("a pod CIDR on two nodes: no error")
-	}
 }
 
 // TestRunPassesThroughInPlace: records with nothing to pair are compacted

@@ -187,7 +187,7 @@ func BenchmarkEnrich(b *testing.B) {
 				for b.Loop() {
 					r := &recs[i&4095]
 					r.Src, r.Dst, r.Service = flow.Endpoint{}, flow.Endpoint{}, flow.Service{}
-					e.Enrich(r)
+					e.enrichOne(r)
 					i++
 				}
 				if recs[0].Src.PodName == "" {
@@ -205,7 +205,7 @@ func BenchmarkEnrich(b *testing.B) {
 		b.ReportAllocs()
 		i := 0
 		for b.Loop() {
-			e.Enrich(&hot[i&63])
+			e.enrichOne(&hot[i&63])
 			i++
 		}
 	})
@@ -213,7 +213,7 @@ func BenchmarkEnrich(b *testing.B) {
 	b.Run("batch-1024/ipv6", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			e.EnrichBatch(recs)
+			e.Enrich(recs)
 		}
 		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(recs)), "ns/record")
 	})
@@ -223,7 +223,7 @@ func BenchmarkEnrich(b *testing.B) {
 			rs := benchRecords("service", true, 256)
 			i := 0
 			for pb.Next() {
-				e.Enrich(&rs[i&255])
+				e.enrichOne(&rs[i&255])
 				i++
 			}
 		})

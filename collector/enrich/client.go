@@ -3,7 +3,8 @@ package enrich
 import (
 	"fmt"
 	"log/slog"
-	"sort"
+	"maps"
+	"slices"
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
@@ -11,6 +12,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/dualflow/dualflow/collector/enrich/inventory"
+	"github.com/dualflow/dualflow/internal/reload"
 )
 
 // userAgent identifies the collector to the API server.
@@ -56,7 +58,7 @@ func newClient(cfg Config, log *slog.Logger, h *apiHealth) (kubernetes.Interface
 // inventory mode runs the same informers, transforms and handlers as a
 // cluster. The source it returns reloads the files when they change.
 func inventoryClient(files []string, log *slog.Logger) (kubernetes.Interface, *inventorySource, error) {
-	stamps := stampFiles(files) // before reading: a change during the load shows at the next check
+	stamps := reload.Stamps(files) // before reading: a change during the load shows at the next check
 	res, err := inventory.Load(files...)
 	if err != nil {
 		return nil, nil, err
@@ -67,12 +69,7 @@ func inventoryClient(files []string, log *slog.Logger) (kubernetes.Interface, *i
 		return nil, nil, err
 	}
 	if len(res.Skipped) > 0 {
-		kinds := make([]string, 0, len(res.Skipped))
-		for k := range res.Skipped {
-			kinds = append(kinds, k)
-		}
-		sort.Strings(kinds)
-		log.Info("inventory: skipped objects of kinds enrichment does not use", "kinds", kinds)
+		log.Info("inventory: skipped objects of kinds enrichment does not use", "kinds", slices.Sorted(maps.Keys(res.Skipped)))
 	}
 	log.Info("inventory loaded", "files", files, "objects", len(res.Objects))
 	return cs, src, nil

@@ -63,8 +63,8 @@ type Config struct {
 	// dump).
 	Inventory []string
 	// EnableIPv6 enriches IPv6 records. When false, IPv6 addresses are
-	// dropped from the objects, IPv6 records are not enriched and
-	// PreferAddr never picks IPv6; pod and node IPv6 addresses still
+	// dropped from the objects and IPv6 records are not enriched; pod and
+	// node IPv6 addresses still
 	// answer NodeForIP, so the correlator pairs IPv6 halves.
 	EnableIPv6 bool
 	// GracePeriod keeps deleted objects and given-up addresses for late

@@ -24,7 +24,7 @@
 //	e, err := enrich.New(cfg, reg, log)
 //	go e.Run(ctx)                 // owns the informers until ctx ends
 //	err = e.WaitForSync(ctx)      // before serving
-//	e.Enrich(&rec)                // any goroutine; allocation-free
+//	e.Enrich(recs)                // any goroutine; allocation-free
 //
 // The minimal RBAC (list and watch only) is in rbac.yaml; README.md has the
 // memory cost per pod.
@@ -35,13 +35,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	networkingv1 "k8s.io/api/networking/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -58,8 +58,8 @@ import (
 // ErrDisabled is returned by New when the configuration's source is off.
 var ErrDisabled = errors.New("kubernetes enrichment is off (--k8s.source=off, or auto found no cluster)")
 
-// Enricher is the Kubernetes enrichment stage. Build it with New (or
-// NewForClient), start it with Run, wait for WaitForSync before relying on
+// Enricher is the Kubernetes enrichment stage. Build it with New, start
+// it with Run, wait for WaitForSync before relying on
 // it. Enrich, NodeForIP and the accessors are safe for concurrent use,
 // before and after sync (before, they see a partial index).
 type Enricher struct {
@@ -114,15 +114,10 @@ func New(cfg Config, reg prometheus.Registerer, log *slog.Logger) (*Enricher, er
 	return e, nil
 }
 
-// NewForClient builds an Enricher that watches through client (a real or
-// a fake clientset); cfg's Source, Kubeconfig, Context and Inventory are
-// not used.
-func NewForClient(cfg Config, client kubernetes.Interface, reg prometheus.Registerer, log *slog.Logger) (*Enricher, error) {
-	return newEnricher(cfg, client, reg, log, nil)
-}
-
-// newEnricher is NewForClient with the API health tracker h of client's
-// transport (nil when client has no transport to watch: a fake clientset).
+// newEnricher builds an Enricher that watches through client (a real or
+// a fake clientset) with the API health tracker h of client's transport
+// (nil when client has no transport to watch: a fake clientset); cfg's
+// Source, Kubeconfig, Context and Inventory are not used.
 func newEnricher(cfg Config, client kubernetes.Interface, reg prometheus.Registerer, log *slog.Logger, h *apiHealth) (*Enricher, error) {
 	cfg.SetDefaults()
 	v := cfg
@@ -362,37 +357,23 @@ func (e *Enricher) Synced() bool {
 	}
 }
 
-// SetProbes makes Enrich and EnrichBatch mark the records of the
+// SetProbes makes Enrich mark the records of the
 // traceflow probes r remembers (flow.Record.ProbeTraceID), so that traces
 // do not count as traffic. nil stops it. Safe to call at any time. (The
 // registry is a concrete type, not an interface: through an interface the
-// record Enrich is given would escape to the heap.)
+// records Enrich is given would escape to the heap.)
 func (e *Enricher) SetProbes(r *probes.Registry) { e.probes.Store(r) }
 
-// Enrich fills rec's Kubernetes fields: Src and Dst (pod, namespace,
-// labels, workload, node, zone), Service (for a flow addressed to a
-// Service: its ServiceAddr, or a Service address as DstAddr when there was
-// no DNAT) and Type. Addresses resolve at the flow's time (FlowStart, else
-// FlowEnd, else now). Fields nothing was found for keep their values.
-// A traceflow probe's record gets its trace id (SetProbes).
-// rec's Labels maps are shared: read-only. Safe for concurrent use; it
-// allocates nothing.
-func (e *Enricher) Enrich(rec *flow.Record) {
-	now := e.nowFor(rec)
-	rec.K8sViewStale = e.Stale()
-	e.x.mu.RLock()
-	r := e.x.enrich(rec, now)
-	e.x.mu.RUnlock()
-	if p := e.probes.Load(); p != nil {
-		p.Mark(unsafe.Slice(rec, 1))
-	}
-	f := familyIndex(rec)
-	e.m.lookups[f][hitIndex(r.srcHit)].Inc()
-	e.m.lookups[f][hitIndex(r.dstHit)].Inc()
-}
-
-// EnrichBatch enriches every record of recs under one read lock.
-func (e *Enricher) EnrichBatch(recs []flow.Record) {
+// Enrich fills the Kubernetes fields of every record of recs, under one
+// read lock: Src and Dst (pod, namespace, labels, workload, node, zone),
+// Service (for a flow addressed to a Service: its ServiceAddr, or a
+// Service address as DstAddr when there was no DNAT) and Type. Addresses
+// resolve at the flow's time (FlowStart, else FlowEnd, else now). Fields
+// nothing was found for keep their values. A traceflow probe's record gets
+// its trace id (SetProbes). The records' Labels maps are shared:
+// read-only. Safe for concurrent use; it allocates nothing. It is the
+// collector pipeline's enrich stage (pipeline.Enricher).
+func (e *Enricher) Enrich(recs []flow.Record) {
 	if len(recs) == 0 {
 		return
 	}
@@ -453,16 +434,6 @@ func (e *Enricher) Status() []KindStatus {
 	return e.health.status()
 }
 
-// Batch returns the Enricher as the collector pipeline's batch stage
-// (pipeline.Enricher: Enrich([]flow.Record)).
-func (e *Enricher) Batch() Batch { return Batch{e: e} }
-
-// Batch adapts an Enricher to a batch interface; see Enricher.Batch.
-type Batch struct{ e *Enricher }
-
-// Enrich enriches recs in place (EnrichBatch).
-func (b Batch) Enrich(recs []flow.Record) { b.e.EnrichBatch(recs) }
-
 // nowFor reads the clock only for a record without times (the clock is
 // not free in every VM).
 func (e *Enricher) nowFor(r *flow.Record) int64 {
@@ -506,14 +477,7 @@ func (e *Enricher) NodeForIP(a netip.Addr) (string, bool) {
 	now := e.x.now().UnixNano()
 	e.x.mu.RLock()
 	defer e.x.mu.RUnlock()
-	return e.x.nodeFor(a, now, true)
-}
-
-// NodeForIPAt is NodeForIP at time t (a flow's start).
-func (e *Enricher) NodeForIPAt(a netip.Addr, t time.Time) (string, bool) {
-	e.x.mu.RLock()
-	defer e.x.mu.RUnlock()
-	return e.x.nodeFor(a, e.at(t), false)
+	return e.x.nodeFor(a, now)
 }
 
 // LookupPod returns the pod that held address a at time t (zero: now),
@@ -598,13 +562,8 @@ func (e *Enricher) Node(name string) (*Node, bool) {
 // NodeNames returns the names of the live nodes, sorted.
 func (e *Enricher) NodeNames() []string {
 	e.x.mu.RLock()
-	out := make([]string, 0, len(e.x.nodes))
-	for n := range e.x.nodes {
-		out = append(out, n)
-	}
-	e.x.mu.RUnlock()
-	slices.Sort(out)
-	return out
+	defer e.x.mu.RUnlock()
+	return slices.Sorted(maps.Keys(e.x.nodes))
 }
 
 // Zone returns the zone of node name ("" if unknown). A deleted node's
@@ -614,11 +573,3 @@ func (e *Enricher) Zone(node string) string {
 	defer e.x.mu.RUnlock()
 	return e.x.zone(node)
 }
-
-// PreferAddr is PreferAddr with the configured --k8s.enable-ipv6.
-func (e *Enricher) PreferAddr(addrs []netip.Addr) (netip.Addr, bool) {
-	return PreferAddr(addrs, e.cfg.EnableIPv6)
-}
-
-// IPv6Enabled reports --k8s.enable-ipv6.
-func (e *Enricher) IPv6Enabled() bool { return e.cfg.EnableIPv6 }

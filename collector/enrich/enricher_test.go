@@ -180,7 +180,7 @@ func TestServiceSlicesAnyOrder(t *testing.T) {
 				// Port name from the endpoint's slice when the Service port is unknown.
 				r = v.viaService(f.src, f.vip, f.endpoint)
 				r.ServicePort = 0
-				if v.e.Enrich(&r); r.Service.PortName != "http" {
+				if v.e.enrichOne(&r); r.Service.PortName != "http" {
 					t.Errorf("%s: port name from the slice %q", f.endpoint, r.Service.PortName)
 				}
 			}
@@ -199,7 +199,7 @@ func TestServiceSlicesAnyOrder(t *testing.T) {
 					r.SrcAddr = ip("fd00:10:1::10")
 				}
 				r.ServicePort = 0
-				if v.e.Enrich(&r); r.Service.Name != "api" || r.Service.PortName != f.want {
+				if v.e.enrichOne(&r); r.Service.Name != "api" || r.Service.PortName != f.want {
 					t.Errorf("after deleting the IPv4 slice, %s: service %+v, want port name %q", f.endpoint, r.Service, f.want)
 				}
 			}
@@ -267,8 +267,8 @@ func TestServiceFamilyChange(t *testing.T) {
 		t.Errorf("EndpointSlices after the change back: %v", got)
 	}
 	s, _ := v.e.Service("backend", "api")
-	if a, _ := PreferAddr(s.ClusterIPs, true); a != ip("fd00:10:96::20") {
-		t.Errorf("preferred ClusterIP %v", a)
+	if !slices.Contains(s.ClusterIPs, ip("fd00:10:96::20")) {
+		t.Errorf("ClusterIPs %v after the change back", s.ClusterIPs)
 	}
 }
 
@@ -403,9 +403,6 @@ func TestIPv6Disabled(t *testing.T) {
 	s, _ := v.e.Service("backend", "api")
 	if !slices.Equal(s.ClusterIPs, []netip.Addr{ip("198.19.0.10")}) {
 		t.Errorf("ClusterIPs %v", s.ClusterIPs)
-	}
-	if a, ok := v.e.PreferAddr([]netip.Addr{ip("fd00:10:96::10"), ip("198.19.0.10")}); !ok || a != ip("198.19.0.10") {
-		t.Errorf("PreferAddr %v", a)
 	}
 	if n, _ := v.e.Node("node-1"); len(n.PodCIDRs) != 1 || len(n.InternalIPs) != 1 {
 		t.Errorf("node %v %v", n.PodCIDRs, n.InternalIPs)
@@ -580,7 +577,7 @@ func TestExternalAndLoadBalancerIPs(t *testing.T) {
 			}
 			r := v.record(c.src, dst)
 			r.ServiceAddr, r.ServicePort = ip(c.svcAddr), c.port
-			v.e.Enrich(&r)
+			v.e.enrichOne(&r)
 			if r.Service != c.want || r.Dst.PodName != "api-2" || r.Type != flow.FlowTypeFromExternal {
 				t.Errorf("service %+v dst %s type %v, want %+v", r.Service, r.Dst.PodName, r.Type, c.want)
 			}
@@ -739,7 +736,7 @@ func TestMetrics(t *testing.T) {
 	v := newEnv(t, testConfig(), objs...)
 	v.enrich(v.record("198.18.1.10", "198.19.252.8"))
 	v.enrich(v.record("fd00:10:1::10", "fd00:10:1::10"))
-	v.e.EnrichBatch([]flow.Record{v.record("fd00:10:1::10", "fd00:10:4861::1"), v.record("198.19.252.1", "198.19.252.8")})
+	v.e.Enrich([]flow.Record{v.record("fd00:10:1::10", "fd00:10:4861::1"), v.record("198.19.252.1", "198.19.252.8")})
 	want := `
 # HELP dualflow_enrich_lookups_total Flow endpoint addresses looked up in the Kubernetes index, by family; hit means a pod or a node was found.
 # TYPE dualflow_enrich_lookups_total counter
@@ -834,8 +831,8 @@ func TestEnrichAllocatesNothing(t *testing.T) {
 		batch := []flow.Record{r, r}
 		if n := testing.AllocsPerRun(100, func() {
 			rec := r
-			v.e.Enrich(&rec)
-			v.e.EnrichBatch(batch)
+			v.e.enrichOne(&rec)
+			v.e.Enrich(batch)
 			v.e.NodeForIP(r.DstAddr)
 		}); n != 0 {
 			t.Errorf("%v -> %v: %v allocations", r.SrcAddr, r.DstAddr, n)
@@ -861,7 +858,7 @@ func TestConcurrentEnrich(t *testing.T) {
 				default:
 				}
 				r := recs[(i+n)%2]
-				v.e.Enrich(&r)
+				v.e.enrichOne(&r)
 				if r.Service.Name != "api" || r.Src.PodName != "web" {
 					t.Errorf("concurrent enrich: %+v", r)
 					return
@@ -884,7 +881,7 @@ func TestConcurrentEnrich(t *testing.T) {
 func TestBatchAdapter(t *testing.T) {
 	v := newEnv(t, testConfig(), append(baseObjects(), mkPod("a", "p", "node-1", []string{"198.18.1.10", "fd00:10:1::10"}))...)
 	recs := []flow.Record{v.record("198.18.1.10", "198.19.252.8"), v.record("fd00:10:1::10", "fd00:10:4861::1")}
-	var stage interface{ Enrich([]flow.Record) } = v.e.Batch()
+	var stage interface{ Enrich([]flow.Record) } = v.e
 	stage.Enrich(recs)
 	for _, r := range recs {
 		if r.Src.PodName != "p" || r.Type != flow.FlowTypeToExternal {
@@ -922,7 +919,7 @@ func TestOneEndpointTwoServices(t *testing.T) {
 	} {
 		r := v.viaService(c.src, c.vip, c.dst)
 		r.ServicePort = 0 // port name from the endpoint's own slice
-		v.e.Enrich(&r)
+		v.e.enrichOne(&r)
 		if r.Service.Name != c.svc || r.Service.PortName != "http" || r.Dst.Zone != c.zone || r.Dst.PodName != "api-2" {
 			t.Errorf("via %s: service %+v dst %+v", c.vip, r.Service, r.Dst)
 		}

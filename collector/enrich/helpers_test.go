@@ -433,6 +433,6 @@ func (v *env) viaService(src, vip, endpoint string) flow.Record {
 }
 
 func (v *env) enrich(r flow.Record) flow.Record {
-	v.e.Enrich(&r)
+	v.e.enrichOne(&r)
 	return r
 }

@@ -1,6 +1,7 @@
 package enrich
 
 import (
+	"maps"
 	"runtime"
 	"slices"
 	"strconv"
@@ -38,12 +39,7 @@ func (in *interner) name(s string) string {
 	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if v, ok := in.names[s]; ok {
-		return v
-	}
-	s = strings.Clone(s)
-	in.names[s] = s
-	return s
+	return in.nameLocked(s)
 }
 
 // labelSet returns a pointer to a shared map equal to m (nil for an empty
@@ -53,13 +49,8 @@ func (in *interner) labelSet(m map[string]string) *map[string]string {
 	if len(m) == 0 {
 		return nil
 	}
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	slices.Sort(keys)
 	var b strings.Builder
-	for _, k := range keys {
+	for _, k := range slices.Sorted(maps.Keys(m)) {
 		// Length-prefixed, so that no two sets share a key.
 		b.WriteString(strconv.Itoa(len(k)))
 		b.WriteByte(':')
@@ -68,28 +59,13 @@ func (in *interner) labelSet(m map[string]string) *map[string]string {
 		b.WriteByte(':')
 		b.WriteString(m[k])
 	}
-	key := b.String()
-	in.mu.Lock()
-	defer in.mu.Unlock()
-	if wp, ok := in.labels[key]; ok {
-		if p := wp.Value(); p != nil {
-			return p
+	return share(in, in.labels, b.String(), func() *map[string]string {
+		c := make(map[string]string, len(m))
+		for k, v := range m {
+			c[in.nameLocked(k)] = v
 		}
-	}
-	c := make(map[string]string, len(m))
-	for k, v := range m {
-		c[in.nameLocked(k)] = v
-	}
-	p := &c
-	in.labels[key] = weak.Make(p)
-	runtime.AddCleanup(p, func(key string) {
-		in.mu.Lock()
-		defer in.mu.Unlock()
-		if wp, ok := in.labels[key]; ok && wp.Value() == nil {
-			delete(in.labels, key)
-		}
-	}, key)
-	return p
+		return &c
+	})
 }
 
 // portList returns a pointer to a shared slice equal to ps (nil for an
@@ -107,22 +83,28 @@ func (in *interner) portList(ps []ContainerPort) *[]ContainerPort {
 		b.WriteString(string(p.Protocol))
 		b.WriteByte(',')
 	}
-	key := b.String()
+	return share(in, in.ports, b.String(), func() *[]ContainerPort {
+		c := slices.Clone(ps)
+		return &c
+	})
+}
+
+// share returns the value held in m under key, or else the one mk makes
+// (called with in.mu held), held weakly: its entry goes when nothing else
+// holds it.
+func share[T any](in *interner, m map[string]weak.Pointer[T], key string, mk func() *T) *T {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	if wp, ok := in.ports[key]; ok {
-		if p := wp.Value(); p != nil {
-			return p
-		}
+	if p := m[key].Value(); p != nil {
+		return p
 	}
-	c := slices.Clone(ps)
-	p := &c
-	in.ports[key] = weak.Make(p)
+	p := mk()
+	m[key] = weak.Make(p)
 	runtime.AddCleanup(p, func(key string) {
 		in.mu.Lock()
 		defer in.mu.Unlock()
-		if wp, ok := in.ports[key]; ok && wp.Value() == nil {
-			delete(in.ports, key)
+		if m[key].Value() == nil {
+			delete(m, key)
 		}
 	}, key)
 	return p

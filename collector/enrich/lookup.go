@@ -3,6 +3,7 @@ package enrich
 import (
 	"net/netip"
 	"slices"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -60,12 +61,7 @@ func (x *index) place(a netip.Addr, start, end int64) place {
 }
 
 func inPrefixes(ps []netip.Prefix, a netip.Addr) bool {
-	for _, p := range ps {
-		if p.Contains(a) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(ps, func(p netip.Prefix) bool { return p.Contains(a) })
 }
 
 // cidrNode returns the node whose pod CIDR holds a (longest prefix).
@@ -281,9 +277,10 @@ func (x *index) enrich(rec *flow.Record, now int64) result {
 }
 
 // nodeFor returns the node hosting address a at time t: the node of the
-// pod holding it, the node owning it as a node address, or the node whose
-// pod CIDR contains it.
-func (x *index) nodeFor(a netip.Addr, t int64, orLatest bool) (string, bool) {
+// pod holding it (or that held it last, within the grace period), the
+// node owning it as a node address (likewise), or the node whose pod CIDR
+// contains it.
+func (x *index) nodeFor(a netip.Addr, t int64) (string, bool) {
 	a = a.Unmap()
 	if p, ok := x.podIPs.resolve(a, t, t, nil); ok {
 		return p.NodeName, p.NodeName != ""
@@ -291,13 +288,11 @@ func (x *index) nodeFor(a netip.Addr, t int64, orLatest bool) (string, bool) {
 	if n, ok := x.hostIPs.resolve(a, t, t, nil); ok {
 		return n.node, true
 	}
-	if orLatest {
-		if p, ok := x.podIPs.latest(a); ok && p.NodeName != "" {
-			return p.NodeName, true
-		}
-		if n, ok := x.hostIPs.latest(a); ok {
-			return n.node, true
-		}
+	if p, ok := x.podIPs.latest(a); ok && p.NodeName != "" {
+		return p.NodeName, true
+	}
+	if n, ok := x.hostIPs.latest(a); ok {
+		return n.node, true
 	}
 	if n, ok := x.cidrNode(a, t, t); ok {
 		return n.node, true
@@ -323,14 +318,6 @@ func (x *index) endpointSlices(ns, name string) []*EndpointSlice {
 		}
 		out = append(out, s)
 	}
-	slices.SortFunc(out, func(a, b *EndpointSlice) int {
-		if a.Name < b.Name {
-			return -1
-		}
-		if a.Name > b.Name {
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(out, func(a, b *EndpointSlice) int { return strings.Compare(a.Name, b.Name) })
 	return out
 }

@@ -1,7 +1,8 @@
 package enrich
 
 import (
-	"sort"
+	"maps"
+	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -96,12 +97,7 @@ func (c *indexCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *indexCollector) Collect(ch chan<- prometheus.Metric) {
 	counts := c.x.counts()
-	kinds := make([]string, 0, len(counts))
-	for k := range counts {
-		kinds = append(kinds, k)
-	}
-	sort.Strings(kinds)
-	for _, k := range kinds {
+	for _, k := range slices.Sorted(maps.Keys(counts)) {
 		ch <- prometheus.MustNewConstMetric(objectsDesc, prometheus.GaugeValue, float64(counts[k]), k)
 	}
 	ch <- prometheus.MustNewConstMetric(retainedDesc, prometheus.GaugeValue, float64(c.x.retained()))

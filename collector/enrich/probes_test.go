@@ -46,7 +46,7 @@ func TestEnrichMarksProbes(t *testing.T) {
 		}
 	}
 	batch := recs()
-	e.EnrichBatch(batch)
+	e.Enrich(batch)
 	for i := range batch {
 		if batch[i].ProbeTraceID != "" {
 			t.Fatalf("record %d marked without a registry", i)
@@ -54,19 +54,19 @@ func TestEnrichMarksProbes(t *testing.T) {
 	}
 	e.SetProbes(reg)
 	batch = recs()
-	e.EnrichBatch(batch)
+	e.Enrich(batch)
 	check("EnrichBatch", batch)
 	one := recs()
 	for i := range one {
-		e.Enrich(&one[i])
+		e.enrichOne(&one[i])
 	}
 	check("Enrich", one)
 	// Marking allocates nothing, one by one or by batch.
 	r, batch := recs()[1], recs()
 	if n := testing.AllocsPerRun(100, func() {
 		rec := r
-		e.Enrich(&rec)
-		e.EnrichBatch(batch)
+		e.enrichOne(&rec)
+		e.Enrich(batch)
 	}); n != 0 {
 		t.Errorf("%v allocations", n)
 	}
@@ -97,7 +97,7 @@ func BenchmarkEnrichProbes(b *testing.B) {
 			}
 			b.ReportAllocs()
 			for b.Loop() {
-				e.EnrichBatch(recs)
+				e.Enrich(recs)
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(recs)), "ns/record")
 		})

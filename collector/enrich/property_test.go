@@ -305,7 +305,7 @@ func dump(x *index) string {
 						r.ServicePort = 30080
 					}
 				}
-				e.Enrich(&r)
+				e.enrichOne(&r)
 				line("at %v %s->%s via %s: src=%v dst=%v svc=%v type=%v", at, src, dst, vip, stripLabels(r.Src), stripLabels(r.Dst), r.Service, r.Type)
 			}
 		}

@@ -3,7 +3,6 @@ package enrich
 import (
 	"errors"
 	"fmt"
-	"os"
 	"slices"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/dualflow/dualflow/collector/enrich/inventory"
+	"github.com/dualflow/dualflow/internal/reload"
 )
 
 // DefaultInventoryReload is how often the inventory source looks for
@@ -29,34 +29,14 @@ type inventorySource struct {
 	files   []string
 	tracker clienttesting.ObjectTracker
 	objects map[objectKey]runtime.Object // as last loaded
-	stamps  []fileStamp                  // of the files when last read
-	pending []fileStamp                  // of changed files, seen once: read when seen again unchanged
+	stamps  []reload.Stamp               // of the files when last read
+	pending []reload.Stamp               // of changed files, seen once: read when seen again unchanged
 	perFile map[string]int               // objects each file held when last loaded
 }
 
 type objectKey struct {
 	gvr             schema.GroupVersionResource
 	namespace, name string
-}
-
-// fileStamp is what tells a changed file: size and modification time, or
-// the error stat gave.
-type fileStamp struct {
-	size int64
-	mod  time.Time
-	err  string
-}
-
-func stampFiles(files []string) []fileStamp {
-	out := make([]fileStamp, len(files))
-	for i, f := range files {
-		if fi, err := os.Stat(f); err != nil {
-			out[i].err = err.Error()
-		} else {
-			out[i].size, out[i].mod = fi.Size(), fi.ModTime()
-		}
-	}
-	return out
 }
 
 // kindResources maps the inventory's kinds to their API resources.
@@ -77,7 +57,7 @@ func keyOf(o *inventory.Object) (objectKey, error) {
 }
 
 // newInventorySource loads res's objects into tracker.
-func newInventorySource(files []string, stamps []fileStamp, tracker clienttesting.ObjectTracker, res *inventory.Result) (*inventorySource, error) {
+func newInventorySource(files []string, stamps []reload.Stamp, tracker clienttesting.ObjectTracker, res *inventory.Result) (*inventorySource, error) {
 	s := &inventorySource{files: files, tracker: tracker, objects: map[objectKey]runtime.Object{}, stamps: stamps, perFile: countPerFile(res)}
 	for i := range res.Objects {
 		o := &res.Objects[i]
@@ -126,7 +106,7 @@ func countPerFile(res *inventory.Result) map[string]int {
 // ErrEmptyInventoryFile), leaves the objects as they were; it is not read
 // again until it changes.
 func (s *inventorySource) reload() (reloadResult, error) {
-	stamps := stampFiles(s.files)
+	stamps := reload.Stamps(s.files)
 	if slices.Equal(stamps, s.stamps) {
 		s.pending = nil
 		return reloadResult{}, errUnchanged

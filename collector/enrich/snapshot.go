@@ -2,8 +2,10 @@ package enrich
 
 import (
 	"cmp"
+	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -61,19 +63,57 @@ func (e *Enricher) Snapshot() *Snapshot {
 // NewSnapshot builds the view of objs as the Enricher builds it from a
 // cluster (the same transforms and index, IPv6 on), for manifests and
 // tests. Kinds the Enricher does not watch are ignored.
-func NewSnapshot(objs ...runtime.Object) *Snapshot {
+func NewSnapshot(objs ...runtime.Object) *Snapshot { return indexOf(objs).snapshot(0) }
+
+// LoadSnapshot reads manifest files (package inventory: kubectl get -o
+// yaml output, the lab's manifest) into a Snapshot.
+func LoadSnapshot(files ...string) (*Snapshot, error) {
+	x, err := loadIndex(files)
+	if err != nil {
+		return nil, err
+	}
+	return x.snapshot(0), nil
+}
+
+// Nodes tells which node an address belongs to, from the objects of
+// manifest files, as the Enricher tells it from a cluster (NodeForIP, on
+// the same index): the correlator's view under --collector.inventory. It
+// is read-only and safe for concurrent use.
+type Nodes struct{ x *index }
+
+// LoadNodes reads manifest files into Nodes; files without a Node object
+// are an error (nothing to correlate by).
+func LoadNodes(files ...string) (*Nodes, error) {
+	x, err := loadIndex(files)
+	if err != nil {
+		return nil, err
+	}
+	if len(x.nodes) == 0 {
+		return nil, fmt.Errorf("inventory %s: no Node objects", strings.Join(files, ", "))
+	}
+	return &Nodes{x}, nil
+}
+
+// NodeForIP is Enricher.NodeForIP.
+func (n *Nodes) NodeForIP(a netip.Addr) (string, bool) {
+	return n.x.nodeFor(a, n.x.now().UnixNano())
+}
+
+// Len returns the number of nodes.
+func (n *Nodes) Len() int { return len(n.x.nodes) }
+
+// indexOf indexes objs as the Enricher indexes a cluster's (IPv6 on).
+func indexOf(objs []runtime.Object) *index {
 	x := newIndex(time.Now, 0, true)
 	tr := &transformer{in: newInterner(), ipv6: true}
 	for _, o := range objs {
 		v, _ := tr.transform(o)
 		x.set(v)
 	}
-	return x.snapshot(0)
+	return x
 }
 
-// LoadSnapshot reads manifest files (package inventory: kubectl get -o
-// yaml output, the lab's manifest) into a Snapshot.
-func LoadSnapshot(files ...string) (*Snapshot, error) {
+func loadIndex(files []string) (*index, error) {
 	res, err := inventory.Load(files...)
 	if err != nil {
 		return nil, err
@@ -82,7 +122,7 @@ func LoadSnapshot(files ...string) (*Snapshot, error) {
 	for i := range res.Objects {
 		objs[i] = res.Objects[i].Object
 	}
-	return NewSnapshot(objs...), nil
+	return indexOf(objs), nil
 }
 
 // snapshot takes the snapshot of x; the caller holds x.mu.

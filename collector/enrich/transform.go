@@ -1,6 +1,7 @@
 package enrich
 
 import (
+	"cmp"
 	"net/netip"
 	"slices"
 	"strings"
@@ -95,39 +96,25 @@ func (tr *transformer) addrs(kind string, ss []string) []netip.Addr {
 	return out
 }
 
-// protocol returns the package-level constant for p (TCP when empty), so
-// that no object keeps its own copy of the string.
+// known returns the package-level constant equal to v, when one of known
+// is, so that no object keeps its own copy of a well-known string.
+func known[T ~string](v T, known ...T) T {
+	if i := slices.Index(known, v); i >= 0 {
+		return known[i]
+	}
+	return v
+}
+
+// protocol returns the constant for p (TCP when empty).
 func protocol(p corev1.Protocol) corev1.Protocol {
-	switch p {
-	case "", corev1.ProtocolTCP:
+	if p == "" {
 		return corev1.ProtocolTCP
-	case corev1.ProtocolUDP:
-		return corev1.ProtocolUDP
-	case corev1.ProtocolSCTP:
-		return corev1.ProtocolSCTP
 	}
-	return p
+	return known(p, corev1.ProtocolTCP, corev1.ProtocolUDP, corev1.ProtocolSCTP)
 }
 
-// kind returns the constant for a well-known controller kind.
-func kind(k string) string {
-	for _, c := range []string{KindReplicaSet, KindDeployment, KindStatefulSet, KindDaemonSet, KindJob, KindCronJob, "ReplicationController", "Node"} {
-		if k == c {
-			return c
-		}
-	}
-	return k
-}
-
-func family(f corev1.IPFamily) corev1.IPFamily {
-	switch f {
-	case corev1.IPv4Protocol:
-		return corev1.IPv4Protocol
-	case corev1.IPv6Protocol:
-		return corev1.IPv6Protocol
-	}
-	return f
-}
+// controllerKinds are the well-known kinds of owners.
+var controllerKinds = []string{KindReplicaSet, KindDeployment, KindStatefulSet, KindDaemonSet, KindJob, KindCronJob, "ReplicationController", "Node"}
 
 // uidOf returns uid, or for an object without one (a hand-written
 // inventory manifest) a stand-in made of its kind and name: claims are
@@ -143,7 +130,7 @@ func uidOf(kind string, uid types.UID, ns, name string) types.UID {
 func controllerOf(refs []metav1.OwnerReference) (Workload, bool) {
 	for _, r := range refs {
 		if r.Controller != nil && *r.Controller {
-			return Workload{Kind: kind(r.Kind), Name: r.Name}, true
+			return Workload{Kind: known(r.Kind, controllerKinds...), Name: r.Name}, true
 		}
 	}
 	return Workload{}, false
@@ -210,23 +197,13 @@ func (tr *transformer) service(s *corev1.Service) *Service {
 		Namespace: in.name(s.Namespace),
 		Name:      s.Name,
 		UID:       uidOf("service", s.UID, s.Namespace, s.Name),
-		Type:      s.Spec.Type,
+		Type:      known(cmp.Or(s.Spec.Type, corev1.ServiceTypeClusterIP), corev1.ServiceTypeClusterIP, corev1.ServiceTypeNodePort, corev1.ServiceTypeLoadBalancer, corev1.ServiceTypeExternalName),
 		Created:   s.CreationTimestamp.Time,
 		rv:        s.ResourceVersion,
 	}
 	out.id = unique.Make(nsName{out.Namespace, out.Name})
 	if out.selectorRef = in.labelSet(s.Spec.Selector); out.selectorRef != nil {
 		out.Selector = *out.selectorRef
-	}
-	switch s.Spec.Type {
-	case "", corev1.ServiceTypeClusterIP:
-		out.Type = corev1.ServiceTypeClusterIP
-	case corev1.ServiceTypeNodePort:
-		out.Type = corev1.ServiceTypeNodePort
-	case corev1.ServiceTypeLoadBalancer:
-		out.Type = corev1.ServiceTypeLoadBalancer
-	case corev1.ServiceTypeExternalName:
-		out.Type = corev1.ServiceTypeExternalName
 	}
 	ips := s.Spec.ClusterIPs
 	if len(ips) == 0 && s.Spec.ClusterIP != "" {
@@ -239,19 +216,10 @@ func (tr *transformer) service(s *corev1.Service) *Service {
 		out.ClusterIPs = tr.addrs("service", ips)
 	}
 	for _, f := range s.Spec.IPFamilies {
-		out.IPFamilies = append(out.IPFamilies, family(f))
+		out.IPFamilies = append(out.IPFamilies, known(f, corev1.IPv4Protocol, corev1.IPv6Protocol))
 	}
 	if p := s.Spec.IPFamilyPolicy; p != nil {
-		switch *p {
-		case corev1.IPFamilyPolicySingleStack:
-			out.IPFamilyPolicy = corev1.IPFamilyPolicySingleStack
-		case corev1.IPFamilyPolicyPreferDualStack:
-			out.IPFamilyPolicy = corev1.IPFamilyPolicyPreferDualStack
-		case corev1.IPFamilyPolicyRequireDualStack:
-			out.IPFamilyPolicy = corev1.IPFamilyPolicyRequireDualStack
-		default:
-			out.IPFamilyPolicy = *p
-		}
+		out.IPFamilyPolicy = known(*p, corev1.IPFamilyPolicySingleStack, corev1.IPFamilyPolicyPreferDualStack, corev1.IPFamilyPolicyRequireDualStack)
 	}
 	out.ExternalIPs = tr.addrs("service", s.Spec.ExternalIPs)
 	for _, ing := range s.Status.LoadBalancer.Ingress {
@@ -275,17 +243,9 @@ func (tr *transformer) endpointSlice(s *discoveryv1.EndpointSlice) *EndpointSlic
 		Name:        s.Name,
 		UID:         uidOf("endpointslice", s.UID, s.Namespace, s.Name),
 		Service:     s.Labels[discoveryv1.LabelServiceName],
-		AddressType: s.AddressType,
+		AddressType: known(s.AddressType, discoveryv1.AddressTypeIPv4, discoveryv1.AddressTypeIPv6, discoveryv1.AddressTypeFQDN),
 		Created:     s.CreationTimestamp.Time,
 		rv:          s.ResourceVersion,
-	}
-	switch s.AddressType {
-	case discoveryv1.AddressTypeIPv4:
-		out.AddressType = discoveryv1.AddressTypeIPv4
-	case discoveryv1.AddressTypeIPv6:
-		out.AddressType = discoveryv1.AddressTypeIPv6
-	case discoveryv1.AddressTypeFQDN:
-		out.AddressType = discoveryv1.AddressTypeFQDN
 	}
 	for _, p := range s.Ports {
 		var ep EndpointPort
@@ -295,11 +255,10 @@ func (tr *transformer) endpointSlice(s *discoveryv1.EndpointSlice) *EndpointSlic
 		if p.Port != nil {
 			ep.Port = *p.Port
 		}
-		var proto corev1.Protocol
 		if p.Protocol != nil {
-			proto = *p.Protocol
+			ep.Protocol = *p.Protocol
 		}
-		ep.Protocol = protocol(proto)
+		ep.Protocol = protocol(ep.Protocol)
 		out.Ports = append(out.Ports, ep)
 	}
 	if out.AddressType != discoveryv1.AddressTypeIPv4 && out.AddressType != discoveryv1.AddressTypeIPv6 {

@@ -2,6 +2,7 @@ package enrich
 
 import (
 	"net/netip"
+	"slices"
 	"time"
 	"unique"
 
@@ -128,15 +129,7 @@ type Service struct {
 // A Service without ipFamilies (an old object, or a headless one with no
 // selector) has every family.
 func (s *Service) HasFamily(f corev1.IPFamily) bool {
-	if len(s.IPFamilies) == 0 {
-		return true
-	}
-	for _, x := range s.IPFamilies {
-		if x == f {
-			return true
-		}
-	}
-	return false
+	return len(s.IPFamilies) == 0 || slices.Contains(s.IPFamilies, f)
 }
 
 // EndpointPort is a port of an EndpointSlice.

@@ -122,16 +122,8 @@ func unmapPrefix(p netip.Prefix) netip.Prefix {
 // Allows reports whether a message from addr may be read: the list is
 // empty, or a prefix contains addr (unmapped, zone dropped).
 func (a AllowList) Allows(addr netip.Addr) bool {
-	if len(a) == 0 {
-		return true
-	}
 	addr = addr.Unmap().WithZone("")
-	for _, p := range a {
-		if p.Contains(addr) {
-			return true
-		}
-	}
-	return false
+	return len(a) == 0 || slices.ContainsFunc(a, func(p netip.Prefix) bool { return p.Contains(addr) })
 }
 
 // normalize masks and unmaps prefixes set in code rather than through Set.

@@ -186,23 +186,15 @@ const (
 
 var directionNames = [...]string{"auto", "ingress", "egress", "both"}
 
-// ParseDirection parses "auto", "ingress", "egress" or "both".
-func ParseDirection(s string) (Direction, error) {
+// Set implements flag.Value: "auto", "ingress", "egress" or "both".
+func (d *Direction) Set(s string) error {
 	for i, n := range directionNames {
 		if s == n {
-			return Direction(i), nil
+			*d = Direction(i)
+			return nil
 		}
 	}
-	return 0, fmt.Errorf("flow direction %q: want auto, ingress, egress or both", s)
-}
-
-// Set implements flag.Value.
-func (d *Direction) Set(s string) error {
-	v, err := ParseDirection(s)
-	if err == nil {
-		*d = v
-	}
-	return err
+	return fmt.Errorf("flow direction %q: want auto, ingress, egress or both", s)
 }
 
 func (d Direction) String() string {
@@ -346,11 +338,8 @@ func (d *Decoder) sets(s *Session, body []byte, p protocol, seq uint32, mc *msgC
 		case p == protoIPFIX && (id == setTemplate || id == setOptionsTemplate):
 			n, err = d.templateSet(s, dom, set, id == setOptionsTemplate, now)
 			cnt.templates += uint32(n)
-		case p == protoV9 && id == v9SetTemplate:
-			n, err = d.templateSetV9(s, dom, set, now)
-			cnt.templates += uint32(n)
-		case p == protoV9 && id == v9SetOptions:
-			n, err = d.optionsSetV9(s, dom, set, now)
+		case p == protoV9 && (id == v9SetTemplate || id == v9SetOptions):
+			n, err = d.templateSetV9(s, dom, set, id == v9SetOptions, now)
 			cnt.templates += uint32(n)
 		case id >= fipfix.MinDataSetID:
 			t := d.liveTemplate(s, dom, id, now)

@@ -88,14 +88,16 @@ func TestGoldenOVS(t *testing.T) {
 	}
 }
 
-func TestParseDirection(t *testing.T) {
-	for _, d := range []Direction{DirectionIngress, DirectionEgress, DirectionBoth} {
-		if got, err := ParseDirection(d.String()); err != nil || got != d {
-			t.Errorf("ParseDirection(%q) = %v, %v", d, got, err)
+func TestDirectionSet(t *testing.T) {
+	for _, d := range []Direction{DirectionAuto, DirectionIngress, DirectionEgress, DirectionBoth} {
+		var got Direction = DirectionBoth - d // another value
+		if err := got.Set(d.String()); err != nil || got != d {
+			t.Errorf("Set(%q) = %v, %v", d, got, err)
 		}
 	}
-	if _, err := ParseDirection("inbound"); err == nil {
-		t.Error("ParseDirection(inbound): no error")
+	var got Direction
+	if err := got.Set("inbound"); err == nil {
+		t.Error("Set(inbound): no error")
 	}
 }
 

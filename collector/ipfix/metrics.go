@@ -5,6 +5,7 @@ import (
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 )
 
 // metrics are the listener's Prometheus metrics.
@@ -29,62 +30,59 @@ type metrics struct {
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
+	f := promauto.With(reg) // registers on reg unless it is nil
 	m := &metrics{
-		messages: prometheus.NewCounterVec(prometheus.CounterOpts{
+		messages: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "dualflow_ipfix_messages_total", Help: "IPFIX messages received.",
 		}, []string{"transport"}),
-		records: prometheus.NewCounterVec(prometheus.CounterOpts{
+		records: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "dualflow_ipfix_records_total", Help: "Flow records decoded from IPFIX.",
 		}, []string{"transport"}),
-		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+		skipped: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "dualflow_ipfix_records_skipped_total", Help: "IPFIX data records read but not forwarded: options records, records without IP addresses, records of the flowDirection not kept (--collector.ipfix.flow-direction).",
 		}, []string{"reason"}),
-		unknownSet: prometheus.NewCounter(prometheus.CounterOpts{
+		unknownSet: f.NewCounter(prometheus.CounterOpts{
 			Name: "dualflow_ipfix_sets_unknown_template_total", Help: "IPFIX data sets skipped because their template is unknown or expired.",
 		}),
-		templates: prometheus.NewCounterVec(prometheus.CounterOpts{
+		templates: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "dualflow_ipfix_templates_total", Help: "IPFIX template events: added, refreshed, withdrawn, expired, rejected (a session's limits), over_budget (the collector's template budget).",
 		}, []string{"event"}),
-		seqLost: prometheus.NewCounterVec(prometheus.CounterOpts{
+		seqLost: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "dualflow_ipfix_sequence_lost_records_total", Help: "Data records missing according to sequence numbers (IPFIX data records, NetFlow v5 flows, NetFlow v9 from exporters that count flows; per observation domain, summed).",
 		}, []string{"transport"}),
-		seqLostMsg: prometheus.NewCounterVec(prometheus.CounterOpts{
+		seqLostMsg: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "dualflow_ipfix_sequence_lost_messages_total", Help: "Messages missing according to sequence numbers that count messages (NetFlow v9 export packets, RFC 3954).",
 		}, []string{"transport"}),
-		byVersion: prometheus.NewCounterVec(prometheus.CounterOpts{
+		byVersion: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "dualflow_ipfix_messages_by_protocol_total", Help: "Messages decoded, by protocol: ipfix, netflow9, netflow5 (the version in the message header).",
 		}, []string{"protocol"}),
-		untracked: prometheus.NewCounter(prometheus.CounterOpts{
+		untracked: f.NewCounter(prometheus.CounterOpts{
 			Name: "dualflow_ipfix_direction_untracked_records_total", Help: "Records with flowDirection kept without tracking their tuple: --collector.ipfix.flow-direction auto past its memory bound (65,536 tuples per session, 64 MiB for all sessions at 128 bytes a tuple). An exporter reporting packets in and out may be counted twice for them.",
 		}),
-		bothFams: prometheus.NewCounter(prometheus.CounterOpts{
+		bothFams: f.NewCounter(prometheus.CounterOpts{
 			Name: "dualflow_ipfix_records_both_families_total", Help: "Records whose template carries both families' addresses and that filled both (contradictory): the IPv6 addresses are kept.",
 		}),
-		sessions: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		sessions: f.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "dualflow_ipfix_sessions", Help: "Live IPFIX sessions (connections, UDP exporters).",
 		}, []string{"transport"}),
-		closed: prometheus.NewCounterVec(prometheus.CounterOpts{
+		closed: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "dualflow_ipfix_sessions_closed_total", Help: "IPFIX sessions ended, by reason: eof, bad_framing (a header a stream cannot be framed by: NetFlow over TCP or TLS, also counted in dualflow_ipfix_messages_dropped_total{reason=\"version\"}, or an IPFIX length below 16, reason length), error, shutdown, idle (nothing sent for the idle timeout), slow_message (a message not completed within the message timeout), evicted (a session older than 10 s delivering under one record a minute gave its place to a new connection), and refused TCP/TLS connections: limit (all sessions taken), source_limit (all of this address's), prefix_limit (all of its IPv4 /24 or IPv6 /64; 127.0.0.0/8 is one), reserved (only the places kept for preferred sources left), source_not_allowed (outside --collector.ipfix.allowed-sources); tls_handshake.",
 		}, []string{"transport", "reason"}),
-		kernelDrop: prometheus.NewCounter(prometheus.CounterOpts{
+		kernelDrop: f.NewCounter(prometheus.CounterOpts{
 			Name: "dualflow_ipfix_udp_kernel_drops_total", Help: "UDP datagrams the kernel dropped on the IPFIX sockets (receive buffer full, SO_RXQ_OVFL).",
 		}),
 	}
-	stamped := prometheus.NewCounterVec(prometheus.CounterOpts{
+	stamped := f.NewCounterVec(prometheus.CounterOpts{
 		Name: "dualflow_ipfix_records_stamped_total", Help: "Records written with times the collector set, by reason: no_time (no usable start or end), relative_without_init (sysUpTime times without systemInitTimeMilliseconds), zero_uptime (NetFlow FIRST and LAST 0), no_start (the end taken), no_end (the export time taken), too_old and future (an end further than the time window, half the flows' retention, from the export and receive times). Stamped with the message's export time, or the receive time when that is unusable; none is dropped.",
 	}, []string{"reason"})
 	for r := StampReason(1); r < numStampReasons; r++ {
 		m.stamped[r] = stamped.WithLabelValues(r.String())
 	}
-	dropped := prometheus.NewCounterVec(prometheus.CounterOpts{
+	dropped := f.NewCounterVec(prometheus.CounterOpts{
 		Name: "dualflow_ipfix_messages_dropped_total", Help: "IPFIX messages dropped, by reason: malformed (short, version, length, set_length, template, record_length), too_many_domains, too_many_sessions, queue_full (decoded, the pipeline queue full: UDP), source_not_allowed (outside --collector.ipfix.allowed-sources); for TCP/TLS, too_many_sessions (every reason of dualflow_ipfix_sessions_closed_total: limit, source_limit, prefix_limit, reserved) and source_not_allowed count refused connections.",
 	}, []string{"reason"})
 	for r := Reason(1); r < numReasons; r++ {
 		m.dropped[r] = dropped.WithLabelValues(r.String())
-	}
-	if reg != nil {
-		reg.MustRegister(m.messages, m.records, dropped, stamped, m.skipped, m.unknownSet, m.templates, m.seqLost, m.seqLostMsg,
-			m.byVersion, m.bothFams, m.untracked, m.sessions, m.closed, m.kernelDrop)
 	}
 	return m
 }

@@ -62,85 +62,52 @@ func (d *Decoder) decodeV9(s *Session, msg []byte, now time.Time, dst []flow.Rec
 	return d.sets(s, msg[v9HeaderLen:], protoV9, seq, &mc, dst)
 }
 
-// templateSetV9 reads the template records of a v9 template flowset and
-// returns how many it held.
-func (d *Decoder) templateSetV9(s *Session, dom *domain, set []byte, now time.Time) (int, error) {
+// templateSetV9 reads the template records of a v9 template flowset, or
+// with options those of an options flowset, and returns how many it held.
+// Options scope fields (system, interface, line card, cache, template) are
+// not IPFIX elements and are skipped; option fields are read like IPFIX's.
+func (d *Decoder) templateSetV9(s *Session, dom *domain, set []byte, options bool, now time.Time) (int, error) {
+	kind, hdr := "template", 4 // template ID, field count
+	if options {
+		kind, hdr = "options template", 6 // template ID, scope and option lengths
+	}
 	n := 0
-	for len(set) >= 4 {
+	for len(set) >= hdr {
 		id := binary.BigEndian.Uint16(set)
-		count := int(binary.BigEndian.Uint16(set[2:]))
-		if id < fipfix.MinDataSetID || count == 0 {
+		scope, fields := 0, 4*int(binary.BigEndian.Uint16(set[2:])) // bytes of scope fields, of all fields
+		if options {
+			scope = int(binary.BigEndian.Uint16(set[2:]))
+			fields = scope + int(binary.BigEndian.Uint16(set[4:]))
+		}
+		if id < fipfix.MinDataSetID || fields == 0 {
 			if allZero(set) {
 				return n, nil // padding
 			}
-			return n, dropf(ReasonTemplate, "netflow v9 template %d with %d fields", id, count)
+			return n, dropf(ReasonTemplate, "netflow v9 %s %d with %d bytes of fields", kind, id, fields)
 		}
-		if 4+4*count > len(set) {
-			return n, dropf(ReasonTemplate, "netflow v9 template %d: truncated after its header", id)
+		rl := hdr + fields
+		if scope%4 != 0 || fields%4 != 0 || rl > len(set) {
+			return n, dropf(ReasonTemplate, "netflow v9 %s %d: %d bytes of fields (%d of scope), %d left", kind, id, fields, scope, len(set)-hdr)
 		}
 		specs := d.specs[:0]
-		for i := range count {
-			p := 4 + 4*i
+		for p := hdr; p < rl; p += 4 {
 			sp := spec{id: binary.BigEndian.Uint16(set[p:]), length: binary.BigEndian.Uint16(set[p+2:])}
-			if sp.id&0x8000 != 0 {
+			if p < hdr+scope || sp.id&0x8000 != 0 {
 				sp.enterprise = enterpriseV9Vendor
 			}
 			specs = append(specs, sp)
 		}
 		d.specs = specs
 		if err := checkV9Specs(specs); err != nil {
-			return n, dropf(ReasonTemplate, "netflow v9 template %d: %v", id, err)
+			return n, dropf(ReasonTemplate, "netflow v9 %s %d: %v", kind, id, err)
 		}
-		rl := 4 + 4*count
-		d.install(s, dom, id, false, set[:rl], specs, now)
-		set = set[rl:]
-		n++
-	}
-	return n, nil
-}
-
-// optionsSetV9 reads the options template records of a v9 options
-// flowset: scope fields (system, interface, line card, cache, template)
-// are not IPFIX elements and are skipped; option fields are read like
-// IPFIX's.
-func (d *Decoder) optionsSetV9(s *Session, dom *domain, set []byte, now time.Time) (int, error) {
-	n := 0
-	for len(set) >= 6 {
-		id := binary.BigEndian.Uint16(set)
-		scopeLen := int(binary.BigEndian.Uint16(set[2:]))
-		optLen := int(binary.BigEndian.Uint16(set[4:]))
-		if id < fipfix.MinDataSetID {
-			if allZero(set) {
-				return n, nil
-			}
-			return n, dropf(ReasonTemplate, "netflow v9 options template ID %d below 256", id)
-		}
-		if scopeLen%4 != 0 || optLen%4 != 0 || scopeLen == 0 && optLen == 0 {
-			return n, dropf(ReasonTemplate, "netflow v9 options template %d: scope length %d, option length %d", id, scopeLen, optLen)
-		}
-		rl := 6 + scopeLen + optLen
-		if rl > len(set) {
-			return n, dropf(ReasonTemplate, "netflow v9 options template %d: %d bytes of fields, %d left", id, scopeLen+optLen, len(set)-6)
-		}
-		specs := d.specs[:0]
-		for p := 6; p < rl; p += 4 {
-			sp := spec{id: binary.BigEndian.Uint16(set[p:]), length: binary.BigEndian.Uint16(set[p+2:])}
-			if p < 6+scopeLen || sp.id&0x8000 != 0 {
-				sp.enterprise = enterpriseV9Vendor
-			}
-			specs = append(specs, sp)
-		}
-		d.specs = specs
-		if err := checkV9Specs(specs); err != nil {
-			return n, dropf(ReasonTemplate, "netflow v9 options template %d: %v", id, err)
-		}
-		d.install(s, dom, id, true, set[:rl], specs, now)
+		d.install(s, dom, id, options, set[:rl], specs, now)
 		set = set[rl:]
 		n++
 		// Records follow each other back to back (RFC 3954 6.1 pads the
-		// flowset's end); some exporters pad each record to 4 bytes. A
-		// template ID is at least 256, so its first byte is never 0: zero
-		// bytes up to the alignment are padding.
+		// flowset's end); some exporters pad each options record to 4
+		// bytes. A template ID is at least 256, so its first byte is never
+		// 0: zero bytes up to the alignment are padding.
 		if pad := (4 - rl%4) % 4; pad > 0 && len(set) >= pad && allZero(set[:pad]) {
 			set = set[pad:]
 		}

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 
 	"github.com/dualflow/dualflow/flow"
 )
@@ -83,28 +84,26 @@ type Metrics struct {
 
 // NewMetrics creates the metrics and registers them on reg unless it is nil.
 func NewMetrics(reg prometheus.Registerer) *Metrics {
+	f := promauto.With(reg) // registers on reg unless it is nil
 	m := &Metrics{
-		QueueLength: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		QueueLength: f.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "dualflow_pipeline_queue_length", Help: "Batches waiting in a pipeline queue.",
 		}, []string{"queue"}),
-		QueueCapacity: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		QueueCapacity: f.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "dualflow_pipeline_queue_capacity", Help: "Capacity of a pipeline queue, in batches.",
 		}, []string{"queue"}),
-		RecordsIn: prometheus.NewCounterVec(prometheus.CounterOpts{
+		RecordsIn: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "dualflow_pipeline_records_in_total", Help: "Records a pipeline stage received.",
 		}, []string{"stage"}),
-		RecordsOut: prometheus.NewCounterVec(prometheus.CounterOpts{
+		RecordsOut: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "dualflow_pipeline_records_out_total", Help: "Records a pipeline stage passed on.",
 		}, []string{"stage"}),
-		Dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Dropped: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "dualflow_records_dropped_total", Help: "Records dropped by a pipeline stage, by reason.",
 		}, []string{"stage", "reason"}),
-		Blocked: prometheus.NewCounterVec(prometheus.CounterOpts{
+		Blocked: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "dualflow_pipeline_queue_blocked_seconds_total", Help: "Time producers waited on a full pipeline queue (back-pressure).",
 		}, []string{"queue"}),
-	}
-	if reg != nil {
-		reg.MustRegister(m.QueueLength, m.QueueCapacity, m.RecordsIn, m.RecordsOut, m.Dropped, m.Blocked)
 	}
 	return m
 }

@@ -57,8 +57,8 @@ type File[T any] struct {
 	cur  atomic.Pointer[T]
 	next atomic.Int64 // when the files are due a check, in ns since epoch
 	mu   sync.Mutex   // held by the one check under way; other users go on with cur
-	seen []stamp      // the files cur was loaded from (under mu)
-	bad  []stamp      // the files that last failed to load, logged (under mu)
+	seen []Stamp      // the files cur was loaded from (under mu)
+	bad  []Stamp      // the files that last failed to load, logged (under mu)
 
 	reloads, errors atomic.Uint64
 }
@@ -69,7 +69,7 @@ type File[T any] struct {
 func NewFile[T any](o Options, load func() (T, error), paths ...string) (*File[T], error) {
 	f := &File[T]{name: o.Name, paths: paths, load: load, every: cmp.Or(o.Interval, DefaultInterval),
 		log: cmp.Or(o.Logger, slog.Default()), epoch: time.Now()}
-	f.seen = stamps(paths) // before the read: a change after it is seen next time
+	f.seen = Stamps(paths) // before the read: a change after it is seen next time
 	v, err := load()
 	if err != nil {
 		return nil, err
@@ -98,7 +98,7 @@ func (f *File[T]) Get() T {
 // again at every check: a file caught half written may be complete by
 // the next one with the same stamps (modification times are coarse).
 func (f *File[T]) check() {
-	st := stamps(f.paths)
+	st := Stamps(f.paths)
 	if slices.Equal(st, f.seen) {
 		return
 	}
@@ -118,18 +118,20 @@ func (f *File[T]) check() {
 	f.log.Info("reloaded changed files", "name", f.name, "files", f.paths)
 }
 
-// stamp identifies the content of a file without reading it. Kubernetes
+// Stamp identifies the content of a file without reading it. Kubernetes
 // and `dualflow certs` replace files (a new inode); an editor rewriting in
-// place changes the size or the modification time.
-type stamp struct {
+// place changes the size or the modification time. Comparable: equal
+// stamps mean an unchanged file.
+type Stamp struct {
 	dev, ino uint64
 	size     int64
 	mtime    int64
 	err      string // the stat failed (a file missing in the middle of a swap)
 }
 
-func stamps(paths []string) []stamp {
-	out := make([]stamp, len(paths))
+// Stamps returns the stamps of paths, following symlinks.
+func Stamps(paths []string) []Stamp {
+	out := make([]Stamp, len(paths))
 	for i, p := range paths {
 		fi, err := os.Stat(p)
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"testing"
 	"time"
+	"unsafe"
 
 	corev1 "k8s.io/api/core/v1"
 
@@ -112,7 +113,7 @@ func TestEnrich(t *testing.T) {
 							raw := rec
 							raw.ExporterNode = nodes[i]
 							raws = append(raws, raw)
-							e.Enrich(&rec)
+							e.Enrich(unsafe.Slice(&rec, 1))
 							views = append(views, rec)
 							if i == 0 {
 								if dst := podAt(t, l.Manifest, rec.DstAddr); dst.Spec.NodeName != nodes[0] {
@@ -162,7 +163,7 @@ func checkIPv6Off(t *testing.T, off *enrich.Enricher, raws []flow.Record) {
 		t.Fatalf("--k8s.enable-ipv6=false: %d rows (held %d) from %d node records, want one %s row", len(out), c.Held(), len(raws), want)
 	}
 	r := out[0]
-	off.Enrich(&r)
+	off.Enrich(unsafe.Slice(&r, 1))
 	if v6 := r.IPVersion == 6; (r.Src.PodName == "") != v6 {
 		t.Errorf("--k8s.enable-ipv6=false: IPv%d row has source pod %q", r.IPVersion, r.Src.PodName)
 	}

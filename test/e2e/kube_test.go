@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -239,7 +240,7 @@ func enrichedView(e *enrich.Enricher, m *manifest.Manifest) string {
 			}
 			r := flow.Record{FlowStart: at, FlowEnd: at, SrcAddr: src, DstAddr: dst, SrcPort: 40000, DstPort: manifest.PortHTTP, Proto: flow.ProtoTCP}
 			r.Normalize()
-			e.Enrich(&r)
+			e.Enrich(unsafe.Slice(&r, 1))
 			fmt.Fprintf(&b, "flow %v->%v: %s\n", src, dst, endpoints(&r))
 		}
 		for i := range m.Services {
@@ -255,7 +256,7 @@ func enrichedView(e *enrich.Enricher, m *manifest.Manifest) string {
 						r.Proto = flow.ProtoUDP
 					}
 					r.Normalize()
-					e.Enrich(&r)
+					e.Enrich(unsafe.Slice(&r, 1))
 					fmt.Fprintf(&b, "flow %v->%v:%d: %s\n", src, vip, sp.Port, endpoints(&r))
 				}
 			}

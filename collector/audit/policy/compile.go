@@ -39,8 +39,7 @@ type rule struct {
 // peer is a pod/namespace selector peer (block invalid) or an ipBlock.
 type peer struct {
 	podSel, nsSel *selector // nil: not given
-	block         netip.Prefix
-	except        []netip.Prefix // same family as block
+	block         Block     // an ipBlock when its CIDR is valid
 }
 
 type port struct {
@@ -293,7 +292,7 @@ func compilePeer(pe networkingv1.NetworkPolicyPeer) (peer, error) {
 		if err != nil {
 			return peer{}, err
 		}
-		return peer{block: b.CIDR, except: b.Except}, nil
+		return peer{block: b}, nil
 	}
 	if pe.PodSelector == nil && pe.NamespaceSelector == nil {
 		return peer{}, errors.New("empty peer: set podSelector, namespaceSelector or ipBlock")
@@ -479,11 +478,11 @@ func (s *selector) matches(l map[string]string) bool {
 		v, ok := l[r.key]
 		switch r.op {
 		case opIn:
-			if !ok || !contains(r.values, v) {
+			if !ok || !slices.Contains(r.values, v) {
 				return false
 			}
 		case opNotIn:
-			if ok && contains(r.values, v) {
+			if ok && slices.Contains(r.values, v) {
 				return false
 			}
 		case opExists:
@@ -497,15 +496,6 @@ func (s *selector) matches(l map[string]string) bool {
 		}
 	}
 	return true
-}
-
-func contains(vals []string, v string) bool {
-	for _, x := range vals {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }
 
 // indexKey returns the requirement a policy is indexed under: the first

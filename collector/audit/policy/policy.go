@@ -302,17 +302,8 @@ func (pt *port) matches(f *Flow) bool {
 }
 
 func (pe *peer) matches(policyNS string, remote *Peer) bool {
-	if pe.block.IsValid() {
-		a := remote.Addr
-		if !pe.block.Contains(a) {
-			return false
-		}
-		for _, e := range pe.except {
-			if e.Contains(a) {
-				return false
-			}
-		}
-		return true
+	if pe.block.CIDR.IsValid() {
+		return pe.block.Contains(remote.Addr)
 	}
 	if !remote.IsPod {
 		return false
