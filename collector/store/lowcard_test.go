@@ -142,3 +142,23 @@ func TestLowCardinalityRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+// TestLowCardColumnsMatchTable: the columns sent as LowCardinality are the
+// flows table's LowCardinality(String) columns among FlowColumns, so no
+// such column is sent as String for the engine to hash row by row.
+func TestLowCardColumnsMatchTable(t *testing.T) {
+	e := needEngine(t)
+	out, err := e.Query(context.Background(), "SELECT name FROM system.columns WHERE database = 'dualflow' AND table = 'flows' AND type = 'LowCardinality(String)' ORDER BY name", "TSVRaw")
+	if err != nil {
+		t.Fatal(err)
+	}
+	table := map[string]bool{}
+	for _, n := range strings.Fields(string(out)) {
+		table[n] = true
+	}
+	for i, w := range flowWire {
+		if sent := w.kind == wireLowCard; sent != table[FlowColumns[i]] {
+			t.Errorf("column %s: sent as LowCardinality %v, LowCardinality(String) in the table %v", FlowColumns[i], sent, table[FlowColumns[i]])
+		}
+	}
+}

@@ -24,7 +24,7 @@ import (
 // it overlaps with the engine's work on the previous batch.
 
 // wireKind is how one column of a flow row is laid out in RowBinary, which
-// for these types is also its Native layout per value.
+// for these types but LowCardinality is also its Native layout per value.
 type wireKind uint8
 
 const (
