@@ -67,18 +67,18 @@ func (nb *nativeBuilder) appendRecord(r *flow.Record, lc *labelCache) {
 	c[19].u64(r.ReversePackets)
 	c[20].u64(r.ReverseBytes)
 	c[21].u8(byte(r.EndReason))
-	c[22].str(r.TCPState)
+	c[22].lc(r.TCPState)
 	c[23].u16(r.Zone)
 	c[24].u32(r.Mark)
 	c[25].addr(&t[4], ipc, r.ExporterAddr)
 	c[26].u32(r.ObservationDomainID)
-	c[27].str(r.ExporterNode)
-	c[28].str(r.Source)
+	c[27].lc(r.ExporterNode)
+	c[28].lc(r.Source)
 	appendEndpointColumns((*[7]nativeColumn)(c[29:36]), &r.Src, lc)
 	appendEndpointColumns((*[7]nativeColumn)(c[36:43]), &r.Dst, lc)
-	c[43].str(r.Service.Namespace)
+	c[43].lc(r.Service.Namespace)
 	c[44].str(r.Service.Name)
-	c[45].str(r.Service.PortName)
+	c[45].lc(r.Service.PortName)
 	c[46].u8(byte(r.Type))
 	c[47].u8(byte(r.Correlation))
 	appendPolicyColumns((*[6]nativeColumn)(c[48:54]), &r.Ingress)
@@ -89,7 +89,7 @@ func (nb *nativeBuilder) appendRecord(r *flow.Record, lc *labelCache) {
 	}
 	c[60].u8(mismatch)
 	c[61].u8(boolByte(r.K8sViewStale))
-	c[62].str(r.ProbeTraceID)
+	c[62].lc(r.ProbeTraceID)
 	nb.rows++
 }
 
@@ -101,18 +101,18 @@ func boolByte(b bool) uint8 {
 }
 
 func appendEndpointColumns(c *[7]nativeColumn, e *flow.Endpoint, lc *labelCache) {
-	c[0].str(e.PodNamespace)
+	c[0].lc(e.PodNamespace)
 	c[1].str(e.PodName)
 	c[2].labels(e.Labels, lc)
-	c[3].str(e.WorkloadKind)
+	c[3].lc(e.WorkloadKind)
 	c[4].str(e.WorkloadName)
-	c[5].str(e.NodeName)
-	c[6].str(e.Zone)
+	c[5].lc(e.NodeName)
+	c[6].lc(e.Zone)
 }
 
 func appendPolicyColumns(c *[6]nativeColumn, p *flow.Policy) {
-	c[0].str(p.Namespace)
-	c[1].str(p.Name)
+	c[0].lc(p.Namespace)
+	c[1].lc(p.Name)
 	rule := p.Rule
 	if p.Name == "" {
 		rule = -1 // as appendPolicy
@@ -120,7 +120,7 @@ func appendPolicyColumns(c *[6]nativeColumn, p *flow.Policy) {
 	c[2].u32(uint32(rule))
 	c[3].u8(byte(p.Verdict))
 	c[4].u8(byte(p.ReportedVerdict))
-	c[5].str(p.ReportedName)
+	c[5].lc(p.ReportedName)
 }
 
 // timeMillis is appendTime's value: milliseconds since the epoch, 0 for the
@@ -238,6 +238,15 @@ func (nb *nativeBuilder) rowBinary(dst []byte, wire []wireColumn) ([]byte, error
 	short := func(r, i int) error {
 		return fmt.Errorf("native to rowbinary: row %d column %d: %w", r, i, ErrShortRow)
 	}
+	dicts := make([][][]byte, len(wire)) // the LowCardinality columns' keys
+	for i := range wire {
+		if wire[i].kind == wireLowCard {
+			var err error
+			if dicts[i], err = nb.cols[i].dictKeys(); err != nil {
+				return dst, fmt.Errorf("native to rowbinary: column %d: %w", i, err)
+			}
+		}
+	}
 	for r := 0; r < nb.rows; r++ {
 		for i := range wire {
 			c, k := &nb.cols[i], &cur[i]
@@ -255,6 +264,12 @@ func (nb *nativeBuilder) rowBinary(dst []byte, wire []wireColumn) ([]byte, error
 				}
 				dst = append(dst, c.data[k.data:k.data+n]...)
 				k.data += n
+			case wireLowCard:
+				j, ok := c.index(r, len(dicts[i]))
+				if !ok {
+					return dst, short(r, i)
+				}
+				dst = append(dst, dicts[i][j]...)
 			case wireMap:
 				if r >= len(c.offsets) {
 					return dst, short(r, i)

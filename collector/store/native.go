@@ -24,13 +24,14 @@ import (
 // it overlaps with the engine's work on the previous batch.
 
 // wireKind is how one column of a flow row is laid out in RowBinary, which
-// for these types is also its Native layout per value.
+// for these types but LowCardinality is also its Native layout per value.
 type wireKind uint8
 
 const (
-	wireFixed  wireKind = iota // n bytes
-	wireString                 // uvarint length + bytes
-	wireMap                    // uvarint count + count × (string key, string value)
+	wireFixed   wireKind = iota // n bytes
+	wireString                  // uvarint length + bytes
+	wireMap                     // uvarint count + count × (string key, string value)
+	wireLowCard                 // a String in RowBinary; in Native, a LowCardinality(String) column (lowcard.go)
 )
 
 type wireColumn struct {
@@ -42,32 +43,35 @@ type wireColumn struct {
 	text string
 }
 
-// flowWire describes FlowColumns in order. LowCardinality and Enum columns
-// are declared as String and Int8: the engine converts whole columns, which
-// is cheap, and the table definition stays the only place that names them.
+// flowWire describes FlowColumns in order. The table's LowCardinality(String)
+// columns go as LowCardinality, with a dictionary per block (lowcard.go):
+// sent as String, the engine hashed every row's value into a dictionary.
+// Enum columns go as Int8: the engine converts whole columns, which is
+// cheap, and the table definition stays the only place that names them.
 var flowWire = func() []wireColumn {
 	f := func(n int, typ string) wireColumn { return wireColumn{kind: wireFixed, size: n, typ: typ} }
 	str := wireColumn{kind: wireString, typ: "String"}
+	lc := wireColumn{kind: wireLowCard, typ: "LowCardinality(String)"}
 	ip := func(text string) wireColumn { c := f(16, "IPv6"); c.text = text; return c }
 	u8, u16, u32, u64, i8 := f(1, "UInt8"), f(2, "UInt16"), f(4, "UInt32"), f(8, "UInt64"), f(1, "Int8")
 	ts := f(8, "DateTime64(3, 'UTC')")
 	labels := wireColumn{kind: wireMap, typ: "Map(String, String)"}
-	policy := []wireColumn{str, str, f(4, "Int32"), i8, i8, str}
+	policy := []wireColumn{lc, lc, f(4, "Int32"), i8, i8, lc}
 	cols := []wireColumn{
 		ts, ts, ts, // flow_start, flow_end, time_received
 		u8, ip("src_ip"), ip("dst_ip"), u16, u16, u8, // ip_version, src_ip_in, dst_ip_in, src_port, dst_port, protocol
 		ip("service_ip"), u16, ip("snat_ip"), u16, // service_ip_in, service_port, snat_ip_in, snat_port
 		u64, u64, u64, u64, u64, u64, u64, u64, // counters
-		i8, str, u16, u32, // end_reason, tcp_state, ct_zone, ct_mark
-		ip("exporter_ip"), u32, str, str, // exporter_ip_in, observation_domain_id, exporter_node, source
-		str, str, labels, str, str, str, str, // src endpoint
-		str, str, labels, str, str, str, str, // dst endpoint
-		str, str, str, // dst_service_*
+		i8, lc, u16, u32, // end_reason, tcp_state, ct_zone, ct_mark
+		ip("exporter_ip"), u32, lc, lc, // exporter_ip_in, observation_domain_id, exporter_node, source
+		lc, str, labels, lc, str, lc, lc, // src endpoint: namespace, pod, labels, workload kind and name, node, zone
+		lc, str, labels, lc, str, lc, lc, // dst endpoint
+		lc, str, lc, // dst_service_namespace, _name, _port_name
 		i8, i8, // flow_type, correlation
 	}
 	cols = append(cols, policy...)
 	cols = append(cols, policy...)
-	return append(cols, f(1, "Bool"), f(1, "Bool"), str) // verdict_mismatch, k8s_view_stale, probe_trace_id
+	return append(cols, f(1, "Bool"), f(1, "Bool"), lc) // verdict_mismatch, k8s_view_stale, probe_trace_id
 }()
 
 // nativeBuilder transposes RowBinary rows into a Native block. It keeps its
@@ -82,9 +86,10 @@ type nativeBuilder struct {
 }
 
 type nativeColumn struct {
-	data    []byte   // values (for a map: keys)
-	values  []byte   // map values
-	offsets []uint64 // map offsets (cumulative entry counts)
+	data    []byte            // values (for a map: keys; for LowCardinality: the dictionary)
+	values  []byte            // map values; LowCardinality indexes
+	offsets []uint64          // map offsets (cumulative entry counts)
+	dict    map[string]uint32 // LowCardinality: the index of each dictionary key
 }
 
 // nativeColumns returns the columns of the Native block build makes for
@@ -114,6 +119,7 @@ func (nb *nativeBuilder) reset(wire []wireColumn) {
 	for i := range nb.cols {
 		c := &nb.cols[i]
 		c.data, c.values, c.offsets = c.data[:0], c.values[:0], c.offsets[:0]
+		c.resetDict()
 	}
 	for i := range nb.texts {
 		nb.texts[i].data = nb.texts[i].data[:0]
@@ -193,6 +199,19 @@ func (nb *nativeBuilder) transpose(columns []string, wire []wireColumn, rows int
 				}
 				c.data = append(c.data, b[:n]...)
 				b = b[n:]
+			case wireLowCard:
+				l, k := binary.Uvarint(b)
+				if k <= 0 || l > uint64(len(b)-k) {
+					return fmt.Errorf("native: row %d column %s: %w", r, columns[i], ErrShortRow)
+				}
+				v := b[k : k+int(l)]
+				// The lookup does not copy v; only a new key does.
+				j, ok := c.dict[string(v)]
+				if !ok {
+					j = c.addKey(string(v))
+				}
+				c.appendIndex(j)
+				b = b[k+int(l):]
 			case wireMap:
 				count, k := binary.Uvarint(b)
 				if k <= 0 || count > uint64(len(b)) {
@@ -236,7 +255,7 @@ func (nb *nativeBuilder) assemble(columns []string, wire []wireColumn) [][]byte 
 	// never moves the pieces already taken from it.
 	need := 20
 	for i, w := range wire {
-		need += 20 + len(columns[i]) + len(w.typ) + 8*len(nb.cols[i].offsets) + len(w.text)
+		need += 20 + len(columns[i]) + len(w.typ) + 8*len(nb.cols[i].offsets) + len(w.text) + lowCardHeader
 	}
 	if cap(nb.hdr) < need {
 		nb.hdr = make([]byte, 0, need)
@@ -259,11 +278,20 @@ func (nb *nativeBuilder) assemble(columns []string, wire []wireColumn) [][]byte 
 		for _, o := range c.offsets {
 			hdr = binary.LittleEndian.AppendUint64(hdr, o)
 		}
+		lowCard := w.kind == wireLowCard && rows > 0 // no rows: no data at all
+		if lowCard {
+			hdr = c.appendDictHeader(hdr)
+		}
 		piece()
-		for _, p := range [][]byte{c.data, c.values} {
-			if len(p) > 0 {
-				parts = append(parts, p)
-			}
+		if len(c.data) > 0 {
+			parts = append(parts, c.data)
+		}
+		if lowCard {
+			hdr = binary.LittleEndian.AppendUint64(hdr, uint64(rows))
+			piece()
+		}
+		if len(c.values) > 0 {
+			parts = append(parts, c.values)
 		}
 	}
 	t := 0

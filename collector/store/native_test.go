@@ -180,7 +180,7 @@ func TestNativeBuildMatchesPlainTransposition(t *testing.T) {
 			switch w.kind {
 			case wireFixed:
 				c.data = append(c.data, take(w.size)...)
-			case wireString:
+			case wireString, wireLowCard:
 				c.data = append(c.data, str()...)
 			case wireMap:
 				count, k := binary.Uvarint(b)
@@ -199,8 +199,36 @@ func TestNativeBuildMatchesPlainTransposition(t *testing.T) {
 	}
 	for i := range want {
 		g, w := nb.cols[i], want[i]
+		if flowWire[i].kind == wireLowCard {
+			g = nativeColumn{data: lowCardValues(t, &g, len(recs))}
+		}
 		if string(g.data) != string(w.data) || string(g.values) != string(w.values) || fmt.Sprint(g.offsets) != fmt.Sprint(w.offsets) {
 			t.Errorf("column %s differs from the plain transposition", FlowColumns[i])
 		}
 	}
+}
+
+// lowCardValues returns the rows of a LowCardinality column as the
+// Strings of a String column.
+func lowCardValues(t testing.TB, c *nativeColumn, rows int) []byte {
+	t.Helper()
+	keys, err := c.dictKeys()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(keys) != len(c.dict) {
+		t.Fatalf("dictionary of %d keys, map of %d", len(keys), len(c.dict))
+	}
+	var out []byte
+	for r := range rows {
+		j, ok := c.index(r, len(keys))
+		if !ok {
+			t.Fatalf("row %d: no index", r)
+		}
+		out = append(out, keys[j]...)
+	}
+	if len(c.values) != rows*indexWidth(len(keys)) {
+		t.Fatalf("%d bytes of indexes for %d rows of %d keys", len(c.values), rows, len(keys))
+	}
+	return out
 }

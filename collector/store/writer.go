@@ -22,9 +22,10 @@ import (
 )
 
 // Writer defaults. A flow row with Kubernetes metadata is 400-600 bytes as
-// RowBinary and about 700 as the columns of a Native block (which add the
-// address texts and map offsets), so a default batch is 40-70 MB and the
-// default memory bound ((MaxPending+1) batches) is about 210 MB. The
+// RowBinary and about 550 as the columns of a Native block (which add the
+// address texts and map offsets, and hold a LowCardinality value as an
+// index), so a default batch is 40-60 MB and the default memory bound
+// ((MaxPending+1) batches) is about 170 MB. The
 // embedded store keeps one more batch-sized Native block for the spool
 // replay, which turns RowBinary rows into columns (made the first time a
 // spooled batch is replayed).
