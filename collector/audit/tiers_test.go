@@ -129,7 +129,7 @@ func TestReportMemoryBound(t *testing.T) {
 }
 
 // minutes selects the window's minutes of a rollup plainly, on
-// window_start: what policyTiers must cover.
+// window_start: what policyUnion must cover.
 func minutes(w Window) string {
 	return fmt.Sprintf("window_start >= toDateTime(%d) AND window_start < toDateTime(%d)", w.Since.Unix(), w.Until.Unix())
 }

@@ -54,15 +54,3 @@ func Time(t time.Time) string { return Millis(t.UnixMilli()) }
 func Millis(ms int64) string {
 	return "fromUnixTimestamp64Milli(" + strconv.FormatInt(ms, 10) + ", 'UTC')"
 }
-
-// FlowEnd selects the flows table's rows whose flow_end is in [since,
-// until). The same bounds on toStartOfMinute(flow_end), the head of the
-// sort key, let the engine skip the granules of a merged part outside the
-// window: on flow_end alone it reads every granule of the part (a day once
-// merged), 3.3M rows instead of 0.6M for a filtered page a day back at
-// 100M rows (docs/scale.md).
-func FlowEnd(since, until time.Time) string {
-	return "flow_end >= " + Time(since) + " AND flow_end < " + Time(until) +
-		" AND toStartOfMinute(flow_end) >= " + Time(since.Truncate(time.Minute)) +
-		" AND toStartOfMinute(flow_end) <= " + Time(until.Truncate(time.Minute))
-}

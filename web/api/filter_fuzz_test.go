@@ -278,7 +278,7 @@ func FuzzFilterSQL(f *testing.F) {
 		if size > maxFilterSQL {
 			t.Fatalf("conditions of %d bytes passed the %d bound", size, maxFilterSQL)
 		}
-		sql := fl.where()
+		sql := strings.Join(fl.where(), " AND ")
 		if err := checkFilterSQL(q, fl, sql); err != nil {
 			t.Fatalf("%q builds %s\n%v", raw, sql, err)
 		}

@@ -66,7 +66,7 @@ type Flow struct {
 	TimeRecvMs   int64             `json:"time_received_ms"`
 }
 
-// flowColumns selects Flow's fields. key is the page tiebreaker: rows
+// flowColumns selects Flow's fields and key. key is the page tiebreaker: rows
 // with the same flow_end are ordered by a hash of what identifies them.
 const flowColumns = `toUnixTimestamp64Milli(flow_start) AS flow_start_ms, toUnixTimestamp64Milli(flow_end) AS flow_end_ms,
  ip_version, src_ip, dst_ip, src_port, dst_port, protocol_name, service_ip, service_port,
@@ -78,16 +78,15 @@ const flowColumns = `toUnixTimestamp64Milli(flow_start) AS flow_start_ms, toUnix
  toString(ingress_verdict) AS ingress_verdict, toString(egress_verdict) AS egress_verdict,
  if(ingress_policy_name = '', '', concat(ingress_policy_namespace, '/', ingress_policy_name)) AS ingress_policy,
  if(egress_policy_name = '', '', concat(egress_policy_namespace, '/', egress_policy_name)) AS egress_policy,
- verdict_mismatch, k8s_view_stale, probe_trace_id, exporter_node, toUnixTimestamp64Milli(time_received) AS time_received_ms`
+ verdict_mismatch, k8s_view_stale, probe_trace_id, exporter_node, toUnixTimestamp64Milli(time_received) AS time_received_ms, toString(` + keyExpr + `) AS key`
 
 // keyExpr is the tiebreaker of the cursor.
 const keyExpr = `cityHash64(flow_start, src_ip, dst_ip, src_port, dst_port, protocol, exporter_node, time_received)`
 
 // jsonSettings end every query of the API's own: 64-bit integers as
-// numbers, not strings, the engine priority that runs them before
-// operator SQL (see sqlPriority), and their memory bounds (uiMaxMemory).
-const jsonSettings = ` SETTINGS output_format_json_quote_64bit_integers = 0, priority = ` + uiPriority +
-	`, max_memory_usage = ` + uiMaxMemory + `, max_bytes_before_external_group_by = ` + uiSpillBytes + `, max_bytes_before_external_sort = ` + uiSpillBytes
+// numbers, not strings, their memory bounds (uiMaxMemory), and the engine
+// priority that runs them before operator SQL (see sqlPriority).
+var jsonSettings = chsql.JSONSettings(uiMaxMemory) + ", priority = " + uiPriority
 
 // Page sizes.
 const (
@@ -184,13 +183,16 @@ func (a *API) flows(c *gin.Context) {
 // row read costs 2x); queryFlows settles ties at the page boundary with a
 // second query on that one flow_end.
 func (a *API) flowsSQL(f *Filter, cur *cursor, limit int, bound *int64) string {
-	where := a.flowsWhere(f, cur)
+	q := a.flowSelect(a.flowsWhere(f, cur), chsql.MinuteKey+" DESC, flow_end DESC", limit+1)
 	if bound != nil {
-		where += " AND toStartOfMinute(flow_end) >= " + chsql.Millis(*bound*1000)
+		q.Where = append(q.Where, chsql.MinuteKey+" >= "+chsql.Millis(*bound*1000))
 	}
-	return "SELECT " + flowColumns + ", toString(" + keyExpr + ") AS key FROM " + a.table +
-		" WHERE " + where +
-		" ORDER BY toStartOfMinute(flow_end) DESC, flow_end DESC LIMIT " + strconv.Itoa(limit+1) + jsonSettings
+	return q.String()
+}
+
+// flowSelect is the query of Flow rows.
+func (a *API) flowSelect(where []string, orderBy string, limit int) chsql.Select {
+	return chsql.Select{Cols: flowColumns, From: a.table, Where: where, OrderBy: orderBy, Limit: limit, Settings: jsonSettings}
 }
 
 // pageBound finds where a page starts. ClickHouse stops reading early for
@@ -206,8 +208,8 @@ func (a *API) flowsSQL(f *Filter, cur *cursor, limit int, bound *int64) string {
 // rows it saw (at most limit+1), -1 if the store did not say; bound is nil
 // when none matched.
 func (a *API) pageBound(ctx context.Context, f *Filter, cur *cursor, limit int) (bound *int64, matched int, err error) {
-	sql := "SELECT toUnixTimestamp(minOrNull(m)) AS bound, count() AS matched FROM (SELECT toStartOfMinute(flow_end) AS m FROM " + a.table +
-		" WHERE " + a.flowsWhere(f, cur) + " ORDER BY m DESC LIMIT " + strconv.Itoa(limit+1) + ")" + a.boundSettings(ctx)
+	sql := "SELECT toUnixTimestamp(minOrNull(m)) AS bound, count() AS matched FROM (" +
+		chsql.Select{Cols: chsql.MinuteKey + " AS m", From: a.table, Where: a.flowsWhere(f, cur), OrderBy: "m DESC", Limit: limit + 1}.String() + ")" + a.boundSettings(ctx)
 	rows, err := a.queryRows(ctx, sql)
 	if err != nil {
 		return nil, 0, err
@@ -246,7 +248,7 @@ const virtualRowSetting = "read_in_order_use_virtual_row"
 // again at the next page.
 func (a *API) boundSettings(ctx context.Context) string {
 	if a.virtualRow.Load() == 0 {
-		out, err := a.cfg.Store.Query(ctx, "SELECT count() FROM system.settings WHERE name = '"+virtualRowSetting+"'", "TabSeparated")
+		out, err := a.cfg.Store.Query(ctx, "SELECT count() FROM system.settings WHERE "+chsql.Eq("name", virtualRowSetting), "TabSeparated")
 		if err != nil {
 			return jsonSettings
 		}
@@ -264,12 +266,11 @@ func (a *API) boundSettings(ctx context.Context) string {
 
 // flowsWhere is the filter and the cursor. The key is only hashed for
 // rows at the cursor's flow_end (or/and evaluate lazily).
-func (a *API) flowsWhere(f *Filter, cur *cursor) string {
+func (a *API) flowsWhere(f *Filter, cur *cursor) []string {
 	where := f.where()
 	if cur != nil {
 		end := chsql.Millis(cur.EndMs)
-		where += " AND flow_end <= " + end +
-			" AND (flow_end < " + end + " OR " + keyExpr + " < " + strconv.FormatUint(cur.Key, 10) + ")"
+		where = append(where, "flow_end <= "+end, "(flow_end < "+end+" OR "+keyExpr+" < "+strconv.FormatUint(cur.Key, 10)+")")
 	}
 	return where
 }
@@ -277,9 +278,7 @@ func (a *API) flowsWhere(f *Filter, cur *cursor) string {
 // tieSQL returns the rows at flow_end endMs in key order, for a page
 // whose boundary falls inside a group of rows with the same flow_end.
 func (a *API) tieSQL(f *Filter, cur *cursor, endMs int64, limit int) string {
-	return "SELECT " + flowColumns + ", toString(" + keyExpr + ") AS key FROM " + a.table +
-		" WHERE " + a.flowsWhere(f, cur) + " AND flow_end = " + chsql.Millis(endMs) +
-		" ORDER BY " + keyExpr + " DESC LIMIT " + strconv.Itoa(limit+1) + jsonSettings
+	return a.flowSelect(append(a.flowsWhere(f, cur), "flow_end = "+chsql.Millis(endMs)), keyExpr+" DESC", limit+1).String()
 }
 
 type keyedFlow struct {
@@ -516,29 +515,18 @@ func (a *API) follow(c *gin.Context, f *Filter, resume *eventID) {
 		writeEvent(w, id.String(), "flow", fl)
 	}
 	for {
-		var sql string
+		// After the floor, oldest first, when catching up (what the client
+		// missed); else newest first.
+		from, recv, order := since-followOverlap.Milliseconds(), "time_received > ", " DESC"
 		if catchUp {
-			// After the floor, oldest first: what the client missed.
-			sql = "SELECT " + flowColumns + ", toString(" + keyExpr + ") AS key FROM " + a.table +
-				" WHERE (toUnixTimestamp64Milli(time_received), " + keyExpr + ") > (" + itoa(floor.RecvMs) + ", " + strconv.FormatUint(floor.Key, 10) + ")" +
-				" AND time_received >= " + chsql.Millis(floor.RecvMs) +
-				" AND flow_end >= " + chsql.Millis(floor.RecvMs) + " - INTERVAL 1 HOUR"
-			for _, c := range where {
-				sql += " AND " + c
-			}
-			sql += " ORDER BY time_received, " + keyExpr + " LIMIT " + strconv.Itoa(followBatch+1) + jsonSettings
-		} else {
-			from := since - followOverlap.Milliseconds()
-			sql = "SELECT " + flowColumns + ", toString(" + keyExpr + ") AS key FROM " + a.table +
-				" WHERE time_received > " + chsql.Millis(from) +
-				" AND flow_end >= " + chsql.Millis(from) + " - INTERVAL 1 HOUR"
-			for _, c := range where {
-				sql += " AND " + c
-			}
-			sql += " ORDER BY time_received DESC, " + keyExpr + " DESC LIMIT " + strconv.Itoa(followBatch+1) + jsonSettings
+			from, recv, order = floor.RecvMs, "time_received >= ", ""
+		}
+		cond := []string{recv + chsql.Millis(from), "flow_end >= " + chsql.Millis(from) + " - INTERVAL 1 HOUR"}
+		if catchUp {
+			cond = append(cond, "(toUnixTimestamp64Milli(time_received), "+keyExpr+") > ("+strconv.FormatInt(floor.RecvMs, 10)+", "+strconv.FormatUint(floor.Key, 10)+")")
 		}
 		qctx, cancel := context.WithTimeout(ctx, a.cfg.QueryTimeout)
-		rows, err := a.queryRows(qctx, sql)
+		rows, err := a.queryRows(qctx, a.flowSelect(append(cond, where...), "time_received"+order+", "+keyExpr+order, followBatch+1).String())
 		cancel()
 		more := false
 		switch {

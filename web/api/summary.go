@@ -5,10 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/gin-gonic/gin"
+
+	"github.com/dualflow/dualflow/internal/chsql"
 )
 
 // Summary is the answer of GET /flows/summary.
@@ -111,15 +112,13 @@ func (a *API) querySummary(ctx context.Context, f *Filter, step time.Duration, t
 	if secs%60 == 0 {
 		parts = a.tieredSQL(f, secs%3600 == 0, bucket, seriesGroup)
 	} else {
-		parts = "SELECT " + bucket(tsRow) + " FROM " + a.table + " WHERE " + f.where() + " GROUP BY " + seriesGroup
+		parts = chsql.Select{Cols: bucket(chsql.FlowEndCol), From: a.table, Where: f.where(), GroupBy: seriesGroup}.String()
 	}
-	series := `SELECT time_ms, ip_version, sum(b) AS bytes, sum(n) AS flows, sumIf(n, verdict_class = 'dropped') AS dropped
- FROM (` + parts + `) GROUP BY time_ms, ip_version ORDER BY time_ms, ip_version` + jsonSettings
-	talkers := `SELECT src, dst, ip_version, sum(b) AS bytes, sum(n) AS flows FROM (` +
-		a.tieredSQL(f, true, func(string) string {
-			return "src_label AS src, dst_label AS dst, ip_version, sum(bytes + reverse_bytes) AS b, count() AS n"
-		}, "src, dst, ip_version") +
-		`) GROUP BY src, dst, ip_version ORDER BY bytes DESC, flows DESC, src, dst, ip_version LIMIT ` + strconv.Itoa(top) + jsonSettings
+	series := chsql.Select{Cols: "time_ms, ip_version, sum(b) AS bytes, sum(n) AS flows, sumIf(n, verdict_class = 'dropped') AS dropped",
+		From: "(" + parts + ")", GroupBy: "time_ms, ip_version", OrderBy: "time_ms, ip_version", Settings: jsonSettings}.String()
+	talkers := chsql.Select{Cols: "src, dst, ip_version, sum(b) AS bytes, sum(n) AS flows", From: "(" + a.tieredSQL(f, true, func(string) string {
+		return "src_label AS src, dst_label AS dst, ip_version, sum(bytes + reverse_bytes) AS b, count() AS n"
+	}, "src, dst, ip_version") + ")", GroupBy: "src, dst, ip_version", OrderBy: "bytes DESC, flows DESC, src, dst, ip_version", Limit: top, Settings: jsonSettings}.String()
 	if err := a.decodeRows(ctx, series, &s.Series); err != nil {
 		return nil, err
 	}
