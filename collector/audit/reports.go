@@ -114,16 +114,18 @@ func (w Window) resolve() (Window, error) {
 	return w, nil
 }
 
-// policyUnion is one SELECT per tier of the window, joined by UNION ALL:
-// sel(cond) is the SELECT for the tier's condition cond. The tiers
-// (chsql.Tiers on window_start) are whole hours, which rollup_policy_1m's
+// policyUnion is q over rollup_policy_1m of database db, once per tier
+// of the window with the tier's condition first in Where, joined by UNION
+// ALL. The tiers (chsql.Tiers on window_start) are whole hours, which the
 // projection policy_1h answers (migration 0010), and the minutes at
 // either end. They select the minutes window_start >= since AND
 // window_start < until selects, since and until to the second.
-func (w Window) policyUnion(sel func(cond string) string) string {
+func (w Window) policyUnion(db string, q chsql.Select) string {
 	var parts []string
+	q.From, q.Where = db+".rollup_policy_1m", append([]string{""}, q.Where...)
 	for _, t := range chsql.Tiers("window_start", w.Since.Truncate(time.Second), w.Until.Truncate(time.Second), true) {
-		parts = append(parts, sel(t.Cond))
+		q.Where[0] = t.Cond
+		parts = append(parts, q.String())
 	}
 	return chsql.Union(parts...)
 }
@@ -226,10 +228,8 @@ func (r *Reports) Denied(ctx context.Context, opt DeniedOptions) ([]DeniedGroup,
 	// minutes at the ends as rows (policyUnion).
 	const keys = `direction, policy_namespace, policy_name, policy_rule, verdict, reported_verdict,
          src_pod_namespace, src_workload_name, dst_pod_namespace, dst_workload_name, ip_version`
-	inner := w.policyUnion(func(cond string) string {
-		return fmt.Sprintf(`SELECT %s, sum(records) AS r, sum(packets) AS p, sum(bytes) AS b, min(window_start) AS f, max(window_start) AS l
-FROM %s.rollup_policy_1m WHERE %s AND %s GROUP BY %s`, keys, r.db, cond, strings.Join(where, " AND "), keys)
-	})
+	inner := w.policyUnion(r.db, chsql.Select{Cols: keys + ", sum(records) AS r, sum(packets) AS p, sum(bytes) AS b, min(window_start) AS f, max(window_start) AS l",
+		Where: where, GroupBy: keys})
 	q := fmt.Sprintf(`SELECT toString(direction) AS direction, policy_namespace, policy_name, policy_rule AS rule,
        toString(verdict) AS verdict, toString(reported_verdict) AS reported_verdict,
        src_pod_namespace AS src_namespace, src_workload_name AS src_workload,
@@ -304,13 +304,9 @@ func (r *Reports) Unused(ctx context.Context, pols []*networkingv1.NetworkPolicy
 		Rule      int32  `json:"policy_rule"`
 		Records   uint64 `json:"records"`
 	}
-	inner := w.policyUnion(func(cond string) string {
-		return fmt.Sprintf(`SELECT direction, policy_namespace, policy_name, policy_rule, sum(records) AS r
-FROM %s.rollup_policy_1m WHERE %s AND verdict = 'allowed' AND policy_rule >= 0
-GROUP BY direction, policy_namespace, policy_name, policy_rule`, r.db, cond)
-	})
-	q := `SELECT toString(direction) AS direction, policy_namespace, policy_name, policy_rule, sum(r) AS records
-FROM (` + inner + `) GROUP BY direction, policy_namespace, policy_name, policy_rule`
+	const rule = "direction, policy_namespace, policy_name, policy_rule"
+	inner := w.policyUnion(r.db, chsql.Select{Cols: rule + ", sum(records) AS r", Where: []string{"verdict = 'allowed'", "policy_rule >= 0"}, GroupBy: rule})
+	q := `SELECT toString(direction) AS direction, policy_namespace, policy_name, policy_rule, sum(r) AS records FROM (` + inner + `) GROUP BY ` + rule
 	used, err := rows[useRow](ctx, r.q, q)
 	if err != nil {
 		return nil, fmt.Errorf("rule use: %w", err)
@@ -318,9 +314,7 @@ FROM (` + inner + `) GROUP BY direction, policy_namespace, policy_name, policy_r
 	type totalRow struct {
 		Decisions uint64 `json:"decisions"`
 	}
-	total, err := rows[totalRow](ctx, r.q, "SELECT sum(n) AS decisions FROM ("+w.policyUnion(func(cond string) string {
-		return fmt.Sprintf("SELECT sum(records) AS n FROM %s.rollup_policy_1m WHERE %s AND verdict != 'unknown'", r.db, cond)
-	})+")")
+	total, err := rows[totalRow](ctx, r.q, "SELECT sum(n) AS decisions FROM ("+w.policyUnion(r.db, chsql.Select{Cols: "sum(records) AS n", Where: []string{"verdict != 'unknown'"}})+")")
 	if err != nil {
 		return nil, fmt.Errorf("rule use: %w", err)
 	}

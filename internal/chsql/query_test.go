@@ -52,7 +52,7 @@ func TestTiers(t *testing.T) {
 		}
 		return v
 	}
-	const row, minute, hour = FlowEndCol, MinuteKey, HourKey
+	const row, minute, hour = FlowEndCol, MinuteKey, "toStartOfHour(flow_end)"
 	for _, tc := range []struct {
 		since, until string
 		hours        bool

@@ -168,28 +168,23 @@ func buildFilterFields() {
 		return chsql.Or(nsName("ingress_policy_namespace", "ingress_policy_name", ns, name),
 			nsName("egress_policy_namespace", "egress_policy_name", ns, name)), nil
 	})
-	add("verdict_mismatch", "true: the datapath's verdict disagrees with the evaluated one", func(v string) (string, error) {
-		switch v {
-		case "true", "1":
-			return "verdict_mismatch", nil
-		case "false", "0":
-			return "NOT verdict_mismatch", nil
-		}
-		return "", fmt.Errorf("want true or false")
-	})
+	boolean := func(col, doc string) {
+		add(col, doc, func(v string) (string, error) {
+			switch v {
+			case "true", "1":
+				return col, nil
+			case "false", "0":
+				return "NOT " + col, nil
+			}
+			return "", fmt.Errorf("want true or false")
+		})
+	}
+	boolean("verdict_mismatch", "true: the datapath's verdict disagrees with the evaluated one")
 	add(probesParam, "traceflow probes' rows: exclude (the default: a trace is not traffic), include, or only", nil)
 	add("probe_trace_id", "the rows of the traceflow probe of this trace id (tf-…); without probes=, implies probes=include", func(v string) (string, error) {
 		return chsql.Eq("probe_trace_id", v), nil
 	})
-	add("k8s_view_stale", "true: enriched while the collector's view of the Kubernetes API was stale (names may be out of date)", func(v string) (string, error) {
-		switch v {
-		case "true", "1":
-			return "k8s_view_stale", nil
-		case "false", "0":
-			return "NOT k8s_view_stale", nil
-		}
-		return "", fmt.Errorf("want true or false")
-	})
+	boolean("k8s_view_stale", "true: enriched while the collector's view of the Kubernetes API was stale (names may be out of date)")
 }
 
 const filterFieldsDocAlias = "alias of service"

@@ -282,7 +282,7 @@ func (a *API) runReachability(ctx context.Context, req *ReachabilityRequest) (*R
 	qctx, cancel := context.WithTimeout(ctx, a.cfg.QueryTimeout)
 	defer cancel()
 	var rows []observedRow
-	if err := a.decodeRows(qctx, sql, &rows); err != nil {
+	if err := decodeRows(qctx, a, sql, &rows); err != nil {
 		return nil, err
 	}
 	for _, r := range rows {

@@ -63,7 +63,7 @@ func (a *API) servicemap(c *gin.Context) {
 	}, "src, dst, ip_version, verdict") + ")", GroupBy: "src, dst, ip_version, verdict",
 		OrderBy: "bytes DESC, flows DESC, src, dst, ip_version, verdict", Limit: limit, Settings: jsonSettings}.String()
 	m := &ServiceMap{Nodes: []MapNode{}, Edges: []MapEdge{}}
-	if err := a.decodeRows(ctx, sql, &m.Edges); err != nil {
+	if err := decodeRows(ctx, a, sql, &m.Edges); err != nil {
 		a.fail(c, err)
 		return
 	}

@@ -119,10 +119,10 @@ func (a *API) querySummary(ctx context.Context, f *Filter, step time.Duration, t
 	talkers := chsql.Select{Cols: "src, dst, ip_version, sum(b) AS bytes, sum(n) AS flows", From: "(" + a.tieredSQL(f, true, func(string) string {
 		return "src_label AS src, dst_label AS dst, ip_version, sum(bytes + reverse_bytes) AS b, count() AS n"
 	}, "src, dst, ip_version") + ")", GroupBy: "src, dst, ip_version", OrderBy: "bytes DESC, flows DESC, src, dst, ip_version", Limit: top, Settings: jsonSettings}.String()
-	if err := a.decodeRows(ctx, series, &s.Series); err != nil {
+	if err := decodeRows(ctx, a, series, &s.Series); err != nil {
 		return nil, err
 	}
-	if err := a.decodeRows(ctx, talkers, &s.Talkers); err != nil {
+	if err := decodeRows(ctx, a, talkers, &s.Talkers); err != nil {
 		return nil, err
 	}
 	totals := map[int]*FamilyTotal{}
@@ -146,8 +146,12 @@ func (a *API) querySummary(ctx context.Context, f *Filter, step time.Duration, t
 	return s, nil
 }
 
-// decodeRows runs a JSONEachRow query into *[]T.
-func decodeRowsInto[T any](rows [][]byte, dst *[]T) error {
+// decodeRows runs a JSONEachRow query and appends its rows to *dst.
+func decodeRows[T any](ctx context.Context, a *API, sql string, dst *[]T) error {
+	rows, err := a.queryRows(ctx, sql)
+	if err != nil {
+		return err
+	}
 	for _, r := range rows {
 		var v T
 		if err := json.Unmarshal(r, &v); err != nil {
@@ -156,24 +160,6 @@ func decodeRowsInto[T any](rows [][]byte, dst *[]T) error {
 		*dst = append(*dst, v)
 	}
 	return nil
-}
-
-func (a *API) decodeRows(ctx context.Context, sql string, dst any) error {
-	rows, err := a.queryRows(ctx, sql)
-	if err != nil {
-		return err
-	}
-	switch d := dst.(type) {
-	case *[]SeriesPoint:
-		return decodeRowsInto(rows, d)
-	case *[]Talker:
-		return decodeRowsInto(rows, d)
-	case *[]MapEdge:
-		return decodeRowsInto(rows, d)
-	case *[]observedRow:
-		return decodeRowsInto(rows, d)
-	}
-	return fmt.Errorf("decodeRows: unsupported %T", dst)
 }
 
 // ceilDuration rounds d up to a multiple of m.

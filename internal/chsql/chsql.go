@@ -1,3 +1,10 @@
+// Package chsql builds the ClickHouse SQL of the web API, the audit
+// reports and traceflow's store, and is the one quoting of the project:
+// the store's connections have no server-side parameters, so every value
+// that reaches a statement (filters, reports, traceflow's rows, the
+// migrations' ledger, the engine's connection settings) goes through
+// String (or Eq, In, Time, IPv6, built on it), every name through Ident.
+// Column names and expressions are the callers' constants, never input.
 package chsql
 
 import (
@@ -7,12 +14,53 @@ import (
 	"time"
 )
 
-// Time keys of the flows table: flow_end, and its minute (the head of the
-// sort key) and hour (keys of the projections of migration 0009).
+// String returns s as a ClickHouse string literal. Backslash and quote
+// are escaped, and every control byte (NUL included, which would end the
+// engine's reading of the text) is written as \xHH, so the literal cannot
+// be closed early whatever s holds and the statement stays one line.
+func String(s string) string {
+	const hex = "0123456789abcdef"
+	var b strings.Builder
+	b.Grow(len(s) + 2)
+	b.WriteByte('\'')
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '\\':
+			b.WriteString(`\\`)
+		case c == '\'':
+			b.WriteString(`\'`)
+		case c < 0x20 || c == 0x7f:
+			b.WriteString(`\x`)
+			b.WriteByte(hex[c>>4])
+			b.WriteByte(hex[c&0xf])
+		default:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('\'')
+	return b.String()
+}
+
+// Ident returns s as a backquoted ClickHouse identifier (a database, a
+// table, a setting's name).
+func Ident(s string) string {
+	return "`" + strings.NewReplacer(`\`, `\\`, "`", "\\`").Replace(s) + "`"
+}
+
+// Time returns t as a DateTime64(3, 'UTC') literal, to the millisecond.
+func Time(t time.Time) string { return Millis(t.UnixMilli()) }
+
+// Millis returns the DateTime64(3, 'UTC') literal of ms milliseconds
+// since the epoch.
+func Millis(ms int64) string {
+	return "fromUnixTimestamp64Milli(" + strconv.FormatInt(ms, 10) + ", 'UTC')"
+}
+
+// The flows table's time column, and its minute, the head of its sort key.
 const (
 	FlowEndCol = "flow_end"
 	MinuteKey  = "toStartOfMinute(flow_end)"
-	HourKey    = "toStartOfHour(flow_end)"
 )
 
 // IPv6 returns the IPv6-typed literal of a (IPv4 mapped), to compare with
