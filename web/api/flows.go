@@ -287,18 +287,14 @@ type keyedFlow struct {
 }
 
 func (a *API) decodeFlows(ctx context.Context, sql string) ([]keyedFlow, error) {
-	rows, err := a.queryRows(ctx, sql)
-	if err != nil {
+	var rows []Flow
+	if err := decodeRows(ctx, a, sql, &rows); err != nil {
 		return nil, err
 	}
-	out := make([]keyedFlow, 0, len(rows))
-	for _, line := range rows {
-		var fl keyedFlow
-		if err := json.Unmarshal(line, &fl.Flow); err != nil {
-			return nil, fmt.Errorf("decode flow row: %w", err)
-		}
-		fl.key, _ = strconv.ParseUint(fl.Key, 10, 64)
-		out = append(out, fl)
+	out := make([]keyedFlow, len(rows))
+	for i, fl := range rows {
+		out[i].Flow = fl
+		out[i].key, _ = strconv.ParseUint(fl.Key, 10, 64)
 	}
 	return out, nil
 }
@@ -502,9 +498,8 @@ func (a *API) follow(c *gin.Context, f *Filter, resume *eventID) {
 	// INSERT split into several parts), so each poll looks back
 	// followOverlap before the newest row sent and skips the rows it sent.
 	sent := map[eventID]bool{}
-	send := func(fl Flow) {
-		key, _ := strconv.ParseUint(fl.Key, 10, 64)
-		id := eventID{fl.TimeRecvMs, key}
+	send := func(fl keyedFlow) {
+		id := eventID{fl.TimeRecvMs, fl.key}
 		if sent[id] || !id.after(floor) {
 			return
 		}
@@ -512,7 +507,7 @@ func (a *API) follow(c *gin.Context, f *Filter, resume *eventID) {
 		if fl.TimeRecvMs > since {
 			since = fl.TimeRecvMs
 		}
-		writeEvent(w, id.String(), "flow", fl)
+		writeEvent(w, id.String(), "flow", fl.Flow)
 	}
 	for {
 		// After the floor, oldest first, when catching up (what the client
@@ -526,7 +521,7 @@ func (a *API) follow(c *gin.Context, f *Filter, resume *eventID) {
 			cond = append(cond, "(toUnixTimestamp64Milli(time_received), "+keyExpr+") > ("+strconv.FormatInt(floor.RecvMs, 10)+", "+strconv.FormatUint(floor.Key, 10)+")")
 		}
 		qctx, cancel := context.WithTimeout(ctx, a.cfg.QueryTimeout)
-		rows, err := a.queryRows(qctx, a.flowSelect(append(cond, where...), "time_received"+order+", "+keyExpr+order, followBatch+1).String())
+		rows, err := a.decodeFlows(qctx, a.flowSelect(append(cond, where...), "time_received"+order+", "+keyExpr+order, followBatch+1).String())
 		cancel()
 		more := false
 		switch {
@@ -539,18 +534,11 @@ func (a *API) follow(c *gin.Context, f *Filter, resume *eventID) {
 			if more {
 				rows = rows[:followBatch]
 			}
-			for _, r := range rows {
-				var fl Flow
-				if json.Unmarshal(r, &fl) == nil {
-					send(fl)
-				}
+			for _, fl := range rows {
+				send(fl)
 			}
 			if len(rows) > 0 {
-				var last Flow
-				if json.Unmarshal(rows[len(rows)-1], &last) == nil {
-					key, _ := strconv.ParseUint(last.Key, 10, 64)
-					floor = eventID{last.TimeRecvMs, key}
-				}
+				floor = eventID{rows[len(rows)-1].TimeRecvMs, rows[len(rows)-1].key}
 			}
 			catchUp = more
 		default:
@@ -560,10 +548,7 @@ func (a *API) follow(c *gin.Context, f *Filter, resume *eventID) {
 			}
 			// Oldest first.
 			for i := len(rows) - 1; i >= 0; i-- {
-				var fl Flow
-				if json.Unmarshal(rows[i], &fl) == nil {
-					send(fl)
-				}
+				send(rows[i])
 			}
 		}
 		for id := range sent {

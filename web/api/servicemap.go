@@ -57,7 +57,7 @@ func (a *API) servicemap(c *gin.Context) {
 	ctx, cancel := context.WithTimeout(c.Request.Context(), a.cfg.QueryTimeout)
 	defer cancel()
 	// Summed per tier (whole hours and minutes from the projections
-	// edges_1h and edges_1m, the edges as rows: tiers.go).
+	// edges_1h and edges_1m, the edges as rows: tieredSQL).
 	sql := chsql.Select{Cols: "src, dst, ip_version, verdict, sum(n) AS flows, sum(b) AS bytes", From: "(" + a.tieredSQL(f, true, func(string) string {
 		return "src_label AS src, dst_label AS dst, ip_version, verdict_class AS verdict, count() AS n, sum(bytes + reverse_bytes) AS b"
 	}, "src, dst, ip_version, verdict") + ")", GroupBy: "src, dst, ip_version, verdict",
