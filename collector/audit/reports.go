@@ -1,13 +1,10 @@
 package audit
 
 import (
-	"bytes"
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/netip"
 	"regexp"
 	"slices"
@@ -153,18 +150,7 @@ func rowsWithin[T any](ctx context.Context, q querier, query string, maxMemory i
 	if err != nil {
 		return nil, err
 	}
-	var res []T
-	dec := json.NewDecoder(bytes.NewReader(out))
-	for {
-		var v T
-		if err := dec.Decode(&v); err != nil {
-			if errors.Is(err, io.EOF) {
-				return res, nil
-			}
-			return nil, fmt.Errorf("decode result: %w", err)
-		}
-		res = append(res, v)
-	}
+	return chsql.Decode[T](out)
 }
 
 // DeniedOptions filter the denied-flows report.

@@ -8,6 +8,11 @@
 package chsql
 
 import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -200,4 +205,19 @@ func JSONSettings(maxMemory int64) string {
 	spill := strconv.FormatInt(maxMemory/2, 10)
 	return " SETTINGS output_format_json_quote_64bit_integers = 0, max_memory_usage = " + strconv.FormatInt(maxMemory, 10) +
 		", max_bytes_before_external_group_by = " + spill + ", max_bytes_before_external_sort = " + spill
+}
+
+// Decode reads JSONEachRow output (see JSONSettings), a T per row.
+func Decode[T any](out []byte) ([]T, error) {
+	var rows []T
+	dec := json.NewDecoder(bytes.NewReader(out))
+	for {
+		var v T
+		if err := dec.Decode(&v); errors.Is(err, io.EOF) {
+			return rows, nil
+		} else if err != nil {
+			return nil, fmt.Errorf("decode row %d: %w", len(rows), err)
+		}
+		rows = append(rows, v)
+	}
 }

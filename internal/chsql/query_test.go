@@ -78,3 +78,20 @@ func TestTiers(t *testing.T) {
 		}
 	}
 }
+
+func TestDecode(t *testing.T) {
+	type row struct {
+		N uint64 `json:"n"`
+		S string `json:"s"`
+	}
+	rows, err := Decode[row]([]byte("{\"n\":18446744073709551615,\"s\":\"a\\u0000'\"}\n{\"n\":1,\"s\":\"ü\"}\n"))
+	if err != nil || len(rows) != 2 || rows[0].N != 1<<64-1 || rows[0].S != "a\x00'" || rows[1].S != "ü" {
+		t.Errorf("Decode: %+v %v", rows, err)
+	}
+	if rows, err := Decode[row](nil); err != nil || len(rows) != 0 {
+		t.Errorf("Decode of no output: %+v %v", rows, err)
+	}
+	if _, err := Decode[row]([]byte("{\"n\":1}\n{\"n\":\"x\"}\n")); err == nil || !strings.Contains(err.Error(), "row 1") {
+		t.Errorf("Decode of a bad row: %v", err)
+	}
+}

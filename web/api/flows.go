@@ -1,8 +1,6 @@
 package api
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -210,26 +208,19 @@ func (a *API) flowSelect(where []string, orderBy string, limit int) chsql.Select
 func (a *API) pageBound(ctx context.Context, f *Filter, cur *cursor, limit int) (bound *int64, matched int, err error) {
 	sql := "SELECT toUnixTimestamp(minOrNull(m)) AS bound, count() AS matched FROM (" +
 		chsql.Select{Cols: chsql.MinuteKey + " AS m", From: a.table, Where: a.flowsWhere(f, cur), OrderBy: "m DESC", Limit: limit + 1}.String() + ")" + a.boundSettings(ctx)
-	rows, err := a.queryRows(ctx, sql)
-	if err != nil {
+	var rows []struct {
+		Bound   *int64 `json:"bound"`
+		Matched *int   `json:"matched"`
+	}
+	if err := decodeRows(ctx, a, sql, &rows); err != nil {
 		return nil, 0, err
 	}
-	if len(rows) != 1 {
+	if len(rows) != 1 || rows[0].Matched == nil {
 		// An aggregate answers one row; a store that does not (a fake, a
 		// proxy) gets the page without a bound.
 		return nil, -1, nil
 	}
-	var b struct {
-		Bound   *int64 `json:"bound"`
-		Matched *int   `json:"matched"`
-	}
-	if err := json.Unmarshal(rows[0], &b); err != nil {
-		return nil, 0, fmt.Errorf("decode page bound: %w", err)
-	}
-	if b.Matched == nil {
-		return nil, -1, nil
-	}
-	return b.Bound, *b.Matched, nil
+	return rows[0].Bound, *rows[0].Matched, nil
 }
 
 // virtualRowSetting lets ClickHouse skip the parts (and the blocks of the
@@ -356,27 +347,20 @@ func (a *API) queryFlows(ctx context.Context, f *Filter, cur *cursor, limit int)
 	return page, nil
 }
 
-// queryRows runs a JSONEachRow query and splits its lines.
-func (a *API) queryRows(ctx context.Context, sql string) ([][]byte, error) {
+// decodeRows runs a JSONEachRow query and appends its rows to *dst.
+func decodeRows[T any](ctx context.Context, a *API, sql string, dst *[]T) error {
 	out, err := a.cfg.Store.Query(ctx, sql, "JSONEachRow")
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		if queryTooLarge(err) {
-			return nil, &queryError{err: fmt.Errorf("the request is too large for the engine, use fewer or shorter values: %w", err), user: true}
-		}
-		return nil, fmt.Errorf("store query: %w", err)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return ctx.Err()
+	case err != nil && queryTooLarge(err):
+		return &queryError{err: fmt.Errorf("the request is too large for the engine, use fewer or shorter values: %w", err), user: true}
+	case err != nil:
+		return fmt.Errorf("store query: %w", err)
 	}
-	var rows [][]byte
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	sc.Buffer(make([]byte, 0, 64<<10), 16<<20)
-	for sc.Scan() {
-		if l := bytes.TrimSpace(sc.Bytes()); len(l) > 0 {
-			rows = append(rows, append([]byte(nil), l...))
-		}
-	}
-	return rows, sc.Err()
+	rows, err := chsql.Decode[T](out)
+	*dst = append(*dst, rows...)
+	return err
 }
 
 // queryTooLarge reports the engine refusing a query for its size: the

@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
 	"time"
@@ -144,22 +143,6 @@ func (a *API) querySummary(ctx context.Context, f *Filter, step time.Duration, t
 		}
 	}
 	return s, nil
-}
-
-// decodeRows runs a JSONEachRow query and appends its rows to *dst.
-func decodeRows[T any](ctx context.Context, a *API, sql string, dst *[]T) error {
-	rows, err := a.queryRows(ctx, sql)
-	if err != nil {
-		return err
-	}
-	for _, r := range rows {
-		var v T
-		if err := json.Unmarshal(r, &v); err != nil {
-			return fmt.Errorf("decode row: %w", err)
-		}
-		*dst = append(*dst, v)
-	}
-	return nil
 }
 
 // ceilDuration rounds d up to a multiple of m.
