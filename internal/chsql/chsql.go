@@ -1,5 +1,6 @@
 // Package chsql builds the ClickHouse SQL of the web API, the audit
-// reports and traceflow's store, and is the one quoting of the project:
+// reports and traceflow's store, reads their JSONEachRow answers (Decode),
+// and is the one quoting of the project:
 // the store's connections have no server-side parameters, so every value
 // that reaches a statement (filters, reports, traceflow's rows, the
 // migrations' ledger, the engine's connection settings) goes through

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/internal/chsql"
 )
 
@@ -138,15 +139,8 @@ func buildFilterFields() {
 	})
 	add("dst_service", filterFieldsDocAlias, func(v string) (string, error) { return filterFields["service"].build(v) })
 	add("protocol", "TCP, UDP, ICMP, ICMPv6, SCTP or an IANA number", func(v string) (string, error) {
-		n, ok := protoNumbers[strings.ToLower(v)]
-		if !ok {
-			p, err := strconv.ParseUint(v, 10, 8)
-			if err != nil {
-				return "", fmt.Errorf("unknown protocol %q", v)
-			}
-			n = uint8(p)
-		}
-		return "protocol = " + strconv.Itoa(int(n)), nil
+		n, err := audit.ParseProto(v)
+		return "protocol = " + strconv.Itoa(int(n)), err
 	})
 	add("verdict", "policy verdict of either direction: allowed, denied, rejected, not_isolated, unknown; or dropped (denied or rejected)", func(v string) (string, error) {
 		switch v {
@@ -188,8 +182,6 @@ func buildFilterFields() {
 }
 
 const filterFieldsDocAlias = "alias of service"
-
-var protoNumbers = map[string]uint8{"tcp": 6, "udp": 17, "icmp": 1, "icmpv6": 58, "sctp": 132}
 
 // nsName matches name on nameCol, and ns on nsCol unless empty.
 func nsName(nsCol, nameCol, ns, name string) string {

@@ -201,17 +201,9 @@ func (a *API) runReachability(ctx context.Context, req *ReachabilityRequest) (*R
 	if nd == 0 || nd > maxMatrixSide {
 		return nil, fieldErr("destinations", "want 1..%d endpoints", maxMatrixSide)
 	}
-	proto := uint8(6)
-	if req.Protocol != "" {
-		n, ok := protoNumbers[strings.ToLower(req.Protocol)]
-		if !ok {
-			p, err := strconv.ParseUint(req.Protocol, 10, 8)
-			if err != nil {
-				return nil, fieldErr("protocol", "unknown protocol %q", req.Protocol)
-			}
-			n = uint8(p)
-		}
-		proto = n
+	proto, err := audit.ParseProto(req.Protocol)
+	if err != nil {
+		return nil, fieldErr("protocol", "%v", err)
 	}
 	now := a.cfg.Now()
 	since := now.Add(-defaultReachSince)
