@@ -87,7 +87,7 @@ func (s *Store) InsertSQL(r Result) (string, error) {
 			b.WriteByte(',')
 		}
 		vals := []string{
-			chsql.String(r.ID), quoteTime(r.Started), quoteTime(cmp.Or(r.Ended, r.Started)), chsql.String(string(r.Phase)), chsql.String(r.Reason),
+			chsql.String(r.ID), chsql.Time(r.Started), chsql.Time(cmp.Or(r.Ended, r.Started)), chsql.String(string(r.Phase)), chsql.String(r.Reason),
 			chsql.String(r.Request.Source), chsql.String(r.Request.Destination.String()),
 			chsql.String(string(fr.Family)), chsql.String(string(fr.Outcome)), chsql.String(fr.Reason), chsql.String(string(fr.Protocol)),
 			chsql.String(addrText(fr.Src.String(), fr.Src.IsValid())), chsql.String(addrText(fr.Dst.String(), fr.Dst.IsValid())),
@@ -154,8 +154,8 @@ func (s *Store) Load(ctx context.Context, id string) (Result, error) {
 
 // SelectSQL returns the query of Load for trace id (quoted as a literal).
 func (s *Store) SelectSQL(id string) string {
-	return fmt.Sprintf("SELECT %s FROM %s WHERE trace_id = %s ORDER BY family, ended DESC LIMIT 1 BY family",
-		strings.Join(loadColumns, ", "), s.table, chsql.String(id))
+	return chsql.Select{Cols: strings.Join(loadColumns, ", "), From: s.table, Where: []string{chsql.Eq("trace_id", id)},
+		OrderBy: "family, ended DESC LIMIT 1 BY family"}.String()
 }
 
 // decodeRow adds row n (a TSV line of loadColumns) to r: the trace's
@@ -223,8 +223,4 @@ func addrText(s string, ok bool) string {
 		return ""
 	}
 	return s
-}
-
-func quoteTime(t time.Time) string {
-	return "toDateTime64(" + chsql.String(t.UTC().Format("2006-01-02 15:04:05.000")) + ", 3, 'UTC')"
 }

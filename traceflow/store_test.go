@@ -56,7 +56,7 @@ func TestInsertSQLEscapes(t *testing.T) {
 	}
 	q := f.queries[0]
 	for _, want := range []string{"INSERT INTO dualflow.traceflows (", `'service backend/api-single has no IPv6 ClusterIP; it\'s a \\ test\x0a'`,
-		"'198.18.1.11:8080'", "'backend/api-1'", "toDateTime64('2026-11-29 21:00:00.123', 3, 'UTC')"} {
+		"'198.18.1.11:8080'", "'backend/api-1'", "fromUnixTimestamp64Milli(1795986000123, 'UTC')"} {
 		if !strings.Contains(q, want) {
 			t.Errorf("query lacks %s:\n%s", want, q)
 		}

@@ -1,13 +1,10 @@
 package audit
 
 import (
-	"bytes"
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/netip"
 	"regexp"
 	"slices"
@@ -114,46 +111,20 @@ func (w Window) resolve() (Window, error) {
 	return w, nil
 }
 
-// policyTiers splits the minutes of the window (those minutes selects)
-// into whole hours, through toStartOfHour(window_start), which
-// rollup_policy_1m's projection policy_1h answers (migration 0010), and
-// the minutes at either end. The conditions are disjoint and cover the
-// same minutes as window_start >= since AND window_start < until.
-func (w Window) policyTiers() []string {
-	ceil := func(t time.Time, d time.Duration) time.Time {
-		if f := t.Truncate(d); f.Before(t) {
-			return f.Add(d)
-		}
-		return t
-	}
-	// window_start is a whole minute: >= since and < until select the
-	// minutes [m1, m2).
-	m1, m2 := ceil(w.Since.Truncate(time.Second), time.Minute), ceil(w.Until.Truncate(time.Second), time.Minute)
-	span := func(from, to time.Time) string {
-		return fmt.Sprintf("window_start >= toDateTime(%d, 'UTC') AND window_start < toDateTime(%d, 'UTC')", from.Unix(), to.Unix())
-	}
-	h1, h2 := ceil(m1, time.Hour), m2.Truncate(time.Hour)
-	if !h1.Before(h2) {
-		return []string{span(m1, m2)}
-	}
-	out := []string{fmt.Sprintf("toStartOfHour(window_start) >= toDateTime(%d, 'UTC') AND toStartOfHour(window_start) < toDateTime(%d, 'UTC')", h1.Unix(), h2.Unix())}
-	if m1.Before(h1) {
-		out = append(out, span(m1, h1))
-	}
-	if h2.Before(m2) {
-		out = append(out, span(h2, m2))
-	}
-	return out
-}
-
-// policyUnion is one SELECT per tier of the window, joined by UNION ALL:
-// sel(cond) is the SELECT for the tier's condition cond.
-func (w Window) policyUnion(sel func(cond string) string) string {
+// policyUnion is q over rollup_policy_1m of database db, once per tier
+// of the window with the tier's condition first in Where, joined by UNION
+// ALL. The tiers (chsql.Tiers on window_start) are whole hours, which the
+// projection policy_1h answers (migration 0010), and the minutes at
+// either end. They select the minutes window_start >= since AND
+// window_start < until selects, since and until to the second.
+func (w Window) policyUnion(db string, q chsql.Select) string {
 	var parts []string
-	for _, c := range w.policyTiers() {
-		parts = append(parts, sel(c))
+	q.From, q.Where = db+".rollup_policy_1m", append([]string{""}, q.Where...)
+	for _, t := range chsql.Tiers("window_start", w.Since.Truncate(time.Second), w.Until.Truncate(time.Second), true) {
+		q.Where[0] = t.Cond
+		parts = append(parts, q.String())
 	}
-	return strings.Join(parts, "\nUNION ALL\n")
+	return chsql.Union(parts...)
 }
 
 // ordinary leaves out the rows of traceflow probes (migration 0012): a
@@ -167,13 +138,6 @@ const ordinary = "NOT is_probe"
 // memory.
 const reportMaxMemory = 1 << 30
 
-// jsonSettings makes 64-bit integers plain JSON numbers and bounds a
-// query's memory to maxMemory (see reportMaxMemory).
-func jsonSettings(maxMemory int64) string {
-	return fmt.Sprintf(" SETTINGS output_format_json_quote_64bit_integers = 0, max_memory_usage = %d,"+
-		" max_bytes_before_external_group_by = %d, max_bytes_before_external_sort = %d", maxMemory, maxMemory/2, maxMemory/2)
-}
-
 // rows runs query within reportMaxMemory and decodes each JSONEachRow
 // line into a new T.
 func rows[T any](ctx context.Context, q querier, query string) ([]T, error) {
@@ -182,22 +146,11 @@ func rows[T any](ctx context.Context, q querier, query string) ([]T, error) {
 
 // rowsWithin is rows within maxMemory.
 func rowsWithin[T any](ctx context.Context, q querier, query string, maxMemory int64) ([]T, error) {
-	out, err := q.Query(ctx, query+jsonSettings(maxMemory), "JSONEachRow")
+	out, err := q.Query(ctx, query+chsql.JSONSettings(maxMemory), "JSONEachRow")
 	if err != nil {
 		return nil, err
 	}
-	var res []T
-	dec := json.NewDecoder(bytes.NewReader(out))
-	for {
-		var v T
-		if err := dec.Decode(&v); err != nil {
-			if errors.Is(err, io.EOF) {
-				return res, nil
-			}
-			return nil, fmt.Errorf("decode result: %w", err)
-		}
-		res = append(res, v)
-	}
+	return chsql.Decode[T](out)
 }
 
 // DeniedOptions filter the denied-flows report.
@@ -247,7 +200,7 @@ func (r *Reports) Denied(ctx context.Context, opt DeniedOptions) ([]DeniedGroup,
 	}
 	where := []string{"(verdict IN ('denied', 'rejected') OR reported_verdict IN ('denied', 'rejected'))"}
 	if opt.Namespace != "" {
-		where = append(where, fmt.Sprintf("(src_pod_namespace = %s OR dst_pod_namespace = %s)", chsql.String(opt.Namespace), chsql.String(opt.Namespace)))
+		where = append(where, chsql.Or(chsql.Eq("src_pod_namespace", opt.Namespace), chsql.Eq("dst_pod_namespace", opt.Namespace)))
 	}
 	switch opt.Family {
 	case 0:
@@ -258,13 +211,11 @@ func (r *Reports) Denied(ctx context.Context, opt DeniedOptions) ([]DeniedGroup,
 	}
 	limit := cmp.Or(opt.Limit, 1000)
 	// Summed per tier: whole hours from the projection policy_1h, the
-	// minutes at the ends as rows (policyTiers).
+	// minutes at the ends as rows (policyUnion).
 	const keys = `direction, policy_namespace, policy_name, policy_rule, verdict, reported_verdict,
          src_pod_namespace, src_workload_name, dst_pod_namespace, dst_workload_name, ip_version`
-	inner := w.policyUnion(func(cond string) string {
-		return fmt.Sprintf(`SELECT %s, sum(records) AS r, sum(packets) AS p, sum(bytes) AS b, min(window_start) AS f, max(window_start) AS l
-FROM %s.rollup_policy_1m WHERE %s AND %s GROUP BY %s`, keys, r.db, cond, strings.Join(where, " AND "), keys)
-	})
+	inner := w.policyUnion(r.db, chsql.Select{Cols: keys + ", sum(records) AS r, sum(packets) AS p, sum(bytes) AS b, min(window_start) AS f, max(window_start) AS l",
+		Where: where, GroupBy: keys})
 	q := fmt.Sprintf(`SELECT toString(direction) AS direction, policy_namespace, policy_name, policy_rule AS rule,
        toString(verdict) AS verdict, toString(reported_verdict) AS reported_verdict,
        src_pod_namespace AS src_namespace, src_workload_name AS src_workload,
@@ -272,10 +223,9 @@ FROM %s.rollup_policy_1m WHERE %s AND %s GROUP BY %s`, keys, r.db, cond, strings
        sum(r) AS records, sum(p) AS packets, sum(b) AS bytes,
        toUnixTimestamp(min(f)) AS first_unix, toUnixTimestamp(max(l)) AS last_unix
 FROM (%s)
-GROUP BY direction, policy_namespace, policy_name, policy_rule, verdict, reported_verdict,
-         src_pod_namespace, src_workload_name, dst_pod_namespace, dst_workload_name, ip_version
+GROUP BY %s
 ORDER BY records DESC, direction, policy_namespace, policy_name, rule, src_namespace, src_workload, dst_namespace, dst_workload, ip_version
-LIMIT %d`, inner, limit)
+LIMIT %d`, inner, keys, limit)
 	type row struct {
 		DeniedGroup
 		FirstUnix int64 `json:"first_unix"`
@@ -340,13 +290,9 @@ func (r *Reports) Unused(ctx context.Context, pols []*networkingv1.NetworkPolicy
 		Rule      int32  `json:"policy_rule"`
 		Records   uint64 `json:"records"`
 	}
-	inner := w.policyUnion(func(cond string) string {
-		return fmt.Sprintf(`SELECT direction, policy_namespace, policy_name, policy_rule, sum(records) AS r
-FROM %s.rollup_policy_1m WHERE %s AND verdict = 'allowed' AND policy_rule >= 0
-GROUP BY direction, policy_namespace, policy_name, policy_rule`, r.db, cond)
-	})
-	q := `SELECT toString(direction) AS direction, policy_namespace, policy_name, policy_rule, sum(r) AS records
-FROM (` + inner + `) GROUP BY direction, policy_namespace, policy_name, policy_rule`
+	const rule = "direction, policy_namespace, policy_name, policy_rule"
+	inner := w.policyUnion(r.db, chsql.Select{Cols: rule + ", sum(records) AS r", Where: []string{"verdict = 'allowed'", "policy_rule >= 0"}, GroupBy: rule})
+	q := `SELECT toString(direction) AS direction, policy_namespace, policy_name, policy_rule, sum(r) AS records FROM (` + inner + `) GROUP BY ` + rule
 	used, err := rows[useRow](ctx, r.q, q)
 	if err != nil {
 		return nil, fmt.Errorf("rule use: %w", err)
@@ -354,9 +300,7 @@ FROM (` + inner + `) GROUP BY direction, policy_namespace, policy_name, policy_r
 	type totalRow struct {
 		Decisions uint64 `json:"decisions"`
 	}
-	total, err := rows[totalRow](ctx, r.q, "SELECT sum(n) AS decisions FROM ("+w.policyUnion(func(cond string) string {
-		return fmt.Sprintf("SELECT sum(records) AS n FROM %s.rollup_policy_1m WHERE %s AND verdict != 'unknown'", r.db, cond)
-	})+")")
+	total, err := rows[totalRow](ctx, r.q, "SELECT sum(n) AS decisions FROM ("+w.policyUnion(r.db, chsql.Select{Cols: "sum(records) AS n", Where: []string{"verdict != 'unknown'"}})+")")
 	if err != nil {
 		return nil, fmt.Errorf("rule use: %w", err)
 	}
@@ -611,12 +555,7 @@ func (r *Reports) WhatIf(ctx context.Context, view *enrich.Snapshot, proposed []
 	if len(touched) == 0 {
 		return rep, nil
 	}
-	quoted := make([]string, len(touched))
-	for i, ns := range touched {
-		quoted[i] = chsql.String(ns)
-	}
-	in := "(" + strings.Join(quoted, ", ") + ")"
-	where := chsql.FlowEnd(w.Since, w.Until) + " AND " + ordinary + " AND (src_pod_namespace IN " + in + " OR dst_pod_namespace IN " + in + ")"
+	where := chsql.FlowEnd(w.Since, w.Until) + " AND " + ordinary + " AND " + chsql.Or(chsql.In("src_pod_namespace", touched), chsql.In("dst_pod_namespace", touched))
 	groups, checks, err := r.whatIfWork(ctx, where, before, after, limit)
 	if err != nil {
 		return nil, fmt.Errorf("what-if: %w", err)
@@ -721,7 +660,7 @@ FROM %[3]s.flows WHERE %[4]s GROUP BY namespace, labels`, side, whatIfGroup, r.d
 		Labels    map[string]string `json:"labels"`
 		Groups    int64             `json:"groups"`
 	}
-	rs, err := rows[row](ctx, r.q, count("src")+"\nUNION ALL\n"+count("dst"))
+	rs, err := rows[row](ctx, r.q, chsql.Union(count("src"), count("dst")))
 	if err != nil {
 		return 0, 0, fmt.Errorf("count flow groups: %w", err)
 	}

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/dualflow/dualflow/internal/chsql"
 )
 
 // TestPolicyTiers: the denied report and the rule use, summed per tier
@@ -81,9 +83,7 @@ FROM numbers(360 * 16)`, end.Unix()-60))
 		}
 	}
 	w := Window{Since: end.Add(-5*time.Hour - 90*time.Second), Until: end.Add(-time.Hour)}
-	plan := tsvLines(t, "EXPLAIN projections = 1 SELECT direction, sum(r) FROM ("+w.policyUnion(func(cond string) string {
-		return "SELECT direction, sum(records) AS r FROM dualflow.rollup_policy_1m WHERE " + cond + " AND verdict IN ('denied', 'rejected') GROUP BY direction"
-	})+") GROUP BY direction", func(c []string) string { return strings.Join(c, "\t") })
+	plan := tsvLines(t, "EXPLAIN projections = 1 SELECT direction, sum(r) FROM ("+w.policyUnion("dualflow", chsql.Select{Cols: "direction, sum(records) AS r", Where: []string{"verdict IN ('denied', 'rejected')"}, GroupBy: "direction"})+") GROUP BY direction", func(c []string) string { return strings.Join(c, "\t") })
 	if !strings.Contains(strings.Join(plan, "\n"), "ReadFromMergeTree (policy_1h)") {
 		t.Errorf("the hour tier does not read policy_1h:\n%s", strings.Join(plan, "\n"))
 	}
@@ -129,7 +129,7 @@ func TestReportMemoryBound(t *testing.T) {
 }
 
 // minutes selects the window's minutes of a rollup plainly, on
-// window_start: what policyTiers must cover.
+// window_start: what policyUnion must cover.
 func minutes(w Window) string {
 	return fmt.Sprintf("window_start >= toDateTime(%d) AND window_start < toDateTime(%d)", w.Since.Unix(), w.Until.Unix())
 }

@@ -21,7 +21,7 @@ import (
 )
 
 // Store runs queries against the dualflow database; store.Conn
-// implements it. Values are quoted by this package (see quote).
+// implements it. Queries are built, and values quoted, by chsql.
 type Store interface {
 	Query(ctx context.Context, query, format string) ([]byte, error)
 }

@@ -602,7 +602,7 @@ func TestFilterSQL(t *testing.T) {
 			t.Errorf("%s: %v", tc.q, err)
 			continue
 		}
-		w := f.where()
+		w := strings.Join(f.where(), " AND ")
 		for _, s := range tc.want {
 			if !strings.Contains(w, s) {
 				t.Errorf("%s: %s lacks %s", tc.q, w, s)
@@ -723,7 +723,7 @@ func TestFlowsPagesEqualFullOrder(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		out, err := e.Query(ctx, "SELECT toString("+keyExpr+") FROM dualflow.flows WHERE "+f.where()+" ORDER BY flow_end DESC, "+keyExpr+" DESC", "TSV")
+		out, err := e.Query(ctx, "SELECT toString("+keyExpr+") FROM dualflow.flows WHERE "+strings.Join(f.where(), " AND ")+" ORDER BY flow_end DESC, "+keyExpr+" DESC", "TSV")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -34,7 +34,7 @@ func decodeStrict(r io.Reader, v any) error {
 	b, err := io.ReadAll(r)
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
-		return &FieldError{Field: "body", Message: "larger than " + itoa(mbe.Limit) + " bytes", reason: reasonBadJSON}
+		return &FieldError{Field: "body", Message: "larger than " + strconv.FormatInt(mbe.Limit, 10) + " bytes", reason: reasonBadJSON}
 	}
 	if err != nil {
 		return &FieldError{Field: "body", Message: "read: " + err.Error(), reason: reasonBadJSON}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/internal/chsql"
 )
 
@@ -70,7 +71,7 @@ func buildFilterFields() {
 			if err != nil {
 				return "", err
 			}
-			return "(" + a + " OR " + b + ")", nil
+			return chsql.Or(a, b), nil
 		})
 	}
 	add("ip_version", "4 or 6", func(v string) (string, error) {
@@ -85,17 +86,13 @@ func buildFilterFields() {
 		if name == "" {
 			return "", fmt.Errorf("empty pod name")
 		}
-		c := s + "_pod_name = " + chsql.String(name)
-		if ns != "" {
-			c = "(" + s + "_pod_namespace = " + chsql.String(ns) + " AND " + c + ")"
-		}
-		return c, nil
+		return nsName(s+"_pod_namespace", s+"_pod_name", ns, name), nil
 	})
 	both("namespace", "pod namespace", func(s, v string) (string, error) {
 		if v == "" {
 			return "", fmt.Errorf("empty namespace")
 		}
-		return s + "_pod_namespace = " + chsql.String(v), nil
+		return chsql.Eq(s+"_pod_namespace", v), nil
 	})
 	both("workload", "workload as namespace/name, name, or Kind:namespace/name", func(s, v string) (string, error) {
 		kind := ""
@@ -106,14 +103,14 @@ func buildFilterFields() {
 		if name == "" {
 			return "", fmt.Errorf("empty workload name")
 		}
-		c := []string{s + "_workload_name = " + chsql.String(name)}
+		c := []string{chsql.Eq(s+"_workload_name", name)}
 		if ns != "" {
-			c = append(c, s+"_pod_namespace = "+chsql.String(ns))
+			c = append(c, chsql.Eq(s+"_pod_namespace", ns))
 		}
 		if kind != "" {
-			c = append(c, s+"_workload_kind = "+chsql.String(kind))
+			c = append(c, chsql.Eq(s+"_workload_kind", kind))
 		}
-		return "(" + strings.Join(c, " AND ") + ")", nil
+		return chsql.And(c...), nil
 	})
 	both("label", "label selector term: key=value, key!=value, key or !key", func(s, v string) (string, error) {
 		return labelCond(s+"_pod_labels", v)
@@ -122,10 +119,10 @@ func buildFilterFields() {
 		if v == "" {
 			return "", fmt.Errorf("empty node")
 		}
-		return s + "_node = " + chsql.String(v), nil
+		return chsql.Eq(s+"_node", v), nil
 	})
 	both("zone", "topology zone", func(s, v string) (string, error) {
-		return s + "_zone = " + chsql.String(v), nil
+		return chsql.Eq(s+"_zone", v), nil
 	})
 	both("ip", "address or CIDR of either family", func(s, v string) (string, error) {
 		return ipCond(s+"_ip_bin", v)
@@ -138,23 +135,12 @@ func buildFilterFields() {
 		if name == "" {
 			return "", fmt.Errorf("empty service name")
 		}
-		c := "dst_service_name = " + chsql.String(name)
-		if ns != "" {
-			c = "(dst_service_namespace = " + chsql.String(ns) + " AND " + c + ")"
-		}
-		return c, nil
+		return nsName("dst_service_namespace", "dst_service_name", ns, name), nil
 	})
 	add("dst_service", filterFieldsDocAlias, func(v string) (string, error) { return filterFields["service"].build(v) })
 	add("protocol", "TCP, UDP, ICMP, ICMPv6, SCTP or an IANA number", func(v string) (string, error) {
-		n, ok := protoNumbers[strings.ToLower(v)]
-		if !ok {
-			p, err := strconv.ParseUint(v, 10, 8)
-			if err != nil {
-				return "", fmt.Errorf("unknown protocol %q", v)
-			}
-			n = uint8(p)
-		}
-		return "protocol = " + strconv.Itoa(int(n)), nil
+		n, err := audit.ParseProto(v)
+		return "protocol = " + strconv.Itoa(int(n)), err
 	})
 	add("verdict", "policy verdict of either direction: allowed, denied, rejected, not_isolated, unknown; or dropped (denied or rejected)", func(v string) (string, error) {
 		switch v {
@@ -162,9 +148,9 @@ func buildFilterFields() {
 			if v == "unknown" {
 				return "(ingress_verdict = 'unknown' AND egress_verdict = 'unknown')", nil
 			}
-			return "(ingress_verdict = " + chsql.String(v) + " OR egress_verdict = " + chsql.String(v) + ")", nil
+			return chsql.Or(chsql.Eq("ingress_verdict", v), chsql.Eq("egress_verdict", v)), nil
 		case "dropped":
-			return "(ingress_verdict IN ('denied', 'rejected') OR egress_verdict IN ('denied', 'rejected'))", nil
+			return droppedExpr, nil
 		}
 		return "", fmt.Errorf("unknown verdict %q", v)
 	})
@@ -173,43 +159,37 @@ func buildFilterFields() {
 		if name == "" {
 			return "", fmt.Errorf("empty policy name")
 		}
-		var c []string
-		for _, d := range []string{"ingress", "egress"} {
-			x := d + "_policy_name = " + chsql.String(name)
-			if ns != "" {
-				x = "(" + d + "_policy_namespace = " + chsql.String(ns) + " AND " + x + ")"
+		return chsql.Or(nsName("ingress_policy_namespace", "ingress_policy_name", ns, name),
+			nsName("egress_policy_namespace", "egress_policy_name", ns, name)), nil
+	})
+	boolean := func(col, doc string) {
+		add(col, doc, func(v string) (string, error) {
+			switch v {
+			case "true", "1":
+				return col, nil
+			case "false", "0":
+				return "NOT " + col, nil
 			}
-			c = append(c, x)
-		}
-		return "(" + strings.Join(c, " OR ") + ")", nil
-	})
-	add("verdict_mismatch", "true: the datapath's verdict disagrees with the evaluated one", func(v string) (string, error) {
-		switch v {
-		case "true", "1":
-			return "verdict_mismatch", nil
-		case "false", "0":
-			return "NOT verdict_mismatch", nil
-		}
-		return "", fmt.Errorf("want true or false")
-	})
+			return "", fmt.Errorf("want true or false")
+		})
+	}
+	boolean("verdict_mismatch", "true: the datapath's verdict disagrees with the evaluated one")
 	add(probesParam, "traceflow probes' rows: exclude (the default: a trace is not traffic), include, or only", nil)
 	add("probe_trace_id", "the rows of the traceflow probe of this trace id (tf-…); without probes=, implies probes=include", func(v string) (string, error) {
-		return "probe_trace_id = " + chsql.String(v), nil
+		return chsql.Eq("probe_trace_id", v), nil
 	})
-	add("k8s_view_stale", "true: enriched while the collector's view of the Kubernetes API was stale (names may be out of date)", func(v string) (string, error) {
-		switch v {
-		case "true", "1":
-			return "k8s_view_stale", nil
-		case "false", "0":
-			return "NOT k8s_view_stale", nil
-		}
-		return "", fmt.Errorf("want true or false")
-	})
+	boolean("k8s_view_stale", "true: enriched while the collector's view of the Kubernetes API was stale (names may be out of date)")
 }
 
 const filterFieldsDocAlias = "alias of service"
 
-var protoNumbers = map[string]uint8{"tcp": 6, "udp": 17, "icmp": 1, "icmpv6": 58, "sctp": 132}
+// nsName matches name on nameCol, and ns on nsCol unless empty.
+func nsName(nsCol, nameCol, ns, name string) string {
+	if ns == "" {
+		return chsql.Eq(nameCol, name)
+	}
+	return chsql.And(chsql.Eq(nsCol, ns), chsql.Eq(nameCol, name))
+}
 
 // splitNS splits "ns/name" ("name" alone has no namespace).
 func splitNS(v string) (ns, name string) {
@@ -247,8 +227,8 @@ func ipCond(col, v string) (string, error) {
 		if p.Addr().Is4In6() {
 			p = netip.PrefixFrom(p.Addr().Unmap(), max(p.Bits()-96, 0))
 		}
-		lo, hi := prefixRange(p)
-		return col + " BETWEEN " + lo + " AND " + hi, nil
+		p = p.Masked()
+		return col + " BETWEEN " + chsql.IPv6(p.Addr()) + " AND " + chsql.IPv6(lastAddr(p)), nil
 	}
 	a, err := netip.ParseAddr(v)
 	if err != nil {
@@ -257,7 +237,17 @@ func ipCond(col, v string) (string, error) {
 	if a.Zone() != "" {
 		return "", fmt.Errorf("address %q has a zone", v)
 	}
-	return col + " = " + ipv6Literal(a), nil
+	return col + " = " + chsql.IPv6(a), nil
+}
+
+// lastAddr is the highest address of the masked prefix p.
+func lastAddr(p netip.Prefix) netip.Addr {
+	b := p.Addr().AsSlice()
+	for i := p.Bits(); i < len(b)*8; i++ {
+		b[i/8] |= 0x80 >> (i % 8)
+	}
+	a, _ := netip.AddrFromSlice(b)
+	return a
 }
 
 func portCond(col, v string) (string, error) {
@@ -267,13 +257,13 @@ func portCond(col, v string) (string, error) {
 		if err1 != nil || err2 != nil || l > h {
 			return "", fmt.Errorf("bad port range %q", v)
 		}
-		return col + " BETWEEN " + itoa(int64(l)) + " AND " + itoa(int64(h)), nil
+		return col + " BETWEEN " + strconv.FormatUint(l, 10) + " AND " + strconv.FormatUint(h, 10), nil
 	}
 	p, err := strconv.ParseUint(v, 10, 16)
 	if err != nil {
 		return "", fmt.Errorf("bad port %q", v)
 	}
-	return col + " = " + itoa(int64(p)), nil
+	return col + " = " + strconv.FormatUint(p, 10), nil
 }
 
 // Filter is a parsed flow filter.
@@ -410,19 +400,9 @@ func parseFilter(q url.Values, now time.Time, skip ...string) (*Filter, error) {
 	return f, nil
 }
 
-// where renders the conditions, time range first (the table's order key).
-// condsSQL is the filter's conditions without the time range, each
-// preceded by " AND " ("" without conditions).
-func (f *Filter) condsSQL() string {
-	conds := f.allConds()
-	if len(conds) == 0 {
-		return ""
-	}
-	return " AND " + strings.Join(conds, " AND ")
-}
-
-func (f *Filter) where() string {
-	return chsql.FlowEnd(f.Since, f.Until) + f.condsSQL()
+// where is the conditions, time range first (the table's order key).
+func (f *Filter) where() []string {
+	return append([]string{chsql.FlowEnd(f.Since, f.Until)}, f.allConds()...)
 }
 
 // parseWindow reads the since and until parameters of every route with a

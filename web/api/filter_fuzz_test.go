@@ -210,8 +210,8 @@ func checkFilterSQL(q url.Values, f *Filter, sql string) error {
 	for _, t := range []time.Time{f.Since, f.Until, f.Since.Truncate(time.Minute), f.Until.Truncate(time.Minute)} {
 		numbers[strconv.FormatInt(t.UnixMilli(), 10)] = true
 	}
-	for _, n := range protoNumbers {
-		numbers[strconv.Itoa(int(n))] = true
+	for _, n := range []int{1, 6, 17, 58, 132} { // the protocols audit.ParseProto names
+		numbers[strconv.Itoa(n)] = true
 	}
 	for i, t := range toks {
 		switch t.kind {
@@ -278,7 +278,7 @@ func FuzzFilterSQL(f *testing.F) {
 		if size > maxFilterSQL {
 			t.Fatalf("conditions of %d bytes passed the %d bound", size, maxFilterSQL)
 		}
-		sql := fl.where()
+		sql := strings.Join(fl.where(), " AND ")
 		if err := checkFilterSQL(q, fl, sql); err != nil {
 			t.Fatalf("%q builds %s\n%v", raw, sql, err)
 		}

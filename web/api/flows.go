@@ -1,8 +1,6 @@
 package api
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -66,7 +64,7 @@ type Flow struct {
 	TimeRecvMs   int64             `json:"time_received_ms"`
 }
 
-// flowColumns selects Flow's fields. key is the page tiebreaker: rows
+// flowColumns selects Flow's fields and key. key is the page tiebreaker: rows
 // with the same flow_end are ordered by a hash of what identifies them.
 const flowColumns = `toUnixTimestamp64Milli(flow_start) AS flow_start_ms, toUnixTimestamp64Milli(flow_end) AS flow_end_ms,
  ip_version, src_ip, dst_ip, src_port, dst_port, protocol_name, service_ip, service_port,
@@ -78,16 +76,15 @@ const flowColumns = `toUnixTimestamp64Milli(flow_start) AS flow_start_ms, toUnix
  toString(ingress_verdict) AS ingress_verdict, toString(egress_verdict) AS egress_verdict,
  if(ingress_policy_name = '', '', concat(ingress_policy_namespace, '/', ingress_policy_name)) AS ingress_policy,
  if(egress_policy_name = '', '', concat(egress_policy_namespace, '/', egress_policy_name)) AS egress_policy,
- verdict_mismatch, k8s_view_stale, probe_trace_id, exporter_node, toUnixTimestamp64Milli(time_received) AS time_received_ms`
+ verdict_mismatch, k8s_view_stale, probe_trace_id, exporter_node, toUnixTimestamp64Milli(time_received) AS time_received_ms, toString(` + keyExpr + `) AS key`
 
 // keyExpr is the tiebreaker of the cursor.
 const keyExpr = `cityHash64(flow_start, src_ip, dst_ip, src_port, dst_port, protocol, exporter_node, time_received)`
 
 // jsonSettings end every query of the API's own: 64-bit integers as
-// numbers, not strings, the engine priority that runs them before
-// operator SQL (see sqlPriority), and their memory bounds (uiMaxMemory).
-const jsonSettings = ` SETTINGS output_format_json_quote_64bit_integers = 0, priority = ` + uiPriority +
-	`, max_memory_usage = ` + uiMaxMemory + `, max_bytes_before_external_group_by = ` + uiSpillBytes + `, max_bytes_before_external_sort = ` + uiSpillBytes
+// numbers, not strings, their memory bounds (uiMaxMemory), and the engine
+// priority that runs them before operator SQL (see sqlPriority).
+var jsonSettings = chsql.JSONSettings(uiMaxMemory) + ", priority = " + uiPriority
 
 // Page sizes.
 const (
@@ -184,13 +181,16 @@ func (a *API) flows(c *gin.Context) {
 // row read costs 2x); queryFlows settles ties at the page boundary with a
 // second query on that one flow_end.
 func (a *API) flowsSQL(f *Filter, cur *cursor, limit int, bound *int64) string {
-	where := a.flowsWhere(f, cur)
+	q := a.flowSelect(a.flowsWhere(f, cur), chsql.MinuteKey+" DESC, flow_end DESC", limit+1)
 	if bound != nil {
-		where += " AND toStartOfMinute(flow_end) >= " + chsql.Millis(*bound*1000)
+		q.Where = append(q.Where, chsql.MinuteKey+" >= "+chsql.Millis(*bound*1000))
 	}
-	return "SELECT " + flowColumns + ", toString(" + keyExpr + ") AS key FROM " + a.table +
-		" WHERE " + where +
-		" ORDER BY toStartOfMinute(flow_end) DESC, flow_end DESC LIMIT " + strconv.Itoa(limit+1) + jsonSettings
+	return q.String()
+}
+
+// flowSelect is the query of Flow rows.
+func (a *API) flowSelect(where []string, orderBy string, limit int) chsql.Select {
+	return chsql.Select{Cols: flowColumns, From: a.table, Where: where, OrderBy: orderBy, Limit: limit, Settings: jsonSettings}
 }
 
 // pageBound finds where a page starts. ClickHouse stops reading early for
@@ -206,28 +206,21 @@ func (a *API) flowsSQL(f *Filter, cur *cursor, limit int, bound *int64) string {
 // rows it saw (at most limit+1), -1 if the store did not say; bound is nil
 // when none matched.
 func (a *API) pageBound(ctx context.Context, f *Filter, cur *cursor, limit int) (bound *int64, matched int, err error) {
-	sql := "SELECT toUnixTimestamp(minOrNull(m)) AS bound, count() AS matched FROM (SELECT toStartOfMinute(flow_end) AS m FROM " + a.table +
-		" WHERE " + a.flowsWhere(f, cur) + " ORDER BY m DESC LIMIT " + strconv.Itoa(limit+1) + ")" + a.boundSettings(ctx)
-	rows, err := a.queryRows(ctx, sql)
-	if err != nil {
+	sql := "SELECT toUnixTimestamp(minOrNull(m)) AS bound, count() AS matched FROM (" +
+		chsql.Select{Cols: chsql.MinuteKey + " AS m", From: a.table, Where: a.flowsWhere(f, cur), OrderBy: "m DESC", Limit: limit + 1}.String() + ")" + a.boundSettings(ctx)
+	var rows []struct {
+		Bound   *int64 `json:"bound"`
+		Matched *int   `json:"matched"`
+	}
+	if err := decodeRows(ctx, a, sql, &rows); err != nil {
 		return nil, 0, err
 	}
-	if len(rows) != 1 {
+	if len(rows) != 1 || rows[0].Matched == nil {
 		// An aggregate answers one row; a store that does not (a fake, a
 		// proxy) gets the page without a bound.
 		return nil, -1, nil
 	}
-	var b struct {
-		Bound   *int64 `json:"bound"`
-		Matched *int   `json:"matched"`
-	}
-	if err := json.Unmarshal(rows[0], &b); err != nil {
-		return nil, 0, fmt.Errorf("decode page bound: %w", err)
-	}
-	if b.Matched == nil {
-		return nil, -1, nil
-	}
-	return b.Bound, *b.Matched, nil
+	return rows[0].Bound, *rows[0].Matched, nil
 }
 
 // virtualRowSetting lets ClickHouse skip the parts (and the blocks of the
@@ -246,7 +239,7 @@ const virtualRowSetting = "read_in_order_use_virtual_row"
 // again at the next page.
 func (a *API) boundSettings(ctx context.Context) string {
 	if a.virtualRow.Load() == 0 {
-		out, err := a.cfg.Store.Query(ctx, "SELECT count() FROM system.settings WHERE name = '"+virtualRowSetting+"'", "TabSeparated")
+		out, err := a.cfg.Store.Query(ctx, "SELECT count() FROM system.settings WHERE "+chsql.Eq("name", virtualRowSetting), "TabSeparated")
 		if err != nil {
 			return jsonSettings
 		}
@@ -264,12 +257,11 @@ func (a *API) boundSettings(ctx context.Context) string {
 
 // flowsWhere is the filter and the cursor. The key is only hashed for
 // rows at the cursor's flow_end (or/and evaluate lazily).
-func (a *API) flowsWhere(f *Filter, cur *cursor) string {
+func (a *API) flowsWhere(f *Filter, cur *cursor) []string {
 	where := f.where()
 	if cur != nil {
 		end := chsql.Millis(cur.EndMs)
-		where += " AND flow_end <= " + end +
-			" AND (flow_end < " + end + " OR " + keyExpr + " < " + strconv.FormatUint(cur.Key, 10) + ")"
+		where = append(where, "flow_end <= "+end, "(flow_end < "+end+" OR "+keyExpr+" < "+strconv.FormatUint(cur.Key, 10)+")")
 	}
 	return where
 }
@@ -277,9 +269,7 @@ func (a *API) flowsWhere(f *Filter, cur *cursor) string {
 // tieSQL returns the rows at flow_end endMs in key order, for a page
 // whose boundary falls inside a group of rows with the same flow_end.
 func (a *API) tieSQL(f *Filter, cur *cursor, endMs int64, limit int) string {
-	return "SELECT " + flowColumns + ", toString(" + keyExpr + ") AS key FROM " + a.table +
-		" WHERE " + a.flowsWhere(f, cur) + " AND flow_end = " + chsql.Millis(endMs) +
-		" ORDER BY " + keyExpr + " DESC LIMIT " + strconv.Itoa(limit+1) + jsonSettings
+	return a.flowSelect(append(a.flowsWhere(f, cur), "flow_end = "+chsql.Millis(endMs)), keyExpr+" DESC", limit+1).String()
 }
 
 type keyedFlow struct {
@@ -288,18 +278,14 @@ type keyedFlow struct {
 }
 
 func (a *API) decodeFlows(ctx context.Context, sql string) ([]keyedFlow, error) {
-	rows, err := a.queryRows(ctx, sql)
-	if err != nil {
+	var rows []Flow
+	if err := decodeRows(ctx, a, sql, &rows); err != nil {
 		return nil, err
 	}
-	out := make([]keyedFlow, 0, len(rows))
-	for _, line := range rows {
-		var fl keyedFlow
-		if err := json.Unmarshal(line, &fl.Flow); err != nil {
-			return nil, fmt.Errorf("decode flow row: %w", err)
-		}
-		fl.key, _ = strconv.ParseUint(fl.Key, 10, 64)
-		out = append(out, fl)
+	out := make([]keyedFlow, len(rows))
+	for i, fl := range rows {
+		out[i].Flow = fl
+		out[i].key, _ = strconv.ParseUint(fl.Key, 10, 64)
 	}
 	return out, nil
 }
@@ -361,27 +347,20 @@ func (a *API) queryFlows(ctx context.Context, f *Filter, cur *cursor, limit int)
 	return page, nil
 }
 
-// queryRows runs a JSONEachRow query and splits its lines.
-func (a *API) queryRows(ctx context.Context, sql string) ([][]byte, error) {
+// decodeRows runs a JSONEachRow query and appends its rows to *dst.
+func decodeRows[T any](ctx context.Context, a *API, sql string, dst *[]T) error {
 	out, err := a.cfg.Store.Query(ctx, sql, "JSONEachRow")
-	if err != nil {
-		if ctx.Err() != nil {
-			return nil, ctx.Err()
-		}
-		if queryTooLarge(err) {
-			return nil, &queryError{err: fmt.Errorf("the request is too large for the engine, use fewer or shorter values: %w", err), user: true}
-		}
-		return nil, fmt.Errorf("store query: %w", err)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return ctx.Err()
+	case err != nil && queryTooLarge(err):
+		return &queryError{err: fmt.Errorf("the request is too large for the engine, use fewer or shorter values: %w", err), user: true}
+	case err != nil:
+		return fmt.Errorf("store query: %w", err)
 	}
-	var rows [][]byte
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	sc.Buffer(make([]byte, 0, 64<<10), 16<<20)
-	for sc.Scan() {
-		if l := bytes.TrimSpace(sc.Bytes()); len(l) > 0 {
-			rows = append(rows, append([]byte(nil), l...))
-		}
-	}
-	return rows, sc.Err()
+	rows, err := chsql.Decode[T](out)
+	*dst = append(*dst, rows...)
+	return err
 }
 
 // queryTooLarge reports the engine refusing a query for its size: the
@@ -503,9 +482,8 @@ func (a *API) follow(c *gin.Context, f *Filter, resume *eventID) {
 	// INSERT split into several parts), so each poll looks back
 	// followOverlap before the newest row sent and skips the rows it sent.
 	sent := map[eventID]bool{}
-	send := func(fl Flow) {
-		key, _ := strconv.ParseUint(fl.Key, 10, 64)
-		id := eventID{fl.TimeRecvMs, key}
+	send := func(fl keyedFlow) {
+		id := eventID{fl.TimeRecvMs, fl.key}
 		if sent[id] || !id.after(floor) {
 			return
 		}
@@ -513,32 +491,21 @@ func (a *API) follow(c *gin.Context, f *Filter, resume *eventID) {
 		if fl.TimeRecvMs > since {
 			since = fl.TimeRecvMs
 		}
-		writeEvent(w, id.String(), "flow", fl)
+		writeEvent(w, id.String(), "flow", fl.Flow)
 	}
 	for {
-		var sql string
+		// After the floor, oldest first, when catching up (what the client
+		// missed); else newest first.
+		from, recv, order := since-followOverlap.Milliseconds(), "time_received > ", " DESC"
 		if catchUp {
-			// After the floor, oldest first: what the client missed.
-			sql = "SELECT " + flowColumns + ", toString(" + keyExpr + ") AS key FROM " + a.table +
-				" WHERE (toUnixTimestamp64Milli(time_received), " + keyExpr + ") > (" + itoa(floor.RecvMs) + ", " + strconv.FormatUint(floor.Key, 10) + ")" +
-				" AND time_received >= " + chsql.Millis(floor.RecvMs) +
-				" AND flow_end >= " + chsql.Millis(floor.RecvMs) + " - INTERVAL 1 HOUR"
-			for _, c := range where {
-				sql += " AND " + c
-			}
-			sql += " ORDER BY time_received, " + keyExpr + " LIMIT " + strconv.Itoa(followBatch+1) + jsonSettings
-		} else {
-			from := since - followOverlap.Milliseconds()
-			sql = "SELECT " + flowColumns + ", toString(" + keyExpr + ") AS key FROM " + a.table +
-				" WHERE time_received > " + chsql.Millis(from) +
-				" AND flow_end >= " + chsql.Millis(from) + " - INTERVAL 1 HOUR"
-			for _, c := range where {
-				sql += " AND " + c
-			}
-			sql += " ORDER BY time_received DESC, " + keyExpr + " DESC LIMIT " + strconv.Itoa(followBatch+1) + jsonSettings
+			from, recv, order = floor.RecvMs, "time_received >= ", ""
+		}
+		cond := []string{recv + chsql.Millis(from), "flow_end >= " + chsql.Millis(from) + " - INTERVAL 1 HOUR"}
+		if catchUp {
+			cond = append(cond, "(toUnixTimestamp64Milli(time_received), "+keyExpr+") > ("+strconv.FormatInt(floor.RecvMs, 10)+", "+strconv.FormatUint(floor.Key, 10)+")")
 		}
 		qctx, cancel := context.WithTimeout(ctx, a.cfg.QueryTimeout)
-		rows, err := a.queryRows(qctx, sql)
+		rows, err := a.decodeFlows(qctx, a.flowSelect(append(cond, where...), "time_received"+order+", "+keyExpr+order, followBatch+1).String())
 		cancel()
 		more := false
 		switch {
@@ -551,18 +518,11 @@ func (a *API) follow(c *gin.Context, f *Filter, resume *eventID) {
 			if more {
 				rows = rows[:followBatch]
 			}
-			for _, r := range rows {
-				var fl Flow
-				if json.Unmarshal(r, &fl) == nil {
-					send(fl)
-				}
+			for _, fl := range rows {
+				send(fl)
 			}
 			if len(rows) > 0 {
-				var last Flow
-				if json.Unmarshal(rows[len(rows)-1], &last) == nil {
-					key, _ := strconv.ParseUint(last.Key, 10, 64)
-					floor = eventID{last.TimeRecvMs, key}
-				}
+				floor = eventID{rows[len(rows)-1].TimeRecvMs, rows[len(rows)-1].key}
 			}
 			catchUp = more
 		default:
@@ -572,10 +532,7 @@ func (a *API) follow(c *gin.Context, f *Filter, resume *eventID) {
 			}
 			// Oldest first.
 			for i := len(rows) - 1; i >= 0; i-- {
-				var fl Flow
-				if json.Unmarshal(rows[i], &fl) == nil {
-					send(fl)
-				}
+				send(rows[i])
 			}
 		}
 		for id := range sent {

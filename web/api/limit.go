@@ -24,14 +24,13 @@ const (
 )
 
 // Memory of one of the API's own queries: aggregation and sorting spill
-// to disk past uiSpillBytes, and the engine ends a query past uiMaxMemory
+// to disk past half of uiMaxMemory, and the engine ends a query past uiMaxMemory
 // (the request fails with 502) rather than let it take the process's
 // memory. With the follow and /sql caps (DefaultSQLMaxMemory per /sql
 // query), the engine's share of the process stays bounded by the number
 // of requests in flight; --clickhouse.max-memory bounds the whole engine.
 const (
-	uiMaxMemory  = "1073741824" // 1 GiB
-	uiSpillBytes = "536870912"  // 512 MiB
+	uiMaxMemory = 1 << 30 // 1 GiB
 )
 
 // Retry-After of a refused request: a /sql query ends within SQLMaxTime,

@@ -125,7 +125,7 @@ func TestQueryPriorities(t *testing.T) {
 		if !strings.Contains(st.last, "priority = "+uiPriority) {
 			t.Errorf("%s ran without priority %s: %s", u, uiPriority, st.last)
 		}
-		if !strings.Contains(st.last, "max_memory_usage = "+uiMaxMemory) || !strings.Contains(st.last, "max_bytes_before_external_group_by = "+uiSpillBytes) {
+		if !strings.Contains(st.last, "max_memory_usage = 1073741824") || !strings.Contains(st.last, "max_bytes_before_external_group_by = 536870912") {
 			t.Errorf("%s ran without its memory bounds: %s", u, st.last)
 		}
 	}

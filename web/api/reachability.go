@@ -140,7 +140,7 @@ func endpointCond(side string, e audit.Endpoint, field string) (string, error) {
 		if e.Kind == "workload" {
 			col = side + "_workload_name"
 		}
-		return "(" + side + "_pod_namespace = " + chsql.String(e.Namespace) + " AND " + col + " = " + chsql.String(e.Name) + ")", nil
+		return nsName(side+"_pod_namespace", col, e.Namespace, e.Name), nil
 	case "service":
 		if side != "dst" {
 			return "", fieldErr(field, "a Service can only be a destination")
@@ -148,7 +148,7 @@ func endpointCond(side string, e audit.Endpoint, field string) (string, error) {
 		if e.Namespace == "" || e.Name == "" {
 			return "", fieldErr(field, "service needs namespace and name")
 		}
-		return "(dst_service_namespace = " + chsql.String(e.Namespace) + " AND dst_service_name = " + chsql.String(e.Name) + ")", nil
+		return nsName("dst_service_namespace", "dst_service_name", e.Namespace, e.Name), nil
 	case "ip":
 		c, err := ipCond(side+"_ip_bin", e.Name)
 		if err != nil {
@@ -201,17 +201,9 @@ func (a *API) runReachability(ctx context.Context, req *ReachabilityRequest) (*R
 	if nd == 0 || nd > maxMatrixSide {
 		return nil, fieldErr("destinations", "want 1..%d endpoints", maxMatrixSide)
 	}
-	proto := uint8(6)
-	if req.Protocol != "" {
-		n, ok := protoNumbers[strings.ToLower(req.Protocol)]
-		if !ok {
-			p, err := strconv.ParseUint(req.Protocol, 10, 8)
-			if err != nil {
-				return nil, fieldErr("protocol", "unknown protocol %q", req.Protocol)
-			}
-			n = uint8(p)
-		}
-		proto = n
+	proto, err := audit.ParseProto(req.Protocol)
+	if err != nil {
+		return nil, fieldErr("protocol", "%v", err)
 	}
 	now := a.cfg.Now()
 	since := now.Add(-defaultReachSince)
@@ -237,9 +229,9 @@ func (a *API) runReachability(ctx context.Context, req *ReachabilityRequest) (*R
 	}
 	// A trace is not traffic: the probes of the traces the matrix runs
 	// would otherwise show as observed flows (migration 0012).
-	where := chsql.FlowEnd(since, now) + " AND NOT is_probe AND " + protoCond
-	if req.Port != 0 {
-		where += " AND (dst_port = " + strconv.Itoa(int(req.Port)) + " OR service_port = " + strconv.Itoa(int(req.Port)) + ")"
+	where := []string{chsql.FlowEnd(since, now), "NOT is_probe", protoCond}
+	if p := strconv.Itoa(int(req.Port)); req.Port != 0 {
+		where = append(where, "(dst_port = "+p+" OR service_port = "+p+")")
 	}
 	// Aggregate first by the columns the endpoint conditions read (a few
 	// rows per pod pair and family), then expand to cells: the conditions
@@ -267,11 +259,9 @@ func (a *API) runReachability(ctx context.Context, req *ReachabilityRequest) (*R
 	}
 	// The verdict class is computed after the aggregation, from the two
 	// Enum8 columns (cheap keys).
-	inner := fmt.Sprintf(`SELECT ingress_verdict, egress_verdict, %s, count() AS n, max(flow_end) AS last FROM %s WHERE %s GROUP BY ALL`,
-		strings.Join(keys, ", "), a.table, where)
-	sql := fmt.Sprintf(`SELECT si, di, ip_version, %s AS verdict, sum(n) AS flows, max(toUnixTimestamp64Milli(last)) AS last_ms
- FROM (%s) ARRAY JOIN %s AS si ARRAY JOIN %s AS di GROUP BY si, di, ip_version, verdict`,
-		verdictClass, inner, srcArr, dstArr) + jsonSettings
+	inner := chsql.Select{Cols: "ingress_verdict, egress_verdict, " + strings.Join(keys, ", ") + ", count() AS n, max(flow_end) AS last", From: a.table, Where: where, GroupBy: "ALL"}
+	sql := chsql.Select{Cols: "si, di, ip_version, " + verdictClass + " AS verdict, sum(n) AS flows, max(toUnixTimestamp64Milli(last)) AS last_ms",
+		From: "(" + inner.String() + ") ARRAY JOIN " + srcArr + " AS si ARRAY JOIN " + dstArr + " AS di", GroupBy: "si, di, ip_version, verdict", Settings: jsonSettings}.String()
 
 	out := &Reachability{Sources: req.Sources, Destinations: req.Destinations, SinceMs: since.UnixMilli()}
 	out.Cells = make([][]Cell, ns)
@@ -284,7 +274,7 @@ func (a *API) runReachability(ctx context.Context, req *ReachabilityRequest) (*R
 	qctx, cancel := context.WithTimeout(ctx, a.cfg.QueryTimeout)
 	defer cancel()
 	var rows []observedRow
-	if err := a.decodeRows(qctx, sql, &rows); err != nil {
+	if err := decodeRows(qctx, a, sql, &rows); err != nil {
 		return nil, err
 	}
 	for _, r := range rows {

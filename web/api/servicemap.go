@@ -4,9 +4,10 @@ import (
 	"context"
 	"net/http"
 	"sort"
-	"strconv"
 
 	"github.com/gin-gonic/gin"
+
+	"github.com/dualflow/dualflow/internal/chsql"
 )
 
 // ServiceMap is the answer of GET /servicemap: nodes are workloads,
@@ -56,14 +57,13 @@ func (a *API) servicemap(c *gin.Context) {
 	ctx, cancel := context.WithTimeout(c.Request.Context(), a.cfg.QueryTimeout)
 	defer cancel()
 	// Summed per tier (whole hours and minutes from the projections
-	// edges_1h and edges_1m, the edges as rows: tiers.go).
-	sql := `SELECT src, dst, ip_version, verdict, sum(n) AS flows, sum(b) AS bytes FROM (` +
-		a.tieredSQL(f, true, func(string) string {
-			return "src_label AS src, dst_label AS dst, ip_version, verdict_class AS verdict, count() AS n, sum(bytes + reverse_bytes) AS b"
-		}, "src, dst, ip_version, verdict") +
-		`) GROUP BY src, dst, ip_version, verdict ORDER BY bytes DESC, flows DESC, src, dst, ip_version, verdict LIMIT ` + strconv.Itoa(limit) + jsonSettings
+	// edges_1h and edges_1m, the edges as rows: tieredSQL).
+	sql := chsql.Select{Cols: "src, dst, ip_version, verdict, sum(n) AS flows, sum(b) AS bytes", From: "(" + a.tieredSQL(f, true, func(string) string {
+		return "src_label AS src, dst_label AS dst, ip_version, verdict_class AS verdict, count() AS n, sum(bytes + reverse_bytes) AS b"
+	}, "src, dst, ip_version, verdict") + ")", GroupBy: "src, dst, ip_version, verdict",
+		OrderBy: "bytes DESC, flows DESC, src, dst, ip_version, verdict", Limit: limit, Settings: jsonSettings}.String()
 	m := &ServiceMap{Nodes: []MapNode{}, Edges: []MapEdge{}}
-	if err := a.decodeRows(ctx, sql, &m.Edges); err != nil {
+	if err := decodeRows(ctx, a, sql, &m.Edges); err != nil {
 		a.fail(c, err)
 		return
 	}

@@ -2,13 +2,13 @@ package api
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/gin-gonic/gin"
+
+	"github.com/dualflow/dualflow/internal/chsql"
 )
 
 // Summary is the answer of GET /flows/summary.
@@ -63,7 +63,7 @@ func (a *API) summary(c *gin.Context) {
 	}
 	span := f.Until.Sub(f.Since)
 	// About 60 points; past a minute, whole minutes, which the minute
-	// tier sums from the series_1m projection (tiers.go).
+	// tier sums from the series_1m projection (tieredSQL).
 	step := span / 60
 	if step > time.Minute {
 		step = ceilDuration(step, time.Minute)
@@ -111,19 +111,17 @@ func (a *API) querySummary(ctx context.Context, f *Filter, step time.Duration, t
 	if secs%60 == 0 {
 		parts = a.tieredSQL(f, secs%3600 == 0, bucket, seriesGroup)
 	} else {
-		parts = "SELECT " + bucket(tsRow) + " FROM " + a.table + " WHERE " + f.where() + " GROUP BY " + seriesGroup
+		parts = chsql.Select{Cols: bucket(chsql.FlowEndCol), From: a.table, Where: f.where(), GroupBy: seriesGroup}.String()
 	}
-	series := `SELECT time_ms, ip_version, sum(b) AS bytes, sum(n) AS flows, sumIf(n, verdict_class = 'dropped') AS dropped
- FROM (` + parts + `) GROUP BY time_ms, ip_version ORDER BY time_ms, ip_version` + jsonSettings
-	talkers := `SELECT src, dst, ip_version, sum(b) AS bytes, sum(n) AS flows FROM (` +
-		a.tieredSQL(f, true, func(string) string {
-			return "src_label AS src, dst_label AS dst, ip_version, sum(bytes + reverse_bytes) AS b, count() AS n"
-		}, "src, dst, ip_version") +
-		`) GROUP BY src, dst, ip_version ORDER BY bytes DESC, flows DESC, src, dst, ip_version LIMIT ` + strconv.Itoa(top) + jsonSettings
-	if err := a.decodeRows(ctx, series, &s.Series); err != nil {
+	series := chsql.Select{Cols: "time_ms, ip_version, sum(b) AS bytes, sum(n) AS flows, sumIf(n, verdict_class = 'dropped') AS dropped",
+		From: "(" + parts + ")", GroupBy: "time_ms, ip_version", OrderBy: "time_ms, ip_version", Settings: jsonSettings}.String()
+	talkers := chsql.Select{Cols: "src, dst, ip_version, sum(b) AS bytes, sum(n) AS flows", From: "(" + a.tieredSQL(f, true, func(string) string {
+		return "src_label AS src, dst_label AS dst, ip_version, sum(bytes + reverse_bytes) AS b, count() AS n"
+	}, "src, dst, ip_version") + ")", GroupBy: "src, dst, ip_version", OrderBy: "bytes DESC, flows DESC, src, dst, ip_version", Limit: top, Settings: jsonSettings}.String()
+	if err := decodeRows(ctx, a, series, &s.Series); err != nil {
 		return nil, err
 	}
-	if err := a.decodeRows(ctx, talkers, &s.Talkers); err != nil {
+	if err := decodeRows(ctx, a, talkers, &s.Talkers); err != nil {
 		return nil, err
 	}
 	totals := map[int]*FamilyTotal{}
@@ -147,40 +145,26 @@ func (a *API) querySummary(ctx context.Context, f *Filter, step time.Duration, t
 	return s, nil
 }
 
-// decodeRows runs a JSONEachRow query into *[]T.
-func decodeRowsInto[T any](rows [][]byte, dst *[]T) error {
-	for _, r := range rows {
-		var v T
-		if err := json.Unmarshal(r, &v); err != nil {
-			return fmt.Errorf("decode row: %w", err)
-		}
-		*dst = append(*dst, v)
-	}
-	return nil
-}
-
-func (a *API) decodeRows(ctx context.Context, sql string, dst any) error {
-	rows, err := a.queryRows(ctx, sql)
-	if err != nil {
-		return err
-	}
-	switch d := dst.(type) {
-	case *[]SeriesPoint:
-		return decodeRowsInto(rows, d)
-	case *[]Talker:
-		return decodeRowsInto(rows, d)
-	case *[]MapEdge:
-		return decodeRowsInto(rows, d)
-	case *[]observedRow:
-		return decodeRowsInto(rows, d)
-	}
-	return fmt.Errorf("decodeRows: unsupported %T", dst)
-}
-
 // ceilDuration rounds d up to a multiple of m.
 func ceilDuration(d, m time.Duration) time.Duration {
 	if r := d % m; r != 0 {
 		return d + m - r
 	}
 	return d
+}
+
+// tieredSQL is one SELECT per tier of f's window, combined with UNION
+// ALL, so that the summary, the service map and the traffic series are
+// summed from the projections of migration 0009 where they give exactly
+// the rows' answer (chsql.Tiers): whole hours from edges_1h when hours is
+// true, whole minutes from series_1m or edges_1m, the partial minutes at
+// either end from rows. A filter on a column no projection has (a pod
+// name, an address) reads rows, with the same result. body(key) is the
+// SELECT list with the tier's time key; group is the GROUP BY list.
+func (a *API) tieredSQL(f *Filter, hours bool, body func(key string) string, group string) string {
+	var parts []string
+	for _, t := range chsql.Tiers(chsql.FlowEndCol, f.Since, f.Until, hours) {
+		parts = append(parts, chsql.Select{Cols: body(t.Key), From: a.table, Where: append([]string{t.Cond}, f.allConds()...), GroupBy: group}.String())
+	}
+	return chsql.Union(parts...)
 }

@@ -42,6 +42,7 @@ import (
 	"strings"
 
 	"github.com/dualflow/dualflow/collector/store/chdb"
+	"github.com/dualflow/dualflow/internal/chsql"
 )
 
 // Runner runs one statement on the engine and returns its output in
@@ -81,7 +82,7 @@ func Vet(ctx context.Context, run Runner, database, query string) error {
 // own formatting of the statement, where comments are gone and strings
 // and identifiers are quoted one way, and in the text as sent).
 func VetStatement(ctx context.Context, run Runner, query string) error {
-	formatted, err := run(ctx, "SELECT formatQuery("+literal(query)+")", "TabSeparatedRaw")
+	formatted, err := run(ctx, "SELECT formatQuery("+chsql.String(query)+")", "TabSeparatedRaw")
 	if err != nil {
 		return &NotAcceptedError{err}
 	}
@@ -92,26 +93,6 @@ func VetStatement(ctx context.Context, run Runner, query string) error {
 }
 
 var errOutfile = &RefusedError{"outfile", "INTO OUTFILE writes a file on the server (query the HTTP interface and save its answer instead)"}
-
-// literal quotes s as a ClickHouse string literal.
-func literal(s string) string {
-	var b strings.Builder
-	b.Grow(len(s) + 2)
-	b.WriteByte('\'')
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; c {
-		case '\\', '\'':
-			b.WriteByte('\\')
-			b.WriteByte(c)
-		case 0:
-			b.WriteString("\\0")
-		default:
-			b.WriteByte(c)
-		}
-	}
-	b.WriteByte('\'')
-	return b.String()
-}
 
 // Explain returns the statement whose output Check reads. Run it only on
 // a text Vet's first step proved to be one statement.

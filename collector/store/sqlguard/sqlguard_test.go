@@ -277,32 +277,6 @@ func TestSchemaDocExamples(t *testing.T) {
 	}
 }
 
-// TestLiteral: the quoting of Vet's first step, on the engine.
-func TestLiteral(t *testing.T) {
-	db := engine(t)
-	for _, s := range []string{"", "a'b", `a\b`, `\'`, "x\x00y", "ünï", "'); DROP TABLE x; --"} {
-		got, err := db.Query(context.Background(), "SELECT "+literal(s), "TabSeparatedRaw")
-		if err != nil {
-			t.Errorf("%q: %v", s, err)
-			continue
-		}
-		back, err := db.Query(context.Background(), "SELECT "+literal(s)+" = unhex('"+hexOf(s)+"')", "TabSeparatedRaw")
-		if err != nil || strings.TrimSpace(string(back)) != "1" {
-			t.Errorf("%q round trip: %q %v (%q)", s, back, err, got)
-		}
-	}
-}
-
-func hexOf(s string) string {
-	const digits = "0123456789ABCDEF"
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		b.WriteByte(digits[s[i]>>4])
-		b.WriteByte(digits[s[i]&15])
-	}
-	return b.String()
-}
-
 // FuzzCheck: Check never panics, and accepts only a parse whose root is a
 // read-only statement.
 func FuzzCheck(f *testing.F) {
