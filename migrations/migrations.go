@@ -183,7 +183,7 @@ func Render(m Migration, opt Options) ([]string, error) {
 }
 
 func funcs(o Options) template.FuncMap {
-	q := func(s string) string { return "'" + s + "'" }
+	q := chsql.String
 	// distributed creates the Distributed table over table's local ones
 	// (nothing in the single-node form).
 	distributed := func(create, table, shardingKey string) string {

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/dualflow/dualflow/internal/chsql"
 )
 
 // BatchRange names a batch the writer sent: its dedup token, the
@@ -83,7 +85,7 @@ func storedBatchesQuery(database string, batches []BatchRange) (string, error) {
 		if ranges.Len() > 0 {
 			ranges.WriteString(" OR ")
 		}
-		fmt.Fprintf(&ranges, "flow_end BETWEEN fromUnixTimestamp64Milli(toInt64(%d), 'UTC') AND fromUnixTimestamp64Milli(toInt64(%d), 'UTC')", b.MinEnd, b.MaxEnd)
+		ranges.WriteString("flow_end BETWEEN " + chsql.Millis(b.MinEnd) + " AND " + chsql.Millis(b.MaxEnd))
 	}
 	return fmt.Sprintf(`SELECT t, n FROM (SELECT arrayJoin([%[2]s]) AS t, cityHash64(t) AS h) AS a
 INNER JOIN (
