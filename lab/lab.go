@@ -6,9 +6,9 @@
 // (package manifest) that the lab writes to its state directory.
 //
 // Up builds a lab and returns a *Lab; Open attaches to a running one; Down
-// removes one, even after a crash. A *Lab gives the ground truth that tests
-// compare dualflow against: Dial/Exec from a pod, Conntrack of a node,
-// Counters (nftables rule counters) of a node.
+// removes one, even after a crash. A *Lab sends traffic from its pods
+// (Dial/Exec); test/support/labtruth reads a node's ground truth
+// (conntrack, nftables rule counters) that tests compare dualflow against.
 //
 // Nothing is changed in the root network namespace: no address, route,
 // rule or sysctl. Everything lives in namespaces named <prefix>...

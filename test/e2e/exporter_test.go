@@ -11,10 +11,10 @@ import (
 
 	"github.com/dualflow/dualflow/exporter"
 	"github.com/dualflow/dualflow/flow"
-	"github.com/dualflow/dualflow/lab"
 	"github.com/dualflow/dualflow/lab/agent"
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/test/support/ipfixtest"
+	"github.com/dualflow/dualflow/test/support/labtruth"
 )
 
 // TestExporter runs `dualflow exporter` (in process) against node-1 of a
@@ -151,7 +151,7 @@ func TestExporter(t *testing.T) {
 				}
 				return true
 			})
-			conns, err := l.Conntrack("node-1")
+			conns, err := labtruth.Conntrack(l, "node-1")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -162,7 +162,7 @@ func TestExporter(t *testing.T) {
 			}
 			for _, s := range all {
 				t.Run(s.name, func(t *testing.T) {
-					c, ok := lab.FindConn(conns, s.proto, s.local)
+					c, ok := labtruth.FindConn(conns, s.proto, s.local)
 					if !ok {
 						t.Fatalf("node-1 has no conntrack entry from %v", s.local)
 					}

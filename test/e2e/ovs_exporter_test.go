@@ -20,6 +20,7 @@ import (
 	"github.com/dualflow/dualflow/lab/nft"
 	"github.com/dualflow/dualflow/ovs"
 	"github.com/dualflow/dualflow/test/support/ipfixtest"
+	"github.com/dualflow/dualflow/test/support/labtruth"
 )
 
 // TestOVSExporter runs `dualflow exporter --exporter.source ovs` (in
@@ -217,7 +218,7 @@ func testOVSExporter(t *testing.T, mode manifest.Mode) {
 		}
 		return true
 	})
-	conns, err := l.Conntrack("node-1")
+	conns, err := labtruth.Conntrack(l, "node-1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -294,15 +295,15 @@ func testOVSExporter(t *testing.T, mode manifest.Mode) {
 }
 
 // findConnTo returns the entry of the connection from local to to (its
-// original destination: a Service address before DNAT). lab.FindConn
+// original destination: a Service address before DNAT). labtruth.FindConn
 // matches the source alone, which two connections from one client port
 // to different destinations share.
-func findConnTo(conns []lab.Conn, proto uint8, local, to netip.AddrPort) (lab.Conn, bool) {
+func findConnTo(conns []labtruth.Conn, proto uint8, local, to netip.AddrPort) (labtruth.Conn, bool) {
 	for _, c := range conns {
 		if c.Orig.Proto == proto && c.Orig.Src == local.Addr().Unmap() && c.Orig.SrcPort == local.Port() &&
 			c.Orig.Dst == to.Addr().Unmap() && c.Orig.DstPort == to.Port() {
 			return c, true
 		}
 	}
-	return lab.Conn{}, false
+	return labtruth.Conn{}, false
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/dualflow/dualflow/lab/agent"
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/test/support/ipfixtest"
+	"github.com/dualflow/dualflow/test/support/labtruth"
 )
 
 // TestOVSLabsSideBySide runs two OVS labs with the same addresses at the
@@ -91,7 +92,7 @@ func TestOVSLabsSideBySide(t *testing.T) {
 					if node == "node-2" {
 						k = d.keyAfterDNAT()
 					}
-					j := slices.IndexFunc(conns, func(c lab.Conn) bool { return key(c.Orig) == k })
+					j := slices.IndexFunc(conns, func(c labtruth.Conn) bool { return key(c.Orig) == k })
 					if j < 0 {
 						t.Errorf("%s: no conntrack entry for its own %s %v -> %v", node, d.name, d.local, d.to)
 					} else if r := conns[j].Reply; r.Src != d.endpoint.Addr() || r.SrcPort != d.endpoint.Port() {
@@ -288,9 +289,9 @@ func (s *sideLab) dialAll(t *testing.T) {
 }
 
 // conntrack returns node's OVS conntrack of the lab.
-func (s *sideLab) conntrack(t *testing.T, node string) []lab.Conn {
+func (s *sideLab) conntrack(t *testing.T, node string) []labtruth.Conn {
 	t.Helper()
-	conns, err := s.l.Conntrack(node)
+	conns, err := labtruth.Conntrack(s.l, node)
 	if err != nil {
 		t.Fatalf("%s: conntrack of %s: %v", s.l.Prefix(), node, err)
 	}
