@@ -104,7 +104,7 @@ func (t *Tracer) startTrace(ctx context.Context, tb observe.Table) (*monitorSub,
 			return nil, nil, fmt.Errorf("trace table loaded after the watch ended: %w", ctx.Err())
 		}
 		wctx, cancel := context.WithTimeout(ctx, wait)
-		_, err = mon.WaitFor(wctx, echo)
+		err = mon.WaitFor(wctx, echo)
 		cancel()
 		if err == nil {
 			return mon, stop, nil
@@ -143,7 +143,7 @@ func (t *Tracer) canary(s *monitorSub) bool {
 			return false
 		}
 		wctx, cancel := context.WithTimeout(ctx, wait)
-		_, err := s.WaitFor(wctx, echo)
+		err := s.WaitFor(wctx, echo)
 		cancel()
 		switch {
 		case err == nil:
