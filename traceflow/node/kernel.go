@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -378,7 +379,7 @@ func (t *Tracer) watchKernel(ctx context.Context, p traceflow.Probe, emit func(t
 		if err := emitAll(emit, k.flush()); err != nil {
 			return err
 		}
-		err := emit(traceflow.WatchEvent{Observation: ptr(t.deliveryObs(p, *held)), Outcome: traceflow.Delivered})
+		err := emit(traceflow.WatchEvent{Observation: new(t.deliveryObs(p, *held)), Outcome: traceflow.Delivered})
 		held, waitC = nil, nil
 		return err
 	}
@@ -420,8 +421,6 @@ func (t *Tracer) watchKernel(ctx context.Context, p traceflow.Probe, emit func(t
 // deliveryWait caps how long a captured delivery waits for the node's
 // trace of the probe leaving towards the pod.
 const deliveryWait = time.Second
-
-func ptr[T any](v T) *T { return &v }
 
 // kernelPath turns one node's trace events of one probe into observations.
 type kernelPath struct {
@@ -537,12 +536,12 @@ func (k *kernelPath) rule(ev observe.Event) []traceflow.WatchEvent {
 		switch {
 		case strings.Contains(ev.Rule, " reject"):
 			o.Action = traceflow.ActionRejected
-			out.Outcome, out.Reason = traceflow.Rejected, "rejected by "+cmpOr(comment, ev.Rule)
+			out.Outcome, out.Reason = traceflow.Rejected, "rejected by "+cmp.Or(comment, ev.Rule)
 			if strings.Contains(comment, "no endpoints") || strings.Contains(ev.Rule, "no endpoints") {
 				o.Component = traceflow.LoadBalancing
 			} else {
 				o.Rule = ev.Chain // the controller may name the policy (default case)
-				o.Detail = fmt.Sprintf("rule %q in %s %s", strings.TrimSpace(cmpOr(comment, ev.Rule)), ev.Table, ev.Chain)
+				o.Detail = fmt.Sprintf("rule %q in %s %s", strings.TrimSpace(cmp.Or(comment, ev.Rule)), ev.Table, ev.Chain)
 			}
 		case strings.HasPrefix(name, "drop/"):
 			o.Component, o.Rule = traceflow.NetworkPolicy, name
@@ -556,21 +555,14 @@ func (k *kernelPath) rule(ev observe.Event) []traceflow.WatchEvent {
 			// chains, say): the controller may name the policy from the
 			// cluster's view (agent.PolicyNamer).
 			o.Rule = ev.Chain
-			o.Detail = fmt.Sprintf("rule %q in %s %s", strings.TrimSpace(cmpOr(comment, ev.Rule)), ev.Table, ev.Chain)
-			out.Reason = fmt.Sprintf("dropped on %s by rule %q in chain %s", k.t.Name, strings.TrimSpace(cmpOr(comment, ev.Rule)), ev.Chain)
+			o.Detail = fmt.Sprintf("rule %q in %s %s", strings.TrimSpace(cmp.Or(comment, ev.Rule)), ev.Table, ev.Chain)
+			out.Reason = fmt.Sprintf("dropped on %s by rule %q in chain %s", k.t.Name, strings.TrimSpace(cmp.Or(comment, ev.Rule)), ev.Chain)
 		}
 		o.Node = k.t.Name
 		out.Observation = &o
 		return append(k.flush(), out)
 	}
 	return nil
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // policyChain reports whether chain is a per-pod policy chain

@@ -125,7 +125,7 @@ func (l *liveNode) add(ev observe.Event) []traceflow.WatchEvent {
 	out = append(out, g.k.add(ev)...)
 	if ev.Table == l.table && ev.Chain == observe.ChainPost && ev.Kind == observe.KindPacket {
 		if tg, ok := l.targets[ev.OIf]; ok {
-			out = append(out, traceflow.WatchEvent{Observation: ptr(l.deliveryObs(tg, ev)), Outcome: traceflow.Delivered})
+			out = append(out, traceflow.WatchEvent{Observation: new(l.deliveryObs(tg, ev)), Outcome: traceflow.Delivered})
 		}
 	}
 	for i := range out {

@@ -206,7 +206,7 @@ func (t *Tracer) watchOVS(ctx context.Context, p traceflow.Probe, emit func(trac
 			if err := decide(d.seen.Dst, d.seen.DstPort); err != nil {
 				return err
 			}
-			if err := emit(traceflow.WatchEvent{Observation: ptr(t.deliveryObs(p, d)), Outcome: traceflow.Delivered}); err != nil {
+			if err := emit(traceflow.WatchEvent{Observation: new(t.deliveryObs(p, d)), Outcome: traceflow.Delivered}); err != nil {
 				return err
 			}
 		case pi := <-drops:
