@@ -87,26 +87,18 @@ const (
 	ctPollMax = 250 * time.Millisecond
 )
 
-// ovsCLI runs the OVS CLIs against one ovs-vswitchd.
-type ovsCLI struct{ cfg OVS }
-
-// run runs one CLI under ovsCommandTimeout and returns its stdout.
-func (c ovsCLI) run(ctx context.Context, argv ...string) (string, error) {
-	return ovs.Run(ctx, c.cfg.RunDir, ovsCommandTimeout, argv...)
-}
-
 // ovsWatch is one probe watched on one node's bridge.
 type ovsWatch struct {
 	t      *Tracer
 	p      traceflow.Probe
-	cli    ovsCLI
+	cfg    OVS // with defaults
 	rules  *ovs.Rules
 	source bool // the probe's source pod is on this node
 }
 
 func (t *Tracer) watchOVS(ctx context.Context, p traceflow.Probe, emit func(traceflow.WatchEvent) error) error {
-	w := &ovsWatch{t: t, p: p, cli: ovsCLI{cfg: t.OVS.withDefaults()}}
-	if f := w.cli.cfg.RulesFile; f != "" {
+	w := &ovsWatch{t: t, p: p, cfg: t.OVS.withDefaults()}
+	if f := w.cfg.RulesFile; f != "" {
 		rules, err := ovs.LoadRules(f)
 		if err != nil {
 			return err
@@ -186,7 +178,7 @@ func (t *Tracer) watchOVS(ctx context.Context, p traceflow.Probe, emit func(trac
 		if w.source {
 			return nil
 		}
-		return emitAll(emit, w.events(w.ofTrace(ctx, w.cli.cfg.Uplink, dst, dport)))
+		return emitAll(emit, w.events(w.ofTrace(ctx, w.cfg.Uplink, dst, dport)))
 	}
 	for {
 		select {
@@ -278,9 +270,9 @@ func (w *ovsWatch) events(obs []traceflow.Observation) []traceflow.WatchEvent {
 // flows to out. The returned channel reports the monitor exiting before
 // ctx ended. The monitor and its reader are wg's.
 func (w *ovsWatch) startPacketIns(ctx context.Context, out chan<- ovs.PacketIn, wg *sync.WaitGroup) (<-chan error, error) {
-	cmd := exec.CommandContext(ctx, "ovs-ofctl", "--no-names", "monitor", w.cli.cfg.Bridge,
+	cmd := exec.CommandContext(ctx, "ovs-ofctl", "--no-names", "monitor", w.cfg.Bridge,
 		strconv.Itoa(ovs.DefaultMonitorMissLen), "watch:table="+strconv.Itoa(ovsWatchTable))
-	cmd.Env = ovs.Env(w.cli.cfg.RunDir)
+	cmd.Env = ovs.Env(w.cfg.RunDir)
 	r, pw, err := os.Pipe()
 	if err != nil {
 		return nil, err
@@ -330,7 +322,7 @@ func (w *ovsWatch) startPacketIns(ctx context.Context, out chan<- ovs.PacketIn, 
 			}
 		}
 		if ctx.Err() == nil {
-			exited <- fmt.Errorf("ovs-ofctl monitor %s exited: %s", w.cli.cfg.Bridge, last)
+			exited <- fmt.Errorf("ovs-ofctl monitor %s exited: %s", w.cfg.Bridge, last)
 		}
 	})
 	select {
@@ -404,18 +396,18 @@ func (w *ovsWatch) ofTrace(ctx context.Context, iface string, dst netip.Addr, dp
 // iface towards dst:dport and returns the flow traced and its steps'
 // observations.
 func (w *ovsWatch) runTrace(ctx context.Context, iface string, dst netip.Addr, dport uint16) (string, []traceflow.Observation, error) {
-	show, err := w.cli.run(ctx, "ovs-ofctl", "show", w.cli.cfg.Bridge)
+	show, err := ovs.Run(ctx, w.cfg.RunDir, ovsCommandTimeout, "ovs-ofctl", "show", w.cfg.Bridge)
 	if err != nil {
 		return "", nil, err
 	}
 	ports := parsePorts(show)
 	port, ok := ports[iface]
 	if !ok {
-		return "", nil, fmt.Errorf("%s is not a port of bridge %s", iface, w.cli.cfg.Bridge)
+		return "", nil, fmt.Errorf("%s is not a port of bridge %s", iface, w.cfg.Bridge)
 	}
 	ttl := cmp.Or(w.p.TTL, 64)
 	flow := observe.OFFlow(port, w.p.Src, dst, w.p.ProtoNumber(), w.p.SrcPort, dport, w.p.TCPFlags, w.p.Tag, ttl)
-	out, err := w.cli.run(ctx, "ovs-appctl", "-T", strconv.Itoa(int(ovsCommandTimeout/time.Second)), "ofproto/trace", w.cli.cfg.Bridge, flow)
+	out, err := ovs.Run(ctx, w.cfg.RunDir, ovsCommandTimeout, "ovs-appctl", "-T", strconv.Itoa(int(ovsCommandTimeout/time.Second)), "ofproto/trace", w.cfg.Bridge, flow)
 	if err != nil {
 		return "", nil, err
 	}
@@ -504,7 +496,7 @@ func parsePorts(out string) map[string]int {
 
 // conntrack looks up the probe's connection in the node's OVS conntrack.
 func (w *ovsWatch) conntrack(ctx context.Context) (ctView, bool) {
-	out, err := w.cli.run(ctx, "ovs-appctl", "-T", strconv.Itoa(int(ovsCommandTimeout/time.Second)), "dpctl/dump-conntrack", "-m")
+	out, err := ovs.Run(ctx, w.cfg.RunDir, ovsCommandTimeout, "ovs-appctl", "-T", strconv.Itoa(int(ovsCommandTimeout/time.Second)), "dpctl/dump-conntrack", "-m")
 	if err != nil {
 		return ctView{}, false
 	}
