@@ -253,5 +253,3 @@ func (r *recent[K, V]) delete(k K) {
 		}
 	}
 }
-
-func (r *recent[K, V]) len() int { return len(r.m) }
