@@ -298,9 +298,6 @@ func Open(stateDir string, cfg Config) (*Lab, error) {
 // State returns what state.json records.
 func (l *Lab) State() State { return l.state }
 
-// Prefix returns the namespace name prefix of the lab.
-func (l *Lab) Prefix() string { return l.cfg.Prefix }
-
 // Mode returns the lab mode.
 func (l *Lab) Mode() manifest.Mode { return l.state.Mode }
 
