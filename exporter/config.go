@@ -138,7 +138,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.StateDir, "exporter.state-dir", c.StateDir, "directory that outlives a run on this node (a hostPath): a stopping exporter leaves what it exported there for the next run, so a restart or DaemonSet roll exports no connection twice (empty: none)")
 	fs.IntVar(&c.Store.MaxConns, "exporter.max-connections", c.Store.MaxConns, "most connections tracked; beyond it new ones are exported at once with reason lack of resources")
 	fs.StringVar(&c.IPFIX.Address, "exporter.ipfix.collector", c.IPFIX.Address, "collector address host:port, [::1]:4739 for IPv6 (one collector; see --exporter.collectors for several)")
-	fs.Var((*listFlag)(&c.Shard.Collectors), "exporter.collectors", "comma-separated collectors host:port ([fd00:10::1]:4739 for IPv6) to shard records over, instead of --exporter.ipfix.collector: "+
+	fs.Var((*netaddr.HostList)(&c.Shard.Collectors), "exporter.collectors", "comma-separated collectors host:port ([fd00:10::1]:4739 for IPv6) to shard records over, instead of --exporter.ipfix.collector: "+
 		"both halves of a cross-node connection go to the same collector, so every exporter must be given the same list")
 	fs.StringVar(&c.Shard.DNS, "exporter.collectors-dns", c.Shard.DNS, "name:port resolved to the collectors to shard records over (a headless Service), instead of --exporter.collectors; "+
 		"every exporter must be given the same name")
@@ -276,21 +276,6 @@ func (z *zonesFlag) Set(s string) error {
 		}
 		if !slices.Contains(*z, uint16(v)) {
 			*z = append(*z, uint16(v))
-		}
-	}
-	return nil
-}
-
-// listFlag is a comma-separated list of strings.
-type listFlag []string
-
-func (l *listFlag) String() string { return strings.Join(*l, ",") }
-
-func (l *listFlag) Set(s string) error {
-	*l = (*l)[:0]
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			*l = append(*l, f)
 		}
 	}
 	return nil
