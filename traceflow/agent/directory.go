@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dualflow/dualflow/internal/reload"
+	"github.com/dualflow/dualflow/netaddr"
 )
 
 // DefaultPort is the agents' port when the collector finds them by node
@@ -231,9 +232,7 @@ func clearTextOK(raw string) error {
 	if u.Scheme != "http" {
 		return nil
 	}
-	if h := u.Hostname(); h == "localhost" {
-		return nil
-	} else if a, err := netip.ParseAddr(h); err == nil && a.IsLoopback() {
+	if netaddr.Loopback(u.Hostname()) {
 		return nil
 	}
 	return fmt.Errorf("%s: plain http beyond loopback would send the traceflow token in clear; use https", raw)
