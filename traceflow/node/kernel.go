@@ -338,13 +338,7 @@ func (t *Tracer) traceEvents(ctx context.Context, mon *monitorSub, tb observe.Ta
 // maxTraced bounds the trace ids a watch remembers.
 const maxTraced = 4096
 
-func (t *Tracer) watchKernel(ctx context.Context, p traceflow.Probe, emit func(traceflow.WatchEvent) error) error {
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	defer func() {
-		cancel()
-		wg.Wait()
-	}()
+func (t *Tracer) watchKernel(ctx context.Context, wg *sync.WaitGroup, p traceflow.Probe, emit func(traceflow.WatchEvent) error) error {
 	tb := observe.ProbeTable(observe.NewTableName(p.Tag, time.Now()),
 		observe.ProbeMatch{Tag: p.Tag, Src: p.Src, Proto: p.ProtoNumber(), SrcPort: p.SrcPort})
 	mon, stop, err := t.startTrace(ctx, tb)
@@ -357,7 +351,7 @@ func (t *Tracer) watchKernel(ctx context.Context, p traceflow.Probe, emit func(t
 		return err
 	}
 	delivered := make(chan delivery, len(targets))
-	if err := capture(ctx, p, targets, delivered, &wg); err != nil {
+	if err := capture(ctx, p, targets, delivered, wg); err != nil {
 		return err
 	}
 	events := make(chan observe.Event, 64)

@@ -33,13 +33,7 @@ import (
 const maxLiveGroups = 256
 
 // watchLive is Watch for a live probe on the kernel datapath.
-func (t *Tracer) watchLive(ctx context.Context, p traceflow.Probe, emit func(traceflow.WatchEvent) error) error {
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	defer func() {
-		cancel()
-		wg.Wait()
-	}()
+func (t *Tracer) watchLive(ctx context.Context, wg *sync.WaitGroup, p traceflow.Probe, emit func(traceflow.WatchEvent) error) error {
 	_, err := t.injector().Locate(p.Src)
 	source := err == nil
 	if err != nil && !errors.Is(err, ErrPodNotOnNode) {

@@ -96,7 +96,7 @@ type ovsWatch struct {
 	source bool // the probe's source pod is on this node
 }
 
-func (t *Tracer) watchOVS(ctx context.Context, p traceflow.Probe, emit func(traceflow.WatchEvent) error) error {
+func (t *Tracer) watchOVS(ctx context.Context, wg *sync.WaitGroup, p traceflow.Probe, emit func(traceflow.WatchEvent) error) error {
 	w := &ovsWatch{t: t, p: p, cfg: t.OVS.withDefaults()}
 	if f := w.cfg.RulesFile; f != "" {
 		rules, err := ovs.LoadRules(f)
@@ -113,14 +113,8 @@ func (t *Tracer) watchOVS(ctx context.Context, p traceflow.Probe, emit func(trac
 		return fmt.Errorf("source pod %s: %w", p.SourcePod, err)
 	}
 
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	defer func() {
-		cancel()
-		wg.Wait()
-	}()
 	drops := make(chan ovs.PacketIn, dropBuffer)
-	monExit, err := w.startPacketIns(ctx, drops, &wg)
+	monExit, err := w.startPacketIns(ctx, drops, wg)
 	if err != nil {
 		return err
 	}
@@ -129,7 +123,7 @@ func (t *Tracer) watchOVS(ctx context.Context, p traceflow.Probe, emit func(trac
 		return err
 	}
 	delivered := make(chan delivery, len(targets))
-	if err := capture(ctx, p, targets, delivered, &wg); err != nil {
+	if err := capture(ctx, p, targets, delivered, wg); err != nil {
 		return err
 	}
 	if err := emit(traceflow.WatchEvent{Ready: true}); err != nil {
