@@ -1,6 +1,7 @@
 package exporter
 
 import (
+	"cmp"
 	"errors"
 	"flag"
 	"fmt"
@@ -166,9 +167,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 
 // SetDefaults fills unset fields.
 func (c *Config) SetDefaults() {
-	if c.Source == "" {
-		c.Source = SourceConntrack
-	}
+	c.Source = cmp.Or(c.Source, SourceConntrack)
 	if c.Source == SourceOVS {
 		// OVS has no event stream: polls (and drop packet-ins) only.
 		c.Events = false
@@ -181,12 +180,8 @@ func (c *Config) SetDefaults() {
 	if c.NodeName == "" {
 		c.NodeName, _ = os.Hostname()
 	}
-	if c.PollInterval == 0 {
-		c.PollInterval = DefaultPollInterval
-	}
-	if c.EventBuffer == 0 {
-		c.EventBuffer = DefaultEventBuffer
-	}
+	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
+	c.EventBuffer = cmp.Or(c.EventBuffer, DefaultEventBuffer)
 	if c.Store.TombstoneTTL == 0 {
 		// A late DESTROY event comes before the next dump or so; a
 		// connection skipped by one dump shows up in the next.

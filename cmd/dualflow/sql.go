@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -242,10 +243,7 @@ func (c *cliQuerier) credentials(endpoint string) (user, password string, err er
 // holds the embedded engine on dataDir (its lock file names it): nil, a
 // refusal, or errNotListening.
 func heldByStore(u *url.URL, dataDir string) error {
-	port := u.Port()
-	if port == "" {
-		port = "80"
-	}
+	port := cmp.Or(u.Port(), "80")
 	ap, err := netip.ParseAddrPort(net.JoinHostPort(u.Hostname(), port))
 	if err != nil { // localhost
 		ap, err = netip.ParseAddrPort(net.JoinHostPort("127.0.0.1", port))

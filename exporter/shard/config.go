@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -74,15 +75,9 @@ func (c Config) Enabled() bool { return len(c.Collectors) > 0 || c.DNS != "" }
 
 // SetDefaults fills unset fields (IPFIX included).
 func (c *Config) SetDefaults() {
-	if c.DNSInterval == 0 {
-		c.DNSInterval = DefaultDNSInterval
-	}
-	if c.DNSFamily == "" {
-		c.DNSFamily = FamilyAny
-	}
-	if c.FailoverTimeout == 0 {
-		c.FailoverTimeout = DefaultFailoverTimeout
-	}
+	c.DNSInterval = cmp.Or(c.DNSInterval, DefaultDNSInterval)
+	c.DNSFamily = cmp.Or(c.DNSFamily, FamilyAny)
+	c.FailoverTimeout = cmp.Or(c.FailoverTimeout, DefaultFailoverTimeout)
 	if c.CheckInterval == 0 {
 		c.CheckInterval = min(max(c.FailoverTimeout/10, minCheckInterval), maxCheckInterval)
 	}

@@ -1,6 +1,7 @@
 package manifest
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -46,15 +47,9 @@ type Spec struct {
 
 // SetDefaults fills in unset fields.
 func (s *Spec) SetDefaults() {
-	if s.Mode == "" {
-		s.Mode = ModeDual
-	}
-	if s.Nodes == 0 {
-		s.Nodes = 2
-	}
-	if s.Prefix == "" {
-		s.Prefix = "df-"
-	}
+	s.Mode = cmp.Or(s.Mode, ModeDual)
+	s.Nodes = cmp.Or(s.Nodes, 2)
+	s.Prefix = cmp.Or(s.Prefix, "df-")
 }
 
 // Validate reports a spec that Generate cannot build.

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -128,12 +129,8 @@ func NewDirectory(cfg DirectoryConfig, view NodeView) (*NodeDirectory, error) {
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Port == 0 {
-		cfg.Port = DefaultPort
-	}
-	if cfg.Scheme == "" {
-		cfg.Scheme = "https"
-	}
+	cfg.Port = cmp.Or(cfg.Port, DefaultPort)
+	cfg.Scheme = cmp.Or(cfg.Scheme, "https")
 	if cfg.Scheme != "http" && cfg.Scheme != "https" {
 		return nil, fmt.Errorf("--traceflow.agent-scheme %q: want https or http", cfg.Scheme)
 	}
