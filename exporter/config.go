@@ -206,9 +206,7 @@ func (c *Config) Validate() error {
 	switch c.Source {
 	case "", SourceConntrack:
 	case SourceOVS:
-		if err := c.OVS.Validate(); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, c.OVS.Validate())
 	default:
 		errs = append(errs, fmt.Errorf("--exporter.source %q: want %s or %s", c.Source, SourceConntrack, SourceOVS))
 	}
@@ -226,20 +224,16 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("--metrics-addr %q: %w", c.MetricsAddr, err))
 		}
 	}
-	if err := c.Store.Validate(); err != nil {
-		errs = append(errs, err)
-	}
+	errs = append(errs, c.Store.Validate())
 	if c.Shard.Enabled() {
 		if c.IPFIX.Address != ipfix.DefaultAddress {
 			errs = append(errs, errors.New("--exporter.ipfix.collector given with --exporter.collectors or --exporter.collectors-dns: use one"))
 		}
 		sc := c.Shard
 		sc.IPFIX = c.IPFIX
-		if err := sc.Validate(); err != nil {
-			errs = append(errs, err)
-		}
-	} else if err := c.IPFIX.Validate(); err != nil {
-		errs = append(errs, err)
+		errs = append(errs, sc.Validate())
+	} else {
+		errs = append(errs, c.IPFIX.Validate())
 	}
 	return errors.Join(errs...)
 }

@@ -354,12 +354,9 @@ func down(stateDir, prefix string) error {
 	if err := ValidatePrefix(prefix); err != nil {
 		return fmt.Errorf("lab down: %w", err)
 	}
-	errs := []error{killPidFiles(stateDir), stopOVS(stateDir)}
-	errs = append(errs, topology.Destroy(prefix, 2*time.Second))
+	errs := []error{killPidFiles(stateDir), stopOVS(stateDir), topology.Destroy(prefix, 2*time.Second)}
 	for _, f := range []string{StateFile, ManifestFile, runDir, logDir, ovsDir} {
-		if err := os.RemoveAll(filepath.Join(stateDir, f)); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, os.RemoveAll(filepath.Join(stateDir, f)))
 	}
 	os.Remove(stateDir) // only if empty
 	return errors.Join(errs...)

@@ -117,9 +117,7 @@ func (c Config) Validate() error {
 	}
 	member := c.IPFIX
 	member.Address = "127.0.0.1:4739" // each member's own; checked above
-	if err := member.Validate(); err != nil {
-		errs = append(errs, err)
-	}
+	errs = append(errs, member.Validate())
 	return errors.Join(errs...)
 }
 
