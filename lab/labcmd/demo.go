@@ -282,10 +282,7 @@ type Product struct {
 // Nothing lab-specific is added to the product: the same flags drive it
 // on a cluster. Stop stops it all.
 func StartProduct(ctx context.Context, l *lab.Lab, cfg app.Config, opts ProductOptions) (*Product, error) {
-	log := opts.Logger
-	if log == nil {
-		log = slog.Default()
-	}
+	log := cmp.Or(opts.Logger, slog.Default())
 	opts.ActiveTimeout = cmp.Or(opts.ActiveTimeout, 10*time.Second)
 	cfg.Collector.K8s = enrich.NewConfig()
 	cfg.Collector.K8s.Source = enrich.SourceInventory

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -67,9 +68,7 @@ func (t *Tracer) init() {
 		if t.Pods == nil {
 			t.Pods = &podns.Finder{}
 		}
-		if t.Logger == nil {
-			t.Logger = slog.Default()
-		}
+		t.Logger = cmp.Or(t.Logger, slog.Default())
 		if t.tables == nil {
 			t.tables = netlinkTables{}
 		}
