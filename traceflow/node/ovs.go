@@ -1,14 +1,11 @@
 package node
 
 import (
-	"bufio"
 	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
-	"os/exec"
 	"regexp"
 	"slices"
 	"strconv"
@@ -262,61 +259,30 @@ func (w *ovsWatch) events(obs []traceflow.Observation) []traceflow.WatchEvent {
 // startPacketIns runs `ovs-ofctl monitor` on the bridge until ctx ends,
 // waits until it is subscribed, and sends the probe's packet-ins of drop
 // flows to out. The returned channel reports the monitor exiting before
-// ctx ended. The monitor and its reader are wg's.
+// ctx ended. The monitor is wg's.
 func (w *ovsWatch) startPacketIns(ctx context.Context, out chan<- ovs.PacketIn, wg *sync.WaitGroup) (<-chan error, error) {
-	cmd := exec.CommandContext(ctx, "ovs-ofctl", "--no-names", "monitor", w.cfg.Bridge,
-		strconv.Itoa(ovs.DefaultMonitorMissLen), "watch:table="+strconv.Itoa(ovsWatchTable))
-	cmd.Env = ovs.Env(w.cfg.RunDir)
-	r, pw, err := os.Pipe()
-	if err != nil {
-		return nil, err
-	}
-	// Replies go to stdout, the messages it receives (packet-ins) to
-	// stderr: one pipe keeps them in order.
-	cmd.Stdout, cmd.Stderr = pw, pw
-	if err := cmd.Start(); err != nil {
-		pw.Close()
-		r.Close()
-		return nil, fmt.Errorf("ovs-ofctl monitor: %w", err)
-	}
-	pw.Close()
-	wg.Go(func() { cmd.Wait() }) // killed when ctx ends
-	// Unblock the reader when ctx ends even if something still holds the
-	// pipe's write end.
-	stop := context.AfterFunc(ctx, func() { r.Close() })
 	ready := make(chan struct{})
-	exited := make(chan error, 1) // one send, after which the reader returns
+	exited := make(chan error, 1) // one send, after which the monitor's goroutine returns
 	wg.Go(func() {
-		defer stop()
-		defer r.Close()
-		sc := bufio.NewScanner(r)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		subscribed, last := false, ""
+		subscribed := false
 		var mp ovs.MonitorParser
-		for sc.Scan() {
-			l := sc.Text()
+		err := ovs.Monitor(ctx, "ovs-ofctl", w.cfg.RunDir, w.cfg.Bridge, func(l string) {
 			w.raw("monitor", l)
-			if strings.TrimSpace(l) != "" {
-				last = l
-			}
 			if !subscribed {
 				if subscribed = strings.HasPrefix(l, ovsMonitorReady); subscribed {
 					close(ready)
 				}
-				continue
-			}
-			pi, ok, err := mp.Feed(l)
-			if err != nil || !ok || !w.mine(pi, l) {
-				continue
-			}
-			select {
-			case out <- pi:
-			case <-ctx.Done():
 				return
 			}
-		}
+			if pi, ok, err := mp.Feed(l); err == nil && ok && w.mine(pi, l) {
+				select {
+				case out <- pi:
+				case <-ctx.Done():
+				}
+			}
+		}, "watch:table="+strconv.Itoa(ovsWatchTable))
 		if ctx.Err() == nil {
-			exited <- fmt.Errorf("ovs-ofctl monitor %s exited: %s", w.cfg.Bridge, last)
+			exited <- err
 		}
 	})
 	select {
