@@ -19,6 +19,7 @@
 package app
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -111,9 +112,7 @@ type App struct {
 // and the web server, and binds the web's listener, so that a bad address
 // fails here. The caller must call Run, which releases everything.
 func New(ctx context.Context, cfg Config, log *slog.Logger, opts Options) (*App, error) {
-	if log == nil {
-		log = slog.Default()
-	}
+	log = cmp.Or(log, slog.Default())
 	c, err := collector.New(ctx, cfg.Collector, log)
 	if err != nil {
 		return nil, err

@@ -280,6 +280,12 @@ func TestAppAnswersFromTheClusterView(t *testing.T) {
 					t.Errorf("%s: %s %v -> %v, want delivered %v -> %v", fam, got.Outcome, got.Src, got.Dst, src, vip)
 				}
 			}
+			// A TCP port the Service does not have is refused, naming the field.
+			bad := req
+			bad.Destination.Port = manifest.ServicePortHTTP + 1
+			if code := call(t, "POST", base+"/api/v1/traceflows?wait=true", bad, nil); code != http.StatusBadRequest {
+				t.Errorf("traceflow to a port the Service lacks: %d, want 400", code)
+			}
 			// In dual mode the single-stack Service has no IPv6 ClusterIP.
 			if mode == manifest.ModeDual {
 				req.Destination = traceflow.Destination{Service: "backend/" + manifest.ServiceAPISingle, Port: manifest.PortHTTP}

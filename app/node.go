@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/netip"
 	"os/exec"
 	"path/filepath"
 	"time"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/dualflow/dualflow/exporter"
 	"github.com/dualflow/dualflow/internal/reload"
+	"github.com/dualflow/dualflow/netaddr"
 	"github.com/dualflow/dualflow/nsrun"
 	"github.com/dualflow/dualflow/traceflow/agent"
 	"github.com/dualflow/dualflow/traceflow/node"
@@ -123,7 +123,7 @@ func (c *AgentConfig) validate(log *slog.Logger) error {
 		if err != nil {
 			return fmt.Errorf("--traceflow.addr %q: %w", c.Addr, err)
 		}
-		if a, err := netip.ParseAddr(host); host != "localhost" && (err != nil || !a.IsLoopback()) {
+		if !netaddr.Loopback(host) {
 			return fmt.Errorf("--traceflow.addr %q is not loopback: serve it with TLS (--traceflow.tls-cert, --traceflow.tls-key), the token must not cross the network in clear", c.Addr)
 		}
 	}

@@ -102,10 +102,11 @@ func (r resolver) Resolve(req traceflow.Request, f traceflow.Family) (traceflow.
 		if p.Dst, ok = enrich.AddrOfFamily(svc.ClusterIPs, v); !ok || !svc.HasFamily(kf) {
 			return p, fmt.Errorf("%w: service %s has no %s ClusterIP", traceflow.ErrNoAddress, d.Service, fam)
 		}
-		if req.Protocol == traceflow.TCP || req.Protocol == traceflow.UDP {
-			if !hasServicePort(svc, req.Protocol, d.Port) {
-				return p, traceflow.Invalid("destination.port", "service %s has no port %d/%s", d.Service, d.Port, req.Protocol)
-			}
+		hasPort := slices.ContainsFunc(svc.Ports, func(sp enrich.ServicePort) bool {
+			return string(sp.Protocol) == string(req.Protocol) && sp.Port == int32(d.Port)
+		})
+		if (req.Protocol == traceflow.TCP || req.Protocol == traceflow.UDP) && !hasPort {
+			return p, traceflow.Invalid("destination.port", "service %s has no port %d/%s", d.Service, d.Port, req.Protocol)
 		}
 		p.Service = d.Service
 	default:
@@ -270,13 +271,4 @@ func (v nodeView) NodeNames() []string {
 		return e.NodeNames()
 	}
 	return nil
-}
-
-func hasServicePort(svc *enrich.Service, proto traceflow.Protocol, port uint16) bool {
-	for _, sp := range svc.Ports {
-		if string(sp.Protocol) == string(proto) && sp.Port == int32(port) {
-			return true
-		}
-	}
-	return false
 }

@@ -1,6 +1,7 @@
 package exporter
 
 import (
+	"cmp"
 	"errors"
 	"flag"
 	"fmt"
@@ -138,7 +139,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.StateDir, "exporter.state-dir", c.StateDir, "directory that outlives a run on this node (a hostPath): a stopping exporter leaves what it exported there for the next run, so a restart or DaemonSet roll exports no connection twice (empty: none)")
 	fs.IntVar(&c.Store.MaxConns, "exporter.max-connections", c.Store.MaxConns, "most connections tracked; beyond it new ones are exported at once with reason lack of resources")
 	fs.StringVar(&c.IPFIX.Address, "exporter.ipfix.collector", c.IPFIX.Address, "collector address host:port, [::1]:4739 for IPv6 (one collector; see --exporter.collectors for several)")
-	fs.Var((*listFlag)(&c.Shard.Collectors), "exporter.collectors", "comma-separated collectors host:port ([fd00:10::1]:4739 for IPv6) to shard records over, instead of --exporter.ipfix.collector: "+
+	fs.Var((*netaddr.HostList)(&c.Shard.Collectors), "exporter.collectors", "comma-separated collectors host:port ([fd00:10::1]:4739 for IPv6) to shard records over, instead of --exporter.ipfix.collector: "+
 		"both halves of a cross-node connection go to the same collector, so every exporter must be given the same list")
 	fs.StringVar(&c.Shard.DNS, "exporter.collectors-dns", c.Shard.DNS, "name:port resolved to the collectors to shard records over (a headless Service), instead of --exporter.collectors; "+
 		"every exporter must be given the same name")
@@ -166,9 +167,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 
 // SetDefaults fills unset fields.
 func (c *Config) SetDefaults() {
-	if c.Source == "" {
-		c.Source = SourceConntrack
-	}
+	c.Source = cmp.Or(c.Source, SourceConntrack)
 	if c.Source == SourceOVS {
 		// OVS has no event stream: polls (and drop packet-ins) only.
 		c.Events = false
@@ -181,12 +180,8 @@ func (c *Config) SetDefaults() {
 	if c.NodeName == "" {
 		c.NodeName, _ = os.Hostname()
 	}
-	if c.PollInterval == 0 {
-		c.PollInterval = DefaultPollInterval
-	}
-	if c.EventBuffer == 0 {
-		c.EventBuffer = DefaultEventBuffer
-	}
+	c.PollInterval = cmp.Or(c.PollInterval, DefaultPollInterval)
+	c.EventBuffer = cmp.Or(c.EventBuffer, DefaultEventBuffer)
 	if c.Store.TombstoneTTL == 0 {
 		// A late DESTROY event comes before the next dump or so; a
 		// connection skipped by one dump shows up in the next.
@@ -211,9 +206,7 @@ func (c *Config) Validate() error {
 	switch c.Source {
 	case "", SourceConntrack:
 	case SourceOVS:
-		if err := c.OVS.Validate(); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, c.OVS.Validate())
 	default:
 		errs = append(errs, fmt.Errorf("--exporter.source %q: want %s or %s", c.Source, SourceConntrack, SourceOVS))
 	}
@@ -231,20 +224,16 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("--metrics-addr %q: %w", c.MetricsAddr, err))
 		}
 	}
-	if err := c.Store.Validate(); err != nil {
-		errs = append(errs, err)
-	}
+	errs = append(errs, c.Store.Validate())
 	if c.Shard.Enabled() {
 		if c.IPFIX.Address != ipfix.DefaultAddress {
 			errs = append(errs, errors.New("--exporter.ipfix.collector given with --exporter.collectors or --exporter.collectors-dns: use one"))
 		}
 		sc := c.Shard
 		sc.IPFIX = c.IPFIX
-		if err := sc.Validate(); err != nil {
-			errs = append(errs, err)
-		}
-	} else if err := c.IPFIX.Validate(); err != nil {
-		errs = append(errs, err)
+		errs = append(errs, sc.Validate())
+	} else {
+		errs = append(errs, c.IPFIX.Validate())
 	}
 	return errors.Join(errs...)
 }
@@ -276,21 +265,6 @@ func (z *zonesFlag) Set(s string) error {
 		}
 		if !slices.Contains(*z, uint16(v)) {
 			*z = append(*z, uint16(v))
-		}
-	}
-	return nil
-}
-
-// listFlag is a comma-separated list of strings.
-type listFlag []string
-
-func (l *listFlag) String() string { return strings.Join(*l, ",") }
-
-func (l *listFlag) Set(s string) error {
-	*l = (*l)[:0]
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			*l = append(*l, f)
 		}
 	}
 	return nil

@@ -19,6 +19,7 @@
 package exporter
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -120,10 +121,7 @@ func newExporter(cfg Config, src source) (*Exporter, error) {
 	if err != nil {
 		return nil, err
 	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.Default()
-	}
+	log := cmp.Or(cfg.Logger, slog.Default())
 	if cfg.IPFIX.Logger == nil {
 		cfg.IPFIX.Logger = log
 	}

@@ -16,8 +16,8 @@ import (
 	"github.com/dualflow/dualflow/exporter/connstore"
 	"github.com/dualflow/dualflow/exporter/conntrack"
 	"github.com/dualflow/dualflow/flow"
-	"github.com/dualflow/dualflow/lab/ctlab"
 	"github.com/dualflow/dualflow/nsrun"
+	"github.com/dualflow/dualflow/test/support/ctlab"
 	"github.com/dualflow/dualflow/test/support/ipfixtest"
 )
 

@@ -6,9 +6,9 @@
 // (package manifest) that the lab writes to its state directory.
 //
 // Up builds a lab and returns a *Lab; Open attaches to a running one; Down
-// removes one, even after a crash. A *Lab gives the ground truth that tests
-// compare dualflow against: Dial/Exec from a pod, Conntrack of a node,
-// Counters (nftables rule counters) of a node.
+// removes one, even after a crash. A *Lab sends traffic from its pods
+// (Dial/Exec); test/support/labtruth reads a node's ground truth
+// (conntrack, nftables rule counters) that tests compare dualflow against.
 //
 // Nothing is changed in the root network namespace: no address, route,
 // rule or sysctl. Everything lives in namespaces named <prefix>...
@@ -298,9 +298,6 @@ func Open(stateDir string, cfg Config) (*Lab, error) {
 // State returns what state.json records.
 func (l *Lab) State() State { return l.state }
 
-// Prefix returns the namespace name prefix of the lab.
-func (l *Lab) Prefix() string { return l.cfg.Prefix }
-
 // Mode returns the lab mode.
 func (l *Lab) Mode() manifest.Mode { return l.state.Mode }
 
@@ -357,12 +354,9 @@ func down(stateDir, prefix string) error {
 	if err := ValidatePrefix(prefix); err != nil {
 		return fmt.Errorf("lab down: %w", err)
 	}
-	errs := []error{killPidFiles(stateDir), stopOVS(stateDir)}
-	errs = append(errs, topology.Destroy(prefix, 2*time.Second))
+	errs := []error{killPidFiles(stateDir), stopOVS(stateDir), topology.Destroy(prefix, 2*time.Second)}
 	for _, f := range []string{StateFile, ManifestFile, runDir, logDir, ovsDir} {
-		if err := os.RemoveAll(filepath.Join(stateDir, f)); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, os.RemoveAll(filepath.Join(stateDir, f)))
 	}
 	os.Remove(stateDir) // only if empty
 	return errors.Join(errs...)

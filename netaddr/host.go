@@ -34,6 +34,13 @@ func HostAllowed(hostHeader string, names []string) bool {
 	})
 }
 
+// Loopback reports whether host (without port or brackets) is "localhost"
+// or a loopback address of either family.
+func Loopback(host string) bool {
+	a, err := netip.ParseAddr(host)
+	return strings.EqualFold(host, "localhost") || (err == nil && a.Unmap().IsLoopback())
+}
+
 // HostList is a flag.Value holding a comma-separated list of host names.
 type HostList []string
 

@@ -10,11 +10,13 @@
 package ovs
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -54,4 +56,44 @@ func Run(ctx context.Context, runDir string, timeout time.Duration, argv ...stri
 		return "", fmt.Errorf("%s: %w: %s", strings.Join(argv, " "), err, bytes.TrimSpace(stderr.Bytes()))
 	}
 	return stdout.String(), nil
+}
+
+// Monitor runs `ofctl --no-names monitor bridge <DefaultMonitorMissLen>
+// args...` against the ovs-vswitchd of runDir and calls line with every
+// line it prints, its replies (stdout) and the messages it receives
+// (stderr: packet-ins) in order on one pipe, until the CLI exits or ctx
+// ends (the CLI is killed then). It returns ctx's error, or the exit with
+// the last line printed (the CLI's own error message, typically).
+func Monitor(ctx context.Context, ofctl, runDir, bridge string, line func(string), args ...string) error {
+	cmd := exec.CommandContext(ctx, ofctl, append([]string{"--no-names", "monitor", bridge, strconv.Itoa(DefaultMonitorMissLen)}, args...)...)
+	cmd.Env = Env(runDir)
+	cmd.WaitDelay = time.Second // a child holding the pipe cannot hold Wait past the kill
+	r, w, err := os.Pipe()
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	cmd.Stdout, cmd.Stderr = w, w
+	err = cmd.Start()
+	w.Close()
+	if err != nil {
+		return fmt.Errorf("ovs-ofctl monitor: %w", err)
+	}
+	// Unblock the reader when ctx ends even if something still holds the
+	// pipe's write end.
+	defer context.AfterFunc(ctx, func() { r.Close() })()
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	last := ""
+	for sc.Scan() {
+		if l := strings.TrimSpace(sc.Text()); l != "" {
+			last = l
+		}
+		line(sc.Text())
+	}
+	err = cmd.Wait()
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	return fmt.Errorf("ovs-ofctl monitor %s exited (%v): %s", bridge, err, last)
 }

@@ -248,12 +248,8 @@ func (c *Config) SetDefaults() {
 }
 
 func defaultLimit(l, def ratelimit.Limit) ratelimit.Limit {
-	if l.Rate == 0 {
-		l.Rate = def.Rate
-	}
-	if l.Burst == 0 {
-		l.Burst = def.Burst
-	}
+	l.Rate = cmp.Or(l.Rate, def.Rate)
+	l.Burst = cmp.Or(l.Burst, def.Burst)
 	l.Burst = max(l.Burst, 2)
 	return l
 }
@@ -318,9 +314,7 @@ func (c *Controller) Close() error {
 func (c *Controller) Normalize(req *Request) error {
 	req.Family = cmp.Or(req.Family, Dual)
 	req.Protocol = cmp.Or(req.Protocol, TCP)
-	if req.Timeout == 0 {
-		req.Timeout = Duration(c.cfg.Timeout)
-	}
+	req.Timeout = cmp.Or(req.Timeout, Duration(c.cfg.Timeout))
 	d := req.Destination
 	switch {
 	case req.DroppedOnly && !req.LiveTraffic:

@@ -4,9 +4,9 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"strings"
 
 	"github.com/dualflow/dualflow/internal/certs"
+	"github.com/dualflow/dualflow/netaddr"
 )
 
 func runCerts(ctx context.Context, args []string) error {
@@ -28,13 +28,13 @@ Keys are written 0600. Keep ca-key.pem out of the cluster. The command
 prints the kubectl commands that store them as the Secrets the manifests
 and the Helm chart mount (docs/deploy.md).`)
 	var o certs.Options
-	var dns, ips string
+	var ips netaddr.HostList
 	fs.StringVar(&o.Dir, "out", "", "directory to write the PEM files to (created)")
 	fs.StringVar(&o.Namespace, "namespace", certs.DefaultNamespace, "namespace of the collector's Service")
 	fs.StringVar(&o.CollectorService, "collector-service", certs.DefaultCollectorService, "name of the collector's Service")
 	fs.StringVar(&o.ClusterDomain, "cluster-domain", certs.DefaultClusterDomain, "the cluster's DNS domain")
-	fs.StringVar(&dns, "dns", "", "more DNS names of the collector, comma-separated (e.g. a load balancer's)")
-	fs.StringVar(&ips, "ip", "", "addresses of the collector to put in its certificate, comma-separated, both families")
+	fs.Var((*netaddr.HostList)(&o.CollectorDNS), "dns", "more DNS `names` of the collector, comma-separated (e.g. a load balancer's)")
+	fs.Var(&ips, "ip", "`addresses` of the collector to put in its certificate, comma-separated, both families")
 	fs.StringVar(&o.AgentName, "agent-name", certs.DefaultAgentName, "name in the node agents' certificate")
 	fs.DurationVar(&o.Validity, "validity", certs.DefaultValidity, "lifetime of the certificates (the CA lives 10 times longer)")
 	fs.BoolVar(&o.Force, "force", false, "overwrite existing certificates (renewal under the same CA)")
@@ -47,10 +47,7 @@ and the Helm chart mount (docs/deploy.md).`)
 	if o.Dir == "" {
 		return fmt.Errorf("certs: --out is required")
 	}
-	for _, d := range splitList(dns) {
-		o.CollectorDNS = append(o.CollectorDNS, d)
-	}
-	for _, s := range splitList(ips) {
+	for _, s := range ips {
 		ip := net.ParseIP(s)
 		if ip == nil {
 			return fmt.Errorf("certs: --ip %q is not an address", s)
@@ -72,14 +69,4 @@ and the Helm chart mount (docs/deploy.md).`)
 	fmt.Printf("  kubectl -n %[1]s create secret generic dualflow-agent-tls --from-file=tls.crt=%[2]s/agent.pem --from-file=tls.key=%[2]s/agent-key.pem --from-file=ca.crt=%[2]s/ca.pem\n", o.Namespace, d)
 	fmt.Printf("  kubectl -n %[1]s create secret generic dualflow-controller-tls --from-file=tls.crt=%[2]s/controller.pem --from-file=tls.key=%[2]s/controller-key.pem --from-file=ca.crt=%[2]s/ca.pem\n", o.Namespace, d)
 	return nil
-}
-
-func splitList(s string) []string {
-	var out []string
-	for _, p := range strings.Split(s, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			out = append(out, p)
-		}
-	}
-	return out
 }

@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/dualflow/dualflow/collector/store"
+	"github.com/dualflow/dualflow/netaddr"
 	"github.com/dualflow/dualflow/web"
 )
 
@@ -52,7 +53,7 @@ func (s *serverFlags) client() (*apiClient, error) {
 		}
 		token = strings.TrimSpace(string(b))
 	}
-	if token == "" && loopbackHost(u.Hostname()) {
+	if token == "" && netaddr.Loopback(u.Hostname()) {
 		// A collector without a tokens file serves loopback viewers, and
 		// operator actions need its local token: read it if this user may
 		// (the collector's user, root). Its 401 says where it is otherwise.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -18,6 +19,7 @@ import (
 	"github.com/dualflow/dualflow/collector/store/chdb"
 	"github.com/dualflow/dualflow/collector/store/chhttp"
 	"github.com/dualflow/dualflow/collector/store/sqlguard"
+	"github.com/dualflow/dualflow/netaddr"
 )
 
 func runSQL(ctx context.Context, args []string) error {
@@ -196,7 +198,7 @@ func (c *cliQuerier) credentials(endpoint string) (user, password string, err er
 	if err != nil || u.Host == "" {
 		return "", "", fmt.Errorf("--url %q: want http(s)://host:port/", endpoint)
 	}
-	clearBeyondLoopback := u.Scheme == "http" && !loopbackHost(u.Hostname())
+	clearBeyondLoopback := u.Scheme == "http" && !netaddr.Loopback(u.Hostname())
 	if user, password, err = store.Credentials(c.cfg.Username, c.cfg.PasswordFile); err != nil || user != "" {
 		if err == nil && password != "" && clearBeyondLoopback {
 			return "", "", fmt.Errorf("not sending the password of %s in clear to %s: use https (ClickHouse serves it on 8443), or a loopback address", user, u.Host)
@@ -223,7 +225,7 @@ func (c *cliQuerier) credentials(endpoint string) (user, password string, err er
 	if !ok || fu.Password == "" {
 		return "", "", nil
 	}
-	if !loopbackHost(u.Hostname()) {
+	if !netaddr.Loopback(u.Hostname()) {
 		return "", "", fmt.Errorf("not sending the password of %s from %s to %s: the embedded store's interface listens on loopback only (for a server, give --clickhouse.user and a password)", name, cfg.HTTPUsersFile, u.Host)
 	}
 	if err := heldByStore(u, cfg.DataDir); errors.Is(err, errNotListening) {
@@ -237,23 +239,11 @@ func (c *cliQuerier) credentials(endpoint string) (user, password string, err er
 	return fu.Name, fu.Password, nil
 }
 
-// loopbackHost reports whether host is a loopback address or localhost.
-func loopbackHost(host string) bool {
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
-	a, err := netip.ParseAddr(host)
-	return err == nil && a.Unmap().IsLoopback()
-}
-
 // heldByStore checks that what listens on u's address is the process that
 // holds the embedded engine on dataDir (its lock file names it): nil, a
 // refusal, or errNotListening.
 func heldByStore(u *url.URL, dataDir string) error {
-	port := u.Port()
-	if port == "" {
-		port = "80"
-	}
+	port := cmp.Or(u.Port(), "80")
 	ap, err := netip.ParseAddrPort(net.JoinHostPort(u.Hostname(), port))
 	if err != nil { // localhost
 		ap, err = netip.ParseAddrPort(net.JoinHostPort("127.0.0.1", port))

@@ -126,16 +126,13 @@ func traceThrough(ctx context.Context, req traceflow.Request, srv *serverFlags, 
 	return res, err
 }
 
+// parseProtocol reads --protocol in any case; the controller refuses
+// what is not a protocol.
 func parseProtocol(s string) traceflow.Protocol {
-	switch strings.ToUpper(s) {
-	case "UDP":
-		return traceflow.UDP
-	case "ICMP":
-		return traceflow.ICMP
-	case "ICMPV6":
-		return traceflow.ICMPv6
-	case "TCP":
-		return traceflow.TCP
+	for _, p := range []traceflow.Protocol{traceflow.TCP, traceflow.UDP, traceflow.ICMP, traceflow.ICMPv6} {
+		if strings.EqualFold(s, string(p)) {
+			return p
+		}
 	}
 	return traceflow.Protocol(s)
 }

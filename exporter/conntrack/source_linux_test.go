@@ -15,8 +15,8 @@ import (
 
 	"github.com/dualflow/dualflow/exporter/connstore"
 	"github.com/dualflow/dualflow/flow"
-	"github.com/dualflow/dualflow/lab/ctlab"
 	"github.com/dualflow/dualflow/nsrun"
+	"github.com/dualflow/dualflow/test/support/ctlab"
 )
 
 func open(t *testing.T, cfg Config) *Source {

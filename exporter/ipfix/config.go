@@ -84,15 +84,9 @@ const (
 
 // SetDefaults fills unset fields.
 func (c *Config) SetDefaults() {
-	if c.Address == "" {
-		c.Address = DefaultAddress
-	}
-	if c.Transport == "" {
-		c.Transport = TCP
-	}
-	if c.BufferBytes == 0 {
-		c.BufferBytes = DefaultBufferBytes
-	}
+	c.Address = cmp.Or(c.Address, DefaultAddress)
+	c.Transport = cmp.Or(c.Transport, TCP)
+	c.BufferBytes = cmp.Or(c.BufferBytes, DefaultBufferBytes)
 	if c.MaxMessageSize == 0 {
 		c.MaxMessageSize = fipfix.MaxMessageLen
 		if c.Transport == UDP {

@@ -21,6 +21,7 @@
 package ipfix
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -111,10 +112,7 @@ func New(cfg Config) (*Exporter, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("ipfix exporter: %w", err)
 	}
-	log := cfg.Logger
-	if log == nil {
-		log = slog.Default()
-	}
+	log := cmp.Or(cfg.Logger, slog.Default())
 	e := &Exporter{cfg: cfg, wake: make(chan struct{}, 1), link: newLinkLog(log, cfg)}
 	if cfg.Transport == TLS {
 		t, err := cfg.tlsConfig()

@@ -13,16 +13,13 @@
 package ovs
 
 import (
-	"bufio"
 	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -435,56 +432,22 @@ func (s *Source) monitorLoop(ctx context.Context, out chan<- ovs.PacketIn) {
 	}
 }
 
+// monitor runs `ovs-ofctl monitor` once, sending the packet-ins of drop
+// flows to out (dropped and counted when out is full).
 func (s *Source) monitor(ctx context.Context, out chan<- ovs.PacketIn) error {
-	cmd := exec.CommandContext(ctx, s.cfg.Ofctl, "--no-names", "monitor", s.cfg.Bridge, strconv.Itoa(ovs.DefaultMonitorMissLen))
-	cmd.Env = ovs.Env(s.cfg.RunDir)
-	cmd.WaitDelay = time.Second
-	// ovs-ofctl monitor prints the messages it receives on stderr
-	// (unbuffered), next to its own errors, which the parser skips.
-	var tail lastLines
-	stdout, err := cmd.StderrPipe()
-	if err != nil {
-		return err
-	}
-	if err := cmd.Start(); err != nil {
-		return err
-	}
-	// Unblock the reader when ctx ends, even if a child of the CLI still
-	// holds the pipe open.
-	stopClose := context.AfterFunc(ctx, func() { stdout.Close() })
-	defer stopClose()
 	var p ovs.MonitorParser
-	sc := bufio.NewScanner(stdout)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		tail.add(sc.Text())
-		pi, done, err := p.Feed(sc.Text())
+	return ovs.Monitor(ctx, s.cfg.Ofctl, s.cfg.RunDir, s.cfg.Bridge, func(line string) {
+		pi, done, err := p.Feed(line)
 		if err != nil {
 			s.parseFailed(parsePacketIn, 1, err)
-			continue
 		}
-		if !done {
-			continue
-		}
-		if k, _, ok := ovs.SplitCookie(pi.Cookie); !ok || k != ovs.KindDrop {
-			continue
+		if k, _, ok := ovs.SplitCookie(pi.Cookie); !done || !ok || k != ovs.KindDrop {
+			return
 		}
 		select {
 		case out <- pi:
 		default:
 			s.m.deniedDropped.Inc()
 		}
-	}
-	err = cmd.Wait()
-	if err != nil {
-		return fmt.Errorf("ovs-ofctl monitor: %w: %s", err, tail.String())
-	}
-	return errors.New("ovs-ofctl monitor exited")
+	})
 }
-
-// lastLines keeps the last lines of a command's output for its error.
-type lastLines struct{ l [3]string }
-
-func (t *lastLines) add(s string) { t.l[0], t.l[1], t.l[2] = t.l[1], t.l[2], s }
-
-func (t *lastLines) String() string { return strings.TrimSpace(strings.Join(t.l[:], "\n")) }

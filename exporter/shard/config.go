@@ -1,6 +1,7 @@
 package shard
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -74,15 +75,9 @@ func (c Config) Enabled() bool { return len(c.Collectors) > 0 || c.DNS != "" }
 
 // SetDefaults fills unset fields (IPFIX included).
 func (c *Config) SetDefaults() {
-	if c.DNSInterval == 0 {
-		c.DNSInterval = DefaultDNSInterval
-	}
-	if c.DNSFamily == "" {
-		c.DNSFamily = FamilyAny
-	}
-	if c.FailoverTimeout == 0 {
-		c.FailoverTimeout = DefaultFailoverTimeout
-	}
+	c.DNSInterval = cmp.Or(c.DNSInterval, DefaultDNSInterval)
+	c.DNSFamily = cmp.Or(c.DNSFamily, FamilyAny)
+	c.FailoverTimeout = cmp.Or(c.FailoverTimeout, DefaultFailoverTimeout)
 	if c.CheckInterval == 0 {
 		c.CheckInterval = min(max(c.FailoverTimeout/10, minCheckInterval), maxCheckInterval)
 	}
@@ -122,9 +117,7 @@ func (c Config) Validate() error {
 	}
 	member := c.IPFIX
 	member.Address = "127.0.0.1:4739" // each member's own; checked above
-	if err := member.Validate(); err != nil {
-		errs = append(errs, err)
-	}
+	errs = append(errs, member.Validate())
 	return errors.Join(errs...)
 }
 

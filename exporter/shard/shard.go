@@ -50,6 +50,7 @@
 package shard
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -140,9 +141,7 @@ func New(cfg Config) (*Sharder, error) {
 		return nil, fmt.Errorf("collector sharding: %w", err)
 	}
 	s := &Sharder{cfg: cfg, log: cfg.Logger, now: cfg.now, lookup: cfg.lookup, newSender: cfg.newSender}
-	if s.log == nil {
-		s.log = slog.Default()
-	}
+	s.log = cmp.Or(s.log, slog.Default())
 	if s.now == nil {
 		s.now = time.Now
 	}

@@ -145,29 +145,25 @@ var (
 )
 
 // template4 and template6 are the element lists of the two templates, in
-// wire order. Fixed-size elements first, strings last.
+// wire order. Fixed-size elements first, strings last; the families differ
+// only in their address elements.
 var (
-	template4 = []Element{
-		ieStartMs, ieEndMs, ieEndReason,
-		ieSrc4, ieDst4, ieSrcPort, ieDstPort, ieProto, ieICMPTypeCode4,
-		iePacketTotal, ieOctetTotal, iePacketDelta, ieOctetDelta,
-		ieRevPacketTotal, ieRevOctetTotal, ieRevPacketDelta, ieRevOctetDelta,
-		iePostNATSrc4, iePostNAPTSrcPort, ieClusterIP4, ieServicePort,
-		ieFlowType, ieConntrackZone, ieConntrackMark, ieIngressAction, ieEgressAction,
-		ieTCPState, ieSrcNodeName, ieDstNodeName, ieObsDomainName, ieDualflowSource,
-		ieIngressPolicy, ieEgressPolicy,
-	}
-	template6 = []Element{
-		ieStartMs, ieEndMs, ieEndReason,
-		ieSrc6, ieDst6, ieSrcPort, ieDstPort, ieProto, ieICMPTypeCode6,
-		iePacketTotal, ieOctetTotal, iePacketDelta, ieOctetDelta,
-		ieRevPacketTotal, ieRevOctetTotal, ieRevPacketDelta, ieRevOctetDelta,
-		iePostNATSrc6, iePostNAPTSrcPort, ieClusterIP6, ieServicePort,
-		ieFlowType, ieConntrackZone, ieConntrackMark, ieIngressAction, ieEgressAction,
-		ieTCPState, ieSrcNodeName, ieDstNodeName, ieObsDomainName, ieDualflowSource,
-		ieIngressPolicy, ieEgressPolicy,
-	}
+	template4 = template(ieSrc4, ieDst4, ieICMPTypeCode4, iePostNATSrc4, ieClusterIP4)
+	template6 = template(ieSrc6, ieDst6, ieICMPTypeCode6, iePostNATSrc6, ieClusterIP6)
 )
+
+func template(src, dst, icmpTypeCode, postNATSrc, clusterIP Element) []Element {
+	return []Element{
+		ieStartMs, ieEndMs, ieEndReason,
+		src, dst, ieSrcPort, ieDstPort, ieProto, icmpTypeCode,
+		iePacketTotal, ieOctetTotal, iePacketDelta, ieOctetDelta,
+		ieRevPacketTotal, ieRevOctetTotal, ieRevPacketDelta, ieRevOctetDelta,
+		postNATSrc, iePostNAPTSrcPort, clusterIP, ieServicePort,
+		ieFlowType, ieConntrackZone, ieConntrackMark, ieIngressAction, ieEgressAction,
+		ieTCPState, ieSrcNodeName, ieDstNodeName, ieObsDomainName, ieDualflowSource,
+		ieIngressPolicy, ieEgressPolicy,
+	}
+}
 
 // Elements returns the template element list for IP version 4 or 6, in wire
 // order, or nil for another version. The slice is a copy.

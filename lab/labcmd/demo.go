@@ -69,9 +69,7 @@ listener takes it.`)
 	if err := demoListeners(fs, &cfg.IPFIX); err != nil {
 		return err
 	}
-	if cfg.Store.DataDir == "" {
-		cfg.Store.DataDir = *dataDir
-	}
+	cfg.Store.DataDir = cmp.Or(cfg.Store.DataDir, *dataDir)
 	labCfg.SetDefaults()
 	// A second demo on the same lab or data directory refuses before it
 	// touches either: Down below would otherwise remove the running
@@ -284,13 +282,8 @@ type Product struct {
 // Nothing lab-specific is added to the product: the same flags drive it
 // on a cluster. Stop stops it all.
 func StartProduct(ctx context.Context, l *lab.Lab, cfg app.Config, opts ProductOptions) (*Product, error) {
-	log := opts.Logger
-	if log == nil {
-		log = slog.Default()
-	}
-	if opts.ActiveTimeout == 0 {
-		opts.ActiveTimeout = 10 * time.Second
-	}
+	log := cmp.Or(opts.Logger, slog.Default())
+	opts.ActiveTimeout = cmp.Or(opts.ActiveTimeout, 10*time.Second)
 	cfg.Collector.K8s = enrich.NewConfig()
 	cfg.Collector.K8s.Source = enrich.SourceInventory
 	cfg.Collector.K8s.Inventory = []string{l.ManifestPath()}

@@ -1,6 +1,7 @@
 package manifest
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -46,15 +47,9 @@ type Spec struct {
 
 // SetDefaults fills in unset fields.
 func (s *Spec) SetDefaults() {
-	if s.Mode == "" {
-		s.Mode = ModeDual
-	}
-	if s.Nodes == 0 {
-		s.Nodes = 2
-	}
-	if s.Prefix == "" {
-		s.Prefix = "df-"
-	}
+	s.Mode = cmp.Or(s.Mode, ModeDual)
+	s.Nodes = cmp.Or(s.Nodes, 2)
+	s.Prefix = cmp.Or(s.Prefix, "df-")
 }
 
 // Validate reports a spec that Generate cannot build.
@@ -271,7 +266,6 @@ func newWorkload(m *Manifest, ns, app, hash string, replicas int, ports []corev1
 		ObjectMeta: metav1.ObjectMeta{Labels: labels},
 		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: app, Image: "dualflow/lab-agent", Ports: ports}}},
 	}
-	yes := true
 	dep := appsv1.Deployment{
 		TypeMeta:   metav1.TypeMeta{APIVersion: "apps/v1", Kind: "Deployment"},
 		ObjectMeta: metav1.ObjectMeta{Name: app, Namespace: ns, UID: uid("deployment", ns+"/"+app), Labels: labels},
@@ -286,7 +280,7 @@ func newWorkload(m *Manifest, ns, app, hash string, replicas int, ports []corev1
 		TypeMeta: metav1.TypeMeta{APIVersion: "apps/v1", Kind: "ReplicaSet"},
 		ObjectMeta: metav1.ObjectMeta{
 			Name: rsName, Namespace: ns, UID: uid("replicaset", ns+"/"+rsName), Labels: rsLabels,
-			OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "Deployment", Name: app, UID: dep.UID, Controller: &yes, BlockOwnerDeletion: &yes}},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "Deployment", Name: app, UID: dep.UID, Controller: new(true), BlockOwnerDeletion: new(true)}},
 		},
 		Spec:   appsv1.ReplicaSetSpec{Replicas: &r, Selector: &metav1.LabelSelector{MatchLabels: rsLabels}, Template: rsTmpl},
 		Status: appsv1.ReplicaSetStatus{Replicas: r, ReadyReplicas: r, AvailableReplicas: r},
@@ -312,8 +306,7 @@ func (w *workload) pod(spec Spec, node, k int, fams []corev1.IPFamily) corev1.Po
 	name := w.rs.Name + "-" + podSuffix(w.rs.Name+strconv.Itoa(node))
 	p := standalonePod(spec, w.ns, name, w.app, node, k, fams, w.ports)
 	p.Labels[appsv1.DefaultDeploymentUniqueLabelKey] = w.hash
-	yes := true
-	p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: w.rs.Name, UID: w.rs.UID, Controller: &yes, BlockOwnerDeletion: &yes}}
+	p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: w.rs.Name, UID: w.rs.UID, Controller: new(true), BlockOwnerDeletion: new(true)}}
 	return p
 }
 
@@ -367,7 +360,6 @@ func (m *Manifest) addService(ns, name, app string, k int, fams []corev1.IPFamil
 	}
 	svc.Spec.ClusterIP = svc.Spec.ClusterIPs[0]
 	m.Services = append(m.Services, svc)
-	yes := true
 	for _, f := range fams {
 		at := discoveryv1.AddressTypeIPv4
 		if f == corev1.IPv6Protocol {
@@ -380,7 +372,7 @@ func (m *Manifest) addService(ns, name, app string, k int, fams []corev1.IPFamil
 				GenerateName: name + "-",
 				Labels:       map[string]string{LabelServiceName: name, LabelManagedBy: "endpointslice-controller.k8s.io"},
 				OwnerReferences: []metav1.OwnerReference{{APIVersion: "v1", Kind: "Service", Name: name, UID: svc.UID,
-					Controller: &yes, BlockOwnerDeletion: &yes}},
+					Controller: new(true), BlockOwnerDeletion: new(true)}},
 			},
 			AddressType: at,
 		}
@@ -395,7 +387,7 @@ func (m *Manifest) addService(ns, name, app string, k int, fams []corev1.IPFamil
 			if sp.TargetPort.Type == intstr.String && len(pods) > 0 {
 				num, _ = ContainerPort(pods[0], sp.TargetPort.StrVal, sp.Protocol)
 			}
-			sl.Ports = append(sl.Ports, discoveryv1.EndpointPort{Name: ptr(sp.Name), Port: ptr(num), Protocol: ptr(sp.Protocol)})
+			sl.Ports = append(sl.Ports, discoveryv1.EndpointPort{Name: new(sp.Name), Port: new(num), Protocol: new(sp.Protocol)})
 		}
 		for _, p := range pods {
 			a, ok := PodAddr(p, f)
@@ -405,20 +397,18 @@ func (m *Manifest) addService(ns, name, app string, k int, fams []corev1.IPFamil
 			node, _ := m.Node(p.Spec.NodeName)
 			ep := discoveryv1.Endpoint{
 				Addresses:  []string{a.String()},
-				Conditions: discoveryv1.EndpointConditions{Ready: &yes, Serving: &yes, Terminating: ptr(false)},
-				NodeName:   ptr(p.Spec.NodeName),
+				Conditions: discoveryv1.EndpointConditions{Ready: new(true), Serving: new(true), Terminating: new(false)},
+				NodeName:   new(p.Spec.NodeName),
 				TargetRef:  &corev1.ObjectReference{Kind: "Pod", Namespace: p.Namespace, Name: p.Name, UID: p.UID},
 			}
 			if node != nil {
-				ep.Zone = ptr(node.Labels[LabelZone])
+				ep.Zone = new(node.Labels[LabelZone])
 			}
 			sl.Endpoints = append(sl.Endpoints, ep)
 		}
 		m.EndpointSlices = append(m.EndpointSlices, sl)
 	}
 }
-
-func ptr[T any](v T) *T { return &v }
 
 // defaultPolicies returns the NetworkPolicies of the default lab:
 //   - backend/default-deny-ingress: every backend pod is isolated for ingress.
@@ -491,7 +481,7 @@ func defaultPolicies(spec Spec) []networkingv1.NetworkPolicy {
 							{IPBlock: &networkingv1.IPBlock{CIDR: ClusterCIDRv4.String(), Except: []string{PodCIDRFor(1, corev1.IPv4Protocol).String()}}},
 							{IPBlock: &networkingv1.IPBlock{CIDR: ClusterCIDRv6.String(), Except: []string{PodCIDRFor(1, corev1.IPv6Protocol).String()}}},
 						},
-						Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: port(intstr.FromInt32(7000)), EndPort: ptr(int32(7100))}},
+						Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: port(intstr.FromInt32(7000)), EndPort: new(int32(7100))}},
 					},
 				},
 			},

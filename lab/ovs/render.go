@@ -196,8 +196,6 @@ func (b *builder) add(table int, prio int, cookie uint64, match, actions string)
 
 func pipe(table int) uint64 { return ovs.Cookie(ovs.KindPipeline, uint32(table)) }
 
-func macString(m net.HardwareAddr) string { return m.String() }
-
 // gatewayMAC is the MAC the pods' gateway has (the node-side veths').
 var gatewayMAC = topology.GatewayMAC.String()
 
@@ -361,7 +359,7 @@ func Render(m *manifest.Manifest, node string, env Env) (*Ruleset, error) {
 		for _, a := range manifest.PodAddrs(p) {
 			f := famOfAddr(a)
 			b.add(TableForward, 100, pipe(TableForward), fmt.Sprintf("%s,%s=%s", f.eth, f.dst, a),
-				fmt.Sprintf("mod_dl_src:%s,mod_dl_dst:%s,dec_ttl,output:%d", gatewayMAC, macString(mac), podPort[p]))
+				fmt.Sprintf("mod_dl_src:%s,mod_dl_dst:%s,dec_ttl,output:%d", gatewayMAC, mac, podPort[p]))
 		}
 	}
 	for i := range m.Nodes {
@@ -377,7 +375,7 @@ func Render(m *manifest.Manifest, node string, env Env) (*Ruleset, error) {
 			if cidr, ok := manifest.NodePodCIDR(o, f); ok {
 				fm := famOf(f)
 				b.add(TableForward, 50, pipe(TableForward), fmt.Sprintf("%s,%s=%s", fm.eth, fm.dst, cidr),
-					fmt.Sprintf("mod_dl_src:%s,mod_dl_dst:%s,dec_ttl,output:%d", macString(myMAC), macString(omac), UplinkPort))
+					fmt.Sprintf("mod_dl_src:%s,mod_dl_dst:%s,dec_ttl,output:%d", myMAC, omac, UplinkPort))
 			}
 		}
 	}

@@ -312,9 +312,7 @@ func Destroy(prefix string, grace time.Duration) error {
 		errs = append(errs, Reap(pids, grace))
 	}
 	for _, n := range names {
-		if err := DeleteNS(n); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, DeleteNS(n))
 	}
 	return errors.Join(errs...)
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/dualflow/dualflow/lab/agent"
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/lab/nft"
+	"github.com/dualflow/dualflow/test/support/labtruth"
 )
 
 // TestAudit checks the policy auditor against the lab's nftables datapath
@@ -59,10 +60,10 @@ func TestAudit(t *testing.T) {
 // while fn ran.
 func counterDelta(t *testing.T, l *lab.Lab, fn func()) map[string]map[string]uint64 {
 	t.Helper()
-	read := func() map[string]map[string]lab.Counter {
-		out := map[string]map[string]lab.Counter{}
+	read := func() map[string]map[string]labtruth.Counter {
+		out := map[string]map[string]labtruth.Counter{}
 		for _, n := range l.Manifest.Nodes {
-			cs, err := l.Counters(n.Name)
+			cs, err := labtruth.Counters(l, n.Name)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -15,6 +15,7 @@ import (
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/lab/nft"
 	"github.com/dualflow/dualflow/lab/topology"
+	"github.com/dualflow/dualflow/test/support/labtruth"
 )
 
 // labUpBudget is the issue's bound on `dualflow lab up --mode dual`.
@@ -106,7 +107,7 @@ func testCLIDual(t *testing.T) {
 	}
 	a6, _ := manifest.PodAddr(api2, "IPv6")
 	drop := nft.DropName(nft.Ingress, api2.Namespace, api2.Name)
-	before, err := l.Counters("node-2")
+	before, err := labtruth.Counters(l, "node-2")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +115,7 @@ func testCLIDual(t *testing.T) {
 	if !errors.Is(err, agent.ErrNoAnswer) {
 		t.Errorf("web -> api:%d over IPv6: want a drop, got %v", manifest.PortMetrics, err)
 	}
-	after, err := l.Counters("node-2")
+	after, err := labtruth.Counters(l, "node-2")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -126,7 +127,7 @@ func testCLIDual(t *testing.T) {
 	allow := nft.RuleName(manifest.NSBackend, manifest.PolicyAllowWeb, nft.Ingress, 0)
 	deadline := time.Now().Add(3 * time.Second)
 	for {
-		c, err := l.Counters("node-2")
+		c, err := labtruth.Counters(l, "node-2")
 		if err != nil {
 			t.Fatal(err)
 		}

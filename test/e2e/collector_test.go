@@ -26,6 +26,7 @@ import (
 	"github.com/dualflow/dualflow/lab"
 	"github.com/dualflow/dualflow/lab/agent"
 	"github.com/dualflow/dualflow/lab/manifest"
+	"github.com/dualflow/dualflow/test/support/labtruth"
 )
 
 // TestCollector runs the whole ingest path in a lab, in each mode: an
@@ -128,13 +129,13 @@ func testCollectorMode(t *testing.T, mode manifest.Mode, dataDir string) {
 			all = append(all, sent{fmt.Sprintf("%s/%s", f, s.name), proto, s.to, r.Local})
 		}
 	}
-	conns1, err := l.Conntrack("node-1")
+	conns1, err := labtruth.Conntrack(l, "node-1")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, s := range all {
 		t.Run(s.name, func(t *testing.T) {
-			ct, ok := lab.FindConn(conns1, s.proto, s.local)
+			ct, ok := labtruth.FindConn(conns1, s.proto, s.local)
 			if !ok {
 				t.Fatalf("node-1 has no conntrack entry from %v", s.local)
 			}
@@ -158,8 +159,8 @@ func testCollectorMode(t *testing.T, mode manifest.Mode, dataDir string) {
 			// The connection may have seen packets (its close) after the
 			// snapshot above; the entry lingers (TIME_WAIT) with the final
 			// counters the exporter reported, so compare with a fresh read.
-			if now, err := l.Conntrack("node-1"); err == nil {
-				if fresh, ok := lab.FindConn(now, s.proto, s.local); ok {
+			if now, err := labtruth.Conntrack(l, "node-1"); err == nil {
+				if fresh, ok := labtruth.FindConn(now, s.proto, s.local); ok {
 					ct = fresh
 				}
 			}

@@ -13,9 +13,9 @@ import (
 	"github.com/dualflow/dualflow/collector/correlate"
 	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/flow"
-	"github.com/dualflow/dualflow/lab"
 	"github.com/dualflow/dualflow/lab/agent"
 	"github.com/dualflow/dualflow/lab/manifest"
+	"github.com/dualflow/dualflow/test/support/labtruth"
 )
 
 // TestEnrich runs the Kubernetes enrichment in inventory mode on the lab's
@@ -101,11 +101,11 @@ func TestEnrich(t *testing.T) {
 						nodes := []string{c.from.Spec.NodeName}
 						var views, raws []flow.Record
 						for i := 0; i < len(nodes); i++ {
-							conns, err := l.Conntrack(nodes[i])
+							conns, err := labtruth.Conntrack(l, nodes[i])
 							if err != nil {
 								t.Fatal(err)
 							}
-							conn, ok := lab.FindConn(conns, proto, r.Local)
+							conn, ok := labtruth.FindConn(conns, proto, r.Local)
 							if !ok {
 								t.Fatalf("%s has no conntrack entry from %v", nodes[i], r.Local)
 							}
@@ -206,7 +206,7 @@ func runEnricher(t *testing.T, cfg enrich.Config) *enrich.Enricher {
 // the original source, the reply's source as the destination (the
 // endpoint after DNAT), and the original destination as the Service
 // address when the entry was DNAT-ed.
-func exportedRecord(c lab.Conn, proto uint8) flow.Record {
+func exportedRecord(c labtruth.Conn, proto uint8) flow.Record {
 	r := flow.Record{
 		FlowStart: c.Start, FlowEnd: time.Now(),
 		SrcAddr: c.Orig.Src, SrcPort: c.Orig.SrcPort,

@@ -20,6 +20,7 @@ import (
 	"github.com/dualflow/dualflow/lab/nft"
 	"github.com/dualflow/dualflow/ovs"
 	"github.com/dualflow/dualflow/test/support/ipfixtest"
+	"github.com/dualflow/dualflow/test/support/labtruth"
 )
 
 // TestExporter runs `dualflow exporter` (in process) against node-1 of a
@@ -257,7 +258,7 @@ func testExporter(t *testing.T, mode manifest.Mode, datapath string) {
 			break
 		}
 	}
-	conns, err := l.Conntrack("node-1")
+	conns, err := labtruth.Conntrack(l, "node-1")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -343,15 +344,15 @@ func testExporter(t *testing.T, mode manifest.Mode, datapath string) {
 }
 
 // findConnTo returns the entry of the connection from local to to (its
-// original destination: a Service address before DNAT). lab.FindConn
+// original destination: a Service address before DNAT). labtruth.FindConn
 // matches the source alone, which two connections from one client port
 // to different destinations share.
-func findConnTo(conns []lab.Conn, proto uint8, local, to netip.AddrPort) (lab.Conn, bool) {
+func findConnTo(conns []labtruth.Conn, proto uint8, local, to netip.AddrPort) (labtruth.Conn, bool) {
 	for _, c := range conns {
 		if c.Orig.Proto == proto && c.Orig.Src == local.Addr().Unmap() && c.Orig.SrcPort == local.Port() &&
 			c.Orig.Dst == to.Addr().Unmap() && c.Orig.DstPort == to.Port() {
 			return c, true
 		}
 	}
-	return lab.Conn{}, false
+	return labtruth.Conn{}, false
 }

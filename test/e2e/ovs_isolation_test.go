@@ -17,6 +17,7 @@ import (
 	"github.com/dualflow/dualflow/lab/agent"
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/test/support/ipfixtest"
+	"github.com/dualflow/dualflow/test/support/labtruth"
 )
 
 // TestOVSLabsSideBySide runs two OVS labs with the same addresses at the
@@ -36,8 +37,8 @@ func TestOVSLabsSideBySide(t *testing.T) {
 		labs[i] = startSideLab(t, mode)
 	}
 	a, b := labs[0], labs[1]
-	if a.l.Prefix() == b.l.Prefix() {
-		t.Fatalf("both labs have prefix %s", a.l.Prefix())
+	if a.l.State().Prefix == b.l.State().Prefix {
+		t.Fatalf("both labs have prefix %s", a.l.State().Prefix)
 	}
 
 	// Lab a first, alone: lab b, which made no connection, must not see
@@ -46,7 +47,7 @@ func TestOVSLabsSideBySide(t *testing.T) {
 	for _, node := range []string{"node-1", "node-2"} {
 		for _, c := range b.conntrack(t, node) {
 			if a.has(key(c.Orig)) {
-				t.Errorf("lab %s %s shows lab %s's connection %v -> %v (reply from %v)", b.l.Prefix(), node, a.l.Prefix(),
+				t.Errorf("lab %s %s shows lab %s's connection %v -> %v (reply from %v)", b.l.State().Prefix, node, a.l.State().Prefix,
 					netip.AddrPortFrom(c.Orig.Src, c.Orig.SrcPort), netip.AddrPortFrom(c.Orig.Dst, c.Orig.DstPort), c.Reply.Src)
 			}
 		}
@@ -73,12 +74,12 @@ func TestOVSLabsSideBySide(t *testing.T) {
 				}
 			}
 		}
-		t.Run(s.l.Prefix(), func(t *testing.T) {
+		t.Run(s.l.State().Prefix, func(t *testing.T) {
 			for _, node := range []string{"node-1", "node-2"} {
 				conns := s.conntrack(t, node)
 				for _, c := range conns {
 					if foreign[key(c.Orig)] {
-						t.Errorf("%s: conntrack entry of lab %s: %v:%d -> %v:%d, reply source %v:%d", node, other.l.Prefix(),
+						t.Errorf("%s: conntrack entry of lab %s: %v:%d -> %v:%d, reply source %v:%d", node, other.l.State().Prefix,
 							c.Orig.Src, c.Orig.SrcPort, c.Orig.Dst, c.Orig.DstPort, c.Reply.Src, c.Reply.SrcPort)
 					}
 				}
@@ -91,7 +92,7 @@ func TestOVSLabsSideBySide(t *testing.T) {
 					if node == "node-2" {
 						k = d.keyAfterDNAT()
 					}
-					j := slices.IndexFunc(conns, func(c lab.Conn) bool { return key(c.Orig) == k })
+					j := slices.IndexFunc(conns, func(c labtruth.Conn) bool { return key(c.Orig) == k })
 					if j < 0 {
 						t.Errorf("%s: no conntrack entry for its own %s %v -> %v", node, d.name, d.local, d.to)
 					} else if r := conns[j].Reply; r.Src != d.endpoint.Addr() || r.SrcPort != d.endpoint.Port() {
@@ -119,7 +120,7 @@ func TestOVSLabsSideBySide(t *testing.T) {
 			}
 			for _, r := range recs {
 				if foreign[origKey(r)] {
-					t.Errorf("exporter record of lab %s: %v:%d -> %v:%d", other.l.Prefix(), r.SrcAddr, r.SrcPort, r.DstAddr, r.DstPort)
+					t.Errorf("exporter record of lab %s: %v:%d -> %v:%d", other.l.State().Prefix, r.SrcAddr, r.SrcPort, r.DstAddr, r.DstPort)
 				}
 				if d, ok := s.made[origKey(r)]; ok && (r.DstAddr != d.endpoint.Addr() || r.DstPort != d.endpoint.Port()) {
 					t.Errorf("%s from %v: record to %v:%d, want %v", d.name, d.local, r.DstAddr, r.DstPort, d.endpoint)
@@ -216,14 +217,14 @@ func startSideLab(t *testing.T, mode manifest.Mode) *sideLab {
 	go func() {
 		defer close(done)
 		if err := exp.Run(ctx); err != nil {
-			t.Errorf("exporter of %s: %v", l.Prefix(), err)
+			t.Errorf("exporter of %s: %v", l.State().Prefix, err)
 		}
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 	select {
 	case <-exp.Ready():
 	case <-time.After(10 * time.Second):
-		t.Fatalf("exporter of %s not ready", l.Prefix())
+		t.Fatalf("exporter of %s not ready", l.State().Prefix)
 	}
 	return s
 }
@@ -236,7 +237,7 @@ func (s *sideLab) dialAll(t *testing.T) {
 	pod := func(ns, app string, node int) *corev1.Pod {
 		p, err := s.l.PodOn(ns, app, node)
 		if err != nil {
-			t.Errorf("%s: %v", s.l.Prefix(), err)
+			t.Errorf("%s: %v", s.l.State().Prefix, err)
 		}
 		return p
 	}
@@ -264,12 +265,12 @@ func (s *sideLab) dialAll(t *testing.T) {
 			r, err := s.l.Dial(ctx, web1, d.proto, d.to)
 			cancel()
 			if err != nil {
-				t.Errorf("%s: %s %s -> %s: %v", s.l.Prefix(), f, d.name, d.to, err)
+				t.Errorf("%s: %s %s -> %s: %v", s.l.State().Prefix, f, d.name, d.to, err)
 				continue
 			}
 			srv := servers[r.Server]
 			if srv == nil {
-				t.Errorf("%s: %s %s answered by %q", s.l.Prefix(), f, d.name, r.Server)
+				t.Errorf("%s: %s %s answered by %q", s.l.State().Prefix, f, d.name, r.Server)
 				continue
 			}
 			ep, _ := manifest.PodAddr(srv, f)
@@ -288,11 +289,11 @@ func (s *sideLab) dialAll(t *testing.T) {
 }
 
 // conntrack returns node's OVS conntrack of the lab.
-func (s *sideLab) conntrack(t *testing.T, node string) []lab.Conn {
+func (s *sideLab) conntrack(t *testing.T, node string) []labtruth.Conn {
 	t.Helper()
-	conns, err := s.l.Conntrack(node)
+	conns, err := labtruth.Conntrack(s.l, node)
 	if err != nil {
-		t.Fatalf("%s: conntrack of %s: %v", s.l.Prefix(), node, err)
+		t.Fatalf("%s: conntrack of %s: %v", s.l.State().Prefix, node, err)
 	}
 	return conns
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/dualflow/dualflow/lab/agent"
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/lab/nft"
+	"github.com/dualflow/dualflow/test/support/labtruth"
 )
 
 // env is one running lab and the pods the scenarios use. web, api and
@@ -163,9 +164,9 @@ func (e *env) mustDrop(t *testing.T, from *corev1.Pod, proto string, to netip.Ad
 	}
 }
 
-func (e *env) conntrack(t *testing.T, node string) []lab.Conn {
+func (e *env) conntrack(t *testing.T, node string) []labtruth.Conn {
 	t.Helper()
-	conns, err := e.l.Conntrack(node)
+	conns, err := labtruth.Conntrack(e.l, node)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -174,9 +175,9 @@ func (e *env) conntrack(t *testing.T, node string) []lab.Conn {
 
 // mustConn returns the conntrack entry of node for the flow that started at
 // local, and checks it saw packets both ways.
-func (e *env) mustConn(t *testing.T, node string, proto uint8, local netip.AddrPort) lab.Conn {
+func (e *env) mustConn(t *testing.T, node string, proto uint8, local netip.AddrPort) labtruth.Conn {
 	t.Helper()
-	c, ok := lab.FindConn(e.conntrack(t, node), proto, local)
+	c, ok := labtruth.FindConn(e.conntrack(t, node), proto, local)
 	if !ok {
 		t.Fatalf("%s: no conntrack entry for proto %d from %s", node, proto, local)
 	}
@@ -205,7 +206,7 @@ func (e *env) noConn(t *testing.T, node string, proto uint8, src netip.Addr, dst
 func (e *env) delta(t *testing.T, node, counter string, fn func()) uint64 {
 	t.Helper()
 	read := func() uint64 {
-		cs, err := e.l.Counters(node)
+		cs, err := labtruth.Counters(e.l, node)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -227,7 +228,7 @@ func icmpProto(f corev1.IPFamily) uint8 {
 	return flow.ProtoICMP
 }
 
-func checkTuple(t *testing.T, c lab.Conn, f corev1.IPFamily) {
+func checkTuple(t *testing.T, c labtruth.Conn, f corev1.IPFamily) {
 	t.Helper()
 	want := uint8(4)
 	if f == corev1.IPv6Protocol {
@@ -446,7 +447,7 @@ func policyMatrix(t *testing.T, e *env) {
 // nflogScenario checks that a drop reaches NFLOG with the drop rule's name
 // as prefix and the flow's tuple, in every family.
 func nflogScenario(t *testing.T, e *env) {
-	r, err := e.l.NFLOG("node-2")
+	r, err := labtruth.NFLOG(e.l, "node-2")
 	if err != nil {
 		t.Fatal(err)
 	}

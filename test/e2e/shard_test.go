@@ -27,6 +27,7 @@ import (
 	"github.com/dualflow/dualflow/lab/agent"
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/test/kubeapi"
+	"github.com/dualflow/dualflow/test/support/labtruth"
 )
 
 // shardFailover is the exporters' --exporter.collector-failover-timeout
@@ -330,7 +331,7 @@ func checkCounters(t *testing.T, l *lab.Lab, st *storeProcess, sent []shardConn)
 	deadline := time.Now().Add(time.Minute)
 	for {
 		errs = errs[:0]
-		conns, err := l.Conntrack("node-1")
+		conns, err := labtruth.Conntrack(l, "node-1")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -353,7 +354,7 @@ func checkCounters(t *testing.T, l *lab.Lab, st *storeProcess, sent []shardConn)
 			if newest == nil || newest.correlation != "merged" {
 				continue // split by the failover: no merged row to compare
 			}
-			ct, ok := lab.FindConn(conns, flow.ProtoTCP, local)
+			ct, ok := labtruth.FindConn(conns, flow.ProtoTCP, local)
 			if !ok {
 				errs = append(errs, fmt.Sprintf("%v: no conntrack entry on node-1", local))
 				continue

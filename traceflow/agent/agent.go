@@ -25,6 +25,7 @@ package agent
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -442,14 +443,7 @@ func (c *Client) do(ctx context.Context, method, path string, body any) (*http.R
 	case http.StatusBadRequest:
 		return nil, fmt.Errorf("%w: %s", traceflow.ErrInvalid, eb.Error)
 	}
-	return nil, fmt.Errorf("%s: %s", resp.Status, cmpOr(eb.Error, strings.TrimSpace(string(b))))
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
+	return nil, fmt.Errorf("%s: %s", resp.Status, cmp.Or(eb.Error, strings.TrimSpace(string(b))))
 }
 
 // Info asks the agent who it is.

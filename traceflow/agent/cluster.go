@@ -465,10 +465,7 @@ func (m *merger) path() traceflow.Path {
 	if m.skipped > 0 {
 		reason = fmt.Sprintf("%s (after %d delivered connections)", reason, m.skipped)
 	}
-	outcome := m.outcome
-	if outcome == "" {
-		outcome = traceflow.TimedOut
-	}
+	outcome := cmp.Or(m.outcome, traceflow.TimedOut)
 	return traceflow.Path{Outcome: outcome, Reason: reason, Observations: out, SrcPort: m.chosen}
 }
 

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -19,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dualflow/dualflow/internal/reload"
+	"github.com/dualflow/dualflow/netaddr"
 )
 
 // DefaultPort is the agents' port when the collector finds them by node
@@ -127,12 +129,8 @@ func NewDirectory(cfg DirectoryConfig, view NodeView) (*NodeDirectory, error) {
 	if err != nil {
 		return nil, err
 	}
-	if cfg.Port == 0 {
-		cfg.Port = DefaultPort
-	}
-	if cfg.Scheme == "" {
-		cfg.Scheme = "https"
-	}
+	cfg.Port = cmp.Or(cfg.Port, DefaultPort)
+	cfg.Scheme = cmp.Or(cfg.Scheme, "https")
 	if cfg.Scheme != "http" && cfg.Scheme != "https" {
 		return nil, fmt.Errorf("--traceflow.agent-scheme %q: want https or http", cfg.Scheme)
 	}
@@ -231,9 +229,7 @@ func clearTextOK(raw string) error {
 	if u.Scheme != "http" {
 		return nil
 	}
-	if h := u.Hostname(); h == "localhost" {
-		return nil
-	} else if a, err := netip.ParseAddr(h); err == nil && a.IsLoopback() {
+	if netaddr.Loopback(u.Hostname()) {
 		return nil
 	}
 	return fmt.Errorf("%s: plain http beyond loopback would send the traceflow token in clear; use https", raw)

@@ -6,6 +6,7 @@
 package node
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -70,10 +71,7 @@ func (in *Injector) find(addr netip.Addr) (podns.Namespace, peer, error) {
 	if err != nil {
 		return podns.Namespace{}, peer{}, err
 	}
-	nodeNS := in.NodeNS
-	if nodeNS == "" {
-		nodeNS = "/proc/self/ns/net"
-	}
+	nodeNS := cmp.Or(in.NodeNS, "/proc/self/ns/net")
 	var errs []error
 	for _, ns := range all {
 		pr, err := peerOf(ns.Path, ns.Iface, nodeNS)

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -104,7 +105,7 @@ func (t *Tracer) startTrace(ctx context.Context, tb observe.Table) (*monitorSub,
 			return nil, nil, fmt.Errorf("trace table loaded after the watch ended: %w", ctx.Err())
 		}
 		wctx, cancel := context.WithTimeout(ctx, wait)
-		_, err = mon.WaitFor(wctx, echo)
+		err = mon.WaitFor(wctx, echo)
 		cancel()
 		if err == nil {
 			return mon, stop, nil
@@ -143,7 +144,7 @@ func (t *Tracer) canary(s *monitorSub) bool {
 			return false
 		}
 		wctx, cancel := context.WithTimeout(ctx, wait)
-		_, err := s.WaitFor(wctx, echo)
+		err := s.WaitFor(wctx, echo)
 		cancel()
 		switch {
 		case err == nil:
@@ -337,13 +338,7 @@ func (t *Tracer) traceEvents(ctx context.Context, mon *monitorSub, tb observe.Ta
 // maxTraced bounds the trace ids a watch remembers.
 const maxTraced = 4096
 
-func (t *Tracer) watchKernel(ctx context.Context, p traceflow.Probe, emit func(traceflow.WatchEvent) error) error {
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	defer func() {
-		cancel()
-		wg.Wait()
-	}()
+func (t *Tracer) watchKernel(ctx context.Context, wg *sync.WaitGroup, p traceflow.Probe, emit func(traceflow.WatchEvent) error) error {
 	tb := observe.ProbeTable(observe.NewTableName(p.Tag, time.Now()),
 		observe.ProbeMatch{Tag: p.Tag, Src: p.Src, Proto: p.ProtoNumber(), SrcPort: p.SrcPort})
 	mon, stop, err := t.startTrace(ctx, tb)
@@ -356,7 +351,7 @@ func (t *Tracer) watchKernel(ctx context.Context, p traceflow.Probe, emit func(t
 		return err
 	}
 	delivered := make(chan delivery, len(targets))
-	if err := capture(ctx, p, targets, delivered, &wg); err != nil {
+	if err := capture(ctx, p, targets, delivered, wg); err != nil {
 		return err
 	}
 	events := make(chan observe.Event, 64)
@@ -378,7 +373,7 @@ func (t *Tracer) watchKernel(ctx context.Context, p traceflow.Probe, emit func(t
 		if err := emitAll(emit, k.flush()); err != nil {
 			return err
 		}
-		err := emit(traceflow.WatchEvent{Observation: ptr(t.deliveryObs(p, *held)), Outcome: traceflow.Delivered})
+		err := emit(traceflow.WatchEvent{Observation: new(t.deliveryObs(p, *held)), Outcome: traceflow.Delivered})
 		held, waitC = nil, nil
 		return err
 	}
@@ -420,8 +415,6 @@ func (t *Tracer) watchKernel(ctx context.Context, p traceflow.Probe, emit func(t
 // deliveryWait caps how long a captured delivery waits for the node's
 // trace of the probe leaving towards the pod.
 const deliveryWait = time.Second
-
-func ptr[T any](v T) *T { return &v }
 
 // kernelPath turns one node's trace events of one probe into observations.
 type kernelPath struct {
@@ -537,12 +530,12 @@ func (k *kernelPath) rule(ev observe.Event) []traceflow.WatchEvent {
 		switch {
 		case strings.Contains(ev.Rule, " reject"):
 			o.Action = traceflow.ActionRejected
-			out.Outcome, out.Reason = traceflow.Rejected, "rejected by "+cmpOr(comment, ev.Rule)
+			out.Outcome, out.Reason = traceflow.Rejected, "rejected by "+cmp.Or(comment, ev.Rule)
 			if strings.Contains(comment, "no endpoints") || strings.Contains(ev.Rule, "no endpoints") {
 				o.Component = traceflow.LoadBalancing
 			} else {
 				o.Rule = ev.Chain // the controller may name the policy (default case)
-				o.Detail = fmt.Sprintf("rule %q in %s %s", strings.TrimSpace(cmpOr(comment, ev.Rule)), ev.Table, ev.Chain)
+				o.Detail = fmt.Sprintf("rule %q in %s %s", strings.TrimSpace(cmp.Or(comment, ev.Rule)), ev.Table, ev.Chain)
 			}
 		case strings.HasPrefix(name, "drop/"):
 			o.Component, o.Rule = traceflow.NetworkPolicy, name
@@ -556,21 +549,14 @@ func (k *kernelPath) rule(ev observe.Event) []traceflow.WatchEvent {
 			// chains, say): the controller may name the policy from the
 			// cluster's view (agent.PolicyNamer).
 			o.Rule = ev.Chain
-			o.Detail = fmt.Sprintf("rule %q in %s %s", strings.TrimSpace(cmpOr(comment, ev.Rule)), ev.Table, ev.Chain)
-			out.Reason = fmt.Sprintf("dropped on %s by rule %q in chain %s", k.t.Name, strings.TrimSpace(cmpOr(comment, ev.Rule)), ev.Chain)
+			o.Detail = fmt.Sprintf("rule %q in %s %s", strings.TrimSpace(cmp.Or(comment, ev.Rule)), ev.Table, ev.Chain)
+			out.Reason = fmt.Sprintf("dropped on %s by rule %q in chain %s", k.t.Name, strings.TrimSpace(cmp.Or(comment, ev.Rule)), ev.Chain)
 		}
 		o.Node = k.t.Name
 		out.Observation = &o
 		return append(k.flush(), out)
 	}
 	return nil
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // policyChain reports whether chain is a per-pod policy chain

@@ -33,13 +33,7 @@ import (
 const maxLiveGroups = 256
 
 // watchLive is Watch for a live probe on the kernel datapath.
-func (t *Tracer) watchLive(ctx context.Context, p traceflow.Probe, emit func(traceflow.WatchEvent) error) error {
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	defer func() {
-		cancel()
-		wg.Wait()
-	}()
+func (t *Tracer) watchLive(ctx context.Context, wg *sync.WaitGroup, p traceflow.Probe, emit func(traceflow.WatchEvent) error) error {
 	_, err := t.injector().Locate(p.Src)
 	source := err == nil
 	if err != nil && !errors.Is(err, ErrPodNotOnNode) {
@@ -125,7 +119,7 @@ func (l *liveNode) add(ev observe.Event) []traceflow.WatchEvent {
 	out = append(out, g.k.add(ev)...)
 	if ev.Table == l.table && ev.Chain == observe.ChainPost && ev.Kind == observe.KindPacket {
 		if tg, ok := l.targets[ev.OIf]; ok {
-			out = append(out, traceflow.WatchEvent{Observation: ptr(l.deliveryObs(tg, ev)), Outcome: traceflow.Delivered})
+			out = append(out, traceflow.WatchEvent{Observation: new(l.deliveryObs(tg, ev)), Outcome: traceflow.Delivered})
 		}
 	}
 	for i := range out {
@@ -253,5 +247,3 @@ func (r *recent[K, V]) delete(k K) {
 		}
 	}
 }
-
-func (r *recent[K, V]) len() int { return len(r.m) }

@@ -278,3 +278,6 @@ func TestLiveForgetsOldGroups(t *testing.T) {
 		t.Errorf("event of the newest packet: %+v", got)
 	}
 }
+
+// len is how many entries r holds (tests).
+func (r *recent[K, V]) len() int { return len(r.m) }

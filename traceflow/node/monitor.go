@@ -81,22 +81,21 @@ func (s *monitorSub) Err() error {
 // closes when the monitor exits.
 func (s *monitorSub) Lines() <-chan string { return s.lines }
 
-// WaitFor reads lines until one starts with prefix; lines read meanwhile
-// are returned.
-func (s *monitorSub) WaitFor(ctx context.Context, prefix string) ([]string, error) {
-	var seen []string
+// WaitFor reads lines until one starts with prefix (e.g. the "add rule"
+// echo of a table just loaded, proving the monitor is subscribed),
+// dropping the lines before it.
+func (s *monitorSub) WaitFor(ctx context.Context, prefix string) error {
 	for {
 		select {
 		case l, ok := <-s.lines:
 			if !ok {
-				return seen, errMonitorExited
+				return errMonitorExited
 			}
 			if strings.HasPrefix(l, prefix) {
-				return seen, nil
+				return nil
 			}
-			seen = append(seen, l)
 		case <-ctx.Done():
-			return seen, fmt.Errorf("nft monitor: waiting for %q: %w", prefix, ctx.Err())
+			return fmt.Errorf("nft monitor: waiting for %q: %w", prefix, ctx.Err())
 		}
 	}
 }

@@ -1,14 +1,11 @@
 package node
 
 import (
-	"bufio"
 	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"net/netip"
-	"os"
-	"os/exec"
 	"regexp"
 	"slices"
 	"strconv"
@@ -87,26 +84,18 @@ const (
 	ctPollMax = 250 * time.Millisecond
 )
 
-// ovsCLI runs the OVS CLIs against one ovs-vswitchd.
-type ovsCLI struct{ cfg OVS }
-
-// run runs one CLI under ovsCommandTimeout and returns its stdout.
-func (c ovsCLI) run(ctx context.Context, argv ...string) (string, error) {
-	return ovs.Run(ctx, c.cfg.RunDir, ovsCommandTimeout, argv...)
-}
-
 // ovsWatch is one probe watched on one node's bridge.
 type ovsWatch struct {
 	t      *Tracer
 	p      traceflow.Probe
-	cli    ovsCLI
+	cfg    OVS // with defaults
 	rules  *ovs.Rules
 	source bool // the probe's source pod is on this node
 }
 
-func (t *Tracer) watchOVS(ctx context.Context, p traceflow.Probe, emit func(traceflow.WatchEvent) error) error {
-	w := &ovsWatch{t: t, p: p, cli: ovsCLI{cfg: t.OVS.withDefaults()}}
-	if f := w.cli.cfg.RulesFile; f != "" {
+func (t *Tracer) watchOVS(ctx context.Context, wg *sync.WaitGroup, p traceflow.Probe, emit func(traceflow.WatchEvent) error) error {
+	w := &ovsWatch{t: t, p: p, cfg: t.OVS.withDefaults()}
+	if f := w.cfg.RulesFile; f != "" {
 		rules, err := ovs.LoadRules(f)
 		if err != nil {
 			return err
@@ -121,14 +110,8 @@ func (t *Tracer) watchOVS(ctx context.Context, p traceflow.Probe, emit func(trac
 		return fmt.Errorf("source pod %s: %w", p.SourcePod, err)
 	}
 
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	defer func() {
-		cancel()
-		wg.Wait()
-	}()
 	drops := make(chan ovs.PacketIn, dropBuffer)
-	monExit, err := w.startPacketIns(ctx, drops, &wg)
+	monExit, err := w.startPacketIns(ctx, drops, wg)
 	if err != nil {
 		return err
 	}
@@ -137,7 +120,7 @@ func (t *Tracer) watchOVS(ctx context.Context, p traceflow.Probe, emit func(trac
 		return err
 	}
 	delivered := make(chan delivery, len(targets))
-	if err := capture(ctx, p, targets, delivered, &wg); err != nil {
+	if err := capture(ctx, p, targets, delivered, wg); err != nil {
 		return err
 	}
 	if err := emit(traceflow.WatchEvent{Ready: true}); err != nil {
@@ -186,7 +169,7 @@ func (t *Tracer) watchOVS(ctx context.Context, p traceflow.Probe, emit func(trac
 		if w.source {
 			return nil
 		}
-		return emitAll(emit, w.events(w.ofTrace(ctx, w.cli.cfg.Uplink, dst, dport)))
+		return emitAll(emit, w.events(w.ofTrace(ctx, w.cfg.Uplink, dst, dport)))
 	}
 	for {
 		select {
@@ -206,7 +189,7 @@ func (t *Tracer) watchOVS(ctx context.Context, p traceflow.Probe, emit func(trac
 			if err := decide(d.seen.Dst, d.seen.DstPort); err != nil {
 				return err
 			}
-			if err := emit(traceflow.WatchEvent{Observation: ptr(t.deliveryObs(p, d)), Outcome: traceflow.Delivered}); err != nil {
+			if err := emit(traceflow.WatchEvent{Observation: new(t.deliveryObs(p, d)), Outcome: traceflow.Delivered}); err != nil {
 				return err
 			}
 		case pi := <-drops:
@@ -276,61 +259,30 @@ func (w *ovsWatch) events(obs []traceflow.Observation) []traceflow.WatchEvent {
 // startPacketIns runs `ovs-ofctl monitor` on the bridge until ctx ends,
 // waits until it is subscribed, and sends the probe's packet-ins of drop
 // flows to out. The returned channel reports the monitor exiting before
-// ctx ended. The monitor and its reader are wg's.
+// ctx ended. The monitor is wg's.
 func (w *ovsWatch) startPacketIns(ctx context.Context, out chan<- ovs.PacketIn, wg *sync.WaitGroup) (<-chan error, error) {
-	cmd := exec.CommandContext(ctx, "ovs-ofctl", "--no-names", "monitor", w.cli.cfg.Bridge,
-		strconv.Itoa(ovs.DefaultMonitorMissLen), "watch:table="+strconv.Itoa(ovsWatchTable))
-	cmd.Env = ovs.Env(w.cli.cfg.RunDir)
-	r, pw, err := os.Pipe()
-	if err != nil {
-		return nil, err
-	}
-	// Replies go to stdout, the messages it receives (packet-ins) to
-	// stderr: one pipe keeps them in order.
-	cmd.Stdout, cmd.Stderr = pw, pw
-	if err := cmd.Start(); err != nil {
-		pw.Close()
-		r.Close()
-		return nil, fmt.Errorf("ovs-ofctl monitor: %w", err)
-	}
-	pw.Close()
-	wg.Go(func() { cmd.Wait() }) // killed when ctx ends
-	// Unblock the reader when ctx ends even if something still holds the
-	// pipe's write end.
-	stop := context.AfterFunc(ctx, func() { r.Close() })
 	ready := make(chan struct{})
-	exited := make(chan error, 1) // one send, after which the reader returns
+	exited := make(chan error, 1) // one send, after which the monitor's goroutine returns
 	wg.Go(func() {
-		defer stop()
-		defer r.Close()
-		sc := bufio.NewScanner(r)
-		sc.Buffer(make([]byte, 64<<10), 1<<20)
-		subscribed, last := false, ""
+		subscribed := false
 		var mp ovs.MonitorParser
-		for sc.Scan() {
-			l := sc.Text()
+		err := ovs.Monitor(ctx, "ovs-ofctl", w.cfg.RunDir, w.cfg.Bridge, func(l string) {
 			w.raw("monitor", l)
-			if strings.TrimSpace(l) != "" {
-				last = l
-			}
 			if !subscribed {
 				if subscribed = strings.HasPrefix(l, ovsMonitorReady); subscribed {
 					close(ready)
 				}
-				continue
-			}
-			pi, ok, err := mp.Feed(l)
-			if err != nil || !ok || !w.mine(pi, l) {
-				continue
-			}
-			select {
-			case out <- pi:
-			case <-ctx.Done():
 				return
 			}
-		}
+			if pi, ok, err := mp.Feed(l); err == nil && ok && w.mine(pi, l) {
+				select {
+				case out <- pi:
+				case <-ctx.Done():
+				}
+			}
+		}, "watch:table="+strconv.Itoa(ovsWatchTable))
 		if ctx.Err() == nil {
-			exited <- fmt.Errorf("ovs-ofctl monitor %s exited: %s", w.cli.cfg.Bridge, last)
+			exited <- err
 		}
 	})
 	select {
@@ -404,18 +356,18 @@ func (w *ovsWatch) ofTrace(ctx context.Context, iface string, dst netip.Addr, dp
 // iface towards dst:dport and returns the flow traced and its steps'
 // observations.
 func (w *ovsWatch) runTrace(ctx context.Context, iface string, dst netip.Addr, dport uint16) (string, []traceflow.Observation, error) {
-	show, err := w.cli.run(ctx, "ovs-ofctl", "show", w.cli.cfg.Bridge)
+	show, err := ovs.Run(ctx, w.cfg.RunDir, ovsCommandTimeout, "ovs-ofctl", "show", w.cfg.Bridge)
 	if err != nil {
 		return "", nil, err
 	}
 	ports := parsePorts(show)
 	port, ok := ports[iface]
 	if !ok {
-		return "", nil, fmt.Errorf("%s is not a port of bridge %s", iface, w.cli.cfg.Bridge)
+		return "", nil, fmt.Errorf("%s is not a port of bridge %s", iface, w.cfg.Bridge)
 	}
 	ttl := cmp.Or(w.p.TTL, 64)
 	flow := observe.OFFlow(port, w.p.Src, dst, w.p.ProtoNumber(), w.p.SrcPort, dport, w.p.TCPFlags, w.p.Tag, ttl)
-	out, err := w.cli.run(ctx, "ovs-appctl", "-T", strconv.Itoa(int(ovsCommandTimeout/time.Second)), "ofproto/trace", w.cli.cfg.Bridge, flow)
+	out, err := ovs.Run(ctx, w.cfg.RunDir, ovsCommandTimeout, "ovs-appctl", "-T", strconv.Itoa(int(ovsCommandTimeout/time.Second)), "ofproto/trace", w.cfg.Bridge, flow)
 	if err != nil {
 		return "", nil, err
 	}
@@ -504,7 +456,7 @@ func parsePorts(out string) map[string]int {
 
 // conntrack looks up the probe's connection in the node's OVS conntrack.
 func (w *ovsWatch) conntrack(ctx context.Context) (ctView, bool) {
-	out, err := w.cli.run(ctx, "ovs-appctl", "-T", strconv.Itoa(int(ovsCommandTimeout/time.Second)), "dpctl/dump-conntrack", "-m")
+	out, err := ovs.Run(ctx, w.cfg.RunDir, ovsCommandTimeout, "ovs-appctl", "-T", strconv.Itoa(int(ovsCommandTimeout/time.Second)), "dpctl/dump-conntrack", "-m")
 	if err != nil {
 		return ctView{}, false
 	}

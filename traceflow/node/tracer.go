@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -67,9 +68,7 @@ func (t *Tracer) init() {
 		if t.Pods == nil {
 			t.Pods = &podns.Finder{}
 		}
-		if t.Logger == nil {
-			t.Logger = slog.Default()
-		}
+		t.Logger = cmp.Or(t.Logger, slog.Default())
 		if t.tables == nil {
 			t.tables = netlinkTables{}
 		}
@@ -165,15 +164,24 @@ func (t *Tracer) Watch(ctx context.Context, p traceflow.Probe, emit func(tracefl
 	if p.Tag < packet.MinTag || p.Tag > packet.MaxTag {
 		return fmt.Errorf("%w: tag %d (want %d..%d)", traceflow.ErrInvalid, p.Tag, packet.MinTag, packet.MaxTag)
 	}
-	switch {
-	case t.OVS != nil && p.Live:
+	if t.OVS != nil && p.Live {
 		return fmt.Errorf("live traffic on the OVS datapath: %w", traceflow.ErrNotSupported)
-	case t.OVS != nil:
-		return t.watchOVS(ctx, p, emit)
-	case p.Live:
-		return t.watchLive(ctx, p, emit)
 	}
-	return t.watchKernel(ctx, p, emit)
+	// The watch's goroutines (captures, trace readers) end with ctx; the
+	// watch's own deferred teardown runs first.
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
+	switch {
+	case t.OVS != nil:
+		return t.watchOVS(ctx, &wg, p, emit)
+	case p.Live:
+		return t.watchLive(ctx, &wg, p, emit)
+	}
+	return t.watchKernel(ctx, &wg, p, emit)
 }
 
 // localTarget is a target pod of the probe hosted on this node.

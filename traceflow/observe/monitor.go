@@ -2,11 +2,9 @@ package observe
 
 import (
 	"bufio"
-	"context"
 	"errors"
 	"fmt"
 	"os/exec"
-	"strings"
 	"sync"
 
 	"github.com/dualflow/dualflow/nsrun"
@@ -55,27 +53,6 @@ func StartMonitor(nsPath, nftBin string) (*Monitor, error) {
 
 // Lines returns the output lines; the channel closes when nft exits.
 func (m *Monitor) Lines() <-chan string { return m.lines }
-
-// WaitFor reads lines until one starts with prefix (e.g. the "add rule"
-// echo of a table just loaded, proving the monitor is subscribed). Lines
-// read meanwhile are returned so no trace event is lost.
-func (m *Monitor) WaitFor(ctx context.Context, prefix string) ([]string, error) {
-	var seen []string
-	for {
-		select {
-		case l, ok := <-m.lines:
-			if !ok {
-				return seen, errors.New("nft monitor exited")
-			}
-			if strings.HasPrefix(l, prefix) {
-				return seen, nil
-			}
-			seen = append(seen, l)
-		case <-ctx.Done():
-			return seen, fmt.Errorf("nft monitor: waiting for %q: %w", prefix, ctx.Err())
-		}
-	}
-}
 
 // Close stops nft and waits for it and the reading goroutine.
 func (m *Monitor) Close() error {

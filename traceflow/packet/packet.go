@@ -9,6 +9,7 @@
 package packet
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -99,10 +100,7 @@ func Build(s Spec) ([]byte, error) {
 	if err := s.Validate(); err != nil {
 		return nil, err
 	}
-	ttl := s.TTL
-	if ttl == 0 {
-		ttl = 64
-	}
+	ttl := cmp.Or(s.TTL, 64)
 	src, dst := s.Src.Unmap(), s.Dst.Unmap()
 	eth := &layers.Ethernet{SrcMAC: s.SrcMAC, DstMAC: s.DstMAC}
 	var ls []gopacket.SerializableLayer
@@ -120,10 +118,7 @@ func Build(s Spec) ([]byte, error) {
 	}
 	switch s.Proto {
 	case ProtoTCP:
-		flags := s.TCPFlags
-		if flags == 0 {
-			flags = SYN
-		}
+		flags := cmp.Or(s.TCPFlags, SYN)
 		tcp := &layers.TCP{SrcPort: layers.TCPPort(s.SrcPort), DstPort: layers.TCPPort(s.DstPort),
 			Seq: 0x64660000 | uint32(s.SrcPort), Window: 64240,
 			FIN: flags&FIN != 0, SYN: flags&SYN != 0, RST: flags&RST != 0, PSH: flags&PSH != 0, ACK: flags&ACK != 0, URG: flags&URG != 0}

@@ -1,6 +1,6 @@
 //go:build linux
 
-package lab
+package labtruth
 
 import (
 	"fmt"
@@ -11,15 +11,16 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/dualflow/dualflow/flow"
+	"github.com/dualflow/dualflow/lab"
 	"github.com/dualflow/dualflow/lab/nft"
 )
 
 // Conntrack dumps the conntrack table of node (both families).
 //
 // With the OVS datapath it reads OVS's conntrack instead (see ovsConntrack).
-func (l *Lab) Conntrack(node string) ([]Conn, error) {
-	if l.state.Datapath == DatapathOVS {
-		return l.ovsConntrack(node)
+func Conntrack(l *lab.Lab, node string) ([]Conn, error) {
+	if l.State().Datapath == lab.DatapathOVS {
+		return ovsConntrack(l, node)
 	}
 	fd, err := unix.Open(l.NodeNetNSPath(node), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -64,9 +65,9 @@ func tuple(t conntrack.Tuple) flow.Tuple {
 //
 // With the OVS datapath the same names count the packets of each rule's
 // OpenFlow flows (see ovsCounters).
-func (l *Lab) Counters(node string) (map[string]Counter, error) {
-	if l.state.Datapath == DatapathOVS {
-		return l.ovsCounters(node)
+func Counters(l *lab.Lab, node string) (map[string]Counter, error) {
+	if l.State().Datapath == lab.DatapathOVS {
+		return ovsCounters(l, node)
 	}
 	fd, err := unix.Open(l.NodeNetNSPath(node), unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if err != nil {

@@ -1,12 +1,16 @@
-package lab
+// Package labtruth reads the ground truth of a running lab (package lab)
+// that the e2e tests compare dualflow against: a node's conntrack table,
+// its policy counters, and the packets its drop rules log.
+package labtruth
 
 import (
 	"net/netip"
 	"time"
 
 	"github.com/dualflow/dualflow/flow"
-	"github.com/dualflow/dualflow/lab/nflog"
+	"github.com/dualflow/dualflow/lab"
 	"github.com/dualflow/dualflow/lab/nft"
+	"github.com/dualflow/dualflow/test/support/nflog"
 )
 
 // Conn is one kernel conntrack entry of a node, as ground truth.
@@ -53,6 +57,6 @@ func FindConn(conns []Conn, proto uint8, local netip.AddrPort) (Conn, bool) {
 // NFLOG binds the NFLOG group of the lab's drop rules on node. Each dropped
 // packet arrives with the drop counter name (nft.DropName) as prefix. Close
 // the reader when done: only one reader per node can exist.
-func (l *Lab) NFLOG(node string) (*nflog.Reader, error) {
+func NFLOG(l *lab.Lab, node string) (*nflog.Reader, error) {
 	return nflog.Open(l.NodeNetNSPath(node), nft.DefaultLogGroup)
 }
