@@ -613,13 +613,16 @@ func (c *Controller) run(t *trace, probes []Probe, timeout time.Duration) {
 			ctx, cancel := context.WithTimeout(c.ctx, timeout)
 			path, err := c.tracer.Trace(ctx, probes[i])
 			cancel()
+			// The tracer's deadline may pass before it writes its own
+			// reason (on a loaded node): say the same, less the last hop.
+			timedOut := fmt.Sprintf("no delivery or drop seen before the timeout (%v)", timeout)
 			switch {
 			case err != nil && errors.Is(err, context.DeadlineExceeded):
-				path.Outcome, path.Reason = TimedOut, fmt.Sprintf("no delivery or drop seen within %v", timeout)
+				path.Outcome, path.Reason = TimedOut, timedOut
 			case err != nil:
 				path.Outcome, path.Reason = Error, err.Error()
 			case path.Outcome == TimedOut && path.Reason == "":
-				path.Reason = fmt.Sprintf("no delivery or drop seen within %v", timeout)
+				path.Reason = timedOut
 			case path.Outcome == "" || path.Outcome == Pending:
 				path.Outcome, path.Reason = Error, "tracer returned no outcome"
 			}

@@ -134,7 +134,7 @@ func TestControllerOutcomes(t *testing.T) {
 			return Path{Outcome: Dropped, Reason: "dropped by NetworkPolicy backend/default-deny-ingress"}, nil
 		}, 0, Succeeded, map[Family]Outcome{IPv6: Dropped}, "default-deny-ingress"},
 		{"timeout", IPv4, fakeResolver{}, nil, 30 * time.Millisecond, Failed,
-			map[Family]Outcome{IPv4: TimedOut}, "no delivery or drop seen within 30ms"},
+			map[Family]Outcome{IPv4: TimedOut}, "no delivery or drop seen before the timeout (30ms)"},
 		{"tracer error", Dual, fakeResolver{}, func(Probe) (Path, error) { return Path{}, errors.New("boom") }, 0, Failed,
 			map[Family]Outcome{IPv4: Error, IPv6: Error}, "boom"},
 	}
