@@ -27,6 +27,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"sync"
 	"time"
@@ -42,6 +43,7 @@ import (
 	"github.com/dualflow/dualflow/exporter/shard"
 	"github.com/dualflow/dualflow/flow"
 	fipfix "github.com/dualflow/dualflow/flow/ipfix"
+	"github.com/dualflow/dualflow/internal/ratelog"
 	"github.com/dualflow/dualflow/internal/reload"
 )
 
@@ -93,11 +95,10 @@ type Exporter struct {
 	dumpBuf  []connstore.Conn // poll goroutine only
 	recBuf   []flow.Record    // poll goroutine only
 
-	ready       chan struct{} // see Ready
-	metricsAddr net.Addr      // set before ready is closed
-	pollLog     rateLog
-	eventLog    rateLog
-	sourceName  string // Record.Source of every record
+	ready       chan struct{}    // see Ready
+	metricsAddr net.Addr         // set before ready is closed
+	warns       *ratelog.Limiter // conntrack dumps and events: a line a minute per kind
+	sourceName  string           // Record.Source of every record
 }
 
 // expireEvery is how often the store is checked for records due. It bounds
@@ -150,8 +151,7 @@ func newExporter(cfg Config, src source) (*Exporter, error) {
 		log:        log,
 		versions:   cfg.source().Versions(),
 		ready:      make(chan struct{}),
-		pollLog:    rateLog{logger: log},
-		eventLog:   rateLog{logger: log},
+		warns:      ratelog.New(log, time.Minute, 2),
 		sourceName: fipfix.SourceConntrack,
 	}
 	if cfg.Source == SourceOVS {
@@ -400,7 +400,7 @@ func (e *Exporter) poll(src source) {
 		e.dumpBuf, err = src.Dump(v, e.dumpBuf[:0])
 		if err != nil {
 			e.m.pollErrors.WithLabelValues(familyOf(v)).Inc()
-			e.pollLog.log("conntrack dump failed", "family", familyOf(v), "err", err)
+			e.warns.Warn("dump", netip.Addr{}, "conntrack dump failed", "family", familyOf(v), "err", err)
 			continue
 		}
 		recs = e.store.Merge(e.dumpBuf, time.Now(), recs)
@@ -455,7 +455,7 @@ func (e *Exporter) listen(ctx context.Context, src source, reconcile chan<- stru
 		}
 		if errors.Is(err, conntrack.ErrEventsLost) {
 			e.m.eventLoss.Inc()
-			e.eventLog.log("conntrack events lost; reconciling with a dump", "err", err)
+			e.warns.Warn("events", netip.Addr{}, "conntrack events lost; reconciling with a dump", "err", err)
 			select {
 			case reconcile <- struct{}{}:
 			default:
@@ -463,7 +463,7 @@ func (e *Exporter) listen(ctx context.Context, src source, reconcile chan<- stru
 			continue
 		}
 		e.m.eventErrors.Inc()
-		e.eventLog.log("conntrack event subscription failed; retrying", "err", err)
+		e.warns.Warn("events", netip.Addr{}, "conntrack event subscription failed; retrying", "err", err)
 		select {
 		case <-ctx.Done():
 			return
@@ -486,29 +486,4 @@ func (e *Exporter) post(recs []flow.Record) {
 	}
 	e.m.countRecords(recs)
 	e.sender.Export(recs)
-}
-
-// rateLog logs a warning at most once a minute, with the number of
-// occurrences it held back.
-type rateLog struct {
-	logger     *slog.Logger
-	mu         sync.Mutex
-	last       time.Time
-	suppressed int
-}
-
-const rateLogEvery = time.Minute
-
-func (l *rateLog) log(msg string, args ...any) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if !l.last.IsZero() && time.Since(l.last) < rateLogEvery {
-		l.suppressed++
-		return
-	}
-	if l.suppressed > 0 {
-		args = append(args, "suppressed", l.suppressed)
-	}
-	l.logger.Warn(msg, args...)
-	l.last, l.suppressed = time.Now(), 0
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/dualflow/dualflow/collector/pipeline"
 	"github.com/dualflow/dualflow/flow"
+	"github.com/dualflow/dualflow/internal/ratelog"
 	"github.com/dualflow/dualflow/test/support/logtest"
 )
 
@@ -230,7 +231,7 @@ func TestQueueFullCountsMessages(t *testing.T) {
 	}
 	l := &Listener{cfg: Config{}, out: q, pool: pool, m: newMetrics(reg), pm: pm, log: slog.Default()}
 	l.cfg.SetDefaults()
-	l.warns = newLogLimiter(l.log, warnEvery, warnSources)
+	l.warns = ratelog.New(l.log, warnEvery, warnSources)
 	recs := sampleRecords()
 	e4, e6 := mustEncoder(4, 256), mustEncoder(6, 257)
 	from4, from6 := netip.MustParseAddrPort("198.18.0.7:4739"), netip.MustParseAddrPort("[fd00:10::7]:4739")
@@ -311,51 +312,6 @@ func TestMalformedLogRateLimited(t *testing.T) {
 	eventually(t, "five drops counted", func() bool { return testutil.ToFloat64(l.m.dropped[ReasonSetLength]) == 5 })
 	if lines := logs.Lines("ipfix message dropped"); len(lines) != 1 || !strings.Contains(lines[0], "set_length") {
 		t.Errorf("log lines %q, want 1 naming the reason", lines)
-	}
-}
-
-// TestLogLimiter: one line per kind and source per interval, the count of
-// the held-back ones with the next, a bounded number of sources.
-func TestLogLimiter(t *testing.T) {
-	clock := time.Unix(1_800_000_000, 0)
-	var logs logtest.Buffer
-	l := newLogLimiter(logs.Logger(), time.Minute, 3)
-	l.now = func() time.Time { return clock }
-	a4, a6 := netip.MustParseAddr("198.18.0.1"), netip.MustParseAddr("fd00:10::1")
-	type step struct {
-		kind      string
-		src       netip.Addr
-		advance   time.Duration
-		ok        bool
-		suppessed int
-	}
-	for i, s := range []step{
-		{"bad", a4, 0, true, 0},
-		{"bad", a4, time.Second, false, 0},
-		{"bad", a4, time.Second, false, 0},
-		{"bad", a6, 0, true, 0},           // another source
-		{"slow", a4, 0, true, 0},          // another kind
-		{"bad", a4, time.Minute, true, 2}, // the interval is over: 2 held back
-		{"bad", a4, 0, false, 0},
-		// The bound (3 sources): a fourth one makes room by forgetting
-		// those whose interval is over; what they held back comes with the
-		// next line of their kind.
-		{"bad", netip.MustParseAddr("198.18.0.4"), time.Minute, true, 1},
-		{"bad", netip.MustParseAddr("198.18.0.5"), 0, true, 0},
-		// Nothing to forget: further sources share one slot per kind.
-		{"bad", netip.MustParseAddr("198.18.0.6"), 0, true, 0},
-		{"bad", netip.MustParseAddr("198.18.0.7"), 0, false, 0},
-		{"bad", netip.MustParseAddr("198.18.0.6"), 0, false, 0},
-		{"bad", netip.MustParseAddr("198.18.0.8"), time.Minute, true, 2},
-	} {
-		clock = clock.Add(s.advance)
-		ok, n := l.allow(s.kind, s.src)
-		if ok != s.ok || n != s.suppessed {
-			t.Errorf("step %d (%s %v): allow = %v, %d; want %v, %d", i, s.kind, s.src, ok, n, s.ok, s.suppessed)
-		}
-	}
-	if len(l.m) > 3+2 { // the bound, plus one shared slot per kind
-		t.Errorf("%d slots", len(l.m))
 	}
 }
 

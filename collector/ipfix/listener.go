@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dualflow/dualflow/collector/pipeline"
+	"github.com/dualflow/dualflow/internal/ratelog"
 	"github.com/dualflow/dualflow/internal/reload"
 )
 
@@ -203,7 +204,7 @@ type Listener struct {
 	// warns rate-limits the warnings about what exporters send (bad
 	// framing, malformed messages, stamped records, refused sources and
 	// connections, evictions, failed handshakes).
-	warns *logLimiter
+	warns *ratelog.Limiter
 }
 
 // newDecoder returns a decoder configured for one reading goroutine.
@@ -221,7 +222,7 @@ func (l *Listener) warnStamped(tr Transport, remote netip.AddrPort, d *Decoder) 
 	if d.stamped == StampNone {
 		return
 	}
-	l.warns.warn("stamped", remote.Addr().Unmap(), "ipfix records without usable times stamped with their message's export time, or the receive time (one line per source a minute; see dualflow_ipfix_records_stamped_total)",
+	l.warns.Warn("stamped", remote.Addr().Unmap(), "ipfix records without usable times stamped with their message's export time, or the receive time (one line per source a minute; see dualflow_ipfix_records_stamped_total)",
 		"transport", tr.String(), "remote", remote, "reason", d.stamped.String(), "time_window", d.window())
 }
 
@@ -246,7 +247,7 @@ func New(cfg Config, out *pipeline.Queue, pool *pipeline.Pool, pm *pipeline.Metr
 	}
 	cfg.AllowedSources = cfg.AllowedSources.normalize()
 	l := &Listener{cfg: cfg, out: out, pool: pool, m: newMetrics(reg), pm: pm, log: log,
-		warns: newLogLimiter(log, warnEvery, warnSources)}
+		warns: ratelog.New(log, warnEvery, warnSources)}
 	if reg != nil {
 		budget := cfg.Limits.Budget
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{

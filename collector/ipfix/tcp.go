@@ -167,7 +167,7 @@ func (l *Listener) accept(ctx context.Context, ln net.Listener, tr Transport, co
 			l.m.dropped[ReasonSourceNotAllowed].Inc()
 			l.m.closed.WithLabelValues(tr.String(), "source_not_allowed").Inc()
 			c.Close() // before the TLS handshake, before any byte is read
-			l.warns.warn("source_not_allowed", src, "ipfix connection from a source outside --collector.ipfix.allowed-sources refused (one line per source a minute; see dualflow_ipfix_sessions_closed_total)",
+			l.warns.Warn("source_not_allowed", src, "ipfix connection from a source outside --collector.ipfix.allowed-sources refused (one line per source a minute; see dualflow_ipfix_sessions_closed_total)",
 				"transport", tr.String(), "remote", c.RemoteAddr())
 			continue
 		}
@@ -178,7 +178,7 @@ func (l *Listener) accept(ctx context.Context, ln net.Listener, tr Transport, co
 			c.Close()
 			// One line a minute per reason, whatever the number of sources:
 			// a flood of connections costs no more.
-			l.warns.warn("refused_"+refused.String(), netip.Addr{}, "ipfix connection refused: no session may give its place (one line a minute per reason; see dualflow_ipfix_sessions_closed_total)",
+			l.warns.Warn("refused_"+refused.String(), netip.Addr{}, "ipfix connection refused: no session may give its place (one line a minute per reason; see dualflow_ipfix_sessions_closed_total)",
 				"transport", tr.String(), "remote", c.RemoteAddr(), "reason", refused.String(), "max_sessions", l.cfg.MaxSessions,
 				"max_sessions_per_source", l.cfg.MaxSessionsPerSource, "max_sessions_per_prefix", l.cfg.MaxSessionsPerPrefix)
 			continue
@@ -205,7 +205,7 @@ func (l *Listener) serveConn(ctx context.Context, ci *connInfo, tr Transport, co
 		cancel()
 		if err != nil {
 			l.m.closed.WithLabelValues(t, "tls_handshake").Inc()
-			l.warns.warn("tls_handshake", ci.src, "ipfix tls handshake failed (one line per source a minute; see dualflow_ipfix_sessions_closed_total)",
+			l.warns.Warn("tls_handshake", ci.src, "ipfix tls handshake failed (one line per source a minute; see dualflow_ipfix_sessions_closed_total)",
 				"remote", c.RemoteAddr(), "err", err)
 			return
 		}
@@ -241,23 +241,23 @@ func (l *Listener) serveConn(ctx context.Context, ci *connInfo, tr Transport, co
 				d.Stats.Messages++
 				d.Stats.Dropped[bad.reason()]++
 				if bad.netflow() {
-					l.warns.warn("netflow_over_tcp", ci.src, "ipfix session closed: NetFlow over TCP (or TLS) cannot be framed, NetFlow has no length field: send it over UDP (one line per source a minute; see dualflow_ipfix_messages_dropped_total{reason=\"version\"})",
+					l.warns.Warn("netflow_over_tcp", ci.src, "ipfix session closed: NetFlow over TCP (or TLS) cannot be framed, NetFlow has no length field: send it over UDP (one line per source a minute; see dualflow_ipfix_messages_dropped_total{reason=\"version\"})",
 						"transport", t, "remote", remote, "version", bad.version)
 					break
 				}
-				l.warns.warn("bad_framing", ci.src, "ipfix session closed: bad message header (one line per source a minute; see dualflow_ipfix_sessions_closed_total)",
+				l.warns.Warn("bad_framing", ci.src, "ipfix session closed: bad message header (one line per source a minute; see dualflow_ipfix_sessions_closed_total)",
 					"transport", t, "remote", remote, "version", bad.version, "length", bad.length)
 			case ctx.Err() != nil:
 				reason = "shutdown"
 			case ci.evicted.Load() != 0:
 				reason = "evicted"
-				l.warns.warn("evicted", netip.Addr{}, "ipfix session evicted for a new connection: it delivered under one record a minute (one line a minute; see dualflow_ipfix_sessions_closed_total)",
+				l.warns.Warn("evicted", netip.Addr{}, "ipfix session evicted for a new connection: it delivered under one record a minute (one line a minute; see dualflow_ipfix_sessions_closed_total)",
 					"transport", t, "remote", remote, "limit", refusal(ci.evicted.Load()).String(), "records", s.Records)
 			case errors.Is(err, errIdle):
 				reason = "idle"
 			case errors.Is(err, errSlowMessage):
 				reason = "slow_message"
-				l.warns.warn("slow_message", ci.src, "ipfix session closed: a message did not complete in time (one line per source a minute; see dualflow_ipfix_sessions_closed_total)",
+				l.warns.Warn("slow_message", ci.src, "ipfix session closed: a message did not complete in time (one line per source a minute; see dualflow_ipfix_sessions_closed_total)",
 					"transport", t, "remote", remote, "timeout", l.cfg.MessageTimeout)
 			}
 			l.m.closed.WithLabelValues(t, reason).Inc()
@@ -296,6 +296,6 @@ func (l *Listener) serveConn(ctx context.Context, ci *connInfo, tr Transport, co
 // source with the number held back; dualflow_ipfix_messages_dropped_total
 // counts them all.
 func (l *Listener) warnDropped(tr Transport, remote netip.AddrPort, err error) {
-	l.warns.warn("malformed", remote.Addr().Unmap(), "ipfix message dropped (one line per source a minute; see dualflow_ipfix_messages_dropped_total)",
+	l.warns.Warn("malformed", remote.Addr().Unmap(), "ipfix message dropped (one line per source a minute; see dualflow_ipfix_messages_dropped_total)",
 		"transport", tr.String(), "remote", remote, "err", err)
 }

@@ -77,7 +77,7 @@ func (l *Listener) readUDP(ctx context.Context, rd udpReader, local net.Addr) {
 			if !l.cfg.AllowedSources.Allows(from.Addr()) {
 				d.Stats.Messages++
 				d.Stats.Dropped[ReasonSourceNotAllowed]++
-				l.warns.warn("source_not_allowed", from.Addr(), "ipfix datagram from a source outside --collector.ipfix.allowed-sources dropped (one line per source a minute; see dualflow_ipfix_messages_dropped_total)",
+				l.warns.Warn("source_not_allowed", from.Addr(), "ipfix datagram from a source outside --collector.ipfix.allowed-sources dropped (one line per source a minute; see dualflow_ipfix_messages_dropped_total)",
 					"transport", UDP.String(), "remote", from)
 				continue
 			}
