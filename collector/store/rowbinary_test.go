@@ -13,6 +13,13 @@ import (
 	"github.com/dualflow/dualflow/flow"
 )
 
+// DecodeFlowRow decodes one row of FlowColumns written by AppendFlowRow
+// from b into rec and returns the rest of b: the tests' inverse of
+// AppendFlowRow.
+func DecodeFlowRow(b []byte, rec *flow.Record) ([]byte, error) {
+	return decodeFlowRow(b, rec, len(FlowColumns))
+}
+
 // sampleRecord returns a fully populated record of the given family.
 func sampleRecord(i int, v6 bool) flow.Record {
 	src, dst, svc := netip.MustParseAddr("198.18.1.10"), netip.MustParseAddr("198.18.2.20"), netip.MustParseAddr("198.19.0.10")

@@ -11,6 +11,12 @@ import (
 	"testing"
 )
 
+// appendSegment appends b encoded as a whole segment file to dst, as Put
+// writes it.
+func appendSegment(dst []byte, b *Batch) []byte {
+	return append(appendHeader(dst, b), b.Data...)
+}
+
 func testBatch(i int) Batch {
 	return Batch{
 		Table:   "flows",
