@@ -17,8 +17,6 @@ package chhttp
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -33,6 +31,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dualflow/dualflow/collector/store/chdb"
@@ -576,7 +575,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, who string, acce
 	st := chdb.Statement{Format: req.format, Params: req.params, Settings: settings, Database: req.database}
 	queryID := req.queryID
 	if queryID == "" {
-		queryID = newQueryID()
+		queryID = uuid.NewString()
 	}
 	h := w.Header()
 	h.Set("X-ClickHouse-Query-Id", queryID)
@@ -740,15 +739,6 @@ func contentType(format string) string {
 		return "application/octet-stream"
 	}
 	return "text/plain; charset=UTF-8"
-}
-
-func newQueryID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	x := hex.EncodeToString(b[:])
-	return x[:8] + "-" + x[8:12] + "-" + x[12:16] + "-" + x[16:20] + "-" + x[20:]
 }
 
 type metrics struct {
