@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/ClickHouse/ch-go/proto"
 )
 
 // Defaults of the bounds on requests (Config).
@@ -113,12 +115,12 @@ func readerStatementSettings(asked map[string]string, l ReaderLimits) (map[strin
 		case slices.Contains(tightenOnly, name):
 			n, err := strconv.ParseFloat(v, 64)
 			if err != nil || n < 0 {
-				return nil, newError(codeBadArguments, http.StatusBadRequest, "setting %s: %q is not a number", name, v)
+				return nil, newError(proto.ErrBadArguments, http.StatusBadRequest, "setting %s: %q is not a number", name, v)
 			}
 			if cur, bounded := out[name]; bounded {
 				c, _ := strconv.ParseFloat(cur, 64)
 				if n == 0 || n > c {
-					return nil, newError(codeReadonly, httpStatus(codeReadonly), "Cannot modify '%s' setting in readonly mode: a read-only user may lower it below %s, not raise or remove it", name, cur)
+					return nil, newError(proto.ErrReadonly, httpStatus(proto.ErrReadonly), "Cannot modify '%s' setting in readonly mode: a read-only user may lower it below %s, not raise or remove it", name, cur)
 				}
 			}
 			if name == "max_execution_time" {
@@ -130,7 +132,7 @@ func readerStatementSettings(asked map[string]string, l ReaderLimits) (map[strin
 		case slices.Contains(readerSettings, name):
 			out[name] = v
 		default:
-			return nil, newError(codeReadonly, httpStatus(codeReadonly), "Cannot modify '%s' setting in readonly mode: a read-only user may set only the output's format and lower the limits (%s)", name, strings.Join(tightenOnly, ", "))
+			return nil, newError(proto.ErrReadonly, httpStatus(proto.ErrReadonly), "Cannot modify '%s' setting in readonly mode: a read-only user may set only the output's format and lower the limits (%s)", name, strings.Join(tightenOnly, ", "))
 		}
 	}
 	// readonly=1: no SETTINGS clause in the statement can change any of
