@@ -282,7 +282,7 @@ func (w *Writer) noteInsert(err error) {
 	if w.last.failing.IsZero() {
 		w.last.failing = time.Now()
 	}
-	w.last.err, w.last.permanent = err, !isRetryable(err)
+	w.last.err, w.last.permanent = err, !Unavailable(err)
 }
 
 // pendingBatch is a sealed or filling batch of encoded rows.
@@ -723,7 +723,7 @@ func (w *Writer) deliver(ctx context.Context, sp *spool.Spool, stop <-chan struc
 	if err == nil {
 		return sb.failed
 	}
-	permanent := !isRetryable(err)
+	permanent := !Unavailable(err)
 	switch {
 	case sp != nil:
 		if permanent {
@@ -759,7 +759,7 @@ func (w *Writer) insertWithRetries(ctx context.Context, stop <-chan struct{}, b 
 		if ctx.Err() != nil { // shutdown deadline passed: spool without trying
 			return cmp.Or(err, ctx.Err())
 		}
-		if err = w.insert(ctx, b); err == nil || !isRetryable(err) {
+		if err = w.insert(ctx, b); err == nil || !Unavailable(err) {
 			return err
 		}
 	}
@@ -782,7 +782,7 @@ func (w *Writer) insert(ctx context.Context, b *outgoing) error {
 	if err != nil {
 		b.failed = true
 		w.stats.insertErrors.Add(1)
-		if isRetryable(err) {
+		if Unavailable(err) {
 			w.m.insertErrUnavailable.Inc()
 		} else {
 			w.m.insertErrRejected.Inc()
@@ -882,7 +882,7 @@ func (w *Writer) drain(ctx context.Context, sp *spool.Spool, stop <-chan struct{
 			failures = 0
 			continue
 		}
-		if !isRetryable(err) {
+		if !Unavailable(err) {
 			now := time.Now()
 			if rejects == 0 {
 				rejectedSince = now
@@ -913,14 +913,10 @@ func (w *Writer) drain(ctx context.Context, sp *spool.Spool, stop <-chan struct{
 }
 
 // Unavailable reports whether err means ClickHouse could not be reached or
-// did not answer in time (worth retrying), as opposed to a refusal.
-func Unavailable(err error) bool { return isRetryable(err) }
-
-// isRetryable reports whether err means ClickHouse could not be reached or
-// did not answer in time, as opposed to refusing the insert. Timeouts and
-// cancellations are retryable: the outcome is unknown and the dedup token
-// makes a retry safe.
-func isRetryable(err error) bool {
+// did not answer in time (worth retrying), as opposed to refusing the
+// statement. Timeouts and cancellations are retryable: the outcome is
+// unknown and the dedup token makes a retried insert safe.
+func Unavailable(err error) bool {
 	var ne net.Error
 	return errors.Is(err, ErrUnavailable) ||
 		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
