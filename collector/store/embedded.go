@@ -2,6 +2,7 @@ package store
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -48,11 +49,7 @@ func NewEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	if err != nil {
 		return nil, err
 	}
-	database := cfg.Database
-	if database == "" {
-		database = "dualflow"
-	}
-	return &Embedded{db: db, database: database}, nil
+	return &Embedded{db: db, database: cmp.Or(cfg.Database, "dualflow")}, nil
 }
 
 // DB returns the engine, for the ClickHouse HTTP interface.

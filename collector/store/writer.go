@@ -117,27 +117,20 @@ type WriterConfig struct {
 
 // SetDefaults fills zero fields with the defaults.
 func (c *WriterConfig) SetDefaults() {
-	setWriterDefault(&c.BatchRows, DefaultBatchRows)
-	setWriterDefault(&c.FlushInterval, DefaultFlushInterval)
-	setWriterDefault(&c.MaxPending, DefaultMaxPending)
-	setWriterDefault(&c.Inserters, DefaultInserters)
+	c.BatchRows = cmp.Or(c.BatchRows, DefaultBatchRows)
+	c.FlushInterval = cmp.Or(c.FlushInterval, DefaultFlushInterval)
+	c.MaxPending = cmp.Or(c.MaxPending, DefaultMaxPending)
+	c.Inserters = cmp.Or(c.Inserters, DefaultInserters)
 	if c.MaxPending > 0 && c.Inserters > c.MaxPending {
 		c.Inserters = c.MaxPending // a batch must be pending to be inserted
 	}
-	setWriterDefault(&c.Retries, DefaultRetries)
-	setWriterDefault(&c.RetryBackoff, DefaultRetryBackoff)
-	setWriterDefault(&c.MaxBackoff, DefaultMaxBackoff)
-	setWriterDefault(&c.InsertTimeout, DefaultInsertTimeout)
-	setWriterDefault(&c.SpoolMaxBytes, DefaultSpoolMaxBytes)
-	setWriterDefault(&c.RejectAfter, DefaultRejectAfter)
-	setWriterDefault(&c.ShutdownTimeout, DefaultShutdownTimeout)
-}
-
-func setWriterDefault[T comparable](p *T, v T) {
-	var zero T
-	if *p == zero {
-		*p = v
-	}
+	c.Retries = cmp.Or(c.Retries, DefaultRetries)
+	c.RetryBackoff = cmp.Or(c.RetryBackoff, DefaultRetryBackoff)
+	c.MaxBackoff = cmp.Or(c.MaxBackoff, DefaultMaxBackoff)
+	c.InsertTimeout = cmp.Or(c.InsertTimeout, DefaultInsertTimeout)
+	c.SpoolMaxBytes = cmp.Or(c.SpoolMaxBytes, DefaultSpoolMaxBytes)
+	c.RejectAfter = cmp.Or(c.RejectAfter, DefaultRejectAfter)
+	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
 }
 
 // Validate reports every invalid field.

@@ -16,6 +16,7 @@ package chhttp
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -166,9 +167,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.MaxRequestTime <= 0 {
 		cfg.MaxRequestTime = DefaultMaxRequestTime
 	}
-	if cfg.MinDataRate == 0 {
-		cfg.MinDataRate = DefaultMinDataRate
-	}
+	cfg.MinDataRate = cmp.Or(cfg.MinDataRate, DefaultMinDataRate)
 	if cfg.ReadersPerUser <= 0 {
 		cfg.ReadersPerUser = DefaultReadersPerUser
 	}
@@ -176,9 +175,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.DisplayName == "" {
 		cfg.DisplayName, _ = os.Hostname()
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
