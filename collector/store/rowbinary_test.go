@@ -179,6 +179,16 @@ func TestMarkTemporary(t *testing.T) {
 	if markTemporary(241, nil) != nil {
 		t.Error("nil error marked")
 	}
+	for _, code := range []int{159, 202, 209, 210, 241, 242, 252, 285, 319, 394, 999} {
+		if err := markTemporary(code, base); !errors.Is(err, ErrUnavailable) || Forbidden(err) {
+			t.Errorf("code %d: %v, want temporary", code, err)
+		}
+	}
+	for _, code := range []int{164, 497} { // READONLY, ACCESS_DENIED
+		if err := markTemporary(code, base); errors.Is(err, ErrUnavailable) || !Forbidden(err) {
+			t.Errorf("code %d: %v, want forbidden", code, err)
+		}
+	}
 }
 
 // TestLabelsEncodeInKeyOrder: equal label sets encode to equal bytes, in
