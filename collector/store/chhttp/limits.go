@@ -57,18 +57,19 @@ var DefaultReaderLimits = ReaderLimits{MaxExecutionTime: 60 * time.Second, MaxMe
 
 func (l *ReaderLimits) setDefaults() {
 	d := DefaultReaderLimits
-	if l.MaxExecutionTime <= 0 {
-		l.MaxExecutionTime = d.MaxExecutionTime
+	l.MaxExecutionTime = positiveOr(l.MaxExecutionTime, d.MaxExecutionTime)
+	l.MaxMemoryBytes = positiveOr(l.MaxMemoryBytes, d.MaxMemoryBytes)
+	l.MaxThreads = positiveOr(l.MaxThreads, d.MaxThreads)
+	l.MaxResultBytes = positiveOr(l.MaxResultBytes, d.MaxResultBytes)
+}
+
+// positiveOr returns v, or d when v is not positive (unset, or a negative
+// value, which no bound means).
+func positiveOr[T int | int64 | time.Duration](v, d T) T {
+	if v <= 0 {
+		return d
 	}
-	if l.MaxMemoryBytes <= 0 {
-		l.MaxMemoryBytes = d.MaxMemoryBytes
-	}
-	if l.MaxThreads <= 0 {
-		l.MaxThreads = d.MaxThreads
-	}
-	if l.MaxResultBytes <= 0 {
-		l.MaxResultBytes = d.MaxResultBytes
-	}
+	return v
 }
 
 // bounds are the limit settings of l, by name, as the engine takes them.

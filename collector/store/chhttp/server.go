@@ -146,31 +146,15 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Engine == nil {
 		return nil, errors.New("chhttp: Config.Engine is required")
 	}
-	if cfg.Addr == "" {
-		cfg.Addr = DefaultAddr
-	}
-	if cfg.MaxQuerySize <= 0 {
-		cfg.MaxQuerySize = DefaultMaxQuerySize
-	}
-	if cfg.MaxConcurrent <= 0 {
-		cfg.MaxConcurrent = DefaultMaxConcurrent
-	}
-	if cfg.ShutdownTimeout <= 0 {
-		cfg.ShutdownTimeout = DefaultShutdownTimeout
-	}
-	if cfg.BodyTimeout <= 0 {
-		cfg.BodyTimeout = DefaultBodyTimeout
-	}
-	if cfg.EngineSlots <= 0 {
-		cfg.EngineSlots = chdb.DefaultMaxConns
-	}
-	if cfg.MaxRequestTime <= 0 {
-		cfg.MaxRequestTime = DefaultMaxRequestTime
-	}
+	cfg.Addr = cmp.Or(cfg.Addr, DefaultAddr)
+	cfg.MaxQuerySize = positiveOr(cfg.MaxQuerySize, DefaultMaxQuerySize)
+	cfg.MaxConcurrent = positiveOr(cfg.MaxConcurrent, DefaultMaxConcurrent)
+	cfg.ShutdownTimeout = positiveOr(cfg.ShutdownTimeout, DefaultShutdownTimeout)
+	cfg.BodyTimeout = positiveOr(cfg.BodyTimeout, DefaultBodyTimeout)
+	cfg.EngineSlots = positiveOr(cfg.EngineSlots, chdb.DefaultMaxConns)
+	cfg.MaxRequestTime = positiveOr(cfg.MaxRequestTime, DefaultMaxRequestTime)
 	cfg.MinDataRate = cmp.Or(cfg.MinDataRate, DefaultMinDataRate)
-	if cfg.ReadersPerUser <= 0 {
-		cfg.ReadersPerUser = DefaultReadersPerUser
-	}
+	cfg.ReadersPerUser = positiveOr(cfg.ReadersPerUser, DefaultReadersPerUser)
 	cfg.ReaderLimits.setDefaults()
 	if cfg.DisplayName == "" {
 		cfg.DisplayName, _ = os.Hostname()

@@ -494,3 +494,22 @@ func TestRejectsCrossSiteBrowsers(t *testing.T) {
 		})
 	}
 }
+
+// TestNewDefaults: unset and negative bounds take the defaults; a
+// negative MinDataRate means no minimum and stays.
+func TestNewDefaults(t *testing.T) {
+	s, err := New(Config{Engine: &fakeEngine{}, MaxConcurrent: -1, BodyTimeout: -time.Second, MinDataRate: -1,
+		ReaderLimits: ReaderLimits{MaxThreads: -3, MaxMemoryBytes: 5}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := s.cfg
+	if c.Addr != DefaultAddr || c.MaxConcurrent != DefaultMaxConcurrent || c.BodyTimeout != DefaultBodyTimeout ||
+		c.MaxQuerySize != DefaultMaxQuerySize || c.MinDataRate != -1 || c.Logger == nil {
+		t.Errorf("config %+v", c)
+	}
+	if l := c.ReaderLimits; l.MaxThreads != DefaultReaderLimits.MaxThreads || l.MaxMemoryBytes != 5 ||
+		l.MaxExecutionTime != DefaultReaderLimits.MaxExecutionTime {
+		t.Errorf("reader limits %+v", l)
+	}
+}
