@@ -2,8 +2,9 @@ package store
 
 import (
 	"context"
-	"sync"
 	"sync/atomic"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/dualflow/dualflow/flow"
 )
@@ -45,23 +46,16 @@ func (e *Embedded) InsertNativeBlock(ctx context.Context, b *NativeBlock) error 
 // a block.
 func (e *Embedded) InsertNativeBlocks(ctx context.Context, inserters, n int, block func(i, worker int) *NativeBlock) error {
 	var next atomic.Int64
-	var wg sync.WaitGroup
-	errs := make(chan error, inserters)
+	var g errgroup.Group
 	for w := range inserters {
-		wg.Go(func() {
-			for {
-				i := int(next.Add(1)) - 1
-				if i >= n {
-					return
-				}
+		g.Go(func() error {
+			for i := int(next.Add(1)) - 1; i < n; i = int(next.Add(1)) - 1 {
 				if err := e.InsertNativeBlock(ctx, block(i, w)); err != nil {
-					errs <- err
-					return
+					return err
 				}
 			}
+			return nil
 		})
 	}
-	wg.Wait()
-	close(errs)
-	return <-errs
+	return g.Wait()
 }

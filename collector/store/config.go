@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"errors"
 	"flag"
 	"fmt"
@@ -72,18 +73,14 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 
 // SetDefaults fills unset fields.
 func (c *Config) SetDefaults() {
-	if c.Database == "" {
-		c.Database = "dualflow"
-	}
+	c.Database = cmp.Or(c.Database, "dualflow")
 	if c.DataDir == "" && c.DSN == "" {
 		c.DataDir = DefaultDataDir
 	}
 	if c.HTTPUsersFile == "" && c.DataDir != "" {
 		c.HTTPUsersFile = filepath.Join(c.DataDir, "http-users.json")
 	}
-	if c.HTTPAnonymous == "" {
-		c.HTTPAnonymous = "none"
-	}
+	c.HTTPAnonymous = cmp.Or(c.HTTPAnonymous, "none")
 }
 
 // Validate checks the configuration.

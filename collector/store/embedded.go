@@ -2,6 +2,7 @@ package store
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -33,8 +34,7 @@ type Embedded struct {
 	db       *chdb.DB
 	database string
 
-	mu     sync.Mutex       // guards native
-	native []*nativeBuilder // idle builders, reused between inserts of the flows layout
+	natives sync.Pool // *nativeBuilder, reused between RowBinary inserts of the flows layout (spool replays)
 }
 
 var _ Conn = (*Embedded)(nil)
@@ -48,11 +48,7 @@ func NewEmbedded(cfg EmbeddedConfig) (*Embedded, error) {
 	if err != nil {
 		return nil, err
 	}
-	database := cfg.Database
-	if database == "" {
-		database = "dualflow"
-	}
-	return &Embedded{db: db, database: database}, nil
+	return &Embedded{db: db, database: cmp.Or(cfg.Database, "dualflow")}, nil
 }
 
 // DB returns the engine, for the ClickHouse HTTP interface.
@@ -72,8 +68,11 @@ func (e *Embedded) InsertRowBinary(ctx context.Context, table string, columns []
 		return e.insert(ctx, table, columns, dedupToken, "RowBinary", bytes.NewReader(data), rows)
 	}
 	// Columnar input is ~2x cheaper for the engine to parse (see native.go).
-	nb := e.builder()
-	defer e.release(nb)
+	nb, _ := e.natives.Get().(*nativeBuilder)
+	if nb == nil {
+		nb = new(nativeBuilder)
+	}
+	defer e.natives.Put(nb)
 	block, err := nb.build(columns, flowWire, rows, data)
 	if err != nil {
 		return fmt.Errorf("insert into %s: %w", table, err)
@@ -108,31 +107,6 @@ func (e *Embedded) insert(ctx context.Context, table string, columns []string, d
 		return fmt.Errorf("insert into %s: engine wrote %d rows of %d", table, n, rows)
 	}
 	return nil
-}
-
-const maxIdleBuilders = 1
-
-// builder returns an idle Native builder; concurrent inserts use their own.
-func (e *Embedded) builder() *nativeBuilder {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if n := len(e.native); n > 0 {
-		nb := e.native[n-1]
-		e.native = e.native[:n-1]
-		return nb
-	}
-	return new(nativeBuilder)
-}
-
-// release keeps nb for the next RowBinary insert: up to maxIdleBuilders,
-// each holding a batch-sized block. The writer's own batches come as columns
-// (insertColumns); RowBinary batches are the spool replay's, one at a time.
-func (e *Embedded) release(nb *nativeBuilder) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if len(e.native) < maxIdleBuilders {
-		e.native = append(e.native, nb)
-	}
 }
 
 // flowNativeColumns are the columns of the flows Native block.

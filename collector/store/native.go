@@ -324,13 +324,8 @@ type ipTextCache struct {
 
 const maxIPText = 45 // longest IPv6 text, dotted tail included
 
-// appendColumn appends the Native/RowBinary string of appendIPText(a).
-func (c *ipTextCache) appendColumn(b []byte, a [16]byte) []byte {
-	return c.appendWords(b, binary.LittleEndian.Uint64(a[:8]), binary.LittleEndian.Uint64(a[8:]))
-}
-
-// appendWords is appendColumn for the address whose bytes are the
-// little-endian words k0, k1. Words rather than a [16]byte: a 16-byte load
+// appendWords appends the Native/RowBinary string of appendIPText for the
+// address whose bytes are the little-endian words k0, k1. Words rather than a [16]byte: a 16-byte load
 // of a value just stored as two words stalls the CPU (no store forwarding).
 func (c *ipTextCache) appendWords(b []byte, k0, k1 uint64) []byte {
 	h := (k0*0x9e3779b97f4a7c15 ^ k1) * 0xbf58476d1ce4e5b9

@@ -12,6 +12,11 @@ import (
 	"github.com/dualflow/dualflow/flow"
 )
 
+// appendColumn is appendWords for the address a.
+func (c *ipTextCache) appendColumn(b []byte, a [16]byte) []byte {
+	return c.appendWords(b, binary.LittleEndian.Uint64(a[:8]), binary.LittleEndian.Uint64(a[8:]))
+}
+
 // ipTextCases are addresses whose text has a special form, plus random lab
 // addresses (fd00:10::/32) in which each later 16-bit group is zero half
 // the time (zero runs of every length and position, ties included). Only

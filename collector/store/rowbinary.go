@@ -227,15 +227,9 @@ func (r *rowReader) policy(p *flow.Policy) {
 	p.ReportedName = r.str()
 }
 
-// DecodeFlowRow decodes one row written by AppendFlowRow from b into rec and
-// returns the rest of b. It is the inverse of AppendFlowRow and is used to
-// replay spooled batches into backends that take typed values.
-func DecodeFlowRow(b []byte, rec *flow.Record) ([]byte, error) {
-	return decodeFlowRow(b, rec, len(FlowColumns))
-}
-
-// decodeFlowRow is DecodeFlowRow for a row of the first columns columns of
-// FlowColumns (an older layout: flowColumnsV5, flowColumnsV11).
+// decodeFlowRow decodes one row written by AppendFlowRow, of the first
+// columns columns of FlowColumns (the current layout or an older one:
+// flowColumnsV5, flowColumnsV11), from b into rec and returns the rest of b.
 func decodeFlowRow(b []byte, rec *flow.Record, columns int) ([]byte, error) {
 	r := rowReader{b: b}
 	*rec = flow.Record{}

@@ -13,6 +13,13 @@ import (
 	"github.com/dualflow/dualflow/flow"
 )
 
+// DecodeFlowRow decodes one row of FlowColumns written by AppendFlowRow
+// from b into rec and returns the rest of b: the tests' inverse of
+// AppendFlowRow.
+func DecodeFlowRow(b []byte, rec *flow.Record) ([]byte, error) {
+	return decodeFlowRow(b, rec, len(FlowColumns))
+}
+
 // sampleRecord returns a fully populated record of the given family.
 func sampleRecord(i int, v6 bool) flow.Record {
 	src, dst, svc := netip.MustParseAddr("198.18.1.10"), netip.MustParseAddr("198.18.2.20"), netip.MustParseAddr("198.19.0.10")
@@ -171,6 +178,16 @@ func TestMarkTemporary(t *testing.T) {
 	}
 	if markTemporary(241, nil) != nil {
 		t.Error("nil error marked")
+	}
+	for _, code := range []int{159, 202, 209, 210, 241, 242, 252, 285, 319, 394, 999} {
+		if err := markTemporary(code, base); !errors.Is(err, ErrUnavailable) || Forbidden(err) {
+			t.Errorf("code %d: %v, want temporary", code, err)
+		}
+	}
+	for _, code := range []int{164, 497} { // READONLY, ACCESS_DENIED
+		if err := markTemporary(code, base); errors.Is(err, ErrUnavailable) || !Forbidden(err) {
+			t.Errorf("code %d: %v, want forbidden", code, err)
+		}
 	}
 }
 

@@ -107,29 +107,16 @@ func NewServer(cfg ServerConfig) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	if user != "" {
-		opt.Auth.Username = user
-	}
-	if password == "" {
-		password = cfg.Password
-	}
-	if password != "" {
-		opt.Auth.Password = password
-	}
+	opt.Auth.Username = cmp.Or(user, opt.Auth.Username)
+	opt.Auth.Password = cmp.Or(password, cfg.Password)
 	var files *reload.TLS
 	if cfg.CAFile != "" || cfg.CertFile != "" {
 		if files, err = clickhouseTLS(cfg, opt); err != nil {
 			return nil, err
 		}
 	}
-	if cfg.DialTimeout == 0 {
-		cfg.DialTimeout = 5 * time.Second
-	}
-	opt.DialTimeout = cfg.DialTimeout
-	db := cfg.Database
-	if db == "" {
-		db = "dualflow"
-	}
+	opt.DialTimeout = cmp.Or(cfg.DialTimeout, 5*time.Second)
+	db := cmp.Or(cfg.Database, "dualflow")
 	// The dualflow database may not exist before `migrate`; connect to default.
 	opt.Auth.Database = ""
 	// In a cluster the collector inserts through the Distributed tables:

@@ -2,6 +2,7 @@ package store
 
 import (
 	"bytes"
+	"cmp"
 	"compress/gzip"
 	"compress/zlib"
 	"context"
@@ -126,10 +127,7 @@ func newHTTPQuerier(opt *clickhouse.Options, maxAnswer int64) *httpQuerier {
 	if opt.TLS != nil {
 		scheme = "https"
 	}
-	path := opt.HttpUrlPath
-	if path == "" {
-		path = "/"
-	}
+	path := cmp.Or(opt.HttpUrlPath, "/")
 	h := &httpQuerier{client: &http.Client{Transport: tr}, strategy: opt.ConnOpenStrategy, settings: url.Values{},
 		user: opt.Auth.Username, password: opt.Auth.Password, maxAnswer: maxAnswer}
 	if h.maxAnswer <= 0 {

@@ -13,6 +13,8 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/ClickHouse/ch-go/proto"
+
 	"github.com/dualflow/dualflow/collector/store/chdb"
 )
 
@@ -44,18 +46,12 @@ var ErrUnavailable = errors.New("clickhouse unavailable")
 // itself (overload, memory pressure, a replica catching up): the writer
 // retries and spools on those instead of treating the batch as refused.
 func temporaryCode(code int) bool {
-	switch code {
-	case 159, // TIMEOUT_EXCEEDED
-		202, // TOO_MANY_SIMULTANEOUS_QUERIES
-		209, // SOCKET_TIMEOUT
-		210, // NETWORK_ERROR
-		241, // MEMORY_LIMIT_EXCEEDED
-		242, // TABLE_IS_READ_ONLY (replica lost its Keeper session)
-		252, // TOO_MANY_PARTS
-		285, // TOO_FEW_LIVE_REPLICAS
-		319, // UNKNOWN_STATUS_OF_INSERT
-		394, // QUERY_WAS_CANCELLED (KILL QUERY, a server stopping): not a refusal of the rows
-		999: // KEEPER_EXCEPTION
+	switch proto.Error(code) {
+	case proto.ErrTimeoutExceeded, proto.ErrTooManySimultaneousQueries, proto.ErrSocketTimeout, proto.ErrNetworkError,
+		proto.ErrMemoryLimitExceeded, proto.ErrTooManyParts, proto.ErrTooFewLiveReplicas, proto.ErrUnknownStatusOfInsert,
+		proto.ErrKeeperException,
+		proto.ErrTableIsReadOnly,   // a replica lost its Keeper session
+		proto.ErrQueryWasCancelled: // KILL QUERY, a server stopping: not a refusal of the rows
 		return true
 	}
 	return false
@@ -85,7 +81,7 @@ func markTemporary(code int, err error) error {
 		return nil
 	case temporaryCode(code):
 		return fmt.Errorf("%w: %w", ErrUnavailable, err)
-	case code == 164 || code == 497: // READONLY, ACCESS_DENIED
+	case code == int(proto.ErrReadonly) || code == int(proto.ErrAccessDenied):
 		return fmt.Errorf("%w: %w", ErrForbidden, err)
 	}
 	return err

@@ -117,27 +117,20 @@ type WriterConfig struct {
 
 // SetDefaults fills zero fields with the defaults.
 func (c *WriterConfig) SetDefaults() {
-	setWriterDefault(&c.BatchRows, DefaultBatchRows)
-	setWriterDefault(&c.FlushInterval, DefaultFlushInterval)
-	setWriterDefault(&c.MaxPending, DefaultMaxPending)
-	setWriterDefault(&c.Inserters, DefaultInserters)
+	c.BatchRows = cmp.Or(c.BatchRows, DefaultBatchRows)
+	c.FlushInterval = cmp.Or(c.FlushInterval, DefaultFlushInterval)
+	c.MaxPending = cmp.Or(c.MaxPending, DefaultMaxPending)
+	c.Inserters = cmp.Or(c.Inserters, DefaultInserters)
 	if c.MaxPending > 0 && c.Inserters > c.MaxPending {
 		c.Inserters = c.MaxPending // a batch must be pending to be inserted
 	}
-	setWriterDefault(&c.Retries, DefaultRetries)
-	setWriterDefault(&c.RetryBackoff, DefaultRetryBackoff)
-	setWriterDefault(&c.MaxBackoff, DefaultMaxBackoff)
-	setWriterDefault(&c.InsertTimeout, DefaultInsertTimeout)
-	setWriterDefault(&c.SpoolMaxBytes, DefaultSpoolMaxBytes)
-	setWriterDefault(&c.RejectAfter, DefaultRejectAfter)
-	setWriterDefault(&c.ShutdownTimeout, DefaultShutdownTimeout)
-}
-
-func setWriterDefault[T comparable](p *T, v T) {
-	var zero T
-	if *p == zero {
-		*p = v
-	}
+	c.Retries = cmp.Or(c.Retries, DefaultRetries)
+	c.RetryBackoff = cmp.Or(c.RetryBackoff, DefaultRetryBackoff)
+	c.MaxBackoff = cmp.Or(c.MaxBackoff, DefaultMaxBackoff)
+	c.InsertTimeout = cmp.Or(c.InsertTimeout, DefaultInsertTimeout)
+	c.SpoolMaxBytes = cmp.Or(c.SpoolMaxBytes, DefaultSpoolMaxBytes)
+	c.RejectAfter = cmp.Or(c.RejectAfter, DefaultRejectAfter)
+	c.ShutdownTimeout = cmp.Or(c.ShutdownTimeout, DefaultShutdownTimeout)
 }
 
 // Validate reports every invalid field.
@@ -282,7 +275,7 @@ func (w *Writer) noteInsert(err error) {
 	if w.last.failing.IsZero() {
 		w.last.failing = time.Now()
 	}
-	w.last.err, w.last.permanent = err, !isRetryable(err)
+	w.last.err, w.last.permanent = err, !Unavailable(err)
 }
 
 // pendingBatch is a sealed or filling batch of encoded rows.
@@ -723,7 +716,7 @@ func (w *Writer) deliver(ctx context.Context, sp *spool.Spool, stop <-chan struc
 	if err == nil {
 		return sb.failed
 	}
-	permanent := !isRetryable(err)
+	permanent := !Unavailable(err)
 	switch {
 	case sp != nil:
 		if permanent {
@@ -759,7 +752,7 @@ func (w *Writer) insertWithRetries(ctx context.Context, stop <-chan struct{}, b 
 		if ctx.Err() != nil { // shutdown deadline passed: spool without trying
 			return cmp.Or(err, ctx.Err())
 		}
-		if err = w.insert(ctx, b); err == nil || !isRetryable(err) {
+		if err = w.insert(ctx, b); err == nil || !Unavailable(err) {
 			return err
 		}
 	}
@@ -782,7 +775,7 @@ func (w *Writer) insert(ctx context.Context, b *outgoing) error {
 	if err != nil {
 		b.failed = true
 		w.stats.insertErrors.Add(1)
-		if isRetryable(err) {
+		if Unavailable(err) {
 			w.m.insertErrUnavailable.Inc()
 		} else {
 			w.m.insertErrRejected.Inc()
@@ -882,7 +875,7 @@ func (w *Writer) drain(ctx context.Context, sp *spool.Spool, stop <-chan struct{
 			failures = 0
 			continue
 		}
-		if !isRetryable(err) {
+		if !Unavailable(err) {
 			now := time.Now()
 			if rejects == 0 {
 				rejectedSince = now
@@ -913,14 +906,10 @@ func (w *Writer) drain(ctx context.Context, sp *spool.Spool, stop <-chan struct{
 }
 
 // Unavailable reports whether err means ClickHouse could not be reached or
-// did not answer in time (worth retrying), as opposed to a refusal.
-func Unavailable(err error) bool { return isRetryable(err) }
-
-// isRetryable reports whether err means ClickHouse could not be reached or
-// did not answer in time, as opposed to refusing the insert. Timeouts and
-// cancellations are retryable: the outcome is unknown and the dedup token
-// makes a retry safe.
-func isRetryable(err error) bool {
+// did not answer in time (worth retrying), as opposed to refusing the
+// statement. Timeouts and cancellations are retryable: the outcome is
+// unknown and the dedup token makes a retried insert safe.
+func Unavailable(err error) bool {
 	var ne net.Error
 	return errors.Is(err, ErrUnavailable) ||
 		errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||

@@ -1075,8 +1075,8 @@ func TestIsRetryable(t *testing.T) {
 		{"server exception", errors.New("code: 62, DB::Exception: Syntax error"), false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if got := isRetryable(tc.err); got != tc.want {
-				t.Fatalf("isRetryable(%v) = %v", tc.err, got)
+			if got := Unavailable(tc.err); got != tc.want {
+				t.Fatalf("Unavailable(%v) = %v", tc.err, got)
 			}
 		})
 	}

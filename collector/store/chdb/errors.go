@@ -34,7 +34,6 @@ const (
 	CodeUnknownTable   = 60
 	CodeUnknownSetting = 115
 	CodeReadonly       = 164
-	CodeQueryCanceled  = 394 // QUERY_WAS_CANCELLED
 )
 
 var (

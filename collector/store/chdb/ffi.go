@@ -5,6 +5,7 @@ package chdb
 // strings and buffers they take.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -36,11 +37,7 @@ func (l *lib) connectArgs(args []string) *uintptr {
 
 // run executes one statement on connection h and frees the engine's result.
 func (l *lib) run(h uintptr, st Statement) (*Result, error) {
-	format := st.Format
-	if format == "" {
-		format = "TabSeparated"
-	}
-	q, f := []byte(st.Query), []byte(format)
+	q, f := []byte(st.Query), []byte(cmp.Or(st.Format, "TabSeparated"))
 	var res uintptr
 	if len(st.Params) == 0 {
 		res = l.queryN(h, bytePtr(q), uintptr(len(q)), bytePtr(f), uintptr(len(f)))

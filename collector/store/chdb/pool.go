@@ -6,8 +6,9 @@ package chdb
 import (
 	"context"
 	"fmt"
+	"maps"
 	"regexp"
-	"sort"
+	"slices"
 	"strings"
 
 	"github.com/dualflow/dualflow/internal/chsql"
@@ -200,18 +201,10 @@ func (db *DB) checkSettings(settings map[string]string) error {
 }
 
 func sortedKeys(m map[string]string) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
+	keys := slices.Sorted(maps.Keys(m))
 	// readonly last: applied first, it would forbid the settings after it.
-	for i, k := range keys {
-		if k == "readonly" {
-			copy(keys[i:], keys[i+1:])
-			keys[len(keys)-1] = k
-			break
-		}
+	if i := slices.Index(keys, "readonly"); i >= 0 {
+		keys = append(slices.Delete(keys, i, i+1), "readonly")
 	}
 	return keys
 }

@@ -1,6 +1,7 @@
 package chdb
 
 import (
+	"slices"
 	"strings"
 	"testing"
 )
@@ -113,6 +114,23 @@ func TestIntoOutfile(t *testing.T) {
 	} {
 		if got := IntoOutfile(in); got != want {
 			t.Errorf("IntoOutfile(%q) = %v, want %v", in, got, want)
+		}
+	}
+}
+
+// TestSortedKeys: settings are applied in name order, readonly last (set
+// first, it would forbid the others).
+func TestSortedKeys(t *testing.T) {
+	for _, tc := range []struct {
+		m    map[string]string
+		want []string
+	}{
+		{nil, []string{}},
+		{map[string]string{"b": "", "a": ""}, []string{"a", "b"}},
+		{map[string]string{"readonly": "1", "max_threads": "2", "zz": ""}, []string{"max_threads", "zz", "readonly"}},
+	} {
+		if got := sortedKeys(tc.m); !slices.Equal(got, tc.want) {
+			t.Errorf("sortedKeys(%v) = %v, want %v", tc.m, got, tc.want)
 		}
 	}
 }

@@ -10,11 +10,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/dualflow/dualflow/internal/atomicfile"
 )
 
 // Access is what a request may do.
@@ -120,12 +123,7 @@ func LoadOrCreateUsers(path string) (users []User, created bool, err error) {
 		if err != nil {
 			return nil, false, err
 		}
-		tmp := path + ".new"
-		if err := os.WriteFile(tmp, append(b, '\n'), 0o600); err != nil {
-			return nil, false, fmt.Errorf("users file: %w", err)
-		}
-		if err := os.Rename(tmp, path); err != nil {
-			_ = os.Remove(tmp)
+		if err := atomicfile.Write(path, 0o600, func(w io.Writer) error { _, err := w.Write(append(b, '\n')); return err }); err != nil {
 			return nil, false, fmt.Errorf("users file: %w", err)
 		}
 		return users, true, nil

@@ -129,6 +129,34 @@ func TestAnonymousReadOnly(t *testing.T) {
 	}
 }
 
+// TestLoadOrCreateUsersAddsInserter: a users file written before the
+// inserter user existed gets it added, the file replaced whole at 0600.
+func TestLoadOrCreateUsersAddsInserter(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "http-users.json")
+	old := `{"users":[{"name":"admin","password":"a"},{"name":"reader","password":"r","readonly":true}]}`
+	if err := os.WriteFile(path, []byte(old), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	users, created, err := LoadOrCreateUsers(path)
+	if err != nil || !created {
+		t.Fatalf("upgrade: %v %v", created, err)
+	}
+	in, ok := Find(users, InserterUser)
+	if !ok || !in.InsertOnly || len(users) != 3 {
+		t.Fatalf("users: %+v", users)
+	}
+	again, err := LoadUsers(path)
+	if err != nil || fmt.Sprint(again) != fmt.Sprint(users) {
+		t.Fatalf("reload: %v %+v", err, again)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("mode %v %v, want 0600", fi.Mode().Perm(), err)
+	}
+	if ents, _ := os.ReadDir(filepath.Dir(path)); len(ents) != 1 {
+		t.Fatalf("files left beside the users file: %v", ents)
+	}
+}
+
 func TestLoadOrCreateUsers(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "data")
 	path := filepath.Join(dir, "http-users.json")

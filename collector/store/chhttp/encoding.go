@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/ClickHouse/ch-go/compress"
+	"github.com/ClickHouse/ch-go/proto"
 	"github.com/andybalholm/brotli"
 	"github.com/klauspost/compress/zstd"
 	"github.com/pierrec/lz4/v4"
@@ -29,13 +30,13 @@ func requestBody(body io.Reader, contentEncoding string, nativeDecompress bool) 
 	case "gzip", "x-gzip":
 		zr, err := gzip.NewReader(body)
 		if err != nil {
-			return nil, nil, newError(codeCannotDecompress, http.StatusBadRequest, "cannot read gzip request body: %v", err)
+			return nil, nil, newError(proto.ErrCannotDecompress, http.StatusBadRequest, "cannot read gzip request body: %v", err)
 		}
 		r = zr
 	case "deflate":
 		zr, err := zlib.NewReader(body)
 		if err != nil {
-			return nil, nil, newError(codeCannotDecompress, http.StatusBadRequest, "cannot read deflate request body: %v", err)
+			return nil, nil, newError(proto.ErrCannotDecompress, http.StatusBadRequest, "cannot read deflate request body: %v", err)
 		}
 		r = zr
 	case "br":
@@ -43,13 +44,13 @@ func requestBody(body io.Reader, contentEncoding string, nativeDecompress bool) 
 	case "zstd":
 		zr, err := zstd.NewReader(body, zstd.WithDecoderConcurrency(1))
 		if err != nil {
-			return nil, nil, newError(codeCannotDecompress, http.StatusBadRequest, "cannot read zstd request body: %v", err)
+			return nil, nil, newError(proto.ErrCannotDecompress, http.StatusBadRequest, "cannot read zstd request body: %v", err)
 		}
 		r, cleanup = zr, zr.Close
 	case "lz4":
 		r = lz4.NewReader(body)
 	default:
-		return nil, nil, newError(codeUnknownCompressionMethod, http.StatusBadRequest, "unknown Content-Encoding %q (supported: gzip, deflate, br, zstd, lz4)", enc)
+		return nil, nil, newError(proto.ErrUnknownCompressionMethod, http.StatusBadRequest, "unknown Content-Encoding %q (supported: gzip, deflate, br, zstd, lz4)", enc)
 	}
 	if nativeDecompress {
 		r = &blockReader{r: compress.NewReader(r)}

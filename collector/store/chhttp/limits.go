@@ -10,6 +10,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/ClickHouse/ch-go/proto"
 )
 
 // Defaults of the bounds on requests (Config).
@@ -55,18 +57,19 @@ var DefaultReaderLimits = ReaderLimits{MaxExecutionTime: 60 * time.Second, MaxMe
 
 func (l *ReaderLimits) setDefaults() {
 	d := DefaultReaderLimits
-	if l.MaxExecutionTime <= 0 {
-		l.MaxExecutionTime = d.MaxExecutionTime
+	l.MaxExecutionTime = positiveOr(l.MaxExecutionTime, d.MaxExecutionTime)
+	l.MaxMemoryBytes = positiveOr(l.MaxMemoryBytes, d.MaxMemoryBytes)
+	l.MaxThreads = positiveOr(l.MaxThreads, d.MaxThreads)
+	l.MaxResultBytes = positiveOr(l.MaxResultBytes, d.MaxResultBytes)
+}
+
+// positiveOr returns v, or d when v is not positive (unset, or a negative
+// value, which no bound means).
+func positiveOr[T int | int64 | time.Duration](v, d T) T {
+	if v <= 0 {
+		return d
 	}
-	if l.MaxMemoryBytes <= 0 {
-		l.MaxMemoryBytes = d.MaxMemoryBytes
-	}
-	if l.MaxThreads <= 0 {
-		l.MaxThreads = d.MaxThreads
-	}
-	if l.MaxResultBytes <= 0 {
-		l.MaxResultBytes = d.MaxResultBytes
-	}
+	return v
 }
 
 // bounds are the limit settings of l, by name, as the engine takes them.
@@ -113,12 +116,12 @@ func readerStatementSettings(asked map[string]string, l ReaderLimits) (map[strin
 		case slices.Contains(tightenOnly, name):
 			n, err := strconv.ParseFloat(v, 64)
 			if err != nil || n < 0 {
-				return nil, newError(codeBadArguments, http.StatusBadRequest, "setting %s: %q is not a number", name, v)
+				return nil, newError(proto.ErrBadArguments, http.StatusBadRequest, "setting %s: %q is not a number", name, v)
 			}
 			if cur, bounded := out[name]; bounded {
 				c, _ := strconv.ParseFloat(cur, 64)
 				if n == 0 || n > c {
-					return nil, newError(codeReadonly, httpStatus(codeReadonly), "Cannot modify '%s' setting in readonly mode: a read-only user may lower it below %s, not raise or remove it", name, cur)
+					return nil, newError(proto.ErrReadonly, httpStatus(proto.ErrReadonly), "Cannot modify '%s' setting in readonly mode: a read-only user may lower it below %s, not raise or remove it", name, cur)
 				}
 			}
 			if name == "max_execution_time" {
@@ -130,7 +133,7 @@ func readerStatementSettings(asked map[string]string, l ReaderLimits) (map[strin
 		case slices.Contains(readerSettings, name):
 			out[name] = v
 		default:
-			return nil, newError(codeReadonly, httpStatus(codeReadonly), "Cannot modify '%s' setting in readonly mode: a read-only user may set only the output's format and lower the limits (%s)", name, strings.Join(tightenOnly, ", "))
+			return nil, newError(proto.ErrReadonly, httpStatus(proto.ErrReadonly), "Cannot modify '%s' setting in readonly mode: a read-only user may set only the output's format and lower the limits (%s)", name, strings.Join(tightenOnly, ", "))
 		}
 	}
 	// readonly=1: no SETTINGS clause in the statement can change any of

@@ -7,6 +7,8 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+
+	"github.com/ClickHouse/ch-go/proto"
 )
 
 // request is what the ClickHouse HTTP interface takes from the URL and the
@@ -53,19 +55,19 @@ func parseRequest(method string, u *url.URL, h http.Header) (*request, error) {
 	switch method {
 	case http.MethodGet, http.MethodPost, http.MethodHead:
 	default:
-		return nil, newError(codeUnsupportedMethod, http.StatusMethodNotAllowed, "HTTP method %s is not supported; use GET or POST", method)
+		return nil, newError(proto.ErrUnsupportedMethod, http.StatusMethodNotAllowed, "HTTP method %s is not supported; use GET or POST", method)
 	}
 	if ct := h.Get("Content-Type"); ct != "" {
 		if mt, _, err := mime.ParseMediaType(ct); err == nil && strings.HasPrefix(mt, "multipart/") {
-			return nil, newError(codeNotImplemented, http.StatusNotImplemented, "external tables (multipart/form-data requests) are not supported by the embedded store")
+			return nil, newError(proto.ErrNotImplemented, http.StatusNotImplemented, "external tables (multipart/form-data requests) are not supported by the embedded store")
 		}
 	}
 	values, err := url.ParseQuery(u.RawQuery)
 	if err != nil {
-		return nil, newError(codeBadArguments, http.StatusBadRequest, "cannot parse URL parameters: %v", err)
+		return nil, newError(proto.ErrBadArguments, http.StatusBadRequest, "cannot parse URL parameters: %v", err)
 	}
 	if len(values) > maxParams {
-		return nil, newError(codeBadArguments, http.StatusBadRequest, "too many URL parameters (%d, limit %d)", len(values), maxParams)
+		return nil, newError(proto.ErrBadArguments, http.StatusBadRequest, "too many URL parameters (%d, limit %d)", len(values), maxParams)
 	}
 	r := &request{
 		query:    values.Get("query"),
@@ -86,7 +88,7 @@ func parseRequest(method string, u *url.URL, h http.Header) (*request, error) {
 	}
 	if v := values.Get("client_protocol_version"); v != "" {
 		if r.protocolVersion, err = strconv.ParseUint(v, 10, 64); err != nil {
-			return nil, newError(codeBadArguments, http.StatusBadRequest, "client_protocol_version: %q is not a number", v)
+			return nil, newError(proto.ErrBadArguments, http.StatusBadRequest, "client_protocol_version: %q is not a number", v)
 		}
 	}
 	r.httpCompression = boolParam(values.Get("enable_http_compression"))
@@ -98,26 +100,26 @@ func parseRequest(method string, u *url.URL, h http.Header) (*request, error) {
 		r.nativeMethod = "LZ4"
 	case "LZ4", "ZSTD":
 	default:
-		return nil, newError(codeUnknownCompressionMethod, http.StatusBadRequest, "unknown network_compression_method %q (LZ4 or ZSTD)", r.nativeMethod)
+		return nil, newError(proto.ErrUnknownCompressionMethod, http.StatusBadRequest, "unknown network_compression_method %q (LZ4 or ZSTD)", r.nativeMethod)
 	}
 	for name, vs := range values {
 		v := vs[len(vs)-1]
 		switch {
 		case strings.HasPrefix(name, "param_"):
 			if name == "param_" {
-				return nil, newError(codeBadArguments, http.StatusBadRequest, "empty query parameter name")
+				return nil, newError(proto.ErrBadArguments, http.StatusBadRequest, "empty query parameter name")
 			}
 			r.params[strings.TrimPrefix(name, "param_")] = v
 		case httpParams[name]:
 		case strings.HasSuffix(name, "_structure") || strings.HasSuffix(name, "_types"):
-			return nil, newError(codeNotImplemented, http.StatusNotImplemented, "external tables (%s) are not supported by the embedded store", name)
+			return nil, newError(proto.ErrNotImplemented, http.StatusNotImplemented, "external tables (%s) are not supported by the embedded store", name)
 		default:
 			r.settings[name] = v
 		}
 	}
 	if ro, ok := r.settings["readonly"]; ok {
 		if _, err := strconv.ParseUint(ro, 10, 8); err != nil {
-			return nil, newError(codeBadArguments, http.StatusBadRequest, "readonly: %q is not 0, 1 or 2", ro)
+			return nil, newError(proto.ErrBadArguments, http.StatusBadRequest, "readonly: %q is not 0, 1 or 2", ro)
 		}
 	}
 	// Like ClickHouse: GET requests may only read.
@@ -138,15 +140,15 @@ func boolParam(v string) bool {
 // statusError is an error raised by the HTTP layer itself, rendered like a
 // ClickHouse exception.
 type statusError struct {
-	code   int
+	code   proto.Error
 	status int
 	msg    string
 }
 
 func (e *statusError) Error() string {
-	return fmt.Sprintf("Code: %d. DB::Exception: %s", e.code, e.msg)
+	return fmt.Sprintf("Code: %d. DB::Exception: %s", int(e.code), e.msg)
 }
 
-func newError(code, status int, format string, args ...any) *statusError {
-	return &statusError{code: code, status: status, msg: fmt.Sprintf(format, args...) + ". (" + codeNames[code] + ")"}
+func newError(code proto.Error, status int, format string, args ...any) *statusError {
+	return &statusError{code: code, status: status, msg: fmt.Sprintf(format, args...) + ". (" + code.String() + ")"}
 }

@@ -16,9 +16,8 @@ package chhttp
 
 import (
 	"bytes"
+	"cmp"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -33,6 +32,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ClickHouse/ch-go/proto"
+	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dualflow/dualflow/collector/store/chdb"
@@ -145,40 +146,20 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Engine == nil {
 		return nil, errors.New("chhttp: Config.Engine is required")
 	}
-	if cfg.Addr == "" {
-		cfg.Addr = DefaultAddr
-	}
-	if cfg.MaxQuerySize <= 0 {
-		cfg.MaxQuerySize = DefaultMaxQuerySize
-	}
-	if cfg.MaxConcurrent <= 0 {
-		cfg.MaxConcurrent = DefaultMaxConcurrent
-	}
-	if cfg.ShutdownTimeout <= 0 {
-		cfg.ShutdownTimeout = DefaultShutdownTimeout
-	}
-	if cfg.BodyTimeout <= 0 {
-		cfg.BodyTimeout = DefaultBodyTimeout
-	}
-	if cfg.EngineSlots <= 0 {
-		cfg.EngineSlots = chdb.DefaultMaxConns
-	}
-	if cfg.MaxRequestTime <= 0 {
-		cfg.MaxRequestTime = DefaultMaxRequestTime
-	}
-	if cfg.MinDataRate == 0 {
-		cfg.MinDataRate = DefaultMinDataRate
-	}
-	if cfg.ReadersPerUser <= 0 {
-		cfg.ReadersPerUser = DefaultReadersPerUser
-	}
+	cfg.Addr = cmp.Or(cfg.Addr, DefaultAddr)
+	cfg.MaxQuerySize = positiveOr(cfg.MaxQuerySize, DefaultMaxQuerySize)
+	cfg.MaxConcurrent = positiveOr(cfg.MaxConcurrent, DefaultMaxConcurrent)
+	cfg.ShutdownTimeout = positiveOr(cfg.ShutdownTimeout, DefaultShutdownTimeout)
+	cfg.BodyTimeout = positiveOr(cfg.BodyTimeout, DefaultBodyTimeout)
+	cfg.EngineSlots = positiveOr(cfg.EngineSlots, chdb.DefaultMaxConns)
+	cfg.MaxRequestTime = positiveOr(cfg.MaxRequestTime, DefaultMaxRequestTime)
+	cfg.MinDataRate = cmp.Or(cfg.MinDataRate, DefaultMinDataRate)
+	cfg.ReadersPerUser = positiveOr(cfg.ReadersPerUser, DefaultReadersPerUser)
 	cfg.ReaderLimits.setDefaults()
 	if cfg.DisplayName == "" {
 		cfg.DisplayName, _ = os.Hostname()
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
@@ -212,7 +193,7 @@ func (s *Server) rejectBrowsers(next http.Handler) http.Handler {
 		// lets it in; its requests carry the attacker's name as Host.
 		if !netaddr.HostAllowed(r.Host, nil) {
 			s.metrics.requests.WithLabelValues("other", "403").Inc()
-			s.writeError(w, newError(codeAccessDenied, http.StatusForbidden,
+			s.writeError(w, newError(proto.ErrAccessDenied, http.StatusForbidden,
 				"Host %q refused: the interface answers only to an IP address or localhost (DNS rebinding protection)", r.Host))
 			return
 		}
@@ -222,7 +203,7 @@ func (s *Server) rejectBrowsers(next http.Handler) http.Handler {
 			(origin != "" && origin != "http://"+r.Host && origin != "https://"+r.Host)
 		if crossSite {
 			s.metrics.requests.WithLabelValues("other", "403").Inc()
-			s.writeError(w, newError(codeAccessDenied, http.StatusForbidden,
+			s.writeError(w, newError(proto.ErrAccessDenied, http.StatusForbidden,
 				"cross-site browser requests are refused (Origin %q, Sec-Fetch-Site %q)", origin, site))
 			return
 		}
@@ -255,7 +236,7 @@ func (s *Server) vet(ctx context.Context, st chdb.Statement, readOnly bool) erro
 	if errors.As(err, &re) {
 		s.metrics.refused.WithLabelValues(re.Reason).Inc()
 		// What ClickHouse answers a read-only user: READONLY, HTTP 500.
-		return newError(codeReadonly, httpStatus(codeReadonly), "Cannot execute query in readonly mode: %v", err)
+		return newError(proto.ErrReadonly, httpStatus(proto.ErrReadonly), "Cannot execute query in readonly mode: %v", err)
 	}
 	var na *sqlguard.NotAcceptedError
 	if errors.As(err, &na) {
@@ -331,7 +312,7 @@ func (s *Server) recoverPanics(next http.Handler) http.Handler {
 				}
 				s.metrics.errors.WithLabelValues("panic").Inc()
 				s.log.Error("chhttp: handler panic", "panic", p, "stack", string(debug.Stack()))
-				s.writeError(w, newError(codeStdException, http.StatusInternalServerError, "internal error: %v", p))
+				s.writeError(w, newError(proto.ErrStdException, http.StatusInternalServerError, "internal error: %v", p))
 			}
 		}()
 		next.ServeHTTP(w, r)
@@ -349,11 +330,11 @@ func (s *Server) serveQuery(w http.ResponseWriter, r *http.Request) {
 		// AUTHENTICATION_FAILED (403).
 		if user == "" {
 			w.Header().Set("WWW-Authenticate", `Basic realm="ClickHouse", charset="UTF-8"`)
-			s.writeError(w, newError(codeRequiredPassword, http.StatusUnauthorized, "%v", err))
+			s.writeError(w, newError(proto.ErrRequiredPassword, http.StatusUnauthorized, "%v", err))
 			s.metrics.requests.WithLabelValues("query", "401").Inc()
 		} else {
 			s.metrics.requests.WithLabelValues("query", "403").Inc()
-			s.writeError(w, newError(codeAuthenticationFailed, http.StatusForbidden, "%v", err))
+			s.writeError(w, newError(proto.ErrAuthenticationFailed, http.StatusForbidden, "%v", err))
 		}
 		return
 	}
@@ -407,7 +388,7 @@ func (s *Server) reject(w http.ResponseWriter, format string, max int) {
 	_ = http.NewResponseController(w).SetReadDeadline(time.Now())
 	w.Header().Set("Connection", "close")
 	w.Header().Set("Retry-After", "1")
-	s.writeError(w, newError(codeTooManySimultaneous, http.StatusServiceUnavailable, format, max))
+	s.writeError(w, newError(proto.ErrTooManySimultaneousQueries, http.StatusServiceUnavailable, format, max))
 }
 
 // sourceKey names a client by its network: an IPv4 /24, an IPv6 /64, or
@@ -498,7 +479,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, who string, acce
 			_, _ = io.WriteString(w, "Ok.\n")
 			return "ping", nil
 		}
-		return kind, newError(codeSyntaxError, http.StatusBadRequest, "Empty query")
+		return kind, newError(proto.ErrSyntaxError, http.StatusBadRequest, "Empty query")
 	}
 	leaveReading()
 	<-s.readers
@@ -515,10 +496,10 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, who string, acce
 			// The reader's INSERT INTO FUNCTION file(...) used to reach the
 			// engine, which readonly=2 does not stop from writing the file.
 			s.metrics.refused.WithLabelValues("insert").Inc()
-			return kind, newError(codeReadonly, httpStatus(codeReadonly), "Cannot execute query in readonly mode: INSERT by a read-only user or request")
+			return kind, newError(proto.ErrReadonly, httpStatus(proto.ErrReadonly), "Cannot execute query in readonly mode: INSERT by a read-only user or request")
 		case access == AccessInsert && ins.Function:
 			s.metrics.refused.WithLabelValues("insert_function").Inc()
-			return kind, newError(codeAccessDenied, httpStatus(codeAccessDenied), "user %s may insert into tables only, not into a table function", who)
+			return kind, newError(proto.ErrAccessDenied, httpStatus(proto.ErrAccessDenied), "user %s may insert into tables only, not into a table function", who)
 		}
 	}
 	select {
@@ -576,7 +557,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, who string, acce
 	st := chdb.Statement{Format: req.format, Params: req.params, Settings: settings, Database: req.database}
 	queryID := req.queryID
 	if queryID == "" {
-		queryID = newQueryID()
+		queryID = uuid.NewString()
 	}
 	h := w.Header()
 	h.Set("X-ClickHouse-Query-Id", queryID)
@@ -585,7 +566,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, who string, acce
 
 	if isInsert {
 		if !exhausted && ins.DataOffset == len(text) {
-			return kind, newError(codeQueryIsTooLarge, http.StatusRequestEntityTooLarge, "INSERT statement longer than %d bytes", s.cfg.MaxQuerySize)
+			return kind, newError(proto.ErrQueryIsTooLarge, http.StatusRequestEntityTooLarge, "INSERT statement longer than %d bytes", s.cfg.MaxQuerySize)
 		}
 		st.Query = text[:ins.DataOffset]
 		data := io.MultiReader(strings.NewReader(text[ins.DataOffset:]), pace)
@@ -593,10 +574,10 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, who string, acce
 		if err != nil {
 			if pace.tooSlow {
 				s.metrics.refused.WithLabelValues("slow").Inc()
-				return kind, newError(codeTimeoutExceeded, httpStatus(codeTimeoutExceeded), "the INSERT's data arrives too slowly: %d bytes in %s, below %d bytes/s (after %s); send it faster, or in smaller INSERTs", pace.n, time.Since(start).Round(time.Second), s.cfg.MinDataRate, DataRateGrace)
+				return kind, newError(proto.ErrTimeoutExceeded, httpStatus(proto.ErrTimeoutExceeded), "the INSERT's data arrives too slowly: %d bytes in %s, below %d bytes/s (after %s); send it faster, or in smaller INSERTs", pace.n, time.Since(start).Round(time.Second), s.cfg.MinDataRate, DataRateGrace)
 			}
 			if ctx.Err() != nil && r.Context().Err() == nil {
-				return kind, newError(codeTimeoutExceeded, httpStatus(codeTimeoutExceeded), "the request took longer than %s", s.cfg.MaxRequestTime)
+				return kind, newError(proto.ErrTimeoutExceeded, httpStatus(proto.ErrTimeoutExceeded), "the request took longer than %s", s.cfg.MaxRequestTime)
 			}
 			return kind, err
 		}
@@ -607,7 +588,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, who string, acce
 		return kind, nil
 	}
 	if !exhausted {
-		return kind, newError(codeQueryIsTooLarge, http.StatusRequestEntityTooLarge, "Query is too large (more than %d bytes in the body)", s.cfg.MaxQuerySize)
+		return kind, newError(proto.ErrQueryIsTooLarge, http.StatusRequestEntityTooLarge, "Query is too large (more than %d bytes in the body)", s.cfg.MaxQuerySize)
 	}
 
 	st.Query = text
@@ -624,7 +605,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, who string, acce
 	}
 	res, err := s.cfg.Engine.Run(ctx, st)
 	if err != nil && ctx.Err() != nil && r.Context().Err() == nil {
-		return kind, newError(codeTimeoutExceeded, httpStatus(codeTimeoutExceeded), "the request took longer than %s", s.cfg.MaxRequestTime)
+		return kind, newError(proto.ErrTimeoutExceeded, httpStatus(proto.ErrTimeoutExceeded), "the request took longer than %s", s.cfg.MaxRequestTime)
 	}
 	if err != nil {
 		return kind, err
@@ -632,7 +613,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, who string, acce
 	data := res.Data
 	if strings.EqualFold(format, "Native") && req.protocolVersion > 0 {
 		if data, err = reencodeNative(data, req.protocolVersion); err != nil {
-			return kind, newError(codeStdException, http.StatusInternalServerError, "%v", err)
+			return kind, newError(proto.ErrStdException, http.StatusInternalServerError, "%v", err)
 		}
 	}
 	h.Set("X-ClickHouse-Format", format)
@@ -641,7 +622,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, who string, acce
 	switch {
 	case req.nativeCompress:
 		if data, err = nativeCompressed(data, req.nativeMethod); err != nil {
-			return kind, newError(codeStdException, http.StatusInternalServerError, "compress response: %v", err)
+			return kind, newError(proto.ErrStdException, http.StatusInternalServerError, "compress response: %v", err)
 		}
 	case responseEncoding(r.Header.Get("Accept-Encoding"), req.httpCompression) != "":
 		enc := responseEncoding(r.Header.Get("Accept-Encoding"), req.httpCompression)
@@ -665,9 +646,9 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, who string, acce
 func readError(err error) error {
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
-		return newError(codeQueryIsTooLarge, http.StatusRequestEntityTooLarge, "request body too large: %v", err)
+		return newError(proto.ErrQueryIsTooLarge, http.StatusRequestEntityTooLarge, "request body too large: %v", err)
 	}
-	return newError(codeCannotDecompress, http.StatusBadRequest, "cannot read request body: %v", err)
+	return newError(proto.ErrCannotDecompress, http.StatusBadRequest, "cannot read request body: %v", err)
 }
 
 // fail writes err as a ClickHouse exception and returns the status sent.
@@ -682,23 +663,23 @@ func (s *Server) fail(w http.ResponseWriter, r *http.Request, who, kind string, 
 		reason = "request"
 	case errors.As(err, &ce) && ce.Code != 0:
 		reason = "engine"
-		se = &statusError{code: ce.Code, status: httpStatus(ce.Code), msg: ce.Message}
+		se = &statusError{code: proto.Error(ce.Code), status: httpStatus(proto.Error(ce.Code)), msg: ce.Message}
 	case r.Context().Err() != nil:
 		reason = "canceled"
-		se = newError(codeQueryWasCancelled, 499, "query was cancelled: the client went away")
+		se = newError(proto.ErrQueryWasCancelled, 499, "query was cancelled: the client went away")
 	default:
 		reason = "internal"
-		se = newError(codeStdException, http.StatusInternalServerError, "%v", err)
+		se = newError(proto.ErrStdException, http.StatusInternalServerError, "%v", err)
 	}
 	s.metrics.errors.WithLabelValues(reason).Inc()
 	// A refusal (READONLY, ACCESS_DENIED: counted in refused_total) and a
 	// user's query the engine rejects are the user's business, not the
 	// server's failure.
-	refusal := se.code == codeReadonly || se.code == codeAccessDenied
+	refusal := se.code == proto.ErrReadonly || se.code == proto.ErrAccessDenied
 	if se.status >= 500 && reason != "canceled" && !refusal {
-		s.log.Error("chhttp: request failed", "user", who, "kind", kind, "status", se.status, "code", se.code, "err", se.msg)
+		s.log.Error("chhttp: request failed", "user", who, "kind", kind, "status", se.status, "code", int(se.code), "err", se.msg)
 	} else {
-		s.log.Debug("chhttp: request refused", "user", who, "kind", kind, "status", se.status, "code", se.code, "err", se.msg)
+		s.log.Debug("chhttp: request refused", "user", who, "kind", kind, "status", se.status, "code", int(se.code), "err", se.msg)
 	}
 	s.writeError(w, se)
 	return se.status
@@ -709,11 +690,11 @@ func (s *Server) writeError(w http.ResponseWriter, se *statusError) {
 	h.Del("Content-Encoding")
 	h.Del("X-ClickHouse-Format")
 	h.Set("Content-Type", "text/plain; charset=UTF-8")
-	h.Set("X-ClickHouse-Exception-Code", strconv.Itoa(se.code))
+	h.Set("X-ClickHouse-Exception-Code", strconv.Itoa(int(se.code)))
 	h.Set("X-ClickHouse-Server-Display-Name", s.cfg.DisplayName)
 	w.WriteHeader(se.status)
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "Code: %d. DB::Exception: %s\n", se.code, strings.TrimRight(se.msg, "\n"))
+	fmt.Fprintf(&b, "Code: %d. DB::Exception: %s\n", int(se.code), strings.TrimRight(se.msg, "\n"))
 	_, _ = w.Write(b.Bytes())
 }
 
@@ -740,15 +721,6 @@ func contentType(format string) string {
 		return "application/octet-stream"
 	}
 	return "text/plain; charset=UTF-8"
-}
-
-func newQueryID() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	x := hex.EncodeToString(b[:])
-	return x[:8] + "-" + x[8:12] + "-" + x[12:16] + "-" + x[16:20] + "-" + x[20:]
 }
 
 type metrics struct {

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ClickHouse/ch-go/proto"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dualflow/dualflow/collector/store/chdb"
@@ -276,8 +277,13 @@ func TestErrorResponses(t *testing.T) {
 
 func TestErrorCodeNames(t *testing.T) {
 	db := testDB(t)
-	for code, name := range codeNames {
-		out, err := db.Query(context.Background(), "SELECT errorCodeToName("+strconv.Itoa(code)+")", "")
+	// The codes the HTTP layer raises itself, named as ch-go names them.
+	for _, code := range []proto.Error{proto.ErrUnsupportedMethod, proto.ErrBadArguments, proto.ErrNotImplemented,
+		proto.ErrUnknownCompressionMethod, proto.ErrTooManySimultaneousQueries, proto.ErrTimeoutExceeded,
+		proto.ErrReadonly, proto.ErrQueryIsTooLarge, proto.ErrCannotDecompress, proto.ErrQueryWasCancelled,
+		proto.ErrAccessDenied, proto.ErrRequiredPassword, proto.ErrAuthenticationFailed, proto.ErrStdException} {
+		name := code.String()
+		out, err := db.Query(context.Background(), "SELECT errorCodeToName("+strconv.Itoa(int(code))+")", "")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -486,5 +492,24 @@ func TestRejectsCrossSiteBrowsers(t *testing.T) {
 				t.Errorf("status %d, want %d: %s", rec.Code, tt.want, rec.Body)
 			}
 		})
+	}
+}
+
+// TestNewDefaults: unset and negative bounds take the defaults; a
+// negative MinDataRate means no minimum and stays.
+func TestNewDefaults(t *testing.T) {
+	s, err := New(Config{Engine: &fakeEngine{}, MaxConcurrent: -1, BodyTimeout: -time.Second, MinDataRate: -1,
+		ReaderLimits: ReaderLimits{MaxThreads: -3, MaxMemoryBytes: 5}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := s.cfg
+	if c.Addr != DefaultAddr || c.MaxConcurrent != DefaultMaxConcurrent || c.BodyTimeout != DefaultBodyTimeout ||
+		c.MaxQuerySize != DefaultMaxQuerySize || c.MinDataRate != -1 || c.Logger == nil {
+		t.Errorf("config %+v", c)
+	}
+	if l := c.ReaderLimits; l.MaxThreads != DefaultReaderLimits.MaxThreads || l.MaxMemoryBytes != 5 ||
+		l.MaxExecutionTime != DefaultReaderLimits.MaxExecutionTime {
+		t.Errorf("reader limits %+v", l)
 	}
 }

@@ -54,11 +54,6 @@ type header struct {
 // size returns the total file size the header announces.
 func (h *header) size() int64 { return headerSize + int64(h.metaLen) + int64(h.payloadLen) }
 
-// appendSegment appends b encoded as a whole segment file to dst.
-func appendSegment(dst []byte, b *Batch) []byte {
-	return append(appendHeader(dst, b), b.Data...)
-}
-
 // appendHeader appends the fixed header and the metadata of the segment for
 // b to dst; the payload (b.Data) follows them in the file.
 func appendHeader(dst []byte, b *Batch) []byte {

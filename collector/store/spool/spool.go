@@ -18,12 +18,14 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 
+	"github.com/dualflow/dualflow/internal/atomicfile"
 	"github.com/dualflow/dualflow/internal/segdir"
 )
 
@@ -54,7 +56,7 @@ var (
 
 const (
 	segSuffix = ".seg"
-	tmpSuffix = ".tmp"
+	tmpSuffix = ".tmp" // in atomicfile's temporary names (and older spools' <name>.tmp)
 
 	// CorruptDir and RejectedDir are the subdirectories of the spool
 	// directory where unreadable and rejected segments are moved. Their
@@ -132,7 +134,7 @@ func (s *Spool) recover() error {
 		if !de.Type().IsRegular() {
 			continue
 		}
-		if strings.HasSuffix(name, tmpSuffix) {
+		if strings.Contains(name, tmpSuffix) {
 			// An interrupted Push: it never returned success, so nobody
 			// counts on this batch.
 			if err := os.Remove(filepath.Join(s.dir, name)); err != nil {
@@ -242,37 +244,21 @@ func (s *Spool) Push(b Batch) error {
 	return nil
 }
 
-// write stores one segment atomically: temp file, fsync, rename, fsync dir.
-func (s *Spool) write(seq uint64, hdr, data []byte) (err error) {
+// write stores one segment atomically (atomicfile: a synced temporary
+// file renamed over the name), then syncs the directory.
+func (s *Spool) write(seq uint64, hdr, data []byte) error {
 	name := segName(seq)
-	tmp := filepath.Join(s.dir, name+tmpSuffix)
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	err := atomicfile.Write(filepath.Join(s.dir, name), 0o600, func(w io.Writer) error {
+		_, err := (&net.Buffers{hdr, data}).WriteTo(w)
+		return err
+	})
+	if err == nil {
+		err = segdir.SyncDir(s.dir)
+	}
 	if err != nil {
 		return fmt.Errorf("spool write %s: %w", name, err)
 	}
-	defer func() {
-		if err != nil {
-			f.Close()
-			os.Remove(tmp)
-			err = fmt.Errorf("spool write %s: %w", name, err)
-		}
-	}()
-	if _, err := f.Write(hdr); err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	if err := os.Rename(tmp, filepath.Join(s.dir, name)); err != nil {
-		return err
-	}
-	return segdir.SyncDir(s.dir)
+	return nil
 }
 
 // Peek returns the oldest batch without removing it; ok is false when the

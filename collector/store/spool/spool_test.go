@@ -11,6 +11,12 @@ import (
 	"testing"
 )
 
+// appendSegment appends b encoded as a whole segment file to dst, as Put
+// writes it.
+func appendSegment(dst []byte, b *Batch) []byte {
+	return append(appendHeader(dst, b), b.Data...)
+}
+
 func testBatch(i int) Batch {
 	return Batch{
 		Table:   "flows",
@@ -204,9 +210,13 @@ func TestCorruptFiles(t *testing.T) {
 			if err := os.WriteFile(filepath.Join(dir, segName(2)), tc.data, 0o600); err != nil {
 				t.Fatal(err)
 			}
-			// A leftover temp file from an interrupted write.
-			if err := os.WriteFile(filepath.Join(dir, segName(4)+tmpSuffix), seg[:7], 0o600); err != nil {
-				t.Fatal(err)
+			// Leftover temp files of interrupted writes: atomicfile's, and
+			// an older spool's <name>.tmp.
+			temps := []string{"." + segName(4) + tmpSuffix + "-123", segName(5) + tmpSuffix}
+			for _, tmp := range temps {
+				if err := os.WriteFile(filepath.Join(dir, tmp), seg[:7], 0o600); err != nil {
+					t.Fatal(err)
+				}
 			}
 
 			s = mustOpen(t, dir, 1<<20)
@@ -224,8 +234,10 @@ func TestCorruptFiles(t *testing.T) {
 			if err != nil || !bytes.Equal(moved, tc.data) {
 				t.Fatalf("corrupt file not moved aside intact: %v", err)
 			}
-			if _, err := os.Stat(filepath.Join(dir, segName(4)+tmpSuffix)); !os.IsNotExist(err) {
-				t.Fatalf("temp file not removed: %v", err)
+			for _, tmp := range temps {
+				if _, err := os.Stat(filepath.Join(dir, tmp)); !os.IsNotExist(err) {
+					t.Fatalf("temp file %s not removed: %v", tmp, err)
+				}
 			}
 			// Sequence numbers are not reused after the corrupt file.
 			if err := s.Push(testBatch(7)); err != nil {
