@@ -34,13 +34,16 @@ type SQLRunner interface {
 	RunSQL(ctx context.Context, query, format string, settings map[string]string) ([]byte, error)
 }
 
-// Evaluator evaluates NetworkPolicies for a pair of endpoints, per IP
-// family. The result has one entry per family both ends have an address
-// of (4 and/or 6); a family absent from the map cannot be used between
-// them.
+// Evaluator evaluates the NetworkPolicies of a reachability matrix:
+// every pod pair of every cell, per IP family ([source][destination]
+// then 4 or 6; audit.PolicyEvaluator). An end that cannot be resolved is
+// an audit.OutcomeError family; an error fails the whole matrix (an
+// *audit.TooLargeError is answered 422).
 type Evaluator interface {
-	Evaluate(ctx context.Context, src, dst audit.Endpoint, protocol uint8, port uint16) (map[int]audit.PolicyVerdict, error)
+	EvaluateMatrix(ctx context.Context, srcs, dsts []audit.Endpoint, proto uint8, port uint16) ([][]map[int]*audit.FamilyPolicy, error)
 }
+
+var _ Evaluator = audit.PolicyEvaluator{}
 
 // ErrNotConfigured is answered as 501 by endpoints whose service is not wired.
 var ErrNotConfigured = errors.New("not configured in this process")

@@ -19,15 +19,6 @@ import (
 	"github.com/dualflow/dualflow/traceflow"
 )
 
-// MatrixEvaluator is an Evaluator that answers a whole matrix for every
-// pod pair of every cell (audit.PolicyEvaluator); reachability uses it
-// when the configured Evaluator implements it.
-type MatrixEvaluator interface {
-	EvaluateMatrix(ctx context.Context, srcs, dsts []audit.Endpoint, proto uint8, port uint16) ([][]map[int]*audit.FamilyPolicy, error)
-}
-
-var _ MatrixEvaluator = audit.PolicyEvaluator{}
-
 // ReachabilityRequest is the body of POST /reachability.
 type ReachabilityRequest struct {
 	Sources      []audit.Endpoint `json:"sources"`
@@ -291,8 +282,8 @@ func (a *API) runReachability(ctx context.Context, req *ReachabilityRequest) (*R
 		}
 		f.Observed.Verdicts[r.Verdict] += r.Flows
 	}
-	if me, ok := a.cfg.Evaluator.(MatrixEvaluator); ok {
-		m, err := me.EvaluateMatrix(ctx, req.Sources, req.Destinations, proto, req.Port)
+	if a.cfg.Evaluator != nil {
+		m, err := a.cfg.Evaluator.EvaluateMatrix(ctx, req.Sources, req.Destinations, proto, req.Port)
 		var tl *audit.TooLargeError
 		if errors.As(err, &tl) {
 			return nil, tooLarge(tl.Field, "%s", tl.Message) // 422
@@ -304,27 +295,6 @@ func (a *API) runReachability(ctx context.Context, req *ReachabilityRequest) (*R
 			for j := range out.Cells[i] {
 				for fam, fp := range m[i][j] {
 					setPolicy(out.Cells[i][j].Families[strconv.Itoa(fam)], fp)
-				}
-			}
-		}
-	} else if a.cfg.Evaluator != nil {
-		for i, s := range req.Sources {
-			for j, d := range req.Destinations {
-				cell := &out.Cells[i][j]
-				vs, err := a.cfg.Evaluator.Evaluate(ctx, s, d, proto, req.Port)
-				if err != nil {
-					for _, f := range cell.Families {
-						f.PolicyError = err.Error()
-					}
-					continue
-				}
-				for _, fam := range []string{"4", "6"} {
-					v, ok := vs[atoiFam(fam)]
-					if !ok {
-						cell.Families[fam].Outcome = "unavailable"
-						continue
-					}
-					cell.Families[fam].Policy = &v
 				}
 			}
 		}
@@ -413,23 +383,15 @@ func hasKind(eps []audit.Endpoint, kind string) bool {
 	return false
 }
 
-func atoiFam(s string) int { n, _ := strconv.Atoi(s); return n }
-
-// outcome sums up one family: the trace if one ran, else the evaluated
-// policy, else what was observed.
+// outcome sums up a family the evaluator left without one (none
+// configured, or not evaluated): the trace if one ran, else what was
+// observed.
 func outcome(f *CellFamily) string {
 	switch {
 	case f.Trace != nil && f.Trace.Outcome == traceflow.Delivered:
 		return "allow"
 	case traceStopped(f):
 		return "deny"
-	case f.Policy != nil:
-		switch f.Policy.Verdict {
-		case "allowed", "not_isolated":
-			return "allow"
-		case "denied", "rejected":
-			return "deny"
-		}
 	}
 	v := f.Observed.Verdicts
 	switch {
