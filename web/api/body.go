@@ -5,8 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"maps"
 	"net/http"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -61,13 +62,13 @@ func decodeStrict(r io.Reader, v any) error {
 	// encoding/json has no type for it: `json: unknown field "name"`.
 	if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
 		name = strings.Trim(name, `"`)
-		var doc any
+		field, doc := name, any(nil)
 		if json.Unmarshal(b, &doc) == nil {
 			if p, ok := keyPath(doc, name, ""); ok {
-				return &FieldError{Field: p, Message: "unknown field " + strconv.Quote(name) + " (see /api/v1/openapi.json for the request's fields)", reason: reasonUnknownField}
+				field = p
 			}
 		}
-		return &FieldError{Field: name, Message: "unknown field " + strconv.Quote(name) + " (see /api/v1/openapi.json for the request's fields)", reason: reasonUnknownField}
+		return &FieldError{Field: field, Message: "unknown field " + strconv.Quote(name) + " (see /api/v1/openapi.json for the request's fields)", reason: reasonUnknownField}
 	}
 	return &FieldError{Field: "body", Message: "bad JSON: " + strings.TrimPrefix(err.Error(), "json: "), reason: reasonBadJSON}
 }
@@ -104,12 +105,7 @@ func keyPath(doc any, key, at string) (string, bool) {
 		if _, ok := d[key]; ok {
 			return join(key), true
 		}
-		keys := make([]string, 0, len(d))
-		for k := range d {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		for _, k := range keys {
+		for _, k := range slices.Sorted(maps.Keys(d)) {
 			if p, ok := keyPath(d[k], key, join(k)); ok {
 				return p, true
 			}

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -8,7 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -311,15 +312,10 @@ func (a *API) queryFlows(ctx context.Context, f *Filter, cur *cursor, limit int)
 			}
 		}
 	}
-	order := func(rows []keyedFlow) {
-		sort.SliceStable(rows, func(i, j int) bool {
-			if rows[i].FlowEndMs != rows[j].FlowEndMs {
-				return rows[i].FlowEndMs > rows[j].FlowEndMs
-			}
-			return rows[i].key > rows[j].key
-		})
+	newestFirst := func(a, b keyedFlow) int {
+		return cmp.Or(cmp.Compare(b.FlowEndMs, a.FlowEndMs), cmp.Compare(b.key, a.key))
 	}
-	order(rows)
+	slices.SortStableFunc(rows, newestFirst)
 	if len(rows) > limit && rows[limit].FlowEndMs == rows[limit-1].FlowEndMs {
 		// The page ends inside a tie: which rows of it come first is up to
 		// the key, so fetch the tie in key order (every row of it with a
@@ -334,7 +330,7 @@ func (a *API) queryFlows(ctx context.Context, f *Filter, cur *cursor, limit int)
 			n++
 		}
 		rows = append(rows[:n:n], tie...)
-		order(rows)
+		slices.SortStableFunc(rows, newestFirst)
 	}
 	page := &FlowPage{Flows: make([]Flow, 0, min(len(rows), limit))}
 	for i := 0; i < len(rows) && i < limit; i++ {

@@ -2,8 +2,10 @@ package api
 
 import (
 	"context"
+	"maps"
 	"net/http"
-	"sort"
+	"slices"
+	"strings"
 
 	"github.com/gin-gonic/gin"
 
@@ -71,50 +73,35 @@ func (a *API) servicemap(c *gin.Context) {
 	c.JSON(http.StatusOK, m)
 }
 
+// ipVersions are the families of the flows table, in the answers' order.
+var ipVersions = []int{4, 6}
+
 func mapNodes(edges []MapEdge) []MapNode {
-	idx := map[string]*MapNode{}
-	fam := map[string]map[int]bool{}
-	add := func(id string, v int) {
-		n := idx[id]
-		if n == nil {
-			n = &MapNode{ID: id, Kind: nodeKind(id)}
-			idx[id] = n
-			fam[id] = map[int]bool{}
-		}
-		fam[id][v] = true
-	}
+	fams := map[string][2]bool{} // node → seen over ipVersions
 	for _, e := range edges {
-		add(e.Src, e.IPVersion)
-		add(e.Dst, e.IPVersion)
+		for _, id := range []string{e.Src, e.Dst} {
+			f := fams[id]
+			if i := slices.Index(ipVersions, e.IPVersion); i >= 0 {
+				f[i] = true
+			}
+			fams[id] = f
+		}
 	}
-	out := make([]MapNode, 0, len(idx))
-	for id, n := range idx {
-		for _, v := range []int{4, 6} {
-			if fam[id][v] {
+	out := make([]MapNode, 0, len(fams))
+	for _, id := range slices.Sorted(maps.Keys(fams)) {
+		n := MapNode{ID: id, Kind: "external"}
+		switch {
+		case strings.HasPrefix(id, "svc:") && len(id) > 4:
+			n.Kind = "service"
+		case strings.Contains(id, "/"):
+			n.Kind = "workload"
+		}
+		for i, v := range ipVersions {
+			if fams[id][i] {
 				n.Families = append(n.Families, v)
 			}
 		}
-		out = append(out, *n)
+		out = append(out, n)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
-}
-
-func nodeKind(id string) string {
-	switch {
-	case len(id) > 4 && id[:4] == "svc:":
-		return "service"
-	case containsByte(id, '/'):
-		return "workload"
-	}
-	return "external"
-}
-
-func containsByte(s string, b byte) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] == b {
-			return true
-		}
-	}
-	return false
 }

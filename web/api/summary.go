@@ -124,23 +124,14 @@ func (a *API) querySummary(ctx context.Context, f *Filter, step time.Duration, t
 	if err := decodeRows(ctx, a, talkers, &s.Talkers); err != nil {
 		return nil, err
 	}
-	totals := map[int]*FamilyTotal{}
-	for _, p := range s.Series {
-		t := totals[p.IPVersion]
-		if t == nil {
-			t = &FamilyTotal{IPVersion: p.IPVersion}
-			totals[p.IPVersion] = t
+	for _, v := range ipVersions {
+		t := FamilyTotal{IPVersion: v}
+		for _, p := range s.Series {
+			if p.IPVersion == v {
+				t.Bytes, t.Flows, t.Dropped = t.Bytes+p.Bytes, t.Flows+p.Flows, t.Dropped+p.Dropped
+			}
 		}
-		t.Bytes += p.Bytes
-		t.Flows += p.Flows
-		t.Dropped += p.Dropped
-	}
-	for _, v := range []int{4, 6} {
-		if t := totals[v]; t != nil {
-			s.Families = append(s.Families, *t)
-		} else {
-			s.Families = append(s.Families, FamilyTotal{IPVersion: v})
-		}
+		s.Families = append(s.Families, t)
 	}
 	return s, nil
 }
