@@ -18,21 +18,16 @@ import (
 // has its own, sized for the query): a request is a few hundred bytes.
 const maxBodyBytes = 1 << 20
 
-// bindJSON decodes the request body into v strictly: one JSON value, no
-// field v does not have (a misspelt field would otherwise be ignored and
-// its default silently used). Its errors are FieldErrors naming the field
-// at fault ("body" when there is none), answered 400 by fail.
-func bindJSON(c *gin.Context, v any) error {
+// bindJSON decodes the request body, of at most limit bytes, into v
+// strictly: one JSON value, no field v does not have (a misspelt field
+// would otherwise be ignored and its default silently used). Its errors
+// are FieldErrors naming the field at fault ("body" when there is none),
+// answered 400 by fail.
+func bindJSON(c *gin.Context, v any, limit int64) error {
 	if c.Request.Body == nil {
 		return &FieldError{Field: "body", Message: "empty body: want a JSON object", reason: reasonBadJSON}
 	}
-	body := http.MaxBytesReader(c.Writer, c.Request.Body, maxBodyBytes)
-	return decodeStrict(body, v)
-}
-
-// decodeStrict is bindJSON's decoding of r.
-func decodeStrict(r io.Reader, v any) error {
-	b, err := io.ReadAll(r)
+	b, err := io.ReadAll(http.MaxBytesReader(c.Writer, c.Request.Body, limit))
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
 		return &FieldError{Field: "body", Message: "larger than " + strconv.FormatInt(mbe.Limit, 10) + " bytes", reason: reasonBadJSON}

@@ -166,7 +166,7 @@ func matchArray(side string, eps []audit.Endpoint, field string) (string, error)
 
 func (a *API) reachability(c *gin.Context) {
 	var req ReachabilityRequest
-	if err := bindJSON(c, &req); err != nil {
+	if err := bindJSON(c, &req, maxBodyBytes); err != nil {
 		a.fail(c, err) // 400 naming the field (unknown fields refused too)
 		return
 	}

@@ -100,11 +100,7 @@ func (a *API) sql(c *gin.Context) {
 		return
 	}
 	var req SQLRequest
-	if c.Request.Body == nil {
-		a.fail(c, &FieldError{Field: "body", Message: "empty body: want a JSON object", reason: reasonBadJSON})
-		return
-	}
-	if err := decodeStrict(http.MaxBytesReader(c.Writer, c.Request.Body, maxQueryBytes+4096), &req); err != nil {
+	if err := bindJSON(c, &req, maxQueryBytes+4096); err != nil {
 		a.fail(c, err)
 		return
 	}

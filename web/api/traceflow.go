@@ -44,7 +44,7 @@ func (a *API) startTrace(c *gin.Context) {
 		return
 	}
 	var req traceflow.Request
-	if err := bindJSON(c, &req); err != nil {
+	if err := bindJSON(c, &req, maxBodyBytes); err != nil {
 		a.fail(c, err)
 		return
 	}
