@@ -2,7 +2,6 @@ package api
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/netip"
@@ -284,12 +283,8 @@ func (a *API) runReachability(ctx context.Context, req *ReachabilityRequest) (*R
 	}
 	if a.cfg.Evaluator != nil {
 		m, err := a.cfg.Evaluator.EvaluateMatrix(ctx, req.Sources, req.Destinations, proto, req.Port)
-		var tl *audit.TooLargeError
-		if errors.As(err, &tl) {
-			return nil, tooLarge(tl.Field, "%s", tl.Message) // 422
-		}
 		if err != nil {
-			return nil, err
+			return nil, err // an *audit.TooLargeError is a 422
 		}
 		for i := range out.Cells {
 			for j := range out.Cells[i] {

@@ -3,7 +3,6 @@ package api
 import (
 	"context"
 	"maps"
-	"net/http"
 	"slices"
 	"strings"
 
@@ -44,17 +43,15 @@ const maxEdges = 500
 
 const verdictClass = `multiIf(` + droppedExpr + `, 'dropped', ingress_verdict = 'allowed' OR egress_verdict = 'allowed', 'allowed', ingress_verdict = 'not_isolated' OR egress_verdict = 'not_isolated', 'not_isolated', 'unknown')`
 
-func (a *API) servicemap(c *gin.Context) {
+func (a *API) servicemap(c *gin.Context) (any, error) {
 	q := c.Request.URL.Query()
 	f, err := parseFilter(q, a.cfg.Now(), "limit")
 	if err != nil {
-		a.fail(c, err)
-		return
+		return nil, err
 	}
 	limit, err := intParam(q, "limit", maxEdges, 1, maxEdges)
 	if err != nil {
-		a.fail(c, err)
-		return
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(c.Request.Context(), a.cfg.QueryTimeout)
 	defer cancel()
@@ -66,11 +63,10 @@ func (a *API) servicemap(c *gin.Context) {
 		OrderBy: "bytes DESC, flows DESC, src, dst, ip_version, verdict", Limit: limit, Settings: jsonSettings}.String()
 	m := &ServiceMap{Nodes: []MapNode{}, Edges: []MapEdge{}}
 	if err := decodeRows(ctx, a, sql, &m.Edges); err != nil {
-		a.fail(c, err)
-		return
+		return nil, err
 	}
 	m.Nodes = mapNodes(m.Edges)
-	c.JSON(http.StatusOK, m)
+	return m, nil
 }
 
 // ipVersions are the families of the flows table, in the answers' order.

@@ -6,7 +6,6 @@ import (
 	"encoding/csv"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"maps"
 	"net/http"
 	"strconv"
@@ -95,10 +94,6 @@ func sqlSettings(l SQLLimits) map[string]string {
 }
 
 func (a *API) sql(c *gin.Context) {
-	if a.cfg.SQL == nil {
-		a.fail(c, fmt.Errorf("sql: %w", ErrNotConfigured))
-		return
-	}
 	var req SQLRequest
 	if err := bindJSON(c, &req, maxQueryBytes+4096); err != nil {
 		a.fail(c, err)
