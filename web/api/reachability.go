@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -370,12 +371,7 @@ func mismatch(f *CellFamily) string {
 }
 
 func hasKind(eps []audit.Endpoint, kind string) bool {
-	for _, e := range eps {
-		if e.Kind == kind {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(eps, func(e audit.Endpoint) bool { return e.Kind == kind })
 }
 
 // outcome sums up a family the evaluator left without one (none
