@@ -130,49 +130,38 @@ type FlowPage struct {
 	Next string `json:"next,omitempty"`
 }
 
-func (a *API) flows(c *gin.Context) {
+func (a *API) flows(c *gin.Context) (any, error) {
 	q := c.Request.URL.Query()
 	f, err := parseFilter(q, a.cfg.Now(), "limit", "cursor", "follow", "last_event_id")
 	if err != nil {
-		a.fail(c, err)
-		return
+		return nil, err
 	}
 	if v := q.Get("follow"); v == "true" || v == "1" {
 		resume, err := resumeFrom(c)
 		if err != nil {
-			a.fail(c, err)
-			return
+			return nil, err
 		}
-		release, ok := a.admit(c, a.followGate)
-		if !ok {
-			return
+		if release, ok := a.admit(c, a.followGate); ok {
+			defer release()
+			a.follow(c, f, resume)
 		}
-		defer release()
-		a.follow(c, f, resume)
-		return
+		return nil, nil // streamed, or refused
 	}
 	limit, err := intParam(q, "limit", defaultLimit, 1, maxLimit)
 	if err != nil {
-		a.fail(c, err)
-		return
+		return nil, err
 	}
 	var cur *cursor
 	if v := q.Get("cursor"); v != "" {
 		cc, err := parseCursor(v)
 		if err != nil {
-			a.fail(c, err)
-			return
+			return nil, err
 		}
 		cur = &cc
 	}
 	ctx, cancel := context.WithTimeout(c.Request.Context(), a.cfg.QueryTimeout)
 	defer cancel()
-	page, err := a.queryFlows(ctx, f, cur, limit)
-	if err != nil {
-		a.fail(c, err)
-		return
-	}
-	c.JSON(http.StatusOK, page)
+	return a.queryFlows(ctx, f, cur, limit)
 }
 
 // flowsSQL builds the page query: newest first, from the cursor on, and

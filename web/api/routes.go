@@ -47,7 +47,7 @@ func (a *API) routes() *gin.Engine {
 	})
 	viewer := v1.Group("", a.auth(RoleViewer))
 	viewer.GET("/whoami", a.whoami)
-	viewer.GET("/flows", a.flows)
+	viewer.GET("/flows", a.answer(a.flows))
 	viewer.GET("/flows/summary", a.answer(a.summary))
 	viewer.GET("/servicemap", a.answer(a.servicemap))
 	viewer.GET("/catalog", a.configured("catalog", a.cfg.Catalog != nil), a.answer(a.catalog))
@@ -83,12 +83,13 @@ func (a *API) configured(what string, ok bool) gin.HandlerFunc {
 }
 
 // answer serves a route whose handler returns its answer: 200 with v as
-// JSON, or err as fail answers it.
+// JSON, or err as fail answers it. A handler that answered itself (a
+// stream, a refusal) returns nil, nil.
 func (a *API) answer(h func(c *gin.Context) (any, error)) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		if v, err := h(c); err != nil {
 			a.fail(c, err)
-		} else {
+		} else if !c.Writer.Written() {
 			c.JSON(http.StatusOK, v)
 		}
 	}
@@ -172,11 +173,7 @@ func engineSummary(text string) (msg, detail string) {
 
 // badRequest counts a request answered 400, by route and reason.
 func (a *API) badRequest(c *gin.Context, reason string) {
-	route := c.FullPath()
-	if route == "" {
-		route = "unmatched"
-	}
-	a.metrics.badRequests.WithLabelValues(route, reason).Inc()
+	a.metrics.badRequests.WithLabelValues(cmp.Or(c.FullPath(), "unmatched"), reason).Inc()
 }
 
 // queryError is a store error; user means the input caused it (bad SQL).
@@ -205,10 +202,7 @@ func (a *API) recover(c *gin.Context) {
 func (a *API) observe(c *gin.Context) {
 	start := time.Now()
 	c.Next()
-	route := c.FullPath()
-	if route == "" {
-		route = "unmatched"
-	}
+	route := cmp.Or(c.FullPath(), "unmatched")
 	a.metrics.requests.WithLabelValues(route, strconv.Itoa(c.Writer.Status())).Inc()
 	a.metrics.duration.WithLabelValues(route).Observe(time.Since(start).Seconds())
 }
