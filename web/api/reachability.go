@@ -164,23 +164,17 @@ func matchArray(side string, eps []audit.Endpoint, field string) (string, error)
 	return "arrayFilter(x -> x >= 0, [" + strings.Join(parts, ", ") + "])", nil
 }
 
-func (a *API) reachability(c *gin.Context) {
+func (a *API) reachability(c *gin.Context) (any, error) {
 	var req ReachabilityRequest
 	if err := bindJSON(c, &req, maxBodyBytes); err != nil {
-		a.fail(c, err) // 400 naming the field (unknown fields refused too)
-		return
+		return nil, err // 400 naming the field (unknown fields refused too)
 	}
 	if req.Trace && principalOf(c).Role < RoleOperator {
 		c.AbortWithStatusJSON(http.StatusForbidden, errorBody{Message: "live traces need the operator role", Field: "trace"})
-		return
+		return nil, nil
 	}
 	// Its traces count for the principal's rate.
-	res, err := a.runReachability(traceflow.WithCaller(c.Request.Context(), principalOf(c).Name), &req)
-	if err != nil {
-		a.fail(c, err)
-		return
-	}
-	c.JSON(http.StatusOK, res)
+	return a.runReachability(traceflow.WithCaller(c.Request.Context(), principalOf(c).Name), &req)
 }
 
 func (a *API) runReachability(ctx context.Context, req *ReachabilityRequest) (*Reachability, error) {
