@@ -111,13 +111,10 @@ func (c cursor) String() string {
 
 func parseCursor(s string) (cursor, error) {
 	b, err := base64.RawURLEncoding.DecodeString(s)
-	if err != nil {
-		return cursor{}, fieldErr("cursor", "not a cursor from a previous page")
-	}
 	a, k, ok := strings.Cut(string(b), ".")
 	end, err1 := strconv.ParseInt(a, 10, 64)
 	key, err2 := strconv.ParseUint(k, 10, 64)
-	if !ok || err1 != nil || err2 != nil {
+	if err != nil || !ok || err1 != nil || err2 != nil {
 		return cursor{}, fieldErr("cursor", "not a cursor from a previous page")
 	}
 	return cursor{EndMs: end, Key: key}, nil
