@@ -140,9 +140,6 @@ func hostCheck(next http.Handler, names []string) http.Handler {
 	})
 }
 
-// Handler returns the server's handler (API and UI), for tests.
-func (s *Server) Handler() http.Handler { return s.handler }
-
 // Addr is the address to listen on (loopback when no tokens are set).
 func (s *Server) Addr() string { return s.addr }
 

@@ -34,13 +34,16 @@ type SQLRunner interface {
 	RunSQL(ctx context.Context, query, format string, settings map[string]string) ([]byte, error)
 }
 
-// Evaluator evaluates NetworkPolicies for a pair of endpoints, per IP
-// family. The result has one entry per family both ends have an address
-// of (4 and/or 6); a family absent from the map cannot be used between
-// them.
+// Evaluator evaluates the NetworkPolicies of a reachability matrix:
+// every pod pair of every cell, per IP family ([source][destination]
+// then 4 or 6; audit.PolicyEvaluator). An end that cannot be resolved is
+// an audit.OutcomeError family; an error fails the whole matrix (an
+// *audit.TooLargeError is answered 422).
 type Evaluator interface {
-	Evaluate(ctx context.Context, src, dst audit.Endpoint, protocol uint8, port uint16) (map[int]audit.PolicyVerdict, error)
+	EvaluateMatrix(ctx context.Context, srcs, dsts []audit.Endpoint, proto uint8, port uint16) ([][]map[int]*audit.FamilyPolicy, error)
 }
+
+var _ Evaluator = audit.PolicyEvaluator{}
 
 // ErrNotConfigured is answered as 501 by endpoints whose service is not wired.
 var ErrNotConfigured = errors.New("not configured in this process")
@@ -146,51 +149,22 @@ func (c *Config) setDefaults() {
 	if r, ok := c.Store.(SQLRunner); ok && c.SQL == nil {
 		c.SQL = r
 	}
-	if c.SQLMaxRows <= 0 {
-		c.SQLMaxRows = DefaultSQLMaxRows
-	}
-	if c.SQLMaxTime <= 0 {
-		c.SQLMaxTime = DefaultSQLMaxTime
-	}
-	if c.SQLMaxMemory <= 0 {
-		c.SQLMaxMemory = DefaultSQLMaxMemory
-	}
-	if c.QueryTimeout <= 0 {
-		c.QueryTimeout = DefaultQueryTimeout
-	}
-	if c.TraceTimeout <= 0 {
-		c.TraceTimeout = DefaultTraceTimeout
-	}
-	if c.FollowInterval <= 0 {
-		c.FollowInterval = DefaultFollowInterval
-	}
-	if c.SQLMaxThreads <= 0 {
-		c.SQLMaxThreads = DefaultSQLMaxThreads
-	}
-	if c.SQLConcurrency <= 0 {
-		c.SQLConcurrency = DefaultSQLConcurrency
-	}
-	if c.FollowStreams <= 0 {
-		c.FollowStreams = DefaultFollowStreams
-	}
-	if c.FollowStreamsPerRole <= 0 {
-		c.FollowStreamsPerRole = DefaultFollowStreamsPerRole
-	}
-	for _, d := range []struct {
-		v   *int
-		def int
-	}{
-		{&c.SQLConcurrencyPerToken, DefaultSQLConcurrencyPerToken},
-		{&c.FollowStreamsPerToken, DefaultFollowStreamsPerToken},
-		{&c.WhatIfConcurrency, DefaultWhatIfConcurrency},
-		{&c.WhatIfConcurrencyPerToken, DefaultWhatIfConcurrencyPerToken},
-		{&c.ReachabilityConcurrency, DefaultReachabilityConcurrency},
-		{&c.ReachabilityConcurrencyPerToken, DefaultReachabilityConcurrencyPerToken},
-	} {
-		if *d.v <= 0 {
-			*d.v = d.def
-		}
-	}
+	orDefault(&c.SQLMaxRows, DefaultSQLMaxRows)
+	orDefault(&c.SQLMaxTime, DefaultSQLMaxTime)
+	orDefault(&c.SQLMaxMemory, DefaultSQLMaxMemory)
+	orDefault(&c.QueryTimeout, DefaultQueryTimeout)
+	orDefault(&c.TraceTimeout, DefaultTraceTimeout)
+	orDefault(&c.FollowInterval, DefaultFollowInterval)
+	orDefault(&c.SQLMaxThreads, DefaultSQLMaxThreads)
+	orDefault(&c.SQLConcurrency, DefaultSQLConcurrency)
+	orDefault(&c.FollowStreams, DefaultFollowStreams)
+	orDefault(&c.FollowStreamsPerRole, DefaultFollowStreamsPerRole)
+	orDefault(&c.SQLConcurrencyPerToken, DefaultSQLConcurrencyPerToken)
+	orDefault(&c.FollowStreamsPerToken, DefaultFollowStreamsPerToken)
+	orDefault(&c.WhatIfConcurrency, DefaultWhatIfConcurrency)
+	orDefault(&c.WhatIfConcurrencyPerToken, DefaultWhatIfConcurrencyPerToken)
+	orDefault(&c.ReachabilityConcurrency, DefaultReachabilityConcurrency)
+	orDefault(&c.ReachabilityConcurrencyPerToken, DefaultReachabilityConcurrencyPerToken)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -203,6 +177,14 @@ func (c *Config) setDefaults() {
 			_, err := st.Query(ctx, "SELECT 1", "TabSeparated")
 			return err
 		}
+	}
+}
+
+// orDefault sets *v to def when it is not positive (unset, or a
+// negative flag value).
+func orDefault[T int | int64 | time.Duration](v *T, def T) {
+	if *v <= 0 {
+		*v = def
 	}
 }
 

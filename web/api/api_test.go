@@ -52,16 +52,36 @@ func (fakeTracer) Trace(_ context.Context, r traceflow.Request) (traceflow.Resul
 	return res, nil
 }
 
+// fakeEvaluator evaluates each cell as one pod pair: frontend → db is
+// denied over IPv6, v4only has no IPv6.
 type fakeEvaluator struct{}
 
-func (fakeEvaluator) Evaluate(_ context.Context, src, dst audit.Endpoint, _ uint8, _ uint16) (map[int]audit.PolicyVerdict, error) {
-	if dst.Name == "db" && src.Name == "frontend" {
-		return map[int]audit.PolicyVerdict{4: {Verdict: "allowed"}, 6: {Verdict: "denied", Ingress: "shop/db-policy"}}, nil
+func (fakeEvaluator) EvaluateMatrix(_ context.Context, srcs, dsts []audit.Endpoint, _ uint8, _ uint16) ([][]map[int]*audit.FamilyPolicy, error) {
+	out := make([][]map[int]*audit.FamilyPolicy, len(srcs))
+	for i, src := range srcs {
+		for _, dst := range dsts {
+			vs := map[int]string{4: "not_isolated", 6: "not_isolated"}
+			switch {
+			case dst.Name == "db" && src.Name == "frontend":
+				vs = map[int]string{4: "allowed", 6: "denied"}
+			case dst.Name == "v4only":
+				vs = map[int]string{4: "not_isolated", 6: ""}
+			}
+			cell := map[int]*audit.FamilyPolicy{}
+			for fam, v := range vs {
+				switch v {
+				case "":
+					cell[fam] = &audit.FamilyPolicy{Outcome: audit.OutcomeUnavailable, Reason: "no address of the family"}
+				case "denied":
+					cell[fam] = &audit.FamilyPolicy{Outcome: audit.OutcomeDeny, Total: 1, Summary: audit.PolicyVerdict{Verdict: v, Ingress: "shop/db-policy"}}
+				default:
+					cell[fam] = &audit.FamilyPolicy{Outcome: audit.OutcomeAllow, Allowed: 1, Total: 1, Summary: audit.PolicyVerdict{Verdict: v}}
+				}
+			}
+			out[i] = append(out[i], cell)
+		}
 	}
-	if dst.Name == "v4only" {
-		return map[int]audit.PolicyVerdict{4: {Verdict: "not_isolated"}}, nil
-	}
-	return map[int]audit.PolicyVerdict{4: {Verdict: "not_isolated"}, 6: {Verdict: "not_isolated"}}, nil
+	return out, nil
 }
 
 func testAPI(t testing.TB, cfg Config) http.Handler {

@@ -2,10 +2,7 @@ package api
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"io"
-	"net/http"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -30,22 +27,23 @@ var _ Audit = (*audit.Queries)(nil)
 // maxPolicyBody bounds a what-if request body: proposed policies.
 const maxPolicyBody = 1 << 20
 
-// auditRoutes mounts /audit/*: findings, unprotected, denied and unused
-// (the report windows default to the last hour, or day for unused),
-// evaluate (one flow, no traffic) and the what-if replay of proposed
-// policies (bounded, as reachability is, per token and in all).
-func (a *API) auditRoutes(viewer *gin.RouterGroup) {
-	viewer.GET("/audit/findings", a.auditRoute(func(c *gin.Context, au Audit) (any, error) {
+// auditRoutes mounts /audit/* on g: findings, unprotected, denied and
+// unused (the report windows default to the last hour, or day for
+// unused), evaluate (one flow, no traffic) and the what-if replay of
+// proposed policies (bounded, as reachability is, per token and in all).
+func (a *API) auditRoutes(g *gin.RouterGroup) {
+	au := a.cfg.Audit
+	g.GET("/findings", a.answer(func(c *gin.Context) (any, error) {
 		win, err := a.auditWindow(c, time.Hour)
 		if err != nil {
 			return nil, err
 		}
 		return au.Findings(c.Request.Context(), win)
 	}))
-	viewer.GET("/audit/unprotected", a.auditRoute(func(c *gin.Context, au Audit) (any, error) {
+	g.GET("/unprotected", a.answer(func(c *gin.Context) (any, error) {
 		return au.Unprotected(c.Request.Context())
 	}))
-	viewer.GET("/audit/denied", a.auditRoute(func(c *gin.Context, au Audit) (any, error) {
+	g.GET("/denied", a.answer(func(c *gin.Context) (any, error) {
 		q := c.Request.URL.Query()
 		opt := audit.DeniedOptions{Namespace: q.Get("namespace")}
 		var err error
@@ -60,14 +58,14 @@ func (a *API) auditRoutes(viewer *gin.RouterGroup) {
 		}
 		return au.Denied(c.Request.Context(), opt)
 	}))
-	viewer.GET("/audit/unused", a.auditRoute(func(c *gin.Context, au Audit) (any, error) {
+	g.GET("/unused", a.answer(func(c *gin.Context) (any, error) {
 		win, err := a.auditWindow(c, 24*time.Hour)
 		if err != nil {
 			return nil, err
 		}
 		return au.Unused(c.Request.Context(), win)
 	}))
-	viewer.GET("/audit/evaluate", a.auditRoute(func(c *gin.Context, au Audit) (any, error) {
+	g.GET("/evaluate", a.answer(func(c *gin.Context) (any, error) {
 		q := c.Request.URL.Query()
 		p := audit.Probe{From: q.Get("from"), To: q.Get("to")}
 		var err error
@@ -84,7 +82,7 @@ func (a *API) auditRoutes(viewer *gin.RouterGroup) {
 		p.Port = uint16(port)
 		return au.Evaluate(c.Request.Context(), p)
 	}))
-	viewer.POST("/audit/whatif", a.bounded(a.whatifGate), a.auditRoute(func(c *gin.Context, au Audit) (any, error) {
+	g.POST("/whatif", a.bounded(a.whatifGate), a.answer(func(c *gin.Context) (any, error) {
 		win, err := a.auditWindow(c, 6*time.Hour)
 		if err != nil {
 			return nil, err
@@ -95,41 +93,6 @@ func (a *API) auditRoutes(viewer *gin.RouterGroup) {
 		}
 		return au.WhatIf(c.Request.Context(), io.LimitReader(c.Request.Body, maxPolicyBody), win, limit)
 	}))
-}
-
-// auditRoute serves one audit question: ask reads the request and asks
-// it of the configured Audit (none: 501), and its answer or error is
-// answered as auditAnswer says.
-func (a *API) auditRoute(ask func(c *gin.Context, au Audit) (any, error)) gin.HandlerFunc {
-	return func(c *gin.Context) {
-		if a.cfg.Audit == nil {
-			a.fail(c, fmt.Errorf("audit: %w", ErrNotConfigured))
-			return
-		}
-		v, err := ask(c, a.cfg.Audit)
-		a.auditAnswer(c, v, err)
-	}
-}
-
-// auditAnswer answers v, or err as the audit's errors map: an
-// unavailable inventory or store 503, a what-if too large 422, a bad
-// probe or proposed policy 400; the rest as fail does.
-func (a *API) auditAnswer(c *gin.Context, v any, err error) {
-	var tl *audit.TooLargeError
-	switch {
-	case err == nil:
-		c.JSON(http.StatusOK, v)
-	case errors.Is(err, audit.ErrUnavailable):
-		c.AbortWithStatusJSON(http.StatusServiceUnavailable, errorBody{Message: err.Error()})
-	case errors.As(err, &tl):
-		a.fail(c, tooLarge(tl.Field, "%s", err.Error()))
-	case errors.Is(err, audit.ErrBadProbe):
-		a.fail(c, &FieldError{Message: err.Error()})
-	case errors.Is(err, audit.ErrInvalidPolicy):
-		a.fail(c, &FieldError{Field: "body", Message: err.Error()})
-	default:
-		a.fail(c, err)
-	}
 }
 
 // auditWindow reads since (default def back from now) and until, as the

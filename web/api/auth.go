@@ -3,6 +3,7 @@ package api
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -30,15 +31,10 @@ const (
 	RoleOperator
 )
 
-func (r Role) String() string {
-	switch r {
-	case RoleViewer:
-		return "viewer"
-	case RoleOperator:
-		return "operator"
-	}
-	return "none"
-}
+// roleNames are the roles' names, in the tokens file and the answers.
+var roleNames = map[Role]string{RoleViewer: "viewer", RoleOperator: "operator"}
+
+func (r Role) String() string { return cmp.Or(roleNames[r], "none") }
 
 // Principal is who made a request.
 type Principal struct {
@@ -95,13 +91,13 @@ func parseTokens(path string) (map[[32]byte]Principal, error) {
 		if len(fields) < 2 {
 			return nil, fmt.Errorf("tokens %s:%d: want \"token role [name]\"", path, n)
 		}
-		var role Role
-		switch fields[1] {
-		case "viewer":
-			role = RoleViewer
-		case "operator":
-			role = RoleOperator
-		default:
+		role := Role(0)
+		for r, rn := range roleNames {
+			if rn == fields[1] {
+				role = r
+			}
+		}
+		if role == 0 {
 			return nil, fmt.Errorf("tokens %s:%d: role %q is not viewer or operator", path, n, fields[1])
 		}
 		name := fmt.Sprintf("%s-%d", fields[1], n)

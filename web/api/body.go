@@ -5,8 +5,9 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"maps"
 	"net/http"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -17,21 +18,16 @@ import (
 // has its own, sized for the query): a request is a few hundred bytes.
 const maxBodyBytes = 1 << 20
 
-// bindJSON decodes the request body into v strictly: one JSON value, no
-// field v does not have (a misspelt field would otherwise be ignored and
-// its default silently used). Its errors are FieldErrors naming the field
-// at fault ("body" when there is none), answered 400 by fail.
-func bindJSON(c *gin.Context, v any) error {
+// bindJSON decodes the request body, of at most limit bytes, into v
+// strictly: one JSON value, no field v does not have (a misspelt field
+// would otherwise be ignored and its default silently used). Its errors
+// are FieldErrors naming the field at fault ("body" when there is none),
+// answered 400 by fail.
+func bindJSON(c *gin.Context, v any, limit int64) error {
 	if c.Request.Body == nil {
 		return &FieldError{Field: "body", Message: "empty body: want a JSON object", reason: reasonBadJSON}
 	}
-	body := http.MaxBytesReader(c.Writer, c.Request.Body, maxBodyBytes)
-	return decodeStrict(body, v)
-}
-
-// decodeStrict is bindJSON's decoding of r.
-func decodeStrict(r io.Reader, v any) error {
-	b, err := io.ReadAll(r)
+	b, err := io.ReadAll(http.MaxBytesReader(c.Writer, c.Request.Body, limit))
 	var mbe *http.MaxBytesError
 	if errors.As(err, &mbe) {
 		return &FieldError{Field: "body", Message: "larger than " + strconv.FormatInt(mbe.Limit, 10) + " bytes", reason: reasonBadJSON}
@@ -61,13 +57,13 @@ func decodeStrict(r io.Reader, v any) error {
 	// encoding/json has no type for it: `json: unknown field "name"`.
 	if name, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
 		name = strings.Trim(name, `"`)
-		var doc any
+		field, doc := name, any(nil)
 		if json.Unmarshal(b, &doc) == nil {
 			if p, ok := keyPath(doc, name, ""); ok {
-				return &FieldError{Field: p, Message: "unknown field " + strconv.Quote(name) + " (see /api/v1/openapi.json for the request's fields)", reason: reasonUnknownField}
+				field = p
 			}
 		}
-		return &FieldError{Field: name, Message: "unknown field " + strconv.Quote(name) + " (see /api/v1/openapi.json for the request's fields)", reason: reasonUnknownField}
+		return &FieldError{Field: field, Message: "unknown field " + strconv.Quote(name) + " (see /api/v1/openapi.json for the request's fields)", reason: reasonUnknownField}
 	}
 	return &FieldError{Field: "body", Message: "bad JSON: " + strings.TrimPrefix(err.Error(), "json: "), reason: reasonBadJSON}
 }
@@ -104,12 +100,7 @@ func keyPath(doc any, key, at string) (string, bool) {
 		if _, ok := d[key]; ok {
 			return join(key), true
 		}
-		keys := make([]string, 0, len(d))
-		for k := range d {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
-		for _, k := range keys {
+		for _, k := range slices.Sorted(maps.Keys(d)) {
 			if p, ok := keyPath(d[k], key, join(k)); ok {
 				return p, true
 			}

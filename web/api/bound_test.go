@@ -113,10 +113,6 @@ func (a heldAudit) WhatIf(ctx context.Context, _ io.Reader, _ audit.Window, _ in
 	return &audit.WhatIfReport{}, nil
 }
 
-func (h *held) Evaluate(context.Context, audit.Endpoint, audit.Endpoint, uint8, uint16) (map[int]audit.PolicyVerdict, error) {
-	return nil, nil
-}
-
 func (h *held) EvaluateMatrix(ctx context.Context, srcs, dsts []audit.Endpoint, _ uint8, _ uint16) ([][]map[int]*audit.FamilyPolicy, error) {
 	h.entered <- struct{}{}
 	select {

@@ -4,8 +4,6 @@ import (
 	"cmp"
 	"context"
 	"errors"
-	"fmt"
-	"net/http"
 	"net/netip"
 	"slices"
 
@@ -81,24 +79,12 @@ type CatalogPort struct {
 	Port     uint16 `json:"port"`
 }
 
-func (a *API) catalog(c *gin.Context) {
-	if a.cfg.Catalog == nil {
-		a.fail(c, fmt.Errorf("catalog: %w", ErrNotConfigured))
-		return
-	}
+func (a *API) catalog(c *gin.Context) (any, error) {
 	ctx, cancel := context.WithTimeout(c.Request.Context(), a.cfg.QueryTimeout)
 	defer cancel()
 	cat, err := a.cfg.Catalog.Catalog(ctx)
-	if errors.Is(err, ErrUnavailable) {
-		c.AbortWithStatusJSON(http.StatusServiceUnavailable, errorBody{Message: err.Error()})
-		return
-	}
-	if err != nil {
-		a.fail(c, err)
-		return
-	}
 	cat.normalize(CatalogMaxEntries)
-	c.JSON(http.StatusOK, cat)
+	return cat, err
 }
 
 // normalize sorts every list, cuts it at max entries (setting Truncated)

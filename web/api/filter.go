@@ -2,9 +2,10 @@ package api
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"net/url"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -329,15 +330,10 @@ func parseFilter(q url.Values, now time.Time, skip ...string) (*Filter, error) {
 	if f.Since, f.Until, err = parseWindow(q, now, defaultWindow); err != nil {
 		return nil, err
 	}
-	keys := make([]string, 0, len(q))
-	for k := range q {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
 	size := 0 // bytes of f.conds
 	probes, trace := q.Has(probesParam), false
-	for _, k := range keys {
-		if k == "since" || k == "until" || contains(skip, k) {
+	for _, k := range slices.Sorted(maps.Keys(q)) {
+		if k == "since" || k == "until" || slices.Contains(skip, k) {
 			continue
 		}
 		if k == probesParam || k == "not."+probesParam {
@@ -455,13 +451,4 @@ func parseTime(v string, now time.Time) (time.Time, error) {
 		return time.UnixMilli(ms), nil
 	}
 	return time.Time{}, fmt.Errorf("want RFC 3339, Unix milliseconds or a duration like 15m, got %q", v)
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -8,7 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -110,13 +111,10 @@ func (c cursor) String() string {
 
 func parseCursor(s string) (cursor, error) {
 	b, err := base64.RawURLEncoding.DecodeString(s)
-	if err != nil {
-		return cursor{}, fieldErr("cursor", "not a cursor from a previous page")
-	}
 	a, k, ok := strings.Cut(string(b), ".")
 	end, err1 := strconv.ParseInt(a, 10, 64)
 	key, err2 := strconv.ParseUint(k, 10, 64)
-	if !ok || err1 != nil || err2 != nil {
+	if err != nil || !ok || err1 != nil || err2 != nil {
 		return cursor{}, fieldErr("cursor", "not a cursor from a previous page")
 	}
 	return cursor{EndMs: end, Key: key}, nil
@@ -129,49 +127,38 @@ type FlowPage struct {
 	Next string `json:"next,omitempty"`
 }
 
-func (a *API) flows(c *gin.Context) {
+func (a *API) flows(c *gin.Context) (any, error) {
 	q := c.Request.URL.Query()
 	f, err := parseFilter(q, a.cfg.Now(), "limit", "cursor", "follow", "last_event_id")
 	if err != nil {
-		a.fail(c, err)
-		return
+		return nil, err
 	}
 	if v := q.Get("follow"); v == "true" || v == "1" {
 		resume, err := resumeFrom(c)
 		if err != nil {
-			a.fail(c, err)
-			return
+			return nil, err
 		}
-		release, ok := a.admit(c, a.followGate)
-		if !ok {
-			return
+		if release, ok := a.admit(c, a.followGate); ok {
+			defer release()
+			a.follow(c, f, resume)
 		}
-		defer release()
-		a.follow(c, f, resume)
-		return
+		return nil, nil // streamed, or refused
 	}
 	limit, err := intParam(q, "limit", defaultLimit, 1, maxLimit)
 	if err != nil {
-		a.fail(c, err)
-		return
+		return nil, err
 	}
 	var cur *cursor
 	if v := q.Get("cursor"); v != "" {
 		cc, err := parseCursor(v)
 		if err != nil {
-			a.fail(c, err)
-			return
+			return nil, err
 		}
 		cur = &cc
 	}
 	ctx, cancel := context.WithTimeout(c.Request.Context(), a.cfg.QueryTimeout)
 	defer cancel()
-	page, err := a.queryFlows(ctx, f, cur, limit)
-	if err != nil {
-		a.fail(c, err)
-		return
-	}
-	c.JSON(http.StatusOK, page)
+	return a.queryFlows(ctx, f, cur, limit)
 }
 
 // flowsSQL builds the page query: newest first, from the cursor on, and
@@ -311,15 +298,10 @@ func (a *API) queryFlows(ctx context.Context, f *Filter, cur *cursor, limit int)
 			}
 		}
 	}
-	order := func(rows []keyedFlow) {
-		sort.SliceStable(rows, func(i, j int) bool {
-			if rows[i].FlowEndMs != rows[j].FlowEndMs {
-				return rows[i].FlowEndMs > rows[j].FlowEndMs
-			}
-			return rows[i].key > rows[j].key
-		})
+	newestFirst := func(a, b keyedFlow) int {
+		return cmp.Or(cmp.Compare(b.FlowEndMs, a.FlowEndMs), cmp.Compare(b.key, a.key))
 	}
-	order(rows)
+	slices.SortStableFunc(rows, newestFirst)
 	if len(rows) > limit && rows[limit].FlowEndMs == rows[limit-1].FlowEndMs {
 		// The page ends inside a tie: which rows of it come first is up to
 		// the key, so fetch the tie in key order (every row of it with a
@@ -334,7 +316,7 @@ func (a *API) queryFlows(ctx context.Context, f *Filter, cur *cursor, limit int)
 			n++
 		}
 		rows = append(rows[:n:n], tie...)
-		order(rows)
+		slices.SortStableFunc(rows, newestFirst)
 	}
 	page := &FlowPage{Flows: make([]Flow, 0, min(len(rows), limit))}
 	for i := 0; i < len(rows) && i < limit; i++ {

@@ -2,10 +2,10 @@ package api
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,15 +18,6 @@ import (
 	"github.com/dualflow/dualflow/internal/chsql"
 	"github.com/dualflow/dualflow/traceflow"
 )
-
-// MatrixEvaluator is an Evaluator that answers a whole matrix for every
-// pod pair of every cell (audit.PolicyEvaluator); reachability uses it
-// when the configured Evaluator implements it.
-type MatrixEvaluator interface {
-	EvaluateMatrix(ctx context.Context, srcs, dsts []audit.Endpoint, proto uint8, port uint16) ([][]map[int]*audit.FamilyPolicy, error)
-}
-
-var _ MatrixEvaluator = audit.PolicyEvaluator{}
 
 // ReachabilityRequest is the body of POST /reachability.
 type ReachabilityRequest struct {
@@ -173,23 +164,17 @@ func matchArray(side string, eps []audit.Endpoint, field string) (string, error)
 	return "arrayFilter(x -> x >= 0, [" + strings.Join(parts, ", ") + "])", nil
 }
 
-func (a *API) reachability(c *gin.Context) {
+func (a *API) reachability(c *gin.Context) (any, error) {
 	var req ReachabilityRequest
-	if err := bindJSON(c, &req); err != nil {
-		a.fail(c, err) // 400 naming the field (unknown fields refused too)
-		return
+	if err := bindJSON(c, &req, maxBodyBytes); err != nil {
+		return nil, err // 400 naming the field (unknown fields refused too)
 	}
 	if req.Trace && principalOf(c).Role < RoleOperator {
 		c.AbortWithStatusJSON(http.StatusForbidden, errorBody{Message: "live traces need the operator role", Field: "trace"})
-		return
+		return nil, nil
 	}
 	// Its traces count for the principal's rate.
-	res, err := a.runReachability(traceflow.WithCaller(c.Request.Context(), principalOf(c).Name), &req)
-	if err != nil {
-		a.fail(c, err)
-		return
-	}
-	c.JSON(http.StatusOK, res)
+	return a.runReachability(traceflow.WithCaller(c.Request.Context(), principalOf(c).Name), &req)
 }
 
 func (a *API) runReachability(ctx context.Context, req *ReachabilityRequest) (*Reachability, error) {
@@ -291,40 +276,15 @@ func (a *API) runReachability(ctx context.Context, req *ReachabilityRequest) (*R
 		}
 		f.Observed.Verdicts[r.Verdict] += r.Flows
 	}
-	if me, ok := a.cfg.Evaluator.(MatrixEvaluator); ok {
-		m, err := me.EvaluateMatrix(ctx, req.Sources, req.Destinations, proto, req.Port)
-		var tl *audit.TooLargeError
-		if errors.As(err, &tl) {
-			return nil, tooLarge(tl.Field, "%s", tl.Message) // 422
-		}
+	if a.cfg.Evaluator != nil {
+		m, err := a.cfg.Evaluator.EvaluateMatrix(ctx, req.Sources, req.Destinations, proto, req.Port)
 		if err != nil {
-			return nil, err
+			return nil, err // an *audit.TooLargeError is a 422
 		}
 		for i := range out.Cells {
 			for j := range out.Cells[i] {
 				for fam, fp := range m[i][j] {
 					setPolicy(out.Cells[i][j].Families[strconv.Itoa(fam)], fp)
-				}
-			}
-		}
-	} else if a.cfg.Evaluator != nil {
-		for i, s := range req.Sources {
-			for j, d := range req.Destinations {
-				cell := &out.Cells[i][j]
-				vs, err := a.cfg.Evaluator.Evaluate(ctx, s, d, proto, req.Port)
-				if err != nil {
-					for _, f := range cell.Families {
-						f.PolicyError = err.Error()
-					}
-					continue
-				}
-				for _, fam := range []string{"4", "6"} {
-					v, ok := vs[atoiFam(fam)]
-					if !ok {
-						cell.Families[fam].Outcome = "unavailable"
-						continue
-					}
-					cell.Families[fam].Policy = &v
 				}
 			}
 		}
@@ -405,31 +365,18 @@ func mismatch(f *CellFamily) string {
 }
 
 func hasKind(eps []audit.Endpoint, kind string) bool {
-	for _, e := range eps {
-		if e.Kind == kind {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(eps, func(e audit.Endpoint) bool { return e.Kind == kind })
 }
 
-func atoiFam(s string) int { n, _ := strconv.Atoi(s); return n }
-
-// outcome sums up one family: the trace if one ran, else the evaluated
-// policy, else what was observed.
+// outcome sums up a family the evaluator left without one (none
+// configured, or not evaluated): the trace if one ran, else what was
+// observed.
 func outcome(f *CellFamily) string {
 	switch {
 	case f.Trace != nil && f.Trace.Outcome == traceflow.Delivered:
 		return "allow"
 	case traceStopped(f):
 		return "deny"
-	case f.Policy != nil:
-		switch f.Policy.Verdict {
-		case "allowed", "not_isolated":
-			return "allow"
-		case "denied", "rejected":
-			return "deny"
-		}
 	}
 	v := f.Observed.Verdicts
 	switch {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"embed"
 	"errors"
+	"fmt"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/gin-gonic/gin"
 
+	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/internal/reload"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -45,18 +47,19 @@ func (a *API) routes() *gin.Engine {
 	})
 	viewer := v1.Group("", a.auth(RoleViewer))
 	viewer.GET("/whoami", a.whoami)
-	viewer.GET("/flows", a.flows)
-	viewer.GET("/flows/summary", a.summary)
-	viewer.GET("/servicemap", a.servicemap)
-	viewer.GET("/catalog", a.catalog)
-	viewer.GET("/status", a.status)
-	viewer.POST("/reachability", a.bounded(a.reachGate), a.reachability)
+	viewer.GET("/flows", a.answer(a.flows))
+	viewer.GET("/flows/summary", a.answer(a.summary))
+	viewer.GET("/servicemap", a.answer(a.servicemap))
+	viewer.GET("/catalog", a.configured("catalog", a.cfg.Catalog != nil), a.answer(a.catalog))
+	viewer.GET("/status", a.configured("status", a.cfg.Status != nil), a.answer(a.status))
+	viewer.POST("/reachability", a.bounded(a.reachGate), a.answer(a.reachability))
 	viewer.GET("/filters", a.filterDoc)
-	a.auditRoutes(viewer)
-	viewer.GET("/traceflows/:id", a.getTrace)
+	a.auditRoutes(viewer.Group("/audit", a.configured("audit", a.cfg.Audit != nil)))
+	tracing := a.configured("traceflow", a.cfg.Traces != nil)
+	viewer.GET("/traceflows/:id", tracing, a.getTrace)
 	op := v1.Group("", a.auth(RoleOperator))
-	op.POST("/traceflows", a.startTrace)
-	op.POST("/sql", a.sql)
+	op.POST("/traceflows", tracing, a.startTrace)
+	op.POST("/sql", a.configured("sql", a.cfg.SQL != nil), a.answer(a.sql))
 	metricsHandler := promhttp.HandlerFor(a.metrics.gatherer(a.cfg.Gatherer), promhttp.HandlerOpts{})
 	r.GET("/metrics", a.auth(RoleViewer), gin.WrapH(metricsHandler))
 	r.NoRoute(func(c *gin.Context) {
@@ -69,13 +72,47 @@ func (a *API) routes() *gin.Engine {
 	return r
 }
 
+// configured is the middleware of a route served by an optional
+// service (what): 501 when it is not wired (ok false).
+func (a *API) configured(what string, ok bool) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		if !ok {
+			a.fail(c, fmt.Errorf("%s: %w", what, ErrNotConfigured))
+		}
+	}
+}
+
+// answer serves a route whose handler returns its answer: 200 with v as
+// JSON, or err as fail answers it. A handler that answered itself (a
+// stream, a refusal) returns nil, nil.
+func (a *API) answer(h func(c *gin.Context) (any, error)) gin.HandlerFunc {
+	return func(c *gin.Context) {
+		if v, err := h(c); err != nil {
+			a.fail(c, err)
+		} else if !c.Writer.Written() {
+			c.JSON(http.StatusOK, v)
+		}
+	}
+}
+
 // fail answers err: a FieldError or bad JSON is 400 (422 for too much
-// work, see tooLarge), ErrNotConfigured 501,
-// a store failure 502/503/504, anything else 500 (and is logged once here).
+// work, see tooLarge, and an *audit.TooLargeError), a bad probe or
+// proposed policy of the audit 400, ErrNotConfigured 501, a service not
+// ready (ErrUnavailable, audit.ErrUnavailable) 503, a store failure
+// 502/503/504, anything else 500 (and is logged once here).
 func (a *API) fail(c *gin.Context, err error) {
 	var fe *FieldError
 	var qe *queryError
+	var tl *audit.TooLargeError
 	switch {
+	case errors.Is(err, ErrUnavailable), errors.Is(err, audit.ErrUnavailable):
+		c.AbortWithStatusJSON(http.StatusServiceUnavailable, errorBody{Message: err.Error()})
+	case errors.As(err, &tl):
+		a.fail(c, tooLarge(tl.Field, "%s", tl.Message))
+	case errors.Is(err, audit.ErrBadProbe):
+		a.fail(c, &FieldError{Message: err.Error()})
+	case errors.Is(err, audit.ErrInvalidPolicy):
+		a.fail(c, &FieldError{Field: "body", Message: err.Error()})
 	case errors.As(err, &fe) && fe.reason == reasonTooLarge:
 		c.AbortWithStatusJSON(http.StatusUnprocessableEntity, errorBody{Message: fe.Message, Field: fe.Field})
 	case errors.As(err, &fe):
@@ -136,11 +173,7 @@ func engineSummary(text string) (msg, detail string) {
 
 // badRequest counts a request answered 400, by route and reason.
 func (a *API) badRequest(c *gin.Context, reason string) {
-	route := c.FullPath()
-	if route == "" {
-		route = "unmatched"
-	}
-	a.metrics.badRequests.WithLabelValues(route, reason).Inc()
+	a.metrics.badRequests.WithLabelValues(cmp.Or(c.FullPath(), "unmatched"), reason).Inc()
 }
 
 // queryError is a store error; user means the input caused it (bad SQL).
@@ -169,10 +202,7 @@ func (a *API) recover(c *gin.Context) {
 func (a *API) observe(c *gin.Context) {
 	start := time.Now()
 	c.Next()
-	route := c.FullPath()
-	if route == "" {
-		route = "unmatched"
-	}
+	route := cmp.Or(c.FullPath(), "unmatched")
 	a.metrics.requests.WithLabelValues(route, strconv.Itoa(c.Writer.Status())).Inc()
 	a.metrics.duration.WithLabelValues(route).Observe(time.Since(start).Seconds())
 }

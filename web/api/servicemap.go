@@ -2,8 +2,9 @@ package api
 
 import (
 	"context"
-	"net/http"
-	"sort"
+	"maps"
+	"slices"
+	"strings"
 
 	"github.com/gin-gonic/gin"
 
@@ -42,17 +43,15 @@ const maxEdges = 500
 
 const verdictClass = `multiIf(` + droppedExpr + `, 'dropped', ingress_verdict = 'allowed' OR egress_verdict = 'allowed', 'allowed', ingress_verdict = 'not_isolated' OR egress_verdict = 'not_isolated', 'not_isolated', 'unknown')`
 
-func (a *API) servicemap(c *gin.Context) {
+func (a *API) servicemap(c *gin.Context) (any, error) {
 	q := c.Request.URL.Query()
 	f, err := parseFilter(q, a.cfg.Now(), "limit")
 	if err != nil {
-		a.fail(c, err)
-		return
+		return nil, err
 	}
 	limit, err := intParam(q, "limit", maxEdges, 1, maxEdges)
 	if err != nil {
-		a.fail(c, err)
-		return
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(c.Request.Context(), a.cfg.QueryTimeout)
 	defer cancel()
@@ -64,57 +63,41 @@ func (a *API) servicemap(c *gin.Context) {
 		OrderBy: "bytes DESC, flows DESC, src, dst, ip_version, verdict", Limit: limit, Settings: jsonSettings}.String()
 	m := &ServiceMap{Nodes: []MapNode{}, Edges: []MapEdge{}}
 	if err := decodeRows(ctx, a, sql, &m.Edges); err != nil {
-		a.fail(c, err)
-		return
+		return nil, err
 	}
 	m.Nodes = mapNodes(m.Edges)
-	c.JSON(http.StatusOK, m)
+	return m, nil
 }
 
+// ipVersions are the families of the flows table, in the answers' order.
+var ipVersions = []int{4, 6}
+
 func mapNodes(edges []MapEdge) []MapNode {
-	idx := map[string]*MapNode{}
-	fam := map[string]map[int]bool{}
-	add := func(id string, v int) {
-		n := idx[id]
-		if n == nil {
-			n = &MapNode{ID: id, Kind: nodeKind(id)}
-			idx[id] = n
-			fam[id] = map[int]bool{}
-		}
-		fam[id][v] = true
-	}
+	fams := map[string][2]bool{} // node → seen over ipVersions
 	for _, e := range edges {
-		add(e.Src, e.IPVersion)
-		add(e.Dst, e.IPVersion)
+		for _, id := range []string{e.Src, e.Dst} {
+			f := fams[id]
+			if i := slices.Index(ipVersions, e.IPVersion); i >= 0 {
+				f[i] = true
+			}
+			fams[id] = f
+		}
 	}
-	out := make([]MapNode, 0, len(idx))
-	for id, n := range idx {
-		for _, v := range []int{4, 6} {
-			if fam[id][v] {
+	out := make([]MapNode, 0, len(fams))
+	for _, id := range slices.Sorted(maps.Keys(fams)) {
+		n := MapNode{ID: id, Kind: "external"}
+		switch {
+		case strings.HasPrefix(id, "svc:") && len(id) > 4:
+			n.Kind = "service"
+		case strings.Contains(id, "/"):
+			n.Kind = "workload"
+		}
+		for i, v := range ipVersions {
+			if fams[id][i] {
 				n.Families = append(n.Families, v)
 			}
 		}
-		out = append(out, *n)
+		out = append(out, n)
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
-}
-
-func nodeKind(id string) string {
-	switch {
-	case len(id) > 4 && id[:4] == "svc:":
-		return "service"
-	case containsByte(id, '/'):
-		return "workload"
-	}
-	return "external"
-}
-
-func containsByte(s string, b byte) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] == b {
-			return true
-		}
-	}
-	return false
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/csv"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"maps"
 	"net/http"
 	"strconv"
@@ -94,32 +93,20 @@ func sqlSettings(l SQLLimits) map[string]string {
 	}
 }
 
-func (a *API) sql(c *gin.Context) {
-	if a.cfg.SQL == nil {
-		a.fail(c, fmt.Errorf("sql: %w", ErrNotConfigured))
-		return
-	}
+func (a *API) sql(c *gin.Context) (any, error) {
 	var req SQLRequest
-	if c.Request.Body == nil {
-		a.fail(c, &FieldError{Field: "body", Message: "empty body: want a JSON object", reason: reasonBadJSON})
-		return
-	}
-	if err := decodeStrict(http.MaxBytesReader(c.Writer, c.Request.Body, maxQueryBytes+4096), &req); err != nil {
-		a.fail(c, err)
-		return
+	if err := bindJSON(c, &req, maxQueryBytes+4096); err != nil {
+		return nil, err
 	}
 	if strings.TrimSpace(req.Query) == "" {
-		a.fail(c, fieldErr("query", "empty query"))
-		return
+		return nil, fieldErr("query", "empty query")
 	}
 	if len(req.Query) > maxQueryBytes {
-		a.fail(c, fieldErr("query", "longer than %d bytes", maxQueryBytes))
-		return
+		return nil, fieldErr("query", "longer than %d bytes", maxQueryBytes)
 	}
 	lim := SQLLimits{MaxRows: a.cfg.SQLMaxRows, MaxExecutionTime: a.cfg.SQLMaxTime.Seconds(), MaxMemoryBytes: a.cfg.SQLMaxMemory, MaxThreads: a.cfg.SQLMaxThreads}
 	if req.MaxRows < 0 {
-		a.fail(c, fieldErr("max_rows", "must not be negative"))
-		return
+		return nil, fieldErr("max_rows", "must not be negative")
 	}
 	if req.MaxRows > 0 && req.MaxRows < lim.MaxRows {
 		lim.MaxRows = req.MaxRows
@@ -130,13 +117,12 @@ func (a *API) sql(c *gin.Context) {
 	case "csv":
 		format = "CSVWithNames"
 	default:
-		a.fail(c, fieldErr("format", "want json or csv"))
-		return
+		return nil, fieldErr("format", "want json or csv")
 	}
 	// The vetting statements count too: they run on the engine.
 	release, ok := a.admit(c, a.sqlGate)
 	if !ok {
-		return
+		return nil, nil // refused
 	}
 	defer release()
 	// The engine enforces max_execution_time; the context is a backstop.
@@ -163,48 +149,37 @@ func (a *API) sql(c *gin.Context) {
 		switch {
 		case errors.As(err, &re):
 			a.metrics.sqlRefused.WithLabelValues(re.Reason).Inc()
-			a.fail(c, fieldErr("query", "%v", err))
+			return nil, fieldErr("query", "%v", err)
 		case errors.Is(err, sqlguard.ErrNotAccepted):
 			a.metrics.sqlRefused.WithLabelValues("engine").Inc()
-			a.fail(c, sqlError(err))
-		default:
-			a.fail(c, sqlError(err))
 		}
-		return
+		return nil, sqlError(err)
 	}
 	out, err := a.cfg.SQL.RunSQL(ctx, req.Query, format, settings)
 	if err != nil {
-		a.fail(c, sqlError(err))
-		return
+		return nil, sqlError(err)
 	}
 	if format == "CSVWithNames" {
 		out, cut := csvRows(out, lim.MaxRows)
 		c.Header("Content-Disposition", `attachment; filename="dualflow-query.csv"`)
 		c.Header(truncatedHeader, strconv.FormatBool(cut))
 		c.Data(http.StatusOK, "text/csv; charset=utf-8", out)
-		return
+		return nil, nil
 	}
-	var raw struct {
+	raw := struct {
 		Meta []SQLColumn `json:"meta"`
 		Data [][]any     `json:"data"`
-	}
+	}{[]SQLColumn{}, [][]any{}}
 	dec := json.NewDecoder(bytes.NewReader(out))
 	dec.UseNumber()
 	if err := dec.Decode(&raw); err != nil {
-		a.fail(c, fieldErr("query", "the result is not JSON: remove the FORMAT clause (use format csv for CSV)"))
-		return
-	}
-	if raw.Data == nil {
-		raw.Data = [][]any{}
-	}
-	if raw.Meta == nil {
-		raw.Meta = []SQLColumn{}
+		return nil, fieldErr("query", "the result is not JSON: remove the FORMAT clause (use format csv for CSV)")
 	}
 	cut := len(raw.Data) > lim.MaxRows
 	if cut {
 		raw.Data = raw.Data[:lim.MaxRows]
 	}
-	c.JSON(http.StatusOK, SQLResult{Columns: raw.Meta, Rows: raw.Data, Truncated: cut, Elapsed: time.Since(start).Seconds(), Limits: lim})
+	return SQLResult{Columns: raw.Meta, Rows: raw.Data, Truncated: cut, Elapsed: time.Since(start).Seconds(), Limits: lim}, nil
 }
 
 // csvRows keeps the header and the first max records of a CSVWithNames

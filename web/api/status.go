@@ -2,8 +2,6 @@ package api
 
 import (
 	"context"
-	"fmt"
-	"net/http"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -50,20 +48,12 @@ type KubernetesKind struct {
 	LastOK *time.Time `json:"last_ok,omitempty"`
 }
 
-func (a *API) status(c *gin.Context) {
-	if a.cfg.Status == nil {
-		a.fail(c, fmt.Errorf("status: %w", ErrNotConfigured))
-		return
-	}
+func (a *API) status(c *gin.Context) (any, error) {
 	ctx, cancel := context.WithTimeout(c.Request.Context(), a.cfg.QueryTimeout)
 	defer cancel()
 	s, err := a.cfg.Status.Status(ctx)
-	if err != nil {
-		a.fail(c, err)
-		return
-	}
 	if s.Kubernetes.Kinds == nil {
 		s.Kubernetes.Kinds = []KubernetesKind{}
 	}
-	c.JSON(http.StatusOK, s)
+	return s, err
 }

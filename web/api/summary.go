@@ -3,7 +3,6 @@ package api
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -54,12 +53,11 @@ const (
 	maxPoints = 720
 )
 
-func (a *API) summary(c *gin.Context) {
+func (a *API) summary(c *gin.Context) (any, error) {
 	q := c.Request.URL.Query()
 	f, err := parseFilter(q, a.cfg.Now(), "step", "top")
 	if err != nil {
-		a.fail(c, err)
-		return
+		return nil, err
 	}
 	span := f.Until.Sub(f.Since)
 	// About 60 points; past a minute, whole minutes, which the minute
@@ -70,30 +68,22 @@ func (a *API) summary(c *gin.Context) {
 	}
 	if v := q.Get("step"); v != "" {
 		if step, err = time.ParseDuration(v); err != nil || step <= 0 {
-			a.fail(c, fieldErr("step", "want a positive duration like 1m"))
-			return
+			return nil, fieldErr("step", "want a positive duration like 1m")
 		}
 	}
 	if step < time.Second {
 		step = time.Second
 	}
 	if span/step > maxPoints {
-		a.fail(c, fieldErr("step", "at most %d points: use a step of at least %s", maxPoints, (span/maxPoints).Round(time.Second)+time.Second))
-		return
+		return nil, fieldErr("step", "at most %d points: use a step of at least %s", maxPoints, (span/maxPoints).Round(time.Second)+time.Second)
 	}
 	top, err := intParam(q, "top", 10, 1, 100)
 	if err != nil {
-		a.fail(c, err)
-		return
+		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(c.Request.Context(), a.cfg.QueryTimeout)
 	defer cancel()
-	s, err := a.querySummary(ctx, f, step, top)
-	if err != nil {
-		a.fail(c, err)
-		return
-	}
-	c.JSON(http.StatusOK, s)
+	return a.querySummary(ctx, f, step, top)
 }
 
 func (a *API) querySummary(ctx context.Context, f *Filter, step time.Duration, top int) (*Summary, error) {
@@ -124,23 +114,14 @@ func (a *API) querySummary(ctx context.Context, f *Filter, step time.Duration, t
 	if err := decodeRows(ctx, a, talkers, &s.Talkers); err != nil {
 		return nil, err
 	}
-	totals := map[int]*FamilyTotal{}
-	for _, p := range s.Series {
-		t := totals[p.IPVersion]
-		if t == nil {
-			t = &FamilyTotal{IPVersion: p.IPVersion}
-			totals[p.IPVersion] = t
+	for _, v := range ipVersions {
+		t := FamilyTotal{IPVersion: v}
+		for _, p := range s.Series {
+			if p.IPVersion == v {
+				t.Bytes, t.Flows, t.Dropped = t.Bytes+p.Bytes, t.Flows+p.Flows, t.Dropped+p.Dropped
+			}
 		}
-		t.Bytes += p.Bytes
-		t.Flows += p.Flows
-		t.Dropped += p.Dropped
-	}
-	for _, v := range []int{4, 6} {
-		if t := totals[v]; t != nil {
-			s.Families = append(s.Families, *t)
-		} else {
-			s.Families = append(s.Families, FamilyTotal{IPVersion: v})
-		}
+		s.Families = append(s.Families, t)
 	}
 	return s, nil
 }

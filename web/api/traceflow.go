@@ -3,7 +3,6 @@ package api
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 	"strconv"
 
@@ -26,25 +25,13 @@ type Traces interface {
 
 var _ Traces = (*traceflow.Controller)(nil)
 
-// traces returns the configured Traces, or answers 501.
-func (a *API) traces(c *gin.Context) (Traces, bool) {
-	if a.cfg.Traces == nil {
-		a.fail(c, fmt.Errorf("traceflow: %w", ErrNotConfigured))
-		return nil, false
-	}
-	return a.cfg.Traces, true
-}
-
 // startTrace serves POST /traceflows: 202 {"id", "phase": "running"} with
 // a Location, or with ?wait=true 200 and the Result once it finished. The
 // caller's rate limit and share of the results kept are the principal's.
 func (a *API) startTrace(c *gin.Context) {
-	t, ok := a.traces(c)
-	if !ok {
-		return
-	}
+	t := a.cfg.Traces
 	var req traceflow.Request
-	if err := bindJSON(c, &req); err != nil {
+	if err := bindJSON(c, &req, maxBodyBytes); err != nil {
 		a.fail(c, err)
 		return
 	}
@@ -72,11 +59,7 @@ func (a *API) startTrace(c *gin.Context) {
 // the store: a trace running on another replica is not found (404) until
 // it has finished and been saved.
 func (a *API) getTrace(c *gin.Context) {
-	t, ok := a.traces(c)
-	if !ok {
-		return
-	}
-	res, err := t.Get(c.Request.Context(), c.Param("id"))
+	res, err := a.cfg.Traces.Get(c.Request.Context(), c.Param("id"))
 	if err != nil {
 		a.traceFail(c, err)
 		return

@@ -17,36 +17,48 @@ import (
 	"github.com/dualflow/dualflow/web/api"
 )
 
-// Evaluator answers from Pairs: the seeded verdicts, and both families
-// for any other pair of lab workloads (not_isolated).
+// Evaluator answers from Pairs, each cell as one pod pair: the seeded
+// verdicts, and both families for any other pair of lab workloads
+// (not_isolated); an end outside the lab is an error cell.
 type Evaluator struct{}
 
-// Evaluate implements api.Evaluator.
-func (Evaluator) Evaluate(_ context.Context, src, dst audit.Endpoint, _ uint8, _ uint16) (map[int]audit.PolicyVerdict, error) {
-	si, di := find(src), find(dst)
-	if si < 0 || di < 0 {
-		return nil, fmt.Errorf("unknown endpoint %s or %s", src, dst)
-	}
-	out := map[int]audit.PolicyVerdict{
-		4: {Verdict: "not_isolated", SrcIP: addr(4, si, 1), DstIP: addr(4, di, 101)},
-		6: {Verdict: "not_isolated", SrcIP: addr(6, si, 1), DstIP: addr(6, di, 101)},
-	}
-	for _, p := range webtest.Pairs {
-		if p.Src == si && p.Dst == di {
-			for fam, v := range map[int]string{4: p.Verdict4, 6: p.Verdict6} {
-				pv := out[fam]
-				pv.Verdict = v
-				if v == "" {
-					pv.Verdict = "allowed"
-				}
-				if v == "denied" || v == "allowed" {
-					pv.Ingress = webtest.Lab[di].Namespace + "/" + webtest.Lab[di].Name + "-policy"
-				}
-				out[fam] = pv
-			}
+// EvaluateMatrix implements api.Evaluator.
+func (Evaluator) EvaluateMatrix(_ context.Context, srcs, dsts []audit.Endpoint, _ uint8, _ uint16) ([][]map[int]*audit.FamilyPolicy, error) {
+	out := make([][]map[int]*audit.FamilyPolicy, len(srcs))
+	for i, src := range srcs {
+		for _, dst := range dsts {
+			out[i] = append(out[i], evaluate(src, dst))
 		}
 	}
 	return out, nil
+}
+
+func evaluate(src, dst audit.Endpoint) map[int]*audit.FamilyPolicy {
+	si, di := find(src), find(dst)
+	if si < 0 || di < 0 {
+		err := fmt.Sprintf("unknown endpoint %s or %s", src, dst)
+		return map[int]*audit.FamilyPolicy{4: {Outcome: audit.OutcomeError, Reason: err}, 6: {Outcome: audit.OutcomeError, Reason: err}}
+	}
+	out := map[int]*audit.FamilyPolicy{}
+	for _, fam := range []int{4, 6} {
+		v := audit.PolicyVerdict{Verdict: "not_isolated", SrcIP: addr(fam, si, 1), DstIP: addr(fam, di, 101)}
+		for _, p := range webtest.Pairs {
+			if p.Src == si && p.Dst == di {
+				v.Verdict = map[int]string{4: p.Verdict4, 6: p.Verdict6}[fam]
+				if v.Verdict == "" {
+					v.Verdict = "allowed"
+				}
+				if v.Verdict == "denied" || v.Verdict == "allowed" {
+					v.Ingress = webtest.Lab[di].Namespace + "/" + webtest.Lab[di].Name + "-policy"
+				}
+			}
+		}
+		out[fam] = &audit.FamilyPolicy{Outcome: audit.OutcomeAllow, Allowed: 1, Total: 1, Summary: v}
+		if v.Verdict == "denied" || v.Verdict == "rejected" {
+			out[fam].Outcome, out[fam].Allowed = audit.OutcomeDeny, 0
+		}
+	}
+	return out
 }
 
 func find(e audit.Endpoint) int {
@@ -172,15 +184,15 @@ func (t NodeTracer) Trace(ctx context.Context, p traceflow.Probe) (traceflow.Pat
 	if p.Service != "" {
 		dst = endpoint("service", p.Service)
 	}
-	vs, err := Evaluator{}.Evaluate(ctx, src, dst, p.ProtoNumber(), p.DstPort)
-	if err != nil {
-		return traceflow.Path{Outcome: traceflow.TimedOut, Reason: "no node of the lab saw the probe"}, nil
-	}
 	fam := 4
 	if !p.Src.Is4() {
 		fam = 6
 	}
-	v := vs[fam]
+	fp := evaluate(src, dst)[fam]
+	if fp.Outcome == audit.OutcomeError {
+		return traceflow.Path{Outcome: traceflow.TimedOut, Reason: "no node of the lab saw the probe"}, nil
+	}
+	v := fp.Summary
 	from, to := webtest.Lab[find(src)].Node, webtest.Lab[find(dst)].Node
 	obs := []traceflow.Observation{{Node: from, Component: traceflow.NetworkPolicy, Action: traceflow.ActionForwarded, Detail: "egress"}}
 	pod := p.DstPod
