@@ -15,7 +15,6 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/dualflow/dualflow/internal/reload"
@@ -111,7 +110,7 @@ func New(cfg Config) (*Server, error) {
 		if err != nil {
 			return nil, fmt.Errorf("web: addr %q: %w", cfg.Addr, err)
 		}
-		if ip := net.ParseIP(strings.Trim(host, "[]")); ip == nil || !ip.IsLoopback() {
+		if !netaddr.Loopback(host) {
 			s.addr = net.JoinHostPort("127.0.0.1", port)
 		}
 	}

@@ -6,13 +6,13 @@ import (
 	"flag"
 	"fmt"
 	"net"
-	"net/netip"
 	"path/filepath"
 	"strconv"
 	"strings"
 
 	"github.com/dualflow/dualflow/collector/store/chhttp"
 	"github.com/dualflow/dualflow/migrations"
+	"github.com/dualflow/dualflow/netaddr"
 )
 
 // DefaultDataDir is the embedded store's data directory by default,
@@ -90,7 +90,7 @@ func (c Config) Validate() error {
 		if err != nil {
 			return fmt.Errorf("--clickhouse.http-addr %q: %w", c.HTTPAddr, err)
 		}
-		if ip, err := netip.ParseAddr(host); (err != nil && host != "localhost") || (err == nil && !ip.IsLoopback()) {
+		if !netaddr.Loopback(host) {
 			return fmt.Errorf("--clickhouse.http-addr %q: the embedded ClickHouse HTTP interface has no TLS, so passwords would cross the network in clear: it must listen on loopback (127.0.0.1 or [::1])", c.HTTPAddr)
 		}
 		if a, err := chhttp.ParseAccess(c.HTTPAnonymous); err != nil || a == chhttp.AccessFull {

@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/dualflow/dualflow/collector/store/spool"
 	"github.com/dualflow/dualflow/flow"
+	"github.com/dualflow/dualflow/internal/ratelog"
 )
 
 // Writer defaults. A flow row with Kubernetes metadata is 400-600 bytes as
@@ -235,7 +237,7 @@ type Writer struct {
 	stats struct {
 		rowsWritten, batchesWritten, retries, insertErrors, spooledRows, droppedRows atomic.Int64
 	}
-	failLog, rejectLog, dropLog, spoolLog logLimiter
+	warns *ratelog.Limiter // kinds fail, reject, drop and spool: a line per logEvery each
 
 	// last is the outcome of the latest insert attempt (Writable).
 	last struct {
@@ -367,6 +369,7 @@ func NewWriter(cfg WriterConfig, conn Conn, reg prometheus.Registerer, log *slog
 		cfg:       cfg,
 		conn:      conn,
 		log:       log,
+		warns:     ratelog.New(log, logEvery, 4),
 		changed:   make(chan struct{}),
 		kick:      make(chan struct{}, 1),
 		spoolOpen: make(chan struct{}),
@@ -376,9 +379,6 @@ func NewWriter(cfg WriterConfig, conn Conn, reg prometheus.Registerer, log *slog
 		return nil, fmt.Errorf("store writer: %T does not take Native blocks", conn)
 	}
 	w.cur = w.newBatchLocked()
-	for _, l := range []*logLimiter{&w.failLog, &w.rejectLog, &w.dropLog, &w.spoolLog} {
-		l.every = logEvery
-	}
 	w.m = newWriterMetrics(w)
 	if reg != nil {
 		if err := w.m.register(reg); err != nil {
@@ -720,11 +720,11 @@ func (w *Writer) deliver(ctx context.Context, sp *spool.Spool, stop <-chan struc
 	switch {
 	case sp != nil:
 		if permanent {
-			if n, ok := w.rejectLog.allow(); ok {
+			if ok, n := w.warns.Allow("reject", netip.Addr{}); ok {
 				w.log.Error("clickhouse rejected a batch; spooled, replay will retry it for the reject-after grace",
 					"rows", sb.Rows, "token", sb.Token, "err", err, "suppressed", n)
 			}
-		} else if n, ok := w.failLog.allow(); ok {
+		} else if ok, n := w.warns.Allow("fail", netip.Addr{}); ok {
 			w.log.Warn("clickhouse insert failed; spooling", "rows", sb.Rows, "err", err, "suppressed", n)
 		}
 		w.push(sp, &sb)
@@ -818,7 +818,7 @@ func (w *Writer) push(sp *spool.Spool, b *outgoing) {
 func (w *Writer) drop(reason string, rows int, err error) {
 	w.stats.droppedRows.Add(int64(rows))
 	w.m.dropped.WithLabelValues(reason).Add(float64(rows))
-	if n, ok := w.dropLog.allow(); ok {
+	if ok, n := w.warns.Allow("drop", netip.Addr{}); ok {
 		w.log.Error("dropping flow rows", "reason", reason, "rows", rows, "err", err,
 			"dropped_rows_total", w.stats.droppedRows.Load(), "suppressed", n)
 	}
@@ -843,7 +843,7 @@ func (w *Writer) drain(ctx context.Context, sp *spool.Spool, stop <-chan struct{
 		}
 		b, ok, err := sp.Peek()
 		if err != nil {
-			if n, ok := w.spoolLog.allow(); ok {
+			if ok, n := w.warns.Allow("spool", netip.Addr{}); ok {
 				w.log.Error("read spool", "err", err, "suppressed", n)
 			}
 			if !sleepOrStop(stop, backoffDelay(w.cfg.RetryBackoff, w.cfg.MaxBackoff, failures)) {
@@ -890,11 +890,11 @@ func (w *Writer) drain(ctx context.Context, sp *spool.Spool, stop <-chan struct{
 				failures = 0
 				continue
 			}
-			if n, ok := w.rejectLog.allow(); ok {
+			if ok, n := w.warns.Allow("reject", netip.Addr{}); ok {
 				w.log.Error("clickhouse rejected a spooled batch; retrying", "rows", b.Rows, "token", b.Token,
 					"since", rejectedSince, "err", err, "suppressed", n)
 			}
-		} else if n, ok := w.failLog.allow(); ok {
+		} else if ok, n := w.warns.Allow("fail", netip.Addr{}); ok {
 			w.log.Warn("clickhouse unavailable; spool replay backing off", "spool_batches", sp.Len(),
 				"spool_bytes", sp.Bytes(), "err", err, "suppressed", n)
 		}
@@ -976,30 +976,6 @@ func (w *Writer) Stats() WriterStats {
 		s.SpoolBatches, s.SpoolRows, s.SpoolBytes = sp.Len(), sp.Rows(), sp.Bytes()
 	}
 	return s
-}
-
-// logLimiter lets one log line through per interval and counts the others.
-type logLimiter struct {
-	mu         sync.Mutex
-	every      time.Duration
-	next       time.Time
-	suppressed int
-}
-
-// allow reports whether to log now and how many lines were suppressed
-// since the last one.
-func (l *logLimiter) allow() (suppressed int, ok bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	now := time.Now()
-	if now.Before(l.next) {
-		l.suppressed++
-		return 0, false
-	}
-	l.next = now.Add(l.every)
-	n := l.suppressed
-	l.suppressed = 0
-	return n, true
 }
 
 // writerMetrics are the writer's Prometheus collectors.
