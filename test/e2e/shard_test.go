@@ -133,7 +133,7 @@ func testShardedMode(t *testing.T, bin string, mode manifest.Mode) {
 			t.Errorf("%v: rows %+v, want merged rows with distinct totals", c.local, got[i])
 		}
 	}
-	checkCounters(t, l, st, steady)
+	checkCounters(t, l, st, steady, nil)
 	for _, d := range cols {
 		if n, err := d.metric(`dualflow_ipfix_records_total`); err != nil || n == 0 {
 			t.Errorf("%s received %v records (%v): no share", d.name, n, err)
@@ -239,12 +239,16 @@ func testShardedMode(t *testing.T, bin string, mode manifest.Mode) {
 	if twice+strays > 0 {
 		t.Errorf("%d connections stored twice and %d halves stored again", twice, strays)
 	}
-	checkCounters(t, l, st, churn)
+	// A connection exported again after its idle export (a late FIN) may
+	// have sent that last record to collector-2 just before the kill.
+	short := checkCounters(t, l, st, churn, func(c shardConn) bool {
+		return c.at.After(killed.Add(-10*time.Second)) && c.at.Before(back)
+	})
 	// The bound: what was in flight on the killed collector's
 	// connections (its socket buffers and the exporters' last flush, 50 ms
-	// here), a few connections at this rate.
-	if lost > 3 {
-		t.Errorf("%d connections lost, over the bound of 3", lost)
+	// here), a few connections at this rate, whole or their last records.
+	if lost+short > 3 {
+		t.Errorf("%d connections lost and %d short of their last records, over the bound of 3", lost, short)
 	}
 	if merged < len(churn)/2 {
 		t.Errorf("only %d of %d connections merged", merged, len(churn))
@@ -324,13 +328,17 @@ func classify(rows []shardRow) shape {
 // node's half) of every connection with the source node's conntrack entry
 // (it lingers in TIME_WAIT). A packet after an idle export (a late FIN on
 // a loaded machine) moves conntrack first and the store an idle timeout
-// later, so this waits for them to agree.
-func checkCounters(t *testing.T, l *lab.Lab, st *storeProcess, sent []shardConn) {
+// later, so this waits for them to agree. A connection for which short
+// says yes may end short of conntrack's counters (the record of its last
+// packets in flight to a collector that was killed): it is not an error,
+// and the number of such connections is returned.
+func checkCounters(t *testing.T, l *lab.Lab, st *storeProcess, sent []shardConn, short func(shardConn) bool) int {
 	t.Helper()
 	var errs []string
+	var excused int
 	deadline := time.Now().Add(time.Minute)
 	for {
-		errs = errs[:0]
+		errs, excused = errs[:0], 0
 		conns, err := labtruth.Conntrack(l, "node-1")
 		if err != nil {
 			t.Fatal(err)
@@ -360,11 +368,19 @@ func checkCounters(t *testing.T, l *lab.Lab, st *storeProcess, sent []shardConn)
 				continue
 			}
 			r := newest
-			if r.packets != ct.OrigPackets || r.bytes != ct.OrigBytes || r.rp != ct.ReplyPackets || r.rb != ct.ReplyBytes || r.srcNode != "node-1" || r.dstNode != "node-2" {
+			equal := r.packets == ct.OrigPackets && r.bytes == ct.OrigBytes && r.rp == ct.ReplyPackets && r.rb == ct.ReplyBytes
+			below := r.packets <= ct.OrigPackets && r.bytes <= ct.OrigBytes && r.rp <= ct.ReplyPackets && r.rb <= ct.ReplyBytes
+			switch {
+			case r.srcNode != "node-1" || r.dstNode != "node-2" || (!equal && !(below && short != nil && short(sent[i]))):
 				errs = append(errs, fmt.Sprintf("%v: row %+v, conntrack %d/%d %d/%d", local, *r, ct.OrigPackets, ct.OrigBytes, ct.ReplyPackets, ct.ReplyBytes))
+			case !equal:
+				excused++
+				if time.Now().After(deadline) {
+					t.Logf("%v: row %+v short of conntrack %d/%d %d/%d: its last export was in flight to the killed collector", local, *r, ct.OrigPackets, ct.OrigBytes, ct.ReplyPackets, ct.ReplyBytes)
+				}
 			}
 		}
-		if len(errs) == 0 || time.Now().After(deadline) {
+		if (len(errs) == 0 && excused == 0) || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(500 * time.Millisecond)
@@ -372,6 +388,7 @@ func checkCounters(t *testing.T, l *lab.Lab, st *storeProcess, sent []shardConn)
 	for _, e := range errs {
 		t.Error(e)
 	}
+	return excused
 }
 
 // storeProcess is a running `dualflow store`.
