@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"strconv"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -32,8 +33,18 @@ func freePort(t *testing.T) uint16 {
 // TestServeAndDial runs a server in the current namespace and dials it over
 // loopback in both families (no root needed).
 func TestServeAndDial(t *testing.T) {
-	port := freePort(t)
-	srv, err := Listen(ServerConfig{Name: "ns/pod", TCP: []uint16{port}, UDP: []uint16{port}})
+	// The port was free when freePort looked; another process may take it
+	// before Listen binds it (every address, both families): try another.
+	var port uint16
+	var srv *Server
+	var err error
+	for range 20 {
+		port = freePort(t)
+		srv, err = Listen(ServerConfig{Name: "ns/pod", TCP: []uint16{port}, UDP: []uint16{port}})
+		if !errors.Is(err, syscall.EADDRINUSE) {
+			break
+		}
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
