@@ -9,13 +9,12 @@ cur=""
 # A test's lines that read like a failure (go test -v cannot tell t.Errorf
 # from t.Logf), kept per test so that the tail names why it failed.
 why='(want|did not|never|mismatch|timed out|deadline|unexpected|panic|fail|error|no [a-z]+ (row|answer|finding))'
-shopt -s nocasematch
 for m in ipv4 ipv6 dual; do pass[$m]=0; fail[$m]=0; skip[$m]=0; done
 while IFS= read -r line; do
   printf '%s\n' "$line"
   if [[ $line =~ ^===\ (RUN|CONT|NAME)\ +([^ ]+) ]]; then
     cur=${BASH_REMATCH[2]}
-  elif [[ -n $cur && $line =~ _test\.go:[0-9]+: && $line =~ $why ]]; then
+  elif [[ -n $cur && $line =~ _test\.go:[0-9]+: && ${line,,} =~ $why ]]; then
     said[$cur]+="${line:0:400}"$'\n'
   fi
   if [[ $line =~ ---\ (PASS|FAIL|SKIP):\ ([^ ]+) ]]; then
