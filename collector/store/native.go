@@ -90,6 +90,7 @@ type nativeColumn struct {
 	values  []byte            // map values; LowCardinality indexes
 	offsets []uint64          // map offsets (cumulative entry counts)
 	dict    map[string]uint32 // LowCardinality: the index of each dictionary key
+	recent  *recentKeys       // LowCardinality: the last indexes, by the string's address
 }
 
 // nativeColumns returns the columns of the Native block build makes for
