@@ -1,5 +1,5 @@
-// Package secretfile reads files that hold secrets (bearer tokens) and
-// refuses them, like ssh with a private key, when others may read or
+// Package secretfile reads files that hold secrets (bearer tokens,
+// passwords) and creates new ones. It refuses them, like ssh with a private key, when others may read or
 // write them or their group may write them. Group read is accepted only
 // for a group the process belongs to: Kubernetes mounts a Secret
 // root-owned and readable by the pod's fsGroup (defaultMode 0440), so that
@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"syscall"
 )
 
@@ -65,4 +66,28 @@ func Check(what, path string, fi os.FileInfo) error {
 		}
 	}
 	return fmt.Errorf("%s %s has mode %#o and group %d, which this process is not in: group and others must have no access (chmod 600 %s)", what, path, perm, st.Gid, path)
+}
+
+// Create writes data to a new secret file at path, mode 0600, creating
+// its directory (mode 0700) when missing. It never replaces a file: when
+// path exists (another process created it first) the error wraps
+// fs.ErrExist, and the caller reads that one. On any other error nothing
+// is left at path.
+func Create(what, path string, data []byte) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	_, err = f.Write(data)
+	if err2 := f.Close(); err == nil {
+		err = err2
+	}
+	if err != nil {
+		_ = os.Remove(path)
+		return fmt.Errorf("%s %s: %w", what, path, err)
+	}
+	return nil
 }

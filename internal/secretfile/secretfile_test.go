@@ -1,6 +1,8 @@
 package secretfile
 
 import (
+	"errors"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -75,5 +77,27 @@ func TestRead(t *testing.T) {
 	}
 	if _, err := Read("token file", filepath.Join(dir, "missing")); err == nil || !strings.HasPrefix(err.Error(), "token file: ") {
 		t.Errorf("missing file: %v", err)
+	}
+}
+
+// TestCreate: a new file is 0600 in a 0700 directory made for it, and an
+// existing one is never replaced.
+func TestCreate(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "sub", "token")
+	if err := Create("token file", path, []byte("one\n")); err != nil {
+		t.Fatal(err)
+	}
+	fi, err := os.Stat(path)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("created %v %v, want mode 0600", fi, err)
+	}
+	if di, _ := os.Stat(filepath.Dir(path)); di.Mode().Perm() != 0o700 {
+		t.Errorf("directory mode %#o, want 0700", di.Mode().Perm())
+	}
+	if err := Create("token file", path, []byte("two\n")); !errors.Is(err, fs.ErrExist) {
+		t.Fatalf("second create: %v, want fs.ErrExist", err)
+	}
+	if b, err := Read("token file", path); err != nil || string(b) != "one\n" {
+		t.Fatalf("after a second create: %q %v, want the first content", b, err)
 	}
 }

@@ -12,8 +12,6 @@ import (
 	"fmt"
 	"io/fs"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 
 	"github.com/gin-gonic/gin"
@@ -222,23 +220,12 @@ func LoadOrCreateLocalToken(path string) (string, error) {
 		return "", err
 	}
 	tok := base64.RawURLEncoding.EncodeToString(b[:])
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return "", fmt.Errorf("local token: %w", err)
-	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	err := secretfile.Create("local token file", path, []byte(tok+"\n"))
 	if errors.Is(err, fs.ErrExist) { // another process won the race
 		return LoadOrCreateLocalToken(path)
 	}
 	if err != nil {
-		return "", fmt.Errorf("local token: %w", err)
-	}
-	_, err = f.WriteString(tok + "\n")
-	if err2 := f.Close(); err == nil {
-		err = err2
-	}
-	if err != nil {
-		_ = os.Remove(path)
-		return "", fmt.Errorf("local token %s: %w", path, err)
+		return "", err
 	}
 	return tok, nil
 }

@@ -14,10 +14,10 @@ import (
 	"io/fs"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strings"
 
 	"github.com/dualflow/dualflow/internal/atomicfile"
+	"github.com/dualflow/dualflow/internal/secretfile"
 )
 
 // Access is what a request may do.
@@ -137,24 +137,13 @@ func LoadOrCreateUsers(path string) (users []User, created bool, err error) {
 	if err != nil {
 		return nil, false, err
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, false, fmt.Errorf("users file: %w", err)
-	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	err = secretfile.Create("users file", path, append(b, '\n'))
 	if errors.Is(err, fs.ErrExist) { // another process won the race
 		users, err = LoadUsers(path)
 		return users, false, err
 	}
 	if err != nil {
-		return nil, false, fmt.Errorf("users file: %w", err)
-	}
-	_, err = f.Write(append(b, '\n'))
-	if err2 := f.Close(); err == nil {
-		err = err2
-	}
-	if err != nil {
-		_ = os.Remove(path)
-		return nil, false, fmt.Errorf("users file %s: %w", path, err)
+		return nil, false, err
 	}
 	return users, true, nil
 }
