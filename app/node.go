@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dualflow/dualflow/exporter"
+	"github.com/dualflow/dualflow/internal/httpserve"
 	"github.com/dualflow/dualflow/internal/reload"
 	"github.com/dualflow/dualflow/netaddr"
 	"github.com/dualflow/dualflow/nsrun"
@@ -215,27 +216,18 @@ func (n *Node) Run(ctx context.Context) error {
 	if c.tls != nil {
 		srv.TLSConfig = c.tls.ServerConfig()
 	}
-	done := make(chan struct{})
+	sctx, stop := context.WithCancel(ctx) // ends when run returns, whatever the reason
+	served := make(chan struct{})
 	go func() {
-		defer close(done)
-		var err error
-		if c.tls != nil {
-			err = srv.ServeTLS(ln, "", "")
-		} else {
-			err = srv.Serve(ln)
-		}
-		if err != nil && !errors.Is(err, http.ErrServerClosed) {
+		defer close(served)
+		if err := httpserve.Serve(sctx, srv, ln, agentShutdownGrace); err != nil {
 			log.Error("traceflow agent stopped", "err", err)
 		}
 	}()
 	log.Info("traceflow agent listening", "addr", ln.Addr().String(), "datapath", dp, "tls", c.tls != nil, "mtls", c.ClientCAFile != "")
 	defer func() {
-		sctx, cancel := context.WithTimeout(context.Background(), agentShutdownGrace)
-		defer cancel()
-		if srv.Shutdown(sctx) != nil {
-			srv.Close() // watches still streaming: cut them
-		}
-		<-done
+		stop()
+		<-served
 		t.Close()
 	}()
 	return n.run(ctx)

@@ -38,6 +38,7 @@ import (
 	"github.com/dualflow/dualflow/collector/store/chhttp"
 	"github.com/dualflow/dualflow/collector/wal"
 	"github.com/dualflow/dualflow/flow"
+	"github.com/dualflow/dualflow/internal/httpserve"
 	"github.com/dualflow/dualflow/migrations"
 )
 
@@ -693,15 +694,6 @@ func (c *Collector) serveMetrics(ctx context.Context) error {
 	})
 	ln := c.metLn
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Shutdown(sctx)
-	}()
 	c.log.Info("serving metrics", "url", "http://"+ln.Addr().String()+"/metrics")
-	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
+	return httpserve.Serve(ctx, srv, ln, 5*time.Second)
 }

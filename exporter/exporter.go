@@ -43,6 +43,7 @@ import (
 	"github.com/dualflow/dualflow/exporter/shard"
 	"github.com/dualflow/dualflow/flow"
 	fipfix "github.com/dualflow/dualflow/flow/ipfix"
+	"github.com/dualflow/dualflow/internal/httpserve"
 	"github.com/dualflow/dualflow/internal/ratelog"
 	"github.com/dualflow/dualflow/internal/reload"
 )
@@ -245,8 +246,8 @@ func (e *Exporter) Run(ctx context.Context) error {
 	defer stopSend()
 	wg.Go(func() { e.sender.Run(sendCtx) })
 	if srv != nil {
-		wg.Go(func() {
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		wg.Go(func() { // until the sender has flushed (stopSend)
+			if err := httpserve.Serve(sendCtx, srv, ln, shutdownGrace); err != nil {
 				e.log.Error("metrics server stopped", "err", err)
 			}
 		})
@@ -332,11 +333,6 @@ loop:
 	}
 	e.sender.Flush()
 	stopSend()
-	if srv != nil {
-		sctx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
-		srv.Shutdown(sctx)
-		cancel()
-	}
 	wg.Wait()
 	st := e.sender.Stats()
 	e.log.Info("exporter stopped", "records_sent", st.Records[0]+st.Records[1],

@@ -9,7 +9,6 @@ package web
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -17,6 +16,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/dualflow/dualflow/internal/httpserve"
 	"github.com/dualflow/dualflow/internal/reload"
 	"github.com/dualflow/dualflow/netaddr"
 	"github.com/dualflow/dualflow/web/api"
@@ -164,20 +164,8 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		BaseContext:       func(net.Listener) context.Context { return reqCtx },
 	}
 	srv.RegisterOnShutdown(cancelReqs)
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err := <-errc:
+	if err := httpserve.Serve(ctx, srv, ln, s.cfg.ShutdownTimeout); err != nil {
 		return fmt.Errorf("web: serve: %w", err)
-	case <-ctx.Done():
 	}
-	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
-	defer cancel()
-	err := srv.Shutdown(sctx)
-	<-errc
-	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("web: shutdown: %w", err)
-	}
-	_ = srv.Close() // follow streams outlive Shutdown
 	return nil
 }

@@ -16,6 +16,7 @@ import (
 
 	"github.com/dualflow/dualflow/collector/store"
 	"github.com/dualflow/dualflow/collector/store/chhttp"
+	"github.com/dualflow/dualflow/internal/httpserve"
 	"github.com/dualflow/dualflow/migrations"
 )
 
@@ -208,15 +209,6 @@ func (s *storeServer) serveMetrics(ctx context.Context, ln net.Listener, reg *pr
 		}
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	go func() {
-		<-ctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(sctx) // a scrape cut short is harmless
-	}()
 	s.log.Info("serving metrics", "url", "http://"+ln.Addr().String()+"/metrics")
-	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-		return err
-	}
-	return nil
+	return httpserve.Serve(ctx, srv, ln, 5*time.Second)
 }

@@ -38,6 +38,7 @@ import (
 
 	"github.com/dualflow/dualflow/collector/store/chdb"
 	"github.com/dualflow/dualflow/collector/store/sqlguard"
+	"github.com/dualflow/dualflow/internal/httpserve"
 	"github.com/dualflow/dualflow/netaddr"
 )
 
@@ -270,20 +271,8 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		BaseContext:       func(net.Listener) context.Context { return context.WithoutCancel(ctx) },
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelDebug),
 	}
-	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
-	select {
-	case err := <-errc:
+	if err := httpserve.Serve(ctx, srv, ln, s.cfg.ShutdownTimeout); err != nil {
 		return fmt.Errorf("chhttp: serve %s: %w", ln.Addr(), err)
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
-	defer cancel()
-	err := srv.Shutdown(sctx)
-	<-errc // http.ErrServerClosed
-	if err != nil {
-		_ = srv.Close()
-		return fmt.Errorf("chhttp: shutdown: %w", err)
 	}
 	return nil
 }
