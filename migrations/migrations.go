@@ -34,6 +34,7 @@ import (
 	"strings"
 	"text/template"
 
+	"github.com/dualflow/dualflow/collector/store/chdb"
 	"github.com/dualflow/dualflow/internal/chsql"
 )
 
@@ -179,7 +180,7 @@ func Render(m Migration, opt Options) ([]string, error) {
 	if err := tmpl.Execute(&buf, opt); err != nil {
 		return nil, fmt.Errorf("render %s: %w", m.Name, err)
 	}
-	return SplitStatements(buf.String()), nil
+	return chdb.SplitStatements(buf.String()), nil
 }
 
 func funcs(o Options) template.FuncMap {
@@ -273,75 +274,6 @@ func ttlClause(col string, days int) string {
 		return ""
 	}
 	return fmt.Sprintf("TTL toDateTime(%s) + INTERVAL %d DAY", col, days)
-}
-
-// SplitStatements splits SQL text on ';' outside string literals, quoted
-// identifiers and comments, trims each statement and drops the empty and
-// comment-only ones.
-func SplitStatements(sql string) []string {
-	var out []string
-	var cur strings.Builder
-	flush := func() {
-		s := stripLeadingComments(cur.String())
-		cur.Reset()
-		if s != "" {
-			out = append(out, s)
-		}
-	}
-	for i := 0; i < len(sql); i++ {
-		c := sql[i]
-		switch {
-		case c == '-' && i+1 < len(sql) && sql[i+1] == '-':
-			j := strings.IndexByte(sql[i:], '\n')
-			if j < 0 {
-				j = len(sql) - i
-			}
-			cur.WriteString(sql[i : i+j])
-			i += j - 1
-		case c == '/' && i+1 < len(sql) && sql[i+1] == '*':
-			j := strings.Index(sql[i+2:], "*/")
-			end := len(sql)
-			if j >= 0 {
-				end = i + 2 + j + 2
-			}
-			cur.WriteString(sql[i:end])
-			i = end - 1
-		case c == '\'' || c == '"' || c == '`':
-			j := i + 1
-			for j < len(sql) && sql[j] != c {
-				if sql[j] == '\\' {
-					j++
-				}
-				j++
-			}
-			if j >= len(sql) {
-				j = len(sql) - 1
-			}
-			cur.WriteString(sql[i : j+1])
-			i = j
-		case c == ';':
-			flush()
-		default:
-			cur.WriteByte(c)
-		}
-	}
-	flush()
-	return out
-}
-
-// stripLeadingComments drops the blank and '--' comment lines before a
-// statement (file headers), and trims it: a statement of comment lines
-// only is then empty.
-func stripLeadingComments(s string) string {
-	s = strings.TrimSpace(s)
-	for strings.HasPrefix(s, "--") {
-		i := strings.IndexByte(s, '\n')
-		if i < 0 {
-			return ""
-		}
-		s = strings.TrimSpace(s[i+1:])
-	}
-	return s
 }
 
 // conn is what the runner needs from ClickHouse; store.Conn satisfies it.

@@ -193,27 +193,6 @@ func TestSingleForm(t *testing.T) {
 	}
 }
 
-func TestSplitStatements(t *testing.T) {
-	tests := []struct {
-		in   string
-		want []string
-	}{
-		{"SELECT 1; SELECT 2;", []string{"SELECT 1", "SELECT 2"}},
-		{"SELECT 'a;b';\n-- c;\nSELECT 2", []string{"SELECT 'a;b'", "SELECT 2"}},
-		{"SELECT 'it\\'s;'; SELECT `x;y`", []string{"SELECT 'it\\'s;'", "SELECT `x;y`"}},
-		{"/* a; b */ SELECT 1;", []string{"/* a; b */ SELECT 1"}},
-		{"-- only a comment;\n;;\n", nil},
-		{"SELECT '::ffff:198.18.0.1', 'fd00:10::1';", []string{"SELECT '::ffff:198.18.0.1', 'fd00:10::1'"}},
-		{"SELECT 'unterminated", []string{"SELECT 'unterminated"}},
-	}
-	for _, tt := range tests {
-		got := SplitStatements(tt.in)
-		if strings.Join(got, "|") != strings.Join(tt.want, "|") {
-			t.Errorf("SplitStatements(%q) = %q, want %q", tt.in, got, tt.want)
-		}
-	}
-}
-
 func TestLoadRejectsBadFiles(t *testing.T) {
 	tests := []struct {
 		name  string

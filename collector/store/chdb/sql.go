@@ -48,6 +48,32 @@ func SplitInsert(text string) (InsertStatement, bool) {
 	return ins, ok
 }
 
+// SplitStatements splits SQL text into its statements: on ';' outside
+// quotes and comments, each from its first token (comments before it are
+// dropped) to its last, the empty ones omitted.
+func SplitStatements(text string) []string {
+	var out []string
+	lx := lexer{s: text}
+	start, end := -1, 0
+	for {
+		tok := lx.next()
+		if tok.kind == tokEOF || tok.isPunct(";") {
+			if start >= 0 {
+				out = append(out, text[start:end])
+			}
+			if tok.kind == tokEOF {
+				return out
+			}
+			start = -1
+			continue
+		}
+		if start < 0 {
+			start = tok.start
+		}
+		end = tok.end
+	}
+}
+
 func splitInsert(text string, lx *lexer, tok token) (InsertStatement, bool) {
 	depth := 0
 	prev := tok
