@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/dualflow/dualflow/flow"
 )
 
@@ -419,6 +421,79 @@ func FuzzReadSegment(f *testing.F) {
 			return nil
 		}, func(string, int64, error) {})
 	})
+}
+
+// decodedRecords returns n records shaped as the IPFIX listeners journal
+// them (decoded, not yet enriched): 60% IPv4 and 40% IPv6, node names, TCP
+// states, the exporter's node, source and address on every record, a
+// Service on every fourth, one receive time per message of 50 records.
+func decodedRecords(n int) []flow.Record {
+	recs := make([]flow.Record, n)
+	received := time.Unix(1_780_000_000, 123_456_789)
+	states := []string{"ESTABLISHED", "TIME_WAIT", "CLOSE", "SYN_SENT"}
+	for i := range recs {
+		r := &recs[i]
+		if i%50 < 30 {
+			r.SrcAddr = netip.AddrFrom4([4]byte{198, 18, byte(1 + i%2), byte(i)})
+			r.DstAddr = netip.AddrFrom4([4]byte{198, 18, byte(2 - i%2), byte(i * 7)})
+			r.IPVersion = 4
+		} else {
+			r.SrcAddr = netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x10, 0, byte(1 + i%2), 14: byte(i >> 8), 15: byte(i)})
+			r.DstAddr = netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x10, 0, byte(2 - i%2), 14: 1, 15: byte(i)})
+			r.IPVersion = 6
+		}
+		r.SrcPort, r.DstPort, r.Proto = uint16(30000+i), 8080, flow.ProtoTCP
+		if i%5 == 0 {
+			r.Proto = flow.ProtoUDP
+		} else {
+			r.TCPState = states[i%len(states)]
+		}
+		r.TimeReceived = received.Add(time.Duration(i/50) * time.Millisecond)
+		r.FlowEnd = time.UnixMilli(r.TimeReceived.UnixMilli() - int64(i%1000))
+		r.FlowStart = r.FlowEnd.Add(-time.Duration(i%7) * time.Second)
+		r.Packets, r.Bytes, r.ReversePackets, r.ReverseBytes = uint64(i), uint64(i*100), uint64(i), uint64(i*90)
+		r.PacketsDelta, r.BytesDelta = uint64(i%10), uint64(i%10*100)
+		r.EndReason, r.Type = flow.EndReasonActiveTimeout, flow.FlowTypeInterNode
+		r.ExporterNode, r.Source = "node-1", "conntrack"
+		r.ExporterAddr = netip.MustParseAddr("fd00:10::1")
+		r.Src.NodeName, r.Dst.NodeName = "node-1", "node-2"
+		r.Ingress.Rule, r.Egress.Rule = -1, -1
+		if i%4 == 0 {
+			if r.IPVersion == 4 {
+				r.ServiceAddr = netip.AddrFrom4([4]byte{198, 19, 0, 10})
+			} else {
+				r.ServiceAddr = netip.MustParseAddr("fd00:10:ff::10")
+			}
+			r.ServicePort = 80
+		}
+	}
+	return recs
+}
+
+// BenchmarkAppendDecoded journals batches of 1,024 records shaped as the
+// listeners journal them and acknowledges them (so segments are deleted as
+// in steady state); B/record is the journal's size per record.
+func BenchmarkAppendDecoded(b *testing.B) {
+	l, err := Open(Config{Dir: b.TempDir()}, nil, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer l.Close()
+	recs := decodedRecords(1024)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		for i := range recs {
+			recs[i].Journal = flow.JournalRefs{}
+		}
+		if err := l.Append(recs); err != nil {
+			b.Fatal(err)
+		}
+		l.AckRecords(recs)
+	}
+	n := float64(b.N * len(recs))
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/n, "ns/record")
+	b.ReportMetric(testutil.ToFloat64(l.m.bytes)/n, "B/record")
 }
 
 func BenchmarkAppendAck(b *testing.B) {
