@@ -93,9 +93,12 @@ func appendAddr(b []byte, a, prev netip.Addr) []byte {
 	case a == prev:
 		return append(b, sameAddr)
 	case a.Is4():
-		v := a.As4()
-		return append(append(b, 4), v[:]...)
-	default:
+		b, _ = a.AppendBinary(append(b, 4)) // appended as two words: As4's array is copied through memory
+		return b
+	case a.Zone() == "":
+		b, _ = a.AppendBinary(append(b, 16))
+		return b
+	default: // AppendBinary would append the zone, which the journal drops
 		v := a.As16()
 		return append(append(b, 16), v[:]...)
 	}
@@ -110,7 +113,7 @@ func appendString(b []byte, s string) []byte {
 // appendStringAfter appends s, a field whose value in the record before
 // was prev: 0 when s is prev, else its length plus one and its bytes.
 func appendStringAfter(b []byte, s, prev string) []byte {
-	if s == prev {
+	if len(s) == len(prev) && (len(s) == 0 || s == prev) { // most strings are empty: no call to compare them
 		return append(b, 0)
 	}
 	b = binary.AppendUvarint(b, uint64(len(s))+1)
