@@ -28,7 +28,8 @@ import (
 // table at its first string, internMinSets sets of internSetBytes (5 KiB),
 // and at most internMaxSets sets (336 KiB); 2,000 pods' names take 512 sets
 // (84 KiB). The direct-mapped cache held 64 KiB in every Decoder, idle or
-// not.
+// not. Each field's last value (field) takes NumFields strings (768 bytes)
+// of every Decoder.
 //
 // The hash is maphash with a per-process random seed: exporter data cannot
 // be crafted to fall into a few sets (which would cost it nothing worse
