@@ -714,7 +714,7 @@ func (d *Decoder) record(t *template, b []byte, r *flow.Record, mc *msgCtx) (int
 				r.ServicePort = p
 			}
 		case opField + op(fipfix.FieldServicePortName):
-			r.Service = fipfix.ParseServicePortName(d.intern.bytes(v))
+			r.Service = fipfix.ParseServicePortName(d.intern.field(fipfix.Field(f.op-opField), v))
 		case opField + op(fipfix.FieldFlowType):
 			r.Type = flow.FlowType(uintN(v))
 		case opField + op(fipfix.FieldZone):
@@ -722,35 +722,35 @@ func (d *Decoder) record(t *template, b []byte, r *flow.Record, mc *msgCtx) (int
 		case opField + op(fipfix.FieldMark):
 			r.Mark = uint32(uintN(v))
 		case opField + op(fipfix.FieldTCPState):
-			r.TCPState = d.intern.bytes(v)
+			r.TCPState = d.intern.field(fipfix.Field(f.op-opField), v)
 		case opField + op(fipfix.FieldSrcNodeName):
-			r.Src.NodeName = d.intern.bytes(v)
+			r.Src.NodeName = d.intern.field(fipfix.Field(f.op-opField), v)
 		case opField + op(fipfix.FieldDstNodeName):
-			r.Dst.NodeName = d.intern.bytes(v)
+			r.Dst.NodeName = d.intern.field(fipfix.Field(f.op-opField), v)
 		case opField + op(fipfix.FieldSrcPodNamespace):
-			r.Src.PodNamespace = d.intern.bytes(v)
+			r.Src.PodNamespace = d.intern.field(fipfix.Field(f.op-opField), v)
 		case opField + op(fipfix.FieldSrcPodName):
-			r.Src.PodName = d.intern.bytes(v)
+			r.Src.PodName = d.intern.field(fipfix.Field(f.op-opField), v)
 		case opField + op(fipfix.FieldDstPodNamespace):
-			r.Dst.PodNamespace = d.intern.bytes(v)
+			r.Dst.PodNamespace = d.intern.field(fipfix.Field(f.op-opField), v)
 		case opField + op(fipfix.FieldDstPodName):
-			r.Dst.PodName = d.intern.bytes(v)
+			r.Dst.PodName = d.intern.field(fipfix.Field(f.op-opField), v)
 		case opField + op(fipfix.FieldExporterNode):
-			r.ExporterNode = d.intern.bytes(v)
+			r.ExporterNode = d.intern.field(fipfix.Field(f.op-opField), v)
 		case opField + op(fipfix.FieldSource):
-			r.Source = d.intern.bytes(v)
+			r.Source = d.intern.field(fipfix.Field(f.op-opField), v)
 		case opField + op(fipfix.FieldFlowStartSeconds):
 			sc.startSec = uintN(v)
 		case opField + op(fipfix.FieldFlowEndSeconds):
 			sc.endSec = uintN(v)
 		case opField + op(fipfix.FieldIngressPolicyName):
-			sc.ingressName = d.intern.bytes(v)
+			sc.ingressName = d.intern.field(fipfix.Field(f.op-opField), v)
 		case opField + op(fipfix.FieldIngressPolicyNamespace):
-			sc.ingressNS = d.intern.bytes(v)
+			sc.ingressNS = d.intern.field(fipfix.Field(f.op-opField), v)
 		case opField + op(fipfix.FieldEgressPolicyName):
-			sc.egressName = d.intern.bytes(v)
+			sc.egressName = d.intern.field(fipfix.Field(f.op-opField), v)
 		case opField + op(fipfix.FieldEgressPolicyNamespace):
-			sc.egressNS = d.intern.bytes(v)
+			sc.egressNS = d.intern.field(fipfix.Field(f.op-opField), v)
 		case opField + op(fipfix.FieldIngressAction):
 			sc.ingressAction = uint8(uintN(v))
 		case opField + op(fipfix.FieldEgressAction):

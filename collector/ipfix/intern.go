@@ -1,6 +1,10 @@
 package ipfix
 
-import "hash/maphash"
+import (
+	"hash/maphash"
+
+	fipfix "github.com/dualflow/dualflow/flow/ipfix"
+)
 
 // The decoder's string cache. Node names, TCP states, record sources,
 // namespaces, pod and policy names of a cluster repeat, so after the first
@@ -24,7 +28,8 @@ import "hash/maphash"
 // table at its first string, internMinSets sets of internSetBytes (5 KiB),
 // and at most internMaxSets sets (336 KiB); 2,000 pods' names take 512 sets
 // (84 KiB). The direct-mapped cache held 64 KiB in every Decoder, idle or
-// not.
+// not. Each field's last value (field) takes NumFields strings (768 bytes)
+// of every Decoder.
 //
 // The hash is maphash with a per-process random seed: exporter data cannot
 // be crafted to fall into a few sets (which would cost it nothing worse
@@ -55,6 +60,8 @@ var internSeed = maphash.MakeSeed()
 type interner struct {
 	sets []internSet // len is a power of two; nil until the first string
 	mask uint64      // len(sets)-1
+	// last holds each field's last string (see field).
+	last [fipfix.NumFields]string
 }
 
 // internSet is one set: its first n ways hold strings, strs[i] with
@@ -71,6 +78,23 @@ type internSet struct {
 // apart from each other and from the tag (the high 32 bits) while
 // internMaxSets <= 1<<(32-internSet2Shift).
 const internSet2Shift = 16
+
+// field returns the string for b, the value of field f: the field's last
+// value without hashing when b is that again, as an exporter's node name
+// and source are on every record and a TCP state often is (the hash was
+// most of the interner's cost), else bytes(b). A string longer than
+// internMaxLen is not kept.
+func (in *interner) field(f fipfix.Field, b []byte) string {
+	last := &in.last[f%fipfix.NumFields]
+	if *last == string(b) { // compared without allocating
+		return *last
+	}
+	s := in.bytes(b)
+	if len(s) <= internMaxLen {
+		*last = s
+	}
+	return s
+}
 
 func (in *interner) bytes(b []byte) string {
 	if len(b) == 0 {

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"unsafe"
+
+	fipfix "github.com/dualflow/dualflow/flow/ipfix"
 )
 
 // TestIntern: an interned string equals its bytes, is a copy of them (the
@@ -49,6 +51,38 @@ func TestIntern(t *testing.T) {
 	in.bytes(edge)
 	if allocs := testing.AllocsPerRun(10, func() { in.bytes(edge) }); allocs != 0 {
 		t.Errorf("a string of internMaxLen bytes: %.0f allocations, want 0 (cached)", allocs)
+	}
+}
+
+// TestInternField: a field's repeated value is its last string, not a copy
+// of the (reused) buffer; a changed value, an empty one and a long one read
+// as their bytes, and a long one is not kept as the field's last value.
+func TestInternField(t *testing.T) {
+	var in interner
+	buf := []byte("worker-01")
+	s := in.field(fipfix.FieldExporterNode, buf)
+	if s != "worker-01" || unsafe.StringData(s) == &buf[0] {
+		t.Fatalf("got %q (aliasing the buffer: %v)", s, unsafe.StringData(s) == &buf[0])
+	}
+	if again := in.field(fipfix.FieldExporterNode, []byte("worker-01")); unsafe.StringData(again) != unsafe.StringData(s) {
+		t.Error("the same value gave a new string")
+	}
+	if allocs := testing.AllocsPerRun(10, func() { in.field(fipfix.FieldExporterNode, buf) }); allocs != 0 {
+		t.Errorf("repeated value: %.0f allocations, want 0", allocs)
+	}
+	copy(buf, "worker-02")
+	if got := in.field(fipfix.FieldExporterNode, buf); got != "worker-02" || s != "worker-01" {
+		t.Errorf("changed value: got %q, earlier string now %q", got, s)
+	}
+	if got := in.field(fipfix.FieldExporterNode, nil); got != "" {
+		t.Errorf("empty value: %q", got)
+	}
+	if got := in.field(fipfix.FieldSource, []byte("worker-02")); got != "worker-02" {
+		t.Errorf("another field: %q", got)
+	}
+	long := []byte(strings.Repeat("a", internMaxLen+1))
+	if got := in.field(fipfix.FieldTCPState, long); got != string(long) || in.last[fipfix.FieldTCPState] == got {
+		t.Error("a string longer than internMaxLen was kept or misread")
 	}
 }
 

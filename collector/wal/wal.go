@@ -85,10 +85,12 @@ type Config struct {
 const (
 	segSuffix = ".wal"
 	// segMagic starts every segment. 02 added partial ack frames, 03
-	// intent frames: a binary that knows only an older version refuses
-	// such a segment whole, instead of reading it up to the first frame
-	// of an unknown kind and skipping the rest.
-	segMagic    = "DFWAL03\n"
+	// intent frames, 04 records encoded against the record before them
+	// (codec.go): a binary that knows only an older version refuses such
+	// a segment whole, instead of reading it up to the first frame of an
+	// unknown kind and skipping the rest, or misreading its records.
+	segMagic    = "DFWAL04\n"
+	segMagicV3  = "DFWAL03\n" // read: records not encoded against the one before
 	segMagicV2  = "DFWAL02\n" // read: no intent frames
 	segMagicV1  = "DFWAL01\n" // read: no partial ack frames
 	frameData   = 'D'
@@ -224,7 +226,7 @@ func (l *Log) scan() error {
 			continue
 		}
 		s := &segment{n: n, path: filepath.Join(l.cfg.Dir, name), sealed: false}
-		err = readSegment(s.path, func(kind byte, id uint64, payload []byte) error {
+		err = readSegment(s.path, func(kind byte, id uint64, payload []byte, _ bool) error {
 			switch kind {
 			case frameData:
 				maxID = max(maxID, id)
@@ -279,9 +281,11 @@ func (l *Log) corrupt(path string, off int64, err error) {
 		"segment", path, "offset", off, "err", err)
 }
 
-// readSegment calls fn for each frame of the segment at path. A bad frame
-// ends the segment: onBad is told, and the frames before it count.
-func readSegment(path string, fn func(kind byte, id uint64, payload []byte) error, onBad func(string, int64, error)) error {
+// readSegment calls fn for each frame of the segment at path, with delta
+// set when the segment's records are encoded against the record before
+// them (format 04 on; decoder.delta). A bad frame ends the segment: onBad
+// is told, and the frames before it count.
+func readSegment(path string, fn func(kind byte, id uint64, payload []byte, delta bool) error, onBad func(string, int64, error)) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Errorf("wal: %w", err)
@@ -289,13 +293,15 @@ func readSegment(path string, fn func(kind byte, id uint64, payload []byte) erro
 	defer f.Close()
 	r := bufio.NewReaderSize(f, 1<<20)
 	magic := make([]byte, len(segMagic))
-	if _, err := io.ReadFull(r, magic); err != nil || (string(magic) != segMagic && string(magic) != segMagicV2 && string(magic) != segMagicV1) {
+	if _, err := io.ReadFull(r, magic); err != nil || (string(magic) != segMagic && string(magic) != segMagicV3 &&
+		string(magic) != segMagicV2 && string(magic) != segMagicV1) {
 		if err == io.EOF { // created, nothing written yet
 			return nil
 		}
 		onBad(path, 0, fmt.Errorf("not a wal segment"))
 		return nil
 	}
+	delta := string(magic) == segMagic
 	off := int64(len(segMagic))
 	var hdr [headerSize]byte
 	var payload []byte
@@ -334,7 +340,7 @@ func readSegment(path string, fn func(kind byte, id uint64, payload []byte) erro
 			onBad(path, off, fmt.Errorf("frame kind %q", kind))
 			return nil
 		}
-		if err := fn(kind, id, d.b); err != nil {
+		if err := fn(kind, id, d.b, delta); err != nil {
 			return err
 		}
 	}
@@ -442,20 +448,22 @@ func (l *Log) ReplayVerified(batch int, stored StoredFunc, fn func([]flow.Record
 	total := 0
 	var recs []flow.Record
 	for _, s := range old {
-		err := readSegment(s.path, func(kind byte, id uint64, payload []byte) error {
+		err := readSegment(s.path, func(kind byte, id uint64, payload []byte, delta bool) error {
 			if kind != frameData || l.acked[id] {
 				return nil
 			}
-			d := decoder{b: payload}
+			d := decoder{b: payload, delta: delta}
 			n := d.uvarint()
 			if n == 0 || n > uint64(len(payload)) {
 				return nil
 			}
 			recs = recs[:0]
 			runs := l.durable[id]
+			var prev flow.Record
 			for i := range int(n) {
 				var r flow.Record
-				d.record(&r)
+				d.record(&r, &prev)
+				prev = r
 				if isDurable(runs, i) {
 					continue // stored before the crash
 				}
@@ -602,8 +610,11 @@ func (l *Log) appendFrame(recs []flow.Record) error {
 	b := beginFrame((*buf)[:0], frameData)
 	b = binary.AppendUvarint(b, id)
 	b = binary.AppendUvarint(b, uint64(len(recs)))
+	var zero flow.Record
+	prev := &zero
 	for i := range recs {
-		b = appendRecord(b, &recs[i])
+		b = appendRecord(b, &recs[i], prev)
+		prev = &recs[i]
 	}
 	sealFrame(b, 0)
 	*buf = b
