@@ -320,7 +320,9 @@ func (c *Collector) buildPipeline() error {
 	c.pm = pipeline.NewMetrics(c.reg)
 	// Batches are handed on at BatchRecords; the headroom lets the last
 	// message (at most a few hundred records) land without growing them.
-	c.pool = pipeline.NewPool(2 * c.cfg.IPFIX.BatchRecords)
+	// Up to a batch per queue slot, plus the one each listener, the
+	// correlator (in and out), the enricher and the writer stage hold.
+	c.pool = pipeline.NewPool(2*c.cfg.IPFIX.BatchRecords, decodedQueue+correlatedQueue+enrichedQueue+8)
 	c.decoded = pipeline.NewQueue("decoded", decodedQueue, c.pm)
 	c.correlated = pipeline.NewQueue("correlated", correlatedQueue, c.pm)
 	c.enriched = pipeline.NewQueue("enriched", enrichedQueue, c.pm)

@@ -230,7 +230,7 @@ func runStage(t *testing.T, timeout time.Duration) (in, out *pipeline.Queue, poo
 	t.Helper()
 	c := New(Config{Timeout: timeout}, labInventory(t), nil)
 	pm := pipeline.NewMetrics(nil)
-	pool = pipeline.NewPool(16)
+	pool = pipeline.NewPool(16, 64)
 	in, out = pipeline.NewQueue("in", 4, pm), pipeline.NewQueue("out", 4, pm)
 	done = make(chan error)
 	go func() { done <- c.Run(context.Background(), in, out, pool, pm) }()

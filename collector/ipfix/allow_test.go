@@ -184,7 +184,7 @@ func TestWarnOpen(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var logs logtest.Buffer
-			l, err := New(tc.cfg, pipeline.NewQueue("decoded", 1, nil), pipeline.NewPool(16), nil, nil, logs.Logger())
+			l, err := New(tc.cfg, pipeline.NewQueue("decoded", 1, nil), pipeline.NewPool(16, 64), nil, nil, logs.Logger())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -225,7 +225,7 @@ func TestQueueFullCountsMessages(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	pm := pipeline.NewMetrics(reg)
 	q := pipeline.NewQueue("decoded", 1, pm)
-	pool := pipeline.NewPool(16)
+	pool := pipeline.NewPool(16, 64)
 	if !q.TryPut(pool.Get()) { // full: nobody reads it
 		t.Fatal("queue refused its first batch")
 	}

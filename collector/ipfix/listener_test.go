@@ -48,7 +48,7 @@ func startListenerLog(t *testing.T, cfg Config, log *slog.Logger) (*Listener, *p
 	reg := prometheus.NewRegistry()
 	pm := pipeline.NewMetrics(reg)
 	q := pipeline.NewQueue("decoded", 64, pm)
-	l, err := New(cfg, q, pipeline.NewPool(256), pm, reg, log)
+	l, err := New(cfg, q, pipeline.NewPool(256, 64), pm, reg, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -555,7 +555,7 @@ func TestIdleSessionsHoldLittleMemory(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	pm := pipeline.NewMetrics(reg)
 	q := pipeline.NewQueue("decoded", 4*sessions, pm)
-	pool := pipeline.NewPool(2 * DefaultBatchRecords)
+	pool := pipeline.NewPool(2*DefaultBatchRecords, 64)
 	// The pool keeps a bounded free list whatever the sessions do: fill it
 	// before the baseline.
 	var warm []*pipeline.Batch

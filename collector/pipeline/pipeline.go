@@ -40,21 +40,20 @@ func (b *Batch) Release() {
 	}
 }
 
-// poolFree is how many idle batches a Pool keeps. A sync.Pool would be
-// emptied at every GC, and batches are large (~1.5 MB), so the pool keeps a
-// bounded free list instead: enough for the queues' steady state.
-const poolFree = 64
-
 // Pool recycles batches so the steady state allocates none. It is safe for
-// concurrent use.
+// concurrent use. A sync.Pool would be emptied at every GC, and batches
+// are large (~1.5 MB), so the pool keeps a bounded free list instead.
 type Pool struct {
 	size int
 	free chan *Batch
 }
 
-// NewPool returns a pool of batches with room for size records.
-func NewPool(size int) *Pool {
-	return &Pool{size: size, free: make(chan *Batch, poolFree)}
+// NewPool returns a pool of batches with room for size records, which
+// keeps up to keep idle ones: as many as can be in flight at once (the
+// queues' capacities and the stages'), or the steady state allocates a
+// batch each time the queues fill and drops one each time they drain.
+func NewPool(size, keep int) *Pool {
+	return &Pool{size: size, free: make(chan *Batch, keep)}
 }
 
 // Get returns an empty batch.

@@ -192,7 +192,7 @@ func TestSoftflowdNetFlowOverTCP(t *testing.T) {
 			if err := nsrun.Do(nsrun.Path(p.a), func() error {
 				var err error
 				l, err = ipfix.New(ipfix.Config{TCPAddrs: []string{netip.AddrPortFrom(p.loopback(), 0).String()}},
-					pipeline.NewQueue("decoded", 16, pm), pipeline.NewPool(64), pm, reg, logs.Logger())
+					pipeline.NewQueue("decoded", 16, pm), pipeline.NewPool(64, 64), pm, reg, logs.Logger())
 				return err
 			}); err != nil {
 				t.Fatal(err)

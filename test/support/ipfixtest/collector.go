@@ -86,7 +86,7 @@ func Start(t testing.TB, o Options) *Collector {
 	reg := prometheus.NewRegistry()
 	pm := pipeline.NewMetrics(reg)
 	q := pipeline.NewQueue("ipfixtest", queueBatches, pm)
-	l, err := cipfix.New(cfg, q, pipeline.NewPool(4*queueBatches), pm, reg, slog.New(slog.DiscardHandler))
+	l, err := cipfix.New(cfg, q, pipeline.NewPool(4*queueBatches, 4*queueBatches), pm, reg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
