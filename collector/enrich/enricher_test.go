@@ -424,8 +424,8 @@ func TestIPv6Disabled(t *testing.T) {
 	// The switch turns off IPv6 enrichment, not correlation: the node of
 	// an IPv6 pod, node address or pod CIDR is still known (issue 24).
 	for a, want := range map[string]string{"fd00:10:1::10": "node-1", "fd00:10:2::12": "node-2", "fd00:10:ff::2": "node-2", "fd00:10:2::99": "node-2"} {
-		if n, ok := v.e.NodeForIP(ip(a)); !ok || n != want {
-			t.Errorf("NodeForIP(%s) = %q, %v; want %s", a, n, ok, want)
+		if n, ok := nodeForIP(v.e, ip(a)); !ok || n != want {
+			t.Errorf("NodesForIPs(%s) = %q, %v; want %s", a, n, ok, want)
 		}
 	}
 	// Both node halves of an IPv6 connection merge into one row.
@@ -470,8 +470,8 @@ func TestHostNetworkPods(t *testing.T) {
 		if r.Type != c.typ {
 			t.Errorf("%s -> %s: type %v, want %v", c.src, c.dst, r.Type, c.typ)
 		}
-		if n, ok := v.e.NodeForIP(ip(c.src)); !ok || n != c.node {
-			t.Errorf("NodeForIP(%s) = %q", c.src, n)
+		if n, ok := nodeForIP(v.e, ip(c.src)); !ok || n != c.node {
+			t.Errorf("NodesForIPs(%s) = %q", c.src, n)
 		}
 	}
 	if _, ok := v.e.LookupPod(ip("198.19.200.1"), time.Time{}); ok {
@@ -634,7 +634,7 @@ func TestFlowTypes(t *testing.T) {
 	}
 }
 
-func TestNodeForIP(t *testing.T) {
+func TestNodesForIPs(t *testing.T) {
 	objs := append(baseObjects(),
 		mkPod("a", "p1", "node-1", []string{"198.18.1.10", "fd00:10:1::10"}),
 		mkPod("a", "gone", "node-2", []string{"198.18.2.66", "fd00:10:2::66"}),
@@ -642,7 +642,7 @@ func TestNodeForIP(t *testing.T) {
 	v := newEnv(t, testConfig(), objs...)
 	v.remove(mkPod("a", "gone", "node-2", nil))
 	v.clk.Add(time.Minute)
-	for _, c := range []struct {
+	cases := []struct {
 		addr, want string
 	}{
 		{"198.18.1.10", "node-1"}, {"fd00:10:1::10", "node-1"}, // pods
@@ -652,10 +652,24 @@ func TestNodeForIP(t *testing.T) {
 		{"198.18.2.66", "node-2"}, {"fd00:10:2::66", "node-2"}, // deleted pod within the grace period
 		{"::ffff:198.18.1.10", "node-1"}, // mapped
 		{"198.19.252.8", ""}, {"fd00:10:4860::8888", ""},
-	} {
-		got, ok := v.e.NodeForIP(ip(c.addr))
-		if got != c.want || ok != (c.want != "") {
-			t.Errorf("NodeForIP(%s) = %q, %v; want %q", c.addr, got, ok, c.want)
+	}
+	// One call answers every address, as the correlator asks for a
+	// batch's; an invalid address (one it does not ask about) has none.
+	addrs := []netip.Addr{{}}
+	for _, c := range cases {
+		addrs = append(addrs, ip(c.addr))
+	}
+	got := make([]string, len(addrs))
+	for i := range got {
+		got[i] = "stale"
+	}
+	v.e.NodesForIPs(addrs, got)
+	if got[0] != "" {
+		t.Errorf("NodesForIPs(invalid) = %q", got[0])
+	}
+	for i, c := range cases {
+		if got[i+1] != c.want {
+			t.Errorf("NodesForIPs(%s) = %q; want %q", c.addr, got[i+1], c.want)
 		}
 	}
 }
@@ -833,7 +847,7 @@ func TestEnrichAllocatesNothing(t *testing.T) {
 			rec := r
 			v.e.enrichOne(&rec)
 			v.e.Enrich(batch)
-			v.e.NodeForIP(r.DstAddr)
+			nodeForIP(v.e, r.DstAddr)
 		}); n != 0 {
 			t.Errorf("%v -> %v: %v allocations", r.SrcAddr, r.DstAddr, n)
 		}
@@ -863,7 +877,7 @@ func TestConcurrentEnrich(t *testing.T) {
 					t.Errorf("concurrent enrich: %+v", r)
 					return
 				}
-				v.e.NodeForIP(r.DstAddr)
+				nodeForIP(v.e, r.DstAddr)
 				v.e.NetworkPolicies("backend")
 			}
 		})

@@ -276,28 +276,38 @@ func (x *index) enrich(rec *flow.Record, now int64) result {
 	return result{srcHit: s.pod != nil || s.node != "", dstHit: d.pod != nil || d.node != ""}
 }
 
-// nodeFor returns the node hosting address a at time t: the node of the
-// pod holding it (or that held it last, within the grace period), the
-// node owning it as a node address (likewise), or the node whose pod CIDR
-// contains it.
-func (x *index) nodeFor(a netip.Addr, t int64) (string, bool) {
+// nodesFor sets nodes[i] to the node hosting addrs[i] at time t ("" when
+// none): the node of the pod holding it (or that held it last, within the
+// grace period), the node owning it as a node address (likewise), or the
+// node whose pod CIDR contains it.
+func (x *index) nodesFor(addrs []netip.Addr, nodes []string, t int64) {
+	nodes = nodes[:len(addrs)]
+	for i, a := range addrs {
+		nodes[i] = x.nodeFor(a, t)
+	}
+}
+
+func (x *index) nodeFor(a netip.Addr, t int64) string {
+	if !a.IsValid() {
+		return "" // no claim has it (and the correlator passes none for "not asked")
+	}
 	a = a.Unmap()
 	if p, ok := x.podIPs.resolve(a, t, t, nil); ok {
-		return p.NodeName, p.NodeName != ""
+		return p.NodeName
 	}
 	if n, ok := x.hostIPs.resolve(a, t, t, nil); ok {
-		return n.node, true
+		return n.node
 	}
 	if p, ok := x.podIPs.latest(a); ok && p.NodeName != "" {
-		return p.NodeName, true
+		return p.NodeName
 	}
 	if n, ok := x.hostIPs.latest(a); ok {
-		return n.node, true
+		return n.node
 	}
 	if n, ok := x.cidrNode(a, t, t); ok {
-		return n.node, true
+		return n.node
 	}
-	return "", false
+	return ""
 }
 
 // endpointSlices returns the live slices of Service ns/name of the
