@@ -346,7 +346,7 @@ func (c *countingLookup) Pod(namespace, name string) (*enrich.Pod, bool) {
 	return c.Lookup.Pod(namespace, name)
 }
 
-// TestAuditBatchMemo: AuditBatch, which remembers the last namespace and
+// TestAuditBatchMemo: AuditBatch, which remembers the last namespaces and
 // destination port of a batch, gives every record the verdicts Audit gives
 // it alone, on a batch of runs and alternations of pods, ports, protocols
 // and both families; and it asks the lookup less often.
@@ -423,6 +423,27 @@ func (echoLookup) LookupPod(a netip.Addr, _ time.Time) (*enrich.Pod, bool) {
 	return echoPod(a.String()), true
 }
 
+// TestMemoTwoNamespaces: a run of flows between pods of two namespaces
+// (source and destination asked in turn) looks each namespace up once; a
+// third one pushes out the one asked least recently.
+func TestMemoTwoNamespaces(t *testing.T) {
+	l := &countingLookup{Lookup: echoLookup{}}
+	m := memo{lookup: l}
+	for range 8 {
+		m.namespaceLabels("frontend")
+		m.namespaceLabels("backend")
+	}
+	if l.ns != 2 {
+		t.Errorf("%d lookups for a run between two namespaces, want 2", l.ns)
+	}
+	m.namespaceLabels("other") // pushes out frontend
+	m.namespaceLabels("backend")
+	m.namespaceLabels("frontend")
+	if l.ns != 4 {
+		t.Errorf("%d lookups, want 4", l.ns)
+	}
+}
+
 // TestMemoKeys: every field of a question counts in the memo's key.
 func TestMemoKeys(t *testing.T) {
 	m := memo{lookup: echoLookup{}}
@@ -448,7 +469,9 @@ func TestMemoKeys(t *testing.T) {
 			t.Errorf("query %d: %q, want %q", i, got, want)
 		}
 	}
-	for _, name := range []string{"x", "x", "y", "unknown", "unknown", "x"} {
+	// Two namespaces are remembered: the ends of flows between two
+	// namespaces interleave.
+	for _, name := range []string{"x", "x", "y", "x", "y", "unknown", "unknown", "x", "y", "x", "unknown", "y", "unknown"} {
 		labels, ok := m.namespaceLabels(name)
 		if ok && labels["name"] != name || ok != (name != "unknown") {
 			t.Errorf("namespace %s: %v %v", name, labels, ok)
