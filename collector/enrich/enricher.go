@@ -379,6 +379,7 @@ func (e *Enricher) Enrich(recs []flow.Record) {
 	}
 	var n [2][2]int
 	var now int64
+	var m memo
 	stale := e.Stale()
 	e.x.mu.RLock()
 	for i := range recs {
@@ -386,7 +387,7 @@ func (e *Enricher) Enrich(recs []flow.Record) {
 			now = e.nowFor(&recs[i])
 		}
 		recs[i].K8sViewStale = stale
-		r := e.x.enrich(&recs[i], now)
+		r := e.x.enrich(&recs[i], now, &m)
 		f := familyIndex(&recs[i])
 		n[f][hitIndex(r.srcHit)]++
 		n[f][hitIndex(r.dstHit)]++

@@ -41,11 +41,61 @@ type place struct {
 	in bool
 }
 
-func (x *index) place(a netip.Addr, start, end int64) place {
+// memo remembers, for the records of one Enrich call (under one read
+// lock, so never staler than the index), the pod claims on the addresses
+// looked up last and the workloads of the pods found last. A batch's
+// records come in runs of the same pods (one connection's slices, a
+// client's flows to a Service, the two ends in turn), and hashing a
+// netip.Addr (24 bytes) into the address history, then a pod's owner
+// into the owners, was most of Enrich's time.
+type memo struct {
+	addrs  [memoAddrs]netip.Addr
+	claims [memoAddrs]claims[*Pod] // podIPs' claims on addrs[i], none when it has none
+	n      int                     // entries in use
+	next   int                     // the entry replaced next (round robin)
+
+	pods      [2]*Pod // the pods whose workloads were resolved last
+	workloads [2]Workload
+}
+
+// memoAddrs is the addresses a memo remembers: both ends of a run's
+// connections in both families.
+const memoAddrs = 4
+
+// podClaims returns the claims of x.podIPs on a (a copy, valid under the
+// read lock the memo lives in).
+func (m *memo) podClaims(x *index, a netip.Addr) *claims[*Pod] {
+	for i := range m.n {
+		if m.addrs[i] == a {
+			return &m.claims[i]
+		}
+	}
+	i := m.next
+	m.next = (m.next + 1) % memoAddrs
+	m.n = max(m.n, i+1)
+	m.addrs[i], m.claims[i] = a, x.podIPs.m[a]
+	return &m.claims[i]
+}
+
+// workload is x.workload(p), remembered for the last two pods.
+func (m *memo) workload(x *index, p *Pod) Workload {
+	switch p {
+	case m.pods[0]:
+		return m.workloads[0]
+	case m.pods[1]:
+		return m.workloads[1]
+	}
+	w := x.workload(p)
+	m.pods[1], m.workloads[1] = m.pods[0], m.workloads[0]
+	m.pods[0], m.workloads[0] = p, w
+	return w
+}
+
+func (x *index) place(a netip.Addr, start, end int64, m *memo) place {
 	if !a.IsValid() {
 		return place{}
 	}
-	if p, ok := x.podIPs.resolve(a, start, end, nil); ok {
+	if p, ok := resolve(m.podClaims(x, a), start, end, nil); ok {
 		return place{pod: p, node: p.NodeName, in: true}
 	}
 	if n, ok := x.hostIPs.resolve(a, start, end, nil); ok {
@@ -110,9 +160,9 @@ func (x *index) workload(p *Pod) Workload {
 func (x *index) zone(node string) string { return x.zones[node] }
 
 // fill sets e from pl (fields pl knows nothing about are left alone).
-func (x *index) fill(e *flow.Endpoint, pl place) {
+func (x *index) fill(e *flow.Endpoint, pl place, m *memo) {
 	if p := pl.pod; p != nil {
-		w := x.workload(p)
+		w := m.workload(x, p)
 		e.PodNamespace, e.PodName, e.Labels = p.Namespace, p.Name, p.Labels
 		e.WorkloadKind, e.WorkloadName = w.Kind, w.Name
 	}
@@ -217,14 +267,14 @@ type result struct {
 // enrich fills rec's Kubernetes fields. Only what is found is set: a
 // field the index knows nothing about keeps its value (a foreign exporter
 // may have filled it).
-func (x *index) enrich(rec *flow.Record, now int64) result {
+func (x *index) enrich(rec *flow.Record, now int64, m *memo) result {
 	src, dst := rec.SrcAddr.Unmap(), rec.DstAddr.Unmap()
 	if !x.ipv6 && (src.Is6() || dst.Is6()) {
 		return result{skipped: true}
 	}
 	start, end := flowTimes(rec, now)
-	s := x.place(src, start, end)
-	d := x.place(dst, start, end)
+	s := x.place(src, start, end, m)
+	d := x.place(dst, start, end, m)
 
 	var svc *Service
 	svcPort := rec.ServicePort
@@ -259,8 +309,8 @@ func (x *index) enrich(rec *flow.Record, now int64) result {
 		d.in = true
 	}
 
-	x.fill(&rec.Src, s)
-	x.fill(&rec.Dst, d)
+	x.fill(&rec.Src, s, m)
+	x.fill(&rec.Dst, d, m)
 	if ep != nil {
 		if d.pod == nil && ep.Pod.Name != "" {
 			rec.Dst.PodNamespace, rec.Dst.PodName = ep.Pod.Namespace, ep.Pod.Name
