@@ -283,6 +283,24 @@ func BenchmarkNodesForIPs(b *testing.B) {
 			})
 		}
 	}
+	// The sources and destinations of a batch of the shape of the
+	// collector's enriched end-to-end benchmark: runs of the same pod
+	// pair's connections, 3 in 5 IPv4, the rest IPv6.
+	addrs, nodes := make([]netip.Addr, 80), make([]string, 80)
+	for i := 0; i < len(addrs); i += 2 {
+		v6 := i/2%5 >= 3
+		addrs[i], addrs[i+1] = benchPodAddr(1, v6), benchPodAddr(2, v6)
+	}
+	b.Run("batch-80/runs", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			e.NodesForIPs(addrs, nodes)
+		}
+		if nodes[79] == "" {
+			b.Fatal("no node")
+		}
+		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(addrs)), "ns/addr")
+	})
 }
 
 // BenchmarkIndexMemory measures the heap held per pod once 100k pods are

@@ -656,21 +656,22 @@ func TestNodesForIPs(t *testing.T) {
 	}
 	// One call answers every address, as the correlator asks for a
 	// batch's; an invalid address (one it does not ask about) has none.
+	// Each address is asked 3 times, near and far apart (the call's memo
+	// holds the last few).
 	addrs := []netip.Addr{{}}
-	for _, c := range cases {
-		addrs = append(addrs, ip(c.addr))
+	want := []string{""}
+	for i, c := range cases {
+		addrs = append(addrs, ip(c.addr), ip(c.addr), ip(cases[len(cases)-1-i].addr))
+		want = append(want, c.want, c.want, cases[len(cases)-1-i].want)
 	}
 	got := make([]string, len(addrs))
 	for i := range got {
 		got[i] = "stale"
 	}
 	v.e.NodesForIPs(addrs, got)
-	if got[0] != "" {
-		t.Errorf("NodesForIPs(invalid) = %q", got[0])
-	}
-	for i, c := range cases {
-		if got[i+1] != c.want {
-			t.Errorf("NodesForIPs(%s) = %q; want %q", c.addr, got[i+1], c.want)
+	for i := range addrs {
+		if got[i] != want[i] {
+			t.Errorf("NodesForIPs(%s) #%d = %q; want %q", addrs[i], i, got[i], want[i])
 		}
 	}
 }

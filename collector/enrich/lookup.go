@@ -41,8 +41,9 @@ type place struct {
 	in bool
 }
 
-// memo remembers, for the records of one Enrich call (under one read
-// lock, so never staler than the index), the pod claims on the addresses
+// memo remembers, for the records of one Enrich call or the addresses of
+// one NodesForIPs call (under one read lock, so never staler than the
+// index), the pod claims on the addresses
 // looked up last and the workloads of the pods found last. A batch's
 // records come in runs of the same pods (one connection's slices, a
 // client's flows to a Service, the two ends in turn), and hashing a
@@ -332,23 +333,25 @@ func (x *index) enrich(rec *flow.Record, now int64, m *memo) result {
 // node whose pod CIDR contains it.
 func (x *index) nodesFor(addrs []netip.Addr, nodes []string, t int64) {
 	nodes = nodes[:len(addrs)]
+	var m memo // a batch's addresses repeat: both ends of runs of connections
 	for i, a := range addrs {
-		nodes[i] = x.nodeFor(a, t)
+		nodes[i] = x.nodeFor(a, t, &m)
 	}
 }
 
-func (x *index) nodeFor(a netip.Addr, t int64) string {
+func (x *index) nodeFor(a netip.Addr, t int64, m *memo) string {
 	if !a.IsValid() {
 		return "" // no claim has it (and the correlator passes none for "not asked")
 	}
 	a = a.Unmap()
-	if p, ok := x.podIPs.resolve(a, t, t, nil); ok {
+	pods := m.podClaims(x, a)
+	if p, ok := resolve(pods, t, t, nil); ok {
 		return p.NodeName
 	}
 	if n, ok := x.hostIPs.resolve(a, t, t, nil); ok {
 		return n.node
 	}
-	if p, ok := x.podIPs.latest(a); ok && p.NodeName != "" {
+	if p, ok := latest(pods); ok && p.NodeName != "" {
 		return p.NodeName
 	}
 	if n, ok := x.hostIPs.latest(a); ok {
