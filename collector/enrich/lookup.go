@@ -43,12 +43,12 @@ type place struct {
 
 // memo remembers, for the records of one Enrich call or the addresses of
 // one NodesForIPs call (under one read lock, so never staler than the
-// index), the pod claims on the addresses
-// looked up last and the workloads of the pods found last. A batch's
-// records come in runs of the same pods (one connection's slices, a
-// client's flows to a Service, the two ends in turn), and hashing a
-// netip.Addr (24 bytes) into the address history, then a pod's owner
-// into the owners, was most of Enrich's time.
+// index), the pod claims on the addresses looked up last, the workloads
+// of the pods found last and the zones of their nodes. A batch's records
+// come in runs of the same pods (one connection's slices, a client's
+// flows to a Service, the two ends in turn), and hashing a netip.Addr (24
+// bytes) into the address history, a pod's owner into the owners and a
+// node's name into the zones was most of Enrich's time.
 type memo struct {
 	addrs  [memoAddrs]netip.Addr
 	claims [memoAddrs]claims[*Pod] // podIPs' claims on addrs[i], none when it has none
@@ -57,6 +57,8 @@ type memo struct {
 
 	pods      [2]*Pod // the pods whose workloads were resolved last
 	workloads [2]Workload
+	nodes     [2]string // the nodes whose zones were looked up last
+	zones     [2]string
 }
 
 // memoAddrs is the addresses a memo remembers: both ends of a run's
@@ -90,6 +92,20 @@ func (m *memo) workload(x *index, p *Pod) Workload {
 	m.pods[1], m.workloads[1] = m.pods[0], m.workloads[0]
 	m.pods[0], m.workloads[0] = p, w
 	return w
+}
+
+// zone is x.zone(node), remembered for the last two nodes.
+func (m *memo) zone(x *index, node string) string {
+	switch node {
+	case m.nodes[0]:
+		return m.zones[0]
+	case m.nodes[1]:
+		return m.zones[1]
+	}
+	z := x.zone(node)
+	m.nodes[1], m.zones[1] = m.nodes[0], m.zones[0]
+	m.nodes[0], m.zones[0] = node, z
+	return z
 }
 
 func (x *index) place(a netip.Addr, start, end int64, m *memo) place {
@@ -169,7 +185,7 @@ func (x *index) fill(e *flow.Endpoint, pl place, m *memo) {
 	}
 	if pl.node != "" {
 		e.NodeName = pl.node
-		if z := x.zone(pl.node); z != "" {
+		if z := m.zone(x, pl.node); z != "" {
 			e.Zone = z
 		}
 	}
