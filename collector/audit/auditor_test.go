@@ -293,6 +293,31 @@ func BenchmarkAuditBatch(b *testing.B) {
 	b.ReportMetric(float64(b.N*len(recs))/b.Elapsed().Seconds(), "records/s")
 }
 
+// BenchmarkAuditBatchRuns: a batch of the shape of the collector's
+// enriched end-to-end benchmark: one pod pair's connections, 3 in 5 IPv4,
+// the rest IPv6.
+func BenchmarkAuditBatchRuns(b *testing.B) {
+	m, inv := labInventory(b, manifest.ModeDual, 2)
+	a, _ := New(Config{}, inv, prometheus.NewRegistry())
+	if err := a.SetPolicies(inv.NetworkPolicies); err != nil {
+		b.Fatal(err)
+	}
+	web1, api1 := labPod(b, m, "frontend", "web", 1), labPod(b, m, "backend", "api", 1)
+	var recs []flow.Record
+	for i := range 40 {
+		f := corev1.IPv4Protocol
+		if i%5 >= 3 {
+			f = corev1.IPv6Protocol
+		}
+		recs = append(recs, record(b, inv, web1, api1, f, flow.ProtoTCP, 8080))
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		a.AuditBatch(recs)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(recs)), "ns/record")
+}
+
 // TestConcurrentAudit audits from several goroutines while the policies
 // change (run with -race).
 func TestConcurrentAudit(t *testing.T) {
@@ -441,6 +466,42 @@ func TestMemoTwoNamespaces(t *testing.T) {
 	m.namespaceLabels("frontend")
 	if l.ns != 4 {
 		t.Errorf("%d lookups, want 4", l.ns)
+	}
+}
+
+// TestAuditBatchTwoFlows: a batch whose records alternate between flows
+// of different verdicts, in each family, gives every record the verdicts
+// Audit gives it alone.
+func TestAuditBatchTwoFlows(t *testing.T) {
+	m, inv := labInventory(t, manifest.ModeDual, 2)
+	a, _ := New(Config{}, inv, nil)
+	if err := a.SetPolicies(inv.NetworkPolicies); err != nil {
+		t.Fatal(err)
+	}
+	web1, api2 := labPod(t, m, "frontend", "web", 1), labPod(t, m, "backend", "api", 2)
+	for _, f := range []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol} {
+		flows := []flow.Record{
+			record(t, inv, web1, api2, f, flow.ProtoTCP, 8080),
+			record(t, inv, nil, api2, f, flow.ProtoTCP, 8080),
+			record(t, inv, web1, api2, f, flow.ProtoTCP, 7070),
+		}
+		want := slices.Clone(flows)
+		for i := range want {
+			a.Audit(&want[i])
+		}
+		if want[0].Ingress == want[1].Ingress || want[0].Ingress == want[2].Ingress {
+			t.Fatalf("%s: the flows' verdicts do not differ: %+v %+v %+v", f, want[0].Ingress, want[1].Ingress, want[2].Ingress)
+		}
+		var batch, wantBatch []flow.Record
+		for _, i := range []int{0, 1, 0, 1, 1, 0, 2, 0, 2, 1, 0, 1} {
+			batch, wantBatch = append(batch, flows[i]), append(wantBatch, want[i])
+		}
+		a.AuditBatch(batch)
+		for i := range batch {
+			if batch[i].Ingress != wantBatch[i].Ingress || batch[i].Egress != wantBatch[i].Egress {
+				t.Errorf("%s record %d: batch %+v %+v, alone %+v %+v", f, i, batch[i].Ingress, batch[i].Egress, wantBatch[i].Ingress, wantBatch[i].Egress)
+			}
+		}
 	}
 }
 
