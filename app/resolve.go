@@ -138,8 +138,9 @@ func (r resolver) InCluster(a netip.Addr) bool {
 	if _, ok := e.LookupService(a, time.Time{}); ok {
 		return true
 	}
-	_, ok := e.NodeForIP(a)
-	return ok
+	var node [1]string
+	e.NodesForIPs([]netip.Addr{a}, node[:])
+	return node[0] != ""
 }
 
 // targets fills where the probe may be delivered (the destination pod,
@@ -230,14 +231,16 @@ func (r resolver) DeniedSide(src netip.Addr, dst netip.AddrPort, proto uint8) (d
 	now := time.Now()
 	rec := flow.Record{FlowStart: now, SrcAddr: src.Unmap(), DstAddr: dst.Addr().Unmap(), DstPort: dst.Port(), Proto: proto,
 		IPVersion: flow.Version(src), ProbeTraceID: "traceflow"} // a probe's: the auditor counts no verdict
-	for _, end := range []struct {
+	var nodes [2]string
+	e.NodesForIPs([]netip.Addr{rec.SrcAddr, rec.DstAddr}, nodes[:])
+	for i, end := range []struct {
 		addr netip.Addr
 		ep   *flow.Endpoint
 	}{{rec.SrcAddr, &rec.Src}, {rec.DstAddr, &rec.Dst}} {
 		if p, found := e.LookupPod(end.addr, now); found {
 			*end.ep = flow.Endpoint{PodNamespace: p.Namespace, PodName: p.Name, NodeName: p.NodeName, Labels: p.Labels}
-		} else if n, found := e.NodeForIP(end.addr); found {
-			end.ep.NodeName = n
+		} else {
+			end.ep.NodeName = nodes[i]
 		}
 	}
 	a.Audit(&rec)

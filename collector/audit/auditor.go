@@ -242,29 +242,41 @@ func (a *Auditor) AuditBatch(recs []flow.Record) {
 	a.m.add(&c)
 }
 
-// memo answers a batch's lookups, remembering the last namespace and the
-// last destination port asked: records of a batch come in runs of the same
-// pods, and each lookup takes the enrichment's lock and hashes strings. It
-// lives for one batch, so it is never staler than the batch's snapshot.
+// memo answers a batch's lookups, remembering the last two namespaces
+// and the last destination port asked: records of a batch come in runs of
+// the same pods, and each lookup takes the enrichment's lock and hashes
+// strings (with one namespace remembered, a run of flows between pods of
+// two namespaces missed at every end). It lives for one batch, so it is
+// never staler than the batch's snapshot.
 type memo struct {
 	lookup Lookup
 
-	ns       string
-	nsLabels map[string]string
-	nsOK     bool
-	nsValid  bool
+	ns [2]nsMemo // the namespaces asked last, the latest first
 
 	port      PortQuery
 	portName  string
 	portValid bool
 }
 
+// nsMemo is a namespace's labels as the lookup gave them.
+type nsMemo struct {
+	name   string
+	labels map[string]string
+	ok     bool
+	valid  bool
+}
+
 func (m *memo) namespaceLabels(name string) (map[string]string, bool) {
-	if !m.nsValid || m.ns != name {
-		m.ns, m.nsValid = name, true
-		m.nsLabels, m.nsOK = namespaceLabels(m.lookup, name)
+	switch {
+	case m.ns[0].valid && m.ns[0].name == name:
+	case m.ns[1].valid && m.ns[1].name == name:
+		m.ns[0], m.ns[1] = m.ns[1], m.ns[0]
+	default:
+		m.ns[1] = m.ns[0]
+		m.ns[0] = nsMemo{name: name, valid: true}
+		m.ns[0].labels, m.ns[0].ok = namespaceLabels(m.lookup, name)
 	}
-	return m.nsLabels, m.nsOK
+	return m.ns[0].labels, m.ns[0].ok
 }
 
 func (m *memo) portNameOf(q PortQuery) string {

@@ -293,6 +293,31 @@ func BenchmarkAuditBatch(b *testing.B) {
 	b.ReportMetric(float64(b.N*len(recs))/b.Elapsed().Seconds(), "records/s")
 }
 
+// BenchmarkAuditBatchRuns: a batch of the shape of the collector's
+// enriched end-to-end benchmark: one pod pair's connections, 3 in 5 IPv4,
+// the rest IPv6.
+func BenchmarkAuditBatchRuns(b *testing.B) {
+	m, inv := labInventory(b, manifest.ModeDual, 2)
+	a, _ := New(Config{}, inv, prometheus.NewRegistry())
+	if err := a.SetPolicies(inv.NetworkPolicies); err != nil {
+		b.Fatal(err)
+	}
+	web1, api1 := labPod(b, m, "frontend", "web", 1), labPod(b, m, "backend", "api", 1)
+	var recs []flow.Record
+	for i := range 40 {
+		f := corev1.IPv4Protocol
+		if i%5 >= 3 {
+			f = corev1.IPv6Protocol
+		}
+		recs = append(recs, record(b, inv, web1, api1, f, flow.ProtoTCP, 8080))
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		a.AuditBatch(recs)
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(recs)), "ns/record")
+}
+
 // TestConcurrentAudit audits from several goroutines while the policies
 // change (run with -race).
 func TestConcurrentAudit(t *testing.T) {
@@ -346,7 +371,7 @@ func (c *countingLookup) Pod(namespace, name string) (*enrich.Pod, bool) {
 	return c.Lookup.Pod(namespace, name)
 }
 
-// TestAuditBatchMemo: AuditBatch, which remembers the last namespace and
+// TestAuditBatchMemo: AuditBatch, which remembers the last namespaces and
 // destination port of a batch, gives every record the verdicts Audit gives
 // it alone, on a batch of runs and alternations of pods, ports, protocols
 // and both families; and it asks the lookup less often.
@@ -423,6 +448,63 @@ func (echoLookup) LookupPod(a netip.Addr, _ time.Time) (*enrich.Pod, bool) {
 	return echoPod(a.String()), true
 }
 
+// TestMemoTwoNamespaces: a run of flows between pods of two namespaces
+// (source and destination asked in turn) looks each namespace up once; a
+// third one pushes out the one asked least recently.
+func TestMemoTwoNamespaces(t *testing.T) {
+	l := &countingLookup{Lookup: echoLookup{}}
+	m := memo{lookup: l}
+	for range 8 {
+		m.namespaceLabels("frontend")
+		m.namespaceLabels("backend")
+	}
+	if l.ns != 2 {
+		t.Errorf("%d lookups for a run between two namespaces, want 2", l.ns)
+	}
+	m.namespaceLabels("other") // pushes out frontend
+	m.namespaceLabels("backend")
+	m.namespaceLabels("frontend")
+	if l.ns != 4 {
+		t.Errorf("%d lookups, want 4", l.ns)
+	}
+}
+
+// TestAuditBatchTwoFlows: a batch whose records alternate between flows
+// of different verdicts, in each family, gives every record the verdicts
+// Audit gives it alone.
+func TestAuditBatchTwoFlows(t *testing.T) {
+	m, inv := labInventory(t, manifest.ModeDual, 2)
+	a, _ := New(Config{}, inv, nil)
+	if err := a.SetPolicies(inv.NetworkPolicies); err != nil {
+		t.Fatal(err)
+	}
+	web1, api2 := labPod(t, m, "frontend", "web", 1), labPod(t, m, "backend", "api", 2)
+	for _, f := range []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol} {
+		flows := []flow.Record{
+			record(t, inv, web1, api2, f, flow.ProtoTCP, 8080),
+			record(t, inv, nil, api2, f, flow.ProtoTCP, 8080),
+			record(t, inv, web1, api2, f, flow.ProtoTCP, 7070),
+		}
+		want := slices.Clone(flows)
+		for i := range want {
+			a.Audit(&want[i])
+		}
+		if want[0].Ingress == want[1].Ingress || want[0].Ingress == want[2].Ingress {
+			t.Fatalf("%s: the flows' verdicts do not differ: %+v %+v %+v", f, want[0].Ingress, want[1].Ingress, want[2].Ingress)
+		}
+		var batch, wantBatch []flow.Record
+		for _, i := range []int{0, 1, 0, 1, 1, 0, 2, 0, 2, 1, 0, 1} {
+			batch, wantBatch = append(batch, flows[i]), append(wantBatch, want[i])
+		}
+		a.AuditBatch(batch)
+		for i := range batch {
+			if batch[i].Ingress != wantBatch[i].Ingress || batch[i].Egress != wantBatch[i].Egress {
+				t.Errorf("%s record %d: batch %+v %+v, alone %+v %+v", f, i, batch[i].Ingress, batch[i].Egress, wantBatch[i].Ingress, wantBatch[i].Egress)
+			}
+		}
+	}
+}
+
 // TestMemoKeys: every field of a question counts in the memo's key.
 func TestMemoKeys(t *testing.T) {
 	m := memo{lookup: echoLookup{}}
@@ -448,7 +530,9 @@ func TestMemoKeys(t *testing.T) {
 			t.Errorf("query %d: %q, want %q", i, got, want)
 		}
 	}
-	for _, name := range []string{"x", "x", "y", "unknown", "unknown", "x"} {
+	// Two namespaces are remembered: the ends of flows between two
+	// namespaces interleave.
+	for _, name := range []string{"x", "x", "y", "x", "y", "unknown", "unknown", "x", "y", "x", "unknown", "y", "unknown"} {
 		labels, ok := m.namespaceLabels(name)
 		if ok && labels["name"] != name || ok != (name != "unknown") {
 			t.Errorf("namespace %s: %v %v", name, labels, ok)

@@ -21,6 +21,7 @@ import (
 	"context"
 	"net/netip"
 	"time"
+	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
@@ -29,11 +30,12 @@ import (
 	"github.com/dualflow/dualflow/flow"
 )
 
-// nodeOf tells which node an address belongs to (a pod address or a node's
+// nodeOf tells which node addresses belong to (a pod address or a node's
 // own address): the Kubernetes enrichment's live view, or enrich.Nodes (the
-// nodes of a manifest, on the same index).
+// nodes of a manifest, on the same index). NodesForIPs sets nodes[i] to
+// addrs[i]'s node, "" when none; it answers a whole batch under one lock.
 type nodeOf interface {
-	NodeForIP(netip.Addr) (string, bool)
+	NodesForIPs(addrs []netip.Addr, nodes []string)
 }
 
 // Defaults of Config.
@@ -108,7 +110,18 @@ type Correlator struct {
 	free  []*entry
 	m     *metrics
 	now   func() time.Time
+
+	// addrs and names are lookupNodes' buffers, reused batch after batch.
+	addrs []netip.Addr
+	names []string
+	// ends holds the nodes of the records lookupNodes was given, by index.
+	ends []ends
 }
+
+// ends are the nodes of a record's source, destination and exporter (""
+// when unknown; the exporter's is its ExporterNode, else looked up only
+// when the record crosses between two nodes).
+type ends struct{ src, dst, exp string }
 
 // New returns a Correlator. reg may be nil.
 func New(cfg Config, nodes nodeOf, reg prometheus.Registerer) *Correlator {
@@ -119,14 +132,50 @@ func New(cfg Config, nodes nodeOf, reg prometheus.Registerer) *Correlator {
 // Held returns the number of halves waiting.
 func (c *Correlator) Held() int { return len(c.held) }
 
-// classify says whether r is a half to correlate, which, and its key. It
-// fills the node names and flow type when they are known and unset.
-func (c *Correlator) classify(r *flow.Record) (side, key) {
-	if c.nodes == nil {
-		return sideNone, key{}
+// lookupNodes sets c.ends[i] to the nodes of recs[i]'s ends, with at
+// most two calls to the node view for the whole of recs: one for the
+// sources and destinations, one for the exporters of records that cross
+// between two nodes and do not name their exporter's node.
+func (c *Correlator) lookupNodes(recs []flow.Record) {
+	c.ends = c.ends[:0]
+	if c.nodes == nil { // no node is known: nothing is classified
+		c.ends = append(c.ends, make([]ends, len(recs))...)
+		return
 	}
-	srcNode, srcOK := c.nodes.NodeForIP(r.SrcAddr)
-	dstNode, dstOK := c.nodes.NodeForIP(r.DstAddr)
+	c.addrs = c.addrs[:0]
+	for i := range recs {
+		c.addrs = append(c.addrs, recs[i].SrcAddr, recs[i].DstAddr)
+	}
+	c.names = append(c.names[:0], make([]string, len(c.addrs))...)
+	c.nodes.NodesForIPs(c.addrs, c.names)
+	c.addrs = c.addrs[:0]
+	for i := range recs {
+		e := ends{src: c.names[2*i], dst: c.names[2*i+1], exp: recs[i].ExporterNode}
+		if e.src != "" && e.dst != "" && e.src != e.dst && e.exp == "" {
+			c.addrs = append(c.addrs, recs[i].ExporterAddr)
+		}
+		c.ends = append(c.ends, e)
+	}
+	if len(c.addrs) == 0 {
+		return
+	}
+	c.names = append(c.names[:0], make([]string, len(c.addrs))...)
+	c.nodes.NodesForIPs(c.addrs, c.names)
+	j := 0
+	for i := range c.ends {
+		if e := &c.ends[i]; e.src != "" && e.dst != "" && e.src != e.dst && e.exp == "" {
+			e.exp = c.names[j]
+			j++
+		}
+	}
+}
+
+// classify says whether r, whose ends are on nodes n (lookupNodes), is a
+// half to correlate, which, and its key. It fills the node names and flow
+// type when they are known and unset.
+func (c *Correlator) classify(r *flow.Record, n *ends) (side, key) {
+	srcNode, dstNode := n.src, n.dst
+	srcOK, dstOK := srcNode != "", dstNode != ""
 	if r.Src.NodeName == "" && srcOK {
 		r.Src.NodeName = srcNode
 	}
@@ -148,12 +197,8 @@ func (c *Correlator) classify(r *flow.Record) (side, key) {
 	if !srcOK || !dstOK || srcNode == dstNode {
 		return sideNone, key{}
 	}
-	exp := r.ExporterNode
-	if exp == "" {
-		exp, _ = c.nodes.NodeForIP(r.ExporterAddr)
-	}
 	k := key{t: flow.Tuple{Src: r.SrcAddr, Dst: r.DstAddr, Proto: r.Proto, SrcPort: r.SrcPort, DstPort: r.DstPort}}
-	switch exp {
+	switch n.exp {
 	case srcNode:
 		if r.SNATAddr.IsValid() { // the destination node sees the translated source
 			k.t.Src = r.SNATAddr
@@ -172,7 +217,8 @@ func (c *Correlator) classify(r *flow.Record) (side, key) {
 // when not correlated, the merged record when r completes a pair, a half
 // flushed early on overflow) and returns out. r is copied, not retained.
 func (c *Correlator) Add(r *flow.Record, out []flow.Record) []flow.Record {
-	sd, k := c.classify(r)
+	c.lookupNodes(unsafe.Slice(r, 1))
+	sd, k := c.classify(r, &c.ends[0])
 	if sd == sideNone {
 		c.m.records[flow.CorrelationNone].Inc()
 		out = append(out, *r)
@@ -426,9 +472,10 @@ func (c *Correlator) Run(ctx context.Context, in, out *pipeline.Queue, pool *pip
 			// ob. Copying every record into a new batch was most of
 			// this stage's time.
 			kept := 0
+			c.lookupNodes(b.Recs)
 			for i := range b.Recs {
 				r := &b.Recs[i]
-				sd, k := c.classify(r)
+				sd, k := c.classify(r, &c.ends[i])
 				if sd == sideNone {
 					r.Correlation = flow.CorrelationNone
 					if kept != i {

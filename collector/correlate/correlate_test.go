@@ -58,9 +58,10 @@ func TestInventory(t *testing.T) {
 		{"fd00:10:ff::10", ""},
 		{"198.19.255.1", ""}, // outside the cluster
 	} {
-		got, ok := inv.NodeForIP(netip.MustParseAddr(tc.addr))
-		if got != tc.node || ok != (tc.node != "") {
-			t.Errorf("NodeForIP(%s) = %q, %v; want %q", tc.addr, got, ok, tc.node)
+		var got [1]string
+		inv.NodesForIPs([]netip.Addr{netip.MustParseAddr(tc.addr)}, got[:])
+		if got[0] != tc.node {
+			t.Errorf("NodesForIPs(%s) = %q; want %q", tc.addr, got[0], tc.node)
 		}
 	}
 }
@@ -319,6 +320,42 @@ func TestRunPassesThroughInPlace(t *testing.T) {
 	}
 	want := map[uint16]flow.Correlation{1: flow.CorrelationMerged, 2: flow.CorrelationNone, 3: flow.CorrelationNone,
 		5: flow.CorrelationNone, 6: flow.CorrelationSourceOnly, 7: flow.CorrelationNone}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("got %v, want %v", got, want)
+	}
+}
+
+// TestRunExporterByAddress: a record that does not name its exporter's
+// node (a third-party exporter's) takes it from its exporter's address,
+// looked up for the records of a batch that cross between nodes, among
+// records that name theirs and records that need no exporter: each half
+// pairs with its own other half, in both families.
+func TestRunExporterByAddress(t *testing.T) {
+	in, out, pool, done := runStage(t, 50*time.Millisecond)
+	byAddr := func(r flow.Record, exporter string) flow.Record {
+		r.ExporterNode, r.ExporterAddr = "", netip.MustParseAddr(exporter)
+		return r
+	}
+	b := pool.Get()
+	b.Recs = append(b.Recs,
+		byAddr(half("node-1", "198.18.1.10", "198.18.2.11", 1, 80, 2), "198.18.0.1"),          // source half
+		byAddr(half("node-1", "198.18.1.10", "198.18.1.11", 2, 80, 2), "198.18.0.1"),          // intra-node
+		half("node-2", "fd00:10:0:1::10", "fd00:10:0:2::11", 3, 80, 2),                        // dest half, named
+		byAddr(half("node-2", "198.18.1.10", "198.18.2.11", 1, 80, 2), "198.18.0.2"),          // dest half
+		byAddr(half("node-1", "fd00:10:0:1::10", "fd00:10:0:2::11", 3, 80, 2), "fd00:10::1"),  // source half
+		byAddr(half("node-2", "fd00:10:0:1::10", "fd00:10:ffff::1", 4, 443, 2), "fd00:10::2"), // to outside
+		byAddr(half("node-1", "198.18.1.10", "198.18.2.11", 5, 80, 2), "198.19.255.1"),        // exporter of no node
+	)
+	in.Put(context.Background(), b)
+	got := map[uint16]flow.Correlation{}
+	for _, r := range drain(t, in, out, done, 5) {
+		got[r.SrcPort] = r.Correlation
+		if r.SrcPort == 1 && (r.Src.NodeName != "node-1" || r.Dst.NodeName != "node-2") {
+			t.Errorf("merged record's nodes: %q → %q", r.Src.NodeName, r.Dst.NodeName)
+		}
+	}
+	want := map[uint16]flow.Correlation{1: flow.CorrelationMerged, 2: flow.CorrelationNone, 3: flow.CorrelationMerged,
+		4: flow.CorrelationNone, 5: flow.CorrelationNone}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("got %v, want %v", got, want)
 	}

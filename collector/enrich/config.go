@@ -65,7 +65,7 @@ type Config struct {
 	// EnableIPv6 enriches IPv6 records. When false, IPv6 addresses are
 	// dropped from the objects and IPv6 records are not enriched; pod and
 	// node IPv6 addresses still
-	// answer NodeForIP, so the correlator pairs IPv6 halves.
+	// answer NodesForIPs, so the correlator pairs IPv6 halves.
 	EnableIPv6 bool
 	// GracePeriod keeps deleted objects and given-up addresses for late
 	// records (0: forget at once).

@@ -60,7 +60,7 @@ var ErrDisabled = errors.New("kubernetes enrichment is off (--k8s.source=off, or
 
 // Enricher is the Kubernetes enrichment stage. Build it with New, start
 // it with Run, wait for WaitForSync before relying on
-// it. Enrich, NodeForIP and the accessors are safe for concurrent use,
+// it. Enrich, NodesForIPs and the accessors are safe for concurrent use,
 // before and after sync (before, they see a partial index).
 type Enricher struct {
 	cfg    Config
@@ -379,6 +379,7 @@ func (e *Enricher) Enrich(recs []flow.Record) {
 	}
 	var n [2][2]int
 	var now int64
+	var m memo
 	stale := e.Stale()
 	e.x.mu.RLock()
 	for i := range recs {
@@ -386,7 +387,7 @@ func (e *Enricher) Enrich(recs []flow.Record) {
 			now = e.nowFor(&recs[i])
 		}
 		recs[i].K8sViewStale = stale
-		r := e.x.enrich(&recs[i], now)
+		r := e.x.enrich(&recs[i], now, &m)
 		f := familyIndex(&recs[i])
 		n[f][hitIndex(r.srcHit)]++
 		n[f][hitIndex(r.dstHit)]++
@@ -469,22 +470,25 @@ func (e *Enricher) at(t time.Time) int64 {
 	return t.UnixNano()
 }
 
-// NodeForIP returns the node hosting address a now: the node of the pod
-// holding it, the node it belongs to (node address, host-network pod), or
-// the node whose pod CIDR contains it. Addresses given up within the grace
-// period still resolve to their last holder. For the correlation stage.
-func (e *Enricher) NodeForIP(a netip.Addr) (string, bool) {
+// NodesForIPs sets nodes[i] to the node hosting address addrs[i] now, ""
+// when none is known: the node of the pod holding it, the node it belongs
+// to (node address, host-network pod), or the node whose pod CIDR contains
+// it. Addresses given up within the grace period still resolve to their
+// last holder. It reads the clock once and takes the read lock once for
+// all of addrs (the correlation stage asks for a batch's addresses at
+// once); it panics if nodes is shorter than addrs. It allocates nothing.
+func (e *Enricher) NodesForIPs(addrs []netip.Addr, nodes []string) {
 	now := e.x.now().UnixNano()
 	e.x.mu.RLock()
 	defer e.x.mu.RUnlock()
-	return e.x.nodeFor(a, now)
+	e.x.nodesFor(addrs, nodes, now)
 }
 
 // LookupPod returns the pod that held address a at time t (zero: now),
 // host-network pods excepted (their addresses are their node's).
 func (e *Enricher) LookupPod(a netip.Addr, t time.Time) (*Pod, bool) {
 	if a = a.Unmap(); a.Is6() && !e.cfg.EnableIPv6 {
-		return nil, false // indexed for NodeForIP only
+		return nil, false // indexed for NodesForIPs only
 	}
 	ts := e.at(t)
 	e.x.mu.RLock()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -424,8 +425,8 @@ func TestIPv6Disabled(t *testing.T) {
 	// The switch turns off IPv6 enrichment, not correlation: the node of
 	// an IPv6 pod, node address or pod CIDR is still known (issue 24).
 	for a, want := range map[string]string{"fd00:10:1::10": "node-1", "fd00:10:2::12": "node-2", "fd00:10:ff::2": "node-2", "fd00:10:2::99": "node-2"} {
-		if n, ok := v.e.NodeForIP(ip(a)); !ok || n != want {
-			t.Errorf("NodeForIP(%s) = %q, %v; want %s", a, n, ok, want)
+		if n, ok := nodeForIP(v.e, ip(a)); !ok || n != want {
+			t.Errorf("NodesForIPs(%s) = %q, %v; want %s", a, n, ok, want)
 		}
 	}
 	// Both node halves of an IPv6 connection merge into one row.
@@ -470,8 +471,8 @@ func TestHostNetworkPods(t *testing.T) {
 		if r.Type != c.typ {
 			t.Errorf("%s -> %s: type %v, want %v", c.src, c.dst, r.Type, c.typ)
 		}
-		if n, ok := v.e.NodeForIP(ip(c.src)); !ok || n != c.node {
-			t.Errorf("NodeForIP(%s) = %q", c.src, n)
+		if n, ok := nodeForIP(v.e, ip(c.src)); !ok || n != c.node {
+			t.Errorf("NodesForIPs(%s) = %q", c.src, n)
 		}
 	}
 	if _, ok := v.e.LookupPod(ip("198.19.200.1"), time.Time{}); ok {
@@ -634,7 +635,7 @@ func TestFlowTypes(t *testing.T) {
 	}
 }
 
-func TestNodeForIP(t *testing.T) {
+func TestNodesForIPs(t *testing.T) {
 	objs := append(baseObjects(),
 		mkPod("a", "p1", "node-1", []string{"198.18.1.10", "fd00:10:1::10"}),
 		mkPod("a", "gone", "node-2", []string{"198.18.2.66", "fd00:10:2::66"}),
@@ -642,7 +643,7 @@ func TestNodeForIP(t *testing.T) {
 	v := newEnv(t, testConfig(), objs...)
 	v.remove(mkPod("a", "gone", "node-2", nil))
 	v.clk.Add(time.Minute)
-	for _, c := range []struct {
+	cases := []struct {
 		addr, want string
 	}{
 		{"198.18.1.10", "node-1"}, {"fd00:10:1::10", "node-1"}, // pods
@@ -652,10 +653,25 @@ func TestNodeForIP(t *testing.T) {
 		{"198.18.2.66", "node-2"}, {"fd00:10:2::66", "node-2"}, // deleted pod within the grace period
 		{"::ffff:198.18.1.10", "node-1"}, // mapped
 		{"198.19.252.8", ""}, {"fd00:10:4860::8888", ""},
-	} {
-		got, ok := v.e.NodeForIP(ip(c.addr))
-		if got != c.want || ok != (c.want != "") {
-			t.Errorf("NodeForIP(%s) = %q, %v; want %q", c.addr, got, ok, c.want)
+	}
+	// One call answers every address, as the correlator asks for a
+	// batch's; an invalid address (one it does not ask about) has none.
+	// Each address is asked 3 times, near and far apart (the call's memo
+	// holds the last few).
+	addrs := []netip.Addr{{}}
+	want := []string{""}
+	for i, c := range cases {
+		addrs = append(addrs, ip(c.addr), ip(c.addr), ip(cases[len(cases)-1-i].addr))
+		want = append(want, c.want, c.want, cases[len(cases)-1-i].want)
+	}
+	got := make([]string, len(addrs))
+	for i := range got {
+		got[i] = "stale"
+	}
+	v.e.NodesForIPs(addrs, got)
+	for i := range addrs {
+		if got[i] != want[i] {
+			t.Errorf("NodesForIPs(%s) #%d = %q; want %q", addrs[i], i, got[i], want[i])
 		}
 	}
 }
@@ -833,7 +849,7 @@ func TestEnrichAllocatesNothing(t *testing.T) {
 			rec := r
 			v.e.enrichOne(&rec)
 			v.e.Enrich(batch)
-			v.e.NodeForIP(r.DstAddr)
+			nodeForIP(v.e, r.DstAddr)
 		}); n != 0 {
 			t.Errorf("%v -> %v: %v allocations", r.SrcAddr, r.DstAddr, n)
 		}
@@ -863,7 +879,7 @@ func TestConcurrentEnrich(t *testing.T) {
 					t.Errorf("concurrent enrich: %+v", r)
 					return
 				}
-				v.e.NodeForIP(r.DstAddr)
+				nodeForIP(v.e, r.DstAddr)
 				v.e.NetworkPolicies("backend")
 			}
 		})
@@ -928,5 +944,60 @@ func TestOneEndpointTwoServices(t *testing.T) {
 	v.clk.Add(time.Minute)
 	if r := v.enrich(v.viaService("fd00:10:1::10", "fd00:10:96::1", "fd00:10:2::12")); r.Dst.Zone != "zone-b" {
 		t.Errorf("after deleting b's slice, a's endpoint: %+v", r.Dst)
+	}
+}
+
+// TestEnrichBatchMemo: a batch that revisits more addresses and pods than
+// the batch's memo holds, in both families, with an address held by two
+// pods one after the other and flows of both times, comes out as each of
+// its records enriched alone.
+func TestEnrichBatchMemo(t *testing.T) {
+	cfg := testConfig()
+	cfg.GracePeriod = 5 * time.Minute
+	objs := append(baseObjects(), mkRS("frontend", "rs0-7d9f", "dep0"),
+		mkPod("backend", "old", "node-1", []string{"198.18.1.5", "fd00:10:1::5"}, createdAt(t0.Add(-time.Hour))))
+	var addrs []string
+	for i := range 6 {
+		n := i%2 + 1
+		a4, a6 := fmt.Sprintf("198.18.%d.%d", n, 10+i), fmt.Sprintf("fd00:10:%d::%d", n, 10+i)
+		objs = append(objs, mkPod("frontend", fmt.Sprintf("p%d", i), fmt.Sprintf("node-%d", n), []string{a4, a6},
+			owned("ReplicaSet", fmt.Sprintf("rs%d-7d9f", i%3))))
+		addrs = append(addrs, a4, a6)
+	}
+	v := newEnv(t, cfg, objs...)
+	v.remove(mkPod("backend", "old", "node-1", nil)) // at t0
+	v.clk.Add(time.Minute)
+	v.apply(mkPod("frontend", "new", "node-2", []string{"198.18.1.5", "fd00:10:1::5"}, createdAt(v.clk.Now())))
+	v.clk.Add(time.Minute)
+	addrs = append(addrs, "198.18.1.5", "fd00:10:1::5", "198.19.252.8", "fd00:10:4860::8888")
+	var batch []flow.Record
+	for i := range 120 {
+		// Runs of the same pair, then jumps; sources and destinations of
+		// one family (the pattern of the addresses list: v4, v6 in turn).
+		s := (i / 3 * 5) % len(addrs)
+		d := (s + 2*(1+i/7)) % len(addrs)
+		r := v.record(addrs[s], addrs[d])
+		if i%4 == 0 {
+			r.FlowStart, r.FlowEnd = t0.Add(-30*time.Minute), t0.Add(-29*time.Minute) // the old pod's time
+		}
+		batch = append(batch, r)
+	}
+	want := make([]flow.Record, len(batch))
+	for i := range batch {
+		want[i] = v.enrich(batch[i])
+	}
+	v.e.Enrich(batch)
+	pods := map[string]bool{}
+	for i := range batch {
+		if !reflect.DeepEqual(batch[i], want[i]) {
+			t.Errorf("record %d %v -> %v: batch gives\n%+v\nalone\n%+v", i, batch[i].SrcAddr, batch[i].DstAddr, batch[i], want[i])
+		}
+		pods[batch[i].Dst.PodName+"/"+batch[i].Dst.WorkloadName] = true
+	}
+	// The batch met both holders of the reused address, and workloads.
+	for _, p := range []string{"old/old", "new/new", "p0/dep0", "p3/dep0", "p1/rs1-7d9f"} {
+		if !pods[p] {
+			t.Errorf("no record to pod/workload %s; got %v", p, pods)
+		}
 	}
 }

@@ -436,3 +436,10 @@ func (v *env) enrich(r flow.Record) flow.Record {
 	v.e.enrichOne(&r)
 	return r
 }
+
+// nodeForIP asks e for the node of one address (NodesForIPs of one).
+func nodeForIP(e interface{ NodesForIPs([]netip.Addr, []string) }, a netip.Addr) (string, bool) {
+	var n [1]string
+	e.NodesForIPs([]netip.Addr{a}, n[:])
+	return n[0], n[0] != ""
+}

@@ -115,8 +115,8 @@ func TestInventoryLabManifest(t *testing.T) {
 				n := &m.Nodes[i]
 				for _, f := range mode.Families() {
 					a, _ := manifest.NodeAddr(n, f)
-					if got, ok := e.NodeForIP(a); !ok || got != n.Name {
-						t.Errorf("NodeForIP(%s) = %q", a, got)
+					if got, ok := nodeForIP(e, a); !ok || got != n.Name {
+						t.Errorf("NodesForIPs(%s) = %q", a, got)
 					}
 				}
 			}

@@ -235,7 +235,7 @@ func apply(x *index, obj any, remove bool) {
 }
 
 // dump renders the index: live objects, every history with its claims,
-// and the answers of Enrich and NodeForIP for a grid of addresses and
+// and the answers of Enrich and NodesForIPs for a grid of addresses and
 // times.
 func dump(x *index) string {
 	x.mu.RLock()
@@ -311,7 +311,7 @@ func dump(x *index) string {
 		}
 	}
 	for _, a := range addrs {
-		n, ok := e.NodeForIP(ip(a))
+		n, ok := nodeForIP(e, ip(a))
 		line("node for %s: %s %v", a, n, ok)
 	}
 	return b.String()

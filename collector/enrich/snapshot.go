@@ -76,7 +76,7 @@ func LoadSnapshot(files ...string) (*Snapshot, error) {
 }
 
 // Nodes tells which node an address belongs to, from the objects of
-// manifest files, as the Enricher tells it from a cluster (NodeForIP, on
+// manifest files, as the Enricher tells it from a cluster (NodesForIPs, on
 // the same index): the correlator's view under --collector.inventory. It
 // is read-only and safe for concurrent use.
 type Nodes struct{ x *index }
@@ -94,9 +94,9 @@ func LoadNodes(files ...string) (*Nodes, error) {
 	return &Nodes{x}, nil
 }
 
-// NodeForIP is Enricher.NodeForIP.
-func (n *Nodes) NodeForIP(a netip.Addr) (string, bool) {
-	return n.x.nodeFor(a, n.x.now().UnixNano())
+// NodesForIPs is Enricher.NodesForIPs.
+func (n *Nodes) NodesForIPs(addrs []netip.Addr, nodes []string) {
+	n.x.nodesFor(addrs, nodes, n.x.now().UnixNano())
 }
 
 // Len returns the number of nodes.

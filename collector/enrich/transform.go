@@ -72,7 +72,7 @@ func (tr *transformer) anyAddr(kind, s string) (netip.Addr, bool) {
 
 // place files a, an address that tells which node something is on, into
 // visible, or into hidden when it is IPv6 and IPv6 is disabled: hidden
-// addresses only answer NodeForIP, so that the correlator still pairs
+// addresses only answer NodesForIPs, so that the correlator still pairs
 // the two node halves of an IPv6 connection (a switch that turns off
 // IPv6 enrichment must not double IPv6 rows).
 func (tr *transformer) place(a netip.Addr, visible, hidden *[]netip.Addr) {
@@ -351,7 +351,7 @@ func (tr *transformer) node(n *corev1.Node) *Node {
 		p = p.Masked()
 		list := &out.PodCIDRs
 		if p.Addr().Is6() && !tr.ipv6 {
-			list = &out.hidden6CIDRs // for NodeForIP only, as addresses
+			list = &out.hidden6CIDRs // for NodesForIPs only, as addresses
 		}
 		if !slices.Contains(*list, p) {
 			*list = append(*list, p)

@@ -74,7 +74,7 @@ type Pod struct {
 	// Ports are the container ports of every container. Shared: read-only.
 	Ports []ContainerPort
 	// hidden6 are the IPv6 addresses of status.podIPs when IPv6 is
-	// disabled: they answer NodeForIP only (see transformer.place).
+	// disabled: they answer NodesForIPs only (see transformer.place).
 	hidden6 []netip.Addr
 	// Created is metadata.creationTimestamp.
 	Created time.Time
@@ -190,7 +190,7 @@ type Node struct {
 	PodCIDRs []netip.Prefix
 	Created  time.Time
 	// hidden6 and hidden6CIDRs are the IPv6 addresses and pod CIDRs when
-	// IPv6 is disabled: they answer NodeForIP only (see transformer.place).
+	// IPv6 is disabled: they answer NodesForIPs only (see transformer.place).
 	hidden6      []netip.Addr
 	hidden6CIDRs []netip.Prefix
 
