@@ -39,6 +39,16 @@ func benchFlowsShape(n, srcPods int) []flow.Record {
 		sets[k] = m
 		return m
 	}
+	// And one string per value, as the enricher's pods and nodes and the
+	// decoder's interned names give every record of the same pod or node.
+	strs := map[string]string{}
+	str := func(v string) string {
+		if s, ok := strs[v]; ok {
+			return s
+		}
+		strs[v] = v
+		return v
+	}
 	recs := make([]flow.Record, n)
 	for i := range recs {
 		v6 := i%2 == 1
@@ -66,18 +76,18 @@ func benchFlowsShape(n, srcPods int) []flow.Record {
 			Packets: 120, Bytes: 15000, ReversePackets: 100, ReverseBytes: 90000,
 			PacketsDelta: 12, BytesDelta: 1500, ReversePacketsDelta: 10, ReverseBytesDelta: 9000,
 			EndReason: flow.EndReasonActiveTimeout, TCPState: "ESTABLISHED", Mark: 0x42,
-			ExporterAddr: exp, ObservationDomainID: 1, ExporterNode: fmt.Sprintf("worker-%02d", i%5), Source: "conntrack",
-			Src: flow.Endpoint{PodNamespace: ns, PodName: fmt.Sprintf("%s-7d9f8c6b5-%05x", wl, p),
-				WorkloadKind: "Deployment", WorkloadName: wl, NodeName: fmt.Sprintf("worker-%02d", i%5), Zone: fmt.Sprintf("eu-west-1%c", 'a'+i%3),
+			ExporterAddr: exp, ObservationDomainID: 1, ExporterNode: str(fmt.Sprintf("worker-%02d", i%5)), Source: "conntrack",
+			Src: flow.Endpoint{PodNamespace: ns, PodName: str(fmt.Sprintf("%s-7d9f8c6b5-%05x", wl, p)),
+				WorkloadKind: "Deployment", WorkloadName: wl, NodeName: str(fmt.Sprintf("worker-%02d", i%5)), Zone: str(fmt.Sprintf("eu-west-1%c", 'a'+i%3)),
 				Labels: labels(map[string]string{"app.kubernetes.io/name": wl, "app.kubernetes.io/part-of": ns, "pod-template-hash": "7d9f8c6b5"})},
-			Dst: flow.Endpoint{PodNamespace: ns, PodName: fmt.Sprintf("%s-%d", workloads[(i+1)%len(workloads)], i%3),
-				WorkloadKind: "StatefulSet", WorkloadName: workloads[(i+1)%len(workloads)], NodeName: fmt.Sprintf("worker-%02d", (i+1)%5),
-				Zone:   fmt.Sprintf("eu-west-1%c", 'a'+(i+1)%3),
+			Dst: flow.Endpoint{PodNamespace: ns, PodName: str(fmt.Sprintf("%s-%d", workloads[(i+1)%len(workloads)], i%3)),
+				WorkloadKind: "StatefulSet", WorkloadName: workloads[(i+1)%len(workloads)], NodeName: str(fmt.Sprintf("worker-%02d", (i+1)%5)),
+				Zone:   str(fmt.Sprintf("eu-west-1%c", 'a'+(i+1)%3)),
 				Labels: labels(map[string]string{"app.kubernetes.io/name": workloads[(i+1)%len(workloads)], "app.kubernetes.io/part-of": ns, "statefulset.kubernetes.io/pod-name": "x-0"})},
 			Service:     flow.Service{Namespace: ns, Name: workloads[(i+1)%len(workloads)], PortName: "http"},
 			Type:        flow.FlowTypeInterNode,
 			Correlation: flow.CorrelationMerged,
-			Ingress:     flow.Policy{Namespace: ns, Name: "allow-" + wl, Rule: 0, Verdict: flow.VerdictAllowed},
+			Ingress:     flow.Policy{Namespace: ns, Name: str("allow-" + wl), Rule: 0, Verdict: flow.VerdictAllowed},
 			Egress:      flow.Policy{Namespace: ns, Name: "default-egress", Rule: 1, Verdict: flow.VerdictAllowed},
 		}
 		if i%8 == 7 { // to an external address: no destination metadata
