@@ -152,6 +152,11 @@ func (c *nativeColumn) str(s string) {
 // addr appends a as an IPv6 value (appendAddr's bytes) and its text to the
 // text column.
 func (c *nativeColumn) addr(text *nativeColumn, ipc *ipTextCache, a netip.Addr) {
+	if !a.IsValid() { // none (no Service, no SNAT): zero bytes, empty text
+		c.data = append(c.data, make([]byte, 16)...)
+		text.data = append(text.data, 0)
+		return
+	}
 	k0, k1 := addrWords(a)
 	l := len(c.data)
 	if cap(c.data)-l < 16 {
