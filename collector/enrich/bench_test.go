@@ -218,25 +218,6 @@ func BenchmarkEnrich(b *testing.B) {
 		}
 		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(recs)), "ns/record")
 	})
-	// A batch of the shape of the collector's enriched end-to-end
-	// benchmark: runs of the same pod pair's connections, 3 in 5 IPv4,
-	// the rest IPv6 (the batch's memo answers most lookups).
-	runs := make([]flow.Record, 40)
-	p4, p6 := benchRecords("pod-to-pod", false, 1)[0], benchRecords("pod-to-pod", true, 1)[0]
-	for i := range runs {
-		runs[i] = p4
-		if i%5 >= 3 {
-			runs[i] = p6
-		}
-		runs[i].SrcPort = uint16(40000 + i)
-	}
-	b.Run("batch-40/runs", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			e.Enrich(runs)
-		}
-		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(runs)), "ns/record")
-	})
 	b.Run("parallel/ipv6", func(b *testing.B) {
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
@@ -283,24 +264,6 @@ func BenchmarkNodesForIPs(b *testing.B) {
 			})
 		}
 	}
-	// The sources and destinations of a batch of the shape of the
-	// collector's enriched end-to-end benchmark: runs of the same pod
-	// pair's connections, 3 in 5 IPv4, the rest IPv6.
-	addrs, nodes := make([]netip.Addr, 80), make([]string, 80)
-	for i := 0; i < len(addrs); i += 2 {
-		v6 := i/2%5 >= 3
-		addrs[i], addrs[i+1] = benchPodAddr(1, v6), benchPodAddr(2, v6)
-	}
-	b.Run("batch-80/runs", func(b *testing.B) {
-		b.ReportAllocs()
-		for b.Loop() {
-			e.NodesForIPs(addrs, nodes)
-		}
-		if nodes[79] == "" {
-			b.Fatal("no node")
-		}
-		b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(addrs)), "ns/addr")
-	})
 }
 
 // BenchmarkIndexMemory measures the heap held per pod once 100k pods are

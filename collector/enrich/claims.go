@@ -295,12 +295,8 @@ func pick[V claimer](l *claims[V], t int64, match func(V) bool) int {
 // latest returns the value of the active claim on k, or else of the claim
 // that ended last (retained within the grace period).
 func (h *history[K, V]) latest(k K) (V, bool) {
-	l := h.m[k]
-	return latest(&l)
-}
-
-func latest[V claimer](l *claims[V]) (V, bool) {
 	var zero V
+	l := h.m[k]
 	best := -1
 	for i := range l.n() {
 		c := l.get(i)

@@ -379,7 +379,6 @@ func (e *Enricher) Enrich(recs []flow.Record) {
 	}
 	var n [2][2]int
 	var now int64
-	var m memo
 	stale := e.Stale()
 	e.x.mu.RLock()
 	for i := range recs {
@@ -387,7 +386,7 @@ func (e *Enricher) Enrich(recs []flow.Record) {
 			now = e.nowFor(&recs[i])
 		}
 		recs[i].K8sViewStale = stale
-		r := e.x.enrich(&recs[i], now, &m)
+		r := e.x.enrich(&recs[i], now)
 		f := familyIndex(&recs[i])
 		n[f][hitIndex(r.srcHit)]++
 		n[f][hitIndex(r.dstHit)]++

@@ -41,78 +41,11 @@ type place struct {
 	in bool
 }
 
-// memo remembers, for the records of one Enrich call or the addresses of
-// one NodesForIPs call (under one read lock, so never staler than the
-// index), the pod claims on the addresses looked up last, the workloads
-// of the pods found last and the zones of their nodes. A batch's records
-// come in runs of the same pods (one connection's slices, a client's
-// flows to a Service, the two ends in turn), and hashing a netip.Addr (24
-// bytes) into the address history, a pod's owner into the owners and a
-// node's name into the zones was most of Enrich's time.
-type memo struct {
-	addrs  [memoAddrs]netip.Addr
-	claims [memoAddrs]claims[*Pod] // podIPs' claims on addrs[i], none when it has none
-	n      int                     // entries in use
-	next   int                     // the entry replaced next (round robin)
-
-	pods      [2]*Pod // the pods whose workloads were resolved last
-	workloads [2]Workload
-	nodes     [2]string // the nodes whose zones were looked up last
-	zones     [2]string
-}
-
-// memoAddrs is the addresses a memo remembers: both ends of a run's
-// connections in both families.
-const memoAddrs = 4
-
-// podClaims returns the claims of x.podIPs on a (a copy, valid under the
-// read lock the memo lives in).
-func (m *memo) podClaims(x *index, a netip.Addr) *claims[*Pod] {
-	for i := range m.n {
-		if m.addrs[i] == a {
-			return &m.claims[i]
-		}
-	}
-	i := m.next
-	m.next = (m.next + 1) % memoAddrs
-	m.n = max(m.n, i+1)
-	m.addrs[i], m.claims[i] = a, x.podIPs.m[a]
-	return &m.claims[i]
-}
-
-// workload is x.workload(p), remembered for the last two pods.
-func (m *memo) workload(x *index, p *Pod) Workload {
-	switch p {
-	case m.pods[0]:
-		return m.workloads[0]
-	case m.pods[1]:
-		return m.workloads[1]
-	}
-	w := x.workload(p)
-	m.pods[1], m.workloads[1] = m.pods[0], m.workloads[0]
-	m.pods[0], m.workloads[0] = p, w
-	return w
-}
-
-// zone is x.zone(node), remembered for the last two nodes.
-func (m *memo) zone(x *index, node string) string {
-	switch node {
-	case m.nodes[0]:
-		return m.zones[0]
-	case m.nodes[1]:
-		return m.zones[1]
-	}
-	z := x.zone(node)
-	m.nodes[1], m.zones[1] = m.nodes[0], m.zones[0]
-	m.nodes[0], m.zones[0] = node, z
-	return z
-}
-
-func (x *index) place(a netip.Addr, start, end int64, m *memo) place {
+func (x *index) place(a netip.Addr, start, end int64) place {
 	if !a.IsValid() {
 		return place{}
 	}
-	if p, ok := resolve(m.podClaims(x, a), start, end, nil); ok {
+	if p, ok := x.podIPs.resolve(a, start, end, nil); ok {
 		return place{pod: p, node: p.NodeName, in: true}
 	}
 	if n, ok := x.hostIPs.resolve(a, start, end, nil); ok {
@@ -177,15 +110,15 @@ func (x *index) workload(p *Pod) Workload {
 func (x *index) zone(node string) string { return x.zones[node] }
 
 // fill sets e from pl (fields pl knows nothing about are left alone).
-func (x *index) fill(e *flow.Endpoint, pl place, m *memo) {
+func (x *index) fill(e *flow.Endpoint, pl place) {
 	if p := pl.pod; p != nil {
-		w := m.workload(x, p)
+		w := x.workload(p)
 		e.PodNamespace, e.PodName, e.Labels = p.Namespace, p.Name, p.Labels
 		e.WorkloadKind, e.WorkloadName = w.Kind, w.Name
 	}
 	if pl.node != "" {
 		e.NodeName = pl.node
-		if z := m.zone(x, pl.node); z != "" {
+		if z := x.zone(pl.node); z != "" {
 			e.Zone = z
 		}
 	}
@@ -284,14 +217,14 @@ type result struct {
 // enrich fills rec's Kubernetes fields. Only what is found is set: a
 // field the index knows nothing about keeps its value (a foreign exporter
 // may have filled it).
-func (x *index) enrich(rec *flow.Record, now int64, m *memo) result {
+func (x *index) enrich(rec *flow.Record, now int64) result {
 	src, dst := rec.SrcAddr.Unmap(), rec.DstAddr.Unmap()
 	if !x.ipv6 && (src.Is6() || dst.Is6()) {
 		return result{skipped: true}
 	}
 	start, end := flowTimes(rec, now)
-	s := x.place(src, start, end, m)
-	d := x.place(dst, start, end, m)
+	s := x.place(src, start, end)
+	d := x.place(dst, start, end)
 
 	var svc *Service
 	svcPort := rec.ServicePort
@@ -326,8 +259,8 @@ func (x *index) enrich(rec *flow.Record, now int64, m *memo) result {
 		d.in = true
 	}
 
-	x.fill(&rec.Src, s, m)
-	x.fill(&rec.Dst, d, m)
+	x.fill(&rec.Src, s)
+	x.fill(&rec.Dst, d)
 	if ep != nil {
 		if d.pod == nil && ep.Pod.Name != "" {
 			rec.Dst.PodNamespace, rec.Dst.PodName = ep.Pod.Namespace, ep.Pod.Name
@@ -349,25 +282,23 @@ func (x *index) enrich(rec *flow.Record, now int64, m *memo) result {
 // node whose pod CIDR contains it.
 func (x *index) nodesFor(addrs []netip.Addr, nodes []string, t int64) {
 	nodes = nodes[:len(addrs)]
-	var m memo // a batch's addresses repeat: both ends of runs of connections
 	for i, a := range addrs {
-		nodes[i] = x.nodeFor(a, t, &m)
+		nodes[i] = x.nodeFor(a, t)
 	}
 }
 
-func (x *index) nodeFor(a netip.Addr, t int64, m *memo) string {
+func (x *index) nodeFor(a netip.Addr, t int64) string {
 	if !a.IsValid() {
 		return "" // no claim has it (and the correlator passes none for "not asked")
 	}
 	a = a.Unmap()
-	pods := m.podClaims(x, a)
-	if p, ok := resolve(pods, t, t, nil); ok {
+	if p, ok := x.podIPs.resolve(a, t, t, nil); ok {
 		return p.NodeName
 	}
 	if n, ok := x.hostIPs.resolve(a, t, t, nil); ok {
 		return n.node
 	}
-	if p, ok := latest(pods); ok && p.NodeName != "" {
+	if p, ok := x.podIPs.latest(a); ok && p.NodeName != "" {
 		return p.NodeName
 	}
 	if n, ok := x.hostIPs.latest(a); ok {
