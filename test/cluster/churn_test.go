@@ -138,16 +138,21 @@ func checkChurn(t *testing.T, ctx context.Context, c *Cluster, in *Install, web 
 	// The port-forward went with the old collector pod.
 	web = portForward(t, ctx, c, in)
 
-	// Every answered connection's rows, by client pod, source port and
-	// family.
+	// Every answered connection's rows, by client pod, source port, family
+	// and the address it was sent to (a row's Service address, else its
+	// destination): a client reuses a source port over the run, and an
+	// attempt that failed while pods went (not in conns) may have a row
+	// of its own, naming the pod it reached, under the port of a later
+	// connection to another address.
 	type key struct {
 		client string
 		port   uint16
 		family int
+		to     netip.Addr
 	}
 	want := map[key][]churnConn{}
 	for _, cn := range conns {
-		k := key{cn.client, cn.srcPort, cn.family}
+		k := key{cn.client, cn.srcPort, cn.family, cn.to.Addr()}
 		want[k] = append(want[k], cn)
 	}
 	var missing, wrong, unnamed []string
@@ -169,7 +174,11 @@ FROM flows WHERE src_pod_namespace = '%s' AND dst_port = %d AND probe_trace_id =
 		seen := map[key][]string{}
 		detail := map[key][]string{}
 		for _, r := range res.Rows {
-			k := key{fmt.Sprint(r[0]), uint16(num(r[1])), int(num(r[2]))}
+			to, _ := netip.ParseAddr(fmt.Sprint(r[7])) // service_ip
+			if !to.IsValid() {
+				to, _ = netip.ParseAddr(fmt.Sprint(r[5])) // dst_ip
+			}
+			k := key{fmt.Sprint(r[0]), uint16(num(r[1])), int(num(r[2])), to}
 			seen[k] = append(seen[k], fmt.Sprintf("%v/%v", r[3], r[4]))
 			detail[k] = append(detail[k], fmt.Sprintf("%v", r[5:]))
 		}
