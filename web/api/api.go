@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/dualflow/dualflow/collector/audit"
+	"github.com/dualflow/dualflow/internal/defaults"
 )
 
 // Store runs queries against the dualflow database; store.Conn
@@ -149,22 +150,22 @@ func (c *Config) setDefaults() {
 	if r, ok := c.Store.(SQLRunner); ok && c.SQL == nil {
 		c.SQL = r
 	}
-	orDefault(&c.SQLMaxRows, DefaultSQLMaxRows)
-	orDefault(&c.SQLMaxTime, DefaultSQLMaxTime)
-	orDefault(&c.SQLMaxMemory, DefaultSQLMaxMemory)
-	orDefault(&c.QueryTimeout, DefaultQueryTimeout)
-	orDefault(&c.TraceTimeout, DefaultTraceTimeout)
-	orDefault(&c.FollowInterval, DefaultFollowInterval)
-	orDefault(&c.SQLMaxThreads, DefaultSQLMaxThreads)
-	orDefault(&c.SQLConcurrency, DefaultSQLConcurrency)
-	orDefault(&c.FollowStreams, DefaultFollowStreams)
-	orDefault(&c.FollowStreamsPerRole, DefaultFollowStreamsPerRole)
-	orDefault(&c.SQLConcurrencyPerToken, DefaultSQLConcurrencyPerToken)
-	orDefault(&c.FollowStreamsPerToken, DefaultFollowStreamsPerToken)
-	orDefault(&c.WhatIfConcurrency, DefaultWhatIfConcurrency)
-	orDefault(&c.WhatIfConcurrencyPerToken, DefaultWhatIfConcurrencyPerToken)
-	orDefault(&c.ReachabilityConcurrency, DefaultReachabilityConcurrency)
-	orDefault(&c.ReachabilityConcurrencyPerToken, DefaultReachabilityConcurrencyPerToken)
+	c.SQLMaxRows = defaults.Positive(c.SQLMaxRows, DefaultSQLMaxRows)
+	c.SQLMaxTime = defaults.Positive(c.SQLMaxTime, DefaultSQLMaxTime)
+	c.SQLMaxMemory = defaults.Positive(c.SQLMaxMemory, DefaultSQLMaxMemory)
+	c.QueryTimeout = defaults.Positive(c.QueryTimeout, DefaultQueryTimeout)
+	c.TraceTimeout = defaults.Positive(c.TraceTimeout, DefaultTraceTimeout)
+	c.FollowInterval = defaults.Positive(c.FollowInterval, DefaultFollowInterval)
+	c.SQLMaxThreads = defaults.Positive(c.SQLMaxThreads, DefaultSQLMaxThreads)
+	c.SQLConcurrency = defaults.Positive(c.SQLConcurrency, DefaultSQLConcurrency)
+	c.FollowStreams = defaults.Positive(c.FollowStreams, DefaultFollowStreams)
+	c.FollowStreamsPerRole = defaults.Positive(c.FollowStreamsPerRole, DefaultFollowStreamsPerRole)
+	c.SQLConcurrencyPerToken = defaults.Positive(c.SQLConcurrencyPerToken, DefaultSQLConcurrencyPerToken)
+	c.FollowStreamsPerToken = defaults.Positive(c.FollowStreamsPerToken, DefaultFollowStreamsPerToken)
+	c.WhatIfConcurrency = defaults.Positive(c.WhatIfConcurrency, DefaultWhatIfConcurrency)
+	c.WhatIfConcurrencyPerToken = defaults.Positive(c.WhatIfConcurrencyPerToken, DefaultWhatIfConcurrencyPerToken)
+	c.ReachabilityConcurrency = defaults.Positive(c.ReachabilityConcurrency, DefaultReachabilityConcurrency)
+	c.ReachabilityConcurrencyPerToken = defaults.Positive(c.ReachabilityConcurrencyPerToken, DefaultReachabilityConcurrencyPerToken)
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -177,14 +178,6 @@ func (c *Config) setDefaults() {
 			_, err := st.Query(ctx, "SELECT 1", "TabSeparated")
 			return err
 		}
-	}
-}
-
-// orDefault sets *v to def when it is not positive (unset, or a
-// negative flag value).
-func orDefault[T int | int64 | time.Duration](v *T, def T) {
-	if *v <= 0 {
-		*v = def
 	}
 }
 

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/ClickHouse/ch-go/proto"
+
+	"github.com/dualflow/dualflow/internal/defaults"
 )
 
 // Defaults of the bounds on requests (Config).
@@ -57,19 +59,10 @@ var DefaultReaderLimits = ReaderLimits{MaxExecutionTime: 60 * time.Second, MaxMe
 
 func (l *ReaderLimits) setDefaults() {
 	d := DefaultReaderLimits
-	l.MaxExecutionTime = positiveOr(l.MaxExecutionTime, d.MaxExecutionTime)
-	l.MaxMemoryBytes = positiveOr(l.MaxMemoryBytes, d.MaxMemoryBytes)
-	l.MaxThreads = positiveOr(l.MaxThreads, d.MaxThreads)
-	l.MaxResultBytes = positiveOr(l.MaxResultBytes, d.MaxResultBytes)
-}
-
-// positiveOr returns v, or d when v is not positive (unset, or a negative
-// value, which no bound means).
-func positiveOr[T int | int64 | time.Duration](v, d T) T {
-	if v <= 0 {
-		return d
-	}
-	return v
+	l.MaxExecutionTime = defaults.Positive(l.MaxExecutionTime, d.MaxExecutionTime)
+	l.MaxMemoryBytes = defaults.Positive(l.MaxMemoryBytes, d.MaxMemoryBytes)
+	l.MaxThreads = defaults.Positive(l.MaxThreads, d.MaxThreads)
+	l.MaxResultBytes = defaults.Positive(l.MaxResultBytes, d.MaxResultBytes)
 }
 
 // bounds are the limit settings of l, by name, as the engine takes them.

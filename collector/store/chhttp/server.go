@@ -38,6 +38,7 @@ import (
 
 	"github.com/dualflow/dualflow/collector/store/chdb"
 	"github.com/dualflow/dualflow/collector/store/sqlguard"
+	"github.com/dualflow/dualflow/internal/defaults"
 	"github.com/dualflow/dualflow/internal/httpserve"
 	"github.com/dualflow/dualflow/netaddr"
 )
@@ -148,14 +149,14 @@ func New(cfg Config) (*Server, error) {
 		return nil, errors.New("chhttp: Config.Engine is required")
 	}
 	cfg.Addr = cmp.Or(cfg.Addr, DefaultAddr)
-	cfg.MaxQuerySize = positiveOr(cfg.MaxQuerySize, DefaultMaxQuerySize)
-	cfg.MaxConcurrent = positiveOr(cfg.MaxConcurrent, DefaultMaxConcurrent)
-	cfg.ShutdownTimeout = positiveOr(cfg.ShutdownTimeout, DefaultShutdownTimeout)
-	cfg.BodyTimeout = positiveOr(cfg.BodyTimeout, DefaultBodyTimeout)
-	cfg.EngineSlots = positiveOr(cfg.EngineSlots, chdb.DefaultMaxConns)
-	cfg.MaxRequestTime = positiveOr(cfg.MaxRequestTime, DefaultMaxRequestTime)
+	cfg.MaxQuerySize = defaults.Positive(cfg.MaxQuerySize, DefaultMaxQuerySize)
+	cfg.MaxConcurrent = defaults.Positive(cfg.MaxConcurrent, DefaultMaxConcurrent)
+	cfg.ShutdownTimeout = defaults.Positive(cfg.ShutdownTimeout, DefaultShutdownTimeout)
+	cfg.BodyTimeout = defaults.Positive(cfg.BodyTimeout, DefaultBodyTimeout)
+	cfg.EngineSlots = defaults.Positive(cfg.EngineSlots, chdb.DefaultMaxConns)
+	cfg.MaxRequestTime = defaults.Positive(cfg.MaxRequestTime, DefaultMaxRequestTime)
 	cfg.MinDataRate = cmp.Or(cfg.MinDataRate, DefaultMinDataRate)
-	cfg.ReadersPerUser = positiveOr(cfg.ReadersPerUser, DefaultReadersPerUser)
+	cfg.ReadersPerUser = defaults.Positive(cfg.ReadersPerUser, DefaultReadersPerUser)
 	cfg.ReaderLimits.setDefaults()
 	if cfg.DisplayName == "" {
 		cfg.DisplayName, _ = os.Hostname()
