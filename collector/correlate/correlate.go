@@ -20,6 +20,7 @@ package correlate
 import (
 	"context"
 	"net/netip"
+	"slices"
 	"time"
 	"unsafe"
 
@@ -123,6 +124,14 @@ type Correlator struct {
 // when the record crosses between two nodes).
 type ends struct{ src, dst, exp string }
 
+// crosses reports whether the record's ends are on two known nodes: a
+// half that another node's exporter may see too.
+func (e ends) crosses() bool { return e.src != "" && e.dst != "" && e.src != e.dst }
+
+// needsExporter reports whether the exporter's node must be looked up
+// (lookupNodes): a crossing record that does not name it.
+func (e ends) needsExporter() bool { return e.crosses() && e.exp == "" }
+
 // New returns a Correlator. reg may be nil.
 func New(cfg Config, nodes nodeOf, reg prometheus.Registerer) *Correlator {
 	cfg.SetDefaults()
@@ -146,12 +155,12 @@ func (c *Correlator) lookupNodes(recs []flow.Record) {
 	for i := range recs {
 		c.addrs = append(c.addrs, recs[i].SrcAddr, recs[i].DstAddr)
 	}
-	c.names = append(c.names[:0], make([]string, len(c.addrs))...)
+	c.names = slices.Grow(c.names[:0], len(c.addrs))[:len(c.addrs)] // NodesForIPs sets each
 	c.nodes.NodesForIPs(c.addrs, c.names)
 	c.addrs = c.addrs[:0]
 	for i := range recs {
 		e := ends{src: c.names[2*i], dst: c.names[2*i+1], exp: recs[i].ExporterNode}
-		if e.src != "" && e.dst != "" && e.src != e.dst && e.exp == "" {
+		if e.needsExporter() {
 			c.addrs = append(c.addrs, recs[i].ExporterAddr)
 		}
 		c.ends = append(c.ends, e)
@@ -159,11 +168,11 @@ func (c *Correlator) lookupNodes(recs []flow.Record) {
 	if len(c.addrs) == 0 {
 		return
 	}
-	c.names = append(c.names[:0], make([]string, len(c.addrs))...)
+	c.names = slices.Grow(c.names[:0], len(c.addrs))[:len(c.addrs)] // NodesForIPs sets each
 	c.nodes.NodesForIPs(c.addrs, c.names)
 	j := 0
 	for i := range c.ends {
-		if e := &c.ends[i]; e.src != "" && e.dst != "" && e.src != e.dst && e.exp == "" {
+		if e := &c.ends[i]; e.needsExporter() {
 			e.exp = c.names[j]
 			j++
 		}
@@ -194,7 +203,7 @@ func (c *Correlator) classify(r *flow.Record, n *ends) (side, key) {
 			r.Type = flow.FlowTypeFromExternal
 		}
 	}
-	if !srcOK || !dstOK || srcNode == dstNode {
+	if !n.crosses() {
 		return sideNone, key{}
 	}
 	k := key{t: flow.Tuple{Src: r.SrcAddr, Dst: r.DstAddr, Proto: r.Proto, SrcPort: r.SrcPort, DstPort: r.DstPort}}

@@ -289,7 +289,7 @@ func (x *index) nodesFor(addrs []netip.Addr, nodes []string, t int64) {
 
 func (x *index) nodeFor(a netip.Addr, t int64) string {
 	if !a.IsValid() {
-		return "" // no claim has it (and the correlator passes none for "not asked")
+		return "" // an invalid address has no node
 	}
 	a = a.Unmap()
 	if p, ok := x.podIPs.resolve(a, t, t, nil); ok {

@@ -714,7 +714,7 @@ func (d *Decoder) record(t *template, b []byte, r *flow.Record, mc *msgCtx) (int
 				r.ServicePort = p
 			}
 		case opField + op(fipfix.FieldServicePortName):
-			r.Service = fipfix.ParseServicePortName(d.intern.field(fipfix.Field(f.op-opField), v))
+			r.Service = fipfix.ParseServicePortName(d.str(f.op, v))
 		case opField + op(fipfix.FieldFlowType):
 			r.Type = flow.FlowType(uintN(v))
 		case opField + op(fipfix.FieldZone):
@@ -722,35 +722,35 @@ func (d *Decoder) record(t *template, b []byte, r *flow.Record, mc *msgCtx) (int
 		case opField + op(fipfix.FieldMark):
 			r.Mark = uint32(uintN(v))
 		case opField + op(fipfix.FieldTCPState):
-			r.TCPState = d.intern.field(fipfix.Field(f.op-opField), v)
+			r.TCPState = d.str(f.op, v)
 		case opField + op(fipfix.FieldSrcNodeName):
-			r.Src.NodeName = d.intern.field(fipfix.Field(f.op-opField), v)
+			r.Src.NodeName = d.str(f.op, v)
 		case opField + op(fipfix.FieldDstNodeName):
-			r.Dst.NodeName = d.intern.field(fipfix.Field(f.op-opField), v)
+			r.Dst.NodeName = d.str(f.op, v)
 		case opField + op(fipfix.FieldSrcPodNamespace):
-			r.Src.PodNamespace = d.intern.field(fipfix.Field(f.op-opField), v)
+			r.Src.PodNamespace = d.str(f.op, v)
 		case opField + op(fipfix.FieldSrcPodName):
-			r.Src.PodName = d.intern.field(fipfix.Field(f.op-opField), v)
+			r.Src.PodName = d.str(f.op, v)
 		case opField + op(fipfix.FieldDstPodNamespace):
-			r.Dst.PodNamespace = d.intern.field(fipfix.Field(f.op-opField), v)
+			r.Dst.PodNamespace = d.str(f.op, v)
 		case opField + op(fipfix.FieldDstPodName):
-			r.Dst.PodName = d.intern.field(fipfix.Field(f.op-opField), v)
+			r.Dst.PodName = d.str(f.op, v)
 		case opField + op(fipfix.FieldExporterNode):
-			r.ExporterNode = d.intern.field(fipfix.Field(f.op-opField), v)
+			r.ExporterNode = d.str(f.op, v)
 		case opField + op(fipfix.FieldSource):
-			r.Source = d.intern.field(fipfix.Field(f.op-opField), v)
+			r.Source = d.str(f.op, v)
 		case opField + op(fipfix.FieldFlowStartSeconds):
 			sc.startSec = uintN(v)
 		case opField + op(fipfix.FieldFlowEndSeconds):
 			sc.endSec = uintN(v)
 		case opField + op(fipfix.FieldIngressPolicyName):
-			sc.ingressName = d.intern.field(fipfix.Field(f.op-opField), v)
+			sc.ingressName = d.str(f.op, v)
 		case opField + op(fipfix.FieldIngressPolicyNamespace):
-			sc.ingressNS = d.intern.field(fipfix.Field(f.op-opField), v)
+			sc.ingressNS = d.str(f.op, v)
 		case opField + op(fipfix.FieldEgressPolicyName):
-			sc.egressName = d.intern.field(fipfix.Field(f.op-opField), v)
+			sc.egressName = d.str(f.op, v)
 		case opField + op(fipfix.FieldEgressPolicyNamespace):
-			sc.egressNS = d.intern.field(fipfix.Field(f.op-opField), v)
+			sc.egressNS = d.str(f.op, v)
 		case opField + op(fipfix.FieldIngressAction):
 			sc.ingressAction = uint8(uintN(v))
 		case opField + op(fipfix.FieldEgressAction):
@@ -806,6 +806,9 @@ func (d *Decoder) record(t *template, b []byte, r *flow.Record, mc *msgCtx) (int
 	r.Normalize()
 	return p, nil
 }
+
+// str returns the string of field op's value v, interned (interner.field).
+func (d *Decoder) str(o op, v []byte) string { return d.intern.field(fipfix.Field(o-opField), v) }
 
 // ntpEpochOffset is the number of seconds from 1900-01-01 (NTP era 0) to
 // the Unix epoch.

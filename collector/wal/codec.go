@@ -135,10 +135,8 @@ func appendEndpoint(b []byte, e, prev *flow.Endpoint) []byte {
 	b = appendStringAfter(b, e.NodeName, prev.NodeName)
 	b = appendStringAfter(b, e.Zone, prev.Zone)
 	b = binary.AppendUvarint(b, uint64(len(e.Labels)))
-	if len(e.Labels) > 0 {
-		for k, v := range e.Labels {
-			b = appendString(appendString(b, k), v)
-		}
+	for k, v := range e.Labels {
+		b = appendString(appendString(b, k), v)
 	}
 	return b
 }
