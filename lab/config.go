@@ -50,9 +50,7 @@ type Config struct {
 	Traffic bool
 	// TrafficInterval is the generator's round period (default 1s).
 	TrafficInterval time.Duration
-	// DialTimeout bounds Lab.Dial (default 1s): a dropped flow costs this.
-	DialTimeout time.Duration
-	Logger      *slog.Logger
+	Logger          *slog.Logger
 }
 
 // SetDefaults fills in unset fields.
@@ -63,7 +61,6 @@ func (c *Config) SetDefaults() {
 	c.StateDir = cmp.Or(c.StateDir, DefaultStateDir)
 	c.Datapath = cmp.Or(c.Datapath, DatapathKernel)
 	c.TrafficInterval = cmp.Or(c.TrafficInterval, time.Second)
-	c.DialTimeout = cmp.Or(c.DialTimeout, time.Second)
 	c.Logger = cmp.Or(c.Logger, slog.Default())
 }
 

@@ -6,9 +6,10 @@
 // (package manifest) that the lab writes to its state directory.
 //
 // Up builds a lab and returns a *Lab; Open attaches to a running one; Down
-// removes one, even after a crash. A *Lab sends traffic from its pods
-// (Dial/Exec); test/support/labtruth reads a node's ground truth
-// (conntrack, nftables rule counters) that tests compare dualflow against.
+// removes one, even after a crash. agent.Dial sends traffic from a pod's
+// namespace (Lab.PodNetNSPath); test/support/labtruth reads a node's ground
+// truth (conntrack, nftables rule counters) that tests compare dualflow
+// against.
 //
 // Nothing is changed in the root network namespace: no address, route,
 // rule or sysctl. Everything lives in namespaces named <prefix>...
@@ -32,6 +33,7 @@ import (
 	"github.com/dualflow/dualflow/lab/agent"
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/lab/nft"
+	"github.com/dualflow/dualflow/lab/ovs"
 	"github.com/dualflow/dualflow/lab/topology"
 	"github.com/dualflow/dualflow/nsrun"
 )
@@ -245,7 +247,9 @@ func NFTPath() (string, error) {
 func (l *Lab) Reload(ctx context.Context) error {
 	apply := l.applyRules
 	if l.state.Datapath == DatapathOVS {
-		apply = l.applyOVS
+		apply = func(ctx context.Context) error {
+			return l.loadOVS(ctx, func(node string, rs *ovs.Ruleset) error { return l.ovsNode(node).Apply(ctx, rs) })
+		}
 	}
 	if err := apply(ctx); err != nil {
 		return err

@@ -54,19 +54,7 @@ func (l *Lab) startOVS(ctx context.Context) error {
 	if err := l.podsTxOff(ctx); err != nil {
 		return err
 	}
-	env, err := l.ovsEnv()
-	if err != nil {
-		return err
-	}
-	if err := l.writeOVSRules(); err != nil {
-		return err
-	}
-	return topology.Parallel(ctx, len(nodes), func(i int) error {
-		name := nodes[i].Name
-		rs, err := ovs.Render(l.Manifest, name, env)
-		if err != nil {
-			return err
-		}
+	return l.loadOVS(ctx, func(name string, rs *ovs.Ruleset) error {
 		if err := l.fenceNode(ctx, name, rs.Ports); err != nil {
 			return err
 		}
@@ -77,13 +65,18 @@ func (l *Lab) startOVS(ctx context.Context) error {
 	})
 }
 
-// applyOVS re-renders and reloads every node's flows (Reload).
-func (l *Lab) applyOVS(ctx context.Context) error {
+// loadOVS writes the rules file, renders every node's flows and hands
+// them to load (Setup at start, Apply on Reload).
+func (l *Lab) loadOVS(ctx context.Context, load func(node string, rs *ovs.Ruleset) error) error {
 	env, err := l.ovsEnv()
 	if err != nil {
 		return err
 	}
-	if err := l.writeOVSRules(); err != nil {
+	rules, err := ovs.Rules(l.Manifest)
+	if err != nil {
+		return err
+	}
+	if err := vswitch.WriteRules(l.OVSRulesPath(), rules); err != nil {
 		return err
 	}
 	nodes := l.Manifest.Nodes
@@ -92,16 +85,8 @@ func (l *Lab) applyOVS(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		return l.ovsNode(nodes[i].Name).Apply(ctx, rs)
+		return load(nodes[i].Name, rs)
 	})
-}
-
-func (l *Lab) writeOVSRules() error {
-	rules, err := ovs.Rules(l.Manifest)
-	if err != nil {
-		return err
-	}
-	return vswitch.WriteRules(l.OVSRulesPath(), rules)
 }
 
 // stopOVS stops the OVS daemons of every node directory under

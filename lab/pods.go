@@ -1,30 +1,13 @@
 package lab
 
 import (
-	"context"
 	"fmt"
-	"net/netip"
-	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 
-	"github.com/dualflow/dualflow/lab/agent"
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/nsrun"
 )
-
-// Pod returns the pod "namespace/name".
-func (l *Lab) Pod(ref string) (*corev1.Pod, error) {
-	ns, name, ok := strings.Cut(ref, "/")
-	if !ok {
-		return nil, fmt.Errorf("pod %q: want namespace/name", ref)
-	}
-	p, ok := l.Manifest.Pod(ns, name)
-	if !ok {
-		return nil, fmt.Errorf("pod %q not in lab", ref)
-	}
-	return p, nil
-}
 
 // PodOn returns the pod of namespace with label app=<app> on node i
 // (1-based), e.g. PodOn("backend", "api", 2).
@@ -50,17 +33,4 @@ func (l *Lab) NodeNetNSPath(node string) string {
 		return nsrun.Path(n.Annotations[manifest.AnnotationNetNS])
 	}
 	return nsrun.Path(manifest.NodeNetNS(l.cfg.Prefix, node))
-}
-
-// Dial sends one request from pod "from" to "to" over proto (agent.TCP,
-// agent.UDP or agent.ICMP) and waits up to Config.DialTimeout. A policy
-// drop returns an error wrapping agent.ErrNoAnswer.
-func (l *Lab) Dial(ctx context.Context, from *corev1.Pod, proto string, to netip.AddrPort) (agent.Reply, error) {
-	return agent.Dial(ctx, l.PodNetNSPath(from), proto, to, l.cfg.DialTimeout)
-}
-
-// Exec runs argv inside pod's network namespace (only the network
-// namespace: the file system is the host's) and returns its combined output.
-func (l *Lab) Exec(ctx context.Context, p *corev1.Pod, argv ...string) ([]byte, error) {
-	return nsrun.Output(ctx, l.PodNetNSPath(p), nil, argv...)
 }

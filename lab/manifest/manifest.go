@@ -131,16 +131,6 @@ func (m *Manifest) Node(name string) (*corev1.Node, bool) {
 	return nil, false
 }
 
-// Pod returns the pod namespace/name.
-func (m *Manifest) Pod(namespace, name string) (*corev1.Pod, bool) {
-	for i := range m.Pods {
-		if m.Pods[i].Namespace == namespace && m.Pods[i].Name == name {
-			return &m.Pods[i], true
-		}
-	}
-	return nil, false
-}
-
 // Service returns the service namespace/name.
 func (m *Manifest) Service(namespace, name string) (*corev1.Service, bool) {
 	for i := range m.Services {

@@ -1,6 +1,7 @@
 package nft
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
@@ -227,7 +228,7 @@ func TestRenderPolicies(t *testing.T) {
 				t.Fatal(err)
 			}
 			api := apiPod(t, m, "node-1")
-			probe, _ := m.Pod("tools", "probe-1")
+			probe := m.Pods[slices.IndexFunc(m.Pods, func(p corev1.Pod) bool { return p.Name == "probe-1" })]
 			lines := map[string]bool{}
 			for l := range strings.Lines(out) {
 				lines[strings.TrimSpace(l)] = true

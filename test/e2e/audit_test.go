@@ -131,7 +131,7 @@ func auditProbes(t *testing.T, l *lab.Lab, inv *enrich.Snapshot, a *audit.Audito
 		t.Run(p.Name, func(t *testing.T) {
 			var reply agent.Reply
 			var dialErr error
-			hits := counterDelta(t, l, func() { reply, dialErr = l.Dial(ctx(t), p.From, p.Proto, p.To) })
+			hits := counterDelta(t, l, func() { reply, dialErr = labDial(ctx(t), l, p.From, p.Proto, p.To) })
 			answered := dialErr == nil
 			if answered != p.Allowed {
 				t.Fatalf("datapath: answered=%v, the probe table says allowed=%v (%s): %v", answered, p.Allowed, p.Why, dialErr)
@@ -139,7 +139,7 @@ func auditProbes(t *testing.T, l *lab.Lab, inv *enrich.Snapshot, a *audit.Audito
 			dst := p.ToPod
 			if dst == nil && answered {
 				var err error
-				if dst, err = l.Pod(reply.Server); err != nil {
+				if dst, err = labPod(l, reply.Server); err != nil {
 					t.Fatalf("service endpoint %q: %v", reply.Server, err)
 				}
 			}
@@ -307,7 +307,7 @@ func auditGapFindings(t *testing.T, l *lab.Lab, inv *enrich.Snapshot, mode manif
 		}
 		for _, f := range []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol} {
 			a, _ := manifest.PodAddr(api, f)
-			_, err := l.Dial(ctx(t), web1, agent.TCP, netip.AddrPortFrom(a, manifest.PortMetrics))
+			_, err := labDial(ctx(t), l, web1, agent.TCP, netip.AddrPortFrom(a, manifest.PortMetrics))
 			if got, want := err == nil, f == corev1.IPv4Protocol; got != want {
 				t.Errorf("web@1 -> api@%d:%d over %s: answered=%v, the finding says %v", i, manifest.PortMetrics, f, got, want)
 			}

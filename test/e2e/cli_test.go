@@ -81,7 +81,7 @@ func testCLIDual(t *testing.T) {
 		t.Errorf("lab up took %v, budget %v", took, labUpBudget)
 	}
 
-	l, err := lab.Open(stateDir, lab.Config{DialTimeout: 700 * time.Millisecond})
+	l, err := lab.Open(stateDir, lab.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +98,7 @@ func testCLIDual(t *testing.T) {
 	}
 	for _, f := range manifest.ModeDual.Families() {
 		a, _ := manifest.PodAddr(api2, f)
-		r, err := l.Dial(t.Context(), web1, agent.TCP, netip.AddrPortFrom(a, manifest.PortHTTP))
+		r, err := labDial(t.Context(), l, web1, agent.TCP, netip.AddrPortFrom(a, manifest.PortHTTP))
 		if err != nil {
 			t.Errorf("%s: web -> api:%d: %v", f, manifest.PortHTTP, err)
 		} else if r.Server != api2.Namespace+"/"+api2.Name {
@@ -111,7 +111,7 @@ func testCLIDual(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = l.Dial(t.Context(), web1, agent.TCP, netip.AddrPortFrom(a6, manifest.PortMetrics))
+	_, err = labDial(t.Context(), l, web1, agent.TCP, netip.AddrPortFrom(a6, manifest.PortMetrics))
 	if !errors.Is(err, agent.ErrNoAnswer) {
 		t.Errorf("web -> api:%d over IPv6: want a drop, got %v", manifest.PortMetrics, err)
 	}

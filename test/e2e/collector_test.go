@@ -120,7 +120,7 @@ func testCollectorMode(t *testing.T, mode manifest.Mode, dataDir string) {
 			{"tcp to service", agent.TCP, netip.AddrPortFrom(vip, manifest.ServicePortHTTP)},
 		} {
 			dctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			r, err := l.Dial(dctx, web1, s.proto, s.to)
+			r, err := labDial(dctx, l, web1, s.proto, s.to)
 			cancel()
 			if err != nil {
 				t.Fatalf("%s %s -> %s: %v", f, s.name, s.to, err)

@@ -119,7 +119,7 @@ func TestDemoTwice(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(stateDir, lab.ManifestFile)); err != nil || !bytes.Equal(b, manifestBefore) {
 		t.Errorf("the first demo's lab manifest changed or went: %v", err)
 	}
-	l, err := lab.Open(stateDir, lab.Config{DialTimeout: time.Second})
+	l, err := lab.Open(stateDir, lab.Config{})
 	if err != nil {
 		t.Fatalf("the first demo's lab: %v", err)
 	}

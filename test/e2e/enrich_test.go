@@ -90,7 +90,7 @@ func TestEnrich(t *testing.T) {
 						record(t, mode)
 						dctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 						defer cancel()
-						r, err := l.Dial(dctx, c.from, c.proto, c.to)
+						r, err := labDial(dctx, l, c.from, c.proto, c.to)
 						if err != nil {
 							t.Fatalf("%s -> %s: %v", c.from.Name, c.to, err)
 						}

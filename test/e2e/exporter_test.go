@@ -184,7 +184,7 @@ func testExporter(t *testing.T, mode manifest.Mode, datapath string) {
 			{"udp across nodes", agent.UDP, netip.AddrPortFrom(podAddr(api2), manifest.PortUDPEcho), false},
 		} {
 			dctx, dcancel := context.WithTimeout(context.Background(), 10*time.Second)
-			r, err := l.Dial(dctx, web1, s.proto, s.to)
+			r, err := labDial(dctx, l, web1, s.proto, s.to)
 			dcancel()
 			if err != nil {
 				t.Fatalf("%s %s -> %s: %v", f, s.name, s.to, err)
@@ -235,7 +235,7 @@ func testExporter(t *testing.T, mode manifest.Mode, datapath string) {
 	for {
 		for _, d := range drops {
 			proto := map[uint8]string{flow.ProtoTCP: agent.TCP, flow.ProtoUDP: agent.UDP}[d.prot]
-			if _, err := l.Dial(context.Background(), probe1, proto, d.to); err == nil {
+			if _, err := labDial(context.Background(), l, probe1, proto, d.to); err == nil {
 				t.Fatalf("%s: %s -> %s answered, want a drop", d.name, d.from, d.to)
 			}
 		}

@@ -317,7 +317,7 @@ func testImageMode(t *testing.T, tag string, mode manifest.Mode) {
 	for _, f := range mode.Families() {
 		a, _ := manifest.PodAddr(api2, f)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		r, err := l.Dial(ctx, web1, agent.TCP, netip.AddrPortFrom(a, manifest.PortHTTP))
+		r, err := labDial(ctx, l, web1, agent.TCP, netip.AddrPortFrom(a, manifest.PortHTTP))
 		cancel()
 		if err != nil {
 			t.Fatalf("%s: web -> api: %v", f, err)
@@ -361,7 +361,7 @@ func checkHostNetworkExporter(t *testing.T, l *lab.Lab, tag, name string, mode m
 	for _, f := range mode.Families() {
 		a, _ := manifest.PodAddr(api2, f)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		_, err := l.Dial(ctx, web1, agent.TCP, netip.AddrPortFrom(a, manifest.PortHTTP))
+		_, err := labDial(ctx, l, web1, agent.TCP, netip.AddrPortFrom(a, manifest.PortHTTP))
 		cancel()
 		if err != nil {
 			t.Fatalf("%s: web -> api: %v", f, err)

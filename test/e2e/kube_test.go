@@ -14,6 +14,7 @@ import (
 	"time"
 	"unsafe"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/dualflow/dualflow/collector/enrich"
@@ -166,13 +167,13 @@ func checkStoredPodLabels(t *testing.T, s *kubeapi.Server, m *manifest.Manifest)
 		t.Errorf("the API server holds %d pods, the manifest %d", len(pods.Items), len(m.Pods))
 	}
 	for _, got := range pods.Items {
-		want, ok := m.Pod(got.Namespace, got.Name)
-		if !ok {
+		i := slices.IndexFunc(m.Pods, func(p corev1.Pod) bool { return p.Namespace == got.Namespace && p.Name == got.Name })
+		if i < 0 {
 			t.Errorf("pod %s/%s not in the manifest", got.Namespace, got.Name)
 			continue
 		}
-		if !maps.Equal(got.Labels, want.Labels) {
-			t.Errorf("pod %s/%s: the API server holds labels %v, the manifest %v", got.Namespace, got.Name, got.Labels, want.Labels)
+		if want := m.Pods[i].Labels; !maps.Equal(got.Labels, want) {
+			t.Errorf("pod %s/%s: the API server holds labels %v, the manifest %v", got.Namespace, got.Name, got.Labels, want)
 		}
 	}
 }

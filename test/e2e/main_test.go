@@ -11,8 +11,10 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -21,7 +23,10 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/dualflow/dualflow/lab"
+	"github.com/dualflow/dualflow/lab/agent"
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/lab/topology"
 	"github.com/dualflow/dualflow/nsrun"
@@ -140,7 +145,7 @@ func startLabOn(t *testing.T, mode manifest.Mode, datapath string) *lab.Lab {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	start := time.Now()
-	l, err := lab.Up(ctx, lab.Config{Mode: mode, Prefix: prefix, StateDir: stateDir, Datapath: datapath, DialTimeout: 700 * time.Millisecond})
+	l, err := lab.Up(ctx, lab.Config{Mode: mode, Prefix: prefix, StateDir: stateDir, Datapath: datapath})
 	t.Cleanup(func() {
 		if l != nil {
 			l.Close()
@@ -206,6 +211,31 @@ func printSummary() {
 		c := results.m[m]
 		fmt.Printf("  %-9s %3d passed, %d failed, %d skipped\n", m, c[0], c[1], c[2])
 	}
+}
+
+// dialTimeout bounds labDial: a dropped flow costs this.
+const dialTimeout = 700 * time.Millisecond
+
+// labDial sends one request from pod "from" of the lab to "to" over proto
+// (agent.TCP, agent.UDP or agent.ICMP). A policy drop returns an error
+// wrapping agent.ErrNoAnswer.
+func labDial(ctx context.Context, l *lab.Lab, from *corev1.Pod, proto string, to netip.AddrPort) (agent.Reply, error) {
+	return agent.Dial(ctx, l.PodNetNSPath(from), proto, to, dialTimeout)
+}
+
+// labExec runs argv inside pod's network namespace and returns its
+// combined output.
+func labExec(ctx context.Context, l *lab.Lab, p *corev1.Pod, argv ...string) ([]byte, error) {
+	return nsrun.Output(ctx, l.PodNetNSPath(p), nil, argv...)
+}
+
+// labPod returns the pod "namespace/name" of the lab.
+func labPod(l *lab.Lab, ref string) (*corev1.Pod, error) {
+	i := slices.IndexFunc(l.Manifest.Pods, func(p corev1.Pod) bool { return p.Namespace+"/"+p.Name == ref })
+	if i < 0 {
+		return nil, fmt.Errorf("pod %q not in lab", ref)
+	}
+	return &l.Manifest.Pods[i], nil
 }
 
 // startIn starts cmd inside the network namespace at path.

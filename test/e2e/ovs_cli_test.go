@@ -66,7 +66,7 @@ func TestOVSCLI(t *testing.T) {
 		if len(pids) != 4 {
 			t.Fatalf("%d OVS pid files, want ovsdb-server and ovs-vswitchd on each of 2 nodes", len(pids))
 		}
-		l, err := lab.Open(stateDir, lab.Config{DialTimeout: 700 * time.Millisecond})
+		l, err := lab.Open(stateDir, lab.Config{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -74,7 +74,7 @@ func TestOVSCLI(t *testing.T) {
 		api2, _ := l.PodOn(manifest.NSBackend, "api", 2)
 		for _, f := range manifest.ModeDual.Families() {
 			a, _ := manifest.PodAddr(api2, f)
-			if _, err := l.Dial(t.Context(), web1, agent.TCP, netip.AddrPortFrom(a, manifest.PortHTTP)); err != nil {
+			if _, err := labDial(t.Context(), l, web1, agent.TCP, netip.AddrPortFrom(a, manifest.PortHTTP)); err != nil {
 				t.Errorf("%s: web -> api: %v", f, err)
 			}
 		}

@@ -262,7 +262,7 @@ func (s *sideLab) dialAll(t *testing.T) {
 			{"udp across nodes", agent.UDP, netip.AddrPortFrom(a2, manifest.PortUDPEcho)},
 		} {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			r, err := s.l.Dial(ctx, web1, d.proto, d.to)
+			r, err := labDial(ctx, s.l, web1, d.proto, d.to)
 			cancel()
 			if err != nil {
 				t.Errorf("%s: %s %s -> %s: %v", s.l.State().Prefix, f, d.name, d.to, err)

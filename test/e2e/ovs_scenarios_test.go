@@ -86,7 +86,7 @@ func ovsDropPacketIn(t *testing.T, e *env) {
 func ovsNeighbors(t *testing.T, e *env) {
 	p := e.web[1]
 	restore := func(gw string) {
-		e.l.Exec(context.Background(), p, "ip", "neigh", "replace", gw, "lladdr", topology.GatewayMAC.String(), "dev", "eth0", "nud", "permanent")
+		labExec(context.Background(), e.l, p, "ip", "neigh", "replace", gw, "lladdr", topology.GatewayMAC.String(), "dev", "eth0", "nud", "permanent")
 	}
 	e.eachFamily(t, func(t *testing.T, f corev1.IPFamily) {
 		gw := topology.GatewayIPv6.String()
@@ -96,11 +96,11 @@ func ovsNeighbors(t *testing.T, e *env) {
 			gw = cidr.Addr().Next().String()
 		}
 		defer restore(gw)
-		if out, err := e.l.Exec(ctx(t), p, "ip", "neigh", "del", gw, "dev", "eth0"); err != nil {
+		if out, err := labExec(ctx(t), e.l, p, "ip", "neigh", "del", gw, "dev", "eth0"); err != nil {
 			t.Fatalf("ip neigh del: %v: %s", err, out)
 		}
 		e.mustReach(t, p, agent.TCP, netip.AddrPortFrom(addr(t, e.api[2], f), manifest.PortHTTP))
-		out, err := e.l.Exec(ctx(t), p, "ip", "neigh", "show", gw, "dev", "eth0")
+		out, err := labExec(ctx(t), e.l, p, "ip", "neigh", "show", gw, "dev", "eth0")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -106,7 +106,7 @@ func checkTraceProbesHidden(t *testing.T, l *lab.Lab, mode manifest.Mode, bin st
 		}{{web1, api2, true}, {probe2, api1, false}} {
 			a, _ := manifest.PodAddr(d.to, f)
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			_, err := l.Dial(ctx, d.from, labagent.TCP, netip.AddrPortFrom(a, manifest.PortHTTP))
+			_, err := labDial(ctx, l, d.from, labagent.TCP, netip.AddrPortFrom(a, manifest.PortHTTP))
 			cancel()
 			if (err == nil) != d.allowed || err != nil && !errors.Is(err, labagent.ErrNoAnswer) {
 				t.Fatalf("%s dial %s -> %s: %v, want allowed %v", f, ref(d.from), ref(d.to), err, d.allowed)

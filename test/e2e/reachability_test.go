@@ -138,13 +138,13 @@ func checkReachability(t *testing.T, l *lab.Lab, mode manifest.Mode, base string
 	for _, cell := range []api.Cell{m8080.Cells[0][0], m8080.Cells[1][1], m9090.Cells[0][1]} {
 		for fam, f := range cell.Families {
 			for _, p := range f.Pairs {
-				src, err := l.Pod(p.Src)
+				src, err := labPod(l, p.Src)
 				if err != nil {
 					t.Fatal(err)
 				}
 				to := netip.AddrPortFrom(netip.MustParseAddr(p.DstIP), p.Port)
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				_, err = l.Dial(ctx, src, agent.TCP, to)
+				_, err = labDial(ctx, l, src, agent.TCP, to)
 				cancel()
 				allowed := p.Verdict != "denied" && p.Verdict != "rejected"
 				switch {

@@ -138,7 +138,7 @@ func (e *env) mustReachService(t *testing.T, from *corev1.Pod, proto string, to 
 
 func (e *env) reach(t *testing.T, from *corev1.Pod, proto string, to netip.AddrPort, dnat bool) agent.Reply {
 	t.Helper()
-	r, err := e.l.Dial(ctx(t), from, proto, to)
+	r, err := labDial(ctx(t), e.l, from, proto, to)
 	if err != nil {
 		t.Fatalf("%s -> %s/%s: want an answer, got %v", from.Name, to, proto, err)
 	}
@@ -155,7 +155,7 @@ func (e *env) reach(t *testing.T, from *corev1.Pod, proto string, to netip.AddrP
 // mustDrop dials and expects no answer (a policy drop).
 func (e *env) mustDrop(t *testing.T, from *corev1.Pod, proto string, to netip.AddrPort) {
 	t.Helper()
-	r, err := e.l.Dial(ctx(t), from, proto, to)
+	r, err := labDial(ctx(t), e.l, from, proto, to)
 	if err == nil {
 		t.Fatalf("%s -> %s/%s: want a drop, got an answer from %s", from.Name, to, proto, r.Server)
 	}
@@ -423,7 +423,7 @@ func policyMatrix(t *testing.T, e *env) {
 	errs := make([]error, len(probes))
 	var wg sync.WaitGroup
 	for i, p := range probes {
-		wg.Go(func() { _, errs[i] = e.l.Dial(ctx(t), p.From, p.Proto, p.To) })
+		wg.Go(func() { _, errs[i] = labDial(ctx(t), e.l, p.From, p.Proto, p.To) })
 	}
 	wg.Wait()
 	allowed, denied := 0, 0

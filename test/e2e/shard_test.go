@@ -105,7 +105,7 @@ func testShardedMode(t *testing.T, bin string, mode manifest.Mode) {
 		to, _ := manifest.PodAddr(api2, f)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		r, err := l.Dial(ctx, web1, agent.TCP, netip.AddrPortFrom(to, manifest.PortHTTP))
+		r, err := labDial(ctx, l, web1, agent.TCP, netip.AddrPortFrom(to, manifest.PortHTTP))
 		return shardConn{local: r.Local, at: time.Now()}, err
 	}
 

@@ -107,7 +107,7 @@ func (e *traceEnv) traceLive(t *testing.T, req traceflow.Request, from *corev1.P
 			case <-stop:
 				return
 			case <-tick.C:
-				wg.Go(func() { e.l.Dial(ctx, from, labagent.TCP, to) }) // a denied dial blocks for the dial timeout
+				wg.Go(func() { labDial(ctx, e.l, from, labagent.TCP, to) }) // a denied dial blocks for the dial timeout
 			}
 		}
 	})
@@ -215,7 +215,7 @@ var traceScenarios = []struct {
 			}
 			lb := fr.Observations[i]
 			last := fr.Observations[len(fr.Observations)-1]
-			p, _ := e.l.Pod(last.Pod)
+			p, _ := labPod(e.l, last.Pod)
 			want, _ := manifest.PodAddr(p, k8sFam(fr.Family))
 			if lb.Service != "backend/api" || lb.TranslatedDst.Addr() != want || lb.TranslatedDst.Port() != 8080 {
 				t.Errorf("%s: load balancing %+v, want backend/api DNAT to %s:8080", fr.Family, lb, want)
