@@ -12,6 +12,7 @@ import (
 
 	"github.com/dualflow/dualflow/flow"
 	fipfix "github.com/dualflow/dualflow/flow/ipfix"
+	"github.com/dualflow/dualflow/test/support/ipfixreg"
 )
 
 // Realistic mix of the benchmarks: our two templates, 60% IPv4 and 40%
@@ -137,7 +138,7 @@ func BenchmarkDecode(b *testing.B) {
 // go-ipfix's own speed, the most a collector built on it could reach.
 // Compare with BenchmarkDecode and BenchmarkDecodeTCP.
 func BenchmarkGoIPFIXCollector(b *testing.B) {
-	if err := fipfix.Register(); err != nil {
+	if err := ipfixreg.Register(); err != nil {
 		b.Fatal(err)
 	}
 	cp, err := collector.InitCollectingProcess(collector.CollectorInput{

@@ -41,13 +41,7 @@
 // zero time travels as 0 and decodes back to the zero time.Time.
 package ipfix
 
-import (
-	"fmt"
-	"sync"
-
-	"github.com/vmware/go-ipfix/pkg/entities"
-	"github.com/vmware/go-ipfix/pkg/registry"
-)
+import "github.com/vmware/go-ipfix/pkg/entities"
 
 // Private enterprise numbers of the elements used here.
 const (
@@ -89,59 +83,58 @@ func (e Element) key() key { return key{e.Enterprise, e.ID} }
 
 // IANA elements.
 var (
-	ieOctetDelta       = Element{"octetDeltaCount", EnterpriseIANA, 1, entities.Unsigned64, 8}
-	iePacketDelta      = Element{"packetDeltaCount", EnterpriseIANA, 2, entities.Unsigned64, 8}
-	ieProto            = Element{"protocolIdentifier", EnterpriseIANA, 4, entities.Unsigned8, 1}
-	ieSrcPort          = Element{"sourceTransportPort", EnterpriseIANA, 7, entities.Unsigned16, 2}
-	ieSrc4             = Element{"sourceIPv4Address", EnterpriseIANA, 8, entities.Ipv4Address, 4}
-	ieDstPort          = Element{"destinationTransportPort", EnterpriseIANA, 11, entities.Unsigned16, 2}
-	ieDst4             = Element{"destinationIPv4Address", EnterpriseIANA, 12, entities.Ipv4Address, 4}
-	ieSrc6             = Element{"sourceIPv6Address", EnterpriseIANA, 27, entities.Ipv6Address, 16}
-	ieDst6             = Element{"destinationIPv6Address", EnterpriseIANA, 28, entities.Ipv6Address, 16}
-	ieICMPTypeCode4    = Element{"icmpTypeCodeIPv4", EnterpriseIANA, 32, entities.Unsigned16, 2}
-	ieOctetTotal       = Element{"octetTotalCount", EnterpriseIANA, 85, entities.Unsigned64, 8}
-	iePacketTotal      = Element{"packetTotalCount", EnterpriseIANA, 86, entities.Unsigned64, 8}
-	ieEndReason        = Element{"flowEndReason", EnterpriseIANA, 136, entities.Unsigned8, 1}
-	ieICMPTypeCode6    = Element{"icmpTypeCodeIPv6", EnterpriseIANA, 139, entities.Unsigned16, 2}
-	ieStartSec         = Element{"flowStartSeconds", EnterpriseIANA, 150, entities.DateTimeSeconds, 4}
-	ieEndSec           = Element{"flowEndSeconds", EnterpriseIANA, 151, entities.DateTimeSeconds, 4}
-	ieStartMs          = Element{"flowStartMilliseconds", EnterpriseIANA, 152, entities.DateTimeMilliseconds, 8}
-	ieEndMs            = Element{"flowEndMilliseconds", EnterpriseIANA, 153, entities.DateTimeMilliseconds, 8}
-	iePostNATSrc4      = Element{"postNATSourceIPv4Address", EnterpriseIANA, 225, entities.Ipv4Address, 4}
-	iePostNAPTSrcPort  = Element{"postNAPTSourceTransportPort", EnterpriseIANA, 227, entities.Unsigned16, 2}
-	iePostNATSrc6      = Element{"postNATSourceIPv6Address", EnterpriseIANA, 281, entities.Ipv6Address, 16}
-	ieObsDomainName    = Element{"observationDomainName", EnterpriseIANA, 300, entities.String, VariableLength}
-	ieRevOctetDelta    = Element{"reverseOctetDeltaCount", EnterpriseReverse, 1, entities.Unsigned64, 8}
-	ieRevPacketDelta   = Element{"reversePacketDeltaCount", EnterpriseReverse, 2, entities.Unsigned64, 8}
-	ieRevOctetTotal    = Element{"reverseOctetTotalCount", EnterpriseReverse, 85, entities.Unsigned64, 8}
-	ieRevPacketTotal   = Element{"reversePacketTotalCount", EnterpriseReverse, 86, entities.Unsigned64, 8}
-	ieSrcPodNamespace  = Element{"sourcePodNamespace", EnterpriseAntrea, 100, entities.String, VariableLength}
-	ieSrcPodName       = Element{"sourcePodName", EnterpriseAntrea, 101, entities.String, VariableLength}
-	ieDstPodNamespace  = Element{"destinationPodNamespace", EnterpriseAntrea, 102, entities.String, VariableLength}
-	ieDstPodName       = Element{"destinationPodName", EnterpriseAntrea, 103, entities.String, VariableLength}
-	ieSrcNodeName      = Element{"sourceNodeName", EnterpriseAntrea, 104, entities.String, VariableLength}
-	ieDstNodeName      = Element{"destinationNodeName", EnterpriseAntrea, 105, entities.String, VariableLength}
-	ieClusterIP4       = Element{"destinationClusterIPv4", EnterpriseAntrea, 106, entities.Ipv4Address, 4}
-	ieClusterIP6       = Element{"destinationClusterIPv6", EnterpriseAntrea, 107, entities.Ipv6Address, 16}
-	ieServicePort      = Element{"destinationServicePort", EnterpriseAntrea, 108, entities.Unsigned16, 2}
-	ieServicePortName  = Element{"destinationServicePortName", EnterpriseAntrea, 109, entities.String, VariableLength}
-	ieIngressPolicy    = Element{"ingressNetworkPolicyName", EnterpriseAntrea, 110, entities.String, VariableLength}
-	ieIngressPolicyNS  = Element{"ingressNetworkPolicyNamespace", EnterpriseAntrea, 111, entities.String, VariableLength}
-	ieEgressPolicy     = Element{"egressNetworkPolicyName", EnterpriseAntrea, 112, entities.String, VariableLength}
-	ieEgressPolicyNS   = Element{"egressNetworkPolicyNamespace", EnterpriseAntrea, 113, entities.String, VariableLength}
-	ieTCPState         = Element{"tcpState", EnterpriseAntrea, 136, entities.String, VariableLength}
-	ieFlowType         = Element{"flowType", EnterpriseAntrea, 137, entities.Unsigned8, 1}
-	ieIngressAction    = Element{"ingressNetworkPolicyRuleAction", EnterpriseAntrea, 139, entities.Unsigned8, 1}
-	ieEgressAction     = Element{"egressNetworkPolicyRuleAction", EnterpriseAntrea, 140, entities.Unsigned8, 1}
-	ieServiceIP4       = Element{"destinationServiceIPv4", EnterpriseAntrea, 168, entities.Ipv4Address, 4}
-	ieServiceIP6       = Element{"destinationServiceIPv6", EnterpriseAntrea, 169, entities.Ipv6Address, 16}
-	ieProxySNAT4       = Element{"proxySnatIPv4", EnterpriseAntrea, 170, entities.Ipv4Address, 4}
-	ieProxySNAT6       = Element{"proxySnatIPv6", EnterpriseAntrea, 171, entities.Ipv6Address, 16}
-	ieProxySNATPort    = Element{"proxySnatPort", EnterpriseAntrea, 172, entities.Unsigned16, 2}
-	ieConntrackZone    = Element{"conntrackZone", EnterpriseDualflow, 1, entities.Unsigned16, 2}
-	ieConntrackMark    = Element{"conntrackMark", EnterpriseDualflow, 2, entities.Unsigned32, 4}
-	ieDualflowSource   = Element{"dualflowSource", EnterpriseDualflow, 3, entities.String, VariableLength}
-	dualflowRegistered = []Element{ieConntrackZone, ieConntrackMark, ieDualflowSource}
+	ieOctetDelta      = Element{"octetDeltaCount", EnterpriseIANA, 1, entities.Unsigned64, 8}
+	iePacketDelta     = Element{"packetDeltaCount", EnterpriseIANA, 2, entities.Unsigned64, 8}
+	ieProto           = Element{"protocolIdentifier", EnterpriseIANA, 4, entities.Unsigned8, 1}
+	ieSrcPort         = Element{"sourceTransportPort", EnterpriseIANA, 7, entities.Unsigned16, 2}
+	ieSrc4            = Element{"sourceIPv4Address", EnterpriseIANA, 8, entities.Ipv4Address, 4}
+	ieDstPort         = Element{"destinationTransportPort", EnterpriseIANA, 11, entities.Unsigned16, 2}
+	ieDst4            = Element{"destinationIPv4Address", EnterpriseIANA, 12, entities.Ipv4Address, 4}
+	ieSrc6            = Element{"sourceIPv6Address", EnterpriseIANA, 27, entities.Ipv6Address, 16}
+	ieDst6            = Element{"destinationIPv6Address", EnterpriseIANA, 28, entities.Ipv6Address, 16}
+	ieICMPTypeCode4   = Element{"icmpTypeCodeIPv4", EnterpriseIANA, 32, entities.Unsigned16, 2}
+	ieOctetTotal      = Element{"octetTotalCount", EnterpriseIANA, 85, entities.Unsigned64, 8}
+	iePacketTotal     = Element{"packetTotalCount", EnterpriseIANA, 86, entities.Unsigned64, 8}
+	ieEndReason       = Element{"flowEndReason", EnterpriseIANA, 136, entities.Unsigned8, 1}
+	ieICMPTypeCode6   = Element{"icmpTypeCodeIPv6", EnterpriseIANA, 139, entities.Unsigned16, 2}
+	ieStartSec        = Element{"flowStartSeconds", EnterpriseIANA, 150, entities.DateTimeSeconds, 4}
+	ieEndSec          = Element{"flowEndSeconds", EnterpriseIANA, 151, entities.DateTimeSeconds, 4}
+	ieStartMs         = Element{"flowStartMilliseconds", EnterpriseIANA, 152, entities.DateTimeMilliseconds, 8}
+	ieEndMs           = Element{"flowEndMilliseconds", EnterpriseIANA, 153, entities.DateTimeMilliseconds, 8}
+	iePostNATSrc4     = Element{"postNATSourceIPv4Address", EnterpriseIANA, 225, entities.Ipv4Address, 4}
+	iePostNAPTSrcPort = Element{"postNAPTSourceTransportPort", EnterpriseIANA, 227, entities.Unsigned16, 2}
+	iePostNATSrc6     = Element{"postNATSourceIPv6Address", EnterpriseIANA, 281, entities.Ipv6Address, 16}
+	ieObsDomainName   = Element{"observationDomainName", EnterpriseIANA, 300, entities.String, VariableLength}
+	ieRevOctetDelta   = Element{"reverseOctetDeltaCount", EnterpriseReverse, 1, entities.Unsigned64, 8}
+	ieRevPacketDelta  = Element{"reversePacketDeltaCount", EnterpriseReverse, 2, entities.Unsigned64, 8}
+	ieRevOctetTotal   = Element{"reverseOctetTotalCount", EnterpriseReverse, 85, entities.Unsigned64, 8}
+	ieRevPacketTotal  = Element{"reversePacketTotalCount", EnterpriseReverse, 86, entities.Unsigned64, 8}
+	ieSrcPodNamespace = Element{"sourcePodNamespace", EnterpriseAntrea, 100, entities.String, VariableLength}
+	ieSrcPodName      = Element{"sourcePodName", EnterpriseAntrea, 101, entities.String, VariableLength}
+	ieDstPodNamespace = Element{"destinationPodNamespace", EnterpriseAntrea, 102, entities.String, VariableLength}
+	ieDstPodName      = Element{"destinationPodName", EnterpriseAntrea, 103, entities.String, VariableLength}
+	ieSrcNodeName     = Element{"sourceNodeName", EnterpriseAntrea, 104, entities.String, VariableLength}
+	ieDstNodeName     = Element{"destinationNodeName", EnterpriseAntrea, 105, entities.String, VariableLength}
+	ieClusterIP4      = Element{"destinationClusterIPv4", EnterpriseAntrea, 106, entities.Ipv4Address, 4}
+	ieClusterIP6      = Element{"destinationClusterIPv6", EnterpriseAntrea, 107, entities.Ipv6Address, 16}
+	ieServicePort     = Element{"destinationServicePort", EnterpriseAntrea, 108, entities.Unsigned16, 2}
+	ieServicePortName = Element{"destinationServicePortName", EnterpriseAntrea, 109, entities.String, VariableLength}
+	ieIngressPolicy   = Element{"ingressNetworkPolicyName", EnterpriseAntrea, 110, entities.String, VariableLength}
+	ieIngressPolicyNS = Element{"ingressNetworkPolicyNamespace", EnterpriseAntrea, 111, entities.String, VariableLength}
+	ieEgressPolicy    = Element{"egressNetworkPolicyName", EnterpriseAntrea, 112, entities.String, VariableLength}
+	ieEgressPolicyNS  = Element{"egressNetworkPolicyNamespace", EnterpriseAntrea, 113, entities.String, VariableLength}
+	ieTCPState        = Element{"tcpState", EnterpriseAntrea, 136, entities.String, VariableLength}
+	ieFlowType        = Element{"flowType", EnterpriseAntrea, 137, entities.Unsigned8, 1}
+	ieIngressAction   = Element{"ingressNetworkPolicyRuleAction", EnterpriseAntrea, 139, entities.Unsigned8, 1}
+	ieEgressAction    = Element{"egressNetworkPolicyRuleAction", EnterpriseAntrea, 140, entities.Unsigned8, 1}
+	ieServiceIP4      = Element{"destinationServiceIPv4", EnterpriseAntrea, 168, entities.Ipv4Address, 4}
+	ieServiceIP6      = Element{"destinationServiceIPv6", EnterpriseAntrea, 169, entities.Ipv6Address, 16}
+	ieProxySNAT4      = Element{"proxySnatIPv4", EnterpriseAntrea, 170, entities.Ipv4Address, 4}
+	ieProxySNAT6      = Element{"proxySnatIPv6", EnterpriseAntrea, 171, entities.Ipv6Address, 16}
+	ieProxySNATPort   = Element{"proxySnatPort", EnterpriseAntrea, 172, entities.Unsigned16, 2}
+	ieConntrackZone   = Element{"conntrackZone", EnterpriseDualflow, 1, entities.Unsigned16, 2}
+	ieConntrackMark   = Element{"conntrackMark", EnterpriseDualflow, 2, entities.Unsigned32, 4}
+	ieDualflowSource  = Element{"dualflowSource", EnterpriseDualflow, 3, entities.String, VariableLength}
 )
 
 // template4 and template6 are the element lists of the two templates, in
@@ -175,31 +168,4 @@ func Elements(version uint8) []Element {
 		return append([]Element(nil), template6...)
 	}
 	return nil
-}
-
-var (
-	registerOnce sync.Once
-	registerErr  error
-)
-
-// Register loads go-ipfix's IANA and Antrea registries and adds the dualflow
-// elements, so a go-ipfix collecting process in strict decoding mode accepts
-// our templates and decodes every element with its type. It is idempotent
-// and safe for concurrent use. Call it instead of registry.LoadRegistry:
-// LoadRegistry resets the registry and would drop the dualflow elements.
-func Register() error {
-	registerOnce.Do(func() {
-		registry.LoadRegistry()
-		if err := registry.InitNewRegistry(EnterpriseDualflow); err != nil {
-			registerErr = fmt.Errorf("ipfix register: %w", err)
-			return
-		}
-		for _, e := range dualflowRegistered {
-			if err := registry.PutInfoElement(*e.InfoElement(), EnterpriseDualflow); err != nil {
-				registerErr = fmt.Errorf("ipfix register %s: %w", e.Name, err)
-				return
-			}
-		}
-	})
-	return registerErr
 }

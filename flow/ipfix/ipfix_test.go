@@ -20,14 +20,6 @@ import (
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
 
-func TestMain(m *testing.M) {
-	if err := Register(); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	os.Exit(m.Run())
-}
-
 // testRecords are the rows of the round-trip tables: each IP family, with
 // and without NAT, with zero and set optional fields.
 func testRecords() []struct {

@@ -7,6 +7,7 @@ import (
 	"math"
 	"net"
 	"net/netip"
+	"os"
 	"reflect"
 	"testing"
 	"time"
@@ -14,8 +15,19 @@ import (
 	cipfix "github.com/dualflow/dualflow/collector/ipfix"
 	"github.com/dualflow/dualflow/flow"
 	"github.com/dualflow/dualflow/flow/ipfix"
+	"github.com/dualflow/dualflow/test/support/ipfixreg"
 	"github.com/dualflow/dualflow/test/support/ipfixtest"
 )
+
+// TestMain fills go-ipfix's registry for the tests that check our elements
+// against it and those that run its collecting process.
+func TestMain(m *testing.M) {
+	if err := ipfixreg.Register(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	os.Exit(m.Run())
+}
 
 // The exporter's encoding, decoded back by the collector's decoder
 // (collector/ipfix): directly, or through its listener (ipfixtest) where a
