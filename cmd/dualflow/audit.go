@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -52,22 +53,12 @@ func runAudit(ctx context.Context, args []string) error {
 		fmt.Println("Usage: dualflow audit <findings|unprotected|eval|denied|unused|whatif> [flags]\n\n" + auditHelp)
 		return nil
 	}
-	sub, rest := args[0], args[1:]
-	switch sub {
-	case "findings":
-		return runAuditFindings(ctx, rest)
-	case "unprotected":
-		return runAuditUnprotected(ctx, rest)
-	case "eval":
-		return runAuditEval(ctx, rest)
-	case "denied":
-		return runAuditDenied(ctx, rest)
-	case "unused":
-		return runAuditUnused(ctx, rest)
-	case "whatif":
-		return runAuditWhatIf(ctx, rest)
+	subs := map[string]func(context.Context, []string) error{"findings": runAuditFindings, "unprotected": runAuditUnprotected,
+		"eval": runAuditEval, "denied": runAuditDenied, "unused": runAuditUnused, "whatif": runAuditWhatIf}
+	if run, ok := subs[args[0]]; ok {
+		return run(ctx, args[1:])
 	}
-	return fmt.Errorf("audit: unknown subcommand %q (want findings, unprotected, eval, denied, unused or whatif)", sub)
+	return fmt.Errorf("audit: unknown subcommand %q (want findings, unprotected, eval, denied, unused or whatif)", args[0])
 }
 
 // files is a repeatable file flag.
@@ -109,15 +100,16 @@ func (a *auditFlags) bindOutput(fs *flag.FlagSet) {
 
 // ask asks fn its question of the audit API of the collector named by
 // --server, else of the same audit.Queries the collector serves, over the
-// manifests of --inventory (read when a question needs them) and, with
+// manifests of a's --inventory (read when a question needs them) and, with
 // withStore, the flow store. The subcommands with a window (--since) get
 // it, and all run under --timeout when they have one.
-func (a *auditFlags) ask(ctx context.Context, opt audit.Options, withStore bool, fn func(context.Context, api.Audit, audit.Window) error) error {
+func ask[T any](ctx context.Context, a *auditFlags, opt audit.Options, withStore bool, fn func(api.Audit, context.Context, audit.Window) (T, error)) (T, error) {
+	var zero T
 	var win audit.Window
 	if a.since != "" {
 		var err error
 		if win, err = a.window(); err != nil {
-			return err
+			return zero, err
 		}
 	}
 	if a.timeout > 0 {
@@ -128,20 +120,20 @@ func (a *auditFlags) ask(ctx context.Context, opt audit.Options, withStore bool,
 	c, err := a.srv.client()
 	switch {
 	case err != nil:
-		return err
+		return zero, err
 	case c != nil:
-		return fn(ctx, remoteAudit{c}, win)
+		return fn(remoteAudit{c}, ctx, win)
 	}
 	local := &audit.Queries{Cluster: a.loadInventory, Options: opt}
 	if withStore {
 		r, closeStore, err := a.reports()
 		if err != nil {
-			return err
+			return zero, err
 		}
 		defer closeStore()
 		local.Reports = r
 	}
-	return fn(ctx, local, win)
+	return fn(local, ctx, win)
 }
 
 func (a *auditFlags) loadInventory() (*enrich.Snapshot, error) {
@@ -269,11 +261,7 @@ collector's findings for its live cluster view, observed gaps included.`)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	var res *audit.FindingsResponse
-	err := a.ask(ctx, audit.Options{MaxPairs: *maxPairs}, *observed, func(ctx context.Context, q api.Audit, w audit.Window) (err error) {
-		res, err = q.Findings(ctx, w)
-		return err
-	})
+	res, err := ask(ctx, &a, audit.Options{MaxPairs: *maxPairs}, *observed, api.Audit.Findings)
 	switch {
 	case err != nil:
 		return err
@@ -282,13 +270,7 @@ collector's findings for its live cluster view, observed gaps included.`)
 	}
 	out := res.Findings
 	if *dualOnly {
-		var d []audit.Finding
-		for _, f := range out {
-			if f.DualStack() {
-				d = append(d, f)
-			}
-		}
-		out = d
+		out = slices.DeleteFunc(out, func(f audit.Finding) bool { return !f.DualStack() })
 	}
 	if a.json {
 		return printJSON(append([]audit.Finding{}, out...))
@@ -305,10 +287,8 @@ func runAuditUnprotected(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	var us []audit.UnprotectedWorkload
-	err := a.ask(ctx, audit.Options{}, false, func(ctx context.Context, q api.Audit, _ audit.Window) (err error) {
-		us, err = q.Unprotected(ctx)
-		return err
+	us, err := ask(ctx, &a, audit.Options{}, false, func(q api.Audit, ctx context.Context, _ audit.Window) ([]audit.UnprotectedWorkload, error) {
+		return q.Unprotected(ctx)
 	})
 	if err != nil {
 		return err
@@ -349,10 +329,8 @@ func runAuditEval(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	var res []audit.ProbeResult
-	err = a.ask(ctx, audit.Options{}, false, func(ctx context.Context, q api.Audit, _ audit.Window) (err error) {
-		res, err = q.Evaluate(ctx, audit.Probe{From: *from, To: *to, Proto: p, Port: uint16(*port), Family: fam})
-		return err
+	res, err := ask(ctx, &a, audit.Options{}, false, func(q api.Audit, ctx context.Context, _ audit.Window) ([]audit.ProbeResult, error) {
+		return q.Evaluate(ctx, audit.Probe{From: *from, To: *to, Proto: p, Port: uint16(*port), Family: fam})
 	})
 	if err != nil {
 		return err
@@ -381,10 +359,8 @@ func runAuditDenied(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	var gs []audit.DeniedGroup
-	err = a.ask(ctx, audit.Options{}, true, func(ctx context.Context, q api.Audit, w audit.Window) (err error) {
-		gs, err = q.Denied(ctx, audit.DeniedOptions{Window: w, Namespace: *ns, Family: fam, Limit: *limit})
-		return err
+	gs, err := ask(ctx, &a, audit.Options{}, true, func(q api.Audit, ctx context.Context, w audit.Window) ([]audit.DeniedGroup, error) {
+		return q.Denied(ctx, audit.DeniedOptions{Window: w, Namespace: *ns, Family: fam, Limit: *limit})
 	})
 	if err != nil {
 		return err
@@ -410,11 +386,7 @@ func runAuditUnused(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	var rep *audit.UnusedReport
-	err := a.ask(ctx, audit.Options{}, true, func(ctx context.Context, q api.Audit, w audit.Window) (err error) {
-		rep, err = q.Unused(ctx, w)
-		return err
-	})
+	rep, err := ask(ctx, &a, audit.Options{}, true, api.Audit.Unused)
 	if err != nil {
 		return err
 	}
@@ -472,10 +444,8 @@ changes.`)
 			docs.WriteString("\n")
 		}
 	}
-	var rep *audit.WhatIfReport
-	err := a.ask(ctx, audit.Options{}, true, func(ctx context.Context, q api.Audit, w audit.Window) (err error) {
-		rep, err = q.WhatIf(ctx, &docs, w, *limit)
-		return err
+	rep, err := ask(ctx, &a, audit.Options{}, true, func(q api.Audit, ctx context.Context, w audit.Window) (*audit.WhatIfReport, error) {
+		return q.WhatIf(ctx, &docs, w, *limit)
 	})
 	if err != nil {
 		return err
