@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"cmp"
 	"context"
 	"errors"
@@ -76,7 +75,11 @@ never sent in clear beyond loopback (use https).
 	defer cancel()
 	c := &cliQuerier{endpoint: *endpoint, cfg: cfg, direct: *direct, write: *write, guarded: true}
 	defer c.close()
-	return c.QueryTo(ctx, query, *format, os.Stdout)
+	out, err := c.Query(ctx, query, *format)
+	if err == nil {
+		_, err = os.Stdout.Write(out)
+	}
+	return err
 }
 
 // cliQuerier runs SQL for the CLI (`dualflow sql`, `dualflow audit`): on
@@ -100,13 +103,6 @@ type cliQuerier struct {
 
 // Query runs query and returns its output in format.
 func (c *cliQuerier) Query(ctx context.Context, query, format string) ([]byte, error) {
-	var buf bytes.Buffer
-	err := c.QueryTo(ctx, query, format, &buf)
-	return buf.Bytes(), err
-}
-
-// QueryTo runs query and writes its output in format to w.
-func (c *cliQuerier) QueryTo(ctx context.Context, query, format string, w io.Writer) error {
 	endpoint := c.endpoint
 	if dsn := c.cfg.DSN; strings.HasPrefix(dsn, "http://") || strings.HasPrefix(dsn, "https://") {
 		endpoint, c.direct = dsn, false
@@ -114,15 +110,11 @@ func (c *cliQuerier) QueryTo(ctx context.Context, query, format string, w io.Wri
 	if c.conn == nil && !c.direct && (c.cfg.DSN == "" || endpoint == c.cfg.DSN) {
 		user, password, err := c.credentials(endpoint)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		out, err := c.queryHTTP(ctx, endpoint, user, password, query, format)
-		if err == nil {
-			_, err = w.Write(out)
-			return err
-		}
-		if !isConnRefused(err) || c.cfg.DSN != "" {
-			return err
+		if err == nil || !isConnRefused(err) || c.cfg.DSN != "" {
+			return out, err
 		}
 		c.direct = true // nothing listens: open the data directory
 	}
@@ -130,17 +122,13 @@ func (c *cliQuerier) QueryTo(ctx context.Context, query, format string, w io.Wri
 		c.cfg.SetDefaults()
 		conn, err := store.Open(c.cfg)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		c.conn = conn
 	}
 	e, ok := c.conn.(*store.Embedded)
 	if !ok || !c.guarded {
-		out, err := c.conn.Query(ctx, query, format)
-		if err == nil {
-			_, err = w.Write(out)
-		}
-		return err
+		return c.conn.Query(ctx, query, format)
 	}
 	// The data directory opened here: the same check as the HTTP
 	// interface's users get.
@@ -156,16 +144,12 @@ func (c *cliQuerier) QueryTo(ctx context.Context, query, format string, w io.Wri
 		err = sqlguard.Vet(ctx, run, c.cfg.Database, query)
 	}
 	if err != nil {
-		return fmt.Errorf("%w (dualflow sql reads; --write runs as the admin, who may write)", err)
+		return nil, fmt.Errorf("%w (dualflow sql reads; --write runs as the admin, who may write)", err)
 	}
 	if c.write {
 		fmt.Fprintf(os.Stderr, "dualflow sql: running as the data directory's owner, read-write (--write)\n")
 	}
-	out, err := run(ctx, query, format)
-	if err == nil {
-		_, err = w.Write(out)
-	}
-	return err
+	return run(ctx, query, format)
 }
 
 func (c *cliQuerier) close() {

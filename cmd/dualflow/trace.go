@@ -82,9 +82,7 @@ func runTrace(ctx context.Context, args []string) error {
 		return err
 	}
 	if asJSON {
-		enc := json.NewEncoder(os.Stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(res); err != nil {
+		if err := printJSON(res); err != nil {
 			return err
 		}
 	} else {
