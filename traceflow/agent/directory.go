@@ -8,11 +8,12 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
 	"net/url"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -81,7 +82,7 @@ func (m *agentMap) String() string {
 	for k, v := range *m {
 		kv = append(kv, k+"="+v)
 	}
-	sort.Strings(kv)
+	slices.Sort(kv)
 	return strings.Join(kv, ",")
 }
 
@@ -252,17 +253,7 @@ func pick(addrs []netip.Addr, ipv6 bool) (netip.Addr, bool) {
 
 // Nodes implements Directory: the static map's nodes and the view's.
 func (d *NodeDirectory) Nodes() []string {
-	seen := map[string]bool{}
-	var out []string
-	for n := range d.cfg.Static {
-		seen[n] = true
-		out = append(out, n)
-	}
-	for _, n := range d.view.NodeNames() {
-		if !seen[n] {
-			out = append(out, n)
-		}
-	}
-	sort.Strings(out)
-	return out
+	out := append(slices.Collect(maps.Keys(d.cfg.Static)), d.view.NodeNames()...)
+	slices.Sort(out)
+	return slices.Compact(out)
 }
