@@ -174,9 +174,7 @@ func (c *Config) SetDefaults() {
 		c.OVS.IPv4, c.OVS.IPv6, c.OVS.Zones = c.IPv4, c.IPv6, c.Zones
 		c.OVS.SetDefaults()
 	}
-	if c.NodeName == "" {
-		c.NodeName = os.Getenv("NODE_NAME")
-	}
+	c.NodeName = cmp.Or(c.NodeName, os.Getenv("NODE_NAME"))
 	if c.NodeName == "" {
 		c.NodeName, _ = os.Hostname()
 	}

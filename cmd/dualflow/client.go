@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"flag"
@@ -57,10 +58,7 @@ func (s *serverFlags) client() (*apiClient, error) {
 		// A collector without a tokens file serves loopback viewers, and
 		// operator actions need its local token: read it if this user may
 		// (the collector's user, root). Its 401 says where it is otherwise.
-		local := s.localTokenFile
-		if local == "" {
-			local = filepath.Join(store.DefaultDataDir, web.LocalTokenFileName)
-		}
+		local := cmp.Or(s.localTokenFile, filepath.Join(store.DefaultDataDir, web.LocalTokenFileName))
 		if b, err := os.ReadFile(local); err == nil {
 			token = strings.TrimSpace(string(b))
 		}

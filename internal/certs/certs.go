@@ -12,6 +12,7 @@
 package certs
 
 import (
+	"cmp"
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
@@ -29,6 +30,7 @@ import (
 	"time"
 
 	"github.com/dualflow/dualflow/internal/atomicfile"
+	"github.com/dualflow/dualflow/internal/defaults"
 )
 
 // Options say what to issue.
@@ -137,21 +139,11 @@ func Issue(o Options) (*Issued, error) {
 }
 
 func (o *Options) setDefaults() {
-	if o.Namespace == "" {
-		o.Namespace = DefaultNamespace
-	}
-	if o.CollectorService == "" {
-		o.CollectorService = DefaultCollectorService
-	}
-	if o.ClusterDomain == "" {
-		o.ClusterDomain = DefaultClusterDomain
-	}
-	if o.AgentName == "" {
-		o.AgentName = DefaultAgentName
-	}
-	if o.Validity <= 0 {
-		o.Validity = DefaultValidity
-	}
+	o.Namespace = cmp.Or(o.Namespace, DefaultNamespace)
+	o.CollectorService = cmp.Or(o.CollectorService, DefaultCollectorService)
+	o.ClusterDomain = cmp.Or(o.ClusterDomain, DefaultClusterDomain)
+	o.AgentName = cmp.Or(o.AgentName, DefaultAgentName)
+	o.Validity = defaults.Positive(o.Validity, DefaultValidity)
 	if o.Now.IsZero() {
 		o.Now = time.Now()
 	}

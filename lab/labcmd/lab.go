@@ -1,6 +1,7 @@
 package labcmd
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -237,10 +238,7 @@ func (lc *Commands) labRules(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	node := fs.Arg(0)
-	if node == "" {
-		node = manifest.NodeName(1)
-	}
+	node := cmp.Or(fs.Arg(0), manifest.NodeName(1))
 	var m *manifest.Manifest
 	if l, err := lab.Open(cfg.StateDir, cfg); err == nil && l.State().Datapath == lab.DatapathOVS {
 		flows, err := l.OVSFlows(context.Background(), node)
