@@ -42,24 +42,13 @@ func (lc *Commands) Lab(ctx context.Context, args []string) error {
 		fmt.Println("Usage: dualflow lab <up|down|status|manifest|rules> [flags]\n\n" + labHelp)
 		return nil
 	}
-	sub, rest := args[0], args[1:]
-	switch sub {
-	case "up":
-		return lc.labUp(ctx, rest)
-	case "down":
-		return lc.labDown(rest)
-	case "status":
-		return lc.labStatus(rest)
-	case "manifest":
-		return lc.labManifest(rest)
-	case "rules":
-		return lc.labRules(rest)
-	case "publish":
-		return lc.labPublish(ctx, rest)
-	case "agent": // hidden: the workload inside pods and the traffic generator
-		return lc.labAgent(ctx, rest)
+	subs := map[string]func(context.Context, []string) error{"up": lc.labUp, "down": lc.labDown, "status": lc.labStatus,
+		"manifest": lc.labManifest, "rules": lc.labRules, "publish": lc.labPublish,
+		"agent": lc.labAgent} // hidden: the workload inside pods and the traffic generator
+	if run, ok := subs[args[0]]; ok {
+		return run(ctx, args[1:])
 	}
-	return fmt.Errorf("lab: unknown subcommand %q (want up, down, status, manifest, rules or publish)", sub)
+	return fmt.Errorf("lab: unknown subcommand %q (want up, down, status, manifest, rules or publish)", args[0])
 }
 
 // bindLab binds the lab flags onto fs with their dotted names.
@@ -182,7 +171,7 @@ EndpointSlice per Service and family, NetworkPolicies. A collector with
 	return pub.publish(ctx, m)
 }
 
-func (lc *Commands) labDown(args []string) error {
+func (lc *Commands) labDown(_ context.Context, args []string) error {
 	fs := lc.NewFlagSet("lab down", "[flags]", "Remove the lab: agent processes, every namespace named <prefix>*, and the state files.")
 	var cfg lab.Config
 	bindLab(fs, &cfg)
@@ -203,7 +192,7 @@ func (lc *Commands) labDown(args []string) error {
 	return nil
 }
 
-func (lc *Commands) labStatus(args []string) error {
+func (lc *Commands) labStatus(_ context.Context, args []string) error {
 	fs := lc.NewFlagSet("lab status", "[flags]", "Show the nodes, pods, addresses and services of the running lab.")
 	var cfg lab.Config
 	bindLab(fs, &cfg)
@@ -217,7 +206,7 @@ func (lc *Commands) labStatus(args []string) error {
 	return l.WriteStatus(os.Stdout)
 }
 
-func (lc *Commands) labManifest(args []string) error {
+func (lc *Commands) labManifest(_ context.Context, args []string) error {
 	fs := lc.NewFlagSet("lab manifest", "[flags]", "Print the default lab manifest (multi-document YAML).")
 	var cfg lab.Config
 	bindLab(fs, &cfg)
@@ -231,7 +220,7 @@ func (lc *Commands) labManifest(args []string) error {
 	return m.Encode(os.Stdout)
 }
 
-func (lc *Commands) labRules(args []string) error {
+func (lc *Commands) labRules(ctx context.Context, args []string) error {
 	fs := lc.NewFlagSet("lab rules", "[flags] NODE", "Print the nftables ruleset the lab loads on NODE (from the running lab's manifest, or the default one); for a running OVS lab, the node's OpenFlow flows with their statistics.")
 	var cfg lab.Config
 	bindLab(fs, &cfg)
@@ -241,7 +230,7 @@ func (lc *Commands) labRules(args []string) error {
 	node := cmp.Or(fs.Arg(0), manifest.NodeName(1))
 	var m *manifest.Manifest
 	if l, err := lab.Open(cfg.StateDir, cfg); err == nil && l.State().Datapath == lab.DatapathOVS {
-		flows, err := l.OVSFlows(context.Background(), node)
+		flows, err := l.OVSFlows(ctx, node)
 		if err != nil {
 			return err
 		}
