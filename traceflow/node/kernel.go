@@ -373,7 +373,7 @@ func (t *Tracer) watchKernel(ctx context.Context, wg *sync.WaitGroup, p traceflo
 		if err := emitAll(emit, k.flush()); err != nil {
 			return err
 		}
-		err := emit(traceflow.WatchEvent{Observation: new(t.deliveryObs(p, *held)), Outcome: traceflow.Delivered})
+		err := emit(traceflow.WatchEvent{Observation: new(t.deliveryObs(p, held.target, held.target.ns.Iface, held.seen)), Outcome: traceflow.Delivered})
 		held, waitC = nil, nil
 		return err
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/dualflow/dualflow/traceflow"
 	"github.com/dualflow/dualflow/traceflow/observe"
+	"github.com/dualflow/dualflow/traceflow/packet"
 )
 
 // Live traffic (kernel datapath). A live trace sends nothing: the trace
@@ -119,7 +119,7 @@ func (l *liveNode) add(ev observe.Event) []traceflow.WatchEvent {
 	out = append(out, g.k.add(ev)...)
 	if ev.Table == l.table && ev.Chain == observe.ChainPost && ev.Kind == observe.KindPacket {
 		if tg, ok := l.targets[ev.OIf]; ok {
-			out = append(out, traceflow.WatchEvent{Observation: new(l.deliveryObs(tg, ev)), Outcome: traceflow.Delivered})
+			out = append(out, traceflow.WatchEvent{Observation: new(l.t.deliveryObs(l.p, tg, tg.host, packet.Seen{Src: ev.Src, Dst: ev.Dst, SrcPort: ev.SrcPort, DstPort: ev.DstPort})), Outcome: traceflow.Delivered})
 		}
 	}
 	for i := range out {
@@ -152,23 +152,6 @@ func (l *liveNode) start(pre observe.Event) *liveGroup {
 		gp.Dst, gp.DstPort = pre.Dst, pre.DstPort
 	}
 	return &liveGroup{conn: conn, k: kernelPath{t: l.t, p: gp}}
-}
-
-// deliveryObs is the observation of packet line e leaving by the veth of
-// local target tg.
-func (l *liveNode) deliveryObs(tg localTarget, e observe.Event) traceflow.Observation {
-	o := traceflow.Observation{Node: l.t.Name, Component: traceflow.Delivery, Action: traceflow.ActionDelivered,
-		Interface: tg.host, Pod: tg.Pod}
-	if e.Dst.IsValid() && (e.Dst != l.p.Dst || e.DstPort != l.p.DstPort) {
-		o.TranslatedDst = netip.AddrPortFrom(e.Dst, e.DstPort)
-	}
-	if e.Src.IsValid() && e.Src != l.p.Src {
-		o.TranslatedSrc = netip.AddrPortFrom(e.Src, e.SrcPort)
-	}
-	if o.Pod == "" {
-		o.Detail = "delivered to the pod holding " + tg.Addr.String()
-	}
-	return o
 }
 
 // matchesDst reports whether a packet seen entering the source node is a

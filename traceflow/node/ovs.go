@@ -189,7 +189,7 @@ func (t *Tracer) watchOVS(ctx context.Context, wg *sync.WaitGroup, p traceflow.P
 			if err := decide(d.seen.Dst, d.seen.DstPort); err != nil {
 				return err
 			}
-			if err := emit(traceflow.WatchEvent{Observation: new(t.deliveryObs(p, d)), Outcome: traceflow.Delivered}); err != nil {
+			if err := emit(traceflow.WatchEvent{Observation: new(t.deliveryObs(p, d.target, d.target.ns.Iface, d.seen)), Outcome: traceflow.Delivered}); err != nil {
 				return err
 			}
 		case pi := <-drops:

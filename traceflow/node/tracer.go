@@ -248,18 +248,20 @@ func capture(ctx context.Context, p traceflow.Probe, targets []localTarget, out 
 	return nil
 }
 
-// deliveryObs is the observation of a capture at a target pod.
-func (t *Tracer) deliveryObs(p traceflow.Probe, d delivery) traceflow.Observation {
+// deliveryObs is the observation of p delivered to local target tg, seen
+// at iface (a capture in the pod, or the node side of its veth) with
+// addresses seen, after any NAT.
+func (t *Tracer) deliveryObs(p traceflow.Probe, tg localTarget, iface string, seen packet.Seen) traceflow.Observation {
 	o := traceflow.Observation{Node: t.Name, Component: traceflow.Delivery, Action: traceflow.ActionDelivered,
-		Interface: d.target.ns.Iface, Pod: d.target.Pod}
-	if d.seen.Dst != p.Dst || d.seen.DstPort != p.DstPort {
-		o.TranslatedDst = netip.AddrPortFrom(d.seen.Dst, d.seen.DstPort)
+		Interface: iface, Pod: tg.Pod}
+	if seen.Dst.IsValid() && (seen.Dst != p.Dst || seen.DstPort != p.DstPort) {
+		o.TranslatedDst = netip.AddrPortFrom(seen.Dst, seen.DstPort)
 	}
-	if d.seen.Src != p.Src {
-		o.TranslatedSrc = netip.AddrPortFrom(d.seen.Src, d.seen.SrcPort)
+	if seen.Src.IsValid() && seen.Src != p.Src {
+		o.TranslatedSrc = netip.AddrPortFrom(seen.Src, seen.SrcPort)
 	}
 	if o.Pod == "" {
-		o.Detail = "delivered to the pod holding " + d.target.Addr.String()
+		o.Detail = "delivered to the pod holding " + tg.Addr.String()
 	}
 	return o
 }
