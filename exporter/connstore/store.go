@@ -30,6 +30,7 @@
 package connstore
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -124,21 +125,11 @@ const (
 
 // SetDefaults fills unset fields.
 func (c *Config) SetDefaults() {
-	if c.ActiveTimeout == 0 {
-		c.ActiveTimeout = DefaultActiveTimeout
-	}
-	if c.IdleTimeout == 0 {
-		c.IdleTimeout = DefaultIdleTimeout
-	}
-	if c.MaxConns == 0 {
-		c.MaxConns = DefaultMaxConns
-	}
-	if c.TombstoneTTL == 0 {
-		c.TombstoneTTL = DefaultTombstoneTTL
-	}
-	if c.MaxTombstones == 0 {
-		c.MaxTombstones = DefaultMaxTombstones
-	}
+	c.ActiveTimeout = cmp.Or(c.ActiveTimeout, DefaultActiveTimeout)
+	c.IdleTimeout = cmp.Or(c.IdleTimeout, DefaultIdleTimeout)
+	c.MaxConns = cmp.Or(c.MaxConns, DefaultMaxConns)
+	c.TombstoneTTL = cmp.Or(c.TombstoneTTL, DefaultTombstoneTTL)
+	c.MaxTombstones = cmp.Or(c.MaxTombstones, DefaultMaxTombstones)
 }
 
 // Validate checks the configuration.

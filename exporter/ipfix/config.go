@@ -93,19 +93,13 @@ func (c *Config) SetDefaults() {
 			c.MaxMessageSize = DefaultUDPMessageSize
 		}
 	}
-	for _, d := range []struct {
-		p *time.Duration
-		v time.Duration
-	}{
-		{&c.FlushInterval, DefaultFlushInterval}, {&c.TemplateRefresh, DefaultTemplateRefresh},
-		{&c.DialTimeout, DefaultDialTimeout}, {&c.WriteTimeout, DefaultWriteTimeout},
-		{&c.BackoffMin, DefaultBackoffMin}, {&c.BackoffMax, DefaultBackoffMax},
-		{&c.DrainTimeout, DefaultDrainTimeout},
-	} {
-		if *d.p == 0 {
-			*d.p = d.v
-		}
-	}
+	c.FlushInterval = cmp.Or(c.FlushInterval, DefaultFlushInterval)
+	c.TemplateRefresh = cmp.Or(c.TemplateRefresh, DefaultTemplateRefresh)
+	c.DialTimeout = cmp.Or(c.DialTimeout, DefaultDialTimeout)
+	c.WriteTimeout = cmp.Or(c.WriteTimeout, DefaultWriteTimeout)
+	c.BackoffMin = cmp.Or(c.BackoffMin, DefaultBackoffMin)
+	c.BackoffMax = cmp.Or(c.BackoffMax, DefaultBackoffMax)
+	c.DrainTimeout = cmp.Or(c.DrainTimeout, DefaultDrainTimeout)
 }
 
 // minMessageSize fits the message and set headers and one record of the
