@@ -25,6 +25,7 @@ import (
 	"github.com/dualflow/dualflow/lab/manifest"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/utils/ptr"
 )
 
 // Defaults of Options.
@@ -215,10 +216,7 @@ func quote(s string) string {
 }
 
 func lowerProto(p *corev1.Protocol) string {
-	if p == nil || *p == "" {
-		return "tcp"
-	}
-	return strings.ToLower(string(*p))
+	return strings.ToLower(string(cmp.Or(ptr.Deref(p, ""), corev1.ProtocolTCP)))
 }
 
 // ServicePort is one port of one Service ClusterIP of one family, with
@@ -308,7 +306,7 @@ func (r *renderer) endpoints(svc *corev1.Service, sp *corev1.ServicePort, f fami
 		}
 		var port int32 = -1
 		for _, p := range sl.Ports {
-			if cmp.Or(ptrVal(p.Name), "") == sp.Name && cmp.Or(ptrVal(p.Protocol), corev1.ProtocolTCP) == cmp.Or(sp.Protocol, corev1.ProtocolTCP) && p.Port != nil {
+			if ptr.Deref(p.Name, "") == sp.Name && cmp.Or(ptr.Deref(p.Protocol, ""), corev1.ProtocolTCP) == cmp.Or(sp.Protocol, corev1.ProtocolTCP) && p.Port != nil {
 				port = *p.Port
 			}
 		}
@@ -316,7 +314,7 @@ func (r *renderer) endpoints(svc *corev1.Service, sp *corev1.ServicePort, f fami
 			continue
 		}
 		for _, ep := range sl.Endpoints {
-			if ep.Conditions.Ready != nil && !*ep.Conditions.Ready {
+			if !ptr.Deref(ep.Conditions.Ready, true) {
 				continue
 			}
 			for _, a := range ep.Addresses {
@@ -328,12 +326,4 @@ func (r *renderer) endpoints(svc *corev1.Service, sp *corev1.ServicePort, f fami
 	}
 	slices.SortFunc(out, func(a, b netip.AddrPort) int { return a.Compare(b) })
 	return slices.Compact(out)
-}
-
-func ptrVal[T any](p *T) T {
-	var zero T
-	if p == nil {
-		return zero
-	}
-	return *p
 }

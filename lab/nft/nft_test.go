@@ -144,9 +144,9 @@ func TestRenderPolicies(t *testing.T) {
 			mode: manifest.ModeDual,
 			pols: []networkingv1.NetworkPolicy{pol("backend", "rng", api, ingressOnly, []networkingv1.NetworkPolicyIngressRule{{
 				Ports: []networkingv1.NetworkPolicyPort{
-					{Protocol: &tcp, Port: ptr(intstr.FromInt32(7000)), EndPort: ptr(int32(7100))},
+					{Protocol: &tcp, Port: new(intstr.FromInt32(7000)), EndPort: new(int32(7100))},
 					{Protocol: &udp},
-					{Protocol: &sctp, Port: ptr(intstr.FromInt32(5000))},
+					{Protocol: &sctp, Port: new(intstr.FromInt32(5000))},
 				},
 			}}, nil)},
 			want: []string{
@@ -254,8 +254,6 @@ func TestRenderPolicies(t *testing.T) {
 		})
 	}
 }
-
-func ptr[T any](v T) *T { return &v }
 
 func TestRenderServices(t *testing.T) {
 	tests := []struct {
