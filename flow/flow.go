@@ -69,14 +69,18 @@ const (
 	EndReasonLackOfResources EndReason = 5 // connection store full: exported untracked
 )
 
-var endReasonNames = [...]string{"unknown", "idle_timeout", "active_timeout", "end_of_flow", "forced_end", "lack_of_resources"}
+var endReasonNames = []string{"unknown", "idle_timeout", "active_timeout", "end_of_flow", "forced_end", "lack_of_resources"}
 
 // String returns the snake_case name used in the ClickHouse Enum.
-func (r EndReason) String() string {
-	if int(r) < len(endReasonNames) {
-		return endReasonNames[r]
+func (r EndReason) String() string { return enumName(endReasonNames, r) }
+
+// enumName returns names[v], or names[0] (unknown, none) for a value
+// without a name.
+func enumName[T ~uint8](names []string, v T) string {
+	if int(v) < len(names) {
+		return names[v]
 	}
-	return "unknown"
+	return names[0]
 }
 
 // FlowType says where the two ends of a flow are, relative to the cluster.
@@ -91,14 +95,9 @@ const (
 	FlowTypeFromExternal FlowType = 4 // outside address to a pod or service
 )
 
-var flowTypeNames = [...]string{"unknown", "intra_node", "inter_node", "to_external", "from_external"}
+var flowTypeNames = []string{"unknown", "intra_node", "inter_node", "to_external", "from_external"}
 
-func (t FlowType) String() string {
-	if int(t) < len(flowTypeNames) {
-		return flowTypeNames[t]
-	}
-	return "unknown"
-}
+func (t FlowType) String() string { return enumName(flowTypeNames, t) }
 
 // Verdict is a NetworkPolicy decision for one side (ingress or egress) of a
 // flow.
@@ -112,14 +111,9 @@ const (
 	VerdictRejected    Verdict = 4 // denied with a reject (RST / ICMP unreachable)
 )
 
-var verdictNames = [...]string{"unknown", "not_isolated", "allowed", "denied", "rejected"}
+var verdictNames = []string{"unknown", "not_isolated", "allowed", "denied", "rejected"}
 
-func (v Verdict) String() string {
-	if int(v) < len(verdictNames) {
-		return verdictNames[v]
-	}
-	return "unknown"
-}
+func (v Verdict) String() string { return enumName(verdictNames, v) }
 
 // Correlation says whether a record merges the two node halves of a connection.
 type Correlation uint8
@@ -131,14 +125,9 @@ const (
 	CorrelationDestOnly   Correlation = 3 // only the destination node's half arrived in time
 )
 
-var correlationNames = [...]string{"none", "merged", "source_only", "destination_only"}
+var correlationNames = []string{"none", "merged", "source_only", "destination_only"}
 
-func (c Correlation) String() string {
-	if int(c) < len(correlationNames) {
-		return correlationNames[c]
-	}
-	return "none"
-}
+func (c Correlation) String() string { return enumName(correlationNames, c) }
 
 // Endpoint is the Kubernetes identity of one end of a flow, filled by the
 // collector's enrichment. Zero values mean "not known" (for example an
