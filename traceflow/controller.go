@@ -586,15 +586,8 @@ func newID() (string, error) {
 // digits.
 func validID(id string) bool {
 	h, ok := strings.CutPrefix(id, "tf-")
-	if !ok || len(h) != 16 {
-		return false
-	}
-	for i := 0; i < len(h); i++ {
-		if c := h[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
+	_, err := hex.DecodeString(h)
+	return ok && len(h) == 16 && err == nil && h == strings.ToLower(h)
 }
 
 // run traces each pending family concurrently, then finalises t.
