@@ -117,16 +117,12 @@ func parsePort(s string) uint16 {
 // Quoted returns the first quoted string after key in rule text, e.g.
 // Quoted(rule, "comment") or Quoted(rule, "counter name").
 func Quoted(rule, key string) (string, bool) {
-	i := strings.Index(rule, key+` "`)
-	if i < 0 {
+	_, rest, ok := strings.Cut(rule, key+` "`)
+	s, _, closed := strings.Cut(rest, `"`)
+	if !ok || !closed {
 		return "", false
 	}
-	rest := rule[i+len(key)+2:]
-	j := strings.IndexByte(rest, '"')
-	if j < 0 {
-		return "", false
-	}
-	return rest[:j], true
+	return s, true
 }
 
 // DNATTarget reports whether rule is a DNAT, and the address it DNATs to:
@@ -137,11 +133,11 @@ func Quoted(rule, key string) (string, bool) {
 // or conntrack tell which endpoint it got.
 func DNATTarget(rule string) (netip.AddrPort, bool) {
 	for _, kw := range []string{"dnat ip to ", "dnat ip6 to ", "dnat to "} {
-		i := strings.Index(rule, kw)
-		if i < 0 {
+		_, after, ok := strings.Cut(rule, kw)
+		if !ok {
 			continue
 		}
-		tok := strings.Fields(rule[i+len(kw):])
+		tok := strings.Fields(after)
 		if len(tok) == 0 {
 			return netip.AddrPort{}, false
 		}
