@@ -20,6 +20,7 @@ import (
 	"github.com/dualflow/dualflow/exporter/ipfix"
 	"github.com/dualflow/dualflow/exporter/ovs"
 	"github.com/dualflow/dualflow/exporter/shard"
+	"github.com/dualflow/dualflow/internal/defaults"
 	"github.com/dualflow/dualflow/netaddr"
 )
 
@@ -211,9 +212,7 @@ func (c *Config) Validate() error {
 	if !c.IPv4 && !c.IPv6 {
 		errs = append(errs, errors.New("--exporter.ipv4 and --exporter.ipv6 both off"))
 	}
-	if c.PollInterval <= 0 {
-		errs = append(errs, fmt.Errorf("--exporter.poll-interval %v: must be positive", c.PollInterval))
-	}
+	errs = append(errs, defaults.RequirePositive("--exporter.poll-interval", c.PollInterval))
 	if c.Store.IdleTimeout > 0 && c.PollInterval > c.Store.IdleTimeout {
 		errs = append(errs, fmt.Errorf("--exporter.poll-interval %v longer than --exporter.idle-timeout %v: every connection would look idle", c.PollInterval, c.Store.IdleTimeout))
 	}

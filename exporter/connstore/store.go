@@ -38,6 +38,7 @@ import (
 	"time"
 
 	"github.com/dualflow/dualflow/flow"
+	"github.com/dualflow/dualflow/internal/defaults"
 )
 
 // Key identifies a connection: its original-direction tuple (the
@@ -134,23 +135,11 @@ func (c *Config) SetDefaults() {
 
 // Validate checks the configuration.
 func (c Config) Validate() error {
-	var errs []error
-	if c.ActiveTimeout <= 0 {
-		errs = append(errs, fmt.Errorf("active timeout %v: must be positive", c.ActiveTimeout))
-	}
-	if c.IdleTimeout <= 0 {
-		errs = append(errs, fmt.Errorf("idle timeout %v: must be positive", c.IdleTimeout))
-	}
-	if c.MaxConns <= 0 {
-		errs = append(errs, fmt.Errorf("max connections %d: must be positive", c.MaxConns))
-	}
-	if c.TombstoneTTL <= 0 {
-		errs = append(errs, fmt.Errorf("tombstone TTL %v: must be positive", c.TombstoneTTL))
-	}
-	if c.MaxTombstones <= 0 {
-		errs = append(errs, fmt.Errorf("max tombstones %d: must be positive", c.MaxTombstones))
-	}
-	return errors.Join(errs...)
+	return errors.Join(defaults.RequirePositive("active timeout", c.ActiveTimeout),
+		defaults.RequirePositive("idle timeout", c.IdleTimeout),
+		defaults.RequirePositive("max connections", c.MaxConns),
+		defaults.RequirePositive("tombstone TTL", c.TombstoneTTL),
+		defaults.RequirePositive("max tombstones", c.MaxTombstones))
 }
 
 // Stats are the store's counters since New, per IP family (index 0 for

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	fipfix "github.com/dualflow/dualflow/flow/ipfix"
+	"github.com/dualflow/dualflow/internal/defaults"
 	"github.com/dualflow/dualflow/internal/reload"
 )
 
@@ -130,13 +131,10 @@ func (c Config) Validate() error {
 	if c.BufferBytes < c.MaxMessageSize {
 		errs = append(errs, fmt.Errorf("buffer %d bytes: smaller than one message (%d)", c.BufferBytes, c.MaxMessageSize))
 	}
-	for name, d := range map[string]time.Duration{"flush interval": c.FlushInterval, "template refresh": c.TemplateRefresh,
-		"dial timeout": c.DialTimeout, "write timeout": c.WriteTimeout, "backoff min": c.BackoffMin, "backoff max": c.BackoffMax,
-		"drain timeout": c.DrainTimeout} {
-		if d <= 0 {
-			errs = append(errs, fmt.Errorf("%s %v: must be positive", name, d))
-		}
-	}
+	errs = append(errs, defaults.RequirePositive("flush interval", c.FlushInterval), defaults.RequirePositive("template refresh", c.TemplateRefresh),
+		defaults.RequirePositive("dial timeout", c.DialTimeout), defaults.RequirePositive("write timeout", c.WriteTimeout),
+		defaults.RequirePositive("backoff min", c.BackoffMin), defaults.RequirePositive("backoff max", c.BackoffMax),
+		defaults.RequirePositive("drain timeout", c.DrainTimeout))
 	if c.BackoffMax < c.BackoffMin {
 		errs = append(errs, fmt.Errorf("backoff max %v below min %v", c.BackoffMax, c.BackoffMin))
 	}

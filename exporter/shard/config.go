@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/dualflow/dualflow/exporter/ipfix"
+	"github.com/dualflow/dualflow/internal/defaults"
 )
 
 // DNS families (Config.DNSFamily).
@@ -102,19 +103,13 @@ func (c Config) Validate() error {
 		if _, port, err := net.SplitHostPort(c.DNS); err != nil || port == "" {
 			errs = append(errs, fmt.Errorf("--exporter.collectors-dns %q: want host:port", c.DNS))
 		}
-		if c.DNSInterval <= 0 {
-			errs = append(errs, fmt.Errorf("--exporter.collectors-dns-interval %v: must be positive", c.DNSInterval))
-		}
+		errs = append(errs, defaults.RequirePositive("--exporter.collectors-dns-interval", c.DNSInterval))
 	}
 	if _, err := c.network(); err != nil {
 		errs = append(errs, err)
 	}
-	if c.FailoverTimeout <= 0 {
-		errs = append(errs, fmt.Errorf("--exporter.collector-failover-timeout %v: must be positive", c.FailoverTimeout))
-	}
-	if c.CheckInterval <= 0 {
-		errs = append(errs, fmt.Errorf("check interval %v: must be positive", c.CheckInterval))
-	}
+	errs = append(errs, defaults.RequirePositive("--exporter.collector-failover-timeout", c.FailoverTimeout),
+		defaults.RequirePositive("check interval", c.CheckInterval))
 	member := c.IPFIX
 	member.Address = "127.0.0.1:4739" // each member's own; checked above
 	errs = append(errs, member.Validate())

@@ -19,3 +19,20 @@ func TestPositive(t *testing.T) {
 		t.Errorf("Positive(0s, 1s) = %v", got)
 	}
 }
+
+func TestRequirePositive(t *testing.T) {
+	if err := RequirePositive("poll interval", time.Second); err != nil {
+		t.Errorf("RequirePositive(1s) = %v", err)
+	}
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{RequirePositive("poll interval", time.Duration(0)), "poll interval 0s: must be positive"},
+		{RequirePositive("max connections", -1), "max connections -1: must be positive"},
+	} {
+		if tc.err == nil || tc.err.Error() != tc.want {
+			t.Errorf("got %v, want %q", tc.err, tc.want)
+		}
+	}
+}
