@@ -21,6 +21,7 @@ package migrations
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"embed"
@@ -80,9 +81,7 @@ func (o Options) TraceflowDays() int {
 
 // SetDefaults fills unset options.
 func (o *Options) SetDefaults() {
-	if o.Database == "" {
-		o.Database = "dualflow"
-	}
+	o.Database = cmp.Or(o.Database, "dualflow")
 }
 
 // ShardingKeys are the sharding keys of the Distributed tables that rows

@@ -15,6 +15,7 @@ import (
 	"github.com/dualflow/dualflow/collector/audit/policy"
 	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/flow"
+	"github.com/dualflow/dualflow/internal/defaults"
 )
 
 // Finding kinds. Every dual-stack kind starts with "dual-stack-".
@@ -246,9 +247,7 @@ func (u UnprotectedWorkload) Findings() []Finding {
 // Services in front of dual-stack pods (KindServiceSingleStack). A
 // cluster without dual-stack pods has none.
 func DualStackGaps(view *enrich.Snapshot, set *policy.Set, opt Options) []Finding {
-	if opt.MaxPairs <= 0 {
-		opt.MaxPairs = defaultMaxPairs
-	}
+	opt.MaxPairs = defaults.Positive(opt.MaxPairs, defaultMaxPairs)
 	blocks := policyBlocks(set)
 	classes := dualClasses(view, blocks)
 	if len(classes) == 0 {

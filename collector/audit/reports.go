@@ -84,9 +84,7 @@ var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // NewReports returns reports over q in database db ("" is "dualflow").
 func NewReports(q querier, db string) (*Reports, error) {
-	if db == "" {
-		db = "dualflow"
-	}
+	db = cmp.Or(db, "dualflow")
 	if !identRE.MatchString(db) {
 		return nil, fmt.Errorf("audit reports: database %q: must be an identifier", db)
 	}

@@ -300,11 +300,7 @@ func (tr *transformer) endpointSlice(s *discoveryv1.EndpointSlice) *EndpointSlic
 		}
 		ep.Terminating = e.Conditions.Terminating != nil && *e.Conditions.Terminating
 		if r := e.TargetRef; r != nil && r.Kind == KindPod {
-			ns := r.Namespace
-			if ns == "" {
-				ns = s.Namespace
-			}
-			ep.Pod = PodRef{Namespace: in.name(ns), Name: r.Name}
+			ep.Pod = PodRef{Namespace: in.name(cmp.Or(r.Namespace, s.Namespace)), Name: r.Name}
 		}
 		out.Endpoints = append(out.Endpoints, ep)
 	}
@@ -319,11 +315,7 @@ func (tr *transformer) node(n *corev1.Node) *Node {
 		Created: n.CreationTimestamp.Time,
 		rv:      n.ResourceVersion,
 	}
-	out.Zone = n.Labels[labelZone]
-	if out.Zone == "" {
-		out.Zone = n.Labels[labelZoneDeprecated]
-	}
-	out.Zone = in.name(out.Zone)
+	out.Zone = in.name(cmp.Or(n.Labels[labelZone], n.Labels[labelZoneDeprecated]))
 	for _, a := range n.Status.Addresses {
 		var list *[]netip.Addr
 		switch a.Type {

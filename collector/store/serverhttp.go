@@ -26,6 +26,7 @@ import (
 	"github.com/andybalholm/brotli"
 
 	"github.com/dualflow/dualflow/collector/store/chdb"
+	"github.com/dualflow/dualflow/internal/defaults"
 )
 
 // ErrAnswerTooLarge is wrapped by the error of a query whose answer over
@@ -112,10 +113,7 @@ func newHTTPQuerier(opt *clickhouse.Options, maxAnswer int64) *httpQuerier {
 	if opt.HTTPProxyURL != nil {
 		tr.Proxy = http.ProxyURL(opt.HTTPProxyURL)
 	}
-	dial := opt.DialTimeout
-	if dial <= 0 {
-		dial = 30 * time.Second
-	}
+	dial := defaults.Positive(opt.DialTimeout, 30*time.Second)
 	// A host that drops packets costs DialTimeout before the next one is
 	// tried, not the transport's default 30 s.
 	tr.DialContext = (&net.Dialer{Timeout: dial, KeepAlive: 30 * time.Second}).DialContext
@@ -129,10 +127,7 @@ func newHTTPQuerier(opt *clickhouse.Options, maxAnswer int64) *httpQuerier {
 	}
 	path := cmp.Or(opt.HttpUrlPath, "/")
 	h := &httpQuerier{client: &http.Client{Transport: tr}, strategy: opt.ConnOpenStrategy, settings: url.Values{},
-		user: opt.Auth.Username, password: opt.Auth.Password, maxAnswer: maxAnswer}
-	if h.maxAnswer <= 0 {
-		h.maxAnswer = DefaultMaxQueryAnswer
-	}
+		user: opt.Auth.Username, password: opt.Auth.Password, maxAnswer: defaults.Positive(maxAnswer, DefaultMaxQueryAnswer)}
 	for _, a := range addrs {
 		h.urls = append(h.urls, (&url.URL{Scheme: scheme, Host: a, Path: path}).String())
 	}
@@ -482,9 +477,7 @@ func streamException(resp *http.Response, body []byte, complete bool) error {
 	if m := exceptionCode.FindStringSubmatch(msg); code == 0 && m != nil {
 		code, _ = strconv.Atoi(m[1])
 	}
-	if msg == "" {
-		msg = "the server reported an exception after the answer had started"
-	}
+	msg = cmp.Or(msg, "the server reported an exception after the answer had started")
 	if len(msg) > 1024 {
 		msg = msg[:1024] + "…"
 	}

@@ -2,6 +2,7 @@ package chhttp
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -249,17 +250,11 @@ func credentials(r *http.Request) (user, password string, ok bool) {
 	}
 	h := r.Header
 	if u, p := h.Get("X-ClickHouse-User"), h.Get("X-ClickHouse-Key"); u != "" || p != "" {
-		if u == "" {
-			u = "default"
-		}
-		return u, p, true
+		return cmp.Or(u, "default"), p, true
 	}
 	q := r.URL.Query()
 	if u, p := q.Get("user"), q.Get("password"); u != "" || p != "" {
-		if u == "" {
-			u = "default"
-		}
-		return u, p, true
+		return cmp.Or(u, "default"), p, true
 	}
 	return "", "", false
 }
