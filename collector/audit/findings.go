@@ -177,7 +177,6 @@ func Unprotected(view *enrich.Snapshot, set *policy.Set) []UnprotectedWorkload {
 		w  enrich.Workload
 	}
 	idx := map[key]*UnprotectedWorkload{}
-	var order []key
 	for _, p := range view.Pods {
 		if p.HostNetwork {
 			continue
@@ -187,7 +186,6 @@ func Unprotected(view *enrich.Snapshot, set *policy.Set) []UnprotectedWorkload {
 		if u == nil {
 			u = &UnprotectedWorkload{Namespace: p.Namespace, Workload: k.w}
 			idx[k] = u
-			order = append(order, k)
 		}
 		u.Pods++
 		peer := peerOf(view, p, netip.Addr{})
@@ -199,8 +197,8 @@ func Unprotected(view *enrich.Snapshot, set *policy.Set) []UnprotectedWorkload {
 		}
 	}
 	var out []UnprotectedWorkload
-	for _, k := range order {
-		if u := idx[k]; u.IngressPods > 0 || u.EgressPods > 0 {
+	for _, u := range idx { // sorted below: (namespace, workload) is the key
+		if u.IngressPods > 0 || u.EgressPods > 0 {
 			out = append(out, *u)
 		}
 	}
