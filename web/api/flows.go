@@ -470,9 +470,7 @@ func (a *API) follow(c *gin.Context, f *Filter, resume *eventID) {
 			return
 		}
 		sent[id] = true
-		if fl.TimeRecvMs > since {
-			since = fl.TimeRecvMs
-		}
+		since = max(since, fl.TimeRecvMs)
 		writeEvent(w, id.String(), "flow", fl.Flow)
 	}
 	for {

@@ -14,7 +14,6 @@ import (
 	"io"
 	"io/fs"
 	"net/http"
-	"os"
 	"strings"
 
 	"github.com/dualflow/dualflow/internal/atomicfile"
@@ -110,9 +109,8 @@ const (
 // LoadOrCreateUsers reads the users file at path, or creates it with an
 // admin, a reader and an inserter user with random passwords (0600, in a
 // 0700 directory) when it does not exist. A file without the inserter
-// (written before it existed) gets it added. It refuses a file that group
-// or other may read or write, as ssh does with keys. created reports a new
-// file, or a user added.
+// (written before it existed) gets it added. It refuses a file others may
+// access, as LoadUsers does. created reports a new file, or a user added.
 func LoadOrCreateUsers(path string) (users []User, created bool, err error) {
 	users, err = LoadUsers(path)
 	if err == nil {
@@ -149,18 +147,12 @@ func LoadOrCreateUsers(path string) (users []User, created bool, err error) {
 	return users, true, nil
 }
 
-// LoadUsers reads and checks a users file.
+// LoadUsers reads and checks a users file, a secret file (secretfile.Read:
+// mode 0600, or 0640 for the process's own group).
 func LoadUsers(path string) ([]User, error) {
-	fi, err := os.Stat(path)
+	b, err := secretfile.Read("users file", path)
 	if err != nil {
-		return nil, fmt.Errorf("users file: %w", err)
-	}
-	if fi.Mode().Perm()&0o077 != 0 {
-		return nil, fmt.Errorf("users file %s has mode %#o: it holds passwords, so group and other must have no access (chmod 600 %s)", path, fi.Mode().Perm(), path)
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("users file: %w", err)
+		return nil, err
 	}
 	var uf UsersFile
 	dec := json.NewDecoder(bytes.NewReader(b))
