@@ -372,8 +372,7 @@ type gap struct {
 }
 
 func verdictGaps(view *enrich.Snapshot, set *policy.Set, classes []*podClass, opt Options) []Finding {
-	gaps := map[gapKey]*gap{}
-	var order []gapKey
+	gaps := map[gapKey]*gap{} // the findings are sorted by message, which names the key
 	// totals counts the dual-stack pod pairs of each workload pair.
 	type wpair struct {
 		srcNS, dstNS string
@@ -417,15 +416,13 @@ func verdictGaps(view *enrich.Snapshot, set *policy.Set, classes []*podClass, op
 				if g == nil {
 					g = &gap{key: k, allow: ok.Side(dir), deny: bad.Side(dir), dir: dir, firstSrc: sc.rep, first: dc.rep}
 					gaps[k] = g
-					order = append(order, k)
 				}
 				g.pairs += pairs
 			}
 		}
 	}
 	var out []Finding
-	for _, k := range order {
-		g := gaps[k]
+	for k, g := range gaps {
 		src, dst := workloadRef(k.srcNS, k.src), workloadRef(k.dstNS, k.dst)
 		other := uint8(10 - k.allowedV)
 		total := totals[wpair{k.srcNS, k.dstNS, k.src, k.dst}]
@@ -547,8 +544,7 @@ func ipBlockGaps(set *policy.Set, classes []*podClass) []Finding {
 				ref     Ref
 				covered uint8
 			}
-			per := map[wk]int{}
-			var order []wk
+			per := map[wk]int{} // the findings are sorted by message, which names the key
 			for _, c := range classes {
 				in4, in6 := covers(c.v4), covers(c.v6)
 				if in4 == in6 {
@@ -558,16 +554,12 @@ func ipBlockGaps(set *policy.Set, classes []*podClass) []Finding {
 				if in6 {
 					k.covered = 6
 				}
-				if per[k] == 0 {
-					order = append(order, k)
-				}
 				per[k] += c.pods
 			}
-			for _, k := range order {
-				other := 10 - k.covered
-				out = append(out, Finding{Kind: KindIPBlockOneFamily, Count: uint64(per[k]), Objects: []Ref{rule, k.ref},
+			for k, n := range per {
+				out = append(out, Finding{Kind: KindIPBlockOneFamily, Count: uint64(n), Objects: []Ref{rule, k.ref},
 					Message: fmt.Sprintf("The ipBlocks of %s (%s) cover the IPv%d addresses of %d dual-stack pods of %s but not their IPv%d addresses.",
-						what, strings.Join(cidrs, ", "), k.covered, per[k], k.ref, other)})
+						what, strings.Join(cidrs, ", "), k.covered, n, k.ref, 10-k.covered)})
 			}
 		}
 	}
