@@ -188,30 +188,26 @@ func (h *httpQuerier) compress(data [][]byte) ([][]byte, string, error) {
 		defer h.blocks.Put(w)
 		out := make([]byte, 0, size/2+64)
 		chunk := make([]byte, 0, min(size, nativeCompressBlock))
-		flush := func() error {
-			if err := w.Compress(chunk); err != nil {
-				return err
+		var err error // the first, sticky
+		flush := func() {
+			if err == nil {
+				err = w.Compress(chunk)
+				out = append(out, w.Data...)
 			}
-			out, chunk = append(out, w.Data...), chunk[:0]
-			return nil
+			chunk = chunk[:0]
 		}
 		for _, p := range data {
 			for len(p) > 0 {
 				n := min(len(p), cap(chunk)-len(chunk))
-				chunk, p = append(chunk, p[:n]...), p[n:]
-				if len(chunk) == cap(chunk) {
-					if err := flush(); err != nil {
-						return nil, "", err
-					}
+				if chunk, p = append(chunk, p[:n]...), p[n:]; len(chunk) == cap(chunk) {
+					flush()
 				}
 			}
 		}
 		if len(chunk) > 0 {
-			if err := flush(); err != nil {
-				return nil, "", err
-			}
+			flush()
 		}
-		return [][]byte{out}, "", nil
+		return [][]byte{out}, "", err
 	case clickhouse.CompressionGZIP, clickhouse.CompressionDeflate, clickhouse.CompressionBrotli:
 		var buf bytes.Buffer
 		buf.Grow(size/4 + 64)
