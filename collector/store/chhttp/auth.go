@@ -14,6 +14,7 @@ import (
 	"io"
 	"io/fs"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/dualflow/dualflow/internal/atomicfile"
@@ -191,10 +192,8 @@ func validateUsers(users []User) error {
 // Find returns the named user of a users file, for clients of the
 // interface such as `dualflow sql`.
 func Find(users []User, name string) (User, bool) {
-	for _, u := range users {
-		if u.Name == name {
-			return u, true
-		}
+	if i := slices.IndexFunc(users, func(u User) bool { return u.Name == name }); i >= 0 {
+		return users[i], true
 	}
 	return User{}, false
 }
