@@ -572,10 +572,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, who string, acce
 	}
 
 	st.Query = text
-	format := req.format
-	if f := chdb.OutputFormat(text); f != "" {
-		format = f
-	}
+	format := cmp.Or(chdb.OutputFormat(text), req.format)
 	// A read-only request reads the store only: the engine would still
 	// write files (INTO OUTFILE), show system.processes, KILL, and run a
 	// second statement. Any other runs one statement without INTO OUTFILE
