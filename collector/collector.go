@@ -12,6 +12,7 @@
 package collector
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -463,7 +464,7 @@ func (c *Collector) Run(ctx context.Context) error {
 	g.Go(func() error {
 		select {
 		case <-writerDone:
-			return fmt.Errorf("store writer stopped: %w", cmpErr(writerErr, errors.New("no error")))
+			return fmt.Errorf("store writer stopped: %w", cmp.Or(writerErr, errors.New("no error")))
 		case <-gctx.Done():
 			return nil
 		}
@@ -625,13 +626,6 @@ func (c *Collector) storedBatches(ctx context.Context, intents []wal.Intent) (ma
 		case <-time.After(time.Second):
 		}
 	}
-}
-
-func cmpErr(err, fallback error) error {
-	if err != nil {
-		return err
-	}
-	return fallback
 }
 
 // Enricher returns the Kubernetes enrichment (nil when it is off): the

@@ -21,6 +21,7 @@ package migrations
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"embed"
@@ -80,9 +81,7 @@ func (o Options) TraceflowDays() int {
 
 // SetDefaults fills unset options.
 func (o *Options) SetDefaults() {
-	if o.Database == "" {
-		o.Database = "dualflow"
-	}
+	o.Database = cmp.Or(o.Database, "dualflow")
 }
 
 // ShardingKeys are the sharding keys of the Distributed tables that rows
@@ -349,25 +348,14 @@ func (r *Runner) Status(ctx context.Context) ([]Applied, error) {
 		return nil, nil // nothing applied yet
 	}
 	out, err := r.conn.Query(ctx, fmt.Sprintf(
-		"SELECT version, argMax(name, applied_at), argMax(checksum, applied_at) FROM %s.schema_migrations GROUP BY version ORDER BY version",
-		r.opt.Database), "TabSeparated")
+		"SELECT version, argMax(name, applied_at) AS name, argMax(checksum, applied_at) AS checksum FROM %s.schema_migrations GROUP BY version ORDER BY version",
+		r.opt.Database), "JSONEachRow")
 	if err != nil {
 		return nil, fmt.Errorf("read %s.schema_migrations: %w", r.opt.Database, err)
 	}
-	var applied []Applied
-	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-		if line == "" {
-			continue
-		}
-		f := strings.Split(line, "\t")
-		if len(f) != 3 {
-			return nil, fmt.Errorf("read schema_migrations: unexpected row %q", line)
-		}
-		v, err := strconv.Atoi(f[0])
-		if err != nil {
-			return nil, fmt.Errorf("read schema_migrations: bad version %q", f[0])
-		}
-		applied = append(applied, Applied{Version: v, Name: f[1], Checksum: f[2]})
+	applied, err := chsql.Decode[Applied](out)
+	if err != nil {
+		return nil, fmt.Errorf("read schema_migrations: %w", err)
 	}
 	return applied, nil
 }

@@ -7,6 +7,7 @@
 package web
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -16,6 +17,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/dualflow/dualflow/internal/defaults"
 	"github.com/dualflow/dualflow/internal/httpserve"
 	"github.com/dualflow/dualflow/internal/reload"
 	"github.com/dualflow/dualflow/netaddr"
@@ -65,15 +67,9 @@ type Server struct {
 // New checks cfg, loads the tokens and builds the handlers. It does not
 // listen; see Run.
 func New(cfg Config) (*Server, error) {
-	if cfg.Addr == "" {
-		cfg.Addr = DefaultAddr
-	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.Default()
-	}
-	if cfg.ShutdownTimeout <= 0 {
-		cfg.ShutdownTimeout = 5 * time.Second
-	}
+	cfg.Addr = cmp.Or(cfg.Addr, DefaultAddr)
+	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
+	cfg.ShutdownTimeout = defaults.Positive(cfg.ShutdownTimeout, 5*time.Second)
 	tokens := cfg.Tokens
 	if tokens == nil && cfg.TokensFile != "" {
 		t, err := api.LoadTokens(cfg.TokensFile, reload.Options{Name: "web-tokens", Logger: cfg.Logger})
@@ -115,11 +111,9 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	mux := http.NewServeMux()
-	apiH := a.Handler()
-	mux.Handle("/api/", apiH)
-	mux.Handle("/healthz", apiH)
-	mux.Handle("/readyz", apiH)
-	mux.Handle("/metrics", apiH)
+	for _, p := range []string{"/api/", "/healthz", "/readyz", "/metrics"} {
+		mux.Handle(p, a.Handler())
+	}
 	mux.Handle("/", ui.Handler())
 	s.handler = hostCheck(mux, cfg.AllowedHosts)
 	return s, nil

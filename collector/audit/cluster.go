@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"net/netip"
@@ -88,9 +89,7 @@ func DecodePolicies(name string, r io.Reader, defaultNS string) ([]*networkingv1
 	var out []*networkingv1.NetworkPolicy
 	for _, o := range res.Objects {
 		if p, ok := o.Object.(*networkingv1.NetworkPolicy); ok {
-			if p.Namespace == "" {
-				p.Namespace = defaultNS
-			}
+			p.Namespace = cmp.Or(p.Namespace, defaultNS)
 			out = append(out, p)
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/dualflow/dualflow/collector/audit/policy"
 	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/flow"
+	"github.com/dualflow/dualflow/internal/defaults"
 )
 
 // Finding kinds. Every dual-stack kind starts with "dual-stack-".
@@ -176,7 +177,6 @@ func Unprotected(view *enrich.Snapshot, set *policy.Set) []UnprotectedWorkload {
 		w  enrich.Workload
 	}
 	idx := map[key]*UnprotectedWorkload{}
-	var order []key
 	for _, p := range view.Pods {
 		if p.HostNetwork {
 			continue
@@ -186,7 +186,6 @@ func Unprotected(view *enrich.Snapshot, set *policy.Set) []UnprotectedWorkload {
 		if u == nil {
 			u = &UnprotectedWorkload{Namespace: p.Namespace, Workload: k.w}
 			idx[k] = u
-			order = append(order, k)
 		}
 		u.Pods++
 		peer := peerOf(view, p, netip.Addr{})
@@ -198,8 +197,8 @@ func Unprotected(view *enrich.Snapshot, set *policy.Set) []UnprotectedWorkload {
 		}
 	}
 	var out []UnprotectedWorkload
-	for _, k := range order {
-		if u := idx[k]; u.IngressPods > 0 || u.EgressPods > 0 {
+	for _, u := range idx { // sorted below: (namespace, workload) is the key
+		if u.IngressPods > 0 || u.EgressPods > 0 {
 			out = append(out, *u)
 		}
 	}
@@ -246,9 +245,7 @@ func (u UnprotectedWorkload) Findings() []Finding {
 // Services in front of dual-stack pods (KindServiceSingleStack). A
 // cluster without dual-stack pods has none.
 func DualStackGaps(view *enrich.Snapshot, set *policy.Set, opt Options) []Finding {
-	if opt.MaxPairs <= 0 {
-		opt.MaxPairs = defaultMaxPairs
-	}
+	opt.MaxPairs = defaults.Positive(opt.MaxPairs, defaultMaxPairs)
 	blocks := policyBlocks(set)
 	classes := dualClasses(view, blocks)
 	if len(classes) == 0 {
@@ -375,8 +372,7 @@ type gap struct {
 }
 
 func verdictGaps(view *enrich.Snapshot, set *policy.Set, classes []*podClass, opt Options) []Finding {
-	gaps := map[gapKey]*gap{}
-	var order []gapKey
+	gaps := map[gapKey]*gap{} // the findings are sorted by message, which names the key
 	// totals counts the dual-stack pod pairs of each workload pair.
 	type wpair struct {
 		srcNS, dstNS string
@@ -420,15 +416,13 @@ func verdictGaps(view *enrich.Snapshot, set *policy.Set, classes []*podClass, op
 				if g == nil {
 					g = &gap{key: k, allow: ok.Side(dir), deny: bad.Side(dir), dir: dir, firstSrc: sc.rep, first: dc.rep}
 					gaps[k] = g
-					order = append(order, k)
 				}
 				g.pairs += pairs
 			}
 		}
 	}
 	var out []Finding
-	for _, k := range order {
-		g := gaps[k]
+	for k, g := range gaps {
 		src, dst := workloadRef(k.srcNS, k.src), workloadRef(k.dstNS, k.dst)
 		other := uint8(10 - k.allowedV)
 		total := totals[wpair{k.srcNS, k.dstNS, k.src, k.dst}]
@@ -550,8 +544,7 @@ func ipBlockGaps(set *policy.Set, classes []*podClass) []Finding {
 				ref     Ref
 				covered uint8
 			}
-			per := map[wk]int{}
-			var order []wk
+			per := map[wk]int{} // the findings are sorted by message, which names the key
 			for _, c := range classes {
 				in4, in6 := covers(c.v4), covers(c.v6)
 				if in4 == in6 {
@@ -561,16 +554,12 @@ func ipBlockGaps(set *policy.Set, classes []*podClass) []Finding {
 				if in6 {
 					k.covered = 6
 				}
-				if per[k] == 0 {
-					order = append(order, k)
-				}
 				per[k] += c.pods
 			}
-			for _, k := range order {
-				other := 10 - k.covered
-				out = append(out, Finding{Kind: KindIPBlockOneFamily, Count: uint64(per[k]), Objects: []Ref{rule, k.ref},
+			for k, n := range per {
+				out = append(out, Finding{Kind: KindIPBlockOneFamily, Count: uint64(n), Objects: []Ref{rule, k.ref},
 					Message: fmt.Sprintf("The ipBlocks of %s (%s) cover the IPv%d addresses of %d dual-stack pods of %s but not their IPv%d addresses.",
-						what, strings.Join(cidrs, ", "), k.covered, per[k], k.ref, other)})
+						what, strings.Join(cidrs, ", "), k.covered, n, k.ref, 10-k.covered)})
 			}
 		}
 	}

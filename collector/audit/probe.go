@@ -1,6 +1,7 @@
 package audit
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/netip"
@@ -38,9 +39,7 @@ type ProbeResult struct {
 // reachability matrix's pod and ip endpoints do (ClusterResolver), and
 // each family's pair is evaluated as one of the matrix's (pairFlow).
 func Evaluate(view *enrich.Snapshot, set *policy.Set, p Probe) ([]ProbeResult, error) {
-	if p.Proto == 0 {
-		p.Proto = flow.ProtoTCP
-	}
+	p.Proto = cmp.Or(p.Proto, flow.ProtoTCP)
 	src, err := probeEnd(view, p.From)
 	if err != nil {
 		return nil, fmt.Errorf("from: %w", err)

@@ -84,9 +84,7 @@ var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // NewReports returns reports over q in database db ("" is "dualflow").
 func NewReports(q querier, db string) (*Reports, error) {
-	if db == "" {
-		db = "dualflow"
-	}
+	db = cmp.Or(db, "dualflow")
 	if !identRE.MatchString(db) {
 		return nil, fmt.Errorf("audit reports: database %q: must be an identifier", db)
 	}
@@ -138,14 +136,9 @@ const ordinary = "NOT is_probe"
 // memory.
 const reportMaxMemory = 1 << 30
 
-// rows runs query within reportMaxMemory and decodes each JSONEachRow
-// line into a new T.
-func rows[T any](ctx context.Context, q querier, query string) ([]T, error) {
-	return rowsWithin[T](ctx, q, query, reportMaxMemory)
-}
-
-// rowsWithin is rows within maxMemory.
-func rowsWithin[T any](ctx context.Context, q querier, query string, maxMemory int64) ([]T, error) {
+// rows runs query within maxMemory and decodes each JSONEachRow line into
+// a new T.
+func rows[T any](ctx context.Context, q querier, query string, maxMemory int64) ([]T, error) {
 	out, err := q.Query(ctx, query+chsql.JSONSettings(maxMemory), "JSONEachRow")
 	if err != nil {
 		return nil, err
@@ -231,7 +224,7 @@ LIMIT %d`, inner, keys, limit)
 		FirstUnix int64 `json:"first_unix"`
 		LastUnix  int64 `json:"last_unix"`
 	}
-	rs, err := rows[row](ctx, r.q, q)
+	rs, err := rows[row](ctx, r.q, q, reportMaxMemory)
 	if err != nil {
 		return nil, fmt.Errorf("denied flows: %w", err)
 	}
@@ -293,14 +286,14 @@ func (r *Reports) Unused(ctx context.Context, pols []*networkingv1.NetworkPolicy
 	const rule = "direction, policy_namespace, policy_name, policy_rule"
 	inner := w.policyUnion(r.db, chsql.Select{Cols: rule + ", sum(records) AS r", Where: []string{"verdict = 'allowed'", "policy_rule >= 0"}, GroupBy: rule})
 	q := `SELECT toString(direction) AS direction, policy_namespace, policy_name, policy_rule, sum(r) AS records FROM (` + inner + `) GROUP BY ` + rule
-	used, err := rows[useRow](ctx, r.q, q)
+	used, err := rows[useRow](ctx, r.q, q, reportMaxMemory)
 	if err != nil {
 		return nil, fmt.Errorf("rule use: %w", err)
 	}
 	type totalRow struct {
 		Decisions uint64 `json:"decisions"`
 	}
-	total, err := rows[totalRow](ctx, r.q, "SELECT sum(n) AS decisions FROM ("+w.policyUnion(r.db, chsql.Select{Cols: "sum(records) AS n", Where: []string{"verdict != 'unknown'"}})+")")
+	total, err := rows[totalRow](ctx, r.q, "SELECT sum(n) AS decisions FROM ("+w.policyUnion(r.db, chsql.Select{Cols: "sum(records) AS n", Where: []string{"verdict != 'unknown'"}})+")", reportMaxMemory)
 	if err != nil {
 		return nil, fmt.Errorf("rule use: %w", err)
 	}
@@ -382,7 +375,7 @@ LIMIT %[4]d`, r.db, chsql.FlowEnd(w.Since, w.Until), blocked, cmp.Or(limit, 1000
 		Blocked4     uint64 `json:"blocked4"`
 		Blocked6     uint64 `json:"blocked6"`
 	}
-	rs, err := rows[row](ctx, r.q, q)
+	rs, err := rows[row](ctx, r.q, q, reportMaxMemory)
 	if err != nil {
 		return nil, fmt.Errorf("observed dual-stack gaps: %w", err)
 	}
@@ -601,7 +594,7 @@ LIMIT %d`, r.db, where, whatIfGroup, limit+1)
 		Records   uint64            `json:"records"`
 		LastMS    int64             `json:"last_ms"`
 	}
-	rs, err := rowsWithin[row](ctx, r.q, q, whatIfMaxMemory)
+	rs, err := rows[row](ctx, r.q, q, whatIfMaxMemory)
 	if err != nil {
 		return nil, fmt.Errorf("what-if: %w", err)
 	}
@@ -660,7 +653,7 @@ FROM %[3]s.flows WHERE %[4]s GROUP BY namespace, labels`, side, whatIfGroup, r.d
 		Labels    map[string]string `json:"labels"`
 		Groups    int64             `json:"groups"`
 	}
-	rs, err := rows[row](ctx, r.q, chsql.Union(count("src"), count("dst")))
+	rs, err := rows[row](ctx, r.q, chsql.Union(count("src"), count("dst")), reportMaxMemory)
 	if err != nil {
 		return 0, 0, fmt.Errorf("count flow groups: %w", err)
 	}

@@ -16,6 +16,7 @@ import (
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/tools/cache"
+	"k8s.io/utils/ptr"
 
 	"github.com/dualflow/dualflow/flow"
 )
@@ -74,7 +75,7 @@ func benchPod(j int) *corev1.Pod {
 			GenerateName: rs + "-", CreationTimestamp: created,
 			Labels:          map[string]string{"app": fmt.Sprintf("app-%05d", d), "pod-template-hash": hash, "team": ns, "version": "v1"},
 			Annotations:     map[string]string{"kubectl.kubernetes.io/restartedAt": "2026-02-01T00:00:00Z", "prometheus.io/scrape": "true"},
-			OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: rs, UID: uid("rs", ns, rs), Controller: ptr(true), BlockOwnerDeletion: ptr(true)}},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "ReplicaSet", Name: rs, UID: uid("rs", ns, rs), Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true)}},
 			ManagedFields:   []metav1.ManagedFieldsEntry{{Manager: "kube-controller-manager", Operation: "Update", APIVersion: "v1", FieldsType: "FieldsV1"}, {Manager: "kubelet", Operation: "Update", APIVersion: "v1", Subresource: "status"}},
 		},
 		Spec: corev1.PodSpec{

@@ -19,6 +19,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/utils/ptr"
 
 	"github.com/dualflow/dualflow/collector/correlate"
 	"github.com/dualflow/dualflow/flow"
@@ -226,7 +227,7 @@ func TestServiceFamilyChange(t *testing.T) {
 	// deletes the IPv6 slice.
 	v.clk.Add(time.Minute)
 	single := svc.DeepCopy()
-	single.Spec.IPFamilyPolicy = ptr(corev1.IPFamilyPolicySingleStack)
+	single.Spec.IPFamilyPolicy = ptr.To(corev1.IPFamilyPolicySingleStack)
 	single.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol}
 	single.Spec.ClusterIPs = []string{"198.19.0.10"}
 	v.apply(single)

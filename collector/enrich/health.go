@@ -210,11 +210,8 @@ const maxBusyRetries = 30
 
 // retryAfter reads a Retry-After of whole seconds, between least and 5 s.
 func retryAfter(v string, least time.Duration) time.Duration {
-	d := least
-	if s, err := strconv.Atoi(v); err == nil && time.Duration(s)*time.Second > d {
-		d = time.Duration(s) * time.Second
-	}
-	return min(d, 5*time.Second)
+	s, _ := strconv.Atoi(v) // not a number: 0, so least
+	return min(max(time.Duration(s)*time.Second, least), 5*time.Second)
 }
 
 // sleepCtx waits d; false when ctx ended first.

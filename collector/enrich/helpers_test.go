@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/utils/ptr"
 
 	"github.com/dualflow/dualflow/flow"
 )
@@ -54,8 +55,6 @@ func uid(kind, ns, name string) types.UID { return types.UID(kind + ":" + ns + "
 
 func ip(s string) netip.Addr { return netip.MustParseAddr(s) }
 
-func ptr[T any](v T) *T { return &v }
-
 func objMeta(kind, ns, name string) metav1.ObjectMeta {
 	return metav1.ObjectMeta{Namespace: ns, Name: name, UID: uid(kind, ns, name), ResourceVersion: nextRV(), CreationTimestamp: created}
 }
@@ -82,7 +81,7 @@ type podOpt func(*corev1.Pod)
 
 func owned(kind, name string) podOpt {
 	return func(p *corev1.Pod) {
-		p.OwnerReferences = []metav1.OwnerReference{{Kind: kind, Name: name, Controller: ptr(true)}}
+		p.OwnerReferences = []metav1.OwnerReference{{Kind: kind, Name: name, Controller: ptr.To(true)}}
 	}
 }
 
@@ -156,16 +155,16 @@ func mkSlice(ns, name, svc string, eps ...ep) *discoveryv1.EndpointSlice {
 		s.AddressType = discoveryv1.AddressTypeIPv6
 	}
 	s.Ports = []discoveryv1.EndpointPort{
-		{Name: ptr("http"), Port: ptr(int32(8080)), Protocol: ptr(corev1.ProtocolTCP)},
-		{Name: ptr("dns"), Port: ptr(int32(5353)), Protocol: ptr(corev1.ProtocolUDP)},
+		{Name: ptr.To("http"), Port: ptr.To(int32(8080)), Protocol: ptr.To(corev1.ProtocolTCP)},
+		{Name: ptr.To("dns"), Port: ptr.To(int32(5353)), Protocol: ptr.To(corev1.ProtocolUDP)},
 	}
 	for _, e := range eps {
-		x := discoveryv1.Endpoint{Addresses: []string{e.addr}, Conditions: discoveryv1.EndpointConditions{Ready: ptr(true)}}
+		x := discoveryv1.Endpoint{Addresses: []string{e.addr}, Conditions: discoveryv1.EndpointConditions{Ready: ptr.To(true)}}
 		if e.node != "" {
-			x.NodeName = ptr(e.node)
+			x.NodeName = ptr.To(e.node)
 		}
 		if e.zone != "" {
-			x.Zone = ptr(e.zone)
+			x.Zone = ptr.To(e.zone)
 		}
 		if e.pod != "" {
 			x.TargetRef = &corev1.ObjectReference{Kind: "Pod", Namespace: ns, Name: e.pod}
@@ -178,7 +177,7 @@ func mkSlice(ns, name, svc string, eps ...ep) *discoveryv1.EndpointSlice {
 func mkRS(ns, name, deployment string) *appsv1.ReplicaSet {
 	r := &appsv1.ReplicaSet{ObjectMeta: objMeta("replicaset", ns, name)}
 	if deployment != "" {
-		r.OwnerReferences = []metav1.OwnerReference{{Kind: "Deployment", Name: deployment, Controller: ptr(true)}}
+		r.OwnerReferences = []metav1.OwnerReference{{Kind: "Deployment", Name: deployment, Controller: ptr.To(true)}}
 	}
 	return r
 }
@@ -186,7 +185,7 @@ func mkRS(ns, name, deployment string) *appsv1.ReplicaSet {
 func mkJob(ns, name, cronjob string) *batchv1.Job {
 	j := &batchv1.Job{ObjectMeta: objMeta("job", ns, name)}
 	if cronjob != "" {
-		j.OwnerReferences = []metav1.OwnerReference{{Kind: "CronJob", Name: cronjob, Controller: ptr(true)}}
+		j.OwnerReferences = []metav1.OwnerReference{{Kind: "CronJob", Name: cronjob, Controller: ptr.To(true)}}
 	}
 	return j
 }

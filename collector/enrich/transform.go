@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 )
 
 // Informer transforms. Each informer's SetTransform turns the decoded API
@@ -107,10 +108,7 @@ func known[T ~string](v T, known ...T) T {
 
 // protocol returns the constant for p (TCP when empty).
 func protocol(p corev1.Protocol) corev1.Protocol {
-	if p == "" {
-		return corev1.ProtocolTCP
-	}
-	return known(p, corev1.ProtocolTCP, corev1.ProtocolUDP, corev1.ProtocolSCTP)
+	return known(cmp.Or(p, corev1.ProtocolTCP), corev1.ProtocolTCP, corev1.ProtocolUDP, corev1.ProtocolSCTP)
 }
 
 // controllerKinds are the well-known kinds of owners.
@@ -248,18 +246,7 @@ func (tr *transformer) endpointSlice(s *discoveryv1.EndpointSlice) *EndpointSlic
 		rv:          s.ResourceVersion,
 	}
 	for _, p := range s.Ports {
-		var ep EndpointPort
-		if p.Name != nil {
-			ep.Name = *p.Name
-		}
-		if p.Port != nil {
-			ep.Port = *p.Port
-		}
-		if p.Protocol != nil {
-			ep.Protocol = *p.Protocol
-		}
-		ep.Protocol = protocol(ep.Protocol)
-		out.Ports = append(out.Ports, ep)
+		out.Ports = append(out.Ports, EndpointPort{Name: ptr.Deref(p.Name, ""), Port: ptr.Deref(p.Port, 0), Protocol: protocol(ptr.Deref(p.Protocol, ""))})
 	}
 	if out.AddressType != discoveryv1.AddressTypeIPv4 && out.AddressType != discoveryv1.AddressTypeIPv6 {
 		return out // FQDN slices have no addresses to index
@@ -287,24 +274,12 @@ func (tr *transformer) endpointSlice(s *discoveryv1.EndpointSlice) *EndpointSlic
 		if len(ep.Addrs) == 0 {
 			continue
 		}
-		if e.NodeName != nil {
-			ep.NodeName = in.name(*e.NodeName)
-		}
-		if e.Zone != nil {
-			ep.Zone = in.name(*e.Zone)
-		}
-		ep.Ready = e.Conditions.Ready == nil || *e.Conditions.Ready
-		ep.Serving = ep.Ready
-		if e.Conditions.Serving != nil {
-			ep.Serving = *e.Conditions.Serving
-		}
-		ep.Terminating = e.Conditions.Terminating != nil && *e.Conditions.Terminating
+		ep.NodeName, ep.Zone = in.name(ptr.Deref(e.NodeName, "")), in.name(ptr.Deref(e.Zone, ""))
+		ep.Ready = ptr.Deref(e.Conditions.Ready, true)
+		ep.Serving = ptr.Deref(e.Conditions.Serving, ep.Ready)
+		ep.Terminating = ptr.Deref(e.Conditions.Terminating, false)
 		if r := e.TargetRef; r != nil && r.Kind == KindPod {
-			ns := r.Namespace
-			if ns == "" {
-				ns = s.Namespace
-			}
-			ep.Pod = PodRef{Namespace: in.name(ns), Name: r.Name}
+			ep.Pod = PodRef{Namespace: in.name(cmp.Or(r.Namespace, s.Namespace)), Name: r.Name}
 		}
 		out.Endpoints = append(out.Endpoints, ep)
 	}
@@ -319,11 +294,7 @@ func (tr *transformer) node(n *corev1.Node) *Node {
 		Created: n.CreationTimestamp.Time,
 		rv:      n.ResourceVersion,
 	}
-	out.Zone = n.Labels[labelZone]
-	if out.Zone == "" {
-		out.Zone = n.Labels[labelZoneDeprecated]
-	}
-	out.Zone = in.name(out.Zone)
+	out.Zone = in.name(cmp.Or(n.Labels[labelZone], n.Labels[labelZoneDeprecated]))
 	for _, a := range n.Status.Addresses {
 		var list *[]netip.Addr
 		switch a.Type {
@@ -453,17 +424,7 @@ func (o *ownerObj) GetObjectKind() schema.ObjectKind { return schema.EmptyObject
 func (o *ownerObj) DeepCopyObject() runtime.Object   { c := *o; return &c }
 func (o *ownerObj) GetObjectMeta() metav1.Object     { return meta(o.namespace, o.name, o.uid, o.rv) }
 
-var (
-	_ runtime.Object            = (*podObj)(nil)
-	_ runtime.Object            = (*serviceObj)(nil)
-	_ runtime.Object            = (*sliceObj)(nil)
-	_ runtime.Object            = (*nodeObj)(nil)
-	_ runtime.Object            = (*namespaceObj)(nil)
-	_ runtime.Object            = (*ownerObj)(nil)
-	_ metav1.ObjectMetaAccessor = (*podObj)(nil)
-	_ metav1.ObjectMetaAccessor = (*serviceObj)(nil)
-	_ metav1.ObjectMetaAccessor = (*sliceObj)(nil)
-	_ metav1.ObjectMetaAccessor = (*nodeObj)(nil)
-	_ metav1.ObjectMetaAccessor = (*namespaceObj)(nil)
-	_ metav1.ObjectMetaAccessor = (*ownerObj)(nil)
-)
+var _, _, _, _, _, _ interface {
+	runtime.Object
+	metav1.ObjectMetaAccessor
+} = (*podObj)(nil), (*serviceObj)(nil), (*sliceObj)(nil), (*nodeObj)(nil), (*namespaceObj)(nil), (*ownerObj)(nil)

@@ -26,6 +26,7 @@ import (
 	"github.com/andybalholm/brotli"
 
 	"github.com/dualflow/dualflow/collector/store/chdb"
+	"github.com/dualflow/dualflow/internal/defaults"
 )
 
 // ErrAnswerTooLarge is wrapped by the error of a query whose answer over
@@ -112,10 +113,7 @@ func newHTTPQuerier(opt *clickhouse.Options, maxAnswer int64) *httpQuerier {
 	if opt.HTTPProxyURL != nil {
 		tr.Proxy = http.ProxyURL(opt.HTTPProxyURL)
 	}
-	dial := opt.DialTimeout
-	if dial <= 0 {
-		dial = 30 * time.Second
-	}
+	dial := defaults.Positive(opt.DialTimeout, 30*time.Second)
 	// A host that drops packets costs DialTimeout before the next one is
 	// tried, not the transport's default 30 s.
 	tr.DialContext = (&net.Dialer{Timeout: dial, KeepAlive: 30 * time.Second}).DialContext
@@ -129,10 +127,7 @@ func newHTTPQuerier(opt *clickhouse.Options, maxAnswer int64) *httpQuerier {
 	}
 	path := cmp.Or(opt.HttpUrlPath, "/")
 	h := &httpQuerier{client: &http.Client{Transport: tr}, strategy: opt.ConnOpenStrategy, settings: url.Values{},
-		user: opt.Auth.Username, password: opt.Auth.Password, maxAnswer: maxAnswer}
-	if h.maxAnswer <= 0 {
-		h.maxAnswer = DefaultMaxQueryAnswer
-	}
+		user: opt.Auth.Username, password: opt.Auth.Password, maxAnswer: defaults.Positive(maxAnswer, DefaultMaxQueryAnswer)}
 	for _, a := range addrs {
 		h.urls = append(h.urls, (&url.URL{Scheme: scheme, Host: a, Path: path}).String())
 	}
@@ -193,30 +188,26 @@ func (h *httpQuerier) compress(data [][]byte) ([][]byte, string, error) {
 		defer h.blocks.Put(w)
 		out := make([]byte, 0, size/2+64)
 		chunk := make([]byte, 0, min(size, nativeCompressBlock))
-		flush := func() error {
-			if err := w.Compress(chunk); err != nil {
-				return err
+		var err error // the first, sticky
+		flush := func() {
+			if err == nil {
+				err = w.Compress(chunk)
+				out = append(out, w.Data...)
 			}
-			out, chunk = append(out, w.Data...), chunk[:0]
-			return nil
+			chunk = chunk[:0]
 		}
 		for _, p := range data {
 			for len(p) > 0 {
 				n := min(len(p), cap(chunk)-len(chunk))
-				chunk, p = append(chunk, p[:n]...), p[n:]
-				if len(chunk) == cap(chunk) {
-					if err := flush(); err != nil {
-						return nil, "", err
-					}
+				if chunk, p = append(chunk, p[:n]...), p[n:]; len(chunk) == cap(chunk) {
+					flush()
 				}
 			}
 		}
 		if len(chunk) > 0 {
-			if err := flush(); err != nil {
-				return nil, "", err
-			}
+			flush()
 		}
-		return [][]byte{out}, "", nil
+		return [][]byte{out}, "", err
 	case clickhouse.CompressionGZIP, clickhouse.CompressionDeflate, clickhouse.CompressionBrotli:
 		var buf bytes.Buffer
 		buf.Grow(size/4 + 64)
@@ -482,9 +473,7 @@ func streamException(resp *http.Response, body []byte, complete bool) error {
 	if m := exceptionCode.FindStringSubmatch(msg); code == 0 && m != nil {
 		code, _ = strconv.Atoi(m[1])
 	}
-	if msg == "" {
-		msg = "the server reported an exception after the answer had started"
-	}
+	msg = cmp.Or(msg, "the server reported an exception after the answer had started")
 	if len(msg) > 1024 {
 		msg = msg[:1024] + "…"
 	}

@@ -7,6 +7,7 @@
 package api
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -144,9 +145,7 @@ const (
 )
 
 func (c *Config) setDefaults() {
-	if c.Database == "" {
-		c.Database = "dualflow"
-	}
+	c.Database = cmp.Or(c.Database, "dualflow")
 	if r, ok := c.Store.(SQLRunner); ok && c.SQL == nil {
 		c.SQL = r
 	}
@@ -166,9 +165,7 @@ func (c *Config) setDefaults() {
 	c.WhatIfConcurrencyPerToken = defaults.Positive(c.WhatIfConcurrencyPerToken, DefaultWhatIfConcurrencyPerToken)
 	c.ReachabilityConcurrency = defaults.Positive(c.ReachabilityConcurrency, DefaultReachabilityConcurrency)
 	c.ReachabilityConcurrencyPerToken = defaults.Positive(c.ReachabilityConcurrencyPerToken, DefaultReachabilityConcurrencyPerToken)
-	if c.Logger == nil {
-		c.Logger = slog.Default()
-	}
+	c.Logger = cmp.Or(c.Logger, slog.Default())
 	if c.Now == nil {
 		c.Now = time.Now
 	}
@@ -203,11 +200,7 @@ func New(cfg Config) (*API, error) {
 	}
 	cfg.setDefaults()
 	gin.SetMode(gin.ReleaseMode)
-	a := &API{cfg: cfg, log: cfg.Logger, table: cfg.Database + ".flows"}
-	var err error
-	if a.metrics, err = newMetrics(cfg.Registerer, cfg.Tokens); err != nil {
-		return nil, err
-	}
+	a := &API{cfg: cfg, log: cfg.Logger, table: cfg.Database + ".flows", metrics: newMetrics(cfg.Registerer, cfg.Tokens)}
 	a.sqlGate = newGate("sql", "SQL queries", cfg.SQLConcurrencyPerToken, cfg.SQLConcurrency, 0, sqlRetryAfter)
 	a.followGate = newGate("follow", "follow streams", cfg.FollowStreamsPerToken, cfg.FollowStreamsPerRole, cfg.FollowStreams, followRetryAfter)
 	a.whatifGate = newGate("whatif", "what-ifs", cfg.WhatIfConcurrencyPerToken, cfg.WhatIfConcurrency, 0, workRetryAfter)

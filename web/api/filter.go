@@ -83,11 +83,8 @@ func buildFilterFields() {
 		return "", fmt.Errorf("want 4 or 6, got %q", v)
 	})
 	both("pod", "pod as namespace/name or name", func(s, v string) (string, error) {
-		ns, name := splitNS(v)
-		if name == "" {
-			return "", fmt.Errorf("empty pod name")
-		}
-		return nsName(s+"_pod_namespace", s+"_pod_name", ns, name), nil
+		ns, name, err := splitNS("pod", v)
+		return nsName(s+"_pod_namespace", s+"_pod_name", ns, name), err
 	})
 	both("namespace", "pod namespace", func(s, v string) (string, error) {
 		if v == "" {
@@ -100,9 +97,9 @@ func buildFilterFields() {
 		if k, rest, ok := strings.Cut(v, ":"); ok {
 			kind, v = k, rest
 		}
-		ns, name := splitNS(v)
-		if name == "" {
-			return "", fmt.Errorf("empty workload name")
+		ns, name, err := splitNS("workload", v)
+		if err != nil {
+			return "", err
 		}
 		c := []string{chsql.Eq(s+"_workload_name", name)}
 		if ns != "" {
@@ -132,11 +129,8 @@ func buildFilterFields() {
 		return portCond(s+"_port", v)
 	})
 	add("service", "destination Service as namespace/name or name", func(v string) (string, error) {
-		ns, name := splitNS(v)
-		if name == "" {
-			return "", fmt.Errorf("empty service name")
-		}
-		return nsName("dst_service_namespace", "dst_service_name", ns, name), nil
+		ns, name, err := splitNS("service", v)
+		return nsName("dst_service_namespace", "dst_service_name", ns, name), err
 	})
 	add("dst_service", filterFieldsDocAlias, func(v string) (string, error) { return filterFields["service"].build(v) })
 	add("protocol", "TCP, UDP, ICMP, ICMPv6, SCTP or an IANA number", func(v string) (string, error) {
@@ -156,12 +150,9 @@ func buildFilterFields() {
 		return "", fmt.Errorf("unknown verdict %q", v)
 	})
 	add("policy", "deciding NetworkPolicy (either direction) as namespace/name or name", func(v string) (string, error) {
-		ns, name := splitNS(v)
-		if name == "" {
-			return "", fmt.Errorf("empty policy name")
-		}
+		ns, name, err := splitNS("policy", v)
 		return chsql.Or(nsName("ingress_policy_namespace", "ingress_policy_name", ns, name),
-			nsName("egress_policy_namespace", "egress_policy_name", ns, name)), nil
+			nsName("egress_policy_namespace", "egress_policy_name", ns, name)), err
 	})
 	boolean := func(col, doc string) {
 		add(col, doc, func(v string) (string, error) {
@@ -192,12 +183,17 @@ func nsName(nsCol, nameCol, ns, name string) string {
 	return chsql.And(chsql.Eq(nsCol, ns), chsql.Eq(nameCol, name))
 }
 
-// splitNS splits "ns/name" ("name" alone has no namespace).
-func splitNS(v string) (ns, name string) {
-	if a, b, ok := strings.Cut(v, "/"); ok {
-		return a, b
+// splitNS splits "ns/name" ("name" alone has no namespace); an empty
+// name is an error naming what.
+func splitNS(what, v string) (ns, name string, err error) {
+	ns, name, ok := strings.Cut(v, "/")
+	if !ok {
+		ns, name = "", v
 	}
-	return "", v
+	if name == "" {
+		err = fmt.Errorf("empty %s name", what)
+	}
+	return ns, name, err
 }
 
 func labelCond(col, v string) (string, error) {

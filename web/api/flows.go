@@ -400,10 +400,7 @@ const followResumeWindow = time.Hour
 // header a reconnecting EventSource sends, or the last_event_id
 // parameter; nil for a new stream.
 func resumeFrom(c *gin.Context) (*eventID, error) {
-	v := c.GetHeader("Last-Event-ID")
-	if q := c.Query("last_event_id"); q != "" {
-		v = q
-	}
+	v := cmp.Or(c.Query("last_event_id"), c.GetHeader("Last-Event-ID"))
 	if v == "" {
 		return nil, nil
 	}
@@ -470,9 +467,7 @@ func (a *API) follow(c *gin.Context, f *Filter, resume *eventID) {
 			return
 		}
 		sent[id] = true
-		if fl.TimeRecvMs > since {
-			since = fl.TimeRecvMs
-		}
+		since = max(since, fl.TimeRecvMs)
 		writeEvent(w, id.String(), "flow", fl.Flow)
 	}
 	for {

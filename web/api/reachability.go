@@ -16,6 +16,7 @@ import (
 	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/flow"
 	"github.com/dualflow/dualflow/internal/chsql"
+	"github.com/dualflow/dualflow/migrations"
 	"github.com/dualflow/dualflow/traceflow"
 )
 
@@ -245,7 +246,7 @@ func (a *API) runReachability(ctx context.Context, req *ReachabilityRequest) (*R
 	// The verdict class is computed after the aggregation, from the two
 	// Enum8 columns (cheap keys).
 	inner := chsql.Select{Cols: "ingress_verdict, egress_verdict, " + strings.Join(keys, ", ") + ", count() AS n, max(flow_end) AS last", From: a.table, Where: where, GroupBy: "ALL"}
-	sql := chsql.Select{Cols: "si, di, ip_version, " + verdictClass + " AS verdict, sum(n) AS flows, max(toUnixTimestamp64Milli(last)) AS last_ms",
+	sql := chsql.Select{Cols: "si, di, ip_version, " + migrations.VerdictClassExpr + " AS verdict, sum(n) AS flows, max(toUnixTimestamp64Milli(last)) AS last_ms",
 		From: "(" + inner.String() + ") ARRAY JOIN " + srcArr + " AS si ARRAY JOIN " + dstArr + " AS di", GroupBy: "si, di, ip_version, verdict", Settings: jsonSettings}.String()
 
 	out := &Reachability{Sources: req.Sources, Destinations: req.Destinations, SinceMs: since.UnixMilli()}
@@ -268,9 +269,7 @@ func (a *API) runReachability(ctx context.Context, req *ReachabilityRequest) (*R
 		}
 		f := out.Cells[r.Si][r.Di].Families[strconv.Itoa(r.IPVersion)]
 		f.Observed.Flows += r.Flows
-		if r.LastMs > f.Observed.LastSeenMs {
-			f.Observed.LastSeenMs = r.LastMs
-		}
+		f.Observed.LastSeenMs = max(f.Observed.LastSeenMs, r.LastMs)
 		if f.Observed.Verdicts == nil {
 			f.Observed.Verdicts = map[string]uint64{}
 		}

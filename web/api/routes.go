@@ -17,6 +17,7 @@ import (
 	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/internal/reload"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
@@ -248,64 +249,57 @@ type metrics struct {
 	requests   *prometheus.CounterVec
 	duration   *prometheus.HistogramVec
 	sqlRefused *prometheus.CounterVec
-	// badRequests counts the requests answered 400 (the field at fault is
-	// in the answer, not a label: it comes from the client).
+	// badRequests has no field label: the field at fault comes from the
+	// client, it is in the answer.
 	badRequests *prometheus.CounterVec
 	refused     *prometheus.CounterVec
 	inFlight    *prometheus.GaugeVec
-	// tooLarge counts the requests refused before their work ran because
-	// it would pass its bound (422).
-	tooLarge *prometheus.CounterVec
-	// pageRereads counts /flows pages read again without their minute
-	// bound because the two reads disagreed (queryFlows).
+	tooLarge    *prometheus.CounterVec
 	pageRereads prometheus.Counter
 }
 
-func newMetrics(r prometheus.Registerer, tokens *Tokens) (*metrics, error) {
-	m := &metrics{
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+func newMetrics(r prometheus.Registerer, tokens *Tokens) *metrics {
+	var reg *prometheus.Registry
+	if r == nil {
+		reg = prometheus.NewRegistry()
+		r = reg
+	}
+	f := promauto.With(r)
+	m := &metrics{reg: reg,
+		requests: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "dualflow_web_requests_total", Help: "API requests by route and status.",
 		}, []string{"route", "status"}),
-		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		duration: f.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "dualflow_web_request_duration_seconds", Help: "API request duration by route.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 4, 9),
 		}, []string{"route"}),
-		sqlRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+		sqlRefused: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "dualflow_web_sql_refused_total",
 			Help: "POST /sql queries refused before they ran, by reason: statement (not SELECT, SHOW, DESCRIBE or EXISTS), outfile, table_function, function (reaches the host), engine (not one statement the engine accepts read-only).",
 		}, []string{"reason"}),
-		badRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+		badRequests: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "dualflow_web_bad_requests_total",
 			Help: "API requests answered 400 {message, field}, by route and reason: invalid (a value out of its domain; every 400 of /audit/* and /traceflows), bad_json (a body that is not the JSON wanted), unknown_field (a body field the request does not have), query (SQL or a filter the engine refused).",
 		}, []string{"route", "reason"}),
-		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+		refused: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "dualflow_web_concurrency_refused_total",
 			Help: "Requests answered 429 because as many of their kind as allowed were in flight, by kind (sql: POST /sql queries, follow: GET /flows?follow=true streams, whatif: POST /audit/whatif, reachability: POST /reachability), role, and the cap reached (token: the requester's own, role: its role's, all: every role's together).",
 		}, []string{"kind", "role", "cap"}),
-		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		inFlight: f.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "dualflow_web_in_flight",
 			Help: "Requests of a gated kind in flight: POST /sql queries (kind sql), follow streams (follow), what-ifs (whatif), reachability matrices (reachability).",
 		}, []string{"kind"}),
-		tooLarge: prometheus.NewCounterVec(prometheus.CounterOpts{
+		tooLarge: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "dualflow_web_too_large_total",
 			Help: "Requests answered 422 before their work ran because it would pass its bound, by kind (whatif: flow groups times the policies checked for each, --web.whatif.max-checks and --web.whatif.max-flow-groups; reachability: pod pairs times the policies checked for each, --web.reachability.max-checks).",
 		}, []string{"kind"}),
-		pageRereads: prometheus.NewCounter(prometheus.CounterOpts{
+		pageRereads: f.NewCounter(prometheus.CounterOpts{
 			Name: "dualflow_web_flow_page_rereads_total",
 			Help: "Flow pages read a second time without their minute bound, because the page's read found fewer rows than the bound's (on a cluster: a replica behind the other).",
 		}),
 	}
-	if r == nil {
-		m.reg = prometheus.NewRegistry()
-		r = m.reg
-	}
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.sqlRefused, m.badRequests, m.refused, m.inFlight, m.tooLarge, m.pageRereads,
-		reload.Metrics(tokens.reloads())} {
-		if err := r.Register(c); err != nil {
-			return nil, err
-		}
-	}
-	return m, nil
+	r.MustRegister(reload.Metrics(tokens.reloads()))
+	return m
 }
 
 // gatherer is what /metrics serves: the caller's, or our own registry.

@@ -41,8 +41,6 @@ type MapEdge struct {
 // maxEdges bounds the map; the heaviest edges are kept.
 const maxEdges = 500
 
-const verdictClass = `multiIf(` + droppedExpr + `, 'dropped', ingress_verdict = 'allowed' OR egress_verdict = 'allowed', 'allowed', ingress_verdict = 'not_isolated' OR egress_verdict = 'not_isolated', 'not_isolated', 'unknown')`
-
 func (a *API) servicemap(c *gin.Context) (any, error) {
 	q := c.Request.URL.Query()
 	f, err := parseFilter(q, a.cfg.Now(), "limit")

@@ -108,8 +108,8 @@ func (a *API) sql(c *gin.Context) (any, error) {
 	if req.MaxRows < 0 {
 		return nil, fieldErr("max_rows", "must not be negative")
 	}
-	if req.MaxRows > 0 && req.MaxRows < lim.MaxRows {
-		lim.MaxRows = req.MaxRows
+	if req.MaxRows > 0 {
+		lim.MaxRows = min(lim.MaxRows, req.MaxRows)
 	}
 	format := "JSONCompact"
 	switch req.Format {

@@ -64,16 +64,14 @@ func (a *API) summary(c *gin.Context) (any, error) {
 	// tier sums from the series_1m projection (tieredSQL).
 	step := span / 60
 	if step > time.Minute {
-		step = ceilDuration(step, time.Minute)
+		step = (step + time.Minute - 1).Truncate(time.Minute) // whole minutes, rounded up
 	}
 	if v := q.Get("step"); v != "" {
 		if step, err = time.ParseDuration(v); err != nil || step <= 0 {
 			return nil, fieldErr("step", "want a positive duration like 1m")
 		}
 	}
-	if step < time.Second {
-		step = time.Second
-	}
+	step = max(step, time.Second)
 	if span/step > maxPoints {
 		return nil, fieldErr("step", "at most %d points: use a step of at least %s", maxPoints, (span/maxPoints).Round(time.Second)+time.Second)
 	}
@@ -124,14 +122,6 @@ func (a *API) querySummary(ctx context.Context, f *Filter, step time.Duration, t
 		s.Families = append(s.Families, t)
 	}
 	return s, nil
-}
-
-// ceilDuration rounds d up to a multiple of m.
-func ceilDuration(d, m time.Duration) time.Duration {
-	if r := d % m; r != 0 {
-		return d + m - r
-	}
-	return d
 }
 
 // tieredSQL is one SELECT per tier of f's window, combined with UNION

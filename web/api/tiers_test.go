@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dualflow/dualflow/internal/chsql"
+	"github.com/dualflow/dualflow/migrations"
 )
 
 // TestTiersEqualRows: the summary and the service map, summed per tier
@@ -79,7 +80,7 @@ func TestTiersEqualRows(t *testing.T) {
 		for _, e := range m.Edges {
 			got = append(got, fmt.Sprintf("%s>%s/%d %s %d %d", e.Src, e.Dst, e.IPVersion, e.Verdict, e.Flows, e.Bytes))
 		}
-		want := rowsTSV(t, a, fmt.Sprintf(`SELECT `+srcLabelRows+`, `+dstLabelRows+`, ip_version, `+verdictClass+` AS v, count() AS n, sum(bytes + reverse_bytes) AS b
+		want := rowsTSV(t, a, fmt.Sprintf(`SELECT `+srcLabelRows+`, `+dstLabelRows+`, ip_version, `+migrations.VerdictClassExpr+` AS v, count() AS n, sum(bytes + reverse_bytes) AS b
  FROM %s WHERE %s GROUP BY 1, 2, 3, 4 ORDER BY b DESC, n DESC, 1, 2, 3, 4 LIMIT 500`, a.table, strings.Join(f.where(), " AND ")),
 			func(c []string) string { return fmt.Sprintf("%s>%s/%s %s %s %s", c[0], c[1], c[2], c[3], c[4], c[5]) })
 		if !slices.Equal(got, want) {

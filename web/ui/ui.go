@@ -3,9 +3,11 @@
 package ui
 
 import (
+	"cmp"
 	"embed"
 	"io/fs"
 	"net/http"
+	"strings"
 )
 
 //go:embed static
@@ -20,7 +22,7 @@ func Handler() http.Handler {
 		w.Header().Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; connect-src 'self'")
 		w.Header().Set("X-Content-Type-Options", "nosniff")
 		w.Header().Set("Referrer-Policy", "no-referrer")
-		if _, err := fs.Stat(sub, trim(r.URL.Path)); err != nil {
+		if _, err := fs.Stat(sub, cmp.Or(strings.TrimLeft(r.URL.Path, "/"), ".")); err != nil {
 			r2 := r.Clone(r.Context())
 			r2.URL.Path = "/"
 			files.ServeHTTP(w, r2)
@@ -28,14 +30,4 @@ func Handler() http.Handler {
 		}
 		files.ServeHTTP(w, r)
 	})
-}
-
-func trim(p string) string {
-	for len(p) > 0 && p[0] == '/' {
-		p = p[1:]
-	}
-	if p == "" {
-		return "."
-	}
-	return p
 }

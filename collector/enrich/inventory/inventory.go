@@ -23,6 +23,7 @@ import (
 	"io"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 
@@ -220,12 +221,7 @@ func decodeObject(res *Result, seen map[string]Location, loc Location, js []byte
 	if err != nil {
 		return e(fmt.Errorf("apiVersion %q: %w", h.APIVersion, err))
 	}
-	gvk := gv.WithKind(h.Kind)
-	wanted := all
-	for _, k := range Kinds {
-		wanted = wanted || k == gvk
-	}
-	if !wanted {
+	if !all && !slices.Contains(Kinds, gv.WithKind(h.Kind)) {
 		res.Skipped[h.APIVersion+" "+h.Kind]++
 		return nil
 	}

@@ -25,6 +25,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/dualflow/dualflow/internal/defaults"
 )
 
 // Config configures Open.
@@ -175,10 +177,7 @@ func Open(cfg Config) (*DB, error) {
 	if err != nil {
 		return nil, err
 	}
-	maxConns := cfg.MaxConns
-	if maxConns <= 0 {
-		maxConns = DefaultMaxConns
-	}
+	maxConns := defaults.Positive(cfg.MaxConns, DefaultMaxConns)
 
 	engine.Lock()
 	defer engine.Unlock()

@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"regexp"
 	"slices"
 	"strings"
 
@@ -18,8 +17,6 @@ type pooled struct {
 	h   *uintptr
 	key string
 }
-
-var settingNameRe = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 // acquire takes a slot and a connection configured for st's settings and
 // database.
@@ -134,9 +131,8 @@ func (db *DB) settingsKey(st Statement) (string, error) {
 	var b strings.Builder
 	b.WriteString(st.Database)
 	for _, name := range sortedKeys(st.Settings) {
-		if !settingNameRe.MatchString(name) {
-			return "", unknownSetting(name)
-		}
+		// Only a name of system.settings reaches the engine's connect
+		// arguments (--name=value).
 		known, err := db.knownSetting(name)
 		if err != nil {
 			return "", err
@@ -144,10 +140,7 @@ func (db *DB) settingsKey(st Statement) (string, error) {
 		if !known {
 			return "", unknownSetting(name)
 		}
-		b.WriteByte(0)
-		b.WriteString(name)
-		b.WriteByte('=')
-		b.WriteString(st.Settings[name])
+		b.WriteString("\x00" + name + "=" + st.Settings[name])
 	}
 	return b.String(), nil
 }
@@ -184,19 +177,13 @@ func (db *DB) knownSetting(name string) (bool, error) {
 // checkSettings runs a no-op statement with settings applied through a
 // SETTINGS clause, to get the engine's own error for a bad value.
 func (db *DB) checkSettings(settings map[string]string) error {
-	var b strings.Builder
-	b.WriteString("SELECT 1 FORMAT Null SETTINGS ")
-	for i, name := range sortedKeys(settings) {
-		if i > 0 {
-			b.WriteString(", ")
-		}
-		b.WriteString(name)
-		b.WriteString(" = ")
-		b.WriteString(chsql.String(settings[name]))
+	var set []string
+	for _, name := range sortedKeys(settings) {
+		set = append(set, name+" = "+chsql.String(settings[name]))
 	}
 	db.mu.Lock()
 	defer db.mu.Unlock()
-	_, err := db.l.run(*db.anchor, Statement{Query: b.String(), Format: "Null"})
+	_, err := db.l.run(*db.anchor, Statement{Query: "SELECT 1 FORMAT Null SETTINGS " + strings.Join(set, ", "), Format: "Null"})
 	return err
 }
 

@@ -2,6 +2,7 @@ package chhttp
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -13,7 +14,7 @@ import (
 	"io"
 	"io/fs"
 	"net/http"
-	"os"
+	"slices"
 	"strings"
 
 	"github.com/dualflow/dualflow/internal/atomicfile"
@@ -109,9 +110,8 @@ const (
 // LoadOrCreateUsers reads the users file at path, or creates it with an
 // admin, a reader and an inserter user with random passwords (0600, in a
 // 0700 directory) when it does not exist. A file without the inserter
-// (written before it existed) gets it added. It refuses a file that group
-// or other may read or write, as ssh does with keys. created reports a new
-// file, or a user added.
+// (written before it existed) gets it added. It refuses a file others may
+// access, as LoadUsers does. created reports a new file, or a user added.
 func LoadOrCreateUsers(path string) (users []User, created bool, err error) {
 	users, err = LoadUsers(path)
 	if err == nil {
@@ -148,18 +148,12 @@ func LoadOrCreateUsers(path string) (users []User, created bool, err error) {
 	return users, true, nil
 }
 
-// LoadUsers reads and checks a users file.
+// LoadUsers reads and checks a users file, a secret file (secretfile.Read:
+// mode 0600, or 0640 for the process's own group).
 func LoadUsers(path string) ([]User, error) {
-	fi, err := os.Stat(path)
+	b, err := secretfile.Read("users file", path)
 	if err != nil {
-		return nil, fmt.Errorf("users file: %w", err)
-	}
-	if fi.Mode().Perm()&0o077 != 0 {
-		return nil, fmt.Errorf("users file %s has mode %#o: it holds passwords, so group and other must have no access (chmod 600 %s)", path, fi.Mode().Perm(), path)
-	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("users file: %w", err)
+		return nil, err
 	}
 	var uf UsersFile
 	dec := json.NewDecoder(bytes.NewReader(b))
@@ -198,10 +192,8 @@ func validateUsers(users []User) error {
 // Find returns the named user of a users file, for clients of the
 // interface such as `dualflow sql`.
 func Find(users []User, name string) (User, bool) {
-	for _, u := range users {
-		if u.Name == name {
-			return u, true
-		}
+	if i := slices.IndexFunc(users, func(u User) bool { return u.Name == name }); i >= 0 {
+		return users[i], true
 	}
 	return User{}, false
 }
@@ -249,17 +241,11 @@ func credentials(r *http.Request) (user, password string, ok bool) {
 	}
 	h := r.Header
 	if u, p := h.Get("X-ClickHouse-User"), h.Get("X-ClickHouse-Key"); u != "" || p != "" {
-		if u == "" {
-			u = "default"
-		}
-		return u, p, true
+		return cmp.Or(u, "default"), p, true
 	}
 	q := r.URL.Query()
 	if u, p := q.Get("user"), q.Get("password"); u != "" || p != "" {
-		if u == "" {
-			u = "default"
-		}
-		return u, p, true
+		return cmp.Or(u, "default"), p, true
 	}
 	return "", "", false
 }

@@ -1,6 +1,7 @@
 package chhttp
 
 import (
+	"cmp"
 	"fmt"
 	"mime"
 	"net/http"
@@ -71,20 +72,11 @@ func parseRequest(method string, u *url.URL, h http.Header) (*request, error) {
 	}
 	r := &request{
 		query:    values.Get("query"),
-		format:   "TabSeparated",
-		database: values.Get("database"),
+		format:   cmp.Or(values.Get("default_format"), h.Get("X-ClickHouse-Format"), "TabSeparated"),
+		database: cmp.Or(values.Get("database"), h.Get("X-ClickHouse-Database")),
 		queryID:  values.Get("query_id"),
 		params:   map[string]string{},
 		settings: map[string]string{},
-	}
-	if f := h.Get("X-ClickHouse-Format"); f != "" {
-		r.format = f
-	}
-	if f := values.Get("default_format"); f != "" {
-		r.format = f
-	}
-	if d := h.Get("X-ClickHouse-Database"); d != "" && r.database == "" {
-		r.database = d
 	}
 	if v := values.Get("client_protocol_version"); v != "" {
 		if r.protocolVersion, err = strconv.ParseUint(v, 10, 64); err != nil {
@@ -94,12 +86,8 @@ func parseRequest(method string, u *url.URL, h http.Header) (*request, error) {
 	r.httpCompression = boolParam(values.Get("enable_http_compression"))
 	r.nativeCompress = boolParam(values.Get("compress"))
 	r.nativeDecompress = boolParam(values.Get("decompress"))
-	r.nativeMethod = strings.ToUpper(values.Get("network_compression_method"))
-	switch r.nativeMethod {
-	case "":
-		r.nativeMethod = "LZ4"
-	case "LZ4", "ZSTD":
-	default:
+	r.nativeMethod = cmp.Or(strings.ToUpper(values.Get("network_compression_method")), "LZ4")
+	if r.nativeMethod != "LZ4" && r.nativeMethod != "ZSTD" {
 		return nil, newError(proto.ErrUnknownCompressionMethod, http.StatusBadRequest, "unknown network_compression_method %q (LZ4 or ZSTD)", r.nativeMethod)
 	}
 	for name, vs := range values {

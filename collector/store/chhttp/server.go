@@ -35,6 +35,7 @@ import (
 	"github.com/ClickHouse/ch-go/proto"
 	"github.com/google/uuid"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 
 	"github.com/dualflow/dualflow/collector/store/chdb"
 	"github.com/dualflow/dualflow/collector/store/sqlguard"
@@ -162,17 +163,13 @@ func New(cfg Config) (*Server, error) {
 		cfg.DisplayName, _ = os.Hostname()
 	}
 	cfg.Logger = cmp.Or(cfg.Logger, slog.Default())
-	m, err := newMetrics(cfg.Registerer)
-	if err != nil {
-		return nil, err
-	}
 	auth, err := newAuthenticator(cfg.Users, cfg.Anonymous)
 	if err != nil {
 		return nil, err
 	}
 	general := max(1, cfg.EngineSlots-1)
 	s := &Server{cfg: cfg, log: cfg.Logger, sem: make(chan struct{}, cfg.MaxConcurrent),
-		readers: make(chan struct{}, readersPerSlot*cfg.MaxConcurrent), auth: auth, metrics: m,
+		readers: make(chan struct{}, readersPerSlot*cfg.MaxConcurrent), auth: auth, metrics: newMetrics(cfg.Registerer),
 		general: make(chan struct{}, general), perUser: newUserGate(cfg.ReadersPerUser, max(1, general-1))}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/ping", s.ping)
@@ -328,10 +325,7 @@ func (s *Server) serveQuery(w http.ResponseWriter, r *http.Request) {
 		}
 		return
 	}
-	who := user
-	if who == "" {
-		who = "anonymous@" + sourceKey(r.RemoteAddr)
-	}
+	who := cmp.Or(user, "anonymous@"+sourceKey(r.RemoteAddr))
 	kind, err := s.handle(w, r, who, access)
 	switch {
 	case errors.Is(err, errNoReader):
@@ -545,12 +539,8 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, who string, acce
 		settings["readonly"] = "2"
 	}
 	st := chdb.Statement{Format: req.format, Params: req.params, Settings: settings, Database: req.database}
-	queryID := req.queryID
-	if queryID == "" {
-		queryID = uuid.NewString()
-	}
 	h := w.Header()
-	h.Set("X-ClickHouse-Query-Id", queryID)
+	h.Set("X-ClickHouse-Query-Id", cmp.Or(req.queryID, uuid.NewString()))
 	h.Set("X-ClickHouse-Server-Display-Name", s.cfg.DisplayName)
 	h.Set("X-ClickHouse-Timezone", "UTC")
 
@@ -582,10 +572,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, who string, acce
 	}
 
 	st.Query = text
-	format := req.format
-	if f := chdb.OutputFormat(text); f != "" {
-		format = f
-	}
+	format := cmp.Or(chdb.OutputFormat(text), req.format)
 	// A read-only request reads the store only: the engine would still
 	// write files (INTO OUTFILE), show system.processes, KILL, and run a
 	// second statement. Any other runs one statement without INTO OUTFILE
@@ -723,43 +710,36 @@ type metrics struct {
 	authFailures prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer) (*metrics, error) {
-	m := &metrics{
-		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+func newMetrics(reg prometheus.Registerer) *metrics {
+	f := promauto.With(reg) // registers on reg unless it is nil
+	return &metrics{
+		requests: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "dualflow_chhttp_requests_total",
 			Help: "ClickHouse HTTP interface requests by kind (query, insert, ping, other) and HTTP status.",
 		}, []string{"kind", "code"}),
-		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+		errors: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "dualflow_chhttp_errors_total",
 			Help: "Failed ClickHouse HTTP interface requests by reason (engine, request, canceled, internal, panic).",
 		}, []string{"reason"}),
-		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+		inFlight: f.NewGauge(prometheus.GaugeOpts{
 			Name: "dualflow_chhttp_in_flight_requests",
 			Help: "ClickHouse HTTP interface requests being served.",
 		}),
-		rejected: prometheus.NewCounter(prometheus.CounterOpts{
+		rejected: f.NewCounter(prometheus.CounterOpts{
 			Name: "dualflow_chhttp_rejected_total",
 			Help: "Requests answered 503 because MaxConcurrent requests were already being served.",
 		}),
-		insertedRows: prometheus.NewCounter(prometheus.CounterOpts{
+		insertedRows: f.NewCounter(prometheus.CounterOpts{
 			Name: "dualflow_chhttp_inserted_rows_total",
 			Help: "Rows written by INSERTs through the ClickHouse HTTP interface.",
 		}),
-		authFailures: prometheus.NewCounter(prometheus.CounterOpts{
+		authFailures: f.NewCounter(prometheus.CounterOpts{
 			Name: "dualflow_chhttp_auth_failures_total",
 			Help: "Requests refused with 401: no credentials where anonymous access is off, or a wrong user or password.",
 		}),
-		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+		refused: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "dualflow_chhttp_refused_total",
 			Help: "Requests refused before they ran, by reason: statement, outfile, settings, construct, table_function, function, table, engine (see sqlguard); insert (an INSERT of a read-only user or request), insert_function (an inserter's INSERT INTO FUNCTION), user_readers and user_engine (a user's cap of places), slow (data below the minimum rate).",
 		}, []string{"reason"}),
 	}
-	if reg != nil {
-		for _, c := range []prometheus.Collector{m.requests, m.errors, m.inFlight, m.rejected, m.insertedRows, m.refused, m.authFailures} {
-			if err := reg.Register(c); err != nil {
-				return nil, fmt.Errorf("chhttp: register metrics: %w", err)
-			}
-		}
-	}
-	return m, nil
 }

@@ -21,6 +21,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -392,12 +393,7 @@ func (s *Spool) Has(token string) bool {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for _, e := range s.entries {
-		if e.token == token {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(s.entries, func(e entry) bool { return e.token == token })
 }
 
 // Len returns the number of batches in the spool.
