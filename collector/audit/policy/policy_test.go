@@ -684,3 +684,29 @@ func TestIngressFromTheNode(t *testing.T) {
 		})
 	}
 }
+
+// TestNamesPorts: NamesPorts is true exactly when a rule, of either
+// direction, names a port; the auditor skips the port name's lookup
+// otherwise.
+func TestNamesPorts(t *testing.T) {
+	cases := []struct {
+		name string
+		pols []*networkingv1.NetworkPolicy
+		want bool
+	}{
+		{"none", nil, false},
+		{"numbered ingress", pols(ingress(netpol("x", "p", all), onPorts(from(), portNum(tcpP, 80)))), false},
+		{"named ingress", pols(ingress(netpol("x", "p", all), onPorts(from(), portNamed("http")))), true},
+		{"named egress", pols(netpol("x", "deny", all), egress(netpol("y", "p", all), onPortsE(to(), portNamed("dns")))), true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := mustCompile(t, c.pols...).NamesPorts(); got != c.want {
+				t.Errorf("NamesPorts() = %v, want %v", got, c.want)
+			}
+		})
+	}
+	if (*Set)(nil).NamesPorts() {
+		t.Error("a nil Set names ports")
+	}
+}
