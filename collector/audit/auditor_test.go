@@ -566,7 +566,7 @@ func TestMemoKeys(t *testing.T) {
 	q.Addr = netip.MustParseAddr("fd00:10::1")
 	qs = append(qs, byAddr, q, q, byAddr)
 	for i, q := range qs {
-		if got, want := m.portNameOf(q), portName(echoLookup{}, q); got != want || got == "" {
+		if got, want := m.portNameOf(&q), portName(echoLookup{}, q); got != want || got == "" {
 			t.Errorf("query %d: %q, want %q", i, got, want)
 		}
 	}

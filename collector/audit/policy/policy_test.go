@@ -277,7 +277,10 @@ func TestDecisions(t *testing.T) {
 				if r.Egress != c.egress || r.Ingress != c.ing {
 					t.Errorf("got egress %+v ingress %+v\nwant egress %+v ingress %+v", r.Egress, r.Ingress, c.egress, c.ing)
 				}
-				if s.Side(Egress, &fl) != r.Egress || s.Side(Ingress, &fl) != r.Ingress {
+				var eg, in Decision
+				s.Side(Egress, &fl, &eg)
+				s.Side(Ingress, &fl, &in)
+				if eg != r.Egress || in != r.Ingress {
 					t.Errorf("Side disagrees with Evaluate")
 				}
 			})
