@@ -298,9 +298,10 @@ func BenchmarkCorrelate(b *testing.B) {
 // BenchmarkRun: the stage's path for records with nothing to pair
 // (intra-node: most of them), in batches of 1024: one pod pair (the
 // end-to-end benchmark's shape) and varied addresses of both families
-// (pods and pod-CIDR addresses of each node).
+// (pods and pod-CIDR addresses of each node); and halves: 512 connections
+// between the nodes, each seen by both, merged in the batch.
 func BenchmarkRun(b *testing.B) {
-	for _, shape := range []string{"one-pair", "varied"} {
+	for _, shape := range []string{"one-pair", "varied", "halves"} {
 		b.Run(shape, func(b *testing.B) {
 			recs := make([]flow.Record, 1024)
 			for i := range recs {
@@ -308,6 +309,8 @@ func BenchmarkRun(b *testing.B) {
 				switch {
 				case shape == "one-pair":
 					recs[i] = half("node-1", "198.18.1.10", "198.18.1.11", uint16(i), 80, 2)
+				case shape == "halves":
+					recs[i] = half([]string{"node-1", "node-2"}[i%2], fmt.Sprintf("198.18.1.%d", 2+i/2%250), "198.18.2.10", uint16(i/2), 80, 2)
 				case i%2 == 0:
 					recs[i] = half("node-1", fmt.Sprintf("198.18.1.%d", j), fmt.Sprintf("198.18.1.%d", k), uint16(i), 80, 2)
 				default:
@@ -329,8 +332,8 @@ func BenchmarkRun(b *testing.B) {
 					b.Fatal(err)
 				}
 				ob := <-out.C()
-				if len(ob.Recs) != len(recs) {
-					b.Fatalf("%d records out of %d", len(ob.Recs), len(recs))
+				if want := len(recs) / map[bool]int{true: 2, false: 1}[shape == "halves"]; len(ob.Recs) != want {
+					b.Fatalf("%d records out, want %d", len(ob.Recs), want)
 				}
 				ob.Release()
 			}
