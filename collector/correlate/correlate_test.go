@@ -295,6 +295,57 @@ func BenchmarkCorrelate(b *testing.B) {
 	b.ReportMetric(float64(2*b.N)/b.Elapsed().Seconds(), "records/s")
 }
 
+// BenchmarkRun: the stage's path for records with nothing to pair
+// (intra-node: most of them), in batches of 1024: one pod pair (the
+// end-to-end benchmark's shape) and varied addresses of both families
+// (pods and pod-CIDR addresses of each node); and halves: 512 connections
+// between the nodes, each seen by both, merged in the batch.
+func BenchmarkRun(b *testing.B) {
+	for _, shape := range []string{"one-pair", "varied", "halves"} {
+		b.Run(shape, func(b *testing.B) {
+			recs := make([]flow.Record, 1024)
+			for i := range recs {
+				j, k := 2+i%250, 2+(i*7+3)%250
+				switch {
+				case shape == "one-pair":
+					recs[i] = half("node-1", "198.18.1.10", "198.18.1.11", uint16(i), 80, 2)
+				case shape == "halves":
+					recs[i] = half([]string{"node-1", "node-2"}[i%2], fmt.Sprintf("198.18.1.%d", 2+i/2%250), "198.18.2.10", uint16(i/2), 80, 2)
+				case i%2 == 0:
+					recs[i] = half("node-1", fmt.Sprintf("198.18.1.%d", j), fmt.Sprintf("198.18.1.%d", k), uint16(i), 80, 2)
+				default:
+					recs[i] = half("node-2", fmt.Sprintf("fd00:10:0:2::%x", j), fmt.Sprintf("fd00:10:0:2::%x", k), uint16(i), 80, 2)
+				}
+			}
+			ctx := context.Background()
+			pm := pipeline.NewMetrics(nil)
+			pool := pipeline.NewPool(len(recs), 4)
+			in, out := pipeline.NewQueue("in", 2, pm), pipeline.NewQueue("out", 2, pm)
+			c := New(Config{}, labInventory(b), nil)
+			done := make(chan error, 1)
+			go func() { done <- c.Run(ctx, in, out, pool, pm) }()
+			b.ReportAllocs()
+			for b.Loop() {
+				bt := pool.Get()
+				bt.Recs = append(bt.Recs[:0], recs...)
+				if err := in.Put(ctx, bt); err != nil {
+					b.Fatal(err)
+				}
+				ob := <-out.C()
+				if want := len(recs) / map[bool]int{true: 2, false: 1}[shape == "halves"]; len(ob.Recs) != want {
+					b.Fatalf("%d records out, want %d", len(ob.Recs), want)
+				}
+				ob.Release()
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(recs)), "ns/record")
+			in.Close()
+			if err := <-done; err != nil {
+				b.Fatal(err)
+			}
+		})
+	}
+}
+
 // TestRunPassesThroughInPlace: records with nothing to pair are compacted
 // in their own batch while halves around them are held, merged or left
 // alone; every record comes out once, with its own fields.

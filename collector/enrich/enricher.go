@@ -492,7 +492,7 @@ func (e *Enricher) LookupPod(a netip.Addr, t time.Time) (*Pod, bool) {
 	ts := e.at(t)
 	e.x.mu.RLock()
 	defer e.x.mu.RUnlock()
-	return e.x.podIPs.resolve(a.Unmap(), ts, ts, nil)
+	return e.x.podIPs.resolve(&a, ts, ts, nil)
 }
 
 // Pod returns the live pod namespace/name.
@@ -542,7 +542,8 @@ func (e *Enricher) LookupService(a netip.Addr, t time.Time) (*Service, bool) {
 	ts := e.at(t)
 	e.x.mu.RLock()
 	defer e.x.mu.RUnlock()
-	return e.x.svcIPs.resolve(a.Unmap(), ts, ts, nil)
+	a = a.Unmap()
+	return e.x.svcIPs.resolve(&a, ts, ts, nil)
 }
 
 // EndpointSlices returns the live EndpointSlices of Service

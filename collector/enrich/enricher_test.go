@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -632,6 +633,45 @@ func TestFlowTypes(t *testing.T) {
 	// An untranslated flow to a ClusterIP names the Service.
 	if r := v.enrich(v.record("fd00:10:1::10", "fd00:10:96::7")); r.Service.Name != "svc" {
 		t.Errorf("flow to a ClusterIP: service %+v", r.Service)
+	}
+}
+
+// TestMappedRecordAddresses: a record that was not normalized, with its
+// IPv4 addresses 4-in-6 mapped (source, destination, Service address),
+// is enriched as the same record unmapped (the lookups read unmapped
+// addresses in place, and unmap others first).
+func TestMappedRecordAddresses(t *testing.T) {
+	objs := append(baseObjects(),
+		mkPod("a", "p1", "node-1", []string{"198.18.1.10", "fd00:10:1::10"}),
+		mkPod("a", "p3", "node-2", []string{"198.18.2.10", "fd00:10:2::10"}),
+		mkService("a", "svc", corev1.IPFamilyPolicyPreferDualStack, "198.19.0.7", "fd00:10:96::7"))
+	v := newEnv(t, testConfig(), objs...)
+	for _, c := range []struct{ name, src, dst, svc string }{
+		{"pods", "198.18.1.10", "198.18.2.10", ""},
+		{"via a Service", "198.18.1.10", "198.18.2.10", "198.19.0.7"},
+		{"to a ClusterIP", "198.18.2.10", "198.19.0.7", ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			want := v.record(c.src, c.dst)
+			mapped := want
+			mapped.SrcAddr = netip.AddrFrom16(want.SrcAddr.As16())
+			mapped.DstAddr = netip.AddrFrom16(want.DstAddr.As16())
+			if c.svc != "" {
+				want.ServiceAddr, want.ServicePort = ip(c.svc), 80
+				mapped.ServiceAddr, mapped.ServicePort = netip.AddrFrom16(want.ServiceAddr.As16()), 80
+			}
+			if !mapped.SrcAddr.Is4In6() || !mapped.DstAddr.Is4In6() {
+				t.Fatal("addresses not mapped")
+			}
+			got, wantR := v.enrich(mapped), v.enrich(want)
+			if !reflect.DeepEqual(got.Src, wantR.Src) || !reflect.DeepEqual(got.Dst, wantR.Dst) || got.Service != wantR.Service || got.Type != wantR.Type {
+				t.Errorf("mapped: %+v %+v %+v %v\nunmapped: %+v %+v %+v %v", got.Src, got.Dst, got.Service, got.Type,
+					wantR.Src, wantR.Dst, wantR.Service, wantR.Type)
+			}
+			if wantR.Src.PodName != "p1" && wantR.Src.PodName != "p3" {
+				t.Errorf("source not enriched: %+v", wantR.Src)
+			}
+		})
 	}
 }
 

@@ -41,7 +41,8 @@ type place struct {
 	in bool
 }
 
-func (x *index) place(a netip.Addr, start, end int64) place {
+// place takes a by pointer: see history.has.
+func (x *index) place(a *netip.Addr, start, end int64) place {
 	if !a.IsValid() {
 		return place{}
 	}
@@ -51,10 +52,10 @@ func (x *index) place(a netip.Addr, start, end int64) place {
 	if n, ok := x.hostIPs.resolve(a, start, end, nil); ok {
 		return place{node: n.node, host: true, in: true}
 	}
-	if n, ok := x.cidrNode(a, start, end); ok {
+	if n, ok := x.cidrNode(*a, start, end); ok {
 		return place{node: n.node, in: true}
 	}
-	if x.svcIPs.has(a) || inPrefixes(x.clusterCIDRs, a) || inPrefixes(x.serviceCIDRs, a) {
+	if x.svcIPs.has(a) || inPrefixes(x.clusterCIDRs, *a) || inPrefixes(x.serviceCIDRs, *a) {
 		return place{in: true}
 	}
 	return place{}
@@ -75,7 +76,7 @@ func (x *index) cidrNode(a netip.Addr, start, end int64) (nodeClaim, bool) {
 		if err != nil {
 			continue
 		}
-		if n, ok := x.podCIDRs.resolve(p, start, end, nil); ok {
+		if n, ok := x.podCIDRs.resolve(&p, start, end, nil); ok {
 			return n, true
 		}
 	}
@@ -127,8 +128,8 @@ func (x *index) fill(e *flow.Endpoint, pl place) {
 // serviceAt returns the Service holding address a at the flow's time,
 // preferring one with a port port/proto (external and load-balancer IPs
 // may be shared by Services with different ports).
-func (x *index) serviceAt(a netip.Addr, port uint16, proto uint8, start, end int64) *Service {
-	l, ok := x.svcIPs.m[a]
+func (x *index) serviceAt(a *netip.Addr, port uint16, proto uint8, start, end int64) *Service {
+	l, ok := x.svcIPs.m[*a]
 	if !ok {
 		return nil
 	}
@@ -150,7 +151,7 @@ func (s *Service) hasPort(port uint16, proto uint8) bool {
 
 // nodePortService returns the Service of a NodePort flow: one addressed to
 // a node address on a node port.
-func (x *index) nodePortService(a netip.Addr, port uint16, proto uint8) *Service {
+func (x *index) nodePortService(a *netip.Addr, port uint16, proto uint8) *Service {
 	if port == 0 || !x.hostIPs.has(a) {
 		return nil
 	}
@@ -161,7 +162,7 @@ func (x *index) nodePortService(a netip.Addr, port uint16, proto uint8) *Service
 }
 
 // endpointOf returns the endpoint of svc at address a.
-func (x *index) endpointOf(a netip.Addr, svc *Service, start, end int64) *Endpoint {
+func (x *index) endpointOf(a *netip.Addr, svc *Service, start, end int64) *Endpoint {
 	ep, _ := x.epIPs.resolve(a, start, end, func(e *Endpoint) bool { return e.svc == svc.id })
 	return ep
 }
@@ -218,7 +219,10 @@ type result struct {
 // field the index knows nothing about keeps its value (a foreign exporter
 // may have filled it).
 func (x *index) enrich(rec *flow.Record, now int64) result {
-	src, dst := rec.SrcAddr.Unmap(), rec.DstAddr.Unmap()
+	// The addresses are looked up where they are (see history.has): in
+	// the record, unmapped when it was decoded.
+	var src4, dst4, svc4 netip.Addr
+	src, dst := unmapped(&rec.SrcAddr, &src4), unmapped(&rec.DstAddr, &dst4)
 	if !x.ipv6 && (src.Is6() || dst.Is6()) {
 		return result{skipped: true}
 	}
@@ -228,7 +232,7 @@ func (x *index) enrich(rec *flow.Record, now int64) result {
 
 	var svc *Service
 	svcPort := rec.ServicePort
-	if sa := rec.ServiceAddr.Unmap(); sa.IsValid() {
+	if sa := unmapped(&rec.ServiceAddr, &svc4); sa.IsValid() {
 		svc = x.serviceAt(sa, svcPort, rec.Proto, start, end)
 		if svc == nil {
 			svc = x.nodePortService(sa, svcPort, rec.Proto)
@@ -276,22 +280,35 @@ func (x *index) enrich(rec *flow.Record, now int64) result {
 	return result{srcHit: s.pod != nil || s.node != "", dstHit: d.pod != nil || d.node != ""}
 }
 
+// unmapped returns a when it is not an IPv4-mapped IPv6 address (a
+// record's addresses are unmapped when decoded), else a's IPv4 address,
+// in *buf.
+func unmapped(a, buf *netip.Addr) *netip.Addr {
+	if a.Is4In6() {
+		*buf = a.Unmap()
+		return buf
+	}
+	return a
+}
+
 // nodesFor sets nodes[i] to the node hosting addrs[i] at time t ("" when
 // none): the node of the pod holding it (or that held it last, within the
 // grace period), the node owning it as a node address (likewise), or the
 // node whose pod CIDR contains it.
 func (x *index) nodesFor(addrs []netip.Addr, nodes []string, t int64) {
 	nodes = nodes[:len(addrs)]
-	for i, a := range addrs {
-		nodes[i] = x.nodeFor(a, t)
+	for i := range addrs {
+		nodes[i] = x.nodeFor(&addrs[i], t)
 	}
 }
 
-func (x *index) nodeFor(a netip.Addr, t int64) string {
+// nodeFor takes a by pointer: see history.has.
+func (x *index) nodeFor(a *netip.Addr, t int64) string {
 	if !a.IsValid() {
 		return "" // an invalid address has no node
 	}
-	a = a.Unmap()
+	var a4 netip.Addr
+	a = unmapped(a, &a4)
 	if p, ok := x.podIPs.resolve(a, t, t, nil); ok {
 		return p.NodeName
 	}
@@ -304,7 +321,7 @@ func (x *index) nodeFor(a netip.Addr, t int64) string {
 	if n, ok := x.hostIPs.latest(a); ok {
 		return n.node
 	}
-	if n, ok := x.cidrNode(a, t, t); ok {
+	if n, ok := x.cidrNode(*a, t, t); ok {
 		return n.node
 	}
 	return ""

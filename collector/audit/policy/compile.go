@@ -20,6 +20,9 @@ import (
 type Set struct {
 	policies []*compiled // sorted by namespace, name
 	byNS     map[string]*nsIndex
+	// namedPorts is true when a rule names a port: only then does
+	// Evaluate read Peer.PortName.
+	namedPorts bool
 }
 
 // compiled is one NetworkPolicy.
@@ -97,6 +100,7 @@ func Compile(pols []*networkingv1.NetworkPolicy) (*Set, error) {
 			continue
 		}
 		s.policies = append(s.policies, c)
+		s.namedPorts = s.namedPorts || c.namesPorts()
 	}
 	slices.SortFunc(s.policies, func(a, b *compiled) int {
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
@@ -119,6 +123,25 @@ func Compile(pols []*networkingv1.NetworkPolicy) (*Set, error) {
 		}
 	}
 	return s, errors.Join(errs...)
+}
+
+// NamesPorts reports whether a rule of s names a port: when none does,
+// Evaluate does not read Flow.Dst.PortName, and a caller need not look it
+// up. A nil Set names none.
+func (s *Set) NamesPorts() bool { return s != nil && s.namedPorts }
+
+// namesPorts reports whether a rule of c names a port.
+func (c *compiled) namesPorts() bool {
+	for d := range c.rules {
+		for i := range c.rules[d] {
+			for j := range c.rules[d][i].ports {
+				if c.rules[d][i].ports[j].name != "" {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 func (s *Set) index(ix *dirIndex) {

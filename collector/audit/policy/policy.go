@@ -143,20 +143,24 @@ var (
 // Evaluate returns the egress decision (policies selecting f.Src) and the
 // ingress decision (policies selecting f.Dst) for f. It allocates nothing
 // and is safe for concurrent use. A nil Set isolates nothing.
-func (s *Set) Evaluate(f *Flow) Result {
-	return Result{
-		Egress:  s.side(Egress, &f.Src, &f.Dst, f),
-		Ingress: s.side(Ingress, &f.Dst, &f.Src, f),
-	}
+func (s *Set) Evaluate(f *Flow) (r Result) {
+	s.side(&r.Egress, Egress, &f.Src, &f.Dst, f)
+	s.side(&r.Ingress, Ingress, &f.Dst, &f.Src, f)
+	return r
 }
 
-// Side returns the decision of one direction only: subject is the end the
-// policies select (the source for Egress, the destination for Ingress).
-func (s *Set) Side(d Direction, f *Flow) Decision {
+// Side sets *dec to the decision of one direction only: subject is the
+// end the policies select (the source for Egress, the destination for
+// Ingress). A caller that copies the decisions' fields on at once should
+// use it rather than Evaluate: a Result is returned in memory, and copying
+// it right after it was stored field by field stalls the CPU (the
+// auditor's copy did).
+func (s *Set) Side(d Direction, f *Flow, dec *Decision) {
 	if d == Egress {
-		return s.side(Egress, &f.Src, &f.Dst, f)
+		s.side(dec, Egress, &f.Src, &f.Dst, f)
+	} else {
+		s.side(dec, Ingress, &f.Dst, &f.Src, f)
 	}
-	return s.side(Ingress, &f.Dst, &f.Src, f)
 }
 
 // Tries returns how many policies the evaluation of direction d tries
@@ -196,16 +200,24 @@ type search struct {
 	pureDeny  int32 // first isolating policy without rules for the direction
 }
 
-func (s *Set) side(d Direction, subject, remote *Peer, f *Flow) Decision {
+// side sets *dec to the decision of direction d for subject. It writes
+// dec's fields one by one: returned, a Decision (48 bytes, in memory) was
+// stored field by field and then copied 16 bytes at a time, loads the CPU
+// does not forward from those stores (0.19 s of Evaluate's 1.72 in the
+// end-to-end benchmark's profile).
+func (s *Set) side(dec *Decision, d Direction, subject, remote *Peer, f *Flow) {
 	if !subject.IsPod {
-		return unknown
+		*dec = unknown
+		return
 	}
 	if s == nil {
-		return notIsolated
+		*dec = notIsolated
+		return
 	}
 	ns := s.byNS[subject.Namespace]
 	if ns == nil {
-		return notIsolated
+		*dec = notIsolated
+		return
 	}
 	ix := &ns.dir[d]
 	st := search{allowPol: -1, allowRule: -1, isolating: -1, pureDeny: -1}
@@ -227,18 +239,26 @@ func (s *Set) side(d Direction, subject, remote *Peer, f *Flow) Decision {
 	}
 	switch {
 	case st.allowPol >= 0:
-		p := s.policies[st.allowPol]
-		return Decision{Verdict: flow.VerdictAllowed, Namespace: p.Namespace, Name: p.Name, Rule: st.allowRule}
+		dec.set(flow.VerdictAllowed, s.policies[st.allowPol], st.allowRule)
 	case st.isolating >= 0 && d == Ingress && !remote.IsPod && remote.Node != "" && remote.Node == subject.Node:
-		return Decision{Verdict: flow.VerdictAllowed, Rule: RuleFromNode}
+		dec.set(flow.VerdictAllowed, nil, RuleFromNode)
 	case st.pureDeny >= 0:
-		p := s.policies[st.pureDeny]
-		return Decision{Verdict: flow.VerdictDenied, Namespace: p.Namespace, Name: p.Name, Rule: -1}
+		dec.set(flow.VerdictDenied, s.policies[st.pureDeny], -1)
 	case st.isolating >= 0:
-		p := s.policies[st.isolating]
-		return Decision{Verdict: flow.VerdictDenied, Namespace: p.Namespace, Name: p.Name, Rule: -1}
+		dec.set(flow.VerdictDenied, s.policies[st.isolating], -1)
+	default:
+		*dec = notIsolated
 	}
-	return notIsolated
+}
+
+// set sets d's fields one by one (see side) to verdict v of policy p
+// (nil: none) and rule.
+func (d *Decision) set(v flow.Verdict, p *compiled, rule int32) {
+	var ns, name string
+	if p != nil {
+		ns, name = p.Namespace, p.Name
+	}
+	d.Verdict, d.Namespace, d.Name, d.Rule = v, ns, name, rule
 }
 
 // try considers policy pi, a candidate for selecting subject.

@@ -277,7 +277,10 @@ func TestDecisions(t *testing.T) {
 				if r.Egress != c.egress || r.Ingress != c.ing {
 					t.Errorf("got egress %+v ingress %+v\nwant egress %+v ingress %+v", r.Egress, r.Ingress, c.egress, c.ing)
 				}
-				if s.Side(Egress, &fl) != r.Egress || s.Side(Ingress, &fl) != r.Ingress {
+				var eg, in Decision
+				s.Side(Egress, &fl, &eg)
+				s.Side(Ingress, &fl, &in)
+				if eg != r.Egress || in != r.Ingress {
 					t.Errorf("Side disagrees with Evaluate")
 				}
 			})
@@ -682,5 +685,31 @@ func TestIngressFromTheNode(t *testing.T) {
 				t.Errorf("api → its node egress %+v, want denied", got)
 			}
 		})
+	}
+}
+
+// TestNamesPorts: NamesPorts is true exactly when a rule, of either
+// direction, names a port; the auditor skips the port name's lookup
+// otherwise.
+func TestNamesPorts(t *testing.T) {
+	cases := []struct {
+		name string
+		pols []*networkingv1.NetworkPolicy
+		want bool
+	}{
+		{"none", nil, false},
+		{"numbered ingress", pols(ingress(netpol("x", "p", all), onPorts(from(), portNum(tcpP, 80)))), false},
+		{"named ingress", pols(ingress(netpol("x", "p", all), onPorts(from(), portNamed("http")))), true},
+		{"named egress", pols(netpol("x", "deny", all), egress(netpol("y", "p", all), onPortsE(to(), portNamed("dns")))), true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := mustCompile(t, c.pols...).NamesPorts(); got != c.want {
+				t.Errorf("NamesPorts() = %v, want %v", got, c.want)
+			}
+		})
+	}
+	if (*Set)(nil).NamesPorts() {
+		t.Error("a nil Set names ports")
 	}
 }
