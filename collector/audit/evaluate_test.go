@@ -11,40 +11,22 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/dualflow/dualflow/collector/audit/policy"
 	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/lab/manifest"
 )
 
-// specOf converts a Service as the app does from its live view (families
-// it has a ClusterIP of, ports with target ports).
-func specOf(s *corev1.Service) *ServiceSpec {
-	out := &ServiceSpec{Namespace: s.Namespace, Name: s.Name, Selector: s.Spec.Selector}
-	for _, f := range []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol} {
-		if _, ok := manifest.ServiceAddr(s, f); ok {
-			out.Families = append(out.Families, map[corev1.IPFamily]int{corev1.IPv4Protocol: 4, corev1.IPv6Protocol: 6}[f])
-		}
-	}
-	for _, sp := range s.Spec.Ports {
-		p := ServicePort{Name: sp.Name, Proto: policy.ProtoNumber(&sp.Protocol), Port: uint16(sp.Port)}
-		if sp.TargetPort.Type == intstr.String {
-			p.TargetPortName = sp.TargetPort.StrVal
-		} else {
-			p.TargetPort = uint16(sp.TargetPort.IntVal)
-		}
-		out.Ports = append(out.Ports, p)
-	}
-	return out
-}
-
-// labEvaluator evaluates the default lab of mode with 2 nodes.
-func labEvaluator(t testing.TB, mode manifest.Mode) PolicyEvaluator {
+// labEvaluator evaluates the default lab of mode with 2 nodes, changed
+// by edit if given.
+func labEvaluator(t testing.TB, mode manifest.Mode, edit ...func(*manifest.Manifest)) PolicyEvaluator {
 	t.Helper()
 	m, err := manifest.Generate(manifest.Spec{Mode: mode, Nodes: 2})
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, e := range edit {
+		e(m)
 	}
 	inv := enrich.NewSnapshot(m.Objects()...)
 	set, err := policy.Compile(inv.NetworkPolicies)
@@ -55,13 +37,6 @@ func labEvaluator(t testing.TB, mode manifest.Mode) PolicyEvaluator {
 		Policies: func() *policy.Set { return set },
 		Resolver: ClusterResolver{
 			Cluster: func() (*enrich.Snapshot, error) { return inv, nil },
-			Service: func(ns, name string) (*ServiceSpec, bool) {
-				s, ok := m.Service(ns, name)
-				if !ok {
-					return nil, false
-				}
-				return specOf(s), true
-			},
 		},
 	}
 }
@@ -209,19 +184,13 @@ func TestPolicyEvaluatorBounds(t *testing.T) {
 // Service dial its pods directly, on the port they choose, so there is no
 // port mapping and no "no such port".
 func TestHeadlessServiceEvaluatedOnThePortAsked(t *testing.T) {
-	ev := labEvaluator(t, manifest.ModeDual)
-	r := ev.Resolver.(ClusterResolver)
-	svc := r.Service
-	r.Service = func(ns, name string) (*ServiceSpec, bool) {
-		s, ok := svc(ns, name)
-		if ok {
-			c := *s
-			c.Headless = true
-			s = &c
+	ev := labEvaluator(t, manifest.ModeDual, func(m *manifest.Manifest) {
+		for i := range m.Services {
+			if s := &m.Services[i]; s.Name == manifest.ServiceAPI {
+				s.Spec.ClusterIP, s.Spec.ClusterIPs = corev1.ClusterIPNone, []string{corev1.ClusterIPNone}
+			}
 		}
-		return s, ok
-	}
-	ev.Resolver = r
+	})
 	web := Endpoint{Kind: "workload", Namespace: manifest.NSFrontend, Name: "web"}
 	api := Endpoint{Kind: "service", Namespace: manifest.NSBackend, Name: manifest.ServiceAPI}
 	// 8080 is api's target port, not one of the Service's ports: a

@@ -21,10 +21,6 @@ import (
 type ClusterResolver struct {
 	// Cluster returns the cluster view (collector.Cluster).
 	Cluster func() (*enrich.Snapshot, error)
-	// Service returns a Service's spec; false when there is no such
-	// Service. Nil reads the Services of the cluster view (tests give
-	// their own).
-	Service func(namespace, name string) (*ServiceSpec, bool)
 }
 
 var _ Resolver = ClusterResolver{}
@@ -75,16 +71,11 @@ func (r ClusterResolver) Resolve(_ context.Context, e Endpoint) (*Target, error)
 			return nil, fmt.Errorf("workload %s/%s not found", e.Namespace, e.Name)
 		}
 	case "service":
-		var svc *ServiceSpec
-		ok := false
-		if r.Service != nil {
-			svc, ok = r.Service(e.Namespace, e.Name)
-		} else if v, found := view.Service(e.Namespace, e.Name); found {
-			svc, ok = ServiceSpecOf(v), true
-		}
+		v, ok := view.Service(e.Namespace, e.Name)
 		if !ok {
 			return nil, fmt.Errorf("service %s/%s not found", e.Namespace, e.Name)
 		}
+		svc := ServiceSpecOf(v)
 		t.Service = svc
 		if svc.Selector != nil {
 			sel := labels.SelectorFromSet(svc.Selector)

@@ -21,6 +21,29 @@ import (
 	"github.com/dualflow/dualflow/collector/enrich"
 )
 
+// serviceObject is the Service whose view is s (audit.ServiceSpecOf),
+// with ClusterIPs numbered by i in each of its families.
+func serviceObject(s *audit.ServiceSpec, i int) *corev1.Service {
+	o := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: s.Namespace, Name: s.Name}, Spec: corev1.ServiceSpec{Selector: s.Selector}}
+	for _, f := range s.Families {
+		fam, ip := corev1.IPv4Protocol, fmt.Sprintf("198.19.%d.%d", i/256, i%256)
+		if f == 6 {
+			fam, ip = corev1.IPv6Protocol, fmt.Sprintf("fd00:10:96::%x", i)
+		}
+		o.Spec.IPFamilies = append(o.Spec.IPFamilies, fam)
+		o.Spec.ClusterIPs = append(o.Spec.ClusterIPs, ip)
+	}
+	for _, p := range s.Ports {
+		sp := corev1.ServicePort{Name: p.Name, Port: int32(p.Port), TargetPort: intstr.FromInt32(int32(p.TargetPort))}
+		if p.TargetPortName != "" {
+			sp.TargetPort = intstr.FromString(p.TargetPortName)
+		}
+		sp.Protocol = map[uint8]corev1.Protocol{6: corev1.ProtocolTCP, 17: corev1.ProtocolUDP, 132: corev1.ProtocolSCTP}[p.Proto]
+		o.Spec.Ports = append(o.Spec.Ports, sp)
+	}
+	return o
+}
+
 // labGen builds a random lab-shaped cluster: namespaces with team
 // labels, workloads of 1-3 pods (each pod with the mode's families, in
 // dual mode now and then one family only), container ports from the
@@ -111,6 +134,7 @@ func newLabGen(seed uint64, fams []int) *labGen {
 					s.Ports = append(s.Ports, sp)
 				}
 				g.services[ns+"/"+s.Name] = s
+				objs = append(objs, serviceObject(s, len(g.services)))
 			}
 		}
 		_ = ni
@@ -337,7 +361,6 @@ func TestReachabilityProperty(t *testing.T) {
 					Policies: func() *policy.Set { return set },
 					Resolver: audit.ClusterResolver{
 						Cluster: func() (*enrich.Snapshot, error) { return g.inv, nil },
-						Service: func(ns, name string) (*audit.ServiceSpec, bool) { s, ok := g.services[ns+"/"+name]; return s, ok },
 					},
 				}})
 				srcs := append(slices.Clone(g.workloads), g.pods[g.r.IntN(len(g.pods))])
