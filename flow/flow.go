@@ -13,7 +13,9 @@
 package flow
 
 import (
+	"fmt"
 	"net/netip"
+	"strings"
 	"time"
 )
 
@@ -45,6 +47,21 @@ func Version(a netip.Addr) uint8 {
 	default:
 		return 6
 	}
+}
+
+// ParseFamily reads an IP family the way every flag, query parameter and
+// request of dualflow takes it: 4, ipv4 or v4; 6, ipv6 or v6; 0, dual or
+// empty for both (or any) families, as 0.
+func ParseFamily(s string) (uint8, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "", "0", "dual":
+		return 0, nil
+	case "4", "ipv4", "v4":
+		return 4, nil
+	case "6", "ipv6", "v6":
+		return 6, nil
+	}
+	return 0, fmt.Errorf("family %q: want 4 (ipv4), 6 (ipv6) or 0 (dual)", s)
 }
 
 // IP protocol numbers used across dualflow.

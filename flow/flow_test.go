@@ -136,3 +136,18 @@ func TestEnumsMatchSchema(t *testing.T) {
 		}
 	}
 }
+
+// TestParseFamily: one spelling of families for every flag, query
+// parameter and request.
+func TestParseFamily(t *testing.T) {
+	for in, want := range map[string]uint8{"": 0, "0": 0, "dual": 0, "Dual": 0, " 4 ": 4, "4": 4, "ipv4": 4, "IPv4": 4, "v4": 4, "6": 6, "ipv6": 6, "IPV6": 6, "v6": 6} {
+		if got, err := ParseFamily(in); err != nil || got != want {
+			t.Errorf("ParseFamily(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"5", "ipv5", "inet", "46", "4,6"} {
+		if _, err := ParseFamily(in); err == nil || !strings.Contains(err.Error(), in) {
+			t.Errorf("ParseFamily(%q): %v, want an error naming it", in, err)
+		}
+	}
+}

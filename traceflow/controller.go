@@ -312,15 +312,16 @@ func (c *Controller) Close() error {
 // Normalize fills in the request's defaults and checks it. The errors wrap
 // ErrInvalid (a FieldError naming the field) or ErrNotSupported.
 func (c *Controller) Normalize(req *Request) error {
-	req.Family = cmp.Or(req.Family, Dual)
+	fam, famErr := ParseFamily(string(req.Family))
+	req.Family = cmp.Or(fam, req.Family)
 	req.Protocol = cmp.Or(req.Protocol, TCP)
 	req.Timeout = cmp.Or(req.Timeout, Duration(c.cfg.Timeout))
 	d := req.Destination
 	switch {
 	case req.DroppedOnly && !req.LiveTraffic:
 		return Invalid("dropped_only", "dropped_only needs live_traffic")
-	case req.Family.Families() == nil:
-		return Invalid("family", "family %q (want ipv4, ipv6 or dual)", req.Family)
+	case famErr != nil:
+		return Invalid("family", "%v", famErr)
 	case req.Source != "" && req.SourceWorkload != "":
 		return Invalid("source_workload", "source_workload with source: want one of them")
 	case req.SourceWorkload != "" && !strings.Contains(req.SourceWorkload, "/"):

@@ -2,6 +2,7 @@ package traceflow
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/netip"
 	"strconv"
@@ -408,5 +409,40 @@ func TestStartRateLimited(t *testing.T) {
 		if i > packet.MaxTag {
 			t.Fatal("never busy")
 		}
+	}
+}
+
+// TestControllerFamilySpellings: a request's family is read as every
+// dualflow API reads one (flow.ParseFamily), from a JSON string or
+// number, and normalized to ipv4, ipv6 or dual; anything else is
+// refused naming the field.
+func TestControllerFamilySpellings(t *testing.T) {
+	c := New(Config{}, &fakeTracer{trace: delivered}, fakeResolver{}, nil)
+	defer c.Close()
+	for _, tc := range []struct {
+		json string
+		want Family // "": refused
+	}{
+		{`"ipv4"`, IPv4}, {`"4"`, IPv4}, {`4`, IPv4}, {`"IPv4"`, IPv4}, {`"v4"`, IPv4},
+		{`"ipv6"`, IPv6}, {`"6"`, IPv6}, {`6`, IPv6}, {`"IPV6"`, IPv6},
+		{`"dual"`, Dual}, {`"0"`, Dual}, {`0`, Dual}, {`""`, Dual}, {`null`, Dual},
+		{`"5"`, ""}, {`5`, ""}, {`"ipv5"`, ""}, {`"both ways"`, ""},
+	} {
+		var r Request
+		if err := json.Unmarshal([]byte(`{"family":`+tc.json+`}`), &r); err != nil {
+			t.Fatalf("%s: %v", tc.json, err)
+		}
+		full := req()
+		full.Family = r.Family
+		err := c.Normalize(&full)
+		switch {
+		case tc.want == "" && (!errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "family")):
+			t.Errorf("%s: err %v, want ErrInvalid naming the family", tc.json, err)
+		case tc.want != "" && (err != nil || full.Family != tc.want):
+			t.Errorf("%s: %q %v, want %q", tc.json, full.Family, err, tc.want)
+		}
+	}
+	if err := json.Unmarshal([]byte(`{"family":[4]}`), new(Request)); err == nil {
+		t.Error("a family array was accepted")
 	}
 }

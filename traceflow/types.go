@@ -25,6 +25,8 @@ import (
 	"net/netip"
 	"strings"
 	"time"
+
+	"github.com/dualflow/dualflow/flow"
 )
 
 // Family selects the IP families of a trace.
@@ -45,6 +47,32 @@ func (f Family) Families() []Family {
 	case IPv4, IPv6:
 		return []Family{f}
 	}
+	return nil
+}
+
+// ParseFamily reads a request's family as flow.ParseFamily does (4,
+// ipv4, 6, ipv6, 0, dual or empty, any case).
+func ParseFamily(s string) (Family, error) {
+	v, err := flow.ParseFamily(s)
+	if err != nil {
+		return "", err
+	}
+	return map[uint8]Family{0: Dual, 4: IPv4, 6: IPv6}[v], nil
+}
+
+// UnmarshalJSON reads a family as a string or as the number 0, 4 or 6
+// (the numbers the flows and audit APIs use); Normalize checks it.
+func (f *Family) UnmarshalJSON(b []byte) error {
+	var n int
+	if json.Unmarshal(b, &n) == nil {
+		*f = Family(fmt.Sprint(n))
+		return nil
+	}
+	var s string
+	if err := json.Unmarshal(b, &s); err != nil {
+		return fmt.Errorf("family %s: want a string or 0, 4 or 6", b)
+	}
+	*f = Family(s)
 	return nil
 }
 

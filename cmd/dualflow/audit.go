@@ -20,6 +20,7 @@ import (
 	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/collector/store"
+	"github.com/dualflow/dualflow/flow"
 	"github.com/dualflow/dualflow/web/api"
 )
 
@@ -325,7 +326,7 @@ func runAuditEval(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	fam, err := audit.ParseFamily(*family)
+	fam, err := flow.ParseFamily(*family)
 	if err != nil {
 		return err
 	}
@@ -355,7 +356,7 @@ func runAuditDenied(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	fam, err := audit.ParseFamily(*family)
+	fam, err := flow.ParseFamily(*family)
 	if err != nil {
 		return err
 	}

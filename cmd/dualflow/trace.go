@@ -42,7 +42,7 @@ func runTrace(ctx context.Context, args []string) error {
 	fs.StringVar(&src, "s", "", "source: pod namespace/name, or workload:namespace/name")
 	fs.StringVar(&dst, "d", "", "destination (pod:ns/name:port, workload:ns/name:port, svc:ns/name:port, ip:addr:port)")
 	fs.StringVar(&proto, "protocol", "TCP", "TCP, UDP, ICMP or ICMPv6")
-	fs.StringVar(&family, "family", "dual", "ipv4, ipv6 or dual")
+	fs.StringVar(&family, "family", "dual", "ipv4 (4), ipv6 (6) or dual (0)")
 	fs.UintVar(&sport, "src-port", 0, "source port or ICMP echo id (0: random)")
 	fs.UintVar(&flags, "tcp-flags", 0, "TCP flags: 0x02 (SYN, the default) is the only probe a trace sends")
 	fs.UintVar(&ttl, "ttl", 0, "TTL / hop limit, 32 to 255 (default 64)")
@@ -68,7 +68,7 @@ func runTrace(ctx context.Context, args []string) error {
 	if sport > 0xffff || flags > 0xff || ttl > 0xff {
 		return errors.New("trace: --src-port, --tcp-flags or --ttl out of range")
 	}
-	req := traceflow.Request{Destination: d, Protocol: parseProtocol(proto), Family: traceflow.Family(strings.ToLower(family)),
+	req := traceflow.Request{Destination: d, Protocol: parseProtocol(proto), Family: traceflow.Family(family),
 		SrcPort: uint16(sport), TCPFlags: uint8(flags), TTL: uint8(ttl), Timeout: traceflow.Duration(timeout),
 		LiveTraffic: live, DroppedOnly: droppedOnly, External: external}
 	if w, ok := strings.CutPrefix(src, "workload:"); ok {

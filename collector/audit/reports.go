@@ -702,19 +702,6 @@ func withProposed(current, proposed []*networkingv1.NetworkPolicy) []*networking
 	return append(out, proposed...)
 }
 
-// ParseFamily accepts 4, 6, ipv4, ipv6 and "" (both).
-func ParseFamily(s string) (uint8, error) {
-	switch strings.ToLower(s) {
-	case "":
-		return 0, nil
-	case "4", "ipv4", "v4":
-		return 4, nil
-	case "6", "ipv6", "v6":
-		return 6, nil
-	}
-	return 0, fmt.Errorf("family %q: want 4 or 6", s)
-}
-
 // ParseProto accepts tcp, udp, sctp, icmp, icmpv6 or an IANA number.
 func ParseProto(s string) (uint8, error) {
 	switch strings.ToLower(s) {

@@ -180,6 +180,7 @@ func TestFlowsFilters(t *testing.T) {
 	}{
 		{"ip_version 6", "ip_version=6", func(n int, f map[int]int) bool { return n == fams[6] && f[4] == 0 }},
 		{"ip_version 4 or 6", "ip_version=4,6", func(n int, _ map[int]int) bool { return n == all }},
+		{"ip_version ipv6", "ip_version=ipv6", func(n int, f map[int]int) bool { return n == fams[6] && f[4] == 0 }},
 		{"not ip_version 4", "not.ip_version=4", func(n int, _ map[int]int) bool { return n == fams[6] }},
 		{"v4 CIDR", "dst_ip=198.18.3.0/24", func(n int, f map[int]int) bool { return n > 0 && f[6] == 0 }},
 		{"v6 CIDR", "dst_ip=fd00:10:244:3::/64", func(n int, f map[int]int) bool { return n > 0 && f[4] == 0 }},
@@ -291,6 +292,7 @@ func TestBadInput4xx(t *testing.T) {
 		method, url, body, field string
 	}{
 		{"GET", "/api/v1/flows?ip_version=5", "", "ip_version"},
+		{"GET", "/api/v1/flows?ip_version=dual", "", "ip_version"},
 		{"GET", "/api/v1/flows?src_ip=198.18.0.300", "", "src_ip"},
 		{"GET", "/api/v1/flows?dst_ip=fd00:10::/129", "", "dst_ip"},
 		{"GET", "/api/v1/flows?dst_ip=fd00:10::1%25eth0", "", "dst_ip"},

@@ -8,6 +8,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/dualflow/dualflow/collector/audit"
+	"github.com/dualflow/dualflow/flow"
 )
 
 // Audit answers the audit's questions: *audit.Queries over the live
@@ -50,7 +51,7 @@ func (a *API) auditRoutes(g *gin.RouterGroup) {
 		if opt.Window, err = a.auditWindow(c, time.Hour); err != nil {
 			return nil, err
 		}
-		if opt.Family, err = audit.ParseFamily(q.Get("family")); err != nil {
+		if opt.Family, err = flow.ParseFamily(q.Get("family")); err != nil {
 			return nil, fieldErr("family", "%v", err)
 		}
 		if opt.Limit, err = intParam(q, "limit", 0, 0, 100_000); err != nil {
@@ -72,7 +73,7 @@ func (a *API) auditRoutes(g *gin.RouterGroup) {
 		if p.Proto, err = audit.ParseProto(q.Get("proto")); err != nil {
 			return nil, fieldErr("proto", "%v", err)
 		}
-		if p.Family, err = audit.ParseFamily(q.Get("family")); err != nil {
+		if p.Family, err = flow.ParseFamily(q.Get("family")); err != nil {
 			return nil, fieldErr("family", "%v", err)
 		}
 		port, err := intParam(q, "port", 0, 0, 65535)

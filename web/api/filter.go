@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/dualflow/dualflow/collector/audit"
+	"github.com/dualflow/dualflow/flow"
 	"github.com/dualflow/dualflow/internal/chsql"
 )
 
@@ -75,12 +76,15 @@ func buildFilterFields() {
 			return chsql.Or(a, b), nil
 		})
 	}
-	add("ip_version", "4 or 6", func(v string) (string, error) {
-		switch v {
-		case "4", "6":
-			return "ip_version = " + v, nil
+	add("ip_version", "4 or 6 (or ipv4, ipv6)", func(v string) (string, error) {
+		switch f, err := flow.ParseFamily(v); {
+		case err != nil:
+			return "", err
+		case f == 0:
+			return "", fmt.Errorf("ip_version %q: want 4 or 6 (leave it out for both)", v)
+		default:
+			return fmt.Sprintf("ip_version = %d", f), nil
 		}
-		return "", fmt.Errorf("want 4 or 6, got %q", v)
 	})
 	both("pod", "pod as namespace/name or name", func(s, v string) (string, error) {
 		ns, name, err := splitNS("pod", v)
