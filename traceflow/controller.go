@@ -312,7 +312,7 @@ func (c *Controller) Close() error {
 // Normalize fills in the request's defaults and checks it. The errors wrap
 // ErrInvalid (a FieldError naming the field) or ErrNotSupported.
 func (c *Controller) Normalize(req *Request) error {
-	fam, famErr := ParseFamily(string(req.Family))
+	fam, famErr := parseFamily(string(req.Family))
 	req.Family = cmp.Or(fam, req.Family)
 	req.Protocol = cmp.Or(req.Protocol, TCP)
 	req.Timeout = cmp.Or(req.Timeout, Duration(c.cfg.Timeout))

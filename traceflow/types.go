@@ -50,14 +50,18 @@ func (f Family) Families() []Family {
 	return nil
 }
 
-// ParseFamily reads a request's family as flow.ParseFamily does (4,
+// parseFamily reads a request's family as flow.ParseFamily does (4,
 // ipv4, 6, ipv6, 0, dual or empty, any case).
-func ParseFamily(s string) (Family, error) {
-	v, err := flow.ParseFamily(s)
-	if err != nil {
+func parseFamily(s string) (Family, error) {
+	switch v, err := flow.ParseFamily(s); {
+	case err != nil:
 		return "", err
+	case v == 4:
+		return IPv4, nil
+	case v == 6:
+		return IPv6, nil
 	}
-	return map[uint8]Family{0: Dual, 4: IPv4, 6: IPv6}[v], nil
+	return Dual, nil
 }
 
 // UnmarshalJSON reads a family as a string or as the number 0, 4 or 6

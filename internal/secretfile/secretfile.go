@@ -1,6 +1,7 @@
 // Package secretfile reads files that hold secrets (bearer tokens,
-// passwords) and creates new ones. It refuses them, like ssh with a private key, when others may read or
-// write them or their group may write them. Group read is accepted only
+// passwords) and creates new ones. It refuses them, like ssh with a
+// private key, when others may read or write them or their group may
+// write them. Group read is accepted only
 // for a group the process belongs to: Kubernetes mounts a Secret
 // root-owned and readable by the pod's fsGroup (defaultMode 0440), so that
 // a non-root process can read it and nobody else.
