@@ -11,10 +11,10 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 
 	"github.com/dualflow/dualflow/collector"
-	"github.com/dualflow/dualflow/collector/audit/policy"
 	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/flow"
 	"github.com/dualflow/dualflow/traceflow"
+	"github.com/dualflow/dualflow/traceflow/agent"
 )
 
 // resolver resolves traceflow requests through the collector's live
@@ -196,41 +196,18 @@ func (r resolver) targets(e *enrich.Enricher, p *traceflow.Probe, v uint8) {
 	}
 }
 
-// IsolatingPolicies implements traceflow/agent.PolicyNamer from the live
-// view: the policies in force (the auditor's compiled set) that select
-// the pod for the direction.
-func (r resolver) IsolatingPolicies(namespace, pod, direction string) []string {
+// Denial implements traceflow/agent.PolicyNamer: the packet goes through
+// the collector's auditor as a stored flow does (its ends as the live view
+// knows them now), so a trace explains a drop as the Flows page and the
+// reachability pairs explain the same connection.
+func (r resolver) Denial(src netip.Addr, dst netip.AddrPort, proto uint8) (agent.Denial, bool) {
 	e, a := r.c.Enricher(), r.c.Auditor()
 	if e == nil || a == nil {
-		return nil
-	}
-	p, ok := e.Pod(namespace, pod)
-	if !ok {
-		return nil
-	}
-	d := policy.Ingress
-	if direction == "egress" {
-		d = policy.Egress
-	}
-	var out []string
-	for _, np := range a.Policies().Isolating(d, &policy.Peer{IsPod: true, Namespace: namespace, Labels: p.Labels}) {
-		out = append(out, np.Namespace+"/"+np.Name)
-	}
-	return out
-}
-
-// DeniedSide implements traceflow/agent.PolicyNamer: the packet goes
-// through the collector's auditor as a stored flow does (its ends as the
-// live view knows them now), so a trace names the policy that the Flows
-// page names for the same connection.
-func (r resolver) DeniedSide(src netip.Addr, dst netip.AddrPort, proto uint8) (direction, namespace, pod string, ok bool) {
-	e, a := r.c.Enricher(), r.c.Auditor()
-	if e == nil || a == nil {
-		return "", "", "", false
+		return agent.Denial{}, false
 	}
 	now := time.Now()
 	rec := flow.Record{FlowStart: now, SrcAddr: src.Unmap(), DstAddr: dst.Addr().Unmap(), DstPort: dst.Port(), Proto: proto,
-		IPVersion: flow.Version(src), ProbeTraceID: "traceflow"} // a probe's: the auditor counts no verdict
+		IPVersion: flow.Version(src)}
 	var nodes [2]string
 	e.NodesForIPs([]netip.Addr{rec.SrcAddr, rec.DstAddr}, nodes[:])
 	for i, end := range []struct {
@@ -243,15 +220,8 @@ func (r resolver) DeniedSide(src netip.Addr, dst netip.AddrPort, proto uint8) (d
 			end.ep.NodeName = nodes[i]
 		}
 	}
-	a.Audit(&rec)
-	denied := func(v flow.Verdict) bool { return v == flow.VerdictDenied || v == flow.VerdictRejected }
-	switch {
-	case denied(rec.Egress.Verdict) && rec.Src.PodName != "":
-		return "egress", rec.Src.PodNamespace, rec.Src.PodName, true
-	case denied(rec.Ingress.Verdict) && rec.Dst.PodName != "":
-		return "ingress", rec.Dst.PodNamespace, rec.Dst.PodName, true
-	}
-	return "", "", "", false
+	d, ok := a.Explain(&rec)
+	return agent.Denial{Policy: d.Policy, Reason: d.Text}, ok
 }
 
 // nodeView gives the agent directory the nodes of the live view.

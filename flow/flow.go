@@ -15,6 +15,7 @@ package flow
 import (
 	"fmt"
 	"net/netip"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -72,6 +73,24 @@ const (
 	ProtoICMPv6 uint8 = 58
 	ProtoSCTP   uint8 = 132
 )
+
+// ProtoName returns the name of IP protocol p (TCP, UDP, SCTP, ICMP,
+// ICMPv6), or its number.
+func ProtoName(p uint8) string {
+	switch p {
+	case ProtoTCP:
+		return "TCP"
+	case ProtoUDP:
+		return "UDP"
+	case ProtoSCTP:
+		return "SCTP"
+	case ProtoICMP:
+		return "ICMP"
+	case ProtoICMPv6:
+		return "ICMPv6"
+	}
+	return strconv.Itoa(int(p))
+}
 
 // EndReason is the IPFIX flowEndReason (IANA element 136). Its values are the
 // IANA ones, so they travel unchanged through IPFIX and into ClickHouse.

@@ -294,8 +294,8 @@ func (m *memo) portNameOf(q *PortQuery) string {
 	return m.portName
 }
 
-func (a *Auditor) audit(set *policy.Set, rec *flow.Record, c *counts, m *memo) {
-	var f policy.Flow
+// flowOf sets *f to the policy view of rec.
+func flowOf(f *policy.Flow, set *policy.Set, rec *flow.Record, m *memo) {
 	f.Proto, f.DstPort = rec.Proto, rec.DstPort
 	peer(&f.Src, rec.SrcAddr, &rec.Src, m)
 	peer(&f.Dst, rec.DstAddr, &rec.Dst, m)
@@ -303,6 +303,64 @@ func (a *Auditor) audit(set *policy.Set, rec *flow.Record, c *counts, m *memo) {
 		f.Dst.PortName = m.portNameOf(&PortQuery{Namespace: rec.Dst.PodNamespace, Pod: rec.Dst.PodName,
 			Addr: f.Dst.Addr, At: rec.FlowStart, Port: rec.DstPort, Proto: rec.Proto})
 	}
+}
+
+// Denial is why the policies in force deny a flow.
+type Denial struct {
+	Direction policy.Direction
+	// Policy is the deciding policy (namespace/name), as the flow's
+	// Ingress or Egress columns name it.
+	Policy string
+	// Text is the one explanation of the drop (policy.Explanation): the
+	// isolating policy, what no rule allowed, the nearest rule and what it
+	// lacks.
+	Text string
+}
+
+// Explain says why the policies in force deny rec, an enriched record,
+// for its egress side first (a packet meets its source's policies first),
+// else its ingress side; false when they allow it or no policies are set.
+// It is the one explanation of a drop that traces, reachability pairs and
+// the flow drawer show.
+func (a *Auditor) Explain(rec *flow.Record) (Denial, bool) {
+	set := a.set.Load()
+	if set == nil {
+		return Denial{}, false
+	}
+	var f policy.Flow
+	flowOf(&f, set, rec, &memo{lookup: a.lookup})
+	return explainDenial(set, &f, endName(rec.SrcAddr, &rec.Src), endName(rec.DstAddr, &rec.Dst))
+}
+
+// explainDenial explains denied flow f from src to dst (their names), its
+// egress side first: a packet meets its source's policies first.
+func explainDenial(set *policy.Set, f *policy.Flow, src, dst string) (Denial, bool) {
+	for _, d := range []policy.Direction{policy.Egress, policy.Ingress} {
+		e, ok := set.Explain(d, f)
+		if !ok {
+			continue
+		}
+		subject, remote := dst, src
+		if d == policy.Egress {
+			subject, remote = src, dst
+		}
+		return Denial{Direction: d, Policy: e.By, Text: e.String(subject, remote)}, true
+	}
+	return Denial{}, false
+}
+
+// endName names an end of a flow: its pod (namespace/name), else its
+// address.
+func endName(addr netip.Addr, e *flow.Endpoint) string {
+	if e.PodName != "" {
+		return e.PodNamespace + "/" + e.PodName
+	}
+	return addr.Unmap().String()
+}
+
+func (a *Auditor) audit(set *policy.Set, rec *flow.Record, c *counts, m *memo) {
+	var f policy.Flow
+	flowOf(&f, set, rec, m)
 	// Set.Side, not Evaluate: the decisions are stored where they are
 	// read, field by field (see Set.Side).
 	var eg, in policy.Decision

@@ -199,6 +199,10 @@ type PairVerdict struct {
 	Verdict string `json:"verdict"`
 	Egress  string `json:"egress,omitempty"`
 	Ingress string `json:"ingress,omitempty"`
+	// Explanation says why a denied pair is denied (Auditor.Explain's
+	// sentence): the isolating policy, what no rule allowed, and the
+	// nearest rule with what it lacks.
+	Explanation string `json:"explanation,omitempty"`
 }
 
 // PolicyEvaluator evaluates compiled NetworkPolicies for the web: it
@@ -493,6 +497,10 @@ func evaluateFamily(set *policy.Set, src, dst *Target, fam int, proto uint8, por
 			}
 			out.Total++
 			if len(out.Pairs) < maxListedPairs && *listed < maxListedTotal {
+				if !res.Allowed() {
+					d, _ := explainDenial(set, &f, s.Name, sl.m.Name)
+					pv.Explanation = d.Text
+				}
 				out.Pairs = append(out.Pairs, pv)
 				*listed++
 			} else {

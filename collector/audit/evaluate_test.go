@@ -104,6 +104,15 @@ func TestPolicyEvaluatorLab(t *testing.T) {
 							t.Errorf("web → api:9090 IPv6: %+v, want deny 0/4", c)
 						}
 					}
+					// A denied pair says why (Auditor.Explain's sentence),
+					// an allowed one does not.
+					for _, p := range c.Pairs {
+						want := "ingress denied by backend/default-deny-ingress, which isolates " + p.Dst
+						if (p.Verdict == "denied") != strings.HasPrefix(p.Explanation, want) ||
+							(fam == 6 && !strings.HasSuffix(p.Explanation, "nearest: backend/allow-metrics-ipv4-only rule 0 matches 9090/TCP but has no IPv6 ipBlock")) {
+							t.Errorf("web → api:9090 IPv%d pair %+v: explanation %q", fam, p, p.Explanation)
+						}
+					}
 				}
 				if !has {
 					continue

@@ -40,8 +40,11 @@ func TestQueriesStatic(t *testing.T) {
 	if err != nil || len(pr) != 2 || !pr[0].Allowed || pr[1].Allowed || pr[1].Ingress.Name != manifest.PolicyDefaultDeny {
 		t.Fatalf("evaluate: %+v %v", pr, err)
 	}
-	t.Log(pr[0].Message)
-	t.Log(pr[1].Message)
+	// The IPv6 denial gives the one explanation of a drop.
+	if want := "over IPv6 is denied: ingress denied by backend/" + manifest.PolicyDefaultDeny; !strings.Contains(pr[1].Message, want) ||
+		!strings.HasSuffix(pr[1].Message, "has no IPv6 ipBlock.") || !strings.Contains(pr[0].Message, "over IPv4 is allowed (") {
+		t.Errorf("evaluate messages:\n%s\n%s", pr[0].Message, pr[1].Message)
+	}
 	out, err := q.Evaluate(ctx, Probe{From: "frontend/" + web1.Name, To: "fd00:10:ffff::1", Port: 443, Family: 6})
 	if err != nil || len(out) != 1 || !out[0].Allowed || out[0].Dst.Pod != "" || out[0].Ingress.Verdict != "unknown" {
 		t.Errorf("evaluate to an outside address: %+v %v", out, err)

@@ -238,11 +238,15 @@ var traceScenarios = []struct {
 			}
 			last := fr.Observations[len(fr.Observations)-1]
 			if last.Component != traceflow.NetworkPolicy || last.Action != traceflow.ActionDropped || last.Rule != drop ||
-				!strings.Contains(last.Policy, "backend/default-deny-ingress") || last.Node != "node-2" {
-				t.Errorf("%s: last observation %+v, want a drop on node-2 by %s (backend/default-deny-ingress)", fr.Family, last, drop)
+				last.Policy != "backend/default-deny-ingress" || last.Node != "node-2" || !strings.Contains(last.Detail, drop) {
+				t.Errorf("%s: last observation %+v, want a drop on node-2 by %s (backend/default-deny-ingress, the rule in its detail)", fr.Family, last, drop)
 			}
-			if !strings.Contains(fr.Reason, "backend/default-deny-ingress") {
-				t.Errorf("%s: reason %q does not name the policy", fr.Family, fr.Reason)
+			// The one explanation of a drop (policy.Explanation), the
+			// datapath's counter name left to the detail.
+			want := "dropped on node-2: ingress denied by backend/default-deny-ingress, which isolates " + manifest.NSBackend + "/" + e.api[2].Name +
+				": no ingress rule of "
+			if !strings.HasPrefix(fr.Reason, want) || !strings.Contains(fr.Reason, map[traceflow.Family]string{traceflow.IPv4: "IPv4", traceflow.IPv6: "IPv6"}[fr.Family]+" TCP/8080 (http) from tools/") || strings.Contains(fr.Reason, drop) {
+				t.Errorf("%s: reason %q, want the explanation %q…", fr.Family, fr.Reason, want)
 			}
 		}
 	}},

@@ -106,17 +106,17 @@ func serve(t *testing.T, nodes ...*fakeNode) dir {
 	return d
 }
 
-type policies map[string][]string
+// policies is a fake PolicyNamer: its policies deny ingress of b/api at
+// 198.18.2.11:8080 only, to whoever sends it.
+type policies struct{}
 
-func (p policies) IsolatingPolicies(ns, pod, dir string) []string { return p[ns+"/"+pod+"/"+dir] }
+const denialText = "ingress denied by b/deny-all, which isolates b/api (ingress) and allows nothing"
 
-// DeniedSide: the fake's policies deny ingress of b/api at 198.18.2.11:8080
-// only, to whoever sends it.
-func (p policies) DeniedSide(src netip.Addr, dst netip.AddrPort, proto uint8) (string, string, string, bool) {
+func (policies) Denial(src netip.Addr, dst netip.AddrPort, proto uint8) (Denial, bool) {
 	if dst == netip.MustParseAddrPort("198.18.2.11:8080") && proto == 6 {
-		return "ingress", "b", "api", true
+		return Denial{Policy: "b/deny-all", Reason: denialText}, true
 	}
-	return "", "", "", false
+	return Denial{}, false
 }
 
 var probe = traceflow.Probe{Family: traceflow.IPv4, SourcePod: "a/web", SourceNode: "n1", Src: netip.MustParseAddr("198.18.1.10"),
@@ -166,12 +166,14 @@ func TestClusterNamesIsolatingPolicies(t *testing.T) {
 	n2 := &fakeNode{name: "n2", wire: w, script: []traceflow.WatchEvent{{Observation: drop, Outcome: traceflow.Dropped, Reason: "dropped by rule"}}}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	path, err := (&Cluster{Agents: serve(t, n1, n2), Policies: policies{"b/api/ingress": {"b/deny-all", "b/other"}}}).Trace(ctx, probe)
+	path, err := (&Cluster{Agents: serve(t, n1, n2), Policies: policies{}}).Trace(ctx, probe)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The reason is the one explanation; the datapath's rule is a detail.
 	last := path.Observations[len(path.Observations)-1]
-	if path.Outcome != traceflow.Dropped || last.Policy != "b/deny-all,b/other" || !strings.Contains(path.Reason, "b/deny-all") || last.Node != "n2" {
+	if path.Outcome != traceflow.Dropped || last.Policy != "b/deny-all" || path.Reason != "dropped on n2: "+denialText ||
+		!strings.Contains(last.Detail, "drop/ingress/b/api") || last.Node != "n2" {
 		t.Errorf("path %+v", path)
 	}
 }
@@ -186,7 +188,7 @@ func TestClusterNamesForeignDrops(t *testing.T) {
 		dnatTo string
 		want   string // the drop's policy; "" none
 	}{
-		{"service DNAT to the isolated pod", "198.18.2.11:8080", "b/deny-all,b/other"},
+		{"service DNAT to the isolated pod", "198.18.2.11:8080", "b/deny-all"},
 		{"service DNAT to a pod the policies allow", "198.18.2.12:8080", ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -202,7 +204,7 @@ func TestClusterNamesForeignDrops(t *testing.T) {
 			defer cancel()
 			p := probe
 			p.Service, p.Dst, p.DstPort = "b/api", netip.MustParseAddr("198.18.200.1"), 80
-			path, err := (&Cluster{Agents: serve(t, n1, n2), Policies: policies{"b/api/ingress": {"b/deny-all", "b/other"}}}).Trace(ctx, p)
+			path, err := (&Cluster{Agents: serve(t, n1, n2), Policies: policies{}}).Trace(ctx, p)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -210,8 +212,8 @@ func TestClusterNamesForeignDrops(t *testing.T) {
 			if path.Outcome != traceflow.Rejected || last.Node != "n2" || last.Policy != tc.want {
 				t.Fatalf("outcome %s, last %+v, reason %q; want the policy %q", path.Outcome, last, path.Reason, tc.want)
 			}
-			if tc.want != "" && (last.Component != traceflow.NetworkPolicy || !strings.Contains(path.Reason, "rejected by NetworkPolicy b/deny-all,b/other (ingress of b/api") ||
-				!strings.Contains(path.Reason, "KUBE-POD-FW-YXI4EGRXRLR2G42E")) {
+			if tc.want != "" && (last.Component != traceflow.NetworkPolicy || path.Reason != "rejected on n2: "+denialText ||
+				!strings.Contains(last.Detail, "KUBE-POD-FW-YXI4EGRXRLR2G42E")) {
 				t.Errorf("reason %q, component %s", path.Reason, last.Component)
 			}
 			if tc.want == "" && (last.Component != traceflow.Forwarding || path.Reason != "rejected by the rule") {

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/dualflow/dualflow/traceflow"
-	"github.com/dualflow/dualflow/traceflow/node"
 )
 
 // Defaults of a Cluster.
@@ -44,20 +43,28 @@ type Directory interface {
 	Nodes() []string
 }
 
-// PolicyNamer names the NetworkPolicies behind a drop from the cluster's
-// view, which the controller has and a node has not.
+// PolicyNamer explains drops from the cluster's view, which the controller
+// has and a node has not.
 type PolicyNamer interface {
-	// IsolatingPolicies are the policies that isolate a pod in a
-	// direction ("ingress", "egress"): those whose default deny an
-	// isolation drop rule enforces.
-	IsolatingPolicies(namespace, pod, direction string) []string
-	// DeniedSide evaluates a packet from src to dst (the endpoint it
-	// reached, after DNAT) as the audit evaluates stored flows, and
-	// returns the side whose policies deny it: the direction and the
-	// isolated pod. ok is false when the policies allow it. A drop by a
-	// rule of another NetworkPolicy implementation (kube-router's pod
-	// firewall chains, say), which names no policy, is named this way.
-	DeniedSide(src netip.Addr, dst netip.AddrPort, proto uint8) (direction, namespace, pod string, ok bool)
+	// Denial evaluates a packet from src to dst (the endpoint it reached,
+	// after DNAT) as the audit evaluates stored flows, and explains the
+	// side whose policies deny it. ok is false when the policies allow
+	// it. It names the policy behind an isolation drop rule, which names
+	// only the pod, and behind a drop by a rule of another NetworkPolicy
+	// implementation (kube-router's pod firewall chains, say), which
+	// names no policy.
+	Denial(src netip.Addr, dst netip.AddrPort, proto uint8) (Denial, bool)
+}
+
+// Denial is why the cluster's policies deny a packet.
+type Denial struct {
+	// Policy is the deciding policy, namespace/name: the isolating
+	// policy the Flows page names for the same connection.
+	Policy string
+	// Reason is the one explanation of the drop: the isolating policy,
+	// what no rule allowed (family, protocol, port) and the nearest rule
+	// with what it lacks.
+	Reason string
 }
 
 // Cluster is the controller's node tracer: it traces a probe through the
@@ -447,19 +454,11 @@ func (m *merger) path() traceflow.Path {
 	reason := m.reason
 	for i := range out {
 		o := &out[i]
-		if m.policies != nil && o.Component == traceflow.Forwarding && o.Rule != "" &&
+		isolation := o.Component == traceflow.NetworkPolicy && o.Policy == ""
+		foreign := o.Component == traceflow.Forwarding && o.Rule != ""
+		if m.policies != nil && (isolation || foreign) &&
 			(o.Action == traceflow.ActionDropped || o.Action == traceflow.ActionRejected) {
-			reason = m.nameDrop(out, o, reason)
-			continue
-		}
-		if o.Component != traceflow.NetworkPolicy || o.Policy != "" || m.policies == nil {
-			continue
-		}
-		if dir, ns, pod, ok := node.IsolationOfRule(o.Rule); ok {
-			o.Policy = strings.Join(m.policies.IsolatingPolicies(ns, pod, dir), ",")
-			if o.Action == traceflow.ActionDropped && o.Policy != "" {
-				reason = fmt.Sprintf("dropped by NetworkPolicy %s (rule %s) on %s", o.Policy, o.Rule, o.Node)
-			}
+			reason = m.explainDrop(out, o, reason)
 		}
 	}
 	if m.skipped > 0 {
@@ -469,38 +468,30 @@ func (m *merger) path() traceflow.Path {
 	return traceflow.Path{Outcome: outcome, Reason: reason, Observations: out, SrcPort: m.chosen}
 }
 
-// nameDrop names the policy behind drop, a drop by a rule the node could
-// not read as a NetworkPolicy's, when the cluster's policies deny the
-// probe at the endpoint it reached (the DNAT seen on the path, else the
-// destination pod); it returns the trace's reason.
-func (m *merger) nameDrop(path []traceflow.Observation, drop *traceflow.Observation, reason string) string {
-	var dst netip.AddrPort
+// explainDrop explains drop, a drop by a rule that names no policy (an
+// isolation drop rule, or another implementation's), when the cluster's
+// policies deny the probe at the endpoint it reached (the DNAT seen on
+// the path, else the destination): the trace's reason becomes the one
+// explanation of the drop, and the datapath's rule moves to the
+// observation's detail. It returns the trace's reason.
+func (m *merger) explainDrop(path []traceflow.Observation, drop *traceflow.Observation, reason string) string {
+	dst := netip.AddrPortFrom(m.p.Dst, m.p.DstPort)
 	for _, o := range path {
 		if o.TranslatedDst.IsValid() {
 			dst = o.TranslatedDst
 		}
 	}
-	if !dst.IsValid() && m.p.DstPod != "" {
-		dst = netip.AddrPortFrom(m.p.Dst, m.p.DstPort)
-	}
-	if !dst.IsValid() {
-		return reason
-	}
-	dir, ns, pod, denied := m.policies.DeniedSide(m.p.Src, dst, m.p.ProtoNumber())
+	d, denied := m.policies.Denial(m.p.Src, dst, m.p.ProtoNumber())
 	if !denied {
-		return reason
-	}
-	pols := strings.Join(m.policies.IsolatingPolicies(ns, pod, dir), ",")
-	if pols == "" {
 		return reason
 	}
 	verb := "dropped"
 	if drop.Action == traceflow.ActionRejected {
 		verb = "rejected"
 	}
-	drop.Component, drop.Policy = traceflow.NetworkPolicy, pols
-	drop.Detail = strings.TrimSpace(fmt.Sprintf("%s denies %s of %s/%s; the datapath's %s", pols, dir, ns, pod, drop.Detail))
-	return fmt.Sprintf("%s by NetworkPolicy %s (%s of %s/%s; the datapath's rule in chain %s) on %s", verb, pols, dir, ns, pod, drop.Rule, drop.Node)
+	drop.Component, drop.Policy = traceflow.NetworkPolicy, d.Policy
+	drop.Detail = strings.TrimSuffix("the datapath's rule "+drop.Rule+"; "+drop.Detail, "; ")
+	return fmt.Sprintf("%s on %s: %s", verb, drop.Node, d.Reason)
 }
 
 func (m *merger) timeoutReason(ctx context.Context) string {
