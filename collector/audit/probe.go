@@ -58,14 +58,17 @@ func Evaluate(view *enrich.Snapshot, set *policy.Set, p Probe) ([]ProbeResult, e
 		f := pairFlow(src, dst, int(v), p.Proto, p.Port)
 		r := set.Evaluate(&f)
 		res := ProbeResult{Src: end(view, src.pod, f.Src.Addr), Dst: end(view, dst.pod, f.Dst.Addr), IPVersion: v, Protocol: ProtoName(p.Proto), Port: p.Port, Verdicts: verdicts(r)}
-		res.Message = fmt.Sprintf("%s → %s on %d/%s over IPv%d is allowed (egress: %s; ingress: %s).",
-			describeEnd(res.Src), describeEnd(res.Dst), p.Port, res.Protocol, v,
+		on := res.Protocol
+		if hasPorts(p.Proto) {
+			on = fmt.Sprintf("%d/%s", p.Port, res.Protocol)
+		}
+		res.Message = fmt.Sprintf("%s → %s on %s over IPv%d is allowed (egress: %s; ingress: %s).",
+			describeEnd(res.Src), describeEnd(res.Dst), on, v,
 			sideText(r.Egress, policy.Egress), sideText(r.Ingress, policy.Ingress))
 		if d, denied := explainDenial(set, &f, describeEnd(res.Src), describeEnd(res.Dst)); denied {
 			// The one explanation of a drop, as traces and reachability
 			// pairs give it.
-			res.Message = fmt.Sprintf("%s → %s on %d/%s over IPv%d is denied: %s.",
-				describeEnd(res.Src), describeEnd(res.Dst), p.Port, res.Protocol, v, d.Text)
+			res.Message = fmt.Sprintf("%s → %s on %s over IPv%d is denied: %s.", describeEnd(res.Src), describeEnd(res.Dst), on, v, d.Text)
 		}
 		out = append(out, res)
 	}

@@ -59,6 +59,7 @@ func TestUIOnLab(t *testing.T) {
 				{"reach", u.checkReach},
 				{"map", u.checkMap},
 				{"trace", u.checkTrace},
+				{"drop", u.checkDrop},
 			} {
 				t.Run(page.name, func(t *testing.T) {
 					recordAs(t, string(mode)+"/ui")
@@ -634,5 +635,60 @@ func (u *uiEnv) checkTrace(t *testing.T) {
 	}
 	if b := uiEval[string](t, u, `document.querySelector('#banner').textContent`); b != "" {
 		t.Errorf("banner %q", b)
+	}
+}
+
+// checkDrop: a denied connection (tools/probe-1 → backend/api@1:8080, the
+// default deny) reads the one explanation of a drop in a trace, whose
+// reason it is (the datapath's rule a detail, not the policy), and in the
+// flow drawer of its stored flows, in each family of the mode.
+func (u *uiEnv) checkDrop(t *testing.T) {
+	probe1, err := u.l.PodOn(manifest.NSTools, "probe", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	api1, err := u.l.PodOn(manifest.NSBackend, "api", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "ingress denied by backend/" + manifest.PolicyDefaultDeny + ", which isolates backend/" + api1.Name + ": no ingress rule of "
+	family := map[manifest.Mode]string{manifest.ModeIPv4: "ipv4", manifest.ModeIPv6: "ipv6", manifest.ModeDual: "dual"}[u.mode]
+	u.do(t, chromedp.Navigate(u.base+"/#/trace?source=pod:"+probe1.Namespace+"/"+probe1.Name+"&destination=pod:backend/"+api1.Name+"&protocol=TCP&port=8080"),
+		chromedp.WaitVisible(chromedp.CSS(`#trace-form`)),
+		chromedp.SetValue(chromedp.CSS(`#trace-form [name=family]`), family),
+		chromedp.Click(chromedp.CSS(`#trace-form button[type=submit]`)))
+	u.wait(t, "the traces", 60*time.Second,
+		`!document.querySelector('#trace-form button[type=submit]').disabled && document.querySelectorAll('#trace-out .trace').length > 0`,
+		`({banner: document.querySelector('#banner').textContent, out: document.querySelector('#trace-out').innerText})`)
+	u.screenshot(t, "trace-drop")
+	type trace struct {
+		Family, Outcome, Reason string
+		Pols                    []string
+	}
+	got := uiEval[[]trace](t, u, `[...document.querySelectorAll('#trace-out .trace')].map(d => ({Family: d.dataset.family, Outcome: d.dataset.outcome,
+		Reason: (d.querySelector('p.note') || {}).textContent || '', Pols: [...d.querySelectorAll('.path li .pol')].map(x => x.textContent)}))`)
+	if len(got) != len(u.fams) {
+		t.Errorf("%d traces drawn, want %d", len(got), len(u.fams))
+	}
+	for _, tr := range got {
+		if tr.Outcome != "dropped" || !strings.Contains(tr.Reason, want) || !slices.Equal(tr.Pols, []string{" · policy backend/" + manifest.PolicyDefaultDeny}) {
+			t.Errorf("IPv%s trace probe-1 → api@1:8080 drawn %+v, want dropped, the reason %q…, the policy alone on the drop", tr.Family, tr, want)
+		}
+	}
+	// A stored dropped flow is explained the same way in its drawer, with
+	// the policy its row names (the exporters report drops within a few
+	// rounds of traffic).
+	u.do(t, chromedp.Navigate(u.base+"/#/flows?verdict=dropped"), chromedp.WaitVisible(chromedp.CSS(`#page-flows`)))
+	u.wait(t, "dropped rows", 90*time.Second,
+		`(() => { const r = `+rowsJS+`; if (r.length === 0) document.querySelector('#flow-filter button[type=submit]').click(); return r.length > 0; })()`,
+		`({banner: document.querySelector('#banner').textContent, count: document.querySelector('#flow-count').textContent})`)
+	pol := uiEval[string](t, u, rowsJS+`[0].querySelector('td.policy').textContent`)
+	u.do(t, chromedp.Evaluate[chromedp.Void](rowsJS+`[0].click()`))
+	u.wait(t, "the drawer's explanation", 30*time.Second,
+		`(document.querySelector('#flow-why') || {}).textContent.startsWith('With the policies in force now:')`,
+		`(document.querySelector('#drawer') || {}).innerText`)
+	u.screenshot(t, "flow-drawer-drop")
+	if why := uiEval[string](t, u, `document.querySelector('#flow-why').textContent`); pol == "" || !strings.Contains(why, " is denied: ") || !strings.Contains(why, " denied by "+pol+", which isolates ") {
+		t.Errorf("the drawer of a flow dropped by %q explains %q", pol, why)
 	}
 }

@@ -343,9 +343,24 @@ function flowDrawer(f) {
     f.service_name ? kv({ service: f.service_namespace + '/' + f.service_name, address: (f.service_ip || '') + (f.service_port ? ' port ' + f.service_port : '') }) : null,
     h('h3', {}, 'Policy'),
     kv({ egress: f.egress_verdict + (f.egress_policy ? ' by ' + f.egress_policy : ''), ingress: f.ingress_verdict + (f.ingress_policy ? ' by ' + f.ingress_policy : ''), 'drop reason': dropReason(f), 'datapath disagrees': f.verdict_mismatch ? 'yes' : '' }),
+    whyDenied(f, v),
     h('h3', {}, 'Traffic'),
     kv({ start: fmtTimeZ(f.flow_start_ms), end: fmtTimeZ(f.flow_end_ms), sent: fmtBytes(f.bytes) + ' in ' + f.packets + ' packets', received: fmtBytes(f.reverse_bytes) + ' in ' + f.reverse_packets + ' packets', 'tcp state': f.tcp_state, 'end reason': f.end_reason, 'flow type': f.flow_type, exporter: f.exporter_node, 'names may be stale': f.k8s_view_stale ? 'yes: enriched while the Kubernetes API was unreachable' : '', 'trace probe': f.probe_trace_id ? 'yes: the probe of trace ' + f.probe_trace_id + ', not traffic' : '' }),
     h('details', {}, h('summary', {}, 'All fields'), kv(f)));
+}
+// whyDenied explains a denied flow as traces and reachability pairs do
+// (GET /audit/evaluate: the one explanation of a drop), with the policies
+// in force now; null for a flow that was not denied.
+function whyDenied(f, v) {
+  if (v !== 'denied' && v !== 'rejected') return null;
+  const p = h('p', { class: 'note', id: 'flow-why' }, 'Explaining the denial…');
+  const end = s => f[s + '_pod'] ? f[s + '_namespace'] + '/' + f[s + '_pod'] : f[s + '_ip'];
+  const q = new URLSearchParams({ from: end('src'), to: end('dst'), proto: f.protocol_name, port: isICMP(f) ? 0 : f.dst_port, family: f.ip_version });
+  api('/audit/evaluate?' + q).then(rs => {
+    const r = (rs || []).find(x => x.ip_version === f.ip_version);
+    p.textContent = r ? 'With the policies in force now: ' + r.message : 'The policies in force now do not evaluate this flow.';
+  }, e => { p.className = 'muted'; p.textContent = 'No explanation: ' + errText(e); });
+  return p;
 }
 async function loadFlows(more) {
   stopFollow();
@@ -999,7 +1014,10 @@ async function runTrace(ev) {
 // hopText says what an observation adds to its node, component and action.
 function hopText(o) {
   return [o.interface && 'via ' + o.interface, o.pod && 'pod ' + o.pod, o.service && 'service ' + o.service,
-    o.translated_dst && 'DNAT to ' + o.translated_dst, o.translated_src && 'SNAT to ' + o.translated_src, o.detail].filter(Boolean).join(', ');
+    o.translated_dst && 'DNAT to ' + o.translated_dst, o.translated_src && 'SNAT to ' + o.translated_src, o.detail,
+    // The datapath's rule (an internal counter or chain name) is a detail:
+    // the trace's reason is the one explanation of a drop.
+    o.rule && !(o.detail || '').includes(o.rule) && 'rule ' + o.rule].filter(Boolean).join(', ');
 }
 // renderTraces draws a trace (POST /traceflows's Result): each family's
 // path, or why it has none, once, in its own block (data-family 4 or 6).
@@ -1019,7 +1037,7 @@ function renderTraces(out, r) {
     const stopped = o => o.action === 'dropped' || o.action === 'rejected';
     const stop = (t.observations || []).find(stopped);
     const path = h('ol', { class: 'path' }, (t.observations || []).map(o => {
-      const pol = [o.policy, o.rule].filter(Boolean).join(' ');
+      const pol = o.policy;
       return h('li', { class: stopped(o) ? 'drop' : '' },
         h('span', { class: 'node' }, o.node), ' · ', o.component, ' · ',
         h('span', { class: 'verdict ' + o.action }, o.action),
