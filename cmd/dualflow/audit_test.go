@@ -9,10 +9,12 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/collector/enrich"
+	"github.com/dualflow/dualflow/lab/labcmd"
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/web/api"
 )
@@ -50,7 +52,8 @@ func (noStore) Query(context.Context, string, string) ([]byte, error) {
 }
 
 // TestAuditLocalAndServer: dualflow audit asks the same questions of
-// manifest files (--inventory) and of a collector (--server), through one
+// manifest files (--inventory), of a collector (--server) and, with
+// neither, of the demo running on the lab of --state-dir, through one
 // interface, and gets the same answers, in every IP mode.
 func TestAuditLocalAndServer(t *testing.T) {
 	t.Setenv(envToken, "")
@@ -80,6 +83,15 @@ func TestAuditLocalAndServer(t *testing.T) {
 			}
 			srv := httptest.NewServer(a.Handler())
 			defer srv.Close()
+			// A demo's state directory names its REST API (labcmd's
+			// web-url file, which labcmd.DemoWebURL reads).
+			demoDir := t.TempDir()
+			if err := os.WriteFile(filepath.Join(demoDir, "web-url"), []byte(srv.URL+"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if u, err := labcmd.DemoWebURL(demoDir); err != nil || u != srv.URL {
+				t.Fatalf("DemoWebURL = %q, %v", u, err)
+			}
 			from, to := m.Pods[0], m.Pods[len(m.Pods)-1]
 			for _, args := range [][]string{
 				{"findings", "--json"},
@@ -92,11 +104,24 @@ func TestAuditLocalAndServer(t *testing.T) {
 				if local != remote {
 					t.Errorf("%v: --inventory printed\n%s\n--server printed\n%s", args, local, remote)
 				}
+				if demo := auditOut(t, append(args, "--state-dir", demoDir)...); demo != local {
+					t.Errorf("%v: --inventory printed\n%s\nthe demo's API printed\n%s", args, local, demo)
+				}
 				var v any
 				if err := json.Unmarshal([]byte(local), &v); err != nil || local == "null\n" {
 					t.Errorf("%v: %v: %q", args, err, local)
 				}
 			}
 		})
+	}
+}
+
+// TestAuditWithoutDemo: without --server, --inventory or a demo, a
+// subcommand that needs manifests says what to give it.
+func TestAuditWithoutDemo(t *testing.T) {
+	dir := t.TempDir()
+	err := runAudit(context.Background(), []string{"findings", "--state-dir", dir})
+	if err == nil || !strings.Contains(err.Error(), "--inventory is required when neither --server is given nor a demo runs on the lab of "+dir) {
+		t.Errorf("err = %v", err)
 	}
 }

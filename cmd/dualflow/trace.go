@@ -16,7 +16,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/dualflow/dualflow/lab/labcmd"
 	"github.com/dualflow/dualflow/traceflow"
 )
 
@@ -36,12 +35,12 @@ func runTrace(ctx context.Context, args []string) error {
 			"dropped, rejected, without an address, timed out, or an error before or during the trace).\n"+
 			"The text output fits 100 columns and ends with a line saying which families arrived.")
 	var (
-		src, dst, proto, family, stateDir string
-		sport                             uint
-		flags, ttl                        uint
-		timeout                           time.Duration
-		asJSON, live, droppedOnly         bool
-		external                          bool
+		src, dst, proto, family   string
+		sport                     uint
+		flags, ttl                uint
+		timeout                   time.Duration
+		asJSON, live, droppedOnly bool
+		external                  bool
 	)
 	fs.StringVar(&src, "s", "", "source: pod namespace/name, or workload:namespace/name")
 	fs.StringVar(&dst, "d", "", "destination (pod:ns/name:port, workload:ns/name:port, svc:ns/name:port, ip:addr:port)")
@@ -52,7 +51,6 @@ func runTrace(ctx context.Context, args []string) error {
 	fs.UintVar(&ttl, "ttl", 0, "TTL / hop limit, 32 to 255 (default 64)")
 	fs.BoolVar(&external, "external", false, "allow an ip: destination outside the cluster (the collector must run with --traceflow.allow-external)")
 	fs.DurationVar(&timeout, "timeout", 3*time.Second, "per-family timeout")
-	fs.StringVar(&stateDir, "state-dir", labcmd.DefaultStateDir, "without --server: the state directory of a running demo, whose REST API is used")
 	fs.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	fs.BoolVar(&live, "live", false, "trace the next real connection instead of injecting a probe (kernel datapath)")
 	fs.BoolVar(&droppedOnly, "dropped-only", false, "with --live: skip delivered connections, report the next dropped one")
@@ -81,7 +79,7 @@ func runTrace(ctx context.Context, args []string) error {
 		req.Source = strings.TrimPrefix(src, "pod:")
 	}
 
-	res, err := traceThrough(ctx, req, &srv, stateDir)
+	res, err := traceThrough(ctx, req, &srv)
 	if err != nil {
 		return err
 	}
@@ -118,18 +116,10 @@ func missingFamilies(res traceflow.Result) error {
 
 // traceThrough runs req through a collector's REST API (--server: POST
 // /api/v1/traceflows?wait=true, an operator token), by default the one of
-// the demo running on the lab of stateDir.
-func traceThrough(ctx context.Context, req traceflow.Request, srv *serverFlags, stateDir string) (traceflow.Result, error) {
-	if srv.url == "" {
-		u, err := labcmd.DemoWebURL(stateDir)
-		if err != nil {
-			return traceflow.Result{}, fmt.Errorf("trace: no --server, and %w", err)
-		}
-		srv.url = u
-		srv.localTokenFile = labcmd.DemoTokenFile(stateDir)
-	} else if u, err := labcmd.DemoWebURL(stateDir); err == nil && strings.TrimSuffix(u, "/") == strings.TrimSuffix(srv.url, "/") {
-		// --server is the demo's: its operator token is known too.
-		srv.localTokenFile = labcmd.DemoTokenFile(stateDir)
+// the demo running on the lab of --state-dir.
+func traceThrough(ctx context.Context, req traceflow.Request, srv *serverFlags) (traceflow.Result, error) {
+	if err := srv.useDemo(); err != nil {
+		return traceflow.Result{}, fmt.Errorf("trace: no --server, and %w", err)
 	}
 	c, err := srv.client()
 	if err != nil {
