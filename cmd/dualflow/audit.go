@@ -377,7 +377,7 @@ func runAuditEval(ctx context.Context, args []string) error {
 }
 
 func runAuditDenied(ctx context.Context, args []string) error {
-	fs := newFlagSet("audit denied", "[flags]", "Denied flows of the window grouped by direction, policy and rule, source and destination workload, and family.")
+	fs := newFlagSet("audit denied", "[flags]", "Denied flows of the window grouped by direction, policy and rule, source and destination workload, and family.\nRULE is blank for a denial (no rule allows), REPORTED when no exporter reported a verdict. The groups\nhave no port: the policy rollup they sum (rollup_policy_1m) does not keep one.")
 	var a auditFlags
 	a.bindOutput(fs)
 	a.bindStore(fs, "1h")
@@ -400,13 +400,37 @@ func runAuditDenied(ctx context.Context, args []string) error {
 	if a.json {
 		return printJSON(append([]audit.DeniedGroup{}, gs...))
 	}
-	tw := table(os.Stdout)
+	return printDenied(os.Stdout, gs)
+}
+
+// printDenied prints the denied groups as a table. RULE is blank when no
+// rule decided (a denial: the policy isolates and no rule allows), and
+// REPORTED when no exporter reported a verdict. The groups have no port:
+// rollup_policy_1m, which they sum, does not keep it.
+func printDenied(w io.Writer, gs []audit.DeniedGroup) error {
+	tw := table(w)
 	fmt.Fprintln(tw, "DIRECTION\tPOLICY\tRULE\tVERDICT\tREPORTED\tSOURCE\tDESTINATION\tFAMILY\tRECORDS\tLAST")
 	for _, g := range gs {
-		fmt.Fprintf(tw, "%s\t%s/%s\t%d\t%s\t%s\t%s/%s\t%s/%s\tIPv%d\t%d\t%s\n", g.Direction, g.PolicyNamespace, g.PolicyName, g.Rule,
-			g.Verdict, g.ReportedVerdict, g.SrcNamespace, g.SrcWorkload, g.DstNamespace, g.DstWorkload, g.IPVersion, g.Records, g.Last.Format(time.RFC3339))
+		rule := ""
+		if g.Rule >= 0 {
+			rule = strconv.Itoa(int(g.Rule))
+		}
+		reported := g.ReportedVerdict
+		if reported == flow.VerdictUnknown.String() {
+			reported = ""
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\tIPv%d\t%d\t%s\n", g.Direction, nsName(g.PolicyNamespace, g.PolicyName), rule,
+			g.Verdict, reported, nsName(g.SrcNamespace, g.SrcWorkload), nsName(g.DstNamespace, g.DstWorkload), g.IPVersion, g.Records, g.Last.Format(time.RFC3339))
 	}
 	return tw.Flush()
+}
+
+// nsName is "namespace/name", "" when both are empty.
+func nsName(ns, name string) string {
+	if ns == "" && name == "" {
+		return ""
+	}
+	return ns + "/" + name
 }
 
 func runAuditUnused(ctx context.Context, args []string) error {

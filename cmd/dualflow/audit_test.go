@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,8 +10,10 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/collector/enrich"
@@ -123,5 +126,40 @@ func TestAuditWithoutDemo(t *testing.T) {
 	err := runAudit(context.Background(), []string{"findings", "--state-dir", dir})
 	if err == nil || !strings.Contains(err.Error(), "--inventory is required when neither --server is given nor a demo runs on the lab of "+dir) {
 		t.Errorf("err = %v", err)
+	}
+}
+
+// TestPrintDenied: the rule shows only when one decided, the reported
+// verdict only when an exporter reported one, and an end without a
+// workload is blank rather than "/".
+func TestPrintDenied(t *testing.T) {
+	last := time.Date(2026, 12, 5, 5, 0, 0, 0, time.UTC)
+	gs := []audit.DeniedGroup{
+		{Direction: "ingress", PolicyNamespace: "backend", PolicyName: "deny-all", Rule: -1, Verdict: "denied", ReportedVerdict: "unknown",
+			SrcNamespace: "frontend", SrcWorkload: "web", DstNamespace: "backend", DstWorkload: "api", IPVersion: 4, Records: 7, Last: last},
+		{Direction: "egress", PolicyNamespace: "frontend", PolicyName: "allow-api", Rule: 2, Verdict: "allowed", ReportedVerdict: "denied",
+			SrcNamespace: "frontend", SrcWorkload: "web", IPVersion: 6, Records: 3, Last: last},
+	}
+	var buf bytes.Buffer
+	if err := printDenied(&buf, gs); err != nil {
+		t.Fatal(err)
+	}
+	var rows [][]string
+	for l := range strings.Lines(buf.String()) {
+		rows = append(rows, strings.Fields(l))
+	}
+	want := [][]string{
+		{"DIRECTION", "POLICY", "RULE", "VERDICT", "REPORTED", "SOURCE", "DESTINATION", "FAMILY", "RECORDS", "LAST"},
+		{"ingress", "backend/deny-all", "denied", "frontend/web", "backend/api", "IPv4", "7", "2026-12-05T05:00:00Z"},
+		{"egress", "frontend/allow-api", "2", "allowed", "denied", "frontend/web", "IPv6", "3", "2026-12-05T05:00:00Z"},
+	}
+	if !reflect.DeepEqual(rows, want) {
+		t.Errorf("printed\n%s\nwant the fields %q", buf.String(), want)
+	}
+	// The blank cells are blank columns, not missing ones: "denied" of
+	// the first row stands under VERDICT.
+	lines := strings.Split(buf.String(), "\n")
+	if strings.Index(lines[1], "denied") != strings.Index(lines[0], "VERDICT") {
+		t.Errorf("columns shifted:\n%s", buf.String())
 	}
 }
