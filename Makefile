@@ -53,14 +53,10 @@ deps: ## install apt packages, the pinned libchdb and Go modules (idempotent)
 # No -trimpath: it changes every package's build key, so on a cold cache
 # the binary would compile the whole dependency graph again next to the
 # test builds (about 3 minutes of a fresh make test on 2 cores).
-# The first build compiles every dependency (minutes on 2 cores): -v
-# lists the packages compiled, counted here every 50 (anything else it
-# prints, errors included, goes through as it is).
+# The first build compiles every dependency (minutes on 2 cores):
+# scripts/build.sh says every 10 s how long and how many packages so far.
 build: ## build bin/dualflow
-	@echo "[build] $(BIN) (the first build compiles every dependency: a few minutes)"
-	$(GO) build -v -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/dualflow 2>&1 | \
-	  awk '/^[A-Za-z0-9._~\/-]+$$/ { if (++n % 50 == 0) { printf "[build] %d packages compiled\n", n; fflush() }; next } { print; fflush() } END { if (n) printf "[build] %d packages compiled, done\n", n }'
-
+	@GO='$(GO)' scripts/build.sh '$(BIN)' '$(LDFLAGS)'
 
 .PHONY: image
 image: deps ## build the OCI images dualflow and dualflow-chdb FROM scratch (scripts/image.sh)
