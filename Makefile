@@ -12,6 +12,19 @@ COMMIT       ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
 LDFLAGS      := -X main.version=$(VERSION) -X main.commit=$(COMMIT)
 CHDB_LIB     := $(CURDIR)/.cache/chdb/current/libchdb.so
 DATA_DIR     ?= $(CURDIR)/var/data
+# make run: where the demo's lab, store and listeners go. A second demo
+# beside a first needs other values for all of them (make help shows an
+# example); DEMO_FLAGS passes any other flag of `dualflow demo`. Set with
+# := so that an unrelated PREFIX in the environment does not leak in.
+STATE_DIR            := /run/dualflow/lab
+PREFIX               := df-
+WEB_ADDR             := 127.0.0.1:8080
+CLICKHOUSE_HTTP_ADDR := 127.0.0.1:8123
+METRICS_ADDR         := 127.0.0.1:9464
+# Empty: TCP and UDP on 127.0.0.1 and [::1] port 4739.
+IPFIX_ADDR           :=
+DEMO_FLAGS           ?=
+RUN_VARS             := STATE_DIR PREFIX DATA_DIR WEB_ADDR CLICKHOUSE_HTTP_ADDR METRICS_ADDR IPFIX_ADDR
 # Go packages whose tests need root, network namespaces, browsers or the
 # real kube-apiserver.
 E2E_PKGS     := ./test/e2e/...
@@ -26,6 +39,11 @@ export CGO_ENABLED   ?= 0
 .PHONY: help
 help: ## list the targets
 	@awk 'BEGIN{FS=":.*## "} /^[a-zA-Z_-]+:.*## /{printf "  \033[1m%-15s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@printf '\nmake run settings (make run NAME=value ...), now:\n'
+	@$(foreach v,$(RUN_VARS) DEMO_FLAGS,printf '  %-21s %s\n' '$(v)' '$($(v))';)
+	@printf 'A second demo beside a first needs other values for all of them, e.g.\n'
+	@printf '  make run STATE_DIR=/run/dualflow/lab2 PREFIX=df2- DATA_DIR=var/data2 WEB_ADDR=127.0.0.1:8081 \\\n'
+	@printf '    CLICKHOUSE_HTTP_ADDR=127.0.0.1:8124 METRICS_ADDR=127.0.0.1:9465 IPFIX_ADDR=127.0.0.1:4839\n'
 
 .PHONY: deps
 deps: ## install apt packages, the pinned libchdb and Go modules (idempotent)
@@ -35,22 +53,24 @@ deps: ## install apt packages, the pinned libchdb and Go modules (idempotent)
 # No -trimpath: it changes every package's build key, so on a cold cache
 # the binary would compile the whole dependency graph again next to the
 # test builds (about 3 minutes of a fresh make test on 2 cores).
-# The first build compiles every dependency (minutes on 2 cores): -v
-# lists the packages compiled, counted here every 50 (anything else it
-# prints, errors included, goes through as it is).
+# The first build compiles every dependency (minutes on 2 cores):
+# scripts/build.sh says every 10 s how long and how many packages so far.
 build: ## build bin/dualflow
-	@echo "[build] $(BIN) (the first build compiles every dependency: a few minutes)"
-	$(GO) build -v -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/dualflow 2>&1 | \
-	  awk '/^[A-Za-z0-9._~\/-]+$$/ { if (++n % 50 == 0) { printf "[build] %d packages compiled\n", n; fflush() }; next } { print; fflush() } END { if (n) printf "[build] %d packages compiled, done\n", n }'
-
+	@GO='$(GO)' scripts/build.sh '$(BIN)' '$(LDFLAGS)'
 
 .PHONY: image
 image: deps ## build the OCI images dualflow and dualflow-chdb FROM scratch (scripts/image.sh)
 	VERSION=$(VERSION) COMMIT=$(COMMIT) scripts/image.sh
 
 .PHONY: run
-run: deps build ## start the product on the embedded ClickHouse and print the URLs
-	$(BIN) demo --data-dir $(DATA_DIR)
+# The check comes first: a demo already running with the same lab, data
+# directory or ports is reported in a second, not after deps and build.
+run: ## start the product on the embedded ClickHouse and print the URLs (settings: make help)
+	@$(foreach v,$(RUN_VARS),$(v)='$($(v))') scripts/run-check.sh
+	@$(MAKE) --no-print-directory deps build
+	$(BIN) demo --data-dir '$(DATA_DIR)' --state-dir '$(STATE_DIR)' --prefix '$(PREFIX)' --web.addr '$(WEB_ADDR)' \
+	  --clickhouse.http-addr '$(CLICKHOUSE_HTTP_ADDR)' --metrics-addr '$(METRICS_ADDR)' \
+	  $(if $(IPFIX_ADDR),--collector.ipfix.tcp-addr '$(IPFIX_ADDR)' --collector.ipfix.udp-addr '$(IPFIX_ADDR)') $(DEMO_FLAGS)
 
 .PHONY: vet
 vet: ## go vet and gofmt check

@@ -35,31 +35,9 @@ APT_PACKAGES=(
   ca-certificates curl
 )
 
-log() { printf '[deps] %s\n' "$*" >&2; }
-
-# with_progress WHAT DIR CMD...: runs CMD and, while it runs, says every
-# 10 s for how long (and how many MB DIR holds, when DIR is not empty), so
-# that a first run that downloads for minutes does not look hung.
-with_progress() {
-  local what=$1 dir=$2 start=$SECONDS rc=0
-  shift 2
-  "$@" &
-  local pid=$!
-  (
-    while sleep 10 >/dev/null 2>&1; do
-      kill -0 "$pid" 2>/dev/null || exit 0
-      size=""
-      if [ -n "$dir" ] && [ -d "$dir" ]; then size=", $(du -sm "$dir" 2>/dev/null | cut -f1) MB in $dir"; fi
-      log "$what: $((SECONDS - start)) s so far$size"
-    done
-  ) &
-  local ticker=$!
-  wait "$pid" || rc=$?
-  kill "$ticker" 2>/dev/null || true
-  wait "$ticker" 2>/dev/null || true
-  [ "$rc" = 0 ] && [ $((SECONDS - start)) -ge 10 ] && log "$what: done in $((SECONDS - start)) s"
-  return "$rc"
-}
+PROGRESS_TAG=deps
+# shellcheck source=scripts/progress.sh
+. scripts/progress.sh
 
 install_apt() {
   if [ "${DEPS_SKIP_APT:-0}" = 1 ]; then return; fi

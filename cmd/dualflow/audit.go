@@ -42,7 +42,12 @@ Subcommands:
 With --server URL every subcommand asks a running collector instead (its
 REST API, /api/v1/audit/...): the cluster is the collector's live
 Kubernetes view, the flows its store; --inventory is then not needed.
+Without --server, --inventory or a store flag (--url, --direct,
+--clickhouse.*), a subcommand asks the demo running on the lab of
+--state-dir (make run) the same way, as 'dualflow trace' does; without a
+demo it works locally.
 
+  dualflow audit findings --dual-stack           # the running demo's
   dualflow audit findings --server http://127.0.0.1:8080 --dual-stack
   dualflow audit findings --inventory /run/dualflow/lab/manifest.yaml
   dualflow audit eval --inventory m.yaml --from frontend/web-6b7f9c5d84-w6ntt --to 198.18.2.11 --port 9090
@@ -79,6 +84,26 @@ type auditFlags struct {
 	direct    bool
 	timeout   time.Duration
 	srv       serverFlags
+	// local: --inventory or a store flag was given, so the command works
+	// locally rather than asking a running demo.
+	local bool
+}
+
+// parse parses args into fs and notes whether a flag asks for local work.
+func (a *auditFlags) parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %v", fs.Args())
+	}
+	fs.Visit(func(f *flag.Flag) {
+		switch {
+		case f.Name == "inventory", f.Name == "url", f.Name == "direct", strings.HasPrefix(f.Name, "clickhouse."):
+			a.local = true
+		}
+	})
+	return nil
 }
 
 func (a *auditFlags) bindInventory(fs *flag.FlagSet) {
@@ -100,8 +125,10 @@ func (a *auditFlags) bindOutput(fs *flag.FlagSet) {
 }
 
 // ask asks fn its question of the audit API of the collector named by
-// --server, else of the same audit.Queries the collector serves, over the
-// manifests of a's --inventory (read when a question needs them) and, with
+// --server, else, unless --inventory or a store flag asks for local work,
+// of the demo running on the lab of --state-dir (as dualflow trace does),
+// else of the same audit.Queries the collector serves, over the manifests
+// of a's --inventory (read when a question needs them) and, with
 // withStore, the flow store. The subcommands with a window (--since) get
 // it, and all run under --timeout when they have one.
 func ask[T any](ctx context.Context, a *auditFlags, opt audit.Options, withStore bool, fn func(api.Audit, context.Context, audit.Window) (T, error)) (T, error) {
@@ -117,6 +144,10 @@ func ask[T any](ctx context.Context, a *auditFlags, opt audit.Options, withStore
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, a.timeout)
 		defer cancel()
+	}
+	if a.srv.url != "" || !a.local {
+		// Without --server and without a demo, the work is local.
+		_ = a.srv.useDemo()
 	}
 	c, err := a.srv.client()
 	switch {
@@ -139,7 +170,7 @@ func ask[T any](ctx context.Context, a *auditFlags, opt audit.Options, withStore
 
 func (a *auditFlags) loadInventory() (*enrich.Snapshot, error) {
 	if len(a.inventory) == 0 {
-		return nil, errors.New("--inventory is required (a manifest file: kubectl get ns,pods,svc,rs,networkpolicies -A -o yaml > cluster.yaml)")
+		return nil, fmt.Errorf("--inventory is required when neither --server is given nor a demo runs on the lab of %s (a manifest file: kubectl get ns,pods,svc,rs,networkpolicies -A -o yaml > cluster.yaml)", a.srv.stateDir)
 	}
 	return enrich.LoadSnapshot(a.inventory...)
 }
@@ -259,7 +290,7 @@ collector's findings for its live cluster view, observed gaps included.`)
 	observed := fs.Bool("observed", false, "also analyse the recorded flows of the window (needs the store; always on with --server)")
 	dualOnly := fs.Bool("dual-stack", false, "only the dual-stack findings")
 	maxPairs := fs.Int("max-pairs", 0, "bound of the pod-class pairs evaluated for verdict gaps (0: default 250000)")
-	if err := fs.Parse(args); err != nil {
+	if err := a.parse(fs, args); err != nil {
 		return err
 	}
 	res, err := ask(ctx, &a, audit.Options{MaxPairs: *maxPairs}, *observed, api.Audit.Findings)
@@ -285,7 +316,7 @@ func runAuditUnprotected(ctx context.Context, args []string) error {
 	var a auditFlags
 	a.bindInventory(fs)
 	a.bindOutput(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := a.parse(fs, args); err != nil {
 		return err
 	}
 	us, err := ask(ctx, &a, audit.Options{}, false, func(q api.Audit, ctx context.Context, _ audit.Window) ([]audit.UnprotectedWorkload, error) {
@@ -316,7 +347,7 @@ func runAuditEval(ctx context.Context, args []string) error {
 	port := fs.Uint("port", 0, "destination port")
 	proto := fs.String("proto", "tcp", "tcp, udp, sctp, icmp, icmpv6 or a protocol number")
 	family := fs.String("family", "", "4 or 6 (default: every family both ends have)")
-	if err := fs.Parse(args); err != nil {
+	if err := a.parse(fs, args); err != nil {
 		return err
 	}
 	if *port > 65535 {
@@ -346,14 +377,14 @@ func runAuditEval(ctx context.Context, args []string) error {
 }
 
 func runAuditDenied(ctx context.Context, args []string) error {
-	fs := newFlagSet("audit denied", "[flags]", "Denied flows of the window grouped by direction, policy and rule, source and destination workload, and family.")
+	fs := newFlagSet("audit denied", "[flags]", "Denied flows of the window grouped by direction, policy and rule, source and destination workload, and family.\nRULE is blank for a denial (no rule allows), REPORTED when no exporter reported a verdict. The groups\nhave no port: the policy rollup they sum (rollup_policy_1m) does not keep one.")
 	var a auditFlags
 	a.bindOutput(fs)
 	a.bindStore(fs, "1h")
 	ns := fs.String("namespace", "", "only flows from or to this namespace")
 	family := fs.String("family", "", "only IPv4 (4) or IPv6 (6)")
 	limit := fs.Int("limit", 1000, "at most this many groups")
-	if err := fs.Parse(args); err != nil {
+	if err := a.parse(fs, args); err != nil {
 		return err
 	}
 	fam, err := flow.ParseFamily(*family)
@@ -369,13 +400,37 @@ func runAuditDenied(ctx context.Context, args []string) error {
 	if a.json {
 		return printJSON(append([]audit.DeniedGroup{}, gs...))
 	}
-	tw := table(os.Stdout)
+	return printDenied(os.Stdout, gs)
+}
+
+// printDenied prints the denied groups as a table. RULE is blank when no
+// rule decided (a denial: the policy isolates and no rule allows), and
+// REPORTED when no exporter reported a verdict. The groups have no port:
+// rollup_policy_1m, which they sum, does not keep it.
+func printDenied(w io.Writer, gs []audit.DeniedGroup) error {
+	tw := table(w)
 	fmt.Fprintln(tw, "DIRECTION\tPOLICY\tRULE\tVERDICT\tREPORTED\tSOURCE\tDESTINATION\tFAMILY\tRECORDS\tLAST")
 	for _, g := range gs {
-		fmt.Fprintf(tw, "%s\t%s/%s\t%d\t%s\t%s\t%s/%s\t%s/%s\tIPv%d\t%d\t%s\n", g.Direction, g.PolicyNamespace, g.PolicyName, g.Rule,
-			g.Verdict, g.ReportedVerdict, g.SrcNamespace, g.SrcWorkload, g.DstNamespace, g.DstWorkload, g.IPVersion, g.Records, g.Last.Format(time.RFC3339))
+		rule := ""
+		if g.Rule >= 0 {
+			rule = strconv.Itoa(int(g.Rule))
+		}
+		reported := g.ReportedVerdict
+		if reported == flow.VerdictUnknown.String() {
+			reported = ""
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\tIPv%d\t%d\t%s\n", g.Direction, nsName(g.PolicyNamespace, g.PolicyName), rule,
+			g.Verdict, reported, nsName(g.SrcNamespace, g.SrcWorkload), nsName(g.DstNamespace, g.DstWorkload), g.IPVersion, g.Records, g.Last.Format(time.RFC3339))
 	}
 	return tw.Flush()
+}
+
+// nsName is "namespace/name", "" when both are empty.
+func nsName(ns, name string) string {
+	if ns == "" && name == "" {
+		return ""
+	}
+	return ns + "/" + name
 }
 
 func runAuditUnused(ctx context.Context, args []string) error {
@@ -384,7 +439,7 @@ func runAuditUnused(ctx context.Context, args []string) error {
 	a.bindInventory(fs)
 	a.bindOutput(fs)
 	a.bindStore(fs, "24h")
-	if err := fs.Parse(args); err != nil {
+	if err := a.parse(fs, args); err != nil {
 		return err
 	}
 	rep, err := ask(ctx, &a, audit.Options{}, true, api.Audit.Unused)
@@ -417,7 +472,7 @@ changes.`)
 	fs.Var(&proposed, "policy", "proposed NetworkPolicy manifest (YAML or JSON); repeat for several")
 	ns := fs.String("namespace", "default", "namespace of proposed policies that have none")
 	limit := fs.Int("limit", 100000, "re-evaluate at most this many distinct flows (the most frequent)")
-	if err := fs.Parse(args); err != nil {
+	if err := a.parse(fs, args); err != nil {
 		return err
 	}
 	if len(proposed) == 0 {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,10 +10,14 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"reflect"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/collector/enrich"
+	"github.com/dualflow/dualflow/lab/labcmd"
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/web/api"
 )
@@ -50,7 +55,8 @@ func (noStore) Query(context.Context, string, string) ([]byte, error) {
 }
 
 // TestAuditLocalAndServer: dualflow audit asks the same questions of
-// manifest files (--inventory) and of a collector (--server), through one
+// manifest files (--inventory), of a collector (--server) and, with
+// neither, of the demo running on the lab of --state-dir, through one
 // interface, and gets the same answers, in every IP mode.
 func TestAuditLocalAndServer(t *testing.T) {
 	t.Setenv(envToken, "")
@@ -80,6 +86,15 @@ func TestAuditLocalAndServer(t *testing.T) {
 			}
 			srv := httptest.NewServer(a.Handler())
 			defer srv.Close()
+			// A demo's state directory names its REST API (labcmd's
+			// web-url file, which labcmd.DemoWebURL reads).
+			demoDir := t.TempDir()
+			if err := os.WriteFile(filepath.Join(demoDir, "web-url"), []byte(srv.URL+"\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if u, err := labcmd.DemoWebURL(demoDir); err != nil || u != srv.URL {
+				t.Fatalf("DemoWebURL = %q, %v", u, err)
+			}
 			from, to := m.Pods[0], m.Pods[len(m.Pods)-1]
 			for _, args := range [][]string{
 				{"findings", "--json"},
@@ -92,11 +107,59 @@ func TestAuditLocalAndServer(t *testing.T) {
 				if local != remote {
 					t.Errorf("%v: --inventory printed\n%s\n--server printed\n%s", args, local, remote)
 				}
+				if demo := auditOut(t, append(args, "--state-dir", demoDir)...); demo != local {
+					t.Errorf("%v: --inventory printed\n%s\nthe demo's API printed\n%s", args, local, demo)
+				}
 				var v any
 				if err := json.Unmarshal([]byte(local), &v); err != nil || local == "null\n" {
 					t.Errorf("%v: %v: %q", args, err, local)
 				}
 			}
 		})
+	}
+}
+
+// TestAuditWithoutDemo: without --server, --inventory or a demo, a
+// subcommand that needs manifests says what to give it.
+func TestAuditWithoutDemo(t *testing.T) {
+	dir := t.TempDir()
+	err := runAudit(context.Background(), []string{"findings", "--state-dir", dir})
+	if err == nil || !strings.Contains(err.Error(), "--inventory is required when neither --server is given nor a demo runs on the lab of "+dir) {
+		t.Errorf("err = %v", err)
+	}
+}
+
+// TestPrintDenied: the rule shows only when one decided, the reported
+// verdict only when an exporter reported one, and an end without a
+// workload is blank rather than "/".
+func TestPrintDenied(t *testing.T) {
+	last := time.Date(2026, 12, 5, 5, 0, 0, 0, time.UTC)
+	gs := []audit.DeniedGroup{
+		{Direction: "ingress", PolicyNamespace: "backend", PolicyName: "deny-all", Rule: -1, Verdict: "denied", ReportedVerdict: "unknown",
+			SrcNamespace: "frontend", SrcWorkload: "web", DstNamespace: "backend", DstWorkload: "api", IPVersion: 4, Records: 7, Last: last},
+		{Direction: "egress", PolicyNamespace: "frontend", PolicyName: "allow-api", Rule: 2, Verdict: "allowed", ReportedVerdict: "denied",
+			SrcNamespace: "frontend", SrcWorkload: "web", IPVersion: 6, Records: 3, Last: last},
+	}
+	var buf bytes.Buffer
+	if err := printDenied(&buf, gs); err != nil {
+		t.Fatal(err)
+	}
+	var rows [][]string
+	for l := range strings.Lines(buf.String()) {
+		rows = append(rows, strings.Fields(l))
+	}
+	want := [][]string{
+		{"DIRECTION", "POLICY", "RULE", "VERDICT", "REPORTED", "SOURCE", "DESTINATION", "FAMILY", "RECORDS", "LAST"},
+		{"ingress", "backend/deny-all", "denied", "frontend/web", "backend/api", "IPv4", "7", "2026-12-05T05:00:00Z"},
+		{"egress", "frontend/allow-api", "2", "allowed", "denied", "frontend/web", "IPv6", "3", "2026-12-05T05:00:00Z"},
+	}
+	if !reflect.DeepEqual(rows, want) {
+		t.Errorf("printed\n%s\nwant the fields %q", buf.String(), want)
+	}
+	// The blank cells are blank columns, not missing ones: "denied" of
+	// the first row stands under VERDICT.
+	lines := strings.Split(buf.String(), "\n")
+	if strings.Index(lines[1], "denied") != strings.Index(lines[0], "VERDICT") {
+		t.Errorf("columns shifted:\n%s", buf.String())
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/dualflow/dualflow/collector/store"
+	"github.com/dualflow/dualflow/lab/labcmd"
 	"github.com/dualflow/dualflow/netaddr"
 	"github.com/dualflow/dualflow/web"
 )
@@ -26,6 +27,9 @@ const envToken = "DUALFLOW_TOKEN"
 type serverFlags struct {
 	url       string
 	tokenFile string
+	// stateDir is the state directory of a lab whose running demo's REST
+	// API a command asks without --server (useDemo).
+	stateDir string
 	// localTokenFile is the local operator token of a collector on
 	// loopback without a tokens file (the demo's, or the default data
 	// directory's), read when no token is given.
@@ -35,6 +39,26 @@ type serverFlags struct {
 func (s *serverFlags) bind(fs *flag.FlagSet) {
 	fs.StringVar(&s.url, "server", "", "ask a running collector's REST API (its --web.addr, e.g. http://127.0.0.1:8080) instead of working locally; token from $"+envToken+" or --token-file")
 	fs.StringVar(&s.tokenFile, "token-file", "", "file holding the bearer token for --server (default $"+envToken+")")
+	fs.StringVar(&s.stateDir, "state-dir", labcmd.DefaultStateDir, "without --server: the state directory of a running demo, whose REST API is used")
+}
+
+// useDemo points s at the REST API of the demo running on the lab of
+// --state-dir when --server is not set, with the demo's local operator
+// token; when --server is the demo's, it reads that token too. Without
+// --server and without a demo it returns the error saying so.
+func (s *serverFlags) useDemo() error {
+	u, err := labcmd.DemoWebURL(s.stateDir)
+	switch {
+	case s.url != "":
+		if err == nil && strings.TrimSuffix(u, "/") == strings.TrimSuffix(s.url, "/") {
+			s.localTokenFile = labcmd.DemoTokenFile(s.stateDir)
+		}
+		return nil
+	case err != nil:
+		return err
+	}
+	s.url, s.localTokenFile = u, labcmd.DemoTokenFile(s.stateDir)
+	return nil
 }
 
 // client returns the API client, nil when --server is not set.

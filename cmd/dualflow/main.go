@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
 	"syscall"
 
 	"k8s.io/klog/v2"
@@ -25,6 +26,11 @@ type command struct {
 	summary string
 	run     func(ctx context.Context, args []string) error
 }
+
+// services are the long-running commands, which log (log/slog) while
+// they run: their final error is one more log line of the same format,
+// for their journal. Other commands print theirs as "dualflow: <message>".
+var services = []string{"collector", "exporter", "store"}
 
 func commands() []command {
 	return []command{
@@ -74,15 +80,33 @@ func main() {
 		ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 		err := c.run(ctx, os.Args[2:])
 		stop()
-		if err == nil || errors.Is(err, flag.ErrHelp) {
-			return
-		}
-		slog.Error("dualflow "+name+" failed", "err", err)
-		os.Exit(1)
+		os.Exit(exit(os.Stderr, c, err))
 	}
 	fmt.Fprintf(os.Stderr, "dualflow: unknown command %q\n\n", name)
 	usage(os.Stderr)
 	os.Exit(2)
+}
+
+// reportedError is a failure the command has told the user about on
+// stdout already (dualflow trace's last line): main exits 1 without
+// printing it again.
+type reportedError struct{ error }
+
+// exit reports the error c.run returned and returns the exit status: 0
+// without one, 1 with one, which a service logs (slog) and another
+// command prints as "dualflow: <message>" on w.
+func exit(w io.Writer, c command, err error) int {
+	var reported reportedError
+	switch {
+	case err == nil || errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &reported):
+	case slices.Contains(services, c.name):
+		slog.Error("dualflow "+c.name+" failed", "err", err)
+	default:
+		fmt.Fprintf(w, "dualflow: %v\n", err)
+	}
+	return 1
 }
 
 // labCommands are the lab side of the binary (package labcmd): the lab,

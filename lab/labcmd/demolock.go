@@ -82,7 +82,7 @@ func runningErr(stateDir, pid string) error {
 	if u, err := DemoWebURL(stateDir); err == nil {
 		who += ", web UI " + u
 	}
-	return fmt.Errorf("%w on the lab of %s (%s): it was left as it is; stop it first (Ctrl-C in its terminal, or kill %s), or start this one with another --state-dir, --prefix, --data-dir and ports",
+	return fmt.Errorf("%w on the lab of %s (%s): it was left as it is; stop it first (Ctrl-C in its terminal, or kill %s), or start this one with another --state-dir, --prefix, --data-dir and ports (make run: see make help)",
 		ErrDemoRunning, stateDir, who, cmp.Or(pid, "its pid"))
 }
 

@@ -8,7 +8,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
@@ -162,5 +164,70 @@ func TestLabDownOtherPrefixWhileDemoRuns(t *testing.T) {
 	// Without a state file the flag's prefix is the one removed: refused.
 	if err := testCommands().Lab(context.Background(), []string{"down", "--state-dir", filepath.Join(t.TempDir(), "none")}); !errors.Is(err, ErrDemoRunning) {
 		t.Errorf("lab down of the default prefix while a demo holds it: err = %v, want ErrDemoRunning", err)
+	}
+}
+
+// TestRunCheckScript: scripts/run-check.sh, the first step of `make run`,
+// sees the locks a running demo holds (its state directory, its prefix)
+// and a taken port, by the names lockDemo and lockPrefix use; with none
+// held and free ports it lets make run go on.
+func TestRunCheckScript(t *testing.T) {
+	script, err := filepath.Abs("../../scripts/run-check.sh")
+	if err != nil {
+		t.Fatal(err)
+	}
+	free := func() string { // a loopback port nothing listens on
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		return l.Addr().String()
+	}
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp) // lockPrefix's directory, for the test and the script
+	run := func(stateDir, prefix, webAddr string) (string, bool) {
+		cmd := exec.Command("bash", script)
+		cmd.Env = append(os.Environ(), "STATE_DIR="+stateDir, "PREFIX="+prefix, "DATA_DIR="+filepath.Join(tmp, "data"),
+			"WEB_ADDR="+webAddr, "CLICKHOUSE_HTTP_ADDR="+free(), "METRICS_ADDR="+free(), "IPFIX_ADDR="+free())
+		out, err := cmd.CombinedOutput()
+		var exit *exec.ExitError
+		if err != nil && !errors.As(err, &exit) {
+			t.Fatalf("run-check.sh: %v", err)
+		}
+		return string(out), err == nil
+	}
+
+	stateDir, prefix := filepath.Join(tmp, "lab"), testPrefix()
+	if out, ok := run(stateDir, prefix, free()); !ok {
+		t.Fatalf("nothing runs, yet run-check.sh refused:\n%s", out)
+	}
+	lock, err := lockDemo(stateDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Unlock()
+	plock, err := lockPrefix(prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer plock.Unlock()
+	web, err := net.Listen("tcp", "[::1]:0")
+	if err != nil {
+		web, err = net.Listen("tcp", "127.0.0.1:0")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer web.Close()
+	out, ok := run(stateDir, prefix, web.Addr().String())
+	if ok {
+		t.Fatalf("a demo holds the locks, yet run-check.sh let make run go on:\n%s", out)
+	}
+	for _, want := range []string{"STATE_DIR=" + stateDir + " (pid " + strconv.Itoa(os.Getpid()), "PREFIX=" + prefix + " (pid " + strconv.Itoa(os.Getpid()),
+		"WEB_ADDR=" + web.Addr().String() + ": something listens", "make run STATE_DIR="} {
+		if !strings.Contains(out, want) {
+			t.Errorf("run-check.sh does not say %q:\n%s", want, out)
+		}
 	}
 }

@@ -509,16 +509,22 @@ func TestTraceCLI(t *testing.T) {
 	if err != nil {
 		t.Fatalf("trace to backend/api: %v\n%s", err, out)
 	}
-	lines := strings.Split(out, "\n")
-	if len(lines) < 3 || !strings.Contains(lines[1], "IPV4") || !strings.Contains(lines[1], "IPV6") || strings.Count(out, "=> DELIVERED") != 2 {
-		t.Errorf("want both families side by side, delivered:\n%s", out)
+	// The text output: each family's path, within 100 columns, and a last
+	// line saying which families arrived (cmd/dualflow's TestPrintTrace
+	// checks the layout).
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if strings.Count(out, "\nIPv4  ") != 1 || strings.Count(out, "\nIPv6  ") != 1 || strings.Count(out, "=> DELIVERED") != 2 ||
+		lines[len(lines)-1] != "arrived: IPv4, IPv6 (exit status 0)" {
+		t.Errorf("want both families, delivered:\n%s", out)
 	}
 	out, err = run("-d", "svc:backend/api-single:8080", "--family", "dual")
 	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.ExitCode() == 0 {
-		t.Errorf("trace to backend/api-single: err %v, want a non-zero exit\n%s", err, out)
+	if !errors.As(err, &ee) || ee.ExitCode() != 1 {
+		t.Errorf("trace to backend/api-single: err %v, want exit status 1\n%s", err, out)
 	}
-	if !strings.Contains(out, "service backend/api-single has no IPv6 ClusterIP") || !strings.Contains(out, "=> DELIVERED") {
+	// Long reasons wrap onto indented lines: compare the words.
+	if words := strings.Join(strings.Fields(out), " "); !strings.Contains(words, "service backend/api-single has no IPv6 ClusterIP") ||
+		!strings.Contains(words, "=> DELIVERED") || !strings.Contains(words, "did not arrive: IPv6 no-address (exit status 1)") {
 		t.Errorf("want IPv4 delivered and a clear IPv6 reason:\n%s", out)
 	}
 	out, err = run("-d", "pod:"+ref(web)+":8080", "--family", "ipv6", "--json", "--server", base)
