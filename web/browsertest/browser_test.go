@@ -382,6 +382,94 @@ func TestFlowFiltersChangeRows(t *testing.T) {
 	noConsoleErrors(t, errs, "400")
 }
 
+// TestFlowDrawerWithoutService opens the drawer of a flow that went to
+// no Service: the parts it lacks are left out, not printed as "null".
+func TestFlowDrawerWithoutService(t *testing.T) {
+	ctx, errs := browser(t)
+	do(t, ctx,
+		chromedp.Navigate(baseURL+"/#/flows"),
+		chromedp.WaitVisible(css(`#flow-table tbody tr`)),
+		js(`api('/flows?since=1h&limit=1000').then(r => flowDrawer(r.flows.find(f => !f.service_name)))`),
+		chromedp.WaitVisible(css(`#drawer dl.kv`)),
+	)
+	txt := eval[string](t, ctx, `document.querySelector('#drawer-body').innerText`)
+	if strings.Contains(txt, "null") || strings.Contains(txt, "undefined") {
+		t.Errorf("drawer of a flow without a Service:\n%s", txt)
+	}
+	if n := eval[int](t, ctx, `[...document.querySelectorAll('#drawer h3')].filter(e => e.textContent === 'Service').length`); n != 0 {
+		t.Errorf("%d Service sections for a flow without one", n)
+	}
+	// A flow through a Service has the section.
+	do(t, ctx,
+		js(`api('/flows?since=1h&limit=1000').then(r => flowDrawer(r.flows.find(f => f.service_name)))`),
+		poll(`[...document.querySelectorAll('#drawer h3')].some(e => e.textContent === 'Service')`),
+	)
+	noConsoleErrors(t, errs, "")
+}
+
+// TestFlowColumnsFit1000px: at 1000 px the default columns, source port
+// and Verdict among them, show without horizontal scroll; the chooser
+// shows and hides a column and the choice outlives a reload.
+func TestFlowColumnsFit1000px(t *testing.T) {
+	ctx, errs := browser(t)
+	do(t, ctx,
+		chromedp.EmulateViewport(1000, 800),
+		chromedp.Navigate(baseURL+"/#/flows"),
+		chromedp.WaitVisible(css(`#flow-table tbody tr`)),
+	)
+	type fit struct {
+		Scroll, Client int
+		VerdictRight   float64
+		WrapRight      float64
+		Shown          []string
+	}
+	measure := func() fit {
+		return eval[fit](t, ctx, `(() => { const w = document.querySelector('#flow-table').parentElement;
+			return { Scroll: w.scrollWidth, Client: w.clientWidth,
+				VerdictRight: document.querySelector('#flow-table th[data-col=verdict]').getBoundingClientRect().right,
+				WrapRight: w.getBoundingClientRect().right,
+				Shown: [...document.querySelectorAll('#flow-table thead th')].filter(th => !th.hidden).map(th => th.dataset.col) }; })()`)
+	}
+	m := measure()
+	if m.Scroll > m.Client || m.VerdictRight > m.WrapRight {
+		t.Errorf("at 1000 px the table scrolls: %+v", m)
+	}
+	for _, c := range []string{"src_port", "verdict", "dst_port"} {
+		if !slices.Contains(m.Shown, c) {
+			t.Errorf("default columns %v lack %s", m.Shown, c)
+		}
+	}
+	screenshot(t, ctx, "flows-1000")
+	// Show the drop reason, hide the source port: header and rows follow.
+	do(t, ctx,
+		chromedp.Click(css(`#flow-cols summary`)),
+		chromedp.Click(css(`#flow-cols-list input[value=reason]`)),
+		chromedp.Click(css(`#flow-cols-list input[value=src_port]`)),
+	)
+	visible := func(col string) [2]int {
+		return eval[[2]int](t, ctx, `(() => { const cs = [...document.querySelectorAll('#flow-table [data-col=`+col+`]')];
+			return [cs.filter(c => c.offsetWidth > 0).length, cs.length]; })()`)
+	}
+	if v := visible("reason"); v[0] != v[1] || v[0] < 2 {
+		t.Errorf("drop reason shown in %d of %d cells", v[0], v[1])
+	}
+	if v := visible("src_port"); v[0] != 0 {
+		t.Errorf("hidden source port shown in %d of %d cells", v[0], v[1])
+	}
+	// The choice is kept (localStorage): new rows and a reload follow it.
+	do(t, ctx, chromedp.Reload(), chromedp.WaitVisible(css(`#flow-table tbody tr`)))
+	if v := visible("reason"); v[0] != v[1] || v[0] < 2 {
+		t.Errorf("after a reload drop reason shown in %d of %d cells", v[0], v[1])
+	}
+	if v := visible("src_port"); v[0] != 0 {
+		t.Errorf("after a reload source port shown in %d of %d cells", v[0], v[1])
+	}
+	if on := eval[bool](t, ctx, `document.querySelector('#flow-cols-list input[value=src_port]').checked`); on {
+		t.Error("the chooser does not show the kept choice")
+	}
+	noConsoleErrors(t, errs, "")
+}
+
 func TestICMPTypeNames(t *testing.T) {
 	ctx, errs := browser(t)
 	// The lab has no ICMP flows: check the names the column would show.

@@ -170,9 +170,11 @@ function hashURL(page, params) {
 const link = (href, text, title) => h('a', { href, title, class: 'act' }, text);
 
 // ---- drawer ----
+// openDrawer shows content, leaving out the null and false parts a
+// caller passes for what a record lacks (replaceChildren would print them).
 function openDrawer(title, ...content) {
   $('#drawer-title').textContent = title;
-  const body = $('#drawer-body'); body.replaceChildren(...content);
+  const body = $('#drawer-body'); body.replaceChildren(...content.flat().filter(x => x !== null && x !== undefined && x !== false));
   $('#drawer').hidden = false;
   $('#drawer-close').focus();
 }
@@ -294,20 +296,58 @@ function keepFlowURL(p) {
   const url = '#/flows' + (p.toString() ? '?' + p : '');
   if (location.hash !== url) { history.replaceState(null, '', url); current.hash = url; }
 }
+// flowColumns are the flow table's columns: key (data-col and the
+// localStorage choice), header, cell, and whether a fresh browser shows it.
+// The default set fits 1000 px: the source port tells apart connections
+// that would otherwise look like duplicates, and Verdict is never cut off.
+const flowColumns = [
+  { key: 'time', head: 'Time', on: true, cell: f => h('td', { class: 'time', title: new Date(f.flow_end_ms).toString() }, fmtTime(f.flow_end_ms)) },
+  { key: 'family', head: 'Fam', on: true, cell: f => h('td', {}, famBadge(f.ip_version)) },
+  { key: 'src', head: 'Source', on: true, cell: f => h('td', { title: f.src_ip }, side(f, 'src')) },
+  { key: 'src_port', head: 'Src port', on: true, cell: f => h('td', { class: 'num', title: isICMP(f) ? 'ICMP echo identifier' : null }, f.src_port || '') },
+  { key: 'dst', head: 'Destination', on: true, cell: f => h('td', { title: f.dst_ip + (f.service_name ? ' via Service ' + f.service_namespace + '/' + f.service_name : '') }, side(f, 'dst'), f.service_name ? h('span', { class: 'muted' }, ' svc ' + f.service_name) : '') },
+  { key: 'proto', head: 'Proto', on: true, cell: f => h('td', { class: 'proto' }, isICMP(f) ? h('span', { title: 'type ' + (f.dst_port >> 8) + ' code ' + (f.dst_port & 255) }, f.protocol_name + ' ' + icmpName(f)) : f.protocol_name) },
+  { key: 'dst_port', head: 'Port', on: true, cell: f => h('td', { class: 'num' }, isICMP(f) ? '' : f.dst_port) },
+  { key: 'verdict', head: 'Verdict', on: true, cell: f => { const v = flowVerdict(f); return h('td', { class: 'verdict ' + v }, v); } },
+  { key: 'bytes', head: 'Bytes', on: true, title: 'both directions', cell: f => h('td', { class: 'num' }, fmtBytes(f.bytes + f.reverse_bytes)) },
+  { key: 'bytes_out', head: 'Bytes →', title: 'source to destination', cell: f => h('td', { class: 'num' }, fmtBytes(f.bytes)) },
+  { key: 'bytes_in', head: 'Bytes ←', title: 'destination to source (replies)', cell: f => h('td', { class: 'num' }, fmtBytes(f.reverse_bytes)) },
+  { key: 'packets', head: 'Packets', title: 'source to destination / replies', cell: f => h('td', { class: 'num' }, f.packets + ' / ' + f.reverse_packets) },
+  { key: 'src_node', head: 'Src node', cell: f => h('td', {}, f.src_node || '') },
+  { key: 'dst_node', head: 'Dst node', cell: f => h('td', {}, f.dst_node || '') },
+  { key: 'tcp_state', head: 'TCP state', cell: f => h('td', {}, f.tcp_state || '') },
+  { key: 'end_reason', head: 'End reason', cell: f => h('td', {}, f.end_reason || '') },
+  { key: 'policy', head: 'Policy', cell: f => h('td', { class: 'policy' }, flowPolicy(f)) },
+  { key: 'reason', head: 'Drop reason', cell: f => h('td', { class: 'reason' }, dropReason(f)) },
+];
+const flowColsKey = 'dualflow.flowColumns';
+// shownColumns is the chosen set (localStorage), else the default one.
+function shownColumns() {
+  try {
+    const v = JSON.parse(localStorage.getItem(flowColsKey) || 'null');
+    if (Array.isArray(v)) return new Set(v);
+  } catch (e) { /* a bad value: the default set */ }
+  return new Set(flowColumns.filter(c => c.on).map(c => c.key));
+}
+// setColumn shows or hides one column in the table and remembers the choice.
+function setColumn(key, on) {
+  const cols = shownColumns();
+  if (on) cols.add(key); else cols.delete(key);
+  localStorage.setItem(flowColsKey, JSON.stringify(flowColumns.map(c => c.key).filter(k => cols.has(k))));
+  document.querySelectorAll(`#flow-table [data-col="${key}"]`).forEach(c => { c.hidden = !on; });
+}
+// drawFlowColumns builds the header and the chooser's checkboxes.
+function drawFlowColumns() {
+  const cols = shownColumns();
+  $('#flow-table thead').replaceChildren(h('tr', {}, flowColumns.map(c => h('th', { 'data-col': c.key, id: c.key === 'time' ? 'flow-time-h' : null, title: c.title, hidden: !cols.has(c.key) },
+    c.key === 'time' ? 'Time (' + tzName + ')' : c.head))));
+  $('#flow-cols-list').replaceChildren(...flowColumns.map(c => h('label', {},
+    h('input', { type: 'checkbox', value: c.key, checked: cols.has(c.key), onchange: e => setColumn(c.key, e.target.checked) }), ' ', c.head)));
+}
 function flowRow(f, fresh) {
-  const v = flowVerdict(f);
-  const proto = isICMP(f) ? h('span', { title: 'type ' + (f.dst_port >> 8) + ' code ' + (f.dst_port & 255) }, f.protocol_name + ' ' + icmpName(f)) : f.protocol_name;
+  const cols = shownColumns();
   const tr = h('tr', { tabindex: 0, class: fresh ? 'fresh' : null, 'data-family': f.ip_version, 'data-end': f.flow_end_ms },
-    h('td', { class: 'time', title: new Date(f.flow_end_ms).toString() }, fmtTime(f.flow_end_ms)),
-    h('td', {}, famBadge(f.ip_version)),
-    h('td', { title: f.src_ip }, side(f, 'src')),
-    h('td', { title: f.dst_ip }, f.service_name ? side(f, 'dst') + ' (svc ' + f.service_namespace + '/' + f.service_name + ')' : side(f, 'dst')),
-    h('td', { class: 'proto' }, proto),
-    h('td', {}, isICMP(f) ? '' : f.dst_port),
-    h('td', { class: 'num' }, fmtBytes(f.bytes + f.reverse_bytes)),
-    h('td', { class: 'verdict ' + v }, v),
-    h('td', { class: 'policy' }, flowPolicy(f)),
-    h('td', { class: 'reason' }, dropReason(f)));
+    flowColumns.map(c => { const td = c.cell(f); td.dataset.col = c.key; td.hidden = !cols.has(c.key); return td; }));
   const open = () => flowDrawer(f);
   tr.addEventListener('click', open);
   tr.addEventListener('keydown', e => { if (e.key === 'Enter') open(); });
@@ -1231,7 +1271,7 @@ function init() {
   $('#f-follow').parentElement.before(h('label', { class: 'toggle', title: 'Show the flows of traceflow probes (each trace, and each reachability cell traced, sends one per family); hidden by default: a trace is not traffic' },
     h('input', { type: 'checkbox', id: 'f-probes' }), ' Trace probes'));
   $('#f-probes').addEventListener('change', () => loadFlows(false));
-  $('#flow-time-h').textContent = 'Time (' + tzName + ')';
+  drawFlowColumns();
   $('#flow-filter').addEventListener('submit', e => { e.preventDefault(); loadFlows(false); });
   for (const id of ['#f-family', '#f-verdict', '#f-since']) $(id).addEventListener('change', () => loadFlows(false));
   $('#f-follow').addEventListener('change', e => { if (e.target.checked) startFollow(); else { stopFollow(); banner(''); } });
