@@ -522,6 +522,31 @@ func TestSummaryAndServiceMap(t *testing.T) {
 	if fam[4].Flows == 0 || fam[6].Flows == 0 || fam[6].Dropped == 0 || fam[4].Dropped != 0 {
 		t.Errorf("families %+v", s.Families)
 	}
+	if s.DropsByPolicy != nil {
+		t.Errorf("drops by policy not asked for: %+v", s.DropsByPolicy)
+	}
+	// Drops by policy are counted in the store: every dropped flow of the
+	// window (the lab's IPv6 frontend → db, denied by shop/db-policy).
+	for _, tc := range []struct{ q, want string }{
+		{"", "shop/db-policy"},
+		{"&ip_version=6", "shop/db-policy"},
+		{"&ip_version=4", ""},
+	} {
+		s := decode[Summary](t, do(t, h, "GET", "/api/v1/flows/summary?policies=5"+tc.q, ""))
+		var total uint64
+		for _, f := range s.Families {
+			total += f.Dropped
+		}
+		if tc.want == "" {
+			if len(s.DropsByPolicy) != 0 || total != 0 {
+				t.Errorf("%s: drops by policy %+v, %d dropped", tc.q, s.DropsByPolicy, total)
+			}
+			continue
+		}
+		if len(s.DropsByPolicy) != 1 || s.DropsByPolicy[0].Policy != tc.want || s.DropsByPolicy[0].IPVersion != 6 || s.DropsByPolicy[0].Dropped != total {
+			t.Errorf("%s: drops by policy %+v, want %s with all %d dropped", tc.q, s.DropsByPolicy, tc.want, total)
+		}
+	}
 	m := decode[ServiceMap](t, do(t, h, "GET", "/api/v1/servicemap", ""))
 	var dropped6, svc bool
 	for _, e := range m.Edges {

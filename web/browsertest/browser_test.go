@@ -551,19 +551,42 @@ func TestCharts(t *testing.T) {
 		chromedp.Navigate(baseURL+"/#/charts?since=1h"),
 		chromedp.WaitVisible(css(`#chart-bytes .uplot`)),
 		chromedp.WaitVisible(css(`#chart-flows .uplot`)),
+		chromedp.WaitVisible(css(`#chart-drops .uplot`)),
 		chromedp.WaitVisible(css(`#talkers tbody tr`)),
 		chromedp.WaitVisible(css(`#drops tbody tr`)),
 	)
 	// One hour in one-minute buckets, the last one partial; series for
-	// both families and the dropped flows of each.
+	// both families, and the dropped flows of each in a panel and y-scale
+	// of their own, each family in its colour.
 	if n := eval[string](t, ctx, `document.querySelector('#chart-flows').dataset.buckets`); n != "60" {
 		t.Errorf("%s buckets", n)
 	}
-	labels := eval[[]string](t, ctx, `[...document.querySelectorAll('#chart-flows .u-legend .u-label')].map(e => e.textContent)`)
-	for _, l := range []string{"IPv4", "IPv6", "IPv4 dropped", "IPv6 dropped"} {
-		if !slices.Contains(labels, l) {
-			t.Errorf("legend %v lacks %s", labels, l)
+	type legendRow struct{ Label, Value, Colour string }
+	legend := func(chart string) []legendRow {
+		return eval[[]legendRow](t, ctx, `[...document.querySelectorAll('`+chart+` .u-legend .u-series')].map(r => ({
+			Label: r.querySelector('.u-label').textContent, Value: r.querySelector('.u-value').textContent,
+			Colour: getComputedStyle(r.querySelector('.u-marker')).borderTopColor }))`)
+	}
+	want := map[string]map[string]string{
+		"#chart-flows": {"IPv4": "rgb(37, 99, 235)", "IPv6": "rgb(147, 51, 234)"},
+		"#chart-drops": {"IPv4 dropped": "rgb(37, 99, 235)", "IPv6 dropped": "rgb(147, 51, 234)"},
+	}
+	for chart, series := range want {
+		rows := legend(chart)
+		for label, colour := range series {
+			i := slices.IndexFunc(rows, func(r legendRow) bool { return r.Label == label })
+			if i < 0 {
+				t.Errorf("%s legend %+v lacks %s", chart, rows, label)
+				continue
+			}
+			// Without hover the legend shows the window's total.
+			if r := rows[i]; r.Colour != colour || !strings.HasPrefix(r.Value, "Σ ") || r.Value == "Σ 0" && label != "IPv4 dropped" {
+				t.Errorf("%s legend %s: %+v, want colour %s and the window's total", chart, label, r, colour)
+			}
 		}
+	}
+	if drops := eval[string](t, ctx, `document.querySelector('#chart-drops').uplot.series[2].stroke()`); drops != "#9333ea" {
+		t.Errorf("IPv6 dropped drawn in %s", drops)
 	}
 	if n := eval[int](t, ctx, `document.querySelectorAll('#chart-bytes .u-axis').length`); n < 2 {
 		t.Errorf("%d axes", n)
@@ -580,7 +603,26 @@ func TestCharts(t *testing.T) {
 		t.Errorf("drops by policy %v, IPv6 total %q", drops, total)
 	}
 	screenshot(t, ctx, "charts")
+	// An empty window's y-axis labels only its zero.
+	do(t, ctx,
+		chromedp.Navigate(baseURL+"/#/charts?since=1h&namespace=none-such"),
+		poll(`document.querySelector('#drops tbody td.muted') && document.querySelector('#chart-bytes')?.uplot`),
+	)
+	for _, chart := range []string{"#chart-bytes", "#chart-flows", "#chart-drops"} {
+		ticks := eval[[]string](t, ctx, `document.querySelector('`+chart+`').uplot.axes[1]._values`)
+		var labelled []string
+		for _, v := range ticks {
+			if v != "" {
+				labelled = append(labelled, v)
+			}
+		}
+		if len(labelled) != 1 || labelled[0] != "0 B" && labelled[0] != "0" {
+			t.Errorf("%s empty y-axis %q", chart, ticks)
+		}
+	}
+	screenshot(t, ctx, "charts-empty")
 	// A top talker links to its flows.
+	do(t, ctx, chromedp.Navigate(baseURL+"/#/charts?since=1h"), chromedp.WaitVisible(css(`#talkers tbody tr`)))
 	do(t, ctx,
 		chromedp.Click(css(`#talkers tbody tr a`)),
 		poll(`location.hash.startsWith('#/flows') && document.querySelectorAll('#flow-table tbody tr').length > 0`),

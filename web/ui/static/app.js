@@ -529,41 +529,68 @@ function partialPlugin(w) {
   };
 }
 function timeAxisLabel(w) { return 'time (' + tzName + '), ' + (w.step >= 60 ? w.step / 60 + ' min' : w.step + ' s') + ' buckets'; }
-// stackedChart draws IPv4 and IPv6 stacked (IPv6 on top of IPv4) as bars,
-// and optional dropped lines per family.
-function stackedChart(el, title, w, d, key, unit, fmt, opts) {
-  const v4 = d[key][4], v6 = d[key][6];
-  const top = v4.map((x, i) => x + v6[i]);
-  const bars = uPlot.paths.bars({ size: [0.9, 60] });
-  const series = [
-    { label: 'time', value: (u, v) => v == null ? '' : fmtTime((v - w.step / 2) * 1000).slice(11, 19) },
-    { label: 'IPv6', stroke: C6, fill: C6 + 'cc', paths: bars, points: { show: false }, value: (u, v, si, i) => i == null ? '' : fmt(v6[i]) },
-    { label: 'IPv4', stroke: C4, fill: C4 + 'cc', paths: bars, points: { show: false }, value: (u, v, si, i) => i == null ? '' : fmt(v4[i]) },
-  ];
-  const data = [d.xs, top, v4];
-  if (opts.dropped) {
-    series.push({ label: 'IPv4 dropped', stroke: CDROP, width: 2, points: { show: false }, value: (u, v) => v == null ? '' : fmt(v) });
-    series.push({ label: 'IPv6 dropped', stroke: '#f97316', width: 2, dash: [6, 4], points: { show: false }, value: (u, v) => v == null ? '' : fmt(v) });
-    data.push(d.dropped[4], d.dropped[6]);
+// wholeIncrs are the y-axis steps of counted units (bytes, flows): whole
+// numbers only, so a small or empty scale never repeats a rounded label
+// ("1 B, 1 B, 0 B").
+const wholeIncrs = [];
+for (let m = 1; m < 1e16; m *= 10) wholeIncrs.push(m, 2 * m, 5 * m);
+// emptyPlugin writes "no flows in this window" over a chart with no data.
+function emptyPlugin(empty) {
+  return { hooks: { draw: u => {
+    if (!empty) return;
+    const ctx = u.ctx; ctx.save();
+    ctx.fillStyle = '#64748b'; ctx.font = `${13 * devicePixelRatio}px sans-serif`; ctx.textAlign = 'center';
+    ctx.fillText('no flows in this window', u.bbox.left + u.bbox.width / 2, u.bbox.top + u.bbox.height / 2);
+    ctx.restore();
+  } } };
+}
+const sum = a => a.reduce((x, y) => x + y, 0);
+// familyChart draws one value per bucket and family: bars with IPv6
+// stacked on IPv4, or (opts.lines) a line per family, each in its
+// family's colour. Without hover the legend shows the window's totals,
+// with it the bucket's values. The uPlot instance is el.uplot.
+function familyChart(el, title, w, xs, v4, v6, unit, fmt, opts) {
+  const empty = !v4.some(Boolean) && !v6.some(Boolean);
+  const val = vs => (u, v, si, i) => i == null ? 'Σ ' + fmt(sum(vs)) : fmt(vs[i]);
+  const sfx = opts.suffix || '';
+  let series, data;
+  if (opts.lines) {
+    series = [
+      { label: 'IPv4' + sfx, stroke: C4, fill: C4 + '22', width: 2, points: { show: false }, value: val(v4) },
+      { label: 'IPv6' + sfx, stroke: C6, fill: C6 + '22', width: 2, dash: [6, 3], points: { show: false }, value: val(v6) },
+    ];
+    data = [xs, v4, v6];
+  } else {
+    const bars = uPlot.paths.bars({ size: [0.9, 60] });
+    series = [
+      { label: 'IPv6' + sfx, stroke: C6, fill: C6 + 'cc', paths: bars, points: { show: false }, value: val(v6) },
+      { label: 'IPv4' + sfx, stroke: C4, fill: C4 + 'cc', paths: bars, points: { show: false }, value: val(v4) },
+    ];
+    data = [xs, v4.map((x, i) => x + v6[i]), v4];
   }
+  series.unshift({ label: 'time', value: (u, v) => v == null ? 'window' : fmtTime((v - w.step / 2) * 1000).slice(11, 19) });
   const width = Math.max(320, (el.clientWidth || el.parentElement.clientWidth || 900) - 8);
   const u = new uPlot({
     title, width, height: opts.height || 200,
     scales: { x: { time: true, range: [w.since, w.until] }, y: { range: (u, mn, mx) => [0, Math.max(1, mx) * 1.1] } },
     axes: [
       { label: opts.compact ? null : timeAxisLabel(w), stroke: '#475569', grid: { stroke: '#e2e8f0' } },
-      { label: unit, stroke: '#475569', grid: { stroke: '#e2e8f0' }, size: 70, values: (u, vals) => vals.map(fmt) },
+      // An empty chart labels only its zero: no made-up "1 B".
+      { label: unit, stroke: '#475569', grid: { stroke: '#e2e8f0' }, size: 70, incrs: wholeIncrs, values: (u, vals) => vals.map(v => empty && v ? '' : fmt(v)) },
     ],
-    series, plugins: [partialPlugin(w)], legend: { show: true },
+    series, plugins: [partialPlugin(w), emptyPlugin(empty)], legend: { show: true },
   }, data, el);
   el.dataset.buckets = String(w.n);
+  el.uplot = u;
   return u;
 }
 // loadSummaryInto fills box with the summary charts of the filter p.
 async function loadSummaryInto(box, p, opts) {
   const w = opts.window || bucketWindow(p.get('since') || '1h', Date.now());
   try {
-    const s = await api('/flows/summary?' + chartParams(p, w));
+    const q = chartParams(p, w);
+    if (opts.policies) q.append('policies', String(opts.policies));
+    const s = await api('/flows/summary?' + q);
     drawSummary(box, s, w, opts);
     return s;
   } catch (e) { box.replaceChildren(h('span', { class: 'err' }, errText(e))); return null; }
@@ -572,17 +599,17 @@ function familyTotals(s) {
   return h('div', { class: 'totals' }, s.families.map(f => h('span', { 'data-family': f.ip_version }, famBadge(f.ip_version), ' ', fmtBytes(f.bytes), ' · ', f.flows + ' flows · ',
     h('span', { class: f.dropped ? 'verdict dropped' : 'muted' }, f.dropped + ' dropped'))));
 }
+// drawSummary draws bytes (and, on the Charts page, flows and drops, each
+// in its own panel and y-scale: drops are often a small part of the flows).
 function drawSummary(box, s, w, opts) {
   const d = buckets(s, w);
-  const perSec = opts.compact ? '' : '';
   box.replaceChildren(familyTotals(s));
-  const c1 = h('div', { class: 'uchart', id: opts.compact ? null : 'chart-bytes', 'data-kind': 'bytes' });
-  box.append(c1);
-  stackedChart(c1, opts.compact ? null : 'Bytes per family (stacked)', w, d, 'bytes', 'bytes / bucket' + perSec, fmtBytes, { compact: opts.compact, height: opts.compact ? 150 : 220 });
+  const panel = (id, kind) => { const el = h('div', { class: 'uchart', id, 'data-kind': kind }); box.append(el); return el; };
+  familyChart(panel(opts.compact ? null : 'chart-bytes', 'bytes'), opts.compact ? null : 'Bytes per family (stacked)', w, d.xs, d.bytes[4], d.bytes[6],
+    'bytes / bucket', fmtBytes, { compact: opts.compact, height: opts.compact ? 150 : 220 });
   if (opts.compact) return;
-  const c2 = h('div', { class: 'uchart', id: 'chart-flows', 'data-kind': 'flows' });
-  box.append(c2);
-  stackedChart(c2, 'Flows per family (stacked) and dropped flows per family', w, d, 'flows', 'flows / bucket', fmtCount, { dropped: true, height: 220 });
+  familyChart(panel('chart-flows', 'flows'), 'Flows per family (stacked)', w, d.xs, d.flows[4], d.flows[6], 'flows / bucket', fmtCount, { height: 200 });
+  familyChart(panel('chart-drops', 'dropped'), 'Dropped flows per family', w, d.xs, d.dropped[4], d.dropped[6], 'dropped / bucket', fmtCount, { lines: true, suffix: ' dropped', height: 180 });
 }
 
 // ---- Charts page ----
@@ -597,14 +624,14 @@ async function loadCharts() {
   history.replaceState(null, '', '#/charts?' + p); current.hash = location.hash;
   // One aligned window for the charts, the talkers and the drops.
   const w = bucketWindow(p.get('since') || '1h', Date.now());
-  const s = await loadSummaryInto($('#charts-out'), p, { window: w });
+  const s = await loadSummaryInto($('#charts-out'), p, { window: w, policies: dropsShown });
   if (!s) return;
   banner('');
   const rows = s.top_talkers.map(t => h('tr', { 'data-family': t.ip_version },
     h('td', {}, famBadge(t.ip_version)), h('td', {}, t.src), h('td', {}, t.dst), h('td', { class: 'num' }, fmtBytes(t.bytes)), h('td', { class: 'num' }, t.flows),
     h('td', {}, link(hashURL('flows', talkerFilter(t, p.get('since'))), 'flows'))));
   $('#talkers tbody').replaceChildren(...rows);
-  loadDropsByPolicy(p, w);
+  drawDropsByPolicy(s, p);
 }
 // talkerFilter turns a map/talker label into flow filters.
 function labelFilter(label, s) {
@@ -615,33 +642,23 @@ function labelFilter(label, s) {
 function talkerFilter(t, since) {
   return Object.assign({ since, ip_version: t.ip_version }, labelFilter(t.src, 'src'), labelFilter(t.dst, 'dst'));
 }
-// loadDropsByPolicy counts the window's dropped flows by deciding policy
-// (from the latest 5000 dropped flows: there is no aggregate endpoint).
-async function loadDropsByPolicy(p, w) {
-  const q = new URLSearchParams(p); q.set('verdict', 'dropped'); q.set('limit', '1000');
-  q.set('since', String(w.since * 1000)); q.set('until', String(w.until * 1000));
+// dropsShown is how many policies "Drops by policy" lists.
+const dropsShown = 20;
+// drawDropsByPolicy lists the window's dropped flows per deciding policy
+// and family, as the store counts them (the summary's drops_by_policy).
+function drawDropsByPolicy(s, p) {
+  const by = new Map();
+  for (const r of s.drops_by_policy || []) {
+    const e = by.get(r.policy) || { policy: r.policy, 4: 0, 6: 0 };
+    e[r.ip_version] += r.dropped; by.set(r.policy, e);
+  }
+  const list = [...by.values()];
+  const shown = sum(list.map(e => e[4] + e[6])), total = sum(s.families.map(f => f.dropped));
+  $('#drops-note').textContent = total + ' dropped flows' + (shown < total ? ', ' + shown + ' of them by the ' + list.length + ' policies that dropped most' : '');
   const tb = $('#drops tbody');
-  try {
-    // Up to 5 pages of 1000: exact for most windows, a sample past that.
-    const r = { flows: [], next: '' };
-    for (let page = 0; page < 5; page++) {
-      const pq = new URLSearchParams(q); if (r.next) pq.set('cursor', r.next);
-      const part = await api('/flows?' + pq);
-      r.flows.push(...part.flows); r.next = part.next || '';
-      if (!r.next) break;
-    }
-    const by = new Map();
-    for (const f of r.flows) {
-      const k = flowPolicy(f) || '(default deny, no policy named)';
-      const e = by.get(k) || { policy: k, 4: 0, 6: 0 };
-      e[f.ip_version]++; by.set(k, e);
-    }
-    const list = [...by.values()].sort((a, b) => (b[4] + b[6]) - (a[4] + a[6]));
-    $('#drops-note').textContent = r.next ? 'from the latest ' + r.flows.length + ' dropped flows' : r.flows.length + ' dropped flows';
-    tb.replaceChildren(...list.map(e => h('tr', {}, h('td', {}, e.policy), h('td', { class: 'num' }, e[4]), h('td', { class: 'num' }, e[6]),
-      h('td', {}, e.policy.startsWith('(') ? '' : link(hashURL('flows', { since: p.get('since'), verdict: 'dropped', policy: e.policy }), 'flows')))));
-    if (!list.length) tb.replaceChildren(h('tr', {}, h('td', { colspan: 4, class: 'muted' }, 'No dropped flows in this window.')));
-  } catch (e) { tb.replaceChildren(h('tr', {}, h('td', { colspan: 4, class: 'err' }, errText(e)))); }
+  tb.replaceChildren(...list.map(e => h('tr', {}, h('td', {}, e.policy || '(default deny, no policy named)'), h('td', { class: 'num' }, e[4]), h('td', { class: 'num' }, e[6]),
+    h('td', {}, e.policy ? link(hashURL('flows', { since: p.get('since'), verdict: 'dropped', policy: e.policy }), 'flows') : ''))));
+  if (!list.length) tb.replaceChildren(h('tr', {}, h('td', { colspan: 4, class: 'muted' }, 'No dropped flows in this window.')));
 }
 
 // ---- Service map (cytoscape) ----
