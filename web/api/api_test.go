@@ -658,6 +658,24 @@ func TestFilterSQL(t *testing.T) {
 	}
 }
 
+// TestSchemaDoc: GET /schema serves docs/schema.md, the reference the
+// SQL page lists: its column tables, the REST names and the examples.
+func TestSchemaDoc(t *testing.T) {
+	a, err := New(Config{Store: &fakeStore{}, Anonymous: RoleViewer})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := do(t, a.engine, "GET", "/api/v1/schema", "")
+	if r.code != 200 || !strings.HasPrefix(r.hdr.Get("Content-Type"), "text/markdown") {
+		t.Fatalf("%d %s", r.code, r.hdr.Get("Content-Type"))
+	}
+	for _, want := range []string{"## `flows`", "| column | type | meaning |", "## REST names and SQL columns", "| `src_namespace` /", "## Example queries", "```sql"} {
+		if !strings.Contains(r.body, want) {
+			t.Errorf("schema lacks %q", want)
+		}
+	}
+}
+
 // TestOpenAPICoversRoutes: every route under /api/v1 is documented with
 // its method in openapi.json.
 func TestOpenAPICoversRoutes(t *testing.T) {

@@ -978,6 +978,42 @@ func TestSQLConsole(t *testing.T) {
 		t.Errorf("%d rows of a truncated answer", n)
 	}
 	screenshot(t, ctx, "sql-truncated")
+	// The schema sidebar is docs/schema.md: the tables with their columns,
+	// the REST names of the columns, and examples a click puts in the editor.
+	do(t, ctx, chromedp.WaitVisible(css(`#sql-schema .examples a`)))
+	cols := eval[[]string](t, ctx, `[...document.querySelectorAll('#sql-schema details[data-table=flows] a.col')].map(a => a.textContent)`)
+	for _, c := range []string{"ip_version", "src_ip", "dst_pod_name", "ingress_verdict", "k8s_view_stale"} {
+		if !slices.Contains(cols, c) {
+			t.Errorf("flows columns %v lack %s", cols, c)
+		}
+	}
+	tables := eval[[]string](t, ctx, `[...document.querySelectorAll('#sql-schema [data-table]')].map(e => e.dataset.table)`)
+	for _, tb := range []string{"flows", "traceflows", "rollup_policy_1m"} {
+		if !slices.Contains(tables, tb) {
+			t.Errorf("tables %v lack %s", tables, tb)
+		}
+	}
+	if m := eval[string](t, ctx, `[...document.querySelectorAll('#sql-schema .restmap tr')].map(r => r.textContent).find(t => t.startsWith('src_namespace')) || ''`); !strings.Contains(m, "src_pod_namespace") {
+		t.Errorf("REST → SQL row of src_namespace %q", m)
+	}
+	// A column name goes in at the cursor; an example replaces the query and runs.
+	do(t, ctx,
+		js(`const ta = document.querySelector('#sql-text'); ta.value = 'SELECT  FROM dualflow.flows'; ta.setSelectionRange(7, 7)`),
+		chromedp.Click(css(`#sql-schema details[data-table=flows] a.col`)),
+	)
+	if v := eval[string](t, ctx, `document.querySelector('#sql-text').value`); v != "SELECT "+cols[0]+" FROM dualflow.flows" {
+		t.Errorf("editor after a column click: %q", v)
+	}
+	do(t, ctx,
+		js(`[...document.querySelectorAll('#sql-schema .examples a')].find(a => a.textContent.includes('over IPv6')).click()`),
+		poll(`document.querySelector('#sql-text').value.includes('ip_version = 6')`),
+		chromedp.Click(css(`#sql-form button[type=submit]`)),
+		poll(`document.querySelector('#sql-status').textContent.includes('rows in') && document.querySelectorAll('#sql-table thead th').length === 5`),
+	)
+	if n := eval[int](t, ctx, `document.querySelectorAll('#sql-table tbody tr').length`); n == 0 {
+		t.Error("the IPv6 top-talkers example returned no rows")
+	}
+	screenshot(t, ctx, "sql-schema")
 	noConsoleErrors(t, errs, "")
 }
 

@@ -1162,6 +1162,84 @@ async function downloadCSV() {
   } catch (e) { $('#sql-status').textContent = errText(e); $('#sql-status').className = 'err'; }
 }
 
+// ---- SQL page: the schema sidebar ----
+// The sidebar is docs/schema.md as the server embeds it (GET /schema): the
+// tables and their columns, the REST names of the columns and the example
+// queries, which a click puts in the editor.
+// parseSchemaDoc reads the Markdown: per "## " section its tables (with
+// the "### " subsection they are in) and its ```sql blocks, each titled by
+// the sentence before it.
+function parseSchemaDoc(md) {
+  const sections = [];
+  let sec = null, sub = '', table = null, sql = null, para = [], paraDone = false;
+  for (const raw of md.split('\n')) {
+    const line = raw.trim();
+    if (sql) {
+      if (line.startsWith('```')) { sec.examples.push({ title: para.join(' ').replace(/:$/, '') || sec.title, sql: sql.join('\n').trim().replace(/;$/, '') }); sql = null; para = []; } else sql.push(raw.replace(/^ {2}/, ''));
+      continue;
+    }
+    if (line.startsWith('## ')) { sec = { title: line.slice(3), tables: [], examples: [] }; sections.push(sec); sub = ''; table = null; para = []; continue; }
+    if (!sec) continue;
+    if (line === '```sql') { sql = []; continue; }
+    if (line.startsWith('### ')) { sub = line.slice(4); table = null; para = []; continue; }
+    if (line.startsWith('|')) {
+      const cells = line.replace(/^\||\|$/g, '').split('|').map(c => c.trim());
+      if (!table) { table = { sub, head: cells, rows: [] }; sec.tables.push(table); } else if (!cells.every(c => /^:?-+:?$/.test(c))) table.rows.push(cells);
+      continue;
+    }
+    table = null;
+    if (!line) { paraDone = true; continue; }
+    if (paraDone) { para = []; paraDone = false; }
+    para.push(line);
+  }
+  return sections;
+}
+// mdInline renders `code` spans (and drops ** emphasis).
+function mdInline(text) {
+  return text.split('`').map((part, i) => i % 2 ? h('code', {}, part) : part.replace(/\*\*/g, ''));
+}
+const codeNames = text => (text.match(/`[^`]+`/g) || []).map(x => x.slice(1, -1));
+// insertSQL puts text at the editor's cursor.
+function insertSQL(text) {
+  const ta = $('#sql-text');
+  ta.setRangeText(text, ta.selectionStart, ta.selectionEnd, 'end'); ta.focus();
+}
+let schemaLoaded = false;
+async function loadSchema() {
+  if (schemaLoaded) return;
+  const box = $('#sql-schema');
+  let md;
+  try { md = await (await api('/schema', { raw: true })).text(); } catch (e) { box.replaceChildren(h('p', { class: 'err' }, errText(e))); return; }
+  schemaLoaded = true;
+  const secs = parseSchemaDoc(md);
+  const out = [h('h2', {}, 'Tables'), h('p', { class: 'muted' }, 'In database ', h('code', {}, 'dualflow'), '; click a name to insert it.')];
+  for (const s of secs) {
+    const name = codeNames(s.title)[0];
+    const cols = s.tables.filter(t => t.head[0] === 'column');
+    if (name && cols.length) {
+      out.push(h('details', { class: 'tbl', 'data-table': name, open: name === 'flows' },
+        h('summary', {}, h('a', { class: 'ins', onclick: e => { e.preventDefault(); insertSQL('dualflow.' + name); } }, name)),
+        cols.flatMap(t => [t.sub ? h('h4', {}, t.sub) : null, h('ul', { class: 'cols' }, t.rows.map(r => h('li', { title: r[2] ? r[2].replace(/`/g, '') : '' },
+          codeNames(r[0]).flatMap((c, i) => [i ? ', ' : '', h('a', { class: 'ins col', onclick: () => insertSQL(c) }, c)]), r[1] ? h('span', { class: 'muted' }, ' ' + r[1]) : '')))])));
+    }
+    for (const t of s.tables.filter(t => t.head[0] === 'table' && t.head[1] === 'key columns')) {
+      out.push(h('details', { class: 'tbl' }, h('summary', {}, s.title),
+        h('ul', { class: 'cols' }, t.rows.map(r => h('li', { title: 'key: ' + r[1].replace(/`/g, '') + '; sums: ' + r[2] },
+          codeNames(r[0]).map(c => h('a', { class: 'ins', 'data-table': c, onclick: () => insertSQL('dualflow.' + c) }, c)))))));
+    }
+  }
+  const rest = secs.find(s => /^REST names/.test(s.title));
+  if (rest && rest.tables[0]) {
+    out.push(h('h2', {}, 'REST names ↔ SQL columns'),
+      h('table', { class: 'data restmap' }, h('thead', {}, h('tr', {}, h('th', {}, 'REST'), h('th', {}, 'SQL'))),
+        h('tbody', {}, rest.tables[0].rows.map(r => h('tr', {}, h('td', {}, mdInline(r[0])), h('td', {}, mdInline(r[1])))))));
+  }
+  const examples = secs.flatMap(s => s.examples.filter(x => /\bFROM dualflow\./.test(x.sql)));
+  out.push(h('h2', {}, 'Example queries'),
+    h('ul', { class: 'examples' }, examples.map(x => h('li', {}, h('a', { class: 'ins example', href: '#/sql', title: x.sql, onclick: e => { e.preventDefault(); $('#sql-text').value = x.sql; $('#sql-text').focus(); } }, mdInline(x.title))))));
+  box.replaceChildren(...out);
+}
+
 // ---- routing ----
 // A page's state is in its hash: #/page?params. Links from one page to
 // another (map → flows, audit → reachability) are plain hrefs.
@@ -1236,7 +1314,7 @@ const pages = {
   reach: enterReach,
   trace: enterTrace,
   audit: () => loadAudit(),
-  sql: () => {},
+  sql: () => { loadSchema(); },
 };
 function route() {
   if (location.hash === current.hash) return; // our own replaceState
