@@ -1068,12 +1068,21 @@ func TestKubernetesStaleBadge(t *testing.T) {
 	if got := eval[string](t, ctx, `document.querySelector('#k8s-status').title`); !strings.Contains(got, "k8s_view_stale") || !strings.Contains(got, "Not watched: pod, service.") {
 		t.Errorf("badge title %q", got)
 	}
+	// The page says so in words too, not only in the badge.
+	if got := eval[string](t, ctx, `document.querySelector('#view-note').hidden ? '' : document.querySelector('#view-note').textContent`); !strings.Contains(got, "stale") || !strings.Contains(got, "12 s") || !strings.Contains(got, "pod, service not watched") {
+		t.Errorf("page note %q", got)
+	}
 	screenshot(t, ctx, "k8s-stale")
-	do(t, ctx, chromedp.Navigate(baseURL+"/#/map"), poll(`!document.querySelector('#k8s-status').hidden`))
+	do(t, ctx, chromedp.Navigate(baseURL+"/#/map"), poll(`!document.querySelector('#k8s-status').hidden && !document.querySelector('#view-note').hidden`))
+	// Another page's errors (the banner) do not hide it.
+	do(t, ctx, chromedp.Navigate(baseURL+"/#/flows?dst_ip=not-an-ip"), chromedp.WaitVisible(css(`#banner`)))
+	if eval[bool](t, ctx, `document.querySelector('#view-note').hidden`) {
+		t.Error("the stale note went with a page error")
+	}
 	kubeStale.Store(false)
-	// The page polls every 10 s: the badge goes without a reload.
-	do(t, ctx, poll(`document.querySelector('#k8s-status').hidden`))
-	noConsoleErrors(t, errs, "")
+	// The page polls every 10 s: the badge and the note go without a reload.
+	do(t, ctx, poll(`document.querySelector('#k8s-status').hidden && document.querySelector('#view-note').hidden`))
+	noConsoleErrors(t, errs, "400")
 }
 
 // TestServerHealth checks the process-level endpoints through the web server.

@@ -1340,8 +1340,12 @@ async function whoami() {
 // kubeStatus shows, in the header, when the collector's view of the
 // cluster is stale (the API server unreachable): names in the pages may
 // be out of date, and the rows written meanwhile say so (k8s_view_stale).
+// The note under the header says the same on every page, in words: what
+// the page shows may be out of date (stale) or incomplete (syncing: the
+// view is empty until the initial lists are indexed).
 async function kubeStatus() {
-  const el = $('#k8s-status');
+  const el = $('#k8s-status'), note = $('#view-note');
+  const clear = () => { el.hidden = true; el.textContent = ''; note.hidden = true; note.textContent = ''; };
   try {
     // A quiet fetch: a background poll neither flashes the progress bar
     // nor reopens the token dialog every 10 s.
@@ -1349,15 +1353,18 @@ async function kubeStatus() {
     if (!r.ok) throw new Error('HTTP ' + r.status);
     const k = (await r.json()).kubernetes;
     const down = (k.kinds || []).filter(x => !x.watching);
-    if (k.source === 'off' || k.source === 'inventory' || (!k.stale && k.synced)) {
-      el.hidden = true; el.textContent = ''; return;
-    }
+    if (k.source === 'off' || k.source === 'inventory' || (!k.stale && k.synced)) { clear(); return; }
     const secs = Math.round(Math.max(0, ...down.map(x => x.stale_seconds)));
     el.textContent = k.synced ? 'Kubernetes view stale ' + secs + ' s' : 'Kubernetes view syncing';
     el.title = (k.synced ? 'The collector has not reached the Kubernetes API for ' + secs + ' s: names may be out of date (rows written meanwhile have k8s_view_stale = true).' : 'The initial lists are not indexed yet.') +
       (down.length ? ' Not watched: ' + down.map(x => x.kind).join(', ') + '.' : '');
     el.hidden = false;
-  } catch (e) { el.hidden = true; }
+    note.textContent = k.synced
+      ? 'The Kubernetes view is stale: the collector has not reached the Kubernetes API for ' + secs + ' s' + (down.length ? ' (' + down.map(x => x.kind).join(', ') + ' not watched)' : '') +
+        '. Pods, workloads, Services and policies on this page may be out of date; flows recorded meanwhile are marked k8s_view_stale.'
+      : 'The Kubernetes view is still syncing: until the initial lists are indexed it is empty or partial, so names, reachability and audit answers on this page are incomplete.';
+    note.hidden = false;
+  } catch (e) { clear(); }
 }
 
 function init() {
