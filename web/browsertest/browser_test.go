@@ -3,7 +3,9 @@
 // the fake evaluator and auditor, and the real traceflow controller over a
 // fake node tracer and resolver of the lab. The tests skip without
 // /usr/bin/chromium (or libchdb) unless DUALFLOW_E2E=1, then they fail.
-// Screenshots of every page go to test/artifacts/.
+// Screenshots of every page, in each IP mode at 1000 and 1400 px wide
+// (TestPagesLoadWithoutConsoleErrors), and of the states the other tests
+// reach go to test/artifacts/web-*.png.
 package browsertest
 
 import (
@@ -260,31 +262,51 @@ func noConsoleErrors(t *testing.T, errs func() []string, allow string) {
 	}
 }
 
+// TestPagesLoadWithoutConsoleErrors loads every page in each IP mode the
+// labs have (dual-stack, IPv4-only, IPv6-only) at 1000 and 1400 px wide,
+// and keeps a screenshot of each (test/artifacts/web-<mode>-<width>-<page>.png).
 func TestPagesLoadWithoutConsoleErrors(t *testing.T) {
-	ctx, errs := browser(t)
-	pages := []struct{ hash, ready string }{
-		{"flows", `#flow-table tbody tr`},
-		{"charts", `#chart-flows .uplot`},
-		{"map", `#map canvas`},
-		{"reach", `#reach-form`},
-		{"trace", `#trace-form`},
-		{"audit", `#audit-list li.dual`},
-		{"sql", `#sql-form`},
+	pages := []struct{ name, path, ready string }{
+		{"flows", "/#/flows", `#flow-table tbody tr`},
+		{"charts", "/#/charts", `#chart-drops .uplot`},
+		{"map", "/#/map", `#map canvas`},
+		{"reach", reachURL, `.matrix table`},
+		{"trace", "/#/trace", `#trace-form`},
+		{"audit", "/#/audit", `#audit-list li.dual`},
+		{"sql", "/#/sql", `#sql-schema .examples a`},
 	}
-	for _, p := range pages {
-		do(t, ctx,
-			chromedp.Navigate(baseURL+"/#/"+p.hash),
-			chromedp.WaitVisible(css(`#page-`+p.hash)),
-			chromedp.WaitVisible(css(p.ready)),
-			chromedp.Sleep(300*time.Millisecond),
-		)
-		screenshot(t, ctx, p.hash)
+	for _, mode := range []struct{ name, base, allow string }{
+		{"dual", baseURL, ""},
+		// The single-family labs have no live view: /catalog answers 501
+		// (the browser logs it) and the UI names what the flows name.
+		{"v4", modeURL["4"], "/api/v1/catalog"},
+		{"v6", modeURL["6"], "/api/v1/catalog"},
+	} {
+		t.Run(mode.name, func(t *testing.T) {
+			ctx, errs := browser(t)
+			for _, width := range []int64{1000, 1400} {
+				for _, p := range pages {
+					do(t, ctx,
+						chromedp.EmulateViewport(width, 900),
+						chromedp.Navigate(mode.base+p.path),
+						chromedp.WaitVisible(css(`#page-`+strings.SplitN(strings.TrimPrefix(p.path, "/#/"), "?", 2)[0])),
+						chromedp.WaitVisible(css(p.ready)),
+						poll(`!document.querySelector('#progress') || document.querySelector('#progress').hidden`),
+					)
+					// Nothing is wider than the window: no horizontal scroll.
+					if w := eval[int](t, ctx, `document.documentElement.scrollWidth`); w > int(width) {
+						t.Errorf("%s at %d px is %d px wide", p.name, width, w)
+					}
+					screenshot(t, ctx, fmt.Sprintf("%s-%d-%s", mode.name, width, p.name))
+				}
+			}
+			// The audit page lists dual-stack gaps first.
+			if first := eval[string](t, ctx, `document.querySelector('#audit-list li').className`); first != "dual" {
+				t.Errorf("first finding class %q", first)
+			}
+			noConsoleErrors(t, errs, mode.allow)
+		})
 	}
-	// The audit page lists dual-stack gaps first.
-	if first := eval[string](t, ctx, `document.querySelector('#audit-list li').className`); first != "dual" {
-		t.Errorf("first finding class %q", first)
-	}
-	noConsoleErrors(t, errs, "")
 }
 
 // rowFamilies counts the flow rows per family.
@@ -1027,17 +1049,13 @@ func TestSingleFamilyLabs(t *testing.T) {
 			if got := rowFamilies(t, ctx); len(got) != 1 || got[fam] == 0 {
 				t.Errorf("rows %v", got)
 			}
-			screenshot(t, ctx, "v"+fam+"-flows")
 			do(t, ctx, chromedp.Navigate(base+"/#/map"), poll(`window.dualflowMap && window.dualflowMap.edges().length > 0`))
 			other := map[string]string{"4": "6", "6": "4"}[fam]
 			if n := eval[int](t, ctx, `window.dualflowMap.edges('.v`+other+`').length`); n != 0 {
 				t.Errorf("%d IPv%s edges", n, other)
 			}
-			screenshot(t, ctx, "v"+fam+"-map")
 			do(t, ctx, chromedp.Navigate(base+"/#/charts"), chromedp.WaitVisible(css(`#chart-flows .uplot`)), chromedp.WaitVisible(css(`#talkers tbody tr`)))
-			screenshot(t, ctx, "v"+fam+"-charts")
 			do(t, ctx, chromedp.Navigate(base+reachURL), chromedp.WaitVisible(css(`.matrix table[data-family="`+fam+`"]`)))
-			screenshot(t, ctx, "v"+fam+"-reach")
 			do(t, ctx, chromedp.Navigate(base+"/#/audit"), chromedp.WaitVisible(css(`#audit-list li`)))
 			// These labs have no live view: /catalog answers 501 (the
 			// browser logs it) and the UI names what the flows name.
