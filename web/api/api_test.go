@@ -522,6 +522,31 @@ func TestSummaryAndServiceMap(t *testing.T) {
 	if fam[4].Flows == 0 || fam[6].Flows == 0 || fam[6].Dropped == 0 || fam[4].Dropped != 0 {
 		t.Errorf("families %+v", s.Families)
 	}
+	if s.DropsByPolicy != nil {
+		t.Errorf("drops by policy not asked for: %+v", s.DropsByPolicy)
+	}
+	// Drops by policy are counted in the store: every dropped flow of the
+	// window (the lab's IPv6 frontend → db, denied by shop/db-policy).
+	for _, tc := range []struct{ q, want string }{
+		{"", "shop/db-policy"},
+		{"&ip_version=6", "shop/db-policy"},
+		{"&ip_version=4", ""},
+	} {
+		s := decode[Summary](t, do(t, h, "GET", "/api/v1/flows/summary?policies=5"+tc.q, ""))
+		var total uint64
+		for _, f := range s.Families {
+			total += f.Dropped
+		}
+		if tc.want == "" {
+			if len(s.DropsByPolicy) != 0 || total != 0 {
+				t.Errorf("%s: drops by policy %+v, %d dropped", tc.q, s.DropsByPolicy, total)
+			}
+			continue
+		}
+		if len(s.DropsByPolicy) != 1 || s.DropsByPolicy[0].Policy != tc.want || s.DropsByPolicy[0].IPVersion != 6 || s.DropsByPolicy[0].Dropped != total {
+			t.Errorf("%s: drops by policy %+v, want %s with all %d dropped", tc.q, s.DropsByPolicy, tc.want, total)
+		}
+	}
 	m := decode[ServiceMap](t, do(t, h, "GET", "/api/v1/servicemap", ""))
 	var dropped6, svc bool
 	for _, e := range m.Edges {
@@ -629,6 +654,24 @@ func TestFilterSQL(t *testing.T) {
 			if !strings.Contains(w, s) {
 				t.Errorf("%s: %s lacks %s", tc.q, w, s)
 			}
+		}
+	}
+}
+
+// TestSchemaDoc: GET /schema serves docs/schema.md, the reference the
+// SQL page lists: its column tables, the REST names and the examples.
+func TestSchemaDoc(t *testing.T) {
+	a, err := New(Config{Store: &fakeStore{}, Anonymous: RoleViewer})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := do(t, a.engine, "GET", "/api/v1/schema", "")
+	if r.code != 200 || !strings.HasPrefix(r.hdr.Get("Content-Type"), "text/markdown") {
+		t.Fatalf("%d %s", r.code, r.hdr.Get("Content-Type"))
+	}
+	for _, want := range []string{"## `flows`", "| column | type | meaning |", "## REST names and SQL columns", "| `src_namespace` /", "## Example queries", "```sql"} {
+		if !strings.Contains(r.body, want) {
+			t.Errorf("schema lacks %q", want)
 		}
 	}
 }

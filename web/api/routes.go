@@ -15,6 +15,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/dualflow/dualflow/collector/audit"
+	"github.com/dualflow/dualflow/docs"
 	"github.com/dualflow/dualflow/internal/reload"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promauto"
@@ -55,6 +56,8 @@ func (a *API) routes() *gin.Engine {
 	viewer.GET("/status", a.configured("status", a.cfg.Status != nil), a.answer(a.status))
 	viewer.POST("/reachability", a.bounded(a.reachGate), a.answer(a.reachability))
 	viewer.GET("/filters", a.filterDoc)
+	// The SQL interface's reference (docs/schema.md), for the SQL page.
+	viewer.GET("/schema", func(c *gin.Context) { c.Data(http.StatusOK, "text/markdown; charset=utf-8", docs.Schema) })
 	a.auditRoutes(viewer.Group("/audit", a.configured("audit", a.cfg.Audit != nil)))
 	tracing := a.configured("traceflow", a.cfg.Traces != nil)
 	viewer.GET("/traceflows/:id", tracing, a.getTrace)

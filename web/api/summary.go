@@ -1,8 +1,11 @@
 package api
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -16,6 +19,19 @@ type Summary struct {
 	Series      []SeriesPoint `json:"series"`
 	Talkers     []Talker      `json:"top_talkers"`
 	Families    []FamilyTotal `json:"families"`
+	// DropsByPolicy is asked for with policies=N: the dropped flows of
+	// the N policies that dropped most, per family.
+	DropsByPolicy []PolicyDrops `json:"drops_by_policy,omitempty"`
+}
+
+// PolicyDrops counts the dropped flows of one family that one policy
+// decided: the egress policy when egress dropped the flow (the packet
+// meets it first), else the ingress one; "" for a default deny that no
+// policy names.
+type PolicyDrops struct {
+	Policy    string `json:"policy"`
+	IPVersion int    `json:"ip_version"`
+	Dropped   uint64 `json:"dropped"`
 }
 
 // SeriesPoint is the traffic of one family in one step.
@@ -55,7 +71,7 @@ const (
 
 func (a *API) summary(c *gin.Context) (any, error) {
 	q := c.Request.URL.Query()
-	f, err := parseFilter(q, a.cfg.Now(), "step", "top")
+	f, err := parseFilter(q, a.cfg.Now(), "step", "top", "policies")
 	if err != nil {
 		return nil, err
 	}
@@ -79,9 +95,18 @@ func (a *API) summary(c *gin.Context) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	policies, err := intParam(q, "policies", 0, 0, 1000)
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithTimeout(c.Request.Context(), a.cfg.QueryTimeout)
 	defer cancel()
-	return a.querySummary(ctx, f, step, top)
+	s, err := a.querySummary(ctx, f, step, top)
+	if err != nil || policies == 0 {
+		return s, err
+	}
+	s.DropsByPolicy, err = a.queryDropsByPolicy(ctx, f, policies)
+	return s, err
 }
 
 func (a *API) querySummary(ctx context.Context, f *Filter, step time.Duration, top int) (*Summary, error) {
@@ -122,6 +147,41 @@ func (a *API) querySummary(ctx context.Context, f *Filter, step time.Duration, t
 		s.Families = append(s.Families, t)
 	}
 	return s, nil
+}
+
+// decidingPolicy names the policy that dropped a flow (see PolicyDrops).
+const decidingPolicy = `if(egress_verdict IN ('denied', 'rejected'),
+ if(egress_policy_name = '', '', concat(egress_policy_namespace, '/', egress_policy_name)),
+ if(ingress_policy_name = '', '', concat(ingress_policy_namespace, '/', ingress_policy_name)))`
+
+// queryDropsByPolicy counts f's dropped flows per deciding policy and
+// family, for the n policies with the most (both families together). The
+// rows are few (policies × 2), so the cut to n is made here.
+func (a *API) queryDropsByPolicy(ctx context.Context, f *Filter, n int) ([]PolicyDrops, error) {
+	q := chsql.Select{Cols: decidingPolicy + " AS policy, ip_version, count() AS dropped", From: a.table,
+		Where: append(f.where(), droppedExpr), GroupBy: "policy, ip_version", OrderBy: "policy, ip_version", Settings: jsonSettings}.String()
+	var rows []PolicyDrops
+	if err := decodeRows(ctx, a, q, &rows); err != nil {
+		return nil, err
+	}
+	total := map[string]uint64{}
+	for _, r := range rows {
+		total[r.Policy] += r.Dropped
+	}
+	names := slices.SortedFunc(maps.Keys(total), func(x, y string) int {
+		return cmp.Or(cmp.Compare(total[y], total[x]), cmp.Compare(x, y))
+	})
+	keep := names[:min(n, len(names))]
+	out := []PolicyDrops{}
+	for _, r := range rows {
+		if slices.Contains(keep, r.Policy) {
+			out = append(out, r)
+		}
+	}
+	slices.SortStableFunc(out, func(x, y PolicyDrops) int {
+		return cmp.Compare(slices.Index(keep, x.Policy), slices.Index(keep, y.Policy))
+	})
+	return out, nil
 }
 
 // tieredSQL is one SELECT per tier of f's window, combined with UNION

@@ -3,7 +3,9 @@
 // the fake evaluator and auditor, and the real traceflow controller over a
 // fake node tracer and resolver of the lab. The tests skip without
 // /usr/bin/chromium (or libchdb) unless DUALFLOW_E2E=1, then they fail.
-// Screenshots of every page go to test/artifacts/.
+// Screenshots of every page, in each IP mode at 1000 and 1400 px wide
+// (TestPagesLoadWithoutConsoleErrors), and of the states the other tests
+// reach go to test/artifacts/web-*.png.
 package browsertest
 
 import (
@@ -260,31 +262,51 @@ func noConsoleErrors(t *testing.T, errs func() []string, allow string) {
 	}
 }
 
+// TestPagesLoadWithoutConsoleErrors loads every page in each IP mode the
+// labs have (dual-stack, IPv4-only, IPv6-only) at 1000 and 1400 px wide,
+// and keeps a screenshot of each (test/artifacts/web-<mode>-<width>-<page>.png).
 func TestPagesLoadWithoutConsoleErrors(t *testing.T) {
-	ctx, errs := browser(t)
-	pages := []struct{ hash, ready string }{
-		{"flows", `#flow-table tbody tr`},
-		{"charts", `#chart-flows .uplot`},
-		{"map", `#map canvas`},
-		{"reach", `#reach-form`},
-		{"trace", `#trace-form`},
-		{"audit", `#audit-list li.dual`},
-		{"sql", `#sql-form`},
+	pages := []struct{ name, path, ready string }{
+		{"flows", "/#/flows", `#flow-table tbody tr`},
+		{"charts", "/#/charts", `#chart-drops .uplot`},
+		{"map", "/#/map", `#map canvas`},
+		{"reach", reachURL, `.matrix table`},
+		{"trace", "/#/trace", `#trace-form`},
+		{"audit", "/#/audit", `#audit-list li.dual`},
+		{"sql", "/#/sql", `#sql-schema .examples a`},
 	}
-	for _, p := range pages {
-		do(t, ctx,
-			chromedp.Navigate(baseURL+"/#/"+p.hash),
-			chromedp.WaitVisible(css(`#page-`+p.hash)),
-			chromedp.WaitVisible(css(p.ready)),
-			chromedp.Sleep(300*time.Millisecond),
-		)
-		screenshot(t, ctx, p.hash)
+	for _, mode := range []struct{ name, base, allow string }{
+		{"dual", baseURL, ""},
+		// The single-family labs have no live view: /catalog answers 501
+		// (the browser logs it) and the UI names what the flows name.
+		{"v4", modeURL["4"], "/api/v1/catalog"},
+		{"v6", modeURL["6"], "/api/v1/catalog"},
+	} {
+		t.Run(mode.name, func(t *testing.T) {
+			ctx, errs := browser(t)
+			for _, width := range []int64{1000, 1400} {
+				for _, p := range pages {
+					do(t, ctx,
+						chromedp.EmulateViewport(width, 900),
+						chromedp.Navigate(mode.base+p.path),
+						chromedp.WaitVisible(css(`#page-`+strings.SplitN(strings.TrimPrefix(p.path, "/#/"), "?", 2)[0])),
+						chromedp.WaitVisible(css(p.ready)),
+						poll(`!document.querySelector('#progress') || document.querySelector('#progress').hidden`),
+					)
+					// Nothing is wider than the window: no horizontal scroll.
+					if w := eval[int](t, ctx, `document.documentElement.scrollWidth`); w > int(width) {
+						t.Errorf("%s at %d px is %d px wide", p.name, width, w)
+					}
+					screenshot(t, ctx, fmt.Sprintf("%s-%d-%s", mode.name, width, p.name))
+				}
+			}
+			// The audit page lists dual-stack gaps first.
+			if first := eval[string](t, ctx, `document.querySelector('#audit-list li').className`); first != "dual" {
+				t.Errorf("first finding class %q", first)
+			}
+			noConsoleErrors(t, errs, mode.allow)
+		})
 	}
-	// The audit page lists dual-stack gaps first.
-	if first := eval[string](t, ctx, `document.querySelector('#audit-list li').className`); first != "dual" {
-		t.Errorf("first finding class %q", first)
-	}
-	noConsoleErrors(t, errs, "")
 }
 
 // rowFamilies counts the flow rows per family.
@@ -382,6 +404,94 @@ func TestFlowFiltersChangeRows(t *testing.T) {
 	noConsoleErrors(t, errs, "400")
 }
 
+// TestFlowDrawerWithoutService opens the drawer of a flow that went to
+// no Service: the parts it lacks are left out, not printed as "null".
+func TestFlowDrawerWithoutService(t *testing.T) {
+	ctx, errs := browser(t)
+	do(t, ctx,
+		chromedp.Navigate(baseURL+"/#/flows"),
+		chromedp.WaitVisible(css(`#flow-table tbody tr`)),
+		js(`api('/flows?since=1h&limit=1000').then(r => flowDrawer(r.flows.find(f => !f.service_name)))`),
+		chromedp.WaitVisible(css(`#drawer dl.kv`)),
+	)
+	txt := eval[string](t, ctx, `document.querySelector('#drawer-body').innerText`)
+	if strings.Contains(txt, "null") || strings.Contains(txt, "undefined") {
+		t.Errorf("drawer of a flow without a Service:\n%s", txt)
+	}
+	if n := eval[int](t, ctx, `[...document.querySelectorAll('#drawer h3')].filter(e => e.textContent === 'Service').length`); n != 0 {
+		t.Errorf("%d Service sections for a flow without one", n)
+	}
+	// A flow through a Service has the section.
+	do(t, ctx,
+		js(`api('/flows?since=1h&limit=1000').then(r => flowDrawer(r.flows.find(f => f.service_name)))`),
+		poll(`[...document.querySelectorAll('#drawer h3')].some(e => e.textContent === 'Service')`),
+	)
+	noConsoleErrors(t, errs, "")
+}
+
+// TestFlowColumnsFit1000px: at 1000 px the default columns, source port
+// and Verdict among them, show without horizontal scroll; the chooser
+// shows and hides a column and the choice outlives a reload.
+func TestFlowColumnsFit1000px(t *testing.T) {
+	ctx, errs := browser(t)
+	do(t, ctx,
+		chromedp.EmulateViewport(1000, 800),
+		chromedp.Navigate(baseURL+"/#/flows"),
+		chromedp.WaitVisible(css(`#flow-table tbody tr`)),
+	)
+	type fit struct {
+		Scroll, Client int
+		VerdictRight   float64
+		WrapRight      float64
+		Shown          []string
+	}
+	measure := func() fit {
+		return eval[fit](t, ctx, `(() => { const w = document.querySelector('#flow-table').parentElement;
+			return { Scroll: w.scrollWidth, Client: w.clientWidth,
+				VerdictRight: document.querySelector('#flow-table th[data-col=verdict]').getBoundingClientRect().right,
+				WrapRight: w.getBoundingClientRect().right,
+				Shown: [...document.querySelectorAll('#flow-table thead th')].filter(th => !th.hidden).map(th => th.dataset.col) }; })()`)
+	}
+	m := measure()
+	if m.Scroll > m.Client || m.VerdictRight > m.WrapRight {
+		t.Errorf("at 1000 px the table scrolls: %+v", m)
+	}
+	for _, c := range []string{"src_port", "verdict", "dst_port"} {
+		if !slices.Contains(m.Shown, c) {
+			t.Errorf("default columns %v lack %s", m.Shown, c)
+		}
+	}
+	screenshot(t, ctx, "flows-1000")
+	// Show the drop reason, hide the source port: header and rows follow.
+	do(t, ctx,
+		chromedp.Click(css(`#flow-cols summary`)),
+		chromedp.Click(css(`#flow-cols-list input[value=reason]`)),
+		chromedp.Click(css(`#flow-cols-list input[value=src_port]`)),
+	)
+	visible := func(col string) [2]int {
+		return eval[[2]int](t, ctx, `(() => { const cs = [...document.querySelectorAll('#flow-table [data-col=`+col+`]')];
+			return [cs.filter(c => c.offsetWidth > 0).length, cs.length]; })()`)
+	}
+	if v := visible("reason"); v[0] != v[1] || v[0] < 2 {
+		t.Errorf("drop reason shown in %d of %d cells", v[0], v[1])
+	}
+	if v := visible("src_port"); v[0] != 0 {
+		t.Errorf("hidden source port shown in %d of %d cells", v[0], v[1])
+	}
+	// The choice is kept (localStorage): new rows and a reload follow it.
+	do(t, ctx, chromedp.Reload(), chromedp.WaitVisible(css(`#flow-table tbody tr`)))
+	if v := visible("reason"); v[0] != v[1] || v[0] < 2 {
+		t.Errorf("after a reload drop reason shown in %d of %d cells", v[0], v[1])
+	}
+	if v := visible("src_port"); v[0] != 0 {
+		t.Errorf("after a reload source port shown in %d of %d cells", v[0], v[1])
+	}
+	if on := eval[bool](t, ctx, `document.querySelector('#flow-cols-list input[value=src_port]').checked`); on {
+		t.Error("the chooser does not show the kept choice")
+	}
+	noConsoleErrors(t, errs, "")
+}
+
 func TestICMPTypeNames(t *testing.T) {
 	ctx, errs := browser(t)
 	// The lab has no ICMP flows: check the names the column would show.
@@ -463,19 +573,42 @@ func TestCharts(t *testing.T) {
 		chromedp.Navigate(baseURL+"/#/charts?since=1h"),
 		chromedp.WaitVisible(css(`#chart-bytes .uplot`)),
 		chromedp.WaitVisible(css(`#chart-flows .uplot`)),
+		chromedp.WaitVisible(css(`#chart-drops .uplot`)),
 		chromedp.WaitVisible(css(`#talkers tbody tr`)),
 		chromedp.WaitVisible(css(`#drops tbody tr`)),
 	)
 	// One hour in one-minute buckets, the last one partial; series for
-	// both families and the dropped flows of each.
+	// both families, and the dropped flows of each in a panel and y-scale
+	// of their own, each family in its colour.
 	if n := eval[string](t, ctx, `document.querySelector('#chart-flows').dataset.buckets`); n != "60" {
 		t.Errorf("%s buckets", n)
 	}
-	labels := eval[[]string](t, ctx, `[...document.querySelectorAll('#chart-flows .u-legend .u-label')].map(e => e.textContent)`)
-	for _, l := range []string{"IPv4", "IPv6", "IPv4 dropped", "IPv6 dropped"} {
-		if !slices.Contains(labels, l) {
-			t.Errorf("legend %v lacks %s", labels, l)
+	type legendRow struct{ Label, Value, Colour string }
+	legend := func(chart string) []legendRow {
+		return eval[[]legendRow](t, ctx, `[...document.querySelectorAll('`+chart+` .u-legend .u-series')].map(r => ({
+			Label: r.querySelector('.u-label').textContent, Value: r.querySelector('.u-value').textContent,
+			Colour: getComputedStyle(r.querySelector('.u-marker')).borderTopColor }))`)
+	}
+	want := map[string]map[string]string{
+		"#chart-flows": {"IPv4": "rgb(37, 99, 235)", "IPv6": "rgb(147, 51, 234)"},
+		"#chart-drops": {"IPv4 dropped": "rgb(37, 99, 235)", "IPv6 dropped": "rgb(147, 51, 234)"},
+	}
+	for chart, series := range want {
+		rows := legend(chart)
+		for label, colour := range series {
+			i := slices.IndexFunc(rows, func(r legendRow) bool { return r.Label == label })
+			if i < 0 {
+				t.Errorf("%s legend %+v lacks %s", chart, rows, label)
+				continue
+			}
+			// Without hover the legend shows the window's total.
+			if r := rows[i]; r.Colour != colour || !strings.HasPrefix(r.Value, "Σ ") || r.Value == "Σ 0" && label != "IPv4 dropped" {
+				t.Errorf("%s legend %s: %+v, want colour %s and the window's total", chart, label, r, colour)
+			}
 		}
+	}
+	if drops := eval[string](t, ctx, `document.querySelector('#chart-drops').uplot.series[2].stroke()`); drops != "#9333ea" {
+		t.Errorf("IPv6 dropped drawn in %s", drops)
 	}
 	if n := eval[int](t, ctx, `document.querySelectorAll('#chart-bytes .u-axis').length`); n < 2 {
 		t.Errorf("%d axes", n)
@@ -492,7 +625,26 @@ func TestCharts(t *testing.T) {
 		t.Errorf("drops by policy %v, IPv6 total %q", drops, total)
 	}
 	screenshot(t, ctx, "charts")
+	// An empty window's y-axis labels only its zero.
+	do(t, ctx,
+		chromedp.Navigate(baseURL+"/#/charts?since=1h&namespace=none-such"),
+		poll(`document.querySelector('#drops tbody td.muted') && document.querySelector('#chart-bytes')?.uplot`),
+	)
+	for _, chart := range []string{"#chart-bytes", "#chart-flows", "#chart-drops"} {
+		ticks := eval[[]string](t, ctx, `document.querySelector('`+chart+`').uplot.axes[1]._values`)
+		var labelled []string
+		for _, v := range ticks {
+			if v != "" {
+				labelled = append(labelled, v)
+			}
+		}
+		if len(labelled) != 1 || labelled[0] != "0 B" && labelled[0] != "0" {
+			t.Errorf("%s empty y-axis %q", chart, ticks)
+		}
+	}
+	screenshot(t, ctx, "charts-empty")
 	// A top talker links to its flows.
+	do(t, ctx, chromedp.Navigate(baseURL+"/#/charts?since=1h"), chromedp.WaitVisible(css(`#talkers tbody tr`)))
 	do(t, ctx,
 		chromedp.Click(css(`#talkers tbody tr a`)),
 		poll(`location.hash.startsWith('#/flows') && document.querySelectorAll('#flow-table tbody tr').length > 0`),
@@ -848,6 +1000,42 @@ func TestSQLConsole(t *testing.T) {
 		t.Errorf("%d rows of a truncated answer", n)
 	}
 	screenshot(t, ctx, "sql-truncated")
+	// The schema sidebar is docs/schema.md: the tables with their columns,
+	// the REST names of the columns, and examples a click puts in the editor.
+	do(t, ctx, chromedp.WaitVisible(css(`#sql-schema .examples a`)))
+	cols := eval[[]string](t, ctx, `[...document.querySelectorAll('#sql-schema details[data-table=flows] a.col')].map(a => a.textContent)`)
+	for _, c := range []string{"ip_version", "src_ip", "dst_pod_name", "ingress_verdict", "k8s_view_stale"} {
+		if !slices.Contains(cols, c) {
+			t.Errorf("flows columns %v lack %s", cols, c)
+		}
+	}
+	tables := eval[[]string](t, ctx, `[...document.querySelectorAll('#sql-schema [data-table]')].map(e => e.dataset.table)`)
+	for _, tb := range []string{"flows", "traceflows", "rollup_policy_1m"} {
+		if !slices.Contains(tables, tb) {
+			t.Errorf("tables %v lack %s", tables, tb)
+		}
+	}
+	if m := eval[string](t, ctx, `[...document.querySelectorAll('#sql-schema .restmap tr')].map(r => r.textContent).find(t => t.startsWith('src_namespace')) || ''`); !strings.Contains(m, "src_pod_namespace") {
+		t.Errorf("REST → SQL row of src_namespace %q", m)
+	}
+	// A column name goes in at the cursor; an example replaces the query and runs.
+	do(t, ctx,
+		js(`const ta = document.querySelector('#sql-text'); ta.value = 'SELECT  FROM dualflow.flows'; ta.setSelectionRange(7, 7)`),
+		chromedp.Click(css(`#sql-schema details[data-table=flows] a.col`)),
+	)
+	if v := eval[string](t, ctx, `document.querySelector('#sql-text').value`); v != "SELECT "+cols[0]+" FROM dualflow.flows" {
+		t.Errorf("editor after a column click: %q", v)
+	}
+	do(t, ctx,
+		js(`[...document.querySelectorAll('#sql-schema .examples a')].find(a => a.textContent.includes('over IPv6')).click()`),
+		poll(`document.querySelector('#sql-text').value.includes('ip_version = 6')`),
+		chromedp.Click(css(`#sql-form button[type=submit]`)),
+		poll(`document.querySelector('#sql-status').textContent.includes('rows in') && document.querySelectorAll('#sql-table thead th').length === 5`),
+	)
+	if n := eval[int](t, ctx, `document.querySelectorAll('#sql-table tbody tr').length`); n == 0 {
+		t.Error("the IPv6 top-talkers example returned no rows")
+	}
+	screenshot(t, ctx, "sql-schema")
 	noConsoleErrors(t, errs, "")
 }
 
@@ -861,17 +1049,13 @@ func TestSingleFamilyLabs(t *testing.T) {
 			if got := rowFamilies(t, ctx); len(got) != 1 || got[fam] == 0 {
 				t.Errorf("rows %v", got)
 			}
-			screenshot(t, ctx, "v"+fam+"-flows")
 			do(t, ctx, chromedp.Navigate(base+"/#/map"), poll(`window.dualflowMap && window.dualflowMap.edges().length > 0`))
 			other := map[string]string{"4": "6", "6": "4"}[fam]
 			if n := eval[int](t, ctx, `window.dualflowMap.edges('.v`+other+`').length`); n != 0 {
 				t.Errorf("%d IPv%s edges", n, other)
 			}
-			screenshot(t, ctx, "v"+fam+"-map")
 			do(t, ctx, chromedp.Navigate(base+"/#/charts"), chromedp.WaitVisible(css(`#chart-flows .uplot`)), chromedp.WaitVisible(css(`#talkers tbody tr`)))
-			screenshot(t, ctx, "v"+fam+"-charts")
 			do(t, ctx, chromedp.Navigate(base+reachURL), chromedp.WaitVisible(css(`.matrix table[data-family="`+fam+`"]`)))
-			screenshot(t, ctx, "v"+fam+"-reach")
 			do(t, ctx, chromedp.Navigate(base+"/#/audit"), chromedp.WaitVisible(css(`#audit-list li`)))
 			// These labs have no live view: /catalog answers 501 (the
 			// browser logs it) and the UI names what the flows name.
@@ -902,12 +1086,21 @@ func TestKubernetesStaleBadge(t *testing.T) {
 	if got := eval[string](t, ctx, `document.querySelector('#k8s-status').title`); !strings.Contains(got, "k8s_view_stale") || !strings.Contains(got, "Not watched: pod, service.") {
 		t.Errorf("badge title %q", got)
 	}
+	// The page says so in words too, not only in the badge.
+	if got := eval[string](t, ctx, `document.querySelector('#view-note').hidden ? '' : document.querySelector('#view-note').textContent`); !strings.Contains(got, "stale") || !strings.Contains(got, "12 s") || !strings.Contains(got, "pod, service not watched") {
+		t.Errorf("page note %q", got)
+	}
 	screenshot(t, ctx, "k8s-stale")
-	do(t, ctx, chromedp.Navigate(baseURL+"/#/map"), poll(`!document.querySelector('#k8s-status').hidden`))
+	do(t, ctx, chromedp.Navigate(baseURL+"/#/map"), poll(`!document.querySelector('#k8s-status').hidden && !document.querySelector('#view-note').hidden`))
+	// Another page's errors (the banner) do not hide it.
+	do(t, ctx, js(`location.hash = '#/flows?dst_ip=not-an-ip'`), poll(`document.querySelector('#banner').textContent.includes('dst_ip')`))
+	if eval[bool](t, ctx, `document.querySelector('#view-note').hidden`) {
+		t.Error("the stale note went with a page error")
+	}
 	kubeStale.Store(false)
-	// The page polls every 10 s: the badge goes without a reload.
-	do(t, ctx, poll(`document.querySelector('#k8s-status').hidden`))
-	noConsoleErrors(t, errs, "")
+	// The page polls every 10 s: the badge and the note go without a reload.
+	do(t, ctx, poll(`document.querySelector('#k8s-status').hidden && document.querySelector('#view-note').hidden`))
+	noConsoleErrors(t, errs, "400")
 }
 
 // TestServerHealth checks the process-level endpoints through the web server.

@@ -170,9 +170,11 @@ function hashURL(page, params) {
 const link = (href, text, title) => h('a', { href, title, class: 'act' }, text);
 
 // ---- drawer ----
+// openDrawer shows content, leaving out the null and false parts a
+// caller passes for what a record lacks (replaceChildren would print them).
 function openDrawer(title, ...content) {
   $('#drawer-title').textContent = title;
-  const body = $('#drawer-body'); body.replaceChildren(...content);
+  const body = $('#drawer-body'); body.replaceChildren(...content.flat().filter(x => x !== null && x !== undefined && x !== false));
   $('#drawer').hidden = false;
   $('#drawer-close').focus();
 }
@@ -294,20 +296,58 @@ function keepFlowURL(p) {
   const url = '#/flows' + (p.toString() ? '?' + p : '');
   if (location.hash !== url) { history.replaceState(null, '', url); current.hash = url; }
 }
+// flowColumns are the flow table's columns: key (data-col and the
+// localStorage choice), header, cell, and whether a fresh browser shows it.
+// The default set fits 1000 px: the source port tells apart connections
+// that would otherwise look like duplicates, and Verdict is never cut off.
+const flowColumns = [
+  { key: 'time', head: 'Time', on: true, cell: f => h('td', { class: 'time', title: new Date(f.flow_end_ms).toString() }, fmtTime(f.flow_end_ms)) },
+  { key: 'family', head: 'Fam', on: true, cell: f => h('td', {}, famBadge(f.ip_version)) },
+  { key: 'src', head: 'Source', on: true, cell: f => h('td', { title: f.src_ip }, side(f, 'src')) },
+  { key: 'src_port', head: 'Src port', on: true, cell: f => h('td', { class: 'num', title: isICMP(f) ? 'ICMP echo identifier' : null }, f.src_port || '') },
+  { key: 'dst', head: 'Destination', on: true, cell: f => h('td', { title: f.dst_ip + (f.service_name ? ' via Service ' + f.service_namespace + '/' + f.service_name : '') }, side(f, 'dst'), f.service_name ? h('span', { class: 'muted' }, ' svc ' + f.service_name) : '') },
+  { key: 'proto', head: 'Proto', on: true, cell: f => h('td', { class: 'proto' }, isICMP(f) ? h('span', { title: 'type ' + (f.dst_port >> 8) + ' code ' + (f.dst_port & 255) }, f.protocol_name + ' ' + icmpName(f)) : f.protocol_name) },
+  { key: 'dst_port', head: 'Port', on: true, cell: f => h('td', { class: 'num' }, isICMP(f) ? '' : f.dst_port) },
+  { key: 'verdict', head: 'Verdict', on: true, cell: f => { const v = flowVerdict(f); return h('td', { class: 'verdict ' + v }, v); } },
+  { key: 'bytes', head: 'Bytes', on: true, title: 'both directions', cell: f => h('td', { class: 'num' }, fmtBytes(f.bytes + f.reverse_bytes)) },
+  { key: 'bytes_out', head: 'Bytes →', title: 'source to destination', cell: f => h('td', { class: 'num' }, fmtBytes(f.bytes)) },
+  { key: 'bytes_in', head: 'Bytes ←', title: 'destination to source (replies)', cell: f => h('td', { class: 'num' }, fmtBytes(f.reverse_bytes)) },
+  { key: 'packets', head: 'Packets', title: 'source to destination / replies', cell: f => h('td', { class: 'num' }, f.packets + ' / ' + f.reverse_packets) },
+  { key: 'src_node', head: 'Src node', cell: f => h('td', {}, f.src_node || '') },
+  { key: 'dst_node', head: 'Dst node', cell: f => h('td', {}, f.dst_node || '') },
+  { key: 'tcp_state', head: 'TCP state', cell: f => h('td', {}, f.tcp_state || '') },
+  { key: 'end_reason', head: 'End reason', cell: f => h('td', {}, f.end_reason || '') },
+  { key: 'policy', head: 'Policy', cell: f => h('td', { class: 'policy' }, flowPolicy(f)) },
+  { key: 'reason', head: 'Drop reason', cell: f => h('td', { class: 'reason' }, dropReason(f)) },
+];
+const flowColsKey = 'dualflow.flowColumns';
+// shownColumns is the chosen set (localStorage), else the default one.
+function shownColumns() {
+  try {
+    const v = JSON.parse(localStorage.getItem(flowColsKey) || 'null');
+    if (Array.isArray(v)) return new Set(v);
+  } catch (e) { /* a bad value: the default set */ }
+  return new Set(flowColumns.filter(c => c.on).map(c => c.key));
+}
+// setColumn shows or hides one column in the table and remembers the choice.
+function setColumn(key, on) {
+  const cols = shownColumns();
+  if (on) cols.add(key); else cols.delete(key);
+  localStorage.setItem(flowColsKey, JSON.stringify(flowColumns.map(c => c.key).filter(k => cols.has(k))));
+  document.querySelectorAll(`#flow-table [data-col="${key}"]`).forEach(c => { c.hidden = !on; });
+}
+// drawFlowColumns builds the header and the chooser's checkboxes.
+function drawFlowColumns() {
+  const cols = shownColumns();
+  $('#flow-table thead').replaceChildren(h('tr', {}, flowColumns.map(c => h('th', { 'data-col': c.key, id: c.key === 'time' ? 'flow-time-h' : null, title: c.title, hidden: !cols.has(c.key) },
+    c.key === 'time' ? 'Time (' + tzName + ')' : c.head))));
+  $('#flow-cols-list').replaceChildren(...flowColumns.map(c => h('label', {},
+    h('input', { type: 'checkbox', value: c.key, checked: cols.has(c.key), onchange: e => setColumn(c.key, e.target.checked) }), ' ', c.head)));
+}
 function flowRow(f, fresh) {
-  const v = flowVerdict(f);
-  const proto = isICMP(f) ? h('span', { title: 'type ' + (f.dst_port >> 8) + ' code ' + (f.dst_port & 255) }, f.protocol_name + ' ' + icmpName(f)) : f.protocol_name;
+  const cols = shownColumns();
   const tr = h('tr', { tabindex: 0, class: fresh ? 'fresh' : null, 'data-family': f.ip_version, 'data-end': f.flow_end_ms },
-    h('td', { class: 'time', title: new Date(f.flow_end_ms).toString() }, fmtTime(f.flow_end_ms)),
-    h('td', {}, famBadge(f.ip_version)),
-    h('td', { title: f.src_ip }, side(f, 'src')),
-    h('td', { title: f.dst_ip }, f.service_name ? side(f, 'dst') + ' (svc ' + f.service_namespace + '/' + f.service_name + ')' : side(f, 'dst')),
-    h('td', { class: 'proto' }, proto),
-    h('td', {}, isICMP(f) ? '' : f.dst_port),
-    h('td', { class: 'num' }, fmtBytes(f.bytes + f.reverse_bytes)),
-    h('td', { class: 'verdict ' + v }, v),
-    h('td', { class: 'policy' }, flowPolicy(f)),
-    h('td', { class: 'reason' }, dropReason(f)));
+    flowColumns.map(c => { const td = c.cell(f); td.dataset.col = c.key; td.hidden = !cols.has(c.key); return td; }));
   const open = () => flowDrawer(f);
   tr.addEventListener('click', open);
   tr.addEventListener('keydown', e => { if (e.key === 'Enter') open(); });
@@ -504,41 +544,68 @@ function partialPlugin(w) {
   };
 }
 function timeAxisLabel(w) { return 'time (' + tzName + '), ' + (w.step >= 60 ? w.step / 60 + ' min' : w.step + ' s') + ' buckets'; }
-// stackedChart draws IPv4 and IPv6 stacked (IPv6 on top of IPv4) as bars,
-// and optional dropped lines per family.
-function stackedChart(el, title, w, d, key, unit, fmt, opts) {
-  const v4 = d[key][4], v6 = d[key][6];
-  const top = v4.map((x, i) => x + v6[i]);
-  const bars = uPlot.paths.bars({ size: [0.9, 60] });
-  const series = [
-    { label: 'time', value: (u, v) => v == null ? '' : fmtTime((v - w.step / 2) * 1000).slice(11, 19) },
-    { label: 'IPv6', stroke: C6, fill: C6 + 'cc', paths: bars, points: { show: false }, value: (u, v, si, i) => i == null ? '' : fmt(v6[i]) },
-    { label: 'IPv4', stroke: C4, fill: C4 + 'cc', paths: bars, points: { show: false }, value: (u, v, si, i) => i == null ? '' : fmt(v4[i]) },
-  ];
-  const data = [d.xs, top, v4];
-  if (opts.dropped) {
-    series.push({ label: 'IPv4 dropped', stroke: CDROP, width: 2, points: { show: false }, value: (u, v) => v == null ? '' : fmt(v) });
-    series.push({ label: 'IPv6 dropped', stroke: '#f97316', width: 2, dash: [6, 4], points: { show: false }, value: (u, v) => v == null ? '' : fmt(v) });
-    data.push(d.dropped[4], d.dropped[6]);
+// wholeIncrs are the y-axis steps of counted units (bytes, flows): whole
+// numbers only, so a small or empty scale never repeats a rounded label
+// ("1 B, 1 B, 0 B").
+const wholeIncrs = [];
+for (let m = 1; m < 1e16; m *= 10) wholeIncrs.push(m, 2 * m, 5 * m);
+// emptyPlugin writes "no flows in this window" over a chart with no data.
+function emptyPlugin(empty) {
+  return { hooks: { draw: u => {
+    if (!empty) return;
+    const ctx = u.ctx; ctx.save();
+    ctx.fillStyle = '#64748b'; ctx.font = `${13 * devicePixelRatio}px sans-serif`; ctx.textAlign = 'center';
+    ctx.fillText('no flows in this window', u.bbox.left + u.bbox.width / 2, u.bbox.top + u.bbox.height / 2);
+    ctx.restore();
+  } } };
+}
+const sum = a => a.reduce((x, y) => x + y, 0);
+// familyChart draws one value per bucket and family: bars with IPv6
+// stacked on IPv4, or (opts.lines) a line per family, each in its
+// family's colour. Without hover the legend shows the window's totals,
+// with it the bucket's values. The uPlot instance is el.uplot.
+function familyChart(el, title, w, xs, v4, v6, unit, fmt, opts) {
+  const empty = !v4.some(Boolean) && !v6.some(Boolean);
+  const val = vs => (u, v, si, i) => i == null ? 'Σ ' + fmt(sum(vs)) : fmt(vs[i]);
+  const sfx = opts.suffix || '';
+  let series, data;
+  if (opts.lines) {
+    series = [
+      { label: 'IPv4' + sfx, stroke: C4, fill: C4 + '22', width: 2, points: { show: false }, value: val(v4) },
+      { label: 'IPv6' + sfx, stroke: C6, fill: C6 + '22', width: 2, dash: [6, 3], points: { show: false }, value: val(v6) },
+    ];
+    data = [xs, v4, v6];
+  } else {
+    const bars = uPlot.paths.bars({ size: [0.9, 60] });
+    series = [
+      { label: 'IPv6' + sfx, stroke: C6, fill: C6 + 'cc', paths: bars, points: { show: false }, value: val(v6) },
+      { label: 'IPv4' + sfx, stroke: C4, fill: C4 + 'cc', paths: bars, points: { show: false }, value: val(v4) },
+    ];
+    data = [xs, v4.map((x, i) => x + v6[i]), v4];
   }
+  series.unshift({ label: 'time', value: (u, v) => v == null ? 'window' : fmtTime((v - w.step / 2) * 1000).slice(11, 19) });
   const width = Math.max(320, (el.clientWidth || el.parentElement.clientWidth || 900) - 8);
   const u = new uPlot({
     title, width, height: opts.height || 200,
     scales: { x: { time: true, range: [w.since, w.until] }, y: { range: (u, mn, mx) => [0, Math.max(1, mx) * 1.1] } },
     axes: [
       { label: opts.compact ? null : timeAxisLabel(w), stroke: '#475569', grid: { stroke: '#e2e8f0' } },
-      { label: unit, stroke: '#475569', grid: { stroke: '#e2e8f0' }, size: 70, values: (u, vals) => vals.map(fmt) },
+      // An empty chart labels only its zero: no made-up "1 B".
+      { label: unit, stroke: '#475569', grid: { stroke: '#e2e8f0' }, size: 70, incrs: wholeIncrs, values: (u, vals) => vals.map(v => empty && v ? '' : fmt(v)) },
     ],
-    series, plugins: [partialPlugin(w)], legend: { show: true },
+    series, plugins: [partialPlugin(w), emptyPlugin(empty)], legend: { show: true },
   }, data, el);
   el.dataset.buckets = String(w.n);
+  el.uplot = u;
   return u;
 }
 // loadSummaryInto fills box with the summary charts of the filter p.
 async function loadSummaryInto(box, p, opts) {
   const w = opts.window || bucketWindow(p.get('since') || '1h', Date.now());
   try {
-    const s = await api('/flows/summary?' + chartParams(p, w));
+    const q = chartParams(p, w);
+    if (opts.policies) q.append('policies', String(opts.policies));
+    const s = await api('/flows/summary?' + q);
     drawSummary(box, s, w, opts);
     return s;
   } catch (e) { box.replaceChildren(h('span', { class: 'err' }, errText(e))); return null; }
@@ -547,17 +614,17 @@ function familyTotals(s) {
   return h('div', { class: 'totals' }, s.families.map(f => h('span', { 'data-family': f.ip_version }, famBadge(f.ip_version), ' ', fmtBytes(f.bytes), ' · ', f.flows + ' flows · ',
     h('span', { class: f.dropped ? 'verdict dropped' : 'muted' }, f.dropped + ' dropped'))));
 }
+// drawSummary draws bytes (and, on the Charts page, flows and drops, each
+// in its own panel and y-scale: drops are often a small part of the flows).
 function drawSummary(box, s, w, opts) {
   const d = buckets(s, w);
-  const perSec = opts.compact ? '' : '';
   box.replaceChildren(familyTotals(s));
-  const c1 = h('div', { class: 'uchart', id: opts.compact ? null : 'chart-bytes', 'data-kind': 'bytes' });
-  box.append(c1);
-  stackedChart(c1, opts.compact ? null : 'Bytes per family (stacked)', w, d, 'bytes', 'bytes / bucket' + perSec, fmtBytes, { compact: opts.compact, height: opts.compact ? 150 : 220 });
+  const panel = (id, kind) => { const el = h('div', { class: 'uchart', id, 'data-kind': kind }); box.append(el); return el; };
+  familyChart(panel(opts.compact ? null : 'chart-bytes', 'bytes'), opts.compact ? null : 'Bytes per family (stacked)', w, d.xs, d.bytes[4], d.bytes[6],
+    'bytes / bucket', fmtBytes, { compact: opts.compact, height: opts.compact ? 150 : 220 });
   if (opts.compact) return;
-  const c2 = h('div', { class: 'uchart', id: 'chart-flows', 'data-kind': 'flows' });
-  box.append(c2);
-  stackedChart(c2, 'Flows per family (stacked) and dropped flows per family', w, d, 'flows', 'flows / bucket', fmtCount, { dropped: true, height: 220 });
+  familyChart(panel('chart-flows', 'flows'), 'Flows per family (stacked)', w, d.xs, d.flows[4], d.flows[6], 'flows / bucket', fmtCount, { height: 200 });
+  familyChart(panel('chart-drops', 'dropped'), 'Dropped flows per family', w, d.xs, d.dropped[4], d.dropped[6], 'dropped / bucket', fmtCount, { lines: true, suffix: ' dropped', height: 180 });
 }
 
 // ---- Charts page ----
@@ -572,14 +639,14 @@ async function loadCharts() {
   history.replaceState(null, '', '#/charts?' + p); current.hash = location.hash;
   // One aligned window for the charts, the talkers and the drops.
   const w = bucketWindow(p.get('since') || '1h', Date.now());
-  const s = await loadSummaryInto($('#charts-out'), p, { window: w });
+  const s = await loadSummaryInto($('#charts-out'), p, { window: w, policies: dropsShown });
   if (!s) return;
   banner('');
   const rows = s.top_talkers.map(t => h('tr', { 'data-family': t.ip_version },
     h('td', {}, famBadge(t.ip_version)), h('td', {}, t.src), h('td', {}, t.dst), h('td', { class: 'num' }, fmtBytes(t.bytes)), h('td', { class: 'num' }, t.flows),
     h('td', {}, link(hashURL('flows', talkerFilter(t, p.get('since'))), 'flows'))));
   $('#talkers tbody').replaceChildren(...rows);
-  loadDropsByPolicy(p, w);
+  drawDropsByPolicy(s, p);
 }
 // talkerFilter turns a map/talker label into flow filters.
 function labelFilter(label, s) {
@@ -590,33 +657,23 @@ function labelFilter(label, s) {
 function talkerFilter(t, since) {
   return Object.assign({ since, ip_version: t.ip_version }, labelFilter(t.src, 'src'), labelFilter(t.dst, 'dst'));
 }
-// loadDropsByPolicy counts the window's dropped flows by deciding policy
-// (from the latest 5000 dropped flows: there is no aggregate endpoint).
-async function loadDropsByPolicy(p, w) {
-  const q = new URLSearchParams(p); q.set('verdict', 'dropped'); q.set('limit', '1000');
-  q.set('since', String(w.since * 1000)); q.set('until', String(w.until * 1000));
+// dropsShown is how many policies "Drops by policy" lists.
+const dropsShown = 20;
+// drawDropsByPolicy lists the window's dropped flows per deciding policy
+// and family, as the store counts them (the summary's drops_by_policy).
+function drawDropsByPolicy(s, p) {
+  const by = new Map();
+  for (const r of s.drops_by_policy || []) {
+    const e = by.get(r.policy) || { policy: r.policy, 4: 0, 6: 0 };
+    e[r.ip_version] += r.dropped; by.set(r.policy, e);
+  }
+  const list = [...by.values()];
+  const shown = sum(list.map(e => e[4] + e[6])), total = sum(s.families.map(f => f.dropped));
+  $('#drops-note').textContent = total + ' dropped flows' + (shown < total ? ', ' + shown + ' of them by the ' + list.length + ' policies that dropped most' : '');
   const tb = $('#drops tbody');
-  try {
-    // Up to 5 pages of 1000: exact for most windows, a sample past that.
-    const r = { flows: [], next: '' };
-    for (let page = 0; page < 5; page++) {
-      const pq = new URLSearchParams(q); if (r.next) pq.set('cursor', r.next);
-      const part = await api('/flows?' + pq);
-      r.flows.push(...part.flows); r.next = part.next || '';
-      if (!r.next) break;
-    }
-    const by = new Map();
-    for (const f of r.flows) {
-      const k = flowPolicy(f) || '(default deny, no policy named)';
-      const e = by.get(k) || { policy: k, 4: 0, 6: 0 };
-      e[f.ip_version]++; by.set(k, e);
-    }
-    const list = [...by.values()].sort((a, b) => (b[4] + b[6]) - (a[4] + a[6]));
-    $('#drops-note').textContent = r.next ? 'from the latest ' + r.flows.length + ' dropped flows' : r.flows.length + ' dropped flows';
-    tb.replaceChildren(...list.map(e => h('tr', {}, h('td', {}, e.policy), h('td', { class: 'num' }, e[4]), h('td', { class: 'num' }, e[6]),
-      h('td', {}, e.policy.startsWith('(') ? '' : link(hashURL('flows', { since: p.get('since'), verdict: 'dropped', policy: e.policy }), 'flows')))));
-    if (!list.length) tb.replaceChildren(h('tr', {}, h('td', { colspan: 4, class: 'muted' }, 'No dropped flows in this window.')));
-  } catch (e) { tb.replaceChildren(h('tr', {}, h('td', { colspan: 4, class: 'err' }, errText(e)))); }
+  tb.replaceChildren(...list.map(e => h('tr', {}, h('td', {}, e.policy || '(default deny, no policy named)'), h('td', { class: 'num' }, e[4]), h('td', { class: 'num' }, e[6]),
+    h('td', {}, e.policy ? link(hashURL('flows', { since: p.get('since'), verdict: 'dropped', policy: e.policy }), 'flows') : ''))));
+  if (!list.length) tb.replaceChildren(h('tr', {}, h('td', { colspan: 4, class: 'muted' }, 'No dropped flows in this window.')));
 }
 
 // ---- Service map (cytoscape) ----
@@ -1123,6 +1180,84 @@ async function downloadCSV() {
   } catch (e) { $('#sql-status').textContent = errText(e); $('#sql-status').className = 'err'; }
 }
 
+// ---- SQL page: the schema sidebar ----
+// The sidebar is docs/schema.md as the server embeds it (GET /schema): the
+// tables and their columns, the REST names of the columns and the example
+// queries, which a click puts in the editor.
+// parseSchemaDoc reads the Markdown: per "## " section its tables (with
+// the "### " subsection they are in) and its ```sql blocks, each titled by
+// the sentence before it.
+function parseSchemaDoc(md) {
+  const sections = [];
+  let sec = null, sub = '', table = null, sql = null, para = [], paraDone = false;
+  for (const raw of md.split('\n')) {
+    const line = raw.trim();
+    if (sql) {
+      if (line.startsWith('```')) { sec.examples.push({ title: para.join(' ').replace(/:$/, '') || sec.title, sql: sql.join('\n').trim().replace(/;$/, '') }); sql = null; para = []; } else sql.push(raw.replace(/^ {2}/, ''));
+      continue;
+    }
+    if (line.startsWith('## ')) { sec = { title: line.slice(3), tables: [], examples: [] }; sections.push(sec); sub = ''; table = null; para = []; continue; }
+    if (!sec) continue;
+    if (line === '```sql') { sql = []; continue; }
+    if (line.startsWith('### ')) { sub = line.slice(4); table = null; para = []; continue; }
+    if (line.startsWith('|')) {
+      const cells = line.replace(/^\||\|$/g, '').split('|').map(c => c.trim());
+      if (!table) { table = { sub, head: cells, rows: [] }; sec.tables.push(table); } else if (!cells.every(c => /^:?-+:?$/.test(c))) table.rows.push(cells);
+      continue;
+    }
+    table = null;
+    if (!line) { paraDone = true; continue; }
+    if (paraDone) { para = []; paraDone = false; }
+    para.push(line);
+  }
+  return sections;
+}
+// mdInline renders `code` spans (and drops ** emphasis).
+function mdInline(text) {
+  return text.split('`').map((part, i) => i % 2 ? h('code', {}, part) : part.replace(/\*\*/g, ''));
+}
+const codeNames = text => (text.match(/`[^`]+`/g) || []).map(x => x.slice(1, -1));
+// insertSQL puts text at the editor's cursor.
+function insertSQL(text) {
+  const ta = $('#sql-text');
+  ta.setRangeText(text, ta.selectionStart, ta.selectionEnd, 'end'); ta.focus();
+}
+let schemaLoaded = false;
+async function loadSchema() {
+  if (schemaLoaded) return;
+  const box = $('#sql-schema');
+  let md;
+  try { md = await (await api('/schema', { raw: true })).text(); } catch (e) { box.replaceChildren(h('p', { class: 'err' }, errText(e))); return; }
+  schemaLoaded = true;
+  const secs = parseSchemaDoc(md);
+  const out = [h('h2', {}, 'Tables'), h('p', { class: 'muted' }, 'In database ', h('code', {}, 'dualflow'), '; click a name to insert it.')];
+  for (const s of secs) {
+    const name = codeNames(s.title)[0];
+    const cols = s.tables.filter(t => t.head[0] === 'column');
+    if (name && cols.length) {
+      out.push(h('details', { class: 'tbl', 'data-table': name, open: name === 'flows' },
+        h('summary', {}, h('a', { class: 'ins', onclick: e => { e.preventDefault(); insertSQL('dualflow.' + name); } }, name)),
+        cols.flatMap(t => [t.sub ? h('h4', {}, t.sub) : null, h('ul', { class: 'cols' }, t.rows.map(r => h('li', { title: r[2] ? r[2].replace(/`/g, '') : '' },
+          codeNames(r[0]).flatMap((c, i) => [i ? ', ' : '', h('a', { class: 'ins col', onclick: () => insertSQL(c) }, c)]), r[1] ? h('span', { class: 'muted' }, ' ' + r[1]) : '')))])));
+    }
+    for (const t of s.tables.filter(t => t.head[0] === 'table' && t.head[1] === 'key columns')) {
+      out.push(h('details', { class: 'tbl' }, h('summary', {}, s.title),
+        h('ul', { class: 'cols' }, t.rows.map(r => h('li', { title: 'key: ' + r[1].replace(/`/g, '') + '; sums: ' + r[2] },
+          codeNames(r[0]).map(c => h('a', { class: 'ins', 'data-table': c, onclick: () => insertSQL('dualflow.' + c) }, c)))))));
+    }
+  }
+  const rest = secs.find(s => /^REST names/.test(s.title));
+  if (rest && rest.tables[0]) {
+    out.push(h('h2', {}, 'REST names ↔ SQL columns'),
+      h('table', { class: 'data restmap' }, h('thead', {}, h('tr', {}, h('th', {}, 'REST'), h('th', {}, 'SQL'))),
+        h('tbody', {}, rest.tables[0].rows.map(r => h('tr', {}, h('td', {}, mdInline(r[0])), h('td', {}, mdInline(r[1])))))));
+  }
+  const examples = secs.flatMap(s => s.examples.filter(x => /\bFROM dualflow\./.test(x.sql)));
+  out.push(h('h2', {}, 'Example queries'),
+    h('ul', { class: 'examples' }, examples.map(x => h('li', {}, h('a', { class: 'ins example', href: '#/sql', title: x.sql, onclick: e => { e.preventDefault(); $('#sql-text').value = x.sql; $('#sql-text').focus(); } }, mdInline(x.title))))));
+  box.replaceChildren(...out);
+}
+
 // ---- routing ----
 // A page's state is in its hash: #/page?params. Links from one page to
 // another (map → flows, audit → reachability) are plain hrefs.
@@ -1197,7 +1332,7 @@ const pages = {
   reach: enterReach,
   trace: enterTrace,
   audit: () => loadAudit(),
-  sql: () => {},
+  sql: () => { loadSchema(); },
 };
 function route() {
   if (location.hash === current.hash) return; // our own replaceState
@@ -1223,8 +1358,12 @@ async function whoami() {
 // kubeStatus shows, in the header, when the collector's view of the
 // cluster is stale (the API server unreachable): names in the pages may
 // be out of date, and the rows written meanwhile say so (k8s_view_stale).
+// The note under the header says the same on every page, in words: what
+// the page shows may be out of date (stale) or incomplete (syncing: the
+// view is empty until the initial lists are indexed).
 async function kubeStatus() {
-  const el = $('#k8s-status');
+  const el = $('#k8s-status'), note = $('#view-note');
+  const clear = () => { el.hidden = true; el.textContent = ''; note.hidden = true; note.textContent = ''; };
   try {
     // A quiet fetch: a background poll neither flashes the progress bar
     // nor reopens the token dialog every 10 s.
@@ -1232,15 +1371,18 @@ async function kubeStatus() {
     if (!r.ok) throw new Error('HTTP ' + r.status);
     const k = (await r.json()).kubernetes;
     const down = (k.kinds || []).filter(x => !x.watching);
-    if (k.source === 'off' || k.source === 'inventory' || (!k.stale && k.synced)) {
-      el.hidden = true; el.textContent = ''; return;
-    }
+    if (k.source === 'off' || k.source === 'inventory' || (!k.stale && k.synced)) { clear(); return; }
     const secs = Math.round(Math.max(0, ...down.map(x => x.stale_seconds)));
     el.textContent = k.synced ? 'Kubernetes view stale ' + secs + ' s' : 'Kubernetes view syncing';
     el.title = (k.synced ? 'The collector has not reached the Kubernetes API for ' + secs + ' s: names may be out of date (rows written meanwhile have k8s_view_stale = true).' : 'The initial lists are not indexed yet.') +
       (down.length ? ' Not watched: ' + down.map(x => x.kind).join(', ') + '.' : '');
     el.hidden = false;
-  } catch (e) { el.hidden = true; }
+    note.textContent = k.synced
+      ? 'The Kubernetes view is stale: the collector has not reached the Kubernetes API for ' + secs + ' s' + (down.length ? ' (' + down.map(x => x.kind).join(', ') + ' not watched)' : '') +
+        '. Pods, workloads, Services and policies on this page may be out of date; flows recorded meanwhile are marked k8s_view_stale.'
+      : 'The Kubernetes view is still syncing: until the initial lists are indexed it is empty or partial, so names, reachability and audit answers on this page are incomplete.';
+    note.hidden = false;
+  } catch (e) { clear(); }
 }
 
 function init() {
@@ -1249,7 +1391,7 @@ function init() {
   $('#f-follow').parentElement.before(h('label', { class: 'toggle', title: 'Show the flows of traceflow probes (each trace, and each reachability cell traced, sends one per family); hidden by default: a trace is not traffic' },
     h('input', { type: 'checkbox', id: 'f-probes' }), ' Trace probes'));
   $('#f-probes').addEventListener('change', () => loadFlows(false));
-  $('#flow-time-h').textContent = 'Time (' + tzName + ')';
+  drawFlowColumns();
   $('#flow-filter').addEventListener('submit', e => { e.preventDefault(); loadFlows(false); });
   for (const id of ['#f-family', '#f-verdict', '#f-since']) $(id).addEventListener('change', () => loadFlows(false));
   $('#f-follow').addEventListener('change', e => { if (e.target.checked) startFollow(); else { stopFollow(); banner(''); } });
