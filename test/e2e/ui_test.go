@@ -680,7 +680,9 @@ func (u *uiEnv) checkDrop(t *testing.T) {
 	// rounds of traffic).
 	u.do(t, chromedp.Navigate(u.base+"/#/flows?verdict=dropped"), chromedp.WaitVisible(chromedp.CSS(`#page-flows`)))
 	u.wait(t, "dropped rows", 90*time.Second,
-		`(() => { const r = `+rowsJS+`; if (r.length === 0) document.querySelector('#flow-filter button[type=submit]').click(); return r.length > 0; })()`,
+		// Only dropped rows: the table may still hold an earlier page's.
+		`(() => { const r = `+rowsJS+`; if (r.length === 0) document.querySelector('#flow-filter button[type=submit]').click();
+			return r.length > 0 && r.every(x => /^(denied|rejected)$/.test(x.querySelector('td.verdict').textContent)); })()`,
 		`({banner: document.querySelector('#banner').textContent, count: document.querySelector('#flow-count').textContent})`)
 	pol := uiEval[string](t, u, rowsJS+`[0].querySelector('td.policy').textContent`)
 	u.do(t, chromedp.Evaluate[chromedp.Void](rowsJS+`[0].click()`))
