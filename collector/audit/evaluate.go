@@ -191,7 +191,9 @@ type PairVerdict struct {
 	SrcIP string `json:"src_ip"`
 	DstIP string `json:"dst_ip"`
 	// Port is the destination port evaluated (a Service's target port on
-	// this backend; 0: any); ServicePort the Service port it came from.
+	// this backend; for a question on any port, each port of the protocol
+	// the pod declares; 0: any, for a pod that declares none);
+	// ServicePort the Service port it came from.
 	Port        uint16 `json:"port,omitempty"`
 	ServicePort uint16 `json:"service_port,omitempty"`
 	// Verdict is allowed, denied, rejected, not_isolated or unknown;
@@ -288,7 +290,7 @@ func (p PolicyEvaluator) EvaluateMatrix(ctx context.Context, srcs, dsts []Endpoi
 			if s.t == nil || d.t == nil {
 				continue
 			}
-			k := max(1, len(d.t.servicePorts(proto, port)))
+			k := max(1, len(d.t.servicePorts(proto, port)), d.t.anyPorts(proto, port))
 			pairs += 2 * len(s.t.Members) * len(d.t.Members) * k
 			for f := range cs[i].members {
 				checks += int64(k) * (cs[i].egress[f]*cd[j].members[f] + cs[i].members[f]*cd[j].ingress[f])
@@ -382,6 +384,32 @@ func (t *Target) servicePorts(proto uint8, port uint16) []ServicePort {
 	return out
 }
 
+// anyPorts is, for a question on any port (port 0) of a protocol with
+// ports, the most ports of proto a member of t declares: the slots each
+// pair of a pod, workload or headless Service destination is evaluated
+// at (evaluateFamily); 0 otherwise.
+func (t *Target) anyPorts(proto uint8, port uint16) int {
+	if port != 0 || !hasPorts(proto) {
+		return 0
+	}
+	n := 0
+	for i := range t.Members {
+		n = max(n, len(t.Members[i].declared(proto)))
+	}
+	return n
+}
+
+// declared are the container ports of proto m declares, each once.
+func (m *Member) declared(proto uint8) []uint16 {
+	var out []uint16
+	for _, cp := range m.Ports {
+		if cp.Proto == proto && !slices.Contains(out, cp.Port) {
+			out = append(out, cp.Port)
+		}
+	}
+	return out
+}
+
 func familyName(fam int) string { return "IPv" + strconv.Itoa(fam) }
 
 // slot is one place a pair's destination is evaluated at: a member on a
@@ -432,7 +460,19 @@ func evaluateFamily(set *policy.Set, src, dst *Target, fam int, proto uint8, por
 			continue
 		}
 		if sps == nil {
-			slots = append(slots, slot{m: m, port: port})
+			// Any port of a pod is each port of proto it declares, as
+			// any port of a Service is each of its ports: port 0 would
+			// match only the rules without ports. A pod that declares
+			// none is evaluated at port 0.
+			ports := []uint16{port}
+			if port == 0 && hasPorts(proto) {
+				if d := m.declared(proto); len(d) > 0 {
+					ports = d
+				}
+			}
+			for _, p := range ports {
+				slots = append(slots, slot{m: m, port: p})
+			}
 			continue
 		}
 		for _, sp := range sps {

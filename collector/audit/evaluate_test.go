@@ -206,3 +206,70 @@ func TestHeadlessServiceEvaluatedOnThePortAsked(t *testing.T) {
 		}
 	}
 }
+
+// TestAnyPortEvaluatesDeclaredPorts: a question on any port (port 0)
+// evaluates a pod or workload destination on each port of the protocol
+// its pods declare, as a Service on each of its ports; at port 0 only the
+// rules without ports would match, and web → api would be denied although
+// allow-web-to-api admits it on 8080.
+func TestAnyPortEvaluatesDeclaredPorts(t *testing.T) {
+	web := Endpoint{Kind: "workload", Namespace: manifest.NSFrontend, Name: "web"}
+	api := Endpoint{Kind: "workload", Namespace: manifest.NSBackend, Name: "api"}
+	for _, mode := range manifest.Modes {
+		t.Run(string(mode), func(t *testing.T) {
+			ev := labEvaluator(t, mode)
+			m, err := ev.EvaluateMatrix(context.Background(), []Endpoint{web}, []Endpoint{api}, 6, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, fam := range []int{4, 6} {
+				c := m[0][0][fam]
+				if mode != manifest.ModeDual && (fam == 4) != (mode == manifest.ModeIPv4) {
+					if c.Outcome != OutcomeUnavailable {
+						t.Errorf("IPv%d without the family: %+v", fam, c)
+					}
+					continue
+				}
+				// 4 pod pairs on 8080 (http, allowed) and 9090 (metrics:
+				// IPv4 from node 1's pod CIDR only).
+				want := map[uint16]int{manifest.PortHTTP: 4, manifest.PortMetrics: 0}
+				if fam == 4 {
+					want[manifest.PortMetrics] = 2
+				}
+				got := map[uint16]int{}
+				for _, p := range c.Pairs {
+					if p.Verdict == "allowed" {
+						got[p.Port]++
+					} else if _, ok := want[p.Port]; !ok {
+						t.Errorf("IPv%d pair on port %d, which api does not declare over TCP", fam, p.Port)
+					}
+				}
+				if c.Outcome != OutcomePartial || c.Total != 8 || c.Allowed != want[manifest.PortHTTP]+want[manifest.PortMetrics] {
+					t.Errorf("web → api any port IPv%d: %s %d/%d, want partial %d/8", fam, c.Outcome, c.Allowed, c.Total, want[manifest.PortHTTP]+want[manifest.PortMetrics])
+				}
+				for p, n := range want {
+					if got[p] != n {
+						t.Errorf("IPv%d port %d: %d pairs allowed, want %d", fam, p, got[p], n)
+					}
+				}
+			}
+			// Over UDP api declares udp-echo only: 4 pairs on 5353.
+			u, err := ev.EvaluateMatrix(context.Background(), []Endpoint{web}, []Endpoint{api}, 17, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := 0
+			for _, c := range u[0][0] {
+				n += len(c.Pairs)
+				for _, p := range c.Pairs {
+					if p.Port != manifest.PortUDPEcho {
+						t.Errorf("UDP any port: pair on %d, want %d", p.Port, manifest.PortUDPEcho)
+					}
+				}
+			}
+			if n == 0 {
+				t.Error("UDP any port: no pair evaluated")
+			}
+		})
+	}
+}
