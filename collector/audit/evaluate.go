@@ -439,6 +439,12 @@ func evaluateFamily(set *policy.Set, src, dst *Target, fam int, proto uint8, por
 	if len(srcs) == 0 {
 		return &FamilyPolicy{Outcome: OutcomeUnavailable, Reason: "the source has no " + fname + " address"}
 	}
+	// A Service forwards TCP, UDP and SCTP: ICMP to its ClusterIP never
+	// reaches its pods (kube-proxy does not forward it), whatever the
+	// policies say.
+	if dst.Service != nil && !dst.Service.Headless && !hasPorts(proto) {
+		return &FamilyPolicy{Outcome: OutcomeNoPort, Reason: "a Service forwards TCP, UDP and SCTP only: " + ProtoName(fproto) + " to its ClusterIP does not reach its pods (ask about its pods or workload)"}
+	}
 	var sps []ServicePort
 	// A headless Service's clients dial the pods' addresses on the port
 	// they choose: no port mapping, no "no such port"; its pods are

@@ -273,3 +273,49 @@ func TestAnyPortEvaluatesDeclaredPorts(t *testing.T) {
 		})
 	}
 }
+
+// TestICMPEvaluated: ICMP (ICMPv6 over IPv6) is allowed only by rules
+// without ports, as NetworkPolicy has no ICMP protocol; a Service does not
+// forward it.
+func TestICMPEvaluated(t *testing.T) {
+	web := Endpoint{Kind: "workload", Namespace: manifest.NSFrontend, Name: "web"}
+	api := Endpoint{Kind: "workload", Namespace: manifest.NSBackend, Name: "api"}
+	apiSvc := Endpoint{Kind: "service", Namespace: manifest.NSBackend, Name: manifest.ServiceAPI}
+	noPorts := func(m *manifest.Manifest) {
+		for i := range m.NetworkPolicies {
+			if np := &m.NetworkPolicies[i]; np.Name == manifest.PolicyAllowWeb {
+				np.Spec.Ingress[0].Ports = nil
+			}
+		}
+	}
+	for _, mode := range manifest.Modes {
+		t.Run(string(mode), func(t *testing.T) {
+			for _, tc := range []struct {
+				name string
+				edit []func(*manifest.Manifest)
+				want string
+			}{
+				{"rules with ports", nil, OutcomeDeny},
+				{"a rule without ports", []func(*manifest.Manifest){noPorts}, OutcomeAllow},
+			} {
+				ev := labEvaluator(t, mode, tc.edit...)
+				m, err := ev.EvaluateMatrix(context.Background(), []Endpoint{web}, []Endpoint{api, apiSvc}, 1, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, fam := range []int{4, 6} {
+					if mode != manifest.ModeDual && (fam == 4) != (mode == manifest.ModeIPv4) {
+						continue
+					}
+					if c := m[0][0][fam]; c.Outcome != tc.want || c.Total != 4 || c.Pairs[0].Port != 0 {
+						t.Errorf("%s: web → api ICMP IPv%d: %+v, want %s 4 pairs", tc.name, fam, c, tc.want)
+					}
+					want := map[int]string{4: "ICMP to its ClusterIP", 6: "ICMPv6 to its ClusterIP"}[fam]
+					if c := m[0][1][fam]; c.Outcome != OutcomeNoPort || !strings.Contains(c.Reason, want) {
+						t.Errorf("%s: web → service api ICMP IPv%d: %+v, want no_port %q", tc.name, fam, c, want)
+					}
+				}
+			}
+		})
+	}
+}

@@ -314,6 +314,7 @@ func TestBadInput4xx(t *testing.T) {
 		{"POST", "/api/v1/reachability", `{"sources":[{"kind":"service","namespace":"a","name":"b"}],"destinations":[{"kind":"pod","namespace":"a","name":"b"}]}`, "sources[0]"},
 		{"POST", "/api/v1/reachability", `{"sources":[{"kind":"pod","namespace":"a","name":"b"}],"destinations":[{"kind":"ip","name":"nope"}]}`, "destinations[0]"},
 		{"POST", "/api/v1/reachability", `{"sources":[{"kind":"pod","namespace":"a","name":"b"}],"destinations":[{"kind":"pod","namespace":"a","name":"c"}],"protocol":"xyz"}`, "protocol"},
+		{"POST", "/api/v1/reachability", `{"sources":[{"kind":"pod","namespace":"a","name":"b"}],"destinations":[{"kind":"pod","namespace":"a","name":"c"}],"protocol":"ICMP","port":8}`, "port"},
 		{"POST", "/api/v1/sql", `{"query":"SELECT 1","max_row":5}`, "max_row"},
 		{"POST", "/api/v1/sql", `{"query":""}`, "query"},
 		{"POST", "/api/v1/sql", `{"query":"SELEC 1"}`, "query"},

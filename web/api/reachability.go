@@ -191,6 +191,10 @@ func (a *API) runReachability(ctx context.Context, req *ReachabilityRequest) (*R
 	if err != nil {
 		return nil, fieldErr("protocol", "%v", err)
 	}
+	icmp := proto == flow.ProtoICMP || proto == flow.ProtoICMPv6
+	if icmp && req.Port != 0 {
+		return nil, fieldErr("port", "ICMP has no port")
+	}
 	now := a.cfg.Now()
 	since := now.Add(-defaultReachSince)
 	if req.Since != "" {
@@ -209,7 +213,7 @@ func (a *API) runReachability(ctx context.Context, req *ReachabilityRequest) (*R
 		return nil, err
 	}
 	protoCond := "protocol = " + strconv.Itoa(int(proto))
-	if proto == flow.ProtoICMP || proto == flow.ProtoICMPv6 {
+	if icmp {
 		// One question over both families: ICMP over IPv4, ICMPv6 over IPv6.
 		protoCond = "protocol IN (1, 58)"
 	}

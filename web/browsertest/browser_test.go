@@ -635,6 +635,33 @@ func TestReachabilityMatrixAndCellDetails(t *testing.T) {
 	noConsoleErrors(t, errs, "")
 }
 
+// TestReachabilityICMP: ICMP is one choice for both families (a link's
+// ICMPv6 too), without a port; the form says what NetworkPolicy makes of
+// it, and a cell links the flows of each family's protocol.
+func TestReachabilityICMP(t *testing.T) {
+	ctx, errs := browser(t)
+	do(t, ctx,
+		chromedp.Navigate(baseURL+"/#/reach?sources=workload:shop/frontend&destinations=workload:shop/db&protocol=ICMPv6&port=5432&run=1"),
+		chromedp.WaitVisible(css(`.matrix table[data-family="6"] td.cell`)),
+		chromedp.WaitVisible(css(`#reach-icmp-note`)),
+	)
+	if v := eval[string](t, ctx, `(f => f.protocol.value + ' ' + f.port.disabled + ' ' + JSON.stringify(f.port.value))(document.querySelector('#reach-form'))`); v != `ICMP true ""` {
+		t.Errorf("form protocol, port disabled, port: %s", v)
+	}
+	if txt := eval[string](t, ctx, `document.querySelector('#reach-icmp-note').textContent`); !strings.Contains(txt, "only rules without ports allow it") {
+		t.Errorf("ICMP note %q", txt)
+	}
+	do(t, ctx,
+		chromedp.Click(css(`.matrix table[data-family="6"] td.cell`)),
+		chromedp.WaitVisible(css(`#drawer .celldetail .actions a`)),
+	)
+	links := eval[[]string](t, ctx, `[...document.querySelectorAll('#drawer .celldetail .actions a')].map(a => a.getAttribute('href'))`)
+	if len(links) != 3 || !strings.Contains(links[0], "protocol=ICMP&") || !strings.HasSuffix(links[0], "ip_version=4") || !strings.Contains(links[1], "protocol=ICMPv6&") || !strings.HasSuffix(links[1], "ip_version=6") || strings.Contains(links[2], "port=") || !strings.Contains(links[2], "protocol=ICMP") {
+		t.Errorf("ICMP cell links %v", links)
+	}
+	noConsoleErrors(t, errs, "")
+}
+
 // TestReachabilityCellShapes renders the cell shapes the API may answer:
 // partial k/n with its pairs, a family the Service lacks, an evaluation
 // error, a policy/flows disagreement and fields this UI does not know.

@@ -788,9 +788,18 @@ function reachParams() {
   const f = $('#reach-form');
   return { sources: f.sources.value.trim().split('\n').join(','), destinations: f.destinations.value.trim().split('\n').join(','), protocol: f.protocol.value, port: f.port.value, since: f.since.value };
 }
+// reachProtocol shows what ICMP means and takes the port away from it
+// (ICMP has none).
+function reachProtocol() {
+  const f = $('#reach-form'), icmp = f.protocol.value === 'ICMP';
+  f.port.disabled = icmp;
+  if (icmp) f.port.value = '';
+  $('#reach-icmp-note').hidden = !icmp;
+}
 async function runReach(ev) {
   ev && ev.preventDefault();
   const f = $('#reach-form');
+  reachProtocol();
   const body = {
     sources: f.sources.value.split('\n').map(parseEndpoint).filter(Boolean),
     destinations: f.destinations.value.split('\n').map(parseEndpoint).filter(Boolean),
@@ -928,12 +937,17 @@ function endpointFilter(e, s) {
   }
 }
 async function cellDetails(src, dst, req, cell, i, j) {
+  const icmp = req.protocol === 'ICMP';
   const flowsQ = Object.assign({ since: req.since, protocol: req.protocol, dst_port: req.port || '' }, endpointFilter(src, 'src'), endpointFilter(dst, 'dst'));
   const traceQ = { source: epLabel(src), destination: epLabel(dst), protocol: req.protocol, port: req.port || '', family: 'dual', run: 1 };
+  // The flows filter names one protocol: ICMP's cell has a link per family.
+  const flowLinks = icmp
+    ? [['4', 'ICMP'], ['6', 'ICMPv6']].map(([v, p]) => link(hashURL('flows', Object.assign({}, flowsQ, { protocol: p, ip_version: v, dst_port: '' })), p + ' flows (IPv' + v + ')'))
+    : [link(hashURL('flows', flowsQ), 'Flows of this cell'), link(hashURL('flows', Object.assign({ verdict: 'dropped' }, flowsQ)), 'Dropped flows')];
   const info = h('div', { class: 'celldetail', 'data-si': i, 'data-di': j },
-    h('p', { class: 'flowline' }, epLabel(src) + ' → ' + epLabel(dst) + ' · ' + req.protocol + (req.port ? ' ' + req.port : ' any port')),
+    h('p', { class: 'flowline' }, epLabel(src) + ' → ' + epLabel(dst) + ' · ' + (icmp ? 'ICMP (ICMPv6 over IPv6)' : req.protocol + (req.port ? ' ' + req.port : ' any port'))),
     (cell.reasons || []).length ? h('p', { class: 'verdict unavailable' }, cell.reasons.join('; ')) : null,
-    h('div', { class: 'actions' }, link(hashURL('flows', flowsQ), 'Flows of this cell'), link(hashURL('flows', Object.assign({ verdict: 'dropped' }, flowsQ)), 'Dropped flows'), link(hashURL('trace', traceQ), 'Open in Traceflow')),
+    h('div', { class: 'actions' }, flowLinks, link(hashURL('trace', traceQ), 'Open in Traceflow')),
     Object.entries(cell.families || {}).sort().map(([fam, f]) => familyDetails(fam, f || {})),
     h('h3', {}, 'Dual trace'),
     h('p', { class: 'muted', id: 'cell-trace-status' }, 'Running a dual trace…'));
@@ -1122,9 +1136,12 @@ async function enterReach(params) {
   if (params.has('sources') || params.has('destinations')) {
     f.sources.value = (params.get('sources') || '').split(',').join('\n');
     f.destinations.value = (params.get('destinations') || '').split(',').join('\n');
-    f.protocol.value = params.get('protocol') || 'TCP';
+    // ICMP and ICMPv6 are one question.
+    f.protocol.value = (params.get('protocol') || 'TCP').toUpperCase().replace(/^ICMPV6$/, 'ICMP');
+    if (!f.protocol.value) f.protocol.value = 'TCP';
     f.port.value = params.get('port') || '';
     if (params.get('since')) f.since.value = params.get('since');
+    reachProtocol();
   } else if (!f.sources.value.trim()) {
     await loadCatalog();
     const ws = catalog.workloads.map(w => 'workload:' + w);
@@ -1240,6 +1257,7 @@ function init() {
   $('#charts-form').addEventListener('submit', e => { e.preventDefault(); loadCharts(); });
   for (const sel of ['#charts-form select', '#map-form select']) document.querySelectorAll(sel).forEach(s => s.addEventListener('change', () => s.form.requestSubmit()));
   $('#reach-form').addEventListener('submit', runReach);
+  $('#reach-form').protocol.addEventListener('change', reachProtocol);
   // The adders put a suggested endpoint on its own line of the list.
   document.querySelectorAll('#reach-form .adder').forEach(inp => {
     const add = () => {
