@@ -662,6 +662,50 @@ func TestReachabilityICMP(t *testing.T) {
 	noConsoleErrors(t, errs, "")
 }
 
+// TestReachabilityMatricesFit: at 1000 px the IPv4 and IPv6 matrices of
+// 4 destinations fit without a scrollbar; 14 destinations, wider than the
+// page, scroll together in one scroller with their columns aligned, and
+// neither matrix scrolls on its own.
+func TestReachabilityMatricesFit(t *testing.T) {
+	ctx, errs := browser(t)
+	type layout struct {
+		Own          []int // scrollWidth - clientWidth of each matrix
+		Shared, Page int   // of .matrices and of the page
+		Misaligned   int   // columns whose left edges differ between the families
+		Stacked      bool
+	}
+	measure := `(() => {
+		const ms = [...document.querySelectorAll('#reach-out .matrix')], out = document.querySelector('#reach-out');
+		const lefts = fam => [...document.querySelectorAll('.matrix table[data-family="' + fam + '"] tr:nth-child(2) td')].map(td => Math.round(td.getBoundingClientRect().left - td.closest('table').getBoundingClientRect().left));
+		const l4 = lefts('4'), l6 = lefts('6');
+		return { Own: ms.map(m => m.scrollWidth - m.clientWidth), Shared: out.scrollWidth - out.clientWidth,
+			Page: document.documentElement.scrollWidth - document.documentElement.clientWidth,
+			Misaligned: l4.filter((x, i) => x !== l6[i]).length + Math.abs(l4.length - l6.length),
+			Stacked: ms.length === 2 && ms[1].getBoundingClientRect().top >= ms[0].getBoundingClientRect().bottom };
+	})()`
+	dsts := "workload:shop/cart,workload:shop/db,service:infra/dns,workload:infra/dns"
+	do(t, ctx,
+		chromedp.EmulateViewport(1000, 900),
+		chromedp.Navigate(baseURL+"/#/reach?sources=workload:shop/frontend,workload:shop/cart&destinations="+dsts+"&protocol=TCP&port=5432&run=1"),
+		chromedp.WaitVisible(css(`.matrix table[data-family="6"] td.cell`)),
+	)
+	got := eval[layout](t, ctx, measure)
+	if len(got.Own) != 2 || got.Own[0] > 0 || got.Own[1] > 0 || got.Shared > 0 || got.Page > 0 {
+		t.Errorf("4 destinations at 1000 px overflow: %+v", got)
+	}
+	screenshot(t, ctx, "reach-1000px")
+	wide := dsts + "," + dsts + "," + dsts + ",workload:shop/frontend,service:shop/cart"
+	do(t, ctx,
+		chromedp.Navigate(baseURL+"/#/reach?sources=workload:shop/frontend&destinations="+wide+"&protocol=TCP&port=5432&run=1"),
+		poll(`document.querySelectorAll('.matrix table[data-family="6"] td.cell').length === 14`),
+	)
+	got = eval[layout](t, ctx, measure)
+	if len(got.Own) != 2 || got.Own[0] > 0 || got.Own[1] > 0 || got.Shared <= 0 || got.Page > 0 || !got.Stacked || got.Misaligned != 0 {
+		t.Errorf("14 destinations at 1000 px: %+v, want one shared scroller, stacked and aligned", got)
+	}
+	noConsoleErrors(t, errs, "")
+}
+
 // TestReachabilityCellShapes renders the cell shapes the API may answer:
 // partial k/n with its pairs, a family the Service lacks, an evaluation
 // error, a policy/flows disagreement and fields this UI does not know.

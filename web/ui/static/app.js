@@ -815,6 +815,7 @@ async function runReach(ev) {
     $('#reach-summary').textContent = `${m.asymmetric} of ${m.sources.length * m.destinations.length} cells differ between IPv4 and IPv6 (outlined)` +
       (disagree ? `, ${disagree} where policy and observed flows disagree (⚠)` : '') + ` · ${m.elapsed_ms} ms. Click a cell for its pairs and a dual trace.`;
     const out = $('#reach-out'); out.replaceChildren();
+    out.style.setProperty('--cols', m.destinations.length + 1);
     for (const fam of ['4', '6']) out.append(matrix(m, fam, body));
   } catch (e) { showError(e); $('#reach-summary').textContent = ''; }
   btn.disabled = false;
@@ -860,11 +861,14 @@ function outcomeLabel(f) {
   const o = String(f.outcome || 'unknown').replace(/_/g, ' ');
   return f.outcome === 'partial' ? o + ' ' + partialText(f) : o;
 }
+// epBreakable is an endpoint's label that a narrow column wraps after its
+// ':' and '/' rather than inside a name.
+const epBreakable = e => epLabel(e).split(/(?<=[:/])/).flatMap((part, i) => i ? [h('wbr'), part] : [part]);
 function matrix(m, fam, req) {
   const table = h('table', { class: 'reach', 'data-family': fam });
-  table.append(h('tr', {}, h('th', {}, 'from \\ to'), m.destinations.map(d => h('th', {}, epLabel(d)))));
+  table.append(h('tr', {}, h('th', {}, 'from \\ to'), m.destinations.map(d => h('th', { title: epLabel(d) }, epBreakable(d)))));
   m.sources.forEach((s, i) => {
-    const tr = h('tr', {}, h('th', { class: 'rowh' }, epLabel(s)));
+    const tr = h('tr', {}, h('th', { class: 'rowh', title: epLabel(s) }, epBreakable(s)));
     m.destinations.forEach((d, j) => {
       const c = m.cells[i][j], f = (c.families && c.families[fam]) || { outcome: 'unknown', observed: { flows: 0 } };
       const obs = f.observed || { flows: 0 };
