@@ -631,7 +631,24 @@ func TestReachabilityMatrixAndCellDetails(t *testing.T) {
 	if len(links) != 3 || !strings.Contains(links[0], "src_workload=shop%2Ffrontend") || !strings.Contains(links[0], "dst_workload=shop%2Fdb") {
 		t.Errorf("cell links %v", links)
 	}
+	// The dual trace names the pods the server picked for the workloads.
+	if h := eval[string](t, ctx, `document.querySelector('#drawer .trace[data-family="6"] h2').textContent`); !strings.Contains(h, "shop/frontend-0 (") || !strings.Contains(h, "→ shop/db-0 (") {
+		t.Errorf("dual trace header %q", h)
+	}
 	screenshot(t, ctx, "reach-cell-trace")
+	// Each listed pair traces itself, over its family: frontend-1 → db-1,
+	// which the cell's dual trace did not pick.
+	do(t, ctx,
+		chromedp.Click(css(`#drawer .famdetail[data-family="6"] li.pair:nth-child(2) button.tracepair`)),
+		poll(`(h => h && h.textContent.includes('shop/frontend-1 (') && h.textContent.includes('→ shop/db-1 ('))(document.querySelector('#drawer .trace[data-family="6"][data-outcome="dropped"] h2'))`),
+	)
+	if n := eval[int](t, ctx, `document.querySelectorAll('#drawer .trace').length`); n != 1 {
+		t.Errorf("a pair's IPv6 trace drew %d families", n)
+	}
+	if title := eval[string](t, ctx, `document.querySelector('#cell-trace-title').textContent`); title != "Trace of shop/frontend-1 → shop/db-1 over IPv6" {
+		t.Errorf("pair trace title %q", title)
+	}
+	screenshot(t, ctx, "reach-pair-trace")
 	noConsoleErrors(t, errs, "")
 }
 

@@ -17,23 +17,24 @@ import (
 	"github.com/dualflow/dualflow/web/api"
 )
 
-// Evaluator answers from Pairs, each cell as one pod pair: the seeded
-// verdicts, and both families for any other pair of lab workloads
+// Evaluator answers from Pairs, each cell as two pod pairs (pod 1 of the
+// source to pods 0 and 1 of the destination, on the port asked): the
+// seeded verdicts, and both families for any other pair of lab workloads
 // (not_isolated); an end outside the lab is an error cell.
 type Evaluator struct{}
 
 // EvaluateMatrix implements api.Evaluator.
-func (Evaluator) EvaluateMatrix(_ context.Context, srcs, dsts []audit.Endpoint, _ uint8, _ uint16) ([][]map[int]*audit.FamilyPolicy, error) {
+func (Evaluator) EvaluateMatrix(_ context.Context, srcs, dsts []audit.Endpoint, _ uint8, port uint16) ([][]map[int]*audit.FamilyPolicy, error) {
 	out := make([][]map[int]*audit.FamilyPolicy, len(srcs))
 	for i, src := range srcs {
 		for _, dst := range dsts {
-			out[i] = append(out[i], evaluate(src, dst))
+			out[i] = append(out[i], evaluate(src, dst, port))
 		}
 	}
 	return out, nil
 }
 
-func evaluate(src, dst audit.Endpoint) map[int]*audit.FamilyPolicy {
+func evaluate(src, dst audit.Endpoint, port uint16) map[int]*audit.FamilyPolicy {
 	si, di := find(src), find(dst)
 	if si < 0 || di < 0 {
 		err := fmt.Sprintf("unknown endpoint %s or %s", src, dst)
@@ -53,10 +54,17 @@ func evaluate(src, dst audit.Endpoint) map[int]*audit.FamilyPolicy {
 				}
 			}
 		}
-		out[fam] = &audit.FamilyPolicy{Outcome: audit.OutcomeAllow, Allowed: 1, Total: 1, Summary: v}
-		if v.Verdict == "denied" || v.Verdict == "rejected" {
-			out[fam].Outcome, out[fam].Allowed = audit.OutcomeDeny, 0
+		f := &audit.FamilyPolicy{Outcome: audit.OutcomeAllow, Summary: v}
+		s, d := webtest.Lab[si], webtest.Lab[di]
+		for k := range 2 {
+			f.Pairs = append(f.Pairs, audit.PairVerdict{Src: s.Namespace + "/" + s.Name + "-1", Dst: d.Namespace + "/" + d.Name + "-" + strconv.Itoa(k),
+				SrcIP: podAddr(fam, si, 1).String(), DstIP: podAddr(fam, di, k).String(), Port: port, Verdict: v.Verdict, Ingress: v.Ingress})
 		}
+		f.Total, f.Allowed = len(f.Pairs), len(f.Pairs)
+		if v.Verdict == "denied" || v.Verdict == "rejected" {
+			f.Outcome, f.Allowed = audit.OutcomeDeny, 0
+		}
+		out[fam] = f
 	}
 	return out
 }
@@ -188,7 +196,7 @@ func (t NodeTracer) Trace(ctx context.Context, p traceflow.Probe) (traceflow.Pat
 	if !p.Src.Is4() {
 		fam = 6
 	}
-	fp := evaluate(src, dst)[fam]
+	fp := evaluate(src, dst, p.DstPort)[fam]
 	if fp.Outcome == audit.OutcomeError {
 		return traceflow.Path{Outcome: traceflow.TimedOut, Reason: "no node of the lab saw the probe"}, nil
 	}

@@ -898,7 +898,9 @@ function matrix(m, fam, req) {
 const knownFamilyKeys = ['outcome', 'reason', 'policy', 'policy_error', 'observed', 'trace', 'trace_id', 'trace_error', 'pairs', 'partial', 'pairs_allowed', 'pairs_total', 'pairs_truncated', 'mismatch'];
 // pairList renders a cell's pod pairs: "allowed ns/a-0 → ns/b-1 (addr →
 // addr:port) egress P ingress Q"; unknown fields are shown as they are.
-function pairList(pairs) {
+// With trace, a pair leaving from a pod has a "trace this pair" button
+// calling trace(pair).
+function pairList(pairs, trace) {
   const name = x => typeof x === 'object' && x ? (x.namespace ? x.namespace + '/' : '') + (x.name || x.ip || '') : (x || '');
   return h('ul', { class: 'pairs' }, pairs.map(p => {
     if (typeof p !== 'object' || p === null) return h('li', {}, String(p));
@@ -907,12 +909,14 @@ function pairList(pairs) {
     const rest = Object.entries(p).filter(([k]) => !known.includes(k));
     const addr = p.src_ip || p.dst_ip ? ' (' + (p.src_ip || '?') + ' → ' + (p.dst_ip || '?') + (p.port ? ' port ' + p.port : '') + (p.service_port ? ' from Service port ' + p.service_port : '') + ')' : (p.port ? ' port ' + p.port : '');
     const pols = [p.egress && 'egress ' + p.egress, p.ingress && 'ingress ' + p.ingress, p.policy && 'policy ' + p.policy].filter(Boolean).join(', ');
+    const traceable = trace && typeof p.src === 'string' && p.src.includes('/');
     return h('li', { class: 'pair', 'data-verdict': out }, h('span', { class: 'verdict ' + out }, out || '?'), ' ', name(p.src || p.source), ' → ', name(p.dst || p.destination),
       h('span', { class: 'muted' }, addr), pols ? h('span', { class: 'pol' }, ' · ' + pols) : '',
-      rest.length ? h('span', { class: 'muted' }, ' · ' + rest.map(([k, v]) => k + ' ' + (typeof v === 'object' ? JSON.stringify(v) : v)).join(', ')) : '');
+      rest.length ? h('span', { class: 'muted' }, ' · ' + rest.map(([k, v]) => k + ' ' + (typeof v === 'object' ? JSON.stringify(v) : v)).join(', ')) : '',
+      traceable ? [' ', h('button', { type: 'button', class: 'act tracepair', onclick: () => trace(p) }, 'trace this pair')] : '');
   }));
 }
-function familyDetails(fam, f) {
+function familyDetails(fam, f, tracePair) {
   const extra = Object.fromEntries(Object.entries(f).filter(([k]) => !knownFamilyKeys.includes(k)));
   const v = (f.observed && f.observed.verdicts) || {};
   return h('div', { class: 'famdetail v' + fam, 'data-family': fam },
@@ -927,7 +931,7 @@ function familyDetails(fam, f) {
       observed: f.observed ? (f.observed.flows || 0) + ' flows' + (Object.keys(v).length ? ' (' + Object.entries(v).map(([k, n]) => n + ' ' + k).join(', ') + ')' : '') : '',
       'last seen': f.observed && f.observed.last_seen_ms ? fmtTimeZ(f.observed.last_seen_ms) : '',
     }),
-    Array.isArray(f.pairs) && f.pairs.length ? [h('h4', {}, (f.pairs_total || f.pairs.length) + ' pod pairs' + (f.pairs_total ? ', ' + (f.pairs_allowed || 0) + ' allowed' : '') + (f.pairs_truncated ? ' (first ' + f.pairs.length + ' listed)' : '')), pairList(f.pairs)] : null,
+    Array.isArray(f.pairs) && f.pairs.length ? [h('h4', {}, (f.pairs_total || f.pairs.length) + ' pod pairs' + (f.pairs_total ? ', ' + (f.pairs_allowed || 0) + ' allowed' : '') + (f.pairs_truncated ? ' (first ' + f.pairs.length + ' listed)' : '')), pairList(f.pairs, tracePair && (p => tracePair(p, fam)))] : null,
     Object.keys(extra).length ? kv(Object.fromEntries(Object.entries(extra).map(([k, x]) => [k.replace(/_/g, ' '), Array.isArray(x) && x.length && typeof x[0] === 'object' ? pairList(x) : x]))) : null);
 }
 // endpointFilter turns a reachability endpoint into flow filters.
@@ -952,19 +956,40 @@ async function cellDetails(src, dst, req, cell, i, j) {
     h('p', { class: 'flowline' }, epLabel(src) + ' → ' + epLabel(dst) + ' · ' + (icmp ? 'ICMP (ICMPv6 over IPv6)' : req.protocol + (req.port ? ' ' + req.port : ' any port'))),
     (cell.reasons || []).length ? h('p', { class: 'verdict unavailable' }, cell.reasons.join('; ')) : null,
     h('div', { class: 'actions' }, flowLinks, link(hashURL('trace', traceQ), 'Open in Traceflow')),
-    Object.entries(cell.families || {}).sort().map(([fam, f]) => familyDetails(fam, f || {})),
-    h('h3', {}, 'Dual trace'),
+    Object.entries(cell.families || {}).sort().map(([fam, f]) => familyDetails(fam, f || {}, tracePair)),
+    h('h3', { id: 'cell-trace-title' }, 'Dual trace'),
     h('p', { class: 'muted', id: 'cell-trace-status' }, 'Running a dual trace…'));
   openDrawer('Reachability cell', info);
   const out = h('div', { class: 'traces' });
   info.append(out);
-  const status = $('#cell-trace-status');
-  try {
-    const r = await traceflow(traceRequest(src, dst, req.protocol, req.port, 'dual'),
-      secs => { status.textContent = 'Running the dual trace again in ' + secs + ' s (too many traces at once)…'; });
-    status.textContent = 'Dual trace done.';
-    renderTraces(out, r);
-  } catch (e) { status.textContent = errText(e); status.className = 'err'; }
+  // run traces one request into out; a later one (a pair's) wins over one
+  // still running.
+  let latest = 0;
+  async function run(body, what) {
+    const n = ++latest, status = $('#cell-trace-status');
+    $('#cell-trace-title').textContent = what;
+    status.textContent = 'Running the ' + what.toLowerCase() + '…'; status.className = 'muted';
+    if (n > 1) out.replaceChildren();
+    try {
+      const r = await traceflow(body, secs => { if (n === latest) status.textContent = 'Running the ' + what.toLowerCase() + ' again in ' + secs + ' s (too many traces at once)…'; });
+      if (n !== latest) return;
+      status.textContent = what + ' done.';
+      renderTraces(out, r);
+    } catch (e) { if (n === latest) { status.textContent = errText(e); status.className = 'err'; } }
+  }
+  // tracePair traces one listed pair: from its pod to its pod (or
+  // address) on the port it was evaluated at, over its family. The cell's
+  // dual trace goes between pods the server picks.
+  function tracePair(p, fam) {
+    const pod = x => parseEndpoint('pod:' + x);
+    const to = String(p.dst).includes('/') ? pod(p.dst) : { kind: 'ip', name: p.dst_ip || p.dst };
+    let body;
+    try { body = traceRequest(pod(p.src), to, req.protocol, p.port || req.port, 'ipv' + fam); } catch (e) { $('#cell-trace-status').textContent = errText(e); return; }
+    run(body, 'Trace of ' + p.src + ' → ' + p.dst + ' over IPv' + fam);
+  }
+  let body;
+  try { body = traceRequest(src, dst, req.protocol, req.port, 'dual'); } catch (e) { $('#cell-trace-status').textContent = errText(e); $('#cell-trace-status').className = 'err'; return; }
+  await run(body, 'Dual trace');
 }
 
 // ---- Traceflow ----
@@ -1023,8 +1048,13 @@ function hopText(o) {
 // path, or why it has none, once, in its own block (data-family 4 or 6).
 function renderTraces(out, r) {
   out.replaceChildren();
+  // The header names the pods traced (the server names the pods it picked
+  // for workloads in request): a trace is between two pods, not two
+  // workloads.
+  const q = r.request || {}, d = q.destination || {};
+  const ends = { src: q.source || q.source_workload || '', dst: d.pod || (d.service && 'service ' + d.service) || d.workload || '' };
+  const end = (name, addr) => name && addr ? name + ' (' + addr + ')' : name || addr || '?';
   if (r.id) {
-    const q = r.request || {}, d = q.destination || {};
     // The pods the server picked for workloads.
     const picked = [q.source_workload && 'from pod ' + q.source + ' of workload ' + q.source_workload, d.workload && 'to pod ' + d.pod + ' of workload ' + d.workload].filter(Boolean);
     out.append(h('p', { class: 'muted traceinfo' }, 'Trace ', h('code', {}, r.id), ' · ' + r.phase,
@@ -1046,7 +1076,7 @@ function renderTraces(out, r) {
     }));
     const traced = ['delivered', 'dropped', 'rejected'].includes(t.outcome);
     out.append(h('div', { class: 'trace v' + fam, 'data-family': fam, 'data-outcome': t.outcome },
-      h('h2', {}, famBadge(fam), t.src ? [' ', t.src, ' → ', t.dst] : ''),
+      h('h2', {}, famBadge(fam), ' ', end(ends.src, t.src), ' → ', end(ends.dst, t.dst)),
       h('p', {}, h('span', { class: 'verdict ' + t.outcome }, t.outcome),
         stop ? ' at ' + stop.node : '', stop && stop.policy ? ' by ' + stop.policy : '',
         t.dst_port ? h('span', { class: 'muted' }, ' · ' + t.protocol + ' port ' + t.dst_port) : ''),
