@@ -10,7 +10,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/dualflow/dualflow/collector/audit/policy"
 	"github.com/dualflow/dualflow/collector/enrich"
@@ -74,6 +76,32 @@ type Ref struct {
 	// index in that list); Rule is absent for the policy as a whole.
 	Direction string `json:"direction,omitempty"`
 	Rule      *int32 `json:"rule,omitempty"`
+	// Role is the object's end of the traffic the finding is about,
+	// RoleSource or RoleDestination (the UI's flows, reachability and
+	// trace links ask about them); empty for a policy, or an object that
+	// is neither (the backends of a Service).
+	Role string `json:"role,omitempty"`
+}
+
+// Roles of a Ref.
+const (
+	RoleSource      = "source"
+	RoleDestination = "destination"
+)
+
+// as returns r in role.
+func (r Ref) as(role string) Ref {
+	r.Role = role
+	return r
+}
+
+// roles returns refs in role.
+func roles(refs []Ref, role string) []Ref {
+	out := make([]Ref, len(refs))
+	for i, r := range refs {
+		out[i] = r.as(role)
+	}
+	return out
 }
 
 func (r Ref) String() string {
@@ -226,12 +254,12 @@ func (u UnprotectedWorkload) Findings() []Finding {
 	}
 	if u.IngressPods > 0 {
 		which, them := of(u.IngressPods)
-		out = append(out, Finding{Kind: KindUnprotectedIngress, Objects: []Ref{ref}, Count: uint64(u.IngressPods),
+		out = append(out, Finding{Kind: KindUnprotectedIngress, Objects: []Ref{ref.as(RoleDestination)}, Count: uint64(u.IngressPods),
 			Message: fmt.Sprintf("%s is not isolated for ingress (%s): no NetworkPolicy selects %s, so any source may connect.", ref, which, them)})
 	}
 	if u.EgressPods > 0 {
 		which, them := of(u.EgressPods)
-		out = append(out, Finding{Kind: KindUnprotectedEgress, Objects: []Ref{ref}, Count: uint64(u.EgressPods),
+		out = append(out, Finding{Kind: KindUnprotectedEgress, Objects: []Ref{ref.as(RoleSource)}, Count: uint64(u.EgressPods),
 			Message: fmt.Sprintf("%s is not isolated for egress (%s): no NetworkPolicy selects %s, so %s may connect anywhere.", ref, which, them, strings.Replace(them, "them", "they", 1))})
 	}
 	return out
@@ -252,7 +280,7 @@ func DualStackGaps(view *enrich.Snapshot, set *policy.Set, opt Options) []Findin
 		return nil
 	}
 	out := verdictGaps(view, set, classes, opt)
-	out = append(out, ipBlockGaps(set, classes)...)
+	out = append(out, ipBlockGaps(view, set, classes)...)
 	out = append(out, serviceGaps(view)...)
 	sortFindings(out)
 	return out
@@ -430,7 +458,7 @@ func verdictGaps(view *enrich.Snapshot, set *policy.Set, classes []*podClass, op
 			src, dst, k.port, ProtoName(k.proto), k.allowedV, other, g.pairs, total,
 			k.allowedV, explain(g.allow, g.dir), other, explain(g.deny, g.dir))
 		out = append(out, Finding{Kind: KindVerdictGap, Message: msg, Port: k.port, Protocol: ProtoName(k.proto), Count: g.pairs,
-			Objects: append([]Ref{src, dst}, decisionRefs(g.dir, g.allow, g.deny)...)})
+			Objects: append([]Ref{src.as(RoleSource), dst.as(RoleDestination)}, decisionRefs(g.dir, g.allow, g.deny)...)})
 	}
 	if truncated {
 		out = append(out, Finding{Kind: KindTruncated, Count: uint64(opt.MaxPairs),
@@ -489,10 +517,23 @@ func ProtoName(p uint8) string {
 // pods only. A rule with blocks of one family is reported once, with the
 // workloads it covers; a rule with blocks of both families is reported
 // per workload whose two addresses it covers differently.
-func ipBlockGaps(set *policy.Set, classes []*podClass) []Finding {
+func ipBlockGaps(view *enrich.Snapshot, set *policy.Set, classes []*podClass) []Finding {
 	var out []Finding
 	for _, p := range set.Policies() {
+		selected := selectedWorkloads(view, p)
 		for _, r := range ruleBlocks(p) {
+			// The covered peers are the rule's sources (ingress) or
+			// destinations (egress); the policy's pods the other end.
+			peer, own := RoleSource, RoleDestination
+			if r.dir == policy.Egress {
+				peer, own = RoleDestination, RoleSource
+			}
+			port, proto := rulePort(p, r)
+			gap := func(msg string, count int, covered []Ref) Finding {
+				objs := append([]Ref{policyRef(p.Namespace, p.Name, r.dir, r.index)}, roles(covered, peer)...)
+				return Finding{Kind: KindIPBlockOneFamily, Message: msg, Count: uint64(count), Port: port, Protocol: proto,
+					Objects: append(objs, roles(selected, own)...)}
+			}
 			has4, has6 := false, false
 			var cidrs []string
 			for _, b := range r.blocks {
@@ -507,7 +548,6 @@ func ipBlockGaps(set *policy.Set, classes []*podClass) []Finding {
 			covers := func(a netip.Addr) bool {
 				return slices.ContainsFunc(r.blocks, func(b policy.Block) bool { return b.Contains(a) })
 			}
-			rule := policyRef(p.Namespace, p.Name, r.dir, r.index)
 			what := fmt.Sprintf("%s rule %d of NetworkPolicy %s/%s", r.dir, r.index, p.Namespace, p.Name)
 			if has4 != has6 {
 				fam, missing := 4, 6
@@ -537,7 +577,7 @@ func ipBlockGaps(set *policy.Set, classes []*podClass) []Finding {
 				} else {
 					msg += " traffic to or from the same peers."
 				}
-				out = append(out, Finding{Kind: KindIPBlockOneFamily, Message: msg, Count: uint64(pods), Objects: append([]Ref{rule}, ws...)})
+				out = append(out, gap(msg, pods, ws))
 				continue
 			}
 			type wk struct {
@@ -557,13 +597,49 @@ func ipBlockGaps(set *policy.Set, classes []*podClass) []Finding {
 				per[k] += c.pods
 			}
 			for k, n := range per {
-				out = append(out, Finding{Kind: KindIPBlockOneFamily, Count: uint64(n), Objects: []Ref{rule, k.ref},
-					Message: fmt.Sprintf("The ipBlocks of %s (%s) cover the IPv%d addresses of %d dual-stack pods of %s but not their IPv%d addresses.",
-						what, strings.Join(cidrs, ", "), k.covered, n, k.ref, 10-k.covered)})
+				out = append(out, gap(fmt.Sprintf("The ipBlocks of %s (%s) cover the IPv%d addresses of %d dual-stack pods of %s but not their IPv%d addresses.",
+					what, strings.Join(cidrs, ", "), k.covered, n, k.ref, 10-k.covered), n, []Ref{k.ref}))
 			}
 		}
 	}
 	return out
+}
+
+// selectedWorkloads are the workloads of the pods p selects (off the host
+// network), in the order of the view's pods.
+func selectedWorkloads(view *enrich.Snapshot, p *networkingv1.NetworkPolicy) []Ref {
+	sel, err := metav1.LabelSelectorAsSelector(&p.Spec.PodSelector)
+	if err != nil {
+		return nil
+	}
+	var out []Ref
+	for _, pod := range view.Pods {
+		if pod.Namespace != p.Namespace || pod.HostNetwork || !sel.Matches(labels.Set(pod.Labels)) {
+			continue
+		}
+		if w := workloadRef(pod.Namespace, view.Workload(pod)); !slices.Contains(out, w) {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// rulePort is the first port number of rule r of p and its protocol
+// (0 and "" when the rule has none: every port, or named ports only).
+func rulePort(p *networkingv1.NetworkPolicy, r blockRule) (uint16, string) {
+	var ports []networkingv1.NetworkPolicyPort
+	switch {
+	case r.dir == policy.Ingress && int(r.index) < len(p.Spec.Ingress):
+		ports = p.Spec.Ingress[r.index].Ports
+	case r.dir == policy.Egress && int(r.index) < len(p.Spec.Egress):
+		ports = p.Spec.Egress[r.index].Ports
+	}
+	for _, pt := range ports {
+		if pt.Port != nil && pt.Port.Type == intstr.Int && pt.Port.IntVal > 0 {
+			return uint16(pt.Port.IntVal), ProtoName(policy.ProtoNumber(pt.Protocol))
+		}
+	}
+	return 0, ""
 }
 
 // join lists xs, comma-separated.
@@ -615,7 +691,13 @@ func serviceGaps(view *enrich.Snapshot) []Finding {
 			fam = "IPv6"
 		}
 		ref := Ref{Kind: "Service", Namespace: s.Namespace, Name: s.Name}
-		out = append(out, Finding{Kind: KindServiceSingleStack, Count: uint64(dual), Objects: append([]Ref{ref}, ws...),
+		// Its clients are not known here: the Service is the destination.
+		var port uint16
+		var proto string
+		if len(s.Ports) > 0 {
+			port, proto = uint16(s.Ports[0].Port), ProtoName(policy.ProtoNumber(&s.Ports[0].Protocol))
+		}
+		out = append(out, Finding{Kind: KindServiceSingleStack, Count: uint64(dual), Objects: append([]Ref{ref.as(RoleDestination)}, ws...), Port: port, Protocol: proto,
 			Message: fmt.Sprintf("%s is single-stack (%s) while %d of its %d pods (%s) are dual-stack, so clients can reach them through it over %s only.",
 				ref, fam, dual, total, join(ws), fam)})
 	}

@@ -879,36 +879,73 @@ func TestTraceflowPage(t *testing.T) {
 	noConsoleErrors(t, errs, "400")
 }
 
+// TestAuditLinks follows every link of every finding kind: each asks
+// about the finding's ends (sources to destinations, a Service only as a
+// destination, an unprotected workload from or to a few others, an ipBlock
+// rule's covered sources to its policy's pods on the rule's port) and
+// answers with rows, a matrix without an error cell, or a trace.
 func TestAuditLinks(t *testing.T) {
 	ctx, errs := browser(t)
 	do(t, ctx, chromedp.Navigate(baseURL+"/#/audit"), chromedp.WaitVisible(css(`#audit-list li.dual .actions a`)))
-	links := eval[[]string](t, ctx, `[...document.querySelectorAll('#audit-list li.dual .actions a')].map(a => a.getAttribute('href'))`)
-	if len(links) != 3 || !strings.HasPrefix(links[0], "#/flows?") || !strings.HasPrefix(links[1], "#/reach?") || !strings.HasPrefix(links[2], "#/trace?") {
-		t.Fatalf("finding links %v", links)
+	type finding struct {
+		Kind  string
+		Links []string
 	}
+	fs := eval[[]finding](t, ctx, `[...document.querySelectorAll('#audit-list li')].map(li => ({Kind: li.dataset.kind, Links: [...li.querySelectorAll('.actions a')].map(a => a.getAttribute('href'))}))`)
 	screenshot(t, ctx, "audit-links")
-	// Denied flows of the finding: IPv6 frontend → db, all dropped.
-	do(t, ctx,
-		chromedp.Click(css(`#audit-list li.dual .actions a:nth-child(1)`)),
-		poll(`document.querySelectorAll('#flow-table tbody tr').length > 0 && [...document.querySelectorAll('#flow-table tbody td.verdict')].every(td => td.textContent === 'denied')`),
-	)
-	if got := rowFamilies(t, ctx); got["4"] != 0 {
-		t.Errorf("denied flows of the finding: %v", got)
+	want := map[string][]string{
+		"dual-stack-verdict-gap":          {"#/flows?since=24h&dst_port=5432&verdict=dropped&src_workload=shop%2Ffrontend&dst_workload=shop%2Fdb", "#/reach?sources=workload%3Ashop%2Ffrontend&destinations=workload%3Ashop%2Fdb&protocol=TCP&port=5432&run=1&cell=0%2C0", "#/trace?"},
+		"dual-stack-ipblock-one-family":   {"#/flows?since=24h&dst_port=5432&src_workload=shop%2Ffrontend&dst_workload=shop%2Fdb", "#/reach?sources=workload%3Ashop%2Ffrontend&destinations=workload%3Ashop%2Fdb&protocol=TCP&port=5432", "#/trace?", "#/flows?since=24h&policy=shop%2Fdb-policy"},
+		"dual-stack-service-single-stack": {"#/flows?since=24h&dst_port=5432&service=shop%2Fdb", "#/reach?sources=workload%3Ainfra%2Fdns%2Cworkload%3Ashop%2Fcart%2Cworkload%3Ashop%2Ffrontend&destinations=service%3Ashop%2Fdb&", "#/trace?source=workload%3Ainfra%2Fdns&destination=service%3Ashop%2Fdb&"},
+		"unprotected-ingress":             {"#/flows?since=24h&dst_workload=infra%2Fdns", "#/reach?sources=workload%3Ashop%2Fcart%2Cworkload%3Ashop%2Fdb%2Cworkload%3Ashop%2Ffrontend&destinations=workload%3Ainfra%2Fdns&"},
+		"unprotected-egress":              {"#/flows?since=24h&src_workload=shop%2Fcart", "#/reach?sources=workload%3Ashop%2Fcart&destinations=workload%3Ainfra%2Fdns%2Cworkload%3Ashop%2Fdb%2Cworkload%3Ashop%2Ffrontend&"},
 	}
-	// Its reachability cell opens with the details.
-	do(t, ctx,
-		chromedp.Navigate(baseURL+"/"+links[1]),
-		chromedp.WaitVisible(css(`.matrix table[data-family="6"] td.cell.focus`)),
-		chromedp.WaitVisible(css(`#drawer .celldetail`)),
-	)
-	// Its dual trace runs prefilled.
-	do(t, ctx,
-		chromedp.Navigate(baseURL+"/"+links[2]),
-		chromedp.WaitVisible(css(`#trace-out .trace[data-family="4"]`)),
-		chromedp.WaitVisible(css(`#trace-out .trace[data-family="6"]`)),
-	)
-	if v := eval[string](t, ctx, `document.querySelector('#trace-form [name=port]').value`); v != "5432" {
-		t.Errorf("trace port %q", v)
+	if len(fs) != len(want) {
+		t.Errorf("%d findings listed, want %d: %v", len(fs), len(want), fs)
+	}
+	for _, f := range fs {
+		w := want[f.Kind]
+		if len(f.Links) != len(w) {
+			t.Errorf("%s links %v, want %d", f.Kind, f.Links, len(w))
+			continue
+		}
+		for i, l := range f.Links {
+			if !strings.HasPrefix(l, w[i]) {
+				t.Errorf("%s link %d %q, want %q…", f.Kind, i, l, w[i])
+			}
+		}
+	}
+	for _, f := range fs {
+		for _, l := range f.Links {
+			// A fresh page: nothing of the previous link satisfies the waits.
+			do(t, ctx, chromedp.Navigate("about:blank"), chromedp.Navigate(baseURL+"/"+l))
+			switch {
+			case strings.HasPrefix(l, "#/flows?"):
+				do(t, ctx, poll(`document.querySelectorAll('#flow-table tbody tr td.verdict').length > 0`))
+				if strings.Contains(l, "verdict=dropped") {
+					do(t, ctx, poll(`[...document.querySelectorAll('#flow-table tbody td.verdict')].every(td => td.textContent === 'denied')`))
+					if got := rowFamilies(t, ctx); got["4"] != 0 {
+						t.Errorf("%s: denied flows of the gap %v", f.Kind, got)
+					}
+				}
+			case strings.HasPrefix(l, "#/reach?"):
+				do(t, ctx, chromedp.WaitVisible(css(`.matrix table[data-family="6"] td.cell`)))
+				if n := eval[int](t, ctx, `document.querySelectorAll('.matrix td.cell.error').length`); n != 0 {
+					t.Errorf("%s: %s has %d error cells", f.Kind, l, n)
+				}
+				if strings.Contains(l, "cell=0%2C0") {
+					do(t, ctx, chromedp.WaitVisible(css(`.matrix table[data-family="6"] td.cell.focus`)), chromedp.WaitVisible(css(`#drawer .celldetail .trace`)))
+				}
+			default:
+				do(t, ctx, chromedp.WaitVisible(css(`#trace-out .trace[data-family="4"]`)), chromedp.WaitVisible(css(`#trace-out .trace[data-family="6"]`)))
+				if v := eval[string](t, ctx, `document.querySelector('#trace-form [name=port]').value`); v != "5432" {
+					t.Errorf("%s: trace port %q", f.Kind, v)
+				}
+			}
+			if b := eval[string](t, ctx, `document.querySelector('#banner').textContent`); b != "" {
+				t.Errorf("%s: %s: banner %q", f.Kind, l, b)
+			}
+		}
 	}
 	noConsoleErrors(t, errs, "")
 }

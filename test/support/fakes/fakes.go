@@ -231,9 +231,20 @@ func NewAudit() Audit { return Audit{&audit.Queries{}} }
 
 // Findings implements api.Audit.
 func (Audit) Findings(context.Context, audit.Window) (*audit.FindingsResponse, error) {
-	return &audit.FindingsResponse{DualStack: 1, Findings: []audit.Finding{
-		{Kind: audit.KindVerdictGap, Message: "shop/frontend → shop/db on TCP 5432 is allowed over IPv4 and denied over IPv6", Objects: []audit.Ref{{Kind: "Deployment", Namespace: "shop", Name: "frontend"}, {Kind: "StatefulSet", Namespace: "shop", Name: "db"}}, Port: 5432, Protocol: "TCP", Count: 3},
-		{Kind: audit.KindUnprotectedIngress, Message: "2 pods of Deployment infra/dns are not isolated for ingress", Objects: []audit.Ref{{Kind: "Deployment", Namespace: "infra", Name: "dns"}}, Count: 2},
+	frontend := audit.Ref{Kind: "Deployment", Namespace: "shop", Name: "frontend"}
+	db := audit.Ref{Kind: "StatefulSet", Namespace: "shop", Name: "db"}
+	as := func(r audit.Ref, role string) audit.Ref { r.Role = role; return r }
+	rule0 := int32(0)
+	// One finding of each kind the UI links differently, over the seeded
+	// flows.
+	return &audit.FindingsResponse{DualStack: 3, Findings: []audit.Finding{
+		{Kind: audit.KindVerdictGap, Message: "shop/frontend → shop/db on TCP 5432 is allowed over IPv4 and denied over IPv6", Objects: []audit.Ref{as(frontend, audit.RoleSource), as(db, audit.RoleDestination)}, Port: 5432, Protocol: "TCP", Count: 3},
+		{Kind: audit.KindIPBlockOneFamily, Message: "The ipBlocks of ingress rule 0 of NetworkPolicy shop/db-policy are IPv4 only", Port: 5432, Protocol: "TCP", Count: 3,
+			Objects: []audit.Ref{{Kind: "NetworkPolicy", Namespace: "shop", Name: "db-policy", Direction: "ingress", Rule: &rule0}, as(frontend, audit.RoleSource), as(db, audit.RoleDestination)}},
+		{Kind: audit.KindServiceSingleStack, Message: "Service shop/db is single-stack (IPv4) while 2 of its 2 pods are dual-stack", Port: 5432, Protocol: "TCP", Count: 2,
+			Objects: []audit.Ref{{Kind: "Service", Namespace: "shop", Name: "db", Role: audit.RoleDestination}, db}},
+		{Kind: audit.KindUnprotectedIngress, Message: "2 pods of Deployment infra/dns are not isolated for ingress", Objects: []audit.Ref{{Kind: "Deployment", Namespace: "infra", Name: "dns", Role: audit.RoleDestination}}, Count: 2},
+		{Kind: audit.KindUnprotectedEgress, Message: "3 pods of Deployment shop/cart are not isolated for egress", Objects: []audit.Ref{{Kind: "Deployment", Namespace: "shop", Name: "cart", Role: audit.RoleSource}}, Count: 3},
 	}}, nil
 }
 

@@ -1091,20 +1091,39 @@ function refEndpoint(o) {
   const kind = o.kind === 'Pod' ? 'pod' : o.kind === 'Service' ? 'service' : 'workload';
   return { kind, namespace: o.namespace, name: o.name };
 }
+// findingLinks asks about the traffic a finding is about: its objects of
+// role source and destination (the other side, when it has none, is a few
+// workloads of the live view), on its port. A verdict gap links its
+// denied flows, any other finding the flows of its ends.
 function findingLinks(f) {
-  const eps = (f.objects || []).filter(o => o.kind !== 'NetworkPolicy').map(refEndpoint);
+  const objs = (f.objects || []).filter(o => o.kind !== 'NetworkPolicy');
   const pols = (f.objects || []).filter(o => o.kind === 'NetworkPolicy');
-  const base = { protocol: f.protocol || '', port: f.port || '' };
+  let srcs = objs.filter(o => o.role === 'source').map(refEndpoint), dsts = objs.filter(o => o.role === 'destination').map(refEndpoint);
+  if (!objs.some(o => o.role) && objs.length) {
+    // A server without roles: the first two objects, as before.
+    [srcs, dsts] = objs.length >= 2 ? [[refEndpoint(objs[0])], [refEndpoint(objs[1])]] : [[], [refEndpoint(objs[0])]];
+  }
   const links = [];
-  if (eps.length >= 2) {
-    const [s, d] = eps;
-    links.push(link(hashURL('flows', Object.assign({ since: '24h', verdict: 'dropped', dst_port: f.port || '' }, endpointFilter(s, 'src'), endpointFilter(d, 'dst'))), 'Denied flows', 'flows of this pair the policies dropped'));
-    links.push(link(hashURL('reach', { sources: epLabel(s), destinations: epLabel(d), protocol: base.protocol || 'TCP', port: base.port, run: 1, cell: '0,0' }), 'Reachability cell'));
-    links.push(link(hashURL('trace', { source: epLabel(s), destination: epLabel(d), protocol: base.protocol || 'TCP', port: base.port, family: 'dual', run: 1 }), 'Dual trace'));
-  } else if (eps.length === 1) {
-    const d = eps[0];
-    links.push(link(hashURL('flows', Object.assign({ since: '24h', verdict: 'dropped' }, endpointFilter(d, 'dst'))), 'Denied flows'));
-    links.push(link(hashURL('reach', { sources: catalog.workloads.filter(w => 'workload:' + w !== epLabel(d)).slice(0, 3).map(w => 'workload:' + w).join(','), destinations: epLabel(d), protocol: base.protocol || 'TCP', port: base.port, run: 1 }), 'Reachability to it'));
+  if (srcs.length || dsts.length) {
+    // The other side is never one of the finding's objects (a Service's
+    // backends included).
+    const ends = [...srcs, ...dsts].map(epLabel), mine = [...ends, ...objs.map(o => epLabel(refEndpoint(o)))];
+    const others = n => catalog.workloads.map(w => parseEndpoint('workload:' + w)).filter(e => !mine.includes(epLabel(e))).slice(0, n);
+    const protocol = f.protocol === 'ICMPv6' ? 'ICMP' : f.protocol || 'TCP';
+    const port = /^ICMP/.test(protocol) ? '' : f.port || '';
+    const gap = /verdict-gap$/.test(f.kind);
+    const flowsQ = Object.assign({ since: '24h', dst_port: port }, gap ? { verdict: 'dropped' } : {},
+      srcs.length ? endpointFilter(srcs[0], 'src') : {}, dsts.length ? endpointFilter(dsts[0], 'dst') : {});
+    links.push(link(hashURL('flows', flowsQ), gap ? 'Denied flows' : 'Flows', gap ? 'flows of this pair the policies dropped' : 'flows of ' + ends.slice(0, 2).join(' → ')));
+    const rs = srcs.length ? srcs : others(3), rd = dsts.length ? dsts : others(3);
+    const one = rs.length === 1 && rd.length === 1;
+    links.push(link(hashURL('reach', { sources: rs.map(epLabel).join(','), destinations: rd.map(epLabel).join(','), protocol, port, run: 1, cell: one ? '0,0' : '' }),
+      one ? 'Reachability cell' : srcs.length && !dsts.length ? 'Reachability from it' : !srcs.length ? 'Reachability to it' : 'Reachability'));
+    const ts = rs.find(e => e.kind === 'pod' || e.kind === 'workload');
+    // A trace needs a port for TCP, UDP and SCTP.
+    if (ts && rd.length && (port || /^ICMP/.test(protocol))) {
+      links.push(link(hashURL('trace', { source: epLabel(ts), destination: epLabel(rd[0]), protocol, port, family: 'dual', run: 1 }), 'Dual trace'));
+    }
   }
   for (const p of pols) links.push(link(hashURL('flows', { since: '24h', policy: p.namespace + '/' + p.name }), 'Flows of ' + p.name));
   return h('div', { class: 'actions' }, links);
