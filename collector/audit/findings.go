@@ -59,9 +59,67 @@ type Finding struct {
 	// Port and Protocol, when the finding is about one destination port.
 	Port     uint16 `json:"port,omitempty"`
 	Protocol string `json:"protocol,omitempty"`
-	// Count is what the finding counts (pods, pod pairs, flow records),
-	// as its message says.
+	// Count is what the finding counts, Unit says what: pods, pod pairs,
+	// flow records or pod-class pairs (plural; per kind).
 	Count uint64 `json:"count,omitempty"`
+	Unit  string `json:"unit,omitempty"`
+	// Severity is SeverityHigh, SeverityMedium or SeverityLow, per kind.
+	Severity string `json:"severity"`
+	// Fix suggests what to change, per kind.
+	Fix string `json:"fix,omitempty"`
+}
+
+// Severities of a finding.
+const (
+	// SeverityHigh: traffic is (or would be) treated differently than the
+	// policies intend: a verdict differs by family, a policy is ignored.
+	SeverityHigh = "high"
+	// SeverityMedium: a gap that decides traffic once it flows: an ipBlock
+	// or a Service of one family, pods open to any source.
+	SeverityMedium = "medium"
+	// SeverityLow: worth a look, not a wrong verdict.
+	SeverityLow = "low"
+)
+
+// kinds is what the audit says of each kind of finding: how grave it is,
+// what its Count counts, and what to change.
+var kinds = map[string]struct{ severity, unit, fix string }{
+	KindInvalidPolicy: {SeverityHigh, "",
+		"Correct the policy as the error says: the API server would reject it, and it is left out of every verdict here."},
+	KindVerdictGap: {SeverityHigh, "pod pairs",
+		"Make the allowing rule cover both families: add an ipBlock of the other family, or match the peers with pod or namespace selectors, which cover both."},
+	KindObservedVerdictGap: {SeverityHigh, "flow records",
+		"Trace the pair over both families and compare the deciding rules; make the allowing rule cover both families, or deny both."},
+	KindIPBlockOneFamily: {SeverityMedium, "pods",
+		"Add an ipBlock of the missing family (the pods' CIDR of that family) to the rule, or match these peers with pod or namespace selectors."},
+	KindServiceSingleStack: {SeverityMedium, "pods",
+		"Set spec.ipFamilyPolicy: PreferDualStack (or RequireDualStack) on the Service, so it gets a ClusterIP of each family."},
+	KindUnprotectedIngress: {SeverityMedium, "pods",
+		"Select these pods with a NetworkPolicy of policyTypes [Ingress]: a default deny, then rules for the sources they serve."},
+	KindUnprotectedEgress: {SeverityLow, "pods",
+		"Select these pods with a NetworkPolicy of policyTypes [Egress] listing what they may reach (DNS included), if their egress should be limited."},
+	KindObservedOneFamily: {SeverityLow, "flow records",
+		"Check that the clients use both families (AAAA records, the Service's families, the application's resolver), unless one family is intended."},
+	KindTruncated: {SeverityLow, "pod-class pairs",
+		"Raise the bound of the analysis (dualflow audit findings --max-pairs) to see every gap."},
+}
+
+// Describe fills in each finding's Severity, Unit and Fix from its kind
+// (Findings and ObservedGaps do; a caller building findings itself may).
+func Describe(fs []Finding) {
+	for i := range fs {
+		k, ok := kinds[fs[i].Kind]
+		if !ok {
+			k.severity = SeverityLow
+		}
+		fs[i].Severity, fs[i].Unit, fs[i].Fix = k.severity, k.unit, k.fix
+	}
+}
+
+// settle describes fs and sorts them by kind and message.
+func settle(fs []Finding) {
+	Describe(fs)
+	sortFindings(fs)
 }
 
 // DualStack reports whether f is one of the dual-stack kinds.
@@ -155,7 +213,7 @@ func Findings(view *enrich.Snapshot, opt Options) []Finding {
 		out = append(out, u.Findings()...)
 	}
 	out = append(out, DualStackGaps(view, set, opt)...)
-	sortFindings(out)
+	settle(out)
 	return out
 }
 
@@ -282,7 +340,7 @@ func DualStackGaps(view *enrich.Snapshot, set *policy.Set, opt Options) []Findin
 	out := verdictGaps(view, set, classes, opt)
 	out = append(out, ipBlockGaps(view, set, classes)...)
 	out = append(out, serviceGaps(view)...)
-	sortFindings(out)
+	settle(out)
 	return out
 }
 

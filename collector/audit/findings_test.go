@@ -53,6 +53,15 @@ func TestLabFindings(t *testing.T) {
 				if f.Message == "" || len(f.Objects) == 0 || !strings.HasSuffix(f.Message, ".") {
 					t.Errorf("finding %+v: want a sentence and objects", f)
 				}
+				// Each kind says how grave it is, what it counts and
+				// what to change; a count is never of flows unless it is.
+				want := map[string][2]string{
+					KindVerdictGap: {SeverityHigh, "pod pairs"}, KindIPBlockOneFamily: {SeverityMedium, "pods"}, KindServiceSingleStack: {SeverityMedium, "pods"},
+					KindUnprotectedIngress: {SeverityMedium, "pods"}, KindUnprotectedEgress: {SeverityLow, "pods"},
+				}[f.Kind]
+				if f.Severity != want[0] || f.Unit != want[1] || f.Fix == "" || !strings.HasSuffix(f.Fix, ".") {
+					t.Errorf("%s: severity %q unit %q fix %q, want %q %q and a fix", f.Kind, f.Severity, f.Unit, f.Fix, want[0], want[1])
+				}
 			}
 			var dual []Finding
 			for _, f := range fs {

@@ -412,6 +412,7 @@ LIMIT %[4]d`, r.db, chsql.FlowEnd(w.Since, w.Until), blocked, cmp.Or(limit, 1000
 					src, dst, on, seen, n, window, missing)})
 		}
 	}
+	Describe(out)
 	return out, nil
 }
 

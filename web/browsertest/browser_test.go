@@ -895,6 +895,7 @@ func TestAuditLinks(t *testing.T) {
 	screenshot(t, ctx, "audit-links")
 	want := map[string][]string{
 		"dual-stack-verdict-gap":          {"#/flows?since=24h&dst_port=5432&verdict=dropped&src_workload=shop%2Ffrontend&dst_workload=shop%2Fdb", "#/reach?sources=workload%3Ashop%2Ffrontend&destinations=workload%3Ashop%2Fdb&protocol=TCP&port=5432&run=1&cell=0%2C0", "#/trace?"},
+		"dual-stack-observed-verdict-gap": {"#/flows?since=24h&dst_port=5432&verdict=dropped&src_workload=shop%2Ffrontend&dst_workload=shop%2Fdb", "#/reach?sources=workload%3Ashop%2Ffrontend&destinations=workload%3Ashop%2Fdb&protocol=TCP&port=5432&run=1&cell=0%2C0", "#/trace?"},
 		"dual-stack-ipblock-one-family":   {"#/flows?since=24h&dst_port=5432&src_workload=shop%2Ffrontend&dst_workload=shop%2Fdb", "#/reach?sources=workload%3Ashop%2Ffrontend&destinations=workload%3Ashop%2Fdb&protocol=TCP&port=5432", "#/trace?", "#/flows?since=24h&policy=shop%2Fdb-policy"},
 		"dual-stack-service-single-stack": {"#/flows?since=24h&dst_port=5432&service=shop%2Fdb", "#/reach?sources=workload%3Ainfra%2Fdns%2Cworkload%3Ashop%2Fcart%2Cworkload%3Ashop%2Ffrontend&destinations=service%3Ashop%2Fdb&", "#/trace?source=workload%3Ainfra%2Fdns&destination=service%3Ashop%2Fdb&"},
 		"unprotected-ingress":             {"#/flows?since=24h&dst_workload=infra%2Fdns", "#/reach?sources=workload%3Ashop%2Fcart%2Cworkload%3Ashop%2Fdb%2Cworkload%3Ashop%2Ffrontend&destinations=workload%3Ainfra%2Fdns&"},
@@ -902,6 +903,22 @@ func TestAuditLinks(t *testing.T) {
 	}
 	if len(fs) != len(want) {
 		t.Errorf("%d findings listed, want %d: %v", len(fs), len(want), fs)
+	}
+	// A count says what it counts, a finding how grave it is and what to
+	// change.
+	heads := eval[[]string](t, ctx, `[...document.querySelectorAll('#audit-list li')].map(li => li.dataset.severity + ' | ' + li.querySelector('.kind').textContent + ' | ' + (li.querySelector('.fix') || {}).textContent)`)
+	for _, want := range []string{
+		"high | highdual-stack-verdict-gap · TCP 5432 · 3 pod pairs | Fix: ",
+		"high | highdual-stack-observed-verdict-gap · TCP 5432 · 1 flow record | Fix: ",
+		"medium | mediumdual-stack-service-single-stack · TCP 5432 · 2 pods | Fix: Set spec.ipFamilyPolicy",
+		"low | lowunprotected-egress · 3 pods | Fix: ",
+	} {
+		if !slices.ContainsFunc(heads, func(h string) bool { return strings.HasPrefix(h, want) }) {
+			t.Errorf("no finding reads %q: %q", want, heads)
+		}
+	}
+	if slices.ContainsFunc(heads, func(h string) bool { return strings.Contains(h, "flows") }) {
+		t.Errorf("a finding counts flows: %q", heads)
 	}
 	for _, f := range fs {
 		w := want[f.Kind]

@@ -237,7 +237,7 @@ func (Audit) Findings(context.Context, audit.Window) (*audit.FindingsResponse, e
 	rule0 := int32(0)
 	// One finding of each kind the UI links differently, over the seeded
 	// flows.
-	return &audit.FindingsResponse{DualStack: 3, Findings: []audit.Finding{
+	fs := []audit.Finding{
 		{Kind: audit.KindVerdictGap, Message: "shop/frontend → shop/db on TCP 5432 is allowed over IPv4 and denied over IPv6", Objects: []audit.Ref{as(frontend, audit.RoleSource), as(db, audit.RoleDestination)}, Port: 5432, Protocol: "TCP", Count: 3},
 		{Kind: audit.KindIPBlockOneFamily, Message: "The ipBlocks of ingress rule 0 of NetworkPolicy shop/db-policy are IPv4 only", Port: 5432, Protocol: "TCP", Count: 3,
 			Objects: []audit.Ref{{Kind: "NetworkPolicy", Namespace: "shop", Name: "db-policy", Direction: "ingress", Rule: &rule0}, as(frontend, audit.RoleSource), as(db, audit.RoleDestination)}},
@@ -245,7 +245,10 @@ func (Audit) Findings(context.Context, audit.Window) (*audit.FindingsResponse, e
 			Objects: []audit.Ref{{Kind: "Service", Namespace: "shop", Name: "db", Role: audit.RoleDestination}, db}},
 		{Kind: audit.KindUnprotectedIngress, Message: "2 pods of Deployment infra/dns are not isolated for ingress", Objects: []audit.Ref{{Kind: "Deployment", Namespace: "infra", Name: "dns", Role: audit.RoleDestination}}, Count: 2},
 		{Kind: audit.KindUnprotectedEgress, Message: "3 pods of Deployment shop/cart are not isolated for egress", Objects: []audit.Ref{{Kind: "Deployment", Namespace: "shop", Name: "cart", Role: audit.RoleSource}}, Count: 3},
-	}}, nil
+		{Kind: audit.KindObservedVerdictGap, Message: "Flows shop/frontend → shop/db on 5432/TCP were allowed over IPv4 but denied over IPv6", Objects: []audit.Ref{as(frontend, audit.RoleSource), as(db, audit.RoleDestination)}, Port: 5432, Protocol: "TCP", Count: 1},
+	}
+	audit.Describe(fs)
+	return &audit.FindingsResponse{DualStack: 4, Findings: fs}, nil
 }
 
 // IdlePod, IdleWorkload and IdleService are objects of Catalog that no

@@ -1134,10 +1134,14 @@ async function loadAudit() {
   try {
     const r = await api('/audit/findings');
     banner('');
-    $('#audit-summary').textContent = `${r.findings.length} findings, ${r.dual_stack} dual-stack gaps (listed first).`;
-    list.replaceChildren(...r.findings.map(f => h('li', { class: f.kind.startsWith('dual-stack-') ? 'dual' : '', 'data-kind': f.kind },
-      h('div', { class: 'kind' }, f.kind, f.port ? ' · ' + (f.protocol || '') + ' ' + f.port : '', f.count ? ' · ' + f.count + ' flows' : ''),
+    const sev = ['high', 'medium', 'low'].map(s => [s, r.findings.filter(f => f.severity === s).length]).filter(([, n]) => n).map(([s, n]) => n + ' ' + s);
+    $('#audit-summary').textContent = `${r.findings.length} findings` + (sev.length ? ' (' + sev.join(', ') + ')' : '') + `, ${r.dual_stack} dual-stack gaps (listed first).`;
+    // "3 pods", "1 pod pair": what the count counts, from the finding.
+    const counted = f => f.count ? ' · ' + f.count + (f.unit ? ' ' + (f.count === 1 ? f.unit.replace(/s$/, '') : f.unit) : '') : '';
+    list.replaceChildren(...r.findings.map(f => h('li', { class: f.kind.startsWith('dual-stack-') ? 'dual' : '', 'data-kind': f.kind, 'data-severity': f.severity || '' },
+      h('div', { class: 'kind' }, f.severity ? h('span', { class: 'sev ' + f.severity }, f.severity) : '', f.kind, f.port ? ' · ' + (f.protocol || '') + ' ' + f.port : '', counted(f)),
       h('div', {}, f.message),
+      f.fix ? h('div', { class: 'fix' }, h('b', {}, 'Fix: '), f.fix) : null,
       h('div', { class: 'objs' }, (f.objects || []).map(o => o.kind + ' ' + (o.namespace ? o.namespace + '/' : '') + o.name + (o.direction ? ' (' + o.direction + (o.rule !== undefined ? ' rule ' + o.rule : '') + ')' : '')).join(' · ')),
       findingLinks(f))));
   } catch (e) { $('#audit-summary').textContent = ''; list.replaceChildren(h('li', { class: 'err' }, errText(e))); }
