@@ -856,6 +856,17 @@ func TestTraceflowPage(t *testing.T) {
 	if n := eval[int](t, ctx, `document.querySelectorAll('#trace-out .trace[data-family="6"][data-outcome="no-address"] p.err').length`); n != 1 {
 		t.Errorf("no-address family drawn %d times", n)
 	}
+	// An ICMP link (a flow drawer's "Trace this flow" of an ICMPv6 flow)
+	// traces both families without a port: ICMP over IPv4, ICMPv6 over
+	// IPv6.
+	do(t, ctx,
+		chromedp.Navigate(baseURL+"/#/trace?source=pod:shop/frontend-0&destination=pod:shop/db-0&protocol=ICMP&family=dual&run=1"),
+		chromedp.WaitVisible(css(`#trace-out .trace[data-family="4"]`)),
+		chromedp.WaitVisible(css(`#trace-out .trace[data-family="6"]`)),
+	)
+	if b := eval[string](t, ctx, `document.querySelector('#banner').textContent + [...document.querySelectorAll('#trace-out .trace')].map(e => ' ' + e.dataset.outcome).join('')`); b != " delivered dropped" {
+		t.Errorf("ICMP trace: banner and outcomes %q, want delivered over IPv4, dropped over IPv6", b)
+	}
 	// SCTP is not traced as TCP: the form says it cannot be traced.
 	do(t, ctx,
 		chromedp.Navigate(baseURL+"/#/trace?source=pod:shop/frontend-0&destination=pod:shop/db-0&protocol=SCTP&port=5432&run=1"),
