@@ -252,7 +252,19 @@ type resolved struct {
 // error is a failure of the whole matrix (a *TooLargeError for one too
 // large); an end that cannot be resolved is an OutcomeError family, not
 // an error.
-func (p PolicyEvaluator) EvaluateMatrix(ctx context.Context, srcs, dsts []Endpoint, proto uint8, port uint16) ([][]map[int]*FamilyPolicy, error) {
+//
+// A question on any port (port 0) evaluates a pod on each port of proto
+// it declares; observed, if given, holds per destination (observed[j] for
+// dsts[j]) the ports flows to it were seen on, at which a pod that
+// declares none is evaluated instead of port 0 (which only rules without
+// ports match).
+func (p PolicyEvaluator) EvaluateMatrix(ctx context.Context, srcs, dsts []Endpoint, proto uint8, port uint16, observed ...[]uint16) ([][]map[int]*FamilyPolicy, error) {
+	seen := func(j int) []uint16 {
+		if j < len(observed) && port == 0 && hasPorts(proto) {
+			return observed[j]
+		}
+		return nil
+	}
 	resolve := func(eps []Endpoint, side string) []resolved {
 		out := make([]resolved, len(eps))
 		for i, e := range eps {
@@ -290,7 +302,7 @@ func (p PolicyEvaluator) EvaluateMatrix(ctx context.Context, srcs, dsts []Endpoi
 			if s.t == nil || d.t == nil {
 				continue
 			}
-			k := max(1, len(d.t.servicePorts(proto, port)), d.t.anyPorts(proto, port))
+			k := max(1, len(d.t.servicePorts(proto, port)), d.t.anyPorts(proto, port), len(seen(j)))
 			pairs += 2 * len(s.t.Members) * len(d.t.Members) * k
 			for f := range cs[i].members {
 				checks += int64(k) * (cs[i].egress[f]*cd[j].members[f] + cs[i].members[f]*cd[j].ingress[f])
@@ -317,7 +329,7 @@ func (p PolicyEvaluator) EvaluateMatrix(ctx context.Context, srcs, dsts []Endpoi
 				case err != nil:
 					f = &FamilyPolicy{Outcome: OutcomeError, Reason: err.Error()}
 				default:
-					f = evaluateFamily(set, s.t, d.t, fam, proto, port, &listed)
+					f = evaluateFamily(set, s.t, d.t, fam, proto, port, seen(j), &listed)
 				}
 				cell[fam] = f
 			}
@@ -419,8 +431,10 @@ type slot struct {
 	port, svcPt uint16
 }
 
-// evaluateFamily evaluates every pair of one family of a cell.
-func evaluateFamily(set *policy.Set, src, dst *Target, fam int, proto uint8, port uint16, listed *int) *FamilyPolicy {
+// evaluateFamily evaluates every pair of one family of a cell; observed
+// are the ports seen to the destination, for its pods that declare none
+// (EvaluateMatrix).
+func evaluateFamily(set *policy.Set, src, dst *Target, fam int, proto uint8, port uint16, observed []uint16, listed *int) *FamilyPolicy {
 	fname := familyName(fam)
 	fproto := familyProto(proto, fam)
 	if svc := dst.Service; svc != nil && !slices.Contains(svc.Families, fam) {
@@ -469,11 +483,14 @@ func evaluateFamily(set *policy.Set, src, dst *Target, fam int, proto uint8, por
 			// Any port of a pod is each port of proto it declares, as
 			// any port of a Service is each of its ports: port 0 would
 			// match only the rules without ports. A pod that declares
-			// none is evaluated at port 0.
+			// none is evaluated at the ports observed to the
+			// destination, else at port 0.
 			ports := []uint16{port}
 			if port == 0 && hasPorts(proto) {
 				if d := m.declared(proto); len(d) > 0 {
 					ports = d
+				} else if len(observed) > 0 {
+					ports = observed
 				}
 			}
 			for _, p := range ports {

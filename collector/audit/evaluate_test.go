@@ -9,8 +9,10 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/dualflow/dualflow/collector/audit/policy"
 	"github.com/dualflow/dualflow/collector/enrich"
@@ -313,6 +315,69 @@ func TestICMPEvaluated(t *testing.T) {
 					want := map[int]string{4: "ICMP to its ClusterIP", 6: "ICMPv6 to its ClusterIP"}[fam]
 					if c := m[0][1][fam]; c.Outcome != OutcomeNoPort || !strings.Contains(c.Reason, want) {
 						t.Errorf("%s: web → service api ICMP IPv%d: %+v, want no_port %q", tc.name, fam, c, want)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestAnyPortEvaluatesObservedPorts: a pod that declares no port of the
+// protocol (ports are optional in a pod spec) is evaluated, for a question
+// on any port, at the ports flows to its destination were seen on, else at
+// port 0; a pod that declares ports is evaluated at those.
+func TestAnyPortEvaluatesObservedPorts(t *testing.T) {
+	web := Endpoint{Kind: "workload", Namespace: manifest.NSFrontend, Name: "web"}
+	api := Endpoint{Kind: "workload", Namespace: manifest.NSBackend, Name: "api"}
+	// api declares no ports, and allow-web-to-api names 8080 by number
+	// (a named port needs a declared one).
+	undeclared := func(m *manifest.Manifest) {
+		for i := range m.NetworkPolicies {
+			if np := &m.NetworkPolicies[i]; np.Name == manifest.PolicyAllowWeb {
+				http := intstr.FromInt32(manifest.PortHTTP)
+				np.Spec.Ingress[0].Ports = []networkingv1.NetworkPolicyPort{{Port: &http}}
+			}
+		}
+		for i := range m.Pods {
+			if p := &m.Pods[i]; p.Namespace == manifest.NSBackend {
+				for j := range p.Spec.Containers {
+					p.Spec.Containers[j].Ports = nil
+				}
+			}
+		}
+	}
+	for _, mode := range manifest.Modes {
+		t.Run(string(mode), func(t *testing.T) {
+			fams := map[manifest.Mode][]int{manifest.ModeIPv4: {4}, manifest.ModeIPv6: {6}, manifest.ModeDual: {4, 6}}[mode]
+			ev := labEvaluator(t, mode, undeclared)
+			for _, tc := range []struct {
+				name     string
+				observed [][]uint16
+				outcome  string
+				port     uint16
+			}{
+				{"seen on 8080", [][]uint16{{manifest.PortHTTP}}, OutcomeAllow, manifest.PortHTTP},
+				{"nothing seen", nil, OutcomeDeny, 0},
+			} {
+				m, err := ev.EvaluateMatrix(context.Background(), []Endpoint{web}, []Endpoint{api}, 6, 0, tc.observed...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, fam := range fams {
+					if c := m[0][0][fam]; c.Outcome != tc.outcome || c.Total != 4 || c.Pairs[0].Port != tc.port {
+						t.Errorf("%s IPv%d: %s %d/%d on %d, want %s 4 pairs on %d", tc.name, fam, c.Outcome, c.Allowed, c.Total, c.Pairs[0].Port, tc.outcome, tc.port)
+					}
+				}
+			}
+			// Declared ports win over the observed ones.
+			m, err := labEvaluator(t, mode).EvaluateMatrix(context.Background(), []Endpoint{web}, []Endpoint{api}, 6, 0, []uint16{7777})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, fam := range fams {
+				for _, p := range m[0][0][fam].Pairs {
+					if p.Port != manifest.PortHTTP && p.Port != manifest.PortMetrics {
+						t.Errorf("IPv%d: a declaring pod evaluated on observed port %d", fam, p.Port)
 					}
 				}
 			}

@@ -24,7 +24,7 @@ import (
 type Evaluator struct{}
 
 // EvaluateMatrix implements api.Evaluator.
-func (Evaluator) EvaluateMatrix(_ context.Context, srcs, dsts []audit.Endpoint, _ uint8, port uint16) ([][]map[int]*audit.FamilyPolicy, error) {
+func (Evaluator) EvaluateMatrix(_ context.Context, srcs, dsts []audit.Endpoint, _ uint8, port uint16, _ ...[]uint16) ([][]map[int]*audit.FamilyPolicy, error) {
 	out := make([][]map[int]*audit.FamilyPolicy, len(srcs))
 	for i, src := range srcs {
 		for _, dst := range dsts {
