@@ -191,7 +191,9 @@ type PairVerdict struct {
 	SrcIP string `json:"src_ip"`
 	DstIP string `json:"dst_ip"`
 	// Port is the destination port evaluated (a Service's target port on
-	// this backend; 0: any); ServicePort the Service port it came from.
+	// this backend; for a question on any port, each port of the protocol
+	// the pod declares; 0: any, for a pod that declares none);
+	// ServicePort the Service port it came from.
 	Port        uint16 `json:"port,omitempty"`
 	ServicePort uint16 `json:"service_port,omitempty"`
 	// Verdict is allowed, denied, rejected, not_isolated or unknown;
@@ -254,7 +256,19 @@ type resolved struct {
 // error is a failure of the whole matrix (a *TooLargeError for one too
 // large); an end that cannot be resolved is an OutcomeError family, not
 // an error.
-func (p PolicyEvaluator) EvaluateMatrix(ctx context.Context, srcs, dsts []Endpoint, proto uint8, port uint16) ([][]map[int]*FamilyPolicy, error) {
+//
+// A question on any port (port 0) evaluates a pod on each port of proto
+// it declares; observed, if given, holds per destination (observed[j] for
+// dsts[j]) the ports flows to it were seen on, at which a pod that
+// declares none is evaluated instead of port 0 (which only rules without
+// ports match).
+func (p PolicyEvaluator) EvaluateMatrix(ctx context.Context, srcs, dsts []Endpoint, proto uint8, port uint16, observed ...[]uint16) ([][]map[int]*FamilyPolicy, error) {
+	seen := func(j int) []uint16 {
+		if j < len(observed) && port == 0 && hasPorts(proto) {
+			return observed[j]
+		}
+		return nil
+	}
 	resolve := func(eps []Endpoint, side string) []resolved {
 		out := make([]resolved, len(eps))
 		for i, e := range eps {
@@ -292,7 +306,7 @@ func (p PolicyEvaluator) EvaluateMatrix(ctx context.Context, srcs, dsts []Endpoi
 			if s.t == nil || d.t == nil {
 				continue
 			}
-			k := max(1, len(d.t.servicePorts(proto, port)))
+			k := max(1, len(d.t.servicePorts(proto, port)), d.t.anyPorts(proto, port), len(seen(j)))
 			pairs += 2 * len(s.t.Members) * len(d.t.Members) * k
 			for f := range cs[i].members {
 				checks += int64(k) * (cs[i].egress[f]*cd[j].members[f] + cs[i].members[f]*cd[j].ingress[f])
@@ -319,7 +333,7 @@ func (p PolicyEvaluator) EvaluateMatrix(ctx context.Context, srcs, dsts []Endpoi
 				case err != nil:
 					f = &FamilyPolicy{Outcome: OutcomeError, Reason: err.Error()}
 				default:
-					f = evaluateFamily(set, s.t, d.t, fam, proto, port, &listed)
+					f = evaluateFamily(set, s.t, d.t, fam, proto, port, seen(j), &listed)
 				}
 				cell[fam] = f
 			}
@@ -386,6 +400,32 @@ func (t *Target) servicePorts(proto uint8, port uint16) []ServicePort {
 	return out
 }
 
+// anyPorts is, for a question on any port (port 0) of a protocol with
+// ports, the most ports of proto a member of t declares: the slots each
+// pair of a pod, workload or headless Service destination is evaluated
+// at (evaluateFamily); 0 otherwise.
+func (t *Target) anyPorts(proto uint8, port uint16) int {
+	if port != 0 || !hasPorts(proto) {
+		return 0
+	}
+	n := 0
+	for i := range t.Members {
+		n = max(n, len(t.Members[i].declared(proto)))
+	}
+	return n
+}
+
+// declared are the container ports of proto m declares, each once.
+func (m *Member) declared(proto uint8) []uint16 {
+	var out []uint16
+	for _, cp := range m.Ports {
+		if cp.Proto == proto && !slices.Contains(out, cp.Port) {
+			out = append(out, cp.Port)
+		}
+	}
+	return out
+}
+
 func familyName(fam int) string { return "IPv" + strconv.Itoa(fam) }
 
 // slot is one place a pair's destination is evaluated at: a member on a
@@ -395,8 +435,10 @@ type slot struct {
 	port, svcPt uint16
 }
 
-// evaluateFamily evaluates every pair of one family of a cell.
-func evaluateFamily(set *policy.Set, src, dst *Target, fam int, proto uint8, port uint16, listed *int) *FamilyPolicy {
+// evaluateFamily evaluates every pair of one family of a cell; observed
+// are the ports seen to the destination, for its pods that declare none
+// (EvaluateMatrix).
+func evaluateFamily(set *policy.Set, src, dst *Target, fam int, proto uint8, port uint16, observed []uint16, listed *int) *FamilyPolicy {
 	fname := familyName(fam)
 	fproto := familyProto(proto, fam)
 	if svc := dst.Service; svc != nil && !slices.Contains(svc.Families, fam) {
@@ -414,6 +456,12 @@ func evaluateFamily(set *policy.Set, src, dst *Target, fam int, proto uint8, por
 	}
 	if len(srcs) == 0 {
 		return &FamilyPolicy{Outcome: OutcomeUnavailable, Reason: "the source has no " + fname + " address"}
+	}
+	// A Service forwards TCP, UDP and SCTP: ICMP to its ClusterIP never
+	// reaches its pods (kube-proxy does not forward it), whatever the
+	// policies say.
+	if dst.Service != nil && !dst.Service.Headless && !hasPorts(proto) {
+		return &FamilyPolicy{Outcome: OutcomeNoPort, Reason: "a Service forwards TCP, UDP and SCTP only: " + ProtoName(fproto) + " to its ClusterIP does not reach its pods (ask about its pods or workload)"}
 	}
 	var sps []ServicePort
 	// A headless Service's clients dial the pods' addresses on the port
@@ -436,7 +484,22 @@ func evaluateFamily(set *policy.Set, src, dst *Target, fam int, proto uint8, por
 			continue
 		}
 		if sps == nil {
-			slots = append(slots, slot{m: m, port: port})
+			// Any port of a pod is each port of proto it declares, as
+			// any port of a Service is each of its ports: port 0 would
+			// match only the rules without ports. A pod that declares
+			// none is evaluated at the ports observed to the
+			// destination, else at port 0.
+			ports := []uint16{port}
+			if port == 0 && hasPorts(proto) {
+				if d := m.declared(proto); len(d) > 0 {
+					ports = d
+				} else if len(observed) > 0 {
+					ports = observed
+				}
+			}
+			for _, p := range ports {
+				slots = append(slots, slot{m: m, port: p})
+			}
 			continue
 		}
 		for _, sp := range sps {

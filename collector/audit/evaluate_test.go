@@ -9,8 +9,10 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/dualflow/dualflow/collector/audit/policy"
 	"github.com/dualflow/dualflow/collector/enrich"
@@ -213,5 +215,181 @@ func TestHeadlessServiceEvaluatedOnThePortAsked(t *testing.T) {
 		if got.Outcome != OutcomeAllow || got.Total != 4 || got.Pairs[0].Port != 8080 {
 			t.Errorf("headless api:8080 IPv%d: %+v, want 4 pairs allowed on 8080", fam, got)
 		}
+	}
+}
+
+// TestAnyPortEvaluatesDeclaredPorts: a question on any port (port 0)
+// evaluates a pod or workload destination on each port of the protocol
+// its pods declare, as a Service on each of its ports; at port 0 only the
+// rules without ports would match, and web → api would be denied although
+// allow-web-to-api admits it on 8080.
+func TestAnyPortEvaluatesDeclaredPorts(t *testing.T) {
+	web := Endpoint{Kind: "workload", Namespace: manifest.NSFrontend, Name: "web"}
+	api := Endpoint{Kind: "workload", Namespace: manifest.NSBackend, Name: "api"}
+	for _, mode := range manifest.Modes {
+		t.Run(string(mode), func(t *testing.T) {
+			ev := labEvaluator(t, mode)
+			m, err := ev.EvaluateMatrix(context.Background(), []Endpoint{web}, []Endpoint{api}, 6, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, fam := range []int{4, 6} {
+				c := m[0][0][fam]
+				if mode != manifest.ModeDual && (fam == 4) != (mode == manifest.ModeIPv4) {
+					if c.Outcome != OutcomeUnavailable {
+						t.Errorf("IPv%d without the family: %+v", fam, c)
+					}
+					continue
+				}
+				// 4 pod pairs on 8080 (http, allowed) and 9090 (metrics:
+				// IPv4 from node 1's pod CIDR only).
+				want := map[uint16]int{manifest.PortHTTP: 4, manifest.PortMetrics: 0}
+				if fam == 4 {
+					want[manifest.PortMetrics] = 2
+				}
+				got := map[uint16]int{}
+				for _, p := range c.Pairs {
+					if p.Verdict == "allowed" {
+						got[p.Port]++
+					} else if _, ok := want[p.Port]; !ok {
+						t.Errorf("IPv%d pair on port %d, which api does not declare over TCP", fam, p.Port)
+					}
+				}
+				if c.Outcome != OutcomePartial || c.Total != 8 || c.Allowed != want[manifest.PortHTTP]+want[manifest.PortMetrics] {
+					t.Errorf("web → api any port IPv%d: %s %d/%d, want partial %d/8", fam, c.Outcome, c.Allowed, c.Total, want[manifest.PortHTTP]+want[manifest.PortMetrics])
+				}
+				for p, n := range want {
+					if got[p] != n {
+						t.Errorf("IPv%d port %d: %d pairs allowed, want %d", fam, p, got[p], n)
+					}
+				}
+			}
+			// Over UDP api declares udp-echo only: 4 pairs on 5353.
+			u, err := ev.EvaluateMatrix(context.Background(), []Endpoint{web}, []Endpoint{api}, 17, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := 0
+			for _, c := range u[0][0] {
+				n += len(c.Pairs)
+				for _, p := range c.Pairs {
+					if p.Port != manifest.PortUDPEcho {
+						t.Errorf("UDP any port: pair on %d, want %d", p.Port, manifest.PortUDPEcho)
+					}
+				}
+			}
+			if n == 0 {
+				t.Error("UDP any port: no pair evaluated")
+			}
+		})
+	}
+}
+
+// TestICMPEvaluated: ICMP (ICMPv6 over IPv6) is allowed only by rules
+// without ports, as NetworkPolicy has no ICMP protocol; a Service does not
+// forward it.
+func TestICMPEvaluated(t *testing.T) {
+	web := Endpoint{Kind: "workload", Namespace: manifest.NSFrontend, Name: "web"}
+	api := Endpoint{Kind: "workload", Namespace: manifest.NSBackend, Name: "api"}
+	apiSvc := Endpoint{Kind: "service", Namespace: manifest.NSBackend, Name: manifest.ServiceAPI}
+	noPorts := func(m *manifest.Manifest) {
+		for i := range m.NetworkPolicies {
+			if np := &m.NetworkPolicies[i]; np.Name == manifest.PolicyAllowWeb {
+				np.Spec.Ingress[0].Ports = nil
+			}
+		}
+	}
+	for _, mode := range manifest.Modes {
+		t.Run(string(mode), func(t *testing.T) {
+			for _, tc := range []struct {
+				name string
+				edit []func(*manifest.Manifest)
+				want string
+			}{
+				{"rules with ports", nil, OutcomeDeny},
+				{"a rule without ports", []func(*manifest.Manifest){noPorts}, OutcomeAllow},
+			} {
+				ev := labEvaluator(t, mode, tc.edit...)
+				m, err := ev.EvaluateMatrix(context.Background(), []Endpoint{web}, []Endpoint{api, apiSvc}, 1, 0)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, fam := range []int{4, 6} {
+					if mode != manifest.ModeDual && (fam == 4) != (mode == manifest.ModeIPv4) {
+						continue
+					}
+					if c := m[0][0][fam]; c.Outcome != tc.want || c.Total != 4 || c.Pairs[0].Port != 0 {
+						t.Errorf("%s: web → api ICMP IPv%d: %+v, want %s 4 pairs", tc.name, fam, c, tc.want)
+					}
+					want := map[int]string{4: "ICMP to its ClusterIP", 6: "ICMPv6 to its ClusterIP"}[fam]
+					if c := m[0][1][fam]; c.Outcome != OutcomeNoPort || !strings.Contains(c.Reason, want) {
+						t.Errorf("%s: web → service api ICMP IPv%d: %+v, want no_port %q", tc.name, fam, c, want)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestAnyPortEvaluatesObservedPorts: a pod that declares no port of the
+// protocol (ports are optional in a pod spec) is evaluated, for a question
+// on any port, at the ports flows to its destination were seen on, else at
+// port 0; a pod that declares ports is evaluated at those.
+func TestAnyPortEvaluatesObservedPorts(t *testing.T) {
+	web := Endpoint{Kind: "workload", Namespace: manifest.NSFrontend, Name: "web"}
+	api := Endpoint{Kind: "workload", Namespace: manifest.NSBackend, Name: "api"}
+	// api declares no ports, and allow-web-to-api names 8080 by number
+	// (a named port needs a declared one).
+	undeclared := func(m *manifest.Manifest) {
+		for i := range m.NetworkPolicies {
+			if np := &m.NetworkPolicies[i]; np.Name == manifest.PolicyAllowWeb {
+				http := intstr.FromInt32(manifest.PortHTTP)
+				np.Spec.Ingress[0].Ports = []networkingv1.NetworkPolicyPort{{Port: &http}}
+			}
+		}
+		for i := range m.Pods {
+			if p := &m.Pods[i]; p.Namespace == manifest.NSBackend {
+				for j := range p.Spec.Containers {
+					p.Spec.Containers[j].Ports = nil
+				}
+			}
+		}
+	}
+	for _, mode := range manifest.Modes {
+		t.Run(string(mode), func(t *testing.T) {
+			fams := map[manifest.Mode][]int{manifest.ModeIPv4: {4}, manifest.ModeIPv6: {6}, manifest.ModeDual: {4, 6}}[mode]
+			ev := labEvaluator(t, mode, undeclared)
+			for _, tc := range []struct {
+				name     string
+				observed [][]uint16
+				outcome  string
+				port     uint16
+			}{
+				{"seen on 8080", [][]uint16{{manifest.PortHTTP}}, OutcomeAllow, manifest.PortHTTP},
+				{"nothing seen", nil, OutcomeDeny, 0},
+			} {
+				m, err := ev.EvaluateMatrix(context.Background(), []Endpoint{web}, []Endpoint{api}, 6, 0, tc.observed...)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, fam := range fams {
+					if c := m[0][0][fam]; c.Outcome != tc.outcome || c.Total != 4 || c.Pairs[0].Port != tc.port {
+						t.Errorf("%s IPv%d: %s %d/%d on %d, want %s 4 pairs on %d", tc.name, fam, c.Outcome, c.Allowed, c.Total, c.Pairs[0].Port, tc.outcome, tc.port)
+					}
+				}
+			}
+			// Declared ports win over the observed ones.
+			m, err := labEvaluator(t, mode).EvaluateMatrix(context.Background(), []Endpoint{web}, []Endpoint{api}, 6, 0, []uint16{7777})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, fam := range fams {
+				for _, p := range m[0][0][fam].Pairs {
+					if p.Port != manifest.PortHTTP && p.Port != manifest.PortMetrics {
+						t.Errorf("IPv%d: a declaring pod evaluated on observed port %d", fam, p.Port)
+					}
+				}
+			}
+		})
 	}
 }

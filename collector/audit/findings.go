@@ -10,7 +10,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/dualflow/dualflow/collector/audit/policy"
 	"github.com/dualflow/dualflow/collector/enrich"
@@ -57,9 +59,67 @@ type Finding struct {
 	// Port and Protocol, when the finding is about one destination port.
 	Port     uint16 `json:"port,omitempty"`
 	Protocol string `json:"protocol,omitempty"`
-	// Count is what the finding counts (pods, pod pairs, flow records),
-	// as its message says.
+	// Count is what the finding counts, Unit says what: pods, pod pairs,
+	// flow records or pod-class pairs (plural; per kind).
 	Count uint64 `json:"count,omitempty"`
+	Unit  string `json:"unit,omitempty"`
+	// Severity is SeverityHigh, SeverityMedium or SeverityLow, per kind.
+	Severity string `json:"severity"`
+	// Fix suggests what to change, per kind.
+	Fix string `json:"fix,omitempty"`
+}
+
+// Severities of a finding.
+const (
+	// SeverityHigh: traffic is (or would be) treated differently than the
+	// policies intend: a verdict differs by family, a policy is ignored.
+	SeverityHigh = "high"
+	// SeverityMedium: a gap that decides traffic once it flows: an ipBlock
+	// or a Service of one family, pods open to any source.
+	SeverityMedium = "medium"
+	// SeverityLow: worth a look, not a wrong verdict.
+	SeverityLow = "low"
+)
+
+// kinds is what the audit says of each kind of finding: how grave it is,
+// what its Count counts, and what to change.
+var kinds = map[string]struct{ severity, unit, fix string }{
+	KindInvalidPolicy: {SeverityHigh, "",
+		"Correct the policy as the error says: the API server would reject it, and it is left out of every verdict here."},
+	KindVerdictGap: {SeverityHigh, "pod pairs",
+		"Make the allowing rule cover both families: add an ipBlock of the other family, or match the peers with pod or namespace selectors, which cover both."},
+	KindObservedVerdictGap: {SeverityHigh, "flow records",
+		"Trace the pair over both families and compare the deciding rules; make the allowing rule cover both families, or deny both."},
+	KindIPBlockOneFamily: {SeverityMedium, "pods",
+		"Add an ipBlock of the missing family (the pods' CIDR of that family) to the rule, or match these peers with pod or namespace selectors."},
+	KindServiceSingleStack: {SeverityMedium, "pods",
+		"Set spec.ipFamilyPolicy: PreferDualStack (or RequireDualStack) on the Service, so it gets a ClusterIP of each family."},
+	KindUnprotectedIngress: {SeverityMedium, "pods",
+		"Select these pods with a NetworkPolicy of policyTypes [Ingress]: a default deny, then rules for the sources they serve."},
+	KindUnprotectedEgress: {SeverityLow, "pods",
+		"Select these pods with a NetworkPolicy of policyTypes [Egress] listing what they may reach (DNS included), if their egress should be limited."},
+	KindObservedOneFamily: {SeverityLow, "flow records",
+		"Check that the clients use both families (AAAA records, the Service's families, the application's resolver), unless one family is intended."},
+	KindTruncated: {SeverityLow, "pod-class pairs",
+		"Raise the bound of the analysis (dualflow audit findings --max-pairs) to see every gap."},
+}
+
+// Describe fills in each finding's Severity, Unit and Fix from its kind
+// (Findings and ObservedGaps do; a caller building findings itself may).
+func Describe(fs []Finding) {
+	for i := range fs {
+		k, ok := kinds[fs[i].Kind]
+		if !ok {
+			k.severity = SeverityLow
+		}
+		fs[i].Severity, fs[i].Unit, fs[i].Fix = k.severity, k.unit, k.fix
+	}
+}
+
+// settle describes fs and sorts them by kind and message.
+func settle(fs []Finding) {
+	Describe(fs)
+	sortFindings(fs)
 }
 
 // DualStack reports whether f is one of the dual-stack kinds.
@@ -74,6 +134,32 @@ type Ref struct {
 	// index in that list); Rule is absent for the policy as a whole.
 	Direction string `json:"direction,omitempty"`
 	Rule      *int32 `json:"rule,omitempty"`
+	// Role is the object's end of the traffic the finding is about,
+	// RoleSource or RoleDestination (the UI's flows, reachability and
+	// trace links ask about them); empty for a policy, or an object that
+	// is neither (the backends of a Service).
+	Role string `json:"role,omitempty"`
+}
+
+// Roles of a Ref.
+const (
+	RoleSource      = "source"
+	RoleDestination = "destination"
+)
+
+// as returns r in role.
+func (r Ref) as(role string) Ref {
+	r.Role = role
+	return r
+}
+
+// roles returns refs in role.
+func roles(refs []Ref, role string) []Ref {
+	out := make([]Ref, len(refs))
+	for i, r := range refs {
+		out[i] = r.as(role)
+	}
+	return out
 }
 
 func (r Ref) String() string {
@@ -127,7 +213,7 @@ func Findings(view *enrich.Snapshot, opt Options) []Finding {
 		out = append(out, u.Findings()...)
 	}
 	out = append(out, DualStackGaps(view, set, opt)...)
-	sortFindings(out)
+	settle(out)
 	return out
 }
 
@@ -226,12 +312,12 @@ func (u UnprotectedWorkload) Findings() []Finding {
 	}
 	if u.IngressPods > 0 {
 		which, them := of(u.IngressPods)
-		out = append(out, Finding{Kind: KindUnprotectedIngress, Objects: []Ref{ref}, Count: uint64(u.IngressPods),
+		out = append(out, Finding{Kind: KindUnprotectedIngress, Objects: []Ref{ref.as(RoleDestination)}, Count: uint64(u.IngressPods),
 			Message: fmt.Sprintf("%s is not isolated for ingress (%s): no NetworkPolicy selects %s, so any source may connect.", ref, which, them)})
 	}
 	if u.EgressPods > 0 {
 		which, them := of(u.EgressPods)
-		out = append(out, Finding{Kind: KindUnprotectedEgress, Objects: []Ref{ref}, Count: uint64(u.EgressPods),
+		out = append(out, Finding{Kind: KindUnprotectedEgress, Objects: []Ref{ref.as(RoleSource)}, Count: uint64(u.EgressPods),
 			Message: fmt.Sprintf("%s is not isolated for egress (%s): no NetworkPolicy selects %s, so %s may connect anywhere.", ref, which, them, strings.Replace(them, "them", "they", 1))})
 	}
 	return out
@@ -252,9 +338,9 @@ func DualStackGaps(view *enrich.Snapshot, set *policy.Set, opt Options) []Findin
 		return nil
 	}
 	out := verdictGaps(view, set, classes, opt)
-	out = append(out, ipBlockGaps(set, classes)...)
+	out = append(out, ipBlockGaps(view, set, classes)...)
 	out = append(out, serviceGaps(view)...)
-	sortFindings(out)
+	settle(out)
 	return out
 }
 
@@ -430,7 +516,7 @@ func verdictGaps(view *enrich.Snapshot, set *policy.Set, classes []*podClass, op
 			src, dst, k.port, ProtoName(k.proto), k.allowedV, other, g.pairs, total,
 			k.allowedV, explain(g.allow, g.dir), other, explain(g.deny, g.dir))
 		out = append(out, Finding{Kind: KindVerdictGap, Message: msg, Port: k.port, Protocol: ProtoName(k.proto), Count: g.pairs,
-			Objects: append([]Ref{src, dst}, decisionRefs(g.dir, g.allow, g.deny)...)})
+			Objects: append([]Ref{src.as(RoleSource), dst.as(RoleDestination)}, decisionRefs(g.dir, g.allow, g.deny)...)})
 	}
 	if truncated {
 		out = append(out, Finding{Kind: KindTruncated, Count: uint64(opt.MaxPairs),
@@ -489,10 +575,23 @@ func ProtoName(p uint8) string {
 // pods only. A rule with blocks of one family is reported once, with the
 // workloads it covers; a rule with blocks of both families is reported
 // per workload whose two addresses it covers differently.
-func ipBlockGaps(set *policy.Set, classes []*podClass) []Finding {
+func ipBlockGaps(view *enrich.Snapshot, set *policy.Set, classes []*podClass) []Finding {
 	var out []Finding
 	for _, p := range set.Policies() {
+		selected := selectedWorkloads(view, p)
 		for _, r := range ruleBlocks(p) {
+			// The covered peers are the rule's sources (ingress) or
+			// destinations (egress); the policy's pods the other end.
+			peer, own := RoleSource, RoleDestination
+			if r.dir == policy.Egress {
+				peer, own = RoleDestination, RoleSource
+			}
+			port, proto := rulePort(p, r)
+			gap := func(msg string, count int, covered []Ref) Finding {
+				objs := append([]Ref{policyRef(p.Namespace, p.Name, r.dir, r.index)}, roles(covered, peer)...)
+				return Finding{Kind: KindIPBlockOneFamily, Message: msg, Count: uint64(count), Port: port, Protocol: proto,
+					Objects: append(objs, roles(selected, own)...)}
+			}
 			has4, has6 := false, false
 			var cidrs []string
 			for _, b := range r.blocks {
@@ -507,7 +606,6 @@ func ipBlockGaps(set *policy.Set, classes []*podClass) []Finding {
 			covers := func(a netip.Addr) bool {
 				return slices.ContainsFunc(r.blocks, func(b policy.Block) bool { return b.Contains(a) })
 			}
-			rule := policyRef(p.Namespace, p.Name, r.dir, r.index)
 			what := fmt.Sprintf("%s rule %d of NetworkPolicy %s/%s", r.dir, r.index, p.Namespace, p.Name)
 			if has4 != has6 {
 				fam, missing := 4, 6
@@ -537,7 +635,7 @@ func ipBlockGaps(set *policy.Set, classes []*podClass) []Finding {
 				} else {
 					msg += " traffic to or from the same peers."
 				}
-				out = append(out, Finding{Kind: KindIPBlockOneFamily, Message: msg, Count: uint64(pods), Objects: append([]Ref{rule}, ws...)})
+				out = append(out, gap(msg, pods, ws))
 				continue
 			}
 			type wk struct {
@@ -557,13 +655,49 @@ func ipBlockGaps(set *policy.Set, classes []*podClass) []Finding {
 				per[k] += c.pods
 			}
 			for k, n := range per {
-				out = append(out, Finding{Kind: KindIPBlockOneFamily, Count: uint64(n), Objects: []Ref{rule, k.ref},
-					Message: fmt.Sprintf("The ipBlocks of %s (%s) cover the IPv%d addresses of %d dual-stack pods of %s but not their IPv%d addresses.",
-						what, strings.Join(cidrs, ", "), k.covered, n, k.ref, 10-k.covered)})
+				out = append(out, gap(fmt.Sprintf("The ipBlocks of %s (%s) cover the IPv%d addresses of %d dual-stack pods of %s but not their IPv%d addresses.",
+					what, strings.Join(cidrs, ", "), k.covered, n, k.ref, 10-k.covered), n, []Ref{k.ref}))
 			}
 		}
 	}
 	return out
+}
+
+// selectedWorkloads are the workloads of the pods p selects (off the host
+// network), in the order of the view's pods.
+func selectedWorkloads(view *enrich.Snapshot, p *networkingv1.NetworkPolicy) []Ref {
+	sel, err := metav1.LabelSelectorAsSelector(&p.Spec.PodSelector)
+	if err != nil {
+		return nil
+	}
+	var out []Ref
+	for _, pod := range view.Pods {
+		if pod.Namespace != p.Namespace || pod.HostNetwork || !sel.Matches(labels.Set(pod.Labels)) {
+			continue
+		}
+		if w := workloadRef(pod.Namespace, view.Workload(pod)); !slices.Contains(out, w) {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// rulePort is the first port number of rule r of p and its protocol
+// (0 and "" when the rule has none: every port, or named ports only).
+func rulePort(p *networkingv1.NetworkPolicy, r blockRule) (uint16, string) {
+	var ports []networkingv1.NetworkPolicyPort
+	switch {
+	case r.dir == policy.Ingress && int(r.index) < len(p.Spec.Ingress):
+		ports = p.Spec.Ingress[r.index].Ports
+	case r.dir == policy.Egress && int(r.index) < len(p.Spec.Egress):
+		ports = p.Spec.Egress[r.index].Ports
+	}
+	for _, pt := range ports {
+		if pt.Port != nil && pt.Port.Type == intstr.Int && pt.Port.IntVal > 0 {
+			return uint16(pt.Port.IntVal), ProtoName(policy.ProtoNumber(pt.Protocol))
+		}
+	}
+	return 0, ""
 }
 
 // join lists xs, comma-separated.
@@ -615,7 +749,13 @@ func serviceGaps(view *enrich.Snapshot) []Finding {
 			fam = "IPv6"
 		}
 		ref := Ref{Kind: "Service", Namespace: s.Namespace, Name: s.Name}
-		out = append(out, Finding{Kind: KindServiceSingleStack, Count: uint64(dual), Objects: append([]Ref{ref}, ws...),
+		// Its clients are not known here: the Service is the destination.
+		var port uint16
+		var proto string
+		if len(s.Ports) > 0 {
+			port, proto = uint16(s.Ports[0].Port), ProtoName(policy.ProtoNumber(&s.Ports[0].Protocol))
+		}
+		out = append(out, Finding{Kind: KindServiceSingleStack, Count: uint64(dual), Objects: append([]Ref{ref.as(RoleDestination)}, ws...), Port: port, Protocol: proto,
 			Message: fmt.Sprintf("%s is single-stack (%s) while %d of its %d pods (%s) are dual-stack, so clients can reach them through it over %s only.",
 				ref, fam, dual, total, join(ws), fam)})
 	}

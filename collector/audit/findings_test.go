@@ -2,6 +2,7 @@ package audit
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -27,7 +28,7 @@ func findingsOf(fs []Finding, kind string) []Finding {
 
 func hasRef(f Finding, want Ref) bool {
 	for _, r := range f.Objects {
-		if r.String() == want.String() {
+		if r.String() == want.String() && r.Role == want.Role {
 			return true
 		}
 	}
@@ -52,6 +53,15 @@ func TestLabFindings(t *testing.T) {
 				if f.Message == "" || len(f.Objects) == 0 || !strings.HasSuffix(f.Message, ".") {
 					t.Errorf("finding %+v: want a sentence and objects", f)
 				}
+				// Each kind says how grave it is, what it counts and
+				// what to change; a count is never of flows unless it is.
+				want := map[string][2]string{
+					KindVerdictGap: {SeverityHigh, "pod pairs"}, KindIPBlockOneFamily: {SeverityMedium, "pods"}, KindServiceSingleStack: {SeverityMedium, "pods"},
+					KindUnprotectedIngress: {SeverityMedium, "pods"}, KindUnprotectedEgress: {SeverityLow, "pods"},
+				}[f.Kind]
+				if f.Severity != want[0] || f.Unit != want[1] || f.Fix == "" || !strings.HasSuffix(f.Fix, ".") {
+					t.Errorf("%s: severity %q unit %q fix %q, want %q %q and a fix", f.Kind, f.Severity, f.Unit, f.Fix, want[0], want[1])
+				}
 			}
 			var dual []Finding
 			for _, f := range fs {
@@ -63,6 +73,11 @@ func TestLabFindings(t *testing.T) {
 			for _, f := range fs {
 				if !f.DualStack() {
 					unprot[f.Kind+" "+f.Objects[0].String()] = true
+					// Unprotected ingress is about traffic to the
+					// workload, egress about traffic from it.
+					if want := map[string]string{KindUnprotectedIngress: RoleDestination, KindUnprotectedEgress: RoleSource}[f.Kind]; f.Objects[0].Role != want {
+						t.Errorf("%s %s: role %q, want %q", f.Kind, f.Objects[0], f.Objects[0].Role, want)
+					}
 				}
 			}
 			for _, want := range []string{
@@ -85,7 +100,7 @@ func TestLabFindings(t *testing.T) {
 			gaps := findingsOf(fs, KindVerdictGap)
 			var webAPI *Finding
 			for i, g := range gaps {
-				if g.Objects[0] == web && g.Objects[1] == api && g.Port == manifest.PortMetrics {
+				if g.Objects[0] == web.as(RoleSource) && g.Objects[1] == api.as(RoleDestination) && g.Port == manifest.PortMetrics {
 					webAPI = &gaps[i]
 				}
 			}
@@ -101,12 +116,16 @@ func TestLabFindings(t *testing.T) {
 				}
 			}
 			ib := findingsOf(fs, KindIPBlockOneFamily)
-			if len(ib) != 1 || !hasRef(ib[0], metricsRule) || !hasRef(ib[0], web) {
-				t.Errorf("ipBlock findings %+v: want one, for the metrics rule, covering frontend/web", ib)
+			// The rule admits its covered pods as sources to the pods
+			// its policy selects, on its port: the links' question.
+			if len(ib) != 1 || !hasRef(ib[0], metricsRule) || !hasRef(ib[0], web.as(RoleSource)) || !hasRef(ib[0], api.as(RoleDestination)) ||
+				ib[0].Port != manifest.PortMetrics || ib[0].Protocol != "TCP" {
+				t.Errorf("ipBlock findings %+v: want one, for the metrics rule, covering frontend/web as sources to backend/api on 9090/TCP", ib)
 			}
 			svc := findingsOf(fs, KindServiceSingleStack)
-			if len(svc) != 1 || svc[0].Objects[0] != (Ref{Kind: "Service", Namespace: "backend", Name: manifest.ServiceAPISingle}) || svc[0].Count != 2 {
-				t.Errorf("service findings %+v: want backend/api-single with 2 dual-stack pods", svc)
+			if len(svc) != 1 || svc[0].Objects[0] != (Ref{Kind: "Service", Namespace: "backend", Name: manifest.ServiceAPISingle, Role: RoleDestination}) || svc[0].Count != 2 ||
+				svc[0].Port != manifest.PortHTTP || svc[0].Protocol != "TCP" || slices.ContainsFunc(svc[0].Objects, func(r Ref) bool { return r.Role == RoleSource }) {
+				t.Errorf("service findings %+v: want backend/api-single as the destination on 8080/TCP, no source, with 2 dual-stack pods", svc)
 			}
 		})
 	}

@@ -76,7 +76,7 @@ func (q *Queries) Findings(ctx context.Context, win Window) (*FindingsResponse, 
 			res.ObservedError = err.Error()
 		}
 		res.Findings = append(res.Findings, obs...)
-		sortFindings(res.Findings)
+		settle(res.Findings)
 	}
 	if res.Findings == nil {
 		res.Findings = []Finding{}

@@ -399,7 +399,7 @@ LIMIT %[4]d`, r.db, chsql.FlowEnd(w.Since, w.Until), blocked, cmp.Or(limit, 1000
 			if x.Allowed6 > 0 {
 				ok, bad, nOK, nBad = 6, 4, x.Allowed6, x.Blocked4
 			}
-			out = append(out, Finding{Kind: KindObservedVerdictGap, Objects: []Ref{src, dst}, Port: x.DstPort, Protocol: proto, Count: nOK + nBad,
+			out = append(out, Finding{Kind: KindObservedVerdictGap, Objects: []Ref{src.as(RoleSource), dst.as(RoleDestination)}, Port: x.DstPort, Protocol: proto, Count: nOK + nBad,
 				Message: fmt.Sprintf("Flows %s → %s on %s were allowed over IPv%d (%d records) but denied over IPv%d (%d records) %s.",
 					src, dst, on, ok, nOK, bad, nBad, window)})
 		case view != nil && dual[src] && dual[dst] && (x.Allowed4 > 0) != (x.Allowed6 > 0) && x.Blocked4+x.Blocked6 == 0:
@@ -407,11 +407,12 @@ LIMIT %[4]d`, r.db, chsql.FlowEnd(w.Since, w.Until), blocked, cmp.Or(limit, 1000
 			if x.Allowed6 > 0 {
 				seen, missing, n = 6, 4, x.Allowed6
 			}
-			out = append(out, Finding{Kind: KindObservedOneFamily, Objects: []Ref{src, dst}, Port: x.DstPort, Protocol: proto, Count: n,
+			out = append(out, Finding{Kind: KindObservedOneFamily, Objects: []Ref{src.as(RoleSource), dst.as(RoleDestination)}, Port: x.DstPort, Protocol: proto, Count: n,
 				Message: fmt.Sprintf("%s → %s on %s was seen over IPv%d only (%d records) %s although both have dual-stack pods, so IPv%d is never used or never works.",
 					src, dst, on, seen, n, window, missing)})
 		}
 	}
+	Describe(out)
 	return out, nil
 }
 

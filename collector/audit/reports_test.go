@@ -205,6 +205,12 @@ func TestObservedGaps(t *testing.T) {
 	if len(gaps) != 1 || gaps[0].Port != manifest.PortMetrics || gaps[0].Objects[1].Name != "api" || !strings.Contains(gaps[0].Message, "allowed over IPv4 (2 records) but denied over IPv6 (2 records)") {
 		t.Errorf("verdict gaps %+v", gaps)
 	}
+	// Observed findings count flow records, and say so.
+	for _, f := range append(gaps, one...) {
+		if f.Unit != "flow records" || f.Severity == "" || f.Fix == "" || f.Objects[0].Role != RoleSource || f.Objects[1].Role != RoleDestination {
+			t.Errorf("%s: unit %q severity %q fix %q roles %q %q", f.Kind, f.Unit, f.Severity, f.Fix, f.Objects[0].Role, f.Objects[1].Role)
+		}
+	}
 	// web -> web on 8080/TCP over IPv4 only; the pings over both
 	// families (ICMP and ICMPv6) are no gap; the IPv4-only ping of web@2
 	// is in the same workload pair and protocol as the dual ones.

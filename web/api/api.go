@@ -42,7 +42,7 @@ type SQLRunner interface {
 // an audit.OutcomeError family; an error fails the whole matrix (an
 // *audit.TooLargeError is answered 422).
 type Evaluator interface {
-	EvaluateMatrix(ctx context.Context, srcs, dsts []audit.Endpoint, proto uint8, port uint16) ([][]map[int]*audit.FamilyPolicy, error)
+	EvaluateMatrix(ctx context.Context, srcs, dsts []audit.Endpoint, proto uint8, port uint16, observed ...[]uint16) ([][]map[int]*audit.FamilyPolicy, error)
 }
 
 var _ Evaluator = audit.PolicyEvaluator{}

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -56,7 +57,7 @@ func (fakeTracer) Trace(_ context.Context, r traceflow.Request) (traceflow.Resul
 // denied over IPv6, v4only has no IPv6.
 type fakeEvaluator struct{}
 
-func (fakeEvaluator) EvaluateMatrix(_ context.Context, srcs, dsts []audit.Endpoint, _ uint8, _ uint16) ([][]map[int]*audit.FamilyPolicy, error) {
+func (fakeEvaluator) EvaluateMatrix(_ context.Context, srcs, dsts []audit.Endpoint, _ uint8, _ uint16, _ ...[]uint16) ([][]map[int]*audit.FamilyPolicy, error) {
 	out := make([][]map[int]*audit.FamilyPolicy, len(srcs))
 	for i, src := range srcs {
 		for _, dst := range dsts {
@@ -314,6 +315,7 @@ func TestBadInput4xx(t *testing.T) {
 		{"POST", "/api/v1/reachability", `{"sources":[{"kind":"service","namespace":"a","name":"b"}],"destinations":[{"kind":"pod","namespace":"a","name":"b"}]}`, "sources[0]"},
 		{"POST", "/api/v1/reachability", `{"sources":[{"kind":"pod","namespace":"a","name":"b"}],"destinations":[{"kind":"ip","name":"nope"}]}`, "destinations[0]"},
 		{"POST", "/api/v1/reachability", `{"sources":[{"kind":"pod","namespace":"a","name":"b"}],"destinations":[{"kind":"pod","namespace":"a","name":"c"}],"protocol":"xyz"}`, "protocol"},
+		{"POST", "/api/v1/reachability", `{"sources":[{"kind":"pod","namespace":"a","name":"b"}],"destinations":[{"kind":"pod","namespace":"a","name":"c"}],"protocol":"ICMP","port":8}`, "port"},
 		{"POST", "/api/v1/sql", `{"query":"SELECT 1","max_row":5}`, "max_row"},
 		{"POST", "/api/v1/sql", `{"query":""}`, "query"},
 		{"POST", "/api/v1/sql", `{"query":"SELEC 1"}`, "query"},
@@ -603,6 +605,42 @@ func TestReachability(t *testing.T) {
 	// A range is no trace's destination.
 	if f := m.Cells[0][2].Families["6"]; f.Trace != nil || !strings.Contains(f.TraceError, "one address") {
 		t.Errorf("frontend→CIDR traced %+v", f)
+	}
+}
+
+// portsSeen records the ports observed it is given.
+type portsSeen struct {
+	fakeEvaluator
+	got *[][]uint16
+}
+
+func (p portsSeen) EvaluateMatrix(ctx context.Context, srcs, dsts []audit.Endpoint, proto uint8, port uint16, observed ...[]uint16) ([][]map[int]*audit.FamilyPolicy, error) {
+	*p.got = observed
+	return p.fakeEvaluator.EvaluateMatrix(ctx, srcs, dsts, proto, port)
+}
+
+// TestReachabilityObservedPorts: a question on any port hands the
+// evaluator the ports flows to each destination were seen on (for pods
+// that declare none); a question on one port does not.
+func TestReachabilityObservedPorts(t *testing.T) {
+	var got [][]uint16
+	h := testAPI(t, Config{Evaluator: portsSeen{got: &got}})
+	req := `{"sources":[{"kind":"workload","namespace":"shop","name":"frontend"}],
+	 "destinations":[{"kind":"workload","namespace":"shop","name":"db"},{"kind":"service","namespace":"shop","name":"cart"},{"kind":"ip","name":"fd00:10:244:3::/64"},{"kind":"workload","namespace":"x","name":"v4only"}]`
+	if r := do(t, h, "POST", "/api/v1/reachability", req+`}`); r.code != 200 {
+		t.Fatalf("%d %s", r.code, r.body)
+	}
+	want := [][]uint16{{5432}, {8080}, {5432}, nil}
+	if len(got) != len(want) {
+		t.Fatalf("observed %v, want %v", got, want)
+	}
+	for j := range want {
+		if !slices.Equal(got[j], want[j]) {
+			t.Errorf("destination %d: observed %v, want %v", j, got[j], want[j])
+		}
+	}
+	if r := do(t, h, "POST", "/api/v1/reachability", req+`,"port":5432}`); r.code != 200 || got != nil {
+		t.Errorf("one port: %d, observed %v", r.code, got)
 	}
 }
 

@@ -113,7 +113,7 @@ func (a heldAudit) WhatIf(ctx context.Context, _ io.Reader, _ audit.Window, _ in
 	return &audit.WhatIfReport{}, nil
 }
 
-func (h *held) EvaluateMatrix(ctx context.Context, srcs, dsts []audit.Endpoint, _ uint8, _ uint16) ([][]map[int]*audit.FamilyPolicy, error) {
+func (h *held) EvaluateMatrix(ctx context.Context, srcs, dsts []audit.Endpoint, _ uint8, _ uint16, _ ...[]uint16) ([][]map[int]*audit.FamilyPolicy, error) {
 	h.entered <- struct{}{}
 	select {
 	case <-h.release:

@@ -191,6 +191,10 @@ func (a *API) runReachability(ctx context.Context, req *ReachabilityRequest) (*R
 	if err != nil {
 		return nil, fieldErr("protocol", "%v", err)
 	}
+	icmp := proto == flow.ProtoICMP || proto == flow.ProtoICMPv6
+	if icmp && req.Port != 0 {
+		return nil, fieldErr("port", "ICMP has no port")
+	}
 	now := a.cfg.Now()
 	since := now.Add(-defaultReachSince)
 	if req.Since != "" {
@@ -209,7 +213,7 @@ func (a *API) runReachability(ctx context.Context, req *ReachabilityRequest) (*R
 		return nil, err
 	}
 	protoCond := "protocol = " + strconv.Itoa(int(proto))
-	if proto == flow.ProtoICMP || proto == flow.ProtoICMPv6 {
+	if icmp {
 		// One question over both families: ICMP over IPv4, ICMPv6 over IPv6.
 		protoCond = "protocol IN (1, 58)"
 	}
@@ -276,7 +280,15 @@ func (a *API) runReachability(ctx context.Context, req *ReachabilityRequest) (*R
 		f.Observed.Verdicts[r.Verdict] += r.Flows
 	}
 	if a.cfg.Evaluator != nil {
-		m, err := a.cfg.Evaluator.EvaluateMatrix(ctx, req.Sources, req.Destinations, proto, req.Port)
+		var observed [][]uint16
+		if req.Port == 0 && (proto == flow.ProtoTCP || proto == flow.ProtoUDP || proto == flow.ProtoSCTP) {
+			// Any port of a pod that declares none: the ports flows to
+			// each destination were seen on.
+			if observed, err = a.observedPorts(qctx, inner, dstArr, nd); err != nil {
+				return nil, err
+			}
+		}
+		m, err := a.cfg.Evaluator.EvaluateMatrix(ctx, req.Sources, req.Destinations, proto, req.Port, observed...)
 		if err != nil {
 			return nil, err // an *audit.TooLargeError is a 422
 		}
@@ -311,6 +323,34 @@ func (a *API) runReachability(ctx context.Context, req *ReachabilityRequest) (*R
 		}
 	}
 	out.ElapsedMs = time.Since(start).Milliseconds()
+	return out, nil
+}
+
+// maxObservedPorts bounds the ports observed to one destination that a
+// question on any port evaluates its undeclared pods at (each port is one
+// more check per pod pair).
+const maxObservedPorts = 16
+
+// observedPorts are, per destination (the indices of dstArr), the
+// destination ports of the flows of inner's window and protocol to it:
+// the most frequent maxObservedPorts, in increasing order.
+func (a *API) observedPorts(ctx context.Context, inner chsql.Select, dstArr string, nd int) ([][]uint16, error) {
+	inner.Cols = "dst_port, " + strings.TrimPrefix(inner.Cols, "ingress_verdict, egress_verdict, ")
+	sql := chsql.Select{Cols: "di, arraySort(topKWeighted(" + strconv.Itoa(maxObservedPorts) + ")(dst_port, n)) AS ports",
+		From: "(" + inner.String() + ") ARRAY JOIN " + dstArr + " AS di", GroupBy: "di", Settings: jsonSettings}.String()
+	var rows []struct {
+		Di    int      `json:"di"`
+		Ports []uint16 `json:"ports"`
+	}
+	if err := decodeRows(ctx, a, sql, &rows); err != nil {
+		return nil, err
+	}
+	out := make([][]uint16, nd)
+	for _, r := range rows {
+		if r.Di >= 0 && r.Di < nd {
+			out[r.Di] = r.Ports
+		}
+	}
 	return out, nil
 }
 

@@ -282,7 +282,17 @@ func (g *labGen) expect(set *policy.Set, src, dst audit.Endpoint, fam int, proto
 			continue
 		}
 		if svc == nil {
-			dsts = append(dsts, target{p, port, 0})
+			// Any port of a pod: each port of proto it declares, else 0.
+			n := len(dsts)
+			for _, cp := range p.Ports {
+				if port == 0 && slices.Contains([]uint8{6, 17, 132}, proto) && policy.ProtoNumber(&cp.Protocol) == proto &&
+					!slices.ContainsFunc(dsts[n:], func(t target) bool { return t.port == uint16(cp.Port) }) {
+					dsts = append(dsts, target{p, uint16(cp.Port), 0})
+				}
+			}
+			if len(dsts) == n {
+				dsts = append(dsts, target{p, port, 0})
+			}
 			continue
 		}
 		for _, sp := range sps {

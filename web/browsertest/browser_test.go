@@ -783,7 +783,95 @@ func TestReachabilityMatrixAndCellDetails(t *testing.T) {
 	if len(links) != 3 || !strings.Contains(links[0], "src_workload=shop%2Ffrontend") || !strings.Contains(links[0], "dst_workload=shop%2Fdb") {
 		t.Errorf("cell links %v", links)
 	}
+	// The dual trace names the pods the server picked for the workloads.
+	if h := eval[string](t, ctx, `document.querySelector('#drawer .trace[data-family="6"] h2').textContent`); !strings.Contains(h, "shop/frontend-0 (") || !strings.Contains(h, "→ shop/db-0 (") {
+		t.Errorf("dual trace header %q", h)
+	}
 	screenshot(t, ctx, "reach-cell-trace")
+	// Each listed pair traces itself, over its family: frontend-1 → db-1,
+	// which the cell's dual trace did not pick.
+	do(t, ctx,
+		chromedp.Click(css(`#drawer .famdetail[data-family="6"] li.pair:nth-child(2) button.tracepair`)),
+		poll(`(h => h && h.textContent.includes('shop/frontend-1 (') && h.textContent.includes('→ shop/db-1 ('))(document.querySelector('#drawer .trace[data-family="6"][data-outcome="dropped"] h2'))`),
+	)
+	if n := eval[int](t, ctx, `document.querySelectorAll('#drawer .trace').length`); n != 1 {
+		t.Errorf("a pair's IPv6 trace drew %d families", n)
+	}
+	if title := eval[string](t, ctx, `document.querySelector('#cell-trace-title').textContent`); title != "Trace of shop/frontend-1 → shop/db-1 over IPv6" {
+		t.Errorf("pair trace title %q", title)
+	}
+	screenshot(t, ctx, "reach-pair-trace")
+	noConsoleErrors(t, errs, "")
+}
+
+// TestReachabilityICMP: ICMP is one choice for both families (a link's
+// ICMPv6 too), without a port; the form says what NetworkPolicy makes of
+// it, and a cell links the flows of each family's protocol.
+func TestReachabilityICMP(t *testing.T) {
+	ctx, errs := browser(t)
+	do(t, ctx,
+		chromedp.Navigate(baseURL+"/#/reach?sources=workload:shop/frontend&destinations=workload:shop/db&protocol=ICMPv6&port=5432&run=1"),
+		chromedp.WaitVisible(css(`.matrix table[data-family="6"] td.cell`)),
+		chromedp.WaitVisible(css(`#reach-icmp-note`)),
+	)
+	if v := eval[string](t, ctx, `(f => f.protocol.value + ' ' + f.port.disabled + ' ' + JSON.stringify(f.port.value))(document.querySelector('#reach-form'))`); v != `ICMP true ""` {
+		t.Errorf("form protocol, port disabled, port: %s", v)
+	}
+	if txt := eval[string](t, ctx, `document.querySelector('#reach-icmp-note').textContent`); !strings.Contains(txt, "only rules without ports allow it") {
+		t.Errorf("ICMP note %q", txt)
+	}
+	do(t, ctx,
+		chromedp.Click(css(`.matrix table[data-family="6"] td.cell`)),
+		chromedp.WaitVisible(css(`#drawer .celldetail .actions a`)),
+	)
+	links := eval[[]string](t, ctx, `[...document.querySelectorAll('#drawer .celldetail .actions a')].map(a => a.getAttribute('href'))`)
+	if len(links) != 3 || !strings.Contains(links[0], "protocol=ICMP&") || !strings.HasSuffix(links[0], "ip_version=4") || !strings.Contains(links[1], "protocol=ICMPv6&") || !strings.HasSuffix(links[1], "ip_version=6") || strings.Contains(links[2], "port=") || !strings.Contains(links[2], "protocol=ICMP") {
+		t.Errorf("ICMP cell links %v", links)
+	}
+	noConsoleErrors(t, errs, "")
+}
+
+// TestReachabilityMatricesFit: at 1000 px the IPv4 and IPv6 matrices of
+// 4 destinations fit without a scrollbar; 14 destinations, wider than the
+// page, scroll together in one scroller with their columns aligned, and
+// neither matrix scrolls on its own.
+func TestReachabilityMatricesFit(t *testing.T) {
+	ctx, errs := browser(t)
+	type layout struct {
+		Own          []int // scrollWidth - clientWidth of each matrix
+		Shared, Page int   // of .matrices and of the page
+		Misaligned   int   // columns whose left edges differ between the families
+		Stacked      bool
+	}
+	measure := `(() => {
+		const ms = [...document.querySelectorAll('#reach-out .matrix')], out = document.querySelector('#reach-out');
+		const lefts = fam => [...document.querySelectorAll('.matrix table[data-family="' + fam + '"] tr:nth-child(2) td')].map(td => Math.round(td.getBoundingClientRect().left - td.closest('table').getBoundingClientRect().left));
+		const l4 = lefts('4'), l6 = lefts('6');
+		return { Own: ms.map(m => m.scrollWidth - m.clientWidth), Shared: out.scrollWidth - out.clientWidth,
+			Page: document.documentElement.scrollWidth - document.documentElement.clientWidth,
+			Misaligned: l4.filter((x, i) => x !== l6[i]).length + Math.abs(l4.length - l6.length),
+			Stacked: ms.length === 2 && ms[1].getBoundingClientRect().top >= ms[0].getBoundingClientRect().bottom };
+	})()`
+	dsts := "workload:shop/cart,workload:shop/db,service:infra/dns,workload:infra/dns"
+	do(t, ctx,
+		chromedp.EmulateViewport(1000, 900),
+		chromedp.Navigate(baseURL+"/#/reach?sources=workload:shop/frontend,workload:shop/cart&destinations="+dsts+"&protocol=TCP&port=5432&run=1"),
+		chromedp.WaitVisible(css(`.matrix table[data-family="6"] td.cell`)),
+	)
+	got := eval[layout](t, ctx, measure)
+	if len(got.Own) != 2 || got.Own[0] > 0 || got.Own[1] > 0 || got.Shared > 0 || got.Page > 0 {
+		t.Errorf("4 destinations at 1000 px overflow: %+v", got)
+	}
+	screenshot(t, ctx, "reach-1000px")
+	wide := dsts + "," + dsts + "," + dsts + ",workload:shop/frontend,service:shop/cart"
+	do(t, ctx,
+		chromedp.Navigate(baseURL+"/#/reach?sources=workload:shop/frontend&destinations="+wide+"&protocol=TCP&port=5432&run=1"),
+		poll(`document.querySelectorAll('.matrix table[data-family="6"] td.cell').length === 14`),
+	)
+	got = eval[layout](t, ctx, measure)
+	if len(got.Own) != 2 || got.Own[0] > 0 || got.Own[1] > 0 || got.Shared <= 0 || got.Page > 0 || !got.Stacked || got.Misaligned != 0 {
+		t.Errorf("14 destinations at 1000 px: %+v, want one shared scroller, stacked and aligned", got)
+	}
 	noConsoleErrors(t, errs, "")
 }
 
@@ -920,6 +1008,17 @@ func TestTraceflowPage(t *testing.T) {
 	if n := eval[int](t, ctx, `document.querySelectorAll('#trace-out .trace[data-family="6"][data-outcome="no-address"] p.err').length`); n != 1 {
 		t.Errorf("no-address family drawn %d times", n)
 	}
+	// An ICMP link (a flow drawer's "Trace this flow" of an ICMPv6 flow)
+	// traces both families without a port: ICMP over IPv4, ICMPv6 over
+	// IPv6.
+	do(t, ctx,
+		chromedp.Navigate(baseURL+"/#/trace?source=pod:shop/frontend-0&destination=pod:shop/db-0&protocol=ICMP&family=dual&run=1"),
+		chromedp.WaitVisible(css(`#trace-out .trace[data-family="4"]`)),
+		chromedp.WaitVisible(css(`#trace-out .trace[data-family="6"]`)),
+	)
+	if b := eval[string](t, ctx, `document.querySelector('#banner').textContent + [...document.querySelectorAll('#trace-out .trace')].map(e => ' ' + e.dataset.outcome).join('')`); b != " delivered dropped" {
+		t.Errorf("ICMP trace: banner and outcomes %q, want delivered over IPv4, dropped over IPv6", b)
+	}
 	// SCTP is not traced as TCP: the form says it cannot be traced.
 	do(t, ctx,
 		chromedp.Navigate(baseURL+"/#/trace?source=pod:shop/frontend-0&destination=pod:shop/db-0&protocol=SCTP&port=5432&run=1"),
@@ -943,36 +1042,90 @@ func TestTraceflowPage(t *testing.T) {
 	noConsoleErrors(t, errs, "400")
 }
 
+// TestAuditLinks follows every link of every finding kind: each asks
+// about the finding's ends (sources to destinations, a Service only as a
+// destination, an unprotected workload from or to a few others, an ipBlock
+// rule's covered sources to its policy's pods on the rule's port) and
+// answers with rows, a matrix without an error cell, or a trace.
 func TestAuditLinks(t *testing.T) {
 	ctx, errs := browser(t)
 	do(t, ctx, chromedp.Navigate(baseURL+"/#/audit"), chromedp.WaitVisible(css(`#audit-list li.dual .actions a`)))
-	links := eval[[]string](t, ctx, `[...document.querySelectorAll('#audit-list li.dual .actions a')].map(a => a.getAttribute('href'))`)
-	if len(links) != 3 || !strings.HasPrefix(links[0], "#/flows?") || !strings.HasPrefix(links[1], "#/reach?") || !strings.HasPrefix(links[2], "#/trace?") {
-		t.Fatalf("finding links %v", links)
+	type finding struct {
+		Kind  string
+		Links []string
 	}
+	fs := eval[[]finding](t, ctx, `[...document.querySelectorAll('#audit-list li')].map(li => ({Kind: li.dataset.kind, Links: [...li.querySelectorAll('.actions a')].map(a => a.getAttribute('href'))}))`)
 	screenshot(t, ctx, "audit-links")
-	// Denied flows of the finding: IPv6 frontend → db, all dropped.
-	do(t, ctx,
-		chromedp.Click(css(`#audit-list li.dual .actions a:nth-child(1)`)),
-		poll(`document.querySelectorAll('#flow-table tbody tr').length > 0 && [...document.querySelectorAll('#flow-table tbody td.verdict')].every(td => td.textContent === 'denied')`),
-	)
-	if got := rowFamilies(t, ctx); got["4"] != 0 {
-		t.Errorf("denied flows of the finding: %v", got)
+	want := map[string][]string{
+		"dual-stack-verdict-gap":          {"#/flows?since=24h&dst_port=5432&verdict=dropped&src_workload=shop%2Ffrontend&dst_workload=shop%2Fdb", "#/reach?sources=workload%3Ashop%2Ffrontend&destinations=workload%3Ashop%2Fdb&protocol=TCP&port=5432&run=1&cell=0%2C0", "#/trace?"},
+		"dual-stack-observed-verdict-gap": {"#/flows?since=24h&dst_port=5432&verdict=dropped&src_workload=shop%2Ffrontend&dst_workload=shop%2Fdb", "#/reach?sources=workload%3Ashop%2Ffrontend&destinations=workload%3Ashop%2Fdb&protocol=TCP&port=5432&run=1&cell=0%2C0", "#/trace?"},
+		"dual-stack-ipblock-one-family":   {"#/flows?since=24h&dst_port=5432&src_workload=shop%2Ffrontend&dst_workload=shop%2Fdb", "#/reach?sources=workload%3Ashop%2Ffrontend&destinations=workload%3Ashop%2Fdb&protocol=TCP&port=5432", "#/trace?", "#/flows?since=24h&policy=shop%2Fdb-policy"},
+		"dual-stack-service-single-stack": {"#/flows?since=24h&dst_port=5432&service=shop%2Fdb", "#/reach?sources=workload%3Ainfra%2Fdns%2Cworkload%3Ashop%2Fcart%2Cworkload%3Ashop%2Ffrontend&destinations=service%3Ashop%2Fdb&", "#/trace?source=workload%3Ainfra%2Fdns&destination=service%3Ashop%2Fdb&"},
+		"unprotected-ingress":             {"#/flows?since=24h&dst_workload=infra%2Fdns", "#/reach?sources=workload%3Ashop%2Fcart%2Cworkload%3Ashop%2Fdb%2Cworkload%3Ashop%2Ffrontend&destinations=workload%3Ainfra%2Fdns&"},
+		"unprotected-egress":              {"#/flows?since=24h&src_workload=shop%2Fcart", "#/reach?sources=workload%3Ashop%2Fcart&destinations=workload%3Ainfra%2Fdns%2Cworkload%3Ashop%2Fdb%2Cworkload%3Ashop%2Ffrontend&"},
 	}
-	// Its reachability cell opens with the details.
-	do(t, ctx,
-		chromedp.Navigate(baseURL+"/"+links[1]),
-		chromedp.WaitVisible(css(`.matrix table[data-family="6"] td.cell.focus`)),
-		chromedp.WaitVisible(css(`#drawer .celldetail`)),
-	)
-	// Its dual trace runs prefilled.
-	do(t, ctx,
-		chromedp.Navigate(baseURL+"/"+links[2]),
-		chromedp.WaitVisible(css(`#trace-out .trace[data-family="4"]`)),
-		chromedp.WaitVisible(css(`#trace-out .trace[data-family="6"]`)),
-	)
-	if v := eval[string](t, ctx, `document.querySelector('#trace-form [name=port]').value`); v != "5432" {
-		t.Errorf("trace port %q", v)
+	if len(fs) != len(want) {
+		t.Errorf("%d findings listed, want %d: %v", len(fs), len(want), fs)
+	}
+	// A count says what it counts, a finding how grave it is and what to
+	// change.
+	heads := eval[[]string](t, ctx, `[...document.querySelectorAll('#audit-list li')].map(li => li.dataset.severity + ' | ' + li.querySelector('.kind').textContent + ' | ' + (li.querySelector('.fix') || {}).textContent)`)
+	for _, want := range []string{
+		"high | highdual-stack-verdict-gap · TCP 5432 · 3 pod pairs | Fix: ",
+		"high | highdual-stack-observed-verdict-gap · TCP 5432 · 1 flow record | Fix: ",
+		"medium | mediumdual-stack-service-single-stack · TCP 5432 · 2 pods | Fix: Set spec.ipFamilyPolicy",
+		"low | lowunprotected-egress · 3 pods | Fix: ",
+	} {
+		if !slices.ContainsFunc(heads, func(h string) bool { return strings.HasPrefix(h, want) }) {
+			t.Errorf("no finding reads %q: %q", want, heads)
+		}
+	}
+	if slices.ContainsFunc(heads, func(h string) bool { return strings.Contains(h, "flows") }) {
+		t.Errorf("a finding counts flows: %q", heads)
+	}
+	for _, f := range fs {
+		w := want[f.Kind]
+		if len(f.Links) != len(w) {
+			t.Errorf("%s links %v, want %d", f.Kind, f.Links, len(w))
+			continue
+		}
+		for i, l := range f.Links {
+			if !strings.HasPrefix(l, w[i]) {
+				t.Errorf("%s link %d %q, want %q…", f.Kind, i, l, w[i])
+			}
+		}
+	}
+	for _, f := range fs {
+		for _, l := range f.Links {
+			// A fresh page: nothing of the previous link satisfies the waits.
+			do(t, ctx, chromedp.Navigate("about:blank"), chromedp.Navigate(baseURL+"/"+l))
+			switch {
+			case strings.HasPrefix(l, "#/flows?"):
+				do(t, ctx, poll(`document.querySelectorAll('#flow-table tbody tr td.verdict').length > 0`))
+				if strings.Contains(l, "verdict=dropped") {
+					do(t, ctx, poll(`[...document.querySelectorAll('#flow-table tbody td.verdict')].every(td => td.textContent === 'denied')`))
+					if got := rowFamilies(t, ctx); got["4"] != 0 {
+						t.Errorf("%s: denied flows of the gap %v", f.Kind, got)
+					}
+				}
+			case strings.HasPrefix(l, "#/reach?"):
+				do(t, ctx, chromedp.WaitVisible(css(`.matrix table[data-family="6"] td.cell`)))
+				if n := eval[int](t, ctx, `document.querySelectorAll('.matrix td.cell.error').length`); n != 0 {
+					t.Errorf("%s: %s has %d error cells", f.Kind, l, n)
+				}
+				if strings.Contains(l, "cell=0%2C0") {
+					do(t, ctx, chromedp.WaitVisible(css(`.matrix table[data-family="6"] td.cell.focus`)), chromedp.WaitVisible(css(`#drawer .celldetail .trace`)))
+				}
+			default:
+				do(t, ctx, chromedp.WaitVisible(css(`#trace-out .trace[data-family="4"]`)), chromedp.WaitVisible(css(`#trace-out .trace[data-family="6"]`)))
+				if v := eval[string](t, ctx, `document.querySelector('#trace-form [name=port]').value`); v != "5432" {
+					t.Errorf("%s: trace port %q", f.Kind, v)
+				}
+			}
+			if b := eval[string](t, ctx, `document.querySelector('#banner').textContent`); b != "" {
+				t.Errorf("%s: %s: banner %q", f.Kind, l, b)
+			}
+		}
 	}
 	noConsoleErrors(t, errs, "")
 }

@@ -17,23 +17,24 @@ import (
 	"github.com/dualflow/dualflow/web/api"
 )
 
-// Evaluator answers from Pairs, each cell as one pod pair: the seeded
-// verdicts, and both families for any other pair of lab workloads
+// Evaluator answers from Pairs, each cell as two pod pairs (pod 1 of the
+// source to pods 0 and 1 of the destination, on the port asked): the
+// seeded verdicts, and both families for any other pair of lab workloads
 // (not_isolated); an end outside the lab is an error cell.
 type Evaluator struct{}
 
 // EvaluateMatrix implements api.Evaluator.
-func (Evaluator) EvaluateMatrix(_ context.Context, srcs, dsts []audit.Endpoint, _ uint8, _ uint16) ([][]map[int]*audit.FamilyPolicy, error) {
+func (Evaluator) EvaluateMatrix(_ context.Context, srcs, dsts []audit.Endpoint, _ uint8, port uint16, _ ...[]uint16) ([][]map[int]*audit.FamilyPolicy, error) {
 	out := make([][]map[int]*audit.FamilyPolicy, len(srcs))
 	for i, src := range srcs {
 		for _, dst := range dsts {
-			out[i] = append(out[i], evaluate(src, dst))
+			out[i] = append(out[i], evaluate(src, dst, port))
 		}
 	}
 	return out, nil
 }
 
-func evaluate(src, dst audit.Endpoint) map[int]*audit.FamilyPolicy {
+func evaluate(src, dst audit.Endpoint, port uint16) map[int]*audit.FamilyPolicy {
 	si, di := find(src), find(dst)
 	if si < 0 || di < 0 {
 		err := fmt.Sprintf("unknown endpoint %s or %s", src, dst)
@@ -53,10 +54,17 @@ func evaluate(src, dst audit.Endpoint) map[int]*audit.FamilyPolicy {
 				}
 			}
 		}
-		out[fam] = &audit.FamilyPolicy{Outcome: audit.OutcomeAllow, Allowed: 1, Total: 1, Summary: v}
-		if v.Verdict == "denied" || v.Verdict == "rejected" {
-			out[fam].Outcome, out[fam].Allowed = audit.OutcomeDeny, 0
+		f := &audit.FamilyPolicy{Outcome: audit.OutcomeAllow, Summary: v}
+		s, d := webtest.Lab[si], webtest.Lab[di]
+		for k := range 2 {
+			f.Pairs = append(f.Pairs, audit.PairVerdict{Src: s.Namespace + "/" + s.Name + "-1", Dst: d.Namespace + "/" + d.Name + "-" + strconv.Itoa(k),
+				SrcIP: podAddr(fam, si, 1).String(), DstIP: podAddr(fam, di, k).String(), Port: port, Verdict: v.Verdict, Ingress: v.Ingress})
 		}
+		f.Total, f.Allowed = len(f.Pairs), len(f.Pairs)
+		if v.Verdict == "denied" || v.Verdict == "rejected" {
+			f.Outcome, f.Allowed = audit.OutcomeDeny, 0
+		}
+		out[fam] = f
 	}
 	return out
 }
@@ -188,7 +196,7 @@ func (t NodeTracer) Trace(ctx context.Context, p traceflow.Probe) (traceflow.Pat
 	if !p.Src.Is4() {
 		fam = 6
 	}
-	fp := evaluate(src, dst)[fam]
+	fp := evaluate(src, dst, p.DstPort)[fam]
 	if fp.Outcome == audit.OutcomeError {
 		return traceflow.Path{Outcome: traceflow.TimedOut, Reason: "no node of the lab saw the probe"}, nil
 	}
@@ -223,10 +231,24 @@ func NewAudit() Audit { return Audit{&audit.Queries{}} }
 
 // Findings implements api.Audit.
 func (Audit) Findings(context.Context, audit.Window) (*audit.FindingsResponse, error) {
-	return &audit.FindingsResponse{DualStack: 1, Findings: []audit.Finding{
-		{Kind: audit.KindVerdictGap, Message: "shop/frontend → shop/db on TCP 5432 is allowed over IPv4 and denied over IPv6", Objects: []audit.Ref{{Kind: "Deployment", Namespace: "shop", Name: "frontend"}, {Kind: "StatefulSet", Namespace: "shop", Name: "db"}}, Port: 5432, Protocol: "TCP", Count: 3},
-		{Kind: audit.KindUnprotectedIngress, Message: "2 pods of Deployment infra/dns are not isolated for ingress", Objects: []audit.Ref{{Kind: "Deployment", Namespace: "infra", Name: "dns"}}, Count: 2},
-	}}, nil
+	frontend := audit.Ref{Kind: "Deployment", Namespace: "shop", Name: "frontend"}
+	db := audit.Ref{Kind: "StatefulSet", Namespace: "shop", Name: "db"}
+	as := func(r audit.Ref, role string) audit.Ref { r.Role = role; return r }
+	rule0 := int32(0)
+	// One finding of each kind the UI links differently, over the seeded
+	// flows.
+	fs := []audit.Finding{
+		{Kind: audit.KindVerdictGap, Message: "shop/frontend → shop/db on TCP 5432 is allowed over IPv4 and denied over IPv6", Objects: []audit.Ref{as(frontend, audit.RoleSource), as(db, audit.RoleDestination)}, Port: 5432, Protocol: "TCP", Count: 3},
+		{Kind: audit.KindIPBlockOneFamily, Message: "The ipBlocks of ingress rule 0 of NetworkPolicy shop/db-policy are IPv4 only", Port: 5432, Protocol: "TCP", Count: 3,
+			Objects: []audit.Ref{{Kind: "NetworkPolicy", Namespace: "shop", Name: "db-policy", Direction: "ingress", Rule: &rule0}, as(frontend, audit.RoleSource), as(db, audit.RoleDestination)}},
+		{Kind: audit.KindServiceSingleStack, Message: "Service shop/db is single-stack (IPv4) while 2 of its 2 pods are dual-stack", Port: 5432, Protocol: "TCP", Count: 2,
+			Objects: []audit.Ref{{Kind: "Service", Namespace: "shop", Name: "db", Role: audit.RoleDestination}, db}},
+		{Kind: audit.KindUnprotectedIngress, Message: "2 pods of Deployment infra/dns are not isolated for ingress", Objects: []audit.Ref{{Kind: "Deployment", Namespace: "infra", Name: "dns", Role: audit.RoleDestination}}, Count: 2},
+		{Kind: audit.KindUnprotectedEgress, Message: "3 pods of Deployment shop/cart are not isolated for egress", Objects: []audit.Ref{{Kind: "Deployment", Namespace: "shop", Name: "cart", Role: audit.RoleSource}}, Count: 3},
+		{Kind: audit.KindObservedVerdictGap, Message: "Flows shop/frontend → shop/db on 5432/TCP were allowed over IPv4 but denied over IPv6", Objects: []audit.Ref{as(frontend, audit.RoleSource), as(db, audit.RoleDestination)}, Port: 5432, Protocol: "TCP", Count: 1},
+	}
+	audit.Describe(fs)
+	return &audit.FindingsResponse{DualStack: 4, Findings: fs}, nil
 }
 
 // IdlePod, IdleWorkload and IdleService are objects of Catalog that no

@@ -860,9 +860,18 @@ function reachParams() {
   const f = $('#reach-form');
   return { sources: f.sources.value.trim().split('\n').join(','), destinations: f.destinations.value.trim().split('\n').join(','), protocol: f.protocol.value, port: f.port.value, since: f.since.value };
 }
+// reachProtocol shows what ICMP means and takes the port away from it
+// (ICMP has none).
+function reachProtocol() {
+  const f = $('#reach-form'), icmp = f.protocol.value === 'ICMP';
+  f.port.disabled = icmp;
+  if (icmp) f.port.value = '';
+  $('#reach-icmp-note').hidden = !icmp;
+}
 async function runReach(ev) {
   ev && ev.preventDefault();
   const f = $('#reach-form');
+  reachProtocol();
   const body = {
     sources: f.sources.value.split('\n').map(parseEndpoint).filter(Boolean),
     destinations: f.destinations.value.split('\n').map(parseEndpoint).filter(Boolean),
@@ -878,6 +887,7 @@ async function runReach(ev) {
     $('#reach-summary').textContent = `${m.asymmetric} of ${m.sources.length * m.destinations.length} cells differ between IPv4 and IPv6 (outlined)` +
       (disagree ? `, ${disagree} where policy and observed flows disagree (⚠)` : '') + ` · ${m.elapsed_ms} ms. Click a cell for its pairs and a dual trace.`;
     const out = $('#reach-out'); out.replaceChildren();
+    out.style.setProperty('--cols', m.destinations.length + 1);
     for (const fam of ['4', '6']) out.append(matrix(m, fam, body));
   } catch (e) { showError(e); $('#reach-summary').textContent = ''; }
   btn.disabled = false;
@@ -923,11 +933,14 @@ function outcomeLabel(f) {
   const o = String(f.outcome || 'unknown').replace(/_/g, ' ');
   return f.outcome === 'partial' ? o + ' ' + partialText(f) : o;
 }
+// epBreakable is an endpoint's label that a narrow column wraps after its
+// ':' and '/' rather than inside a name.
+const epBreakable = e => epLabel(e).split(/(?<=[:/])/).flatMap((part, i) => i ? [h('wbr'), part] : [part]);
 function matrix(m, fam, req) {
   const table = h('table', { class: 'reach', 'data-family': fam });
-  table.append(h('tr', {}, h('th', {}, 'from \\ to'), m.destinations.map(d => h('th', {}, epLabel(d)))));
+  table.append(h('tr', {}, h('th', {}, 'from \\ to'), m.destinations.map(d => h('th', { title: epLabel(d) }, epBreakable(d)))));
   m.sources.forEach((s, i) => {
-    const tr = h('tr', {}, h('th', { class: 'rowh' }, epLabel(s)));
+    const tr = h('tr', {}, h('th', { class: 'rowh', title: epLabel(s) }, epBreakable(s)));
     m.destinations.forEach((d, j) => {
       const c = m.cells[i][j], f = (c.families && c.families[fam]) || { outcome: 'unknown', observed: { flows: 0 } };
       const obs = f.observed || { flows: 0 };
@@ -957,7 +970,9 @@ function matrix(m, fam, req) {
 const knownFamilyKeys = ['outcome', 'reason', 'policy', 'policy_error', 'observed', 'trace', 'trace_id', 'trace_error', 'pairs', 'partial', 'pairs_allowed', 'pairs_total', 'pairs_truncated', 'mismatch'];
 // pairList renders a cell's pod pairs: "allowed ns/a-0 → ns/b-1 (addr →
 // addr:port) egress P ingress Q"; unknown fields are shown as they are.
-function pairList(pairs) {
+// With trace, a pair leaving from a pod has a "trace this pair" button
+// calling trace(pair).
+function pairList(pairs, trace) {
   const name = x => typeof x === 'object' && x ? (x.namespace ? x.namespace + '/' : '') + (x.name || x.ip || '') : (x || '');
   return h('ul', { class: 'pairs' }, pairs.map(p => {
     if (typeof p !== 'object' || p === null) return h('li', {}, String(p));
@@ -966,12 +981,14 @@ function pairList(pairs) {
     const rest = Object.entries(p).filter(([k]) => !known.includes(k));
     const addr = p.src_ip || p.dst_ip ? ' (' + (p.src_ip || '?') + ' → ' + (p.dst_ip || '?') + (p.port ? ' port ' + p.port : '') + (p.service_port ? ' from Service port ' + p.service_port : '') + ')' : (p.port ? ' port ' + p.port : '');
     const pols = [p.egress && 'egress ' + p.egress, p.ingress && 'ingress ' + p.ingress, p.policy && 'policy ' + p.policy].filter(Boolean).join(', ');
+    const traceable = trace && typeof p.src === 'string' && p.src.includes('/');
     return h('li', { class: 'pair', 'data-verdict': out }, h('span', { class: 'verdict ' + out }, out || '?'), ' ', name(p.src || p.source), ' → ', name(p.dst || p.destination),
       h('span', { class: 'muted' }, addr), pols ? h('span', { class: 'pol' }, ' · ' + pols) : '',
-      rest.length ? h('span', { class: 'muted' }, ' · ' + rest.map(([k, v]) => k + ' ' + (typeof v === 'object' ? JSON.stringify(v) : v)).join(', ')) : '');
+      rest.length ? h('span', { class: 'muted' }, ' · ' + rest.map(([k, v]) => k + ' ' + (typeof v === 'object' ? JSON.stringify(v) : v)).join(', ')) : '',
+      traceable ? [' ', h('button', { type: 'button', class: 'act tracepair', onclick: () => trace(p) }, 'trace this pair')] : '');
   }));
 }
-function familyDetails(fam, f) {
+function familyDetails(fam, f, tracePair) {
   const extra = Object.fromEntries(Object.entries(f).filter(([k]) => !knownFamilyKeys.includes(k)));
   const v = (f.observed && f.observed.verdicts) || {};
   return h('div', { class: 'famdetail v' + fam, 'data-family': fam },
@@ -986,7 +1003,7 @@ function familyDetails(fam, f) {
       observed: f.observed ? (f.observed.flows || 0) + ' flows' + (Object.keys(v).length ? ' (' + Object.entries(v).map(([k, n]) => n + ' ' + k).join(', ') + ')' : '') : '',
       'last seen': f.observed && f.observed.last_seen_ms ? fmtTimeZ(f.observed.last_seen_ms) : '',
     }),
-    Array.isArray(f.pairs) && f.pairs.length ? [h('h4', {}, (f.pairs_total || f.pairs.length) + ' pod pairs' + (f.pairs_total ? ', ' + (f.pairs_allowed || 0) + ' allowed' : '') + (f.pairs_truncated ? ' (first ' + f.pairs.length + ' listed)' : '')), pairList(f.pairs)] : null,
+    Array.isArray(f.pairs) && f.pairs.length ? [h('h4', {}, (f.pairs_total || f.pairs.length) + ' pod pairs' + (f.pairs_total ? ', ' + (f.pairs_allowed || 0) + ' allowed' : '') + (f.pairs_truncated ? ' (first ' + f.pairs.length + ' listed)' : '')), pairList(f.pairs, tracePair && (p => tracePair(p, fam)))] : null,
     Object.keys(extra).length ? kv(Object.fromEntries(Object.entries(extra).map(([k, x]) => [k.replace(/_/g, ' '), Array.isArray(x) && x.length && typeof x[0] === 'object' ? pairList(x) : x]))) : null);
 }
 // endpointFilter turns a reachability endpoint into flow filters.
@@ -1000,25 +1017,51 @@ function endpointFilter(e, s) {
   }
 }
 async function cellDetails(src, dst, req, cell, i, j) {
+  const icmp = req.protocol === 'ICMP';
   const flowsQ = Object.assign({ since: req.since, protocol: req.protocol, dst_port: req.port || '' }, endpointFilter(src, 'src'), endpointFilter(dst, 'dst'));
   const traceQ = { source: epLabel(src), destination: epLabel(dst), protocol: req.protocol, port: req.port || '', family: 'dual', run: 1 };
+  // The flows filter names one protocol: ICMP's cell has a link per family.
+  const flowLinks = icmp
+    ? [['4', 'ICMP'], ['6', 'ICMPv6']].map(([v, p]) => link(hashURL('flows', Object.assign({}, flowsQ, { protocol: p, ip_version: v, dst_port: '' })), p + ' flows (IPv' + v + ')'))
+    : [link(hashURL('flows', flowsQ), 'Flows of this cell'), link(hashURL('flows', Object.assign({ verdict: 'dropped' }, flowsQ)), 'Dropped flows')];
   const info = h('div', { class: 'celldetail', 'data-si': i, 'data-di': j },
-    h('p', { class: 'flowline' }, epLabel(src) + ' → ' + epLabel(dst) + ' · ' + req.protocol + (req.port ? ' ' + req.port : ' any port')),
+    h('p', { class: 'flowline' }, epLabel(src) + ' → ' + epLabel(dst) + ' · ' + (icmp ? 'ICMP (ICMPv6 over IPv6)' : req.protocol + (req.port ? ' ' + req.port : ' any port'))),
     (cell.reasons || []).length ? h('p', { class: 'verdict unavailable' }, cell.reasons.join('; ')) : null,
-    h('div', { class: 'actions' }, link(hashURL('flows', flowsQ), 'Flows of this cell'), link(hashURL('flows', Object.assign({ verdict: 'dropped' }, flowsQ)), 'Dropped flows'), link(hashURL('trace', traceQ), 'Open in Traceflow')),
-    Object.entries(cell.families || {}).sort().map(([fam, f]) => familyDetails(fam, f || {})),
-    h('h3', {}, 'Dual trace'),
+    h('div', { class: 'actions' }, flowLinks, link(hashURL('trace', traceQ), 'Open in Traceflow')),
+    Object.entries(cell.families || {}).sort().map(([fam, f]) => familyDetails(fam, f || {}, tracePair)),
+    h('h3', { id: 'cell-trace-title' }, 'Dual trace'),
     h('p', { class: 'muted', id: 'cell-trace-status' }, 'Running a dual trace…'));
   openDrawer('Reachability cell', info);
   const out = h('div', { class: 'traces' });
   info.append(out);
-  const status = $('#cell-trace-status');
-  try {
-    const r = await traceflow(traceRequest(src, dst, req.protocol, req.port, 'dual'),
-      secs => { status.textContent = 'Running the dual trace again in ' + secs + ' s (too many traces at once)…'; });
-    status.textContent = 'Dual trace done.';
-    renderTraces(out, r);
-  } catch (e) { status.textContent = errText(e); status.className = 'err'; }
+  // run traces one request into out; a later one (a pair's) wins over one
+  // still running.
+  let latest = 0;
+  async function run(body, what) {
+    const n = ++latest, status = $('#cell-trace-status');
+    $('#cell-trace-title').textContent = what;
+    status.textContent = 'Running the ' + what.toLowerCase() + '…'; status.className = 'muted';
+    if (n > 1) out.replaceChildren();
+    try {
+      const r = await traceflow(body, secs => { if (n === latest) status.textContent = 'Running the ' + what.toLowerCase() + ' again in ' + secs + ' s (too many traces at once)…'; });
+      if (n !== latest) return;
+      status.textContent = what + ' done.';
+      renderTraces(out, r);
+    } catch (e) { if (n === latest) { status.textContent = errText(e); status.className = 'err'; } }
+  }
+  // tracePair traces one listed pair: from its pod to its pod (or
+  // address) on the port it was evaluated at, over its family. The cell's
+  // dual trace goes between pods the server picks.
+  function tracePair(p, fam) {
+    const pod = x => parseEndpoint('pod:' + x);
+    const to = String(p.dst).includes('/') ? pod(p.dst) : { kind: 'ip', name: p.dst_ip || p.dst };
+    let body;
+    try { body = traceRequest(pod(p.src), to, req.protocol, p.port || req.port, 'ipv' + fam); } catch (e) { $('#cell-trace-status').textContent = errText(e); return; }
+    run(body, 'Trace of ' + p.src + ' → ' + p.dst + ' over IPv' + fam);
+  }
+  let body;
+  try { body = traceRequest(src, dst, req.protocol, req.port, 'dual'); } catch (e) { $('#cell-trace-status').textContent = errText(e); $('#cell-trace-status').className = 'err'; return; }
+  await run(body, 'Dual trace');
 }
 
 // ---- Traceflow ----
@@ -1080,8 +1123,13 @@ function hopText(o) {
 // path, or why it has none, once, in its own block (data-family 4 or 6).
 function renderTraces(out, r) {
   out.replaceChildren();
+  // The header names the pods traced (the server names the pods it picked
+  // for workloads in request): a trace is between two pods, not two
+  // workloads.
+  const q = r.request || {}, d = q.destination || {};
+  const ends = { src: q.source || q.source_workload || '', dst: d.pod || (d.service && 'service ' + d.service) || d.workload || '' };
+  const end = (name, addr) => name && addr ? name + ' (' + addr + ')' : name || addr || '?';
   if (r.id) {
-    const q = r.request || {}, d = q.destination || {};
     // The pods the server picked for workloads.
     const picked = [q.source_workload && 'from pod ' + q.source + ' of workload ' + q.source_workload, d.workload && 'to pod ' + d.pod + ' of workload ' + d.workload].filter(Boolean);
     out.append(h('p', { class: 'muted traceinfo' }, 'Trace ', h('code', {}, r.id), ' · ' + r.phase,
@@ -1103,7 +1151,7 @@ function renderTraces(out, r) {
     }));
     const traced = ['delivered', 'dropped', 'rejected'].includes(t.outcome);
     out.append(h('div', { class: 'trace v' + fam, 'data-family': fam, 'data-outcome': t.outcome },
-      h('h2', {}, famBadge(fam), t.src ? [' ', t.src, ' → ', t.dst] : ''),
+      h('h2', {}, famBadge(fam), ' ', end(ends.src, t.src), ' → ', end(ends.dst, t.dst)),
       h('p', {}, h('span', { class: 'verdict ' + t.outcome }, t.outcome),
         stop ? ' at ' + stop.node : '', stop && stop.policy ? ' by ' + stop.policy : '',
         t.dst_port ? h('span', { class: 'muted' }, ' · ' + t.protocol + ' port ' + t.dst_port) : ''),
@@ -1118,20 +1166,39 @@ function refEndpoint(o) {
   const kind = o.kind === 'Pod' ? 'pod' : o.kind === 'Service' ? 'service' : 'workload';
   return { kind, namespace: o.namespace, name: o.name };
 }
+// findingLinks asks about the traffic a finding is about: its objects of
+// role source and destination (the other side, when it has none, is a few
+// workloads of the live view), on its port. A verdict gap links its
+// denied flows, any other finding the flows of its ends.
 function findingLinks(f) {
-  const eps = (f.objects || []).filter(o => o.kind !== 'NetworkPolicy').map(refEndpoint);
+  const objs = (f.objects || []).filter(o => o.kind !== 'NetworkPolicy');
   const pols = (f.objects || []).filter(o => o.kind === 'NetworkPolicy');
-  const base = { protocol: f.protocol || '', port: f.port || '' };
+  let srcs = objs.filter(o => o.role === 'source').map(refEndpoint), dsts = objs.filter(o => o.role === 'destination').map(refEndpoint);
+  if (!objs.some(o => o.role) && objs.length) {
+    // A server without roles: the first two objects, as before.
+    [srcs, dsts] = objs.length >= 2 ? [[refEndpoint(objs[0])], [refEndpoint(objs[1])]] : [[], [refEndpoint(objs[0])]];
+  }
   const links = [];
-  if (eps.length >= 2) {
-    const [s, d] = eps;
-    links.push(link(hashURL('flows', Object.assign({ since: '24h', verdict: 'dropped', dst_port: f.port || '' }, endpointFilter(s, 'src'), endpointFilter(d, 'dst'))), 'Denied flows', 'flows of this pair the policies dropped'));
-    links.push(link(hashURL('reach', { sources: epLabel(s), destinations: epLabel(d), protocol: base.protocol || 'TCP', port: base.port, run: 1, cell: '0,0' }), 'Reachability cell'));
-    links.push(link(hashURL('trace', { source: epLabel(s), destination: epLabel(d), protocol: base.protocol || 'TCP', port: base.port, family: 'dual', run: 1 }), 'Dual trace'));
-  } else if (eps.length === 1) {
-    const d = eps[0];
-    links.push(link(hashURL('flows', Object.assign({ since: '24h', verdict: 'dropped' }, endpointFilter(d, 'dst'))), 'Denied flows'));
-    links.push(link(hashURL('reach', { sources: catalog.workloads.filter(w => 'workload:' + w !== epLabel(d)).slice(0, 3).map(w => 'workload:' + w).join(','), destinations: epLabel(d), protocol: base.protocol || 'TCP', port: base.port, run: 1 }), 'Reachability to it'));
+  if (srcs.length || dsts.length) {
+    // The other side is never one of the finding's objects (a Service's
+    // backends included).
+    const ends = [...srcs, ...dsts].map(epLabel), mine = [...ends, ...objs.map(o => epLabel(refEndpoint(o)))];
+    const others = n => catalog.workloads.map(w => parseEndpoint('workload:' + w)).filter(e => !mine.includes(epLabel(e))).slice(0, n);
+    const protocol = f.protocol === 'ICMPv6' ? 'ICMP' : f.protocol || 'TCP';
+    const port = /^ICMP/.test(protocol) ? '' : f.port || '';
+    const gap = /verdict-gap$/.test(f.kind);
+    const flowsQ = Object.assign({ since: '24h', dst_port: port }, gap ? { verdict: 'dropped' } : {},
+      srcs.length ? endpointFilter(srcs[0], 'src') : {}, dsts.length ? endpointFilter(dsts[0], 'dst') : {});
+    links.push(link(hashURL('flows', flowsQ), gap ? 'Denied flows' : 'Flows', gap ? 'flows of this pair the policies dropped' : 'flows of ' + ends.slice(0, 2).join(' → ')));
+    const rs = srcs.length ? srcs : others(3), rd = dsts.length ? dsts : others(3);
+    const one = rs.length === 1 && rd.length === 1;
+    links.push(link(hashURL('reach', { sources: rs.map(epLabel).join(','), destinations: rd.map(epLabel).join(','), protocol, port, run: 1, cell: one ? '0,0' : '' }),
+      one ? 'Reachability cell' : srcs.length && !dsts.length ? 'Reachability from it' : !srcs.length ? 'Reachability to it' : 'Reachability'));
+    const ts = rs.find(e => e.kind === 'pod' || e.kind === 'workload');
+    // A trace needs a port for TCP, UDP and SCTP.
+    if (ts && rd.length && (port || /^ICMP/.test(protocol))) {
+      links.push(link(hashURL('trace', { source: epLabel(ts), destination: epLabel(rd[0]), protocol, port, family: 'dual', run: 1 }), 'Dual trace'));
+    }
   }
   for (const p of pols) links.push(link(hashURL('flows', { since: '24h', policy: p.namespace + '/' + p.name }), 'Flows of ' + p.name));
   return h('div', { class: 'actions' }, links);
@@ -1142,10 +1209,14 @@ async function loadAudit() {
   try {
     const r = await api('/audit/findings');
     banner('');
-    $('#audit-summary').textContent = `${r.findings.length} findings, ${r.dual_stack} dual-stack gaps (listed first).`;
-    list.replaceChildren(...r.findings.map(f => h('li', { class: f.kind.startsWith('dual-stack-') ? 'dual' : '', 'data-kind': f.kind },
-      h('div', { class: 'kind' }, f.kind, f.port ? ' · ' + (f.protocol || '') + ' ' + f.port : '', f.count ? ' · ' + f.count + ' flows' : ''),
+    const sev = ['high', 'medium', 'low'].map(s => [s, r.findings.filter(f => f.severity === s).length]).filter(([, n]) => n).map(([s, n]) => n + ' ' + s);
+    $('#audit-summary').textContent = `${r.findings.length} findings` + (sev.length ? ' (' + sev.join(', ') + ')' : '') + `, ${r.dual_stack} dual-stack gaps (listed first).`;
+    // "3 pods", "1 pod pair": what the count counts, from the finding.
+    const counted = f => f.count ? ' · ' + f.count + (f.unit ? ' ' + (f.count === 1 ? f.unit.replace(/s$/, '') : f.unit) : '') : '';
+    list.replaceChildren(...r.findings.map(f => h('li', { class: f.kind.startsWith('dual-stack-') ? 'dual' : '', 'data-kind': f.kind, 'data-severity': f.severity || '' },
+      h('div', { class: 'kind' }, f.severity ? h('span', { class: 'sev ' + f.severity }, f.severity) : '', f.kind, f.port ? ' · ' + (f.protocol || '') + ' ' + f.port : '', counted(f)),
       h('div', {}, f.message),
+      f.fix ? h('div', { class: 'fix' }, h('b', {}, 'Fix: '), f.fix) : null,
       h('div', { class: 'objs' }, (f.objects || []).map(o => o.kind + ' ' + (o.namespace ? o.namespace + '/' : '') + o.name + (o.direction ? ' (' + o.direction + (o.rule !== undefined ? ' rule ' + o.rule : '') + ')' : '')).join(' · ')),
       findingLinks(f))));
   } catch (e) { $('#audit-summary').textContent = ''; list.replaceChildren(h('li', { class: 'err' }, errText(e))); }
@@ -1275,9 +1346,12 @@ async function enterReach(params) {
   if (params.has('sources') || params.has('destinations')) {
     f.sources.value = (params.get('sources') || '').split(',').join('\n');
     f.destinations.value = (params.get('destinations') || '').split(',').join('\n');
-    f.protocol.value = params.get('protocol') || 'TCP';
+    // ICMP and ICMPv6 are one question.
+    f.protocol.value = (params.get('protocol') || 'TCP').toUpperCase().replace(/^ICMPV6$/, 'ICMP');
+    if (!f.protocol.value) f.protocol.value = 'TCP';
     f.port.value = params.get('port') || '';
     if (params.get('since')) f.since.value = params.get('since');
+    reachProtocol();
   } else if (!f.sources.value.trim()) {
     await loadCatalog();
     const ws = catalog.workloads.map(w => 'workload:' + w);
@@ -1400,6 +1474,7 @@ function init() {
   $('#charts-form').addEventListener('submit', e => { e.preventDefault(); loadCharts(); });
   for (const sel of ['#charts-form select', '#map-form select']) document.querySelectorAll(sel).forEach(s => s.addEventListener('change', () => s.form.requestSubmit()));
   $('#reach-form').addEventListener('submit', runReach);
+  $('#reach-form').protocol.addEventListener('change', reachProtocol);
   // The adders put a suggested endpoint on its own line of the list.
   document.querySelectorAll('#reach-form .adder').forEach(inp => {
     const add = () => {
