@@ -455,6 +455,9 @@ type gap struct {
 	allow, deny     policy.Decision
 	dir             policy.Direction
 	firstSrc, first *enrich.Pod
+	// why is the denied family's explanation for the first pod pair
+	// (Auditor.Explain's sentence).
+	why string
 }
 
 func verdictGaps(view *enrich.Snapshot, set *policy.Set, classes []*podClass, opt Options) []Finding {
@@ -489,9 +492,9 @@ func verdictGaps(view *enrich.Snapshot, set *policy.Set, classes []*podClass, op
 				if r4.Allowed() == r6.Allowed() {
 					continue
 				}
-				allowedV, ok, bad := uint8(4), r4, r6
+				allowedV, ok, bad, badFlow := uint8(4), r4, r6, &f6
 				if r6.Allowed() {
-					allowedV, ok, bad = 6, r6, r4
+					allowedV, ok, bad, badFlow = 6, r6, r4, &f4
 				}
 				dir := policy.Egress
 				if bad.Egress.Allowed() {
@@ -501,6 +504,8 @@ func verdictGaps(view *enrich.Snapshot, set *policy.Set, classes []*podClass, op
 				g := gaps[k]
 				if g == nil {
 					g = &gap{key: k, allow: ok.Side(dir), deny: bad.Side(dir), dir: dir, firstSrc: sc.rep, first: dc.rep}
+					d, _ := explainDenial(set, badFlow, sc.rep.Namespace+"/"+sc.rep.Name, dc.rep.Namespace+"/"+dc.rep.Name)
+					g.why = d.Text
 					gaps[k] = g
 				}
 				g.pairs += pairs
@@ -512,9 +517,13 @@ func verdictGaps(view *enrich.Snapshot, set *policy.Set, classes []*podClass, op
 		src, dst := workloadRef(k.srcNS, k.src), workloadRef(k.dstNS, k.dst)
 		other := uint8(10 - k.allowedV)
 		total := totals[wpair{k.srcNS, k.dstNS, k.src, k.dst}]
-		msg := fmt.Sprintf("%s → %s on %d/%s is allowed over IPv%d but denied over IPv%d (%d of %d dual-stack pod pairs): IPv%d %s, IPv%d %s.",
+		why := fmt.Sprintf("IPv%d %s", other, explain(g.deny, g.dir))
+		if g.why != "" {
+			why = fmt.Sprintf("IPv%d: %s", other, g.why) // the one explanation of a drop
+		}
+		msg := fmt.Sprintf("%s → %s on %d/%s is allowed over IPv%d but denied over IPv%d (%d of %d dual-stack pod pairs): IPv%d %s; %s.",
 			src, dst, k.port, ProtoName(k.proto), k.allowedV, other, g.pairs, total,
-			k.allowedV, explain(g.allow, g.dir), other, explain(g.deny, g.dir))
+			k.allowedV, explain(g.allow, g.dir), why)
 		out = append(out, Finding{Kind: KindVerdictGap, Message: msg, Port: k.port, Protocol: ProtoName(k.proto), Count: g.pairs,
 			Objects: append([]Ref{src.as(RoleSource), dst.as(RoleDestination)}, decisionRefs(g.dir, g.allow, g.deny)...)})
 	}

@@ -162,7 +162,8 @@ func TestIPBlockBothFamilies(t *testing.T) {
 	inv = enrich.NewSnapshot(append(objs, p)...)
 	gaps = findingsOf(DualStackGaps(inv, set, Options{}), KindVerdictGap)
 	if len(gaps) != 1 || !strings.Contains(gaps[0].Message, "Pod ns/p0 → Pod ns/p1 on 80/TCP is allowed over IPv4 but denied over IPv6") ||
-		!strings.Contains(gaps[0].Message, "isolates the source for egress") {
+		!strings.HasSuffix(gaps[0].Message, "IPv6: egress denied by ns/egress, which isolates ns/p0: no egress rule of ns/egress allows IPv6 TCP/80 (http) to ns/p1; "+
+			"nearest: ns/egress rule 0 matches every port but no ipBlock contains fd00:10:1::2.") {
 		t.Fatalf("gaps %+v", gaps)
 	}
 	if fs := findingsOf(DualStackGaps(inv, set, Options{MaxPairs: 1}), KindTruncated); len(fs) != 1 {
