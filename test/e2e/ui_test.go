@@ -596,14 +596,7 @@ func (u *uiEnv) checkTrace(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	family := map[manifest.Mode]string{manifest.ModeIPv4: "ipv4", manifest.ModeIPv6: "ipv6", manifest.ModeDual: "dual"}[u.mode]
-	u.do(t, chromedp.Navigate(u.base+"/#/trace?source=pod:"+web1.Namespace+"/"+web1.Name+"&destination=service:backend/api&protocol=TCP&port=80"),
-		chromedp.WaitVisible(chromedp.CSS(`#trace-form`)),
-		chromedp.SetValue(chromedp.CSS(`#trace-form [name=family]`), family),
-		chromedp.Click(chromedp.CSS(`#trace-form button[type=submit]`)))
-	u.wait(t, "the traces", 60*time.Second,
-		`!document.querySelector('#trace-form button[type=submit]').disabled && document.querySelectorAll('#trace-out .trace').length > 0`,
-		`({banner: document.querySelector('#banner').textContent, out: document.querySelector('#trace-out').innerText})`)
+	u.trace(t, "pod:"+web1.Namespace+"/"+web1.Name, "service:backend/api", 80)
 	u.screenshot(t, "trace")
 	type trace struct {
 		Family, Outcome, Verdict, Head string
@@ -638,6 +631,20 @@ func (u *uiEnv) checkTrace(t *testing.T) {
 	}
 }
 
+// trace runs a TCP trace from src to dst on port in the mode's families
+// through the Traceflow page's form, and waits for its result.
+func (u *uiEnv) trace(t *testing.T, src, dst string, port int) {
+	t.Helper()
+	family := map[manifest.Mode]string{manifest.ModeIPv4: "ipv4", manifest.ModeIPv6: "ipv6", manifest.ModeDual: "dual"}[u.mode]
+	u.do(t, chromedp.Navigate(u.base+"/#/trace?source="+src+"&destination="+dst+"&protocol=TCP&port="+strconv.Itoa(port)),
+		chromedp.WaitVisible(chromedp.CSS(`#trace-form`)),
+		chromedp.SetValue(chromedp.CSS(`#trace-form [name=family]`), family),
+		chromedp.Click(chromedp.CSS(`#trace-form button[type=submit]`)))
+	u.wait(t, "the traces", 60*time.Second,
+		`!document.querySelector('#trace-form button[type=submit]').disabled && document.querySelectorAll('#trace-out .trace').length > 0`,
+		`({banner: document.querySelector('#banner').textContent, out: document.querySelector('#trace-out').innerText})`)
+}
+
 // checkDrop: a denied connection (tools/probe-1 → backend/api@1:8080, the
 // default deny) reads the one explanation of a drop in a trace, whose
 // reason it is (the datapath's rule a detail, not the policy), and in the
@@ -652,14 +659,7 @@ func (u *uiEnv) checkDrop(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := "ingress denied by backend/" + manifest.PolicyDefaultDeny + ", which isolates backend/" + api1.Name + ": no ingress rule of "
-	family := map[manifest.Mode]string{manifest.ModeIPv4: "ipv4", manifest.ModeIPv6: "ipv6", manifest.ModeDual: "dual"}[u.mode]
-	u.do(t, chromedp.Navigate(u.base+"/#/trace?source=pod:"+probe1.Namespace+"/"+probe1.Name+"&destination=pod:backend/"+api1.Name+"&protocol=TCP&port=8080"),
-		chromedp.WaitVisible(chromedp.CSS(`#trace-form`)),
-		chromedp.SetValue(chromedp.CSS(`#trace-form [name=family]`), family),
-		chromedp.Click(chromedp.CSS(`#trace-form button[type=submit]`)))
-	u.wait(t, "the traces", 60*time.Second,
-		`!document.querySelector('#trace-form button[type=submit]').disabled && document.querySelectorAll('#trace-out .trace').length > 0`,
-		`({banner: document.querySelector('#banner').textContent, out: document.querySelector('#trace-out').innerText})`)
+	u.trace(t, "pod:"+probe1.Namespace+"/"+probe1.Name, "pod:backend/"+api1.Name, 8080)
 	u.screenshot(t, "trace-drop")
 	type trace struct {
 		Family, Outcome, Reason string
