@@ -619,8 +619,10 @@ func (u *uiEnv) checkTrace(t *testing.T) {
 		if tr.Family == "6" {
 			fam = corev1.IPv6Protocol
 		}
-		if a, ok := manifest.ServiceAddr(svc, fam); !ok || !strings.HasSuffix(tr.Head, "→ "+a.String()) {
-			t.Errorf("IPv%s trace headed %q, want to the ClusterIP %v", tr.Family, tr.Head, a)
+		// The header names the pod and the Service with their addresses.
+		if a, ok := manifest.ServiceAddr(svc, fam); !ok || !strings.Contains(tr.Head, web1.Namespace+"/"+web1.Name+" (") ||
+			!strings.HasSuffix(tr.Head, "→ service backend/api ("+a.String()+")") {
+			t.Errorf("IPv%s trace headed %q, want from %s to the Service's ClusterIP %v", tr.Family, tr.Head, web1.Name, a)
 		}
 	}
 	if !slices.Equal(fams, u.fams) {
