@@ -57,8 +57,8 @@ func seedGroups(t *testing.T) *store.Embedded {
 		end := seedNow.Add(-time.Duration(10+i) * time.Minute)
 		rec := flow.Record{FlowStart: end.Add(-time.Second), FlowEnd: end, TimeReceived: end,
 			SrcAddr: src, DstAddr: dst, SrcPort: uint16(41000 + i), DstPort: g.port, Proto: flow.ProtoTCP, ExporterNode: "node-a", Source: "conntrack",
-			Src:     flow.Endpoint{PodNamespace: "client", PodName: "client-0", WorkloadKind: "Deployment", WorkloadName: "client", NodeName: "node-a"},
-			Egress:  flow.Policy{Rule: -1, Verdict: flow.VerdictNotIsolated}, Ingress: flow.Policy{Rule: -1, Verdict: flow.VerdictNotIsolated},
+			Src:    flow.Endpoint{PodNamespace: "client", PodName: "client-0", WorkloadKind: "Deployment", WorkloadName: "client", NodeName: "node-a"},
+			Egress: flow.Policy{Rule: -1, Verdict: flow.VerdictNotIsolated}, Ingress: flow.Policy{Rule: -1, Verdict: flow.VerdictNotIsolated},
 			PacketsDelta: 10, BytesDelta: g.bytes}
 		if g.ns != "" {
 			rec.Dst = flow.Endpoint{PodNamespace: g.ns, PodName: g.ns + "-0", WorkloadKind: "Deployment", WorkloadName: g.ns, NodeName: "node-b"}
