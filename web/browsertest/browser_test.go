@@ -654,6 +654,10 @@ func TestCharts(t *testing.T) {
 			t.Errorf("%s namespaces %v", chart, got)
 		}
 	}
+	// Without hover a group of both families shows each one's total.
+	if v := eval[string](t, ctx, `[...document.querySelectorAll('#chart-bytes .u-legend .u-series')].find(r => r.querySelector('.u-label').textContent === 'shop').querySelector('.u-value').textContent`); !strings.HasPrefix(v, "Σ ") || !strings.Contains(v, "(IPv4 ") || !strings.Contains(v, " · IPv6 ") {
+		t.Errorf("shop legend %q, want the total and each family's", v)
+	}
 	if h := eval[string](t, ctx, `location.hash`); !strings.Contains(h, "dimension=namespace") {
 		t.Errorf("hash %s lacks the dimension", h)
 	}

@@ -577,7 +577,8 @@ function familyChart(el, title, w, xs, v4, v6, unit, fmt, opts) {
 // seriesChart draws groups ([{label, colour, vals, dash}], one value per
 // bucket, the first at the bottom) as opts.mode: stacked bars, a line
 // each, or percent: stacked bars of each group's share of its bucket (a
-// bucket with traffic sums to 100). opts.prev (not in percent mode) adds
+// bucket with traffic sums to 100); a group with fam ({4, 6}: its window
+// total per family) shows both in its legend. opts.prev (not in percent mode) adds
 // the previous period's total per bucket as a dashed line. Without hover
 // the legend shows the window's totals (in percent mode each group's
 // share of the window), with it the bucket's values. The uPlot instance is
@@ -589,7 +590,9 @@ function seriesChart(el, title, w, xs, groups, unit, fmt, opts) {
   const pct = mode === 'percent';
   const fmtPct = v => (Math.round(v * 10) / 10) + '%';
   const shown = pct ? groups.map(g => ({ ...g, vals: g.vals.map((v, i) => totals[i] ? 100 * v / totals[i] : 0) })) : groups;
-  const val = (g, raw) => (u, v, si, i) => i == null ? (pct ? fmtPct(all ? 100 * sum(raw.vals) / all : 0) : 'Σ ' + fmt(sum(raw.vals))) : (pct ? fmtPct(g.vals[i]) : fmt(g.vals[i]));
+  // A group of both families says how much is each's (raw.fam).
+  const split = raw => raw.fam && raw.fam[4] && raw.fam[6] ? ' (IPv4 ' + fmt(raw.fam[4]) + ' · IPv6 ' + fmt(raw.fam[6]) + ')' : '';
+  const val = (g, raw) => (u, v, si, i) => i == null ? (pct ? fmtPct(all ? 100 * sum(raw.vals) / all : 0) : 'Σ ' + fmt(sum(raw.vals)) + split(raw)) : (pct ? fmtPct(g.vals[i]) : fmt(g.vals[i]));
   let series, data;
   if (mode === 'lines') {
     series = shown.map(g => ({ label: g.label, stroke: g.colour, fill: g.colour + '22', width: 2, dash: g.dash, points: { show: false }, value: val(g, g) }));
@@ -651,7 +654,7 @@ function familyTotals(s) {
 }
 // chartGroups turns a summary into the groups of one metric (bytes or
 // flows), one value per bucket: per family, or with s.dimension per group
-// of it, both families summed (the top groups by the window's bytes first,
+// of it, both families summed, with each family's total in fam (the top groups by the window's bytes first,
 // "(other)" last, as the store ordered them).
 function chartGroups(s, w, d, metric) {
   if (!s.dimension) return [{ label: 'IPv4', colour: C4, vals: d[metric][4] }, { label: 'IPv6', colour: C6, vals: d[metric][6] }];
@@ -660,8 +663,8 @@ function chartGroups(s, w, d, metric) {
   for (const g of s.groups || []) {
     const i = idx[Math.floor(g.time_ms / 1000)];
     if (i === undefined) continue;
-    if (!by.has(g.group)) by.set(g.group, { label: g.group, vals: new Array(w.n).fill(0), bytes: 0 });
-    const e = by.get(g.group); e.vals[i] += g[metric]; e.bytes += g.bytes;
+    if (!by.has(g.group)) by.set(g.group, { label: g.group, vals: new Array(w.n).fill(0), bytes: 0, fam: { 4: 0, 6: 0 } });
+    const e = by.get(g.group); e.vals[i] += g[metric]; e.bytes += g.bytes; e.fam[g.ip_version] += g[metric];
   }
   const list = [...by.values()].filter(e => e.label !== '(other)').sort((x, y) => y.bytes - x.bytes || (x.label < y.label ? -1 : 1));
   list.forEach((e, k) => { e.colour = s.dimension === 'family' ? (e.label === 'IPv6' ? C6 : C4) : groupColours[k % groupColours.length]; });
