@@ -22,6 +22,40 @@ type Summary struct {
 	// DropsByPolicy is asked for with policies=N: the dropped flows of
 	// the N policies that dropped most, per family.
 	DropsByPolicy []PolicyDrops `json:"drops_by_policy,omitempty"`
+	// Dimension and Groups are asked for with dimension=D: the traffic
+	// per step, family and group of D, for the top groups of the window
+	// (both families together; the rest summed as OtherGroup).
+	Dimension string       `json:"dimension,omitempty"`
+	Groups    []GroupPoint `json:"groups,omitempty"`
+}
+
+// GroupPoint is the traffic of one group of the summary's dimension, in
+// one family and step.
+type GroupPoint struct {
+	TimeMs    int64  `json:"time_ms"`
+	IPVersion int    `json:"ip_version"`
+	Group     string `json:"group"`
+	Bytes     uint64 `json:"bytes"`
+	Flows     uint64 `json:"flows"`
+}
+
+// OtherGroup is the group of all but the top groups; NoNamespace that of
+// flows to an end with no pod namespace (an address outside the cluster,
+// a node). Neither can be a Kubernetes name, a port or a family.
+const (
+	OtherGroup  = "(other)"
+	NoNamespace = "(none)"
+)
+
+// dimensions are the group-by columns of the summary, all of the
+// destination (where a flow goes), as expressions over the flows table.
+// namespace and workload are columns of the edges projections; the port
+// is read from rows.
+var dimensions = map[string]string{
+	"namespace": "if(dst_pod_namespace = '', '" + NoNamespace + "', dst_pod_namespace)",
+	"workload":  "dst_label",
+	"port":      "toString(dst_port)",
+	"family":    "concat('IPv', toString(ip_version))",
 }
 
 // PolicyDrops counts the dropped flows of one family that one policy
@@ -71,7 +105,7 @@ const (
 
 func (a *API) summary(c *gin.Context) (any, error) {
 	q := c.Request.URL.Query()
-	f, err := parseFilter(q, a.cfg.Now(), "step", "top", "policies")
+	f, err := parseFilter(q, a.cfg.Now(), "step", "top", "policies", "dimension")
 	if err != nil {
 		return nil, err
 	}
@@ -99,33 +133,64 @@ func (a *API) summary(c *gin.Context) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	dim := q.Get("dimension")
+	if _, ok := dimensions[dim]; dim != "" && !ok {
+		return nil, fieldErr("dimension", "want namespace, workload, port or family")
+	}
 	ctx, cancel := context.WithTimeout(c.Request.Context(), a.cfg.QueryTimeout)
 	defer cancel()
 	s, err := a.querySummary(ctx, f, step, top)
-	if err != nil || policies == 0 {
-		return s, err
+	if err != nil {
+		return nil, err
 	}
-	s.DropsByPolicy, err = a.queryDropsByPolicy(ctx, f, policies)
+	if dim != "" {
+		s.Dimension = dim
+		if s.Groups, err = a.queryGroups(ctx, f, step, dimensions[dim], top); err != nil {
+			return nil, err
+		}
+	}
+	if policies > 0 {
+		s.DropsByPolicy, err = a.queryDropsByPolicy(ctx, f, policies)
+	}
 	return s, err
+}
+
+// seriesSQL is the per-step rows of f grouped by group plus the step's
+// time_ms: the buckets are whole minutes (or hours) when the step is, and
+// then the minute (hour) tiers sum them from the projections; any other
+// step reads rows. cols is the SELECT list after time_ms.
+func (a *API) seriesSQL(f *Filter, secs int64, cols, group string) string {
+	body := func(ts string) string {
+		return fmt.Sprintf(`toUnixTimestamp(toStartOfInterval(%s, INTERVAL %d SECOND)) * 1000 AS time_ms, %s`, ts, secs, cols)
+	}
+	group = "time_ms, " + group
+	if secs%60 == 0 {
+		return a.tieredSQL(f, secs%3600 == 0, body, group)
+	}
+	return chsql.Select{Cols: body(chsql.FlowEndCol), From: a.table, Where: f.where(), GroupBy: group}.String()
+}
+
+// queryGroups sums f's traffic per step, family and group of the
+// dimension expression dim, for the top groups by bytes over the window
+// (both families together); the others' traffic is summed as OtherGroup.
+func (a *API) queryGroups(ctx context.Context, f *Filter, step time.Duration, dim string, top int) ([]GroupPoint, error) {
+	parts := "(" + a.seriesSQL(f, int64(step/time.Second), "ip_version, "+dim+" AS grp, sum(bytes + reverse_bytes) AS b, count() AS n", "ip_version, grp") + ")"
+	topGroups := chsql.Select{Cols: "grp", From: parts, GroupBy: "grp", OrderBy: "sum(b) DESC, sum(n) DESC, grp", Limit: top}.String()
+	q := chsql.Select{Cols: "time_ms, ip_version, if(grp IN (" + topGroups + "), grp, '" + OtherGroup + "') AS `group`, sum(b) AS bytes, sum(n) AS flows",
+		From: parts, GroupBy: "time_ms, ip_version, `group`", OrderBy: "time_ms, ip_version, `group`", Settings: jsonSettings}.String()
+	rows := []GroupPoint{}
+	if err := decodeRows(ctx, a, q, &rows); err != nil {
+		return nil, err
+	}
+	return rows, nil
 }
 
 func (a *API) querySummary(ctx context.Context, f *Filter, step time.Duration, top int) (*Summary, error) {
 	secs := int64(step / time.Second)
 	s := &Summary{StepSeconds: secs, Series: []SeriesPoint{}, Talkers: []Talker{}, Families: []FamilyTotal{}}
-	// The series buckets are whole minutes (or hours) when the step is:
-	// then a bucket of a minute's start holds all of that minute's rows,
-	// and the minute (hour) tiers sum them from series_1m (edges_1h).
-	// Any other step reads rows.
-	var parts string
-	bucket := func(ts string) string {
-		return fmt.Sprintf(`toUnixTimestamp(toStartOfInterval(%s, INTERVAL %d SECOND)) * 1000 AS time_ms, ip_version, verdict_class, sum(bytes + reverse_bytes) AS b, count() AS n`, ts, secs)
-	}
-	const seriesGroup = "time_ms, ip_version, verdict_class"
-	if secs%60 == 0 {
-		parts = a.tieredSQL(f, secs%3600 == 0, bucket, seriesGroup)
-	} else {
-		parts = chsql.Select{Cols: bucket(chsql.FlowEndCol), From: a.table, Where: f.where(), GroupBy: seriesGroup}.String()
-	}
+	// A bucket of a minute's start holds all of that minute's rows, which
+	// the minute (hour) tiers sum from series_1m (edges_1h).
+	parts := a.seriesSQL(f, secs, "ip_version, verdict_class, sum(bytes + reverse_bytes) AS b, count() AS n", "ip_version, verdict_class")
 	series := chsql.Select{Cols: "time_ms, ip_version, sum(b) AS bytes, sum(n) AS flows, sumIf(n, verdict_class = 'dropped') AS dropped",
 		From: "(" + parts + ")", GroupBy: "time_ms, ip_version", OrderBy: "time_ms, ip_version", Settings: jsonSettings}.String()
 	talkers := chsql.Select{Cols: "src, dst, ip_version, sum(b) AS bytes, sum(n) AS flows", From: "(" + a.tieredSQL(f, true, func(string) string {

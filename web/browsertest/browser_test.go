@@ -625,6 +625,83 @@ func TestCharts(t *testing.T) {
 		t.Errorf("drops by policy %v, IPv6 total %q", drops, total)
 	}
 	screenshot(t, ctx, "charts")
+	// The previous period (the hour before) is a dashed total on bytes
+	// and flows, of as many buckets.
+	for _, chart := range []string{"#chart-bytes", "#chart-flows"} {
+		prev := eval[struct {
+			Dashed bool
+			N      int
+		}](t, ctx, `(u => { const i = u.series.findIndex(s => s.label === 'previous period'); return i < 0 ? {} : { Dashed: !!u.series[i].dash, N: u.data[i].length }; })(document.querySelector('`+chart+`').uplot)`)
+		if !prev.Dashed || prev.N != 60 {
+			t.Errorf("%s previous period %+v, want a dashed series of 60 buckets", chart, prev)
+		}
+	}
+	// Group by a dimension: the legends name its groups, computed in the
+	// store (the lab's destination namespaces, ports, labels).
+	labels := func(chart string) []string {
+		return eval[[]string](t, ctx, `document.querySelector('`+chart+`').uplot.series.slice(1).map(s => s.label).filter(l => l !== 'previous period').sort()`)
+	}
+	choose := func(field, value, title string) {
+		t.Helper()
+		do(t, ctx,
+			js(`{ const s = document.querySelector('#charts-form [name=`+field+`]'); s.value = '`+value+`'; s.dispatchEvent(new Event('change')) }`),
+			poll(`(el => el?.uplot && el.dataset.mode === document.querySelector('#charts-form').mode.value && el.uplot.root.querySelector('.u-title').textContent.includes('`+title+`'))(document.querySelector('#chart-flows'))`),
+		)
+	}
+	choose("dimension", "namespace", "per namespace")
+	for _, chart := range []string{"#chart-bytes", "#chart-flows"} {
+		if got := labels(chart); !slices.Equal(got, []string{"infra", "shop"}) {
+			t.Errorf("%s namespaces %v", chart, got)
+		}
+	}
+	// Without hover a group of both families shows each one's total.
+	if v := eval[string](t, ctx, `[...document.querySelectorAll('#chart-bytes .u-legend .u-series')].find(r => r.querySelector('.u-label').textContent === 'shop').querySelector('.u-value').textContent`); !strings.HasPrefix(v, "Σ ") || !strings.Contains(v, "(IPv4 ") || !strings.Contains(v, " · IPv6 ") {
+		t.Errorf("shop legend %q, want the total and each family's", v)
+	}
+	if h := eval[string](t, ctx, `location.hash`); !strings.Contains(h, "dimension=namespace") {
+		t.Errorf("hash %s lacks the dimension", h)
+	}
+	choose("top", "5", "per namespace")
+	choose("dimension", "port", "per port")
+	if got := labels("#chart-bytes"); !slices.Equal(got, []string{"53", "5432", "8080"}) {
+		t.Errorf("ports %v", got)
+	}
+	// 100%: each bucket with traffic sums to 100 (the top of the stack),
+	// an empty one to 0; no previous period on a share.
+	choose("mode", "percent", "share of each bucket")
+	type shares struct {
+		Hundred, Zero, Other int
+		Prev                 bool
+	}
+	for _, chart := range []string{"#chart-bytes", "#chart-flows"} {
+		sh := eval[shares](t, ctx, `(u => { const r = { Hundred: 0, Zero: 0, Other: 0, Prev: u.series.some(s => s.label === 'previous period') };
+			for (const v of u.data[1]) { if (Math.abs(v - 100) < 1e-6) r.Hundred++; else if (v === 0) r.Zero++; else r.Other++; } return r; })(document.querySelector('`+chart+`').uplot)`)
+		if sh.Hundred < 50 || sh.Other != 0 || sh.Hundred+sh.Zero != 60 || sh.Prev {
+			t.Errorf("%s 100%%: %+v buckets, want each at 100 or 0, no previous period", chart, sh)
+		}
+	}
+	screenshot(t, ctx, "charts-percent")
+	// Lines: a line per group, each the group's own value, with the
+	// previous period again.
+	choose("mode", "lines", "Flows per port")
+	if m := eval[string](t, ctx, `document.querySelector('#chart-bytes').dataset.mode`); m != "lines" {
+		t.Errorf("mode %s", m)
+	}
+	if got := eval[[]string](t, ctx, `document.querySelector('#chart-bytes').uplot.series.slice(1).map(s => s.label)`); len(got) != 4 || got[3] != "previous period" {
+		t.Errorf("lines %v", got)
+	}
+	// The view is in the URL: a link opens it (workload: the destinations
+	// as the API names them), without the previous period when asked.
+	do(t, ctx,
+		chromedp.Navigate(baseURL+"/#/charts?since=1h&dimension=workload&mode=lines&compare=none"),
+		poll(`(u => u && u.root.querySelector('.u-title').textContent.includes('per workload'))(document.querySelector('#chart-bytes')?.uplot)`),
+	)
+	if got := eval[[]string](t, ctx, `document.querySelector('#chart-bytes').uplot.series.slice(1).map(s => s.label).sort()`); !slices.Equal(got, []string{"shop/db", "svc:infra/dns", "svc:shop/cart", "svc:shop/db"}) {
+		t.Errorf("workloads %v", got)
+	}
+	if f := eval[string](t, ctx, `(f => [f.dimension.value, f.mode.value, f.compare.value].join())(document.querySelector('#charts-form'))`); f != "workload,lines,none" {
+		t.Errorf("form %s", f)
+	}
 	// An empty window's y-axis labels only its zero.
 	do(t, ctx,
 		chromedp.Navigate(baseURL+"/#/charts?since=1h&namespace=none-such"),
@@ -1208,6 +1285,16 @@ func TestSingleFamilyLabs(t *testing.T) {
 				t.Errorf("%d IPv%s edges", n, other)
 			}
 			do(t, ctx, chromedp.Navigate(base+"/#/charts"), chromedp.WaitVisible(css(`#chart-flows .uplot`)), chromedp.WaitVisible(css(`#talkers tbody tr`)))
+			// Grouped by namespace, as shares: the family's namespaces, each
+			// bucket with traffic at 100.
+			do(t, ctx, chromedp.Navigate(base+"/#/charts?since=1h&dimension=namespace&mode=percent"),
+				poll(`(el => el?.uplot && el.dataset.mode === 'percent' && el.uplot.root.querySelector('.u-title').textContent.includes('per namespace'))(document.querySelector('#chart-bytes'))`))
+			if got := eval[[]string](t, ctx, `document.querySelector('#chart-bytes').uplot.series.slice(1).map(s => s.label).sort()`); !slices.Equal(got, []string{"infra", "shop"}) {
+				t.Errorf("namespaces %v", got)
+			}
+			if bad := eval[int](t, ctx, `document.querySelector('#chart-bytes').uplot.data[1].filter(v => v !== 0 && Math.abs(v - 100) > 1e-6).length`); bad != 0 {
+				t.Errorf("%d buckets do not sum to 100%%", bad)
+			}
 			do(t, ctx, chromedp.Navigate(base+reachURL), chromedp.WaitVisible(css(`.matrix table[data-family="`+fam+`"]`)))
 			do(t, ctx, chromedp.Navigate(base+"/#/audit"), chromedp.WaitVisible(css(`#audit-list li`)))
 			// These labs have no live view: /catalog answers 501 (the

@@ -507,7 +507,7 @@ function bucketWindow(sinceStr, now) {
 }
 function chartParams(p, w) {
   const q = new URLSearchParams(p);
-  for (const k of ['since', 'until', 'limit', 'cursor', 'follow']) q.delete(k);
+  for (const k of ['since', 'until', 'limit', 'cursor', 'follow', 'mode', 'compare']) q.delete(k);
   q.append('since', String(w.since * 1000)); q.append('until', String(w.until * 1000)); q.append('step', w.step + 's');
   return q;
 }
@@ -560,53 +560,91 @@ function emptyPlugin(empty) {
   } } };
 }
 const sum = a => a.reduce((x, y) => x + y, 0);
-// familyChart draws one value per bucket and family: bars with IPv6
-// stacked on IPv4, or (opts.lines) a line per family, each in its
-// family's colour. Without hover the legend shows the window's totals,
-// with it the bucket's values. The uPlot instance is el.uplot.
+// groupColours are the colours of a dimension's groups other than the
+// families (blue and purple, the families') and drops (red); the rest
+// ("(other)") is grey.
+const groupColours = ['#0891b2', '#d97706', '#059669', '#db2777', '#4f46e5', '#65a30d', '#0d9488', '#c026d3', '#ea580c', '#0284c7', '#a16207', '#7c3aed'];
+const COTHER = '#94a3b8', CPREV = '#334155';
+// chartModes are the Charts page's ways of drawing a panel's groups.
+const chartModes = { stacked: 'stacked', lines: 'lines', percent: '100%' };
+// familyChart draws one value per bucket and family, each in its
+// family's colour (see seriesChart).
 function familyChart(el, title, w, xs, v4, v6, unit, fmt, opts) {
-  const empty = !v4.some(Boolean) && !v6.some(Boolean);
-  const val = vs => (u, v, si, i) => i == null ? 'Σ ' + fmt(sum(vs)) : fmt(vs[i]);
   const sfx = opts.suffix || '';
+  return seriesChart(el, title, w, xs, [{ label: 'IPv4' + sfx, colour: C4, vals: v4 }, { label: 'IPv6' + sfx, colour: C6, vals: v6, dash: [6, 3] }],
+    unit, fmt, Object.assign({ mode: opts.lines ? 'lines' : 'stacked' }, opts));
+}
+// seriesChart draws groups ([{label, colour, vals, dash}], one value per
+// bucket, the first at the bottom) as opts.mode: stacked bars, a line
+// each, or percent: stacked bars of each group's share of its bucket (a
+// bucket with traffic sums to 100); a group with fam ({4, 6}: its window
+// total per family) shows both in its legend. opts.prev (not in percent mode) adds
+// the previous period's total per bucket as a dashed line. Without hover
+// the legend shows the window's totals (in percent mode each group's
+// share of the window), with it the bucket's values. The uPlot instance is
+// el.uplot; el.dataset.mode says how it is drawn.
+function seriesChart(el, title, w, xs, groups, unit, fmt, opts) {
+  const mode = opts.mode || 'stacked';
+  const totals = xs.map((_, i) => sum(groups.map(g => g.vals[i])));
+  const all = sum(totals), empty = !all;
+  const pct = mode === 'percent';
+  const fmtPct = v => (Math.round(v * 10) / 10) + '%';
+  const shown = pct ? groups.map(g => ({ ...g, vals: g.vals.map((v, i) => totals[i] ? 100 * v / totals[i] : 0) })) : groups;
+  // A group of both families says how much is each's (raw.fam).
+  const split = raw => raw.fam && raw.fam[4] && raw.fam[6] ? ' (IPv4 ' + fmt(raw.fam[4]) + ' · IPv6 ' + fmt(raw.fam[6]) + ')' : '';
+  const val = (g, raw) => (u, v, si, i) => i == null ? (pct ? fmtPct(all ? 100 * sum(raw.vals) / all : 0) : 'Σ ' + fmt(sum(raw.vals)) + split(raw)) : (pct ? fmtPct(g.vals[i]) : fmt(g.vals[i]));
   let series, data;
-  if (opts.lines) {
-    series = [
-      { label: 'IPv4' + sfx, stroke: C4, fill: C4 + '22', width: 2, points: { show: false }, value: val(v4) },
-      { label: 'IPv6' + sfx, stroke: C6, fill: C6 + '22', width: 2, dash: [6, 3], points: { show: false }, value: val(v6) },
-    ];
-    data = [xs, v4, v6];
+  if (mode === 'lines') {
+    series = shown.map(g => ({ label: g.label, stroke: g.colour, fill: g.colour + '22', width: 2, dash: g.dash, points: { show: false }, value: val(g, g) }));
+    data = [xs, ...shown.map(g => g.vals)];
   } else {
+    // Stacked: each series is the sum of its group and those below,
+    // drawn from the top down so that each bar covers the one above.
     const bars = uPlot.paths.bars({ size: [0.9, 60] });
-    series = [
-      { label: 'IPv6' + sfx, stroke: C6, fill: C6 + 'cc', paths: bars, points: { show: false }, value: val(v6) },
-      { label: 'IPv4' + sfx, stroke: C4, fill: C4 + 'cc', paths: bars, points: { show: false }, value: val(v4) },
-    ];
-    data = [xs, v4.map((x, i) => x + v6[i]), v4];
+    const cum = [];
+    shown.forEach((g, k) => cum.push(g.vals.map((v, i) => v + (k ? cum[k - 1][i] : 0))));
+    series = shown.map((g, k) => ({ label: g.label, stroke: g.colour, fill: g.colour + 'cc', paths: bars, points: { show: false }, value: val(g, groups[k]) })).reverse();
+    data = [xs, ...cum.reverse()];
+  }
+  if (opts.prev && !pct) {
+    series.push({ label: 'previous period', stroke: CPREV, width: 1.5, dash: [4, 4], points: { show: false }, value: val({ vals: opts.prev }, { vals: opts.prev }) });
+    data.push(opts.prev);
   }
   series.unshift({ label: 'time', value: (u, v) => v == null ? 'window' : fmtTime((v - w.step / 2) * 1000).slice(11, 19) });
   const width = Math.max(320, (el.clientWidth || el.parentElement.clientWidth || 900) - 8);
   const u = new uPlot({
     title, width, height: opts.height || 200,
-    scales: { x: { time: true, range: [w.since, w.until] }, y: { range: (u, mn, mx) => [0, Math.max(1, mx) * 1.1] } },
+    scales: { x: { time: true, range: [w.since, w.until] }, y: { range: pct ? [0, 100] : (u, mn, mx) => [0, Math.max(1, mx) * 1.1] } },
     axes: [
       { label: opts.compact ? null : timeAxisLabel(w), stroke: '#475569', grid: { stroke: '#e2e8f0' } },
       // An empty chart labels only its zero: no made-up "1 B".
-      { label: unit, stroke: '#475569', grid: { stroke: '#e2e8f0' }, size: 70, incrs: wholeIncrs, values: (u, vals) => vals.map(v => empty && v ? '' : fmt(v)) },
+      { label: pct ? '% of the bucket' : unit, stroke: '#475569', grid: { stroke: '#e2e8f0' }, size: 70, incrs: wholeIncrs, values: (u, vals) => vals.map(v => empty && v ? '' : pct ? v + '%' : fmt(v)) },
     ],
     series, plugins: [partialPlugin(w), emptyPlugin(empty)], legend: { show: true },
   }, data, el);
   el.dataset.buckets = String(w.n);
+  el.dataset.mode = mode;
   el.uplot = u;
   return u;
 }
-// loadSummaryInto fills box with the summary charts of the filter p.
+// loadSummaryInto fills box with the summary charts of the filter p;
+// opts.compare also asks for the window before (same length) and draws
+// its totals.
 async function loadSummaryInto(box, p, opts) {
   const w = opts.window || bucketWindow(p.get('since') || '1h', Date.now());
   try {
     const q = chartParams(p, w);
     if (opts.policies) q.append('policies', String(opts.policies));
-    const s = await api('/flows/summary?' + q);
-    drawSummary(box, s, w, opts);
+    let prev = null;
+    if (opts.compare) {
+      const pw = { ...w, since: w.since - w.n * w.step, until: w.since, now: w.since };
+      const pq = chartParams(p, pw);
+      pq.delete('dimension'); pq.set('top', '1');
+      prev = api('/flows/summary?' + pq).then(ps => buckets(ps, pw));
+    }
+    const [s, pd] = await Promise.all([api('/flows/summary?' + q), prev]);
+    if (opts.stale && opts.stale()) return null;
+    drawSummary(box, s, w, Object.assign({ prev: pd }, opts));
     return s;
   } catch (e) { box.replaceChildren(h('span', { class: 'err' }, errText(e))); return null; }
 }
@@ -614,32 +652,67 @@ function familyTotals(s) {
   return h('div', { class: 'totals' }, s.families.map(f => h('span', { 'data-family': f.ip_version }, famBadge(f.ip_version), ' ', fmtBytes(f.bytes), ' · ', f.flows + ' flows · ',
     h('span', { class: f.dropped ? 'verdict dropped' : 'muted' }, f.dropped + ' dropped'))));
 }
+// chartGroups turns a summary into the groups of one metric (bytes or
+// flows), one value per bucket: per family, or with s.dimension per group
+// of it, both families summed, with each family's total in fam (the top groups by the window's bytes first,
+// "(other)" last, as the store ordered them).
+function chartGroups(s, w, d, metric) {
+  if (!s.dimension) return [{ label: 'IPv4', colour: C4, vals: d[metric][4] }, { label: 'IPv6', colour: C6, vals: d[metric][6] }];
+  const by = new Map(), idx = {};
+  for (let i = 0; i < w.n; i++) idx[w.since + i * w.step] = i;
+  for (const g of s.groups || []) {
+    const i = idx[Math.floor(g.time_ms / 1000)];
+    if (i === undefined) continue;
+    if (!by.has(g.group)) by.set(g.group, { label: g.group, vals: new Array(w.n).fill(0), bytes: 0, fam: { 4: 0, 6: 0 } });
+    const e = by.get(g.group); e.vals[i] += g[metric]; e.bytes += g.bytes; e.fam[g.ip_version] += g[metric];
+  }
+  const list = [...by.values()].filter(e => e.label !== '(other)').sort((x, y) => y.bytes - x.bytes || (x.label < y.label ? -1 : 1));
+  list.forEach((e, k) => { e.colour = s.dimension === 'family' ? (e.label === 'IPv6' ? C6 : C4) : groupColours[k % groupColours.length]; });
+  if (by.has('(other)')) list.push(Object.assign(by.get('(other)'), { colour: COTHER }));
+  return list;
+}
 // drawSummary draws bytes (and, on the Charts page, flows and drops, each
 // in its own panel and y-scale: drops are often a small part of the flows).
+// Bytes and flows are drawn per opts.dimension's groups in opts.mode, with
+// the previous period's totals (opts.prev, buckets()) dashed.
 function drawSummary(box, s, w, opts) {
   const d = buckets(s, w);
   box.replaceChildren(familyTotals(s));
   const panel = (id, kind) => { const el = h('div', { class: 'uchart', id, 'data-kind': kind }); box.append(el); return el; };
-  familyChart(panel(opts.compact ? null : 'chart-bytes', 'bytes'), opts.compact ? null : 'Bytes per family (stacked)', w, d.xs, d.bytes[4], d.bytes[6],
-    'bytes / bucket', fmtBytes, { compact: opts.compact, height: opts.compact ? 150 : 220 });
-  if (opts.compact) return;
-  familyChart(panel('chart-flows', 'flows'), 'Flows per family (stacked)', w, d.xs, d.flows[4], d.flows[6], 'flows / bucket', fmtCount, { height: 200 });
+  if (opts.compact) {
+    familyChart(panel(null, 'bytes'), null, w, d.xs, d.bytes[4], d.bytes[6], 'bytes / bucket', fmtBytes, { compact: true, height: 150 });
+    return;
+  }
+  const per = s.dimension ? 'per ' + s.dimension : 'per family';
+  const how = { stacked: ' (stacked)', lines: '', percent: ' (share of each bucket)' }[opts.mode || 'stacked'];
+  const prev = m => opts.prev && opts.prev[m][4].map((v, i) => v + opts.prev[m][6][i]);
+  seriesChart(panel('chart-bytes', 'bytes'), 'Bytes ' + per + how, w, d.xs, chartGroups(s, w, d, 'bytes'), 'bytes / bucket', fmtBytes, { mode: opts.mode, prev: prev('bytes'), height: 220 });
+  seriesChart(panel('chart-flows', 'flows'), 'Flows ' + per + how, w, d.xs, chartGroups(s, w, d, 'flows'), 'flows / bucket', fmtCount, { mode: opts.mode, prev: prev('flows'), height: 200 });
   familyChart(panel('chart-drops', 'dropped'), 'Dropped flows per family', w, d.xs, d.dropped[4], d.dropped[6], 'dropped / bucket', fmtCount, { lines: true, suffix: ' dropped', height: 180 });
 }
 
 // ---- Charts page ----
+let chartsSeq = 0;
 async function loadCharts() {
   const f = $('#charts-form');
   const p = new URLSearchParams();
   if (f.ip_version.value) p.append('ip_version', f.ip_version.value);
   p.append('since', f.since.value);
+  // The view: group by (family unless asked), how many groups, how
+  // drawn, and whether with the previous period.
+  if (f.dimension.value !== 'family') p.append('dimension', f.dimension.value);
+  if (f.top.value !== '10') p.append('top', f.top.value);
+  if (f.mode.value !== 'stacked') p.append('mode', f.mode.value);
+  if (f.compare.value !== 'previous') p.append('compare', f.compare.value);
   for (const tok of f.expr.value.trim().split(/\s+/)) {
     const i = tok.indexOf('='); if (i > 0) p.append(tok.slice(0, i), tok.slice(i + 1));
   }
   history.replaceState(null, '', '#/charts?' + p); current.hash = location.hash;
   // One aligned window for the charts, the talkers and the drops.
   const w = bucketWindow(p.get('since') || '1h', Date.now());
-  const s = await loadSummaryInto($('#charts-out'), p, { window: w, policies: dropsShown });
+  // A later draw (the form changed meanwhile) wins over this one.
+  const seq = ++chartsSeq;
+  const s = await loadSummaryInto($('#charts-out'), p, { window: w, policies: dropsShown, mode: f.mode.value, compare: f.compare.value === 'previous', stale: () => seq !== chartsSeq });
   if (!s) return;
   banner('');
   const rows = s.top_talkers.map(t => h('tr', { 'data-family': t.ip_version },
@@ -1401,7 +1474,7 @@ const pages = {
     if ([...params].length || !current.flowsLoaded) { applyFlowParams(params); current.flowsLoaded = true; loadFlows(false); return; }
     try { keepFlowURL(flowQuery()); } catch (e) { /* the form shows its own error on submit */ }
   },
-  charts: params => { applyFormParams($('#charts-form'), params, 'expr'); loadCharts(); },
+  charts: params => { $('#charts-form').reset(); applyFormParams($('#charts-form'), params, 'expr'); loadCharts(); },
   map: params => { applyFormParams($('#map-form'), params, 'expr'); loadMap(); },
   reach: enterReach,
   trace: enterTrace,
