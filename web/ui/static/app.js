@@ -1298,7 +1298,7 @@ function renderWhatIf(r, since) {
       ['newly-denied', 'newly-allowed'].map(k => whatifChangeList(fam, k, mine.filter(c => c.change === k), since)));
   });
   $('#whatif-out').replaceChildren(
-    h('p', { class: 'wisummary' + (n ? '' : ' muted') }, n
+    h('p', { class: 'wisummary' + (n ? '' : ' muted'), 'data-flows': r.flows }, n
       ? 'If you apply this, ' + connections(conns) + ' would change verdict: ' + n + ' of the ' + r.flows + ' recorded flows replayed'
       : 'If you apply this, no connection would change verdict: none of the ' + r.flows + ' recorded flows replayed',
     ' (' + fmtTimeZ(Date.parse(r.since)) + ' to ' + fmtTimeZ(Date.parse(r.until)) + ').',
