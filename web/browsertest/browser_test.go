@@ -1143,8 +1143,8 @@ func TestAuditLinks(t *testing.T) {
 // admitting IPv4 only (fakes.DBPolicy). The proposal replaces it with one
 // admitting shop/frontend on both families: frontend → db becomes
 // allowed over IPv6 (it was denied), cart → db denied over IPv4 (its
-// only family); frontend → db over IPv4 does not change. In the IPv4-only
-// lab only the IPv4 change is left. A policy that does not validate shows
+// only family); frontend → db over IPv4 does not change. In the
+// single-family labs only that family's change is left. A policy that does not validate shows
 // the API's message with its field.
 func TestWhatIf(t *testing.T) {
 	const proposal = `apiVersion: networking.k8s.io/v1
@@ -1176,6 +1176,9 @@ spec:
 		{"4", []change{
 			{"4", "newly-denied", "shop/cart", "shop/db", "#/flows?since=6h&ip_version=4&protocol=TCP&dst_port=5432&src_workload=shop%2Fcart&dst_workload=shop%2Fdb"},
 		}},
+		{"6", []change{
+			{"6", "newly-allowed", "shop/frontend", "shop/db", "#/flows?since=6h&ip_version=6&protocol=TCP&dst_port=5432&src_workload=shop%2Ffrontend&dst_workload=shop%2Fdb"},
+		}},
 	} {
 		t.Run(tc.mode, func(t *testing.T) {
 			ctx, errs := browser(t)
@@ -1196,8 +1199,17 @@ spec:
 			}
 			// Each family's column says what changes in it; both are drawn.
 			heads := eval[[]string](t, ctx, `[...document.querySelectorAll('#whatif-out .wifam h2')].map(x => x.textContent)`)
-			if len(heads) != 2 || !strings.HasPrefix(heads[0], "IPv4 IPv4: 1 connection (") || (tc.mode == "dual") != strings.HasPrefix(heads[1], "IPv6 IPv6: 1 connection (") {
-				t.Errorf("family heads %q", heads)
+			if len(heads) != 2 {
+				t.Fatalf("family heads %q", heads)
+			}
+			for i, fam := range []string{"4", "6"} {
+				head := "IPv" + fam + " IPv" + fam + ": no change"
+				if slices.ContainsFunc(tc.want, func(c change) bool { return c.Family == fam }) {
+					head = "IPv" + fam + " IPv" + fam + ": 1 connection ("
+				}
+				if !strings.HasPrefix(heads[i], head) {
+					t.Errorf("IPv%s head %q, want %q…", fam, heads[i], head)
+				}
 			}
 			// A pair's link opens its recorded flows: that pair, that family.
 			l := got[len(got)-1]
