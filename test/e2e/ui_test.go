@@ -719,6 +719,11 @@ func (u *uiEnv) checkWhatIf(t *testing.T) {
 			}
 		}
 	}
+	if len(blocks) == 0 {
+		// IPv6-only: no IPv4 address to admit; an empty from would admit
+		// every source, so the rule names an address of no pod.
+		blocks = []string{"{ipBlock: {cidr: 198.19.255.254/32}}"}
+	}
 	proposal := `apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: {namespace: ` + manifest.NSBackend + `, name: ` + manifest.PolicyAllowWeb + `}
