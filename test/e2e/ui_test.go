@@ -2,8 +2,10 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -38,6 +40,9 @@ import (
 //     IPv6), and a cell's drawer lists its pod pairs;
 //   - Service map: edges and nodes of the mode's families only;
 //   - Traceflow: web pod → svc backend/api:80 delivered in each family.
+//   - Audit what-if: allow-web-to-api replaced by one admitting the web
+//     pods' IPv4 addresses only newly denies web → api over IPv6 and
+//     changes nothing over IPv4.
 //
 // The web browser tests (web/browsertest) cover the pages on seeded data
 // with fakes; this one checks they tell the truth about a live cluster.
@@ -60,6 +65,7 @@ func TestUIOnLab(t *testing.T) {
 				{"map", u.checkMap},
 				{"trace", u.checkTrace},
 				{"drop", u.checkDrop},
+				{"whatif", u.checkWhatIf},
 			} {
 				t.Run(page.name, func(t *testing.T) {
 					recordAs(t, string(mode)+"/ui")
@@ -694,5 +700,76 @@ func (u *uiEnv) checkDrop(t *testing.T) {
 	u.screenshot(t, "flow-drawer-drop")
 	if why := uiEval[string](t, u, `document.querySelector('#flow-why').textContent`); pol == "" || !strings.Contains(why, " is denied: ") || !strings.Contains(why, " denied by "+pol+", which isolates ") {
 		t.Errorf("the drawer of a flow dropped by %q explains %q", pol, why)
+	}
+}
+
+// checkWhatIf pastes, on the Audit page, a proposal that replaces
+// backend/allow-web-to-api with the same rule over the web pods' IPv4
+// addresses (ipBlock /32s) instead of their selectors: replayed over the
+// recorded flows, web → api becomes denied over IPv6 and nothing changes
+// over IPv4 (the same web pods are admitted, and no other). It asks again
+// until the store holds web → api flows of the mode's families.
+func (u *uiEnv) checkWhatIf(t *testing.T) {
+	var blocks []string
+	for _, p := range u.l.Manifest.Pods {
+		if p.Namespace != manifest.NSFrontend || p.Labels["app"] != "web" {
+			continue
+		}
+		for _, ip := range p.Status.PodIPs {
+			if a, err := netip.ParseAddr(ip.IP); err == nil && a.Is4() {
+				blocks = append(blocks, "{ipBlock: {cidr: "+a.String()+"/32}}")
+			}
+		}
+	}
+	if len(blocks) == 0 {
+		// IPv6-only: no IPv4 address to admit; an empty from would admit
+		// every source, so the rule names an address of no pod.
+		blocks = []string{"{ipBlock: {cidr: 198.19.255.254/32}}"}
+	}
+	proposal := `apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {namespace: ` + manifest.NSBackend + `, name: ` + manifest.PolicyAllowWeb + `}
+spec:
+  podSelector: {matchLabels: {app: api}}
+  policyTypes: [Ingress]
+  ingress:
+  - from: [` + strings.Join(blocks, ", ") + `]
+    ports: [{protocol: TCP, port: http}, {protocol: UDP, port: udp-echo}]
+`
+	q, _ := json.Marshal(proposal)
+	u.do(t, chromedp.Navigate(u.base+"/#/audit"), chromedp.WaitVisible(chromedp.CSS(`#whatif-form textarea`)),
+		chromedp.Evaluate[chromedp.Void](`document.querySelector('#whatif-form [name=policy]').value = `+string(q)+`; undefined`))
+	// Done when the answer replayed web → api flows: over IPv6 they
+	// change; an IPv4-only lab has none to change, so any replayed flow
+	// of its will do (its web → api traffic is the lab's most frequent).
+	done := `document.querySelector('#whatif-out .wisummary') && Number(document.querySelector('#whatif-out .wisummary').dataset.flows) > 0`
+	if u.has("6") {
+		done = `document.querySelectorAll('#whatif-out .wifam[data-family="6"] tbody tr').length > 0`
+	}
+	u.wait(t, "the what-if's answer", 90*time.Second,
+		`(() => {
+			const ok = `+done+`;
+			// Nothing in flight and the last answer 3 s ago: ask again.
+			if (!ok && document.querySelector('#progress').hidden && Date.now() - (window.whatifAsked || 0) > 3000) {
+				window.whatifAsked = Date.now();
+				document.querySelector('#whatif-form').requestSubmit();
+			}
+			return ok;
+		})()`,
+		`({status: document.querySelector('#whatif-status').textContent, out: document.querySelector('#whatif-out').innerText})`)
+	u.screenshot(t, "whatif")
+	type change struct{ Family, Change, Src, Dst string }
+	got := uiEval[[]change](t, u, `[...document.querySelectorAll('#whatif-out .wifam')].flatMap(f => [...f.querySelectorAll('.wichange')].flatMap(c =>
+		[...c.querySelectorAll('tbody tr')].map(tr => ({Family: f.dataset.family, Change: c.dataset.change, Src: tr.dataset.src, Dst: tr.dataset.dst}))))`)
+	for _, c := range got {
+		if c.Family != "6" || c.Change != "newly-denied" || c.Src != manifest.NSFrontend+"/web" || c.Dst != manifest.NSBackend+"/api" {
+			t.Errorf("the what-if changes %+v; want only web → api, newly denied, over IPv6", c)
+		}
+	}
+	if u.has("6") && len(got) == 0 {
+		t.Error("no IPv6 change drawn")
+	}
+	if s := uiEval[string](t, u, `document.querySelector('#whatif-status').textContent`); s != "" {
+		t.Errorf("what-if status %q", s)
 	}
 }

@@ -10,6 +10,7 @@ package browsertest
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -26,6 +27,7 @@ import (
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 
+	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/collector/store"
 	"github.com/dualflow/dualflow/test/support/fakes"
 	"github.com/dualflow/dualflow/test/support/webtest"
@@ -84,12 +86,17 @@ func runMain(m *testing.M) int {
 	// serves /api/v1/catalog, so the single-family labs use the UI's
 	// fallback, names from the flows.
 	serve := func(db string, catalog api.Catalog) (string, error) {
+		// The audit's store reports (the what-if) run over the same flows.
+		reports, err := audit.NewReports(e, db)
+		if err != nil {
+			return "", err
+		}
 		// The UI traces through the product's controller and REST API.
 		tf := traceflow.New(traceflow.Config{}, fakes.NodeTracer{Delay: 200 * time.Millisecond}, fakes.Resolver{}, nil)
 		tfs = append(tfs, tf)
 		srv, err := web.New(web.Config{Addr: "127.0.0.1:0", Config: api.Config{
 			Store: e, Database: db, LocalTokenFile: tokenFile,
-			Evaluator: fakes.Evaluator{}, Traces: tf, Audit: fakes.NewAudit(),
+			Evaluator: fakes.Evaluator{}, Traces: tf, Audit: fakes.NewAudit(reports),
 			Catalog: catalog, Status: fakes.Status{Stale: &kubeStale},
 		}})
 		if err != nil {
@@ -253,10 +260,10 @@ func openFirstRow() chromedp.Action[chromedp.Void] {
 	})()`)
 }
 
-func noConsoleErrors(t *testing.T, errs func() []string, allow string) {
+func noConsoleErrors(t *testing.T, errs func() []string, allow ...string) {
 	t.Helper()
 	for _, e := range errs() {
-		if allow == "" || !strings.Contains(e, allow) {
+		if !slices.ContainsFunc(allow, func(a string) bool { return a != "" && strings.Contains(e, a) }) {
 			t.Errorf("console error: %s", e)
 		}
 	}
@@ -1205,6 +1212,113 @@ func TestAuditLinks(t *testing.T) {
 		}
 	}
 	noConsoleErrors(t, errs, "")
+}
+
+// TestWhatIf pastes a proposed policy on the Audit page and reads the
+// what-if per family: the audit replays the seeded flows with the real
+// policy evaluation (fakes.Audit over the store), the lab's db-policy
+// admitting IPv4 only (fakes.DBPolicy). The proposal replaces it with one
+// admitting shop/frontend on both families: frontend → db becomes
+// allowed over IPv6 (it was denied), cart → db denied over IPv4 (its
+// only family); frontend → db over IPv4 does not change. In the
+// single-family labs only that family's change is left. A policy that does not validate shows
+// the API's message with its field.
+func TestWhatIf(t *testing.T) {
+	const proposal = `apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {namespace: shop, name: db-policy}
+spec:
+  podSelector: {matchLabels: {app: db}}
+  policyTypes: [Ingress]
+  ingress:
+  - from: [{podSelector: {matchLabels: {app: frontend}}}]
+    ports: [{protocol: TCP, port: 5432}]
+`
+	type change struct{ Family, Change, Src, Dst, Link string }
+	changes := `[...document.querySelectorAll('#whatif-out .wifam')].flatMap(f => [...f.querySelectorAll('.wichange')].flatMap(c =>
+		[...c.querySelectorAll('tbody tr')].map(tr => ({Family: f.dataset.family, Change: c.dataset.change, Src: tr.dataset.src, Dst: tr.dataset.dst, Link: tr.querySelector('a').getAttribute('href')}))))`
+	paste := func(yaml string) chromedp.Action[chromedp.Void] {
+		return js(`document.querySelector('#whatif-out').replaceChildren(); document.querySelector('#whatif-status').textContent = '';
+			document.querySelector('#whatif-form [name=policy]').value = ` + jsString(yaml) + `;
+			document.querySelector('#whatif-form').requestSubmit()`)
+	}
+	for _, tc := range []struct {
+		mode string
+		want []change
+	}{
+		{"dual", []change{
+			{"4", "newly-denied", "shop/cart", "shop/db", "#/flows?since=6h&ip_version=4&protocol=TCP&dst_port=5432&src_workload=shop%2Fcart&dst_workload=shop%2Fdb"},
+			{"6", "newly-allowed", "shop/frontend", "shop/db", "#/flows?since=6h&ip_version=6&protocol=TCP&dst_port=5432&src_workload=shop%2Ffrontend&dst_workload=shop%2Fdb"},
+		}},
+		{"4", []change{
+			{"4", "newly-denied", "shop/cart", "shop/db", "#/flows?since=6h&ip_version=4&protocol=TCP&dst_port=5432&src_workload=shop%2Fcart&dst_workload=shop%2Fdb"},
+		}},
+		{"6", []change{
+			{"6", "newly-allowed", "shop/frontend", "shop/db", "#/flows?since=6h&ip_version=6&protocol=TCP&dst_port=5432&src_workload=shop%2Ffrontend&dst_workload=shop%2Fdb"},
+		}},
+	} {
+		t.Run(tc.mode, func(t *testing.T) {
+			ctx, errs := browser(t)
+			u := baseURL
+			if tc.mode != "dual" {
+				u = modeURL[tc.mode]
+			}
+			do(t, ctx, chromedp.Navigate(u+"/#/audit"), chromedp.WaitVisible(css(`#whatif-form textarea`)),
+				paste(proposal), chromedp.WaitVisible(css(`#whatif-out .wifam[data-family="6"]`)))
+			screenshot(t, ctx, "whatif-"+tc.mode)
+			got := eval[[]change](t, ctx, changes)
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("changes %v, want %v", got, tc.want)
+			}
+			sum := eval[string](t, ctx, `document.querySelector('#whatif-out .wisummary').textContent`)
+			if !strings.HasPrefix(sum, fmt.Sprintf("If you apply this, %d connection", len(tc.want))) {
+				t.Errorf("summary %q", sum)
+			}
+			// Each family's column says what changes in it; both are drawn.
+			heads := eval[[]string](t, ctx, `[...document.querySelectorAll('#whatif-out .wifam h2')].map(x => x.textContent)`)
+			if len(heads) != 2 {
+				t.Fatalf("family heads %q", heads)
+			}
+			for i, fam := range []string{"4", "6"} {
+				head := "IPv" + fam + " IPv" + fam + ": no change"
+				if slices.ContainsFunc(tc.want, func(c change) bool { return c.Family == fam }) {
+					head = "IPv" + fam + " IPv" + fam + ": 1 connection ("
+				}
+				if !strings.HasPrefix(heads[i], head) {
+					t.Errorf("IPv%s head %q, want %q…", fam, heads[i], head)
+				}
+			}
+			// A pair's link opens its recorded flows: that pair, that family.
+			l := got[len(got)-1]
+			do(t, ctx, chromedp.Navigate("about:blank"), chromedp.Navigate(u+"/"+l.Link), poll(`document.querySelectorAll('#flow-table tbody tr').length > 0`))
+			if fams := rowFamilies(t, ctx); len(fams) != 1 || fams[l.Family] == 0 {
+				t.Errorf("flows of %v: families %v", l, fams)
+			}
+			// A policy that does not validate: the API's message, with its field.
+			do(t, ctx, chromedp.Navigate("about:blank"), chromedp.Navigate(u+"/#/audit"), chromedp.WaitVisible(css(`#whatif-form textarea`)),
+				paste(strings.Replace(proposal, "{podSelector: {matchLabels: {app: frontend}}}", "{ipBlock: {cidr: 'fd00:10::/300'}}", 1)),
+				poll(`document.querySelector('#whatif-status').classList.contains('err')`))
+			msg := eval[string](t, ctx, `document.querySelector('#whatif-status').textContent`)
+			if !strings.HasPrefix(msg, "body: invalid proposed policy") || !strings.Contains(msg, "cidr") {
+				t.Errorf("error %q", msg)
+			}
+			if eval[string](t, ctx, `document.querySelector('#whatif-form textarea').getAttribute('aria-invalid')`) != "true" {
+				t.Error("the editor is not marked invalid")
+			}
+			if n := eval[int](t, ctx, `document.querySelectorAll('#whatif-out .wifam').length`); n != 0 {
+				t.Errorf("%d families drawn after the error", n)
+			}
+			screenshot(t, ctx, "whatif-error-"+tc.mode)
+			// The single-family labs have no catalog (501, the UI's fallback).
+			noConsoleErrors(t, errs, "400", "/api/v1/catalog")
+		})
+	}
+}
+
+// jsString quotes s as a JavaScript string literal.
+func jsString(s string) string {
+	b, _ := json.Marshal(s)
+	return string(b)
 }
 
 func TestSQLConsole(t *testing.T) {

@@ -11,7 +11,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
 	"github.com/dualflow/dualflow/collector/audit"
+	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/test/support/webtest"
 	"github.com/dualflow/dualflow/traceflow"
 	"github.com/dualflow/dualflow/web/api"
@@ -222,12 +228,38 @@ func (t NodeTracer) Trace(ctx context.Context, p traceflow.Probe) (traceflow.Pat
 }
 
 // Audit answers the findings with fixed ones, as collector/audit's
-// Queries answers them (the dual-stack gap first); the audit's other
-// questions are unavailable.
+// Queries answers them (the dual-stack gap first); its other questions
+// are the real Queries' over reports (nil: unavailable) and the view of
+// DBPolicy, so a what-if replays the seeded flows with the product's
+// policy evaluation.
 type Audit struct{ *audit.Queries }
 
-// NewAudit returns an Audit.
-func NewAudit() Audit { return Audit{&audit.Queries{}} }
+// NewAudit returns an Audit over reports (nil answers the store's
+// questions with audit.ErrUnavailable).
+func NewAudit(reports *audit.Reports) Audit {
+	return Audit{&audit.Queries{Reports: reports, Cluster: func() (*enrich.Snapshot, error) {
+		return &enrich.Snapshot{NetworkPolicies: []*networkingv1.NetworkPolicy{DBPolicy()}}, nil
+	}}}
+}
+
+// DBPolicy is the lab's one policy, shop/db-policy, as the seeded
+// verdicts have it: the pods of shop/db admit TCP 5432 from IPv4
+// addresses only (198.18.0.0/15, the lab's), so frontend → db is allowed
+// over IPv4 and denied over IPv6.
+func DBPolicy() *networkingv1.NetworkPolicy {
+	tcp, port := corev1.ProtocolTCP, intstr.FromInt32(5432)
+	return &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "db-policy"},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "db"}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{
+				From:  []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "198.18.0.0/15"}}},
+				Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &port}},
+			}},
+		},
+	}
+}
 
 // Findings implements api.Audit.
 func (Audit) Findings(context.Context, audit.Window) (*audit.FindingsResponse, error) {

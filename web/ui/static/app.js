@@ -53,8 +53,12 @@ class APIError extends Error {
 async function api(path, opts = {}) {
   busy(true);
   try {
-    const init = { method: opts.method || 'GET', headers: headers(opts.body ? { 'Content-Type': 'application/json' } : {}) };
+    // opts.body is sent as JSON; opts.text as is, of type opts.type (the
+    // what-if's YAML).
+    const type = opts.text !== undefined ? opts.type || 'text/plain' : opts.body ? 'application/json' : '';
+    const init = { method: opts.method || 'GET', headers: headers(type ? { 'Content-Type': type } : {}) };
     if (opts.body) init.body = JSON.stringify(opts.body);
+    if (opts.text !== undefined) init.body = opts.text;
     if (opts.signal) init.signal = opts.signal;
     const r = await fetch(API + path, init);
     if (opts.raw && r.ok) return r;
@@ -1295,6 +1299,108 @@ async function loadAudit() {
   } catch (e) { $('#audit-summary').textContent = ''; list.replaceChildren(h('li', { class: 'err' }, errText(e))); }
 }
 
+// ---- Audit: what-if ----
+// The what-if (POST /audit/whatif) replays the window's recorded flows
+// against the live policies and against them plus the proposed ones, and
+// lists the flows whose verdict changes: "if you apply this, these
+// connections change", per family, nothing applied.
+// whatifShown is how many pairs each family's change list shows.
+const whatifShown = 10;
+// whatifEnd is a what-if flow end as a reachability endpoint: its
+// workload, else its pod, else its address.
+function whatifEnd(e) {
+  if (e.workload_name) return { kind: 'workload', namespace: e.namespace, name: e.workload_name };
+  if (e.pod) return { kind: 'pod', namespace: e.namespace, name: e.pod };
+  return { kind: 'ip', name: e.ip };
+}
+// whatifVerdict is a flow's deciding side, as the CLI prints it: the
+// denying side, else ingress, with its policy and rule.
+function whatifVerdict(v) {
+  const [s, dir] = v.egress && v.egress.verdict === 'denied' ? [v.egress, 'egress'] : [v.ingress || {}, 'ingress'];
+  const by = s.policy_name ? ' by ' + s.policy_namespace + '/' + s.policy_name + ' ' + dir + (s.rule >= 0 ? ' rule ' + s.rule : '') : '';
+  return h('span', {}, h('span', { class: 'verdict ' + s.verdict }, s.verdict), by);
+}
+// whatifPairs groups a family's changes of one kind by pair (source and
+// destination workload, pod or address, protocol and port), the most
+// records first.
+function whatifPairs(changes) {
+  const by = new Map();
+  for (const c of changes) {
+    const src = whatifEnd(c.src), dst = whatifEnd(c.dst);
+    const key = [epLabel(src), epLabel(dst), c.protocol, c.dst_port].join(' ');
+    const p = by.get(key) || by.set(key, { src, dst, c, flows: 0, records: 0, last: 0 }).get(key);
+    p.flows++; p.records += c.records; p.last = Math.max(p.last, Date.parse(c.last_seen));
+  }
+  return [...by.values()].sort((a, b) => b.records - a.records);
+}
+const endName = e => (e.namespace ? e.namespace + '/' : '') + e.name;
+// whatifChangeList is one family's changes of one kind (newly-denied or
+// newly-allowed): counts, then the top pairs, each linking to its flows.
+function whatifChangeList(fam, kind, changes, since) {
+  const pairs = whatifPairs(changes);
+  const records = changes.reduce((n, c) => n + c.records, 0);
+  const [before, after] = kind === 'newly-denied' ? ['allowed', 'denied'] : ['denied', 'allowed'];
+  const head = h('h3', {}, h('span', { class: 'verdict ' + before }, before), ' → ', h('span', { class: 'verdict ' + after }, after), ' ',
+    h('span', { class: 'count' }, pairs.length + (pairs.length === 1 ? ' pair' : ' pairs') + ' · ' + changes.length + ' flows · ' + fmtCount(records) + ' records'));
+  if (!changes.length) return h('div', { class: 'wichange', 'data-change': kind, 'data-pairs': 0 }, head, h('p', { class: 'muted' }, 'none'));
+  const rows = pairs.slice(0, whatifShown).map(p => {
+    const icmp = /^ICMP/i.test(p.c.protocol);
+    const q = Object.assign({ since, ip_version: fam, protocol: p.c.protocol, dst_port: icmp ? '' : p.c.dst_port }, endpointFilter(p.src, 'src'), endpointFilter(p.dst, 'dst'));
+    return h('tr', { 'data-src': endName(p.src), 'data-dst': endName(p.dst) },
+      h('td', {}, endName(p.src)), h('td', {}, endName(p.dst)), h('td', {}, p.c.protocol + (icmp ? '' : ' ' + p.c.dst_port)),
+      h('td', { class: 'num', title: p.flows + ' flows (addresses and port), ' + p.records + ' records' }, p.flows + ' · ' + fmtCount(p.records)),
+      h('td', { class: 'wiverdicts' }, whatifVerdict(p.c.before), h('br'), '→ ', whatifVerdict(p.c.after)),
+      h('td', {}, link(hashURL('flows', q), 'Flows', 'the recorded IPv' + fam + ' flows of this pair')));
+  });
+  return h('div', { class: 'wichange', 'data-change': kind, 'data-pairs': pairs.length }, head,
+    h('div', { class: 'tablewrap' }, h('table', { class: 'data' }, h('thead', {}, h('tr', {}, ['Source', 'Destination', 'Port', 'Flows · records', 'Now → with the proposal', ''].map(t => h('th', {}, t)))),
+      h('tbody', {}, rows))),
+    pairs.length > whatifShown ? h('p', { class: 'muted' }, 'the ' + whatifShown + ' pairs with the most records of ' + pairs.length) : null);
+}
+// renderWhatIf draws a WhatIfReport: a sentence, then IPv4 and IPv6
+// side by side, each with its newly denied and newly allowed pairs.
+// A connection is a pair of whatifPairs; a flow one of the API's flow
+// groups (addresses, protocol, port).
+const connections = n => n + (n === 1 ? ' connection' : ' connections');
+function renderWhatIf(r, since) {
+  const n = r.changes.length, conns = [4, 6].reduce((k, fam) => k + whatifPairs(r.changes.filter(c => c.ip_version === fam)).length, 0);
+  const fams = [4, 6].map(fam => {
+    const mine = r.changes.filter(c => c.ip_version === fam), k = whatifPairs(mine).length;
+    return h('div', { class: 'wifam famdetail v' + fam, 'data-family': fam, 'data-changes': mine.length },
+      h('h2', {}, famBadge(fam), ' IPv' + fam + ': ' + (k ? connections(k) + ' (' + mine.length + ' flows) would change' : 'no change')),
+      ['newly-denied', 'newly-allowed'].map(k => whatifChangeList(fam, k, mine.filter(c => c.change === k), since)));
+  });
+  $('#whatif-out').replaceChildren(
+    h('p', { class: 'wisummary' + (n ? '' : ' muted'), 'data-flows': r.flows }, n
+      ? 'If you apply this, ' + connections(conns) + ' would change verdict: ' + n + ' of the ' + r.flows + ' recorded flows replayed'
+      : 'If you apply this, no connection would change verdict: none of the ' + r.flows + ' recorded flows replayed',
+    ' (' + fmtTimeZ(Date.parse(r.since)) + ' to ' + fmtTimeZ(Date.parse(r.until)) + ').',
+    r.truncated ? h('span', { class: 'warnline' }, ' Only the most frequent flows were replayed: narrow the window.') : null),
+    h('div', { class: 'wifams' }, fams));
+}
+async function runWhatIf(ev) {
+  ev && ev.preventDefault();
+  const f = $('#whatif-form'), st = $('#whatif-status'), since = f.since.value;
+  st.textContent = 'Replaying the recorded flows…'; st.className = 'muted';
+  f.policy.removeAttribute('aria-invalid');
+  try {
+    const r = await api('/audit/whatif?' + new URLSearchParams({ since }), { method: 'POST', text: f.policy.value, type: 'application/yaml' });
+    st.textContent = '';
+    renderWhatIf(r, since);
+  } catch (e) {
+    // The API names the field: body (the YAML, with the document and
+    // field at fault in its message), since or limit (too much work).
+    st.textContent = errText(e); st.className = 'err';
+    if (e.field === 'body') f.policy.setAttribute('aria-invalid', 'true');
+    $('#whatif-out').replaceChildren();
+  }
+}
+// whatifUpload puts an uploaded file's text in the editor.
+async function whatifUpload(ev) {
+  const file = ev.target.files[0];
+  if (file) $('#whatif-form').policy.value = await file.text();
+}
+
 // ---- SQL ----
 const sqlShown = 2000;
 async function runSQL(ev) {
@@ -1559,6 +1665,8 @@ function init() {
     inp.addEventListener('keydown', e => { if (e.key === 'Enter') { e.preventDefault(); add(); } });
   });
   $('#trace-form').addEventListener('submit', runTrace);
+  $('#whatif-form').addEventListener('submit', runWhatIf);
+  $('#whatif-form').file.addEventListener('change', whatifUpload);
   $('#sql-form').addEventListener('submit', runSQL);
   $('#sql-csv').addEventListener('click', downloadCSV);
   $('#sql-text').addEventListener('keydown', e => { if (e.key === 'Enter' && (e.ctrlKey || e.metaKey)) runSQL(e); });
