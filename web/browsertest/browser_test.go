@@ -819,6 +819,60 @@ func TestServiceMapLayout(t *testing.T) {
 	}
 }
 
+// TestServiceMapScopeAndGrouping: the scope keeps one namespace and its
+// peers; grouping by namespace draws one vertex per namespace, by node
+// each workload in the boxes of the nodes it ran on (both families), its
+// edge drawer filtering by the nodes; at 1400 and 1000 px, none scrolling
+// sideways or laying an edge over an unrelated box.
+func TestServiceMapScopeAndGrouping(t *testing.T) {
+	for _, width := range []int64{1400, 1000} {
+		t.Run(fmt.Sprint(width), func(t *testing.T) {
+			ctx, errs := browser(t)
+			type res struct {
+				Edges, Outside, Peers, NsGroups, Workloads, Boxes, Unboxed, V4, V6 int
+				Bad                                                                []string
+				Fits                                                               bool
+			}
+			state := func() res {
+				return eval[res](t, ctx, `(() => { const cy = window.dualflowMap, ns = id => nodeNamespace(id);
+					const ends = e => [e.source().data('ref') || e.source().id(), e.target().data('ref') || e.target().id()];
+					return { Edges: cy.edges().length, Outside: cy.edges().filter(e => !e.hasClass('backend') && !ends(e).some(x => ns(x) === 'infra')).length,
+						Peers: cy.nodes('.workload, .service').filter(n => ns(n.data('ref') || n.id()) !== 'infra').length,
+						NsGroups: cy.nodes('.nsgroup').length, Workloads: cy.nodes('.workload').length, Boxes: cy.nodes('.k8snode').length,
+						Unboxed: cy.nodes('.workload').filter(n => !n.parent().hasClass('k8snode') || !n.data('node')).length,
+						V4: cy.edges('.v4').length, V6: cy.edges('.v6').length, Bad: mapOverlaps(cy),
+						Fits: document.documentElement.scrollWidth <= window.innerWidth }; })()`)
+			}
+			draw := func(hash, ready string) {
+				do(t, ctx, chromedp.Navigate(baseURL+"/#/map?"+hash), poll(`location.hash === '#/map?since=1h&`+hash+`' && window.dualflowMap && !window.dualflowMap.destroyed() && `+ready))
+			}
+			do(t, ctx, chromedp.EmulateViewport(width, 900))
+			draw("namespace=infra", `window.dualflowMap.edges().length > 0 && document.querySelector('#map-form [name=namespace]').value === 'infra'`)
+			if r := state(); r.Edges == 0 || r.Outside != 0 || r.Peers == 0 || len(r.Bad) > 0 || !r.Fits {
+				t.Errorf("scope infra: %+v", r)
+			}
+			screenshot(t, ctx, fmt.Sprintf("map-scope-%d", width))
+			draw("group=namespace", `window.dualflowMap.nodes('.nsgroup').length > 0`)
+			if r := state(); r.NsGroups < 2 || r.Workloads != 0 || r.V4 == 0 || r.V6 == 0 || len(r.Bad) > 0 || !r.Fits {
+				t.Errorf("group namespace: %+v", r)
+			}
+			draw("group=node", `window.dualflowMap.nodes('.k8snode').length > 0`)
+			if r := state(); r.Boxes == 0 || r.Workloads == 0 || r.Unboxed != 0 || r.V4 == 0 || r.V6 == 0 || len(r.Bad) > 0 || !r.Fits {
+				t.Errorf("group node: %+v", r)
+			}
+			screenshot(t, ctx, fmt.Sprintf("map-nodes-%d", width))
+			do(t, ctx,
+				js(`window.dualflowMap.edges('.v6').filter(e => e.source().data('node'))[0].emit('tap')`),
+				poll(`!document.querySelector('#drawer').hidden && document.querySelector('#drawer .edge-families li[data-family="6"] a')`),
+			)
+			if href := eval[string](t, ctx, `document.querySelector('#drawer .edge-families li[data-family="6"] a').getAttribute('href')`); !strings.Contains(href, "src_node=") || !strings.Contains(href, "ip_version=6") {
+				t.Errorf("node edge drawer link %q", href)
+			}
+			noConsoleErrors(t, errs, "")
+		})
+	}
+}
+
 // reachURL asks on a port: a cell's TCP trace needs one.
 const reachURL = "/#/reach?sources=workload:shop/frontend,workload:shop/cart&destinations=workload:shop/cart,workload:shop/db,service:infra/dns&protocol=TCP&port=5432&run=1"
 

@@ -258,6 +258,7 @@ function fillDatalists() {
   opts('dl-filter', [...catalog.namespaces.map(x => 'namespace=' + x), ...catalog.workloads.map(x => 'workload=' + x),
     ...catalog.services.map(x => 'service=' + x), ...catalog.pods.map(x => 'pod=' + x), ...catalog.ports.map(x => 'dst_port=' + x)]);
   opts('dl-ports', catalog.ports.map(String));
+  mapScopes();
 }
 
 // ---- Flows page ----
@@ -685,20 +686,66 @@ function drawDropsByPolicy(s, p) {
 // per family, its reachability cell and a dual trace.
 let cy = null;
 cytoscape.use(cytoscapeFcose);
+// The scope (a namespace) is the flow filter namespace=, which keeps the
+// edges with an end in it: the namespace and its peers. The grouping is
+// the map's own: group=node asks /servicemap for the nodes of each end.
 async function loadMap() {
   const f = $('#map-form');
   const p = new URLSearchParams();
   if (f.ip_version.value) p.append('ip_version', f.ip_version.value);
   p.append('since', f.since.value);
+  if (f.namespace.value) p.append('namespace', f.namespace.value);
   for (const tok of f.expr.value.trim().split(/\s+/)) {
     const i = tok.indexOf('='); if (i > 0) p.append(tok.slice(0, i), tok.slice(i + 1));
   }
-  history.replaceState(null, '', '#/map?' + p); current.hash = location.hash;
+  const group = f.group.value, shown = new URLSearchParams(p);
+  if (group !== 'workload') shown.append('group', group);
+  history.replaceState(null, '', '#/map?' + shown); current.hash = location.hash;
   try {
-    const [m, backends] = await Promise.all([api('/servicemap?' + p), serviceBackends(p)]);
+    const mq = new URLSearchParams(p); if (group === 'node') mq.set('group', 'node');
+    const [m, backends] = await Promise.all([api('/servicemap?' + mq), group === 'workload' ? serviceBackends(p) : []]);
     banner('');
-    drawMap($('#map'), m, backends, p);
+    drawMap($('#map'), regroupMap(m, group), backends, p);
   } catch (e) { showError(e); }
+}
+// mapScopes lists the namespaces in the scope selector, the chosen one
+// kept (it may have no flows in the window).
+function mapScopes(chosen) {
+  const sel = $('#map-form').namespace, v = chosen ?? sel.value;
+  const nss = [...new Set([...catalog.namespaces, v].filter(Boolean))].sort();
+  sel.replaceChildren(h('option', { value: '' }, 'all namespaces'), ...nss.map(x => h('option', { value: x }, x)));
+  sel.value = v;
+}
+// regroupMap turns the /servicemap answer into the vertices of a
+// grouping: workload (each workload or Service in its namespace's box),
+// namespace (one vertex per namespace, its edges summed) or node (each
+// workload once per Kubernetes node it ran on, in the node's box). A
+// vertex keeps in ref the map id its flow filters name, in node its node.
+function regroupMap(m, group) {
+  if (group === 'workload') return m;
+  const nodes = new Map(), edges = new Map();
+  const vertex = (id, k8s, fam) => {
+    let v;
+    if (group === 'namespace') {
+      const ns = nodeNamespace(id);
+      v = ns ? { id: 'ns:' + ns, kind: 'nsgroup', ref: 'ns:' + ns, name: ns } : { id, kind: 'external', ref: id, name: id };
+    } else {
+      const kind = id.startsWith('svc:') ? 'service' : id.includes('/') ? 'workload' : 'external';
+      v = { id: (k8s || '') + '|' + id, kind, ref: id, node: k8s || '', name: id.replace(/^svc:/, ''),
+        box: k8s ? { id: 'k8s:' + k8s, label: 'node ' + k8s } : kind === 'external' ? null : { id: 'k8s:', label: 'node unknown' } };
+    }
+    const have = nodes.get(v.id) || Object.assign(v, { families: [] });
+    if (!have.families.includes(fam)) have.families.push(fam), have.families.sort();
+    nodes.set(v.id, have);
+    return have.id;
+  };
+  for (const e of m.edges) {
+    const src = vertex(e.src, e.src_node, e.ip_version), dst = vertex(e.dst, e.dst_node, e.ip_version);
+    const k = [src, dst, e.ip_version, e.verdict].join(' ');
+    const x = edges.get(k) || { src, dst, ip_version: e.ip_version, verdict: e.verdict, flows: 0, bytes: 0 };
+    x.flows += e.flows; x.bytes += e.bytes; edges.set(k, x);
+  }
+  return { nodes: [...nodes.values()], edges: [...edges.values()] };
 }
 // serviceBackends reads which workloads answered for each Service from the
 // latest flows through a Service (the map groups them under the Service).
@@ -723,15 +770,18 @@ function nodeNamespace(id) {
 function fmtRate(bytes, secs) { return fmtBytes(bytes / Math.max(1, secs)) + '/s'; }
 function mapElements(m, backends, secs) {
   const els = [], nss = new Set(), ids = new Set(m.nodes.map(n => n.id));
+  const boxes = new Map();
   for (const n of m.nodes) {
-    const ns = nodeNamespace(n.id);
+    const ns = n.ref ? '' : nodeNamespace(n.id);
     if (ns) nss.add(ns);
-    const name = n.kind === 'external' ? n.id : n.id.replace(/^svc:/, '').split('/').slice(1).join('/');
-    const parent = ns ? 'ns:' + ns : n.kind === 'external' ? 'outside' : undefined;
-    els.push({ group: 'nodes', data: { id: n.id, label: (n.kind === 'service' ? 'svc ' : '') + name + '\n' + n.families.map(f => 'v' + f).join('+'), kind: n.kind, parent, families: n.families.join(',') }, classes: n.kind });
+    const name = n.name || (n.kind === 'external' ? n.id : n.id.replace(/^svc:/, '').split('/').slice(1).join('/'));
+    const parent = n.box ? n.box.id : ns ? 'ns:' + ns : n.kind === 'external' ? 'outside' : undefined;
+    if (n.box) boxes.set(n.box.id, n.box.label);
+    els.push({ group: 'nodes', data: { id: n.id, ref: n.ref, node: n.node, label: (n.kind === 'service' ? 'svc ' : '') + name + '\n' + n.families.map(f => 'v' + f).join('+'), kind: n.kind, parent, families: n.families.join(',') }, classes: n.kind });
     if (parent === 'outside' && !ids.has('outside')) { ids.add('outside'); els.push({ group: 'nodes', data: { id: 'outside', label: 'outside the cluster', kind: 'outside' }, classes: 'namespace outside' }); }
   }
   for (const ns of nss) els.push({ group: 'nodes', data: { id: 'ns:' + ns, label: ns, kind: 'namespace' }, classes: 'namespace' });
+  for (const [id, label] of boxes) els.push({ group: 'nodes', data: { id, label, kind: 'k8snode' }, classes: 'namespace k8snode' });
   m.edges.forEach((e, i) => {
     const dropped = e.verdict === 'dropped';
     els.push({ group: 'edges', data: {
@@ -755,6 +805,7 @@ function mapElements(m, backends, secs) {
 const mapStyle = [
   { selector: 'node', style: { label: 'data(label)', 'text-wrap': 'wrap', 'font-size': 11, 'text-valign': 'bottom', 'text-margin-y': 4, 'background-color': '#334155', width: 22, height: 22, color: '#0f172a', 'min-zoomed-font-size': 7 } },
   { selector: 'node.service', style: { shape: 'round-rectangle', 'background-color': '#0d9488' } },
+  { selector: 'node.nsgroup', style: { shape: 'round-rectangle', 'background-color': '#475569', width: 34, height: 24 } },
   { selector: 'node.external', style: { shape: 'diamond', 'background-color': '#94a3b8' } },
   { selector: 'node.namespace', style: { shape: 'round-rectangle', 'background-color': '#f1f5f9', 'background-opacity': 1, 'border-color': '#94a3b8', 'border-width': 1, 'border-style': 'dashed', label: 'data(label)', 'text-valign': 'top', 'text-halign': 'center', 'font-size': 13, 'font-weight': 'bold', color: '#475569', padding: 18 } },
   { selector: 'edge', style: { width: 'data(width)', 'curve-style': 'bezier', 'target-arrow-shape': 'triangle', 'arrow-scale': 1.1, 'font-size': 10, 'text-background-color': '#fff', 'text-background-opacity': 0.9, 'text-background-padding': 2, opacity: 0.85 } },
@@ -771,8 +822,16 @@ function nodeFilter(id, s) {
   const pre = s ? s + '_' : '';
   if (id.startsWith('svc:')) return { service: id.slice(4) };
   if (id.startsWith('ns:')) return { [pre + 'namespace']: id.slice(3) };
+  if (id.startsWith('k8s:')) return { [pre + 'node']: id.slice(4) };
   if (id.includes('/')) return { [pre + 'workload']: id };
   return { [pre + 'ip']: id };
+}
+// vertexFilter is nodeFilter of a drawn vertex: its map id (ref, in a
+// grouping by node) and its Kubernetes node.
+function vertexFilter(d, s) {
+  const f = nodeFilter(d.ref || d.id, s);
+  if (d.node) f[(s ? s + '_' : '') + 'node'] = d.node;
+  return f;
 }
 // gridPositions places each namespace's nodes on a small grid, in an
 // order that keeps neighbours (by edges inside the namespace) together,
@@ -780,7 +839,7 @@ function nodeFilter(id, s) {
 function gridPositions(els, wide) {
   const groups = new Map(), adj = new Map();
   for (const e of els) {
-    if (e.group === 'nodes' && e.data.kind !== 'namespace' && e.data.kind !== 'outside') {
+    if (e.group === 'nodes' && !['namespace', 'outside', 'k8snode'].includes(e.data.kind)) {
       const g = e.data.parent || 'external';
       if (!groups.has(g)) groups.set(g, []);
       groups.get(g).push(e.data.id);
@@ -829,9 +888,10 @@ function mapEndpoint(id) {
 // pair's reachability cell and a dual trace, both on the port its flows
 // used most.
 async function edgeDrawer(ev, since) {
-  const d = ev.target.data(), src = d.source, dst = d.target;
-  const q = Object.assign({ since }, nodeFilter(src, 'src'), nodeFilter(dst, 'dst'));
-  const pair = ev.cy.edges().filter(e => e.data('source') === src && e.data('target') === dst && !e.hasClass('backend'));
+  const d = ev.target.data(), sd = ev.target.source().data(), td = ev.target.target().data();
+  const src = sd.ref || sd.id, dst = td.ref || td.id;
+  const q = Object.assign({ since }, vertexFilter(sd, 'src'), vertexFilter(td, 'dst'));
+  const pair = ev.cy.edges().filter(e => e.data('source') === d.source && e.data('target') === d.target && !e.hasClass('backend'));
   const fams = new Map();
   for (const e of pair) {
     const x = e.data(), f = fams.get(x.ip_version) || { flows: 0, bytes: 0, dropped: 0 };
@@ -853,7 +913,7 @@ async function edgeDrawer(ev, since) {
   if (protocol.startsWith('ICMP')) { protocol = 'ICMP'; port = ''; }
   const es = mapEndpoint(src), ed = mapEndpoint(dst);
   const ends = es && ed;
-  openDrawer(src + ' → ' + dst,
+  openDrawer(src + (sd.node ? ' (node ' + sd.node + ')' : '') + ' → ' + dst + (td.node ? ' (node ' + td.node + ')' : ''),
     h('h3', {}, 'Flows per family'),
     h('ul', { class: 'edge-families' }, rows),
     d.kind === 'backend' ? h('p', { class: 'muted' }, 'A backend of the Service: ', link(hashURL('flows', { since, service: src.slice(4), dst_workload: dst }), 'its flows through the Service')) : null,
@@ -861,7 +921,7 @@ async function edgeDrawer(ev, since) {
     ends ? h('div', { class: 'actions' },
       link(hashURL('reach', { sources: es, destinations: ed, protocol, port, run: 1, cell: '0,0' }), 'Reachability cell' + (port ? ' (' + protocol + ' ' + port + ')' : '')),
       link(hashURL('trace', { source: es, destination: ed, protocol, port, family: 'dual', run: 1 }), 'Dual trace'))
-      : h('p', { class: 'muted' }, 'An address outside the cluster: no reachability cell or trace.'));
+      : h('p', { class: 'muted' }, 'Reachability and traces take workloads and Services: this edge has a namespace or an outside address at an end.'));
 }
 // segmentHitsBox tells whether the segment a→b crosses the box r
 // (Liang–Barsky clipping).
@@ -942,7 +1002,7 @@ function drawMap(box, m, backends, p) {
   cy.on('tap', 'node', ev => {
     const id = ev.target.id();
     if (id === 'outside') return;
-    location.hash = hashURL('flows', Object.assign({ since, ip_version: fam }, nodeFilter(id, '')));
+    location.hash = hashURL('flows', Object.assign({ since, ip_version: fam }, vertexFilter(ev.target.data(), '')));
   });
   cy.on('tap', 'edge', ev => edgeDrawer(ev, since));
   // Hovering says what an element is, and shows an edge's label (edges
@@ -955,7 +1015,7 @@ function drawMap(box, m, backends, p) {
   });
   cy.on('mouseover', 'node', ev => {
     const d = ev.target.data();
-    $('#map-hover').textContent = d.kind === 'outside' ? 'addresses outside the cluster' : d.kind === 'namespace' ? 'namespace ' + d.label : `${d.id} · ${d.kind}` + (d.families ? ' · IPv' + String(d.families).split(',').join(' + IPv') : '') + ` · ${ev.target.connectedEdges().length} edges`;
+    $('#map-hover').textContent = d.kind === 'outside' ? 'addresses outside the cluster' : d.kind === 'namespace' || d.kind === 'k8snode' ? d.label.replace(/^(?!node )/, 'namespace ') : `${d.ref || d.id}${d.node ? ' on node ' + d.node : ''} · ${d.kind === 'nsgroup' ? 'namespace' : d.kind}` + (d.families ? ' · IPv' + String(d.families).split(',').join(' + IPv') : '') + ` · ${ev.target.connectedEdges().length} edges`;
   });
   cy.on('mouseout', ev => { $('#map-hover').textContent = ''; if (ev.target !== cy) ev.target.removeClass('hover'); });
   $('#map-count').textContent = `${n} nodes, ${m.edges.length} edges over ${since}; rates are averages over the window. Hover an edge for its rate, click it for its flows per family, reachability and trace; click a node for its flows; scroll to zoom.`;
@@ -1508,7 +1568,7 @@ const pages = {
     try { keepFlowURL(flowQuery()); } catch (e) { /* the form shows its own error on submit */ }
   },
   charts: params => { applyFormParams($('#charts-form'), params, 'expr'); loadCharts(); },
-  map: params => { applyFormParams($('#map-form'), params, 'expr'); loadMap(); },
+  map: params => { const f = $('#map-form'); mapScopes(params.get('namespace') || ''); f.group.value = params.get('group') || 'workload'; applyFormParams(f, params, 'expr'); loadMap(); },
   reach: enterReach,
   trace: enterTrace,
   audit: () => loadAudit(),
