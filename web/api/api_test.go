@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -561,6 +562,31 @@ func TestSummaryAndServiceMap(t *testing.T) {
 	}
 	if !dropped6 || !svc || len(m.Nodes) < 4 {
 		t.Errorf("service map %+v", m)
+	}
+	// group=node: the same edges, split by the nodes of their ends, in
+	// both families; the flows add up to the ungrouped map's.
+	g := decode[ServiceMap](t, do(t, h, "GET", "/api/v1/servicemap?group=node", ""))
+	sum := func(m ServiceMap) map[string]uint64 {
+		out := map[string]uint64{}
+		for _, e := range m.Edges {
+			out[fmt.Sprint(e.Src, e.Dst, e.IPVersion, e.Verdict)] += e.Flows
+		}
+		return out
+	}
+	noded := map[int]bool{}
+	for _, e := range g.Edges {
+		if e.SrcNode != "" && strings.Contains(e.Src, "/") {
+			noded[e.IPVersion] = true
+		}
+		if e.SrcNode != "" && !strings.Contains(e.Src, "/") {
+			t.Errorf("an outside address on node %q: %+v", e.SrcNode, e)
+		}
+	}
+	if !maps.Equal(sum(m), sum(g)) || !noded[4] || !noded[6] {
+		t.Errorf("group=node %+v (nodes per family %v)", g.Edges, noded)
+	}
+	if r := do(t, h, "GET", "/api/v1/servicemap?group=pod", ""); r.code != 400 || !strings.Contains(r.body, `"group"`) {
+		t.Errorf("group=pod: %d %s", r.code, r.body)
 	}
 }
 

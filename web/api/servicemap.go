@@ -36,6 +36,11 @@ type MapEdge struct {
 	Verdict   string `json:"verdict"`
 	Flows     uint64 `json:"flows"`
 	Bytes     uint64 `json:"bytes"`
+	// SrcNode and DstNode are the Kubernetes nodes of the ends (empty
+	// outside the cluster), set with group=node: the edge is then one per
+	// node pair too.
+	SrcNode string `json:"src_node,omitempty"`
+	DstNode string `json:"dst_node,omitempty"`
 }
 
 // maxEdges bounds the map; the heaviest edges are kept.
@@ -43,9 +48,20 @@ const maxEdges = 500
 
 func (a *API) servicemap(c *gin.Context) (any, error) {
 	q := c.Request.URL.Query()
-	f, err := parseFilter(q, a.cfg.Now(), "limit")
+	f, err := parseFilter(q, a.cfg.Now(), "limit", "group")
 	if err != nil {
 		return nil, err
+	}
+	// group=node splits each edge by the nodes of its ends (the map's
+	// node grouping); the edge projections have no node, so such a map
+	// reads the rows.
+	keys, nodes := "src, dst, ip_version, verdict", ""
+	switch q.Get("group") {
+	case "":
+	case "node":
+		keys, nodes = keys+", src_node, dst_node", "src_node, dst_node, "
+	default:
+		return nil, &FieldError{Field: "group", Message: "group is node or absent"}
 	}
 	limit, err := intParam(q, "limit", maxEdges, 1, maxEdges)
 	if err != nil {
@@ -55,10 +71,10 @@ func (a *API) servicemap(c *gin.Context) (any, error) {
 	defer cancel()
 	// Summed per tier (whole hours and minutes from the projections
 	// edges_1h and edges_1m, the edges as rows: tieredSQL).
-	sql := chsql.Select{Cols: "src, dst, ip_version, verdict, sum(n) AS flows, sum(b) AS bytes", From: "(" + a.tieredSQL(f, true, func(string) string {
-		return "src_label AS src, dst_label AS dst, ip_version, verdict_class AS verdict, count() AS n, sum(bytes + reverse_bytes) AS b"
-	}, "src, dst, ip_version, verdict") + ")", GroupBy: "src, dst, ip_version, verdict",
-		OrderBy: "bytes DESC, flows DESC, src, dst, ip_version, verdict", Limit: limit, Settings: jsonSettings}.String()
+	sql := chsql.Select{Cols: keys + ", sum(n) AS flows, sum(b) AS bytes", From: "(" + a.tieredSQL(f, true, func(string) string {
+		return "src_label AS src, dst_label AS dst, ip_version, verdict_class AS verdict, " + nodes + "count() AS n, sum(bytes + reverse_bytes) AS b"
+	}, keys) + ")", GroupBy: keys,
+		OrderBy: "bytes DESC, flows DESC, " + keys, Limit: limit, Settings: jsonSettings}.String()
 	m := &ServiceMap{Nodes: []MapNode{}, Edges: []MapEdge{}}
 	if err := decodeRows(ctx, a, sql, &m.Edges); err != nil {
 		return nil, err

@@ -772,18 +772,38 @@ func TestServiceMap(t *testing.T) {
 		t.Errorf("hover %q", hv)
 	}
 	screenshot(t, ctx, "map-graph")
-	// Clicking an IPv6 dropped edge opens its flows.
+	// Edges carry no label until hovered.
+	if l := eval[string](t, ctx, `window.dualflowMap.edges('.v4')[0].style('label')`); l != "" {
+		t.Errorf("edge label shown without hover: %q", l)
+	}
+	// Clicking an IPv6 dropped edge opens its drawer: flows per family,
+	// the reachability cell and a dual trace of the pair.
 	do(t, ctx,
 		js(`window.dualflowMap.edges('.dropped.v6')[0].emit('tap')`),
+		poll(`!document.querySelector('#drawer').hidden && document.querySelectorAll('#drawer .edge-families li').length > 0 && [...document.querySelectorAll('#drawer a')].some(a => a.textContent === 'Dual trace')`),
+	)
+	type drawer struct{ Flows6, Dropped6, Reach, Trace string }
+	dr := eval[drawer](t, ctx, `(() => { const q = s => document.querySelector(s)?.getAttribute('href') || '';
+		const as = [...document.querySelectorAll('#drawer a')];
+		return { Flows6: q('#drawer .edge-families li[data-family="6"] a'), Dropped6: q('#drawer .edge-families li[data-family="6"] a:nth-of-type(2)'),
+			Reach: (as.find(a => a.textContent.startsWith('Reachability cell')) || {}).hash || '', Trace: (as.find(a => a.textContent === 'Dual trace') || {}).hash || '' }; })()`)
+	if !strings.Contains(dr.Flows6, "ip_version=6") || !strings.Contains(dr.Flows6, "src_workload=") || !strings.Contains(dr.Dropped6, "verdict=dropped") ||
+		!strings.Contains(dr.Reach, "#/reach?sources=workload%3A") || !strings.Contains(dr.Reach, "port=") ||
+		!strings.Contains(dr.Trace, "#/trace?source=workload%3A") || !strings.Contains(dr.Trace, "family=dual") {
+		t.Errorf("edge drawer: %+v", dr)
+	}
+	do(t, ctx,
+		js(`document.querySelector('#drawer .edge-families li[data-family="6"] a:nth-of-type(2)').click()`),
 		poll(`location.hash.startsWith('#/flows') && document.querySelectorAll('#flow-table tbody tr').length > 0`),
 	)
 	h := eval[string](t, ctx, `location.hash`)
 	if !strings.Contains(h, "ip_version=6") || !strings.Contains(h, "verdict=dropped") || !strings.Contains(h, "src_workload=") {
-		t.Errorf("edge click opened %q", h)
+		t.Errorf("edge drawer link opened %q", h)
 	}
 	if got := rowFamilies(t, ctx); got["4"] != 0 {
 		t.Errorf("edge flows: %v", got)
 	}
+	do(t, ctx, js(`closeDrawer()`))
 	// Clicking a node opens the flows of that workload.
 	do(t, ctx,
 		chromedp.Navigate(baseURL+"/#/map"),
@@ -833,6 +853,108 @@ func TestServiceMapManyWorkloads(t *testing.T) {
 	do(t, ctx, chromedp.Sleep(300*time.Millisecond))
 	screenshot(t, ctx, "map-200")
 	noConsoleErrors(t, errs, "")
+}
+
+// TestServiceMapLayout draws the map of issue 37 §2 (frontend → backend
+// calls beside an unrelated tools/probe-1, a self loop in frontend) at
+// 1400 and 1000 px and checks that no edge's straight segment crosses a
+// node box other than its ends and their namespaces, that a self loop
+// keeps off the namespace title, and that the seeded map does the same.
+func TestServiceMapLayout(t *testing.T) {
+	for _, width := range []int64{1400, 1000} {
+		t.Run(fmt.Sprint(width), func(t *testing.T) {
+			ctx, errs := browser(t)
+			do(t, ctx,
+				chromedp.EmulateViewport(width, 900),
+				chromedp.Navigate(baseURL+"/#/map"),
+				poll(`window.dualflowMap && window.dualflowMap.edges().length > 0`),
+			)
+			if bad := eval[[]string](t, ctx, `mapOverlaps(window.dualflowMap)`); len(bad) > 0 {
+				t.Errorf("seeded map: edges over unrelated nodes: %v", bad)
+			}
+			type res struct {
+				Bad       []string
+				LoopTitle bool
+				Loops     int
+			}
+			r := eval[res](t, ctx, `(() => {
+				const n = (id, fam) => ({ id, kind: 'workload', families: fam || [4, 6] });
+				const nodes = [n('frontend/web'), n('frontend/ui'), n('backend/api'), n('backend/db'), n('tools/probe-1'), n('tools/probe-2'), n('tools/debug', [6]),
+					n('monitoring/prom'), { id: '198.18.0.9', kind: 'external', families: [4] }, { id: 'svc:backend/api', kind: 'service', families: [4, 6] }];
+				const edges = [];
+				const e = (a, b, v, verdict) => edges.push({ src: a, dst: b, ip_version: v, verdict: verdict || 'allowed', flows: 5, bytes: 5000 });
+				e('frontend/web', 'backend/api', 4); e('frontend/web', 'backend/api', 6, 'dropped'); e('frontend/ui', 'svc:backend/api', 6);
+				e('frontend/web', 'frontend/web', 6); e('frontend/ui', 'frontend/web', 4); e('backend/api', 'backend/db', 4); e('backend/api', 'backend/db', 6);
+				e('tools/probe-1', 'tools/probe-2', 6); e('tools/debug', 'tools/probe-1', 6); e('monitoring/prom', 'frontend/web', 4); e('monitoring/prom', 'backend/api', 6);
+				e('monitoring/prom', 'tools/probe-1', 4); e('backend/db', '198.18.0.9', 4);
+				drawMap(document.querySelector('#map'), { nodes, edges }, [{ svc: 'svc:backend/api', backend: 'backend/api' }], new URLSearchParams('since=1h'));
+				const cy = window.dualflowMap, loop = cy.edges().filter(x => x.isLoop());
+				const title = cy.getElementById('ns:frontend').boundingBox({ includeNodes: false, includeEdges: false, includeLabels: true, includeOverlays: false });
+				const lb = loop[0].boundingBox({ includeLabels: false, includeOverlays: false });
+				const cross = (a, b) => a.x1 < b.x2 && b.x1 < a.x2 && a.y1 < b.y2 && b.y1 < a.y2;
+				return { Bad: mapOverlaps(cy), LoopTitle: cross(title, lb), Loops: loop.length };
+			})()`)
+			if len(r.Bad) > 0 || r.LoopTitle || r.Loops != 1 {
+				t.Errorf("layout: %+v", r)
+			}
+			screenshot(t, ctx, fmt.Sprintf("map-layout-%d", width))
+			noConsoleErrors(t, errs, "")
+		})
+	}
+}
+
+// TestServiceMapScopeAndGrouping: the scope keeps one namespace and its
+// peers; grouping by namespace draws one vertex per namespace, by node
+// each workload in the boxes of the nodes it ran on (both families), its
+// edge drawer filtering by the nodes; at 1400 and 1000 px, none scrolling
+// sideways or laying an edge over an unrelated box.
+func TestServiceMapScopeAndGrouping(t *testing.T) {
+	for _, width := range []int64{1400, 1000} {
+		t.Run(fmt.Sprint(width), func(t *testing.T) {
+			ctx, errs := browser(t)
+			type res struct {
+				Edges, Outside, Peers, NsGroups, Workloads, Boxes, Unboxed, V4, V6 int
+				Bad                                                                []string
+				Fits                                                               bool
+			}
+			state := func() res {
+				return eval[res](t, ctx, `(() => { const cy = window.dualflowMap, ns = id => nodeNamespace(id);
+					const ends = e => [e.source().data('ref') || e.source().id(), e.target().data('ref') || e.target().id()];
+					return { Edges: cy.edges().length, Outside: cy.edges().filter(e => !e.hasClass('backend') && !ends(e).some(x => ns(x) === 'infra')).length,
+						Peers: cy.nodes('.workload, .service').filter(n => ns(n.data('ref') || n.id()) !== 'infra').length,
+						NsGroups: cy.nodes('.nsgroup').length, Workloads: cy.nodes('.workload').length, Boxes: cy.nodes('.k8snode').length,
+						Unboxed: cy.nodes('.workload').filter(n => !n.parent().hasClass('k8snode') || !n.data('node')).length,
+						V4: cy.edges('.v4').length, V6: cy.edges('.v6').length, Bad: mapOverlaps(cy),
+						Fits: document.documentElement.scrollWidth <= window.innerWidth }; })()`)
+			}
+			draw := func(hash, ready string) {
+				do(t, ctx, chromedp.Navigate(baseURL+"/#/map?"+hash), poll(`location.hash === '#/map?since=1h&`+hash+`' && window.dualflowMap && !window.dualflowMap.destroyed() && `+ready))
+			}
+			do(t, ctx, chromedp.EmulateViewport(width, 900))
+			draw("namespace=infra", `window.dualflowMap.edges().length > 0 && document.querySelector('#map-form [name=namespace]').value === 'infra'`)
+			if r := state(); r.Edges == 0 || r.Outside != 0 || r.Peers == 0 || len(r.Bad) > 0 || !r.Fits {
+				t.Errorf("scope infra: %+v", r)
+			}
+			screenshot(t, ctx, fmt.Sprintf("map-scope-%d", width))
+			draw("group=namespace", `window.dualflowMap.nodes('.nsgroup').length > 0`)
+			if r := state(); r.NsGroups < 2 || r.Workloads != 0 || r.V4 == 0 || r.V6 == 0 || len(r.Bad) > 0 || !r.Fits {
+				t.Errorf("group namespace: %+v", r)
+			}
+			draw("group=node", `window.dualflowMap.nodes('.k8snode').length > 0`)
+			if r := state(); r.Boxes == 0 || r.Workloads == 0 || r.Unboxed != 0 || r.V4 == 0 || r.V6 == 0 || len(r.Bad) > 0 || !r.Fits {
+				t.Errorf("group node: %+v", r)
+			}
+			screenshot(t, ctx, fmt.Sprintf("map-nodes-%d", width))
+			do(t, ctx,
+				js(`window.dualflowMap.edges('.v6').filter(e => e.source().data('node'))[0].emit('tap')`),
+				poll(`!document.querySelector('#drawer').hidden && document.querySelector('#drawer .edge-families li[data-family="6"] a')`),
+			)
+			if href := eval[string](t, ctx, `document.querySelector('#drawer .edge-families li[data-family="6"] a').getAttribute('href')`); !strings.Contains(href, "src_node=") || !strings.Contains(href, "ip_version=6") {
+				t.Errorf("node edge drawer link %q", href)
+			}
+			noConsoleErrors(t, errs, "")
+		})
+	}
 }
 
 // reachURL asks on a port: a cell's TCP trace needs one.

@@ -17,6 +17,12 @@ trap 'rm -rf "$tmp"' EXIT
 files=(
 	"cytoscape 3.35.0 dist/cytoscape.min.js cytoscape.min.js"
 	"cytoscape 3.35.0 LICENSE cytoscape.LICENSE"
+	"layout-base 2.0.1 layout-base.js layout-base.js"
+	"layout-base 2.0.1 LICENSE layout-base.LICENSE"
+	"cose-base 2.2.0 cose-base.js cose-base.js"
+	"cose-base 2.2.0 LICENSE cose-base.LICENSE"
+	"cytoscape-fcose 2.2.0 cytoscape-fcose.js cytoscape-fcose.js"
+	"cytoscape-fcose 2.2.0 LICENSE cytoscape-fcose.LICENSE"
 	"uplot 1.6.32 dist/uPlot.iife.min.js uPlot.iife.min.js"
 	"uplot 1.6.32 dist/uPlot.min.css uPlot.min.css"
 	"uplot 1.6.32 LICENSE uPlot.LICENSE"

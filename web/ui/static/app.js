@@ -262,6 +262,7 @@ function fillDatalists() {
   opts('dl-filter', [...catalog.namespaces.map(x => 'namespace=' + x), ...catalog.workloads.map(x => 'workload=' + x),
     ...catalog.services.map(x => 'service=' + x), ...catalog.pods.map(x => 'pod=' + x), ...catalog.ports.map(x => 'dst_port=' + x)]);
   opts('dl-ports', catalog.ports.map(String));
+  mapScopes();
 }
 
 // ---- Flows page ----
@@ -754,25 +755,74 @@ function drawDropsByPolicy(s, p) {
 }
 
 // ---- Service map (cytoscape) ----
-// Nodes are grouped in their namespace (compound nodes); each edge is one
-// family and verdict class: IPv4 blue, IPv6 purple, dropped red and dashed,
-// labelled with its rate. Services link to the backends their flows reached
-// (grey dotted edges). A click opens Flows filtered to the node or edge.
+// Nodes are grouped in their namespace (compound nodes) and laid out by
+// fcose; each edge is one family and verdict class: IPv4 blue, IPv6
+// purple, dropped red and dashed, its rate shown on hover. Services link
+// to the backends their flows reached (grey dotted edges). A click on a
+// node opens Flows filtered to it; on an edge, a drawer with its flows
+// per family, its reachability cell and a dual trace.
 let cy = null;
+cytoscape.use(cytoscapeFcose);
+// The scope (a namespace) is the flow filter namespace=, which keeps the
+// edges with an end in it: the namespace and its peers. The grouping is
+// the map's own: group=node asks /servicemap for the nodes of each end.
 async function loadMap() {
   const f = $('#map-form');
   const p = new URLSearchParams();
   if (f.ip_version.value) p.append('ip_version', f.ip_version.value);
   p.append('since', f.since.value);
+  if (f.namespace.value) p.append('namespace', f.namespace.value);
   for (const tok of f.expr.value.trim().split(/\s+/)) {
     const i = tok.indexOf('='); if (i > 0) p.append(tok.slice(0, i), tok.slice(i + 1));
   }
-  history.replaceState(null, '', '#/map?' + p); current.hash = location.hash;
+  const group = f.group.value, shown = new URLSearchParams(p);
+  if (group !== 'workload') shown.append('group', group);
+  history.replaceState(null, '', '#/map?' + shown); current.hash = location.hash;
   try {
-    const [m, backends] = await Promise.all([api('/servicemap?' + p), serviceBackends(p)]);
+    const mq = new URLSearchParams(p); if (group === 'node') mq.set('group', 'node');
+    const [m, backends] = await Promise.all([api('/servicemap?' + mq), group === 'workload' ? serviceBackends(p) : []]);
     banner('');
-    drawMap($('#map'), m, backends, p);
+    drawMap($('#map'), regroupMap(m, group), backends, p);
   } catch (e) { showError(e); }
+}
+// mapScopes lists the namespaces in the scope selector, the chosen one
+// kept (it may have no flows in the window).
+function mapScopes(chosen) {
+  const sel = $('#map-form').namespace, v = chosen ?? sel.value;
+  const nss = [...new Set([...catalog.namespaces, v].filter(Boolean))].sort();
+  sel.replaceChildren(h('option', { value: '' }, 'all namespaces'), ...nss.map(x => h('option', { value: x }, x)));
+  sel.value = v;
+}
+// regroupMap turns the /servicemap answer into the vertices of a
+// grouping: workload (each workload or Service in its namespace's box),
+// namespace (one vertex per namespace, its edges summed) or node (each
+// workload once per Kubernetes node it ran on, in the node's box). A
+// vertex keeps in ref the map id its flow filters name, in node its node.
+function regroupMap(m, group) {
+  if (group === 'workload') return m;
+  const nodes = new Map(), edges = new Map();
+  const vertex = (id, k8s, fam) => {
+    let v;
+    if (group === 'namespace') {
+      const ns = nodeNamespace(id);
+      v = ns ? { id: 'ns:' + ns, kind: 'nsgroup', ref: 'ns:' + ns, name: ns } : { id, kind: 'external', ref: id, name: id };
+    } else {
+      const kind = id.startsWith('svc:') ? 'service' : id.includes('/') ? 'workload' : 'external';
+      v = { id: (k8s || '') + '|' + id, kind, ref: id, node: k8s || '', name: id.replace(/^svc:/, ''),
+        box: k8s ? { id: 'k8s:' + k8s, label: 'node ' + k8s } : kind === 'external' ? null : { id: 'k8s:', label: 'node unknown' } };
+    }
+    const have = nodes.get(v.id) || Object.assign(v, { families: [] });
+    if (!have.families.includes(fam)) have.families.push(fam), have.families.sort();
+    nodes.set(v.id, have);
+    return have.id;
+  };
+  for (const e of m.edges) {
+    const src = vertex(e.src, e.src_node, e.ip_version), dst = vertex(e.dst, e.dst_node, e.ip_version);
+    const k = [src, dst, e.ip_version, e.verdict].join(' ');
+    const x = edges.get(k) || { src, dst, ip_version: e.ip_version, verdict: e.verdict, flows: 0, bytes: 0 };
+    x.flows += e.flows; x.bytes += e.bytes; edges.set(k, x);
+  }
+  return { nodes: [...nodes.values()], edges: [...edges.values()] };
 }
 // serviceBackends reads which workloads answered for each Service from the
 // latest flows through a Service (the map groups them under the Service).
@@ -797,13 +847,18 @@ function nodeNamespace(id) {
 function fmtRate(bytes, secs) { return fmtBytes(bytes / Math.max(1, secs)) + '/s'; }
 function mapElements(m, backends, secs) {
   const els = [], nss = new Set(), ids = new Set(m.nodes.map(n => n.id));
+  const boxes = new Map();
   for (const n of m.nodes) {
-    const ns = nodeNamespace(n.id);
+    const ns = n.ref ? '' : nodeNamespace(n.id);
     if (ns) nss.add(ns);
-    const name = n.kind === 'external' ? n.id : n.id.replace(/^svc:/, '').split('/').slice(1).join('/');
-    els.push({ group: 'nodes', data: { id: n.id, label: (n.kind === 'service' ? 'svc ' : '') + name + '\n' + n.families.map(f => 'v' + f).join('+'), kind: n.kind, parent: ns ? 'ns:' + ns : undefined, families: n.families.join(',') }, classes: n.kind });
+    const name = n.name || (n.kind === 'external' ? n.id : n.id.replace(/^svc:/, '').split('/').slice(1).join('/'));
+    const parent = n.box ? n.box.id : ns ? 'ns:' + ns : n.kind === 'external' ? 'outside' : undefined;
+    if (n.box) boxes.set(n.box.id, n.box.label);
+    els.push({ group: 'nodes', data: { id: n.id, ref: n.ref, node: n.node, label: (n.kind === 'service' ? 'svc ' : '') + name + '\n' + n.families.map(f => 'v' + f).join('+'), kind: n.kind, parent, families: n.families.join(',') }, classes: n.kind });
+    if (parent === 'outside' && !ids.has('outside')) { ids.add('outside'); els.push({ group: 'nodes', data: { id: 'outside', label: 'outside the cluster', kind: 'outside' }, classes: 'namespace outside' }); }
   }
   for (const ns of nss) els.push({ group: 'nodes', data: { id: 'ns:' + ns, label: ns, kind: 'namespace' }, classes: 'namespace' });
+  for (const [id, label] of boxes) els.push({ group: 'nodes', data: { id, label, kind: 'k8snode' }, classes: 'namespace k8snode' });
   m.edges.forEach((e, i) => {
     const dropped = e.verdict === 'dropped';
     els.push({ group: 'edges', data: {
@@ -827,13 +882,15 @@ function mapElements(m, backends, secs) {
 const mapStyle = [
   { selector: 'node', style: { label: 'data(label)', 'text-wrap': 'wrap', 'font-size': 11, 'text-valign': 'bottom', 'text-margin-y': 4, 'background-color': '#334155', width: 22, height: 22, color: '#0f172a', 'min-zoomed-font-size': 7 } },
   { selector: 'node.service', style: { shape: 'round-rectangle', 'background-color': '#0d9488' } },
+  { selector: 'node.nsgroup', style: { shape: 'round-rectangle', 'background-color': '#475569', width: 34, height: 24 } },
   { selector: 'node.external', style: { shape: 'diamond', 'background-color': '#94a3b8' } },
   { selector: 'node.namespace', style: { shape: 'round-rectangle', 'background-color': '#f1f5f9', 'background-opacity': 1, 'border-color': '#94a3b8', 'border-width': 1, 'border-style': 'dashed', label: 'data(label)', 'text-valign': 'top', 'text-halign': 'center', 'font-size': 13, 'font-weight': 'bold', color: '#475569', padding: 18 } },
-  { selector: 'edge', style: { width: 'data(width)', 'curve-style': 'bezier', 'target-arrow-shape': 'triangle', 'arrow-scale': 1.1, label: 'data(label)', 'font-size': 9, 'text-rotation': 'autorotate', 'text-background-color': '#fff', 'text-background-opacity': 0.85, 'text-background-padding': 1, 'min-zoomed-font-size': 8, opacity: 0.85 } },
+  { selector: 'edge', style: { width: 'data(width)', 'curve-style': 'bezier', 'target-arrow-shape': 'triangle', 'arrow-scale': 1.1, 'font-size': 10, 'text-background-color': '#fff', 'text-background-opacity': 0.9, 'text-background-padding': 2, opacity: 0.85 } },
+  { selector: 'edge.hover', style: { label: 'data(label)', opacity: 1, 'z-index': 10 } },
   { selector: 'edge.v4', style: { 'line-color': C4, 'target-arrow-color': C4, color: C4 } },
   { selector: 'edge.v6', style: { 'line-color': C6, 'target-arrow-color': C6, color: C6 } },
   { selector: 'edge.dropped', style: { 'line-color': CDROP, 'target-arrow-color': CDROP, color: CDROP, 'line-style': 'dashed', 'target-arrow-shape': 'tee' } },
-  { selector: 'edge.self', style: { 'loop-direction': '-45deg', 'loop-sweep': '-60deg', 'control-point-step-size': 40 } },
+  { selector: 'edge.self', style: { 'loop-direction': '90deg', 'loop-sweep': '-50deg', 'control-point-step-size': 30 } },
   { selector: 'edge.backend', style: { width: 1.5, 'line-color': '#64748b', 'target-arrow-color': '#64748b', 'line-style': 'dotted', color: '#64748b' } },
   { selector: ':selected', style: { 'overlay-color': '#f59e0b', 'overlay-opacity': 0.25 } },
 ];
@@ -842,8 +899,16 @@ function nodeFilter(id, s) {
   const pre = s ? s + '_' : '';
   if (id.startsWith('svc:')) return { service: id.slice(4) };
   if (id.startsWith('ns:')) return { [pre + 'namespace']: id.slice(3) };
+  if (id.startsWith('k8s:')) return { [pre + 'node']: id.slice(4) };
   if (id.includes('/')) return { [pre + 'workload']: id };
   return { [pre + 'ip']: id };
+}
+// vertexFilter is nodeFilter of a drawn vertex: its map id (ref, in a
+// grouping by node) and its Kubernetes node.
+function vertexFilter(d, s) {
+  const f = nodeFilter(d.ref || d.id, s);
+  if (d.node) f[(s ? s + '_' : '') + 'node'] = d.node;
+  return f;
 }
 // gridPositions places each namespace's nodes on a small grid, in an
 // order that keeps neighbours (by edges inside the namespace) together,
@@ -851,7 +916,7 @@ function nodeFilter(id, s) {
 function gridPositions(els, wide) {
   const groups = new Map(), adj = new Map();
   for (const e of els) {
-    if (e.group === 'nodes' && e.data.kind !== 'namespace') {
+    if (e.group === 'nodes' && !['namespace', 'outside', 'k8snode'].includes(e.data.kind)) {
       const g = e.data.parent || 'external';
       if (!groups.has(g)) groups.set(g, []);
       groups.get(g).push(e.data.id);
@@ -889,6 +954,101 @@ function gridPositions(els, wide) {
   }
   return pos;
 }
+// mapEndpoint is the Reachability/Traceflow endpoint of a map node (null
+// for an address outside the cluster, which those pages do not take).
+function mapEndpoint(id) {
+  if (id.startsWith('svc:')) return 'service:' + id.slice(4);
+  return id.includes('/') ? 'workload:' + id : null;
+}
+// edgeDrawer opens the drawer of one map edge: the flows of its pair per
+// family (each a link to Flows filtered to that pair and family), the
+// pair's reachability cell and a dual trace, both on the port its flows
+// used most.
+async function edgeDrawer(ev, since) {
+  const d = ev.target.data(), sd = ev.target.source().data(), td = ev.target.target().data();
+  const src = sd.ref || sd.id, dst = td.ref || td.id;
+  const q = Object.assign({ since }, vertexFilter(sd, 'src'), vertexFilter(td, 'dst'));
+  const pair = ev.cy.edges().filter(e => e.data('source') === d.source && e.data('target') === d.target && !e.hasClass('backend'));
+  const fams = new Map();
+  for (const e of pair) {
+    const x = e.data(), f = fams.get(x.ip_version) || { flows: 0, bytes: 0, dropped: 0 };
+    f.flows += x.flows; f.bytes += x.bytes; if (x.verdict === 'dropped') f.dropped += x.flows;
+    fams.set(x.ip_version, f);
+  }
+  const rows = [...fams.entries()].sort((a, b) => b[0] - a[0]).map(([v, f]) => h('li', { 'data-family': v }, famBadge(v), ' ',
+    link(hashURL('flows', Object.assign({}, q, { ip_version: v })), f.flows + ' flows, ' + fmtBytes(f.bytes)),
+    f.dropped ? [' · ', link(hashURL('flows', Object.assign({}, q, { ip_version: v, verdict: 'dropped' })), f.dropped + ' dropped')] : ''));
+  // The port: the most frequent destination port of the pair's latest flows.
+  let port = '', protocol = 'TCP';
+  try {
+    const r = await api('/flows?' + new URLSearchParams(Object.assign({}, q, { limit: '200' })));
+    const n = new Map();
+    for (const f of r.flows) { const k = (f.protocol_name || 'TCP') + ' ' + (f.service_port || f.dst_port || ''); n.set(k, (n.get(k) || 0) + 1); }
+    const top = [...n.entries()].sort((a, b) => b[1] - a[1])[0];
+    if (top) [protocol, port] = top[0].split(' ');
+  } catch (e) { /* the drawer still links to the flows */ }
+  if (protocol.startsWith('ICMP')) { protocol = 'ICMP'; port = ''; }
+  const es = mapEndpoint(src), ed = mapEndpoint(dst);
+  const ends = es && ed;
+  openDrawer(src + (sd.node ? ' (node ' + sd.node + ')' : '') + ' → ' + dst + (td.node ? ' (node ' + td.node + ')' : ''),
+    h('h3', {}, 'Flows per family'),
+    h('ul', { class: 'edge-families' }, rows),
+    d.kind === 'backend' ? h('p', { class: 'muted' }, 'A backend of the Service: ', link(hashURL('flows', { since, service: src.slice(4), dst_workload: dst }), 'its flows through the Service')) : null,
+    h('h3', {}, 'Policy'),
+    ends ? h('div', { class: 'actions' },
+      link(hashURL('reach', { sources: es, destinations: ed, protocol, port, run: 1, cell: '0,0' }), 'Reachability cell' + (port ? ' (' + protocol + ' ' + port + ')' : '')),
+      link(hashURL('trace', { source: es, destination: ed, protocol, port, family: 'dual', run: 1 }), 'Dual trace'))
+      : h('p', { class: 'muted' }, 'Reachability and traces take workloads and Services: this edge has a namespace or an outside address at an end.'));
+}
+// segmentHitsBox tells whether the segment a→b crosses the box r
+// (Liang–Barsky clipping).
+function segmentHitsBox(a, b, r) {
+  let t0 = 0, t1 = 1; const dx = b.x - a.x, dy = b.y - a.y;
+  for (const [p, q] of [[-dx, a.x - r.x1], [dx, r.x2 - a.x], [-dy, a.y - r.y1], [dy, r.y2 - a.y]]) {
+    if (p === 0) { if (q < 0) return false; continue; }
+    const t = q / p;
+    if (p < 0) { if (t > t1) return false; if (t > t0) t0 = t; } else { if (t < t0) return false; if (t < t1) t1 = t; }
+  }
+  return true;
+}
+// edgeCrossings lists, as [edge, node] pairs, the edges whose straight
+// segment crosses a node box other than its ends and their namespaces;
+// rendered picks the on-screen positions (the browser tests) over the
+// model ones (the layout).
+function edgeCrossings(cy, nodes, rendered) {
+  const out = [], bb = { includeLabels: false, includeOverlays: false };
+  cy.edges().forEach(e => {
+    if (e.isLoop()) return;
+    const s = e.source(), t = e.target(), mine = s.union(t).union(s.ancestors()).union(t.ancestors());
+    const a = rendered ? s.renderedPosition() : s.position(), b = rendered ? t.renderedPosition() : t.position();
+    nodes.forEach(n => {
+      if (!mine.contains(n) && segmentHitsBox(a, b, rendered ? n.renderedBoundingBox(bb) : n.boundingBox(bb))) out.push([e, n]);
+    });
+  });
+  return out;
+}
+// mapOverlaps names the crossings of the drawn map (for the browser tests).
+const mapOverlaps = cy => edgeCrossings(cy, cy.nodes(), true).map(([e, n]) => e.id() + ' over ' + n.id());
+// spreadApart pushes each top-level box (a namespace, the outside) that
+// an edge of other nodes crosses off that edge's line, a few rounds at
+// most: fcose keeps related nodes close but may still lay an edge over
+// an unrelated box.
+function spreadApart(cy) {
+  for (let round = 0; round < 12; round++) {
+    const bad = edgeCrossings(cy, cy.nodes().orphans(), false);
+    if (!bad.length) return;
+    const moved = new Set();
+    for (const [e, n] of bad) {
+      if (moved.has(n.id())) continue; // once a round: the edges moved too
+      moved.add(n.id());
+      const a = e.source().position(), b = e.target().position(), r = n.boundingBox({ includeLabels: false, includeOverlays: false });
+      const len = Math.hypot(b.x - a.x, b.y - a.y) || 1, nx = -(b.y - a.y) / len, ny = (b.x - a.x) / len;
+      const dist = ((r.x1 + r.x2) / 2 - a.x) * nx + ((r.y1 + r.y2) / 2 - a.y) * ny;
+      const need = (Math.abs(nx) * r.w + Math.abs(ny) * r.h) / 2 + 24 - Math.abs(dist), sign = dist < 0 ? -1 : 1;
+      (n.isParent() ? n.descendants() : n).shift({ x: sign * need * nx, y: sign * need * ny });
+    }
+  }
+}
 function drawMap(box, m, backends, p) {
   if (cy) { cy.destroy(); cy = null; }
   box.replaceChildren();
@@ -896,40 +1056,46 @@ function drawMap(box, m, backends, p) {
   const secs = parseDur(p.get('since'));
   const n = m.nodes.length;
   const els = mapElements(m, backends, secs);
-  // Namespaces are laid out as a grid of boxes, each box's nodes on a
-  // grid in neighbour order: stable between redraws, fast at 200
-  // workloads, and nodes never overlap (cose crowded the namespaces).
+  // The grid places each namespace's nodes in neighbour order; fcose then
+  // starts from it (randomize off: the same map draws the same) and pulls
+  // talking namespaces together, pushing the others off their edges.
   const start = gridPositions(els, n <= 40);
-  const layout = { name: 'preset', positions: start, fit: true, padding: 30 };
   cy = cytoscape({
     container: box, elements: els, style: mapStyle,
-    wheelSensitivity: 0.3, minZoom: 0.05, maxZoom: 4, boxSelectionEnabled: false, layout,
+    wheelSensitivity: 0.3, minZoom: 0.05, maxZoom: 4, boxSelectionEnabled: false,
+    layout: { name: 'preset', positions: start, fit: false },
   });
+  cy.layout({
+    name: 'fcose', randomize: false, animate: false, fit: false, quality: 'default',
+    nodeDimensionsIncludeLabels: true, packComponents: true, tile: true,
+    idealEdgeLength: e => e.source().parent().same(e.target().parent()) ? 90 : 180,
+    nodeRepulsion: 9000, nestingFactor: 0.3, gravity: 0.2, gravityCompound: 1.2, numIter: 2500,
+    nodeSeparation: 90,
+  }).run();
+  spreadApart(cy);
+  cy.fit(undefined, 30);
   window.dualflowMap = cy; // for the browser tests and the console
   const since = p.get('since'), fam = p.get('ip_version') || '';
   cy.on('tap', 'node', ev => {
     const id = ev.target.id();
-    location.hash = hashURL('flows', Object.assign({ since, ip_version: fam }, nodeFilter(id, '')));
+    if (id === 'outside') return;
+    location.hash = hashURL('flows', Object.assign({ since, ip_version: fam }, vertexFilter(ev.target.data(), '')));
   });
-  cy.on('tap', 'edge', ev => {
-    const d = ev.target.data();
-    const q = Object.assign({ since }, nodeFilter(d.source, d.kind === 'backend' ? '' : 'src'), nodeFilter(d.target, 'dst'));
-    if (d.kind === 'backend') Object.assign(q, { service: d.source.slice(4), dst_workload: d.target }, { workload: undefined });
-    else { q.ip_version = d.ip_version; if (d.verdict === 'dropped') q.verdict = 'dropped'; }
-    location.hash = hashURL('flows', q);
-  });
-  // Hovering says what an element is (labels hide when zoomed out).
+  cy.on('tap', 'edge', ev => edgeDrawer(ev, since));
+  // Hovering says what an element is, and shows an edge's label (edges
+  // carry none: along near-vertical edges they were unreadable).
   cy.on('mouseover', 'edge', ev => {
     const d = ev.target.data();
+    ev.target.addClass('hover');
     $('#map-hover').textContent = d.kind === 'backend' ? d.source + ' → ' + d.target + ': a backend of the Service'
       : `${d.source} → ${d.target} · IPv${d.ip_version} ${d.verdict} · ${d.flows} flows, ${fmtBytes(d.bytes)} (${fmtRate(d.bytes, secs)})`;
   });
   cy.on('mouseover', 'node', ev => {
     const d = ev.target.data();
-    $('#map-hover').textContent = d.kind === 'namespace' ? 'namespace ' + d.label : `${d.id} · ${d.kind}` + (d.families ? ' · IPv' + String(d.families).split(',').join(' + IPv') : '') + ` · ${ev.target.connectedEdges().length} edges`;
+    $('#map-hover').textContent = d.kind === 'outside' ? 'addresses outside the cluster' : d.kind === 'namespace' || d.kind === 'k8snode' ? d.label.replace(/^(?!node )/, 'namespace ') : `${d.ref || d.id}${d.node ? ' on node ' + d.node : ''} · ${d.kind === 'nsgroup' ? 'namespace' : d.kind}` + (d.families ? ' · IPv' + String(d.families).split(',').join(' + IPv') : '') + ` · ${ev.target.connectedEdges().length} edges`;
   });
-  cy.on('mouseout', () => { $('#map-hover').textContent = ''; });
-  $('#map-count').textContent = `${n} nodes, ${m.edges.length} edges over ${since}; rates are averages over the window. Click a node or an edge for its flows; scroll to zoom.`;
+  cy.on('mouseout', ev => { $('#map-hover').textContent = ''; if (ev.target !== cy) ev.target.removeClass('hover'); });
+  $('#map-count').textContent = `${n} nodes, ${m.edges.length} edges over ${since}; rates are averages over the window. Hover an edge for its rate, click it for its flows per family, reachability and trace; click a node for its flows; scroll to zoom.`;
 }
 
 // ---- Reachability ----
@@ -1581,7 +1747,7 @@ const pages = {
     try { keepFlowURL(flowQuery()); } catch (e) { /* the form shows its own error on submit */ }
   },
   charts: params => { $('#charts-form').reset(); applyFormParams($('#charts-form'), params, 'expr'); loadCharts(); },
-  map: params => { applyFormParams($('#map-form'), params, 'expr'); loadMap(); },
+  map: params => { const f = $('#map-form'); mapScopes(params.get('namespace') || ''); f.group.value = params.get('group') || 'workload'; applyFormParams(f, params, 'expr'); loadMap(); },
   reach: enterReach,
   trace: enterTrace,
   audit: () => loadAudit(),
