@@ -92,6 +92,12 @@ func ProtoName(p uint8) string {
 	return strconv.Itoa(int(p))
 }
 
+// HasPorts says whether IP protocol p carries ports (TCP, UDP, SCTP): the
+// protocols a NetworkPolicy port can name.
+func HasPorts(p uint8) bool {
+	return p == ProtoTCP || p == ProtoUDP || p == ProtoSCTP
+}
+
 // EndReason is the IPFIX flowEndReason (IANA element 136). Its values are the
 // IANA ones, so they travel unchanged through IPFIX and into ClickHouse.
 type EndReason uint8

@@ -299,7 +299,7 @@ func flowOf(f *policy.Flow, set *policy.Set, rec *flow.Record, m *memo) {
 	f.Proto, f.DstPort = rec.Proto, rec.DstPort
 	peer(&f.Src, rec.SrcAddr, &rec.Src, m)
 	peer(&f.Dst, rec.DstAddr, &rec.Dst, m)
-	if f.Dst.IsPod && set.NamesPorts() && (f.Proto == flow.ProtoTCP || f.Proto == flow.ProtoUDP || f.Proto == flow.ProtoSCTP) {
+	if f.Dst.IsPod && set.NamesPorts() && flow.HasPorts(f.Proto) {
 		f.Dst.PortName = m.portNameOf(&PortQuery{Namespace: rec.Dst.PodNamespace, Pod: rec.Dst.PodName,
 			Addr: f.Dst.Addr, At: rec.FlowStart, Port: rec.DstPort, Proto: rec.Proto})
 	}

@@ -264,7 +264,7 @@ type resolved struct {
 // ports match).
 func (p PolicyEvaluator) EvaluateMatrix(ctx context.Context, srcs, dsts []Endpoint, proto uint8, port uint16, observed ...[]uint16) ([][]map[int]*FamilyPolicy, error) {
 	seen := func(j int) []uint16 {
-		if j < len(observed) && port == 0 && hasPorts(proto) {
+		if j < len(observed) && port == 0 && flow.HasPorts(proto) {
 			return observed[j]
 		}
 		return nil
@@ -379,16 +379,11 @@ func familyProto(proto uint8, fam int) uint8 {
 	return proto
 }
 
-// hasPorts reports whether proto has ports a Service exposes.
-func hasPorts(proto uint8) bool {
-	return proto == flow.ProtoTCP || proto == flow.ProtoUDP || proto == flow.ProtoSCTP
-}
-
 // servicePorts are the ports of t's Service a question on proto/port
 // reaches (port 0: every port of proto); nil for other targets and
 // protocols without ports.
 func (t *Target) servicePorts(proto uint8, port uint16) []ServicePort {
-	if t.Service == nil || !hasPorts(proto) {
+	if t.Service == nil || !flow.HasPorts(proto) {
 		return nil
 	}
 	var out []ServicePort
@@ -405,7 +400,7 @@ func (t *Target) servicePorts(proto uint8, port uint16) []ServicePort {
 // pair of a pod, workload or headless Service destination is evaluated
 // at (evaluateFamily); 0 otherwise.
 func (t *Target) anyPorts(proto uint8, port uint16) int {
-	if port != 0 || !hasPorts(proto) {
+	if port != 0 || !flow.HasPorts(proto) {
 		return 0
 	}
 	n := 0
@@ -460,19 +455,19 @@ func evaluateFamily(set *policy.Set, src, dst *Target, fam int, proto uint8, por
 	// A Service forwards TCP, UDP and SCTP: ICMP to its ClusterIP never
 	// reaches its pods (kube-proxy does not forward it), whatever the
 	// policies say.
-	if dst.Service != nil && !dst.Service.Headless && !hasPorts(proto) {
-		return &FamilyPolicy{Outcome: OutcomeNoPort, Reason: "a Service forwards TCP, UDP and SCTP only: " + ProtoName(fproto) + " to its ClusterIP does not reach its pods (ask about its pods or workload)"}
+	if dst.Service != nil && !dst.Service.Headless && !flow.HasPorts(proto) {
+		return &FamilyPolicy{Outcome: OutcomeNoPort, Reason: "a Service forwards TCP, UDP and SCTP only: " + flow.ProtoName(fproto) + " to its ClusterIP does not reach its pods (ask about its pods or workload)"}
 	}
 	var sps []ServicePort
 	// A headless Service's clients dial the pods' addresses on the port
 	// they choose: no port mapping, no "no such port"; its pods are
 	// evaluated on the port asked.
-	if dst.Service != nil && !dst.Service.Headless && hasPorts(proto) {
+	if dst.Service != nil && !dst.Service.Headless && flow.HasPorts(proto) {
 		sps = dst.servicePorts(proto, port)
 		if len(sps) == 0 {
-			what := fmt.Sprintf("no port %d/%s", port, ProtoName(proto))
+			what := fmt.Sprintf("no port %d/%s", port, flow.ProtoName(proto))
 			if port == 0 {
-				what = "no " + ProtoName(proto) + " port"
+				what = "no " + flow.ProtoName(proto) + " port"
 			}
 			return &FamilyPolicy{Outcome: OutcomeNoPort, Reason: "the Service has " + what}
 		}
@@ -490,7 +485,7 @@ func evaluateFamily(set *policy.Set, src, dst *Target, fam int, proto uint8, por
 			// none is evaluated at the ports observed to the
 			// destination, else at port 0.
 			ports := []uint16{port}
-			if port == 0 && hasPorts(proto) {
+			if port == 0 && flow.HasPorts(proto) {
 				if d := m.declared(proto); len(d) > 0 {
 					ports = d
 				} else if len(observed) > 0 {

@@ -522,9 +522,9 @@ func verdictGaps(view *enrich.Snapshot, set *policy.Set, classes []*podClass, op
 			why = fmt.Sprintf("IPv%d: %s", other, g.why) // the one explanation of a drop
 		}
 		msg := fmt.Sprintf("%s → %s on %d/%s is allowed over IPv%d but denied over IPv%d (%d of %d dual-stack pod pairs): IPv%d %s; %s.",
-			src, dst, k.port, ProtoName(k.proto), k.allowedV, other, g.pairs, total,
+			src, dst, k.port, flow.ProtoName(k.proto), k.allowedV, other, g.pairs, total,
 			k.allowedV, explain(g.allow, g.dir), why)
-		out = append(out, Finding{Kind: KindVerdictGap, Message: msg, Port: k.port, Protocol: ProtoName(k.proto), Count: g.pairs,
+		out = append(out, Finding{Kind: KindVerdictGap, Message: msg, Port: k.port, Protocol: flow.ProtoName(k.proto), Count: g.pairs,
 			Objects: append([]Ref{src.as(RoleSource), dst.as(RoleDestination)}, decisionRefs(g.dir, g.allow, g.deny)...)})
 	}
 	if truncated {
@@ -560,24 +560,6 @@ func decisionRefs(dir policy.Direction, ds ...policy.Decision) []Ref {
 		}
 	}
 	return out
-}
-
-// ProtoName is the name of IANA protocol number p ("TCP", "ICMPv6"), or
-// the number.
-func ProtoName(p uint8) string {
-	switch p {
-	case flow.ProtoTCP:
-		return "TCP"
-	case flow.ProtoUDP:
-		return "UDP"
-	case flow.ProtoSCTP:
-		return "SCTP"
-	case flow.ProtoICMP:
-		return "ICMP"
-	case flow.ProtoICMPv6:
-		return "ICMPv6"
-	}
-	return fmt.Sprint(p)
 }
 
 // ipBlockGaps reports rules whose ipBlocks cover one family of dual-stack
@@ -703,7 +685,7 @@ func rulePort(p *networkingv1.NetworkPolicy, r blockRule) (uint16, string) {
 	}
 	for _, pt := range ports {
 		if pt.Port != nil && pt.Port.Type == intstr.Int && pt.Port.IntVal > 0 {
-			return uint16(pt.Port.IntVal), ProtoName(policy.ProtoNumber(pt.Protocol))
+			return uint16(pt.Port.IntVal), flow.ProtoName(policy.ProtoNumber(pt.Protocol))
 		}
 	}
 	return 0, ""
@@ -762,7 +744,7 @@ func serviceGaps(view *enrich.Snapshot) []Finding {
 		var port uint16
 		var proto string
 		if len(s.Ports) > 0 {
-			port, proto = uint16(s.Ports[0].Port), ProtoName(policy.ProtoNumber(&s.Ports[0].Protocol))
+			port, proto = uint16(s.Ports[0].Port), flow.ProtoName(policy.ProtoNumber(&s.Ports[0].Protocol))
 		}
 		out = append(out, Finding{Kind: KindServiceSingleStack, Count: uint64(dual), Objects: append([]Ref{ref.as(RoleDestination)}, ws...), Port: port, Protocol: proto,
 			Message: fmt.Sprintf("%s is single-stack (%s) while %d of its %d pods (%s) are dual-stack, so clients can reach them through it over %s only.",

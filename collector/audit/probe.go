@@ -57,9 +57,9 @@ func Evaluate(view *enrich.Snapshot, set *policy.Set, p Probe) ([]ProbeResult, e
 		}
 		f := pairFlow(src, dst, int(v), p.Proto, p.Port)
 		r := set.Evaluate(&f)
-		res := ProbeResult{Src: end(view, src.pod, f.Src.Addr), Dst: end(view, dst.pod, f.Dst.Addr), IPVersion: v, Protocol: ProtoName(p.Proto), Port: p.Port, Verdicts: verdicts(r)}
+		res := ProbeResult{Src: end(view, src.pod, f.Src.Addr), Dst: end(view, dst.pod, f.Dst.Addr), IPVersion: v, Protocol: flow.ProtoName(p.Proto), Port: p.Port, Verdicts: verdicts(r)}
 		on := res.Protocol
-		if hasPorts(p.Proto) {
+		if flow.HasPorts(p.Proto) {
 			on = fmt.Sprintf("%d/%s", p.Port, res.Protocol)
 		}
 		res.Message = fmt.Sprintf("%s → %s on %s over IPv%d is allowed (egress: %s; ingress: %s).",

@@ -392,7 +392,7 @@ LIMIT %[4]d`, r.db, chsql.FlowEnd(w.Since, w.Until), blocked, cmp.Or(limit, 1000
 	for _, x := range rs {
 		src := Ref{Kind: x.SrcKind, Namespace: x.SrcNamespace, Name: x.SrcName}
 		dst := Ref{Kind: x.DstKind, Namespace: x.DstNamespace, Name: x.DstName}
-		proto, on := ProtoName(x.Protocol), portText(x.Protocol, x.DstPort)
+		proto, on := flow.ProtoName(x.Protocol), portText(x.Protocol, x.DstPort)
 		switch {
 		case x.Allowed4 > 0 && x.Blocked6 > 0 || x.Allowed6 > 0 && x.Blocked4 > 0:
 			ok, bad, nOK, nBad := 4, 6, x.Allowed4, x.Blocked6
@@ -430,7 +430,7 @@ const (
 // ICMP (the ICMP numbering, see icmpPortKey) the message type.
 func portText(proto uint8, port uint16) string {
 	if proto != flow.ProtoICMP {
-		return fmt.Sprintf("%d/%s", port, ProtoName(proto))
+		return fmt.Sprintf("%d/%s", port, flow.ProtoName(proto))
 	}
 	switch typ, code := port>>8, port&0xff; {
 	case typ == 8 && code == 0:
@@ -628,7 +628,7 @@ LIMIT %d`, r.db, where, whatIfGroup, limit+1)
 		rep.Changes = append(rep.Changes, WhatIfFlow{
 			Src:      FlowEnd{IP: x.SrcIP, Namespace: x.SrcNS, Pod: x.SrcPod, WorkloadKind: x.SrcKind, WorkloadName: x.SrcName},
 			Dst:      FlowEnd{IP: x.DstIP, Namespace: x.DstNS, Pod: x.DstPod, WorkloadKind: x.DstKind, WorkloadName: x.DstName},
-			Protocol: ProtoName(x.Protocol), DstPort: x.DstPort, IPVersion: x.IPVersion, Records: x.Records,
+			Protocol: flow.ProtoName(x.Protocol), DstPort: x.DstPort, IPVersion: x.IPVersion, Records: x.Records,
 			LastSeen: time.UnixMilli(x.LastMS).UTC(), Change: change, Before: verdicts(b), After: verdicts(a),
 		})
 	}

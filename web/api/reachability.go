@@ -281,7 +281,7 @@ func (a *API) runReachability(ctx context.Context, req *ReachabilityRequest) (*R
 	}
 	if a.cfg.Evaluator != nil {
 		var observed [][]uint16
-		if req.Port == 0 && (proto == flow.ProtoTCP || proto == flow.ProtoUDP || proto == flow.ProtoSCTP) {
+		if req.Port == 0 && flow.HasPorts(proto) {
 			// Any port of a pod that declares none: the ports flows to
 			// each destination were seen on.
 			if observed, err = a.observedPorts(qctx, inner, dstArr, nd); err != nil {

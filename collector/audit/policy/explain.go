@@ -98,17 +98,13 @@ func (e Explanation) String(subject, remote string) string {
 // wanted is the family, protocol and port of f: "IPv6 TCP/9090".
 func wanted(f *Flow) string {
 	s := "IPv" + strconv.Itoa(int(flow.Version(f.Src.Addr))) + " " + flow.ProtoName(f.Proto)
-	if hasPort(f.Proto) {
+	if flow.HasPorts(f.Proto) {
 		s += "/" + strconv.Itoa(int(f.DstPort))
 		if f.Dst.PortName != "" {
 			s += " (" + f.Dst.PortName + ")"
 		}
 	}
 	return s
-}
-
-func hasPort(proto uint8) bool {
-	return proto == flow.ProtoTCP || proto == flow.ProtoUDP || proto == flow.ProtoSCTP
 }
 
 // near scores how close r comes to allowing f from (or to) remote: 2 when
