@@ -8,6 +8,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"maps"
 	"net"
@@ -26,6 +27,7 @@ import (
 	"github.com/dualflow/dualflow/collector/store"
 	"github.com/dualflow/dualflow/collector/store/chdb"
 	"github.com/dualflow/dualflow/exporter"
+	"github.com/dualflow/dualflow/internal/chsql"
 	"github.com/dualflow/dualflow/lab"
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/web"
@@ -53,6 +55,7 @@ IPFIX listens on TCP 127.0.0.1:4739 and [::1]:4739 only, unless
 they are used as given, and the lab's exporters send to the first TCP
 listener (UDP if there is none), over IPv6 when the lab has IPv6 and a
 listener takes it.`)
+	started := time.Now()
 	var acfg app.Config
 	cfg := &acfg.Collector
 	cfg.Store.HTTPAddr = store.DefaultHTTPAddr
@@ -165,7 +168,44 @@ Flows appear within about %[9]s. Press Ctrl-C to stop and remove the lab.
 
 `, a.Collector().HTTPAddr(), abs, a.Collector().MetricsAddr(), mode, labCfg.Datapath, len(l.Manifest.Nodes), l.ManifestPath(), webPod(l), *activeTimeout+5*time.Second, a.WebURL(), usersFile, transport+" "+collectorAddr, agentList(p.Agents), tokenFile)
 
+	go reportFirstFlows(ctx, a.Collector().Conn(), a.Collector().Database(), started, a.WebURL(), os.Stdout, log)
 	return p.Run(ctx)
+}
+
+// reportFirstFlows prints, once, how long after started the first flows
+// were stored, per family (the time to first flow of make run's demo), by
+// asking the store every second until it has some. An error is logged at
+// debug level and asked again: the store may still be starting.
+func reportFirstFlows(ctx context.Context, conn store.Conn, db string, started time.Time, webURL string, out io.Writer, log *slog.Logger) {
+	q := "SELECT ip_version, count() AS n FROM " + chsql.Ident(db) + ".flows GROUP BY ip_version ORDER BY ip_version" + chsql.JSONSettings(64<<20)
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		raw, err := conn.Query(ctx, q, "JSONEachRow")
+		if err != nil {
+			log.Debug("first flows: asking the store", "err", err)
+			continue
+		}
+		rows, err := chsql.Decode[struct {
+			Family uint8  `json:"ip_version"`
+			N      uint64 `json:"n"`
+		}](raw)
+		if err != nil || len(rows) == 0 {
+			continue
+		}
+		var per []string
+		for _, r := range rows {
+			per = append(per, fmt.Sprintf("IPv%d %d", r.Family, r.N))
+		}
+		fmt.Fprintf(out, "First flows stored %s after the demo started (%s): %s#/flows\n",
+			time.Since(started).Round(100*time.Millisecond), strings.Join(per, ", "), webURL)
+		return
+	}
 }
 
 // agentList is "node-1 URL, node-2 URL".
