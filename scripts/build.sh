@@ -28,7 +28,10 @@ progress_note() {
 
 log "compiling $out from ./cmd/dualflow (the first build compiles every dependency: a few minutes)"
 start=$SECONDS rc=0
-with_progress "compiling $out" "" "$GO" build -v -ldflags "$ldflags" -o "$out" ./cmd/dualflow 2>"$list" || rc=$?
+# Only go build's stderr goes to the list: the progress lines must reach
+# the terminal while it runs.
+gobuild() { "$GO" build -v -ldflags "$ldflags" -o "$out" ./cmd/dualflow 2>"$list"; }
+with_progress "compiling $out" "" gobuild || rc=$?
 grep -vE "$pkgline" "$list" >&2 || true
 if [ "$rc" != 0 ]; then
   log "compiling $out failed after $((SECONDS - start)) s"
