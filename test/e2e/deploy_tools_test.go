@@ -57,7 +57,7 @@ func startDeployKubeAPI(t *testing.T) *kubeapi.Server {
 	if err := os.WriteFile(cfg, []byte(deployAdmission), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	start := time.Now()
 	s, err := kubeapi.Start(ctx, kubeapi.Options{Dir: dir, ExtraArgs: []string{"--admission-control-config-file", cfg}})

@@ -58,7 +58,7 @@ func requireKubeAPI(t *testing.T) {
 func startKubeAPI(t *testing.T) *kubeapi.Server {
 	t.Helper()
 	requireKubeAPI(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	start := time.Now()
 	s, err := kubeapi.Start(ctx, kubeapi.Options{Dir: t.TempDir()})

@@ -306,7 +306,7 @@ func start(ctx context.Context, o Options, attempt int) (_ *Server, err error) {
 	}
 	began := time.Now()
 	crt := filepath.Join(dir, "certs", "apiserver.crt")
-	if err := waitFor(ctx, 2*time.Minute, s.apiWait, func() bool {
+	if err := waitFor(ctx, 5*time.Minute, s.apiWait, func() bool {
 		if s.caData == nil {
 			b, err := os.ReadFile(crt)
 			if err != nil || !bytes.Contains(b, []byte("END CERTIFICATE")) {
@@ -395,7 +395,7 @@ func (s *Server) Kill() {
 }
 
 // Restart starts the API server killed by Kill again, on the same port,
-// certificates and etcd, and waits until it is ready (up to two minutes).
+// certificates and etcd, and waits until it is ready (up to five minutes: several API servers start at once under make test on 2 cores).
 func (s *Server) Restart(ctx context.Context) error {
 	if s.api != nil {
 		return errors.New("kubeapi: Restart: the API server is running")
@@ -403,7 +403,7 @@ func (s *Server) Restart(ctx context.Context) error {
 	if err := s.spawnAPI(); err != nil {
 		return err
 	}
-	if err := waitFor(ctx, 2*time.Minute, s.apiWait, s.ready); err != nil {
+	if err := waitFor(ctx, 5*time.Minute, s.apiWait, s.ready); err != nil {
 		return fmt.Errorf("kube-apiserver restart: %w%s", err, s.tail(len(s.logs)-1))
 	}
 	return nil
