@@ -49,7 +49,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-STORE="${DUALFLOW_CONTAINERS:-$PWD/.cache/containers}"
+# Resolved: libpod's database records the path it was made with, and
+# refuses another one to the same storage (a .cache reached through a
+# symbolic link, as git worktrees sharing one .cache have).
+STORE="$(realpath -m "${DUALFLOW_CONTAINERS:-$PWD/.cache/containers}")"
 # The storage driver: overlay (the kernel has it) shares layers between
 # images and containers; vfs works anywhere at the cost of copies.
 DRIVER="${STORAGE_DRIVER:-overlay}"
