@@ -227,16 +227,19 @@ func (a *API) queryGroups(ctx context.Context, f *Filter, step time.Duration, di
 // queryPairs sums f's traffic over the window per family, source group
 // and destination group of dim, whole hours and minutes from the edges
 // projections; each side keeps its top groups by bytes (both families
-// together) and sums the rest as OtherGroup. Biggest pairs first.
+// together) and sums the rest as OtherGroup. Biggest pairs first. The
+// flows are read once: window functions total and rank each side's
+// groups over the pairs.
 func (a *API) queryPairs(ctx context.Context, f *Filter, dim dimension, top int) ([]Talker, error) {
-	parts := "(" + a.tieredSQL(f, true, func(string) string {
+	parts := a.tieredSQL(f, true, func(string) string {
 		return "ip_version, " + dim.src + " AS s, " + dim.dst + " AS d, sum(bytes + reverse_bytes) AS b, count() AS n"
-	}, "ip_version, s, d") + ")"
-	topOf := func(col string) string {
-		return chsql.Select{Cols: col, From: parts, GroupBy: col, OrderBy: "sum(b) DESC, sum(n) DESC, " + col, Limit: top}.String()
-	}
-	q := chsql.Select{Cols: "if(s IN (" + topOf("s") + "), s, '" + OtherGroup + "') AS src, if(d IN (" + topOf("d") + "), d, '" + OtherGroup + "') AS dst, ip_version, sum(b) AS bytes, sum(n) AS flows",
-		From: parts, GroupBy: "src, dst, ip_version", OrderBy: "bytes DESC, flows DESC, src, dst, ip_version", Settings: jsonSettings}.String()
+	}, "ip_version, s, d")
+	totals := chsql.Select{Cols: "ip_version, s, d, b, n, sum(b) OVER (PARTITION BY s) AS sb, sum(n) OVER (PARTITION BY s) AS sn, sum(b) OVER (PARTITION BY d) AS db, sum(n) OVER (PARTITION BY d) AS dn",
+		From: "(" + parts + ")"}.String()
+	ranked := chsql.Select{Cols: "ip_version, s, d, b, n, dense_rank() OVER (ORDER BY sb DESC, sn DESC, s) AS sr, dense_rank() OVER (ORDER BY db DESC, dn DESC, d) AS dr",
+		From: "(" + totals + ")"}.String()
+	q := chsql.Select{Cols: fmt.Sprintf("if(sr <= %d, s, '%s') AS src, if(dr <= %d, d, '%s') AS dst, ip_version, sum(b) AS bytes, sum(n) AS flows", top, OtherGroup, top, OtherGroup),
+		From: "(" + ranked + ")", GroupBy: "src, dst, ip_version", OrderBy: "bytes DESC, flows DESC, src, dst, ip_version", Settings: jsonSettings}.String()
 	rows := []Talker{}
 	if err := decodeRows(ctx, a, q, &rows); err != nil {
 		return nil, err

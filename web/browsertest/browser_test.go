@@ -889,6 +889,12 @@ func TestChartsSideAndSankey(t *testing.T) {
 		}
 		checkSankeyWidths(t, links)
 	}
+	// An empty window says so.
+	do(t, ctx, chromedp.Navigate(baseURL+"/#/charts?since=1h&namespace=none-such&mode=sankey"),
+		poll(`document.querySelector('#chart-sankey svg text.empty')?.textContent === 'no flows in this window'`))
+	if n := eval[int](t, ctx, `document.querySelectorAll('#chart-sankey .links path, #chart-sankey .nodes g').length`); n != 0 {
+		t.Errorf("empty Sankey draws %d links and nodes", n)
+	}
 	noConsoleErrors(t, errs, "/api/v1/catalog")
 }
 
