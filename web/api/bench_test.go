@@ -124,3 +124,19 @@ func BenchmarkReachability10x10(b *testing.B) {
 	body := `{"sources":[` + strings.Join(src, ",") + `],"destinations":[` + strings.Join(dst, ",") + `],"since":"1h"}`
 	latencies(b, h, "POST", []string{"/api/v1/reachability"}, func(int) string { return body })
 }
+
+// BenchmarkSummary asks the Charts page's summaries of the hour: per
+// family, grouped by either side's namespace, and the Sankey's pairs of
+// namespaces and of workloads.
+func BenchmarkSummary(b *testing.B) {
+	h := benchAPI(b)
+	for _, q := range []string{"", "dimension=namespace", "dimension=namespace&side=src", "pairs=namespace", "pairs=workload"} {
+		name := strings.NewReplacer("=", ":", "&", "+").Replace(q)
+		if name == "" {
+			name = "none"
+		}
+		b.Run(name, func(b *testing.B) {
+			latencies(b, h, "GET", []string{"/api/v1/flows/summary?since=1h&" + q}, nil)
+		})
+	}
+}

@@ -22,11 +22,19 @@ type Summary struct {
 	// DropsByPolicy is asked for with policies=N: the dropped flows of
 	// the N policies that dropped most, per family.
 	DropsByPolicy []PolicyDrops `json:"drops_by_policy,omitempty"`
-	// Dimension and Groups are asked for with dimension=D: the traffic
-	// per step, family and group of D, for the top groups of the window
-	// (both families together; the rest summed as OtherGroup).
+	// Dimension, Side and Groups are asked for with dimension=D (and
+	// side=src|dst, dst unless asked): the traffic per step, family and
+	// group of D on that side of the flows, for the top groups of the
+	// window (both families together; the rest summed as OtherGroup).
 	Dimension string       `json:"dimension,omitempty"`
+	Side      string       `json:"side,omitempty"`
 	Groups    []GroupPoint `json:"groups,omitempty"`
+	// PairsDimension and Pairs are asked for with pairs=D: the window's
+	// traffic per family from each source group of D to each destination
+	// group of D (a Sankey's links), the top groups of each side by bytes
+	// (both families together) and the rest of that side as OtherGroup.
+	PairsDimension string   `json:"pairs_dimension,omitempty"`
+	Pairs          []Talker `json:"pairs,omitempty"`
 }
 
 // GroupPoint is the traffic of one group of the summary's dimension, in
@@ -47,15 +55,27 @@ const (
 	NoNamespace = "(none)"
 )
 
-// dimensions are the group-by columns of the summary, all of the
-// destination (where a flow goes), as expressions over the flows table.
-// namespace and workload are columns of the edges projections; the port
-// is read from rows.
-var dimensions = map[string]string{
-	"namespace": "if(dst_pod_namespace = '', '" + NoNamespace + "', dst_pod_namespace)",
-	"workload":  "dst_label",
-	"port":      "toString(dst_port)",
-	"family":    "concat('IPv', toString(ip_version))",
+// dimension is a group-by of the summary as an expression over the flows
+// table for each side of a flow: src where the flow comes from, dst where
+// it goes; "" where the side means nothing (a source port is ephemeral).
+type dimension struct{ src, dst string }
+
+// side is the expression of d on side "src" or "dst".
+func (d dimension) side(s string) string {
+	if s == "src" {
+		return d.src
+	}
+	return d.dst
+}
+
+// dimensions are the group-by columns of the summary. namespace and
+// workload are columns of the edges projections, on both sides; the port
+// is read from rows; a family is the same at both ends.
+var dimensions = map[string]dimension{
+	"namespace": {src: "if(src_pod_namespace = '', '" + NoNamespace + "', src_pod_namespace)", dst: "if(dst_pod_namespace = '', '" + NoNamespace + "', dst_pod_namespace)"},
+	"workload":  {src: "src_label", dst: "dst_label"},
+	"port":      {dst: "toString(dst_port)"},
+	"family":    {src: "concat('IPv', toString(ip_version))", dst: "concat('IPv', toString(ip_version))"},
 }
 
 // PolicyDrops counts the dropped flows of one family that one policy
@@ -105,7 +125,7 @@ const (
 
 func (a *API) summary(c *gin.Context) (any, error) {
 	q := c.Request.URL.Query()
-	f, err := parseFilter(q, a.cfg.Now(), "step", "top", "policies", "dimension")
+	f, err := parseFilter(q, a.cfg.Now(), "step", "top", "policies", "dimension", "side", "pairs")
 	if err != nil {
 		return nil, err
 	}
@@ -137,6 +157,19 @@ func (a *API) summary(c *gin.Context) (any, error) {
 	if _, ok := dimensions[dim]; dim != "" && !ok {
 		return nil, fieldErr("dimension", "want namespace, workload, port or family")
 	}
+	side := cmp.Or(q.Get("side"), "dst")
+	switch {
+	case side != "src" && side != "dst":
+		return nil, fieldErr("side", "want src or dst")
+	case q.Has("side") && dim == "":
+		return nil, fieldErr("side", "side is the side of a dimension: ask for one with dimension=")
+	case dim != "" && dimensions[dim].side(side) == "":
+		return nil, fieldErr("side", "dimension %s has no %s side: want side=dst", dim, side)
+	}
+	pairs := q.Get("pairs")
+	if pairs != "" && pairs != "namespace" && pairs != "workload" {
+		return nil, fieldErr("pairs", "want namespace or workload")
+	}
 	ctx, cancel := context.WithTimeout(c.Request.Context(), a.cfg.QueryTimeout)
 	defer cancel()
 	s, err := a.querySummary(ctx, f, step, top)
@@ -144,8 +177,14 @@ func (a *API) summary(c *gin.Context) (any, error) {
 		return nil, err
 	}
 	if dim != "" {
-		s.Dimension = dim
-		if s.Groups, err = a.queryGroups(ctx, f, step, dimensions[dim], top); err != nil {
+		s.Dimension, s.Side = dim, side
+		if s.Groups, err = a.queryGroups(ctx, f, step, dimensions[dim].side(side), top); err != nil {
+			return nil, err
+		}
+	}
+	if pairs != "" {
+		s.PairsDimension = pairs
+		if s.Pairs, err = a.queryPairs(ctx, f, dimensions[pairs], top); err != nil {
 			return nil, err
 		}
 	}
@@ -179,6 +218,29 @@ func (a *API) queryGroups(ctx context.Context, f *Filter, step time.Duration, di
 	q := chsql.Select{Cols: "time_ms, ip_version, if(grp IN (" + topGroups + "), grp, '" + OtherGroup + "') AS `group`, sum(b) AS bytes, sum(n) AS flows",
 		From: parts, GroupBy: "time_ms, ip_version, `group`", OrderBy: "time_ms, ip_version, `group`", Settings: jsonSettings}.String()
 	rows := []GroupPoint{}
+	if err := decodeRows(ctx, a, q, &rows); err != nil {
+		return nil, err
+	}
+	return rows, nil
+}
+
+// queryPairs sums f's traffic over the window per family, source group
+// and destination group of dim, whole hours and minutes from the edges
+// projections; each side keeps its top groups by bytes (both families
+// together) and sums the rest as OtherGroup. Biggest pairs first. The
+// flows are read once: window functions total and rank each side's
+// groups over the pairs.
+func (a *API) queryPairs(ctx context.Context, f *Filter, dim dimension, top int) ([]Talker, error) {
+	parts := a.tieredSQL(f, true, func(string) string {
+		return "ip_version, " + dim.src + " AS s, " + dim.dst + " AS d, sum(bytes + reverse_bytes) AS b, count() AS n"
+	}, "ip_version, s, d")
+	totals := chsql.Select{Cols: "ip_version, s, d, b, n, sum(b) OVER (PARTITION BY s) AS sb, sum(n) OVER (PARTITION BY s) AS sn, sum(b) OVER (PARTITION BY d) AS db, sum(n) OVER (PARTITION BY d) AS dn",
+		From: "(" + parts + ")"}.String()
+	ranked := chsql.Select{Cols: "ip_version, s, d, b, n, dense_rank() OVER (ORDER BY sb DESC, sn DESC, s) AS sr, dense_rank() OVER (ORDER BY db DESC, dn DESC, d) AS dr",
+		From: "(" + totals + ")"}.String()
+	q := chsql.Select{Cols: fmt.Sprintf("if(sr <= %d, s, '%s') AS src, if(dr <= %d, d, '%s') AS dst, ip_version, sum(b) AS bytes, sum(n) AS flows", top, OtherGroup, top, OtherGroup),
+		From: "(" + ranked + ")", GroupBy: "src, dst, ip_version", OrderBy: "bytes DESC, flows DESC, src, dst, ip_version", Settings: jsonSettings}.String()
+	rows := []Talker{}
 	if err := decodeRows(ctx, a, q, &rows); err != nil {
 		return nil, err
 	}

@@ -12,6 +12,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -734,6 +735,167 @@ func TestCharts(t *testing.T) {
 		poll(`location.hash.startsWith('#/flows') && document.querySelectorAll('#flow-table tbody tr').length > 0`),
 	)
 	noConsoleErrors(t, errs, "")
+}
+
+// sankeyLink is a link of the Charts page's Sankey as drawn.
+type sankeyLink struct {
+	Src, Dst, Family, Stroke string
+	Value, Width             float64
+}
+
+// sankeyLinks reads the links of #chart-sankey.
+func sankeyLinks(t *testing.T, ctx context.Context) []sankeyLink {
+	t.Helper()
+	return eval[[]sankeyLink](t, ctx, `[...document.querySelectorAll('#chart-sankey .links path')].map(p => ({ Src: p.dataset.src, Dst: p.dataset.dst,
+		Family: p.dataset.family, Stroke: p.getAttribute('stroke'), Value: +p.dataset.value, Width: +p.dataset.width }))`)
+}
+
+// sankeyNodes reads the names of #chart-sankey's nodes on one side, top
+// to bottom.
+func sankeyNodes(t *testing.T, ctx context.Context, side string) []string {
+	t.Helper()
+	return eval[[]string](t, ctx, `[...document.querySelectorAll('#chart-sankey .nodes g[data-side=`+side+`]')].sort((a, b) => a.querySelector('rect').y.baseVal.value - b.querySelector('rect').y.baseVal.value).map(g => g.dataset.name)`)
+}
+
+// checkSankeyWidths: every link is drawn in its family's colour and its
+// width is its value on one scale (d3-sankey's), so that a bigger value is
+// a wider link.
+func checkSankeyWidths(t *testing.T, links []sankeyLink) {
+	t.Helper()
+	if len(links) == 0 {
+		t.Fatal("no Sankey links")
+	}
+	colour := map[string]string{"4": "#2563eb", "6": "#9333ea"}
+	k := links[0].Width / links[0].Value
+	for _, l := range links {
+		if l.Stroke != colour[l.Family] {
+			t.Errorf("link %+v not in its family's colour", l)
+		}
+		if l.Value <= 0 || math.Abs(l.Width/l.Value-k) > 1e-6*k {
+			t.Errorf("link %+v: width not on the scale of %+v", l, links[0])
+		}
+	}
+}
+
+// TestChartsSideAndSankey: the Charts page groups by either side of the
+// flows, and draws the window's source → destination pairs as a Sankey
+// (computed in the store: /flows/summary?pairs=), in IPv4-only, IPv6-only
+// and dual labs; screenshots at 1000 and 1400 px.
+func TestChartsSideAndSankey(t *testing.T) {
+	ctx, errs := browser(t)
+	titled := func(chart, title string) chromedp.Action[chromedp.Void] {
+		return poll(`(u => u && u.root.querySelector('.u-title').textContent.includes('` + title + `'))(document.querySelector('` + chart + `')?.uplot)`)
+	}
+	labels := func() []string {
+		return eval[[]string](t, ctx, `document.querySelector('#chart-bytes').uplot.series.slice(1).map(s => s.label).filter(l => l !== 'previous period').sort()`)
+	}
+	set := func(field, value string) chromedp.Action[chromedp.Void] {
+		return js(`{ const s = document.querySelector('#charts-form [name=` + field + `]'); s.value = '` + value + `'; s.dispatchEvent(new Event('change')) }`)
+	}
+	// Side: where the flows come from (the lab's clients are all in shop),
+	// then where they go; the side is in the URL.
+	do(t, ctx, chromedp.Navigate(baseURL+"/#/charts?since=1h&dimension=namespace&side=src"), titled("#chart-bytes", "per namespace (source)"))
+	if got := labels(); !slices.Equal(got, []string{"shop"}) {
+		t.Errorf("source namespaces %v", got)
+	}
+	do(t, ctx, set("side", "dst"), titled("#chart-bytes", "per namespace (destination)"))
+	if got := labels(); !slices.Equal(got, []string{"infra", "shop"}) {
+		t.Errorf("destination namespaces %v", got)
+	}
+	do(t, ctx, set("dimension", "workload"), set("side", "src"), titled("#chart-bytes", "per workload (source)"))
+	if got := labels(); !slices.Equal(got, []string{"shop/cart", "shop/frontend"}) {
+		t.Errorf("source workloads %v", got)
+	}
+	if h := eval[string](t, ctx, `location.hash`); !strings.Contains(h, "dimension=workload&side=src") {
+		t.Errorf("hash %s lacks the side", h)
+	}
+	// A port is the destination's: no side to choose (nor a unit, but in
+	// a Sankey).
+	do(t, ctx, set("dimension", "port"), titled("#chart-bytes", "per port"))
+	if d := eval[[]bool](t, ctx, `(f => [f.side.disabled, f.unit.disabled])(document.querySelector('#charts-form'))`); !slices.Equal(d, []bool{true, true}) {
+		t.Errorf("side, unit disabled %v for ports, want both", d)
+	}
+	// Sankey: source namespace → destination namespace, a link per pair
+	// and family, the biggest node first in each column.
+	do(t, ctx, set("dimension", "namespace"), set("mode", "sankey"), chromedp.WaitVisible(css(`#chart-sankey .links path`)))
+	names := func(ls []sankeyLink) []string {
+		var out []string
+		for _, l := range ls {
+			out = append(out, l.Src+">"+l.Dst+"/"+l.Family)
+		}
+		slices.Sort(out)
+		return out
+	}
+	links := sankeyLinks(t, ctx)
+	if got := names(links); !slices.Equal(got, []string{"shop>infra/4", "shop>infra/6", "shop>shop/4", "shop>shop/6"}) {
+		t.Errorf("namespace links %v", got)
+	}
+	if s, d := sankeyNodes(t, ctx, "src"), sankeyNodes(t, ctx, "dst"); !slices.Equal(s, []string{"shop"}) || !slices.Equal(d, []string{"shop", "infra"}) {
+		t.Errorf("namespace nodes %v → %v", s, d)
+	}
+	checkSankeyWidths(t, links)
+	if h := eval[string](t, ctx, `location.hash`); !strings.Contains(h, "mode=sankey") || strings.Contains(h, "side=") {
+		t.Errorf("hash %s: want the Sankey mode and no side", h)
+	}
+	// Workloads in flows: each family's links sum to its flows in the
+	// totals (what the store counted), and still follow the scale.
+	do(t, ctx, set("dimension", "workload"), set("unit", "flows"),
+		poll(`document.querySelector('#chart-sankey .u-title')?.textContent.includes('workload, flows')`))
+	links = sankeyLinks(t, ctx)
+	if got := names(links); !slices.Equal(got, []string{"shop/cart>svc:infra/dns/4", "shop/cart>svc:infra/dns/6", "shop/cart>svc:shop/db/4",
+		"shop/frontend>shop/db/4", "shop/frontend>shop/db/6", "shop/frontend>svc:infra/dns/4", "shop/frontend>svc:infra/dns/6", "shop/frontend>svc:shop/cart/4", "shop/frontend>svc:shop/cart/6"}) {
+		t.Errorf("workload links %v", got)
+	}
+	checkSankeyWidths(t, links)
+	for _, fam := range []string{"4", "6"} {
+		var sum float64
+		for _, l := range links {
+			if l.Family == fam {
+				sum += l.Value
+			}
+		}
+		total := eval[string](t, ctx, `document.querySelector('#charts-out .totals [data-family="`+fam+`"]').textContent`)
+		if !strings.Contains(total, fmt.Sprintf(" %d flows ", int(sum))) {
+			t.Errorf("IPv%s links sum to %v flows, the totals say %q", fam, sum, total)
+		}
+	}
+	// Top 3: the rest of the 4 destinations folded into (other), last in
+	// its column; the 2 sources as they are.
+	do(t, ctx, set("top", "3"), poll(`[...document.querySelectorAll('#chart-sankey .nodes g')].some(g => g.dataset.name === '(other)')`))
+	if s, d := sankeyNodes(t, ctx, "src"), sankeyNodes(t, ctx, "dst"); len(s) != 2 || slices.Contains(s, "(other)") || len(d) != 4 || d[3] != "(other)" {
+		t.Errorf("top 3 nodes %v → %v, want 2 sources, 3 destinations and (other)", s, d)
+	}
+	checkSankeyWidths(t, sankeyLinks(t, ctx))
+	// Screenshots at both widths, none scrolling sideways.
+	for _, width := range []int64{1000, 1400} {
+		do(t, ctx, chromedp.EmulateViewport(width, 900), chromedp.Navigate("about:blank"),
+			chromedp.Navigate(baseURL+"/#/charts?since=1h&dimension=workload&mode=sankey"),
+			poll(`(s => s && s.getAttribute('width') > `+fmt.Sprint(width/2)+` && s.getAttribute('width') <= `+fmt.Sprint(width)+`)(document.querySelector('#chart-sankey svg'))`),
+			chromedp.WaitVisible(css(`#chart-sankey .links path`)))
+		if w := eval[int](t, ctx, `document.documentElement.scrollWidth`); w > int(width) {
+			t.Errorf("Sankey at %d px is %d px wide", width, w)
+		}
+		screenshot(t, ctx, fmt.Sprintf("charts-sankey-%d", width))
+	}
+	noConsoleErrors(t, errs, "")
+	// One family only: its links alone, in its colour. (The single-family
+	// labs have no live view: the browser logs /catalog's 501.)
+	ctx, errs = browser(t)
+	for _, fam := range []string{"4", "6"} {
+		do(t, ctx, chromedp.Navigate(modeURL[fam]+"/#/charts?since=1h&dimension=namespace&mode=sankey"), chromedp.WaitVisible(css(`#chart-sankey .links path`)))
+		links := sankeyLinks(t, ctx)
+		if got := names(links); !slices.Equal(got, []string{"shop>infra/" + fam, "shop>shop/" + fam}) {
+			t.Errorf("IPv%s-only links %v", fam, got)
+		}
+		checkSankeyWidths(t, links)
+	}
+	// An empty window says so.
+	do(t, ctx, chromedp.Navigate(baseURL+"/#/charts?since=1h&namespace=none-such&mode=sankey"),
+		poll(`document.querySelector('#chart-sankey svg text.empty')?.textContent === 'no flows in this window'`))
+	if n := eval[int](t, ctx, `document.querySelectorAll('#chart-sankey .links path, #chart-sankey .nodes g').length`); n != 0 {
+		t.Errorf("empty Sankey draws %d links and nodes", n)
+	}
+	noConsoleErrors(t, errs, "/api/v1/catalog")
 }
 
 func TestServiceMap(t *testing.T) {

@@ -26,6 +26,14 @@ files=(
 	"uplot 1.6.32 dist/uPlot.iife.min.js uPlot.iife.min.js"
 	"uplot 1.6.32 dist/uPlot.min.css uPlot.min.css"
 	"uplot 1.6.32 LICENSE uPlot.LICENSE"
+	"d3-array 2.12.1 dist/d3-array.min.js d3-array.min.js"
+	"d3-array 2.12.1 LICENSE d3-array.LICENSE"
+	"d3-path 1.0.9 dist/d3-path.min.js d3-path.min.js"
+	"d3-path 1.0.9 LICENSE d3-path.LICENSE"
+	"d3-shape 1.3.7 dist/d3-shape.min.js d3-shape.min.js"
+	"d3-shape 1.3.7 LICENSE d3-shape.LICENSE"
+	"d3-sankey 0.12.3 dist/d3-sankey.min.js d3-sankey.min.js"
+	"d3-sankey 0.12.3 LICENSE d3-sankey.LICENSE"
 )
 fail=0
 out=$tmp/VERSIONS

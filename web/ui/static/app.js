@@ -1,5 +1,6 @@
-// dualflow UI: a single-page app over /api/v1. The graph (cytoscape) and
-// the charts (uPlot) are vendored, pinned npm packages (static/vendor).
+// dualflow UI: a single-page app over /api/v1. The graph (cytoscape), the
+// charts (uPlot) and the Sankey (d3-sankey) are vendored, pinned npm
+// packages (static/vendor).
 'use strict';
 
 const API = '/api/v1';
@@ -512,7 +513,7 @@ function bucketWindow(sinceStr, now) {
 }
 function chartParams(p, w) {
   const q = new URLSearchParams(p);
-  for (const k of ['since', 'until', 'limit', 'cursor', 'follow', 'mode', 'compare']) q.delete(k);
+  for (const k of ['since', 'until', 'limit', 'cursor', 'follow', 'mode', 'compare', 'unit']) q.delete(k);
   q.append('since', String(w.since * 1000)); q.append('until', String(w.until * 1000)); q.append('step', w.step + 's');
   return q;
 }
@@ -570,8 +571,6 @@ const sum = a => a.reduce((x, y) => x + y, 0);
 // ("(other)") is grey.
 const groupColours = ['#0891b2', '#d97706', '#059669', '#db2777', '#4f46e5', '#65a30d', '#0d9488', '#c026d3', '#ea580c', '#0284c7', '#a16207', '#7c3aed'];
 const COTHER = '#94a3b8', CPREV = '#334155';
-// chartModes are the Charts page's ways of drawing a panel's groups.
-const chartModes = { stacked: 'stacked', lines: 'lines', percent: '100%' };
 // familyChart draws one value per bucket and family, each in its
 // family's colour (see seriesChart).
 function familyChart(el, title, w, xs, v4, v6, unit, fmt, opts) {
@@ -632,19 +631,25 @@ function seriesChart(el, title, w, xs, groups, unit, fmt, opts) {
   el.uplot = u;
   return u;
 }
+// sankeyDimension is what a Sankey pairs for the chosen dimension: the
+// store pairs namespaces or workloads; a family is the links' colour.
+const sankeyDimension = dim => dim === 'workload' ? 'workload' : 'namespace';
 // loadSummaryInto fills box with the summary charts of the filter p;
 // opts.compare also asks for the window before (same length) and draws
-// its totals.
+// its totals; opts.mode sankey asks for the window's source → destination
+// pairs instead of groups over time.
 async function loadSummaryInto(box, p, opts) {
   const w = opts.window || bucketWindow(p.get('since') || '1h', Date.now());
   try {
     const q = chartParams(p, w);
     if (opts.policies) q.append('policies', String(opts.policies));
+    const sankey = opts.mode === 'sankey';
+    if (sankey) { q.set('pairs', sankeyDimension(q.get('dimension'))); q.delete('dimension'); q.delete('side'); }
     let prev = null;
-    if (opts.compare) {
+    if (opts.compare && !sankey) {
       const pw = { ...w, since: w.since - w.n * w.step, until: w.since, now: w.since };
       const pq = chartParams(p, pw);
-      pq.delete('dimension'); pq.set('top', '1');
+      pq.delete('dimension'); pq.delete('side'); pq.set('top', '1');
       prev = api('/flows/summary?' + pq).then(ps => buckets(ps, pw));
     }
     const [s, pd] = await Promise.all([api('/flows/summary?' + q), prev]);
@@ -676,10 +681,57 @@ function chartGroups(s, w, d, metric) {
   if (by.has('(other)')) list.push(Object.assign(by.get('(other)'), { colour: COTHER }));
   return list;
 }
+// sankeyChart draws s.pairs (the window's traffic from each source group
+// to each destination group, per family) as a Sankey laid out by
+// d3-sankey: sources on the left, destinations on the right, one link per
+// pair and family in the family's colour, its width the pair's bytes or
+// flows (unit); "(other)" nodes grey. Nodes and links carry their names,
+// family and value as data-* attributes (and a hover title); el.dataset.mode
+// is "sankey".
+function sankeyChart(el, s, unit) {
+  const metric = unit === 'flows' ? 'flows' : 'bytes';
+  const fmt = metric === 'flows' ? v => fmtCount(v) + ' flows' : fmtBytes;
+  const nodes = new Map();
+  const node = (side, name) => { const id = side + ':' + name; if (!nodes.has(id)) nodes.set(id, { id, side, name }); return id; };
+  const links = (s.pairs || []).filter(p => p[metric] > 0).map(p => ({ source: node('src', p.src), target: node('dst', p.dst), value: p[metric], fam: p.ip_version }));
+  const width = Math.max(320, (el.clientWidth || el.parentElement.clientWidth || 900) - 8);
+  const rows = Math.max(1, ...['src', 'dst'].map(sd => [...nodes.values()].filter(n => n.side === sd).length));
+  const height = Math.max(200, Math.min(640, 48 + rows * 36));
+  // The labels sit outside the two columns, in margins of their own.
+  const margin = Math.min(220, Math.round(width * 0.22)), chars = Math.floor((margin - 70) / 6.5);
+  const short = n => n.length > chars ? n.slice(0, chars - 1) + '…' : n;
+  const dim = s.pairs_dimension || 'namespace';
+  const fam = { 4: 0, 6: 0 };
+  for (const l of links) fam[l.fam] += l.value;
+  const svg = h('svg', { class: 'sankey', width, height, viewBox: `0 0 ${width} ${height}`, role: 'img', 'aria-label': `${dim} to ${dim}, ${metric}` });
+  el.replaceChildren(h('div', { class: 'u-title' }, `Source ${dim} → destination ${dim}, ${metric} (links in their family's colour)`), svg,
+    h('div', { class: 'sankey-legend' }, [4, 6].map(v => h('span', { 'data-family': v }, famBadge(v), ' ', fmt(fam[v])))));
+  el.dataset.mode = 'sankey';
+  if (!links.length) {
+    svg.append(h('text', { x: width / 2, y: height / 2, 'text-anchor': 'middle', class: 'empty' }, 'no flows in this window'));
+    return;
+  }
+  // Biggest first in each column, "(other)" last.
+  const order = (a, b) => (a.name === '(other)') - (b.name === '(other)') || b.value - a.value || (a.name < b.name ? -1 : 1);
+  const g = d3.sankey().nodeId(n => n.id).nodeWidth(12).nodePadding(14).nodeSort(order)
+    .extent([[margin, 26], [width - margin, height - 6]])({ nodes: [...nodes.values()], links });
+  const path = d3.sankeyLinkHorizontal();
+  svg.append(
+    h('text', { x: margin, y: 14, 'text-anchor': 'end', class: 'head' }, 'sources'),
+    h('text', { x: width - margin, y: 14, 'text-anchor': 'start', class: 'head' }, 'destinations'),
+    h('g', { class: 'links' }, g.links.map(l => h('path', { d: path(l), fill: 'none', stroke: l.fam === 6 ? C6 : C4, 'stroke-width': Math.max(1, l.width),
+      'data-src': l.source.name, 'data-dst': l.target.name, 'data-family': l.fam, 'data-value': l.value, 'data-width': l.width },
+    h('title', {}, `${l.source.name} → ${l.target.name} · IPv${l.fam} · ${fmt(l.value)}`)))),
+    h('g', { class: 'nodes' }, g.nodes.map(n => h('g', { 'data-side': n.side, 'data-name': n.name, 'data-value': n.value },
+      h('rect', { x: n.x0, y: n.y0, width: n.x1 - n.x0, height: Math.max(1, n.y1 - n.y0), fill: n.name === '(other)' ? COTHER : '#334155' },
+        h('title', {}, `${n.side === 'src' ? 'from' : 'to'} ${n.name} · ${fmt(n.value)}`)),
+      h('text', { x: n.side === 'src' ? n.x0 - 6 : n.x1 + 6, y: (n.y0 + n.y1) / 2, dy: '0.35em', 'text-anchor': n.side === 'src' ? 'end' : 'start' }, short(n.name) + ' · ' + fmt(n.value))))));
+}
 // drawSummary draws bytes (and, on the Charts page, flows and drops, each
 // in its own panel and y-scale: drops are often a small part of the flows).
 // Bytes and flows are drawn per opts.dimension's groups in opts.mode, with
-// the previous period's totals (opts.prev, buckets()) dashed.
+// the previous period's totals (opts.prev, buckets()) dashed; in sankey
+// mode the window's pairs take their place (sankeyChart, in opts.unit).
 function drawSummary(box, s, w, opts) {
   const d = buckets(s, w);
   box.replaceChildren(familyTotals(s));
@@ -688,7 +740,13 @@ function drawSummary(box, s, w, opts) {
     familyChart(panel(null, 'bytes'), null, w, d.xs, d.bytes[4], d.bytes[6], 'bytes / bucket', fmtBytes, { compact: true, height: 150 });
     return;
   }
-  const per = s.dimension ? 'per ' + s.dimension : 'per family';
+  if (opts.mode === 'sankey') {
+    sankeyChart(panel('chart-sankey', 'pairs'), s, opts.unit);
+    familyChart(panel('chart-drops', 'dropped'), 'Dropped flows per family', w, d.xs, d.dropped[4], d.dropped[6], 'dropped / bucket', fmtCount, { lines: true, suffix: ' dropped', height: 180 });
+    return;
+  }
+  const side = s.dimension && s.dimension !== 'family' ? (s.side === 'src' ? ' (source)' : ' (destination)') : '';
+  const per = s.dimension ? 'per ' + s.dimension + side : 'per family';
   const how = { stacked: ' (stacked)', lines: '', percent: ' (share of each bucket)' }[opts.mode || 'stacked'];
   const prev = m => opts.prev && opts.prev[m][4].map((v, i) => v + opts.prev[m][6][i]);
   seriesChart(panel('chart-bytes', 'bytes'), 'Bytes ' + per + how, w, d.xs, chartGroups(s, w, d, 'bytes'), 'bytes / bucket', fmtBytes, { mode: opts.mode, prev: prev('bytes'), height: 220 });
@@ -703,11 +761,19 @@ async function loadCharts() {
   const p = new URLSearchParams();
   if (f.ip_version.value) p.append('ip_version', f.ip_version.value);
   p.append('since', f.since.value);
-  // The view: group by (family unless asked), how many groups, how
-  // drawn, and whether with the previous period.
+  // The view: group by (family unless asked) on which side, how many
+  // groups, how drawn (a Sankey in which unit), and whether with the
+  // previous period. A side is a namespace's or a workload's (a port is
+  // the destination's, a family both ends'); a Sankey has both sides and
+  // no previous period.
+  const sankey = f.mode.value === 'sankey';
+  const sided = ['namespace', 'workload'].includes(f.dimension.value) && !sankey;
+  f.side.disabled = !sided; f.unit.disabled = !sankey; f.compare.disabled = sankey;
   if (f.dimension.value !== 'family') p.append('dimension', f.dimension.value);
+  if (sided && f.side.value !== 'dst') p.append('side', f.side.value);
   if (f.top.value !== '10') p.append('top', f.top.value);
   if (f.mode.value !== 'stacked') p.append('mode', f.mode.value);
+  if (sankey && f.unit.value !== 'bytes') p.append('unit', f.unit.value);
   if (f.compare.value !== 'previous') p.append('compare', f.compare.value);
   for (const tok of f.expr.value.trim().split(/\s+/)) {
     const i = tok.indexOf('='); if (i > 0) p.append(tok.slice(0, i), tok.slice(i + 1));
@@ -717,7 +783,7 @@ async function loadCharts() {
   const w = bucketWindow(p.get('since') || '1h', Date.now());
   // A later draw (the form changed meanwhile) wins over this one.
   const seq = ++chartsSeq;
-  const s = await loadSummaryInto($('#charts-out'), p, { window: w, policies: dropsShown, mode: f.mode.value, compare: f.compare.value === 'previous', stale: () => seq !== chartsSeq });
+  const s = await loadSummaryInto($('#charts-out'), p, { window: w, policies: dropsShown, mode: f.mode.value, unit: f.unit.value, compare: f.compare.value === 'previous', stale: () => seq !== chartsSeq });
   if (!s) return;
   banner('');
   const rows = s.top_talkers.map(t => h('tr', { 'data-family': t.ip_version },
