@@ -35,7 +35,7 @@ Subcommands:
   findings     unprotected workloads, dual-stack gaps, invalid policies (--inventory; --observed adds recorded flows)
   unprotected  workloads that no policy isolates, per direction (--inventory)
   eval         what the policies do to one flow (--inventory --from ns/pod --to ns/pod|IP --port 80)
-  denied       denied flows by policy rule, workloads and family (store)
+  denied       denied flows by policy rule, workloads, family, protocol and port (store)
   unused       policy rules that allowed no flow in a window (store + --inventory)
   whatif       recorded flows a proposed policy would newly deny or allow (store + --inventory + --policy)
 
@@ -266,13 +266,35 @@ func printJSON(v any) error {
 
 func table(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 4, 2, ' ', 0) }
 
-func printFindings(fs []audit.Finding) {
+// findingIndent is where a finding's message and fix begin, under
+// FINDING: past the SEVERITY column.
+const findingIndent = "          "
+
+// printFindings prints each finding as a block no wider than traceWidth
+// (as dualflow trace does): its severity in the SEVERITY column, then its
+// kind and count with the count's unit, its message on the lines below,
+// and the suggested fix on an indented line after it.
+func printFindings(w io.Writer, fs []audit.Finding) {
 	if len(fs) == 0 {
-		fmt.Println("no findings")
+		fmt.Fprintln(w, "no findings")
 		return
 	}
+	tw := &wrapWriter{w: w, width: traceWidth}
+	tw.line(fmt.Sprintf("%-*s%s", len(findingIndent), "SEVERITY", "FINDING"))
 	for _, f := range fs {
-		fmt.Printf("%-32s %s\n", f.Kind, f.Message)
+		head := f.Kind
+		if f.Count > 0 {
+			unit := f.Unit // plural (audit.Finding)
+			if f.Count == 1 {
+				unit = strings.TrimSuffix(unit, "s")
+			}
+			head += ", " + strings.TrimSpace(fmt.Sprintf("%d %s", f.Count, unit))
+		}
+		tw.field("", fmt.Sprintf("%-*s", len(findingIndent), f.Severity), head)
+		tw.field(findingIndent, "", f.Message)
+		if f.Fix != "" {
+			tw.field(findingIndent+"  ", "fix: ", f.Fix)
+		}
 	}
 }
 
@@ -282,7 +304,10 @@ isolates, and dual-stack gaps (workload pairs allowed over one family and
 denied over the other, ipBlocks covering one family of dual-stack pods,
 single-stack Services in front of dual-stack pods). --observed adds the
 gaps seen in the recorded flows of the window. With --server, the
-collector's findings for its live cluster view, observed gaps included.`)
+collector's findings for its live cluster view, observed gaps included.
+Each finding prints its severity (high, medium, low), kind and count,
+its message, and a suggested fix, within 100 columns; --json gives the
+same fields as GET /api/v1/audit/findings.`)
 	var a auditFlags
 	a.bindInventory(fs)
 	a.bindOutput(fs)
@@ -307,7 +332,7 @@ collector's findings for its live cluster view, observed gaps included.`)
 	if a.json {
 		return printJSON(append([]audit.Finding{}, out...))
 	}
-	printFindings(out)
+	printFindings(os.Stdout, out)
 	return nil
 }
 
@@ -377,7 +402,7 @@ func runAuditEval(ctx context.Context, args []string) error {
 }
 
 func runAuditDenied(ctx context.Context, args []string) error {
-	fs := newFlagSet("audit denied", "[flags]", "Denied flows of the window grouped by direction, policy and rule, source and destination workload, and family.\nRULE is blank for a denial (no rule allows), REPORTED when no exporter reported a verdict. The groups\nhave no port: the policy rollup they sum (rollup_policy_1m) does not keep one.")
+	fs := newFlagSet("audit denied", "[flags]", "Denied flows of the window grouped by direction, policy and rule, source and destination workload, family,\nprotocol and destination port. RULE is blank for a denial (no rule allows), REPORTED when no exporter\nreported a verdict, PROTO and PORT for flows summed before the rollup kept them (schema migration 0013);\nan ICMP or ICMPv6 PORT is TYPE.CODE.")
 	var a auditFlags
 	a.bindOutput(fs)
 	a.bindStore(fs, "1h")
@@ -404,12 +429,12 @@ func runAuditDenied(ctx context.Context, args []string) error {
 }
 
 // printDenied prints the denied groups as a table. RULE is blank when no
-// rule decided (a denial: the policy isolates and no rule allows), and
-// REPORTED when no exporter reported a verdict. The groups have no port:
-// rollup_policy_1m, which they sum, does not keep it.
+// rule decided (a denial: the policy isolates and no rule allows),
+// REPORTED when no exporter reported a verdict, PROTO and PORT for the
+// flows summed before rollup_policy_1m kept them (migration 0013).
 func printDenied(w io.Writer, gs []audit.DeniedGroup) error {
 	tw := table(w)
-	fmt.Fprintln(tw, "DIRECTION\tPOLICY\tRULE\tVERDICT\tREPORTED\tSOURCE\tDESTINATION\tFAMILY\tRECORDS\tLAST")
+	fmt.Fprintln(tw, "DIRECTION\tPOLICY\tRULE\tVERDICT\tREPORTED\tSOURCE\tDESTINATION\tFAMILY\tPROTO\tPORT\tRECORDS\tLAST")
 	for _, g := range gs {
 		rule := ""
 		if g.Rule >= 0 {
@@ -419,10 +444,25 @@ func printDenied(w io.Writer, gs []audit.DeniedGroup) error {
 		if reported == flow.VerdictUnknown.String() {
 			reported = ""
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\tIPv%d\t%d\t%s\n", g.Direction, nsName(g.PolicyNamespace, g.PolicyName), rule,
-			g.Verdict, reported, nsName(g.SrcNamespace, g.SrcWorkload), nsName(g.DstNamespace, g.DstWorkload), g.IPVersion, g.Records, g.Last.Format(time.RFC3339))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\tIPv%d\t%s\t%s\t%d\t%s\n", g.Direction, nsName(g.PolicyNamespace, g.PolicyName), rule,
+			g.Verdict, reported, nsName(g.SrcNamespace, g.SrcWorkload), nsName(g.DstNamespace, g.DstWorkload), g.IPVersion,
+			g.Protocol, deniedPort(g), g.Records, g.Last.Format(time.RFC3339))
 	}
 	return tw.Flush()
+}
+
+// deniedPort is a denied group's PORT: the port of a protocol with ports,
+// TYPE.CODE for ICMP and ICMPv6 (as nfdump shows them; the rollup keeps
+// type*256+code), blank for other protocols and for flows summed before
+// the rollup kept ports.
+func deniedPort(g audit.DeniedGroup) string {
+	switch g.Protocol {
+	case flow.ProtoName(flow.ProtoTCP), flow.ProtoName(flow.ProtoUDP), flow.ProtoName(flow.ProtoSCTP):
+		return strconv.Itoa(int(g.DstPort))
+	case flow.ProtoName(flow.ProtoICMP), flow.ProtoName(flow.ProtoICMPv6):
+		return fmt.Sprintf("%d.%d", g.DstPort>>8, g.DstPort&0xff)
+	}
+	return ""
 }
 
 // nsName is "namespace/name", "" when both are empty.

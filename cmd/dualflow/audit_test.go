@@ -14,6 +14,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/collector/enrich"
@@ -130,15 +131,22 @@ func TestAuditWithoutDemo(t *testing.T) {
 }
 
 // TestPrintDenied: the rule shows only when one decided, the reported
-// verdict only when an exporter reported one, and an end without a
-// workload is blank rather than "/".
+// verdict only when an exporter reported one, an end without a workload
+// is blank rather than "/", the port is a port for TCP, UDP and SCTP and
+// TYPE.CODE for ICMP and ICMPv6, and PROTO and PORT are blank for the
+// flows summed before the rollup kept them (migration 0013), in both
+// families.
 func TestPrintDenied(t *testing.T) {
 	last := time.Date(2026, 12, 5, 5, 0, 0, 0, time.UTC)
 	gs := []audit.DeniedGroup{
 		{Direction: "ingress", PolicyNamespace: "backend", PolicyName: "deny-all", Rule: -1, Verdict: "denied", ReportedVerdict: "unknown",
-			SrcNamespace: "frontend", SrcWorkload: "web", DstNamespace: "backend", DstWorkload: "api", IPVersion: 4, Records: 7, Last: last},
+			SrcNamespace: "frontend", SrcWorkload: "web", DstNamespace: "backend", DstWorkload: "api", IPVersion: 4, Protocol: "TCP", DstPort: 5432, Records: 7, Last: last},
 		{Direction: "egress", PolicyNamespace: "frontend", PolicyName: "allow-api", Rule: 2, Verdict: "allowed", ReportedVerdict: "denied",
 			SrcNamespace: "frontend", SrcWorkload: "web", IPVersion: 6, Records: 3, Last: last},
+		{Direction: "ingress", PolicyNamespace: "backend", PolicyName: "deny-all", Rule: -1, Verdict: "denied", ReportedVerdict: "unknown",
+			SrcNamespace: "frontend", SrcWorkload: "web", DstNamespace: "backend", DstWorkload: "api", IPVersion: 6, Protocol: "ICMPv6", DstPort: 128 << 8, Records: 2, Last: last},
+		{Direction: "ingress", PolicyNamespace: "backend", PolicyName: "deny-all", Rule: -1, Verdict: "denied", ReportedVerdict: "unknown",
+			SrcNamespace: "frontend", SrcWorkload: "web", DstNamespace: "backend", DstWorkload: "api", IPVersion: 4, Protocol: "UDP", DstPort: 53, Records: 1, Last: last},
 	}
 	var buf bytes.Buffer
 	if err := printDenied(&buf, gs); err != nil {
@@ -149,17 +157,115 @@ func TestPrintDenied(t *testing.T) {
 		rows = append(rows, strings.Fields(l))
 	}
 	want := [][]string{
-		{"DIRECTION", "POLICY", "RULE", "VERDICT", "REPORTED", "SOURCE", "DESTINATION", "FAMILY", "RECORDS", "LAST"},
-		{"ingress", "backend/deny-all", "denied", "frontend/web", "backend/api", "IPv4", "7", "2026-12-05T05:00:00Z"},
+		{"DIRECTION", "POLICY", "RULE", "VERDICT", "REPORTED", "SOURCE", "DESTINATION", "FAMILY", "PROTO", "PORT", "RECORDS", "LAST"},
+		{"ingress", "backend/deny-all", "denied", "frontend/web", "backend/api", "IPv4", "TCP", "5432", "7", "2026-12-05T05:00:00Z"},
 		{"egress", "frontend/allow-api", "2", "allowed", "denied", "frontend/web", "IPv6", "3", "2026-12-05T05:00:00Z"},
+		{"ingress", "backend/deny-all", "denied", "frontend/web", "backend/api", "IPv6", "ICMPv6", "128.0", "2", "2026-12-05T05:00:00Z"},
+		{"ingress", "backend/deny-all", "denied", "frontend/web", "backend/api", "IPv4", "UDP", "53", "1", "2026-12-05T05:00:00Z"},
 	}
 	if !reflect.DeepEqual(rows, want) {
 		t.Errorf("printed\n%s\nwant the fields %q", buf.String(), want)
 	}
 	// The blank cells are blank columns, not missing ones: "denied" of
-	// the first row stands under VERDICT.
+	// the first row stands under VERDICT, the old group's count under
+	// RECORDS, the ports under PORT.
 	lines := strings.Split(buf.String(), "\n")
-	if strings.Index(lines[1], "denied") != strings.Index(lines[0], "VERDICT") {
-		t.Errorf("columns shifted:\n%s", buf.String())
+	for _, c := range []struct {
+		line       int
+		cell, head string
+	}{{1, "denied", "VERDICT"}, {2, "3", "RECORDS"}, {1, "5432", "PORT"}, {3, "128.0", "PORT"}, {3, "ICMPv6", "PROTO"}} {
+		if strings.Index(lines[c.line], " "+c.cell+" ") != strings.Index(lines[0], " "+c.head+" ") {
+			t.Errorf("%q of line %d not under %s:\n%s", c.cell, c.line, c.head, buf.String())
+		}
+	}
+}
+
+// TestPrintFindings: each finding prints its severity in the SEVERITY
+// column, its kind with the count and its unit (the count alone without a
+// unit, nothing without a count; a unit of one is singular), its message below, and its fix on an
+// indented line after it, no line wider than 100 columns (as dualflow
+// trace's), long messages and fixes wrapped under their own start.
+func TestPrintFindings(t *testing.T) {
+	fs := []audit.Finding{
+		{Kind: audit.KindObservedVerdictGap, Count: 12, Message: "Flows Deployment frontend/web → Deployment backend/api on 9090/TCP were allowed over IPv4 (7 records) but denied over IPv6 (5 records) between 2026-12-05T07:00:00Z and 2026-12-05T08:00:00Z."},
+		{Kind: audit.KindInvalidPolicy, Message: "NetworkPolicy backend/broken is invalid: spec.ingress[0].from[0].ipBlock.cidr: Invalid value: \"fd00:10::/129\"."},
+		{Kind: audit.KindUnprotectedEgress, Count: 1, Message: "Pod tools/probe-1 has no egress policy."},
+	}
+	audit.Describe(fs)
+	fs = append(fs, audit.Finding{Kind: "some-future-kind", Count: 3, Severity: audit.SeverityLow, Message: "A finding without unit or fix."})
+	var buf bytes.Buffer
+	printFindings(&buf, fs)
+	out := buf.String()
+	lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+	for _, l := range lines {
+		if n := utf8.RuneCountInString(l); n > traceWidth {
+			t.Errorf("line of %d columns, over %d: %q", n, traceWidth, l)
+		}
+	}
+	if lines[0] != "SEVERITY  FINDING" {
+		t.Errorf("header %q", lines[0])
+	}
+	// Each finding: its head line at column 0, then lines indented under
+	// FINDING (the message), the fix's first line starting "  fix: " there.
+	type block struct {
+		head     string
+		body     []string
+		fixStart int // index in body of the fix's first line, -1 without
+	}
+	var blocks []block
+	for _, l := range lines[1:] {
+		if !strings.HasPrefix(l, " ") {
+			blocks = append(blocks, block{head: l, fixStart: -1})
+			continue
+		}
+		b := &blocks[len(blocks)-1]
+		if !strings.HasPrefix(l, findingIndent) {
+			t.Errorf("line not under FINDING: %q", l)
+		}
+		if strings.HasPrefix(l, findingIndent+"  fix: ") {
+			b.fixStart = len(b.body)
+		}
+		b.body = append(b.body, l)
+	}
+	if len(blocks) != len(fs) {
+		t.Fatalf("%d findings printed, want %d:\n%s", len(blocks), len(fs), out)
+	}
+	for i, want := range []struct{ head, fix string }{
+		{"high      dual-stack-observed-verdict-gap, 12 flow records", fs[0].Fix},
+		{"high      invalid-policy", fs[1].Fix},
+		{"low       unprotected-egress, 1 pod", fs[2].Fix},
+		{"low       some-future-kind, 3", ""},
+	} {
+		b := blocks[i]
+		if b.head != want.head {
+			t.Errorf("finding %d: head %q, want %q", i, b.head, want.head)
+		}
+		msgEnd := len(b.body)
+		if b.fixStart >= 0 {
+			msgEnd = b.fixStart
+		}
+		if got := strings.Join(strings.Fields(strings.Join(b.body[:msgEnd], " ")), " "); got != fs[i].Message {
+			t.Errorf("finding %d: message %q, want %q", i, got, fs[i].Message)
+		}
+		var fix string
+		if b.fixStart >= 0 {
+			for j, l := range b.body[b.fixStart:] {
+				if j > 0 && !strings.HasPrefix(l, findingIndent+"       ") {
+					t.Errorf("finding %d: fix line not under the fix's start: %q", i, l)
+				}
+			}
+			fix = strings.TrimPrefix(strings.Join(strings.Fields(strings.Join(b.body[b.fixStart:], " ")), " "), "fix: ")
+		}
+		if fix != want.fix || (want.fix == "") != (i == 3) {
+			t.Errorf("finding %d: fix %q, want %q", i, fix, want.fix)
+		}
+	}
+	if len(blocks[0].body) < 3 {
+		t.Errorf("the long message and fix were not wrapped:\n%s", out)
+	}
+	buf.Reset()
+	printFindings(&buf, nil)
+	if buf.String() != "no findings\n" {
+		t.Errorf("no findings: %q", buf.String())
 	}
 }

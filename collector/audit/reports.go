@@ -158,7 +158,7 @@ type DeniedOptions struct {
 }
 
 // DeniedGroup is the denied flows of one policy rule between two workloads
-// over one family, in one direction.
+// over one family, protocol and destination port, in one direction.
 type DeniedGroup struct {
 	Direction       string `json:"direction"`
 	PolicyNamespace string `json:"policy_namespace"`
@@ -174,16 +174,23 @@ type DeniedGroup struct {
 	DstNamespace    string `json:"dst_namespace"`
 	DstWorkload     string `json:"dst_workload"`
 	IPVersion       uint8  `json:"ip_version"`
-	Records         uint64 `json:"records"`
-	Packets         uint64 `json:"packets"`
-	Bytes           uint64 `json:"bytes"`
+	// Protocol is the flows' protocol (flow.ProtoName: TCP, UDP, SCTP,
+	// ICMP, ICMPv6 or the number) and DstPort their destination port
+	// after DNAT (for ICMP and ICMPv6 type*256+code, as in flows.dst_port).
+	// Flows summed before migration 0013 have neither: "" and 0.
+	Protocol string `json:"protocol"`
+	DstPort  uint16 `json:"dst_port"`
+	Records  uint64 `json:"records"`
+	Packets  uint64 `json:"packets"`
+	Bytes    uint64 `json:"bytes"`
 	// First and Last are the first and last minute with such flows.
 	First time.Time `json:"first"`
 	Last  time.Time `json:"last"`
 }
 
 // Denied returns denied flows grouped by direction, policy and rule,
-// source and destination workload, and family, most records first. It
+// source and destination workload, family, protocol and destination
+// port, most records first. It
 // reads rollup_policy_1m, where a flow counts once per direction that
 // denied it (evaluated or reported).
 func (r *Reports) Denied(ctx context.Context, opt DeniedOptions) ([]DeniedGroup, error) {
@@ -206,23 +213,25 @@ func (r *Reports) Denied(ctx context.Context, opt DeniedOptions) ([]DeniedGroup,
 	// Summed per tier: whole hours from the projection policy_1h, the
 	// minutes at the ends as rows (policyUnion).
 	const keys = `direction, policy_namespace, policy_name, policy_rule, verdict, reported_verdict,
-         src_pod_namespace, src_workload_name, dst_pod_namespace, dst_workload_name, ip_version`
+         src_pod_namespace, src_workload_name, dst_pod_namespace, dst_workload_name, ip_version, protocol, dst_port`
 	inner := w.policyUnion(r.db, chsql.Select{Cols: keys + ", sum(records) AS r, sum(packets) AS p, sum(bytes) AS b, min(window_start) AS f, max(window_start) AS l",
 		Where: where, GroupBy: keys})
 	q := fmt.Sprintf(`SELECT toString(direction) AS direction, policy_namespace, policy_name, policy_rule AS rule,
        toString(verdict) AS verdict, toString(reported_verdict) AS reported_verdict,
        src_pod_namespace AS src_namespace, src_workload_name AS src_workload,
        dst_pod_namespace AS dst_namespace, dst_workload_name AS dst_workload, ip_version,
+       protocol AS protocol_number, dst_port,
        sum(r) AS records, sum(p) AS packets, sum(b) AS bytes,
        toUnixTimestamp(min(f)) AS first_unix, toUnixTimestamp(max(l)) AS last_unix
 FROM (%s)
 GROUP BY %s
-ORDER BY records DESC, direction, policy_namespace, policy_name, rule, src_namespace, src_workload, dst_namespace, dst_workload, ip_version
+ORDER BY records DESC, direction, policy_namespace, policy_name, rule, src_namespace, src_workload, dst_namespace, dst_workload, ip_version, protocol_number, dst_port
 LIMIT %d`, inner, keys, limit)
 	type row struct {
 		DeniedGroup
-		FirstUnix int64 `json:"first_unix"`
-		LastUnix  int64 `json:"last_unix"`
+		ProtocolNumber uint8 `json:"protocol_number"`
+		FirstUnix      int64 `json:"first_unix"`
+		LastUnix       int64 `json:"last_unix"`
 	}
 	rs, err := rows[row](ctx, r.q, q, reportMaxMemory)
 	if err != nil {
@@ -232,6 +241,9 @@ LIMIT %d`, inner, keys, limit)
 	for i, x := range rs {
 		out[i] = x.DeniedGroup
 		out[i].First, out[i].Last = time.Unix(x.FirstUnix, 0).UTC(), time.Unix(x.LastUnix, 0).UTC()
+		if x.ProtocolNumber != 0 { // 0: summed before migration 0013
+			out[i].Protocol = flow.ProtoName(x.ProtocolNumber)
+		}
 	}
 	return out, nil
 }

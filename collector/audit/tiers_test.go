@@ -25,11 +25,13 @@ func TestPolicyTiers(t *testing.T) {
 	}
 	end := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	// A row per minute and combination: 6 hours x 4 rules x 2 verdicts x
-	// 2 families, with counts that differ per row.
-	err := e.Exec(ctx, fmt.Sprintf(`INSERT INTO dualflow.rollup_policy_1m
+	// 2 families, on a port of two protocols (and none: summed before
+	// migration 0013), with counts that differ per row.
+	err := e.Exec(ctx, fmt.Sprintf(`INSERT INTO dualflow.rollup_policy_1m (window_start, ip_version, direction, policy_namespace, policy_name, policy_rule,
+       verdict, reported_verdict, src_pod_namespace, src_workload_name, dst_pod_namespace, dst_workload_name, protocol, dst_port, records, packets, bytes)
 SELECT toDateTime(%d - 60 * intDiv(number, 16), 'UTC'), if(number %% 2 = 0, 4, 6), if(number %% 4 < 2, 'ingress', 'egress'),
        'shop', concat('pol-', toString(number %% 8 >= 4)), toInt32(number %% 3) - 1, if(number %% 16 >= 8, 'denied', 'allowed'), 'unknown',
-       'shop', 'web', 'shop', 'db', 1 + number %% 7, 3, 100 + number %% 11
+       'shop', 'web', 'shop', 'db', [0, 6, 17][1 + number %% 5 %% 3], [0, 5432, 53][1 + number %% 5 %% 3], 1 + number %% 7, 3, 100 + number %% 11
 FROM numbers(360 * 16)`, end.Unix()-60))
 	if err != nil {
 		t.Fatal(err)
@@ -53,15 +55,17 @@ FROM numbers(360 * 16)`, end.Unix()-60))
 		}
 		var lines []string
 		for _, g := range got {
-			lines = append(lines, fmt.Sprintf("%s %s %d v%d %d %d %d %d %d", g.Direction, g.PolicyName, g.Rule, g.IPVersion, g.Records, g.Packets, g.Bytes, g.First.Unix(), g.Last.Unix()))
+			lines = append(lines, fmt.Sprintf("%s %s %d v%d %s/%d %d %d %d %d %d", g.Direction, g.PolicyName, g.Rule, g.IPVersion, g.Protocol, g.DstPort, g.Records, g.Packets, g.Bytes, g.First.Unix(), g.Last.Unix()))
 		}
-		want := tsvLines(t, fmt.Sprintf(`SELECT toString(direction), policy_name, policy_rule, ip_version, sum(records) AS n, sum(packets), sum(bytes),
+		want := tsvLines(t, fmt.Sprintf(`SELECT toString(direction), policy_name, policy_rule, ip_version,
+ multiIf(protocol = 6, 'TCP', protocol = 17, 'UDP', ''), dst_port, sum(records) AS n, sum(packets), sum(bytes),
  toUnixTimestamp(min(window_start)), toUnixTimestamp(max(window_start)) FROM dualflow.rollup_policy_1m
  WHERE %s AND verdict IN ('denied', 'rejected')
- GROUP BY direction, policy_name, policy_rule, ip_version ORDER BY n DESC, toString(direction), policy_name, policy_rule, ip_version`,
+ GROUP BY direction, policy_name, policy_rule, ip_version, protocol, dst_port
+ ORDER BY n DESC, toString(direction), policy_name, policy_rule, ip_version, protocol, dst_port`,
 			minutes(w)),
 			func(c []string) string {
-				return fmt.Sprintf("%s %s %s v%s %s %s %s %s %s", c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8])
+				return fmt.Sprintf("%s %s %s v%s %s/%s %s %s %s %s %s", c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7], c[8], c[9], c[10])
 			})
 		if strings.Join(lines, "\n") != strings.Join(want, "\n") {
 			t.Errorf("%s: denied\n got %v\nwant %v", name, lines, want)
@@ -83,7 +87,7 @@ FROM numbers(360 * 16)`, end.Unix()-60))
 		}
 	}
 	w := Window{Since: end.Add(-5*time.Hour - 90*time.Second), Until: end.Add(-time.Hour)}
-	plan := tsvLines(t, "EXPLAIN projections = 1 SELECT direction, sum(r) FROM ("+w.policyUnion("dualflow", chsql.Select{Cols: "direction, sum(records) AS r", Where: []string{"verdict IN ('denied', 'rejected')"}, GroupBy: "direction"})+") GROUP BY direction", func(c []string) string { return strings.Join(c, "\t") })
+	plan := tsvLines(t, "EXPLAIN projections = 1 SELECT direction, dst_port, sum(r) FROM ("+w.policyUnion("dualflow", chsql.Select{Cols: "direction, dst_port, sum(records) AS r", Where: []string{"verdict IN ('denied', 'rejected')"}, GroupBy: "direction, dst_port"})+") GROUP BY direction, dst_port", func(c []string) string { return strings.Join(c, "\t") })
 	if !strings.Contains(strings.Join(plan, "\n"), "ReadFromMergeTree (policy_1h)") {
 		t.Errorf("the hour tier does not read policy_1h:\n%s", strings.Join(plan, "\n"))
 	}

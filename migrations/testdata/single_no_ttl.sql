@@ -454,3 +454,47 @@ ALTER TABLE dualflow.flows MATERIALIZE PROJECTION edges_1m;
 
 ALTER TABLE dualflow.flows MATERIALIZE PROJECTION edges_1h;
 
+-- 0013_rollup_policy_ports.sql
+ALTER TABLE dualflow.rollup_policy_1m
+    ADD COLUMN IF NOT EXISTS protocol UInt8 COMMENT 'IANA protocol number; 0 for rows summed before migration 0013' AFTER dst_workload_name,
+    ADD COLUMN IF NOT EXISTS dst_port UInt16 COMMENT 'destination port after DNAT (ICMP: type*256+code); 0 for rows summed before migration 0013' AFTER protocol,
+    MODIFY ORDER BY (window_start, ip_version, direction, policy_namespace, policy_name, policy_rule, verdict, reported_verdict, src_pod_namespace, src_workload_name, dst_pod_namespace, dst_workload_name, protocol, dst_port);
+
+ALTER TABLE dualflow.rollup_policy_1m_ingress_mv MODIFY QUERY
+SELECT
+    toStartOfMinute(flow_end) AS window_start, ip_version, 'ingress' AS direction,
+    ingress_policy_namespace AS policy_namespace, ingress_policy_name AS policy_name,
+    ingress_policy_rule AS policy_rule, ingress_verdict AS verdict, ingress_reported_verdict AS reported_verdict,
+    src_pod_namespace, src_workload_name, dst_pod_namespace, dst_workload_name, protocol, dst_port,
+    count() AS records, sum(packets) AS packets, sum(bytes) AS bytes
+FROM dualflow.flows
+WHERE (ingress_verdict != 'unknown' OR ingress_reported_verdict != 'unknown') AND probe_trace_id = ''
+GROUP BY window_start, ip_version, policy_namespace, policy_name, policy_rule, verdict, reported_verdict,
+    src_pod_namespace, src_workload_name, dst_pod_namespace, dst_workload_name, protocol, dst_port;
+
+ALTER TABLE dualflow.rollup_policy_1m_egress_mv MODIFY QUERY
+SELECT
+    toStartOfMinute(flow_end) AS window_start, ip_version, 'egress' AS direction,
+    egress_policy_namespace AS policy_namespace, egress_policy_name AS policy_name,
+    egress_policy_rule AS policy_rule, egress_verdict AS verdict, egress_reported_verdict AS reported_verdict,
+    src_pod_namespace, src_workload_name, dst_pod_namespace, dst_workload_name, protocol, dst_port,
+    count() AS records, sum(packets) AS packets, sum(bytes) AS bytes
+FROM dualflow.flows
+WHERE (egress_verdict != 'unknown' OR egress_reported_verdict != 'unknown') AND probe_trace_id = ''
+GROUP BY window_start, ip_version, policy_namespace, policy_name, policy_rule, verdict, reported_verdict,
+    src_pod_namespace, src_workload_name, dst_pod_namespace, dst_workload_name, protocol, dst_port;
+
+ALTER TABLE dualflow.rollup_policy_1m
+    DROP PROJECTION IF EXISTS policy_1h;
+
+ALTER TABLE dualflow.rollup_policy_1m
+    ADD PROJECTION IF NOT EXISTS policy_1h (
+        SELECT toStartOfHour(window_start), ip_version, direction, policy_namespace, policy_name, policy_rule, verdict, reported_verdict,
+            src_pod_namespace, src_workload_name, dst_pod_namespace, dst_workload_name, protocol, dst_port,
+            sum(records), sum(packets), sum(bytes), min(window_start), max(window_start)
+        GROUP BY toStartOfHour(window_start), ip_version, direction, policy_namespace, policy_name, policy_rule, verdict, reported_verdict,
+            src_pod_namespace, src_workload_name, dst_pod_namespace, dst_workload_name, protocol, dst_port
+    );
+
+ALTER TABLE dualflow.rollup_policy_1m MATERIALIZE PROJECTION policy_1h;
+

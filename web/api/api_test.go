@@ -777,9 +777,10 @@ func TestOpenAPICoversRoutes(t *testing.T) {
 	}
 }
 
-// TestOpenAPITraceflowSchemas: the traceflow schemas name every JSON
-// field of the types the trace routes read and write.
-func TestOpenAPITraceflowSchemas(t *testing.T) {
+// TestOpenAPISchemas: the traceflow schemas name every JSON field of the
+// types the trace routes read and write, and the audit's those of the
+// findings and denied groups.
+func TestOpenAPISchemas(t *testing.T) {
 	var spec struct {
 		Components struct {
 			Schemas map[string]struct {
@@ -803,6 +804,8 @@ func TestOpenAPITraceflowSchemas(t *testing.T) {
 		{traceflow.Result{}, anyMap(s["TraceflowResult"].Properties)},
 		{traceflow.FamilyResult{}, anyMap(s["FamilyResult"].Properties)},
 		{traceflow.Observation{}, anyMap(s["Observation"].Properties)},
+		{audit.Finding{}, anyMap(s["Finding"].Properties)},
+		{audit.DeniedGroup{}, anyMap(s["DeniedGroup"].Properties)},
 	} {
 		typ := reflect.TypeOf(tc.v)
 		for i := range typ.NumField() {

@@ -150,3 +150,31 @@ func TestTraceErrors(t *testing.T) {
 		}
 	}
 }
+
+// TestAuditDeniedPorts: /audit/denied over the seeded flows (frontend →
+// db denied over IPv6 only, on 5432/TCP) names the protocol and
+// destination port of each group, as the rollup keeps them (migration
+// 0013), and a family filter keeps its own.
+func TestAuditDeniedPorts(t *testing.T) {
+	r, err := audit.NewReports(needEngine(t), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := testAPI(t, Config{Audit: &audit.Queries{Reports: r}})
+	window := "since=" + seedNow.Add(-2*time.Hour).Format(time.RFC3339) + "&until=" + seedNow.Add(time.Minute).Format(time.RFC3339)
+	for _, tc := range []struct {
+		family string
+		want   int // groups
+	}{{"", 1}, {"6", 1}, {"4", 0}} {
+		res := do(t, h, "GET", "/api/v1/audit/denied?"+window+"&family="+tc.family, "")
+		gs := decode[[]map[string]any](t, res)
+		if res.code != http.StatusOK || len(gs) != tc.want {
+			t.Fatalf("family %q: %d %s, want %d groups", tc.family, res.code, res.body, tc.want)
+		}
+		for _, g := range gs {
+			if g["protocol"] != "TCP" || g["dst_port"] != 5432.0 || g["ip_version"] != 6.0 || g["dst_workload"] == "" {
+				t.Errorf("family %q: group %v, want IPv6 5432/TCP", tc.family, g)
+			}
+		}
+	}
+}
