@@ -137,4 +137,3 @@ func (r *ReplayReport) String() string {
 	}
 	return s
 }
-
