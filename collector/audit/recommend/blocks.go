@@ -6,6 +6,8 @@ import (
 	"slices"
 
 	networkingv1 "k8s.io/api/networking/v1"
+
+	"github.com/dualflow/dualflow/collector/enrich"
 )
 
 // Aggregation of external peers: addresses that used the same ports are
@@ -39,13 +41,14 @@ func aggregate(ps []*peerObs) []*peerObs {
 		}
 		pfx := commonPrefix(lo, hi)
 		m := &peerObs{class: 2, key: pfx.String(), addr: pfx.Addr(), peers: []networkingv1.NetworkPolicyPeer{blockPeer(pfx)},
-			ports: map[portKey]map[string]bool{}, lines: map[string]*line{}, notes: map[string]bool{}}
+			ports: map[portKey]map[*enrich.Pod]bool{}, dsts: map[*workload]bool{}, lines: map[string]*line{}, notes: map[string]bool{}}
 		for _, p := range g {
-			for pk, names := range p.ports {
-				for n := range names {
-					m.addPort(pk, n)
+			for k, pods := range p.ports {
+				for pod := range pods {
+					m.addPort(k, pod, nil)
 				}
 			}
+			maps.Copy(m.dsts, p.dsts)
 			for t, l := range p.lines {
 				if have := m.lines[t]; have != nil {
 					have.fams[0], have.fams[1] = have.fams[0] || l.fams[0], have.fams[1] || l.fams[1]

@@ -175,8 +175,11 @@ type peerObs struct {
 	key   string
 	peers []networkingv1.NetworkPolicyPeer
 	addr  netip.Addr // an external address (class 2), before aggregation
-	// ports: the names the destination pods gave each port ("" unnamed).
-	ports map[portKey]map[string]bool
+	// ports are the ports observed, each with the destination pods
+	// observed on it (nil for an end that is no pod); dsts are the
+	// destination workloads, whose pods may name the ports.
+	ports map[portKey]map[*enrich.Pod]bool
+	dsts  map[*workload]bool
 	lines map[string]*line
 	notes map[string]bool
 }
@@ -204,7 +207,7 @@ func (d *draft) peer(class int, key string, np []networkingv1.NetworkPolicyPeer)
 	k := strconv.Itoa(class) + key
 	p := d.peers[k]
 	if p == nil {
-		p = &peerObs{class: class, key: key, peers: np, ports: map[portKey]map[string]bool{}, lines: map[string]*line{}, notes: map[string]bool{}}
+		p = &peerObs{class: class, key: key, peers: np, ports: map[portKey]map[*enrich.Pod]bool{}, dsts: map[*workload]bool{}, lines: map[string]*line{}, notes: map[string]bool{}}
 		d.peers[k] = p
 	}
 	return p
@@ -294,7 +297,6 @@ func (c *cluster) observe(d *draft, f *audit.ObservedFlow, peer, dst end, svc *e
 		via = " through Service " + svc.Namespace + "/" + svc.Name
 	}
 	port, proto := f.DstPort, f.Protocol
-	names := func(port uint16, proto uint8) string { return dst.portName(port, proto) }
 	switch peer.kind {
 	case endUnknown:
 		notes[fmt.Sprintf("Flows of %s: no rule names it.", peer.name)] = true
@@ -341,8 +343,23 @@ func (c *cluster) observe(d *draft, f *audit.ObservedFlow, peer, dst end, svc *e
 			}
 			po = d.peer(0, svc.Namespace+"\x00"+labels.Set(svc.Selector).String(), []networkingv1.NetworkPolicyPeer{np})
 			po.addLine("the backends of Service "+svc.Namespace+"/"+svc.Name, f, [2]bool{})
+			// A named target port is resolved on the backends.
 			tp, name := targetPort(svc, port, proto)
-			po.addPort(portKey{proto, tp}, name)
+			if name == "" {
+				po.addPort(portKey{proto, tp}, nil, nil)
+				return
+			}
+			sel := labels.SelectorFromSet(svc.Selector)
+			for _, b := range c.view.Pods {
+				if b.Namespace != svc.Namespace || b.HostNetwork || !sel.Matches(labels.Set(b.Labels)) {
+					continue
+				}
+				for _, cp := range b.Ports {
+					if cp.Name == name && policy.ProtoNumber(&cp.Protocol) == proto {
+						po.addPort(portKey{proto, uint16(cp.Port)}, b, c.byPod[b])
+					}
+				}
+			}
 			return
 		}
 		po = d.peer(2, peer.addr.String(), nil)
@@ -350,17 +367,17 @@ func (c *cluster) observe(d *draft, f *audit.ObservedFlow, peer, dst end, svc *e
 		po.addLine(peer.name+via, f, [2]bool{})
 	}
 	if !flow.HasPorts(proto) {
-		po.addPort(portKey{}, "")
+		po.addPort(portKey{}, nil, nil)
 		return
 	}
-	po.addPort(portKey{proto, port}, names(port, proto))
+	po.addPort(portKey{proto, port}, dst.pod, dst.wl)
 	if port == 53 && (proto == flow.ProtoUDP || proto == flow.ProtoTCP) {
 		// DNS: resolvers fall back to TCP for long answers.
 		other := flow.ProtoTCP
 		if proto == flow.ProtoTCP {
 			other = flow.ProtoUDP
 		}
-		po.addPort(portKey{other, 53}, names(53, other))
+		po.addPort(portKey{other, 53}, dst.pod, dst.wl)
 		po.notes["DNS: both UDP and TCP port 53, as resolvers fall back to TCP"] = true
 	}
 }
@@ -393,13 +410,21 @@ func hasFamily(wl *workload, v int) bool {
 	return false
 }
 
-func (p *peerObs) addPort(k portKey, name string) {
+// addPort records that the peer used port k of pod dst (nil: no pod)
+// of workload wl (nil: none).
+func (p *peerObs) addPort(k portKey, dst *enrich.Pod, wl *workload) {
 	m := p.ports[k]
 	if m == nil {
-		m = map[string]bool{}
+		m = map[*enrich.Pod]bool{}
 		p.ports[k] = m
 	}
-	m[name] = true
+	if wl != nil {
+		if dst == nil && len(wl.pods) > 0 {
+			dst = wl.pods[0] // gone: its workload's pods name the same ports
+		}
+		p.dsts[wl] = true
+	}
+	m[dst] = true
 }
 
 func (p *peerObs) addLine(what string, f *audit.ObservedFlow, both [2]bool) {
@@ -451,9 +476,13 @@ type ruleDraft struct {
 	any   bool // a protocol without ports: no port list
 }
 
-// ports returns the NetworkPolicy ports of p and their signature: a
-// port is named when every destination pod observed on it names it the
-// same; two numbers with one name are one named port.
+// portList returns the NetworkPolicy ports of p and their signature. An
+// observed port is written by its name when the name covers what was
+// observed and nothing more: every destination pod observed on the port
+// gives it that name, and no pod of the destination workloads gives the
+// name to a port that was not observed. Otherwise (pods of one workload
+// that name a port differently, or not at all) it is written by number.
+// Two numbers under one name are one named port.
 func (p *peerObs) portList() ([]networkingv1.NetworkPolicyPort, bool, string) {
 	if _, ok := p.ports[portKey{}]; ok {
 		return nil, true, "*"
@@ -463,15 +492,36 @@ func (p *peerObs) portList() ([]networkingv1.NetworkPolicyPort, bool, string) {
 		port  uint16
 		name  string
 	}
-	seen := map[entry]bool{}
-	for k, names := range p.ports {
-		e := entry{proto: k.proto, port: k.port}
-		if len(names) == 1 {
-			for n := range names {
-				e.name = n
+	named := func(k portKey) string {
+		name := ""
+		for pod := range p.ports[k] {
+			n := ""
+			if pod != nil {
+				n = pod.PortName(k.port, k.proto)
+			}
+			if n == "" || name != "" && n != name {
+				return ""
+			}
+			name = n
+		}
+		for wl := range p.dsts {
+			for _, pod := range wl.pods {
+				for _, cp := range pod.Ports {
+					if cp.Name != name || cp.Port <= 0 || cp.Port > 65535 {
+						continue
+					}
+					if _, ok := p.ports[portKey{policy.ProtoNumber(&cp.Protocol), uint16(cp.Port)}]; !ok {
+						return ""
+					}
+				}
 			}
 		}
-		if e.name != "" {
+		return name
+	}
+	seen := map[entry]bool{}
+	for k := range p.ports {
+		e := entry{proto: k.proto, port: k.port}
+		if e.name = named(k); e.name != "" {
 			e.port = 0
 		}
 		seen[e] = true
