@@ -1,12 +1,16 @@
 package audit
 
 import (
+	"cmp"
+	"context"
+	"fmt"
 	"net/netip"
 
 	networkingv1 "k8s.io/api/networking/v1"
 
 	"github.com/dualflow/dualflow/collector/audit/policy"
 	"github.com/dualflow/dualflow/collector/enrich"
+	"github.com/dualflow/dualflow/internal/chsql"
 )
 
 // ObservedFlow is the recorded flows of one group: between two ends
@@ -48,4 +52,110 @@ func PodFlow(view *enrich.Snapshot, src *enrich.Pod, srcAddr netip.Addr, dst *en
 // set a what-if or a recommendation is evaluated with.
 func WithProposed(current, proposed []*networkingv1.NetworkPolicy) []*networkingv1.NetworkPolicy {
 	return withProposed(current, proposed)
+}
+
+// ObservedOptions select the flow groups ObservedFlows reads: those of a
+// window with an end in a scope.
+type ObservedOptions struct {
+	Window
+	// Namespace keeps the flows from or to a pod of it; with Workload,
+	// from or to a pod of that workload of it. Neither: every flow.
+	Namespace, Workload string
+	// Limit bounds the groups read (default and at most
+	// DefaultObservedMaxGroups): they are held in memory.
+	Limit int
+}
+
+// DefaultObservedMaxGroups bounds the flow groups one ObservedFlows
+// reads: about 250 bytes each in memory, with their strings, so at most
+// about 250 MiB.
+const DefaultObservedMaxGroups = 1_000_000
+
+// observedGroup is the key of an observed flow group: the ends
+// (addresses and pods), protocol, destination port, family and the
+// Service addressed.
+const observedGroup = `src_ip, dst_ip, protocol, dst_port, ip_version,
+         src_pod_namespace, src_pod_name, src_workload_kind, src_workload_name,
+         dst_pod_namespace, dst_pod_name, dst_workload_kind, dst_workload_name,
+         dst_service_namespace, dst_service_name, service_port`
+
+// ObservedFlows returns the flow groups of the window with an end in the
+// scope (the most records first, then by key: the same window gives the
+// same groups), at most opt.Limit; truncated says more were left out.
+// Records count as denied when the evaluated or reported verdict of
+// either side denied or rejected them, and traceflow probes apart.
+func (r *Reports) ObservedFlows(ctx context.Context, opt ObservedOptions) (flows []ObservedFlow, truncated bool, err error) {
+	w, err := opt.Window.resolve()
+	if err != nil {
+		return nil, false, err
+	}
+	limit := cmp.Or(opt.Limit, DefaultObservedMaxGroups)
+	if limit > DefaultObservedMaxGroups {
+		return nil, false, &TooLargeError{Field: "limit", Message: fmt.Sprintf("limit %d: at most %d flow groups are read", limit, DefaultObservedMaxGroups)}
+	}
+	where := []string{chsql.FlowEnd(w.Since, w.Until)}
+	side := func(end string) string {
+		c := chsql.Eq(end+"_pod_namespace", opt.Namespace)
+		if opt.Workload != "" {
+			c = chsql.And(c, chsql.Eq(end+"_workload_name", opt.Workload))
+		}
+		return c
+	}
+	switch {
+	case opt.Workload != "" && opt.Namespace == "":
+		return nil, false, fmt.Errorf("workload %q needs its namespace", opt.Workload)
+	case opt.Namespace != "":
+		where = append(where, chsql.Or(side("src"), side("dst")))
+	}
+	const blocked = "('denied', 'rejected')"
+	q := fmt.Sprintf(`SELECT %[1]s,
+       countIf(NOT is_probe AND NOT blocked) AS allowed, countIf(NOT is_probe AND blocked) AS denied, countIf(is_probe) AS probes
+FROM (
+    SELECT %[1]s, is_probe,
+           ingress_verdict IN %[2]s OR egress_verdict IN %[2]s OR ingress_reported_verdict IN %[2]s OR egress_reported_verdict IN %[2]s AS blocked
+    FROM %[3]s.flows
+    WHERE %[4]s
+)
+GROUP BY %[1]s
+ORDER BY allowed + denied + probes DESC, %[1]s
+LIMIT %[5]d`, observedGroup, blocked, r.db, chsql.And(where...), limit+1)
+	type row struct {
+		SrcIP       string `json:"src_ip"`
+		DstIP       string `json:"dst_ip"`
+		Protocol    uint8  `json:"protocol"`
+		DstPort     uint16 `json:"dst_port"`
+		IPVersion   uint8  `json:"ip_version"`
+		SrcNS       string `json:"src_pod_namespace"`
+		SrcPod      string `json:"src_pod_name"`
+		SrcKind     string `json:"src_workload_kind"`
+		SrcName     string `json:"src_workload_name"`
+		DstNS       string `json:"dst_pod_namespace"`
+		DstPod      string `json:"dst_pod_name"`
+		DstKind     string `json:"dst_workload_kind"`
+		DstName     string `json:"dst_workload_name"`
+		SvcNS       string `json:"dst_service_namespace"`
+		SvcName     string `json:"dst_service_name"`
+		ServicePort uint16 `json:"service_port"`
+		Allowed     uint64 `json:"allowed"`
+		Denied      uint64 `json:"denied"`
+		Probes      uint64 `json:"probes"`
+	}
+	rs, err := rows[row](ctx, r.q, q, reportMaxMemory)
+	if err != nil {
+		return nil, false, fmt.Errorf("observed flows: %w", err)
+	}
+	if len(rs) > limit {
+		rs, truncated = rs[:limit], true
+	}
+	flows = make([]ObservedFlow, len(rs))
+	for i, x := range rs {
+		flows[i] = ObservedFlow{
+			Src:      FlowEnd{IP: x.SrcIP, Namespace: x.SrcNS, Pod: x.SrcPod, WorkloadKind: x.SrcKind, WorkloadName: x.SrcName},
+			Dst:      FlowEnd{IP: x.DstIP, Namespace: x.DstNS, Pod: x.DstPod, WorkloadKind: x.DstKind, WorkloadName: x.DstName},
+			Protocol: x.Protocol, DstPort: x.DstPort, IPVersion: x.IPVersion,
+			ServiceNamespace: x.SvcNS, ServiceName: x.SvcName, ServicePort: x.ServicePort,
+			Allowed: x.Allowed, Denied: x.Denied, Probes: x.Probes,
+		}
+	}
+	return flows, truncated, nil
 }

@@ -199,6 +199,11 @@ func (c *cluster) resolve(e audit.FlowEnd) end {
 	if p == nil && e.Namespace == "" && a.IsValid() {
 		p, _ = c.view.LookupPod(a, time.Time{})
 	}
+	if e.WorkloadKind == "Node" && c.nodes[e.WorkloadName] != nil {
+		// Enrichment names a host-network end by its node.
+		out.kind, out.node, out.name = endNode, c.nodes[e.WorkloadName], "node "+e.WorkloadName
+		return out
+	}
 	switch {
 	case p != nil && p.HostNetwork:
 		out.kind, out.node = endNode, c.nodes[p.NodeName]
