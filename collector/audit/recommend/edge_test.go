@@ -126,7 +126,7 @@ func TestEdgeCases(t *testing.T) {
 	eg := policyNamed(t, rec, "app", "client-egress")
 	text := yamlOf(t, &Recommendation{Mode: LeastPrivilege, Policies: []Policy{eg}})
 	for _, want := range []string{
-		"port: pg\n", "port: 6379\n", "port: dns\n      protocol: UDP", "port: dns-tcp\n      protocol: TCP",
+		"port: pg\n", "port: 6379\n", "protocol: UDP\n      port: dns\n", "protocol: TCP\n      port: dns-tcp\n",
 		"cidr: 198.19.255.0/28", "Only IPv4 was seen for these peers", "DNS: both UDP and TCP port 53",
 		"kubernetes.io/metadata.name: data", "Deployment data/db through Service shared/pg on 5432/TCP over IPv6",
 	} {
