@@ -3,6 +3,7 @@ package audit
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"testing"
 	"time"
@@ -78,5 +79,59 @@ func TestObservedFlows(t *testing.T) {
 	}
 	if _, _, err := rep.ObservedFlows(ctx, ObservedOptions{Window: win, Workload: "web"}); err == nil {
 		t.Error("a workload without its namespace: no error")
+	}
+}
+
+// BenchmarkObservedFlowsLarge reads the flow groups of a window of
+// 1,000,000 flow records between the 6,000 pods of 2,000 workloads (100
+// namespaces): 204,000 groups (each pod to 17 others, over each family),
+// for the cluster. The window has ten times the records.
+func BenchmarkObservedFlowsLarge(b *testing.B) {
+	e := needEngine(b)
+	ctx := context.Background()
+	if err := e.Exec(ctx, "TRUNCATE TABLE dualflow.flows"); err != nil {
+		b.Fatal(err)
+	}
+	const records, pods, batch = 1_000_000, 6000, 100_000
+	end := time.Date(2025, 4, 1, 12, 0, 0, 0, time.UTC)
+	ep := func(n int) flow.Endpoint {
+		w := n / 3
+		ns, name := fmt.Sprintf("ns%03d", w/20), fmt.Sprintf("w%02d", w%20)
+		return flow.Endpoint{PodNamespace: ns, PodName: fmt.Sprintf("%s-%d", name, n%3), WorkloadKind: "Deployment", WorkloadName: name,
+			Labels: map[string]string{"app": name}}
+	}
+	addr := func(n, fam int) netip.Addr {
+		if fam == 4 {
+			return netip.AddrFrom4([4]byte{198, 18, byte(n >> 8), byte(n)})
+		}
+		return netip.AddrFrom16([16]byte{0xfd, 0, 0, 0x10, 14: byte(n >> 8), 15: byte(n)})
+	}
+	var buf []byte
+	for start := 0; start < records; start += batch {
+		buf = buf[:0]
+		for i := start; i < start+batch; i++ {
+			fam := 4 + 2*(i%2)
+			s := (i / 2) % pods
+			d := (s + 1 + (i/(2*pods))%17) % pods
+			r := flow.Record{Proto: flow.ProtoTCP, SrcPort: uint16(30000 + i%30000), DstPort: 8080, SrcAddr: addr(s, fam), DstAddr: addr(d, fam),
+				Src: ep(s), Dst: ep(d), FlowStart: end.Add(-time.Hour), FlowEnd: end.Add(-time.Duration(1+i%3000) * time.Second), TimeReceived: end,
+				Packets: 3, PacketsDelta: 3, Bytes: 180, BytesDelta: 180}
+			r.Ingress.Verdict, r.Egress.Verdict = flow.VerdictNotIsolated, flow.VerdictNotIsolated
+			r.Normalize()
+			buf = store.AppendFlowRow(buf, &r)
+		}
+		if err := e.InsertRowBinary(ctx, store.FlowsTable, store.FlowColumns, "", batch, buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+	rep, _ := NewReports(e, "")
+	win := Window{Since: end.Add(-2 * time.Hour), Until: end}
+	b.ReportAllocs()
+	for b.Loop() {
+		fs, truncated, err := rep.ObservedFlows(ctx, ObservedOptions{Window: win})
+		if err != nil || truncated {
+			b.Fatal(err, truncated)
+		}
+		b.ReportMetric(float64(len(fs)), "groups")
 	}
 }
