@@ -65,3 +65,17 @@ func TestLabCloseGaps(t *testing.T) {
 		})
 	}
 }
+
+// TestCloseGapsWorkloadScope: a workload's scope keeps the policies that
+// select its pods: api's metrics rule is closed, web has none to close.
+func TestCloseGapsWorkloadScope(t *testing.T) {
+	view := labView(t, manifest.ModeDual)
+	api := recommend(t, view, nil, Options{Mode: CloseGaps, Scope: Scope{Namespace: "backend", Workload: "api"}})
+	if len(api.Policies) != 1 || api.Policies[0].Policy.Name != "allow-metrics-ipv4-only" {
+		t.Errorf("api: %d policies, want allow-metrics-ipv4-only", len(api.Policies))
+	}
+	web := recommend(t, view, nil, Options{Mode: CloseGaps, Scope: Scope{Namespace: "frontend", Workload: "web"}})
+	if len(web.Policies) != 0 {
+		t.Errorf("web: %d policies, want none", len(web.Policies))
+	}
+}

@@ -165,3 +165,17 @@ var commentBreak = regexp.MustCompile(`\n *# `)
 func has(text, want string) bool {
 	return strings.Contains(text, want) || strings.Contains(commentBreak.ReplaceAllString(text, " "), want)
 }
+
+// TestUnlabelledWorkload: a workload whose pods share no label gets no
+// policy (an empty selector would select its whole namespace), and a
+// note says so.
+func TestUnlabelledWorkload(t *testing.T) {
+	p := deployPod("app", "bare", "bare-0", "node-1", []string{"198.18.1.40", "fd00:10:0:1::40"})
+	p.Labels = nil
+	p.OwnerReferences = nil
+	view := enrich.NewSnapshot(ns("app"), p)
+	rec := recommend(t, view, nil, Options{Mode: LeastPrivilege, Scope: Scope{Namespace: "app"}})
+	if len(rec.Policies) != 0 || len(rec.Notes) != 1 || !strings.Contains(rec.Notes[0], "Pod app/bare-0 has no label") {
+		t.Errorf("policies %d, notes %q: want none and a note on bare-0", len(rec.Policies), rec.Notes)
+	}
+}
