@@ -79,3 +79,43 @@ func TestCloseGapsWorkloadScope(t *testing.T) {
 		t.Errorf("web: %d policies, want none", len(web.Policies))
 	}
 }
+
+// TestAuditAfter: the static audit of the lab's policies with a
+// recommendation. Least-privilege for the cluster leaves no workload
+// unprotected; close-gaps removes the one-family ipBlock finding of the
+// metrics rule in dual mode.
+func TestAuditAfter(t *testing.T) {
+	for _, mode := range manifest.Modes {
+		t.Run(string(mode), func(t *testing.T) {
+			view := labView(t, mode)
+			kinds := func(fs []audit.Finding) map[string]int {
+				out := map[string]int{}
+				for _, f := range fs {
+					out[f.Kind]++
+				}
+				return out
+			}
+			before, err := Audit(view, nil, Scope{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			lp := recommend(t, view, labFlows(t, view, 0), Options{Mode: LeastPrivilege})
+			after, err := Audit(view, lp.NetworkPolicies(), Scope{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, a := kinds(before), kinds(after)
+			if b[audit.KindUnprotectedIngress] == 0 || a[audit.KindUnprotectedIngress]+a[audit.KindUnprotectedEgress] != 0 {
+				t.Errorf("unprotected before %v, after least-privilege %v: want some, then none", b, a)
+			}
+			cg := recommend(t, view, nil, Options{Mode: CloseGaps})
+			closed, err := Audit(view, cg.NetworkPolicies(), Scope{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c := kinds(closed); c[audit.KindIPBlockOneFamily] != 0 || mode == manifest.ModeDual && b[audit.KindIPBlockOneFamily] == 0 {
+				t.Errorf("one-family ipBlock findings before %d, after close-gaps %d: want some in dual mode, then none", b[audit.KindIPBlockOneFamily], c[audit.KindIPBlockOneFamily])
+			}
+		})
+	}
+}
