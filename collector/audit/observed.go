@@ -1,0 +1,161 @@
+package audit
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"net/netip"
+
+	networkingv1 "k8s.io/api/networking/v1"
+
+	"github.com/dualflow/dualflow/collector/audit/policy"
+	"github.com/dualflow/dualflow/collector/enrich"
+	"github.com/dualflow/dualflow/internal/chsql"
+)
+
+// ObservedFlow is the recorded flows of one group: between two ends
+// (pods or addresses) over one family, protocol and destination port,
+// addressed to one Service or none, with how many of their records were
+// allowed, denied, or traceflow probes. Policy recommendations
+// (package recommend) are built from a window's groups and replayed
+// over them.
+type ObservedFlow struct {
+	// Src and Dst are the ends as enrichment named them: the address
+	// (Dst after DNAT: a Service's endpoint), and for a pod its namespace,
+	// name and workload.
+	Src, Dst  FlowEnd
+	Protocol  uint8 // IANA number
+	DstPort   uint16
+	IPVersion uint8 // 4 or 6
+	// ServiceNamespace and ServiceName are the Service the flows were
+	// addressed to (dst_service_*, empty when none), ServicePort the
+	// Service port (service_port).
+	ServiceNamespace, ServiceName string
+	ServicePort                   uint16
+	// Allowed and Denied count the ordinary records (not probes) whose
+	// evaluated or reported verdict let them through, or denied or
+	// rejected them on either side; Probes counts traceflow probe
+	// records.
+	Allowed, Denied, Probes uint64
+}
+
+// PodFlow is the policy view of a flow between two pods of view (nil:
+// not a pod, or a host-network one: only the address counts) over the
+// addresses given, with the destination's named port resolved: the flow
+// the audit evaluates for the same ends.
+func PodFlow(view *enrich.Snapshot, src *enrich.Pod, srcAddr netip.Addr, dst *enrich.Pod, dstAddr netip.Addr, proto uint8, port uint16) policy.Flow {
+	return podFlow(view, src, srcAddr, dst, dstAddr, proto, port)
+}
+
+// WithProposed returns current with proposed added, a proposed policy
+// replacing the current one of the same namespace and name: the policy
+// set a what-if or a recommendation is evaluated with.
+func WithProposed(current, proposed []*networkingv1.NetworkPolicy) []*networkingv1.NetworkPolicy {
+	return withProposed(current, proposed)
+}
+
+// ObservedOptions select the flow groups ObservedFlows reads: those of a
+// window with an end in a scope.
+type ObservedOptions struct {
+	Window
+	// Namespace keeps the flows from or to a pod of it; with Workload,
+	// from or to a pod of that workload of it. Neither: every flow.
+	Namespace, Workload string
+	// Limit bounds the groups read (default and at most
+	// DefaultObservedMaxGroups): they are held in memory.
+	Limit int
+}
+
+// DefaultObservedMaxGroups bounds the flow groups one ObservedFlows
+// reads: about 250 bytes each in memory, with their strings, so at most
+// about 250 MiB.
+const DefaultObservedMaxGroups = 1_000_000
+
+// observedGroup is the key of an observed flow group: the ends
+// (addresses and pods), protocol, destination port, family and the
+// Service addressed.
+const observedGroup = `src_ip, dst_ip, protocol, dst_port, ip_version,
+         src_pod_namespace, src_pod_name, src_workload_kind, src_workload_name,
+         dst_pod_namespace, dst_pod_name, dst_workload_kind, dst_workload_name,
+         dst_service_namespace, dst_service_name, service_port`
+
+// ObservedFlows returns the flow groups of the window with an end in the
+// scope (the most records first, then by key: the same window gives the
+// same groups), at most opt.Limit; truncated says more were left out.
+// Records count as denied when the evaluated or reported verdict of
+// either side denied or rejected them, and traceflow probes apart.
+func (r *Reports) ObservedFlows(ctx context.Context, opt ObservedOptions) (flows []ObservedFlow, truncated bool, err error) {
+	w, err := opt.Window.resolve()
+	if err != nil {
+		return nil, false, err
+	}
+	limit := cmp.Or(opt.Limit, DefaultObservedMaxGroups)
+	if limit > DefaultObservedMaxGroups {
+		return nil, false, &TooLargeError{Field: "limit", Message: fmt.Sprintf("limit %d: at most %d flow groups are read", limit, DefaultObservedMaxGroups)}
+	}
+	where := []string{chsql.FlowEnd(w.Since, w.Until)}
+	side := func(end string) string {
+		c := chsql.Eq(end+"_pod_namespace", opt.Namespace)
+		if opt.Workload != "" {
+			c = chsql.And(c, chsql.Eq(end+"_workload_name", opt.Workload))
+		}
+		return c
+	}
+	switch {
+	case opt.Workload != "" && opt.Namespace == "":
+		return nil, false, fmt.Errorf("workload %q needs its namespace", opt.Workload)
+	case opt.Namespace != "":
+		where = append(where, chsql.Or(side("src"), side("dst")))
+	}
+	const blocked = "('denied', 'rejected')"
+	q := fmt.Sprintf(`SELECT %[1]s,
+       countIf(NOT is_probe AND NOT blocked) AS allowed, countIf(NOT is_probe AND blocked) AS denied, countIf(is_probe) AS probes
+FROM (
+    SELECT %[1]s, is_probe,
+           ingress_verdict IN %[2]s OR egress_verdict IN %[2]s OR ingress_reported_verdict IN %[2]s OR egress_reported_verdict IN %[2]s AS blocked
+    FROM %[3]s.flows
+    WHERE %[4]s
+)
+GROUP BY %[1]s
+ORDER BY allowed + denied + probes DESC, %[1]s
+LIMIT %[5]d`, observedGroup, blocked, r.db, chsql.And(where...), limit+1)
+	type row struct {
+		SrcIP       string `json:"src_ip"`
+		DstIP       string `json:"dst_ip"`
+		Protocol    uint8  `json:"protocol"`
+		DstPort     uint16 `json:"dst_port"`
+		IPVersion   uint8  `json:"ip_version"`
+		SrcNS       string `json:"src_pod_namespace"`
+		SrcPod      string `json:"src_pod_name"`
+		SrcKind     string `json:"src_workload_kind"`
+		SrcName     string `json:"src_workload_name"`
+		DstNS       string `json:"dst_pod_namespace"`
+		DstPod      string `json:"dst_pod_name"`
+		DstKind     string `json:"dst_workload_kind"`
+		DstName     string `json:"dst_workload_name"`
+		SvcNS       string `json:"dst_service_namespace"`
+		SvcName     string `json:"dst_service_name"`
+		ServicePort uint16 `json:"service_port"`
+		Allowed     uint64 `json:"allowed"`
+		Denied      uint64 `json:"denied"`
+		Probes      uint64 `json:"probes"`
+	}
+	rs, err := rows[row](ctx, r.q, q, reportMaxMemory)
+	if err != nil {
+		return nil, false, fmt.Errorf("observed flows: %w", err)
+	}
+	if len(rs) > limit {
+		rs, truncated = rs[:limit], true
+	}
+	flows = make([]ObservedFlow, len(rs))
+	for i, x := range rs {
+		flows[i] = ObservedFlow{
+			Src:      FlowEnd{IP: x.SrcIP, Namespace: x.SrcNS, Pod: x.SrcPod, WorkloadKind: x.SrcKind, WorkloadName: x.SrcName},
+			Dst:      FlowEnd{IP: x.DstIP, Namespace: x.DstNS, Pod: x.DstPod, WorkloadKind: x.DstKind, WorkloadName: x.DstName},
+			Protocol: x.Protocol, DstPort: x.DstPort, IPVersion: x.IPVersion,
+			ServiceNamespace: x.SvcNS, ServiceName: x.SvcName, ServicePort: x.ServicePort,
+			Allowed: x.Allowed, Denied: x.Denied, Probes: x.Probes,
+		}
+	}
+	return flows, truncated, nil
+}

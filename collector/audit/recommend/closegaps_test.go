@@ -1,0 +1,121 @@
+package recommend
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/dualflow/dualflow/collector/audit"
+	"github.com/dualflow/dualflow/flow"
+	"github.com/dualflow/dualflow/lab/manifest"
+)
+
+// TestLabCloseGaps: the lab's IPv4-only metrics rule (198.18.0.0/16
+// except node-2's pod CIDR) gets, in dual mode, node-1's IPv6 pod CIDR
+// and the nodes' IPv6 addresses, node-2's pods staying excepted; the
+// replay then allows metrics from web (node-1) over IPv6 and still
+// denies them from probe-2 (node-2). A single-stack lab has no gap to
+// close.
+func TestLabCloseGaps(t *testing.T) {
+	for _, mode := range manifest.Modes {
+		t.Run(string(mode), func(t *testing.T) {
+			view := labView(t, mode)
+			rec := recommend(t, view, nil, Options{Mode: CloseGaps, Scope: Scope{Namespace: "backend"}})
+			if mode != manifest.ModeDual {
+				if len(rec.Policies) != 0 {
+					t.Fatalf("%d policies changed in a single-stack lab", len(rec.Policies))
+				}
+				return
+			}
+			if len(rec.Policies) != 1 {
+				t.Fatalf("%d policies, want allow-metrics-ipv4-only only:\n%s", len(rec.Policies), yamlOf(t, rec))
+			}
+			p := rec.Policies[0]
+			if p.Policy.Name != "allow-metrics-ipv4-only" || p.Policy.ResourceVersion != "" {
+				t.Fatalf("policy %s (resourceVersion %q), want allow-metrics-ipv4-only without server fields", p.Policy.Name, p.Policy.ResourceVersion)
+			}
+			var cidrs []string
+			for _, pe := range p.Policy.Spec.Ingress[0].From {
+				cidrs = append(cidrs, pe.IPBlock.CIDR)
+			}
+			want := []string{"198.18.0.0/16", "fd00:10::1/128", "fd00:10::2/128", "fd00:10:0:1::/64"}
+			if !slices.Equal(cidrs, want) {
+				t.Errorf("ipBlocks %v, want %v", cidrs, want)
+			}
+			y := yamlOf(t, rec)
+			if !has(y, "added their IPv6 counterpart") || !has(y, "node-2's pods stay excepted") {
+				t.Errorf("the comment does not say what was added:\n%s", y)
+			}
+			api := podOf(t, view, "backend", "api", "node-2")
+			web := podOf(t, view, "frontend", "web", "node-1")
+			probe2 := podOf(t, view, "tools", "probe-2", "")
+			a, _ := podEnd(view, api, 6)
+			w, _ := podEnd(view, web, 6)
+			p2, _ := podEnd(view, probe2, 6)
+			flows := []audit.ObservedFlow{
+				{Src: w, Dst: a, Protocol: flow.ProtoTCP, DstPort: 9090, IPVersion: 6, Denied: 3},
+				{Src: p2, Dst: a, Protocol: flow.ProtoTCP, DstPort: 9090, IPVersion: 6, Denied: 3},
+			}
+			rep, err := Replay(view, rec.NetworkPolicies(), flows)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if f := rep.Families[0]; len(f.NewlyAllowed) != 1 || f.NewlyAllowed[0].Src.Pod != web.Name {
+				t.Errorf("newly allowed %v, want web's metrics over IPv6 only", f.NewlyAllowed)
+			}
+		})
+	}
+}
+
+// TestCloseGapsWorkloadScope: a workload's scope keeps the policies that
+// select its pods: api's metrics rule is closed, web has none to close.
+func TestCloseGapsWorkloadScope(t *testing.T) {
+	view := labView(t, manifest.ModeDual)
+	api := recommend(t, view, nil, Options{Mode: CloseGaps, Scope: Scope{Namespace: "backend", Workload: "api"}})
+	if len(api.Policies) != 1 || api.Policies[0].Policy.Name != "allow-metrics-ipv4-only" {
+		t.Errorf("api: %d policies, want allow-metrics-ipv4-only", len(api.Policies))
+	}
+	web := recommend(t, view, nil, Options{Mode: CloseGaps, Scope: Scope{Namespace: "frontend", Workload: "web"}})
+	if len(web.Policies) != 0 {
+		t.Errorf("web: %d policies, want none", len(web.Policies))
+	}
+}
+
+// TestAuditAfter: the static audit of the lab's policies with a
+// recommendation. Least-privilege for the cluster leaves no workload
+// unprotected; close-gaps removes the one-family ipBlock finding of the
+// metrics rule in dual mode.
+func TestAuditAfter(t *testing.T) {
+	for _, mode := range manifest.Modes {
+		t.Run(string(mode), func(t *testing.T) {
+			view := labView(t, mode)
+			kinds := func(fs []audit.Finding) map[string]int {
+				out := map[string]int{}
+				for _, f := range fs {
+					out[f.Kind]++
+				}
+				return out
+			}
+			before, err := Audit(view, nil, Scope{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			lp := recommend(t, view, labFlows(t, view, 0), Options{Mode: LeastPrivilege})
+			after, err := Audit(view, lp.NetworkPolicies(), Scope{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, a := kinds(before), kinds(after)
+			if b[audit.KindUnprotectedIngress] == 0 || a[audit.KindUnprotectedIngress]+a[audit.KindUnprotectedEgress] != 0 {
+				t.Errorf("unprotected before %v, after least-privilege %v: want some, then none", b, a)
+			}
+			cg := recommend(t, view, nil, Options{Mode: CloseGaps})
+			closed, err := Audit(view, cg.NetworkPolicies(), Scope{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if c := kinds(closed); c[audit.KindIPBlockOneFamily] != 0 || mode == manifest.ModeDual && b[audit.KindIPBlockOneFamily] == 0 {
+				t.Errorf("one-family ipBlock findings before %d, after close-gaps %d: want some in dual mode, then none", b[audit.KindIPBlockOneFamily], c[audit.KindIPBlockOneFamily])
+			}
+		})
+	}
+}
