@@ -777,8 +777,9 @@ func TestOpenAPICoversRoutes(t *testing.T) {
 	}
 }
 
-// TestOpenAPITraceflowSchemas: the traceflow schemas name every JSON
-// field of the types the trace routes read and write.
+// TestOpenAPITraceflowSchemas: the traceflow schemas, and the what-if's,
+// name every JSON field of the types the trace and what-if routes read
+// and write.
 func TestOpenAPITraceflowSchemas(t *testing.T) {
 	var spec struct {
 		Components struct {
@@ -803,6 +804,13 @@ func TestOpenAPITraceflowSchemas(t *testing.T) {
 		{traceflow.Result{}, anyMap(s["TraceflowResult"].Properties)},
 		{traceflow.FamilyResult{}, anyMap(s["FamilyResult"].Properties)},
 		{traceflow.Observation{}, anyMap(s["Observation"].Properties)},
+		{audit.WhatIfReport{}, anyMap(s["WhatIfReport"].Properties)},
+		{audit.WhatIfFlow{}, anyMap(s["WhatIfFlow"].Properties)},
+		{audit.WhatIfCell{}, anyMap(s["WhatIfCell"].Properties)},
+		{audit.WhatIfCellFamily{}, anyMap(s["WhatIfCellFamily"].Properties)},
+		{audit.CellVerdict{}, anyMap(s["CellVerdict"].Properties)},
+		{audit.WhatIfPair{}, anyMap(s["WhatIfPair"].Properties)},
+		{audit.PairVerdict{}, anyMap(s["PairVerdict"].Properties)},
 	} {
 		typ := reflect.TypeOf(tc.v)
 		for i := range typ.NumField() {
