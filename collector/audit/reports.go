@@ -587,8 +587,8 @@ func (r *Reports) WhatIf(ctx context.Context, view *enrich.Snapshot, proposed []
 		ns = "namespaces "
 	}
 	ns += strings.Join(touched, ", ")
-	if pairs > maxMatrixPairs {
-		return nil, &TooLargeError{Field: "body", Message: fmt.Sprintf("the what-if's reachability cells (the workloads of %s to and from every workload and Service) cover %d pod pairs, more than %d: propose policies for fewer namespaces", ns, pairs, maxMatrixPairs)}
+	if pairs > whatIfMaxPairs {
+		return nil, &TooLargeError{Field: "body", Message: fmt.Sprintf("the what-if's reachability cells (the workloads of %s to and from every workload and Service) cover %d pod pairs, more than %d: propose policies for fewer namespaces", ns, pairs, whatIfMaxPairs)}
 	}
 	if checks+cellChecks > lim.MaxChecks {
 		field := "since"
