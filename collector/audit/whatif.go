@@ -223,7 +223,15 @@ func (sc *whatIfScope) cost(before, after *policy.Set) (pairs int, checks int64)
 // puts the cells and pod pairs whose verdict changes into rep.
 func (sc *whatIfScope) evaluate(before, after *policy.Set, rep *WhatIfReport) {
 	var lb, la int // pairs listed, the same count in both evaluations
-	seen := map[string]bool{}
+	// A pod pair (with its family, protocol and port) is listed once: a
+	// workload's pairs are also those of its Services.
+	type pairKey struct {
+		fam      int
+		proto    uint8
+		src, dst string
+		port     uint16
+	}
+	seen := map[pairKey]bool{}
 	for k, m := range sc.matrices {
 		b, a := m.evaluate(before, &lb), m.evaluate(after, &la)
 		proto := flow.ProtoName(m.proto)
@@ -243,7 +251,7 @@ func (sc *whatIfScope) evaluate(before, after *policy.Set, rep *WhatIfReport) {
 							continue
 						}
 						cf.Changed = true
-						key := fmt.Sprint(fam, proto, pb.Src, pb.Dst, pb.Port)
+						key := pairKey{fam, m.proto, pb.Src, pb.Dst, pb.Port}
 						if seen[key] {
 							continue
 						}
