@@ -153,6 +153,11 @@ const (
 // namespace, makes over a billion checks.
 const DefaultReachabilityMaxChecks = 20_000_000
 
+// MaxObservedPorts bounds the ports observed to one destination that a
+// question on any port evaluates its undeclared pods at (each port is one
+// more check per pod pair): the reachability matrix's and the what-if's.
+const MaxObservedPorts = 16
+
 // Bounds of a matrix evaluation.
 const (
 	// maxMatrixPairs bounds the pod pairs one request evaluates (both
@@ -263,12 +268,37 @@ type resolved struct {
 // declares none is evaluated instead of port 0 (which only rules without
 // ports match).
 func (p PolicyEvaluator) EvaluateMatrix(ctx context.Context, srcs, dsts []Endpoint, proto uint8, port uint16, observed ...[]uint16) ([][]map[int]*FamilyPolicy, error) {
-	seen := func(j int) []uint16 {
-		if j < len(observed) && port == 0 && flow.HasPorts(proto) {
-			return observed[j]
-		}
-		return nil
+	m, err := p.plan(ctx, srcs, dsts, proto, port, observed)
+	if err != nil {
+		return nil, err
 	}
+	var set *policy.Set
+	if p.Policies != nil {
+		set = p.Policies()
+	}
+	pairs, checks := m.cost(set)
+	if pairs > maxMatrixPairs {
+		return nil, &TooLargeError{Field: "destinations", Message: fmt.Sprintf("the matrix covers %d pod pairs, more than %d: ask about fewer or smaller endpoints", pairs, maxMatrixPairs)}
+	}
+	if maxChecks := cmp.Or(p.MaxChecks, DefaultReachabilityMaxChecks); checks > maxChecks {
+		return nil, &TooLargeError{Field: "destinations", Message: fmt.Sprintf("the matrix would make %d policy checks (its pod pairs, each against the policies that may select its ends: %d in all), more than the %d allowed: ask about fewer or smaller endpoints", checks, set.Len(), maxChecks)}
+	}
+	listed := 0
+	return m.evaluate(set, &listed), nil
+}
+
+// matrix is a matrix's ends, resolved, and its question: what
+// EvaluateMatrix costs (cost) before it evaluates (evaluate), with one
+// set of policies or, for a what-if, with two.
+type matrix struct {
+	rs, rd   []resolved
+	proto    uint8
+	port     uint16
+	observed [][]uint16
+}
+
+// plan resolves the ends of a matrix.
+func (p PolicyEvaluator) plan(ctx context.Context, srcs, dsts []Endpoint, proto uint8, port uint16, observed [][]uint16) (*matrix, error) {
 	resolve := func(eps []Endpoint, side string) []resolved {
 		out := make([]resolved, len(eps))
 		for i, e := range eps {
@@ -280,17 +310,27 @@ func (p PolicyEvaluator) EvaluateMatrix(ctx context.Context, srcs, dsts []Endpoi
 		}
 		return out
 	}
-	rs, rd := resolve(srcs, "source"), resolve(dsts, "destination")
+	m := &matrix{rs: resolve(srcs, "source"), rd: resolve(dsts, "destination"), proto: proto, port: port, observed: observed}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	var set *policy.Set
-	if p.Policies != nil {
-		set = p.Policies()
+	return m, nil
+}
+
+// seen are the ports observed to destination j, for a question on any
+// port of a protocol with ports.
+func (m *matrix) seen(j int) []uint16 {
+	if j < len(m.observed) && m.port == 0 && flow.HasPorts(m.proto) {
+		return m.observed[j]
 	}
-	// The pairs and the policy checks of the whole matrix, counted before
-	// evaluating any.
-	cost := func(rs []resolved) []targetCost {
+	return nil
+}
+
+// cost counts the pod pairs of the matrix (both families, every port)
+// and the policy checks evaluating them with set makes, without
+// evaluating any.
+func (m *matrix) cost(set *policy.Set) (pairs int, checks int64) {
+	costs := func(rs []resolved) []targetCost {
 		out := make([]targetCost, len(rs))
 		for i, r := range rs {
 			if r.t != nil {
@@ -299,31 +339,29 @@ func (p PolicyEvaluator) EvaluateMatrix(ctx context.Context, srcs, dsts []Endpoi
 		}
 		return out
 	}
-	cs, cd := cost(rs), cost(rd)
-	pairs, checks := 0, int64(0)
-	for i, s := range rs {
-		for j, d := range rd {
+	cs, cd := costs(m.rs), costs(m.rd)
+	for i, s := range m.rs {
+		for j, d := range m.rd {
 			if s.t == nil || d.t == nil {
 				continue
 			}
-			k := max(1, len(d.t.servicePorts(proto, port)), d.t.anyPorts(proto, port), len(seen(j)))
+			k := max(1, len(d.t.servicePorts(m.proto, m.port)), d.t.anyPorts(m.proto, m.port), len(m.seen(j)))
 			pairs += 2 * len(s.t.Members) * len(d.t.Members) * k
 			for f := range cs[i].members {
 				checks += int64(k) * (cs[i].egress[f]*cd[j].members[f] + cs[i].members[f]*cd[j].ingress[f])
 			}
 		}
 	}
-	if pairs > maxMatrixPairs {
-		return nil, &TooLargeError{Field: "destinations", Message: fmt.Sprintf("the matrix covers %d pod pairs, more than %d: ask about fewer or smaller endpoints", pairs, maxMatrixPairs)}
-	}
-	if maxChecks := cmp.Or(p.MaxChecks, DefaultReachabilityMaxChecks); checks > maxChecks {
-		return nil, &TooLargeError{Field: "destinations", Message: fmt.Sprintf("the matrix would make %d policy checks (its pod pairs, each against the policies that may select its ends: %d in all), more than the %d allowed: ask about fewer or smaller endpoints", checks, set.Len(), maxChecks)}
-	}
-	listed := 0
-	out := make([][]map[int]*FamilyPolicy, len(srcs))
-	for i, s := range rs {
-		out[i] = make([]map[int]*FamilyPolicy, len(dsts))
-		for j, d := range rd {
+	return pairs, checks
+}
+
+// evaluate evaluates every pod pair of every cell with set; listed
+// counts the pairs listed (maxListedTotal) over the calls that share it.
+func (m *matrix) evaluate(set *policy.Set, listed *int) [][]map[int]*FamilyPolicy {
+	out := make([][]map[int]*FamilyPolicy, len(m.rs))
+	for i, s := range m.rs {
+		out[i] = make([]map[int]*FamilyPolicy, len(m.rd))
+		for j, d := range m.rd {
 			cell := map[int]*FamilyPolicy{}
 			for _, fam := range []int{4, 6} {
 				var f *FamilyPolicy
@@ -333,14 +371,14 @@ func (p PolicyEvaluator) EvaluateMatrix(ctx context.Context, srcs, dsts []Endpoi
 				case err != nil:
 					f = &FamilyPolicy{Outcome: OutcomeError, Reason: err.Error()}
 				default:
-					f = evaluateFamily(set, s.t, d.t, fam, proto, port, seen(j), &listed)
+					f = evaluateFamily(set, s.t, d.t, fam, m.proto, m.port, m.seen(j), listed)
 				}
 				cell[fam] = f
 			}
 			out[i][j] = cell
 		}
 	}
-	return out, nil
+	return out
 }
 
 // targetCost is what the members of a target weigh in a matrix, per

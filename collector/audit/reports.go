@@ -515,6 +515,13 @@ type WhatIfReport struct {
 	Flows     int          `json:"flows"`
 	Truncated bool         `json:"truncated"`
 	Changes   []WhatIfFlow `json:"changes"`
+	// Cells are the reachability cells whose verdict changes in a
+	// family, Pairs their pod pairs that change (each once); a cell lists
+	// at most 64 pairs per family, and a what-if 10,000 in all:
+	// PairsTruncated says pairs of a changed cell were not listed.
+	Cells          []WhatIfCell `json:"cells"`
+	Pairs          []WhatIfPair `json:"pairs"`
+	PairsTruncated bool         `json:"pairs_truncated"`
 }
 
 // whatIfGroup is the key of a what-if's flow group: a flow (addresses,
@@ -531,9 +538,19 @@ const whatIfGroup = `src_ip, dst_ip, protocol, dst_port, ip_version,
 // the flows whose verdict changes. Only the flows from or to a pod of a
 // namespace of the proposed policies can change (a policy selects pods of
 // its own namespace), so only those are read. Pod labels are the recorded
-// ones; namespace labels and named ports come from view. An invalid
-// proposed policy is an error; so is a what-if past r.WhatIfLimits
-// (*TooLargeError), before any flow is read.
+// ones; namespace labels and named ports come from view.
+//
+// It evaluates the reachability cells of view the same way (whatif.go):
+// every workload with a pod in those namespaces from every workload of
+// view and to every other one, and the Services in front of them or of
+// the others, on any port of TCP (and of UDP and SCTP where a
+// destination declares or was seen on one: the matrix's ports, declared
+// or observed in the flows read), and returns the cells and pod pairs
+// whose verdict changes, per family.
+//
+// An invalid proposed policy is an error; so is a what-if past
+// r.WhatIfLimits (*TooLargeError), before any flow is read or pair
+// evaluated: the flow groups and the cells' pod pairs share MaxChecks.
 func (r *Reports) WhatIf(ctx context.Context, view *enrich.Snapshot, proposed []*networkingv1.NetworkPolicy, win Window, limit int) (*WhatIfReport, error) {
 	w, err := win.resolve()
 	if err != nil {
@@ -551,7 +568,7 @@ func (r *Reports) WhatIf(ctx context.Context, view *enrich.Snapshot, proposed []
 	}
 	before, _ := policy.Compile(view.NetworkPolicies) // invalid current policies are ignored, as the Auditor does
 	after, _ := policy.Compile(withProposed(view.NetworkPolicies, proposed))
-	rep := &WhatIfReport{Since: w.Since.UTC(), Until: w.Until.UTC(), Changes: []WhatIfFlow{}}
+	rep := &WhatIfReport{Since: w.Since.UTC(), Until: w.Until.UTC(), Changes: []WhatIfFlow{}, Cells: []WhatIfCell{}, Pairs: []WhatIfPair{}}
 	var touched []string
 	for _, p := range proposed {
 		touched = append(touched, p.Namespace)
@@ -566,18 +583,48 @@ func (r *Reports) WhatIf(ctx context.Context, view *enrich.Snapshot, proposed []
 	if err != nil {
 		return nil, fmt.Errorf("what-if: %w", err)
 	}
-	if checks > lim.MaxChecks {
-		ns := "namespace "
-		if len(touched) > 1 {
-			ns = "namespaces "
+	var observed map[observedKey][]uint16
+	if mine, _ := scopeWorkloads(view, touched); len(mine) > 0 {
+		if observed, err = r.whatIfObserved(ctx, where); err != nil {
+			return nil, fmt.Errorf("what-if: %w", err)
 		}
-		return nil, &TooLargeError{Field: "since", Message: fmt.Sprintf("the what-if would read about %d flow groups from or to %s%s and make about %d policy checks "+
-			"(each group against the policies that may select its ends, before and after the proposal), more than the %d allowed: "+
-			"narrow the window (since, until), lower limit, or propose policies for fewer namespaces",
-			min(groups, int64(limit)), ns, strings.Join(touched, ", "), checks, lim.MaxChecks)}
 	}
+	cells, err := whatIfCells(ctx, view, touched, observed)
+	if err != nil {
+		return nil, fmt.Errorf("what-if: %w", err)
+	}
+	pairs, cellChecks := cells.cost(before, after)
+	ns := "namespace "
+	if len(touched) > 1 {
+		ns = "namespaces "
+	}
+	ns += strings.Join(touched, ", ")
+	if pairs > whatIfMaxPairs {
+		return nil, &TooLargeError{Field: "body", Message: fmt.Sprintf("the what-if's reachability cells (the workloads of %s to and from every workload and Service) cover %d pod pairs, more than %d: propose policies for fewer namespaces", ns, pairs, whatIfMaxPairs)}
+	}
+	if checks+cellChecks > lim.MaxChecks {
+		field := "since"
+		if cellChecks > checks {
+			field = "body"
+		}
+		return nil, &TooLargeError{Field: field, Message: fmt.Sprintf("the what-if would read about %d flow groups from or to %s and make about %d policy checks "+
+			"(each group against the policies that may select its ends, before and after the proposal), and %d more for its reachability cells (%d pod pairs), more than the %d allowed: "+
+			"narrow the window (since, until), lower limit, or propose policies for fewer namespaces",
+			min(groups, int64(limit)), ns, checks, cellChecks, pairs, lim.MaxChecks)}
+	}
+	if err := r.whatIfFlows(ctx, view, where, before, after, groups, limit, rep); err != nil {
+		return nil, err
+	}
+	cells.evaluate(before, after, rep)
+	return rep, nil
+}
+
+// whatIfFlows reads where's flow groups (at most limit; none if groups
+// is 0) and puts those whose verdict changes from before to after into
+// rep.
+func (r *Reports) whatIfFlows(ctx context.Context, view *enrich.Snapshot, where string, before, after *policy.Set, groups int64, limit int, rep *WhatIfReport) error {
 	if groups == 0 {
-		return rep, nil
+		return nil
 	}
 	q := fmt.Sprintf(`SELECT src_ip, dst_ip, protocol, dst_port, ip_version,
        src_pod_namespace, src_pod_name, src_workload_kind, src_workload_name, any(src_pod_labels) AS src_labels,
@@ -609,7 +656,7 @@ LIMIT %d`, r.db, where, whatIfGroup, limit+1)
 	}
 	rs, err := rows[row](ctx, r.q, q, whatIfMaxMemory)
 	if err != nil {
-		return nil, fmt.Errorf("what-if: %w", err)
+		return fmt.Errorf("what-if: %w", err)
 	}
 	if len(rs) > limit {
 		rs, rep.Truncated = rs[:limit], true
@@ -644,7 +691,7 @@ LIMIT %d`, r.db, where, whatIfGroup, limit+1)
 			LastSeen: time.UnixMilli(x.LastMS).UTC(), Change: change, Before: verdicts(b), After: verdicts(a),
 		})
 	}
-	return rep, nil
+	return nil
 }
 
 // whatIfWork counts, without reading them, the flow groups a what-if

@@ -707,7 +707,8 @@ func (u *uiEnv) checkDrop(t *testing.T) {
 // backend/allow-web-to-api with the same rule over the web pods' IPv4
 // addresses (ipBlock /32s) instead of their selectors: replayed over the
 // recorded flows, web → api becomes denied over IPv6 and nothing changes
-// over IPv4 (the same web pods are admitted, and no other). It asks again
+// over IPv4 (the same web pods are admitted, and no other); so do the
+// Reachability cells from web to api and its Services. It asks again
 // until the store holds web → api flows of the mode's families.
 func (u *uiEnv) checkWhatIf(t *testing.T) {
 	var blocks []string
@@ -768,6 +769,21 @@ spec:
 	}
 	if u.has("6") && len(got) == 0 {
 		t.Error("no IPv6 change drawn")
+	}
+	// The cells of the Reachability matrix change the same way, whatever
+	// was recorded: web → api (and the Services in front of api) over
+	// IPv6 only.
+	type cell struct{ Src, Dst, Changed string }
+	cells := uiEval[[]cell](t, u, `[...document.querySelectorAll('#whatif-out .wicells tbody tr')].map(tr => ({Src: tr.dataset.src, Dst: tr.dataset.dst, Changed: tr.dataset.changed}))`)
+	webAPI := false
+	for _, c := range cells {
+		if c.Changed != "6" || c.Src != "workload:"+manifest.NSFrontend+"/web" || !strings.HasPrefix(c.Dst, "workload:"+manifest.NSBackend+"/api") && !strings.HasPrefix(c.Dst, "service:"+manifest.NSBackend+"/api") {
+			t.Errorf("the what-if changes cell %+v; want only web → api over IPv6", c)
+		}
+		webAPI = webAPI || c.Dst == "workload:"+manifest.NSBackend+"/api"
+	}
+	if u.has("6") != webAPI {
+		t.Errorf("cells %+v: want web → api changed over IPv6 iff the lab has IPv6", cells)
 	}
 	if s := uiEval[string](t, u, `document.querySelector('#whatif-status').textContent`); s != "" {
 		t.Errorf("what-if status %q", s)

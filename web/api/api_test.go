@@ -779,7 +779,7 @@ func TestOpenAPICoversRoutes(t *testing.T) {
 
 // TestOpenAPISchemas: the traceflow schemas name every JSON field of the
 // types the trace routes read and write, and the audit's those of the
-// findings and denied groups.
+// findings, denied groups and what-if.
 func TestOpenAPISchemas(t *testing.T) {
 	var spec struct {
 		Components struct {
@@ -806,6 +806,13 @@ func TestOpenAPISchemas(t *testing.T) {
 		{traceflow.Observation{}, anyMap(s["Observation"].Properties)},
 		{audit.Finding{}, anyMap(s["Finding"].Properties)},
 		{audit.DeniedGroup{}, anyMap(s["DeniedGroup"].Properties)},
+		{audit.WhatIfReport{}, anyMap(s["WhatIfReport"].Properties)},
+		{audit.WhatIfFlow{}, anyMap(s["WhatIfFlow"].Properties)},
+		{audit.WhatIfCell{}, anyMap(s["WhatIfCell"].Properties)},
+		{audit.WhatIfCellFamily{}, anyMap(s["WhatIfCellFamily"].Properties)},
+		{audit.CellVerdict{}, anyMap(s["CellVerdict"].Properties)},
+		{audit.WhatIfPair{}, anyMap(s["WhatIfPair"].Properties)},
+		{audit.PairVerdict{}, anyMap(s["PairVerdict"].Properties)},
 	} {
 		typ := reflect.TypeOf(tc.v)
 		for i := range typ.NumField() {

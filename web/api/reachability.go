@@ -326,17 +326,12 @@ func (a *API) runReachability(ctx context.Context, req *ReachabilityRequest) (*R
 	return out, nil
 }
 
-// maxObservedPorts bounds the ports observed to one destination that a
-// question on any port evaluates its undeclared pods at (each port is one
-// more check per pod pair).
-const maxObservedPorts = 16
-
 // observedPorts are, per destination (the indices of dstArr), the
 // destination ports of the flows of inner's window and protocol to it:
-// the most frequent maxObservedPorts, in increasing order.
+// the most frequent audit.MaxObservedPorts, in increasing order.
 func (a *API) observedPorts(ctx context.Context, inner chsql.Select, dstArr string, nd int) ([][]uint16, error) {
 	inner.Cols = "dst_port, " + strings.TrimPrefix(inner.Cols, "ingress_verdict, egress_verdict, ")
-	sql := chsql.Select{Cols: "di, arraySort(topKWeighted(" + strconv.Itoa(maxObservedPorts) + ")(dst_port, n)) AS ports",
+	sql := chsql.Select{Cols: "di, arraySort(topKWeighted(" + strconv.Itoa(audit.MaxObservedPorts) + ")(dst_port, n)) AS ports",
 		From: "(" + inner.String() + ") ARRAY JOIN " + dstArr + " AS di", GroupBy: "di", Settings: jsonSettings}.String()
 	var rows []struct {
 		Di    int      `json:"di"`

@@ -15,9 +15,11 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -86,7 +88,7 @@ func runMain(m *testing.M) int {
 	// serve runs a server on database db; catalog (the main lab only)
 	// serves /api/v1/catalog, so the single-family labs use the UI's
 	// fallback, names from the flows.
-	serve := func(db string, catalog api.Catalog) (string, error) {
+	serve := func(db string, catalog api.Catalog, fams ...int) (string, error) {
 		// The audit's store reports (the what-if) run over the same flows.
 		reports, err := audit.NewReports(e, db)
 		if err != nil {
@@ -97,7 +99,7 @@ func runMain(m *testing.M) int {
 		tfs = append(tfs, tf)
 		srv, err := web.New(web.Config{Addr: "127.0.0.1:0", Config: api.Config{
 			Store: e, Database: db, LocalTokenFile: tokenFile,
-			Evaluator: fakes.Evaluator{}, Traces: tf, Audit: fakes.NewAudit(reports),
+			Evaluator: fakes.Evaluator{}, Traces: tf, Audit: fakes.NewAudit(reports, fams...),
 			Catalog: catalog, Status: fakes.Status{Stale: &kubeStale},
 		}})
 		if err != nil {
@@ -112,7 +114,7 @@ func runMain(m *testing.M) int {
 		go func() { ch <- srv.Serve(ctx, ln) }()
 		return "http://" + ln.Addr().String(), nil
 	}
-	if baseURL, err = serve("dualflow", fakes.Catalog{}); err != nil {
+	if baseURL, err = serve("dualflow", fakes.Catalog{}, 4, 6); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
@@ -129,7 +131,8 @@ func runMain(m *testing.M) int {
 				return 1
 			}
 		}
-		if modeURL[fam], err = serve(db, nil); err != nil {
+		v, _ := strconv.Atoi(fam)
+		if modeURL[fam], err = serve(db, nil, v); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
@@ -1505,8 +1508,12 @@ func TestAuditLinks(t *testing.T) {
 // admitting shop/frontend on both families: frontend → db becomes
 // allowed over IPv6 (it was denied), cart → db denied over IPv4 (its
 // only family); frontend → db over IPv4 does not change. In the
-// single-family labs only that family's change is left. A policy that does not validate shows
-// the API's message with its field.
+// single-family labs only that family's change is left. The cells of
+// the Reachability matrix change the same way, with db → db and dns → db
+// newly denied over IPv4 too (no flow of theirs is recorded), each with
+// its pod pairs per family (3 × 3, or 3 × 2 between db's own pods) and a
+// link to the cell on the Reachability page. A policy that does not
+// validate shows the API's message with its field.
 func TestWhatIf(t *testing.T) {
 	const proposal = `apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
@@ -1519,6 +1526,9 @@ spec:
     ports: [{protocol: TCP, port: 5432}]
 `
 	type change struct{ Family, Change, Src, Dst, Link string }
+	type cell struct{ Src, Dst, Changed string }
+	cells := `[...document.querySelectorAll('#whatif-out .wicells tbody tr')].map(tr => ({Src: tr.dataset.src, Dst: tr.dataset.dst, Changed: tr.dataset.changed}))`
+	toDB := func(src, fams string) cell { return cell{"workload:shop/" + src, "workload:shop/db", fams} }
 	changes := `[...document.querySelectorAll('#whatif-out .wifam')].flatMap(f => [...f.querySelectorAll('.wichange')].flatMap(c =>
 		[...c.querySelectorAll('tbody tr')].map(tr => ({Family: f.dataset.family, Change: c.dataset.change, Src: tr.dataset.src, Dst: tr.dataset.dst, Link: tr.querySelector('a').getAttribute('href')}))))`
 	paste := func(yaml string) chromedp.Action[chromedp.Void] {
@@ -1527,19 +1537,21 @@ spec:
 			document.querySelector('#whatif-form').requestSubmit()`)
 	}
 	for _, tc := range []struct {
-		mode string
-		want []change
+		mode  string
+		want  []change
+		cells []cell
+		pairs []string // family:pairs
 	}{
 		{"dual", []change{
 			{"4", "newly-denied", "shop/cart", "shop/db", "#/flows?since=6h&ip_version=4&protocol=TCP&dst_port=5432&src_workload=shop%2Fcart&dst_workload=shop%2Fdb"},
 			{"6", "newly-allowed", "shop/frontend", "shop/db", "#/flows?since=6h&ip_version=6&protocol=TCP&dst_port=5432&src_workload=shop%2Ffrontend&dst_workload=shop%2Fdb"},
-		}},
+		}, []cell{toDB("cart", "4"), toDB("db", "4"), toDB("frontend", "6"), {"workload:infra/dns", "workload:shop/db", "4"}}, []string{"4:24", "6:9"}},
 		{"4", []change{
 			{"4", "newly-denied", "shop/cart", "shop/db", "#/flows?since=6h&ip_version=4&protocol=TCP&dst_port=5432&src_workload=shop%2Fcart&dst_workload=shop%2Fdb"},
-		}},
+		}, []cell{toDB("cart", "4"), toDB("db", "4"), {"workload:infra/dns", "workload:shop/db", "4"}}, []string{"4:24", "6:0"}},
 		{"6", []change{
 			{"6", "newly-allowed", "shop/frontend", "shop/db", "#/flows?since=6h&ip_version=6&protocol=TCP&dst_port=5432&src_workload=shop%2Ffrontend&dst_workload=shop%2Fdb"},
-		}},
+		}, []cell{toDB("frontend", "6")}, []string{"4:0", "6:9"}},
 	} {
 		t.Run(tc.mode, func(t *testing.T) {
 			ctx, errs := browser(t)
@@ -1555,8 +1567,28 @@ spec:
 				t.Errorf("changes %v, want %v", got, tc.want)
 			}
 			sum := eval[string](t, ctx, `document.querySelector('#whatif-out .wisummary').textContent`)
-			if !strings.HasPrefix(sum, fmt.Sprintf("If you apply this, %d connection", len(tc.want))) {
+			if !strings.HasPrefix(sum, fmt.Sprintf("If you apply this, %d connection", len(tc.want))) || !strings.Contains(sum, fmt.Sprintf(" %d cell%s of the Reachability matrix", len(tc.cells), map[bool]string{true: "s"}[len(tc.cells) > 1])) {
 				t.Errorf("summary %q", sum)
+			}
+			// The cells section: one row per changed cell, the changed
+			// families marked; the pairs section: per family, the pairs
+			// behind them.
+			if got := eval[[]cell](t, ctx, cells); !slices.Equal(got, tc.cells) {
+				t.Errorf("cells %v, want %v", got, tc.cells)
+			}
+			if got := eval[[]string](t, ctx, `[...document.querySelectorAll('#whatif-out .wipairfam')].map(f => f.dataset.family + ':' + f.dataset.pairs)`); !slices.Equal(got, tc.pairs) {
+				t.Errorf("pairs per family %v, want %v", got, tc.pairs)
+			}
+			// A pair row says its change and links its recorded flows.
+			pr := eval[[]string](t, ctx, `[...document.querySelectorAll('#whatif-out .wipairfam tbody tr')].slice(0, 1).flatMap(tr => [tr.dataset.src, tr.dataset.dst, tr.dataset.change, tr.dataset.cell, tr.querySelector('a').getAttribute('href')])`)
+			if len(pr) != 5 || !strings.HasPrefix(pr[0], "shop/") && !strings.HasPrefix(pr[0], "infra/") || !strings.HasPrefix(pr[1], "shop/db-") ||
+				!strings.Contains(pr[3], "→ workload:shop/db TCP") || !strings.Contains(pr[4], "#/flows?") || !strings.Contains(pr[4], "dst_pod=shop%2Fdb-") {
+				t.Errorf("first pair row %q", pr)
+			}
+			// A cell's link opens it on the Reachability page.
+			reach := eval[string](t, ctx, `document.querySelector('#whatif-out .wicells tbody tr a').getAttribute('href')`)
+			if want := "#/reach?sources=" + url.QueryEscape(tc.cells[0].Src) + "&destinations=" + url.QueryEscape(tc.cells[0].Dst) + "&protocol=TCP&run=1&cell=0%2C0"; reach != want {
+				t.Errorf("cell link %q, want %q", reach, want)
 			}
 			// Each family's column says what changes in it; both are drawn.
 			heads := eval[[]string](t, ctx, `[...document.querySelectorAll('#whatif-out .wifam h2')].map(x => x.textContent)`)
@@ -1572,6 +1604,7 @@ spec:
 					t.Errorf("IPv%s head %q, want %q…", fam, heads[i], head)
 				}
 			}
+			do(t, ctx, chromedp.Navigate("about:blank"), chromedp.Navigate(u+"/"+reach), chromedp.WaitVisible(css(`.matrix table[data-family="4"] td.cell`)))
 			// A pair's link opens its recorded flows: that pair, that family.
 			l := got[len(got)-1]
 			do(t, ctx, chromedp.Navigate("about:blank"), chromedp.Navigate(u+"/"+l.Link), poll(`document.querySelectorAll('#flow-table tbody tr').length > 0`))

@@ -14,6 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/dualflow/dualflow/collector/audit"
@@ -229,17 +230,52 @@ func (t NodeTracer) Trace(ctx context.Context, p traceflow.Probe) (traceflow.Pat
 
 // Audit answers the findings with fixed ones, as collector/audit's
 // Queries answers them (the dual-stack gap first); its other questions
-// are the real Queries' over reports (nil: unavailable) and the view of
-// DBPolicy, so a what-if replays the seeded flows with the product's
-// policy evaluation.
+// are the real Queries' over reports (nil: unavailable) and a view of the
+// lab's pods and DBPolicy, so a what-if replays the seeded flows, and
+// evaluates the reachability cells, with the product's policy
+// evaluation.
 type Audit struct{ *audit.Queries }
 
 // NewAudit returns an Audit over reports (nil answers the store's
-// questions with audit.ErrUnavailable).
-func NewAudit(reports *audit.Reports) Audit {
-	return Audit{&audit.Queries{Reports: reports, Cluster: func() (*enrich.Snapshot, error) {
-		return &enrich.Snapshot{NetworkPolicies: []*networkingv1.NetworkPolicy{DBPolicy()}}, nil
-	}}}
+// questions with audit.ErrUnavailable) whose view holds the lab's pods
+// (LabPods) with addresses of families fams (4, 6).
+func NewAudit(reports *audit.Reports, fams ...int) Audit {
+	objs := []runtime.Object{DBPolicy()}
+	for _, p := range LabPods(fams...) {
+		objs = append(objs, p)
+	}
+	view := enrich.NewSnapshot(objs...)
+	return Audit{&audit.Queries{Reports: reports, Cluster: func() (*enrich.Snapshot, error) { return view, nil }}}
+}
+
+// labPorts are the container ports the lab's workloads declare: those
+// of the seeded flows to them (frontend declares none).
+var labPorts = map[string][]corev1.ContainerPort{
+	"cart": {{Name: "http", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}},
+	"db":   {{Name: "postgres", ContainerPort: 5432, Protocol: corev1.ProtocolTCP}},
+	"dns":  {{Name: "dns", ContainerPort: 53, Protocol: corev1.ProtocolUDP}},
+}
+
+// LabPods are the running pods name-0..2 of each workload of the lab
+// (label app=name, controlled by the workload), with the addresses of
+// families fams that the seeded flows and Catalog give them.
+func LabPods(fams ...int) []*corev1.Pod {
+	var out []*corev1.Pod
+	ctl := true
+	for i, w := range webtest.Lab {
+		for k := range 3 {
+			p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: w.Namespace, Name: fmt.Sprintf("%s-%d", w.Name, k), Labels: map[string]string{"app": w.Name},
+				OwnerReferences: []metav1.OwnerReference{{Kind: w.Kind, Name: w.Name, Controller: &ctl}}}}
+			p.Spec.NodeName = w.Node
+			p.Spec.Containers = []corev1.Container{{Name: w.Name, Ports: labPorts[w.Name]}}
+			p.Status.Phase = corev1.PodRunning
+			for _, fam := range fams {
+				p.Status.PodIPs = append(p.Status.PodIPs, corev1.PodIP{IP: addr(fam, i, 100+k)})
+			}
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // DBPolicy is the lab's one policy, shop/db-policy, as the seeded

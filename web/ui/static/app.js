@@ -1589,12 +1589,72 @@ function whatifChangeList(fam, kind, changes, since) {
       h('tbody', {}, rows))),
     pairs.length > whatifShown ? h('p', { class: 'muted' }, 'the ' + whatifShown + ' pairs with the most records of ' + pairs.length) : null);
 }
-// renderWhatIf draws a WhatIfReport: a sentence, then IPv4 and IPv6
-// side by side, each with its newly denied and newly allowed pairs.
+// whatifOutcome is one family of a what-if cell under one set of
+// policies, as the Reachability matrix sums a cell up: its outcome and
+// allowed pod pairs (the reason of a family without pairs as a tooltip).
+function whatifOutcome(v) {
+  return h('span', { class: 'verdict ' + v.outcome, title: v.reason || '' }, v.outcome + (v.pairs_total ? ' ' + v.pairs_allowed + '/' + v.pairs_total : ''));
+}
+const cellLabel = c => epLabel(c.src) + ' → ' + epLabel(c.dst) + ' ' + c.protocol;
+// whatifCells is the cells section: one row per changed cell, with its
+// IPv4 and IPv6 verdicts before → after (an unchanged family muted) and
+// a link to the cell on the Reachability page (any port of its
+// protocol, as the what-if evaluated it).
+function whatifCells(r) {
+  const per = fam => r.cells.filter(c => c.families[fam].changed).length;
+  const head = h('h3', {}, 'Reachability cells ', h('span', { class: 'count' }, r.cells.length + (r.cells.length === 1 ? ' cell' : ' cells') + ' change · ' +
+    [4, 6].map(fam => 'IPv' + fam + ' ' + per(fam)).join(' · ')));
+  if (!r.cells.length) return h('div', { class: 'wicells', 'data-cells': 0 }, head, h('p', { class: 'muted' }, 'no cell of the Reachability matrix changes'));
+  const fam = (c, v) => {
+    const f = c.families[v];
+    return h('td', { class: 'wiverdicts' + (f.changed ? '' : ' muted'), 'data-family': v, 'data-changed': f.changed ? 1 : 0 },
+      whatifOutcome(f.before), f.changed ? [' → ', whatifOutcome(f.after)] : ' (no change)');
+  };
+  const rows = r.cells.slice(0, whatifShown * 5).map(c => h('tr', { 'data-src': epLabel(c.src), 'data-dst': epLabel(c.dst), 'data-protocol': c.protocol,
+    'data-changed': [4, 6].filter(v => c.families[v].changed).join(',') },
+    h('td', {}, epLabel(c.src)), h('td', {}, epLabel(c.dst)), h('td', {}, c.protocol + ' any port'), fam(c, 4), fam(c, 6),
+    h('td', {}, link(hashURL('reach', { sources: epLabel(c.src), destinations: epLabel(c.dst), protocol: c.protocol, port: '', run: 1, cell: '0,0' }), 'Reachability', 'this cell on the Reachability page, with the policies in force'))));
+  return h('div', { class: 'wicells', 'data-cells': r.cells.length }, head,
+    h('div', { class: 'tablewrap' }, h('table', { class: 'data' }, h('thead', {}, h('tr', {}, ['Source', 'Destination', 'Protocol', h('span', {}, famBadge(4), ' now → with the proposal'), h('span', {}, famBadge(6), ' now → with the proposal'), ''].map(t => h('th', {}, t)))),
+      h('tbody', {}, rows))),
+    r.cells.length > rows.length ? h('p', { class: 'muted' }, 'the first ' + rows.length + ' cells of ' + r.cells.length) : null);
+}
+// whatifPodPairs is the pairs section: per family, the pod pairs behind
+// the changed cells, newly denied first, each with its verdict before →
+// after (the explanation of a new denial as a tooltip) and a link to its
+// recorded flows.
+function whatifPodPairs(r, since) {
+  const fams = [4, 6].map(fam => {
+    const mine = r.pairs.filter(p => p.ip_version === fam).sort((a, b) => (a.change === b.change ? 0 : a.change === 'newly-denied' ? -1 : 1));
+    const rows = mine.slice(0, whatifShown * 2).map(p => {
+      const c = r.cells[p.cell], b = p.before, a = p.after;
+      const q = { since, ip_version: fam, protocol: p.protocol, dst_port: b.port || '', src_pod: b.src, dst_pod: b.dst };
+      return h('tr', { 'data-src': b.src, 'data-dst': b.dst, 'data-change': p.change, 'data-cell': c ? cellLabel(c) : '' },
+        h('td', {}, b.src), h('td', {}, b.dst), h('td', {}, p.protocol + (b.port ? ' ' + b.port : '')),
+        h('td', { class: 'wiverdicts', title: a.explanation || '' }, h('span', { class: 'verdict ' + b.verdict }, b.verdict), ' → ', h('span', { class: 'verdict ' + a.verdict }, a.verdict),
+          a.ingress || a.egress ? h('span', { class: 'muted' }, ' ' + [a.egress && 'egress ' + a.egress, a.ingress && 'ingress ' + a.ingress].filter(Boolean).join(', ')) : ''),
+        h('td', {}, link(hashURL('flows', q), 'Flows', 'the recorded IPv' + fam + ' flows of this pod pair')));
+    });
+    return h('div', { class: 'wipairfam famdetail v' + fam, 'data-family': fam, 'data-pairs': mine.length },
+      h('h4', {}, famBadge(fam), ' IPv' + fam + ': ' + (mine.length ? mine.length + (mine.length === 1 ? ' pod pair' : ' pod pairs') + ' change' : 'no change')),
+      mine.length ? h('div', { class: 'tablewrap' }, h('table', { class: 'data' }, h('thead', {}, h('tr', {}, ['Source pod', 'Destination pod', 'Port', 'Now → with the proposal', ''].map(t => h('th', {}, t)))),
+        h('tbody', {}, rows))) : null,
+      mine.length > rows.length ? h('p', { class: 'muted' }, 'the first ' + rows.length + ' of ' + mine.length) : null);
+  });
+  return h('div', { class: 'wipairs' }, h('h3', {}, 'Pod pairs ', h('span', { class: 'count' }, r.pairs.length + ' behind the changed cells')),
+    r.pairs_truncated ? h('p', { class: 'warnline' }, 'Some cells have more pairs than are listed: their counts above are complete.') : null,
+    h('div', { class: 'wifams' }, fams));
+}
+// renderWhatIf draws a WhatIfReport in three sections: the reachability
+// cells whose verdict changes, their pod pairs, and the recorded flows: a
+// sentence, then IPv4 and IPv6 side by side, each with its newly denied
+// and newly allowed pairs.
 // A connection is a pair of whatifPairs; a flow one of the API's flow
 // groups (addresses, protocol, port).
 const connections = n => n + (n === 1 ? ' connection' : ' connections');
 function renderWhatIf(r, since) {
+  // A server without the cells answers the flows only.
+  r.cells = r.cells || []; r.pairs = r.pairs || [];
   const n = r.changes.length, conns = [4, 6].reduce((k, fam) => k + whatifPairs(r.changes.filter(c => c.ip_version === fam)).length, 0);
   const fams = [4, 6].map(fam => {
     const mine = r.changes.filter(c => c.ip_version === fam), k = whatifPairs(mine).length;
@@ -1607,7 +1667,10 @@ function renderWhatIf(r, since) {
       ? 'If you apply this, ' + connections(conns) + ' would change verdict: ' + n + ' of the ' + r.flows + ' recorded flows replayed'
       : 'If you apply this, no connection would change verdict: none of the ' + r.flows + ' recorded flows replayed',
     ' (' + fmtTimeZ(Date.parse(r.since)) + ' to ' + fmtTimeZ(Date.parse(r.until)) + ').',
-    r.truncated ? h('span', { class: 'warnline' }, ' Only the most frequent flows were replayed: narrow the window.') : null),
+    r.truncated ? h('span', { class: 'warnline' }, ' Only the most frequent flows were replayed: narrow the window.') : null,
+    ' ' + r.cells.length + (r.cells.length === 1 ? ' cell' : ' cells') + ' of the Reachability matrix and ' + r.pairs.length + (r.pairs.length === 1 ? ' pod pair' : ' pod pairs') + ' would change too.'),
+    whatifCells(r), whatifPodPairs(r, since),
+    h('h3', {}, 'Recorded flows'),
     h('div', { class: 'wifams' }, fams));
 }
 async function runWhatIf(ev) {
