@@ -1585,6 +1585,12 @@ spec:
 				!strings.Contains(pr[3], "→ workload:shop/db TCP") || !strings.Contains(pr[4], "#/flows?") || !strings.Contains(pr[4], "dst_pod=shop%2Fdb-") {
 				t.Errorf("first pair row %q", pr)
 			}
+			// At 1000 px long pod names wrap: no pairs table scrolls sideways.
+			do(t, ctx, chromedp.EmulateViewport(1000, 900))
+			if wide := eval[[]string](t, ctx, `[...document.querySelectorAll('#whatif-out .wipairfam .tablewrap')].filter(w => w.scrollWidth > w.clientWidth + 1).map(w => w.closest('.wipairfam').dataset.family + ': ' + w.scrollWidth + ' > ' + w.clientWidth)`); len(wide) > 0 {
+				t.Errorf("pairs tables wider than their box at 1000 px: %q", wide)
+			}
+			do(t, ctx, chromedp.EmulateViewport(1400, 900))
 			// A cell's link opens it on the Reachability page.
 			reach := eval[string](t, ctx, `document.querySelector('#whatif-out .wicells tbody tr a').getAttribute('href')`)
 			if want := "#/reach?sources=" + url.QueryEscape(tc.cells[0].Src) + "&destinations=" + url.QueryEscape(tc.cells[0].Dst) + "&protocol=TCP&run=1&cell=0%2C0"; reach != want {
