@@ -3,7 +3,6 @@ package api
 import (
 	"context"
 	"errors"
-	"strings"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -38,9 +37,8 @@ func (a *API) recommend(c *gin.Context) (any, error) {
 		return nil, fieldErr("mode", "%v", err)
 	}
 	req.Scope.Namespace = q.Get("namespace")
-	req.Kind, req.Scope.Workload, err = parseWorkload(q.Get("workload"))
-	if err != nil {
-		return nil, err
+	if req.Kind, req.Scope.Workload, err = recommend.ParseWorkload(q.Get("workload")); err != nil {
+		return nil, fieldErr("workload", "%v", err)
 	}
 	if req.Window, err = a.auditWindow(c, time.Hour); err != nil {
 		return nil, err
@@ -53,16 +51,4 @@ func (a *API) recommend(c *gin.Context) (any, error) {
 		return nil, fieldErr(se.Field, "%s", se.Message)
 	}
 	return rep, err
-}
-
-// parseWorkload reads KIND/NAME or NAME.
-func parseWorkload(s string) (kind, name string, err error) {
-	kind, name, ok := strings.Cut(s, "/")
-	if !ok {
-		kind, name = "", s
-	}
-	if ok && (kind == "" || name == "" || strings.Contains(name, "/")) {
-		return "", "", fieldErr("workload", "workload %q: want KIND/NAME (Deployment/web) or NAME", s)
-	}
-	return kind, name, nil
 }

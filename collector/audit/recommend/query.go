@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/dualflow/dualflow/collector/audit"
@@ -146,6 +147,19 @@ func (q *Queries) Recommend(ctx context.Context, req Request) (*Report, error) {
 		out.Replay = append(out.Replay, f)
 	}
 	return out, nil
+}
+
+// ParseWorkload reads a workload as the API and the CLI take it:
+// KIND/NAME (Deployment/web) or NAME.
+func ParseWorkload(s string) (kind, name string, err error) {
+	kind, name, ok := strings.Cut(s, "/")
+	if !ok {
+		return "", s, nil
+	}
+	if kind == "" || name == "" || strings.Contains(name, "/") {
+		return "", "", fmt.Errorf("workload %q: want KIND/NAME (Deployment/web) or NAME", s)
+	}
+	return kind, name, nil
 }
 
 // checkScope says which parameter names nothing of view: a namespace
