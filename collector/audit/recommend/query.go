@@ -120,8 +120,12 @@ func (q *Queries) Recommend(ctx context.Context, req Request) (*Report, error) {
 		return nil, &audit.TooLargeError{Field: "since", Message: fmt.Sprintf("the window has more than %d flow groups in %s: a recommendation from part of them would deny the rest; narrow since, the scope, or raise limit", limit, sc)}
 	}
 	rec, err := Recommend(view, flows, req.Options)
-	if err != nil {
-		return nil, &ScopeError{Field: "workload", Message: err.Error()}
+	if err != nil { // the scope has no pod off the host network
+		field := "namespace"
+		if sc.Workload != "" {
+			field = "workload"
+		}
+		return nil, &ScopeError{Field: field, Message: err.Error()}
 	}
 	y, err := rec.YAML()
 	if err != nil {
