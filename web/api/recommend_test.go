@@ -103,6 +103,17 @@ func TestPolicyRecommend(t *testing.T) {
 	if res := do(t, none, "GET", "/api/v1/policy/recommend", ""); res.code != http.StatusNotImplemented {
 		t.Errorf("without a recommender: %d %s, want 501", res.code, res.body)
 	}
+	// Viewers may ask (it reads flows, writes nothing); a recommender
+	// without store is unavailable.
+	tok := &Tokens{}
+	tok.Add("view-secret", Principal{Name: "v", Role: RoleViewer})
+	noStore := testAPI(t, Config{Tokens: tok, Recommend: &recommend.Queries{Queries: &audit.Queries{}}})
+	if res := do(t, noStore, "GET", "/api/v1/policy/recommend", ""); res.code != http.StatusUnauthorized {
+		t.Errorf("without a token: %d %s, want 401", res.code, res.body)
+	}
+	if res := do(t, noStore, "GET", "/api/v1/policy/recommend", "", "Authorization", "Bearer view-secret"); res.code != http.StatusServiceUnavailable {
+		t.Errorf("a viewer, without store: %d %s, want 503", res.code, res.body)
+	}
 	for _, mode := range manifest.Modes {
 		t.Run(string(mode), func(t *testing.T) {
 			inv := seedRecommend(t, mode)
