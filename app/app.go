@@ -31,6 +31,7 @@ import (
 	"github.com/dualflow/dualflow/collector"
 	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/collector/audit/policy"
+	"github.com/dualflow/dualflow/collector/audit/recommend"
 	"github.com/dualflow/dualflow/collector/store"
 	"github.com/dualflow/dualflow/netaddr"
 	"github.com/dualflow/dualflow/traceflow"
@@ -149,6 +150,7 @@ func (a *App) buildWeb(opts Options) error {
 	lim := a.cfg.Web.Limits
 	reports.WhatIfLimits = audit.WhatIfLimits{MaxChecks: lim.WhatIfMaxChecks, MaxFlowGroups: lim.WhatIfMaxFlowGroups}
 	v := &view{c: c}
+	aq := &audit.Queries{Reports: reports, Cluster: v.cluster}
 	cfg := web.Config{
 		Addr:         a.cfg.Web.Addr,
 		TokensFile:   a.cfg.Web.TokensFile,
@@ -168,12 +170,10 @@ func (a *App) buildWeb(opts Options) error {
 				Resolver:  audit.ClusterResolver{Cluster: v.cluster},
 				MaxChecks: lim.ReachabilityMaxChecks,
 			},
-			Catalog: v,
-			Status:  v,
-			Audit: &audit.Queries{
-				Reports: reports,
-				Cluster: v.cluster,
-			},
+			Catalog:    v,
+			Status:     v,
+			Audit:      aq,
+			Recommend:  &recommend.Queries{Queries: aq},
 			Registerer: c.Registry(),
 			Gatherer:   c.Registry(),
 			Logger:     a.log.With("stage", "web"),

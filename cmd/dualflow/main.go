@@ -43,6 +43,7 @@ func commands() []command {
 		{"trace", "inject a probe at a pod and print its path per IP family (lab, or a collector with --server)", runTrace},
 		{"sql", "run a SQL query against the flow store and print the result", runSQL},
 		{"audit", "audit NetworkPolicies: verdicts, denied flows, unused rules, dual-stack gaps, what-if", runAudit},
+		{"policy", "recommend NetworkPolicies for both IP families from observed flows, with their replay", runPolicy},
 		{"certs", "issue the TLS certificates of a deployment from a private CA (clusters without cert-manager)", runCerts},
 		{"version", "print version and commit", runVersion},
 	}

@@ -23,20 +23,24 @@ type ObservedFlow struct {
 	// Src and Dst are the ends as enrichment named them: the address
 	// (Dst after DNAT: a Service's endpoint), and for a pod its namespace,
 	// name and workload.
-	Src, Dst  FlowEnd
-	Protocol  uint8 // IANA number
-	DstPort   uint16
-	IPVersion uint8 // 4 or 6
+	Src       FlowEnd `json:"src"`
+	Dst       FlowEnd `json:"dst"`
+	Protocol  uint8   `json:"protocol"` // IANA number
+	DstPort   uint16  `json:"dst_port"`
+	IPVersion uint8   `json:"ip_version"` // 4 or 6
 	// ServiceNamespace and ServiceName are the Service the flows were
 	// addressed to (dst_service_*, empty when none), ServicePort the
 	// Service port (service_port).
-	ServiceNamespace, ServiceName string
-	ServicePort                   uint16
+	ServiceNamespace string `json:"service_namespace,omitempty"`
+	ServiceName      string `json:"service_name,omitempty"`
+	ServicePort      uint16 `json:"service_port,omitempty"`
 	// Allowed and Denied count the ordinary records (not probes) whose
 	// evaluated or reported verdict let them through, or denied or
 	// rejected them on either side; Probes counts traceflow probe
 	// records.
-	Allowed, Denied, Probes uint64
+	Allowed uint64 `json:"allowed"`
+	Denied  uint64 `json:"denied"`
+	Probes  uint64 `json:"probes"`
 }
 
 // PodFlow is the policy view of a flow between two pods of view (nil:
@@ -46,6 +50,10 @@ type ObservedFlow struct {
 func PodFlow(view *enrich.Snapshot, src *enrich.Pod, srcAddr netip.Addr, dst *enrich.Pod, dstAddr netip.Addr, proto uint8, port uint16) policy.Flow {
 	return podFlow(view, src, srcAddr, dst, dstAddr, proto, port)
 }
+
+// VerdictsOf is a policy result as the audit's answers give it: both
+// sides, each with its deciding policy and rule.
+func VerdictsOf(r policy.Result) Verdicts { return verdicts(r) }
 
 // WithProposed returns current with proposed added, a proposed policy
 // replacing the current one of the same namespace and name: the policy

@@ -67,6 +67,9 @@ type Config struct {
 	// Audit serves /api/v1/audit/{findings,unprotected,denied,unused,
 	// whatif,evaluate} for viewers; nil answers them 501.
 	Audit Audit
+	// Recommend serves GET /api/v1/policy/recommend for viewers; nil
+	// answers it 501.
+	Recommend Recommender
 	// Catalog answers GET /api/v1/catalog (the live Kubernetes view's
 	// names); nil answers it 501.
 	Catalog Catalog

@@ -59,6 +59,7 @@ func (a *API) routes() *gin.Engine {
 	// The SQL interface's reference (docs/schema.md), for the SQL page.
 	viewer.GET("/schema", func(c *gin.Context) { c.Data(http.StatusOK, "text/markdown; charset=utf-8", docs.Schema) })
 	a.auditRoutes(viewer.Group("/audit", a.configured("audit", a.cfg.Audit != nil)))
+	a.recommendRoutes(viewer.Group("/policy"))
 	tracing := a.configured("traceflow", a.cfg.Traces != nil)
 	viewer.GET("/traceflows/:id", tracing, a.getTrace)
 	op := v1.Group("", a.auth(RoleOperator))
@@ -286,11 +287,11 @@ func newMetrics(r prometheus.Registerer, tokens *Tokens) *metrics {
 		}, []string{"route", "reason"}),
 		refused: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "dualflow_web_concurrency_refused_total",
-			Help: "Requests answered 429 because as many of their kind as allowed were in flight, by kind (sql: POST /sql queries, follow: GET /flows?follow=true streams, whatif: POST /audit/whatif, reachability: POST /reachability), role, and the cap reached (token: the requester's own, role: its role's, all: every role's together).",
+			Help: "Requests answered 429 because as many of their kind as allowed were in flight, by kind (sql: POST /sql queries, follow: GET /flows?follow=true streams, whatif: POST /audit/whatif and GET /policy/recommend, reachability: POST /reachability), role, and the cap reached (token: the requester's own, role: its role's, all: every role's together).",
 		}, []string{"kind", "role", "cap"}),
 		inFlight: f.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "dualflow_web_in_flight",
-			Help: "Requests of a gated kind in flight: POST /sql queries (kind sql), follow streams (follow), what-ifs (whatif), reachability matrices (reachability).",
+			Help: "Requests of a gated kind in flight: POST /sql queries (kind sql), follow streams (follow), what-ifs and recommendations (whatif), reachability matrices (reachability).",
 		}, []string{"kind"}),
 		tooLarge: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "dualflow_web_too_large_total",

@@ -16,30 +16,32 @@ import (
 // family.
 type ReplayReport struct {
 	// Families are IPv4 then IPv6 (a family without flows is left out).
-	Families []FamilyReplay
+	Families []FamilyReplay `json:"families"`
 }
 
 // FamilyReplay is the replay of one family's flow groups.
 type FamilyReplay struct {
-	Family uint8
+	Family uint8 `json:"family"`
 	// Allowed is the number of flow groups observed allowed (ordinary
 	// records); Kept how many of them the policies with the
 	// recommendation still allow.
-	Allowed, Kept int
+	Allowed int `json:"allowed"`
+	Kept    int `json:"kept"`
 	// NewlyDenied are the groups observed allowed that the policies with
 	// the recommendation deny; NewlyAllowed those observed only denied
 	// that they allow.
-	NewlyDenied, NewlyAllowed []ReplayedFlow
+	NewlyDenied  []ReplayedFlow `json:"newly_denied"`
+	NewlyAllowed []ReplayedFlow `json:"newly_allowed"`
 	// Probes is the number of groups of traceflow probes only: not
 	// replayed.
-	Probes int
+	Probes int `json:"probes"`
 }
 
 // ReplayedFlow is a flow group whose verdict the recommendation changes.
 type ReplayedFlow struct {
 	audit.ObservedFlow
 	// After is the verdict of both sides with the recommendation.
-	After policy.Result
+	After audit.Verdicts `json:"after"`
 }
 
 // Replay evaluates flows (any order) with the view's policies plus
@@ -74,10 +76,10 @@ func Replay(view *enrich.Snapshot, proposed []*networkingv1.NetworkPolicy, flows
 			if res.Allowed() {
 				fr.Kept++
 			} else {
-				fr.NewlyDenied = append(fr.NewlyDenied, ReplayedFlow{*f, res})
+				fr.NewlyDenied = append(fr.NewlyDenied, ReplayedFlow{*f, audit.VerdictsOf(res)})
 			}
 		case res.Allowed():
-			fr.NewlyAllowed = append(fr.NewlyAllowed, ReplayedFlow{*f, res})
+			fr.NewlyAllowed = append(fr.NewlyAllowed, ReplayedFlow{*f, audit.VerdictsOf(res)})
 		}
 	}
 	rep := &ReplayReport{}
