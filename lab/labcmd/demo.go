@@ -173,11 +173,13 @@ Flows appear within about %[9]s. Press Ctrl-C to stop and remove the lab.
 }
 
 // reportFirstFlows prints, once, how long after started the first flows
-// were stored, per family (the time to first flow of make run's demo), by
+// that ended after it were stored, per family (the time to first flow of make run's demo), by
 // asking the store every second until it has some. An error is logged at
 // debug level and asked again: the store may still be starting.
 func reportFirstFlows(ctx context.Context, conn store.Conn, db string, started time.Time, webURL string, out io.Writer, log *slog.Logger) {
-	q := "SELECT ip_version, count() AS n FROM " + chsql.Ident(db) + ".flows GROUP BY ip_version ORDER BY ip_version" + chsql.JSONSettings(64<<20)
+	// Only this demo's flows: the data directory may hold a previous run's.
+	q := "SELECT ip_version, count() AS n FROM " + chsql.Ident(db) + ".flows WHERE " + chsql.FlowEndCol + " >= " + chsql.Time(started) +
+		" GROUP BY ip_version ORDER BY ip_version" + chsql.JSONSettings(64<<20)
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/dualflow/dualflow/internal/chsql"
 )
 
 // answers is a store.Conn whose queries get the next answer of a list
@@ -50,8 +52,8 @@ func TestReportFirstFlows(t *testing.T) {
 	if !strings.HasPrefix(got, "First flows stored ") || !strings.Contains(got, "(IPv4 3, IPv6 2): http://127.0.0.1:1/#/flows\n") {
 		t.Fatalf("report %q", got)
 	}
-	if len(conn.q) != 3 || !strings.Contains(conn.q[0], "FROM `df`.flows") {
-		t.Fatalf("queries %q: want 3 on df.flows (an error, none, then flows)", conn.q)
+	if len(conn.q) != 3 || !strings.Contains(conn.q[0], "FROM `df`.flows WHERE flow_end >= "+chsql.Time(started)) {
+		t.Fatalf("queries %q: want 3 on df.flows since the start (an error, none, then flows)", conn.q)
 	}
 }
 
