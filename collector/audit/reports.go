@@ -522,6 +522,10 @@ type WhatIfReport struct {
 	Cells          []WhatIfCell `json:"cells"`
 	Pairs          []WhatIfPair `json:"pairs"`
 	PairsTruncated bool         `json:"pairs_truncated"`
+	// CellsSkipped, when not empty, says why the cells were not
+	// evaluated (they cover more pod pairs, or need more policy checks,
+	// than a what-if makes): the flows are still answered.
+	CellsSkipped string `json:"cells_skipped,omitempty"`
 }
 
 // whatIfGroup is the key of a what-if's flow group: a flow (addresses,
@@ -599,23 +603,28 @@ func (r *Reports) WhatIf(ctx context.Context, view *enrich.Snapshot, proposed []
 		ns = "namespaces "
 	}
 	ns += strings.Join(touched, ", ")
-	if pairs > whatIfMaxPairs {
-		return nil, &TooLargeError{Field: "body", Message: fmt.Sprintf("the what-if's reachability cells (the workloads of %s to and from every workload and Service) cover %d pod pairs, more than %d: propose policies for fewer namespaces", ns, pairs, whatIfMaxPairs)}
+	// The flows are the what-if's answer; its cells are evaluated when
+	// they fit in what the flows leave of the bound, and otherwise
+	// skipped with the reason (a proposal in a large or heavily policied
+	// cluster still gets its flows).
+	if checks > lim.MaxChecks {
+		return nil, &TooLargeError{Field: "since", Message: fmt.Sprintf("the what-if would read about %d flow groups from or to %s and make about %d policy checks "+
+			"(each group against the policies that may select its ends, before and after the proposal), more than the %d allowed: "+
+			"narrow the window (since, until) or lower limit",
+			min(groups, int64(limit)), ns, checks, lim.MaxChecks)}
 	}
-	if checks+cellChecks > lim.MaxChecks {
-		field := "since"
-		if cellChecks > checks {
-			field = "body"
-		}
-		return nil, &TooLargeError{Field: field, Message: fmt.Sprintf("the what-if would read about %d flow groups from or to %s and make about %d policy checks "+
-			"(each group against the policies that may select its ends, before and after the proposal), and %d more for its reachability cells (%d pod pairs), more than the %d allowed: "+
-			"narrow the window (since, until), lower limit, or propose policies for fewer namespaces",
-			min(groups, int64(limit)), ns, checks, cellChecks, pairs, lim.MaxChecks)}
+	switch {
+	case pairs > whatIfMaxPairs:
+		rep.CellsSkipped = fmt.Sprintf("the reachability cells of %s (its workloads to and from every workload and Service) cover %d pod pairs, more than the %d a what-if evaluates: propose policies for fewer namespaces to see them", ns, pairs, whatIfMaxPairs)
+	case checks+cellChecks > lim.MaxChecks:
+		rep.CellsSkipped = fmt.Sprintf("the reachability cells of %s (%d pod pairs) need about %d policy checks, more than the %d the flows leave of the what-if's %d: propose policies for fewer namespaces, or narrow the window, to see them", ns, pairs, cellChecks, lim.MaxChecks-checks, lim.MaxChecks)
 	}
 	if err := r.whatIfFlows(ctx, view, where, before, after, groups, limit, rep); err != nil {
 		return nil, err
 	}
-	cells.evaluate(before, after, rep)
+	if rep.CellsSkipped == "" {
+		cells.evaluate(before, after, rep)
+	}
 	return rep, nil
 }
 

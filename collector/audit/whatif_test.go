@@ -344,14 +344,13 @@ func TestWhatIfCells(t *testing.T) {
 				t.Errorf("no flow in the window: %d flows, %d changes", r.Flows, len(r.Changes))
 			}
 
-			// The cells share the what-if's bound: past it, a
-			// TooLargeError on the proposal (body), before any pair is
-			// evaluated.
+			// The cells get what the flows leave of the what-if's bound:
+			// past it they are skipped, with the reason, before any
+			// pair is evaluated, and the flows are still answered.
 			rep.WhatIfLimits = WhatIfLimits{MaxChecks: 10}
-			_, err = rep.WhatIf(context.Background(), inv, []*networkingv1.NetworkPolicy{allowFromV4()}, win, 0)
-			var tl *TooLargeError
-			if !errors.As(err, &tl) || tl.Field != "body" || !strings.Contains(tl.Message, "reachability cells") {
-				t.Errorf("past MaxChecks: %v, want a TooLargeError on body about the cells", err)
+			r, err = rep.WhatIf(context.Background(), inv, []*networkingv1.NetworkPolicy{allowFromV4()}, win, 0)
+			if err != nil || len(r.Cells) != 0 || len(r.Pairs) != 0 || !strings.Contains(r.CellsSkipped, "policy checks, more than the 10 the flows leave") {
+				t.Errorf("past MaxChecks: err %v, %d cells, %d pairs, skipped %q: want the cells skipped with the reason", err, len(r.Cells), len(r.Pairs), r.CellsSkipped)
 			}
 		})
 	}
@@ -383,16 +382,16 @@ func cellsView(n int) *enrich.Snapshot {
 }
 
 // TestWhatIfCellsBound: a proposal for one namespace of 300 (9,000 pods)
-// covers more pod pairs than a what-if evaluates: refused, naming the
-// proposal, before any pair is evaluated or flow read.
+// covers more pod pairs than a what-if evaluates: its cells are skipped,
+// naming the proposal's namespace, before any pair is evaluated; the
+// flows are answered (none here: the store's count says none).
 func TestWhatIfCellsBound(t *testing.T) {
 	inv := cellsView(300)
 	f := &fakeCounts{}
 	rep, _ := NewReports(f, "")
-	_, err := rep.WhatIf(context.Background(), inv, []*networkingv1.NetworkPolicy{denyAll("ns0")}, Window{Since: time.Now().Add(-time.Hour)}, 0)
-	var tl *TooLargeError
-	if !errors.As(err, &tl) || tl.Field != "body" || !strings.Contains(tl.Message, "1078200 pod pairs, more than 1000000") || !strings.Contains(tl.Message, "namespace ns0") {
-		t.Errorf("%v, want a TooLargeError on body", err)
+	r, err := rep.WhatIf(context.Background(), inv, []*networkingv1.NetworkPolicy{denyAll("ns0")}, Window{Since: time.Now().Add(-time.Hour)}, 0)
+	if err != nil || len(r.Cells) != 0 || !strings.Contains(r.CellsSkipped, "1078200 pod pairs, more than the 1000000") || !strings.Contains(r.CellsSkipped, "namespace ns0") {
+		t.Fatalf("err %v, skipped %q: want the cells skipped, naming the proposal's namespace", err, r.CellsSkipped)
 	}
 	for _, q := range f.queries {
 		if strings.Contains(q, "LIMIT") {

@@ -1604,6 +1604,7 @@ function whatifCells(r) {
   const per = fam => r.cells.filter(c => c.families[fam].changed).length;
   const head = h('h3', {}, 'Reachability cells ', h('span', { class: 'count' }, r.cells.length + (r.cells.length === 1 ? ' cell' : ' cells') + ' change · ' +
     [4, 6].map(fam => 'IPv' + fam + ' ' + per(fam)).join(' · ')));
+  if (r.cells_skipped) return h('div', { class: 'wicells', 'data-cells': 0, 'data-skipped': 1 }, h('h3', {}, 'Reachability cells'), h('p', { class: 'warnline' }, 'Not evaluated: ' + r.cells_skipped + '.'));
   if (!r.cells.length) return h('div', { class: 'wicells', 'data-cells': 0 }, head, h('p', { class: 'muted' }, 'no cell of the Reachability matrix changes'));
   const fam = (c, v) => {
     const f = c.families[v];
@@ -1668,8 +1669,9 @@ function renderWhatIf(r, since) {
       : 'If you apply this, no connection would change verdict: none of the ' + r.flows + ' recorded flows replayed',
     ' (' + fmtTimeZ(Date.parse(r.since)) + ' to ' + fmtTimeZ(Date.parse(r.until)) + ').',
     r.truncated ? h('span', { class: 'warnline' }, ' Only the most frequent flows were replayed: narrow the window.') : null,
-    ' ' + r.cells.length + (r.cells.length === 1 ? ' cell' : ' cells') + ' of the Reachability matrix and ' + r.pairs.length + (r.pairs.length === 1 ? ' pod pair' : ' pod pairs') + ' would change too.'),
-    whatifCells(r), whatifPodPairs(r, since),
+    r.cells_skipped ? ' The Reachability matrix cells were not evaluated (below).'
+      : ' ' + r.cells.length + (r.cells.length === 1 ? ' cell' : ' cells') + ' of the Reachability matrix and ' + r.pairs.length + (r.pairs.length === 1 ? ' pod pair' : ' pod pairs') + ' would change too.'),
+    whatifCells(r), r.cells_skipped ? null : whatifPodPairs(r, since),
     h('h3', {}, 'Recorded flows'),
     h('div', { class: 'wifams' }, fams));
 }
