@@ -158,7 +158,7 @@ test-unit: ## unit and integration tests (real chDB engine, fake Kubernetes)
 .PHONY: test-e2e
 test-e2e: build kube-apiserver ## end-to-end tests in network-namespace labs (root), three IP modes
 	@if [ "$$(id -u)" != 0 ]; then echo "test-e2e needs root (network namespaces)"; exit 1; fi
-	DUALFLOW_E2E=1 DUALFLOW_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 30m -v $(E2E_PKGS) 2>&1 | scripts/e2e-summary.sh
+	DUALFLOW_E2E=1 DUALFLOW_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 45m -v $(E2E_PKGS) 2>&1 | scripts/e2e-summary.sh
 
 # The deployment tier runs within test-e2e; this target runs it alone:
 # deploy/kubernetes and deploy/helm rendered in-process and checked, then
