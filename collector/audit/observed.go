@@ -82,9 +82,7 @@ const DefaultObservedMaxGroups = 1_000_000
 // observedGroup is the key of an observed flow group: the ends
 // (addresses and pods), protocol, destination port, family and the
 // Service addressed.
-const observedGroup = `src_ip, dst_ip, protocol, dst_port, ip_version,
-         src_pod_namespace, src_pod_name, src_workload_kind, src_workload_name,
-         dst_pod_namespace, dst_pod_name, dst_workload_kind, dst_workload_name,
+const observedGroup = whatIfGroup + `,
          dst_service_namespace, dst_service_name, service_port`
 
 // ObservedFlows returns the flow groups of the window with an end in the
@@ -128,19 +126,7 @@ GROUP BY %[1]s
 ORDER BY allowed + denied + probes DESC, %[1]s
 LIMIT %[5]d`, observedGroup, blocked, r.db, chsql.And(where...), limit+1)
 	type row struct {
-		SrcIP       string `json:"src_ip"`
-		DstIP       string `json:"dst_ip"`
-		Protocol    uint8  `json:"protocol"`
-		DstPort     uint16 `json:"dst_port"`
-		IPVersion   uint8  `json:"ip_version"`
-		SrcNS       string `json:"src_pod_namespace"`
-		SrcPod      string `json:"src_pod_name"`
-		SrcKind     string `json:"src_workload_kind"`
-		SrcName     string `json:"src_workload_name"`
-		DstNS       string `json:"dst_pod_namespace"`
-		DstPod      string `json:"dst_pod_name"`
-		DstKind     string `json:"dst_workload_kind"`
-		DstName     string `json:"dst_workload_name"`
+		flowGroupRow
 		SvcNS       string `json:"dst_service_namespace"`
 		SvcName     string `json:"dst_service_name"`
 		ServicePort uint16 `json:"service_port"`
@@ -157,9 +143,9 @@ LIMIT %[5]d`, observedGroup, blocked, r.db, chsql.And(where...), limit+1)
 	}
 	flows = make([]ObservedFlow, len(rs))
 	for i, x := range rs {
+		src, dst := x.ends()
 		flows[i] = ObservedFlow{
-			Src:      FlowEnd{IP: x.SrcIP, Namespace: x.SrcNS, Pod: x.SrcPod, WorkloadKind: x.SrcKind, WorkloadName: x.SrcName},
-			Dst:      FlowEnd{IP: x.DstIP, Namespace: x.DstNS, Pod: x.DstPod, WorkloadKind: x.DstKind, WorkloadName: x.DstName},
+			Src: src, Dst: dst,
 			Protocol: x.Protocol, DstPort: x.DstPort, IPVersion: x.IPVersion,
 			ServiceNamespace: x.SvcNS, ServiceName: x.SvcName, ServicePort: x.ServicePort,
 			Allowed: x.Allowed, Denied: x.Denied, Probes: x.Probes,

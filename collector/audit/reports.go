@@ -534,6 +534,29 @@ const whatIfGroup = `src_ip, dst_ip, protocol, dst_port, ip_version,
          src_pod_namespace, src_pod_name, src_workload_kind, src_workload_name,
          dst_pod_namespace, dst_pod_name, dst_workload_kind, dst_workload_name`
 
+// flowGroupRow is a row's whatIfGroup columns: the flow and its two ends.
+type flowGroupRow struct {
+	SrcIP     string `json:"src_ip"`
+	DstIP     string `json:"dst_ip"`
+	Protocol  uint8  `json:"protocol"`
+	DstPort   uint16 `json:"dst_port"`
+	IPVersion uint8  `json:"ip_version"`
+	SrcNS     string `json:"src_pod_namespace"`
+	SrcPod    string `json:"src_pod_name"`
+	SrcKind   string `json:"src_workload_kind"`
+	SrcName   string `json:"src_workload_name"`
+	DstNS     string `json:"dst_pod_namespace"`
+	DstPod    string `json:"dst_pod_name"`
+	DstKind   string `json:"dst_workload_kind"`
+	DstName   string `json:"dst_workload_name"`
+}
+
+// ends returns the row's source and destination as FlowEnds.
+func (x *flowGroupRow) ends() (src, dst FlowEnd) {
+	return FlowEnd{IP: x.SrcIP, Namespace: x.SrcNS, Pod: x.SrcPod, WorkloadKind: x.SrcKind, WorkloadName: x.SrcName},
+		FlowEnd{IP: x.DstIP, Namespace: x.DstNS, Pod: x.DstPod, WorkloadKind: x.DstKind, WorkloadName: x.DstName}
+}
+
 // WhatIf re-evaluates the distinct flows recorded in the window (source and
 // destination address, protocol, destination port; the most frequent
 // first, at most limit, default WhatIfLimits.MaxFlowGroups) with the
@@ -645,20 +668,8 @@ GROUP BY %s
 ORDER BY records DESC, src_ip, dst_ip, protocol, dst_port
 LIMIT %d`, r.db, where, whatIfGroup, limit+1)
 	type row struct {
-		SrcIP     string            `json:"src_ip"`
-		DstIP     string            `json:"dst_ip"`
-		Protocol  uint8             `json:"protocol"`
-		DstPort   uint16            `json:"dst_port"`
-		IPVersion uint8             `json:"ip_version"`
-		SrcNS     string            `json:"src_pod_namespace"`
-		SrcPod    string            `json:"src_pod_name"`
-		SrcKind   string            `json:"src_workload_kind"`
-		SrcName   string            `json:"src_workload_name"`
+		flowGroupRow
 		SrcLabels map[string]string `json:"src_labels"`
-		DstNS     string            `json:"dst_pod_namespace"`
-		DstPod    string            `json:"dst_pod_name"`
-		DstKind   string            `json:"dst_workload_kind"`
-		DstName   string            `json:"dst_workload_name"`
 		DstLabels map[string]string `json:"dst_labels"`
 		Records   uint64            `json:"records"`
 		LastMS    int64             `json:"last_ms"`
@@ -693,9 +704,9 @@ LIMIT %d`, r.db, where, whatIfGroup, limit+1)
 		if a.Allowed() {
 			change = ChangeNewlyAllowed
 		}
+		src, dst := x.ends()
 		rep.Changes = append(rep.Changes, WhatIfFlow{
-			Src:      FlowEnd{IP: x.SrcIP, Namespace: x.SrcNS, Pod: x.SrcPod, WorkloadKind: x.SrcKind, WorkloadName: x.SrcName},
-			Dst:      FlowEnd{IP: x.DstIP, Namespace: x.DstNS, Pod: x.DstPod, WorkloadKind: x.DstKind, WorkloadName: x.DstName},
+			Src: src, Dst: dst,
 			Protocol: flow.ProtoName(x.Protocol), DstPort: x.DstPort, IPVersion: x.IPVersion, Records: x.Records,
 			LastSeen: time.UnixMilli(x.LastMS).UTC(), Change: change, Before: verdicts(b), After: verdicts(a),
 		})
