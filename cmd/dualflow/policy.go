@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 
 	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/collector/audit/recommend"
@@ -157,7 +158,40 @@ func printRecommendProof(w io.Writer, rep *recommend.Report) {
 	} else {
 		fmt.Fprintln(w, "Static audit with the recommendation: no findings")
 	}
+	printDiff(w, rep.Diff)
 	for _, n := range rep.Notes {
 		fmt.Fprintln(w, "Note:", n)
+	}
+}
+
+// maxDiffs bounds the policies whose diff the proof prints (-o json has
+// them all).
+const maxDiffs = 20
+
+// printDiff prints the recommendation against the policies in force: each
+// policy's summary, and a changed one's unified diff.
+func printDiff(w io.Writer, ds []recommend.PolicyDiff) {
+	var added, changed int
+	for _, d := range ds {
+		if d.Change == recommend.Changed {
+			changed++
+		} else {
+			added++
+		}
+	}
+	fmt.Fprintf(w, "Against the policies in force: %d added, %d changed\n", added, changed)
+	for i, d := range ds {
+		if i == maxDiffs {
+			fmt.Fprintf(w, "  ... and %d more (-o json gives every diff)\n", len(ds)-i)
+			break
+		}
+		for _, s := range d.Summary {
+			fmt.Fprintln(w, "  "+s)
+		}
+		if d.Unified != "" {
+			for _, l := range strings.Split(strings.TrimRight(d.Unified, "\n"), "\n") {
+				fmt.Fprintln(w, "    "+l)
+			}
+		}
 	}
 }

@@ -36,28 +36,7 @@ func (l *labRecommender) Recommend(_ context.Context, req recommend.Request) (*r
 	if req.Scope.Namespace == "nowhere" {
 		return nil, &recommend.ScopeError{Field: "namespace", Message: `namespace "nowhere": not in the cluster`}
 	}
-	rec, err := recommend.Recommend(l.view, l.flows, req.Options)
-	if err != nil {
-		return nil, err
-	}
-	y, err := rec.YAML()
-	if err != nil {
-		return nil, err
-	}
-	rep, err := recommend.Replay(l.view, rec.NetworkPolicies(), l.flows)
-	if err != nil {
-		return nil, err
-	}
-	findings, err := recommend.Audit(l.view, rec.NetworkPolicies(), req.Scope)
-	if err != nil {
-		return nil, err
-	}
-	out := &recommend.Report{Mode: rec.Mode, Namespace: req.Scope.Namespace, Workload: req.Scope.Workload, Since: req.Since, Until: req.Until,
-		Flows: len(l.flows), YAML: string(y), Notes: rec.Notes, Replay: rep.Families, Findings: findings}
-	for _, p := range rec.NetworkPolicies() {
-		out.Policies = append(out.Policies, p.Namespace+"/"+p.Name)
-	}
-	return out, nil
+	return recommend.Build(l.view, l.flows, req)
 }
 
 // TestPolicyRecommend: dualflow policy recommend asks a collector's
@@ -139,6 +118,9 @@ func TestPolicyRecommend(t *testing.T) {
 				if !strings.Contains(proof, v+": 1 of 1 observed allowed flow groups stay allowed, 0 newly denied") {
 					t.Errorf("stderr lacks the %s replay:\n%s", v, proof)
 				}
+			}
+			if !strings.Contains(proof, "Against the policies in force: 2 added, 0 changed") || !strings.Contains(proof, "Adds NetworkPolicy backend/api-ingress: isolates the ingress of Deployment backend/api") {
+				t.Errorf("stderr lacks the diff against the policies in force:\n%s", proof)
 			}
 			if len(mode.Families()) == 1 && strings.Count(proof, "observed allowed flow groups") != 1 {
 				t.Errorf("stderr replays a family the %s lab has no flow of:\n%s", mode, proof)

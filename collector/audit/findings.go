@@ -462,23 +462,20 @@ type gap struct {
 
 func verdictGaps(view *enrich.Snapshot, set *policy.Set, classes []*podClass, opt Options) []Finding {
 	gaps := map[gapKey]*gap{} // the findings are sorted by message, which names the key
-	// totals counts the dual-stack pod pairs of each workload pair.
-	type wpair struct {
-		srcNS, dstNS string
-		src, dst     enrich.Workload
+	pairsOf := func(sc, dc *podClass) uint64 {
+		pairs := uint64(sc.pods) * uint64(dc.pods)
+		if sc == dc {
+			pairs -= uint64(sc.pods) // not a pod to itself
+		}
+		return pairs
 	}
-	totals := map[wpair]uint64{}
 	evaluated, truncated := 0, false
 	for _, sc := range classes {
 		for _, dc := range classes {
-			pairs := uint64(sc.pods) * uint64(dc.pods)
-			if sc == dc {
-				pairs -= uint64(sc.pods) // not a pod to itself
-			}
+			pairs := pairsOf(sc, dc)
 			if pairs == 0 {
 				continue
 			}
-			totals[wpair{sc.rep.Namespace, dc.rep.Namespace, sc.workload, dc.workload}] += pairs
 			if evaluated >= opt.MaxPairs {
 				truncated = true
 				continue
@@ -512,11 +509,30 @@ func verdictGaps(view *enrich.Snapshot, set *policy.Set, classes []*podClass, op
 			}
 		}
 	}
+	// The dual-stack pod pairs of each workload pair with a gap (counted
+	// for those only: a map of every class pair's workload pair took
+	// most of the time and memory of a 2,000-workload audit).
+	type wref struct {
+		ns string
+		w  enrich.Workload
+	}
+	byWorkload := map[wref][]*podClass{}
+	if len(gaps) > 0 {
+		for _, c := range classes {
+			k := wref{c.rep.Namespace, c.workload}
+			byWorkload[k] = append(byWorkload[k], c)
+		}
+	}
 	var out []Finding
 	for k, g := range gaps {
 		src, dst := workloadRef(k.srcNS, k.src), workloadRef(k.dstNS, k.dst)
 		other := uint8(10 - k.allowedV)
-		total := totals[wpair{k.srcNS, k.dstNS, k.src, k.dst}]
+		var total uint64
+		for _, sc := range byWorkload[wref{k.srcNS, k.src}] {
+			for _, dc := range byWorkload[wref{k.dstNS, k.dst}] {
+				total += pairsOf(sc, dc)
+			}
+		}
 		why := fmt.Sprintf("IPv%d %s", other, explain(g.deny, g.dir))
 		if g.why != "" {
 			why = fmt.Sprintf("IPv%d: %s", other, g.why) // the one explanation of a drop

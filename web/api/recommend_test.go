@@ -174,6 +174,14 @@ func TestPolicyRecommend(t *testing.T) {
 				if want := mode.Families(); len(fams) != len(want) || fams[0] != want[0] {
 					t.Errorf("%v: replayed families %v, want %v", scope, fams, want)
 				}
+				if len(rep.Diff) != len(rep.Policies) {
+					t.Errorf("%v: %d diffs for %d policies", scope, len(rep.Diff), len(rep.Policies))
+				}
+				for i, d := range rep.Diff {
+					if d.Namespace+"/"+d.Name != rep.Policies[i] || d.Change != recommend.Added || len(d.Summary) == 0 || !strings.Contains(d.Proposed, "name: "+d.Name) {
+						t.Errorf("%v: diff %d: %+v, want %s added, with its summary and YAML", scope, i, d, rep.Policies[i])
+					}
+				}
 				if rep.Findings == nil || rep.Notes == nil {
 					t.Errorf("%v: findings %v, notes %v: want lists", scope, rep.Findings, rep.Notes)
 				}

@@ -77,9 +77,10 @@ func mustPod(view *enrich.Snapshot, namespace, name string) *enrich.Pod {
 	return p
 }
 
-// BenchmarkRecommendLarge: least-privilege for the whole large scope
-// (4,000 policies), rendered as YAML, and its replay over the 220,000
-// groups.
+// BenchmarkRecommendLarge: the answer for the whole large scope, as the
+// server builds it from the groups read (Build): least-privilege (4,000
+// policies) rendered as YAML, its replay over the 220,000 groups, the
+// static audit and the diff against the policies in force.
 func BenchmarkRecommendLarge(b *testing.B) {
 	view, flows := largeScope(b)
 	b.Logf("%d pods, %d flow groups", len(view.Pods), len(flows))
@@ -89,23 +90,19 @@ func BenchmarkRecommendLarge(b *testing.B) {
 	goruntime.ReadMemStats(&ms)
 	base := ms.HeapAlloc
 	for b.Loop() {
-		rec, err := Recommend(view, flows, Options{Mode: LeastPrivilege})
+		rep, err := Build(view, flows, Request{Options: Options{Mode: LeastPrivilege}})
 		if err != nil {
 			b.Fatal(err)
 		}
-		y, err := rec.YAML()
-		if err != nil {
-			b.Fatal(err)
-		}
-		rep, err := Replay(view, rec.NetworkPolicies(), flows)
-		if err != nil {
-			b.Fatal(err)
-		}
-		for _, f := range rep.Families {
+		for _, f := range rep.Replay {
 			if f.Kept != f.Allowed {
 				b.Fatalf("IPv%d: %d of %d kept", f.Family, f.Kept, f.Allowed)
 			}
 		}
+		if len(rep.Diff) != len(rep.Policies) {
+			b.Fatalf("%d diffs for %d policies", len(rep.Diff), len(rep.Policies))
+		}
+		y := rep.YAML
 		// What the answer holds (the policies, their YAML, the replay)
 		// once the work is done and collected.
 		goruntime.GC()

@@ -2,6 +2,7 @@ package recommend
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/dualflow/dualflow/collector/audit"
@@ -115,6 +116,70 @@ func TestAuditAfter(t *testing.T) {
 			}
 			if c := kinds(closed); c[audit.KindIPBlockOneFamily] != 0 || mode == manifest.ModeDual && b[audit.KindIPBlockOneFamily] == 0 {
 				t.Errorf("one-family ipBlock findings before %d, after close-gaps %d: want some in dual mode, then none", b[audit.KindIPBlockOneFamily], c[audit.KindIPBlockOneFamily])
+			}
+		})
+	}
+}
+
+// TestDiff: the diff against the policies in force, in three modes.
+// Least-privilege adds policies: api's ingress was isolated by the lab's
+// default deny (which still adds up), web's egress by none. Close-gaps
+// (dual only) replaces the metrics policy, and its unified diff adds the
+// IPv6 blocks and nothing else.
+func TestDiff(t *testing.T) {
+	for _, mode := range manifest.Modes {
+		t.Run(string(mode), func(t *testing.T) {
+			view := labView(t, mode)
+			diff := func(rec *Recommendation) []PolicyDiff {
+				_, docs, err := rec.render()
+				if err != nil {
+					t.Fatal(err)
+				}
+				d, err := Diff(view, rec, docs)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(d) != len(rec.Policies) {
+					t.Fatalf("%d diffs for %d policies", len(d), len(rec.Policies))
+				}
+				return d
+			}
+			byName := map[string]PolicyDiff{}
+			for _, d := range diff(recommend(t, view, labFlows(t, view, 0), Options{Mode: LeastPrivilege})) {
+				if d.Change != Added || d.Current != "" || d.Unified != "" || !has(d.Proposed, "kind: NetworkPolicy") || !has(d.Proposed, "name: "+d.Name) {
+					t.Errorf("%s/%s: %+v, want added with its YAML", d.Namespace, d.Name, d)
+				}
+				byName[d.Namespace+"/"+d.Name] = d
+			}
+			api, web := byName["backend/api-ingress"], byName["frontend/web-egress"]
+			if s := strings.Join(api.Summary, "\n"); !has(s, "isolates the ingress of Deployment backend/api") || !has(s, "already isolated by backend/allow-metrics-ipv4-only, backend/allow-web-to-api, backend/default-deny-ingress, which still allow") || !has(s, "from pods {app=web} of frontend") {
+				t.Errorf("api-ingress summary:\n%s", s)
+			}
+			if s := strings.Join(web.Summary, "\n"); !has(s, "no policy isolated it") || !has(s, "Egress rule 0 allows") {
+				t.Errorf("web-egress summary:\n%s", s)
+			}
+			cg := diff(recommend(t, view, nil, Options{Mode: CloseGaps, Scope: Scope{Namespace: "backend"}}))
+			if mode != manifest.ModeDual {
+				return
+			}
+			if len(cg) != 1 || cg[0].Change != Changed || !has(cg[0].Current, "198.18.0.0/16") {
+				t.Fatalf("close-gaps diff %+v, want allow-metrics-ipv4-only changed", cg)
+			}
+			var plus, minus []string
+			for _, l := range strings.Split(cg[0].Unified, "\n") {
+				switch {
+				case strings.HasPrefix(l, "+++"), strings.HasPrefix(l, "---"):
+				case strings.HasPrefix(l, "+") && !strings.HasPrefix(strings.TrimSpace(l[1:]), "#"):
+					plus = append(plus, strings.TrimSpace(l[1:]))
+				case strings.HasPrefix(l, "-"):
+					minus = append(minus, l)
+				}
+			}
+			if len(minus) != 0 || !slices.Contains(plus, "cidr: fd00:10:0:1::/64") || !slices.Contains(plus, "cidr: fd00:10::2/128") {
+				t.Errorf("unified diff removes %q, adds %q:\n%s", minus, plus, cg[0].Unified)
+			}
+			if s := strings.Join(cg[0].Summary, "\n"); !has(s, "Ingress rule 0 (TCP/") || !has(s, "ipBlock fd00:10:0:1::/64") {
+				t.Errorf("close-gaps summary:\n%s", s)
 			}
 		})
 	}

@@ -68,6 +68,9 @@ type Report struct {
 	// recommendation (Audit): workloads of the scope left unprotected,
 	// dual-stack gaps.
 	Findings []audit.Finding `json:"findings"`
+	// Diff is each recommended policy against the policies in force, in
+	// words and as YAML.
+	Diff []PolicyDiff `json:"diff"`
 }
 
 // Recommend reads the flow groups of req's window with an end in its
@@ -119,6 +122,15 @@ func (q *Queries) Recommend(ctx context.Context, req Request) (*Report, error) {
 	if truncated {
 		return nil, &audit.TooLargeError{Field: "since", Message: fmt.Sprintf("the window has more than %d flow groups in %s: a recommendation from part of them would deny the rest; narrow since, the scope, or raise limit", limit, sc)}
 	}
+	return Build(view, flows, req)
+}
+
+// Build recommends for req from the flow groups of its window read from
+// the store (or given), replays them and audits the result: the Report
+// Queries.Recommend answers. A scope with no pod off the host network is
+// a *ScopeError.
+func Build(view *enrich.Snapshot, flows []audit.ObservedFlow, req Request) (*Report, error) {
+	sc := req.Scope
 	rec, err := Recommend(view, flows, req.Options)
 	if err != nil { // the scope has no pod off the host network
 		field := "namespace"
@@ -127,7 +139,11 @@ func (q *Queries) Recommend(ctx context.Context, req Request) (*Report, error) {
 		}
 		return nil, &ScopeError{Field: field, Message: err.Error()}
 	}
-	y, err := rec.YAML()
+	y, docs, err := rec.render()
+	if err != nil {
+		return nil, err
+	}
+	diff, err := Diff(view, rec, docs)
 	if err != nil {
 		return nil, err
 	}
@@ -140,9 +156,9 @@ func (q *Queries) Recommend(ctx context.Context, req Request) (*Report, error) {
 	if err != nil {
 		return nil, err
 	}
-	out := &Report{Mode: mode, Namespace: sc.Namespace, Workload: sc.Workload, Since: req.Since, Until: req.Until,
+	out := &Report{Mode: rec.Mode, Namespace: sc.Namespace, Workload: sc.Workload, Since: req.Since, Until: req.Until,
 		Flows: len(flows), YAML: string(y), Policies: []string{}, Notes: append([]string{}, rec.Notes...),
-		Replay: []FamilyReplay{}, Findings: append([]audit.Finding{}, findings...)}
+		Replay: []FamilyReplay{}, Findings: append([]audit.Finding{}, findings...), Diff: diff}
 	for _, p := range pols {
 		out.Policies = append(out.Policies, p.Namespace+"/"+p.Name)
 	}

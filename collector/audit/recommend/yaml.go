@@ -18,28 +18,48 @@ const commentWidth = 100
 // each rule's comment above the rule. The recommendation's notes open the stream. The same
 // recommendation gives the same bytes.
 func (r *Recommendation) YAML() ([]byte, error) {
+	y, _, err := r.render()
+	return y, err
+}
+
+// render returns YAML's stream and each policy's document in it (after
+// its "---" line), rendered once.
+func (r *Recommendation) render() ([]byte, [][]byte, error) {
 	var out bytes.Buffer
 	head := []string{fmt.Sprintf("NetworkPolicies recommended by dualflow (%s) for %s.", r.Mode, r.Scope)}
 	head = append(head, r.Notes...)
 	writeComment(&out, "", strings.Join(head, "\n"))
+	docs := make([][]byte, len(r.Policies))
 	for i := range r.Policies {
 		p := &r.Policies[i]
 		doc, err := policyNode(p)
 		if err != nil {
-			return nil, fmt.Errorf("policy %s/%s: %w", p.Policy.Namespace, p.Policy.Name, err)
+			return nil, nil, fmt.Errorf("policy %s/%s: %w", p.Policy.Namespace, p.Policy.Name, err)
+		}
+		b, err := encodeNode(doc)
+		if err != nil {
+			return nil, nil, fmt.Errorf("policy %s/%s: %w", p.Policy.Namespace, p.Policy.Name, err)
 		}
 		out.WriteString("---\n")
-		enc := yamlv3.NewEncoder(&out)
-		enc.SetIndent(2)
-		enc.CompactSeqIndent()
-		if err := enc.Encode(doc); err != nil {
-			return nil, fmt.Errorf("policy %s/%s: %w", p.Policy.Namespace, p.Policy.Name, err)
-		}
-		if err := enc.Close(); err != nil {
-			return nil, err
-		}
+		out.Write(b)
+		docs[i] = b
 	}
-	return out.Bytes(), nil
+	return out.Bytes(), docs, nil
+}
+
+// encodeNode writes a policy's document in the recommendation's style.
+func encodeNode(doc *yamlv3.Node) ([]byte, error) {
+	var b bytes.Buffer
+	enc := yamlv3.NewEncoder(&b)
+	enc.SetIndent(2)
+	enc.CompactSeqIndent()
+	if err := enc.Encode(doc); err != nil {
+		return nil, err
+	}
+	if err := enc.Close(); err != nil {
+		return nil, err
+	}
+	return b.Bytes(), nil
 }
 
 // policyNode is p as a YAML node with its comments: its JSON (which is
