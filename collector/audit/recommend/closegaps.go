@@ -104,16 +104,19 @@ func cleanCopy(p *networkingv1.NetworkPolicy) *networkingv1.NetworkPolicy {
 	return cp
 }
 
-// counterparts returns, for peers whose ipBlocks are all of one family,
-// the ipBlocks of the other family that cover the same pods and nodes:
-// each node pod CIDR the blocks hold whole (and do not except) maps to
-// the node's pod CIDR of the other family, each node address to the
-// node's addresses of the other family, and a pod address outside those
-// CIDRs to the pod's address of the other family. It says what it added
-// (comment) and which blocks have no known counterpart (unknown).
+// counterparts returns, for a rule's peers, the ipBlocks of one family
+// that cover what its ipBlocks of the other family cover and its blocks
+// of that family do not: each node pod CIDR a block holds whole (and
+// does not except) maps to the node's pod CIDR of the other family, each
+// node address to the node's addresses of the other family, and a pod
+// address outside those CIDRs to the pod's address of the other family.
+// A rule with blocks of one family gets the other's whole; a rule with
+// blocks of both gets what one family's blocks miss (a node's pods
+// allowed over IPv4 but not IPv6). It says what it added (comment) and,
+// for a one-family rule, which blocks have no known counterpart
+// (unknown).
 func (c *cluster) counterparts(peers []networkingv1.NetworkPolicyPeer) (add []networkingv1.NetworkPolicyPeer, comment string, unknown []string) {
-	var blocks []policy.Block
-	var fams [2]bool
+	var blocks [2][]policy.Block
 	for _, pe := range peers {
 		if pe.IPBlock == nil {
 			continue
@@ -122,23 +125,47 @@ func (c *cluster) counterparts(peers []networkingv1.NetworkPolicyPeer) (add []ne
 		if err != nil {
 			return nil, "", nil
 		}
-		blocks = append(blocks, b)
-		fams[fi(flow.Version(b.CIDR.Addr()))] = true
+		i := fi(flow.Version(b.CIDR.Addr()))
+		blocks[i] = append(blocks[i], b)
 	}
-	if len(blocks) == 0 || fams[0] == fams[1] {
-		return nil, "", nil
+	mixed := len(blocks[0]) > 0 && len(blocks[1]) > 0
+	var comments []string
+	for _, f := range []uint8{4, 6} {
+		o := uint8(10 - f)
+		if len(blocks[fi(f)]) == 0 || !c.families[fi(o)] {
+			continue // no block of f, or no pod has the other family: no gap
+		}
+		a, why, unk := c.familyCounterparts(blocks[fi(f)], blocks[fi(o)], f, o)
+		add = append(add, a...)
+		if !mixed {
+			unknown = append(unknown, unk...)
+		}
+		switch {
+		case len(a) == 0:
+		case mixed:
+			comments = append(comments, fmt.Sprintf("The IPv%d ipBlocks of this rule cover pods or nodes its IPv%d ipBlocks do not; added their IPv%d counterpart, %s.", f, o, o, why))
+		default:
+			comments = append(comments, fmt.Sprintf("The ipBlocks of this rule were IPv%d only; added their IPv%d counterpart, %s.", f, o, why))
+		}
 	}
-	f, o := uint8(4), uint8(6)
-	if fams[1] {
-		f, o = 6, 4
-	}
-	if !c.families[fi(o)] {
-		return nil, "", nil // no pod has the other family: no gap
+	return add, strings.Join(comments, " "), unknown
+}
+
+// familyCounterparts returns the blocks of family o that cover what the
+// blocks fb of family f cover, less what the blocks ob of family o
+// already cover; why says what each was added for.
+func (c *cluster) familyCounterparts(fb, ob []policy.Block, f, o uint8) (add []networkingv1.NetworkPolicyPeer, why string, unknown []string) {
+	covered := func(p netip.Prefix) bool {
+		return slices.ContainsFunc(ob, func(b policy.Block) bool {
+			return b.CIDR.Bits() <= p.Bits() && b.CIDR.Contains(p.Addr()) &&
+				!slices.ContainsFunc(b.Except, func(e netip.Prefix) bool { return e.Overlaps(p) })
+		})
 	}
 	prefixes := map[netip.Prefix]bool{}
-	var why []string
-	for _, b := range blocks {
+	var whys []string
+	for _, b := range fb {
 		var found []string
+		held := false             // the block holds something of the cluster
 		var mapped []netip.Prefix // node pod CIDRs of family f handled whole
 		for _, n := range c.view.Nodes {
 			nf, ok1 := cidrOf(n.PodCIDRs, f)
@@ -161,9 +188,11 @@ func (c *cluster) counterparts(peers []networkingv1.NetworkPolicyPeer) (add []ne
 				found = append(found, fmt.Sprintf("%s's pods stay excepted", n.Name))
 			case partial || !ok2:
 			default:
-				mapped = append(mapped, nf)
-				prefixes[no] = true
-				found = append(found, fmt.Sprintf("pod CIDR %s of %s for %s", no, n.Name, nf))
+				mapped, held = append(mapped, nf), true
+				if !covered(no) {
+					prefixes[no] = true
+					found = append(found, fmt.Sprintf("pod CIDR %s of %s for %s", no, n.Name, nf))
+				}
 			}
 		}
 		for _, n := range c.view.Nodes {
@@ -174,10 +203,11 @@ func (c *cluster) counterparts(peers []networkingv1.NetworkPolicyPeer) (add []ne
 			if !in {
 				continue
 			}
+			held = true
 			var others []string
 			for _, a := range addrsOf(n) {
-				if flow.Version(a) == o {
-					prefixes[netip.PrefixFrom(a, a.BitLen())] = true
+				if p := netip.PrefixFrom(a, a.BitLen()); flow.Version(a) == o && !covered(p) {
+					prefixes[p] = true
 					others = append(others, a.String())
 				}
 			}
@@ -192,18 +222,23 @@ func (c *cluster) counterparts(peers []networkingv1.NetworkPolicyPeer) (add []ne
 				continue
 			}
 			if ao, ok := enrich.AddrOfFamily(p.Addrs, o); ok {
-				prefixes[netip.PrefixFrom(ao, ao.BitLen())] = true
-				pods = append(pods, p.Namespace+"/"+p.Name)
+				held = true
+				if q := netip.PrefixFrom(ao, ao.BitLen()); !covered(q) {
+					prefixes[q] = true
+					pods = append(pods, p.Namespace+"/"+p.Name)
+				}
 			}
 		}
 		if len(pods) > 0 {
 			found = append(found, fmt.Sprintf("the IPv%d addresses of pods %s, whose IPv%d addresses are in no node pod CIDR", o, strings.Join(pods, ", "), f))
 		}
-		if len(found) == 0 {
+		if !held && len(found) == 0 {
 			unknown = append(unknown, fmt.Sprintf("the IPv%d block %s holds no pod or node of the cluster: its IPv%d counterpart is not known, add it by hand if it has one.", f, blockText(b), o))
 			continue
 		}
-		why = append(why, fmt.Sprintf("for %s: %s", blockText(b), strings.Join(found, "; ")))
+		if len(found) > 0 {
+			whys = append(whys, fmt.Sprintf("for %s: %s", blockText(b), strings.Join(found, "; ")))
+		}
 	}
 	// A prefix inside another added one is left out.
 	keep := slices.SortedFunc(maps.Keys(prefixes), func(a, b netip.Prefix) int { return cmpAddr(a.Addr(), b.Addr()) })
@@ -216,8 +251,7 @@ func (c *cluster) counterparts(peers []networkingv1.NetworkPolicyPeer) (add []ne
 	if len(add) == 0 {
 		return nil, "", unknown
 	}
-	comment = fmt.Sprintf("The ipBlocks of this rule were IPv%d only; added their IPv%d counterpart, %s.", f, o, strings.Join(why, "; "))
-	return add, comment, unknown
+	return add, strings.Join(whys, "; "), unknown
 }
 
 // cidrOf returns the prefix of family v in ps.

@@ -1,9 +1,15 @@
 package recommend
 
 import (
+	"net/netip"
 	"slices"
 	"strings"
 	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/flow"
@@ -182,5 +188,73 @@ func TestDiff(t *testing.T) {
 				t.Errorf("close-gaps summary:\n%s", s)
 			}
 		})
+	}
+}
+
+// TestCloseGapsMixedFamilies: a rule with blocks of both families that
+// cover node-2's pods over IPv4 only (198.18.0.0/16 holds both nodes'
+// IPv4 pod CIDRs and addresses, fd00:10:0:1::/64 is node-1's IPv6 pod
+// CIDR) gets node-2's IPv6 pod CIDR and the nodes' IPv6 addresses, and
+// nothing for the IPv6 block, whose IPv4 counterpart is covered already.
+// The replay then allows node-2's pods over IPv6 too.
+func TestCloseGapsMixedFamilies(t *testing.T) {
+	view := labView(t, manifest.ModeDual)
+	tcp := corev1.ProtocolTCP
+	port := intstr.FromInt32(8080)
+	mixed := &networkingv1.NetworkPolicy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "backend", Name: "mixed-blocks", ResourceVersion: "7"},
+		Spec: networkingv1.NetworkPolicySpec{
+			PodSelector: metav1.LabelSelector{MatchLabels: map[string]string{"app": "api"}},
+			PolicyTypes: []networkingv1.PolicyType{networkingv1.PolicyTypeIngress},
+			Ingress: []networkingv1.NetworkPolicyIngressRule{{
+				From:  []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: "198.18.0.0/16"}}, {IPBlock: &networkingv1.IPBlock{CIDR: "fd00:10:0:1::/64"}}},
+				Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &port}},
+			}},
+		},
+	}
+	view.NetworkPolicies = append(slices.Clone(view.NetworkPolicies), mixed)
+	rec := recommend(t, view, nil, Options{Mode: CloseGaps, Scope: Scope{Namespace: "backend", Workload: "api"}})
+	var got *Policy
+	for i := range rec.Policies {
+		if rec.Policies[i].Policy.Name == "mixed-blocks" {
+			got = &rec.Policies[i]
+		}
+	}
+	if got == nil {
+		t.Fatalf("mixed-blocks not changed:\n%s", yamlOf(t, rec))
+	}
+	var n2 netip.Prefix
+	for _, n := range view.Nodes {
+		if n.Name == "node-2" {
+			n2, _ = cidrOf(n.PodCIDRs, 6)
+		}
+	}
+	var cidrs []string
+	for _, pe := range got.Policy.Spec.Ingress[0].From {
+		cidrs = append(cidrs, pe.IPBlock.CIDR)
+	}
+	want := []string{"198.18.0.0/16", "fd00:10:0:1::/64", "fd00:10::1/128", "fd00:10::2/128", n2.String()}
+	if !slices.Equal(cidrs, want) {
+		t.Errorf("ipBlocks %v, want %v", cidrs, want)
+	}
+	if c := got.Ingress[0]; !has(c, "The IPv4 ipBlocks of this rule cover pods or nodes its IPv6 ipBlocks do not") || has(c, "IPv4 counterpart") {
+		t.Errorf("comment %q", c)
+	}
+	api := podOf(t, view, "backend", "api", "node-1")
+	probe2 := podOf(t, view, "tools", "probe-2", "")
+	a, _ := podEnd(view, api, 6)
+	p2, _ := podEnd(view, probe2, 6)
+	flows := []audit.ObservedFlow{{Src: p2, Dst: a, Protocol: flow.ProtoTCP, DstPort: 8080, IPVersion: 6, Denied: 1}}
+	for _, tc := range []struct {
+		proposed []*networkingv1.NetworkPolicy
+		allowed  int
+	}{{nil, 0}, {rec.NetworkPolicies(), 1}} {
+		rep, err := Replay(view, tc.proposed, flows)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := len(rep.Families[0].NewlyAllowed); n != tc.allowed {
+			t.Errorf("probe-2 (node-2) to api over IPv6 with %d proposed policies: %d newly allowed, want %d", len(tc.proposed), n, tc.allowed)
+		}
 	}
 }
