@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http/httptest"
 	"os"
@@ -145,6 +146,111 @@ func TestPolicyRecommend(t *testing.T) {
 				if _, _, err := run(append(tc.args, "--server", srv.URL)...); err == nil || !strings.Contains(err.Error(), tc.want) {
 					t.Errorf("%v: %v, want an error naming %s", tc.args, err, tc.want)
 				}
+			}
+		})
+	}
+}
+
+// TestPolicyRecommendLocal: without a server or a demo, dualflow policy
+// recommend works locally, from --inventory and the embedded store of a
+// running dualflow store (its ClickHouse HTTP interface), and prints the
+// same YAML as the recommender given the same flow groups, in three
+// modes: web's pods call api's on 8080 over each family, three records
+// each, plus a denied-only group that gets no rule.
+func TestPolicyRecommendLocal(t *testing.T) {
+	needChDB(t)
+	t.Setenv(envToken, "")
+	dataDir := filepath.Join(t.TempDir(), "data")
+	httpAddr, metAddr := freeAddr(t), freeAddr(t)
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- runStore(ctx, []string{"--clickhouse.data-dir", dataDir, "--clickhouse.http-addr", httpAddr, "--metrics-addr", metAddr})
+	}()
+	t.Cleanup(func() { stop(); <-done })
+	waitReady(t, metAddr, done)
+	storeFlags := []string{"--clickhouse.data-dir", dataDir, "--url", "http://" + httpAddr + "/"}
+	for _, mode := range manifest.Modes {
+		t.Run(string(mode), func(t *testing.T) {
+			m, err := manifest.Generate(manifest.Spec{Mode: mode, Nodes: 2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			file := filepath.Join(t.TempDir(), "manifest.yaml")
+			f, err := os.Create(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := m.Encode(f); err != nil {
+				t.Fatal(err)
+			}
+			f.Close()
+			inv, err := enrich.LoadSnapshot(file)
+			if err != nil {
+				t.Fatal(err)
+			}
+			end := func(p *corev1.Pod, fam corev1.IPFamily) audit.FlowEnd {
+				a, _ := manifest.PodAddr(p, fam)
+				ip, _ := inv.Pod(p.Namespace, p.Name)
+				w := inv.Workload(ip)
+				return audit.FlowEnd{IP: a.String(), Namespace: p.Namespace, Pod: p.Name, WorkloadKind: w.Kind, WorkloadName: w.Name}
+			}
+			var webs, apis, probes []*corev1.Pod
+			for i := range m.Pods {
+				switch p := &m.Pods[i]; {
+				case p.Namespace == "frontend" && p.Labels["app"] == "web":
+					webs = append(webs, p)
+				case p.Namespace == "backend" && p.Labels["app"] == "api":
+					apis = append(apis, p)
+				case p.Namespace == "tools" && p.Labels["app"] == "probe":
+					probes = append(probes, p)
+				}
+			}
+			var groups []audit.ObservedFlow
+			var rows []string
+			now := time.Now().UTC()
+			for _, fam := range mode.Families() {
+				v := uint8(4)
+				if fam == corev1.IPv6Protocol {
+					v = 6
+				}
+				for _, g := range []audit.ObservedFlow{
+					{Src: end(webs[0], fam), Dst: end(apis[0], fam), Protocol: flow.ProtoTCP, DstPort: 8080, IPVersion: v, Allowed: 3},
+					{Src: end(probes[0], fam), Dst: end(apis[0], fam), Protocol: flow.ProtoTCP, DstPort: 9090, IPVersion: v, Denied: 3},
+				} {
+					groups = append(groups, g)
+					verdict := "allowed"
+					if g.Denied > 0 {
+						verdict = "denied"
+					}
+					for i := range 3 {
+						rows = append(rows, fmt.Sprintf("('%s', %d, toIPv6('%s'), toIPv6('%s'), %d, %d, '%s', '%s', '%s', '%s', '%s', '%s', '%s', '%s', '%s')",
+							now.Add(-time.Duration(i+1)*time.Minute).Format("2006-01-02 15:04:05.000"), v, g.Src.IP, g.Dst.IP, g.DstPort, g.Protocol,
+							g.Src.Namespace, g.Src.Pod, g.Src.WorkloadKind, g.Src.WorkloadName, g.Dst.Namespace, g.Dst.Pod, g.Dst.WorkloadKind, g.Dst.WorkloadName, verdict))
+					}
+				}
+			}
+			for _, q := range []string{"TRUNCATE TABLE dualflow.flows",
+				`INSERT INTO dualflow.flows (flow_end, ip_version, src_ip_in, dst_ip_in, dst_port, protocol,
+  src_pod_namespace, src_pod_name, src_workload_kind, src_workload_name, dst_pod_namespace, dst_pod_name, dst_workload_kind, dst_workload_name, ingress_verdict) VALUES ` + strings.Join(rows, ", ")} {
+				if err := runSQL(context.Background(), append(append([]string{}, storeFlags...), "--write", q)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			scope := []string{"--namespace", "backend", "--since", "1h"}
+			var stdout, stderr bytes.Buffer
+			if err := runPolicyRecommend(context.Background(), append(append(scope, storeFlags...), "--inventory", file, "--state-dir", t.TempDir()), &stdout, &stderr); err != nil {
+				t.Fatalf("%v\n%s", err, stderr.String())
+			}
+			want, err := recommend.Build(inv, groups, recommend.Request{Options: recommend.Options{Scope: recommend.Scope{Namespace: "backend"}}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if stdout.String() != want.YAML {
+				t.Errorf("local YAML:\n%s\nwant (the recommender over the same groups):\n%s", stdout.String(), want.YAML)
+			}
+			if !strings.Contains(stdout.String(), "name: api-ingress") || !strings.Contains(stderr.String(), "1 of 1 observed allowed flow groups stay allowed") {
+				t.Errorf("stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
 			}
 		})
 	}
