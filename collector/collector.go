@@ -33,6 +33,7 @@ import (
 	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/collector/correlate"
 	"github.com/dualflow/dualflow/collector/enrich"
+	"github.com/dualflow/dualflow/collector/flowmetrics"
 	"github.com/dualflow/dualflow/collector/ipfix"
 	"github.com/dualflow/dualflow/collector/pipeline"
 	"github.com/dualflow/dualflow/collector/store"
@@ -56,6 +57,10 @@ type Config struct {
 	// the Kubernetes enrichment answers (K8s), and without it there is no
 	// correlation: every record passes as CorrelationNone.
 	InventoryFile string
+	// FlowMetricsFile configures the flow metrics (collector/flowmetrics:
+	// which metrics, which labels, the series bound); empty: the
+	// defaults.
+	FlowMetricsFile string
 	// K8s configures the Kubernetes enrichment (informers or inventory
 	// manifests); Source "off" disables it.
 	K8s enrich.Config
@@ -116,6 +121,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.Correlate.Timeout, "collector.correlate.timeout", correlate.DefaultTimeout, "how long a cross-node flow half waits for the other node's half")
 	fs.IntVar(&c.Correlate.MaxHeld, "collector.correlate.max-held", correlate.DefaultMaxHeld, "flow halves held waiting; past it the oldest is written unmatched and counted")
 	fs.StringVar(&c.InventoryFile, "collector.inventory", "", "Kubernetes manifest with the Node objects (spec.podCIDRs, addresses) used to correlate cross-node flows (default: the Kubernetes enrichment's objects)")
+	fs.StringVar(&c.FlowMetricsFile, "collector.flow-metrics", "", "YAML file selecting the flow metrics on /metrics (dualflow_flow_*_total: bytes, packets, connections, denied connections), their labels and the series bound per metric (docs/metrics.md; default: by namespace pair, family, protocol and verdict, 20,000 series per metric; `metrics: []` turns them off)")
 	c.K8s.BindFlags(fs)
 	c.Audit.BindFlags(fs)
 }
@@ -165,7 +171,11 @@ func (c Config) Validate() error {
 	if c.ingest() {
 		ingest = c.IPFIX.Validate()
 	}
-	return errors.Join(c.Store.Validate(), c.Writer.Validate(), ingest, c.K8s.Validate(), c.Audit.Validate())
+	var fm error
+	if c.FlowMetricsFile != "" {
+		_, fm = flowmetrics.LoadConfig(c.FlowMetricsFile)
+	}
+	return errors.Join(c.Store.Validate(), c.Writer.Validate(), ingest, c.K8s.Validate(), c.Audit.Validate(), fm)
 }
 
 // Queue sizes, in batches of up to ipfix.DefaultBatchRecords (1024) records
@@ -346,6 +356,21 @@ func (c *Collector) buildPipeline() error {
 		}
 		c.enricher = enrichAndAudit{c.k8s, c.auditor}
 	}
+	fmc := flowmetrics.DefaultConfig()
+	if c.cfg.FlowMetricsFile != "" {
+		var err error
+		if fmc, err = flowmetrics.LoadConfig(c.cfg.FlowMetricsFile); err != nil {
+			return err
+		}
+	}
+	fm, err := flowmetrics.New(fmc)
+	if err != nil {
+		return err
+	}
+	if err := c.reg.Register(fm); err != nil {
+		return fmt.Errorf("flow metrics: %w", err)
+	}
+	c.enricher = withFlowMetrics{c.enricher, fm}
 	switch {
 	case inv != nil:
 		c.correlator = correlate.New(c.cfg.Correlate, inv, c.reg)
@@ -649,6 +674,18 @@ type enrichAndAudit struct {
 func (s enrichAndAudit) Enrich(recs []flow.Record) {
 	s.enrich.Enrich(recs)
 	s.audit.AuditBatch(recs)
+}
+
+// withFlowMetrics counts the records an enrich stage has enriched and
+// audited in the flow metrics.
+type withFlowMetrics struct {
+	pipeline.Enricher
+	m *flowmetrics.Metrics
+}
+
+func (s withFlowMetrics) Enrich(recs []flow.Record) {
+	s.Enricher.Enrich(recs)
+	s.m.Observe(recs)
 }
 
 // k8sStaleness describes a stale view of the cluster, "" when current.
