@@ -31,6 +31,8 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/dualflow/dualflow/collector/audit"
+	"github.com/dualflow/dualflow/collector/audit/recommend"
+	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/collector/store"
 	"github.com/dualflow/dualflow/test/support/fakes"
 	"github.com/dualflow/dualflow/test/support/webtest"
@@ -94,13 +96,20 @@ func runMain(m *testing.M) int {
 		if err != nil {
 			return "", err
 		}
+		// The audit's questions and the recommendations ask the same
+		// view: the lab's pods and policy with their namespaces (a
+		// recommendation's scope names one, which must exist).
+		aud := fakes.NewAudit(reports, fams...)
+		view := enrich.NewSnapshot(labObjects(fams...)...)
+		aud.Cluster = func() (*enrich.Snapshot, error) { return view, nil }
 		// The UI traces through the product's controller and REST API.
 		tf := traceflow.New(traceflow.Config{}, fakes.NodeTracer{Delay: 200 * time.Millisecond}, fakes.Resolver{}, nil)
 		tfs = append(tfs, tf)
 		srv, err := web.New(web.Config{Addr: "127.0.0.1:0", Config: api.Config{
 			Store: e, Database: db, LocalTokenFile: tokenFile,
-			Evaluator: fakes.Evaluator{}, Traces: tf, Audit: fakes.NewAudit(reports, fams...),
-			Catalog: catalog, Status: fakes.Status{Stale: &kubeStale},
+			Evaluator: fakes.Evaluator{}, Traces: tf, Audit: aud,
+			Recommend: &recommend.Queries{Queries: aud.Queries},
+			Catalog:   catalog, Status: fakes.Status{Stale: &kubeStale},
 		}})
 		if err != nil {
 			return "", err
@@ -284,6 +293,7 @@ func TestPagesLoadWithoutConsoleErrors(t *testing.T) {
 		{"reach", reachURL, `.matrix table`},
 		{"trace", "/#/trace", `#trace-form`},
 		{"audit", "/#/audit", `#audit-list li.dual`},
+		{"recommend", "/" + recommendDB, `#rec-out .recyaml`},
 		{"sql", "/#/sql", `#sql-schema .examples a`},
 	}
 	for _, mode := range []struct{ name, base, allow string }{
@@ -1151,7 +1161,8 @@ func TestReachabilityMatrixAndCellDetails(t *testing.T) {
 		chromedp.WaitVisible(css(`#drawer .trace[data-family="4"][data-outcome="delivered"]`)),
 	)
 	links := eval[[]string](t, ctx, `[...document.querySelectorAll('#drawer .celldetail .actions a')].map(a => a.getAttribute('href'))`)
-	if len(links) != 3 || !strings.Contains(links[0], "src_workload=shop%2Ffrontend") || !strings.Contains(links[0], "dst_workload=shop%2Fdb") {
+	if len(links) != 4 || !strings.Contains(links[0], "src_workload=shop%2Ffrontend") || !strings.Contains(links[0], "dst_workload=shop%2Fdb") ||
+		links[3] != "#/recommend?namespace=shop&workload=db&mode=least-privilege&window=6h&run=1" {
 		t.Errorf("cell links %v", links)
 	}
 	// The dual trace names the pods the server picked for the workloads.
@@ -1196,7 +1207,7 @@ func TestReachabilityICMP(t *testing.T) {
 		chromedp.WaitVisible(css(`#drawer .celldetail .actions a`)),
 	)
 	links := eval[[]string](t, ctx, `[...document.querySelectorAll('#drawer .celldetail .actions a')].map(a => a.getAttribute('href'))`)
-	if len(links) != 3 || !strings.Contains(links[0], "protocol=ICMP&") || !strings.HasSuffix(links[0], "ip_version=4") || !strings.Contains(links[1], "protocol=ICMPv6&") || !strings.HasSuffix(links[1], "ip_version=6") || strings.Contains(links[2], "port=") || !strings.Contains(links[2], "protocol=ICMP") {
+	if len(links) != 4 || !strings.Contains(links[0], "protocol=ICMP&") || !strings.HasSuffix(links[0], "ip_version=4") || !strings.Contains(links[1], "protocol=ICMPv6&") || !strings.HasSuffix(links[1], "ip_version=6") || strings.Contains(links[2], "port=") || !strings.Contains(links[2], "protocol=ICMP") {
 		t.Errorf("ICMP cell links %v", links)
 	}
 	noConsoleErrors(t, errs, "")
@@ -1428,12 +1439,12 @@ func TestAuditLinks(t *testing.T) {
 	fs := eval[[]finding](t, ctx, `[...document.querySelectorAll('#audit-list li')].map(li => ({Kind: li.dataset.kind, Links: [...li.querySelectorAll('.actions a')].map(a => a.getAttribute('href'))}))`)
 	screenshot(t, ctx, "audit-links")
 	want := map[string][]string{
-		"dual-stack-verdict-gap":          {"#/flows?since=24h&dst_port=5432&verdict=dropped&src_workload=shop%2Ffrontend&dst_workload=shop%2Fdb", "#/reach?sources=workload%3Ashop%2Ffrontend&destinations=workload%3Ashop%2Fdb&protocol=TCP&port=5432&run=1&cell=0%2C0", "#/trace?"},
-		"dual-stack-observed-verdict-gap": {"#/flows?since=24h&dst_port=5432&verdict=dropped&src_workload=shop%2Ffrontend&dst_workload=shop%2Fdb", "#/reach?sources=workload%3Ashop%2Ffrontend&destinations=workload%3Ashop%2Fdb&protocol=TCP&port=5432&run=1&cell=0%2C0", "#/trace?"},
-		"dual-stack-ipblock-one-family":   {"#/flows?since=24h&dst_port=5432&src_workload=shop%2Ffrontend&dst_workload=shop%2Fdb", "#/reach?sources=workload%3Ashop%2Ffrontend&destinations=workload%3Ashop%2Fdb&protocol=TCP&port=5432", "#/trace?", "#/flows?since=24h&policy=shop%2Fdb-policy"},
+		"dual-stack-verdict-gap":          {"#/flows?since=24h&dst_port=5432&verdict=dropped&src_workload=shop%2Ffrontend&dst_workload=shop%2Fdb", "#/reach?sources=workload%3Ashop%2Ffrontend&destinations=workload%3Ashop%2Fdb&protocol=TCP&port=5432&run=1&cell=0%2C0", "#/trace?", recommendDB},
+		"dual-stack-observed-verdict-gap": {"#/flows?since=24h&dst_port=5432&verdict=dropped&src_workload=shop%2Ffrontend&dst_workload=shop%2Fdb", "#/reach?sources=workload%3Ashop%2Ffrontend&destinations=workload%3Ashop%2Fdb&protocol=TCP&port=5432&run=1&cell=0%2C0", "#/trace?", recommendDB},
+		"dual-stack-ipblock-one-family":   {"#/flows?since=24h&dst_port=5432&src_workload=shop%2Ffrontend&dst_workload=shop%2Fdb", "#/reach?sources=workload%3Ashop%2Ffrontend&destinations=workload%3Ashop%2Fdb&protocol=TCP&port=5432", "#/trace?", "#/flows?since=24h&policy=shop%2Fdb-policy", "#/recommend?namespace=shop&mode=close-gaps&window=6h&run=1"},
 		"dual-stack-service-single-stack": {"#/flows?since=24h&dst_port=5432&service=shop%2Fdb", "#/reach?sources=workload%3Ainfra%2Fdns%2Cworkload%3Ashop%2Fcart%2Cworkload%3Ashop%2Ffrontend&destinations=service%3Ashop%2Fdb&", "#/trace?source=workload%3Ainfra%2Fdns&destination=service%3Ashop%2Fdb&"},
-		"unprotected-ingress":             {"#/flows?since=24h&dst_workload=infra%2Fdns", "#/reach?sources=workload%3Ashop%2Fcart%2Cworkload%3Ashop%2Fdb%2Cworkload%3Ashop%2Ffrontend&destinations=workload%3Ainfra%2Fdns&"},
-		"unprotected-egress":              {"#/flows?since=24h&src_workload=shop%2Fcart", "#/reach?sources=workload%3Ashop%2Fcart&destinations=workload%3Ainfra%2Fdns%2Cworkload%3Ashop%2Fdb%2Cworkload%3Ashop%2Ffrontend&"},
+		"unprotected-ingress":             {"#/flows?since=24h&dst_workload=infra%2Fdns", "#/reach?sources=workload%3Ashop%2Fcart%2Cworkload%3Ashop%2Fdb%2Cworkload%3Ashop%2Ffrontend&destinations=workload%3Ainfra%2Fdns&", "#/recommend?namespace=infra&workload=Deployment%2Fdns&mode=least-privilege&window=6h&run=1"},
+		"unprotected-egress":              {"#/flows?since=24h&src_workload=shop%2Fcart", "#/reach?sources=workload%3Ashop%2Fcart&destinations=workload%3Ainfra%2Fdns%2Cworkload%3Ashop%2Fdb%2Cworkload%3Ashop%2Ffrontend&", recommendCart},
 	}
 	if len(fs) != len(want) {
 		t.Errorf("%d findings listed, want %d: %v", len(fs), len(want), fs)
@@ -1486,6 +1497,11 @@ func TestAuditLinks(t *testing.T) {
 				}
 				if strings.Contains(l, "cell=0%2C0") {
 					do(t, ctx, chromedp.WaitVisible(css(`.matrix table[data-family="6"] td.cell.focus`)), chromedp.WaitVisible(css(`#drawer .celldetail .trace`)))
+				}
+			case strings.HasPrefix(l, "#/recommend?"):
+				do(t, ctx, chromedp.WaitVisible(css(`#rec-out .recyaml`)))
+				if n := eval[int](t, ctx, `document.querySelectorAll('#rec-out .wifam').length`); n != 2 {
+					t.Errorf("%s: %s replays %d families", f.Kind, l, n)
 				}
 			default:
 				do(t, ctx, chromedp.WaitVisible(css(`#trace-out .trace[data-family="4"]`)), chromedp.WaitVisible(css(`#trace-out .trace[data-family="6"]`)))
