@@ -952,19 +952,22 @@ func TestServiceMap(t *testing.T) {
 		t.Errorf("edge label shown without hover: %q", l)
 	}
 	// Clicking an IPv6 dropped edge opens its drawer: flows per family,
-	// the reachability cell and a dual trace of the pair.
+	// the reachability cell and a dual trace of the pair, and a policy
+	// recommendation for its destination workload.
 	do(t, ctx,
 		js(`window.dualflowMap.edges('.dropped.v6')[0].emit('tap')`),
 		poll(`!document.querySelector('#drawer').hidden && document.querySelectorAll('#drawer .edge-families li').length > 0 && [...document.querySelectorAll('#drawer a')].some(a => a.textContent === 'Dual trace')`),
 	)
-	type drawer struct{ Flows6, Dropped6, Reach, Trace string }
+	type drawer struct{ Flows6, Dropped6, Reach, Trace, Recommend string }
 	dr := eval[drawer](t, ctx, `(() => { const q = s => document.querySelector(s)?.getAttribute('href') || '';
 		const as = [...document.querySelectorAll('#drawer a')];
 		return { Flows6: q('#drawer .edge-families li[data-family="6"] a'), Dropped6: q('#drawer .edge-families li[data-family="6"] a:nth-of-type(2)'),
-			Reach: (as.find(a => a.textContent.startsWith('Reachability cell')) || {}).hash || '', Trace: (as.find(a => a.textContent === 'Dual trace') || {}).hash || '' }; })()`)
+			Reach: (as.find(a => a.textContent.startsWith('Reachability cell')) || {}).hash || '', Trace: (as.find(a => a.textContent === 'Dual trace') || {}).hash || '',
+			Recommend: (as.find(a => a.textContent.startsWith('Recommend a policy for ')) || {}).hash || '' }; })()`)
 	if !strings.Contains(dr.Flows6, "ip_version=6") || !strings.Contains(dr.Flows6, "src_workload=") || !strings.Contains(dr.Dropped6, "verdict=dropped") ||
 		!strings.Contains(dr.Reach, "#/reach?sources=workload%3A") || !strings.Contains(dr.Reach, "port=") ||
-		!strings.Contains(dr.Trace, "#/trace?source=workload%3A") || !strings.Contains(dr.Trace, "family=dual") {
+		!strings.Contains(dr.Trace, "#/trace?source=workload%3A") || !strings.Contains(dr.Trace, "family=dual") ||
+		!strings.HasPrefix(dr.Recommend, "#/recommend?namespace=") || !strings.HasSuffix(dr.Recommend, "&mode=least-privilege&window=6h&run=1") {
 		t.Errorf("edge drawer: %+v", dr)
 	}
 	do(t, ctx,
