@@ -124,7 +124,8 @@ func download(t *testing.T, ctx context.Context, sel string) string {
 // policies and is the API's answer for the window the URL fixes (the
 // download too), the replay shows each family of the mode with nothing
 // newly denied (least privilege over the flows it was built from), the
-// URL asks for the same YAML again, at 1000 px only the YAML and diff
+// URL asks for the same YAML again (a spinner while it waits), the
+// YAML opens in the what-if, at 1000 px only the YAML and diff
 // boxes scroll sideways, and a scope naming nothing shows the API's
 // message with its field.
 func TestRecommendUI(t *testing.T) {
@@ -219,10 +220,30 @@ func TestRecommendUI(t *testing.T) {
 			screenshot(t, ctx, tc.mode+"-1000-recommend")
 			do(t, ctx, chromedp.EmulateViewport(1400, 900))
 
-			// The URL asks for the same window: the same YAML.
-			do(t, ctx, chromedp.Navigate("about:blank"), chromedp.Navigate(u+"/"+hash))
+			// The YAML goes to the what-if's editor on the Audit page.
+			do(t, ctx, js(`[...document.querySelectorAll('#rec-out .actions a')].find(a => a.textContent === 'Open in the what-if').click()`),
+				poll(`location.hash === '#/audit' && !document.querySelector('#page-audit').hidden`))
+			if got := eval[string](t, ctx, `document.querySelector('#whatif-form [name=policy]').value`); got != yaml {
+				t.Errorf("the what-if's editor holds %q", got)
+			}
+
+			// The URL asks for the same window: the same YAML. While the
+			// answer is awaited (held here) the form says so, with a
+			// spinner, and cannot be sent again.
+			do(t, ctx, chromedp.Navigate("about:blank"), chromedp.Navigate(u+"/#/recommend"), chromedp.WaitVisible(css(`#rec-form`)),
+				js(`window.held = []; const fetch0 = window.fetch;
+					window.fetch = (url, init) => String(url).includes('/policy/recommend') ? new Promise(ok => window.held.push(() => ok(fetch0(url, init)))) : fetch0(url, init);
+					location.hash = `+jsString(hash)),
+				poll(`window.held.length === 1`))
+			if got := eval[string](t, ctx, `(s => s.querySelector('.spinner') ? s.textContent : '')(document.querySelector('#rec-status')) + ' ' + document.querySelector('#rec-form button[type=submit]').disabled`); !strings.HasPrefix(got, "Recommending") || !strings.HasSuffix(got, " true") {
+				t.Errorf("while waiting: %q", got)
+			}
+			do(t, ctx, js(`window.held.forEach(release => release())`))
 			if again, y := check("StatefulSet", "db"); again != hash || y != yaml {
 				t.Errorf("the link %q gave %q and another YAML:\n%s", hash, again, y)
+			}
+			if eval[bool](t, ctx, `document.querySelector('#rec-form button[type=submit]').disabled || !!document.querySelector('#rec-status .spinner')`) {
+				t.Error("still waiting after the answer")
 			}
 
 			// From a finding: the unprotected workload shop/cart.
