@@ -86,6 +86,45 @@ func askRecommend(t *testing.T, base, hash string) (*recommend.Report, int, map[
 	return &rep, res.StatusCode, nil
 }
 
+// checkDiff compares the diff drawn with the API's: each policy with
+// its change and summary, a changed one's unified diff with its added
+// and removed lines marked, an added one's YAML folded; it returns the
+// number of added and removed lines marked.
+func checkDiff(t *testing.T, ctx context.Context, rep *recommend.Report) (adds, dels int) {
+	t.Helper()
+	type entry struct {
+		Policy, Change, Summary, Text string
+		Adds, Dels                    int
+	}
+	got := eval[[]entry](t, ctx, `[...document.querySelectorAll('#rec-out .recdiff')].map(d => ({Policy: d.dataset.policy, Change: d.dataset.change,
+		Summary: [...d.querySelectorAll('.recsummary li')].map(li => li.textContent).join('\n'), Text: d.querySelector('pre.diff').textContent,
+		Adds: d.querySelectorAll('pre.diff span.add').length, Dels: d.querySelectorAll('pre.diff span.del').length}))`)
+	var want []entry
+	for _, d := range rep.Diff {
+		e := entry{Policy: d.Namespace + "/" + d.Name, Change: string(d.Change), Summary: strings.Join(d.Summary, "\n"), Text: d.Proposed}
+		if d.Unified != "" {
+			e.Text = strings.TrimSuffix(d.Unified, "\n") + "\n"
+			for _, l := range strings.Split(d.Unified, "\n") {
+				switch {
+				case strings.HasPrefix(l, "+") && !strings.HasPrefix(l, "+++ "):
+					e.Adds++
+				case strings.HasPrefix(l, "-") && !strings.HasPrefix(l, "--- "):
+					e.Dels++
+				}
+			}
+		}
+		adds, dels = adds+e.Adds, dels+e.Dels
+		want = append(want, e)
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("diff drawn %+v\nwant the API's %+v", got, want)
+	}
+	if none := eval[bool](t, ctx, `!!document.querySelector('#rec-out .recdiffnone')`); none != (len(rep.Diff) == 0) {
+		t.Errorf("%d policies in the diff, and the page says none changes: %v", len(rep.Diff), none)
+	}
+	return adds, dels
+}
+
 // download clicks the link sel and returns what the browser saved.
 func download(t *testing.T, ctx context.Context, sel string) string {
 	t.Helper()
@@ -194,6 +233,17 @@ func TestRecommendUI(t *testing.T) {
 				if len(rep.Replay) != len(tc.fams) {
 					t.Errorf("the API replays %d families", len(rep.Replay))
 				}
+				// Least privilege adds the workload's two policies: none
+				// of their names is in force.
+				checkDiff(t, ctx, rep)
+				for _, d := range rep.Diff {
+					if d.Change != recommend.Added || len(d.Summary) == 0 {
+						t.Errorf("%s/%s: %s, %q", d.Namespace, d.Name, d.Change, d.Summary)
+					}
+				}
+				if len(rep.Diff) != 2 {
+					t.Errorf("diff of %d policies, want 2", len(rep.Diff))
+				}
 				return hash, yaml
 			}
 
@@ -256,6 +306,28 @@ func TestRecommendUI(t *testing.T) {
 			do(t, ctx, js(`[...document.querySelectorAll('#audit-list li[data-kind="unprotected-egress"] .actions a')].find(a => a.textContent === 'Recommend a policy').click()`))
 			check("Deployment", "cart")
 			screenshot(t, ctx, "recommend-finding-"+tc.mode)
+
+			// From the one-family ipBlock finding: close-gaps of its
+			// policy's namespace. In the dual-stack lab it changes
+			// shop/db-policy: the unified diff only adds the IPv6 blocks;
+			// a single-stack lab has no gap to close, and says nothing
+			// changes.
+			do(t, ctx, chromedp.Navigate("about:blank"), chromedp.Navigate(u+"/#/audit"),
+				chromedp.WaitVisible(css(`#audit-list li[data-kind="dual-stack-ipblock-one-family"] .actions a`)),
+				js(`[...document.querySelectorAll('#audit-list li[data-kind="dual-stack-ipblock-one-family"] .actions a')].find(a => a.textContent === 'Recommend a policy').click()`),
+				chromedp.WaitVisible(css(`#rec-out .recyaml`)))
+			if got := eval[string](t, ctx, `(f => f.namespace.value + ' ' + f.workload.value + ' ' + f.mode.value)(document.querySelector('#rec-form'))`); got != "shop  close-gaps" {
+				t.Errorf("close-gaps form %q", got)
+			}
+			rep, _, e := askRecommend(t, u, eval[string](t, ctx, `location.hash`))
+			if rep == nil {
+				t.Fatalf("close-gaps: %v", e)
+			}
+			adds, dels := checkDiff(t, ctx, rep)
+			if changed := len(rep.Diff) == 1 && rep.Diff[0].Change == recommend.Changed && rep.Diff[0].Name == "db-policy"; changed != (tc.mode == "dual") || tc.mode == "dual" && (adds == 0 || dels != 0) {
+				t.Errorf("close-gaps diff %+v: %d lines added, %d removed", rep.Diff, adds, dels)
+			}
+			screenshot(t, ctx, "recommend-close-gaps-"+tc.mode)
 
 			// A scope naming nothing: the API's message, with its field,
 			// under the form, and nothing drawn.
