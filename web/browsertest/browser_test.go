@@ -31,6 +31,8 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/dualflow/dualflow/collector/audit"
+	"github.com/dualflow/dualflow/collector/audit/recommend"
+	"github.com/dualflow/dualflow/collector/enrich"
 	"github.com/dualflow/dualflow/collector/store"
 	"github.com/dualflow/dualflow/test/support/fakes"
 	"github.com/dualflow/dualflow/test/support/webtest"
@@ -94,13 +96,20 @@ func runMain(m *testing.M) int {
 		if err != nil {
 			return "", err
 		}
+		// The audit's questions and the recommendations ask the same
+		// view: the lab's pods and policy with their namespaces (a
+		// recommendation's scope names one, which must exist).
+		aud := fakes.NewAudit(reports, fams...)
+		view := enrich.NewSnapshot(labObjects(fams...)...)
+		aud.Cluster = func() (*enrich.Snapshot, error) { return view, nil }
 		// The UI traces through the product's controller and REST API.
 		tf := traceflow.New(traceflow.Config{}, fakes.NodeTracer{Delay: 200 * time.Millisecond}, fakes.Resolver{}, nil)
 		tfs = append(tfs, tf)
 		srv, err := web.New(web.Config{Addr: "127.0.0.1:0", Config: api.Config{
 			Store: e, Database: db, LocalTokenFile: tokenFile,
-			Evaluator: fakes.Evaluator{}, Traces: tf, Audit: fakes.NewAudit(reports, fams...),
-			Catalog: catalog, Status: fakes.Status{Stale: &kubeStale},
+			Evaluator: fakes.Evaluator{}, Traces: tf, Audit: aud,
+			Recommend: &recommend.Queries{Queries: aud.Queries},
+			Catalog:   catalog, Status: fakes.Status{Stale: &kubeStale},
 		}})
 		if err != nil {
 			return "", err
@@ -284,6 +293,7 @@ func TestPagesLoadWithoutConsoleErrors(t *testing.T) {
 		{"reach", reachURL, `.matrix table`},
 		{"trace", "/#/trace", `#trace-form`},
 		{"audit", "/#/audit", `#audit-list li.dual`},
+		{"recommend", "/" + recommendDB, `#rec-out .recyaml`},
 		{"sql", "/#/sql", `#sql-schema .examples a`},
 	}
 	for _, mode := range []struct{ name, base, allow string }{
@@ -942,19 +952,22 @@ func TestServiceMap(t *testing.T) {
 		t.Errorf("edge label shown without hover: %q", l)
 	}
 	// Clicking an IPv6 dropped edge opens its drawer: flows per family,
-	// the reachability cell and a dual trace of the pair.
+	// the reachability cell and a dual trace of the pair, and a policy
+	// recommendation for its destination workload.
 	do(t, ctx,
 		js(`window.dualflowMap.edges('.dropped.v6')[0].emit('tap')`),
 		poll(`!document.querySelector('#drawer').hidden && document.querySelectorAll('#drawer .edge-families li').length > 0 && [...document.querySelectorAll('#drawer a')].some(a => a.textContent === 'Dual trace')`),
 	)
-	type drawer struct{ Flows6, Dropped6, Reach, Trace string }
+	type drawer struct{ Flows6, Dropped6, Reach, Trace, Recommend string }
 	dr := eval[drawer](t, ctx, `(() => { const q = s => document.querySelector(s)?.getAttribute('href') || '';
 		const as = [...document.querySelectorAll('#drawer a')];
 		return { Flows6: q('#drawer .edge-families li[data-family="6"] a'), Dropped6: q('#drawer .edge-families li[data-family="6"] a:nth-of-type(2)'),
-			Reach: (as.find(a => a.textContent.startsWith('Reachability cell')) || {}).hash || '', Trace: (as.find(a => a.textContent === 'Dual trace') || {}).hash || '' }; })()`)
+			Reach: (as.find(a => a.textContent.startsWith('Reachability cell')) || {}).hash || '', Trace: (as.find(a => a.textContent === 'Dual trace') || {}).hash || '',
+			Recommend: (as.find(a => a.textContent.startsWith('Recommend a policy for ')) || {}).hash || '' }; })()`)
 	if !strings.Contains(dr.Flows6, "ip_version=6") || !strings.Contains(dr.Flows6, "src_workload=") || !strings.Contains(dr.Dropped6, "verdict=dropped") ||
 		!strings.Contains(dr.Reach, "#/reach?sources=workload%3A") || !strings.Contains(dr.Reach, "port=") ||
-		!strings.Contains(dr.Trace, "#/trace?source=workload%3A") || !strings.Contains(dr.Trace, "family=dual") {
+		!strings.Contains(dr.Trace, "#/trace?source=workload%3A") || !strings.Contains(dr.Trace, "family=dual") ||
+		!strings.HasPrefix(dr.Recommend, "#/recommend?namespace=") || !strings.HasSuffix(dr.Recommend, "&mode=least-privilege&window=6h&run=1") {
 		t.Errorf("edge drawer: %+v", dr)
 	}
 	do(t, ctx,
@@ -1151,7 +1164,8 @@ func TestReachabilityMatrixAndCellDetails(t *testing.T) {
 		chromedp.WaitVisible(css(`#drawer .trace[data-family="4"][data-outcome="delivered"]`)),
 	)
 	links := eval[[]string](t, ctx, `[...document.querySelectorAll('#drawer .celldetail .actions a')].map(a => a.getAttribute('href'))`)
-	if len(links) != 3 || !strings.Contains(links[0], "src_workload=shop%2Ffrontend") || !strings.Contains(links[0], "dst_workload=shop%2Fdb") {
+	if len(links) != 4 || !strings.Contains(links[0], "src_workload=shop%2Ffrontend") || !strings.Contains(links[0], "dst_workload=shop%2Fdb") ||
+		links[3] != "#/recommend?namespace=shop&workload=db&mode=least-privilege&window=6h&run=1" {
 		t.Errorf("cell links %v", links)
 	}
 	// The dual trace names the pods the server picked for the workloads.
@@ -1196,7 +1210,7 @@ func TestReachabilityICMP(t *testing.T) {
 		chromedp.WaitVisible(css(`#drawer .celldetail .actions a`)),
 	)
 	links := eval[[]string](t, ctx, `[...document.querySelectorAll('#drawer .celldetail .actions a')].map(a => a.getAttribute('href'))`)
-	if len(links) != 3 || !strings.Contains(links[0], "protocol=ICMP&") || !strings.HasSuffix(links[0], "ip_version=4") || !strings.Contains(links[1], "protocol=ICMPv6&") || !strings.HasSuffix(links[1], "ip_version=6") || strings.Contains(links[2], "port=") || !strings.Contains(links[2], "protocol=ICMP") {
+	if len(links) != 4 || !strings.Contains(links[0], "protocol=ICMP&") || !strings.HasSuffix(links[0], "ip_version=4") || !strings.Contains(links[1], "protocol=ICMPv6&") || !strings.HasSuffix(links[1], "ip_version=6") || strings.Contains(links[2], "port=") || !strings.Contains(links[2], "protocol=ICMP") {
 		t.Errorf("ICMP cell links %v", links)
 	}
 	noConsoleErrors(t, errs, "")
@@ -1428,12 +1442,12 @@ func TestAuditLinks(t *testing.T) {
 	fs := eval[[]finding](t, ctx, `[...document.querySelectorAll('#audit-list li')].map(li => ({Kind: li.dataset.kind, Links: [...li.querySelectorAll('.actions a')].map(a => a.getAttribute('href'))}))`)
 	screenshot(t, ctx, "audit-links")
 	want := map[string][]string{
-		"dual-stack-verdict-gap":          {"#/flows?since=24h&dst_port=5432&verdict=dropped&src_workload=shop%2Ffrontend&dst_workload=shop%2Fdb", "#/reach?sources=workload%3Ashop%2Ffrontend&destinations=workload%3Ashop%2Fdb&protocol=TCP&port=5432&run=1&cell=0%2C0", "#/trace?"},
-		"dual-stack-observed-verdict-gap": {"#/flows?since=24h&dst_port=5432&verdict=dropped&src_workload=shop%2Ffrontend&dst_workload=shop%2Fdb", "#/reach?sources=workload%3Ashop%2Ffrontend&destinations=workload%3Ashop%2Fdb&protocol=TCP&port=5432&run=1&cell=0%2C0", "#/trace?"},
-		"dual-stack-ipblock-one-family":   {"#/flows?since=24h&dst_port=5432&src_workload=shop%2Ffrontend&dst_workload=shop%2Fdb", "#/reach?sources=workload%3Ashop%2Ffrontend&destinations=workload%3Ashop%2Fdb&protocol=TCP&port=5432", "#/trace?", "#/flows?since=24h&policy=shop%2Fdb-policy"},
+		"dual-stack-verdict-gap":          {"#/flows?since=24h&dst_port=5432&verdict=dropped&src_workload=shop%2Ffrontend&dst_workload=shop%2Fdb", "#/reach?sources=workload%3Ashop%2Ffrontend&destinations=workload%3Ashop%2Fdb&protocol=TCP&port=5432&run=1&cell=0%2C0", "#/trace?", recommendDB},
+		"dual-stack-observed-verdict-gap": {"#/flows?since=24h&dst_port=5432&verdict=dropped&src_workload=shop%2Ffrontend&dst_workload=shop%2Fdb", "#/reach?sources=workload%3Ashop%2Ffrontend&destinations=workload%3Ashop%2Fdb&protocol=TCP&port=5432&run=1&cell=0%2C0", "#/trace?", recommendDB},
+		"dual-stack-ipblock-one-family":   {"#/flows?since=24h&dst_port=5432&src_workload=shop%2Ffrontend&dst_workload=shop%2Fdb", "#/reach?sources=workload%3Ashop%2Ffrontend&destinations=workload%3Ashop%2Fdb&protocol=TCP&port=5432", "#/trace?", "#/flows?since=24h&policy=shop%2Fdb-policy", "#/recommend?namespace=shop&mode=close-gaps&window=6h&run=1"},
 		"dual-stack-service-single-stack": {"#/flows?since=24h&dst_port=5432&service=shop%2Fdb", "#/reach?sources=workload%3Ainfra%2Fdns%2Cworkload%3Ashop%2Fcart%2Cworkload%3Ashop%2Ffrontend&destinations=service%3Ashop%2Fdb&", "#/trace?source=workload%3Ainfra%2Fdns&destination=service%3Ashop%2Fdb&"},
-		"unprotected-ingress":             {"#/flows?since=24h&dst_workload=infra%2Fdns", "#/reach?sources=workload%3Ashop%2Fcart%2Cworkload%3Ashop%2Fdb%2Cworkload%3Ashop%2Ffrontend&destinations=workload%3Ainfra%2Fdns&"},
-		"unprotected-egress":              {"#/flows?since=24h&src_workload=shop%2Fcart", "#/reach?sources=workload%3Ashop%2Fcart&destinations=workload%3Ainfra%2Fdns%2Cworkload%3Ashop%2Fdb%2Cworkload%3Ashop%2Ffrontend&"},
+		"unprotected-ingress":             {"#/flows?since=24h&dst_workload=infra%2Fdns", "#/reach?sources=workload%3Ashop%2Fcart%2Cworkload%3Ashop%2Fdb%2Cworkload%3Ashop%2Ffrontend&destinations=workload%3Ainfra%2Fdns&", "#/recommend?namespace=infra&workload=Deployment%2Fdns&mode=least-privilege&window=6h&run=1"},
+		"unprotected-egress":              {"#/flows?since=24h&src_workload=shop%2Fcart", "#/reach?sources=workload%3Ashop%2Fcart&destinations=workload%3Ainfra%2Fdns%2Cworkload%3Ashop%2Fdb%2Cworkload%3Ashop%2Ffrontend&", recommendCart},
 	}
 	if len(fs) != len(want) {
 		t.Errorf("%d findings listed, want %d: %v", len(fs), len(want), fs)
@@ -1486,6 +1500,11 @@ func TestAuditLinks(t *testing.T) {
 				}
 				if strings.Contains(l, "cell=0%2C0") {
 					do(t, ctx, chromedp.WaitVisible(css(`.matrix table[data-family="6"] td.cell.focus`)), chromedp.WaitVisible(css(`#drawer .celldetail .trace`)))
+				}
+			case strings.HasPrefix(l, "#/recommend?"):
+				do(t, ctx, chromedp.WaitVisible(css(`#rec-out .recyaml`)))
+				if n := eval[int](t, ctx, `document.querySelectorAll('#rec-out .wifam').length`); n != 2 {
+					t.Errorf("%s: %s replays %d families", f.Kind, l, n)
 				}
 			default:
 				do(t, ctx, chromedp.WaitVisible(css(`#trace-out .trace[data-family="4"]`)), chromedp.WaitVisible(css(`#trace-out .trace[data-family="6"]`)))

@@ -263,6 +263,7 @@ function fillDatalists() {
   opts('dl-filter', [...catalog.namespaces.map(x => 'namespace=' + x), ...catalog.workloads.map(x => 'workload=' + x),
     ...catalog.services.map(x => 'service=' + x), ...catalog.pods.map(x => 'pod=' + x), ...catalog.ports.map(x => 'dst_port=' + x)]);
   opts('dl-ports', catalog.ports.map(String));
+  opts('dl-namespaces', catalog.namespaces);
   mapScopes();
 }
 
@@ -378,7 +379,9 @@ function flowDrawer(f) {
   const actions = h('div', { class: 'actions' },
     f.src_pod ? link(hashURL('flows', { since: $('#f-since').value, pod: f.src_namespace + '/' + f.src_pod }), 'Filter by source pod ' + f.src_pod) : link(hashURL('flows', { since: $('#f-since').value, ip: f.src_ip }), 'Filter by source ' + f.src_ip),
     f.dst_pod ? link(hashURL('flows', { since: $('#f-since').value, pod: f.dst_namespace + '/' + f.dst_pod }), 'Filter by destination pod ' + f.dst_pod) : link(hashURL('flows', { since: $('#f-since').value, ip: f.dst_ip }), 'Filter by destination ' + f.dst_ip),
-    h('a', { href: traceHref, class: 'act primary', id: 'trace-this' }, 'Trace this flow (dual)'));
+    h('a', { href: traceHref, class: 'act primary', id: 'trace-this' }, 'Trace this flow (dual)'),
+    ['src', 'dst'].map(s => f[s + '_workload'] && link(recommendHref(Object.assign(workloadScope(f[s + '_namespace'], f[s + '_workload_kind'], f[s + '_workload']), { mode: 'least-privilege' })),
+      'Recommend a policy for ' + (s === 'src' ? 'source ' : 'destination ') + f[s + '_workload'], 'NetworkPolicies for workload ' + f[s + '_namespace'] + '/' + f[s + '_workload'] + ' from its observed flows')));
   openDrawer('Flow',
     h('p', { class: 'flowline' }, famBadge(f.ip_version), ' ', h('span', { class: 'verdict ' + v }, v), ' ',
       f.protocol_name + (isICMP(f) ? ' ' + icmpName(f) : '')),
@@ -1063,7 +1066,8 @@ async function edgeDrawer(ev, since) {
     h('h3', {}, 'Policy'),
     ends ? h('div', { class: 'actions' },
       link(hashURL('reach', { sources: es, destinations: ed, protocol, port, run: 1, cell: '0,0' }), 'Reachability cell' + (port ? ' (' + protocol + ' ' + port + ')' : '')),
-      link(hashURL('trace', { source: es, destination: ed, protocol, port, family: 'dual', run: 1 }), 'Dual trace'))
+      link(hashURL('trace', { source: es, destination: ed, protocol, port, family: 'dual', run: 1 }), 'Dual trace'),
+      ed.startsWith('workload:') ? link(recommendHref({ namespace: dst.split('/')[0], workload: dst.split('/').slice(1).join('/'), mode: 'least-privilege' }), 'Recommend a policy for ' + dst) : null)
       : h('p', { class: 'muted' }, 'Reachability and traces take workloads and Services: this edge has a namespace or an outside address at an end.'));
 }
 // segmentHitsBox tells whether the segment a→b crosses the box r
@@ -1336,7 +1340,8 @@ async function cellDetails(src, dst, req, cell, i, j) {
   const info = h('div', { class: 'celldetail', 'data-si': i, 'data-di': j },
     h('p', { class: 'flowline' }, epLabel(src) + ' → ' + epLabel(dst) + ' · ' + (icmp ? 'ICMP (ICMPv6 over IPv6)' : req.protocol + (req.port ? ' ' + req.port : ' any port'))),
     (cell.reasons || []).length ? h('p', { class: 'verdict unavailable' }, cell.reasons.join('; ')) : null,
-    h('div', { class: 'actions' }, flowLinks, link(hashURL('trace', traceQ), 'Open in Traceflow')),
+    h('div', { class: 'actions' }, flowLinks, link(hashURL('trace', traceQ), 'Open in Traceflow'),
+      dst.kind === 'workload' && dst.namespace ? link(recommendHref({ namespace: dst.namespace, workload: dst.name, mode: 'least-privilege' }), 'Recommend a policy for ' + epLabel(dst)) : null),
     Object.entries(cell.families || {}).sort().map(([fam, f]) => familyDetails(fam, f || {}, tracePair)),
     h('h3', { id: 'cell-trace-title' }, 'Dual trace'),
     h('p', { class: 'muted', id: 'cell-trace-status' }, 'Running a dual trace…'));
@@ -1510,7 +1515,22 @@ function findingLinks(f) {
     }
   }
   for (const p of pols) links.push(link(hashURL('flows', { since: '24h', policy: p.namespace + '/' + p.name }), 'Flows of ' + p.name));
+  const rec = findingScope(f);
+  if (rec) links.push(link(recommendHref(rec), 'Recommend a policy', 'NetworkPolicies for ' + scopeText(rec) + ' from its observed flows, with their replay and diff'));
   return h('div', { class: 'actions' }, links);
+}
+// findingItem is one finding as a list item: its severity, kind, port and
+// count, message, fix, objects and links (the Audit page's list and a
+// recommendation's static audit).
+function findingItem(f) {
+  // "3 pods", "1 pod pair": what the count counts, from the finding.
+  const counted = f.count ? ' · ' + f.count + (f.unit ? ' ' + (f.count === 1 ? f.unit.replace(/s$/, '') : f.unit) : '') : '';
+  return h('li', { class: f.kind.startsWith('dual-stack-') ? 'dual' : '', 'data-kind': f.kind, 'data-severity': f.severity || '' },
+    h('div', { class: 'kind' }, f.severity ? h('span', { class: 'sev ' + f.severity }, f.severity) : '', f.kind, f.port ? ' · ' + (f.protocol || '') + ' ' + f.port : '', counted),
+    h('div', {}, f.message),
+    f.fix ? h('div', { class: 'fix' }, h('b', {}, 'Fix: '), f.fix) : null,
+    h('div', { class: 'objs' }, (f.objects || []).map(o => o.kind + ' ' + (o.namespace ? o.namespace + '/' : '') + o.name + (o.direction ? ' (' + o.direction + (o.rule !== undefined ? ' rule ' + o.rule : '') + ')' : '')).join(' · ')),
+    findingLinks(f));
 }
 async function loadAudit() {
   const list = $('#audit-list');
@@ -1520,14 +1540,7 @@ async function loadAudit() {
     banner('');
     const sev = ['high', 'medium', 'low'].map(s => [s, r.findings.filter(f => f.severity === s).length]).filter(([, n]) => n).map(([s, n]) => n + ' ' + s);
     $('#audit-summary').textContent = `${r.findings.length} findings` + (sev.length ? ' (' + sev.join(', ') + ')' : '') + `, ${r.dual_stack} dual-stack gaps (listed first).`;
-    // "3 pods", "1 pod pair": what the count counts, from the finding.
-    const counted = f => f.count ? ' · ' + f.count + (f.unit ? ' ' + (f.count === 1 ? f.unit.replace(/s$/, '') : f.unit) : '') : '';
-    list.replaceChildren(...r.findings.map(f => h('li', { class: f.kind.startsWith('dual-stack-') ? 'dual' : '', 'data-kind': f.kind, 'data-severity': f.severity || '' },
-      h('div', { class: 'kind' }, f.severity ? h('span', { class: 'sev ' + f.severity }, f.severity) : '', f.kind, f.port ? ' · ' + (f.protocol || '') + ' ' + f.port : '', counted(f)),
-      h('div', {}, f.message),
-      f.fix ? h('div', { class: 'fix' }, h('b', {}, 'Fix: '), f.fix) : null,
-      h('div', { class: 'objs' }, (f.objects || []).map(o => o.kind + ' ' + (o.namespace ? o.namespace + '/' : '') + o.name + (o.direction ? ' (' + o.direction + (o.rule !== undefined ? ' rule ' + o.rule : '') + ')' : '')).join(' · ')),
-      findingLinks(f))));
+    list.replaceChildren(...r.findings.map(findingItem));
   } catch (e) { $('#audit-summary').textContent = ''; list.replaceChildren(h('li', { class: 'err' }, errText(e))); }
 }
 
@@ -1567,8 +1580,10 @@ function whatifPairs(changes) {
 }
 const endName = e => (e.namespace ? e.namespace + '/' : '') + e.name;
 // whatifChangeList is one family's changes of one kind (newly-denied or
-// newly-allowed): counts, then the top pairs, each linking to its flows.
-function whatifChangeList(fam, kind, changes, since) {
+// newly-allowed): counts, then the top pairs, each linking to its flows;
+// withWhat names what the verdict after is with (the proposal, the
+// recommendation).
+function whatifChangeList(fam, kind, changes, since, withWhat = 'the proposal') {
   const pairs = whatifPairs(changes);
   const records = changes.reduce((n, c) => n + c.records, 0);
   const [before, after] = kind === 'newly-denied' ? ['allowed', 'denied'] : ['denied', 'allowed'];
@@ -1585,7 +1600,7 @@ function whatifChangeList(fam, kind, changes, since) {
       h('td', {}, link(hashURL('flows', q), 'Flows', 'the recorded IPv' + fam + ' flows of this pair')));
   });
   return h('div', { class: 'wichange', 'data-change': kind, 'data-pairs': pairs.length }, head,
-    h('div', { class: 'tablewrap' }, h('table', { class: 'data' }, h('thead', {}, h('tr', {}, ['Source', 'Destination', 'Port', 'Flows · records', 'Now → with the proposal', ''].map(t => h('th', {}, t)))),
+    h('div', { class: 'tablewrap' }, h('table', { class: 'data' }, h('thead', {}, h('tr', {}, ['Source', 'Destination', 'Port', 'Flows · records', 'Now → with ' + withWhat, ''].map(t => h('th', {}, t)))),
       h('tbody', {}, rows))),
     pairs.length > whatifShown ? h('p', { class: 'muted' }, 'the ' + whatifShown + ' pairs with the most records of ' + pairs.length) : null);
 }
@@ -1696,6 +1711,160 @@ async function runWhatIf(ev) {
 async function whatifUpload(ev) {
   const file = ev.target.files[0];
   if (file) $('#whatif-form').policy.value = await file.text();
+}
+
+// ---- Recommend a policy ----
+// GET /policy/recommend answers NetworkPolicies for a scope (a namespace,
+// a workload of it, or the cluster) from the flows observed in a window,
+// with their proof: the replay of those flows per family, the static
+// audit with them, and the diff against the policies in force. The
+// window is sent as fixed instants and kept in the URL: the link
+// reproduces the same YAML.
+const rec = { gen: 0, blob: '' };
+// recommendHref links the page for a scope ({namespace, workload
+// KIND/NAME or NAME, mode}) over the last window (default 6h), run.
+const recommendHref = sc => hashURL('recommend', { namespace: sc.namespace, workload: sc.workload, mode: sc.mode, window: sc.window || '6h', run: 1 });
+const scopeText = sc => sc.workload ? 'workload ' + sc.namespace + '/' + sc.workload.split('/').pop() : sc.namespace ? 'namespace ' + sc.namespace : 'the cluster';
+// workloadScope is a workload's scope: KIND/NAME when the kind is known.
+const workloadScope = (ns, kind, name) => ({ namespace: ns, workload: kind ? kind + '/' + name : name });
+// findingScope is what to recommend for a finding: for an unprotected
+// workload, least privilege for it; for a dual-stack gap, close-gaps of
+// its policy's namespace, or least privilege for the workload at its
+// destination (selectors cover both families); null for the others (a
+// single-stack Service is fixed in the Service, not in a policy).
+function findingScope(f) {
+  const objs = f.objects || [];
+  const wl = o => o && o.namespace && !['NetworkPolicy', 'Service'].includes(o.kind) ? Object.assign(workloadScope(o.namespace, o.kind, o.name), { mode: 'least-privilege' }) : null;
+  if (/^unprotected-/.test(f.kind)) return wl(objs.find(o => o.kind !== 'NetworkPolicy'));
+  if (!f.kind.startsWith('dual-stack-') || f.kind === 'dual-stack-service-single-stack') return null;
+  const pol = objs.find(o => o.kind === 'NetworkPolicy');
+  if (pol) return { namespace: pol.namespace, mode: 'close-gaps' };
+  return wl(objs.find(o => o.role === 'destination'));
+}
+const protoNames = { 1: 'ICMP', 6: 'TCP', 17: 'UDP', 58: 'ICMPv6', 132: 'SCTP' };
+// recChanges are a family's replayed flows of one kind as the what-if's
+// changes: observed (allowed, or only denied) → with the recommendation.
+function recChanges(flows, kind, until) {
+  const before = { ingress: { verdict: kind === 'newly-denied' ? 'allowed' : 'denied' } };
+  return flows.map(f => ({ src: f.src, dst: f.dst, protocol: protoNames[f.protocol] || String(f.protocol), dst_port: f.dst_port, ip_version: f.ip_version,
+    records: f.allowed + f.denied, last_seen: until, change: kind, before, after: f.after }));
+}
+// recReplay is one family's replay: how many observed allowed flow
+// groups stay allowed, then the newly denied and newly allowed ones.
+function recReplay(f, r, win) {
+  const fam = f.family, all = f.newly_denied.length === 0;
+  return h('div', { class: 'wifam famdetail v' + fam, 'data-family': fam, 'data-allowed': f.allowed, 'data-kept': f.kept,
+    'data-newly-denied': f.newly_denied.length, 'data-newly-allowed': f.newly_allowed.length },
+  h('h2', {}, famBadge(fam), ' IPv' + fam + ': ', h('span', { class: 'verdict ' + (all ? 'allowed' : 'denied') }, f.kept + ' of ' + f.allowed), ' observed allowed flow groups stay allowed'),
+  f.probes ? h('p', { class: 'muted' }, f.probes + ' flow groups of traceflow probes only: not replayed') : null,
+  ['newly-denied', 'newly-allowed'].map(k => whatifChangeList(fam, k, recChanges(k === 'newly-denied' ? f.newly_denied : f.newly_allowed, k, r.until), win, 'the recommendation')));
+}
+// recDiffLine colours a unified diff's line: added, removed, a hunk.
+function recDiffLine(l) {
+  const cls = /^\+(?!\+\+ )/.test(l) ? 'add' : /^-(?!-- )/.test(l) ? 'del' : l.startsWith('@@') ? 'hunk' : null;
+  return h('span', { class: cls }, l + '\n');
+}
+// recDiff is the diff against the policies in force: per policy, added
+// or changed, in words, then the unified diff (changed) or the new
+// policy folded (added). A server that does not answer it shows nothing.
+function recDiff(d) {
+  if (!Array.isArray(d)) return null;
+  if (!d.length) return [h('h3', {}, 'Against the current policies'), h('p', { class: 'muted recdiffnone' }, 'No policy in force changes, and none is added.')];
+  const n = c => d.filter(x => x.change === c).length;
+  return [h('h3', {}, 'Against the current policies ', h('span', { class: 'count' }, n('added') + ' added · ' + n('changed') + ' changed')),
+    d.map(x => h('div', { class: 'recdiff', 'data-change': x.change, 'data-policy': x.namespace + '/' + x.name },
+      h('h4', {}, h('span', { class: 'chg ' + x.change }, x.change), ' NetworkPolicy ' + x.namespace + '/' + x.name),
+      (x.summary || []).length ? h('ul', { class: 'recsummary' }, x.summary.map(t => h('li', {}, t))) : null,
+      x.unified ? h('pre', { class: 'codebox diff', 'aria-label': 'unified diff of ' + x.name }, x.unified.replace(/\n$/, '').split('\n').map(recDiffLine))
+        : h('details', {}, h('summary', {}, x.change === 'added' ? 'The new policy' : 'The proposed policy'), h('pre', { class: 'codebox diff' }, x.proposed || ''))))];
+}
+// recFile names the download after the scope.
+const recFile = r => (r.namespace ? r.namespace + (r.workload ? '-' + r.workload : '') : 'cluster') + '-networkpolicies.yaml';
+function renderRecommend(r, win) {
+  const sc = { namespace: r.namespace, workload: r.workload };
+  if (rec.blob) URL.revokeObjectURL(rec.blob);
+  rec.blob = URL.createObjectURL(new Blob([r.yaml], { type: 'application/yaml' }));
+  const pre = h('pre', { class: 'codebox recyaml', tabindex: 0, 'aria-label': 'Recommended NetworkPolicies (YAML)' }, r.yaml);
+  const copied = h('span', { class: 'muted', role: 'status' });
+  const copy = async () => {
+    try { await navigator.clipboard.writeText(r.yaml); copied.textContent = 'copied'; } catch (e) {
+      // No clipboard (an insecure origin, a refusal): select it to copy.
+      getSelection().selectAllChildren(pre); copied.textContent = 'selected: Ctrl+C copies it';
+    }
+  };
+  const whatif = e => { e.preventDefault(); $('#whatif-form').policy.value = r.yaml; location.hash = '#/audit'; };
+  const pols = r.policies.length;
+  // The parts a recommendation lacks (notes, a diff) are null.
+  $('#rec-out').replaceChildren(...[
+    h('p', { class: 'wisummary', 'data-flows': r.flows }, (pols ? pols + (pols === 1 ? ' NetworkPolicy' : ' NetworkPolicies') : 'No NetworkPolicy') + ' (' + r.mode + ') for ' + scopeText(sc) +
+      ' from the ' + r.flows + ' flow groups observed ' + fmtTimeZ(Date.parse(r.since)) + ' to ' + fmtTimeZ(Date.parse(r.until)) + '. Nothing is applied.'),
+    h('div', { class: 'actions' },
+      pols ? h('a', { class: 'act primary', id: 'rec-download', href: rec.blob, download: recFile(r) }, 'Download ' + recFile(r)) : null,
+      h('button', { type: 'button', class: 'act', onclick: copy }, 'Copy'),
+      pols ? h('a', { class: 'act', href: '#/audit', onclick: whatif, title: 'put the YAML in the Audit page\'s what-if: the reachability cells and pod pairs it changes' }, 'Open in the what-if') : null, copied),
+    pols ? h('p', { class: 'muted' }, r.policies.join(' · ')) : null,
+    pre,
+    r.notes.length ? [h('h3', {}, 'Notes'), h('ul', { class: 'recnotes' }, r.notes.map(t => h('li', {}, t)))] : null,
+    h('h3', {}, 'Replay: the window\'s flows with the policies in force plus these'),
+    h('div', { class: 'wifams' }, r.replay.length ? r.replay.map(f => recReplay(f, r, win)) : h('p', { class: 'muted' }, 'No flow of the scope in the window.')),
+    recDiff(r.diff),
+    h('h3', {}, 'Static audit with the recommendation ', h('span', { class: 'count' }, r.findings.length + (r.findings.length === 1 ? ' finding' : ' findings'))),
+    r.findings.length ? h('ul', { class: 'findings recfindings' }, r.findings.map(findingItem)) : h('p', { class: 'muted' }, 'No workload of the scope left unprotected, no dual-stack gap.'),
+  ].flat(2).filter(x => x !== null && x !== undefined && x !== false));
+}
+// recWorkloads suggests the workloads of the chosen namespace.
+function recWorkloads() {
+  const ns = $('#rec-form').namespace.value.trim();
+  $('#dl-rec-workloads').replaceChildren(...catalog.workloads.filter(w => w.startsWith(ns + '/')).map(w => h('option', { value: w.slice(ns.length + 1) })));
+}
+// runRecommend asks for the form's scope and mode over win ({since,
+// until}, instants), by default the Window ending now, and keeps it in
+// the URL.
+async function runRecommend(ev, win) {
+  ev && ev.preventDefault();
+  const f = $('#rec-form'), st = $('#rec-status'), btn = f.querySelector('button[type=submit]');
+  for (const el of f.elements) el.removeAttribute('aria-invalid');
+  if (!win) {
+    const until = Math.floor(Date.now() / 1000) * 1000;
+    win = { since: new Date(until - parseDur(f.window.value) * 1000).toISOString(), until: new Date(until).toISOString() };
+  }
+  const q = { namespace: f.namespace.value.trim(), workload: f.workload.value.trim(), mode: f.mode.value, since: win.since, until: win.until };
+  history.replaceState(null, '', hashURL('recommend', Object.assign({}, q, { window: f.window.value, run: 1 }))); current.hash = location.hash;
+  const gen = ++rec.gen;
+  st.replaceChildren(h('span', { class: 'spinner', 'aria-hidden': 'true' }), 'Recommending: reading the window\'s flows, replaying them with the recommendation…');
+  st.className = 'muted busy';
+  btn.disabled = true;
+  $('#rec-out').replaceChildren();
+  try {
+    const r = await api('/policy/recommend?' + new URLSearchParams(Object.entries(q).filter(([, v]) => v)));
+    if (gen !== rec.gen) return;
+    st.textContent = ''; st.className = 'muted';
+    renderRecommend(r, f.window.value);
+  } catch (e) {
+    if (gen !== rec.gen) return;
+    // The API names the field: namespace or workload (not in the
+    // cluster), mode, since/until (the window), limit (too much work).
+    st.textContent = errText(e); st.className = 'err';
+    const el = f.elements[['since', 'until', 'limit'].includes(e.field) ? 'window' : e.field];
+    if (el) el.setAttribute('aria-invalid', 'true');
+  } finally { if (gen === rec.gen) btn.disabled = false; }
+}
+// enterRecommend fills the form from the URL (a scope, a mode, a window
+// length, or the fixed since and until of an earlier answer) and runs it
+// when asked.
+async function enterRecommend(params) {
+  const f = $('#rec-form');
+  await loadCatalog();
+  if ([...params].length) {
+    f.namespace.value = params.get('namespace') || '';
+    f.workload.value = params.get('workload') || '';
+    f.mode.value = params.get('mode') === 'close-gaps' ? 'close-gaps' : 'least-privilege';
+    const w = params.get('window');
+    if ([...f.window.options].some(o => o.value === w)) f.window.value = w;
+  } else if (!f.namespace.value) f.namespace.value = catalog.namespaces[0] || '';
+  recWorkloads();
+  const since = params.get('since'), until = params.get('until');
+  if (params.get('run')) await runRecommend(null, since && until ? { since, until } : null);
 }
 
 // ---- SQL ----
@@ -1882,6 +2051,7 @@ const pages = {
   reach: enterReach,
   trace: enterTrace,
   audit: () => loadAudit(),
+  recommend: enterRecommend,
   sql: () => { loadSchema(); },
 };
 function route() {
@@ -1964,6 +2134,8 @@ function init() {
   $('#trace-form').addEventListener('submit', runTrace);
   $('#whatif-form').addEventListener('submit', runWhatIf);
   $('#whatif-form').file.addEventListener('change', whatifUpload);
+  $('#rec-form').addEventListener('submit', runRecommend);
+  $('#rec-form').namespace.addEventListener('change', recWorkloads);
   $('#sql-form').addEventListener('submit', runSQL);
   $('#sql-csv').addEventListener('click', downloadCSV);
   $('#sql-text').addEventListener('keydown', e => { if (e.key === 'Enter' && (e.ctrlKey || e.metaKey)) runSQL(e); });
