@@ -31,6 +31,10 @@ APT_PACKAGES=(
   # runc: crun refuses this kind of machine's hybrid cgroup hierarchy
   podman buildah runc
   containernetworking-plugins ipset
+  # flow metrics: promtool checks and unit-tests the shipped alert rules; the
+  # real-Prometheus tier runs prometheus and prometheus-alertmanager (their
+  # packages do not start the daemons here: policy-rc.d)
+  prometheus prometheus-alertmanager
   # misc
   ca-certificates curl
 )
