@@ -133,15 +133,12 @@ func (ix *diffIndex) addedSummary(p *networkingv1.NetworkPolicy) []string {
 		before := ix.isolatedBy(p.Namespace, selected, d.ing)
 		s := fmt.Sprintf("Adds NetworkPolicy %s/%s: isolates the %s of %s", p.Namespace, p.Name, d.dir, ix.workloadsText(selected))
 		switch {
+		case len(before) == 0 && d.rules == 0:
+			s += fmt.Sprintf("; no policy isolated it, so its %s was open to every peer; this policy has no rule: it denies all of it.", d.dir)
 		case len(before) == 0:
-			s += fmt.Sprintf("; no policy isolated it, so %s was open to every peer, and is now allowed only by ", d.dir)
+			s += fmt.Sprintf("; no policy isolated it, so its %s was open to every peer; now only this policy's %d %s allow it.", d.dir, d.rules, plural(d.rules, "rule"))
 		default:
-			s += fmt.Sprintf("; already isolated by %s, which still allow what they allow (NetworkPolicies add up: delete them to narrow); this adds ", strings.Join(before, ", "))
-		}
-		if d.rules == 0 {
-			s += "no rule: it denies all of it."
-		} else {
-			s += fmt.Sprintf("%d %s.", d.rules, plural(d.rules, "rule"))
+			s += fmt.Sprintf("; already isolated by %s, which still allow what they allow (NetworkPolicies add up: delete them to narrow); this adds %d %s.", strings.Join(before, ", "), d.rules, plural(d.rules, "rule"))
 		}
 		out = append(out, s)
 		if d.ing {
