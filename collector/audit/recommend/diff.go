@@ -136,7 +136,11 @@ func (ix *diffIndex) addedSummary(p *networkingv1.NetworkPolicy) []string {
 		case len(before) == 0 && d.rules == 0:
 			s += fmt.Sprintf("; no policy isolated it, so its %s was open to every peer; this policy has no rule: it denies all of it.", d.dir)
 		case len(before) == 0:
-			s += fmt.Sprintf("; no policy isolated it, so its %s was open to every peer; now only this policy's %d %s allow it.", d.dir, d.rules, plural(d.rules, "rule"))
+			verb := "allow"
+			if d.rules == 1 {
+				verb = "allows"
+			}
+			s += fmt.Sprintf("; no policy isolated it, so its %s was open to every peer; now only this policy's %d %s %s it.", d.dir, d.rules, plural(d.rules, "rule"), verb)
 		default:
 			s += fmt.Sprintf("; already isolated by %s, which still allow what they allow (NetworkPolicies add up: delete them to narrow); this adds %d %s.", strings.Join(before, ", "), d.rules, plural(d.rules, "rule"))
 		}
