@@ -179,6 +179,7 @@ func testClusterMode(t *testing.T, mode manifest.Mode) {
 	checkFlows(t, ctx, c, web, installed)
 	checkTraceflow(t, ctx, c, web)
 	checkPolicy(t, ctx, c, web)
+	checkRecommend(t, ctx, c, web)
 	web = checkChurn(t, ctx, c, in, web)
 	screenshot(t, ctx, web, in.Token, mode)
 }
