@@ -277,6 +277,15 @@ func TestServiceUsedOverOneFamily(t *testing.T) {
 			t.Errorf("IPv%d: %d of %d kept", f.Family, f.Kept, f.Allowed)
 		}
 	}
+	// Seen denied over IPv6 (first in the list: the order does not
+	// matter), the comment says so instead of "never observed".
+	denied := six
+	denied.Allowed, denied.Denied = 0, 3
+	rec = recommend(t, view, append([]audit.ObservedFlow{denied}, flows...), Options{Mode: LeastPrivilege, Scope: Scope{Namespace: "frontend", Workload: "web"}})
+	eg = policyNamed(t, rec, "frontend", "web-egress")
+	if c := eg.Egress[0]; !strings.Contains(c, "over IPv4 (10 records); IPv6 observed only denied: the selector allows it too") || strings.Contains(c, "never observed") {
+		t.Errorf("web's egress comment with IPv6 seen denied: %q", c)
+	}
 }
 
 // TestScopeErrors: a scope without a workload of the view is an error.

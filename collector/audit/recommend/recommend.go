@@ -193,6 +193,18 @@ type line struct {
 	// missing is the family both ends have that was not seen ("" if
 	// none), for selector peers.
 	missing [2]bool
+	// denied is the families of missing seen only denied between the
+	// same workloads on the same port.
+	denied [2]bool
+}
+
+// pairKey is a subject workload's flows with a peer workload in one
+// direction on one port: what a selector rule's line stands for.
+type pairKey struct {
+	subject, peer *workload
+	dir           policy.Direction
+	proto         uint8
+	port          uint16
 }
 
 // draft is a least-privilege policy being built.
@@ -201,6 +213,9 @@ type draft struct {
 	dir   policy.Direction
 	peers map[string]*peerObs
 	notes map[string]bool
+	// denied is the families seen only denied per pair (shared by the
+	// drafts).
+	denied map[pairKey][2]bool
 }
 
 func (d *draft) peer(class int, key string, np []networkingv1.NetworkPolicyPeer) *peerObs {
@@ -214,11 +229,30 @@ func (d *draft) peer(class int, key string, np []networkingv1.NetworkPolicyPeer)
 }
 
 func leastPrivilege(c *cluster, scoped []*workload, inScope func(*workload) bool, flows []audit.ObservedFlow, rec *Recommendation) {
+	// The families seen only denied between two workloads, first: a
+	// rule's comment says so rather than "never observed" (whatever the
+	// order of the flows).
+	denied := map[pairKey][2]bool{}
+	for i := range flows {
+		f := &flows[i]
+		if f.Allowed > 0 || f.Denied == 0 {
+			continue
+		}
+		src, dst := c.resolve(f.Src), c.resolve(f.Dst)
+		if src.kind != endPod || dst.kind != endPod {
+			continue
+		}
+		for _, k := range []pairKey{{src.wl, dst.wl, policy.Egress, f.Protocol, f.DstPort}, {dst.wl, src.wl, policy.Ingress, f.Protocol, f.DstPort}} {
+			fams := denied[k]
+			fams[fi(f.IPVersion)] = true
+			denied[k] = fams
+		}
+	}
 	drafts := map[*workload]*[2]*draft{}
 	for _, wl := range scoped {
 		drafts[wl] = &[2]*draft{
-			{wl: wl, dir: policy.Ingress, peers: map[string]*peerObs{}, notes: map[string]bool{}},
-			{wl: wl, dir: policy.Egress, peers: map[string]*peerObs{}, notes: map[string]bool{}},
+			{wl: wl, dir: policy.Ingress, peers: map[string]*peerObs{}, notes: map[string]bool{}, denied: denied},
+			{wl: wl, dir: policy.Egress, peers: map[string]*peerObs{}, notes: map[string]bool{}, denied: denied},
 		}
 	}
 	var probesOnly, deniedOnly int
@@ -325,7 +359,9 @@ func (c *cluster) observe(d *draft, f *audit.ObservedFlow, peer, dst end, svc *e
 		for v := range both {
 			both[v] = hasFamily(d.wl, v) && hasFamily(peer.wl, v)
 		}
-		po.addLine(what+via, f, both)
+		l := po.addLine(what+via, f, both)
+		dn := d.denied[pairKey{d.wl, peer.wl, d.dir, f.Protocol, f.DstPort}]
+		l.denied[0], l.denied[1] = l.denied[0] || dn[0], l.denied[1] || dn[1]
 	case endNode:
 		var np []networkingv1.NetworkPolicyPeer
 		for _, a := range addrsOf(peer.node) {
@@ -427,7 +463,7 @@ func (p *peerObs) addPort(k portKey, dst *enrich.Pod, wl *workload) {
 	m[dst] = true
 }
 
-func (p *peerObs) addLine(what string, f *audit.ObservedFlow, both [2]bool) {
+func (p *peerObs) addLine(what string, f *audit.ObservedFlow, both [2]bool) *line {
 	text := what + " on " + portText(f.Protocol, f.DstPort)
 	if f.ServicePort != 0 && f.ServicePort != f.DstPort {
 		text += fmt.Sprintf(" (Service port %d)", f.ServicePort)
@@ -441,6 +477,7 @@ func (p *peerObs) addLine(what string, f *audit.ObservedFlow, both [2]bool) {
 	l.fams[v] = true
 	l.missing[v] = false
 	l.records += f.Allowed
+	return l
 }
 
 // portText names a destination port; ICMP and ICMPv6 are one protocol
@@ -627,8 +664,13 @@ func (r *ruleDraft) comment(c *cluster) string {
 	for _, p := range r.peers {
 		for _, l := range p.lines {
 			s := fmt.Sprintf("%s over %s (%d %s)", l.text, familiesText(l.fams), l.records, plural(int(l.records), "record"))
-			if l.missing[0] || l.missing[1] {
-				s += fmt.Sprintf("; %s never observed, the selector covers it", familiesText(l.missing))
+			never := [2]bool{l.missing[0] && !l.denied[0], l.missing[1] && !l.denied[1]}
+			only := [2]bool{l.missing[0] && l.denied[0], l.missing[1] && l.denied[1]}
+			if only[0] || only[1] {
+				s += fmt.Sprintf("; %s observed only denied: the selector allows it too (the replay lists it as newly allowed)", familiesText(only))
+			}
+			if never[0] || never[1] {
+				s += fmt.Sprintf("; %s never observed, the selector covers it", familiesText(never))
 			}
 			lines = append(lines, s)
 			fams[0], fams[1] = fams[0] || l.fams[0], fams[1] || l.fams[1]
