@@ -232,8 +232,29 @@ func (c *cluster) resolve(e audit.FlowEnd) end {
 	if s := c.svcAddr[a]; s != nil {
 		out.svc = s
 	}
+	if n := c.podNetNode(a); n != nil && out.svc == nil {
+		// In a node's pod CIDR but no pod's: the node itself, through
+		// its pods' gateway (kubelet probes on a bridge CNI).
+		out.kind, out.node, out.name = endNode, n, "node "+n.Name+" (its pods' gateway "+a.String()+")"
+		return out
+	}
 	out.kind, out.name = endExternal, a.String()
 	return out
+}
+
+// podNetNode returns the node whose pod CIDR holds a, nil if none.
+func (c *cluster) podNetNode(a netip.Addr) *enrich.Node {
+	if !a.IsValid() {
+		return nil
+	}
+	for _, n := range c.view.Nodes {
+		for _, p := range n.PodCIDRs {
+			if p.Contains(a) {
+				return n
+			}
+		}
+	}
+	return nil
 }
 
 // backends is the workload a flow addressed to Service svc reached:

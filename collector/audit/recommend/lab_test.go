@@ -300,3 +300,64 @@ func TestScopeErrors(t *testing.T) {
 		t.Error("mode widest: no error")
 	}
 }
+
+// TestProbesFromOwnNode: kubelet probes reach a pod from its node's pod
+// network gateway (a bridge CNI's): in three modes no rule is made for
+// them (NetworkPolicy cannot restrict a pod's own node), a note says so,
+// and the replay keeps them allowed. Scraped from the other node's
+// address, the pod still gets that node's ipBlocks.
+func TestProbesFromOwnNode(t *testing.T) {
+	for _, mode := range manifest.Modes {
+		t.Run(string(mode), func(t *testing.T) {
+			view := labView(t, mode)
+			api := podOf(t, view, "backend", "api", "node-1")
+			var n1, n2 *enrich.Node
+			for _, n := range view.Nodes {
+				switch n.Name {
+				case "node-1":
+					n1 = n
+				case "node-2":
+					n2 = n
+				}
+			}
+			var flows []audit.ObservedFlow
+			for _, v := range []uint8{4, 6} {
+				a, ok := podEnd(view, api, v)
+				if !ok {
+					continue
+				}
+				cidr, _ := cidrOf(n1.PodCIDRs, v)
+				gw := cidr.Addr().Next() // the bridge's address
+				flows = append(flows, audit.ObservedFlow{Src: addrEnd(gw), Dst: a, Protocol: flow.ProtoTCP, DstPort: 8080, IPVersion: v, Allowed: 20})
+				for _, na := range addrsOf(n2) {
+					if flow.Version(na) == v {
+						flows = append(flows, audit.ObservedFlow{Src: addrEnd(na), Dst: a, Protocol: flow.ProtoTCP, DstPort: 9090, IPVersion: v, Allowed: 5})
+					}
+				}
+			}
+			rec := recommend(t, view, flows, Options{Mode: LeastPrivilege, Scope: Scope{Namespace: "backend", Workload: "api"}})
+			in := policyNamed(t, rec, "backend", "api-ingress")
+			y := yamlOf(t, rec)
+			if len(in.Policy.Spec.Ingress) != 1 || has(in.Ingress[0], "gateway") || has(y, "port: http") {
+				t.Errorf("api's ingress has a rule for its own node's probes:\n%s", y)
+			}
+			if !slices.ContainsFunc(rec.Notes, func(n string) bool { return has(n, "came to pods from their own node") }) {
+				t.Errorf("notes %q: want the own-node flows named", rec.Notes)
+			}
+			for _, a := range addrsOf(n2) {
+				if !has(y, "cidr: "+netip.PrefixFrom(a, a.BitLen()).String()) {
+					t.Errorf("no ipBlock for node-2's %s:\n%s", a, y)
+				}
+			}
+			rep, err := Replay(view, rec.NetworkPolicies(), flows)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, f := range rep.Families {
+				if f.Kept != f.Allowed || f.Allowed != 2 {
+					t.Errorf("IPv%d: %d of %d kept, want 2 of 2", f.Family, f.Kept, f.Allowed)
+				}
+			}
+		})
+	}
+}

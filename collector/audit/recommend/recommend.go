@@ -255,7 +255,7 @@ func leastPrivilege(c *cluster, scoped []*workload, inScope func(*workload) bool
 			{wl: wl, dir: policy.Egress, peers: map[string]*peerObs{}, notes: map[string]bool{}, denied: denied},
 		}
 	}
-	var probesOnly, deniedOnly int
+	var probesOnly, deniedOnly, ownNode int
 	notes := map[string]bool{}
 	for i := range flows {
 		f := &flows[i]
@@ -280,9 +280,16 @@ func leastPrivilege(c *cluster, scoped []*workload, inScope func(*workload) bool
 			c.observe(d, f, dst, dst, svc, notes)
 		}
 		if dst.kind == endPod && inScope(dst.wl) {
+			if src.kind == endNode && src.node != nil && dst.pod != nil && src.node.Name == dst.pod.NodeName {
+				ownNode++ // NetworkPolicy cannot restrict it: no rule
+				continue
+			}
 			d := drafts[dst.wl][policy.Ingress]
 			c.observe(d, f, src, dst, svc, notes)
 		}
+	}
+	if ownNode > 0 {
+		notes[fmt.Sprintf("%d flow groups came to pods from their own node (kubelet probes, host-network pods, the pods' gateway): NetworkPolicy cannot restrict them, so no rule is needed.", ownNode)] = true
 	}
 	if probesOnly > 0 {
 		notes[fmt.Sprintf("%d flow groups were only traceflow probes: no rule allows them.", probesOnly)] = true
