@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net/netip"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -13,6 +15,7 @@ import (
 
 	"github.com/dualflow/dualflow/collector/store"
 	"github.com/dualflow/dualflow/flow"
+	"github.com/dualflow/dualflow/internal/chsql"
 	"github.com/dualflow/dualflow/lab/manifest"
 )
 
@@ -81,6 +84,122 @@ func TestObservedFlows(t *testing.T) {
 	if _, _, err := rep.ObservedFlows(ctx, ObservedOptions{Window: win, Workload: "web"}); err == nil {
 		t.Error("a workload without its namespace: no error")
 	}
+}
+
+// TestObservedFlowsTiers: the groups and counts ObservedFlows sums per
+// tier (whole hours from the projection observed_1h of migration 0014,
+// the minutes and milliseconds at either end as rows) equal those of
+// grouping the window's rows at once, in order, for random records over
+// six hours in three batches (IPv4-only, IPv6-only and dual-stack; pods,
+// outside addresses, an end whose workload enrichment missed, Services,
+// verdicts of either side evaluated or reported, probes) and windows
+// that align with the hours and that do not, for the cluster, a
+// namespace and a workload; and the engine does read the projection for
+// the whole hours.
+func TestObservedFlowsTiers(t *testing.T) {
+	e := needEngine(t)
+	ctx := context.Background()
+	base := time.Date(2026, 12, 5, 6, 0, 0, 0, time.UTC)
+	rep, _ := NewReports(e, "")
+	for _, mode := range []manifest.Mode{manifest.ModeIPv4, manifest.ModeIPv6, manifest.ModeDual} {
+		t.Run(string(mode), func(t *testing.T) {
+			if err := e.Exec(ctx, "TRUNCATE TABLE dualflow.flows"); err != nil {
+				t.Fatal(err)
+			}
+			family := map[manifest.Mode]string{manifest.ModeIPv4: "4", manifest.ModeIPv6: "6", manifest.ModeDual: "if(h(8) % 2 = 0, 4, 6)"}[mode]
+			for batch := range 3 {
+				// h(k) is the row's k-th pseudo-random number; ends 0 to 9
+				// are pods of three namespaces, 10 and 11 outside
+				// addresses.
+				q := fmt.Sprintf(`INSERT INTO dualflow.flows (flow_end, ip_version, src_ip_in, dst_ip_in, src_port, dst_port, protocol,
+       src_pod_namespace, src_pod_name, src_workload_kind, src_workload_name, dst_pod_namespace, dst_pod_name, dst_workload_kind, dst_workload_name,
+       dst_service_namespace, dst_service_name, service_port, ingress_verdict, egress_verdict, ingress_reported_verdict, egress_reported_verdict, probe_trace_id)
+WITH (n -> cityHash64(number, n)) AS h, h(1) %% 12 AS s, h(2) %% 12 AS d, %[2]s AS v,
+     (e -> if(v = 4, toIPv6(toIPv4(3323068416 + e)), toIPv6(concat('fd00:10::', toString(e + 1))))) AS ip,
+     ['unknown', 'not_isolated', 'allowed', 'denied', 'rejected'] AS verdicts
+SELECT toDateTime64(%[1]d, 3, 'UTC') + toIntervalMillisecond(h(3) %% (6 * 3600000)), v, ip(s), ip(d), 30000 + h(4) %% 1000, [80, 443, 53][1 + h(5) %% 3], [6, 6, 17][1 + h(5) %% 3],
+       if(s < 10, concat('ns', toString(s %% 3)), ''), if(s < 10, concat('p', toString(s)), ''), if(s < 10 AND h(6) %% 10 > 0, 'Deployment', ''), if(s < 10 AND h(6) %% 10 > 0, concat('w', toString(intDiv(s, 2))), ''),
+       if(d < 10, concat('ns', toString(d %% 3)), ''), if(d < 10, concat('p', toString(d)), ''), if(d < 10, 'Deployment', ''), if(d < 10, concat('w', toString(intDiv(d, 2))), ''),
+       if(d %% 4 = 0, 'ns0', ''), if(d %% 4 = 0, 'svc', ''), if(d %% 4 = 0, 8080, 0),
+       verdicts[1 + h(7) %% 5], verdicts[1 + h(9) %% 5], verdicts[1 + h(10) %% 9 %% 5], verdicts[1 + h(11) %% 9 %% 5], if(h(12) %% 13 = 0, 'tf-random', '')
+FROM numbers(%[3]d, 20000)`, base.Unix(), family, batch*20000)
+				if err := e.Exec(ctx, q); err != nil {
+					t.Fatalf("%v\n%s", err, q)
+				}
+			}
+			rng := rand.New(rand.NewPCG(5, uint64(len(mode))))
+			for i := range 12 {
+				since := base.Add(-30*time.Minute + time.Duration(rng.Int64N(int64(5*time.Hour))))
+				until := since.Add(time.Duration(rng.Int64N(int64(4 * time.Hour))))
+				switch i {
+				case 0: // whole hours only
+					since, until = base.Add(time.Hour), base.Add(4*time.Hour)
+				case 1: // hours, minutes and milliseconds
+					since, until = base.Add(time.Hour-90*time.Second-7*time.Millisecond), base.Add(4*time.Hour+61*time.Second+3*time.Millisecond)
+				case 2: // within an hour
+					since, until = base.Add(2*time.Hour+time.Minute), base.Add(2*time.Hour+59*time.Minute)
+				}
+				w := Window{Since: since, Until: until}
+				for _, sc := range [][2]string{{"", ""}, {"ns1", ""}, {"ns2", "w4"}} {
+					name := fmt.Sprintf("[%s, %s) %s/%s", since.Format("15:04:05.000"), until.Format("15:04:05.000"), sc[0], sc[1])
+					got, truncated, err := rep.ObservedFlows(ctx, ObservedOptions{Window: w, Namespace: sc[0], Workload: sc[1]})
+					if err != nil || truncated {
+						t.Fatalf("%s: %v (truncated %v)", name, err, truncated)
+					}
+					want := observedRows(t, w, sc[0], sc[1])
+					var lines []string
+					for _, f := range got {
+						lines = append(lines, observedLine(f))
+					}
+					if strings.Join(lines, "\n") != strings.Join(want, "\n") {
+						t.Errorf("%s: %d groups\n%s\nwant %d\n%s", name, len(lines), strings.Join(lines, "\n"), len(want), strings.Join(want, "\n"))
+					}
+					if i == 0 && sc[0] == "" && len(want) < 20 {
+						t.Errorf("%s: %d groups, want a window with many", name, len(want))
+					}
+				}
+			}
+		})
+	}
+	var l lastQuery
+	r, _ := NewReports(&l, "")
+	if _, _, err := r.ObservedFlows(ctx, ObservedOptions{Window: Window{Since: base.Add(time.Hour - time.Second), Until: base.Add(3 * time.Hour)}}); err != nil {
+		t.Fatal(err)
+	}
+	plan := tsvLines(t, "EXPLAIN projections = 1 "+l.q, func(c []string) string { return strings.Join(c, "\t") })
+	if !strings.Contains(strings.Join(plan, "\n"), "ReadFromMergeTree (observed_1h)") {
+		t.Errorf("the hour tier does not read observed_1h:\n%s", strings.Join(plan, "\n"))
+	}
+}
+
+// observedRows is the window's groups of the scope over its rows (the
+// projections not used), as observedLine prints them, in ObservedFlows'
+// order.
+func observedRows(t *testing.T, w Window, ns, workload string) []string {
+	t.Helper()
+	where := chsql.FlowEnd(w.Since, w.Until)
+	if ns != "" {
+		side := func(end string) string {
+			c := chsql.Eq(end+"_pod_namespace", ns)
+			if workload != "" {
+				c = chsql.And(c, chsql.Eq(end+"_workload_name", workload))
+			}
+			return c
+		}
+		where = chsql.And(where, chsql.Or(side("src"), side("dst")))
+	}
+	return tsvLines(t, fmt.Sprintf(`SELECT %[1]s, countIf(NOT is_probe AND NOT blocked) AS allowed, countIf(NOT is_probe AND blocked) AS denied, countIf(is_probe) AS probes
+FROM (SELECT %[1]s, is_probe, %[2]s AS blocked FROM dualflow.flows WHERE %[3]s)
+GROUP BY %[1]s ORDER BY allowed + denied + probes DESC, %[1]s
+SETTINGS optimize_use_projections = 0`, observedGroup, observedBlocked, where), func(c []string) string { return strings.Join(c, " ") })
+}
+
+// observedLine prints a group as observedRows prints a row.
+func observedLine(f ObservedFlow) string {
+	return fmt.Sprint(f.Src.IP, " ", f.Dst.IP, " ", f.Protocol, " ", f.DstPort, " ", f.IPVersion, " ",
+		f.Src.Namespace, " ", f.Src.Pod, " ", f.Src.WorkloadKind, " ", f.Src.WorkloadName, " ",
+		f.Dst.Namespace, " ", f.Dst.Pod, " ", f.Dst.WorkloadKind, " ", f.Dst.WorkloadName, " ",
+		f.ServiceNamespace, " ", f.ServiceName, " ", f.ServicePort, " ", f.Allowed, " ", f.Denied, " ", f.Probes)
 }
 
 // BenchmarkObservedFlowsLarge reads the flow groups of a window of
