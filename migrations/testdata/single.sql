@@ -500,3 +500,21 @@ ALTER TABLE dualflow.rollup_policy_1m
 
 ALTER TABLE dualflow.rollup_policy_1m MATERIALIZE PROJECTION policy_1h;
 
+-- 0014_flows_observed_projection.sql
+ALTER TABLE dualflow.flows
+    ADD PROJECTION IF NOT EXISTS observed_1h (
+        SELECT toStartOfHour(flow_end), src_ip, dst_ip, protocol, dst_port, ip_version,
+            src_pod_namespace, src_pod_name, src_workload_kind, src_workload_name,
+            dst_pod_namespace, dst_pod_name, dst_workload_kind, dst_workload_name,
+            dst_service_namespace, dst_service_name, service_port,
+            countIf(NOT is_probe AND NOT (ingress_verdict IN ('denied', 'rejected') OR egress_verdict IN ('denied', 'rejected') OR ingress_reported_verdict IN ('denied', 'rejected') OR egress_reported_verdict IN ('denied', 'rejected'))),
+            countIf(NOT is_probe AND (ingress_verdict IN ('denied', 'rejected') OR egress_verdict IN ('denied', 'rejected') OR ingress_reported_verdict IN ('denied', 'rejected') OR egress_reported_verdict IN ('denied', 'rejected'))),
+            countIf(is_probe)
+        GROUP BY toStartOfHour(flow_end), src_ip, dst_ip, protocol, dst_port, ip_version,
+            src_pod_namespace, src_pod_name, src_workload_kind, src_workload_name,
+            dst_pod_namespace, dst_pod_name, dst_workload_kind, dst_workload_name,
+            dst_service_namespace, dst_service_name, service_port
+    );
+
+ALTER TABLE dualflow.flows MATERIALIZE PROJECTION observed_1h;
+
