@@ -173,7 +173,7 @@ func (a *App) buildWeb(opts Options) error {
 			Catalog:    v,
 			Status:     v,
 			Audit:      aq,
-			Recommend:  &recommend.Queries{Queries: aq},
+			Recommend:  &recommend.Queries{Queries: aq, MaxFlowGroups: lim.RecommendMaxFlowGroups},
 			Registerer: c.Registry(),
 			Gatherer:   c.Registry(),
 			Logger:     a.log.With("stage", "web"),

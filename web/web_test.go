@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/dualflow/dualflow/collector/audit"
+	"github.com/dualflow/dualflow/collector/audit/recommend"
 	"github.com/dualflow/dualflow/test/support/reloadtest"
 	"github.com/dualflow/dualflow/web/api"
 )
@@ -193,7 +194,7 @@ func TestLimitFlags(t *testing.T) {
 		FollowStreams: api.DefaultFollowStreams, FollowStreamsPerRole: api.DefaultFollowStreamsPerRole,
 		SQLConcurrencyPerToken: api.DefaultSQLConcurrencyPerToken, FollowStreamsPerToken: api.DefaultFollowStreamsPerToken,
 		WhatIfConcurrency: api.DefaultWhatIfConcurrency, WhatIfConcurrencyPerToken: api.DefaultWhatIfConcurrencyPerToken,
-		WhatIfMaxChecks: audit.DefaultWhatIfMaxChecks, WhatIfMaxFlowGroups: audit.DefaultWhatIfMaxFlowGroups,
+		WhatIfMaxChecks: audit.DefaultWhatIfMaxChecks, WhatIfMaxFlowGroups: audit.DefaultWhatIfMaxFlowGroups, RecommendMaxFlowGroups: recommend.DefaultMaxFlowGroups,
 		ReachabilityConcurrency: api.DefaultReachabilityConcurrency, ReachabilityConcurrencyPerToken: api.DefaultReachabilityConcurrencyPerToken,
 		ReachabilityMaxChecks: audit.DefaultReachabilityMaxChecks}) {
 		t.Errorf("defaults %+v", l)
@@ -201,11 +202,11 @@ func TestLimitFlags(t *testing.T) {
 	if err := fs.Parse([]string{"--web.sql.max-concurrent=3", "--web.sql.max-threads=1", "--web.follow.max-streams=1", "--web.follow.max-streams-per-role=1",
 		"--web.sql.max-concurrent-per-token=2", "--web.follow.max-streams-per-token=1",
 		"--web.whatif.max-concurrent=3", "--web.whatif.max-concurrent-per-token=2", "--web.whatif.max-checks=1000", "--web.whatif.max-flow-groups=10",
-		"--web.reachability.max-concurrent=5", "--web.reachability.max-concurrent-per-token=3", "--web.reachability.max-checks=2000"}); err != nil {
+		"--web.recommend.max-flow-groups=20", "--web.reachability.max-concurrent=5", "--web.reachability.max-concurrent-per-token=3", "--web.reachability.max-checks=2000"}); err != nil {
 		t.Fatal(err)
 	}
 	if l != (api.Limits{SQLConcurrency: 3, SQLMaxThreads: 1, FollowStreams: 1, FollowStreamsPerRole: 1, SQLConcurrencyPerToken: 2, FollowStreamsPerToken: 1,
-		WhatIfConcurrency: 3, WhatIfConcurrencyPerToken: 2, WhatIfMaxChecks: 1000, WhatIfMaxFlowGroups: 10,
+		WhatIfConcurrency: 3, WhatIfConcurrencyPerToken: 2, WhatIfMaxChecks: 1000, WhatIfMaxFlowGroups: 10, RecommendMaxFlowGroups: 20,
 		ReachabilityConcurrency: 5, ReachabilityConcurrencyPerToken: 3, ReachabilityMaxChecks: 2000}) {
 		t.Errorf("parsed %+v", l)
 	}

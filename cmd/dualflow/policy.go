@@ -68,7 +68,7 @@ and the flow store.`)
 	fs.StringVar(&req.Scope.Namespace, "namespace", "", "namespace whose workloads get policies (default: the whole cluster)")
 	workload := fs.String("workload", "", "one workload of --namespace: KIND/NAME (Deployment/web) or NAME")
 	mode := fs.String("mode", string(recommend.LeastPrivilege), "least-privilege or close-gaps")
-	fs.IntVar(&req.Limit, "limit", 0, "read at most this many flow groups (0: the server's bound, 100000); a window with more is refused")
+	fs.IntVar(&req.Limit, "limit", 0, "read at most this many flow groups (0: the server's bound, --web.recommend.max-flow-groups, 300000); a window with more is refused")
 	format := fs.String("o", "yaml", "output: yaml (the policies on stdout, the proof on stderr) or json (the whole answer on stdout)")
 	if err := a.parse(fs, args); err != nil {
 		return err

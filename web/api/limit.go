@@ -12,6 +12,7 @@ import (
 	"github.com/gin-gonic/gin"
 
 	"github.com/dualflow/dualflow/collector/audit"
+	"github.com/dualflow/dualflow/collector/audit/recommend"
 )
 
 // Engine priorities (the ClickHouse setting priority: 1 is the highest,
@@ -234,6 +235,9 @@ type Limits struct {
 	WhatIfConcurrencyPerToken int
 	WhatIfMaxChecks           int64
 	WhatIfMaxFlowGroups       int
+	// RecommendMaxFlowGroups bounds the flow groups one policy
+	// recommendation reads (recommend.Queries.MaxFlowGroups).
+	RecommendMaxFlowGroups int
 	// ReachabilityConcurrency is the reachability matrices computed at
 	// once per role, ReachabilityConcurrencyPerToken per token;
 	// ReachabilityMaxChecks bounds one matrix
@@ -252,10 +256,11 @@ func (l *Limits) BindFlags(fs *flag.FlagSet) {
 	fs.IntVar(&l.FollowStreamsPerRole, "web.follow.max-streams-per-role", DefaultFollowStreamsPerRole, "follow streams open at once per role (viewer, operator), so viewers cannot take them all")
 	fs.IntVar(&l.SQLConcurrencyPerToken, "web.sql.max-concurrent-per-token", DefaultSQLConcurrencyPerToken, "POST /api/v1/sql queries running at once per token (without tokens: for the local user), so one token cannot take its role's every place")
 	fs.IntVar(&l.FollowStreamsPerToken, "web.follow.max-streams-per-token", DefaultFollowStreamsPerToken, "follow streams open at once per token (without tokens: for the local user), so one token cannot take its role's every stream")
-	fs.IntVar(&l.WhatIfConcurrency, "web.whatif.max-concurrent", DefaultWhatIfConcurrency, "what-ifs (POST /api/v1/audit/whatif) and policy recommendations (GET /api/v1/policy/recommend) running at once per role; more are answered 429 (each holds up to --web.whatif.max-flow-groups flow groups in memory)")
+	fs.IntVar(&l.WhatIfConcurrency, "web.whatif.max-concurrent", DefaultWhatIfConcurrency, "what-ifs (POST /api/v1/audit/whatif) and policy recommendations (GET /api/v1/policy/recommend) running at once per role; more are answered 429 (each holds up to --web.whatif.max-flow-groups or --web.recommend.max-flow-groups flow groups in memory)")
 	fs.IntVar(&l.WhatIfConcurrencyPerToken, "web.whatif.max-concurrent-per-token", DefaultWhatIfConcurrencyPerToken, "what-ifs running at once per token (without tokens: for the local user)")
 	fs.Int64Var(&l.WhatIfMaxChecks, "web.whatif.max-checks", audit.DefaultWhatIfMaxChecks, "policy checks of one what-if: its flow groups, each against the policies that may select its ends, before and after the proposal; a larger what-if is answered 422 before it reads any flow (10 to 60 ns a check)")
-	fs.IntVar(&l.WhatIfMaxFlowGroups, "web.whatif.max-flow-groups", audit.DefaultWhatIfMaxFlowGroups, "flow groups one what-if or policy recommendation reads, its largest limit (about 2 KiB of memory each)")
+	fs.IntVar(&l.WhatIfMaxFlowGroups, "web.whatif.max-flow-groups", audit.DefaultWhatIfMaxFlowGroups, "flow groups one what-if reads, its largest limit (about 2 KiB of memory each)")
+	fs.IntVar(&l.RecommendMaxFlowGroups, "web.recommend.max-flow-groups", recommend.DefaultMaxFlowGroups, "flow groups one policy recommendation (GET /api/v1/policy/recommend) reads, its largest limit: a window with more is answered 422 rather than recommended from part of its flows (about 250 bytes each held, some 10 KiB each allocated while the answer is built; a 2,000-workload cluster needed 220,000)")
 	fs.IntVar(&l.ReachabilityConcurrency, "web.reachability.max-concurrent", DefaultReachabilityConcurrency, "reachability matrices (POST /api/v1/reachability) computed at once per role; more are answered 429")
 	fs.IntVar(&l.ReachabilityConcurrencyPerToken, "web.reachability.max-concurrent-per-token", DefaultReachabilityConcurrencyPerToken, "reachability matrices computed at once per token (without tokens: for the local user)")
 	fs.Int64Var(&l.ReachabilityMaxChecks, "web.reachability.max-checks", audit.DefaultReachabilityMaxChecks, "policy checks of one reachability matrix: its pod pairs, each against the policies that may select its ends; a larger matrix is answered 422 before any pair is evaluated (10 to 60 ns a check)")

@@ -23,7 +23,7 @@ var _ Recommender = (*recommend.Queries)(nil)
 
 // recommendRoutes mounts /policy/recommend on g: reads flows, writes
 // nothing, so viewers may ask; it runs under the what-if's gate (each
-// holds up to --web.whatif.max-flow-groups flow groups) and its window
+// holds up to --web.recommend.max-flow-groups flow groups) and its window
 // defaults to the last hour.
 func (a *API) recommendRoutes(g *gin.RouterGroup) {
 	g.GET("/recommend", a.configured("policy recommendations", a.cfg.Recommend != nil), a.bounded(a.whatifGate), a.answer(a.recommend))

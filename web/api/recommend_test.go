@@ -203,7 +203,7 @@ func TestPolicyRecommend(t *testing.T) {
 				{[]string{"since", "yesterday"}, 400, "since"},
 				{[]string{"limit", "-1"}, 400, "limit"},
 				{[]string{"limit", "1"}, 422, "since"},
-				{[]string{"limit", "200000"}, 422, "limit"},
+				{[]string{"limit", "300001"}, 422, "limit"},
 			} {
 				res := ask(tc.params...)
 				if b := decode[errorBody](t, res); res.code != tc.code || b.Field != tc.field {

@@ -20,7 +20,17 @@ import (
 // concurrent use.
 type Queries struct {
 	*audit.Queries
+	// MaxFlowGroups bounds the flow groups one recommendation reads
+	// (default DefaultMaxFlowGroups).
+	MaxFlowGroups int
 }
+
+// DefaultMaxFlowGroups bounds the flow groups one recommendation reads:
+// a cluster of 2,000 workloads each calling 5 others over both families
+// has 220,000. They are held at about 250 bytes each, and building the
+// answer allocates some 10 KiB per group (2.2 GB for 220,000 groups in
+// BenchmarkRecommendLarge), most of it short-lived.
+const DefaultMaxFlowGroups = 300_000
 
 // Request is what to recommend, from the flows of which window.
 type Request struct {
@@ -29,9 +39,9 @@ type Request struct {
 	// StatefulSet, DaemonSet, ...): it must match.
 	Kind string
 	audit.Window
-	// Limit bounds the flow groups read (default and at most the
-	// what-if's, audit.WhatIfLimits.MaxFlowGroups): a window with more
-	// is refused rather than recommended from part of its flows.
+	// Limit bounds the flow groups read (default and at most
+	// Queries.MaxFlowGroups): a window with more is refused rather than
+	// recommended from part of its flows.
 	Limit int
 }
 
@@ -97,7 +107,7 @@ func (q *Queries) Recommend(ctx context.Context, req Request) (*Report, error) {
 	if req.Kind != "" && sc.Workload == "" {
 		return nil, &ScopeError{Field: "workload", Message: "a workload kind needs the workload's name"}
 	}
-	bound := cmp.Or(q.Reports.WhatIfLimits.MaxFlowGroups, audit.DefaultWhatIfMaxFlowGroups)
+	bound := cmp.Or(q.MaxFlowGroups, DefaultMaxFlowGroups)
 	limit := cmp.Or(req.Limit, bound)
 	switch {
 	case limit < 0:
