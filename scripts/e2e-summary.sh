@@ -5,7 +5,7 @@
 set -uo pipefail
 declare -A pass fail skip said
 failed=()
-slow=() # "seconds name" of each top-level test, for the slowest list
+slow=() # "seconds name" of each test and subtest, for the slowest list
 
 cur=""
 # A test's lines that read like a failure (go test -v cannot tell t.Errorf
@@ -21,7 +21,7 @@ while IFS= read -r line; do
   fi
   if [[ $line =~ ---\ (PASS|FAIL|SKIP):\ ([^ ]+) ]]; then
     res=${BASH_REMATCH[1]}; name=${BASH_REMATCH[2]}
-    if [[ $name != */* && $line =~ \(([0-9.]+)s\) ]]; then
+    if [[ $line =~ \(([0-9.]+)s\) ]]; then
       slow+=("${BASH_REMATCH[1]} $name")
     fi
     [[ $res == FAIL ]] && failed+=("$name")
@@ -37,11 +37,12 @@ echo "e2e results per IP mode:"
 for m in ipv4 ipv6 dual; do
   printf '  %-5s %d passed, %d failed, %d skipped\n' "$m" "${pass[$m]}" "${fail[$m]}" "${skip[$m]}"
 done
-# The slowest top-level tests (parallel ones overlap), to see where the
-# tier's time goes.
+# The slowest tests and subtests, to see where the tier's time goes (a
+# test whose subtests are parallel reports only its own body's time, so
+# the subtests are listed too; parallel ones overlap).
 if ((${#slow[@]})); then
-  echo "slowest tests (seconds; parallel tests overlap):"
-  printf '%s\n' "${slow[@]}" | sort -rn | head -n 12 | awk '{printf "  %7.1f  %s\n", $1, $2}'
+  echo "slowest tests and subtests (seconds; parallel ones overlap):"
+  printf '%s\n' "${slow[@]}" | sort -rn | head -n 15 | awk '{printf "  %7.1f  %s\n", $1, $2}'
 fi
 # The failed tests' names close the output, so that a log's tail (all that CI
 # may show) says what to rerun.
