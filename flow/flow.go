@@ -360,7 +360,8 @@ func mismatch(p Policy) bool {
 	if p.ReportedVerdict == VerdictUnknown || p.Verdict == VerdictUnknown {
 		return false
 	}
-	return blocked(p.ReportedVerdict) != blocked(p.Verdict)
+	return p.ReportedVerdict.Blocked() != p.Verdict.Blocked()
 }
 
-func blocked(v Verdict) bool { return v == VerdictDenied || v == VerdictRejected }
+// Blocked reports whether v denied or rejected the flow.
+func (v Verdict) Blocked() bool { return v == VerdictDenied || v == VerdictRejected }

@@ -63,23 +63,7 @@ func TestAuditLocalAndServer(t *testing.T) {
 	t.Setenv(envToken, "")
 	for _, mode := range []manifest.Mode{manifest.ModeIPv4, manifest.ModeIPv6, manifest.ModeDual} {
 		t.Run(string(mode), func(t *testing.T) {
-			m, err := manifest.Generate(manifest.Spec{Mode: mode, Nodes: 2})
-			if err != nil {
-				t.Fatal(err)
-			}
-			file := filepath.Join(t.TempDir(), "manifest.yaml")
-			f, err := os.Create(file)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := m.Encode(f); err != nil {
-				t.Fatal(err)
-			}
-			f.Close()
-			inv, err := enrich.LoadSnapshot(file)
-			if err != nil {
-				t.Fatal(err)
-			}
+			m, file, inv := labManifest(t, mode)
 			a, err := api.New(api.Config{Store: noStore{}, Anonymous: api.RoleViewer, Logger: slog.New(slog.DiscardHandler),
 				Audit: &audit.Queries{Cluster: func() (*enrich.Snapshot, error) { return inv, nil }}})
 			if err != nil {
@@ -268,4 +252,28 @@ func TestPrintFindings(t *testing.T) {
 	if buf.String() != "no findings\n" {
 		t.Errorf("no findings: %q", buf.String())
 	}
+}
+
+// labManifest generates the two-node lab of mode, writes it to a file
+// (what --inventory reads) and loads it as the cluster view.
+func labManifest(t *testing.T, mode manifest.Mode) (*manifest.Manifest, string, *enrich.Snapshot) {
+	t.Helper()
+	m, err := manifest.Generate(manifest.Spec{Mode: mode, Nodes: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "manifest.yaml")
+	f, err := os.Create(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Encode(f); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	inv, err := enrich.LoadSnapshot(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, file, inv
 }

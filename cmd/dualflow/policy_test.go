@@ -172,23 +172,7 @@ func TestPolicyRecommendLocal(t *testing.T) {
 	storeFlags := []string{"--clickhouse.data-dir", dataDir, "--url", "http://" + httpAddr + "/"}
 	for _, mode := range manifest.Modes {
 		t.Run(string(mode), func(t *testing.T) {
-			m, err := manifest.Generate(manifest.Spec{Mode: mode, Nodes: 2})
-			if err != nil {
-				t.Fatal(err)
-			}
-			file := filepath.Join(t.TempDir(), "manifest.yaml")
-			f, err := os.Create(file)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := m.Encode(f); err != nil {
-				t.Fatal(err)
-			}
-			f.Close()
-			inv, err := enrich.LoadSnapshot(file)
-			if err != nil {
-				t.Fatal(err)
-			}
+			m, file, inv := labManifest(t, mode)
 			end := func(p *corev1.Pod, fam corev1.IPFamily) audit.FlowEnd {
 				a, _ := manifest.PodAddr(p, fam)
 				ip, _ := inv.Pod(p.Namespace, p.Name)

@@ -443,14 +443,12 @@ func (t *table) labelValues(k string, out []string) []string {
 // evaluated or the reported verdict, and which (ingress first).
 func deniedSide(r *flow.Record) (bool, *flow.Policy) {
 	for _, p := range []*flow.Policy{&r.Ingress, &r.Egress} {
-		if blocked(p.Verdict) || blocked(p.ReportedVerdict) {
+		if p.Verdict.Blocked() || p.ReportedVerdict.Blocked() {
 			return true, p
 		}
 	}
 	return false, nil
 }
-
-func blocked(v flow.Verdict) bool { return v == flow.VerdictDenied || v == flow.VerdictRejected }
 
 // fill sets v to r's label slots.
 func fill(v *[slots]string, r *flow.Record, denied bool, side *flow.Policy) {
