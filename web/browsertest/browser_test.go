@@ -12,6 +12,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"iter"
 	"math"
 	"net"
 	"net/http"
@@ -27,6 +28,7 @@ import (
 	"time"
 
 	"github.com/chromedp/cdproto/cdp"
+	cdpfetch "github.com/chromedp/cdproto/fetch"
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/chromedp"
 
@@ -1814,4 +1816,37 @@ func TestServerHealth(t *testing.T) {
 			t.Errorf("%s: %d", p, r.StatusCode)
 		}
 	}
+}
+
+// TestLateAnswerKeepsBanner holds the service map's answer until the user
+// has moved on to the Flows page and its error shows: the map's answer,
+// arriving then, must neither clear that error nor draw on the hidden
+// map (it did: a slow map cleared another page's banner).
+func TestLateAnswerKeepsBanner(t *testing.T) {
+	ctx, errs := browser(t)
+	do(t, ctx, chromedp.Navigate(baseURL+"/#/flows"), chromedp.WaitVisible(css(`#flow-table tbody tr`)))
+	pctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	next, stop := iter.Pull2(chromedp.Events(pctx, cdpfetch.RequestPaused))
+	defer stop()
+	do(t, ctx, chromedp.Func(func(ctx context.Context, _ *chromedp.Target) error {
+		_, err := chromedp.Call(ctx, cdpfetch.Enable, cdpfetch.EnableParams{Patterns: []*cdpfetch.RequestPattern{{URLPattern: "*/api/v1/servicemap*"}}})
+		return err
+	}), js(`document.querySelector('#map').replaceChildren(); location.hash = '#/map'`))
+	ev, err, ok := next()
+	if !ok || err != nil {
+		t.Fatalf("the map's request was not paused: %v", err)
+	}
+	do(t, ctx, js(`location.hash = '#/flows?dst_ip=not-an-ip'`), poll(`document.querySelector('#banner').textContent.includes('dst_ip')`))
+	do(t, ctx, chromedp.Func(func(ctx context.Context, _ *chromedp.Target) error {
+		_, err := chromedp.Call(ctx, cdpfetch.ContinueRequest, cdpfetch.ContinueRequestParams{RequestID: ev.RequestID})
+		return err
+	}), poll(`document.querySelector('#progress').hidden`))
+	if got := eval[string](t, ctx, `document.querySelector('#banner').hidden ? '' : document.querySelector('#banner').textContent`); !strings.Contains(got, "dst_ip") {
+		t.Errorf("banner %q after the map's late answer", got)
+	}
+	if n := eval[int](t, ctx, `document.querySelector('#map').childElementCount`); n != 0 {
+		t.Errorf("the late answer drew %d elements on the hidden map", n)
+	}
+	noConsoleErrors(t, errs, "400")
 }

@@ -422,10 +422,10 @@ async function loadFlows(more) {
   const tbody = $('#flow-table tbody');
   // A newer load (a filter changed again) supersedes this one: its answer,
   // or its error, may arrive after the newer one's and must not replace it.
-  const gen = ++flows.gen;
+  const gen = ++flows.gen, here = stillHere();
   try {
     const page = await api('/flows?' + q);
-    if (gen !== flows.gen) return;
+    if (gen !== flows.gen || !here()) return;
     banner('');
     if (!more) { tbody.replaceChildren(); flows.rows = 0; }
     for (const f of page.flows) tbody.append(flowRow(f));
@@ -434,7 +434,7 @@ async function loadFlows(more) {
     $('#flow-more').hidden = !flows.next;
     $('#flow-count').textContent = flows.rows + ' flows' + (flows.next ? ' (more available)' : '');
     if (!more) loadSummaryInto($('#flow-chart'), p, { compact: true });
-  } catch (e) { if (gen !== flows.gen) return; showError(e); }
+  } catch (e) { if (gen !== flows.gen || !here()) return; showError(e); }
   if ($('#f-follow').checked) startFollow();
 }
 // insertLive puts a live row where its end time belongs (newest first).
@@ -785,9 +785,9 @@ async function loadCharts() {
   // One aligned window for the charts, the talkers and the drops.
   const w = bucketWindow(p.get('since') || '1h', Date.now());
   // A later draw (the form changed meanwhile) wins over this one.
-  const seq = ++chartsSeq;
+  const seq = ++chartsSeq, here = stillHere();
   const s = await loadSummaryInto($('#charts-out'), p, { window: w, policies: dropsShown, mode: f.mode.value, unit: f.unit.value, compare: f.compare.value === 'previous', stale: () => seq !== chartsSeq });
-  if (!s) return;
+  if (!s || !here()) return;
   banner('');
   const rows = s.top_talkers.map(t => h('tr', { 'data-family': t.ip_version },
     h('td', {}, famBadge(t.ip_version)), h('td', {}, t.src), h('td', {}, t.dst), h('td', { class: 'num' }, fmtBytes(t.bytes)), h('td', { class: 'num' }, t.flows),
@@ -847,12 +847,14 @@ async function loadMap() {
   const group = f.group.value, shown = new URLSearchParams(p);
   if (group !== 'workload') shown.append('group', group);
   history.replaceState(null, '', '#/map?' + shown); current.hash = location.hash;
+  const here = stillHere();
   try {
     const mq = new URLSearchParams(p); if (group === 'node') mq.set('group', 'node');
     const [m, backends] = await Promise.all([api('/servicemap?' + mq), group === 'workload' ? serviceBackends(p) : []]);
+    if (!here()) return;
     banner('');
     drawMap($('#map'), regroupMap(m, group), backends, p);
-  } catch (e) { showError(e); }
+  } catch (e) { if (here()) showError(e); }
 }
 // mapScopes lists the namespaces in the scope selector, the chosen one
 // kept (it may have no flows in the window).
@@ -1193,16 +1195,17 @@ async function runReach(ev) {
   history.replaceState(null, '', hashURL('reach', Object.assign(reachParams(), { run: 1 }))); current.hash = location.hash;
   const btn = f.querySelector('button[type=submit]'); btn.disabled = true;
   $('#reach-summary').textContent = 'Checking ' + body.sources.length + ' × ' + body.destinations.length + ' cells over both families…';
+  const here = stillHere();
   try {
     const m = await api('/reachability', { method: 'POST', body });
-    banner('');
+    if (here()) banner('');
     const disagree = countDisagree(m);
     $('#reach-summary').textContent = `${m.asymmetric} of ${m.sources.length * m.destinations.length} cells differ between IPv4 and IPv6 (outlined)` +
       (disagree ? `, ${disagree} where policy and observed flows disagree (⚠)` : '') + ` · ${m.elapsed_ms} ms. Click a cell for its pairs and a dual trace.`;
     const out = $('#reach-out'); out.replaceChildren();
     out.style.setProperty('--cols', m.destinations.length + 1);
     for (const fam of ['4', '6']) out.append(matrix(m, fam, body));
-  } catch (e) { showError(e); $('#reach-summary').textContent = ''; }
+  } catch (e) { if (here()) showError(e); $('#reach-summary').textContent = ''; }
   btn.disabled = false;
 }
 // partialText reads "k/n" from a partial cell: pairs_allowed/pairs_total,
@@ -1417,12 +1420,13 @@ async function runTrace(ev) {
   const out = $('#trace-out');
   const btn = f.querySelector('button[type=submit]'); btn.disabled = true;
   out.replaceChildren(h('p', { class: 'muted' }, 'Tracing… injecting a packet per family and collecting observations.'));
+  const here = stillHere();
   try {
     const body = traceRequest(parseEndpoint(f.source.value), parseEndpoint(f.destination.value), f.protocol.value, f.port.value, f.family.value);
     const r = await traceflow(body, secs => out.replaceChildren(h('p', { class: 'muted' }, 'Too many traces at once: tracing again in ' + secs + ' s…')));
-    banner('');
+    if (here()) banner('');
     renderTraces(out, r);
-  } catch (e) { showError(e); out.replaceChildren(); }
+  } catch (e) { if (here()) showError(e); out.replaceChildren(); }
   btn.disabled = false;
 }
 // hopText says what an observation adds to its node, component and action.
@@ -1534,10 +1538,11 @@ function findingItem(f) {
 }
 async function loadAudit() {
   const list = $('#audit-list');
+  const here = stillHere();
   await loadCatalog();
   try {
     const r = await api('/audit/findings');
-    banner('');
+    if (here()) banner('');
     const sev = ['high', 'medium', 'low'].map(s => [s, r.findings.filter(f => f.severity === s).length]).filter(([, n]) => n).map(([s, n]) => n + ' ' + s);
     $('#audit-summary').textContent = `${r.findings.length} findings` + (sev.length ? ' (' + sev.join(', ') + ')' : '') + `, ${r.dual_stack} dual-stack gaps (listed first).`;
     list.replaceChildren(...r.findings.map(findingItem));
@@ -1873,9 +1878,10 @@ async function runSQL(ev) {
   ev && ev.preventDefault();
   const q = $('#sql-text').value;
   const st = $('#sql-status'); st.textContent = 'Running…'; st.className = 'muted';
+  const here = stillHere();
   try {
     const r = await api('/sql', { method: 'POST', body: { query: q } });
-    banner('');
+    if (here()) banner('');
     $('#sql-table thead').replaceChildren(h('tr', {}, r.columns.map(c => h('th', { title: c.type }, c.name))));
     // The table draws at most sqlShown rows (a browser slows down past
     // that); CSV download has them all.
@@ -1977,7 +1983,11 @@ async function loadSchema() {
 // ---- routing ----
 // A page's state is in its hash: #/page?params. Links from one page to
 // another (map → flows, audit → reachability) are plain hrefs.
-const current = { hash: null };
+// current.nav counts navigations: a load keeps stillHere() from its
+// start, and an answer that arrives after the user moved on neither
+// clears nor sets the banner of the page now shown.
+const current = { hash: null, nav: 0 };
+function stillHere() { const n = current.nav; return () => n === current.nav; }
 function applyFormParams(form, params, exprName) {
   const expr = [];
   for (const [k, v] of params) {
@@ -2056,7 +2066,7 @@ const pages = {
 };
 function route() {
   if (location.hash === current.hash) return; // our own replaceState
-  current.hash = location.hash;
+  current.hash = location.hash; current.nav++;
   const m = location.hash.match(/^#\/(\w+)\??(.*)$/) || [];
   const name = pages[m[1]] ? m[1] : 'flows';
   const params = new URLSearchParams(m[2] || '');
