@@ -285,6 +285,11 @@ type Record struct {
 	// Policy auditing.
 	Ingress Policy // columns ingress_*
 	Egress  Policy // columns egress_*
+	// DualStackGap: the auditor found that the policies in force decide
+	// this connection the other way over the other family of its two
+	// dual-stack pods (allowed over one, denied over the other). Set on a
+	// connection's first record only, for the flow metrics; not a column.
+	DualStackGap bool
 
 	// Journal is collector bookkeeping, not a column: the write-ahead log
 	// frames holding the received records this one was made from.

@@ -368,6 +368,7 @@ func (a *Auditor) audit(set *policy.Set, rec *flow.Record, c *counts, m *memo) {
 	set.Side(policy.Ingress, &f, &in)
 	setPolicy(&rec.Egress, &eg)
 	setPolicy(&rec.Ingress, &in)
+	rec.DualStackGap = false
 	if rec.ProbeTraceID != "" {
 		return // a traceflow probe's verdicts are stored, not counted as traffic's
 	}
@@ -376,6 +377,43 @@ func (a *Auditor) audit(set *policy.Set, rec *flow.Record, c *counts, m *memo) {
 	if rec.VerdictMismatch() {
 		c.mismatches++
 	}
+	// Only ipBlocks tell the families of two pods apart, and a connection
+	// is checked once, at its first record.
+	if set.NamesBlocks() && f.Src.IsPod && f.Dst.IsPod && rec.Packets == rec.PacketsDelta &&
+		otherFamily(&f, rec, a.lookup) {
+		rec.DualStackGap = set.Evaluate(&f).Allowed() != (eg.Allowed() && in.Allowed())
+		if rec.DualStackGap {
+			c.gaps++
+		}
+	}
+}
+
+// otherFamily moves f's addresses to the other family's of its two pods;
+// false when either pod has no address of the other family (single-stack
+// pods, host-network pods on a single-stack node, pods gone).
+func otherFamily(f *policy.Flow, rec *flow.Record, lookup Lookup) bool {
+	other := uint8(10 - rec.IPVersion)
+	if other != 4 && other != 6 {
+		return false
+	}
+	src, ok := lookup.Pod(rec.Src.PodNamespace, rec.Src.PodName)
+	if !ok {
+		return false
+	}
+	dst, ok := lookup.Pod(rec.Dst.PodNamespace, rec.Dst.PodName)
+	if !ok {
+		return false
+	}
+	sa, ok := enrich.AddrOfFamily(src.Addrs, other)
+	if !ok {
+		return false
+	}
+	da, ok := enrich.AddrOfFamily(dst.Addrs, other)
+	if !ok {
+		return false
+	}
+	f.Src.Addr, f.Dst.Addr = sa, da
+	return true
 }
 
 func peer(p *policy.Peer, addr netip.Addr, e *flow.Endpoint, m *memo) {
@@ -401,12 +439,14 @@ const verdictSlots = 5
 type counts struct {
 	verdicts   [2][verdictSlots]uint64
 	mismatches uint64
+	gaps       uint64
 }
 
 // metrics are the Auditor's instruments, resolved once.
 type metrics struct {
 	verdicts   [2][verdictSlots]prometheus.Counter
 	mismatches prometheus.Counter
+	gaps       prometheus.Counter
 	compiles   prometheus.Counter
 	policies   prometheus.Gauge
 	invalid    prometheus.Gauge
@@ -422,6 +462,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		mismatches: f.NewCounter(prometheus.CounterOpts{
 			Name: "dualflow_audit_verdict_mismatches_total",
 			Help: "Flow records whose datapath-reported verdict disagrees with the evaluated one.",
+		}),
+		gaps: f.NewCounter(prometheus.CounterOpts{
+			Name: "dualflow_audit_dual_stack_gap_connections_total",
+			Help: "Connections between dual-stack pods that the policies in force decide the other way over the other family (the flow metric dualflow_flow_dual_stack_gap_connections_total has them by namespace and family).",
 		}),
 		compiles: f.NewCounter(prometheus.CounterOpts{
 			Name: "dualflow_audit_policy_compiles_total",
@@ -454,5 +498,8 @@ func (m *metrics) add(c *counts) {
 	}
 	if c.mismatches > 0 {
 		m.mismatches.Add(float64(c.mismatches))
+	}
+	if c.gaps > 0 {
+		m.gaps.Add(float64(c.gaps))
 	}
 }

@@ -151,14 +151,75 @@ func TestAuditLab(t *testing.T) {
 				if (want[1].v != flow.VerdictUnknown) != r.VerdictMismatch() {
 					t.Errorf("VerdictMismatch = %v", r.VerdictMismatch())
 				}
+				// A gap: the two families of the same pods decided
+				// differently (every lab pod is dual-stack here).
+				allowed := func(s [2]side) bool {
+					return s[0].v != flow.VerdictDenied && s[1].v != flow.VerdictDenied
+				}
+				if gap := c.src != nil && allowed(c.v4) != allowed(c.v6); r.DualStackGap != gap {
+					t.Errorf("DualStackGap = %v, want %v", r.DualStackGap, gap)
+				}
 			})
 		}
 	}
 	if n := testutil.ToFloat64(a.m.verdicts[policy.Ingress][flow.VerdictDenied]); n != 9 {
 		t.Errorf("dualflow_audit_verdicts_total{ingress,denied} = %v, want 9", n)
 	}
+	if n := testutil.ToFloat64(a.m.gaps); n != 2 {
+		t.Errorf("dualflow_audit_dual_stack_gap_connections_total = %v, want 2 (the metrics port, one per family)", n)
+	}
 	if n, err := testutil.GatherAndCount(reg, "dualflow_audit_verdicts_total"); err != nil || n != 10 {
 		t.Errorf("dualflow_audit_verdicts_total has %d series (err %v), want 2 directions x 5 verdicts", n, err)
+	}
+}
+
+// TestDualStackGapModes: the lab's metrics port is allowed over IPv4 and
+// denied over IPv6 between the same two pods. Only in the dual-stack lab
+// is that a gap a record can show (single-stack pods have no other
+// family), only on a connection's first record, and never for a policy
+// set without ipBlocks (selectors decide both families alike).
+func TestDualStackGapModes(t *testing.T) {
+	for _, mode := range []manifest.Mode{manifest.ModeIPv4, manifest.ModeIPv6, manifest.ModeDual} {
+		t.Run(string(mode), func(t *testing.T) {
+			m, inv := labInventory(t, mode, 2)
+			web1, api2 := labPod(t, m, "frontend", "web", 1), labPod(t, m, "backend", "api", 2)
+			a, _ := New(Config{}, inv, nil)
+			if err := a.SetPolicies(inv.NetworkPolicies); err != nil {
+				t.Fatal(err)
+			}
+			if !a.Policies().NamesBlocks() {
+				t.Fatal("the lab's policies have ipBlocks")
+			}
+			for _, f := range mode.Families() {
+				r := record(t, inv, web1, api2, f, flow.ProtoTCP, 9090)
+				later := r
+				later.Packets, later.PacketsDelta = 10, 4
+				a.Audit(&r)
+				a.Audit(&later)
+				if want := mode == manifest.ModeDual; r.DualStackGap != want {
+					t.Errorf("%s first record: DualStackGap = %v, want %v", f, r.DualStackGap, want)
+				}
+				if later.DualStackGap {
+					t.Errorf("%s later record flagged", f)
+				}
+				// The same policies without their ipBlock rules: no gap.
+				var noBlocks []*networkingv1.NetworkPolicy
+				for _, p := range inv.NetworkPolicies {
+					if p.Name != manifest.PolicyMetricsIPv4 {
+						noBlocks = append(noBlocks, p)
+					}
+				}
+				b, _ := New(Config{}, inv, nil)
+				if err := b.SetPolicies(noBlocks); err != nil {
+					t.Fatal(err)
+				}
+				r.DualStackGap = true
+				b.Audit(&r)
+				if r.DualStackGap {
+					t.Errorf("%s: a gap without the ipBlock policy", f)
+				}
+			}
+		})
 	}
 }
 

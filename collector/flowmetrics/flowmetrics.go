@@ -71,15 +71,21 @@ const (
 	// DeniedConnections counts the connections (first records) that an
 	// evaluated or reported verdict of either side denied or rejected.
 	DeniedConnections Metric = "denied_connections"
+	// DualStackGapConnections counts the connections (first records)
+	// between two dual-stack pods that the policies in force decide the
+	// other way over the other family (flow.Record.DualStackGap); its
+	// verdict label is the record's own family's.
+	DualStackGapConnections Metric = "dual_stack_gap_connections"
 )
 
 var metricHelp = map[Metric]string{
-	Bytes:             "Bytes from the source to the destination of connections, by the configured labels.",
-	ReverseBytes:      "Bytes from the destination back to the source of connections, by the configured labels.",
-	Packets:           "Packets from the source to the destination of connections, by the configured labels.",
-	ReversePackets:    "Packets from the destination back to the source of connections, by the configured labels.",
-	Connections:       "Connections, counted at their first record, by the configured labels.",
-	DeniedConnections: "Connections denied or rejected by a NetworkPolicy (evaluated or reported by the datapath), by the configured labels.",
+	Bytes:                   "Bytes from the source to the destination of connections, by the configured labels.",
+	ReverseBytes:            "Bytes from the destination back to the source of connections, by the configured labels.",
+	Packets:                 "Packets from the source to the destination of connections, by the configured labels.",
+	ReversePackets:          "Packets from the destination back to the source of connections, by the configured labels.",
+	Connections:             "Connections, counted at their first record, by the configured labels.",
+	DeniedConnections:       "Connections denied or rejected by a NetworkPolicy (evaluated or reported by the datapath), by the configured labels.",
+	DualStackGapConnections: "Connections between two dual-stack pods that the NetworkPolicies in force decide the other way over the other IP family (allowed over one, denied over the other), by the configured labels; verdict is the connection's own family's.",
 }
 
 // MetricConfig selects one metric and its labels.
@@ -138,6 +144,7 @@ func DefaultConfig() Config {
 			{Name: Packets, Labels: traffic},
 			{Name: Connections, Labels: traffic},
 			{Name: DeniedConnections, Labels: []Label{SrcNamespace, DstNamespace, IPFamily, Protocol, Policy, Node}},
+			{Name: DualStackGapConnections, Labels: traffic},
 		},
 		MaxSeries: DefaultMaxSeries,
 		Expire:    Duration{DefaultExpire},
@@ -296,7 +303,7 @@ func New(cfg Config) (*Metrics, error) {
 	for _, mc := range cfg.Metrics {
 		var t *table
 		for _, x := range m.tables {
-			if slices.Equal(x.labels, mc.Labels) {
+			if slices.Equal(x.labels, mc.Labels) && !sparse(mc.Name) && !sparse(x.metrics[0]) {
 				t = x
 			}
 		}
@@ -317,6 +324,11 @@ func New(cfg Config) (*Metrics, error) {
 	return m, nil
 }
 
+// sparse metrics count few connections of a series' traffic: each has a
+// table of its own, so that its series exist only where it counted (in a
+// shared table every series has a value of every metric, zero or not).
+func sparse(name Metric) bool { return name == DeniedConnections || name == DualStackGapConnections }
+
 // Config returns the configuration in force, defaults filled in.
 func (m *Metrics) Config() Config { return m.cfg }
 
@@ -330,7 +342,7 @@ func (m *Metrics) Observe(recs []flow.Record) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var v [slots]string
-	var add [6]float64 // at most every metric in one table
+	var add [7]float64 // at most every metric in one table
 	for i := range recs {
 		r := &recs[i]
 		if r.ProbeTraceID != "" {
@@ -358,6 +370,10 @@ func (m *Metrics) Observe(recs []flow.Record) {
 					}
 				case DeniedConnections:
 					if first && denied {
+						a = 1
+					}
+				case DualStackGapConnections:
+					if first && r.DualStackGap {
 						a = 1
 					}
 				}

@@ -54,6 +54,7 @@ func TestObserve(t *testing.T) {
 			var want strings.Builder
 			for _, a := range families[mode] {
 				first := rec(a[0], a[1], "frontend", "backend", 10, 1000)
+				first.DualStackGap = true // the auditor's flag: a connection counts once
 				later := first
 				later.Packets, later.PacketsDelta, later.Bytes, later.BytesDelta = 15, 5, 1500, 500
 				denied := rec(a[0], a[1], "frontend", "backend", 2, 120)
@@ -71,12 +72,13 @@ dualflow_flow_bytes_total{dst_namespace="backend",ip_family=%[1]q,protocol="TCP"
 dualflow_flow_connections_total{dst_namespace="backend",ip_family=%[1]q,protocol="TCP",src_namespace="frontend",verdict="allowed"} 1
 dualflow_flow_connections_total{dst_namespace="backend",ip_family=%[1]q,protocol="TCP",src_namespace="frontend",verdict="denied"} 1
 dualflow_flow_denied_connections_total{dst_namespace="backend",ip_family=%[1]q,node="node-2",policy="backend/default-deny",protocol="TCP",src_namespace="frontend"} 1
+dualflow_flow_dual_stack_gap_connections_total{dst_namespace="backend",ip_family=%[1]q,protocol="TCP",src_namespace="frontend",verdict="allowed"} 1
 dualflow_flow_packets_total{dst_namespace="backend",ip_family=%[1]q,protocol="TCP",src_namespace="frontend",verdict="allowed"} 15
 dualflow_flow_packets_total{dst_namespace="backend",ip_family=%[1]q,protocol="TCP",src_namespace="frontend",verdict="denied"} 2
 `, fam)
 			}
 			m.Observe(recs)
-			got := gather(t, reg, "dualflow_flow_bytes_total", "dualflow_flow_packets_total", "dualflow_flow_connections_total", "dualflow_flow_denied_connections_total")
+			got := gather(t, reg, "dualflow_flow_bytes_total", "dualflow_flow_packets_total", "dualflow_flow_connections_total", "dualflow_flow_denied_connections_total", "dualflow_flow_dual_stack_gap_connections_total")
 			if w := sortLines(want.String()); got != w {
 				t.Errorf("scraped\n%s\nwant\n%s", got, w)
 			}
@@ -138,6 +140,7 @@ func TestExpire(t *testing.T) {
 dualflow_flow_metrics_expired_total{metric="bytes"} 1
 dualflow_flow_metrics_expired_total{metric="connections"} 1
 dualflow_flow_metrics_expired_total{metric="denied_connections"} 0
+dualflow_flow_metrics_expired_total{metric="dual_stack_gap_connections"} 0
 dualflow_flow_metrics_expired_total{metric="packets"} 1
 `)
 	if got != want {

@@ -23,6 +23,9 @@ type Set struct {
 	// namedPorts is true when a rule names a port: only then does
 	// Evaluate read Peer.PortName.
 	namedPorts bool
+	// blocks is true when a rule has an ipBlock peer: only then does a
+	// verdict depend on the addresses, not only the labels.
+	blocks bool
 }
 
 // compiled is one NetworkPolicy.
@@ -101,6 +104,7 @@ func Compile(pols []*networkingv1.NetworkPolicy) (*Set, error) {
 		}
 		s.policies = append(s.policies, c)
 		s.namedPorts = s.namedPorts || c.namesPorts()
+		s.blocks = s.blocks || c.hasBlocks()
 	}
 	slices.SortFunc(s.policies, func(a, b *compiled) int {
 		return cmp.Or(cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name))
@@ -129,6 +133,26 @@ func Compile(pols []*networkingv1.NetworkPolicy) (*Set, error) {
 // Evaluate does not read Flow.Dst.PortName, and a caller need not look it
 // up. A nil Set names none.
 func (s *Set) NamesPorts() bool { return s != nil && s.namedPorts }
+
+// NamesBlocks reports whether a rule of s has an ipBlock peer: when none
+// has, the verdicts depend on labels, namespaces and ports only, so the
+// two families of the same two pods are always decided alike. A nil Set
+// has none.
+func (s *Set) NamesBlocks() bool { return s != nil && s.blocks }
+
+// hasBlocks reports whether a rule of c has an ipBlock peer.
+func (c *compiled) hasBlocks() bool {
+	for d := range c.rules {
+		for i := range c.rules[d] {
+			for j := range c.rules[d][i].peers {
+				if c.rules[d][i].peers[j].block.CIDR.IsValid() {
+					return true
+				}
+			}
+		}
+	}
+	return false
+}
 
 // namesPorts reports whether a rule of c names a port.
 func (c *compiled) namesPorts() bool {
