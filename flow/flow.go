@@ -188,6 +188,10 @@ type Endpoint struct {
 	// have the same labels, and the writer remembers a map's encoding by
 	// identity. Replace the map to change a record's labels.
 	Labels map[string]string
+	// PodAddrs are the pod's addresses, of every family, as enrichment
+	// knows them (read-only: shared with its view). Not a column: the
+	// auditor evaluates a connection over the other family with them.
+	PodAddrs []netip.Addr
 }
 
 // Service is the Kubernetes Service a flow was addressed to.

@@ -377,38 +377,41 @@ func (a *Auditor) audit(set *policy.Set, rec *flow.Record, c *counts, m *memo) {
 	if rec.VerdictMismatch() {
 		c.mismatches++
 	}
-	// Only ipBlocks tell the families of two pods apart, and a connection
-	// is checked once, at its first record.
-	if set.NamesBlocks() && f.Src.IsPod && f.Dst.IsPod && rec.Packets == rec.PacketsDelta &&
-		otherFamily(&f, rec, a.lookup) {
-		rec.DualStackGap = set.Evaluate(&f).Allowed() != (eg.Allowed() && in.Allowed())
+	// Only ipBlocks tell the families of two pods apart, a connection is
+	// checked once, at its first record, and only its isolated sides are
+	// evaluated again: isolation is decided by selectors, alike for both
+	// families.
+	iso := func(d *policy.Decision) bool { return d.Verdict >= flow.VerdictAllowed }
+	if set.NamesBlocks() && f.Src.IsPod && f.Dst.IsPod && rec.Packets == rec.PacketsDelta && (iso(&eg) || iso(&in)) && otherFamily(&f, rec) {
+		eg2, in2 := eg, in
+		if iso(&eg) {
+			set.Side(policy.Egress, &f, &eg2)
+		}
+		if iso(&in) {
+			set.Side(policy.Ingress, &f, &in2)
+		}
+		rec.DualStackGap = (eg2.Allowed() && in2.Allowed()) != (eg.Allowed() && in.Allowed())
 		if rec.DualStackGap {
 			c.gaps++
 		}
 	}
 }
 
-// otherFamily moves f's addresses to the other family's of its two pods;
-// false when either pod has no address of the other family (single-stack
-// pods, host-network pods on a single-stack node, pods gone).
-func otherFamily(f *policy.Flow, rec *flow.Record, lookup Lookup) bool {
+// otherFamily moves f's addresses to the other family's of its two pods
+// (the addresses enrichment put on the record: looking the pods up again
+// took a third of the auditor's time); false when either pod has no
+// address of the other family (single-stack pods, host-network pods on a
+// single-stack node).
+func otherFamily(f *policy.Flow, rec *flow.Record) bool {
 	other := uint8(10 - rec.IPVersion)
 	if other != 4 && other != 6 {
 		return false
 	}
-	src, ok := lookup.Pod(rec.Src.PodNamespace, rec.Src.PodName)
+	sa, ok := enrich.AddrOfFamily(rec.Src.PodAddrs, other)
 	if !ok {
 		return false
 	}
-	dst, ok := lookup.Pod(rec.Dst.PodNamespace, rec.Dst.PodName)
-	if !ok {
-		return false
-	}
-	sa, ok := enrich.AddrOfFamily(src.Addrs, other)
-	if !ok {
-		return false
-	}
-	da, ok := enrich.AddrOfFamily(dst.Addrs, other)
+	da, ok := enrich.AddrOfFamily(rec.Dst.PodAddrs, other)
 	if !ok {
 		return false
 	}

@@ -114,7 +114,7 @@ func (x *index) zone(node string) string { return x.zones[node] }
 func (x *index) fill(e *flow.Endpoint, pl place) {
 	if p := pl.pod; p != nil {
 		w := x.workload(p)
-		e.PodNamespace, e.PodName, e.Labels = p.Namespace, p.Name, p.Labels
+		e.PodNamespace, e.PodName, e.Labels, e.PodAddrs = p.Namespace, p.Name, p.Labels, p.Addrs
 		e.WorkloadKind, e.WorkloadName = w.Kind, w.Name
 	}
 	if pl.node != "" {
