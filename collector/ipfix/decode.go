@@ -144,6 +144,15 @@ type Decoder struct {
 	// stamped is the reason of the last record stamped by the last
 	// Decode, StampNone when none was (for the listener's log).
 	stamped StampReason
+	// Lost is what sequence numbers showed missing since the listener
+	// last took it, by exporter address (the listener's per-exporter
+	// metrics); nil until a loss. Stats.SequenceLost has the sums.
+	Lost map[netip.Addr]Loss
+}
+
+// Loss is what an exporter's sequence numbers showed missing.
+type Loss struct {
+	Records, Messages uint64
 }
 
 func (d *Decoder) window() time.Duration {
@@ -362,7 +371,7 @@ func (d *Decoder) sets(s *Session, body []byte, p protocol, seq uint32, mc *msgC
 		}
 	}
 	s.note(cnt, now)
-	d.sequence(dom, p, seq, cnt)
+	d.sequence(s, dom, p, seq, cnt)
 	return dst, nil
 }
 

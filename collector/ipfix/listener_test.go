@@ -278,26 +278,96 @@ func TestMutualTLS(t *testing.T) {
 }
 
 func closedCounter(t *testing.T, reg *prometheus.Registry, tr, reason string) prometheus.Collector {
+	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "x"})
+	v, _ := counterValue(t, reg, "dualflow_ipfix_sessions_closed_total", map[string]string{"transport": tr, "reason": reason})
+	c.Add(v)
+	return c
+}
+
+// counterValue sums the series of counter name that have labels want;
+// false when none exists.
+func counterValue(t *testing.T, reg *prometheus.Registry, name string, want map[string]string) (float64, bool) {
+	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "x"})
+	sum, found := 0.0, false
 	for _, mf := range mfs {
-		if mf.GetName() != "dualflow_ipfix_sessions_closed_total" {
+		if mf.GetName() != name {
 			continue
 		}
+	series:
 		for _, m := range mf.GetMetric() {
 			labels := map[string]string{}
 			for _, lp := range m.GetLabel() {
 				labels[lp.GetName()] = lp.GetValue()
 			}
-			if labels["transport"] == tr && labels["reason"] == reason {
-				c.Add(m.GetCounter().GetValue())
+			for k, v := range want {
+				if labels[k] != v {
+					continue series
+				}
 			}
+			sum, found = sum+m.GetCounter().GetValue(), true
 		}
 	}
-	return c
+	return sum, found
+}
+
+// TestSequenceLossPerExporter: sequence losses are counted per exporter
+// address, in three modes (an IPv4 exporter, an IPv6 one, both on one
+// listener): the exporter that lost records has them, the other a series
+// at 0 from its first message (so that increase() sees a first loss).
+func TestSequenceLossPerExporter(t *testing.T) {
+	for _, mode := range []string{"ipv4", "ipv6", "dual"} {
+		t.Run(mode, func(t *testing.T) {
+			addrs := map[string][]string{"ipv4": {"127.0.0.1:0"}, "ipv6": {"[::1]:0"}, "dual": {"127.0.0.1:0", "[::1]:0"}}[mode]
+			l, q, reg := startListener(t, Config{UDPAddrs: addrs})
+			r := sampleRecords()[0]
+			want := map[string]float64{}
+			total := 0
+			for i, a := range l.UDPAddrs() {
+				c, err := net.Dial("udp", a.String())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				// The first exporter loses messages 2..9 (8 records); the
+				// second (dual) loses none.
+				seqs, lost := []uint32{0, 1, 10, 11}, 8.0
+				if i == 1 {
+					seqs, lost = []uint32{0, 1, 2, 3}, 0
+				}
+				e := mustEncoder(4, 300)
+				for j, s := range seqs {
+					if _, err := c.Write(encoderMessage(e, 1, s, j == 0, &r)); err != nil {
+						t.Fatal(err)
+					}
+					total++
+				}
+				host, _, _ := net.SplitHostPort(c.LocalAddr().String())
+				want[host] = lost
+			}
+			collect(t, q, total)
+			deadline := time.Now().Add(10 * time.Second)
+			for {
+				ok := true
+				var got []string
+				for host, n := range want {
+					v, found := counterValue(t, reg, "dualflow_ipfix_sequence_lost_records_total", map[string]string{"transport": "udp", "exporter": host})
+					got = append(got, fmt.Sprintf("%s: %v (series %v)", host, v, found))
+					ok = ok && found && v == n
+				}
+				if ok {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("lost records per exporter %v, want %v", got, want)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		})
+	}
 }
 
 // TestTCPBadFraming: a header that cannot be trusted ends that session

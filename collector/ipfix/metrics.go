@@ -2,6 +2,8 @@ package ipfix
 
 import (
 	"log/slog"
+	"net/netip"
+	"sync"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -16,8 +18,12 @@ type metrics struct {
 	skipped    *prometheus.CounterVec // {reason}: records not forwarded
 	unknownSet prometheus.Counter
 	templates  *prometheus.CounterVec // {event}
-	seqLost    *prometheus.CounterVec // {transport}
-	seqLostMsg *prometheus.CounterVec // {transport}
+	seqLost    *prometheus.CounterVec // {transport, exporter}
+	seqLostMsg *prometheus.CounterVec // {transport, exporter}
+	// exporters are the exporter label values in use (at most
+	// maxExporterSeries).
+	expMu     sync.Mutex
+	exporters map[netip.Addr]string
 	byVersion  *prometheus.CounterVec // {protocol}
 	stamped    [numStampReasons]prometheus.Counter
 	bothFams   prometheus.Counter
@@ -48,11 +54,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "dualflow_ipfix_templates_total", Help: "IPFIX template events: added, refreshed, withdrawn, expired, rejected (a session's limits), over_budget (the collector's template budget).",
 		}, []string{"event"}),
 		seqLost: f.NewCounterVec(prometheus.CounterOpts{
-			Name: "dualflow_ipfix_sequence_lost_records_total", Help: "Data records missing according to sequence numbers (IPFIX data records, NetFlow v5 flows, NetFlow v9 from exporters that count flows; per observation domain, summed).",
-		}, []string{"transport"}),
+			Name: "dualflow_ipfix_sequence_lost_records_total", Help: "Data records missing according to sequence numbers (IPFIX data records, NetFlow v5 flows, NetFlow v9 from exporters that count flows; per observation domain, summed), by transport and exporter address (\"_other\" past 4,096 exporters; a series exists from the exporter's first message).",
+		}, []string{"transport", "exporter"}),
 		seqLostMsg: f.NewCounterVec(prometheus.CounterOpts{
-			Name: "dualflow_ipfix_sequence_lost_messages_total", Help: "Messages missing according to sequence numbers that count messages (NetFlow v9 export packets, RFC 3954).",
-		}, []string{"transport"}),
+			Name: "dualflow_ipfix_sequence_lost_messages_total", Help: "Messages missing according to sequence numbers that count messages (NetFlow v9 export packets, RFC 3954), by transport and exporter address (as dualflow_ipfix_sequence_lost_records_total).",
+		}, []string{"transport", "exporter"}),
+		exporters: map[netip.Addr]string{},
 		byVersion: f.NewCounterVec(prometheus.CounterOpts{
 			Name: "dualflow_ipfix_messages_by_protocol_total", Help: "Messages decoded, by protocol: ipfix, netflow9, netflow5 (the version in the message header).",
 		}, []string{"protocol"}),
@@ -85,6 +92,35 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		m.dropped[r] = dropped.WithLabelValues(r.String())
 	}
 	return m
+}
+
+// maxExporterSeries bounds the exporter label's values: a cluster's
+// nodes, replaced over months, stay well under it.
+const maxExporterSeries = 4096
+
+// exporterLabel is the exporter label of address a: the address, or
+// "_other" once maxExporterSeries addresses have one.
+func (m *metrics) exporterLabel(a netip.Addr) string {
+	m.expMu.Lock()
+	defer m.expMu.Unlock()
+	if e, ok := m.exporters[a]; ok {
+		return e
+	}
+	if len(m.exporters) >= maxExporterSeries {
+		return "_other"
+	}
+	e := a.String()
+	m.exporters[a] = e
+	return e
+}
+
+// newExporter makes the sequence-loss series of exporter a exist, at 0,
+// from its first message: increase() then sees its first loss (a series
+// born with the loss in it would show none).
+func (m *metrics) newExporter(tr Transport, a netip.Addr) {
+	e := m.exporterLabel(a)
+	m.seqLost.WithLabelValues(tr.String(), e)
+	m.seqLostMsg.WithLabelValues(tr.String(), e)
 }
 
 // flush adds what d counted since prev to the metrics and updates prev.
@@ -122,8 +158,12 @@ func (m *metrics) flush(tr Transport, d *Decoder, prev *Stats, log *slog.Logger)
 		log.Warn("ipfix templates refused: the collector's template budget is spent (logged once; see dualflow_ipfix_templates_total and --collector.ipfix.max-template-bytes-total)",
 			"transport", tr.String())
 	}
-	add(m.seqLost.WithLabelValues(t), s.SequenceLost, prev.SequenceLost)
-	add(m.seqLostMsg.WithLabelValues(t), s.SequenceLostMessages, prev.SequenceLostMessages)
+	for a, l := range d.Lost {
+		e := m.exporterLabel(a)
+		add(m.seqLost.WithLabelValues(t, e), l.Records, 0)
+		add(m.seqLostMsg.WithLabelValues(t, e), l.Messages, 0)
+	}
+	clear(d.Lost)
 	for r := StampReason(1); r < numStampReasons; r++ {
 		add(m.stamped[r], s.Stamped[r], prev.Stamped[r])
 	}

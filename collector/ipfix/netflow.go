@@ -209,7 +209,7 @@ func (d *Decoder) decodeV5(s *Session, msg []byte, now time.Time, dst []flow.Rec
 	}
 	cnt := seqCounts{data: uint32(count)}
 	s.note(cnt, now)
-	d.sequence(dom, protoV5, seq, cnt)
+	d.sequence(s, dom, protoV5, seq, cnt)
 	return dst, nil
 }
 
@@ -290,7 +290,7 @@ var specConvention = [...]int{protoIPFIX: convData, protoV9: convMessages, proto
 
 // sequence checks seq against what the domain's previous messages
 // announced and counts a loss.
-func (d *Decoder) sequence(dom *domain, p protocol, seq uint32, c seqCounts) {
+func (d *Decoder) sequence(s *Session, dom *domain, p protocol, seq uint32, c seqCounts) {
 	st := &dom.seq
 	if st.alive == 0 {
 		*st = seqState{alive: 1<<numConventions - 1}
@@ -341,13 +341,20 @@ func (d *Decoder) sequence(dom *domain, p protocol, seq uint32, c seqCounts) {
 			}
 		}
 		if gap := seq - expect[conv]; gap < 1<<31 { // else reordered or a restart
+			if d.Lost == nil {
+				d.Lost = map[netip.Addr]Loss{}
+			}
+			l := d.Lost[s.exporter]
 			if conv == convMessages {
 				st.lostMessages += uint64(gap)
 				d.Stats.SequenceLostMessages += uint64(gap)
+				l.Messages += uint64(gap)
 			} else {
 				st.lostRecords += uint64(gap)
 				d.Stats.SequenceLost += uint64(gap)
+				l.Records += uint64(gap)
 			}
+			d.Lost[s.exporter] = l
 		}
 	}
 	st.next[convData], st.known[convData] = seq+c.data, !c.unknown

@@ -212,6 +212,7 @@ func (l *Listener) serveConn(ctx context.Context, ci *connInfo, tr Transport, co
 	}
 	remote, _ := netip.ParseAddrPort(c.RemoteAddr().String())
 	s := NewSession(remote, tr, l.cfg.Limits)
+	l.m.newExporter(tr, remote.Addr().Unmap())
 	defer s.Close()
 	d := l.newDecoder()
 	var prev Stats

@@ -92,6 +92,7 @@ func (l *Listener) readUDP(ctx context.Context, rd udpReader, local net.Addr) {
 					continue
 				}
 				s = NewSession(from, UDP, l.cfg.Limits)
+				l.m.newExporter(UDP, from.Addr())
 				// Active from its first datagram, so that the sweep does not
 				// take it before its templates come (NetFlow v9 exporters
 				// send them every so many packets).
