@@ -13,7 +13,8 @@ import (
 
 // stream is n records of a 2,000-workload cluster (100 namespaces of 20
 // workloads), each workload calling 5 others over both families, TCP and
-// UDP, one in 20 denied, one in 4 a connection's first record.
+// UDP, one in 20 denied, one in 4 a connection's first record, one in
+// 100 a dual-stack gap.
 func stream(n int) []flow.Record {
 	recs := make([]flow.Record, n)
 	for i := range recs {
@@ -37,6 +38,9 @@ func stream(n int) []flow.Record {
 		}
 		if i%20 == 0 {
 			r.Ingress = flow.Policy{Verdict: flow.VerdictDenied, Namespace: r.Dst.PodNamespace, Name: "default-deny", Rule: -1}
+		}
+		if i%100 == 0 {
+			r.DualStackGap = true // a connection's first record the auditor flagged
 		}
 		r.Normalize()
 		recs[i] = r
