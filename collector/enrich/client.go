@@ -7,7 +7,6 @@ import (
 	"slices"
 
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
@@ -24,7 +23,8 @@ func newClient(cfg Config, log *slog.Logger, h *apiHealth) (kubernetes.Interface
 	var err error
 	switch cfg.Source {
 	case SourceInventory:
-		return inventoryClient(cfg.Inventory, log)
+		src, err := loadInventory(cfg.Inventory, log)
+		return nil, src, err
 	case SourceInCluster:
 		if rc, err = rest.InClusterConfig(); err != nil {
 			return nil, nil, fmt.Errorf("kubernetes in-cluster config: %w", err)
@@ -54,23 +54,23 @@ func newClient(cfg Config, log *slog.Logger, h *apiHealth) (kubernetes.Interface
 	return cs, nil, nil
 }
 
-// inventoryClient loads the manifest files into a fake clientset, so that
-// inventory mode runs the same informers, transforms and handlers as a
-// cluster. The source it returns reloads the files when they change.
-func inventoryClient(files []string, log *slog.Logger) (kubernetes.Interface, *inventorySource, error) {
+// loadInventory loads the manifest files into the store that inventory
+// mode's informers list and watch, so that it runs the same informers,
+// transforms and handlers as a cluster. The source reloads the files when
+// they change.
+func loadInventory(files []string, log *slog.Logger) (*inventorySource, error) {
 	stamps := reload.Stamps(files) // before reading: a change during the load shows at the next check
 	res, err := inventory.Load(files...)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	cs := fake.NewClientset()
-	src, err := newInventorySource(files, stamps, cs.Tracker(), res)
+	src, err := newInventorySource(files, stamps, res)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if len(res.Skipped) > 0 {
 		log.Info("inventory: skipped objects of kinds enrichment does not use", "kinds", slices.Sorted(maps.Keys(res.Skipped)))
 	}
 	log.Info("inventory loaded", "files", files, "objects", len(res.Objects))
-	return cs, src, nil
+	return src, nil
 }

@@ -185,11 +185,28 @@ func (e *Enricher) Run(ctx context.Context) (err error) {
 		}
 	}()
 	runCtx, cancel := context.WithCancel(ctx)
-	factory := informers.NewSharedInformerFactoryWithOptions(e.client, 0)
+	// The informers of the client's API server, or of the inventory's
+	// store (no client).
+	var ws []watched
+	var startInformers func()
+	var running sync.WaitGroup
+	if e.inv != nil {
+		ws = e.inv.store.informers()
+		startInformers = func() {
+			for _, w := range ws {
+				running.Go(func() { w.informer.RunWithContext(runCtx) })
+			}
+		}
+	} else {
+		factory := informers.NewSharedInformerFactoryWithOptions(e.client, 0)
+		ws = e.informers(factory)
+		startInformers = func() { factory.Start(runCtx.Done()) }
+		defer factory.Shutdown() // after cancel (deferred later, run first): waits for the informers' goroutines
+	}
 	var probing sync.WaitGroup
 	defer func() {
 		cancel()
-		factory.Shutdown() // waits for the informers' goroutines
+		running.Wait()
 		probing.Wait()
 		if e.health != nil {
 			e.health.stop()
@@ -198,7 +215,6 @@ func (e *Enricher) Run(ctx context.Context) (err error) {
 	if e.health != nil {
 		probing.Go(func() { e.health.runProbe(runCtx, DefaultProbeInterval, e.probeAPIServer) })
 	}
-	ws := e.informers(factory)
 	regs := make([]cache.ResourceEventHandlerRegistration, len(ws))
 	for i, w := range ws {
 		if err := w.informer.SetTransform(e.tr.transform); err != nil {
@@ -212,7 +228,7 @@ func (e *Enricher) Run(ctx context.Context) (err error) {
 			return fmt.Errorf("enrich: %s informer handler: %w", w.kind, err)
 		}
 	}
-	factory.Start(runCtx.Done())
+	startInformers()
 
 	start := time.Now()
 	syncCtx, syncCancel := context.WithTimeout(runCtx, e.cfg.SyncTimeout)

@@ -260,7 +260,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 // in the middle of a rewrite deletes nothing.
 func TestInventoryReloadWaitsForStableFiles(t *testing.T) {
 	m, path := labManifest(t, manifest.ModeDual)
-	_, src, err := inventoryClient([]string{path}, discard())
+	src, err := loadInventory([]string{path}, discard())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -297,7 +297,7 @@ func TestInventoryReloadKeepsObjectsOfEmptyFile(t *testing.T) {
 	for _, mode := range manifest.Modes {
 		t.Run(string(mode), func(t *testing.T) {
 			m, path := labManifest(t, mode)
-			_, src, err := inventoryClient([]string{path}, discard())
+			src, err := loadInventory([]string{path}, discard())
 			if err != nil {
 				t.Fatal(err)
 			}

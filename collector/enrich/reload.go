@@ -10,7 +10,6 @@ import (
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
-	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/dualflow/dualflow/collector/enrich/inventory"
 	"github.com/dualflow/dualflow/internal/reload"
@@ -20,14 +19,14 @@ import (
 // changed manifest files.
 const DefaultInventoryReload = 10 * time.Second
 
-// inventorySource keeps the inventory files' objects in the fake clientset
-// the informers watch. A reload turns the difference between two loads
+// inventorySource keeps the inventory files' objects in the store the
+// informers list and watch (objectStore). A reload turns the difference between two loads
 // into creates, updates and deletes, so the index follows a changed file
 // through the same events as a cluster (deleted pods are kept for the
 // grace period, addresses change hands, and so on).
 type inventorySource struct {
 	files   []string
-	tracker clienttesting.ObjectTracker
+	store   *objectStore
 	objects map[objectKey]runtime.Object // as last loaded
 	stamps  []reload.Stamp               // of the files when last read
 	pending []reload.Stamp               // of changed files, seen once: read when seen again unchanged
@@ -56,16 +55,16 @@ func keyOf(o *inventory.Object) (objectKey, error) {
 	return objectKey{gvr: gvr, namespace: o.Namespace, name: o.Name}, nil
 }
 
-// newInventorySource loads res's objects into tracker.
-func newInventorySource(files []string, stamps []reload.Stamp, tracker clienttesting.ObjectTracker, res *inventory.Result) (*inventorySource, error) {
-	s := &inventorySource{files: files, tracker: tracker, objects: map[objectKey]runtime.Object{}, stamps: stamps, perFile: countPerFile(res)}
+// newInventorySource loads res's objects into a new store.
+func newInventorySource(files []string, stamps []reload.Stamp, res *inventory.Result) (*inventorySource, error) {
+	s := &inventorySource{files: files, store: newObjectStore(), objects: map[objectKey]runtime.Object{}, stamps: stamps, perFile: countPerFile(res)}
 	for i := range res.Objects {
 		o := &res.Objects[i]
 		k, err := keyOf(o)
 		if err != nil {
 			return nil, err
 		}
-		if err := tracker.Create(k.gvr, o.Object, k.namespace); err != nil {
+		if err := s.store.put(k, o.Object); err != nil {
 			return nil, fmt.Errorf("inventory %s: %w", o.Where(), err)
 		}
 		s.objects[k] = o.Object
@@ -142,13 +141,13 @@ func (s *inventorySource) reload() (reloadResult, error) {
 		old, had := s.objects[k]
 		switch {
 		case !had:
-			if err := s.tracker.Create(k.gvr, obj, k.namespace); err != nil {
+			if err := s.store.put(k, obj); err != nil {
 				errs = append(errs, err)
 				continue
 			}
 			r.created++
 		case !equality.Semantic.DeepEqual(old, obj):
-			if err := s.tracker.Update(k.gvr, obj, k.namespace); err != nil {
+			if err := s.store.put(k, obj); err != nil {
 				errs = append(errs, err)
 				continue
 			}
@@ -160,7 +159,7 @@ func (s *inventorySource) reload() (reloadResult, error) {
 		if _, keep := next[k]; keep {
 			continue
 		}
-		if err := s.tracker.Delete(k.gvr, k.namespace, k.name); err != nil {
+		if err := s.store.remove(k); err != nil {
 			errs = append(errs, err)
 			continue
 		}
