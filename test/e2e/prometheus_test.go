@@ -246,8 +246,9 @@ func checkPrometheusAlerts(t *testing.T, bins promTools, rules string, mode mani
 	want := map[string]string{"alertname": "DualflowDualStackRegression", "severity": "critical",
 		"src_namespace": "frontend", "dst_namespace": "backend", "ip_family": deniedFam}
 	fired := hook.await(t, 2*time.Minute, "firing", want, tr)
-	t.Logf("%s: DualflowDualStackRegression (%s) notified by Alertmanager %v after the policy change (first %s connection refused after %v)",
-		mode, deniedFam, fired.Sub(changed).Round(100*time.Millisecond), deniedFam, tr.firstFailure(denied, changed).Round(100*time.Millisecond))
+	t.Logf("%s: DualflowDualStackRegression (%s) notified by Alertmanager %v after the policy change (first %s connection refused after %v, the rule pending after %v)",
+		mode, deniedFam, fired.Sub(changed).Round(100*time.Millisecond), deniedFam, tr.firstFailure(denied, changed).Round(100*time.Millisecond),
+		prom.activeAt(t, want).Sub(changed).Round(100*time.Millisecond))
 	// The datapath did what the alert says: the family is refused, the
 	// other one is not.
 	for _, f := range mode.Families() {
@@ -401,6 +402,27 @@ func (p *promServer) vector(q string) (map[string]float64, error) {
 		out[key] = float64(s.Value)
 	}
 	return out, nil
+}
+
+// activeAt is when Prometheus's active alert with labels want (its
+// alertname among them) became pending.
+func (p *promServer) activeAt(t *testing.T, want map[string]string) time.Time {
+	t.Helper()
+	res, err := p.api.Alerts(ctx(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range res.Alerts {
+		got := map[string]string{}
+		for k, v := range a.Labels {
+			got[string(k)] = string(v)
+		}
+		if maps.Equal(got, want) {
+			return a.ActiveAt
+		}
+	}
+	t.Fatalf("Prometheus has no active alert %v: %+v", want, res.Alerts)
+	return time.Time{}
 }
 
 // startPrometheus runs Prometheus on a free port of 127.0.0.1, with its
