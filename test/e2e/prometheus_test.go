@@ -14,11 +14,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -525,10 +527,20 @@ func startDaemon(t *testing.T, name, dir, addr, bin string, args ...string) {
 	cmd := exec.Command(bin, args...)
 	cmd.Dir = dir
 	cmd.Stdout, cmd.Stderr = lf, lf
-	// No Pdeathsig: it follows the OS thread that started the child, and
-	// the lab's namespace switches end threads (nsrun), which killed
-	// the daemon at random.
-	if err := cmd.Start(); err != nil {
+	// Killed if the test process dies (a test timeout skips Cleanup).
+	// Pdeathsig follows the OS thread that started the child, and Go ends
+	// threads (the lab's namespace switches do), so the child is started
+	// from a thread locked until the daemon has been killed.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	started, release := make(chan error), make(chan struct{})
+	go func() {
+		runtime.LockOSThread()
+		started <- cmd.Start()
+		<-release
+		runtime.UnlockOSThread()
+	}()
+	if err := <-started; err != nil {
+		close(release)
 		lf.Close()
 		t.Fatalf("%s: %v", name, err)
 	}
@@ -537,6 +549,7 @@ func startDaemon(t *testing.T, name, dir, addr, bin string, args ...string) {
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
 		<-exited
+		close(release)
 		if t.Failed() {
 			b, _ := os.ReadFile(logPath)
 			if len(b) > 4000 {
@@ -683,6 +696,13 @@ type traffic struct {
 // so that the counters the rules watch grow at every scrape.
 const trafficPeriod = 250 * time.Millisecond
 
+// trafficDialTimeout bounds a dial of the traffic: what does not answer
+// within it counts as refused. Longer than labDial's 700 ms, which a
+// loaded 2-core machine exceeded once for an allowed connection; a
+// refused dial costs it, so the denied family still makes a connection
+// every 2.25 s, several in each of the rule's 20 s windows.
+const trafficDialTimeout = 2 * time.Second
+
 type dialOutcome struct {
 	family   corev1.IPFamily
 	at       time.Time
@@ -704,9 +724,7 @@ func startTraffic(t *testing.T, l *lab.Lab, from, to *corev1.Pod, fams []corev1.
 			tick := time.NewTicker(trafficPeriod)
 			defer tick.Stop()
 			for {
-				dc, dcancel := context.WithTimeout(c, 5*time.Second)
-				_, err := labDial(dc, l, from, agent.TCP, dst)
-				dcancel()
+				_, err := agent.Dial(c, l.PodNetNSPath(from), agent.TCP, dst, trafficDialTimeout)
 				if c.Err() != nil {
 					return
 				}
