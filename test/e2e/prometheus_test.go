@@ -72,7 +72,10 @@ var unscaledWindow = regexp.MustCompile(`\[\d+[mhd]\]|offset \d+[mhd]|for: \d+[m
 //     DualflowDualStackRegression fires at Alertmanager with
 //     src_namespace=frontend, dst_namespace=backend and the family, and
 //     resolves once the policy is back. The time from the policy change to
-//     the notification is logged;
+//     the notification is logged. In the dual-stack lab the edit is also a
+//     dual-stack gap (the allowed family's connections would be denied
+//     over the other family of the same pods): DualflowDualStackGap fires
+//     for the pair and the allowed family, and resolves too;
 //   - one exporter is stopped: DualflowExporterDown fires for its
 //     instance; it is restarted: the alert resolves;
 //   - once the traffic has stopped and every record is in, PromQL's
@@ -265,12 +268,31 @@ func checkPrometheusAlerts(t *testing.T, bins promTools, rules string, mode mani
 	if f, ok := hook.other("DualflowDualStackRegression", want); ok {
 		t.Errorf("DualflowDualStackRegression for another pair or family: %v", f)
 	}
+	// In the dual-stack lab the edit is also a dual-stack gap: the
+	// auditor finds the connections of the allowed family denied over the
+	// other family of the same pods (single-stack pods have no other
+	// family: no gap, and no such alert, below).
+	var gap map[string]string
+	if mode == manifest.ModeDual {
+		allowedFam := "ipv4"
+		if denied == corev1.IPv4Protocol {
+			allowedFam = "ipv6"
+		}
+		gap = map[string]string{"alertname": "DualflowDualStackGap", "severity": "warning",
+			"src_namespace": "frontend", "dst_namespace": "backend", "ip_family": allowedFam, "verdict": "allowed"}
+		fired := hook.await(t, 2*time.Minute, "firing", gap, tr)
+		t.Logf("%s: DualflowDualStackGap (%s allowed, %s denied) notified %v after the policy change", mode, allowedFam, deniedFam, fired.Sub(changed).Round(100*time.Millisecond))
+	}
 
 	restore()
 	restored = true
 	undone := time.Now()
 	resolved := hook.await(t, 2*time.Minute, "resolved", want, tr)
 	t.Logf("%s: resolved %v after the policy was restored", mode, resolved.Sub(undone).Round(100*time.Millisecond))
+	if gap != nil {
+		resolved := hook.await(t, 2*time.Minute, "resolved", gap, tr)
+		t.Logf("%s: DualflowDualStackGap resolved %v after the policy was restored", mode, resolved.Sub(undone).Round(100*time.Millisecond))
+	}
 	await(t, 30*time.Second, deniedFam+" connections answered again", func() (bool, string) {
 		ok := tr.answeredSince(time.Now().Add(-2 * time.Second))[denied] > 0
 		return ok, tr.String()
@@ -302,7 +324,7 @@ func checkPrometheusAlerts(t *testing.T, bins promTools, rules string, mode mani
 	// Nothing else went wrong in the lab: any other alert is a false
 	// alarm or a fault of the product.
 	for _, name := range hook.names() {
-		if name != "DualflowDualStackRegression" && name != "DualflowExporterDown" {
+		if name != "DualflowDualStackRegression" && name != "DualflowExporterDown" && (gap == nil || name != "DualflowDualStackGap") {
 			t.Errorf("%s notified: %v", name, hook.events(name))
 		}
 	}
