@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -294,6 +295,11 @@ type ProductOptions struct {
 	// or that refuses the controller's token).
 	AgentURLs           map[string]string
 	ControllerTokenFile string
+	// ExporterMetrics serves each exporter's /metrics (and /healthz,
+	// /readyz) on a loopback port of its own, Product.ExporterMetrics,
+	// which RestartExporter keeps: a scrape target for a Prometheus beside
+	// the lab. Without it the exporters serve none.
+	ExporterMetrics bool
 }
 
 // Product is the product running on a lab: the app (collector, store, web
@@ -305,14 +311,25 @@ type Product struct {
 	IPFIXTarget, IPFIXTransport string
 	// Agents are the traceflow agents' URLs by node.
 	Agents map[string]string
+	// ExporterMetrics are the exporters' metrics addresses (host:port) by
+	// node, with ProductOptions.ExporterMetrics.
+	ExporterMetrics map[string]string
 
 	stop      context.CancelFunc // the app
 	done      chan error         // the app's Run
+	expCtx    context.Context    // the exporters' parent: Stop cancels it
 	stopExp   context.CancelFunc
-	exporters chan error
-	started   int
+	mu        sync.Mutex // guards nodes
+	nodes     map[string]*labNode
 	log       *slog.Logger
 	tokenFile string // the agents' token, in the lab's state directory
+}
+
+// labNode is the exporter (and traceflow agent) of one lab node.
+type labNode struct {
+	cfg    app.NodeConfig // validated; Agent.Listener is set per run
+	cancel context.CancelFunc
+	done   chan error // its Run's result; nil when stopped
 }
 
 // StartProduct runs the product as on a cluster next to lab l: the app
@@ -389,12 +406,24 @@ func StartProduct(ctx context.Context, l *lab.Lab, cfg app.Config, opts ProductO
 	}
 	nftBin, _ := lab.NFTPath() // the OVS datapath does without
 	// ctx bounds the start only: Stop ends them.
-	expCtx, stopExporters := context.WithCancel(context.WithoutCancel(ctx))
-	p.stopExp, p.exporters = stopExporters, make(chan error, len(l.Manifest.Nodes))
+	p.expCtx, p.stopExp = context.WithCancel(context.WithoutCancel(ctx))
+	p.nodes = map[string]*labNode{}
+	if opts.ExporterMetrics {
+		p.ExporterMetrics = map[string]string{}
+	}
 	for _, n := range l.Manifest.Nodes {
 		ncfg := app.NodeConfig{Exporter: exporter.NewConfig()}
 		ecfg := &ncfg.Exporter
 		ecfg.NodeName, ecfg.MetricsAddr, ecfg.Logger = n.Name, "", log.With("exporter", n.Name)
+		if opts.ExporterMetrics {
+			// A port of its own that a restart binds again (the exporter
+			// binds its metrics address itself).
+			if ecfg.MetricsAddr, err = freeLoopbackAddr(); err != nil {
+				closeAll()
+				return nil, errors.Join(fmt.Errorf("exporter %s metrics: %w", n.Name, err), p.Stop())
+			}
+			p.ExporterMetrics[n.Name] = ecfg.MetricsAddr
+		}
 		ecfg.IPv4, ecfg.IPv6 = mode.Has(corev1.IPv4Protocol), mode.Has(corev1.IPv6Protocol)
 		ecfg.NetNS = l.NodeNetNSPath(n.Name)
 		if l.State().Datapath == lab.DatapathOVS {
@@ -404,22 +433,89 @@ func StartProduct(ctx context.Context, l *lab.Lab, cfg app.Config, opts ProductO
 		ecfg.PollInterval = 2 * time.Second
 		ecfg.Store.ActiveTimeout, ecfg.Store.IdleTimeout = opts.ActiveTimeout, 5*time.Second
 		ecfg.IPFIX.Address, ecfg.IPFIX.Transport = p.IPFIXTarget, p.IPFIXTransport
-		ncfg.Agent.Listener, ncfg.Agent.TokenFile, ncfg.Agent.NFT = listeners[n.Name], tokenFile, nftBin
-		delete(listeners, n.Name) // the node owns it now
+		ncfg.Agent.TokenFile, ncfg.Agent.NFT = tokenFile, nftBin
 		ncfg.Exporter.SetDefaults()
-		if err := ncfg.Validate(); err != nil {
+		ln := listeners[n.Name]
+		delete(listeners, n.Name) // the node owns it now
+		if err := p.startNode(n.Name, ncfg, ln); err != nil {
 			closeAll()
-			return nil, errors.Join(fmt.Errorf("exporter %s: %w", n.Name, err), p.Stop())
+			return nil, errors.Join(err, p.Stop())
 		}
-		node, err := app.NewNode(ncfg)
-		if err != nil {
-			closeAll()
-			return nil, errors.Join(fmt.Errorf("exporter %s: %w", n.Name, err), p.Stop())
-		}
-		p.started++
-		go func() { p.exporters <- node.Run(expCtx) }()
 	}
 	return p, nil
+}
+
+// freeLoopbackAddr returns an address on 127.0.0.1 whose port was free a
+// moment ago.
+func freeLoopbackAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+// startNode validates cfg and runs node's exporter, its traceflow agent
+// serving on ln (which it then owns).
+func (p *Product) startNode(node string, cfg app.NodeConfig, ln net.Listener) error {
+	cfg.Agent.Listener = ln
+	if err := cfg.Validate(); err != nil {
+		ln.Close()
+		return fmt.Errorf("exporter %s: %w", node, err)
+	}
+	n, err := app.NewNode(cfg)
+	if err != nil {
+		ln.Close()
+		return fmt.Errorf("exporter %s: %w", node, err)
+	}
+	ctx, cancel := context.WithCancel(p.expCtx)
+	done := make(chan error, 1)
+	p.mu.Lock()
+	p.nodes[node] = &labNode{cfg: cfg, cancel: cancel, done: done}
+	p.mu.Unlock()
+	go func() { done <- n.Run(ctx) }()
+	return nil
+}
+
+// StopExporter stops the exporter (and traceflow agent) of node as a
+// deleted pod stops: it flushes what it tracks to the collector and
+// closes its listeners. It returns once it has stopped.
+func (p *Product) StopExporter(node string) error {
+	p.mu.Lock()
+	n := p.nodes[node]
+	var done chan error
+	if n != nil {
+		done, n.done = n.done, nil
+	}
+	p.mu.Unlock()
+	if done == nil {
+		return fmt.Errorf("exporter %s: not running", node)
+	}
+	n.cancel()
+	err := <-done
+	if errors.Is(err, context.Canceled) {
+		err = nil
+	}
+	return err
+}
+
+// RestartExporter starts again the exporter of node that StopExporter
+// stopped, with the same configuration and addresses (metrics, traceflow
+// agent). Like a new pod it does not take over from its predecessor
+// (the lab's exporters keep no state directory).
+func (p *Product) RestartExporter(node string) error {
+	p.mu.Lock()
+	n := p.nodes[node]
+	p.mu.Unlock()
+	if n == nil || n.done != nil {
+		return fmt.Errorf("exporter %s: not stopped", node)
+	}
+	ln, err := net.Listen("tcp", strings.TrimPrefix(p.Agents[node], "http://"))
+	if err != nil {
+		return fmt.Errorf("traceflow agent of %s: %w", node, err)
+	}
+	return p.startNode(node, n.cfg, ln)
 }
 
 // writeToken writes a fresh random traceflow token to the lab's state
@@ -455,13 +551,18 @@ func (p *Product) Stop() error {
 		p.stopExp()
 	}
 	var errs []error
-	for range p.started {
-		if err := <-p.exporters; err != nil && !errors.Is(err, context.Canceled) {
-			p.log.Error("exporter", "err", err)
+	p.mu.Lock()
+	for name, n := range p.nodes {
+		if n.done == nil {
+			continue
+		}
+		if err := <-n.done; err != nil && !errors.Is(err, context.Canceled) {
+			p.log.Error("exporter", "node", name, "err", err)
 			errs = append(errs, err)
 		}
+		n.done = nil
 	}
-	p.started = 0
+	p.mu.Unlock()
 	if p.stop != nil {
 		p.stop()
 		errs = append(errs, <-p.done)
