@@ -314,22 +314,33 @@ func BenchmarkEndToEnd(b *testing.B) {
 			name = "/no-wal" // the cost of crash protection: compare with the default
 		}
 		b.Run("bare"+name, func(b *testing.B) {
-			benchEndToEnd(b, false, wal, "198.18.1.10", "198.18.2.11", "fd00:10:0:1::10", "fd00:10:0:2::11")
+			benchEndToEnd(b, false, wal, true, "198.18.1.10", "198.18.2.11", "fd00:10:0:1::10", "fd00:10:0:2::11")
 		})
 		b.Run("enriched"+name, func(b *testing.B) {
 			if wal {
 				benchEndToEndCeiling(b, "198.18.1.10", "198.18.1.11", "fd00:10:0:1::10", "fd00:10:0:1::11")
 				return
 			}
-			benchEndToEnd(b, true, wal, "198.18.1.10", "198.18.1.11", "fd00:10:0:1::10", "fd00:10:0:1::11")
+			benchEndToEnd(b, true, wal, true, "198.18.1.10", "198.18.1.11", "fd00:10:0:1::10", "fd00:10:0:1::11")
 		})
 	}
+	// The flow metrics' share (issue 39: at most 5% of the pipeline):
+	// compare with enriched/no-wal, whose flow metrics are the default.
+	b.Run("enriched/no-wal/no-flow-metrics", func(b *testing.B) {
+		benchEndToEnd(b, true, false, false, "198.18.1.10", "198.18.1.11", "fd00:10:0:1::10", "fd00:10:0:1::11")
+	})
 }
 
-func benchEndToEnd(b *testing.B, enriched, wal bool, src4, dst4, src6, dst6 string) {
+func benchEndToEnd(b *testing.B, enriched, wal, flowMetrics bool, src4, dst4, src6, dst6 string) {
 	c, stop := startCollector(b, func(c *Config) {
 		if !wal {
 			c.WAL.Dir = "off"
+		}
+		if !flowMetrics {
+			c.FlowMetricsFile = filepath.Join(b.TempDir(), "flow-metrics.yaml")
+			if err := os.WriteFile(c.FlowMetricsFile, []byte("metrics: []\n"), 0o644); err != nil {
+				b.Fatal(err)
+			}
 		}
 		if enriched {
 			c.K8s = enrich.NewConfig()

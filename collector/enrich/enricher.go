@@ -70,7 +70,7 @@ type Enricher struct {
 	tr     *transformer
 	m      *metrics
 	inv    *inventorySource // the inventory source's files, reloaded when they change; else nil
-	health *apiHealth       // the client transport's lists and watches; nil for a fake clientset
+	health *apiHealth       // the client transport's lists and watches; nil for inventory mode
 
 	probes atomic.Pointer[probes.Registry] // SetProbes; nil: no marking
 
@@ -83,7 +83,7 @@ type Enricher struct {
 }
 
 // New builds an Enricher from cfg: a client for the in-cluster or
-// kubeconfig source, or the inventory files loaded into a fake clientset
+// kubeconfig source, or the inventory files loaded into an object store
 // (inventory.Load errors name the file, document and object). Metrics are
 // registered on reg unless it is nil. It returns ErrDisabled when the
 // source is off.
@@ -435,7 +435,7 @@ func (e *Enricher) probeAPIServer(ctx context.Context) error {
 // kind has had no open watch for DefaultStaleAfter (the API server is
 // unreachable, or refuses the collector). Records enriched meanwhile are
 // marked (flow.Record.K8sViewStale, column k8s_view_stale). Always false
-// for a fake clientset (inventory mode).
+// in inventory mode.
 func (e *Enricher) Stale() bool { return e.health != nil && e.health.stale.Load() }
 
 // Source returns where the objects come from (auto resolved).
