@@ -6,17 +6,6 @@
 // Screenshots of every page, in each IP mode at 1000 and 1400 px wide
 // (TestPagesLoadWithoutConsoleErrors), and of the states the other tests
 // reach go to test/artifacts/web-*.png.
-//
-// The tests share one Chromium; each has tabs of its own, in a browser
-// context of its own. Only subtests that cannot meet run in parallel
-// (two at a time, go test's -parallel on 2 cores): those of the IP modes,
-// whose labs are servers of their own (each with its own per-token limits
-// of SQL, what-ifs, recommendations and matrices, which answer 429 past
-// them, and its own trace controller), and the service map's widths (the
-// map asks for nothing so limited). The top-level tests are serial: some
-// share a server's limits, and some change what every lab serves
-// (TestLiveFollowShowsNewFlows adds flows, TestKubernetesStaleBadge makes
-// the view stale).
 package browsertest
 
 import (
@@ -304,8 +293,7 @@ func js(code string) chromedp.Action[chromedp.Void] {
 // poll waits until js is true, 15 s at most. chromedp's Poll runs js in
 // the page's execution context it last heard of, and just after a
 // navigation that can be the old page's, which the browser no longer has
-// (seen with tabs side by side on a loaded machine): poll then waits in
-// the new page's context.
+// (seen on a loaded machine): poll then waits in the new page's context.
 func poll(js string) chromedp.Action[chromedp.Void] {
 	p := chromedp.Poll[chromedp.Void](js, chromedp.WithPollingTimeout(15*time.Second))
 	return func(ctx context.Context, t *chromedp.Target) (chromedp.Void, error) {
@@ -366,7 +354,6 @@ func TestPagesLoadWithoutConsoleErrors(t *testing.T) {
 		{"v6", modeURL["6"], "/api/v1/catalog"},
 	} {
 		t.Run(mode.name, func(t *testing.T) {
-			t.Parallel() // each mode has a server of its own (package comment)
 			ctx, errs := browser(t)
 			for _, width := range []int64{1000, 1400} {
 				for _, p := range pages {
@@ -1104,7 +1091,6 @@ func TestServiceMapManyWorkloads(t *testing.T) {
 func TestServiceMapLayout(t *testing.T) {
 	for _, width := range []int64{1400, 1000} {
 		t.Run(fmt.Sprint(width), func(t *testing.T) {
-			t.Parallel() // the map asks for nothing limited per token (package comment)
 			ctx, errs := browser(t)
 			do(t, ctx,
 				chromedp.EmulateViewport(width, 900),
@@ -1153,7 +1139,6 @@ func TestServiceMapLayout(t *testing.T) {
 func TestServiceMapScopeAndGrouping(t *testing.T) {
 	for _, width := range []int64{1400, 1000} {
 		t.Run(fmt.Sprint(width), func(t *testing.T) {
-			t.Parallel() // the map asks for nothing limited per token (package comment)
 			ctx, errs := browser(t)
 			type res struct {
 				Edges, Outside, Peers, NsGroups, Workloads, Boxes, Unboxed, V4, V6 int
@@ -1638,7 +1623,6 @@ spec:
 		}, []cell{toDB("frontend", "6")}, []string{"4:0", "6:9"}},
 	} {
 		t.Run(tc.mode, func(t *testing.T) {
-			t.Parallel() // each mode has a server of its own (package comment)
 			ctx, errs := browser(t)
 			u := baseURL
 			if tc.mode != "dual" {
@@ -1795,7 +1779,6 @@ func TestSQLConsole(t *testing.T) {
 func TestSingleFamilyLabs(t *testing.T) {
 	for _, fam := range []string{"4", "6"} {
 		t.Run("IPv"+fam, func(t *testing.T) {
-			t.Parallel() // each mode has a server of its own (package comment)
 			ctx, errs := browser(t)
 			base := modeURL[fam]
 			do(t, ctx, chromedp.Navigate(base+"/#/flows"), chromedp.WaitVisible(css(`#flow-table tbody tr`)), chromedp.WaitVisible(css(`#flow-chart .uplot`)))

@@ -179,7 +179,6 @@ func TestRecommendUI(t *testing.T) {
 		{"v6", []string{"6"}},
 	} {
 		t.Run(tc.mode, func(t *testing.T) {
-			t.Parallel() // each mode has a server of its own (package comment)
 			ctx, errs := browser(t)
 			u := baseURL
 			if tc.mode != "dual" {
