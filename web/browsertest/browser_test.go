@@ -11,6 +11,7 @@ package browsertest
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"iter"
 	"math"
@@ -27,6 +28,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto"
 	"github.com/chromedp/cdproto/cdp"
 	cdpfetch "github.com/chromedp/cdproto/fetch"
 	"github.com/chromedp/cdproto/page"
@@ -148,7 +150,9 @@ func runMain(m *testing.M) int {
 			return 1
 		}
 	}
+	browserDir = filepath.Join(dir, "chromium")
 	code := m.Run()
+	closeBrowser()
 	cancel()
 	for _, ch := range done {
 		<-ch
@@ -159,8 +163,39 @@ func runMain(m *testing.M) int {
 	return code
 }
 
-// browser starts a fresh headless Chromium and returns a tab context and
-// a function reporting the console errors seen so far.
+// The package's tests share one headless Chromium, started by the first
+// browser call and stopped by runMain. A browser for each of the 35 tabs
+// cost about 1.4 s of CPU each, more than many tests' own work: the
+// package took 636 s on a loaded machine, against 262 s so.
+var (
+	browserOnce sync.Once
+	browserCtx  context.Context // the browser's first tab; its children are the tests' tabs
+	browserErr  error
+	// browserDir is the browser's profile directory (set by runMain).
+	browserDir   string
+	closeBrowser = func() {}
+)
+
+func startBrowser() {
+	opts := []chromedp.ExecAllocatorOption{
+		chromedp.ExecPath(chromium),
+		chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true), chromedp.UserDataDir(browserDir),
+		chromedp.WindowSize(1400, 900),
+	}
+	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
+	ctx, cancelC := chromedp.NewContext(actx)
+	closeBrowser = func() { cancelC(); cancelA() }
+	browserCtx, browserErr = ctx, chromedp.Do(ctx)
+}
+
+// browser opens a tab for t in the package's Chromium, in a browser
+// context of its own (a fresh profile: no cookies, storage or cache of
+// another test) and a window of its own, and returns the tab's context
+// and a function reporting the console errors seen so far. The tab
+// closes when t ends.
 func browser(t *testing.T) (context.Context, func() []string) {
 	t.Helper()
 	if _, err := os.Stat(chromium); err != nil {
@@ -175,19 +210,14 @@ func browser(t *testing.T) (context.Context, func() []string) {
 		}
 		t.Skip("libchdb not available (make deps)")
 	}
-	opts := []chromedp.ExecAllocatorOption{
-		chromedp.ExecPath(chromium),
-		chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU, chromedp.NoFirstRun,
-		chromedp.Flag("disable-quic", true),
-		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true), chromedp.UserDataDir(t.TempDir()),
-		chromedp.WindowSize(1400, 900),
+	browserOnce.Do(startBrowser)
+	if browserErr != nil {
+		t.Fatalf("start %s: %v", chromium, browserErr)
 	}
-	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
-	ctx, cancelC := chromedp.NewContext(actx)
+	ctx, cancelC := chromedp.NewContext(browserCtx, chromedp.WithNewBrowserContext())
 	ctx, cancelT := context.WithTimeout(ctx, 90*time.Second)
-	t.Cleanup(func() { cancelT(); cancelC(); cancelA() })
-	// Start the browser and the tab, then subscribe before any page loads.
+	t.Cleanup(func() { cancelT(); cancelC() })
+	// Open the tab, then subscribe before any page loads.
 	if err := chromedp.Do(ctx, chromedp.Navigate("about:blank")); err != nil {
 		t.Fatal(err)
 	}
@@ -260,8 +290,26 @@ func js(code string) chromedp.Action[chromedp.Void] {
 	return chromedp.Evaluate[chromedp.Void](code + "; undefined")
 }
 
+// poll waits until js is true, 15 s at most. chromedp's Poll runs js in
+// the page's execution context it last heard of, and just after a
+// navigation that can be the old page's, which the browser no longer has
+// (seen on a loaded machine): poll then waits in the new page's context.
 func poll(js string) chromedp.Action[chromedp.Void] {
-	return chromedp.Poll[chromedp.Void](js, chromedp.WithPollingTimeout(15*time.Second))
+	p := chromedp.Poll[chromedp.Void](js, chromedp.WithPollingTimeout(15*time.Second))
+	return func(ctx context.Context, t *chromedp.Target) (chromedp.Void, error) {
+		for {
+			v, err := p(ctx, t)
+			var e *cdproto.Error
+			if !errors.As(err, &e) || e.Message != "Cannot find context with specified id" && e.Message != "Execution context was destroyed." {
+				return v, err
+			}
+			select {
+			case <-ctx.Done():
+				return v, fmt.Errorf("%w (after %w)", ctx.Err(), err)
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+	}
 }
 
 // openFirstRow opens the drawer of the first row of the flow table. It

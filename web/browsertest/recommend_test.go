@@ -134,8 +134,10 @@ func download(t *testing.T, ctx context.Context, sel string) string {
 	progress := chromedp.Events(dctx, cdpbrowser.DownloadProgress)
 	events := true
 	do(t, ctx, chromedp.Func(func(ctx context.Context, _ *chromedp.Target) error {
+		// The tab's browser context, not the browser's default one.
 		_, err := chromedp.Call(ctx, cdpbrowser.SetDownloadBehavior, cdpbrowser.SetDownloadBehaviorParams{
 			Behavior: cdpbrowser.SetDownloadBehaviorBehaviorAllowAndName, DownloadPath: dir, EventsEnabled: &events,
+			BrowserContextID: chromedp.FromContext(ctx).BrowserContextID,
 		})
 		return err
 	}), chromedp.Click(css(sel)))
