@@ -23,6 +23,7 @@ import (
 // before it builds a lab.
 func TestDemoTwice(t *testing.T) {
 	requirePrereqs(t)
+	t.Parallel() // its own lab prefixes, directories and free ports
 	record(t, manifest.ModeDual)
 	bin := buildBinary(t)
 	prefix, stateDir := labPrefix(), filepath.Join(t.TempDir(), "lab")

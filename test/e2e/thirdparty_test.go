@@ -94,6 +94,7 @@ func TestThirdParty(t *testing.T) {
 	requirePrereqs(t)
 	requireCHDB(t)
 	requireThirdParty(t)
+	t.Parallel() // its own namespaces and in-process collector (its own database)
 	if *updateThirdParty {
 		if err := os.MkdirAll(thirdPartyGolden, 0o755); err != nil {
 			t.Fatal(err)
@@ -110,7 +111,7 @@ func TestThirdParty(t *testing.T) {
 func startUDPCollector(t *testing.T) *collector.Collector {
 	t.Helper()
 	var cfg collector.Config
-	cfg.Store.DataDir = sharedDataDir(t)
+	useSharedStore(t, &cfg)
 	cfg.Writer.FlushInterval = 100 * time.Millisecond
 	cfg.IPFIX.UDPAddrs = []string{"127.0.0.1:0"}
 	c, err := collector.New(context.Background(), cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
@@ -425,7 +426,7 @@ func compareCollector(t *testing.T, c *collector.Collector, exporterAddr netip.A
 	// and MLD reports are sent from it.
 	q := fmt.Sprintf(`SELECT if(src_ip = '' AND ip_version = 6, '::', src_ip), dst_ip, src_port, dst_port, protocol, packets, bytes,
 		toUnixTimestamp64Milli(flow_start), toUnixTimestamp64Milli(flow_end)
-		FROM dualflow.flows WHERE exporter_ip = '%s'`, exporterAddr)
+		FROM %s.flows WHERE exporter_ip = '%s'`, c.Database(), exporterAddr)
 	query := func() [][]string {
 		out, err := c.Conn().Query(context.Background(), q, "TSV")
 		if err != nil {
