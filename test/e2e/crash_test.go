@@ -23,6 +23,7 @@ import (
 	"github.com/dualflow/dualflow/flow"
 	fipfix "github.com/dualflow/dualflow/flow/ipfix"
 	"github.com/dualflow/dualflow/lab/manifest"
+	"github.com/dualflow/dualflow/test/kubeapi"
 	"github.com/dualflow/dualflow/web"
 )
 
@@ -89,8 +90,9 @@ func startBinaryCollectorEnv(t *testing.T, bin, dir string, mode manifest.Mode, 
 	}
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = lf, io.MultiWriter(lf, pw)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	// Killed with the test process (a plain Pdeathsig fires when the thread
+	// that forked it ends, which a parallel test's netns code can cause).
+	if err := kubeapi.StartTied(cmd); err != nil {
 		t.Fatal(err)
 	}
 	go func() { c.exited <- cmd.Wait(); pw.Close(); lf.Close() }()
