@@ -38,9 +38,7 @@ func TestSoftflowdLongIPFIX(t *testing.T) {
 	requirePrereqs(t)
 	requireCHDB(t)
 	requireThirdParty(t)
-	// Serial: its 400 exchanges are timed live, and a reply more than 10 ms
-	// after its request (a loaded machine) gives softflowd records whose
-	// times mix both directions, which the check against the capture refuses.
+	t.Parallel() // its own namespaces and in-process collector (its own database)
 	c := startUDPCollector(t)
 	for _, mode := range manifest.Modes {
 		t.Run(string(mode), func(t *testing.T) {
