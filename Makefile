@@ -28,6 +28,12 @@ RUN_VARS             := STATE_DIR PREFIX DATA_DIR WEB_ADDR CLICKHOUSE_HTTP_ADDR 
 # Go packages whose tests need root, network namespaces, browsers or the
 # real kube-apiserver.
 E2E_PKGS     := ./test/e2e/...
+# Tests of the e2e tier run at once (go test -parallel; Go's default is
+# GOMAXPROCS, 2 here): each test has its own labs, ports, directories and
+# store database, and most of its time waits (flushes, idle timeouts, labs
+# and daemons starting), so 4 at once fill 2 cores without starving the
+# timing-sensitive ones, which stay serial and run first.
+E2E_PARALLEL ?= 4
 BENCH_TIME   ?= 1s
 BENCH_PKGS   ?= ./...
 
@@ -158,7 +164,7 @@ test-unit: ## unit and integration tests (real chDB engine, fake Kubernetes)
 .PHONY: test-e2e
 test-e2e: build kube-apiserver ## end-to-end tests in network-namespace labs (root), three IP modes
 	@if [ "$$(id -u)" != 0 ]; then echo "test-e2e needs root (network namespaces)"; exit 1; fi
-	DUALFLOW_E2E=1 DUALFLOW_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 45m -v $(E2E_PKGS) 2>&1 | scripts/e2e-summary.sh
+	DUALFLOW_E2E=1 DUALFLOW_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -timeout 45m -parallel $(E2E_PARALLEL) -v $(E2E_PKGS) 2>&1 | scripts/e2e-summary.sh
 
 # The deployment tier runs within test-e2e; this target runs it alone:
 # deploy/kubernetes and deploy/helm rendered in-process and checked, then

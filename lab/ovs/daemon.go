@@ -89,7 +89,10 @@ func (n Node) runInput(ctx context.Context, netns string, stdin []byte, name str
 	defer cancel()
 	cmd := exec.CommandContext(ctx, name, args...)
 	cmd.Env = n.Env()
-	cmd.WaitDelay = time.Second
+	// Bounds a child that keeps the pipes after it exits; generous, as a
+	// loaded machine (e2e tests at once on 2 cores) can take over a second
+	// to drain them, which failed dump-flows with ErrWaitDelay.
+	cmd.WaitDelay = cmdTimeout
 	if stdin != nil {
 		cmd.Stdin = bytes.NewReader(stdin)
 	}

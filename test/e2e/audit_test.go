@@ -32,6 +32,7 @@ import (
 // and no dual-stack gap in the single-family modes.
 func TestAudit(t *testing.T) {
 	requirePrereqs(t)
+	t.Parallel() // each mode its own lab
 	for _, mode := range manifest.Modes {
 		t.Run(string(mode), func(t *testing.T) {
 			t.Parallel()

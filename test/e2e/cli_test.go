@@ -73,6 +73,7 @@ func failpointBinary(t testing.TB) string {
 // the allowed port over both families; `lab status` and `lab down` work.
 func TestCLI(t *testing.T) {
 	requirePrereqs(t)
+	t.Parallel() // its own lab prefix and state directory
 	t.Run(string(manifest.ModeDual), testCLIDual)
 }
 
@@ -194,6 +195,7 @@ func testCLIDual(t *testing.T) {
 // alone, including a process left inside a pod namespace.
 func TestDownAfterCrash(t *testing.T) {
 	requirePrereqs(t)
+	t.Parallel() // its own lab prefix and state directory
 	t.Run(string(manifest.ModeDual), testDownAfterCrash)
 }
 

@@ -37,28 +37,29 @@ import (
 // from both nodes' halves, with counters equal to the source node's
 // conntrack entry; same-node connections not correlated.
 //
-// The modes run one after the other: chDB opens one data directory per
-// process at a time, and the labs' addresses are the same in every mode.
+// The modes run at once, each with its own database in the process's one
+// chDB directory (the labs' addresses are the same in every mode).
 func TestCollector(t *testing.T) {
 	requirePrereqs(t)
 	requireCHDB(t)
-	dataDir := sharedDataDir(t)
+	t.Parallel()
 	for _, mode := range manifest.Modes {
 		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
 			record(t, mode)
-			testCollectorMode(t, mode, dataDir)
+			testCollectorMode(t, mode)
 		})
 	}
 }
 
-func testCollectorMode(t *testing.T, mode manifest.Mode, dataDir string) {
+func testCollectorMode(t *testing.T, mode manifest.Mode) {
 	l := startLab(t, mode)
 	listen := "[::1]:0"
 	if mode == manifest.ModeIPv4 {
 		listen = "127.0.0.1:0" // the exporters speak IPFIX over the mode's family
 	}
 	var cfg collector.Config
-	cfg.Store.DataDir = dataDir
+	useSharedStore(t, &cfg)
 	cfg.Writer.FlushInterval = 100 * time.Millisecond
 	cfg.IPFIX.TCPAddrs = []string{listen}
 	cfg.Correlate.Timeout = 5 * time.Second
@@ -143,8 +144,8 @@ func testCollectorMode(t *testing.T, mode manifest.Mode, dataDir string) {
 			crossNode := strings.HasPrefix(nodeOfPod(l, endpoint), "node-2")
 			q := fmt.Sprintf(`SELECT correlation, packets_total, bytes_total, reverse_packets_total, reverse_bytes_total,
 				sum(packets) OVER (), src_node, dst_node, exporter_node, toString(service_ip), toString(dst_ip)
-				FROM dualflow.flows WHERE ip_version = %d AND protocol = %d AND src_port = %d ORDER BY flow_end`,
-				flow.Version(s.local.Addr()), s.proto, s.local.Port())
+				FROM %s.flows WHERE ip_version = %d AND protocol = %d AND src_port = %d ORDER BY flow_end`,
+				c.Database(), flow.Version(s.local.Addr()), s.proto, s.local.Port())
 			rows := waitRows(t, c, q, func(rows [][]string) bool {
 				// Wait for the merged row (or, same node, the single row),
 				// and past the correlation timeout for stray halves.
@@ -296,6 +297,7 @@ func TestOVSIPFIX(t *testing.T) {
 			t.Skipf("%s missing", bin)
 		}
 	}
+	t.Parallel() // its own OVS daemons and directory
 	record(t, "ipfix-ovs")
 	dir := t.TempDir()
 	env := append(os.Environ(), "OVS_RUNDIR="+dir, "OVS_DBDIR="+dir, "OVS_LOGDIR="+dir)

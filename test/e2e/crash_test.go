@@ -23,6 +23,8 @@ import (
 	"github.com/dualflow/dualflow/flow"
 	fipfix "github.com/dualflow/dualflow/flow/ipfix"
 	"github.com/dualflow/dualflow/lab/manifest"
+	"github.com/dualflow/dualflow/test/kubeapi"
+	"github.com/dualflow/dualflow/web"
 )
 
 // TestCrashLosesNothing kills the collector with SIGKILL while records it
@@ -31,6 +33,7 @@ import (
 // stored, in three IP modes. The write-ahead log must replay what the
 // crash lost (before it, kill -9 lost 20% of a stream).
 func TestCrashLosesNothing(t *testing.T) {
+	t.Parallel() // its own collector processes, directories and ports
 	bin := buildBinary(t)
 	for _, mode := range []manifest.Mode{manifest.ModeIPv4, manifest.ModeIPv6, manifest.ModeDual} {
 		t.Run(string(mode), func(t *testing.T) {
@@ -87,8 +90,9 @@ func startBinaryCollectorEnv(t *testing.T, bin, dir string, mode manifest.Mode, 
 	}
 	pr, pw := io.Pipe()
 	cmd.Stdout, cmd.Stderr = lf, io.MultiWriter(lf, pw)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	// Killed with the test process (a plain Pdeathsig fires when the thread
+	// that forked it ends, which a parallel test's netns code can cause).
+	if err := kubeapi.StartTied(cmd); err != nil {
 		t.Fatal(err)
 	}
 	go func() { c.exited <- cmd.Wait(); pw.Close(); lf.Close() }()
@@ -138,7 +142,7 @@ func startBinaryCollectorEnv(t *testing.T, bin, dir string, mode manifest.Mode, 
 		t.Fatal("collector not listening within 3 minutes")
 	}
 	if c.web != "" {
-		registerOperator(t, c.web, filepath.Join(dir, "data"))
+		registerOperator(t, c.web, filepath.Join(dir, "data", web.LocalTokenFileName))
 	}
 	return c
 }
@@ -348,6 +352,7 @@ func testCrash(t *testing.T, bin string, mode manifest.Mode) {
 // (flows.ingest_batch) and not replay it: every record is stored once, in
 // three IP modes. Before intents, the whole batch was stored twice.
 func TestCrashAfterInsert(t *testing.T) {
+	t.Parallel() // as TestCrashLosesNothing
 	bin := failpointBinary(t)
 	for _, mode := range manifest.Modes {
 		t.Run(string(mode), func(t *testing.T) {

@@ -8,12 +8,12 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/dualflow/dualflow/lab"
 	"github.com/dualflow/dualflow/lab/manifest"
+	"github.com/dualflow/dualflow/test/kubeapi"
 )
 
 // TestDemoTwice: a second `dualflow demo` (what `make run` runs) while one
@@ -23,6 +23,7 @@ import (
 // before it builds a lab.
 func TestDemoTwice(t *testing.T) {
 	requirePrereqs(t)
+	t.Parallel() // its own lab prefixes, directories and free ports
 	record(t, manifest.ModeDual)
 	bin := buildBinary(t)
 	prefix, stateDir := labPrefix(), filepath.Join(t.TempDir(), "lab")
@@ -37,8 +38,10 @@ func TestDemoTwice(t *testing.T) {
 	first := demo(prefix, stateDir)
 	var out bytes.Buffer
 	first.Stdout, first.Stderr = &out, &out
-	first.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := first.Start(); err != nil {
+	// Tied: killed with the test process, from a thread that outlives it
+	// (a plain Pdeathsig killed it when a parallel test's netns code
+	// ended the thread that had forked it).
+	if err := kubeapi.StartTied(first); err != nil {
 		t.Fatal(err)
 	}
 	exited := make(chan error, 1)

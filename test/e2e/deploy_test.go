@@ -216,6 +216,7 @@ func find(t *testing.T, objs []*unstructured.Unstructured, kind, name string, ou
 // the API server cannot: the collector's rules are rbac.yaml's, the
 // exporter has none, capabilities, probes, images, TLS wiring.
 func TestDeployManifests(t *testing.T) {
+	t.Parallel() // renders only
 	rbacObjs := decodeObjects(t, mustRead(t, rbacPath))
 	var want rbacv1.ClusterRole
 	if !find(t, rbacObjs, "ClusterRole", "dualflow-collector-enrich", &want) {
@@ -620,6 +621,7 @@ func chartAppVersion(t *testing.T) string {
 // holds, what it admits and the deployed ServiceAccounts' permissions.
 func TestDeployKubeAPI(t *testing.T) {
 	requireKubeAPI(t)
+	t.Parallel() // each case its own API server and operator HOME
 	rbacObjs := decodeObjects(t, mustRead(t, rbacPath))
 	var want rbacv1.ClusterRole
 	if !find(t, rbacObjs, "ClusterRole", "dualflow-collector-enrich", &want) {

@@ -29,6 +29,7 @@ import (
 // Service, port name and flow type with the manifest.
 func TestEnrich(t *testing.T) {
 	requirePrereqs(t)
+	t.Parallel() // each mode its own lab
 	for _, mode := range manifest.Modes {
 		t.Run(string(mode), func(t *testing.T) {
 			t.Parallel()

@@ -39,6 +39,7 @@ import (
 // (ReportedVerdict denied, ReportedName the drop rule) is checked on the
 // records a second OVS source on node-1 produces.
 func TestExporter(t *testing.T) {
+	t.Parallel() // each mode its own lab
 	for _, datapath := range []string{lab.DatapathKernel, lab.DatapathOVS} {
 		for _, mode := range manifest.Modes {
 			label := string(mode)

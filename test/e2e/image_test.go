@@ -57,6 +57,7 @@ func TestImage(t *testing.T) {
 	requirePrereqs(t)
 	requireCHDB(t)
 	requirePodman(t)
+	t.Parallel() // its own containers (named for the process and mode), labs and stores; the modes one after the other, each runs the 700 MB chDB image
 	tag := imageTag(t)
 	for _, img := range []string{"dualflow", "dualflow-chdb"} {
 		out, err := podman("image", "inspect", "--format", "{{.Size}}", "localhost/"+img+":"+tag).Output()

@@ -33,6 +33,7 @@ import (
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/test/kubeapi"
 	"github.com/dualflow/dualflow/traceflow"
+	"github.com/dualflow/dualflow/web"
 	"github.com/dualflow/dualflow/web/api"
 )
 
@@ -66,6 +67,7 @@ var kubeReflect = struct {
 func TestKubeCollector(t *testing.T) {
 	requirePrereqs(t)
 	requireKubeAPI(t)
+	t.Parallel() // each mode its own lab, API server and collector process
 	bin := buildBinary(t)
 	orders := map[manifest.Mode]lab.PublishOrder{manifest.ModeIPv4: lab.OrderReverse, manifest.ModeIPv6: lab.OrderRandom, manifest.ModeDual: lab.OrderForward}
 	t.Cleanup(func() {
@@ -129,7 +131,7 @@ func newKubeEnv(t *testing.T, mode manifest.Mode, bin string, order lab.PublishO
 	agents := bindNodeAgents(t, k.l)
 	p := startCollectorProcess(t, bin, mode, kc, "--traceflow.token-file", agents.tokenFile, "--traceflow.agents", agents.flag())
 	k.web, k.metrics = p.web, p.metrics
-	registerOperator(t, p.web, p.dataDir)
+	registerOperator(t, p.web, filepath.Join(p.dataDir, web.LocalTokenFileName))
 	for _, n := range k.l.Manifest.Nodes {
 		startExporter(t, k.l, mode, n.Name, p.ipfix, agents)
 	}

@@ -118,6 +118,7 @@ func startKubeEnricher(t *testing.T, kubeconfig string) *enrich.Enricher {
 // with inventory mode on the same manifest: they must be the same.
 func TestKubePublishOrders(t *testing.T) {
 	requireKubeAPI(t)
+	t.Parallel() // each order its own API server
 	for _, mode := range manifest.Modes {
 		t.Run(string(mode), func(t *testing.T) {
 			t.Parallel()

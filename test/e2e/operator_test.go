@@ -4,12 +4,9 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
-
-	"github.com/dualflow/dualflow/web"
 )
 
 // operatorTokens maps the web base URL (scheme://host:port) of each
@@ -18,15 +15,15 @@ import (
 // its SQL and traces need that token (as an operator's CLI reads it).
 var operatorTokens sync.Map
 
-// registerOperator records the local operator token of the collector
-// serving base with the data directory dataDir.
-func registerOperator(t testing.TB, base, dataDir string) {
+// registerOperator records tokenFile as the local operator token of the
+// collector serving base.
+func registerOperator(t testing.TB, base, tokenFile string) {
 	t.Helper()
 	u, err := url.Parse(base)
 	if err != nil || u.Host == "" {
 		t.Fatalf("web URL %q: %v", base, err)
 	}
-	operatorTokens.Store(u.Scheme+"://"+u.Host, filepath.Join(dataDir, web.LocalTokenFileName))
+	operatorTokens.Store(u.Scheme+"://"+u.Host, tokenFile)
 }
 
 // operatorTokenFile is the token file of the collector serving target

@@ -51,6 +51,7 @@ func waitDead(t *testing.T, pids []int) {
 // rules`, and checks that `lab down` ends every OVS daemon.
 func TestOVSCLI(t *testing.T) {
 	requireOVS(t)
+	t.Parallel() // its own lab and OVS daemons
 	t.Run(string(manifest.ModeDual), func(t *testing.T) {
 		recordAs(t, string(manifest.ModeDual)+"/ovs")
 		bin := buildBinary(t)
@@ -97,6 +98,7 @@ func TestOVSCLI(t *testing.T) {
 // daemons live in the node namespaces).
 func TestOVSDownAfterCrash(t *testing.T) {
 	requireOVS(t)
+	t.Parallel() // its own labs and OVS daemons
 	t.Run(string(manifest.ModeDual), func(t *testing.T) {
 		recordAs(t, string(manifest.ModeDual)+"/ovs")
 		for _, lose := range []bool{false, true} {

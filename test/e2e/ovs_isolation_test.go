@@ -30,6 +30,7 @@ import (
 // dialled.
 func TestOVSLabsSideBySide(t *testing.T) {
 	requireOVS(t)
+	t.Parallel() // its own labs and OVS daemons
 	mode := manifest.ModeDual
 	recordAs(t, string(mode)+"/ovs")
 	var labs [2]*sideLab

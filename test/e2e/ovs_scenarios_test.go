@@ -25,6 +25,7 @@ import (
 // the gateway's ARP/neighbour responders.
 func TestOVSScenarios(t *testing.T) {
 	requireOVS(t)
+	t.Parallel() // each mode its own lab and OVS daemons
 	runScenarios(t, lab.DatapathOVS, append(append([]scenario(nil), scenarios...),
 		scenario{"ovs-drop-packet-in", ovsDropPacketIn, false},
 		scenario{"ovs-neighbor-responders", ovsNeighbors, false},

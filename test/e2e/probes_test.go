@@ -35,6 +35,7 @@ import (
 // the same workloads (an allowed one, one denied by the same policy) do.
 func TestTraceProbesHidden(t *testing.T) {
 	requirePrereqs(t)
+	t.Parallel() // its own labs and products (each its own database); the modes one after the other, as traces need the nft monitors fed
 	bin := buildBinary(t)
 	for _, mode := range manifest.Modes {
 		t.Run(string(mode), func(t *testing.T) {
@@ -54,8 +55,7 @@ type probeSent struct {
 
 func checkTraceProbesHidden(t *testing.T, l *lab.Lab, mode manifest.Mode, bin string) {
 	_, base := startProduct(t, l)
-	// The products of the tests share one store: only rows from now on
-	// are this lab's.
+	// Only rows from now on are this test's traces and dials.
 	start := time.Now().Add(-time.Second).UTC()
 	since := start.Format(time.RFC3339Nano)
 	pod := func(ns, app string, node int) *corev1.Pod {

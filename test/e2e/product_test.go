@@ -12,25 +12,30 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/dualflow/dualflow/app"
+	"github.com/dualflow/dualflow/collector"
 	"github.com/dualflow/dualflow/collector/store/chdb"
 	"github.com/dualflow/dualflow/lab"
 	"github.com/dualflow/dualflow/lab/labcmd"
 	"github.com/dualflow/dualflow/traceflow"
+	"github.com/dualflow/dualflow/web"
 )
 
 var (
 	dataDirOnce sync.Once
 	dataDirPath string
+	databaseSeq atomic.Int32
 )
 
 // sharedDataDir is the embedded store's directory of every in-process
-// product of this test process: chDB opens one directory per process at a
-// time, so the products (run one after the other) share one. It is
-// removed when the tests end.
+// store of this test process: chDB opens one directory per process at a
+// time, so the in-process products and collectors share one engine, each
+// with its own database (useSharedStore), and can run at the same time.
+// It is removed when the tests end.
 func sharedDataDir(t testing.TB) string {
 	dataDirOnce.Do(func() {
 		d, err := os.MkdirTemp("", "dualflow-e2e-data-")
@@ -40,6 +45,19 @@ func sharedDataDir(t testing.TB) string {
 		dataDirPath = d
 	})
 	return filepath.Join(dataDirPath, "data")
+}
+
+// useSharedStore sets c, an in-process collector's configuration, to store
+// on sharedDataDir in a database of its own, with its own write-ahead log
+// and spool directories (by default beside the data directory, which one
+// collector at a time may hold): the labs of every mode have the same
+// addresses, so collectors that shared a database would see each other's
+// flows.
+func useSharedStore(t testing.TB, c *collector.Config) {
+	c.Store.DataDir = sharedDataDir(t)
+	c.Store.Database = fmt.Sprintf("e2e_%d", databaseSeq.Add(1))
+	dir := t.TempDir()
+	c.WAL.Dir, c.Writer.SpoolDir = filepath.Join(dir, "wal"), filepath.Join(dir, "spool")
 }
 
 func removeSharedDataDir() {
@@ -79,8 +97,11 @@ func startProductEdited(t testing.TB, l *lab.Lab, opts labcmd.ProductOptions, ed
 	t.Helper()
 	requireCHDB(t)
 	var cfg app.Config
-	cfg.Collector.Store.DataDir = sharedDataDir(t)
+	useSharedStore(t, &cfg.Collector)
 	cfg.Collector.Store.HTTPAddr = ""
+	// Each product its own operator token: products started at once would
+	// race to create a shared one.
+	cfg.Web.LocalTokenFile = filepath.Join(t.TempDir(), web.LocalTokenFileName)
 	cfg.Collector.IPFIX.TCPAddrs, cfg.Collector.IPFIX.UDPAddrs = []string{"127.0.0.1:0", "[::1]:0"}, nil
 	cfg.Collector.MetricsAddr = ""
 	cfg.Web.Addr = "127.0.0.1:0"
@@ -108,7 +129,7 @@ func startProductEdited(t testing.TB, l *lab.Lab, opts labcmd.ProductOptions, ed
 		}
 	})
 	base := strings.TrimSuffix(p.App.WebURL(), "/")
-	registerOperator(t, base, cfg.Collector.Store.DataDir)
+	registerOperator(t, base, cfg.Web.LocalTokenFile)
 	return p, base
 }
 

@@ -34,8 +34,10 @@ import (
 //     port evaluated: it answers exactly when the cell says allowed.
 func TestReachabilityMatrix(t *testing.T) {
 	requirePrereqs(t)
+	t.Parallel() // each mode its own lab and product (its own database)
 	for _, mode := range manifest.Modes {
 		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
 			recordAs(t, string(mode)+"/reachability")
 			l := startLab(t, mode)
 			_, base := startProduct(t, l)
@@ -131,8 +133,8 @@ func checkReachability(t *testing.T, l *lab.Lab, mode manifest.Mode, base string
 		}
 	}
 
-	// Every pair listed, dialled on the lab's datapath. The products of
-	// the modes share one store: only flows from now on are this lab's.
+	// Every pair listed, dialled on the lab's datapath: only flows from
+	// now on are these dials.
 	dialStart := time.Now().Add(-time.Second).UTC().Format(time.RFC3339)
 	dialled := 0
 	for _, cell := range []api.Cell{m8080.Cells[0][0], m8080.Cells[1][1], m9090.Cells[0][1]} {

@@ -44,14 +44,16 @@ import (
 //     on), answered before in every family, are now refused.
 func TestRecommend(t *testing.T) {
 	requirePrereqs(t)
+	t.Parallel() // each datapath and mode its own lab and product (its own database)
 	for _, datapath := range []string{lab.DatapathKernel, lab.DatapathOVS} {
 		t.Run(datapath, func(t *testing.T) {
+			t.Parallel()
 			if datapath == lab.DatapathOVS {
 				requireOVS(t)
 			}
-			// One after the other: the in-process products share one store.
 			for _, mode := range manifest.Modes {
 				t.Run(string(mode), func(t *testing.T) {
+					t.Parallel()
 					label := string(mode) + "/recommend"
 					if datapath != lab.DatapathKernel {
 						label = string(mode) + "/" + datapath + "/recommend"
@@ -97,8 +99,8 @@ func (u unobservedConn) String() string {
 }
 
 func checkRecommend(t *testing.T, l *lab.Lab, mode manifest.Mode, base string) {
-	// The products of the labs share one store: only flows from now on
-	// are this lab's.
+	// Only flows from now on are the traffic's below (the lab's own
+	// traffic generator may have run before).
 	since := time.Now().Add(-time.Second).UTC().Format(time.RFC3339)
 	observed := runProbes(t, l, true)
 	if len(observed) == 0 {

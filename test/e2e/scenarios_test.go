@@ -53,6 +53,7 @@ var scenarios = []scenario{
 // parallel, each on its own lab.
 func TestScenarios(t *testing.T) {
 	requirePrereqs(t)
+	t.Parallel() // each mode its own lab
 	runScenarios(t, lab.DatapathKernel, scenarios)
 }
 

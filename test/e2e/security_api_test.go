@@ -41,6 +41,7 @@ import (
 //     saying what to narrow, before the work runs;
 //   - one token cannot take every follow stream of its role.
 func TestSecurityAPI(t *testing.T) {
+	t.Parallel() // its own collector process, directory and ports; the modes one after the other, as each fills its caps
 	bin := buildBinary(t)
 	for _, mode := range []manifest.Mode{manifest.ModeIPv4, manifest.ModeIPv6, manifest.ModeDual} {
 		t.Run(string(mode), func(t *testing.T) {

@@ -24,9 +24,11 @@ import (
 // attack goes on (before issue 33 it was refused every time); all their
 // records are stored, and the evictions are counted.
 func TestSecurityIPFIXSessions(t *testing.T) {
+	t.Parallel() // each mode its own collector process, directory and ports
 	bin := buildBinary(t)
 	for _, mode := range []manifest.Mode{manifest.ModeIPv4, manifest.ModeIPv6, manifest.ModeDual} {
 		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
 			record(t, mode)
 			testIPFIXSessionAttack(t, bin, mode)
 		})

@@ -23,9 +23,11 @@ import (
 // engine), its real listeners and the real engine. Each must be refused,
 // bounded or survived.
 func TestSecurity(t *testing.T) {
+	t.Parallel() // each mode its own collector process, directory and ports
 	bin := buildBinary(t)
 	for _, mode := range []manifest.Mode{manifest.ModeIPv4, manifest.ModeIPv6, manifest.ModeDual} {
 		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
 			record(t, mode)
 			testSecurity(t, bin, mode)
 		})

@@ -71,7 +71,7 @@ func newTFSEnv(t *testing.T, mode manifest.Mode, edit func(*app.Config)) *tfsEnv
 		t.Fatal(err)
 	}
 	e := &tfsEnv{l: l, mode: mode, p: p, base: base, token: strings.TrimSpace(string(tok))}
-	if b, err := os.ReadFile(filepath.Join(sharedDataDir(t), "web-operator-token")); err == nil {
+	if b, err := os.ReadFile(operatorTokenFile(base)); err == nil {
 		e.webToken = strings.TrimSpace(string(b))
 	}
 	for _, x := range []struct {
@@ -247,6 +247,7 @@ func (e *tfsEnv) deliveredTrace(t *testing.T, d time.Duration) traceflow.Result 
 // trace) never reaches; once the caller waits, traces work again.
 func TestSecurityTraceflowRateLimit(t *testing.T) {
 	requirePrereqs(t)
+	// Serial: it must send faster than the limits (beside other tests it sent 2.4 probes/s, and no 429 came).
 	for _, mode := range manifest.Modes {
 		t.Run(string(mode), func(t *testing.T) {
 			recordAs(t, string(mode)+"/trace-security")
@@ -348,6 +349,7 @@ func (r tfsFloodResult) total() int {
 // UI send is accepted.
 func TestSecurityTraceflowProbeShape(t *testing.T) {
 	requirePrereqs(t)
+	t.Parallel() // its own labs and products (each its own database); the modes one after the other: a few traces each
 	for _, mode := range manifest.Modes {
 		t.Run(string(mode), func(t *testing.T) {
 			recordAs(t, string(mode)+"/trace-security")
@@ -468,6 +470,7 @@ func TestSecurityTraceflowProbeShape(t *testing.T) {
 // when the request asks for it (external=true), and only then.
 func TestSecurityTraceflowExternalAllowed(t *testing.T) {
 	requirePrereqs(t)
+	t.Parallel() // its own labs and products (each its own database); the modes one after the other: a few traces each
 	for _, mode := range manifest.Modes {
 		t.Run(string(mode), func(t *testing.T) {
 			recordAs(t, string(mode)+"/trace-security")
@@ -511,6 +514,7 @@ func tfsAllowExternal(c *app.Config) { c.Traceflow.AllowExternal = true }
 // work as before.
 func TestSecurityTraceflowConcurrentWatches(t *testing.T) {
 	requirePrereqs(t)
+	// Serial: 128 watches, each with nft monitors on every node, starve beside other tests on 2 cores.
 	nftBin, err := lab.NFTPath()
 	if err != nil {
 		t.Fatal(err)

@@ -53,6 +53,7 @@ const shardFailover = 3 * time.Second
 func TestShardedCollectors(t *testing.T) {
 	requirePrereqs(t)
 	requireCHDB(t)
+	// Serial: beside other tests, a collector's SIGKILL left a half stored again beside its merged row (0 records replayed); not yet understood.
 	bin := buildBinary(t)
 	for _, mode := range manifest.Modes {
 		t.Run(string(mode), func(t *testing.T) {

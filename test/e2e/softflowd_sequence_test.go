@@ -38,6 +38,7 @@ func TestSoftflowdLongIPFIX(t *testing.T) {
 	requirePrereqs(t)
 	requireCHDB(t)
 	requireThirdParty(t)
+	t.Parallel() // its own namespaces and in-process collector (its own database)
 	c := startUDPCollector(t)
 	for _, mode := range manifest.Modes {
 		t.Run(string(mode), func(t *testing.T) {
@@ -176,6 +177,7 @@ func metricSum(t *testing.T, g prometheus.Gatherer, name string, labels ...strin
 func TestSoftflowdNetFlowOverTCP(t *testing.T) {
 	requirePrereqs(t)
 	requireThirdParty(t)
+	t.Parallel() // its own namespaces and listener
 	for _, mode := range manifest.Modes {
 		t.Run(string(mode), func(t *testing.T) {
 			record(t, mode)

@@ -27,9 +27,11 @@ import (
 // each mode's family.
 func TestCollectorWaitsForStore(t *testing.T) {
 	requireCHDB(t)
+	t.Parallel() // each mode its own store and collector processes and directories
 	bin := buildBinary(t)
 	for _, mode := range manifest.Modes {
 		t.Run(string(mode), func(t *testing.T) {
+			t.Parallel()
 			record(t, mode)
 			host, bracketed := "::1", "[::1]"
 			if mode == manifest.ModeIPv4 {

@@ -390,6 +390,7 @@ var traceScenarios = []struct {
 // trace, conntrack, capture) in the three modes, in parallel.
 func TestTraceflow(t *testing.T) {
 	requirePrereqs(t)
+	// Serial: a dozen traces at once, whose monitors starve beside other tests (runTraceflow).
 	runTraceflow(t, lab.DatapathKernel, "trace")
 }
 
@@ -397,6 +398,7 @@ func TestTraceflow(t *testing.T) {
 // (ofproto/trace, drop packet-ins, capture).
 func TestTraceflowOVS(t *testing.T) {
 	requireOVS(t)
+	// Serial: as TestTraceflow.
 	runTraceflow(t, lab.DatapathOVS, "ovs-trace")
 }
 
@@ -484,6 +486,7 @@ func benchTraceDual(b *testing.B, datapath string) {
 // clear reason when one family has no address (backend/api-single).
 func TestTraceCLI(t *testing.T) {
 	requirePrereqs(t)
+	// Serial: traces, as TestTraceflow.
 	recordAs(t, "dual/trace-cli")
 	bin := buildBinary(t)
 	l := startLab(t, manifest.ModeDual)
@@ -553,6 +556,7 @@ func TestTraceCLI(t *testing.T) {
 // node), and an agent that is down is reported as unreachable.
 func TestTraceflowAgent(t *testing.T) {
 	requirePrereqs(t)
+	// Serial: traces, as TestTraceflow.
 	recordAs(t, "dual/trace-agent")
 	l := startLab(t, manifest.ModeDual)
 	web, _ := l.PodOn(manifest.NSFrontend, "web", 1)

@@ -51,8 +51,9 @@ func TestUIOnLab(t *testing.T) {
 	requirePrereqs(t)
 	requireCHDB(t)
 	chrome := requireChromium(t)
-	// The products run one after the other: chDB holds one data
-	// directory per process.
+	// Each mode its own lab, product (its own database) and browser; the
+	// modes one after the other, as each runs a Chromium.
+	t.Parallel()
 	for _, mode := range manifest.Modes {
 		t.Run(string(mode), func(t *testing.T) {
 			u := newUIEnv(t, chrome, mode)
@@ -107,18 +108,9 @@ func newUIEnv(t *testing.T, chrome string, mode manifest.Mode) *uiEnv {
 	t.Helper()
 	start := time.Now()
 	l := startTrafficLab(t, mode)
-	p, base := startProduct(t, l)
-	// The products of the modes share one store (chDB: one data
-	// directory per process), and the pages show the last hour: drop
-	// what earlier labs recorded so that every flow a page shows is this
-	// lab's. The traffic generator keeps adding new ones.
-	c := p.App.Collector()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	err := c.Conn().Exec(ctx, "TRUNCATE TABLE "+c.Database()+".flows")
-	cancel()
-	if err != nil {
-		t.Fatalf("clear earlier labs' flows: %v", err)
-	}
+	// The product's database is its own: every flow a page shows is
+	// this lab's.
+	_, base := startProduct(t, l)
 	u := &uiEnv{mode: mode, l: l, base: base}
 	for _, f := range mode.Families() {
 		u.fams = append(u.fams, strconv.Itoa(famVersion(f)))
