@@ -85,9 +85,11 @@ var unscaledWindow = regexp.MustCompile(`\[\d+[mhd]\]|offset \d+[mhd]|for: \d+[m
 //     stored; traceflow probe rows, which the metrics leave out, are
 //     excluded, and the test sends none).
 //
-// The modes run one after the other: the in-process products share one
-// store.
+// It runs beside other tests (its own lab prefix, ports, directories and
+// database); its modes run one after the other: each is a lab, a product,
+// Prometheus and Alertmanager, and the times to an alert are measured.
 func TestPrometheusAlerts(t *testing.T) {
+	t.Parallel()
 	requirePrereqs(t)
 	bins := promBinaries(t)
 	rules := scaledRules(t, bins)
@@ -342,7 +344,7 @@ func checkPrometheusAlerts(t *testing.T, bins promTools, rules string, mode mani
 // not yet scraped) is waited out, for at most a minute.
 func checkPromQLAgainstFlows(t *testing.T, prom *promServer, base string, since time.Time) {
 	t.Helper()
-	q := fmt.Sprintf(`SELECT ip_version, toString(sum(bytes)), toString(countIf(packets = packets_total)) FROM dualflow.flows
+	q := fmt.Sprintf(`SELECT ip_version, toString(sum(bytes)), toString(countIf(packets = packets_total)) FROM flows
 		WHERE time_received >= fromUnixTimestamp64Milli(toInt64(%d)) AND probe_trace_id = '' GROUP BY ip_version ORDER BY ip_version`, since.UnixMilli())
 	var first string
 	took := await(t, time.Minute, "PromQL sums equal to the flows table's", func() (bool, string) {
