@@ -22,8 +22,8 @@ type metrics struct {
 	seqLostMsg *prometheus.CounterVec // {transport, exporter}
 	// exporters are the exporter label values in use (at most
 	// maxExporterSeries).
-	expMu     sync.Mutex
-	exporters map[netip.Addr]string
+	expMu      sync.Mutex
+	exporters  map[netip.Addr]string
 	byVersion  *prometheus.CounterVec // {protocol}
 	stamped    [numStampReasons]prometheus.Counter
 	bothFams   prometheus.Counter
