@@ -38,8 +38,8 @@ func fill(rng *rand.Rand, v reflect.Value) {
 			return // not encoded: the frame id is the frame's
 		}
 		for i := range v.NumField() {
-			if n := v.Type().Field(i).Name; n == "K8sViewStale" || n == "ProbeTraceID" {
-				continue // not encoded: set by enrichment, after the journal
+			if n := v.Type().Field(i).Name; n == "K8sViewStale" || n == "ProbeTraceID" || n == "PodAddrs" || n == "DualStackGap" {
+				continue // not encoded: set by enrichment and the audit, after the journal
 			}
 			fill(rng, v.Field(i))
 		}
