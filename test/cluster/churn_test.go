@@ -175,6 +175,7 @@ FROM flows WHERE src_pod_namespace = '%s' AND dst_port = %d AND probe_trace_id =
 			return false, fmt.Errorf("%d rows and more: the query's limit", len(res.Rows))
 		}
 		rows = len(res.Rows)
+		missing, wrong, unnamed, extra, attempts = missing[:0], wrong[:0], unnamed[:0], 0, 0
 		seen := map[*churnConn][]string{}
 		detail := map[*churnConn][]string{}
 		for _, r := range res.Rows {
@@ -186,13 +187,12 @@ FROM flows WHERE src_pod_namespace = '%s' AND dst_port = %d AND probe_trace_id =
 			start := time.UnixMilli(int64(num(r[10])))
 			c, ok := nearest(want[k], start, nearRow)
 			if !ok {
-				attempts++ // a failed attempt's, or none of this test's
+				attempts++ // a failed attempt's, or a row whose start is not its connection's (an exporter's restart dumps it again)
 				continue
 			}
 			seen[c] = append(seen[c], fmt.Sprintf("%v/%v", r[3], r[4]))
 			detail[c] = append(detail[c], fmt.Sprintf("%v", r[5:]))
 		}
-		missing, wrong, unnamed, extra = missing[:0], wrong[:0], unnamed[:0], 0
 		for _, cs := range want {
 			for i := range cs {
 				cn := &cs[i]
