@@ -372,5 +372,11 @@ func mismatch(p Policy) bool {
 	return p.ReportedVerdict.Blocked() != p.Verdict.Blocked()
 }
 
+// First reports whether r is its connection's first record: its packet
+// total equals its delta (the first slice of a long connection, or a whole
+// short one). The flow metrics count connections, and the auditor checks
+// them, there.
+func (r *Record) First() bool { return r.Packets == r.PacketsDelta }
+
 // Blocked reports whether v denied or rejected the flow.
 func (v Verdict) Blocked() bool { return v == VerdictDenied || v == VerdictRejected }

@@ -382,7 +382,7 @@ func (a *Auditor) audit(set *policy.Set, rec *flow.Record, c *counts, m *memo) {
 	// evaluated again: isolation is decided by selectors, alike for both
 	// families.
 	iso := func(d *policy.Decision) bool { return d.Verdict >= flow.VerdictAllowed }
-	if set.NamesBlocks() && f.Src.IsPod && f.Dst.IsPod && rec.Packets == rec.PacketsDelta && (iso(&eg) || iso(&in)) && otherFamily(&f, rec) {
+	if set.NamesBlocks() && f.Src.IsPod && f.Dst.IsPod && rec.First() && (iso(&eg) || iso(&in)) && otherFamily(&f, rec) {
 		eg2, in2 := eg, in
 		if iso(&eg) {
 			set.Side(policy.Egress, &f, &eg2)

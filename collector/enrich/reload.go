@@ -20,10 +20,10 @@ import (
 const DefaultInventoryReload = 10 * time.Second
 
 // inventorySource keeps the inventory files' objects in the store the
-// informers list and watch (objectStore). A reload turns the difference between two loads
-// into creates, updates and deletes, so the index follows a changed file
-// through the same events as a cluster (deleted pods are kept for the
-// grace period, addresses change hands, and so on).
+// informers list and watch (objectStore). A reload turns the difference
+// between two loads into creates, updates and deletes, so the index
+// follows a changed file through the same events as a cluster (deleted
+// pods are kept for the grace period, addresses change hands, and so on).
 type inventorySource struct {
 	files   []string
 	store   *objectStore

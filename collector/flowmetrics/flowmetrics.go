@@ -348,7 +348,7 @@ func (m *Metrics) Observe(recs []flow.Record) {
 		if r.ProbeTraceID != "" {
 			continue
 		}
-		first := r.Packets == r.PacketsDelta
+		first := r.First()
 		denied, side := deniedSide(r)
 		filled := false
 		for _, t := range m.tables {
