@@ -1,17 +1,25 @@
 package recommend
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/netip"
+	"os"
 	goruntime "runtime"
+	"syscall"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 
 	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/collector/enrich"
+	"github.com/dualflow/dualflow/collector/store"
+	"github.com/dualflow/dualflow/collector/store/chdb"
 	"github.com/dualflow/dualflow/flow"
+	"github.com/dualflow/dualflow/migrations"
 )
 
 // largeScope is the large scope: 2,000 Deployments (100
@@ -111,4 +119,118 @@ func BenchmarkRecommendLarge(b *testing.B) {
 		b.ReportMetric(float64(len(y))/(1<<20), "MiB-yaml")
 		goruntime.KeepAlive(rep)
 	}
+}
+
+// BenchmarkRecommendStoreLarge is the large scope end to end, as
+// the server answers it: 10,000,000 flow records of largeScope's 220,000
+// flow groups stored in the embedded engine (merged, as a store that has
+// held them for a while), then Queries.Recommend for the cluster over a
+// window of whole hours (the store read through the projection
+// observed_1h, the recommendation, its YAML, replay, static audit and
+// diff). It reports the wall time (ns/op), the process's CPU time per
+// answer (the engine's threads included) and its maximum RSS (engine,
+// seeded records and answer). Run it alone: the seeding takes minutes.
+//
+//	go test -run '^$' -bench RecommendStoreLarge -benchtime 1x -count 2 ./collector/audit/recommend/
+func BenchmarkRecommendStoreLarge(b *testing.B) {
+	dir := b.TempDir()
+	e, err := store.NewEmbedded(store.EmbeddedConfig{DataDir: dir})
+	if errors.Is(err, chdb.ErrLibraryNotFound) && os.Getenv("DUALFLOW_REQUIRE_CHDB") != "1" {
+		b.Skip("libchdb not available (make deps)")
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer e.Close()
+	ctx := context.Background()
+	r, err := migrations.NewRunner(e, migrations.Options{})
+	if err == nil {
+		_, err = r.Up(ctx)
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	view, groups := largeScope(b)
+	const records, batch = 10_000_000, 100_000
+	end := time.Date(2025, 4, 1, 12, 0, 0, 0, time.UTC)
+	// One endpoint per pod, shared by its records as enrichment shares
+	// them (the encoder caches a label set's encoding).
+	eps := map[string]flow.Endpoint{}
+	endpoint := func(f audit.FlowEnd) flow.Endpoint {
+		if f.Pod == "" {
+			return flow.Endpoint{}
+		}
+		k := f.Namespace + "/" + f.Pod
+		if ep, ok := eps[k]; ok {
+			return ep
+		}
+		p := mustPod(view, f.Namespace, f.Pod)
+		ep := flow.Endpoint{PodNamespace: f.Namespace, PodName: f.Pod, WorkloadKind: f.WorkloadKind, WorkloadName: f.WorkloadName, Labels: p.Labels}
+		eps[k] = ep
+		return ep
+	}
+	type proto struct {
+		src, dst flow.Endpoint
+		sa, da   netip.Addr
+		port     uint16
+	}
+	protos := make([]proto, len(groups))
+	for i, g := range groups {
+		protos[i] = proto{endpoint(g.Src), endpoint(g.Dst), netip.MustParseAddr(g.Src.IP), netip.MustParseAddr(g.Dst.IP), g.DstPort}
+	}
+	recs := make([][]flow.Record, 2) // per inserter
+	seeded := time.Now()
+	err = e.InsertNativeBlocks(ctx, 2, records/batch, func(n, worker int) *store.NativeBlock {
+		recs[worker] = recs[worker][:0]
+		for i := n * batch; i < (n+1)*batch; i++ {
+			p := &protos[i%len(protos)]
+			r := flow.Record{Proto: flow.ProtoTCP, SrcPort: uint16(30000 + i%30000), DstPort: p.port, SrcAddr: p.sa, DstAddr: p.da,
+				Src: p.src, Dst: p.dst, FlowStart: end.Add(-time.Hour), FlowEnd: end.Add(-time.Duration(1+i%3000) * time.Second), TimeReceived: end,
+				Packets: 3, PacketsDelta: 3, Bytes: 180, BytesDelta: 180}
+			r.Ingress.Verdict, r.Egress.Verdict = flow.VerdictNotIsolated, flow.VerdictNotIsolated
+			r.Normalize()
+			recs[worker] = append(recs[worker], r)
+		}
+		return store.NewNativeBlock(recs[worker])
+	})
+	if err == nil {
+		err = e.Exec(ctx, "OPTIMIZE TABLE dualflow.flows FINAL")
+	}
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("%d records of %d flow groups seeded and merged in %s", records, len(groups), time.Since(seeded).Round(time.Second))
+	rep, err := audit.NewReports(e, "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	q := &Queries{Queries: &audit.Queries{Reports: rep, Cluster: func() (*enrich.Snapshot, error) { return view, nil }}}
+	rusage := func() (cpu time.Duration, maxRSS int64) {
+		var ru syscall.Rusage
+		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+			b.Fatal(err)
+		}
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), ru.Maxrss * 1024
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	start, _ := rusage()
+	for b.Loop() {
+		out, err := q.Recommend(ctx, Request{Options: Options{Mode: LeastPrivilege}, Window: audit.Window{Since: end.Add(-2 * time.Hour), Until: end}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if out.Flows != len(groups) {
+			b.Fatalf("%d flow groups read, want %d", out.Flows, len(groups))
+		}
+		for _, f := range out.Replay {
+			if f.Kept != f.Allowed {
+				b.Fatalf("IPv%d: %d of %d kept", f.Family, f.Kept, f.Allowed)
+			}
+		}
+		b.ReportMetric(float64(len(out.Policies)), "policies")
+	}
+	cpu, rss := rusage()
+	b.ReportMetric((cpu-start).Seconds()/float64(b.N), "cpu-s/op")
+	b.ReportMetric(float64(rss)/1e6, "maxRSS-MB")
 }
