@@ -27,12 +27,16 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/dualflow/dualflow/collector"
 	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/collector/audit/policy"
 	"github.com/dualflow/dualflow/collector/audit/recommend"
 	"github.com/dualflow/dualflow/collector/store"
+	"github.com/dualflow/dualflow/internal/reload"
 	"github.com/dualflow/dualflow/netaddr"
 	"github.com/dualflow/dualflow/traceflow"
 	"github.com/dualflow/dualflow/traceflow/agent"
@@ -70,6 +74,22 @@ type WebConfig struct {
 	AllowedHosts netaddr.HostList
 	// Limits bound concurrent /sql queries and follow streams per role.
 	Limits api.Limits
+	// TLSCert and TLSKey serve the web over HTTPS (both or neither).
+	TLSCert, TLSKey string
+	// Kubernetes makes the cluster's users the web's: tokens checked
+	// with TokenReview, permissions with SubjectAccessReview
+	// (api.KubeAuth); it needs the collector's Kubernetes client.
+	Kubernetes bool
+	// Audiences a Kubernetes token must carry one of (empty: the API
+	// server's).
+	Audiences netaddr.HostList
+	// KubeCacheTTL caches the reviews' answers (0: the defaults).
+	KubeCacheTTL time.Duration
+	// RequestHeader* trust an authenticating proxy's X-Remote-User and
+	// X-Remote-Group on a connection whose client certificate
+	// RequestHeaderCA signed (needs TLSCert and Kubernetes).
+	RequestHeaderCA           string
+	RequestHeaderAllowedNames netaddr.HostList
 }
 
 // BindFlags registers the collector's flags and the web's (--web.*).
@@ -80,6 +100,13 @@ func (c *Config) BindFlags(fs *flag.FlagSet) {
 	fs.Var(&c.Web.AllowedHosts, "web.allowed-hosts", "host names the web answers to besides IP addresses and localhost, comma-separated (the names operators browse it by); other Host headers get 403 (DNS rebinding protection)")
 	fs.StringVar(&c.Web.TokensFile, "web.tokens-file", "", "bearer tokens file (\"token role [name]\" lines; roles viewer, operator); required to listen on a non-loopback address")
 	fs.StringVar(&c.Web.LocalTokenFile, "web.local-token-file", "", "without --web.tokens-file: the file of the operator token (created, mode 0600) that SQL and traces need even on loopback, where requests without a token are viewers; the CLI reads it (default <data-dir>/"+web.LocalTokenFileName+" for the embedded store; with a ClickHouse server, none: no operator without tokens)")
+	fs.StringVar(&c.Web.TLSCert, "web.tls-cert", "", "PEM certificate (chain first) to serve the web over HTTPS; with --web.tls-key. Reloaded when it changes")
+	fs.StringVar(&c.Web.TLSKey, "web.tls-key", "", "PEM private key of --web.tls-cert")
+	fs.BoolVar(&c.Web.Kubernetes, "web.kubernetes-auth", false, "authenticate Kubernetes users' and ServiceAccounts' bearer tokens with the TokenReview API and authorize them with SubjectAccessReview (list pods in all namespaces to read; create traceflows.dualflow.io to trace; create sql.dualflow.io to run SQL; get /metrics); the collector needs tokenreviews and subjectaccessreviews create. Works beside --web.tokens-file")
+	fs.Var(&c.Web.Audiences, "web.kubernetes-auth.audiences", "audiences a Kubernetes token must carry one of, comma-separated (default: the API server's own, as kubectl's and pods' default tokens carry)")
+	fs.DurationVar(&c.Web.KubeCacheTTL, "web.kubernetes-auth.cache-ttl", api.DefaultKubeAccessTTL, "how long a TokenReview's or SubjectAccessReview's answer is reused: a revoked token or RoleBinding stops working within it")
+	fs.StringVar(&c.Web.RequestHeaderCA, "web.requestheader-client-ca", "", "with --web.kubernetes-auth and --web.tls-cert: trust the X-Remote-User and X-Remote-Group headers of an authenticating proxy (oauth2-proxy, ...) whose client certificate this PEM CA signed; headers from any other client are ignored")
+	fs.Var(&c.Web.RequestHeaderAllowedNames, "web.requestheader-allowed-names", "common names the proxy's client certificate may have, comma-separated (empty: any the CA signed)")
 	c.TraceAgents.BindFlags(fs)
 	c.Traceflow.BindFlags(fs)
 }
@@ -140,6 +167,40 @@ func (a *App) close() {
 	a.c.Close()
 }
 
+// webAuth sets cfg's HTTPS and Kubernetes identities from the flags.
+func (a *App) webAuth(cfg *web.Config) error {
+	w := a.cfg.Web
+	if (w.TLSCert == "") != (w.TLSKey == "") {
+		return errors.New("--web.tls-cert and --web.tls-key go together")
+	}
+	if w.TLSCert != "" {
+		t, err := reload.LoadTLS(reload.TLSFiles{Cert: w.TLSCert, Key: w.TLSKey}, reload.Options{Name: "web-tls", Logger: a.log})
+		if err != nil {
+			return fmt.Errorf("web TLS: %w", err)
+		}
+		cfg.TLS = t
+	}
+	if w.RequestHeaderCA != "" && (!w.Kubernetes || w.TLSCert == "") {
+		return errors.New("--web.requestheader-client-ca needs --web.kubernetes-auth (the proxy's users are Kubernetes users) and --web.tls-cert (the proxy's certificate is checked on the TLS connection)")
+	}
+	if !w.Kubernetes {
+		return nil
+	}
+	var client kubernetes.Interface
+	if e := a.c.Enricher(); e != nil {
+		client = e.Client()
+	}
+	if client == nil {
+		return errors.New("--web.kubernetes-auth needs the collector's Kubernetes client (--k8s.source in-cluster or kubeconfig)")
+	}
+	cfg.Kube = &api.KubeAuth{Client: client, Audiences: w.Audiences,
+		TokenTTL: w.KubeCacheTTL, AllowTTL: w.KubeCacheTTL, DenyTTL: w.KubeCacheTTL, FailedTokenTTL: min(w.KubeCacheTTL, api.DefaultKubeFailedTokenTTL)}
+	if w.RequestHeaderCA != "" {
+		cfg.Kube.RequestHeader = &api.RequestHeader{ClientCAFile: w.RequestHeaderCA, AllowedNames: w.RequestHeaderAllowedNames}
+	}
+	return nil
+}
+
 func (a *App) buildWeb(opts Options) error {
 	c := a.c
 	db := c.Database()
@@ -179,6 +240,9 @@ func (a *App) buildWeb(opts Options) error {
 			Logger:     a.log.With("stage", "web"),
 			Ready:      c.Readiness,
 		},
+	}
+	if err := a.webAuth(&cfg); err != nil {
+		return err
 	}
 	if _, ok := c.Conn().(*store.Embedded); ok {
 		if cfg.LocalTokenFile == "" {

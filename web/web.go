@@ -9,6 +9,7 @@ package web
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -53,6 +54,10 @@ type Config struct {
 	TokensFile string
 	// ShutdownTimeout bounds Run's wait for requests in flight (default 5s).
 	ShutdownTimeout time.Duration
+	// TLS, when set, serves HTTPS with its certificate, and asks clients
+	// for theirs (not required: an authenticating proxy's is checked by
+	// KubeAuth.RequestHeader).
+	TLS *reload.TLS
 }
 
 // Server serves the API and the UI.
@@ -78,7 +83,7 @@ func New(cfg Config) (*Server, error) {
 		}
 		tokens = t
 	}
-	authenticated := tokens.Enabled()
+	authenticated := tokens.Enabled() || cfg.Kube != nil
 	anonymous, localTokenFile := api.Role(0), ""
 	if !authenticated {
 		// Loopback only: a local request is a viewer; operator actions
@@ -139,14 +144,28 @@ func (s *Server) Addr() string { return s.addr }
 // Serve serves on ln until ctx is cancelled, then shuts down gracefully;
 // it closes ln.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	scheme, auth := "http", "bearer tokens"
+	if s.cfg.TLS != nil {
+		scheme = "https"
+		tc := s.cfg.TLS.ServerConfig()
+		tc.ClientAuth = tls.RequestClientCert
+		tc.NextProtos = []string{"h2", "http/1.1"}
+		ln = tls.NewListener(ln, tc)
+	}
+	if s.cfg.Kube != nil {
+		auth = "kubernetes"
+		if s.cfg.Tokens.Enabled() || s.cfg.TokensFile != "" {
+			auth = "bearer tokens and kubernetes"
+		}
+	}
 	if s.auth {
-		s.log.Info("serving the web UI and API", "url", "http://"+ln.Addr().String()+"/", "auth", "bearer tokens")
+		s.log.Info("serving the web UI and API", "url", scheme+"://"+ln.Addr().String()+"/", "auth", auth)
 	} else {
 		msg := "serving the web UI and API without authentication, on loopback only (set tokens to listen elsewhere)"
 		if s.addr != s.cfg.Addr {
 			msg = "no tokens configured: listening on loopback only instead of " + s.cfg.Addr
 		}
-		s.log.Warn(msg, "url", "http://"+ln.Addr().String()+"/")
+		s.log.Warn(msg, "url", scheme+"://"+ln.Addr().String()+"/")
 	}
 	// Requests run under a context cancelled at shutdown, so follow
 	// streams end instead of holding Shutdown for its whole timeout.

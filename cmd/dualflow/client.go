@@ -3,6 +3,8 @@ package main
 import (
 	"cmp"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -27,6 +29,7 @@ const envToken = "DUALFLOW_TOKEN"
 type serverFlags struct {
 	url       string
 	tokenFile string
+	caFile    string
 	// stateDir is the state directory of a lab whose running demo's REST
 	// API a command asks without --server (useDemo).
 	stateDir string
@@ -38,7 +41,8 @@ type serverFlags struct {
 
 func (s *serverFlags) bind(fs *flag.FlagSet) {
 	fs.StringVar(&s.url, "server", "", "ask a running collector's REST API (its --web.addr, e.g. http://127.0.0.1:8080) instead of working locally; token from $"+envToken+" or --token-file")
-	fs.StringVar(&s.tokenFile, "token-file", "", "file holding the bearer token for --server (default $"+envToken+")")
+	fs.StringVar(&s.tokenFile, "token-file", "", "file holding the bearer token for --server (default $"+envToken+"); a Kubernetes token works with a collector run with --web.kubernetes-auth (kubectl create token ...)")
+	fs.StringVar(&s.caFile, "ca-file", "", "PEM CA that signed an https --server's certificate (default: the system's roots)")
 	fs.StringVar(&s.stateDir, "state-dir", labcmd.DefaultStateDir, "without --server: the state directory of a running demo, whose REST API is used")
 }
 
@@ -88,7 +92,19 @@ func (s *serverFlags) client() (*apiClient, error) {
 		}
 	}
 	u.Path = strings.TrimSuffix(u.Path, "/")
-	return &apiClient{base: u, token: token, http: &http.Client{}}, nil
+	hc := &http.Client{}
+	if s.caFile != "" {
+		b, err := os.ReadFile(s.caFile)
+		if err != nil {
+			return nil, fmt.Errorf("--ca-file: %w", err)
+		}
+		roots := x509.NewCertPool()
+		if !roots.AppendCertsFromPEM(b) {
+			return nil, fmt.Errorf("--ca-file %s: no PEM certificate", s.caFile)
+		}
+		hc.Transport = &http.Transport{Proxy: http.ProxyFromEnvironment, TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}}
+	}
+	return &apiClient{base: u, token: token, http: hc}, nil
 }
 
 // apiClient calls the REST API under /api/v1.

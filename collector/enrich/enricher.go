@@ -114,6 +114,15 @@ func New(cfg Config, reg prometheus.Registerer, log *slog.Logger) (*Enricher, er
 	return e, nil
 }
 
+// Client is the clientset the Enricher watches through: nil in
+// inventory mode (manifest files, no API server).
+func (e *Enricher) Client() kubernetes.Interface {
+	if e == nil || e.inv != nil {
+		return nil
+	}
+	return e.client
+}
+
 // newEnricher builds an Enricher that watches through client (a real or
 // a fake clientset) with the API health tracker h of client's transport
 // (nil when client has no transport to watch: a fake clientset); cfg's

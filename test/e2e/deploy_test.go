@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -84,12 +85,13 @@ type deployCase struct {
 	pullSecrets         []string
 	ipfixPods           bool // networkPolicy.ipfixFrom empty: IPFIX from the exporter pods only
 	noPolicy            bool // networkPolicy.enabled=false
+	kubeAuth            bool // Kubernetes identities for the web (components/kubernetes-auth, web.kubernetesAuth)
 }
 
 var deployCases = []deployCase{
 	{name: "kustomize/embedded", overlay: "deploy/kubernetes/overlays/embedded", embedded: true},
 	{name: "kustomize/clickhouse-server", overlay: "deploy/kubernetes/overlays/clickhouse-server", nsBefore: "kubectl"},
-	{name: "kustomize/cert-manager", overlay: "deploy/kubernetes/overlays/cert-manager", nsBefore: "helm", embedded: true, tls: true, traceflow: true, certManager: true},
+	{name: "kustomize/cert-manager", overlay: "deploy/kubernetes/overlays/cert-manager", nsBefore: "helm", embedded: true, tls: true, traceflow: true, certManager: true, kubeAuth: true},
 	{name: "helm/defaults", embedded: true},
 	{name: "helm/server", nsBefore: "kubectl", sets: []string{
 		"store.mode=server,store.server.persistence.enabled=true",
@@ -104,8 +106,8 @@ var deployCases = []deployCase{
 		"image.repository=registry.example.com/dualflow,image.tag=v1.2.3"},
 		serverPVC: true, collectorPri: "system-cluster-critical", collectorArch: "-", ipfixPods: true,
 		imageRepo: "registry.example.com/", imageTag: "v1.2.3", pullSecrets: []string{"regcred"}},
-	{name: "helm/tls-secrets", nsBefore: "helm", sets: []string{"tls.enabled=true,traceflow.enabled=true,exporter.source=ovs,networkPolicy.enabled=false"},
-		embedded: true, tls: true, traceflow: true, noPolicy: true},
+	{name: "helm/tls-secrets", nsBefore: "helm", sets: []string{"tls.enabled=true,traceflow.enabled=true,exporter.source=ovs,networkPolicy.enabled=false,web.kubernetesAuth.enabled=true"},
+		embedded: true, tls: true, traceflow: true, noPolicy: true, kubeAuth: true},
 	{name: "helm/cert-manager", nsBefore: "kubectl", sets: []string{"tls.enabled=true,tls.certManager.enabled=true,traceflow.enabled=true,store.mode=server"},
 		tls: true, traceflow: true, certManager: true},
 	{name: "helm/no-priority-class", sets: []string{"exporter.priorityClassName="}, embedded: true, exporterPri: "-"},
@@ -278,30 +280,62 @@ func checkDeployObjects(t *testing.T, c deployCase, objs []*unstructured.Unstruc
 		}
 	}
 
-	// RBAC: rbac.yaml's rules, bound to the collector only.
+	// RBAC: rbac.yaml's rules, bound to the collector only; with
+	// Kubernetes identities, the users' two roles on dualflow.io (not
+	// bound: the operator binds them) and the collector bound to
+	// system:auth-delegator.
 	var roles []rbacv1.ClusterRole
+	userRoles := map[string]rbacv1.ClusterRole{}
 	for _, o := range objs {
 		if o.GetKind() == "ClusterRole" {
 			var r rbacv1.ClusterRole
 			find(t, objs, "ClusterRole", o.GetName(), &r)
-			roles = append(roles, r)
+			switch o.GetName() {
+			case "dualflow-operator", "dualflow-sql":
+				userRoles[o.GetName()] = r
+			default:
+				roles = append(roles, r)
+			}
 		}
 	}
 	if len(roles) != 1 || !reflect.DeepEqual(roles[0].Rules, wantRules) {
 		t.Errorf("ClusterRoles %+v, want one with rbac.yaml's rules %+v", roles, wantRules)
 	}
+	if c.kubeAuth {
+		for name, res := range map[string]string{"dualflow-operator": "traceflows", "dualflow-sql": "sql"} {
+			want := []rbacv1.PolicyRule{{APIGroups: []string{"dualflow.io"}, Resources: []string{res}, Verbs: []string{"create"}}}
+			if r := userRoles[name]; !reflect.DeepEqual(r.Rules, want) {
+				t.Errorf("ClusterRole %s rules %+v, want %+v", name, r.Rules, want)
+			}
+		}
+		if l := userRoles["dualflow-operator"].Labels; l["rbac.authorization.k8s.io/aggregate-to-edit"] != "true" || l["rbac.authorization.k8s.io/aggregate-to-admin"] != "true" {
+			t.Errorf("dualflow-operator labels %v: want it aggregated to edit and admin", l)
+		}
+		if len(userRoles["dualflow-sql"].Labels) > 0 && userRoles["dualflow-sql"].Labels["rbac.authorization.k8s.io/aggregate-to-edit"] != "" {
+			t.Errorf("dualflow-sql is aggregated: %v", userRoles["dualflow-sql"].Labels)
+		}
+	} else if len(userRoles) > 0 {
+		t.Errorf("ClusterRoles %v without Kubernetes identities", slices.Collect(maps.Keys(userRoles)))
+	}
+	delegated := false
 	for _, o := range objs {
 		if o.GetKind() != "ClusterRoleBinding" {
 			continue
 		}
 		var b rbacv1.ClusterRoleBinding
 		find(t, objs, "ClusterRoleBinding", o.GetName(), &b)
-		if len(roles) == 1 && b.RoleRef.Name != roles[0].Name {
+		switch {
+		case b.RoleRef.Name == "system:auth-delegator":
+			delegated = true
+		case len(roles) == 1 && b.RoleRef.Name != roles[0].Name:
 			t.Errorf("binding %s refers to %s", b.Name, b.RoleRef.Name)
 		}
 		if want := []rbacv1.Subject{{Kind: "ServiceAccount", Name: "dualflow-collector", Namespace: deployNS}}; !reflect.DeepEqual(b.Subjects, want) {
 			t.Errorf("binding %s subjects %+v, want %+v", b.Name, b.Subjects, want)
 		}
+	}
+	if delegated != c.kubeAuth {
+		t.Errorf("the collector bound to system:auth-delegator: %v, want %v (Kubernetes identities)", delegated, c.kubeAuth)
 	}
 	var esa corev1.ServiceAccount
 	if !find(t, objs, "ServiceAccount", "dualflow-exporter", &esa) || esa.AutomountServiceAccountToken == nil || *esa.AutomountServiceAccountToken {
@@ -642,7 +676,7 @@ func TestDeployKubeAPI(t *testing.T) {
 				t.Logf("%d ResourceQuota's status filled in, as the quota controller would", n)
 			}
 			checkPodSecurity(t, ctx, s, objs)
-			checkCollectorRights(t, ctx, s)
+			checkCollectorRights(t, ctx, s, c.kubeAuth)
 			checkExporterRights(t, ctx, s)
 		})
 	}
@@ -931,7 +965,7 @@ var denied = []access{
 
 // checkCollectorRights: list and watch on exactly rbac.yaml's kinds, and
 // the real enrichment syncs with the deployed ServiceAccount's token.
-func checkCollectorRights(t *testing.T, ctx context.Context, s *kubeapi.Server) {
+func checkCollectorRights(t *testing.T, ctx context.Context, s *kubeapi.Server, kubeAuth bool) {
 	t.Helper()
 	cs, kc := saClient(t, ctx, s, "dualflow-collector")
 	var allowed []access
@@ -942,6 +976,10 @@ func checkCollectorRights(t *testing.T, ctx context.Context, s *kubeapi.Server) 
 		allowed = append(allowed, access{"list", r.group, r.resource}, access{"watch", r.group, r.resource})
 	}
 	checkAccess(t, ctx, cs, "collector", true, allowed)
+	// Kubernetes identities: ask who a token is and what its user may
+	// do, and nothing else.
+	reviews := []access{{"create", "authentication.k8s.io", "tokenreviews"}, {"create", "authorization.k8s.io", "subjectaccessreviews"}}
+	checkAccess(t, ctx, cs, "collector", kubeAuth, reviews)
 	checkAccess(t, ctx, cs, "collector", false, denied)
 	if _, err := cs.CoreV1().Pods("").List(ctx, metav1.ListOptions{}); err != nil {
 		t.Errorf("collector: list pods: %v", err)

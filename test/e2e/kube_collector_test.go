@@ -175,7 +175,7 @@ type collectorProcess struct {
 
 // logAddr finds the addresses the collector logs as it starts.
 var (
-	logWebURL   = regexp.MustCompile(`serving the web UI and API.* url=(http://[^ ]+)/`)
+	logWebURL   = regexp.MustCompile(`serving the web UI and API.* url=(https?://[^ ]+)/`)
 	logMetrics  = regexp.MustCompile(`serving metrics.* url=(http://[^ ]+)/metrics`)
 	logIPFIXTCP = regexp.MustCompile(`receiving IPFIX transport=tcp addr=([^ ]+)`)
 )

@@ -287,7 +287,7 @@ func start(ctx context.Context, o Options, attempt int) (_ *Server, err error) {
 		"--cert-dir", filepath.Join(dir, "certs"),
 		"--token-auth-file", filepath.Join(dir, "tokens.csv"),
 		"--authorization-mode", authz,
-		"--service-account-issuer", "https://kubernetes.default.svc",
+		"--service-account-issuer", Issuer,
 		"--service-account-key-file", filepath.Join(dir, "sa.pem"),
 		"--service-account-signing-key-file", filepath.Join(dir, "sa.pem"),
 		"--service-cluster-ip-range", serviceCIDRs,
@@ -542,6 +542,13 @@ func (s *Server) Kubeconfig(path, user string) error {
 	}
 	return s.writeKubeconfig(path, user, tok)
 }
+
+// Token is the bearer token of the Options.Users user ("" for none).
+func (s *Server) Token(user string) string { return s.tokens[user] }
+
+// Issuer is the issuer (and default audience) of the ServiceAccount
+// tokens the API server signs.
+const Issuer = "https://kubernetes.default.svc"
 
 // RESTConfig is the admin's client configuration.
 func (s *Server) RESTConfig() (*rest.Config, error) {

@@ -10,6 +10,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"sync/atomic"
@@ -78,6 +79,9 @@ type Config struct {
 	Status Status
 	// Tokens authorizes requests that carry a bearer token.
 	Tokens *Tokens
+	// Kube, when set, authenticates and authorizes Kubernetes users
+	// (KubeAuth) besides Tokens.
+	Kube *KubeAuth
 	// Anonymous is the role of a request without a token: 0 refuses it
 	// (401), RoleViewer is the loopback viewer of a collector without a
 	// tokens file (the caller then binds to loopback only). Operator
@@ -194,6 +198,7 @@ type API struct {
 	// virtualRow is whether the server knows virtualRowSetting: 0 not
 	// asked yet, 1 yes, 2 no.
 	virtualRow atomic.Int32
+	kube       *kubeAuth // nil without Config.Kube
 }
 
 // New builds the router. It fails when Store is nil.
@@ -218,6 +223,13 @@ func New(cfg Config) (*API, error) {
 	}
 	for _, g := range []*gate{a.whatifGate, a.reachGate} {
 		a.metrics.tooLarge.WithLabelValues(g.kind)
+	}
+	if cfg.Kube != nil {
+		k, err := newKubeAuth(cfg.Kube, a.metrics)
+		if err != nil {
+			return nil, fmt.Errorf("api: kubernetes identities: %w", err)
+		}
+		a.kube = k
 	}
 	a.engine = a.routes()
 	return a, nil

@@ -15,6 +15,7 @@ import (
 	"strings"
 
 	"github.com/gin-gonic/gin"
+	"k8s.io/apiserver/pkg/authentication/user"
 
 	"github.com/dualflow/dualflow/internal/reload"
 	"github.com/dualflow/dualflow/internal/secretfile"
@@ -34,10 +35,14 @@ var roleNames = map[Role]string{RoleViewer: "viewer", RoleOperator: "operator"}
 
 func (r Role) String() string { return cmp.Or(roleNames[r], "none") }
 
-// Principal is who made a request.
+// Principal is who made a request: a token of the tokens file (its
+// name and role), the local user, or a Kubernetes user (kube set; Role
+// viewer, for the caps per role).
 type Principal struct {
-	Name string
-	Role Role
+	Name  string
+	Role  Role
+	kube  user.Info
+	local bool // the anonymous loopback user
 }
 
 // Tokens maps bearer tokens to principals. Tokens are compared by their
@@ -159,41 +164,90 @@ func (t *Tokens) reloads() reload.Source {
 
 const principalKey = "dualflow.principal"
 
-// auth requires a token with at least role min. A request without a
-// token has Config.Anonymous (the loopback viewer without a tokens file):
-// enough for what viewers may do, a 401 that names the operator token's
-// file for the rest.
-func (a *API) auth(min Role) gin.HandlerFunc {
+// auth requires a principal with permission p. A bearer token of the
+// tokens file has its role's permissions (Permission.role); any other
+// credential goes to Kubernetes when Config.Kube is set (KubeAuth: a
+// TokenReview, or an authenticating proxy's headers), and p is asked of
+// its RBAC. A request without a credential has Config.Anonymous (the
+// loopback viewer without a tokens file): enough for what viewers may do,
+// a 401 that names the operator token's file for the rest. When the
+// Kubernetes API does not answer, the request fails closed: 503.
+func (a *API) auth(p Permission) gin.HandlerFunc {
 	return func(c *gin.Context) {
-		tok, ok := bearerToken(c.GetHeader("Authorization"))
+		pr, ok := a.authenticate(c)
 		if !ok {
-			if a.cfg.Anonymous >= min {
-				c.Set(principalKey, Principal{Name: "local", Role: a.cfg.Anonymous})
-				return
-			}
-			msg := "a bearer token is required"
-			if a.cfg.Anonymous > 0 {
-				msg = "this needs an operator token; a local request without one is a viewer"
-				if a.cfg.LocalTokenFile != "" {
-					msg += " (the collector wrote one to " + a.cfg.LocalTokenFile + ", mode 0600; the CLI reads it)"
-				}
+			return
+		}
+		if pr.local && pr.Role < p.role() {
+			msg := "this needs an operator token; a local request without one is a viewer"
+			if a.cfg.LocalTokenFile != "" {
+				msg += " (the collector wrote one to " + a.cfg.LocalTokenFile + ", mode 0600; the CLI reads it)"
 			}
 			c.Header("WWW-Authenticate", `Bearer realm="dualflow"`)
 			c.AbortWithStatusJSON(http.StatusUnauthorized, errorBody{Message: msg, Field: "Authorization"})
 			return
 		}
-		p, ok := a.cfg.Tokens.lookup(tok)
-		if !ok {
-			c.Header("WWW-Authenticate", `Bearer realm="dualflow"`)
-			c.AbortWithStatusJSON(http.StatusUnauthorized, errorBody{Message: "unknown token", Field: "Authorization"})
+		if msg, err := a.may(c, pr, p); err != nil {
+			return
+		} else if msg != "" {
+			c.AbortWithStatusJSON(http.StatusForbidden, errorBody{Message: msg})
 			return
 		}
-		if p.Role < min {
-			c.AbortWithStatusJSON(http.StatusForbidden, errorBody{Message: "role " + p.Role.String() + " may not do this; " + min.String() + " required"})
-			return
-		}
-		c.Set(principalKey, p)
+		c.Set(principalKey, pr)
 	}
+}
+
+// authenticate says who made c's request, or answers it (401, or 503
+// when the Kubernetes API did not answer) and returns false.
+func (a *API) authenticate(c *gin.Context) (Principal, bool) {
+	unauthorized := func(msg string) (Principal, bool) {
+		c.Header("WWW-Authenticate", `Bearer realm="dualflow"`)
+		c.AbortWithStatusJSON(http.StatusUnauthorized, errorBody{Message: msg, Field: "Authorization"})
+		return Principal{}, false
+	}
+	tok, hasToken := bearerToken(c.GetHeader("Authorization"))
+	if hasToken {
+		if p, ok := a.cfg.Tokens.lookup(tok); ok {
+			return p, true
+		}
+	}
+	if a.kube != nil {
+		u, err := a.kube.authenticate(c.Request)
+		switch {
+		case errors.Is(err, errKubeUnavailable):
+			a.log.Warn("web: cannot authenticate a request", "err", err)
+			c.AbortWithStatusJSON(http.StatusServiceUnavailable, errorBody{Message: "cannot check the credential: " + err.Error()})
+			return Principal{}, false
+		case err != nil:
+			return unauthorized("refused by Kubernetes: " + err.Error())
+		case u != nil:
+			return Principal{Name: u.GetName(), Role: RoleViewer, kube: u}, true
+		}
+	}
+	if hasToken {
+		return unauthorized("unknown token")
+	}
+	if a.cfg.Anonymous > 0 {
+		return Principal{Name: "local", Role: a.cfg.Anonymous, local: true}, true
+	}
+	return unauthorized("a bearer token is required")
+}
+
+// may says whether pr has permission p: "" when it does, else why not.
+// A Kubernetes review that failed is answered here (503) and returned.
+func (a *API) may(c *gin.Context, pr Principal, p Permission) (string, error) {
+	if pr.kube == nil {
+		if pr.Role >= p.role() {
+			return "", nil
+		}
+		return "role " + pr.Role.String() + " may not do this; " + p.role().String() + " required", nil
+	}
+	msg, err := a.kube.may(c.Request.Context(), pr.kube, p)
+	if err != nil {
+		a.log.Warn("web: cannot authorize a request", "user", pr.Name, "err", err)
+		c.AbortWithStatusJSON(http.StatusServiceUnavailable, errorBody{Message: "cannot check the permission: " + err.Error()})
+	}
+	return msg, err
 }
 
 // LocalOperator is the principal of the local operator token.

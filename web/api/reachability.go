@@ -170,9 +170,15 @@ func (a *API) reachability(c *gin.Context) (any, error) {
 	if err := bindJSON(c, &req, maxBodyBytes); err != nil {
 		return nil, err // 400 naming the field (unknown fields refused too)
 	}
-	if req.Trace && principalOf(c).Role < RoleOperator {
-		c.AbortWithStatusJSON(http.StatusForbidden, errorBody{Message: "live traces need the operator role", Field: "trace"})
-		return nil, nil
+	if req.Trace {
+		msg, err := a.may(c, principalOf(c), PermTrace)
+		if err != nil {
+			return nil, nil // answered 503
+		}
+		if msg != "" {
+			c.AbortWithStatusJSON(http.StatusForbidden, errorBody{Message: "live traces: " + msg, Field: "trace"})
+			return nil, nil
+		}
 	}
 	// Its traces count for the principal's rate.
 	return a.runReachability(traceflow.WithCaller(c.Request.Context(), principalOf(c).Name), &req)

@@ -47,7 +47,7 @@ func (a *API) routes() *gin.Engine {
 		b, _ := openapiFS.ReadFile("openapi.json")
 		c.Data(http.StatusOK, "application/json", b)
 	})
-	viewer := v1.Group("", a.auth(RoleViewer))
+	viewer := v1.Group("", a.auth(PermView))
 	viewer.GET("/whoami", a.whoami)
 	viewer.GET("/flows", a.answer(a.flows))
 	viewer.GET("/flows/summary", a.answer(a.summary))
@@ -62,11 +62,10 @@ func (a *API) routes() *gin.Engine {
 	a.recommendRoutes(viewer.Group("/policy"))
 	tracing := a.configured("traceflow", a.cfg.Traces != nil)
 	viewer.GET("/traceflows/:id", tracing, a.getTrace)
-	op := v1.Group("", a.auth(RoleOperator))
-	op.POST("/traceflows", tracing, a.startTrace)
-	op.POST("/sql", a.configured("sql", a.cfg.SQL != nil), a.answer(a.sql))
+	v1.POST("/traceflows", a.auth(PermTrace), tracing, a.startTrace)
+	v1.POST("/sql", a.auth(PermSQL), a.configured("sql", a.cfg.SQL != nil), a.answer(a.sql))
 	metricsHandler := promhttp.HandlerFor(a.metrics.gatherer(a.cfg.Gatherer), promhttp.HandlerOpts{})
-	r.GET("/metrics", a.auth(RoleViewer), gin.WrapH(metricsHandler))
+	r.GET("/metrics", a.auth(PermMetrics), gin.WrapH(metricsHandler))
 	r.NoRoute(func(c *gin.Context) {
 		c.JSON(http.StatusNotFound, errorBody{Message: "no route " + c.Request.Method + " " + c.Request.URL.Path})
 	})
@@ -237,7 +236,11 @@ func (a *API) readyz(c *gin.Context) {
 
 func (a *API) whoami(c *gin.Context) {
 	p := principalOf(c)
-	c.JSON(http.StatusOK, gin.H{"name": p.Name, "role": p.Role.String(), "auth": a.cfg.Tokens.Enabled() && a.cfg.Anonymous == 0})
+	role := p.Role.String()
+	if p.kube != nil {
+		role = "kubernetes"
+	}
+	c.JSON(http.StatusOK, gin.H{"name": p.Name, "role": role, "auth": a.cfg.Anonymous == 0})
 }
 
 func (a *API) filterDoc(c *gin.Context) {
@@ -260,6 +263,7 @@ type metrics struct {
 	inFlight    *prometheus.GaugeVec
 	tooLarge    *prometheus.CounterVec
 	pageRereads prometheus.Counter
+	kubeReviews *prometheus.CounterVec
 }
 
 func newMetrics(r prometheus.Registerer, tokens *Tokens) *metrics {
@@ -297,6 +301,10 @@ func newMetrics(r prometheus.Registerer, tokens *Tokens) *metrics {
 			Name: "dualflow_web_too_large_total",
 			Help: "Requests answered 422 before their work ran because it would pass its bound, by kind (whatif: flow groups times the policies checked for each, --web.whatif.max-checks and --web.whatif.max-flow-groups; reachability: pod pairs times the policies checked for each, --web.reachability.max-checks).",
 		}, []string{"kind"}),
+		kubeReviews: f.NewCounterVec(prometheus.CounterOpts{
+			Name: "dualflow_web_kubernetes_reviews_total",
+			Help: "TokenReview and SubjectAccessReview calls made to authenticate and authorize web requests of Kubernetes users (answers from the cache make none), by kind (tokenreview, subjectaccessreview) and HTTP code (<error> when none came).",
+		}, []string{"kind", "code"}),
 		pageRereads: f.NewCounter(prometheus.CounterOpts{
 			Name: "dualflow_web_flow_page_rereads_total",
 			Help: "Flow pages read a second time without their minute bound, because the page's read found fewer rows than the bound's (on a cluster: a replica behind the other).",
