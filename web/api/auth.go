@@ -43,6 +43,9 @@ type Principal struct {
 	Role  Role
 	kube  user.Info
 	local bool // the anonymous loopback user
+	// scope, when not nil, is the namespaces a Kubernetes user may list
+	// pods in, not all: the flows it reads are theirs (scopedSource).
+	scope []string
 }
 
 // Tokens maps bearer tokens to principals. Tokens are compared by their
@@ -185,6 +188,25 @@ func (a *API) auth(p Permission) gin.HandlerFunc {
 			}
 			c.Header("WWW-Authenticate", `Bearer realm="dualflow"`)
 			c.AbortWithStatusJSON(http.StatusUnauthorized, errorBody{Message: msg, Field: "Authorization"})
+			return
+		}
+		if p == PermViewNamespaces && pr.kube != nil {
+			msg, err := a.may(c, pr, PermView)
+			if err != nil {
+				return
+			}
+			if msg != "" { // not every namespace: those it may list pods in
+				scope, err := a.namespaceScope(c, pr)
+				if err != nil {
+					return
+				}
+				if len(scope) == 0 {
+					c.AbortWithStatusJSON(http.StatusForbidden, errorBody{Message: msg + ", or in some namespace"})
+					return
+				}
+				pr.scope = scope
+			}
+			c.Set(principalKey, pr)
 			return
 		}
 		if msg, err := a.may(c, pr, p); err != nil {

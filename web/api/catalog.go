@@ -83,6 +83,9 @@ func (a *API) catalog(c *gin.Context) (any, error) {
 	ctx, cancel := context.WithTimeout(c.Request.Context(), a.cfg.QueryTimeout)
 	defer cancel()
 	cat, err := a.cfg.Catalog.Catalog(ctx)
+	if scope := principalOf(c).scope; scope != nil {
+		scopeCatalog(&cat, scope)
+	}
 	cat.normalize(CatalogMaxEntries)
 	return cat, err
 }

@@ -275,6 +275,9 @@ type Filter struct {
 	probes probeMode
 	// conds are the SQL conditions, already AND-able.
 	conds []string
+	// scope, when not nil, limits the reads to these namespaces (the
+	// request's Principal.scope; see scopedSource).
+	scope []string
 }
 
 // probeMode is the probes parameter: what a filter does with the rows

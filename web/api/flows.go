@@ -133,6 +133,7 @@ func (a *API) flows(c *gin.Context) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	f.scope = principalOf(c).scope
 	if v := q.Get("follow"); v == "true" || v == "1" {
 		resume, err := resumeFrom(c)
 		if err != nil {
@@ -168,7 +169,7 @@ func (a *API) flows(c *gin.Context) (any, error) {
 // row read costs 2x); queryFlows settles ties at the page boundary with a
 // second query on that one flow_end.
 func (a *API) flowsSQL(f *Filter, cur *cursor, limit int, bound *int64) string {
-	q := a.flowSelect(a.flowsWhere(f, cur), chsql.MinuteKey+" DESC, flow_end DESC", limit+1)
+	q := a.flowSelect(f, a.flowsWhere(f, cur), chsql.MinuteKey+" DESC, flow_end DESC", limit+1)
 	if bound != nil {
 		q.Where = append(q.Where, chsql.MinuteKey+" >= "+chsql.Millis(*bound*1000))
 	}
@@ -176,8 +177,8 @@ func (a *API) flowsSQL(f *Filter, cur *cursor, limit int, bound *int64) string {
 }
 
 // flowSelect is the query of Flow rows.
-func (a *API) flowSelect(where []string, orderBy string, limit int) chsql.Select {
-	return chsql.Select{Cols: flowColumns, From: a.table, Where: where, OrderBy: orderBy, Limit: limit, Settings: jsonSettings}
+func (a *API) flowSelect(f *Filter, where []string, orderBy string, limit int) chsql.Select {
+	return chsql.Select{Cols: flowColumns, From: f.from(a.table), Where: where, OrderBy: orderBy, Limit: limit, Settings: jsonSettings}
 }
 
 // pageBound finds where a page starts. ClickHouse stops reading early for
@@ -194,7 +195,7 @@ func (a *API) flowSelect(where []string, orderBy string, limit int) chsql.Select
 // when none matched.
 func (a *API) pageBound(ctx context.Context, f *Filter, cur *cursor, limit int) (bound *int64, matched int, err error) {
 	sql := "SELECT toUnixTimestamp(minOrNull(m)) AS bound, count() AS matched FROM (" +
-		chsql.Select{Cols: chsql.MinuteKey + " AS m", From: a.table, Where: a.flowsWhere(f, cur), OrderBy: "m DESC", Limit: limit + 1}.String() + ")" + a.boundSettings(ctx)
+		chsql.Select{Cols: chsql.MinuteKey + " AS m", From: f.from(a.table), Where: a.flowsWhere(f, cur), OrderBy: "m DESC", Limit: limit + 1}.String() + ")" + a.boundSettings(ctx)
 	var rows []struct {
 		Bound   *int64 `json:"bound"`
 		Matched *int   `json:"matched"`
@@ -256,7 +257,7 @@ func (a *API) flowsWhere(f *Filter, cur *cursor) []string {
 // tieSQL returns the rows at flow_end endMs in key order, for a page
 // whose boundary falls inside a group of rows with the same flow_end.
 func (a *API) tieSQL(f *Filter, cur *cursor, endMs int64, limit int) string {
-	return a.flowSelect(append(a.flowsWhere(f, cur), "flow_end = "+chsql.Millis(endMs)), keyExpr+" DESC", limit+1).String()
+	return a.flowSelect(f, append(a.flowsWhere(f, cur), "flow_end = "+chsql.Millis(endMs)), keyExpr+" DESC", limit+1).String()
 }
 
 type keyedFlow struct {
@@ -482,7 +483,7 @@ func (a *API) follow(c *gin.Context, f *Filter, resume *eventID) {
 			cond = append(cond, "(toUnixTimestamp64Milli(time_received), "+keyExpr+") > ("+strconv.FormatInt(floor.RecvMs, 10)+", "+strconv.FormatUint(floor.Key, 10)+")")
 		}
 		qctx, cancel := context.WithTimeout(ctx, a.cfg.QueryTimeout)
-		rows, err := a.decodeFlows(qctx, a.flowSelect(append(cond, where...), "time_received"+order+", "+keyExpr+order, followBatch+1).String())
+		rows, err := a.decodeFlows(qctx, a.flowSelect(f, append(cond, where...), "time_received"+order+", "+keyExpr+order, followBatch+1).String())
 		cancel()
 		more := false
 		switch {

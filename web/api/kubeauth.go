@@ -88,6 +88,10 @@ const (
 	// PermView reads flows, the map, reachability, traces and findings:
 	// list pods in every namespace.
 	PermView Permission = iota + 1
+	// PermViewNamespaces reads the flows, charts, map and catalog of the
+	// namespaces where the user may list pods (all of them with
+	// PermView; some, scoped: Principal.scope).
+	PermViewNamespaces
 	// PermMetrics reads /metrics: get on the non-resource URL /metrics,
 	// as for any component (system:monitoring).
 	PermMetrics

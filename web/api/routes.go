@@ -47,17 +47,21 @@ func (a *API) routes() *gin.Engine {
 		b, _ := openapiFS.ReadFile("openapi.json")
 		c.Data(http.StatusOK, "application/json", b)
 	})
+	// What a Kubernetes user who may list pods in some namespaces only
+	// reads, of those namespaces.
+	scoped := v1.Group("", a.auth(PermViewNamespaces))
+	scoped.GET("/whoami", a.whoami)
+	scoped.GET("/flows", a.answer(a.flows))
+	scoped.GET("/flows/summary", a.answer(a.summary))
+	scoped.GET("/servicemap", a.answer(a.servicemap))
+	scoped.GET("/catalog", a.configured("catalog", a.cfg.Catalog != nil), a.answer(a.catalog))
+	scoped.GET("/filters", a.filterDoc)
+	scoped.GET("/schema", func(c *gin.Context) { c.Data(http.StatusOK, "text/markdown; charset=utf-8", docs.Schema) })
 	viewer := v1.Group("", a.auth(PermView))
-	viewer.GET("/whoami", a.whoami)
-	viewer.GET("/flows", a.answer(a.flows))
-	viewer.GET("/flows/summary", a.answer(a.summary))
-	viewer.GET("/servicemap", a.answer(a.servicemap))
-	viewer.GET("/catalog", a.configured("catalog", a.cfg.Catalog != nil), a.answer(a.catalog))
 	viewer.GET("/status", a.configured("status", a.cfg.Status != nil), a.answer(a.status))
 	viewer.POST("/reachability", a.bounded(a.reachGate), a.answer(a.reachability))
-	viewer.GET("/filters", a.filterDoc)
-	// The SQL interface's reference (docs/schema.md), for the SQL page.
-	viewer.GET("/schema", func(c *gin.Context) { c.Data(http.StatusOK, "text/markdown; charset=utf-8", docs.Schema) })
+	// The SQL interface's reference (docs/schema.md), for the SQL page,
+	// is scoped's.
 	a.auditRoutes(viewer.Group("/audit", a.configured("audit", a.cfg.Audit != nil)))
 	a.recommendRoutes(viewer.Group("/policy"))
 	tracing := a.configured("traceflow", a.cfg.Traces != nil)
@@ -240,7 +244,11 @@ func (a *API) whoami(c *gin.Context) {
 	if p.kube != nil {
 		role = "kubernetes"
 	}
-	c.JSON(http.StatusOK, gin.H{"name": p.Name, "role": role, "auth": a.cfg.Anonymous == 0})
+	out := gin.H{"name": p.Name, "role": role, "auth": a.cfg.Anonymous == 0}
+	if p.scope != nil {
+		out["namespaces"] = p.scope
+	}
+	c.JSON(http.StatusOK, out)
 }
 
 func (a *API) filterDoc(c *gin.Context) {

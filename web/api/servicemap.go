@@ -52,6 +52,7 @@ func (a *API) servicemap(c *gin.Context) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	f.scope = principalOf(c).scope
 	// group=node splits each edge by the nodes of its ends (the map's
 	// node grouping); the edge projections have no node, so such a map
 	// reads the rows.

@@ -129,6 +129,7 @@ func (a *API) summary(c *gin.Context) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	f.scope = principalOf(c).scope
 	span := f.Until.Sub(f.Since)
 	// About 60 points; past a minute, whole minutes, which the minute
 	// tier sums from the series_1m projection (tieredSQL).
@@ -206,7 +207,7 @@ func (a *API) seriesSQL(f *Filter, secs int64, cols, group string) string {
 	if secs%60 == 0 {
 		return a.tieredSQL(f, secs%3600 == 0, body, group)
 	}
-	return chsql.Select{Cols: body(chsql.FlowEndCol), From: a.table, Where: f.where(), GroupBy: group}.String()
+	return chsql.Select{Cols: body(chsql.FlowEndCol), From: f.from(a.table), Where: f.where(), GroupBy: group}.String()
 }
 
 // queryGroups sums f's traffic per step, family and group of the
@@ -285,7 +286,7 @@ const decidingPolicy = `if(egress_verdict IN ('denied', 'rejected'),
 // family, for the n policies with the most (both families together). The
 // rows are few (policies × 2), so the cut to n is made here.
 func (a *API) queryDropsByPolicy(ctx context.Context, f *Filter, n int) ([]PolicyDrops, error) {
-	q := chsql.Select{Cols: decidingPolicy + " AS policy, ip_version, count() AS dropped", From: a.table,
+	q := chsql.Select{Cols: decidingPolicy + " AS policy, ip_version, count() AS dropped", From: f.from(a.table),
 		Where: append(f.where(), droppedExpr), GroupBy: "policy, ip_version", OrderBy: "policy, ip_version", Settings: jsonSettings}.String()
 	var rows []PolicyDrops
 	if err := decodeRows(ctx, a, q, &rows); err != nil {
@@ -322,7 +323,7 @@ func (a *API) queryDropsByPolicy(ctx context.Context, f *Filter, n int) ([]Polic
 func (a *API) tieredSQL(f *Filter, hours bool, body func(key string) string, group string) string {
 	var parts []string
 	for _, t := range chsql.Tiers(chsql.FlowEndCol, f.Since, f.Until, hours) {
-		parts = append(parts, chsql.Select{Cols: body(t.Key), From: a.table, Where: append([]string{t.Cond}, f.allConds()...), GroupBy: group}.String())
+		parts = append(parts, chsql.Select{Cols: body(t.Key), From: f.from(a.table), Where: append([]string{t.Cond}, f.allConds()...), GroupBy: group}.String())
 	}
 	return chsql.Union(parts...)
 }

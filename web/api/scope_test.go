@@ -1,0 +1,213 @@
+package api
+
+import (
+	"context"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/dualflow/dualflow/collector/audit"
+	"github.com/dualflow/dualflow/collector/store"
+	"github.com/dualflow/dualflow/flow"
+	"github.com/dualflow/dualflow/lab/manifest"
+	"github.com/dualflow/dualflow/migrations"
+)
+
+// scopeDB holds TestNamespaceScope's rows.
+const scopeDB = "scope_api"
+
+// seedScope stores, per family of mode, four connections: shop/web to
+// payments/db through Service payments/db (admitted by payments'
+// ingress policy), payments/worker to shop/cart (let out by payments'
+// egress policy), payments/worker to payments/db (no end in shop), and
+// shop/web to an outside address. It returns the families.
+func seedScope(t *testing.T, mode manifest.Mode) []int {
+	t.Helper()
+	e := needEngine(t)
+	ctx := context.Background()
+	r, err := migrations.NewRunner(e, migrations.Options{Database: scopeDB})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Exec(ctx, "TRUNCATE TABLE "+scopeDB+".flows"); err != nil {
+		t.Fatal(err)
+	}
+	pod := func(ns, name, wl string) flow.Endpoint {
+		return flow.Endpoint{PodNamespace: ns, PodName: name, WorkloadKind: "Deployment", WorkloadName: wl, NodeName: "node-" + ns,
+			Labels: map[string]string{"app": wl, "team": ns}}
+	}
+	var recs []flow.Record
+	var fams []int
+	for _, fam := range []struct {
+		v                               int
+		web, cart, worker, db, svc, out string
+	}{
+		{4, "198.18.1.10", "198.18.1.20", "198.18.2.10", "198.18.2.20", "198.19.0.20", "198.19.200.1"},
+		{6, "fd00:10:0:1::a", "fd00:10:0:1::14", "fd00:10:0:2::a", "fd00:10:0:2::14", "fd00:10:ff::14", "fd00:10:ffff::1"},
+	} {
+		if (fam.v == 4 && mode == manifest.ModeIPv6) || (fam.v == 6 && mode == manifest.ModeIPv4) {
+			continue
+		}
+		fams = append(fams, fam.v)
+		end := seedNow.Add(-10 * time.Minute)
+		mk := func(src, dst string, sp uint16, s, d flow.Endpoint) flow.Record {
+			r := flow.Record{FlowStart: end.Add(-time.Second), FlowEnd: end, TimeReceived: end, Proto: flow.ProtoTCP,
+				SrcAddr: netip.MustParseAddr(src), DstAddr: netip.MustParseAddr(dst), SrcPort: sp, DstPort: 8080,
+				ExporterNode: "node-payments", Source: "conntrack", Src: s, Dst: d, PacketsDelta: 10, BytesDelta: 1000,
+				Ingress: flow.Policy{Rule: -1, Verdict: flow.VerdictNotIsolated}, Egress: flow.Policy{Rule: -1, Verdict: flow.VerdictNotIsolated}}
+			return r
+		}
+		toDB := mk(fam.web, fam.db, 41000, pod("shop", "web-0", "web"), pod("payments", "db-0", "db"))
+		toDB.ServiceAddr, toDB.ServicePort = netip.MustParseAddr(fam.svc), 80
+		toDB.Service = flow.Service{Namespace: "payments", Name: "db", PortName: "sql"}
+		toDB.Ingress = flow.Policy{Namespace: "payments", Name: "db-ingress", Rule: 0, Verdict: flow.VerdictAllowed}
+		toCart := mk(fam.worker, fam.cart, 42000, pod("payments", "worker-0", "worker"), pod("shop", "cart-0", "cart"))
+		toCart.Egress = flow.Policy{Namespace: "payments", Name: "worker-egress", Rule: 1, Verdict: flow.VerdictAllowed}
+		inside := mk(fam.worker, fam.db, 43000, pod("payments", "worker-0", "worker"), pod("payments", "db-0", "db"))
+		out := mk(fam.web, fam.out, 44000, pod("shop", "web-0", "web"), flow.Endpoint{})
+		recs = append(recs, toDB, toCart, inside, out)
+	}
+	var b []byte
+	for i := range recs {
+		recs[i].Normalize()
+		b = store.AppendFlowRow(b, &recs[i])
+	}
+	if err := e.InsertRowBinary(ctx, scopeDB+".flows", store.FlowColumns, "", len(recs), b); err != nil {
+		t.Fatal(err)
+	}
+	return fams
+}
+
+// TestNamespaceScope: a Kubernetes user who may list pods in shop only
+// reads the flows with an end in shop, the other end of a
+// cross-namespace row reduced to its namespace and family (no pod,
+// workload, labels, node, address, Service name or address, policy),
+// and no filter finds a row by what was blanked; the map, the charts
+// and the catalog are shop's; views of every namespace (the audit) are
+// refused. A user who may list pods everywhere reads every row whole.
+// Three IP modes.
+func TestNamespaceScope(t *testing.T) {
+	for _, mode := range manifest.Modes {
+		t.Run(string(mode), func(t *testing.T) {
+			fams := seedScope(t, mode)
+			rs := newReviewServer(t)
+			rs.tokens["alice-token"], rs.tokens["bob-token"], rs.tokens["eve-token"] = "alice", "bob", "eve"
+			rs.grants["alice"] = []string{"list pods."}
+			rs.grants["bob"] = []string{"list pods. in shop"}
+			cat := fakeCatalog{fn: func(context.Context) (CatalogResponse, error) {
+				return CatalogResponse{Namespaces: []string{"payments", "shop"}, Nodes: []string{"node-payments", "node-shop"},
+					Pods:     []CatalogPod{{Namespace: "shop", Name: "web-0"}, {Namespace: "payments", Name: "db-0"}},
+					Services: []CatalogService{{Namespace: "payments", Name: "db"}}}, nil
+			}}
+			h := testAPI(t, Config{Store: needEngine(t), Database: scopeDB, Catalog: cat, Audit: &audit.Queries{},
+				Kube: &KubeAuth{Client: rs.client(t)}})
+			get := func(token, path string) resp {
+				t.Helper()
+				return do(t, h, "GET", path, "", "Authorization", "Bearer "+token)
+			}
+			flows := func(token, q string) []Flow {
+				t.Helper()
+				r := get(token, "/api/v1/flows?limit=100&"+q)
+				if r.code != 200 {
+					t.Fatalf("%s flows?%s: %v", token, q, r)
+				}
+				return decode[FlowPage](t, r).Flows
+			}
+
+			// alice: every row, whole.
+			if got := flows("alice-token", ""); len(got) != 4*len(fams) {
+				t.Errorf("alice: %d rows, want %d", len(got), 4*len(fams))
+			}
+			// bob: the three rows with an end in shop.
+			got := flows("bob-token", "")
+			if len(got) != 3*len(fams) {
+				t.Fatalf("bob: %d rows, want %d: %+v", len(got), 3*len(fams), got)
+			}
+			perFam := map[int]int{}
+			for _, f := range got {
+				perFam[f.IPVersion]++
+				switch {
+				case f.SrcNamespace == "payments" && f.DstNamespace == "payments":
+					t.Errorf("bob sees a row of payments alone: %+v", f)
+				case f.DstNamespace == "payments": // shop/web -> payments/db
+					if f.SrcPod != "web-0" || f.SrcIP == "" || f.SrcLabels["app"] != "web" {
+						t.Errorf("bob's own end blanked: %+v", f)
+					}
+					if f.DstPod != "" || f.DstIP != "" || f.DstWorkload != "" || f.DstKind != "" || f.DstLabels != nil || f.DstNode != "" ||
+						f.SvcName != "" || f.ServiceIP != "" || f.IngressPol != "" || f.Exporter != "" {
+						t.Errorf("payments' end not reduced to its namespace: %+v", f)
+					}
+					if f.SvcNamespace != "payments" || f.Ingress != "allowed" {
+						t.Errorf("what bob may know is gone: %+v", f)
+					}
+				case f.SrcNamespace == "payments": // payments/worker -> shop/cart
+					if f.SrcPod != "" || f.SrcIP != "" || f.SrcWorkload != "" || f.SrcLabels != nil || f.SrcNode != "" || f.EgressPol != "" {
+						t.Errorf("payments' end not reduced to its namespace: %+v", f)
+					}
+					if f.DstPod != "cart-0" || f.DstIP == "" {
+						t.Errorf("bob's own end blanked: %+v", f)
+					}
+				case f.DstNamespace == "": // to the outside
+					if f.DstIP == "" || f.SrcPod != "web-0" {
+						t.Errorf("bob's outside connection blanked: %+v", f)
+					}
+				}
+			}
+			for _, v := range fams {
+				if perFam[v] != 3 {
+					t.Errorf("bob: %d IPv%d rows, want 3", perFam[v], v)
+				}
+			}
+			// No filter finds a row by what was blanked.
+			for _, q := range []string{"dst_pod=db-0", "pod=payments/db-0", "src_pod=worker-0", "label=app=db", "dst_workload=db",
+				"ip=198.18.2.20", "ip=fd00:10:0:2::14", "ip=198.18.2.0/24", "service=payments/db", "dst_node=node-payments"} {
+				if got := flows("bob-token", q); len(got) > 0 {
+					t.Errorf("bob flows?%s: %d rows, want none: %+v", q, len(got), got)
+				}
+			}
+			// What bob may know filters as it reads.
+			if got := flows("bob-token", "dst_namespace=payments"); len(got) != len(fams) {
+				t.Errorf("bob flows?dst_namespace=payments: %d rows, want %d", len(got), len(fams))
+			}
+			// The map and the charts are of the same rows.
+			r := get("bob-token", "/api/v1/servicemap")
+			if r.code != 200 {
+				t.Fatalf("bob servicemap: %v", r)
+			}
+			for _, s := range []string{"db-0", "worker", "db-ingress", "node-payments", "payments/db"} {
+				if strings.Contains(r.body, s) {
+					t.Errorf("bob's map names %q: %s", s, r.body)
+				}
+			}
+			if !strings.Contains(r.body, "shop/web") {
+				t.Errorf("bob's map has not shop/web: %s", r.body)
+			}
+			r = get("bob-token", "/api/v1/flows/summary?pairs=workload")
+			if r.code != 200 || strings.Contains(r.body, "db-0") || strings.Contains(r.body, "worker") || strings.Contains(r.body, "db-ingress") {
+				t.Errorf("bob summary: %v", r)
+			}
+			// The catalog: shop's names, no node.
+			r = get("bob-token", "/api/v1/catalog")
+			c := decode[CatalogResponse](t, r)
+			if !slices.Equal(c.Namespaces, []string{"shop"}) || len(c.Pods) != 1 || len(c.Services) != 0 || len(c.Nodes) != 0 {
+				t.Errorf("bob catalog: %+v", c)
+			}
+			if w := get("bob-token", "/api/v1/whoami"); !strings.Contains(w.body, `"namespaces":["shop"]`) {
+				t.Errorf("bob whoami: %v", w)
+			}
+			// Every namespace's views are refused, naming the permission.
+			if r := get("bob-token", "/api/v1/audit/findings"); r.code != 403 || !strings.Contains(r.body, "list on pods in all namespaces") {
+				t.Errorf("bob audit: %v", r)
+			}
+			// A user with no namespace at all.
+			if r := get("eve-token", "/api/v1/flows"); r.code != 403 || !strings.Contains(r.body, "or in some namespace") {
+				t.Errorf("eve flows: %v", r)
+			}
+		})
+	}
+}
