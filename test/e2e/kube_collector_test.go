@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -22,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	networkingv1 "k8s.io/api/networking/v1"
@@ -33,7 +36,6 @@ import (
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/test/kubeapi"
 	"github.com/dualflow/dualflow/traceflow"
-	"github.com/dualflow/dualflow/web"
 	"github.com/dualflow/dualflow/web/api"
 )
 
@@ -87,6 +89,7 @@ func TestKubeCollector(t *testing.T) {
 			}{
 				{"UI served", k.checkUI},
 				{"flows enriched and correlated", k.checkFlows},
+				{"a namespace's user reads its flows only", k.checkNamespaceUser},
 				{"reachability per family", func(t *testing.T) { k.checkReachability(t, manifest.PortMetrics, k.metricsVerdicts()) }},
 				{"audit findings", k.checkFindings},
 				{"CLI against the collector", func(t *testing.T) { k.checkCLI(t, bin) }},
@@ -128,14 +131,26 @@ func newKubeEnv(t *testing.T, mode manifest.Mode, bin string, order lab.PublishO
 	k.kube = startKubeAPI(t)
 	publish(t, k.kube, k.l.Manifest, order, uint64(time.Now().UnixNano()))
 	kc := collectorKubeconfig(t, k.kube)
+	// The web as on a cluster: a tokens file (the test's operator) and
+	// the cluster's users (the collector bound to auth-delegator).
+	rbac, err := os.ReadFile(kubeAuthRBACPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := k.kube.Apply(ctx, rbac); err != nil {
+		t.Fatal(err)
+	}
+	tokens, opToken := writeOperatorTokens(t)
 	agents := bindNodeAgents(t, k.l)
-	p := startCollectorProcess(t, bin, mode, kc, "--traceflow.token-file", agents.tokenFile, "--traceflow.agents", agents.flag())
+	p := startCollectorProcess(t, bin, mode, kc, "--traceflow.token-file", agents.tokenFile, "--traceflow.agents", agents.flag(),
+		"--web.tokens-file", tokens, "--web.kubernetes-auth")
 	k.web, k.metrics = p.web, p.metrics
-	registerOperator(t, p.web, filepath.Join(p.dataDir, web.LocalTokenFileName))
+	registerOperator(t, p.web, opToken)
 	for _, n := range k.l.Manifest.Nodes {
 		startExporter(t, k.l, mode, n.Name, p.ipfix, agents)
 	}
-	var err error
 	if k.web1, err = k.l.PodOn(manifest.NSFrontend, "web", 1); err != nil {
 		t.Fatal(err)
 	}
@@ -515,8 +530,13 @@ func (k *kubeEnv) checkFindings(t *testing.T) {
 // checkCLI runs the CLI clients against the collector's REST API
 // (--server), as an operator would against a deployed collector.
 func (k *kubeEnv) checkCLI(t *testing.T, bin string) {
+	tok, err := os.ReadFile(operatorTokenFile(k.web))
+	if err != nil {
+		t.Fatal(err)
+	}
 	run := func(args ...string) ([]byte, error) {
 		cmd := exec.Command(bin, args...)
+		cmd.Env = append(os.Environ(), "DUALFLOW_TOKEN="+strings.TrimSpace(string(tok)))
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
 		out, err := cmd.Output()
@@ -1011,5 +1031,136 @@ func (k *kubeEnv) checkTraceflow(t *testing.T) {
 		if fr.Outcome != traceflow.Dropped || !strings.Contains(fr.Reason, "backend/default-deny-ingress") {
 			t.Errorf("%s: want dropped by backend/default-deny-ingress: %s", fr.Family, dump(fr))
 		}
+	}
+}
+
+// writeOperatorTokens writes a tokens file with one operator token, and
+// a file of that token alone (what registerOperator reads).
+func writeOperatorTokens(t *testing.T) (tokensFile, tokenFile string) {
+	t.Helper()
+	dir := t.TempDir()
+	b := make([]byte, 16)
+	if _, err := rand.Read(b); err != nil {
+		t.Fatal(err)
+	}
+	tok := hex.EncodeToString(b)
+	tokensFile, tokenFile = filepath.Join(dir, "tokens"), filepath.Join(dir, "operator-token")
+	if err := os.WriteFile(tokensFile, []byte(tok+" operator e2e-operator\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(tokenFile, []byte(tok+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return tokensFile, tokenFile
+}
+
+// namespaceViewer is a ServiceAccount of frontend that may list pods in
+// frontend only.
+const namespaceViewer = `
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: e2e-pod-reader}
+rules: [{apiGroups: [""], resources: [pods], verbs: [list]}]
+---
+apiVersion: v1
+kind: ServiceAccount
+metadata: {name: team-viewer, namespace: frontend}
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: RoleBinding
+metadata: {name: team-viewer, namespace: frontend}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: e2e-pod-reader}
+subjects: [{kind: ServiceAccount, name: team-viewer, namespace: frontend}]
+`
+
+// checkNamespaceUser: a ServiceAccount that may list pods in frontend
+// only reads, with its own token, the lab's flows with an end in
+// frontend, each family of the mode, backend's end of web → api reduced
+// to its namespace (no pod, workload, node, address, Service name); the
+// map names no backend workload; the audit is refused. The operator's
+// view of the same connections names them.
+func (k *kubeEnv) checkNamespaceUser(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := k.kube.Apply(ctx, []byte(namespaceViewer)); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := k.kube.Admin.CoreV1().ServiceAccounts(manifest.NSFrontend).CreateToken(ctx, "team-viewer", &authenticationv1.TokenRequest{
+		Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: new(int64(3600))}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	get := func(path string) (int, []byte) {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, k.web+path, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer "+tr.Status.Token)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	for _, f := range k.fams {
+		v := famVersion(f)
+		q := url.Values{"ip_version": {fmt.Sprint(v)}, "since": {"10m"}, "limit": {"1000"}}
+		await(t, time.Minute, fmt.Sprintf("IPv%d flows of frontend, backend's end reduced", v), func() (bool, string) {
+			code, b := get("/api/v1/flows?" + q.Encode())
+			if code != http.StatusOK {
+				return false, fmt.Sprintf("%d %s", code, b)
+			}
+			var page api.FlowPage
+			if err := json.Unmarshal(b, &page); err != nil {
+				t.Fatal(err)
+			}
+			toBackend := 0
+			for _, fl := range page.Flows {
+				if fl.IPVersion != v {
+					t.Errorf("IPv%d row in an IPv%d query: %+v", fl.IPVersion, v, fl)
+				}
+				mine := fl.SrcNamespace == manifest.NSFrontend || fl.DstNamespace == manifest.NSFrontend || fl.SvcNamespace == manifest.NSFrontend
+				if !mine {
+					t.Errorf("a row without frontend: %+v", fl)
+				}
+				if fl.SrcNamespace != "" && fl.SrcNamespace != manifest.NSFrontend && (fl.SrcPod != "" || fl.SrcIP != "" || fl.SrcWorkload != "" || fl.SrcNode != "") {
+					t.Errorf("another namespace's source shown: %+v", fl)
+				}
+				if fl.DstNamespace != "" && fl.DstNamespace != manifest.NSFrontend && (fl.DstPod != "" || fl.DstIP != "" || fl.DstWorkload != "" || fl.DstNode != "" || len(fl.DstLabels) > 0) {
+					t.Errorf("another namespace's destination shown: %+v", fl)
+				}
+				if fl.SvcNamespace == manifest.NSBackend && (fl.SvcName != "" || fl.ServiceIP != "") {
+					t.Errorf("backend's Service named: %+v", fl)
+				}
+				if fl.SrcNamespace == manifest.NSFrontend && fl.DstNamespace == manifest.NSBackend {
+					if fl.SrcPod == "" || fl.SrcIP == "" {
+						t.Errorf("frontend's own end blanked: %+v", fl)
+					}
+					toBackend++
+				}
+			}
+			return toBackend > 0, fmt.Sprintf("%d rows, %d frontend → backend", len(page.Flows), toBackend)
+		})
+	}
+	code, b := get("/api/v1/servicemap?since=10m")
+	if code != http.StatusOK || strings.Contains(string(b), manifest.NSBackend+"/api") || !strings.Contains(string(b), manifest.NSFrontend+"/web") {
+		t.Errorf("the namespace's map: %d %s", code, b)
+	}
+	if code, b := get("/api/v1/audit/findings"); code != http.StatusForbidden || !strings.Contains(string(b), "list on pods in all namespaces") {
+		t.Errorf("the namespace's user's audit: %d %s", code, b)
+	}
+	// The operator reads the same connections whole.
+	var page api.FlowPage
+	k.rest(t, http.MethodGet, "/api/v1/flows?since=10m&limit=1000&src_namespace=frontend&dst_namespace=backend", nil, &page)
+	named := 0
+	for _, fl := range page.Flows {
+		if fl.DstPod != "" && fl.DstWorkload != "" {
+			named++
+		}
+	}
+	if named == 0 {
+		t.Errorf("the operator's frontend → backend rows name no backend pod: %d rows", len(page.Flows))
 	}
 }

@@ -95,7 +95,8 @@ const (
 	// PermMetrics reads /metrics: get on the non-resource URL /metrics,
 	// as for any component (system:monitoring).
 	PermMetrics
-	// PermTrace starts a trace: create traceflows.dualflow.io.
+	// PermTrace starts a trace: create traceflows.dualflow.io, and
+	// PermView (its answer names what the probe meets).
 	PermTrace
 	// PermSQL runs SQL: create sql.dualflow.io, and PermView (SQL reads
 	// every namespace's flows).
@@ -259,7 +260,9 @@ func (o outage) AuthenticateToken(ctx context.Context, token string) (*authentic
 // wrapping errKubeUnavailable when the API server did not answer.
 func (k *kubeAuth) may(ctx context.Context, u user.Info, p Permission) (string, error) {
 	perms := []Permission{p}
-	if p == PermSQL {
+	if p == PermSQL || p == PermTrace {
+		// SQL reads every namespace's rows; a trace's probe crosses
+		// namespaces and its answer names what it meets.
 		perms = append(perms, PermView)
 	}
 	for _, q := range perms {

@@ -95,6 +95,8 @@ func TestKubeAuth(t *testing.T) {
 	rs.tokens["alice-token"] = "alice"
 	rs.tokens["bob-token"] = "bob"
 	rs.tokens["carol-token"] = "carol"
+	rs.tokens["frank-token"] = "frank"
+	rs.grants["frank"] = []string{"list pods. in shop", "create traceflows.dualflow.io"}
 	rs.grants["alice"] = []string{"list pods.", "create traceflows.dualflow.io"}
 	rs.grants["carol"] = []string{"list pods.", "create sql.dualflow.io", "get /metrics"}
 	tok := &Tokens{}
@@ -116,6 +118,8 @@ func TestKubeAuth(t *testing.T) {
 		{"bob-token", "POST", "/api/v1/traceflows", `{}`, 403, `create on traceflows.dualflow.io`},
 		{"carol-token", "POST", "/api/v1/reachability", `{"trace":true}`, 403, `live traces: Kubernetes user \"carol\"`},
 		{"carol-token", "GET", "/metrics", "", 200, ""},
+		// A trace crosses namespaces: one namespace's reader may not.
+		{"frank-token", "POST", "/api/v1/traceflows", `{}`, 403, `needs list on pods in all namespaces`},
 	} {
 		hdr := []string{}
 		if tc.token != "" {
