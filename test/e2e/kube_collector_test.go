@@ -1148,7 +1148,21 @@ func (k *kubeEnv) checkNamespaceUser(t *testing.T) {
 	if code != http.StatusOK || strings.Contains(string(b), manifest.NSBackend+"/api") || !strings.Contains(string(b), manifest.NSFrontend+"/web") {
 		t.Errorf("the namespace's map: %d %s", code, b)
 	}
-	if code, b := get("/api/v1/audit/findings"); code != http.StatusForbidden || !strings.Contains(string(b), "list on pods in all namespaces") {
+	// The findings all of whose objects are frontend's; the audit of
+	// every namespace refused.
+	code, b = get("/api/v1/audit/findings")
+	var fr audit.FindingsResponse
+	if code != http.StatusOK || json.Unmarshal(b, &fr) != nil {
+		t.Errorf("the namespace's user's findings: %d %s", code, b)
+	}
+	for _, f := range fr.Findings {
+		for _, o := range f.Objects {
+			if o.Namespace != manifest.NSFrontend {
+				t.Errorf("a finding of another namespace: %+v", f)
+			}
+		}
+	}
+	if code, b := get("/api/v1/audit/unprotected"); code != http.StatusForbidden || !strings.Contains(string(b), "list on pods in all namespaces") {
 		t.Errorf("the namespace's user's audit: %d %s", code, b)
 	}
 	// The operator reads the same connections whole.

@@ -135,7 +135,8 @@ func TestKubeRBAC(t *testing.T) {
 					t.Errorf("bob's whoami %v: want namespaces [%s]", who, manifest.NSFrontend)
 				}
 				r.expect(t, r.client, "GET", "/api/v1/flows?limit=1", bearer(bob), nil, 200, "")
-				r.expect(t, r.client, "GET", "/api/v1/audit/findings", bearer(bob), nil, 403, "list on pods in all namespaces")
+				r.expect(t, r.client, "GET", "/api/v1/audit/findings", bearer(bob), nil, 200, "")
+				r.expect(t, r.client, "GET", "/api/v1/audit/unprotected", bearer(bob), nil, 403, "list on pods in all namespaces")
 				r.expect(t, r.client, "POST", "/api/v1/reachability", bearer(bob), map[string]any{}, 403, "list on pods in all namespaces")
 				r.expect(t, r.client, "POST", "/api/v1/traceflows", bearer(bob), map[string]any{}, 403, "create on traceflows.dualflow.io")
 				r.expect(t, r.client, "POST", "/api/v1/sql", bearer(bob), api.SQLRequest{Query: "SELECT 1"}, 403, "sql.dualflow.io")
@@ -165,14 +166,14 @@ func TestKubeRBAC(t *testing.T) {
 				if who["name"] != "alice" {
 					t.Errorf("whoami through the proxy %v", who)
 				}
-				r.expect(t, proxy, "GET", "/api/v1/audit/findings", map[string]string{"X-Remote-User": "bob"}, nil, 403, "list on pods in all namespaces")
+				r.expect(t, proxy, "GET", "/api/v1/audit/unprotected", map[string]string{"X-Remote-User": "bob"}, nil, 403, "list on pods in all namespaces")
 				// The proxy is trusted for the groups too, as the
 				// kube-apiserver trusts it: RBAC judges what it says.
-				r.expect(t, proxy, "GET", "/api/v1/audit/findings", map[string]string{"X-Remote-User": "bob", "X-Remote-Group": "system:masters"}, nil, 200, "")
+				r.expect(t, proxy, "GET", "/api/v1/audit/unprotected", map[string]string{"X-Remote-User": "bob", "X-Remote-Group": "system:masters"}, nil, 200, "")
 			})
 			t.Run("CLI with a Kubernetes token", func(t *testing.T) {
 				cli := func(token string) (string, error) {
-					cmd := exec.Command(bin, "audit", "findings", "--server", r.web, "--ca-file", filepath.Join(r.certDir, certs.CAFile))
+					cmd := exec.Command(bin, "audit", "unprotected", "--server", r.web, "--ca-file", filepath.Join(r.certDir, certs.CAFile))
 					cmd.Env = append(os.Environ(), "DUALFLOW_TOKEN="+token)
 					out, err := cmd.CombinedOutput()
 					return string(out), err

@@ -32,14 +32,18 @@ const maxPolicyBody = 1 << 20
 // unused (the report windows default to the last hour, or day for
 // unused), evaluate (one flow, no traffic) and the what-if replay of
 // proposed policies (bounded, as reachability is, per token and in all).
-func (a *API) auditRoutes(g *gin.RouterGroup) {
+func (a *API) auditRoutes(scoped, g *gin.RouterGroup) {
 	au := a.cfg.Audit
-	g.GET("/findings", a.answer(func(c *gin.Context) (any, error) {
+	scoped.GET("/findings", a.answer(func(c *gin.Context) (any, error) {
 		win, err := a.auditWindow(c, time.Hour)
 		if err != nil {
 			return nil, err
 		}
-		return au.Findings(c.Request.Context(), win)
+		r, err := au.Findings(c.Request.Context(), win)
+		if scope := principalOf(c).scope; err == nil && scope != nil {
+			r = scopeFindings(r, scope)
+		}
+		return r, err
 	}))
 	g.GET("/unprotected", a.answer(func(c *gin.Context) (any, error) {
 		return au.Unprotected(c.Request.Context())

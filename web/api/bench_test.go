@@ -140,3 +140,36 @@ func BenchmarkSummary(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkFlowsScoped: BenchmarkFlows' mix of pages, and the Charts
+// page's summary, read by a Kubernetes user who may list pods in every
+// namespace and by one who may only in infra (the scoped subquery,
+// scopedSource: the rows with an end in infra, shop's end blanked), both
+// with their access reviews cached. The difference is the cost of the
+// namespace scope.
+func BenchmarkFlowsScoped(b *testing.B) {
+	benchAPI(b) // seeds the rows
+	rs := newReviewServer(b)
+	rs.tokens["all"], rs.tokens["infra"] = "all", "infra"
+	rs.grants["all"] = []string{"list pods."}
+	rs.grants["infra"] = []string{"list pods. in infra"}
+	cat := fakeCatalog{fn: func(context.Context) (CatalogResponse, error) {
+		return CatalogResponse{Namespaces: []string{"infra", "shop"}}, nil
+	}}
+	h := testAPI(b, Config{Now: func() time.Time { return benchNow }, Catalog: cat,
+		Kube: &KubeAuth{Client: rs.client(b), TokenTTL: time.Hour, AllowTTL: time.Hour, DenyTTL: time.Hour}})
+	var pages []string
+	for _, q := range []string{"ip_version=6", "dst_ip=198.18.3.0/24,fd00:10:244:3::/64", "verdict=allowed", ""} {
+		pages = append(pages, "/api/v1/flows?limit=100&"+q)
+	}
+	for _, user := range []string{"all", "infra"} {
+		as := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			r.Header.Set("Authorization", "Bearer "+user)
+			h.ServeHTTP(w, r)
+		})
+		b.Run(user+"/flows", func(b *testing.B) { latencies(b, as, "GET", pages, nil) })
+		b.Run(user+"/summary", func(b *testing.B) {
+			latencies(b, as, "GET", []string{"/api/v1/flows/summary?dimension=namespace"}, nil)
+		})
+	}
+}

@@ -62,7 +62,8 @@ func (a *API) routes() *gin.Engine {
 	viewer.POST("/reachability", a.bounded(a.reachGate), a.answer(a.reachability))
 	// The SQL interface's reference (docs/schema.md), for the SQL page,
 	// is scoped's.
-	a.auditRoutes(viewer.Group("/audit", a.configured("audit", a.cfg.Audit != nil)))
+	audited := a.configured("audit", a.cfg.Audit != nil)
+	a.auditRoutes(scoped.Group("/audit", audited), viewer.Group("/audit", audited))
 	a.recommendRoutes(viewer.Group("/policy"))
 	tracing := a.configured("traceflow", a.cfg.Traces != nil)
 	viewer.GET("/traceflows/:id", tracing, a.getTrace)

@@ -10,6 +10,7 @@ import (
 	"github.com/gin-gonic/gin"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
 
+	"github.com/dualflow/dualflow/collector/audit"
 	"github.com/dualflow/dualflow/internal/chsql"
 )
 
@@ -22,7 +23,9 @@ import (
 // pod, workload, labels, node, zone, address, NAT address, Service name
 // and address, and the policies of its side are blanked. Filters, sorts
 // and sums run on what the subquery returns, so no filter can ask about
-// what it blanked. Other views (reachability, audit, recommendations,
+// what it blanked. Audit findings are those all of whose objects are in
+// the scope (scopeFindings). Other views (reachability, the other audit
+// reports, recommendations,
 // traces, status, SQL, metrics) need list pods in all namespaces.
 
 // endRedactions are, per end, the columns blanked when the end is a pod
@@ -131,4 +134,29 @@ func scopeCatalog(cat *CatalogResponse, scope []string) {
 	cat.Workloads = slices.DeleteFunc(cat.Workloads, func(w CatalogWorkload) bool { return !in(w.Namespace) })
 	cat.Services = slices.DeleteFunc(cat.Services, func(s CatalogService) bool { return !in(s.Namespace) })
 	cat.Nodes = nil
+}
+
+// scopeFindings keeps the findings whose every object is of a namespace
+// in scope. A finding's message names its objects, so one that spans
+// another namespace (or a cluster-wide object) is left out whole rather
+// than shown in part.
+func scopeFindings(r *audit.FindingsResponse, scope []string) *audit.FindingsResponse {
+	out := *r
+	out.Findings, out.DualStack = nil, 0
+	for _, f := range r.Findings {
+		if len(f.Objects) == 0 || slices.ContainsFunc(f.Objects, func(o audit.Ref) bool {
+			_, ok := slices.BinarySearch(scope, o.Namespace)
+			return !ok
+		}) {
+			continue
+		}
+		out.Findings = append(out.Findings, f)
+		if f.DualStack() {
+			out.DualStack++
+		}
+	}
+	if out.Findings == nil {
+		out.Findings = []audit.Finding{}
+	}
+	return &out
 }

@@ -104,7 +104,7 @@ func TestNamespaceScope(t *testing.T) {
 					Pods:     []CatalogPod{{Namespace: "shop", Name: "web-0"}, {Namespace: "payments", Name: "db-0"}},
 					Services: []CatalogService{{Namespace: "payments", Name: "db"}}}, nil
 			}}
-			h := testAPI(t, Config{Store: needEngine(t), Database: scopeDB, Catalog: cat, Audit: &audit.Queries{},
+			h := testAPI(t, Config{Store: needEngine(t), Database: scopeDB, Catalog: cat, Audit: scopeAudit{&audit.Queries{}},
 				Kube: &KubeAuth{Client: rs.client(t)}})
 			get := func(token, path string) resp {
 				t.Helper()
@@ -200,9 +200,20 @@ func TestNamespaceScope(t *testing.T) {
 			if w := get("bob-token", "/api/v1/whoami"); !strings.Contains(w.body, `"namespaces":["shop"]`) {
 				t.Errorf("bob whoami: %v", w)
 			}
+			// The findings all of whose objects are shop's.
+			if r := get("bob-token", "/api/v1/audit/findings"); r.code != 200 {
+				t.Errorf("bob findings: %v", r)
+			} else if fr := decode[audit.FindingsResponse](t, r); len(fr.Findings) != 1 || fr.Findings[0].Message != "shop only" || fr.DualStack != 1 {
+				t.Errorf("bob findings: %+v", fr)
+			}
+			if fr := decode[audit.FindingsResponse](t, get("alice-token", "/api/v1/audit/findings")); len(fr.Findings) != 3 || fr.DualStack != 2 {
+				t.Errorf("alice findings: %+v", fr)
+			}
 			// Every namespace's views are refused, naming the permission.
-			if r := get("bob-token", "/api/v1/audit/findings"); r.code != 403 || !strings.Contains(r.body, "list on pods in all namespaces") {
-				t.Errorf("bob audit: %v", r)
+			for _, path := range []string{"/api/v1/audit/unprotected", "/api/v1/audit/denied", "/api/v1/status"} {
+				if r := get("bob-token", path); r.code != 403 || !strings.Contains(r.body, "list on pods in all namespaces") {
+					t.Errorf("bob %s: %v", path, r)
+				}
 			}
 			// A user with no namespace at all.
 			if r := get("eve-token", "/api/v1/flows"); r.code != 403 || !strings.Contains(r.body, "or in some namespace") {
@@ -210,4 +221,16 @@ func TestNamespaceScope(t *testing.T) {
 			}
 		})
 	}
+}
+
+// scopeAudit answers three findings: one of shop's objects only, one of
+// shop and payments, one of a node.
+type scopeAudit struct{ *audit.Queries }
+
+func (scopeAudit) Findings(context.Context, audit.Window) (*audit.FindingsResponse, error) {
+	return &audit.FindingsResponse{DualStack: 2, Findings: []audit.Finding{
+		{Kind: audit.KindVerdictGap, Message: "shop only", Objects: []audit.Ref{{Kind: "Deployment", Namespace: "shop", Name: "web"}}},
+		{Kind: audit.KindVerdictGap, Message: "shop and payments", Objects: []audit.Ref{{Kind: "Deployment", Namespace: "shop", Name: "web"}, {Kind: "NetworkPolicy", Namespace: "payments", Name: "db-ingress"}}},
+		{Kind: "unused-rule", Message: "a node", Objects: []audit.Ref{{Kind: "Node", Name: "node-payments"}}},
+	}}, nil
 }
