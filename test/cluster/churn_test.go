@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -48,6 +49,9 @@ func checkChurn(t *testing.T, ctx context.Context, c *Cluster, in *Install, web 
 		conns []churnConn
 		fails int
 		phase atomic.Int32
+		// serverIPs are the addresses each server pod ("ns/pod") was
+		// seen with.
+		serverIPs = map[string][]netip.Addr{}
 	)
 	tctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -63,7 +67,13 @@ func checkChurn(t *testing.T, ctx context.Context, c *Cluster, in *Install, web 
 					continue
 				}
 				for _, ip := range s.Status.PodIPs {
-					targets = append(targets, netip.AddrPortFrom(netip.MustParseAddr(ip.IP), ServerPort))
+					a := netip.MustParseAddr(ip.IP)
+					targets = append(targets, netip.AddrPortFrom(a, ServerPort))
+					mu.Lock()
+					if k := NSServer + "/" + s.Name; !slices.Contains(serverIPs[k], a) {
+						serverIPs[k] = append(serverIPs[k], a)
+					}
+					mu.Unlock()
 				}
 			}
 			for _, name := range []string{SvcDual, SvcV4, SvcV6} {
@@ -146,7 +156,9 @@ func checkChurn(t *testing.T, ctx context.Context, c *Cluster, in *Install, web 
 	// attempt that failed while pods went (not in conns) may have a row
 	// of its own, naming the pod it reached, under the key of a later
 	// connection. So a row is the connection of its key made nearest its
-	// start, within nearRow; a row near none is a failed attempt's.
+	// start, within nearRow; a row near none is a failed attempt's, and
+	// so is a row whose destination is not an address of the pod that
+	// answered (the source port reused by the next attempt).
 	type key struct {
 		client string
 		port   uint16
@@ -189,6 +201,15 @@ FROM flows WHERE src_pod_namespace = '%s' AND dst_port = %d AND probe_trace_id =
 			if !ok {
 				attempts++ // a failed attempt's, or a row whose start is not its connection's (an exporter's restart dumps it again)
 				continue
+			}
+			// A row that reached another address than the answering pod's
+			// is not its connection: an attempt that failed (to a pod
+			// going away) with the same source port, reused within nearRow.
+			if ips, known := serverIPs[c.server]; known {
+				if dst, err := netip.ParseAddr(fmt.Sprint(r[5])); err == nil && !slices.Contains(ips, dst.Unmap()) {
+					attempts++
+					continue
+				}
 			}
 			seen[c] = append(seen[c], fmt.Sprintf("%v/%v", r[3], r[4]))
 			detail[c] = append(detail[c], fmt.Sprintf("%v", r[5:]))
