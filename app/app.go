@@ -178,6 +178,7 @@ func (a *App) webAuth(cfg *web.Config) error {
 		if err != nil {
 			return fmt.Errorf("web TLS: %w", err)
 		}
+		a.c.Registry().MustRegister(reload.Metrics(t))
 		cfg.TLS = t
 	}
 	if w.RequestHeaderCA != "" && (!w.Kubernetes || w.TLSCert == "") {

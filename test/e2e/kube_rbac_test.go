@@ -185,6 +185,19 @@ func TestKubeRBAC(t *testing.T) {
 					t.Errorf("dualflow audit as bob: %v, want the missing permission named:\n%s", err, out)
 				}
 			})
+			t.Run("the web's certificate and the proxy CA are reloaded files", func(t *testing.T) {
+				resp, err := http.Get(r.metrics)
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				for _, name := range []string{"web-tls", "web-requestheader-ca"} {
+					if !strings.Contains(string(b), `dualflow_file_reloads_total{name="`+name+`"}`) {
+						t.Errorf("no reload metrics of %s", name)
+					}
+				}
+			})
 			t.Run("UI polling makes one review per TTL", func(t *testing.T) {
 				before := r.reviews(t)
 				start := time.Now()

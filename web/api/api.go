@@ -225,7 +225,11 @@ func New(cfg Config) (*API, error) {
 		a.metrics.tooLarge.WithLabelValues(g.kind)
 	}
 	if cfg.Kube != nil {
-		k, err := newKubeAuth(cfg.Kube, a.metrics)
+		reg := cfg.Registerer
+		if reg == nil {
+			reg = a.metrics.reg
+		}
+		k, err := newKubeAuth(cfg.Kube, a.metrics, reg, cfg.Logger)
 		if err != nil {
 			return nil, fmt.Errorf("api: kubernetes identities: %w", err)
 		}

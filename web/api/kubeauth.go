@@ -3,12 +3,16 @@ package api
 import (
 	"cmp"
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/url"
+	"os"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/apiserver/pkg/authentication/authenticator"
@@ -22,6 +26,8 @@ import (
 	authzwebhook "k8s.io/apiserver/plugin/pkg/authorizer/webhook"
 	authzmetrics "k8s.io/apiserver/plugin/pkg/authorizer/webhook/metrics"
 	"k8s.io/client-go/kubernetes"
+
+	"github.com/dualflow/dualflow/internal/reload"
 )
 
 // KubeAuth makes the cluster's own identities the web's users: a bearer
@@ -60,6 +66,22 @@ type RequestHeader struct {
 	// Headers naming the user, its groups, and extra fields' prefixes
 	// (defaults: X-Remote-User, X-Remote-Group, X-Remote-Extra-).
 	UsernameHeaders, GroupHeaders, ExtraHeaderPrefixes []string
+	// ReloadInterval is how often the CA file is checked for a change
+	// (0: reload.DefaultInterval).
+	ReloadInterval time.Duration
+}
+
+// loadCAPool reads a PEM file of CA certificates.
+func loadCAPool(path string) (*x509.CertPool, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	p := x509.NewCertPool()
+	if !p.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("%s: no PEM certificate", path)
+	}
+	return p, nil
 }
 
 // Kubernetes identities' defaults: a revoked RoleBinding or token takes
@@ -151,7 +173,7 @@ type kubeAuth struct {
 // answer. The request fails closed with 503.
 var errKubeUnavailable = errors.New("the Kubernetes API did not answer")
 
-func newKubeAuth(k *KubeAuth, m *metrics) (*kubeAuth, error) {
+func newKubeAuth(k *KubeAuth, m *metrics, reg prometheus.Registerer, log *slog.Logger) (*kubeAuth, error) {
 	if k.Client == nil {
 		return nil, errors.New("kubernetes identities need the collector's Kubernetes client (--k8s.source in-cluster or kubeconfig)")
 	}
@@ -167,12 +189,21 @@ func newKubeAuth(k *KubeAuth, m *metrics) (*kubeAuth, error) {
 	token := tokencache.New(outage{tr}, false, cmp.Or(k.TokenTTL, DefaultKubeTokenTTL), cmp.Or(k.FailedTokenTTL, DefaultKubeFailedTokenTTL))
 	authn := []authenticator.Request{}
 	if rh := k.RequestHeader; rh != nil {
-		verify, err := x509request.NewStaticVerifierFromFile(rh.ClientCAFile)
+		if rh.ClientCAFile == "" {
+			return nil, errors.New("request-header authentication needs its client CA file")
+		}
+		// The CA is read again when its file changes (a Secret rotated):
+		// the next proxy connection is checked against the new one.
+		ca, err := reload.NewFile(reload.Options{Name: "web-requestheader-ca", Logger: log, Interval: rh.ReloadInterval},
+			func() (*x509.CertPool, error) { return loadCAPool(rh.ClientCAFile) }, rh.ClientCAFile)
 		if err != nil {
 			return nil, fmt.Errorf("request-header client CA: %w", err)
 		}
-		if verify == nil {
-			return nil, errors.New("request-header authentication needs its client CA file")
+		reg.MustRegister(reload.Metrics(ca))
+		verify := func() (x509.VerifyOptions, bool) {
+			o := x509request.DefaultVerifyOptions()
+			o.Roots = ca.Get()
+			return o, true
 		}
 		authn = append(authn, headerrequest.NewDynamicVerifyOptionsSecure(verify,
 			headerrequest.StaticStringSlice(rh.AllowedNames),

@@ -1,9 +1,14 @@
 package api
 
 import (
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -14,6 +19,9 @@ import (
 	authorizationv1 "k8s.io/api/authorization/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+
+	"github.com/dualflow/dualflow/internal/certs"
+	"github.com/dualflow/dualflow/test/support/reloadtest"
 )
 
 // reviewServer answers TokenReviews and SubjectAccessReviews as an API
@@ -200,5 +208,59 @@ func BenchmarkKubeAuthCached(b *testing.B) {
 			b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds())/1e3, "p50-µs")
 			b.ReportMetric(float64(lat[len(lat)*95/100].Nanoseconds())/1e3, "p95-µs")
 		})
+	}
+}
+
+// TestRequestHeaderCAReload: the proxy's client CA is read again when its
+// file changes (a Secret volume's update): a proxy certificate of the new
+// CA is trusted from then on, one of the old CA no longer.
+func TestRequestHeaderCAReload(t *testing.T) {
+	rs := newReviewServer(t)
+	rs.grants["alice"] = []string{"list pods."}
+	dirA, dirB := t.TempDir(), t.TempDir()
+	for _, d := range []string{dirA, dirB} {
+		if _, err := certs.Issue(certs.Options{Dir: d}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	read := func(dir, name string) []byte {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	leaf := func(dir string) *x509.Certificate {
+		blk, _ := pem.Decode(read(dir, certs.ControllerFile))
+		c, err := x509.ParseCertificate(blk.Bytes)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	proxyA, proxyB := leaf(dirA), leaf(dirB)
+	vol := reloadtest.NewVolume(t, 0o644, map[string][]byte{"ca.crt": read(dirA, certs.CAFile)})
+	h := testAPI(t, Config{Store: &fakeStore{}, Kube: &KubeAuth{Client: rs.client(t),
+		RequestHeader: &RequestHeader{ClientCAFile: vol.Path("ca.crt"), ReloadInterval: 10 * time.Millisecond}}})
+	as := func(cert *x509.Certificate) int {
+		r := httptest.NewRequest("GET", "/api/v1/whoami", nil)
+		r.Header.Set("X-Remote-User", "alice")
+		r.TLS = &tls.ConnectionState{PeerCertificates: []*x509.Certificate{cert}}
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, r)
+		return w.Code
+	}
+	if a, b := as(proxyA), as(proxyB); a != 200 || b != 401 {
+		t.Fatalf("before the change: CA A's proxy %d, CA B's %d; want 200 and 401", a, b)
+	}
+	vol.Update(map[string][]byte{"ca.crt": read(dirB, certs.CAFile)})
+	for deadline := time.Now().Add(30 * time.Second); as(proxyB) != 200; {
+		if time.Now().After(deadline) {
+			t.Fatal("CA B's proxy still refused 30 s after the CA file changed")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if a := as(proxyA); a != 401 {
+		t.Errorf("after the change: CA A's proxy %d, want 401", a)
 	}
 }
