@@ -79,6 +79,35 @@ type connInfo struct {
 	// evicted is the limit (refusal) whose place a new connection took.
 	evicted atomic.Uint32
 	idx     int // in connSet.all; -1 out of the set (connSet.mu)
+
+	dmu     sync.Mutex // orders the read deadline changes of the session and of the shutdown
+	drainBy time.Time  // zero until the shutdown; then no read outlasts it
+}
+
+// SetReadDeadline sets the session's read deadline to at, or to the
+// shutdown's drain deadline when that is sooner (the framer's deadliner).
+func (ci *connInfo) SetReadDeadline(at time.Time) error {
+	ci.dmu.Lock()
+	defer ci.dmu.Unlock()
+	if !ci.drainBy.IsZero() && ci.drainBy.Before(at) {
+		at = ci.drainBy
+	}
+	return ci.conn.SetReadDeadline(at)
+}
+
+// drain tells the exporter the collector is closing, without losing what
+// it sent: the write side closes (FIN, or TLS close_notify) and reads go
+// on, bounded by by, until the exporter closes its side. Closing at once
+// reset the connection, and the messages still in the socket buffer or on
+// the wire were lost, though the exporter had counted them as sent.
+func (ci *connInfo) drain(by time.Time) {
+	ci.dmu.Lock()
+	ci.drainBy = by
+	ci.conn.SetReadDeadline(by)
+	ci.dmu.Unlock()
+	if cw, ok := ci.conn.(interface{ CloseWrite() error }); !ok || cw.CloseWrite() != nil {
+		ci.conn.Close() // a TLS handshake not yet done: it delivered nothing
+	}
 }
 
 // useful records a message with a valid set and n data records. Not safe
@@ -284,11 +313,13 @@ func (s *connSet) removeLocked(ci *connInfo) {
 	}
 }
 
-func (s *connSet) closeAll() {
+// drainAll refuses new sessions and drains every session until by (see
+// connInfo.drain); each ends when its exporter closes or by passes.
+func (s *connSet) drainAll(by time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.closed = true
 	for _, ci := range s.all {
-		ci.conn.Close()
+		ci.drain(by)
 	}
 }

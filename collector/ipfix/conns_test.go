@@ -277,8 +277,9 @@ type addrConn struct {
 	closed bool
 }
 
-func (c *addrConn) RemoteAddr() net.Addr { return c.remote }
-func (c *addrConn) Close() error         { c.closed = true; return nil }
+func (c *addrConn) RemoteAddr() net.Addr            { return c.remote }
+func (c *addrConn) Close() error                    { c.closed = true; return nil }
+func (c *addrConn) SetReadDeadline(time.Time) error { return nil }
 
 func fakeConn(ip string) *addrConn {
 	return &addrConn{remote: &net.TCPAddr{IP: net.ParseIP(ip), Port: 40000}}
@@ -356,9 +357,9 @@ func TestConnSet(t *testing.T) {
 	if _, r := s.add(e1, later); r != refusedFull {
 		t.Errorf("every session delivering: %s, want limit", r)
 	}
-	s.closeAll()
+	s.drainAll(t0)
 	if _, r := s.add(fakeConn("198.18.0.9"), t0); r == admitted {
-		t.Error("add after closeAll")
+		t.Error("add after drainAll")
 	}
 }
 

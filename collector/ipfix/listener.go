@@ -342,7 +342,13 @@ func (l *Listener) Close() error {
 	return errors.Join(errs...)
 }
 
-// Run serves until ctx ends, then closes every socket and connection and
+// shutdownDrain bounds how long the sessions are read at shutdown, once
+// the collector has said it is closing, for their exporters to close
+// their side (the product's exporter does within a round trip).
+const shutdownDrain = 5 * time.Second
+
+// Run serves until ctx ends, then closes every socket, drains every TCP
+// and TLS session (for at most shutdownDrain: see connInfo.drain) and
 // returns once all its goroutines have handed on their last batch. It does
 // not close the output queue.
 func (l *Listener) Run(ctx context.Context) error {
@@ -359,7 +365,7 @@ func (l *Listener) Run(ctx context.Context) error {
 	}
 	<-ctx.Done()
 	l.Close()
-	conns.closeAll()
+	conns.drainAll(time.Now().Add(shutdownDrain))
 	wg.Wait()
 	return nil
 }

@@ -217,7 +217,7 @@ func (l *Listener) serveConn(ctx context.Context, ci *connInfo, tr Transport, co
 	d := l.newDecoder()
 	var prev Stats
 	f := newFramer(c)
-	f.d, f.idle, f.message, f.active = c, l.cfg.IdleTimeout, l.cfg.MessageTimeout, time.Now()
+	f.d, f.idle, f.message, f.active = ci, l.cfg.IdleTimeout, l.cfg.MessageTimeout, time.Now()
 	// A batch is held only while messages are being decoded: an idle
 	// session holds none (1,500 sessions each holding a 1.5 MB batch took
 	// the collector past 2 GB).
@@ -235,7 +235,7 @@ func (l *Listener) serveConn(ctx context.Context, ci *connInfo, tr Transport, co
 			reason := "error"
 			var bad *badHeader
 			switch {
-			case errors.Is(err, io.EOF):
+			case errors.Is(err, io.EOF) && ctx.Err() == nil:
 				reason = "eof"
 			case errors.As(err, &bad):
 				reason = "bad_framing"

@@ -296,6 +296,69 @@ func TestCollectorRestart(t *testing.T) {
 	}
 }
 
+// TestCollectorRestartLosesNothing stops the collector while records
+// stream to it, over TCP and TLS, again and again: every record reaches
+// the stopping collector or the next one. A collector that closed its
+// sessions at once lost the messages in its socket buffer and on the
+// wire, which the exporter had counted as sent (the real cluster's churn
+// check lost a connection's row across a collector pod's deletion).
+func TestCollectorRestartLosesNothing(t *testing.T) {
+	pki := newPKI(t)
+	for _, tc := range []struct {
+		name string
+		tls  bool
+	}{{"tcp", false}, {"tls", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := ipfixtest.Options{Address: freePort(t, "127.0.0.1:0")}
+			cfg := Config{Address: o.Address, FlushInterval: 5 * time.Millisecond,
+				BackoffMin: 10 * time.Millisecond, BackoffMax: 20 * time.Millisecond}
+			if tc.tls {
+				o.ServerCert, o.ServerKey = pki.serverCert, pki.serverKey
+				cfg.Transport, cfg.CAFile, cfg.ServerName = TLS, pki.caFile, "collector.test"
+			}
+			e := newExporter(t, cfg)
+			start(t, e)
+			const restarts, per = 8, 10
+			var cols []*ipfixtest.Collector
+			sent := 0
+			for range restarts {
+				col := ipfixtest.Start(t, o)
+				cols = append(cols, col)
+				// Records stream in small messages while the collector
+				// stops (no wait for them): some are on the wire, some
+				// in its socket buffer.
+				for range 40 {
+					e.Export(records(4, per, sent))
+					sent += per
+					time.Sleep(time.Millisecond)
+				}
+				col.Stop()
+			}
+			last := ipfixtest.Start(t, o)
+			cols = append(cols, last)
+			seen := make([]int, sent)
+			n := 0
+			for deadline := time.Now().Add(20 * time.Second); n < sent && time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+				clear(seen)
+				n = 0
+				for _, c := range cols {
+					for _, r := range c.Records() {
+						if seen[r.SrcPort]++; seen[r.SrcPort] == 1 {
+							n++
+						}
+					}
+				}
+			}
+			if n < sent {
+				t.Fatalf("%d of %d records lost across %d collector restarts; stats %+v", sent-n, sent, restarts, e.Stats())
+			}
+			if st := e.Stats(); st.DroppedBufferFull != 0 || st.Reconnects < restarts {
+				t.Errorf("stats %+v", st)
+			}
+		})
+	}
+}
+
 // TestDrainOnShutdown exports and stops at once: Run sends everything
 // before it returns.
 func TestDrainOnShutdown(t *testing.T) {
