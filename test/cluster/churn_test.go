@@ -246,8 +246,8 @@ FROM flows WHERE src_pod_namespace = '%s' AND dst_port = %d AND probe_trace_id =
 	// Known, not yet fixed (issue 35's notes): an exporter roll reports
 	// connections again (the stopping exporter's forced_end flush, the
 	// new one's conntrack dump), and some rows name no destination pod.
-	t.Logf("churn: %d connections answered (and %d attempts refused or unanswered while pods went) over %s; %d rows: %d connections without a row (bound %d), %d rows naming a wrong pod, %d rows beyond one per connection, %d rows naming no destination pod (first: %s), %d rows of failed attempts",
-		len(conns), fails, churned.Round(time.Second), rows, len(missing), maxLost, len(wrong), extra, len(unnamed), strings.Join(unnamed[:min(len(unnamed), 5)], "; "), attempts)
+	t.Logf("churn: %d connections answered (and %d attempts refused or unanswered while pods went) over %s; %d rows: %d connections without a row (bound %d; first: %s), %d rows naming a wrong pod, %d rows beyond one per connection, %d rows naming no destination pod (first: %s), %d rows of failed attempts",
+		len(conns), fails, churned.Round(time.Second), rows, len(missing), maxLost, strings.Join(missing[:min(len(missing), 3)], "; "), len(wrong), extra, len(unnamed), strings.Join(unnamed[:min(len(unnamed), 5)], "; "), attempts)
 	return web
 }
 
