@@ -237,8 +237,7 @@ func (a *API) authenticate(c *gin.Context) (Principal, bool) {
 		u, err := a.kube.authenticate(c.Request)
 		switch {
 		case errors.Is(err, errKubeUnavailable):
-			a.log.Warn("web: cannot authenticate a request", "err", err)
-			c.AbortWithStatusJSON(http.StatusServiceUnavailable, errorBody{Message: "cannot check the credential: " + err.Error()})
+			a.reviewFailed(c, "credential", "", err)
 			return Principal{}, false
 		case err != nil:
 			return unauthorized("refused by Kubernetes: " + err.Error())
@@ -266,10 +265,17 @@ func (a *API) may(c *gin.Context, pr Principal, p Permission) (string, error) {
 	}
 	msg, err := a.kube.may(c.Request.Context(), pr.kube, p)
 	if err != nil {
-		a.log.Warn("web: cannot authorize a request", "user", pr.Name, "err", err)
-		c.AbortWithStatusJSON(http.StatusServiceUnavailable, errorBody{Message: "cannot check the permission: " + err.Error()})
+		a.reviewFailed(c, "permission", pr.Name, err)
 	}
 	return msg, err
+}
+
+// reviewFailed answers a request whose Kubernetes review (of its
+// credential, or of a permission of user) could not be made: 503, the
+// request fails closed.
+func (a *API) reviewFailed(c *gin.Context, what, user string, err error) {
+	a.log.Warn("web: cannot check a request's "+what, "user", user, "err", err)
+	c.AbortWithStatusJSON(http.StatusServiceUnavailable, errorBody{Message: "cannot check the " + what + ": " + err.Error()})
 }
 
 // LocalOperator is the principal of the local operator token.

@@ -3,7 +3,6 @@ package api
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"slices"
 	"strings"
 
@@ -110,11 +109,12 @@ func (a *API) namespaceScope(c *gin.Context, pr Principal) ([]string, error) {
 	}
 	var scope []string
 	for _, ns := range cat.Namespaces {
-		d, _, err := a.kube.authz.Authorize(ctx, authorizer.AttributesRecord{User: pr.kube, Verb: "list", Resource: "pods", Namespace: ns, ResourceRequest: true})
+		attr := PermView.attributes(pr.kube)
+		attr.Namespace = ns
+		d, _, err := a.kube.authz.Authorize(ctx, attr)
 		if err != nil {
 			err = fmt.Errorf("%w: %v", errKubeUnavailable, err)
-			a.log.Warn("web: cannot authorize a request", "user", pr.Name, "err", err)
-			c.AbortWithStatusJSON(http.StatusServiceUnavailable, errorBody{Message: "cannot check the permission: " + err.Error()})
+			a.reviewFailed(c, "permission", pr.Name, err)
 			return nil, err
 		}
 		if d == authorizer.DecisionAllow {
