@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -137,9 +138,35 @@ func TestKubeRBAC(t *testing.T) {
 				r.expect(t, r.client, "GET", "/api/v1/flows?limit=1", bearer(bob), nil, 200, "")
 				r.expect(t, r.client, "GET", "/api/v1/audit/findings", bearer(bob), nil, 200, "")
 				r.expect(t, r.client, "GET", "/api/v1/audit/unprotected", bearer(bob), nil, 403, "list on pods in all namespaces")
-				r.expect(t, r.client, "POST", "/api/v1/reachability", bearer(bob), map[string]any{}, 403, "list on pods in all namespaces")
+				// A matrix of frontend's ends is his; one with an end in
+				// backend is not.
+				web := map[string]any{"kind": "workload", "namespace": manifest.NSFrontend, "name": "web"}
+				backend := map[string]any{"kind": "workload", "namespace": manifest.NSBackend, "name": "api"}
+				r.expect(t, r.client, "POST", "/api/v1/reachability", bearer(bob), map[string]any{"sources": []any{web}, "destinations": []any{web}}, 200, "")
+				r.expect(t, r.client, "POST", "/api/v1/reachability", bearer(bob), map[string]any{"sources": []any{web}, "destinations": []any{backend}}, 403,
+					`destinations[0] is in namespace \"`+manifest.NSBackend+`\", where you may not list pods`)
 				r.expect(t, r.client, "POST", "/api/v1/traceflows", bearer(bob), map[string]any{}, 403, "create on traceflows.dualflow.io")
 				r.expect(t, r.client, "POST", "/api/v1/sql", bearer(bob), api.SQLRequest{Query: "SELECT 1"}, 403, "sql.dualflow.io")
+			})
+			t.Run("bob's pages say what his namespace leaves him", func(t *testing.T) {
+				// The UI with bob's token, as he would paste it: the
+				// header names him and his namespace, a note under it
+				// says what he sees, and the SQL page why he may not run
+				// SQL. (The web's certificate is the test CA's.)
+				u := &uiEnv{mode: mode, base: r.web}
+				u.startBrowser(t, requireChromium(t), bob, chromedp.Flag("ignore-certificate-errors", true))
+				u.do(t, chromedp.Navigate(u.base+"/#/flows"))
+				u.wait(t, "bob's header and note", time.Minute,
+					`document.querySelector('#whoami').textContent === 'bob (Kubernetes: `+manifest.NSFrontend+`)' && !document.querySelector('#scope-note').hidden &&
+					 document.querySelector('#scope-note').textContent.includes('list pods in the namespace `+manifest.NSFrontend+` only')`,
+					`[document.querySelector('#whoami').textContent, document.querySelector('#scope-note').textContent]`)
+				u.do(t, chromedp.Navigate(u.base+"/#/sql"))
+				u.wait(t, "the SQL page's refusal", time.Minute,
+					`!document.querySelector('#sql-denied').hidden && document.querySelector('#sql-denied').textContent.includes('create on sql.dualflow.io') &&
+					 document.querySelector('#sql-form button[type=submit]').disabled`,
+					`[document.querySelector('#sql-denied').textContent, document.querySelector('#sql-form button[type=submit]').disabled]`)
+				u.screenshot(t, "kube-rbac-bob-sql")
+				u.noConsoleErrors(t)
 			})
 			t.Run("ServiceAccount tokens and audiences", func(t *testing.T) {
 				var res api.SQLResult

@@ -115,14 +115,21 @@ func newUIEnv(t *testing.T, chrome string, mode manifest.Mode) *uiEnv {
 	for _, f := range mode.Families() {
 		u.fams = append(u.fams, strconv.Itoa(famVersion(f)))
 	}
-	u.startBrowser(t, chrome)
+	// The operator's token in the page's local storage, as an operator
+	// who pasted it: without it the pages are a viewer's.
+	tok, err := os.ReadFile(operatorTokenFile(u.base))
+	if err != nil {
+		t.Fatalf("the collector's local operator token: %v", err)
+	}
+	u.startBrowser(t, chrome, strings.TrimSpace(string(tok)))
 	t.Logf("%s: lab, product and browser up in %v", mode, time.Since(start).Round(time.Millisecond))
 	return u
 }
 
-// startBrowser starts a fresh headless Chromium for the mode; its tab is
+// startBrowser starts a fresh headless Chromium for the mode, whose pages
+// send token (as a user who pasted it in the token dialog); its tab is
 // closed when t ends.
-func (u *uiEnv) startBrowser(t *testing.T, chrome string) {
+func (u *uiEnv) startBrowser(t *testing.T, chrome, token string, extra ...chromedp.ExecAllocatorOption) {
 	t.Helper()
 	opts := []chromedp.ExecAllocatorOption{
 		chromedp.ExecPath(chrome),
@@ -132,7 +139,7 @@ func (u *uiEnv) startBrowser(t *testing.T, chrome string) {
 		chromedp.Flag("disable-sync", true), chromedp.UserDataDir(t.TempDir()),
 		chromedp.WindowSize(1400, 900),
 	}
-	actx, cancelA := chromedp.NewExecAllocator(context.Background(), opts...)
+	actx, cancelA := chromedp.NewExecAllocator(context.Background(), append(opts, extra...)...)
 	ctx, cancelC := chromedp.NewContext(actx)
 	// A bound on the whole mode, should a step hang past its own wait.
 	ctx, cancelT := context.WithTimeout(ctx, 4*time.Minute)
@@ -140,15 +147,9 @@ func (u *uiEnv) startBrowser(t *testing.T, chrome string) {
 	if err := chromedp.Do(ctx, chromedp.Navigate("about:blank")); err != nil {
 		t.Fatalf("start chromium: %v", err)
 	}
-	// The operator's token in the page's local storage, as an operator
-	// who pasted it: without it the pages are a viewer's.
-	tok, err := os.ReadFile(operatorTokenFile(u.base))
-	if err != nil {
-		t.Fatalf("the collector's local operator token: %v", err)
-	}
 	setToken := chromedp.Func(func(ctx context.Context, tg *chromedp.Target) error {
 		_, err := cdp.Call(ctx, tg, page.AddScriptToEvaluateOnNewDocument, page.AddScriptToEvaluateOnNewDocumentParams{
-			Source: "try { localStorage.setItem('dualflow.token', '" + strings.TrimSpace(string(tok)) + "') } catch (e) {}",
+			Source: "try { localStorage.setItem('dualflow.token', '" + token + "') } catch (e) {}",
 		})
 		return err
 	})

@@ -170,6 +170,18 @@ func (a *API) reachability(c *gin.Context) (any, error) {
 	if err := bindJSON(c, &req, maxBodyBytes); err != nil {
 		return nil, err // 400 naming the field (unknown fields refused too)
 	}
+	var refs []scopeRef
+	for _, side := range []struct {
+		field string
+		eps   []audit.Endpoint
+	}{{"sources", req.Sources}, {"destinations", req.Destinations}} {
+		for i, e := range side.eps {
+			refs = append(refs, scopeRef{field: side.field + "[" + strconv.Itoa(i) + "]", ref: e.Namespace, ip: e.Kind == "ip"})
+		}
+	}
+	if !outOfScope(c, "reachability", refs...) {
+		return nil, nil
+	}
 	if req.Trace {
 		msg, err := a.may(c, principalOf(c), PermTrace)
 		if err != nil {

@@ -59,14 +59,14 @@ func (a *API) routes() *gin.Engine {
 	scoped.GET("/schema", func(c *gin.Context) { c.Data(http.StatusOK, "text/markdown; charset=utf-8", docs.Schema) })
 	viewer := v1.Group("", a.auth(PermView))
 	viewer.GET("/status", a.configured("status", a.cfg.Status != nil), a.answer(a.status))
-	viewer.POST("/reachability", a.bounded(a.reachGate), a.answer(a.reachability))
+	scoped.POST("/reachability", a.bounded(a.reachGate), a.answer(a.reachability))
 	// The SQL interface's reference (docs/schema.md), for the SQL page,
 	// is scoped's.
 	audited := a.configured("audit", a.cfg.Audit != nil)
 	a.auditRoutes(scoped.Group("/audit", audited), viewer.Group("/audit", audited))
 	a.recommendRoutes(viewer.Group("/policy"))
 	tracing := a.configured("traceflow", a.cfg.Traces != nil)
-	viewer.GET("/traceflows/:id", tracing, a.getTrace)
+	scoped.GET("/traceflows/:id", tracing, a.getTrace)
 	v1.POST("/traceflows", a.auth(PermTrace), tracing, a.startTrace)
 	v1.POST("/sql", a.auth(PermSQL), a.configured("sql", a.cfg.SQL != nil), a.answer(a.sql))
 	metricsHandler := promhttp.HandlerFor(a.metrics.gatherer(a.cfg.Gatherer), promhttp.HandlerOpts{})

@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"slices"
 	"strings"
 
@@ -23,9 +24,11 @@ import (
 // and address, and the policies of its side are blanked. Filters, sorts
 // and sums run on what the subquery returns, so no filter can ask about
 // what it blanked. Audit findings are those all of whose objects are in
-// the scope (scopeFindings). Other views (reachability, the other audit
-// reports, recommendations,
-// traces, status, SQL, metrics) need list pods in all namespaces.
+// the scope (scopeFindings). A reachability matrix and a trace's result
+// are theirs when every end they name is of a namespace in the scope (an
+// address may be any pod's: it is not; outOfScope). Other views (the
+// other audit reports, recommendations, status, SQL, metrics) need list
+// pods in all namespaces.
 
 // endRedactions are, per end, the columns blanked when the end is a pod
 // of a namespace out of scope, with their blank values.
@@ -123,6 +126,44 @@ func (a *API) namespaceScope(c *gin.Context, pr Principal) ([]string, error) {
 	}
 	slices.Sort(scope)
 	return scope, nil
+}
+
+// outOfScope checks what a request names against its principal's scope:
+// refs are "namespace/name" references or namespaces, and an ip ref
+// (ip true) may be a pod of any namespace. It answers 403 naming what is
+// out of scope and returns false; true when the principal is not scoped
+// or every ref is in its scope.
+func outOfScope(c *gin.Context, what string, refs ...scopeRef) bool {
+	scope := principalOf(c).scope
+	if scope == nil {
+		return true
+	}
+	for _, r := range refs {
+		ns, _, _ := strings.Cut(r.ref, "/")
+		msg := ""
+		switch {
+		case r.ip:
+			msg = what + ": " + r.field + " is an address, which may be a pod of any namespace: that needs list pods in all namespaces"
+		case ns == "":
+			continue
+		default:
+			if _, ok := slices.BinarySearch(scope, ns); !ok {
+				msg = fmt.Sprintf("%s: %s is in namespace %q, where you may not list pods", what, r.field, ns)
+			}
+		}
+		if msg != "" {
+			c.AbortWithStatusJSON(http.StatusForbidden, errorBody{Message: msg, Field: r.field})
+			return false
+		}
+	}
+	return true
+}
+
+// scopeRef is one reference a request names, for outOfScope.
+type scopeRef struct {
+	field string // the request's field, for the answer
+	ref   string // "namespace/name" or a namespace
+	ip    bool   // an address
 }
 
 // scopeCatalog keeps of cat what a principal limited to scope may know:

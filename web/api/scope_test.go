@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/dualflow/dualflow/flow"
 	"github.com/dualflow/dualflow/lab/manifest"
 	"github.com/dualflow/dualflow/migrations"
+	"github.com/dualflow/dualflow/traceflow"
 )
 
 // scopeDB holds TestNamespaceScope's rows.
@@ -104,8 +106,9 @@ func TestNamespaceScope(t *testing.T) {
 					Pods:     []CatalogPod{{Namespace: "shop", Name: "web-0"}, {Namespace: "payments", Name: "db-0"}},
 					Services: []CatalogService{{Namespace: "payments", Name: "db"}}}, nil
 			}}
+			traces := scopeTraces{&fakeTraces{}}
 			h := testAPI(t, Config{Store: needEngine(t), Database: scopeDB, Catalog: cat, Audit: scopeAudit{&audit.Queries{}},
-				Kube: &KubeAuth{Client: rs.client(t)}})
+				Traces: traces, Kube: &KubeAuth{Client: rs.client(t)}})
 			get := func(token, path string) resp {
 				t.Helper()
 				return do(t, h, "GET", path, "", "Authorization", "Bearer "+token)
@@ -209,6 +212,37 @@ func TestNamespaceScope(t *testing.T) {
 			if fr := decode[audit.FindingsResponse](t, get("alice-token", "/api/v1/audit/findings")); len(fr.Findings) != 3 || fr.DualStack != 2 {
 				t.Errorf("alice findings: %+v", fr)
 			}
+			// A reachability matrix of shop's ends only; a matrix with an
+			// end elsewhere, or an address (any pod's), is refused, naming
+			// the end.
+			reach := func(token, dst string) resp {
+				t.Helper()
+				return do(t, h, "POST", "/api/v1/reachability", `{"sources":[{"kind":"pod","namespace":"shop","name":"web-0"}],"destinations":[`+dst+`]}`,
+					"Authorization", "Bearer "+token, "Content-Type", "application/json")
+			}
+			if r := reach("bob-token", `{"kind":"workload","namespace":"shop","name":"cart"}`); r.code != 200 {
+				t.Errorf("bob's own matrix: %v", r)
+			}
+			if r := reach("bob-token", `{"kind":"workload","namespace":"shop","name":"cart"},{"kind":"service","namespace":"payments","name":"db"}`); r.code != 403 ||
+				!strings.Contains(r.body, `destinations[1] is in namespace \"payments\"`) {
+				t.Errorf("bob's matrix to payments: %v", r)
+			}
+			if r := reach("bob-token", `{"kind":"ip","name":"198.18.2.20"}`); r.code != 403 || !strings.Contains(r.body, "may be a pod of any namespace") {
+				t.Errorf("bob's matrix to an address: %v", r)
+			}
+			if r := reach("alice-token", `{"kind":"service","namespace":"payments","name":"db"}`); r.code != 200 ||
+				decode[Reachability](t, r).Cells[0][0].Families[strconv.Itoa(fams[0])].Observed.Flows != 1 {
+				t.Errorf("alice's matrix to payments: %v", r)
+			}
+			// A trace's result, the same way.
+			for id, want := range map[string]int{"tf-shop": 200, "tf-payments": 403, "tf-ip": 403} {
+				if r := get("bob-token", "/api/v1/traceflows/"+id); r.code != want {
+					t.Errorf("bob trace %s: %v, want %d", id, r, want)
+				}
+				if r := get("alice-token", "/api/v1/traceflows/"+id); r.code != 200 {
+					t.Errorf("alice trace %s: %v", id, r)
+				}
+			}
 			// Every namespace's views are refused, naming the permission.
 			for _, path := range []string{"/api/v1/audit/unprotected", "/api/v1/audit/denied", "/api/v1/status"} {
 				if r := get("bob-token", path); r.code != 403 || !strings.Contains(r.body, "list on pods in all namespaces") {
@@ -233,4 +267,23 @@ func (scopeAudit) Findings(context.Context, audit.Window) (*audit.FindingsRespon
 		{Kind: audit.KindVerdictGap, Message: "shop and payments", Objects: []audit.Ref{{Kind: "Deployment", Namespace: "shop", Name: "web"}, {Kind: "NetworkPolicy", Namespace: "payments", Name: "db-ingress"}}},
 		{Kind: "unused-rule", Message: "a node", Objects: []audit.Ref{{Kind: "Node", Name: "node-payments"}}},
 	}}, nil
+}
+
+// scopeTraces answers three traces: shop to shop, shop to payments, shop
+// to an address.
+type scopeTraces struct{ *fakeTraces }
+
+func (scopeTraces) Get(_ context.Context, id string) (traceflow.Result, error) {
+	req := traceflow.Request{Source: "shop/web-0"}
+	switch id {
+	case "tf-shop":
+		req.Destination = traceflow.Destination{Workload: "shop/cart", Port: 8080}
+	case "tf-payments":
+		req.Destination = traceflow.Destination{Service: "payments/db", Port: 80}
+	case "tf-ip":
+		req.Destination = traceflow.Destination{IP: netip.MustParseAddr("198.18.2.20"), Port: 8080}
+	default:
+		return traceflow.Result{}, traceflow.ErrNotFound
+	}
+	return traceflow.Result{ID: id, Request: req, Phase: traceflow.Succeeded}, nil
 }

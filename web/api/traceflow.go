@@ -1,6 +1,7 @@
 package api
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"net/http"
@@ -62,6 +63,12 @@ func (a *API) getTrace(c *gin.Context) {
 	res, err := a.cfg.Traces.Get(c.Request.Context(), c.Param("id"))
 	if err != nil {
 		a.traceFail(c, err)
+		return
+	}
+	d := res.Request.Destination
+	if !outOfScope(c, "trace "+res.ID,
+		scopeRef{field: "source", ref: cmp.Or(res.Request.Source, res.Request.SourceWorkload)},
+		scopeRef{field: "destination", ref: cmp.Or(d.Pod, d.Workload, d.Service), ip: d.IP.IsValid()}) {
 		return
 	}
 	c.JSON(http.StatusOK, res)

@@ -2078,11 +2078,30 @@ function route() {
   pages[name](params);
 }
 
+// me is who the pages are for (GET /whoami); a Kubernetes user whose RBAC
+// lists pods in some namespaces, not all, has me.namespaces, and the
+// pages say what that leaves them (docs/security.md).
+let me = null;
 async function whoami() {
   try {
-    const w = await api('/whoami');
-    $('#whoami').textContent = w.auth ? w.name + ' (' + w.role + ')' : 'no auth (loopback)';
-  } catch (e) { $('#whoami').textContent = ''; }
+    me = await api('/whoami');
+  } catch (e) { me = null; }
+  const scoped = !!(me && Array.isArray(me.namespaces));
+  const kube = !!(me && me.role === 'kubernetes');
+  $('#whoami').textContent = !me ? '' : !me.auth ? 'no auth (loopback)' :
+    me.name + (kube ? ' (Kubernetes' + (scoped ? ': ' + me.namespaces.join(', ') : '') + ')' : ' (' + me.role + ')');
+  const ns = scoped ? (me.namespaces.length > 1 ? 'namespaces ' : 'namespace ') + me.namespaces.join(', ') : '';
+  const note = $('#scope-note');
+  note.hidden = !scoped;
+  note.textContent = scoped ? 'Kubernetes RBAC lets you list pods in the ' + ns + ' only. You see their flows, map and findings; ' +
+    'a flow whose other end is a pod of another namespace shows that end\'s namespace and address family, nothing more. ' +
+    'Reachability and traces are between the pods and Services of your namespaces. ' +
+    'SQL, the audit reports other than findings, Recommend and the cluster status need list on pods in all namespaces.' : '';
+  const sql = $('#sql-denied');
+  sql.hidden = !scoped;
+  sql.textContent = scoped ? 'SQL reads every namespace\'s rows: it needs list on pods in all namespaces and create on sql.dualflow.io ' +
+    '(ClusterRole dualflow-sql). Kubernetes RBAC lets you list pods in the ' + ns + ' only.' : '';
+  $('#sql-form button[type=submit]').disabled = scoped;
 }
 
 // kubeStatus shows, in the header, when the collector's view of the
@@ -2094,6 +2113,9 @@ async function whoami() {
 async function kubeStatus() {
   const el = $('#k8s-status'), note = $('#view-note');
   const clear = () => { el.hidden = true; el.textContent = ''; note.hidden = true; note.textContent = ''; };
+  // The status spans every namespace: a user limited to some may not
+  // read it (a 403 every 10 s, and an access review each).
+  if (me && me.namespaces) { clear(); return; }
   try {
     // A quiet fetch: a background poll neither flashes the progress bar
     // nor reopens the token dialog every 10 s.
@@ -2164,8 +2186,7 @@ function init() {
     if (v) { whoami(); current.hash = null; current.flowsLoaded = false; route(); }
   });
   window.addEventListener('hashchange', route);
-  whoami();
-  kubeStatus(); setInterval(kubeStatus, 10000);
+  whoami().then(kubeStatus); setInterval(kubeStatus, 10000);
   loadCatalog();
   route();
 }
