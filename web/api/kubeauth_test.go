@@ -1,10 +1,12 @@
 package api
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
 	"encoding/pem"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -186,10 +188,18 @@ func BenchmarkKubeAuthCached(b *testing.B) {
 	rs := newReviewServer(b)
 	rs.tokens["alice-token"] = "alice"
 	rs.grants["alice"] = []string{"list pods."}
+	// bob lists pods in one namespace of 50: a request asks each (cached).
+	rs.tokens["bob-token"] = "bob"
+	rs.grants["bob"] = []string{"list pods. in ns-7"}
+	var nss []string
+	for i := range 50 {
+		nss = append(nss, fmt.Sprintf("ns-%d", i))
+	}
+	cat := fakeCatalog{fn: func(context.Context) (CatalogResponse, error) { return CatalogResponse{Namespaces: nss}, nil }}
 	tok := &Tokens{}
 	tok.Add("file-token", Principal{Name: "ops", Role: RoleViewer})
-	h := testAPI(b, Config{Store: &fakeStore{}, Tokens: tok, Kube: &KubeAuth{Client: rs.client(b)}})
-	for _, c := range []struct{ name, token string }{{"tokens-file", "file-token"}, {"kubernetes", "alice-token"}} {
+	h := testAPI(b, Config{Store: &fakeStore{}, Tokens: tok, Catalog: cat, Kube: &KubeAuth{Client: rs.client(b)}})
+	for _, c := range []struct{ name, token string }{{"tokens-file", "file-token"}, {"kubernetes", "alice-token"}, {"kubernetes-one-namespace-of-50", "bob-token"}} {
 		b.Run(c.name, func(b *testing.B) {
 			req := httptest.NewRequest("GET", "/api/v1/whoami", nil)
 			req.Header.Set("Authorization", "Bearer "+c.token)
