@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -16,6 +15,7 @@ import (
 	"strings"
 
 	"github.com/dualflow/dualflow/collector/store"
+	"github.com/dualflow/dualflow/internal/reload"
 	"github.com/dualflow/dualflow/lab/labcmd"
 	"github.com/dualflow/dualflow/netaddr"
 	"github.com/dualflow/dualflow/web"
@@ -94,13 +94,9 @@ func (s *serverFlags) client() (*apiClient, error) {
 	u.Path = strings.TrimSuffix(u.Path, "/")
 	hc := &http.Client{}
 	if s.caFile != "" {
-		b, err := os.ReadFile(s.caFile)
+		roots, err := reload.ReadCAPool(s.caFile)
 		if err != nil {
 			return nil, fmt.Errorf("--ca-file: %w", err)
-		}
-		roots := x509.NewCertPool()
-		if !roots.AppendCertsFromPEM(b) {
-			return nil, fmt.Errorf("--ca-file %s: no PEM certificate", s.caFile)
 		}
 		hc.Transport = &http.Transport{Proxy: http.ProxyFromEnvironment, TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}}
 	}

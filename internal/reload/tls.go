@@ -76,16 +76,27 @@ func loadTLS(files TLSFiles) (*tlsContent, error) {
 		c.cert = &cert
 	}
 	if files.CA != "" {
-		b, err := os.ReadFile(files.CA)
+		roots, err := ReadCAPool(files.CA)
 		if err != nil {
 			return nil, fmt.Errorf("tls CA: %w", err)
 		}
-		c.roots = x509.NewCertPool()
-		if !c.roots.AppendCertsFromPEM(b) {
-			return nil, fmt.Errorf("tls CA %s: no PEM certificate", files.CA)
-		}
+		c.roots = roots
 	}
 	return &c, nil
+}
+
+// ReadCAPool reads a PEM file of CA certificates; a file without one is
+// an error.
+func ReadCAPool(path string) (*x509.CertPool, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	p := x509.NewCertPool()
+	if !p.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("%s: no PEM certificate", path)
+	}
+	return p, nil
 }
 
 // NotAfter is when the certificate in use expires (zero without one).

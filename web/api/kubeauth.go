@@ -9,7 +9,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
-	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -69,19 +68,6 @@ type RequestHeader struct {
 	// ReloadInterval is how often the CA file is checked for a change
 	// (0: reload.DefaultInterval).
 	ReloadInterval time.Duration
-}
-
-// loadCAPool reads a PEM file of CA certificates.
-func loadCAPool(path string) (*x509.CertPool, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	p := x509.NewCertPool()
-	if !p.AppendCertsFromPEM(b) {
-		return nil, fmt.Errorf("%s: no PEM certificate", path)
-	}
-	return p, nil
 }
 
 // Kubernetes identities' defaults: a revoked RoleBinding or token takes
@@ -195,7 +181,7 @@ func newKubeAuth(k *KubeAuth, m *metrics, reg prometheus.Registerer, log *slog.L
 		// The CA is read again when its file changes (a Secret rotated):
 		// the next proxy connection is checked against the new one.
 		ca, err := reload.NewFile(reload.Options{Name: "web-requestheader-ca", Logger: log, Interval: rh.ReloadInterval},
-			func() (*x509.CertPool, error) { return loadCAPool(rh.ClientCAFile) }, rh.ClientCAFile)
+			func() (*x509.CertPool, error) { return reload.ReadCAPool(rh.ClientCAFile) }, rh.ClientCAFile)
 		if err != nil {
 			return nil, fmt.Errorf("request-header client CA: %w", err)
 		}
