@@ -151,6 +151,9 @@ type DeniedOptions struct {
 	Window
 	// Namespace keeps flows whose source or destination pod is in it.
 	Namespace string
+	// Namespaces, when not nil, keeps flows whose source or destination
+	// pod is in one of them (what a namespace-scoped user may read).
+	Namespaces []string
 	// Family keeps IPv4 (4) or IPv6 (6) flows; 0 keeps both.
 	Family uint8
 	// Limit bounds the groups returned (default 1000).
@@ -201,6 +204,9 @@ func (r *Reports) Denied(ctx context.Context, opt DeniedOptions) ([]DeniedGroup,
 	where := []string{"(verdict IN ('denied', 'rejected') OR reported_verdict IN ('denied', 'rejected'))"}
 	if opt.Namespace != "" {
 		where = append(where, chsql.Or(chsql.Eq("src_pod_namespace", opt.Namespace), chsql.Eq("dst_pod_namespace", opt.Namespace)))
+	}
+	if opt.Namespaces != nil {
+		where = append(where, chsql.Or(chsql.In("src_pod_namespace", opt.Namespaces), chsql.In("dst_pod_namespace", opt.Namespaces)))
 	}
 	switch opt.Family {
 	case 0:

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -166,6 +167,11 @@ func TestDeniedReport(t *testing.T) {
 	got, err = r.Denied(ctx, DeniedOptions{Window: w, Family: 6, Namespace: "tools"})
 	if err != nil || len(got) != 1 || got[0].SrcWorkload != "probe-1" || got[0].IPVersion != 6 {
 		t.Errorf("family 6, namespace tools: %+v %v", got, err)
+	}
+	// A namespace-scoped user's: the groups with an end in frontend.
+	got, err = r.Denied(ctx, DeniedOptions{Window: w, Namespaces: []string{"frontend", "x' OR '1'='1"}})
+	if err != nil || len(got) != 3 || slices.ContainsFunc(got, func(g DeniedGroup) bool { return g.SrcNamespace != "frontend" && g.DstNamespace != "frontend" }) {
+		t.Errorf("namespaces [frontend]: %+v %v", got, err)
 	}
 	// A namespace with a quote is escaped, not injected.
 	if got, err := r.Denied(ctx, DeniedOptions{Window: w, Namespace: `x' OR '1'='1`}); err != nil || len(got) != 0 {

@@ -1162,8 +1162,30 @@ func (k *kubeEnv) checkNamespaceUser(t *testing.T) {
 			}
 		}
 	}
-	if code, b := get("/api/v1/audit/unprotected"); code != http.StatusForbidden || !strings.Contains(string(b), "list on pods in all namespaces") {
-		t.Errorf("the namespace's user's audit: %d %s", code, b)
+	// The unprotected workloads of frontend; the denied groups with an
+	// end in frontend, the other end's workload blanked.
+	var un []audit.UnprotectedWorkload
+	if code, b := get("/api/v1/audit/unprotected"); code != http.StatusOK || json.Unmarshal(b, &un) != nil {
+		t.Errorf("the namespace's user's unprotected workloads: %d %s", code, b)
+	}
+	for _, w := range un {
+		if w.Namespace != manifest.NSFrontend {
+			t.Errorf("an unprotected workload of another namespace: %+v", w)
+		}
+	}
+	var dg []audit.DeniedGroup
+	if code, b := get("/api/v1/audit/denied"); code != http.StatusOK || json.Unmarshal(b, &dg) != nil {
+		t.Errorf("the namespace's user's denied flows: %d %s", code, b)
+	}
+	for _, g := range dg {
+		if (g.SrcNamespace != manifest.NSFrontend && g.DstNamespace != manifest.NSFrontend) ||
+			(g.SrcNamespace != manifest.NSFrontend && g.SrcWorkload != "") || (g.DstNamespace != manifest.NSFrontend && g.DstWorkload != "") ||
+			(g.PolicyNamespace != manifest.NSFrontend && g.PolicyName != "") {
+			t.Errorf("a denied group not reduced to frontend's view: %+v", g)
+		}
+	}
+	if code, b := get("/api/v1/status"); code != http.StatusForbidden || !strings.Contains(string(b), "list on pods in all namespaces") {
+		t.Errorf("the namespace's user's cluster status: %d %s", code, b)
 	}
 	// The operator reads the same connections whole.
 	var page api.FlowPage

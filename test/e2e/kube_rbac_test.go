@@ -137,7 +137,8 @@ func TestKubeRBAC(t *testing.T) {
 				}
 				r.expect(t, r.client, "GET", "/api/v1/flows?limit=1", bearer(bob), nil, 200, "")
 				r.expect(t, r.client, "GET", "/api/v1/audit/findings", bearer(bob), nil, 200, "")
-				r.expect(t, r.client, "GET", "/api/v1/audit/unprotected", bearer(bob), nil, 403, "list on pods in all namespaces")
+				r.expect(t, r.client, "GET", "/api/v1/audit/unprotected", bearer(bob), nil, 200, "")
+				r.expect(t, r.client, "GET", "/api/v1/status", bearer(bob), nil, 403, "list on pods in all namespaces")
 				// A matrix of frontend's ends is his; one with an end in
 				// backend is not.
 				web := map[string]any{"kind": "workload", "namespace": manifest.NSFrontend, "name": "web"}
@@ -193,10 +194,10 @@ func TestKubeRBAC(t *testing.T) {
 				if who["name"] != "alice" {
 					t.Errorf("whoami through the proxy %v", who)
 				}
-				r.expect(t, proxy, "GET", "/api/v1/audit/unprotected", map[string]string{"X-Remote-User": "bob"}, nil, 403, "list on pods in all namespaces")
+				r.expect(t, proxy, "GET", "/api/v1/status", map[string]string{"X-Remote-User": "bob"}, nil, 403, "list on pods in all namespaces")
 				// The proxy is trusted for the groups too, as the
 				// kube-apiserver trusts it: RBAC judges what it says.
-				r.expect(t, proxy, "GET", "/api/v1/audit/unprotected", map[string]string{"X-Remote-User": "bob", "X-Remote-Group": "system:masters"}, nil, 200, "")
+				r.expect(t, proxy, "GET", "/api/v1/status", map[string]string{"X-Remote-User": "bob", "X-Remote-Group": "system:masters"}, nil, 200, "")
 			})
 			t.Run("CLI with a Kubernetes token", func(t *testing.T) {
 				cli := func(token string) (string, error) {

@@ -3,6 +3,7 @@ package api
 import (
 	"context"
 	"io"
+	"slices"
 	"time"
 
 	"github.com/gin-gonic/gin"
@@ -45,12 +46,17 @@ func (a *API) auditRoutes(scoped, g *gin.RouterGroup) {
 		}
 		return r, err
 	}))
-	g.GET("/unprotected", a.answer(func(c *gin.Context) (any, error) {
-		return au.Unprotected(c.Request.Context())
+	scoped.GET("/unprotected", a.answer(func(c *gin.Context) (any, error) {
+		r, err := au.Unprotected(c.Request.Context())
+		if scope := principalOf(c).scope; err == nil && scope != nil {
+			r = slices.DeleteFunc(r, func(w audit.UnprotectedWorkload) bool { return !inScope(scope, w.Namespace) })
+		}
+		return r, err
 	}))
-	g.GET("/denied", a.answer(func(c *gin.Context) (any, error) {
+	scoped.GET("/denied", a.answer(func(c *gin.Context) (any, error) {
 		q := c.Request.URL.Query()
-		opt := audit.DeniedOptions{Namespace: q.Get("namespace")}
+		scope := principalOf(c).scope
+		opt := audit.DeniedOptions{Namespace: q.Get("namespace"), Namespaces: scope}
 		var err error
 		if opt.Window, err = a.auditWindow(c, time.Hour); err != nil {
 			return nil, err
@@ -61,14 +67,22 @@ func (a *API) auditRoutes(scoped, g *gin.RouterGroup) {
 		if opt.Limit, err = intParam(q, "limit", 0, 0, 100_000); err != nil {
 			return nil, err
 		}
-		return au.Denied(c.Request.Context(), opt)
+		r, err := au.Denied(c.Request.Context(), opt)
+		if err == nil && scope != nil {
+			r = scopeDenied(r, scope)
+		}
+		return r, err
 	}))
-	g.GET("/unused", a.answer(func(c *gin.Context) (any, error) {
+	scoped.GET("/unused", a.answer(func(c *gin.Context) (any, error) {
 		win, err := a.auditWindow(c, 24*time.Hour)
 		if err != nil {
 			return nil, err
 		}
-		return au.Unused(c.Request.Context(), win)
+		r, err := au.Unused(c.Request.Context(), win)
+		if scope := principalOf(c).scope; err == nil && scope != nil {
+			scopeUnused(r, scope)
+		}
+		return r, err
 	}))
 	g.GET("/evaluate", a.answer(func(c *gin.Context) (any, error) {
 		q := c.Request.URL.Query()

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/gin-gonic/gin"
 	"k8s.io/apiserver/pkg/authorization/authorizer"
@@ -24,11 +25,14 @@ import (
 // and address, and the policies of its side are blanked. Filters, sorts
 // and sums run on what the subquery returns, so no filter can ask about
 // what it blanked. Audit findings are those all of whose objects are in
-// the scope (scopeFindings). A reachability matrix and a trace's result
-// are theirs when every end they name is of a namespace in the scope (an
-// address may be any pod's: it is not; outOfScope). Other views (the
-// other audit reports, recommendations, status, SQL, metrics) need list
-// pods in all namespaces.
+// the scope (scopeFindings); the unprotected workloads and the unused
+// rules are those of its namespaces, and the denied flow groups those
+// with an end in it, the other end reduced as a row's (scopeDenied). A
+// reachability matrix and a trace's result are theirs when every end
+// they name is of a namespace in the scope (an address may be any pod's:
+// it is not; outOfScope). Other views (what-if and evaluate,
+// recommendations, status, SQL, metrics) need list pods in all
+// namespaces.
 
 // endRedactions are, per end, the columns blanked when the end is a pod
 // of a namespace out of scope, with their blank values.
@@ -164,6 +168,61 @@ type scopeRef struct {
 	field string // the request's field, for the answer
 	ref   string // "namespace/name" or a namespace
 	ip    bool   // an address
+}
+
+// inScope reports whether namespace ns is in scope (sorted).
+func inScope(scope []string, ns string) bool {
+	_, ok := slices.BinarySearch(scope, ns)
+	return ok
+}
+
+// scopeDenied reduces denied flow groups (with an end in scope, as
+// DeniedOptions.Namespaces reads them) as scopedSource reduces rows: the
+// workload of an end out of scope and the name of a policy of another
+// namespace are blanked, and the groups that become alike are summed.
+func scopeDenied(gs []audit.DeniedGroup, scope []string) []audit.DeniedGroup {
+	var out []audit.DeniedGroup
+	at := map[audit.DeniedGroup]int{}
+	for _, g := range gs {
+		if !inScope(scope, g.SrcNamespace) && g.SrcNamespace != "" {
+			g.SrcWorkload = ""
+		}
+		if !inScope(scope, g.DstNamespace) && g.DstNamespace != "" {
+			g.DstWorkload = ""
+		}
+		if !inScope(scope, g.PolicyNamespace) {
+			g.PolicyName = ""
+		}
+		k := g
+		k.Records, k.Packets, k.Bytes, k.First, k.Last = 0, 0, 0, time.Time{}, time.Time{}
+		i, ok := at[k]
+		if !ok {
+			at[k] = len(out)
+			out = append(out, g)
+			continue
+		}
+		o := &out[i]
+		o.Records, o.Packets, o.Bytes = o.Records+g.Records, o.Packets+g.Packets, o.Bytes+g.Bytes
+		if g.First.Before(o.First) {
+			o.First = g.First
+		}
+		if g.Last.After(o.Last) {
+			o.Last = g.Last
+		}
+	}
+	return out
+}
+
+// scopeUnused keeps of r the rules of policies in scope, and their uses.
+func scopeUnused(r *audit.UnusedReport, scope []string) {
+	r.Rules = slices.DeleteFunc(r.Rules, func(u audit.UnusedRule) bool { return !inScope(scope, u.Namespace) })
+	for k := range r.Used {
+		// "<direction> rule <n> of NetworkPolicy <namespace>/<name>"
+		_, ref, _ := strings.Cut(k, " of NetworkPolicy ")
+		if ns, _, _ := strings.Cut(ref, "/"); !inScope(scope, ns) {
+			delete(r.Used, k)
+		}
+	}
 }
 
 // scopeCatalog keeps of cat what a principal limited to scope may know:

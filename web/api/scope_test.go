@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -243,8 +244,28 @@ func TestNamespaceScope(t *testing.T) {
 					t.Errorf("alice trace %s: %v", id, r)
 				}
 			}
+			// The other reports: shop's workloads and rules; the denied
+			// groups with an end in shop, payments' end and policy
+			// reduced, and the groups that become alike summed.
+			if r := get("bob-token", "/api/v1/audit/unprotected"); r.code != 200 || strings.Contains(r.body, "payments") || !strings.Contains(r.body, `"namespace":"shop"`) {
+				t.Errorf("bob unprotected: %v", r)
+			}
+			if r := get("bob-token", "/api/v1/audit/unused"); r.code != 200 {
+				t.Errorf("bob unused: %v", r)
+			} else if u := decode[audit.UnusedReport](t, r); len(u.Rules) != 1 || u.Rules[0].Namespace != "shop" || len(u.Used) != 1 || strings.Contains(r.body, "payments") {
+				t.Errorf("bob unused: %+v", u)
+			}
+			r = get("bob-token", "/api/v1/audit/denied")
+			if dg := decode[[]audit.DeniedGroup](t, r); r.code != 200 || len(dg) != 2 ||
+				dg[0].Records != 5 || dg[0].PolicyName != "" || dg[0].DstWorkload != "" || dg[0].SrcWorkload != "web" || dg[0].DstNamespace != "payments" ||
+				dg[1].PolicyName != "web-egress" || dg[1].DstWorkload != "" || strings.Contains(r.body, "db") {
+				t.Errorf("bob denied: %v", r)
+			}
+			if dg := decode[[]audit.DeniedGroup](t, get("alice-token", "/api/v1/audit/denied")); len(dg) != 3 || dg[0].PolicyName != "db-ingress" {
+				t.Errorf("alice denied: %+v", dg)
+			}
 			// Every namespace's views are refused, naming the permission.
-			for _, path := range []string{"/api/v1/audit/unprotected", "/api/v1/audit/denied", "/api/v1/status"} {
+			for _, path := range []string{"/api/v1/audit/evaluate?from=pod:shop/web-0&to=pod:shop/cart-0", "/api/v1/status"} {
 				if r := get("bob-token", path); r.code != 403 || !strings.Contains(r.body, "list on pods in all namespaces") {
 					t.Errorf("bob %s: %v", path, r)
 				}
@@ -286,4 +307,32 @@ func (scopeTraces) Get(_ context.Context, id string) (traceflow.Result, error) {
 		return traceflow.Result{}, traceflow.ErrNotFound
 	}
 	return traceflow.Result{ID: id, Request: req, Phase: traceflow.Succeeded}, nil
+}
+
+func (scopeAudit) Unprotected(context.Context) ([]audit.UnprotectedWorkload, error) {
+	return []audit.UnprotectedWorkload{{Namespace: "payments", Pods: 1, IngressPods: 1}, {Namespace: "shop", Pods: 2, EgressPods: 2}}, nil
+}
+
+// Denied answers, as the store would for an end in shop: two groups of
+// payments' ingress policy from shop/web to two payments workloads, and
+// one of shop's egress policy. It checks the scope it is asked.
+func (scopeAudit) Denied(_ context.Context, opt audit.DeniedOptions) ([]audit.DeniedGroup, error) {
+	if opt.Namespaces != nil && !slices.Equal(opt.Namespaces, []string{"shop"}) {
+		return nil, fmt.Errorf("namespaces %v", opt.Namespaces)
+	}
+	g := audit.DeniedGroup{Direction: "ingress", PolicyNamespace: "payments", PolicyName: "db-ingress", Rule: -1, Verdict: "denied",
+		SrcNamespace: "shop", SrcWorkload: "web", DstNamespace: "payments", DstWorkload: "db", IPVersion: 4, Protocol: "TCP", DstPort: 5432,
+		Records: 3, Packets: 3, Bytes: 180, First: seedNow.Add(-time.Hour), Last: seedNow.Add(-time.Minute)}
+	g2 := g
+	g2.DstWorkload, g2.Records = "db-replica", 2
+	g3 := g
+	g3.Direction, g3.PolicyNamespace, g3.PolicyName, g3.Records = "egress", "shop", "web-egress", 1
+	return []audit.DeniedGroup{g, g2, g3}, nil
+}
+
+func (scopeAudit) Unused(context.Context, audit.Window) (*audit.UnusedReport, error) {
+	pay := audit.RuleRef{Namespace: "payments", Name: "db-ingress", Direction: "ingress", Rule: 0}
+	shop := audit.RuleRef{Namespace: "shop", Name: "web-egress", Direction: "egress", Rule: 0}
+	return &audit.UnusedReport{Decisions: 10, Rules: []audit.UnusedRule{{RuleRef: pay}, {RuleRef: shop}},
+		Used: map[string]uint64{pay.String(): 0, shop.String(): 0}}, nil
 }

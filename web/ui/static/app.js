@@ -2093,10 +2093,10 @@ async function whoami() {
   const ns = scoped ? (me.namespaces.length > 1 ? 'namespaces ' : 'namespace ') + me.namespaces.join(', ') : '';
   const note = $('#scope-note');
   note.hidden = !scoped;
-  note.textContent = scoped ? 'Kubernetes RBAC lets you list pods in the ' + ns + ' only. You see their flows, map and findings; ' +
+  note.textContent = scoped ? 'Kubernetes RBAC lets you list pods in the ' + ns + ' only. You see their flows, map and audit reports; ' +
     'a flow whose other end is a pod of another namespace shows that end\'s namespace and address family, nothing more. ' +
     'Reachability and traces are between the pods and Services of your namespaces. ' +
-    'SQL, the audit reports other than findings, Recommend and the cluster status need list on pods in all namespaces.' : '';
+    'SQL, the what-if, Recommend and the cluster status need list on pods in all namespaces.' : '';
   const sql = $('#sql-denied');
   sql.hidden = !scoped;
   sql.textContent = scoped ? 'SQL reads every namespace\'s rows: it needs list on pods in all namespaces and create on sql.dualflow.io ' +
