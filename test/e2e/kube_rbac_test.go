@@ -200,17 +200,21 @@ func TestKubeRBAC(t *testing.T) {
 				r.expect(t, proxy, "GET", "/api/v1/status", map[string]string{"X-Remote-User": "bob", "X-Remote-Group": "system:masters"}, nil, 200, "")
 			})
 			t.Run("CLI with a Kubernetes token", func(t *testing.T) {
-				cli := func(token string) (string, error) {
-					cmd := exec.Command(bin, "audit", "unprotected", "--server", r.web, "--ca-file", filepath.Join(r.certDir, certs.CAFile))
+				cli := func(token string, args ...string) (string, error) {
+					cmd := exec.Command(bin, append(args, "--server", r.web, "--ca-file", filepath.Join(r.certDir, certs.CAFile))...)
 					cmd.Env = append(os.Environ(), "DUALFLOW_TOKEN="+token)
 					out, err := cmd.CombinedOutput()
 					return string(out), err
 				}
-				if out, err := cli(alice); err != nil {
+				if out, err := cli(alice, "audit", "unprotected"); err != nil || !strings.Contains(out, manifest.NSBackend) {
 					t.Errorf("dualflow audit as alice: %v\n%s", err, out)
 				}
-				if out, err := cli(bob); err == nil || !strings.Contains(out, "list on pods in all namespaces") {
-					t.Errorf("dualflow audit as bob: %v, want the missing permission named:\n%s", err, out)
+				// bob's namespace only.
+				if out, err := cli(bob, "audit", "unprotected"); err != nil || !strings.Contains(out, manifest.NSFrontend) || strings.Contains(out, manifest.NSBackend) {
+					t.Errorf("dualflow audit as bob: %v, want frontend's workloads only:\n%s", err, out)
+				}
+				if out, err := cli(bob, "policy", "recommend", "--namespace", manifest.NSFrontend); err == nil || !strings.Contains(out, "list on pods in all namespaces") {
+					t.Errorf("dualflow policy recommend as bob: %v, want the missing permission named:\n%s", err, out)
 				}
 			})
 			t.Run("the web's certificate and the proxy CA are reloaded files", func(t *testing.T) {
