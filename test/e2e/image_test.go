@@ -272,10 +272,14 @@ func testImageMode(t *testing.T, tag string, mode manifest.Mode) {
 		return resp.StatusCode == http.StatusOK
 	})
 	t.Logf("collector container: podman run to /readyz in %v", time.Since(start).Round(time.Millisecond))
-	ipfixAddr, chURL, web := col.find(logIPFIXTCP), col.find(logCHHTTP), col.find(logWebURL)
-	if ipfixAddr == "" || chURL == "" || web == "" {
-		t.Fatalf("collector ready without its addresses: ipfix %q clickhouse %q web %q", ipfixAddr, chURL, web)
-	}
+	// The collector logs its addresses before it is ready, but the
+	// container's output reaches the test through podman and a pipe, and
+	// may lag behind /readyz (it did by a line, the IPFIX address, once).
+	var ipfixAddr, chURL, web string
+	col.wait(t, "the collector's addresses in its log", time.Minute, func() bool {
+		ipfixAddr, chURL, web = col.find(logIPFIXTCP), col.find(logCHHTTP), col.find(logWebURL)
+		return ipfixAddr != "" && chURL != "" && web != ""
+	})
 	if resp, err := http.Get(web + "/"); err != nil || resp.StatusCode != http.StatusOK {
 		t.Errorf("web %s: %v %v", web, err, resp)
 	} else {
